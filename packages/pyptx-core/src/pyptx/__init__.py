@@ -1,0 +1,44 @@
+"""pyptx: write PTX from Python, one call per instruction.
+
+``@kernel`` turns a Python function into a PTX kernel; inside it, ``reg``,
+``smem`` and ``ptx`` append instructions to the trace. ``Kernel.ptx()`` prints
+the PTX without a GPU; calling the kernel on torch tensors or jax arrays
+launches it through a runtime plugin.
+"""
+
+from . import ptx, reg, smem, types
+from .errors import (
+    CompileError,
+    ConfigError,
+    LaunchError,
+    OperandError,
+    PyptxError,
+    RegisterScopeError,
+    RuntimeUnavailableError,
+    ShapeError,
+    SpecError,
+    ToolchainError,
+    TraceError,
+    TypeMismatchError,
+    UnboundDimError,
+)
+from .kernel import Kernel, Specialization, kernel
+from .specs import Dim, Layout, Tile
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "kernel", "Kernel", "Specialization", "Tile", "Layout", "Dim", "ptx", "reg", "smem",
+    "types", "differentiable_kernel", "PyptxError", "SpecError", "ShapeError",
+    "UnboundDimError", "ConfigError", "TraceError", "OperandError", "TypeMismatchError",
+    "RegisterScopeError", "CompileError", "ToolchainError", "RuntimeUnavailableError",
+    "LaunchError", "__version__",
+]
+
+
+def __getattr__(name: str):
+    if name == "differentiable_kernel":
+        from .torch_support import differentiable_kernel
+
+        return differentiable_kernel
+    raise AttributeError(f"module 'pyptx' has no attribute {name!r}")

@@ -1,0 +1,55 @@
+"""One exception hierarchy: every failure a user can cause is a ``PyptxError``."""
+
+from __future__ import annotations
+
+
+class PyptxError(Exception):
+    """Base class of every error pyptx raises for something the user did."""
+
+
+class SpecError(PyptxError, TypeError):
+    """Arguments do not match a kernel's ``in_specs``: arity, rank, dtype or dims."""
+
+
+class ShapeError(SpecError, ValueError):
+    """A concrete shape contradicts a ``Tile`` spec or another argument's dims."""
+
+
+class UnboundDimError(SpecError):
+    """A symbolic dim has no value: no argument or keyword provides it."""
+
+
+class ConfigError(PyptxError, ValueError):
+    """A ``@kernel`` launch parameter (grid, block, cluster, smem, arch) is invalid."""
+
+
+class TraceError(PyptxError):
+    """The kernel body misused the DSL while being traced."""
+
+
+class OperandError(TraceError, TypeError):
+    """An instruction or helper got the wrong number or kind of operands."""
+
+
+class TypeMismatchError(TraceError, TypeError):
+    """Operator sugar or a helper was given registers of incompatible types."""
+
+
+class RegisterScopeError(TraceError):
+    """A register was used outside the kernel trace that created it."""
+
+
+class CompileError(PyptxError):
+    """ptxas or the driver JIT rejected the emitted PTX."""
+
+
+class ToolchainError(PyptxError):
+    """A needed tool (ptxas) is not installed or could not be run."""
+
+
+class RuntimeUnavailableError(PyptxError, RuntimeError):
+    """No installed runtime plugin can launch the kernel on these arguments."""
+
+
+class LaunchError(PyptxError, RuntimeError):
+    """A launch was refused or failed on the device."""

@@ -1,0 +1,469 @@
+"""``@kernel`` and ``Kernel``: specs, launch geometry, specialization cache, PTX, dispatch.
+
+A kernel body is traced once per specialization: the concrete dims of its
+``Tile`` specs plus the values of its keyword-only (template) parameters and
+its arch. ``Kernel.ptx(**dims)`` returns the PTX of one specialization;
+calling the kernel on framework arrays hands it to a runtime plugin.
+"""
+
+from __future__ import annotations
+
+import inspect
+import operator
+import re
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .emit import emit
+from .errors import ConfigError, PyptxError, SpecError, TraceError
+from .ir import Function, Module, Param
+from .ptx.memory import TensorParam
+from .source import Loc, fmt_loc, user_loc, where
+from .specs import Tile, bind
+from .trace import Trace, tracing
+from .types import PtxType, u64
+
+_ARCH = re.compile(r"^sm_(\d+)([af]?)$")
+_VERSION = re.compile(r"^\d+\.\d+$")
+MAX_DYNAMIC_SMEM = 227 * 1024
+
+__all__ = ["kernel", "Kernel", "Specialization", "default_version"]
+
+
+def default_version(arch: str) -> str:
+    """The lowest PTX ISA version that supports ``arch`` (and the features pyptx emits)."""
+    m = _ARCH.match(arch)
+    sm = int(m.group(1)) if m else 90
+    if sm >= 120:
+        return "8.7"
+    if sm >= 100:
+        return "8.6"
+    if sm >= 90:
+        return "8.0"
+    return "7.8"
+
+
+@dataclass
+class Specialization:
+    """One traced instance of a kernel: concrete dims, launch geometry and IR."""
+
+    kernel: Kernel
+    env: dict[str, int]
+    template_kwargs: dict[str, Any]
+    in_shapes: tuple[tuple[int, ...], ...]
+    out_shapes: tuple[tuple[int, ...], ...]
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    cluster: tuple[int, int, int]
+    smem: int
+    module: Module
+    static_smem: int
+    scalar_params: list[tuple[str, PtxType, int | float]]
+    runtime_state: dict[str, Any] = field(default_factory=dict)
+    _text: dict[bool, tuple[str, list[Loc | None]]] = field(default_factory=dict)
+
+    def ptx(self, lineinfo: bool = False) -> str:
+        """The PTX text (``lineinfo=True`` adds ``.file``/``.loc`` directives)."""
+        return self.emit(lineinfo)[0]
+
+    def emit(self, lineinfo: bool = False) -> tuple[str, list[Loc | None]]:
+        """PTX text and its line -> Python ``(file, line)`` map, cached."""
+        hit = self._text.get(lineinfo)
+        if hit is None:
+            hit = self._text[lineinfo] = emit(self.module, lineinfo)
+        return hit
+
+    @property
+    def name(self) -> str:
+        """The PTX entry name."""
+        return self.module.functions[0].name
+
+
+def _three(value: Any, what: str, origin: str) -> tuple[int, int, int]:
+    try:
+        items = tuple(value)
+        if len(items) != 3:
+            raise TypeError
+        out = tuple(operator.index(v) for v in items)
+    except TypeError:
+        raise ConfigError(
+            f"{origin}: {what} must be three positive ints (x, y, z), got {value!r}"
+        ) from None
+    if any(v <= 0 for v in out):
+        raise ConfigError(f"{origin}: {what} must be three positive ints (x, y, z), got {value!r}")
+    return out  # type: ignore[return-value]
+
+
+def _call_with(fn: Callable[..., Any], values: Mapping[str, Any], what: str, origin: str) -> Any:
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return fn(**values)
+    params = sig.parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return fn(**values)
+    kwargs = {}
+    for p in params:
+        if p.name in values:
+            kwargs[p.name] = values[p.name]
+        elif p.default is p.empty and p.kind is not p.VAR_POSITIONAL:
+            raise ConfigError(
+                f"{origin}: {what} callable needs {p.name!r}, which is neither a dim nor a "
+                f"template parameter (have: {', '.join(values) or 'none'})"
+            )
+    return fn(**kwargs)
+
+
+class Kernel:
+    """A traced-on-demand PTX kernel made by ``@kernel``."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        in_specs: Sequence[Tile],
+        out_specs: Sequence[Tile],
+        grid: Any,
+        block: Any,
+        cluster: Any,
+        smem: int | Callable[..., int],
+        arch: str,
+        version: str | None,
+        name: str | None,
+        origin: str,
+    ) -> None:
+        self.fn = fn
+        self.origin = origin
+        self.__doc__ = fn.__doc__
+        self.__name__ = getattr(fn, "__name__", "kernel")
+        self.__wrapped__ = fn
+        self._in_specs = tuple(self._check_specs(in_specs, "in_specs"))
+        self._out_specs = tuple(self._check_specs(out_specs, "out_specs"))
+        if not isinstance(arch, str) or not _ARCH.match(arch):
+            raise ConfigError(f"{origin}: arch must look like 'sm_90a' or 'sm_80', got {arch!r}")
+        self._arch = arch
+        if version is not None and (not isinstance(version, str) or not _VERSION.match(version)):
+            raise ConfigError(f"{origin}: version must look like '8.0', got {version!r}")
+        self._version = version or default_version(arch)
+        self._name = name or self.__name__
+        if not self._name.isidentifier():
+            raise ConfigError(f"{origin}: kernel name must be an identifier, got {self._name!r}")
+        self._grid = grid if callable(grid) else _three(grid, "grid", origin)
+        self._block = block if callable(block) else _three(block, "block", origin)
+        if not callable(block):
+            self._check_block(self._block, origin)
+        self._cluster = _three(cluster, "cluster", origin)
+        if self._cluster != (1, 1, 1) and int(_ARCH.match(arch).group(1)) < 90:
+            raise ConfigError(f"{origin}: thread-block clusters need sm_90 or newer, arch is {arch}")
+        if self._cluster[0] * self._cluster[1] * self._cluster[2] > 16:
+            raise ConfigError(f"{origin}: cluster {self._cluster} has more than 16 CTAs")
+        if not callable(smem):
+            self._check_smem(smem, origin)
+        self._smem = smem
+        self._tensor_names, self._template_params = self._signature(fn, origin)
+        self._cache: dict[Any, Specialization] = {}
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ metadata
+    @property
+    def in_specs(self) -> tuple[Tile, ...]:
+        """Specs of the input tensors, in argument order."""
+        return self._in_specs
+
+    @property
+    def out_specs(self) -> tuple[Tile, ...]:
+        """Specs of the outputs the kernel writes."""
+        return self._out_specs
+
+    @property
+    def grid(self) -> Any:
+        """Grid as given: three ints or a callable of the dims."""
+        return self._grid
+
+    @property
+    def block(self) -> Any:
+        """Block as given: three ints or a callable of the dims."""
+        return self._block
+
+    @property
+    def cluster(self) -> tuple[int, int, int]:
+        """Cluster dims; (1, 1, 1) means no cluster."""
+        return self._cluster
+
+    @property
+    def smem(self) -> Any:
+        """Dynamic shared memory in bytes (or a callable of the dims)."""
+        return self._smem
+
+    @property
+    def arch(self) -> str:
+        """Target architecture, e.g. ``sm_90a``."""
+        return self._arch
+
+    @property
+    def version(self) -> str:
+        """PTX ISA version written in ``.version``."""
+        return self._version
+
+    @property
+    def name(self) -> str:
+        """PTX entry name."""
+        return self._name
+
+    @property
+    def arg_names(self) -> tuple[str, ...]:
+        """Names of the tensor parameters: inputs then outputs."""
+        return self._tensor_names
+
+    @property
+    def template_params(self) -> dict[str, Any]:
+        """Keyword-only parameters of the body and their defaults (``inspect.Parameter.empty`` if none)."""
+        return dict(self._template_params)
+
+    @property
+    def dims(self) -> tuple[str, ...]:
+        """All symbolic dim names used by the specs."""
+        names: dict[str, None] = {}
+        for s in self._in_specs + self._out_specs:
+            names.update(dict.fromkeys(s.symbols))
+        return tuple(names)
+
+    def __repr__(self) -> str:
+        return (f"<pyptx.Kernel {self._name} in={list(self._in_specs)} out={list(self._out_specs)} "
+                f"arch={self._arch}>")
+
+    # ------------------------------------------------------------------ checks
+    def _check_specs(self, specs: Any, what: str) -> list[Tile]:
+        if isinstance(specs, Tile):
+            specs = (specs,)
+        try:
+            specs = list(specs)
+        except TypeError:
+            raise SpecError(f"{self.origin}: {what} must be a sequence of Tile, got {specs!r}") from None
+        for i, s in enumerate(specs):
+            if not isinstance(s, Tile):
+                raise SpecError(f"{self.origin}: {what}[{i}] must be a Tile, got {s!r}")
+        return specs
+
+    @staticmethod
+    def _check_block(block: tuple[int, int, int], origin: str) -> None:
+        if block[0] * block[1] * block[2] > 1024 or block[2] > 64:
+            raise ConfigError(
+                f"{origin}: block {block} exceeds the CUDA limits (at most 1024 threads, z <= 64)"
+            )
+
+    @staticmethod
+    def _check_smem(smem: Any, origin: str) -> int:
+        if isinstance(smem, bool) or not isinstance(smem, int) or smem < 0:
+            raise ConfigError(f"{origin}: smem must be a non-negative int of bytes, got {smem!r}")
+        if smem > MAX_DYNAMIC_SMEM:
+            raise ConfigError(
+                f"{origin}: smem={smem} bytes exceeds the {MAX_DYNAMIC_SMEM}-byte dynamic shared "
+                "memory limit of sm_90"
+            )
+        return smem
+
+    def _signature(self, fn: Callable[..., Any], origin: str) -> tuple[tuple[str, ...], dict[str, Any]]:
+        sig = inspect.signature(fn)
+        tensors, templates = [], {}
+        for p in sig.parameters.values():
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+                tensors.append(p.name)
+            elif p.kind is p.KEYWORD_ONLY:
+                templates[p.name] = p.default
+            else:
+                raise SpecError(
+                    f"{origin}: kernel {fn.__name__} may not take *args or **kwargs; tensor "
+                    "parameters are positional, template parameters keyword-only"
+                )
+        want = len(self._in_specs) + len(self._out_specs)
+        if len(tensors) != want:
+            raise SpecError(
+                f"{origin}: kernel {fn.__name__} takes {len(tensors)} tensor parameters "
+                f"({', '.join(tensors) or 'none'}), but in_specs + out_specs describe {want}"
+            )
+        clash = set(templates) & set(self.dims)
+        if clash:
+            raise SpecError(f"{origin}: {sorted(clash)} are both template parameters and dims")
+        return tuple(tensors), templates
+
+    # ------------------------------------------------------------------ specialization
+    def _split_kwargs(self, kwargs: Mapping[str, Any], at: str) -> tuple[dict[str, int], dict[str, Any]]:
+        dims, templates = {}, {}
+        known_dims = set(self.dims)
+        for k, v in kwargs.items():
+            if k in self._template_params:
+                templates[k] = v
+            elif k in known_dims:
+                if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                    raise SpecError(f"{at}: dim {k!r} must be a positive int, got {v!r}")
+                dims[k] = v
+            else:
+                raise SpecError(
+                    f"{at}: {self._name} got unknown keyword {k!r}; dims: "
+                    f"{', '.join(sorted(known_dims)) or 'none'}; template parameters: "
+                    f"{', '.join(self._template_params) or 'none'}"
+                )
+        for k, default in self._template_params.items():
+            if k not in templates:
+                if default is inspect.Parameter.empty:
+                    raise SpecError(f"{at}: {self._name} needs template parameter {k}=...")
+                templates[k] = default
+        return dims, templates
+
+    def specialize(self, _shapes: Sequence[Sequence[int]] | None = None, **kwargs: Any) -> Specialization:
+        """Trace (or fetch from cache) the specialization for these dims and template values.
+
+        ``_shapes`` are the concrete input shapes when called by a runtime;
+        keywords give symbolic dims and template parameters.
+        """
+        at = where()
+        dims, templates = self._split_kwargs(kwargs, at)
+        if _shapes is not None:
+            if len(_shapes) != len(self._in_specs):
+                raise SpecError(
+                    f"{at}: {self._name} takes {len(self._in_specs)} inputs "
+                    f"({', '.join(self._tensor_names[:len(self._in_specs)])}), got {len(_shapes)}"
+                )
+            dims = bind(self._in_specs, _shapes, self._tensor_names, dims)
+        try:
+            key = (tuple(sorted(dims.items())), tuple(sorted(templates.items())))
+            hash(key)
+        except TypeError:
+            raise SpecError(f"{at}: template parameter values must be hashable, got {templates!r}") from None
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is None:
+                hit = self._cache[key] = self._trace(dims, templates, at)
+        return hit
+
+    def _trace(self, env: dict[str, int], templates: dict[str, Any], at: str) -> Specialization:
+        names = self._tensor_names
+        n_in = len(self._in_specs)
+        in_shapes = tuple(s.resolve(env, f"{at}: input {names[i]!r}")
+                          for i, s in enumerate(self._in_specs))
+        out_shapes = tuple(s.resolve(env, f"{at}: output {names[n_in + i]!r}")
+                           for i, s in enumerate(self._out_specs))
+        values = {**env, **templates}
+        origin = f"kernel {self._name!r} defined at {self.origin}"
+        grid = _three(_call_with(self._grid, values, "grid", origin) if callable(self._grid)
+                      else self._grid, "grid", origin)
+        block = self._block
+        if callable(block):
+            block = _three(_call_with(block, values, "block", origin), "block", origin)
+            self._check_block(block, origin)
+        smem = self._smem
+        if callable(smem):
+            smem = self._check_smem(_call_with(smem, values, "smem", origin), origin)
+
+        func = Function(self._name)
+        trace = Trace(func, self._arch)
+        params = []
+        for i, (pname, shape) in enumerate(zip(names, in_shapes + out_shapes)):
+            spec = (self._in_specs + self._out_specs)[i]
+            func.params.append(Param(pname, u64))
+            params.append(TensorParam(pname, spec, shape, i, trace))
+        with tracing(trace):
+            try:
+                self.fn(*params, **templates)
+            except PyptxError:
+                raise
+            except RecursionError:
+                raise
+            except Exception as e:
+                loc = _innermost_user_loc(e)
+                raise TraceError(
+                    f"{fmt_loc(loc)}: tracing kernel {self._name!r} raised "
+                    f"{type(e).__name__}: {e}"
+                ) from e
+        func.directives.append(".reqntid {}, {}, {}".format(*block))
+        if self._cluster != (1, 1, 1):
+            func.directives.append(".reqnctapercluster {}, {}, {}".format(*self._cluster))
+        if trace.shared_bytes + smem > MAX_DYNAMIC_SMEM:
+            raise ConfigError(
+                f"{origin}: {trace.shared_bytes} static + {smem} dynamic shared bytes exceed "
+                f"the {MAX_DYNAMIC_SMEM}-byte per-block limit"
+            )
+        module = Module(self._version, self._arch, [func], trace.shared)
+        return Specialization(
+            kernel=self, env=env, template_kwargs=templates, in_shapes=in_shapes,
+            out_shapes=out_shapes, grid=grid, block=block, cluster=self._cluster, smem=smem,
+            module=module, static_smem=trace.shared_bytes, scalar_params=trace.scalar_params,
+        )
+
+    def ptx(self, lineinfo: bool = False, **kwargs: Any) -> str:
+        """PTX text of the specialization for ``kwargs`` (dims and template parameters)."""
+        return self.specialize(**kwargs).ptx(lineinfo)
+
+    def check_dtypes(self, dtypes: Sequence[PtxType | None]) -> None:
+        """Raise ``SpecError`` naming the argument if ``dtypes`` disagree with ``in_specs``."""
+        names = self._tensor_names
+        if len(dtypes) != len(self._in_specs):
+            raise SpecError(
+                f"{where()}: {self._name} takes {len(self._in_specs)} inputs "
+                f"({', '.join(names[:len(self._in_specs)])}), got {len(dtypes)}"
+            )
+        for i, (spec, dt) in enumerate(zip(self._in_specs, dtypes)):
+            if dt is not spec.dtype:
+                raise SpecError(
+                    f"{where()}: argument {names[i]!r}: expected dtype {spec.dtype.name} for "
+                    f"{spec!r}, got {dt.name if dt is not None else 'an unsupported dtype'}"
+                )
+
+    # ------------------------------------------------------------------ launch
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Launch on framework arrays (torch tensors, jax arrays) through a runtime plugin."""
+        from .runtimes import runtime_for
+
+        rt = runtime_for(args, self)
+        return rt.launch(self, args, kwargs)
+
+
+def _innermost_user_loc(e: BaseException) -> Loc | None:
+    tb = e.__traceback__
+    loc = None
+    from .source import _is_internal
+
+    while tb is not None:
+        fname = tb.tb_frame.f_code.co_filename
+        if not _is_internal(fname):
+            loc = (fname, tb.tb_lineno)
+        tb = tb.tb_next
+    return loc
+
+
+def kernel(
+    in_specs: Sequence[Tile] = (),
+    out_specs: Sequence[Tile] = (),
+    *,
+    grid: Any = (1, 1, 1),
+    block: Any = (1, 1, 1),
+    cluster: Any = (1, 1, 1),
+    smem: int | Callable[..., int] = 0,
+    arch: str = "sm_90a",
+    version: str | None = None,
+    name: str | None = None,
+) -> Callable[[Callable[..., Any]], Kernel]:
+    """Decorate a kernel body: positional parameters are tensors (inputs then outputs),
+    keyword-only parameters are template parameters.
+
+    ``grid``/``block`` are three ints or a callable of the dims and template
+    parameters returning three ints; ``smem`` is dynamic shared memory bytes;
+    ``arch`` the target (``sm_90a``); ``version`` the PTX ISA version.
+    """
+    origin = fmt_loc(user_loc(2))
+
+    def wrap(fn: Callable[..., Any]) -> Kernel:
+        if not callable(fn):
+            raise ConfigError(f"{origin}: @kernel decorates a function, got {fn!r}")
+        return Kernel(fn, in_specs=in_specs, out_specs=out_specs, grid=grid, block=block,
+                      cluster=cluster, smem=smem, arch=arch, version=version, name=name,
+                      origin=origin)
+
+    return wrap
+

@@ -1,0 +1,112 @@
+"""Addresses and kernel parameters: ``ptx.addr``, ``ptx.global_ptrs``, ``ptx.scalar_param``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import OperandError
+from ..ir import Param
+from ..reg import Reg, render
+from ..source import where
+from ..trace import Trace, current
+from ..types import PtxType, u64
+
+
+class Addr:
+    """A memory operand ``[base+offset]``."""
+
+    __slots__ = ("base", "offset")
+
+    def __init__(self, base: Any, offset: int) -> None:
+        self.base = base
+        self.offset = offset
+
+    def __ptx_operand__(self, trace: Trace) -> str:
+        b = render(self.base, None, trace)
+        if self.offset:
+            return f"[{b}+{self.offset}]"
+        return f"[{b}]"
+
+    def __repr__(self) -> str:
+        return f"Addr({self.base!r}, {self.offset})"
+
+
+def addr(base: Any, offset: int = 0) -> Addr:
+    """``[base+offset]``: base is a 64/32-bit register, a shared array, a kernel param or a symbol."""
+    if type(base) is Reg:
+        if not (base.type.is_int and base.type.bits in (32, 64)):
+            raise OperandError(
+                f"{where()}: ptx.addr base must be a 32- or 64-bit integer register, got "
+                f".{base.type.name} {base.name}"
+            )
+    elif not (isinstance(base, str) or hasattr(base, "__ptx_operand__")):
+        raise OperandError(
+            f"{where()}: ptx.addr base must be a register, shared array or param, got {base!r}"
+        )
+    if isinstance(offset, bool) or not isinstance(offset, int):
+        raise OperandError(
+            f"{where()}: ptx.addr offset must be a Python int (PTX has no reg+reg addressing); "
+            f"got {offset!r}: add registers first, then ptx.addr(sum)"
+        )
+    return Addr(base, offset)
+
+
+class TensorParam:
+    """A tensor argument of a kernel body: its ``.param`` name, spec and concrete shape."""
+
+    __slots__ = ("name", "spec", "shape", "index", "trace")
+
+    def __init__(self, name: str, spec: Any, shape: tuple[int, ...], index: int, trace: Trace):
+        self.name = name
+        self.spec = spec
+        self.shape = shape
+        self.index = index
+        self.trace = trace
+
+    @property
+    def dtype(self) -> PtxType:
+        """Element type from the spec."""
+        return self.spec.dtype
+
+    def __ptx_operand__(self, trace: Trace) -> str:
+        return self.name
+
+    def __repr__(self) -> str:
+        return f"TensorParam({self.name}: {self.spec!r} = {self.shape})"
+
+
+def global_ptrs(*tensors: TensorParam) -> tuple[Reg, ...]:
+    """Load each tensor's pointer param and convert it to a global address (two instructions each)."""
+    trace = current()
+    out = []
+    for i, t in enumerate(tensors):
+        if type(t) is not TensorParam:
+            raise OperandError(
+                f"{where()}: ptx.global_ptrs argument {i} must be a tensor parameter of the "
+                f"kernel, got {t!r}"
+            )
+        if t.trace is not trace:
+            raise OperandError(f"{where()}: tensor parameter {t.name} belongs to another kernel")
+        raw = Reg(trace.new_reg_name(u64), u64, trace)
+        g = Reg(trace.new_reg_name(u64), u64, trace)
+        trace.inst("ld.param.u64", (raw.name, f"[{t.name}]"))
+        trace.inst("cvta.to.global.u64", (g.name, raw.name))
+        out.append(g)
+    return tuple(out)
+
+
+def scalar_param(t: PtxType, value: int | float, name: str = "arg") -> Reg:
+    """Declare a scalar ``.param`` passed ``value`` at every launch; return it loaded in a register."""
+    trace = current()
+    if not isinstance(t, PtxType) or t.is_pred or t.bits > 64 or t.reg_decl != t.name:
+        raise OperandError(f"{where()}: scalar_param type must be a plain scalar such as u32 or f32, got {t!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise OperandError(f"{where()}: scalar_param value must be a Python number, got {value!r}")
+    from .. import imm
+    imm.encode(value, t, where())
+    pname = trace.unique(name)
+    trace.func.params.append(Param(pname, t))
+    trace.scalar_params.append((pname, t, value))
+    r = Reg(trace.new_reg_name(t), t, trace)
+    trace.inst(f"ld.param.{t.name}", (r.name, f"[{pname}]"))
+    return r

@@ -1,0 +1,459 @@
+"""Registers: ``reg.scalar``, ``reg.array``, ``reg.from_`` and the ``Reg`` operator sugar.
+
+Each operator on a ``Reg`` emits one PTX instruction into the active trace and
+returns a fresh register (``a + b`` -> ``add.u32``); the in-place forms
+(``a += b``) write ``a`` itself. Integer registers of different widths are
+widened first (a 64-bit pointer plus a 32-bit offset adds a ``cvt``).
+Comparisons produce predicate registers; ``~p`` on a predicate is a negation
+usable as ``pred=~p`` without emitting anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from . import imm
+from .errors import OperandError, RegisterScopeError, TraceError, TypeMismatchError
+from .source import where
+from .trace import Trace, current
+from .types import PtxType
+from .types import pred as _pred
+
+__all__ = ["Reg", "RegArray", "NotPred", "scalar", "array", "from_", "render"]
+
+
+class Reg:
+    """A typed PTX register owned by one kernel trace."""
+
+    __slots__ = ("name", "type", "trace")
+
+    def __init__(self, name: str, type: PtxType, trace: Trace) -> None:
+        self.name = name
+        self.type = type
+        self.trace = trace
+
+    def __repr__(self) -> str:
+        return f"Reg({self.name}: {self.type.name})"
+
+    def __bool__(self) -> bool:
+        raise TraceError(
+            f"{where()}: register {self.name} has no Python truth value while tracing; "
+            "branch on the device with ptx.if_(p), ptx.bra(label, pred=p) or pred=p"
+        )
+
+    __hash__ = object.__hash__
+
+    def __add__(self, o: Any) -> Reg:
+        return _binary("add", self, o)
+
+    def __radd__(self, o: Any) -> Reg:
+        return _binary("add", self, o)
+
+    def __sub__(self, o: Any) -> Reg:
+        return _binary("sub", self, o)
+
+    def __rsub__(self, o: Any) -> Reg:
+        return _binary("sub", self, o, swap=True)
+
+    def __mul__(self, o: Any) -> Reg:
+        return _binary("mul", self, o)
+
+    def __rmul__(self, o: Any) -> Reg:
+        return _binary("mul", self, o)
+
+    def __truediv__(self, o: Any) -> Reg:
+        return _binary("div", self, o)
+
+    def __floordiv__(self, o: Any) -> Reg:
+        return _binary("idiv", self, o)
+
+    def __mod__(self, o: Any) -> Reg:
+        return _binary("rem", self, o)
+
+    def __and__(self, o: Any) -> Reg:
+        return _binary("and", self, o)
+
+    def __rand__(self, o: Any) -> Reg:
+        return _binary("and", self, o)
+
+    def __or__(self, o: Any) -> Reg:
+        return _binary("or", self, o)
+
+    def __ror__(self, o: Any) -> Reg:
+        return _binary("or", self, o)
+
+    def __xor__(self, o: Any) -> Reg:
+        return _binary("xor", self, o)
+
+    def __rxor__(self, o: Any) -> Reg:
+        return _binary("xor", self, o)
+
+    def __lshift__(self, o: Any) -> Reg:
+        return _binary("shl", self, o)
+
+    def __rshift__(self, o: Any) -> Reg:
+        return _binary("shr", self, o)
+
+    def __iadd__(self, o: Any) -> Reg:
+        return _binary("add", self, o, dst=self)
+
+    def __isub__(self, o: Any) -> Reg:
+        return _binary("sub", self, o, dst=self)
+
+    def __imul__(self, o: Any) -> Reg:
+        return _binary("mul", self, o, dst=self)
+
+    def __iand__(self, o: Any) -> Reg:
+        return _binary("and", self, o, dst=self)
+
+    def __ior__(self, o: Any) -> Reg:
+        return _binary("or", self, o, dst=self)
+
+    def __ixor__(self, o: Any) -> Reg:
+        return _binary("xor", self, o, dst=self)
+
+    def __ilshift__(self, o: Any) -> Reg:
+        return _binary("shl", self, o, dst=self)
+
+    def __irshift__(self, o: Any) -> Reg:
+        return _binary("shr", self, o, dst=self)
+
+    def __lt__(self, o: Any) -> Reg:
+        return _compare("lt", self, o)
+
+    def __le__(self, o: Any) -> Reg:
+        return _compare("le", self, o)
+
+    def __gt__(self, o: Any) -> Reg:
+        return _compare("gt", self, o)
+
+    def __ge__(self, o: Any) -> Reg:
+        return _compare("ge", self, o)
+
+    def __eq__(self, o: Any) -> Reg:  # type: ignore[override]
+        return _compare("eq", self, o)
+
+    def __ne__(self, o: Any) -> Reg:  # type: ignore[override]
+        return _compare("ne", self, o)
+
+    def __neg__(self) -> Reg:
+        t = self.type
+        if t.is_pred or t.kind in ("u", "b"):
+            raise TypeMismatchError(f"{where()}: cannot negate .{t.name} register {self.name}")
+        out = _new(self.trace, t)
+        self.trace.inst(f"neg.{t.name}", (out.name, self.name))
+        return out
+
+    def __invert__(self) -> Reg | NotPred:
+        if self.type.is_pred:
+            return NotPred(self)
+        if not self.type.is_int:
+            raise TypeMismatchError(f"{where()}: ~ needs an integer register, got .{self.type.name}")
+        out = _new(self.trace, self.type)
+        self.trace.inst(f"not.b{self.type.bits}", (out.name, self.name))
+        return out
+
+
+class NotPred:
+    """``~p``: the negation of predicate ``p``, rendered ``!%p`` where PTX allows it."""
+
+    __slots__ = ("reg",)
+
+    def __init__(self, reg: Reg) -> None:
+        self.reg = reg
+
+    def __invert__(self) -> Reg:
+        return self.reg
+
+    def __repr__(self) -> str:
+        return f"NotPred({self.reg.name})"
+
+    def __bool__(self) -> bool:
+        return self.reg.__bool__()
+
+    def materialize(self) -> Reg:
+        """Emit ``not.pred`` and return the result as a predicate register."""
+        out = _new(self.reg.trace, _pred)
+        self.reg.trace.inst("not.pred", (out.name, self.reg.name))
+        return out
+
+    def __and__(self, o: Any) -> Reg:
+        return self.materialize() & o
+
+    def __or__(self, o: Any) -> Reg:
+        return self.materialize() | o
+
+    def __xor__(self, o: Any) -> Reg:
+        return self.materialize() ^ o
+
+
+class RegArray(Sequence[Reg]):
+    """``n`` registers of one type; index for one, slice for a list, pass whole as a vector."""
+
+    __slots__ = ("regs", "type")
+
+    def __init__(self, regs: list[Reg], type: PtxType) -> None:
+        self.regs = regs
+        self.type = type
+
+    def __getitem__(self, i):  # type: ignore[override]
+        try:
+            return self.regs[i]
+        except IndexError:
+            raise OperandError(
+                f"{where()}: register array index {i} out of range for length {len(self.regs)}"
+            ) from None
+        except TypeError:
+            raise OperandError(
+                f"{where()}: register arrays are indexed by Python ints at trace time, got {i!r}"
+            ) from None
+
+    def __len__(self) -> int:
+        return len(self.regs)
+
+    def __iter__(self) -> Iterator[Reg]:
+        return iter(self.regs)
+
+    def __repr__(self) -> str:
+        return f"RegArray({len(self.regs)} x {self.type.name})"
+
+
+def _new(trace: Trace, t: PtxType) -> Reg:
+    return Reg(trace.new_reg_name(t), t, trace)
+
+
+def _own(r: Reg, trace: Trace) -> None:
+    if r.trace is not trace:
+        raise RegisterScopeError(
+            f"{where(3)}: register {r.name} ({r.type.name}) belongs to kernel "
+            f"{r.trace.func.name!r}, not {trace.func.name!r}; registers cannot cross kernels"
+        )
+
+
+def render(value: Any, t: PtxType | None, trace: Trace) -> str:
+    """Render one instruction operand (register, immediate, address, vector, label...)."""
+    cls = type(value)
+    if cls is Reg:
+        if value.trace is not trace:
+            _own(value, trace)
+        return value.name
+    if cls is int or cls is float or cls is bool:
+        return imm.encode(value, t, where(3))
+    if cls is NotPred:
+        return "!" + render(value.reg, t, trace)
+    if cls is RegArray or cls is list or cls is tuple:
+        return "{" + ", ".join([render(v, t, trace) for v in value]) + "}"
+    if cls is str:
+        return value
+    hook = getattr(value, "__ptx_operand__", None)
+    if hook is not None:
+        return hook(trace)
+    raise OperandError(
+        f"{where(3)}: expected a register, Python number, ptx.addr(...), label or vector "
+        f"as an operand, got {cls.__name__} {value!r}"
+    )
+
+
+def _arith_type(t: PtxType) -> str:
+    return f"u{t.bits}" if t.kind == "b" else t.name
+
+
+def _widen(r: Reg, to: PtxType) -> Reg:
+    out = _new(r.trace, to)
+    src = "s" if r.type.is_signed else "u"
+    r.trace.inst(f"cvt.{to.kind if to.kind != 'b' else 'u'}{to.bits}.{src}{r.type.bits}", (out.name, r.name))
+    return out
+
+
+def _unify(op: str, a: Reg, b: Reg) -> tuple[PtxType, Reg, Reg]:
+    ta, tb = a.type, b.type
+    if ta is tb:
+        return ta, a, b
+    if ta.is_int and tb.is_int:
+        if ta.bits == tb.bits:
+            if ta.kind == "b":
+                return tb, a, b
+            if tb.kind == "b":
+                return ta, a, b
+        elif ta.bits > tb.bits:
+            return ta, a, _widen(b, ta)
+        else:
+            return tb, _widen(a, tb), b
+    raise TypeMismatchError(
+        f"{where(4)}: {op} of .{ta.name} register {a.name} and .{tb.name} register {b.name}; "
+        f"convert one first, e.g. reg.from_(<the {tb.name} register>, {ta.name})"
+    )
+
+
+def _operand_type(op: str, a: Reg, o: Any) -> tuple[PtxType, Reg, Any]:
+    t = a.type
+    if type(o) is Reg:
+        _own(o, a.trace)
+        return _unify(op, a, o)
+    if type(o) is NotPred:
+        return _operand_type(op, a, o.materialize())
+    if isinstance(o, float) and not t.is_float:
+        raise TypeMismatchError(
+            f"{where(4)}: {op} of .{t.name} register {a.name} with float {o!r}; "
+            "integer registers take int immediates"
+        )
+    if not isinstance(o, (int, float)):
+        raise TypeMismatchError(
+            f"{where(4)}: {op} of register {a.name} with {type(o).__name__} {o!r}; "
+            "expected a register or a Python number"
+        )
+    return t, a, o
+
+
+_FLOAT_OPS = {"add", "sub", "mul", "div"}
+_INT_OPS = {"add", "sub", "mul", "idiv", "rem", "and", "or", "xor", "shl", "shr"}
+_PRED_OPS = {"and", "or", "xor"}
+
+
+def _binary(op: str, a: Reg, o: Any, *, swap: bool = False, dst: Reg | None = None) -> Reg:
+    trace = a.trace
+    if trace is not current():
+        _own(a, current())
+    if op in ("shl", "shr"):
+        t = a.type
+        if type(o) is Reg:
+            _own(o, trace)
+            if not (o.type.is_int and o.type.bits == 32):
+                raise TypeMismatchError(
+                    f"{where(3)}: shift amount must be a 32-bit integer register or int, "
+                    f"got .{o.type.name} {o.name}"
+                )
+        elif type(o) is not int:
+            raise TypeMismatchError(f"{where(3)}: shift amount must be an int, got {o!r}")
+        b = o
+    else:
+        t, a, b = _operand_type(op, a, o)
+    if t.is_pred:
+        if op not in _PRED_OPS:
+            raise TypeMismatchError(f"{where(3)}: '{op}' is not defined on predicates")
+        opcode = f"{op}.pred"
+    elif t.is_float:
+        if op not in _FLOAT_OPS:
+            raise TypeMismatchError(f"{where(3)}: '{op}' needs integer registers, got .{t.name}")
+        opcode = f"div.rn.{t.name}" if op == "div" and t.bits >= 32 else f"{op}.{t.name}"
+    else:
+        if op not in _INT_OPS:
+            raise TypeMismatchError(f"{where(3)}: '/' on integers is ambiguous; use // for div.{t.name}")
+        if op in ("and", "or", "xor", "shl"):
+            opcode = f"{op}.b{t.bits}"
+        elif op == "mul":
+            opcode = f"mul.lo.{_arith_type(t)}"
+        elif op == "idiv":
+            opcode = f"div.{_arith_type(t)}"
+        else:
+            opcode = f"{op}.{_arith_type(t)}"
+    out = dst if dst is not None else _new(trace, t)
+    if dst is not None and dst.type is not t:
+        raise TypeMismatchError(
+            f"{where(3)}: in-place {op} would change {dst.name} from .{dst.type.name} to .{t.name}"
+        )
+    ra = a.name
+    rb = render(b, t if op not in ("shl", "shr") else None, trace)
+    trace.inst(opcode, (out.name, rb, ra) if swap else (out.name, ra, rb))
+    return out
+
+
+def _compare(cmp: str, a: Reg, o: Any) -> Reg:
+    trace = a.trace
+    t, a, b = _operand_type(cmp, a, o)
+    if t.is_pred:
+        raise TypeMismatchError(f"{where(3)}: cannot compare predicates with '{cmp}'; use & | ^ ~")
+    ty = _arith_type(t)
+    out = _new(trace, _pred)
+    trace.inst(f"setp.{cmp}.{ty}", (out.name, a.name, render(b, t, trace)))
+    return out
+
+
+def _mov_type(t: PtxType) -> str:
+    if t.is_pred or t.is_int or t.name in ("f32", "f64"):
+        return t.name
+    return f"b{t.bits}"
+
+
+def scalar(t: PtxType, init: int | float | Reg | None = None) -> Reg:
+    """A new register of type ``t``; ``init`` emits one ``mov`` (immediates encoded exactly)."""
+    trace = current()
+    if not isinstance(t, PtxType):
+        raise OperandError(f"{where()}: reg.scalar expects a PTX type such as f32, got {t!r}")
+    r = _new(trace, t)
+    if init is not None:
+        if type(init) is Reg:
+            _own(init, trace)
+            if init.type.bits != t.bits:
+                raise TypeMismatchError(
+                    f"{where()}: init register {init.name} is .{init.type.name}, expected "
+                    f".{t.name}; use reg.from_ to convert"
+                )
+            trace.inst(f"mov.{_mov_type(t)}", (r.name, init.name))
+        elif isinstance(init, (int, float)):
+            if isinstance(init, float) and not (t.is_float or t.is_pred):
+                raise TypeMismatchError(
+                    f"{where()}: float init {init!r} for integer register type .{t.name}"
+                )
+            trace.inst(f"mov.{_mov_type(t)}", (r.name, imm.encode(init, t, where())))
+        else:
+            raise OperandError(f"{where()}: init must be a Python number or a register, got {init!r}")
+    return r
+
+
+def array(t: PtxType, n: int) -> RegArray:
+    """``n`` fresh registers of type ``t`` (consecutively numbered)."""
+    trace = current()
+    if not isinstance(t, PtxType):
+        raise OperandError(f"{where()}: reg.array expects a PTX type such as f32, got {t!r}")
+    if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+        raise OperandError(f"{where()}: reg.array length must be a positive int, got {n!r}")
+    return RegArray([Reg(nm, t, trace) for nm in trace.new_reg_names(t, n)], t)
+
+
+def _cvt_opcode(dst: PtxType, src: PtxType) -> str:
+    if dst.is_float and src.is_float:
+        rnd = ".rn" if dst.bits < src.bits else ""
+        return f"cvt{rnd}.{dst.name}.{src.name}"
+    if dst.is_float:
+        return f"cvt.rn.{dst.name}.{_arith_type(src)}"
+    if src.is_float:
+        return f"cvt.rzi.{_arith_type(dst)}.{src.name}"
+    return f"cvt.{_arith_type(dst)}.{_arith_type(src)}"
+
+
+def from_(value: Any, t: PtxType | None = None) -> Reg:
+    """A new register of type ``t`` holding ``value`` (a register, a special register or a number).
+
+    Same-width integer types move; other types convert (``cvt``, round to
+    nearest for float results, toward zero for float to int).
+    """
+    trace = current()
+    if type(value) is NotPred:
+        value = value.materialize()
+    if type(value) is Reg:
+        _own(value, trace)
+        t = t or value.type
+        if not isinstance(t, PtxType):
+            raise OperandError(f"{where()}: reg.from_ expects a PTX type, got {t!r}")
+        r = _new(trace, t)
+        s = value.type
+        if s is t:
+            trace.inst(f"mov.{_mov_type(t)}", (r.name, value.name))
+        elif s.bits == t.bits and s.is_int and t.is_int:
+            trace.inst(f"mov.b{t.bits}", (r.name, value.name))
+        elif s.is_pred or t.is_pred:
+            if t.is_pred:
+                trace.inst(f"setp.ne.{_arith_type(s)}", (r.name, value.name, "0"))
+            else:
+                trace.inst(f"selp.{_arith_type(t)}", (r.name, "1", "0", value.name))
+        else:
+            trace.inst(_cvt_opcode(t, s), (r.name, value.name))
+        return r
+    if isinstance(value, (int, float)):
+        if t is None:
+            raise OperandError(f"{where()}: reg.from_ of a Python number needs a type: reg.from_({value!r}, f32)")
+        return scalar(t, init=value)
+    raise OperandError(f"{where()}: reg.from_ expects a register or a number, got {value!r}")
+

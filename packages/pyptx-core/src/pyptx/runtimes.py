@@ -1,0 +1,78 @@
+"""Runtime plugins, found through the ``pyptx.runtimes`` entry-point group.
+
+Core never imports a framework. A plugin is picked by the cheap test of an
+argument's type module (``torch...``, ``jax...``/``jaxlib...``) and loaded
+the first time such an argument appears. A plugin object has ``name``,
+``owns(value) -> bool`` and ``launch(kernel, args, kwargs)``.
+"""
+
+from __future__ import annotations
+
+import threading
+from importlib.metadata import EntryPoint, entry_points
+from typing import Any, Protocol
+
+from .errors import RuntimeUnavailableError, SpecError
+from .source import where
+
+GROUP = "pyptx.runtimes"
+_MODULE_TO_RUNTIME = {"torch": "torch", "jax": "jax", "jaxlib": "jax"}
+_EXTRA = {"torch": "pyptx-core[torch]", "jax": "pyptx-core[jax]"}
+_loaded: dict[str, Any] = {}
+_lock = threading.Lock()
+
+
+class Runtime(Protocol):
+    """What a ``pyptx.runtimes`` entry point loads to (a class or a ready object)."""
+
+    name: str
+
+    def owns(self, value: Any) -> bool:
+        """True if ``value`` is one of this framework's arrays."""
+
+    def launch(self, kernel: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Launch ``kernel`` on ``args``; return its outputs."""
+
+
+def available() -> dict[str, EntryPoint]:
+    """Installed runtime entry points by name (nothing is imported)."""
+    return {ep.name: ep for ep in entry_points(group=GROUP)}
+
+
+def load(name: str) -> Any:
+    """Load (once) and return the runtime plugin called ``name``."""
+    rt = _loaded.get(name)
+    if rt is not None:
+        return rt
+    with _lock:
+        rt = _loaded.get(name)
+        if rt is None:
+            ep = available().get(name)
+            if ep is None:
+                raise RuntimeUnavailableError(
+                    f"no pyptx runtime for {name} is installed; install it with "
+                    f"pip install \"{_EXTRA.get(name, 'pyptx-' + name)}\""
+                )
+            obj = ep.load()
+            rt = _loaded[name] = obj() if isinstance(obj, type) else obj
+    return rt
+
+
+def framework_of(value: Any) -> str | None:
+    """``"torch"``/``"jax"`` from the value's type module, or None; imports nothing."""
+    mod = type(value).__module__
+    return _MODULE_TO_RUNTIME.get(mod.partition(".")[0])
+
+
+def runtime_for(args: tuple[Any, ...], kernel: Any = None) -> Any:
+    """The runtime plugin that should launch a kernel on ``args``."""
+    found = {framework_of(a) for a in args} - {None}
+    if not found:
+        got = ", ".join(type(a).__name__ for a in args) or "no arguments"
+        raise SpecError(
+            f"{where()}: calling a kernel launches it on torch tensors or jax arrays, got {got}; "
+            "for PTX text use kernel.ptx(**dims)"
+        )
+    if len(found) > 1:
+        raise SpecError(f"{where()}: arguments mix frameworks ({', '.join(sorted(found))})")
+    return load(found.pop())
