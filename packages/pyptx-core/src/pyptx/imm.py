@@ -6,6 +6,7 @@ import math
 import struct
 
 from .errors import OperandError
+from .source import where as _where
 from .types import PtxType
 
 
@@ -42,8 +43,11 @@ def bf16_bits(x: float) -> int:
     return (b >> 16) & 0xFFFF
 
 
-def encode(value: int | float, t: PtxType | None, where: str) -> str:
-    """Render ``value`` as an immediate operand of an instruction of type ``t``."""
+def encode(value: int | float, t: PtxType | None, where: str | None = None) -> str:
+    """Render ``value`` as an immediate operand of an instruction of type ``t``.
+
+    ``where`` labels errors; by default the user's ``file:line`` is looked up.
+    """
     if isinstance(value, bool):
         value = int(value)
     if t is None:
@@ -62,7 +66,7 @@ def encode(value: int | float, t: PtxType | None, where: str) -> str:
     if isinstance(value, float):
         if not value.is_integer():
             raise OperandError(
-                f"{where}: expected an integer immediate for .{t.name}, got float {value!r}"
+                f"{where or _where()}: expected an integer immediate for .{t.name}, got float {value!r}"
             )
         value = int(value)
     bits = 64 if t.bits > 64 or t.is_pred else t.bits
@@ -71,6 +75,6 @@ def encode(value: int | float, t: PtxType | None, where: str) -> str:
         hi = (1 << (bits - 1)) - 1
     if not lo <= value <= hi:
         raise OperandError(
-            f"{where}: immediate {value} does not fit .{t.name} (range {lo}..{hi})"
+            f"{where or _where()}: immediate {value} does not fit .{t.name} (range {lo}..{hi})"
         )
     return str(value)

@@ -16,7 +16,7 @@ from typing import Any
 from . import imm
 from .errors import OperandError, RegisterScopeError, TraceError, TypeMismatchError
 from .source import where
-from .trace import Trace, current
+from .trace import Trace, active, current
 from .types import PtxType
 from .types import pred as _pred
 
@@ -239,7 +239,7 @@ def render(value: Any, t: PtxType | None, trace: Trace) -> str:
             _own(value, trace)
         return value.name
     if cls is int or cls is float or cls is bool:
-        return imm.encode(value, t, where(3))
+        return imm.encode(value, t)
     if cls is NotPred:
         return "!" + render(value.reg, t, trace)
     if cls is RegArray or cls is list or cls is tuple:
@@ -311,11 +311,40 @@ _INT_OPS = {"add", "sub", "mul", "idiv", "rem", "and", "or", "xor", "shl", "shr"
 _PRED_OPS = {"and", "or", "xor"}
 
 
+_OPCODES: dict[tuple[str, PtxType], str] = {}
+
+
+def _opcode(op: str, t: PtxType) -> str:
+    if t.is_pred:
+        if op not in _PRED_OPS:
+            raise TypeMismatchError(f"{where()}: '{op}' is not defined on predicates")
+        opcode = f"{op}.pred"
+    elif t.is_float:
+        if op not in _FLOAT_OPS:
+            raise TypeMismatchError(f"{where()}: '{op}' needs integer registers, got .{t.name}")
+        opcode = f"div.rn.{t.name}" if op == "div" and t.bits >= 32 else f"{op}.{t.name}"
+    else:
+        if op not in _INT_OPS:
+            raise TypeMismatchError(
+                f"{where()}: '/' on integer registers is ambiguous; use // for div.{t.name}"
+            )
+        if op in ("and", "or", "xor", "shl"):
+            opcode = f"{op}.b{t.bits}"
+        elif op == "mul":
+            opcode = f"mul.lo.{_arith_type(t)}"
+        elif op == "idiv":
+            opcode = f"div.{_arith_type(t)}"
+        else:
+            opcode = f"{op}.{_arith_type(t)}"
+    _OPCODES[(op, t)] = opcode
+    return opcode
+
+
 def _binary(op: str, a: Reg, o: Any, *, swap: bool = False, dst: Reg | None = None) -> Reg:
     trace = a.trace
-    if trace is not current():
+    if trace is not active():
         _own(a, current())
-    if op in ("shl", "shr"):
+    if op == "shl" or op == "shr":
         t = a.type
         if type(o) is Reg:
             _own(o, trace)
@@ -329,25 +358,7 @@ def _binary(op: str, a: Reg, o: Any, *, swap: bool = False, dst: Reg | None = No
         b = o
     else:
         t, a, b = _operand_type(op, a, o)
-    if t.is_pred:
-        if op not in _PRED_OPS:
-            raise TypeMismatchError(f"{where(3)}: '{op}' is not defined on predicates")
-        opcode = f"{op}.pred"
-    elif t.is_float:
-        if op not in _FLOAT_OPS:
-            raise TypeMismatchError(f"{where(3)}: '{op}' needs integer registers, got .{t.name}")
-        opcode = f"div.rn.{t.name}" if op == "div" and t.bits >= 32 else f"{op}.{t.name}"
-    else:
-        if op not in _INT_OPS:
-            raise TypeMismatchError(f"{where(3)}: '/' on integers is ambiguous; use // for div.{t.name}")
-        if op in ("and", "or", "xor", "shl"):
-            opcode = f"{op}.b{t.bits}"
-        elif op == "mul":
-            opcode = f"mul.lo.{_arith_type(t)}"
-        elif op == "idiv":
-            opcode = f"div.{_arith_type(t)}"
-        else:
-            opcode = f"{op}.{_arith_type(t)}"
+    opcode = _OPCODES.get((op, t)) or _opcode(op, t)
     out = dst if dst is not None else _new(trace, t)
     if dst is not None and dst.type is not t:
         raise TypeMismatchError(
@@ -396,7 +407,7 @@ def scalar(t: PtxType, init: int | float | Reg | None = None) -> Reg:
                 raise TypeMismatchError(
                     f"{where()}: float init {init!r} for integer register type .{t.name}"
                 )
-            trace.inst(f"mov.{_mov_type(t)}", (r.name, imm.encode(init, t, where())))
+            trace.inst(f"mov.{_mov_type(t)}", (r.name, imm.encode(init, t)))
         else:
             raise OperandError(f"{where()}: init must be a Python number or a register, got {init!r}")
     return r

@@ -7,26 +7,32 @@ import sys
 from types import FrameType
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-_internal: dict[str, bool] = {}
+_internal: set[str] = set()
+_external: set[str] = set()
 
 Loc = tuple[str, int]
 
 
 def _is_internal(filename: str) -> bool:
-    hit = _internal.get(filename)
-    if hit is None:
-        hit = _internal[filename] = (
-            os.path.abspath(filename).startswith(_PKG_DIR)
-            or filename.startswith("<frozen ")
-            or os.sep + "contextlib.py" in filename
-        )
+    if filename in _internal:
+        return True
+    if filename in _external:
+        return False
+    hit = (
+        os.path.abspath(filename).startswith(_PKG_DIR)
+        or filename.startswith("<frozen ")
+        or filename.endswith(os.sep + "contextlib.py")
+    )
+    (_internal if hit else _external).add(filename)
     return hit
 
 
 def user_loc(skip: int = 1) -> Loc:
     """The ``(file, line)`` of the nearest caller frame outside the pyptx package."""
     f: FrameType | None = sys._getframe(skip)
-    while f is not None and _is_internal(f.f_code.co_filename):
+    internal = _internal
+    while f is not None and (f.f_code.co_filename in internal or (
+            f.f_code.co_filename not in _external and _is_internal(f.f_code.co_filename))):
         f = f.f_back
     if f is None:
         return ("<unknown>", 0)

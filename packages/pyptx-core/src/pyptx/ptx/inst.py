@@ -93,6 +93,9 @@ class _Root:
         self._cache: dict[str, Instr] = {}
 
     def __getattr__(self, name: str) -> Instr:
+        hit = self._cache.get(name)
+        if hit is not None:
+            return hit
         if name.startswith("__"):
             raise AttributeError(name)
         return self(ptx_spelling(name), _skip=3)

@@ -103,7 +103,7 @@ def scalar_param(t: PtxType, value: int | float, name: str = "arg") -> Reg:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise OperandError(f"{where()}: scalar_param value must be a Python number, got {value!r}")
     from .. import imm
-    imm.encode(value, t, where())
+    imm.encode(value, t)
     pname = trace.unique(name)
     trace.func.params.append(Param(pname, t))
     trace.scalar_params.append((pname, t, value))
