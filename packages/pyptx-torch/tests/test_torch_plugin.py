@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import pyptx_torch
-from pyptx.errors import PyptxError, RuntimeUnavailableError, SpecError
+from pyptx.errors import SpecError
 from pyptx_torch.runtime import TorchRuntime
 
 
@@ -53,23 +53,3 @@ def test_owns():
     assert runtime.owns(torch.zeros(1))
     assert not runtime.owns(1.0)
     assert not runtime.owns(object())
-
-
-def test_launch_paths_unavailable():
-    x = torch.zeros(4)
-    launch_kwargs = dict(
-        cubin_handle=1, out_specs=(), out_shape_env={}, grid=(1, 1, 1), block=(32, 1, 1)
-    )
-    calls = [
-        lambda: pyptx_torch.call_kernel_via_torch(x, **launch_kwargs),
-        lambda: pyptx_torch.call_kernel_via_torch_compile(x, **launch_kwargs),
-        lambda: pyptx_torch.get_or_register_torch_op(
-            cluster=(1, 1, 1), smem_bytes=0, **launch_kwargs
-        ),
-        lambda: pyptx_torch.differentiable_kernel(None, None),
-        lambda: TorchRuntime().launch(None, (x,), {}),
-    ]
-    for call in calls:
-        with pytest.raises(RuntimeUnavailableError, match="pyptx-shim launcher") as info:
-            call()
-        assert isinstance(info.value, PyptxError)

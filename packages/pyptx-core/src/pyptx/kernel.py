@@ -165,6 +165,11 @@ class Kernel:
         self._tensor_names, self._template_params = self._signature(fn, origin)
         self._cache: dict[Any, Specialization] = {}
         self._lock = threading.Lock()
+        #: Launch plans of the runtime plugins, keyed by whatever each plugin chooses.
+        self.runtime_cache: dict[Any, Any] = {}
+        from .runtimes import preload_for_imported_frameworks
+
+        preload_for_imported_frameworks()
 
     # ------------------------------------------------------------------ metadata
     @property
@@ -327,7 +332,10 @@ class Kernel:
                     f"{at}: {self._name} takes {len(self._in_specs)} inputs "
                     f"({', '.join(self._tensor_names[:len(self._in_specs)])}), got {len(_shapes)}"
                 )
-            dims = bind(self._in_specs, _shapes, self._tensor_names, dims)
+            try:
+                dims = bind(self._in_specs, _shapes, self._tensor_names, dims)
+            except SpecError as e:  # bind knows no location: name the caller's file:line
+                raise type(e)(f"{at}: {e}") from None
         try:
             key = (tuple(sorted(dims.items())), tuple(sorted(templates.items())))
             hash(key)

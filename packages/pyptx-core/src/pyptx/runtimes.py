@@ -8,7 +8,7 @@ the first time such an argument appears. A plugin object has ``name``,
 
 from __future__ import annotations
 
-import threading
+import sys
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any, Protocol
 
@@ -19,7 +19,6 @@ GROUP = "pyptx.runtimes"
 _MODULE_TO_RUNTIME = {"torch": "torch", "jax": "jax", "jaxlib": "jax"}
 _EXTRA = {"torch": "pyptx-core[torch]", "jax": "pyptx-core[jax]"}
 _loaded: dict[str, Any] = {}
-_lock = threading.Lock()
 
 
 class Runtime(Protocol):
@@ -44,18 +43,26 @@ def load(name: str) -> Any:
     rt = _loaded.get(name)
     if rt is not None:
         return rt
-    with _lock:
-        rt = _loaded.get(name)
-        if rt is None:
-            ep = available().get(name)
-            if ep is None:
-                raise RuntimeUnavailableError(
-                    f"no pyptx runtime for {name} is installed; install it with "
-                    f"pip install \"{_EXTRA.get(name, 'pyptx-' + name)}\""
-                )
-            obj = ep.load()
-            rt = _loaded[name] = obj() if isinstance(obj, type) else obj
-    return rt
+    ep = available().get(name)
+    if ep is None:
+        raise RuntimeUnavailableError(
+            f"no pyptx runtime for {name} is installed; install it with "
+            f"pip install \"{_EXTRA.get(name, 'pyptx-' + name)}\""
+        )
+    obj = ep.load()
+    # Loading twice on a race is harmless; the first stored object wins.
+    return _loaded.setdefault(name, obj() if isinstance(obj, type) else obj)
+
+
+def preload_for_imported_frameworks() -> None:
+    """Load the plugins of frameworks already imported, so a later ``torch.compile`` or
+    ``jax.jit`` trace finds them without scanning entry points (which tracers refuse)."""
+    for mod, name in _MODULE_TO_RUNTIME.items():
+        if name not in _loaded and mod in sys.modules:
+            try:
+                load(name)
+            except Exception:  # a broken plugin is reported when a launch needs it
+                pass
 
 
 def framework_of(value: Any) -> str | None:

@@ -1,18 +1,13 @@
 """PyTorch runtime for pyptx kernels; ``pyptx.torch_support`` re-exports this API.
 
-Importing this package never imports ``torch``.
+Importing ``pyptx_torch`` itself does not import torch; the launch paths do.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
-
-from pyptx_torch.runtime import launch_unavailable
-
-if TYPE_CHECKING:
-    from pyptx import Tile
+from collections.abc import Iterable
+from typing import Any
 
 __all__ = [
     "any_torch_tensors",
@@ -23,6 +18,13 @@ __all__ = [
     "get_or_register_torch_op",
     "is_torch_tensor",
 ]
+
+_LAZY = {
+    "call_kernel_via_torch": "eager",
+    "get_or_register_torch_op": "compiled",
+    "call_kernel_via_torch_compile": "compiled",
+    "differentiable_kernel": "autograd",
+}
 
 
 def is_torch_tensor(obj: Any) -> bool:
@@ -45,59 +47,19 @@ def extract_input_shapes(inputs: Iterable[Any]) -> list[tuple[int, ...]]:
             from pyptx.errors import SpecError
 
             raise SpecError(
-                f"input {index}: expected a torch.Tensor, got {type(x).__module__}.{type(x).__qualname__}"
+                f"input {index}: expected a torch.Tensor, got "
+                f"{type(x).__module__}.{type(x).__qualname__}"
             )
         shapes.append(tuple(int(d) for d in x.shape))
     return shapes
 
 
-def call_kernel_via_torch(
-    *inputs: Any,
-    cubin_handle: int,
-    out_specs: Sequence[Tile],
-    out_shape_env: dict[str, int],
-    grid: tuple[int, int, int],
-    block: tuple[int, int, int],
-    cluster: tuple[int, int, int] = (1, 1, 1),
-    smem_bytes: int = 0,
-) -> Any:
-    """Launch a registered kernel on torch tensors (eager); needs the shim launcher."""
-    raise launch_unavailable()
+def __getattr__(name: str) -> Any:
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'pyptx_torch' has no attribute {name!r}")
+    import importlib
 
-
-def get_or_register_torch_op(
-    cubin_handle: int,
-    out_specs: Sequence[Tile],
-    out_shape_env: dict[str, int],
-    grid: tuple[int, int, int],
-    block: tuple[int, int, int],
-    cluster: tuple[int, int, int],
-    smem_bytes: int,
-) -> Callable[..., Any]:
-    """Return the ``torch.library.custom_op`` for a handle; needs the shim launcher."""
-    raise launch_unavailable()
-
-
-def call_kernel_via_torch_compile(
-    *inputs: Any,
-    cubin_handle: int,
-    out_specs: Sequence[Tile],
-    out_shape_env: dict[str, int],
-    grid: tuple[int, int, int],
-    block: tuple[int, int, int],
-    cluster: tuple[int, int, int] = (1, 1, 1),
-    smem_bytes: int = 0,
-) -> Any:
-    """Launch through a custom op that ``torch.compile`` traces; needs the shim launcher."""
-    raise launch_unavailable()
-
-
-def differentiable_kernel(
-    forward_kernel: Any,
-    backward_kernel: Any,
-    *,
-    save_for_backward: Sequence[int] | None = None,
-    num_grad_inputs: int | None = None,
-) -> Callable[..., Any]:
-    """Wrap a forward/backward kernel pair for autograd; needs the shim launcher."""
-    raise launch_unavailable()
+    value = getattr(importlib.import_module(f"{__name__}.{mod}"), name)
+    globals()[name] = value
+    return value

@@ -4,17 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-LAUNCH_UNAVAILABLE = (
-    "launching from PyTorch arrives with the pyptx-shim launcher; this build only traces"
-)
-
-
-def launch_unavailable() -> Exception:
-    """Return the error raised by every launch path of this build."""
-    from pyptx.errors import RuntimeUnavailableError
-
-    return RuntimeUnavailableError(LAUNCH_UNAVAILABLE)
-
 
 class TorchRuntime:
     """Launches pyptx kernels whose arguments are ``torch.Tensor`` objects."""
@@ -29,6 +18,14 @@ class TorchRuntime:
 
         return isinstance(value, torch.Tensor)
 
-    def launch(self, kernel: Any, args: tuple[Any, ...], template_kwargs: dict[str, Any]) -> Any:
-        """Launch ``kernel`` on ``args``; unavailable until the shim launcher ships."""
-        raise launch_unavailable()
+    def launch(self, kernel: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Launch ``kernel`` on ``args``: eagerly, or as a custom op while torch.compile traces."""
+        import torch
+
+        if torch.compiler.is_compiling():
+            from .compiled import compiled_call
+
+            return compiled_call(kernel, args, kwargs)
+        from .eager import launch_kernel
+
+        return launch_kernel(kernel, args, kwargs)

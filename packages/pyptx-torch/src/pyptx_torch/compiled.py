@@ -1,0 +1,131 @@
+"""``torch.compile`` support: kernels become opaque ``torch.library.custom_op`` calls.
+
+A kernel called while Dynamo traces goes through ``pyptx::launch``, one op for
+every kernel: its arguments are the input tensors and an int naming the
+(kernel, template kwargs) variant. The op's fake implementation derives the
+output shapes from the ``Tile`` specs, so tracing needs no GPU work; the real
+implementation is the eager launch. ``get_or_register_torch_op`` gives the
+spec's per-handle op for kernels registered by hand.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from pyptx.specs import Dim, Tile
+
+from .dtypes import torch_dtype_of
+from .eager import Plan, launch_kernel, run_plan
+
+__all__ = ["compiled_call", "get_or_register_torch_op", "call_kernel_via_torch_compile"]
+
+_lock = threading.Lock()
+_variants: list[tuple[Any, dict[str, Any]]] = []
+_variant_ids: dict[tuple[int, tuple], int] = {}
+_handle_ops: dict[int, Any] = {}
+
+
+@torch.compiler.assume_constant_result
+def _variant(kernel: Any, kwargs: dict[str, Any]) -> int:
+    key = (id(kernel), tuple(sorted(kwargs.items())))
+    vid = _variant_ids.get(key)
+    if vid is None:
+        with _lock:
+            vid = _variant_ids.get(key)
+            if vid is None:
+                _variants.append((kernel, dict(kwargs)))
+                vid = _variant_ids[key] = len(_variants) - 1
+    return vid
+
+
+def _fake_outputs(kernel: Any, kwargs: dict[str, Any], inputs: Sequence[torch.Tensor]) -> list:
+    env: dict[str, Any] = {k: v for k, v in kwargs.items() if k in kernel.dims}
+    for spec, t in zip(kernel.in_specs, inputs):
+        for d, n in zip(spec.dims, t.shape):
+            if isinstance(d, Dim):
+                env.setdefault(d.name, n)
+    device = inputs[0].device
+    outs = []
+    for spec in kernel.out_specs:
+        shape = [env[d.name] if isinstance(d, Dim) else d for d in spec.dims]
+        outs.append(torch.empty(shape, dtype=torch_dtype_of(spec.dtype), device=device))
+    return outs
+
+
+@torch.library.custom_op("pyptx::launch", mutates_args=())
+def _launch_op(inputs: list[torch.Tensor], variant: int) -> list[torch.Tensor]:
+    kernel, kwargs = _variants[variant]
+    out = launch_kernel(kernel, inputs, kwargs)
+    return list(out) if isinstance(out, tuple) else [out]
+
+
+@_launch_op.register_fake
+def _(inputs: list[torch.Tensor], variant: int) -> list[torch.Tensor]:
+    kernel, kwargs = _variants[variant]
+    return _fake_outputs(kernel, kwargs, inputs)
+
+
+def compiled_call(kernel: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """``kernel(*args)`` as one ``pyptx::launch`` op (what Dynamo records)."""
+    outs = torch.ops.pyptx.launch(list(args), _variant(kernel, kwargs))
+    return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def get_or_register_torch_op(
+    cubin_handle: int,
+    out_specs: Sequence[Tile],
+    out_shape_env: dict[str, int],
+    grid: tuple[int, int, int],
+    block: tuple[int, int, int],
+    cluster: tuple[int, int, int],
+    smem_bytes: int,
+):
+    """Return a ``torch.library.custom_op`` taking ``(*input_tensors)`` for ``cubin_handle``.
+
+    The first call with a handle registers ``pyptx::handle_<n>``; later calls
+    reuse it. It survives ``torch.compile``/Dynamo tracing.
+    """
+    del grid, block, cluster, smem_bytes  # registered with the shim under the handle
+    op = _handle_ops.get(cubin_handle)
+    if op is not None:
+        return op
+    shapes = tuple(s.resolve(out_shape_env, "output") for s in out_specs)
+    dtypes = tuple(torch_dtype_of(s.dtype) for s in out_specs)
+
+    @torch.library.custom_op(f"pyptx::handle_{cubin_handle}", mutates_args=())
+    def op_impl(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        return run_plan(Plan(cubin_handle, inputs[0].device, shapes, dtypes, None), inputs)
+
+    @op_impl.register_fake
+    def _(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        return [torch.empty(s, dtype=d, device=inputs[0].device) for s, d in zip(shapes, dtypes)]
+
+    def call(*inputs: torch.Tensor) -> Any:
+        outs = op_impl(list(inputs))
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    _handle_ops[cubin_handle] = call
+    return call
+
+
+def call_kernel_via_torch_compile(
+    *inputs: Any,
+    cubin_handle: int,
+    out_specs: Sequence[Tile],
+    out_shape_env: dict[str, int],
+    grid: tuple[int, int, int],
+    block: tuple[int, int, int],
+    cluster: tuple[int, int, int] = (1, 1, 1),
+    smem_bytes: int = 0,
+) -> Any:
+    """``torch.compile``-compatible launch: ``call_kernel_via_torch`` inside a custom op.
+
+    Returns a single tensor if there is one output, else a tuple.
+    """
+    op = get_or_register_torch_op(cubin_handle, out_specs, out_shape_env, grid, block, cluster,
+                                  smem_bytes)
+    return op(*inputs)

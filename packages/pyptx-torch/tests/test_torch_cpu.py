@@ -1,0 +1,145 @@
+"""The PyTorch runtime up to the point a GPU is needed: argument checks, the custom op
+under fake tensors, torch.compile tracing, autograd wiring, the public facade."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
+
+import pyptx  # noqa: E402
+from pyptx import Tile, kernel, ptx, reg  # noqa: E402
+from pyptx.errors import ShapeError, SpecError  # noqa: E402
+from pyptx.types import f32, u32  # noqa: E402
+
+
+def build_scale(B, N):
+    @kernel(in_specs=(Tile(B, N, f32),), out_specs=(Tile(B, N, f32),), grid=(B, 1, 1),
+            block=(32, 1, 1))
+    def scale(X, Y):
+        px, py = ptx.global_ptrs(X, Y)
+        tid = reg.from_(ptx.special.tid.x(), u32)
+        off = tid * 4
+        v = reg.scalar(f32)
+        ptx.inst.ld.global_.f32(v, ptx.addr(px + off))
+        ptx.inst.st.global_.f32(ptx.addr(py + off), v * 2.0)
+        ptx.ret()
+
+    return scale
+
+
+@kernel(in_specs=(Tile("M", "K", f32), Tile("K", "N", f32)),
+        out_specs=(Tile("M", "N", f32), Tile("N", f32)), grid=(1, 1, 1), block=(32, 1, 1))
+def matmul_like(A, B, C, D):
+    ptx.ret()
+
+
+def test_cpu_tensor_is_refused_with_the_argument_named():
+    k = build_scale(4, 32)
+    with pytest.raises(SpecError, match=r"argument 'X' is on cpu.*CUDA tensors"):
+        k(torch.randn(4, 32))
+
+
+def test_meta_tensor_is_refused():
+    k = build_scale(4, 32)
+    with pytest.raises(SpecError, match="is on meta"):
+        k(torch.empty(4, 32, device="meta"))
+
+
+def test_wrong_arity():
+    with pytest.raises(SpecError, match=r"takes 2 input tensors \(A, B\), got 1"):
+        matmul_like(torch.empty(2, 3, device="meta"))
+
+
+def test_wrong_dtype_names_argument_and_types():
+    k = build_scale(4, 32)
+    with FakeTensorMode():
+        x = torch.empty(4, 32, device="cuda", dtype=torch.float16)
+        with pytest.raises(SpecError, match=r"argument 'X': expected dtype f32.*torch.float16"):
+            k(x)
+
+
+def test_non_contiguous_is_refused():
+    k = build_scale(4, 32)
+    with FakeTensorMode():
+        x = torch.empty(32, 4, device="cuda").t()
+        with pytest.raises(SpecError, match="not contiguous"):
+            k(x)
+
+
+def test_shape_against_spec_and_conflicting_dims():
+    with FakeTensorMode():
+        k = build_scale(4, 32)
+        with pytest.raises(ShapeError, match=r"argument 'X' dim 1: expected 32"):
+            k(torch.empty(4, 64, device="cuda"))
+        with pytest.raises(ShapeError, match=r"argument 'X': expected rank 2"):
+            k(torch.empty(128, device="cuda"))
+        a = torch.empty(8, 16, device="cuda")
+        b = torch.empty(17, 4, device="cuda")
+        with pytest.raises(ShapeError, match=r"argument 'B' dim 0 \('K'\): expected 16"):
+            matmul_like(a, b)
+
+
+def test_custom_op_fake_shape_inference():
+    from pyptx_torch.compiled import _fake_outputs
+
+    with FakeTensorMode():
+        a = torch.empty(8, 16, device="cuda")
+        b = torch.empty(16, 5, device="cuda")
+        c, d = _fake_outputs(matmul_like, {}, [a, b])
+    assert tuple(c.shape) == (8, 5) and tuple(d.shape) == (5,)
+    assert c.dtype == torch.float32 and c.device.type == "cuda"
+
+
+def test_torch_compile_traces_one_custom_op_fullgraph():
+    k = build_scale(16, 32)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    def f(x):
+        return k(x) + 1.0
+
+    mode = FakeTensorMode()
+    with mode:
+        x = torch.empty(16, 32, device="cuda")
+    compiled = torch.compile(f, backend=backend, fullgraph=True)
+    with mode:
+        out = compiled(x)
+    assert tuple(out.shape) == (16, 32)
+    code = graphs[0].code
+    assert code.count("torch.ops.pyptx.launch") == 1
+    assert "add" in code
+
+
+def test_handle_op_is_registered_once_with_fake_impl():
+    from pyptx_torch import get_or_register_torch_op
+
+    op = get_or_register_torch_op(987001, (Tile("B", 4, f32),), {"B": 3}, (1, 1, 1),
+                                  (32, 1, 1), (1, 1, 1), 0)
+    assert get_or_register_torch_op(987001, (), {}, (1, 1, 1), (1, 1, 1), (1, 1, 1), 0) is op
+    assert hasattr(torch.ops.pyptx, "handle_987001")
+    with FakeTensorMode():
+        out = op(torch.empty(3, device="cuda"))
+    assert tuple(out.shape) == (3, 4)
+
+
+def test_differentiable_kernel_validates_pairing():
+    fwd = build_scale(4, 32)
+    with pytest.raises(SpecError, match="save_for_backward index 3"):
+        pyptx.differentiable_kernel(fwd, fwd, save_for_backward=[3])
+    with pytest.raises(SpecError, match="takes 1 inputs, but backward passes 1 saved"):
+        pyptx.differentiable_kernel(fwd, fwd)
+
+
+def test_facade_resolves_to_the_plugin():
+    import pyptx.torch_support as ts
+    import pyptx_torch
+
+    for name in pyptx_torch.__all__:
+        assert getattr(ts, name) is getattr(pyptx_torch, name)
+    assert pyptx.differentiable_kernel is pyptx_torch.differentiable_kernel
