@@ -133,6 +133,7 @@ class Kernel:
         version: str | None,
         name: str | None,
         origin: str,
+        maxnreg: int | None = None,
     ) -> None:
         self.fn = fn
         self.origin = origin
@@ -154,6 +155,10 @@ class Kernel:
         self._block = block if callable(block) else _three(block, "block", origin)
         if not callable(block):
             self._check_block(self._block, origin)
+        if maxnreg is not None and (isinstance(maxnreg, bool) or not isinstance(maxnreg, int)
+                                    or not 24 <= maxnreg <= 255):
+            raise ConfigError(f"{origin}: maxnreg must be an int in 24..255, got {maxnreg!r}")
+        self._maxnreg = maxnreg
         self._cluster = _three(cluster, "cluster", origin)
         if self._cluster != (1, 1, 1) and int(_ARCH.match(arch).group(1)) < 90:
             raise ConfigError(f"{origin}: thread-block clusters need sm_90 or newer, arch is {arch}")
@@ -390,6 +395,8 @@ class Kernel:
                     f"{type(e).__name__}: {e}"
                 ) from e
         func.directives.append(".reqntid {}, {}, {}".format(*block))
+        if self._maxnreg is not None:
+            func.directives.append(f".maxnreg {self._maxnreg}")
         if self._cluster != (1, 1, 1):
             func.directives.append(".reqnctapercluster {}, {}, {}".format(*self._cluster))
         if trace.shared_bytes + smem > MAX_DYNAMIC_SMEM:
@@ -456,13 +463,15 @@ def kernel(
     arch: str = "sm_90a",
     version: str | None = None,
     name: str | None = None,
+    maxnreg: int | None = None,
 ) -> Callable[[Callable[..., Any]], Kernel]:
     """Decorate a kernel body: positional parameters are tensors (inputs then outputs),
     keyword-only parameters are template parameters.
 
     ``grid``/``block`` are three ints or a callable of the dims and template
     parameters returning three ints; ``smem`` is dynamic shared memory bytes;
-    ``arch`` the target (``sm_90a``); ``version`` the PTX ISA version.
+    ``arch`` the target (``sm_90a``); ``version`` the PTX ISA version;
+    ``maxnreg`` caps registers per thread (``.maxnreg``; needed for ``setmaxnreg``).
     """
     origin = fmt_loc(user_loc(2))
 
@@ -471,7 +480,7 @@ def kernel(
             raise ConfigError(f"{origin}: @kernel decorates a function, got {fn!r}")
         return Kernel(fn, in_specs=in_specs, out_specs=out_specs, grid=grid, block=block,
                       cluster=cluster, smem=smem, arch=arch, version=version, name=name,
-                      origin=origin)
+                      origin=origin, maxnreg=maxnreg)
 
     return wrap
 

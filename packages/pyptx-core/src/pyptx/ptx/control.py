@@ -113,6 +113,8 @@ def loop(start: int | Reg, stop: int | Reg | None = None, step: int = 1, *,
 def _loop(trace: Trace, start: Any, stop: Any, step: int, t: PtxType, unroll: bool) -> Iterator[Reg]:
     from ..reg import from_, scalar
     i = from_(start, t) if isinstance(start, Reg) else scalar(t, init=start)
+    if isinstance(stop, Reg) and stop.type is not t and stop.type.bits == t.bits:
+        stop = from_(stop, t)  # e.g. an s32 bound of a u32 loop: compare in the loop's type
     top = Label(trace.unique("$L_loop"), trace)
     end = Label(trace.unique("$L_loop_end"), trace)
     done = i >= stop

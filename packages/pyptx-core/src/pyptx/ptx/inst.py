@@ -42,10 +42,9 @@ def ptx_spelling(name: str) -> str:
 
 def _pred_text(p: Any) -> str:
     if type(p) is Reg and p.type.is_pred:
-        current()  # raises outside a trace
-        return render(p, None, p.trace)
+        return render(p, None, current())  # raises outside a trace or for another kernel's reg
     if type(p) is NotPred:
-        return "!" + render(p.reg, None, p.reg.trace)
+        return "!" + render(p.reg, None, current())
     raise OperandError(f"{where(3)}: pred= expects a predicate register or ~p, got {p!r}")
 
 
@@ -57,7 +56,9 @@ class Instr:
     def __init__(self, opcode: str) -> None:
         self.opcode = opcode
         self.type: PtxType | None = None
-        for part in reversed(opcode.split(".")):
+        # mma-family immediates (scale, transpose flags) are plain ints, not the operand type
+        parts = () if opcode.split(".")[0] in ("wgmma", "mma", "wmma", "tcgen05") else opcode.split(".")
+        for part in reversed(parts):
             t = _BY_NAME.get(part)
             if t is not None:
                 self.type = t

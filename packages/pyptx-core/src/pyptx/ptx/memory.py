@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import OperandError
+from ..errors import OperandError, RegisterScopeError
 from ..ir import Param
 from ..reg import Reg, render
 from ..source import where
@@ -69,6 +69,11 @@ class TensorParam:
         return self.spec.dtype
 
     def __ptx_operand__(self, trace: Trace) -> str:
+        if trace is not self.trace:
+            raise RegisterScopeError(
+                f"{where(4)}: tensor parameter {self.name} belongs to kernel "
+                f"{self.trace.func.name!r}, not {trace.func.name!r}"
+            )
         return self.name
 
     def __repr__(self) -> str:
@@ -98,7 +103,8 @@ def global_ptrs(*tensors: TensorParam) -> tuple[Reg, ...]:
 def scalar_param(t: PtxType, value: int | float, name: str = "arg") -> Reg:
     """Declare a scalar ``.param`` passed ``value`` at every launch; return it loaded in a register."""
     trace = current()
-    if not isinstance(t, PtxType) or t.is_pred or t.bits > 64 or t.reg_decl != t.name:
+    if (not isinstance(t, PtxType) or t.is_pred or t.bits > 64 or t.reg_decl != t.name
+            or t.name in ("f16", "f16x2")):  # no ld.param.f16: ptxas rejects both
         raise OperandError(f"{where()}: scalar_param type must be a plain scalar such as u32 or f32, got {t!r}")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise OperandError(f"{where()}: scalar_param value must be a Python number, got {value!r}")

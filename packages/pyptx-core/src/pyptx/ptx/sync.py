@@ -51,3 +51,59 @@ def fence(scope: str = "cta", *, sem: str = "sc") -> None:
             f"got sem={sem!r} scope={scope!r}"
         )
     current().inst(f"fence.{sem}.{scope}", ())
+
+
+_PROXY_SPACES = (None, "shared::cta", "shared::cluster", "global")
+
+
+def fence_proxy_async(space: str | None = "shared::cta") -> None:
+    """``fence.proxy.async{.space};``: order generic-proxy accesses before async-proxy ones.
+
+    Use it between ordinary ``st.shared`` writes and a TMA store / wgmma read of that
+    memory. ``space`` is 'shared::cta' (default), 'shared::cluster', 'global' or None
+    (all state spaces).
+    """
+    if space not in _PROXY_SPACES:
+        raise OperandError(
+            f"{where()}: fence_proxy_async space must be one of {_PROXY_SPACES}, got {space!r}"
+        )
+    current().inst("fence.proxy.async" + (f".{space}" if space else ""), ())
+
+
+def fence_mbarrier_init() -> None:
+    """``fence.mbarrier_init.release.cluster;``: publish mbarrier.init to the cluster."""
+    current().inst("fence.mbarrier_init.release.cluster", ())
+
+
+def _flag(value: object, name: str, fn: str) -> bool:
+    if not isinstance(value, bool):
+        raise OperandError(f"{where()}: {fn} {name} must be True or False, got {value!r}")
+    return value
+
+
+def cluster_arrive(relaxed: bool = False, *, aligned: bool = False) -> None:
+    """``barrier.cluster.arrive{.relaxed}{.aligned};``: signal this thread's cluster arrival.
+
+    ``relaxed=True`` drops the release ordering; ``aligned=True`` promises that every
+    thread of the warp executes it together.
+    """
+    trace = current()
+    r = _flag(relaxed, "relaxed", "cluster_arrive")
+    a = _flag(aligned, "aligned", "cluster_arrive")
+    trace.inst("barrier.cluster.arrive" + (".relaxed" if r else "") + (".aligned" if a else ""), ())
+
+
+def cluster_wait(*, aligned: bool = False) -> None:
+    """``barrier.cluster.wait{.aligned};``: wait until every cluster thread has arrived."""
+    trace = current()
+    a = _flag(aligned, "aligned", "cluster_wait")
+    trace.inst("barrier.cluster.wait" + (".aligned" if a else ""), ())
+
+
+def cluster_sync(*, aligned: bool = False) -> None:
+    """Cluster-wide barrier: ``barrier.cluster.arrive`` then ``barrier.cluster.wait``."""
+    trace = current()
+    a = _flag(aligned, "aligned", "cluster_sync")
+    sfx = ".aligned" if a else ""
+    trace.inst("barrier.cluster.arrive" + sfx, ())
+    trace.inst("barrier.cluster.wait" + sfx, ())

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from ..errors import OperandError
+from ..errors import OperandError, TypeMismatchError
 from ..reg import Reg
 from ..source import where
 from ..trace import current
+from ..types import pred
 
 _OPS = {"sum": "add", "max": "max", "min": "min"}
 
@@ -53,3 +54,27 @@ def reduce_max(value: Reg, *, width: int = 32, mask: int = 0xFFFFFFFF) -> Reg:
 def reduce_min(value: Reg, *, width: int = 32, mask: int = 0xFFFFFFFF) -> Reg:
     """Minimum of ``value`` across ``width`` lanes, in place; returns it."""
     return _reduce("min", value, width, mask)
+
+
+def elect_sync(mask: int | Reg = 0xFFFFFFFF) -> Reg:
+    """``elect.sync _|p, mask;``: a predicate true in exactly one active lane of ``mask``.
+
+    ``mask`` is a nonzero 32-bit int or a u32 register; returns the predicate.
+    """
+    trace = current()
+    if type(mask) is Reg:
+        if not (mask.type.is_int and mask.type.bits == 32):
+            raise TypeMismatchError(
+                f"{where()}: elect_sync mask must be a 32-bit integer register or int, got "
+                f".{mask.type.name} register {mask.name}"
+            )
+        if mask.trace is not trace:
+            raise OperandError(f"{where()}: register {mask.name} belongs to another kernel")
+        m = mask.name
+    elif isinstance(mask, bool) or not isinstance(mask, int) or not 0 < mask <= 0xFFFFFFFF:
+        raise OperandError(f"{where()}: elect_sync mask must be a nonzero 32-bit int, got {mask!r}")
+    else:
+        m = f"0x{mask:08x}"
+    p = Reg(trace.new_reg_name(pred), pred, trace)
+    trace.inst("elect.sync", ("_|" + p.name, m))
+    return p

@@ -1,0 +1,150 @@
+"""``ptx.mbarrier``: shared-memory arrive/wait barriers with transaction counts (sm_90).
+
+An mbarrier is one 8-byte aligned ``.b64`` slot in shared memory. Every helper
+takes it as ``bar``: a shared array (``smem.alloc(b64, 1, align=8)``),
+``ptx.addr(bars, 8 * i)`` into one, or a 32-bit register holding its shared
+address (``bars.addr()``, or a cluster address from ``ptx.cluster.map_shared``
+for the ``remote=True`` forms).
+
+Typical TMA pipeline::
+
+    mbarrier.init(bar, 1)                      # one arriving thread
+    ptx.fence_mbarrier_init()
+    mbarrier.arrive_expect_tx(bar, tile_bytes)  # producer: arrive + expect the bytes
+    ptx.tma.load_tile(buf, tmap, (x, y), bar)
+    mbarrier.wait(bar, phase)                   # consumers: spin until the phase flips
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import OperandError
+from ..reg import Reg
+from ..source import where
+from ..trace import Trace, current
+from ..types import b64, pred
+from ._operands import check_bool, shared_addr, u32_or_imm
+
+__all__ = ["init", "arrive", "arrive_expect_tx", "expect_tx", "try_wait_parity", "wait", "inval"]
+
+MAX_COUNT = (1 << 20) - 1
+"""Largest expected arrival count and transaction count of an mbarrier."""
+
+
+def _bar(bar: Any, fn: str, trace: Trace) -> str:
+    return shared_addr(bar, "bar", f"ptx.mbarrier.{fn}", trace, align=8, size=8)
+
+
+def _scope(scope: Any, fn: str) -> str:
+    if scope is None:
+        return ""
+    if scope not in ("cta", "cluster"):
+        raise OperandError(
+            f"{where()}: ptx.mbarrier.{fn} scope must be None, 'cta' or 'cluster', got {scope!r}"
+        )
+    return f".acquire.{scope}"
+
+
+def init(bar: Any, count: int | Reg) -> None:
+    """``mbarrier.init.shared::cta.b64 [bar], count;``: arm ``bar`` for ``count`` arrivals.
+
+    ``count`` is an int in 1..2**20-1 or a u32 register. Follow the inits with
+    ``ptx.fence_mbarrier_init()`` (cluster) or a ``bar_sync`` before other threads use it.
+    """
+    trace = current()
+    b = _bar(bar, "init", trace)
+    c = u32_or_imm(count, "count", "ptx.mbarrier.init", trace, 1, MAX_COUNT)
+    trace.inst("mbarrier.init.shared::cta.b64", (b, c))
+
+
+def arrive(bar: Any, count: int | Reg | None = None, *, remote: bool = False) -> Reg | None:
+    """Arrive on ``bar`` (``count`` arrivals, default 1); return the ``.b64`` phase state.
+
+    ``mbarrier.arrive.shared::cta.b64 state, [bar]{, count};``. With ``remote=True``
+    ``bar`` is a ``shared::cluster`` address (``ptx.cluster.map_shared``) of a barrier in
+    another CTA: ``mbarrier.arrive.release.cluster.shared::cluster.b64 _, [bar]{, count};``
+    and nothing is returned (no state comes back from a remote barrier).
+    """
+    trace = current()
+    check_bool(remote, "remote", "ptx.mbarrier.arrive")
+    b = _bar(bar, "arrive", trace)
+    ops = [b]
+    if count is not None:
+        ops.append(u32_or_imm(count, "count", "ptx.mbarrier.arrive", trace, 1, MAX_COUNT))
+    if remote:
+        trace.inst("mbarrier.arrive.release.cluster.shared::cluster.b64", ("_", *ops))
+        return None
+    state = Reg(trace.new_reg_name(b64), b64, trace)
+    trace.inst("mbarrier.arrive.shared::cta.b64", (state.name, *ops))
+    return state
+
+
+def arrive_expect_tx(bar: Any, tx_bytes: int | Reg, *, remote: bool = False) -> None:
+    """Arrive once on ``bar`` and raise its expected transaction count by ``tx_bytes``.
+
+    ``mbarrier.arrive.expect_tx.shared::cta.b64 _, [bar], tx_bytes;`` (``remote=True``:
+    ``.release.cluster.shared::cluster`` on a mapped cluster address). This is what the
+    thread issuing a TMA load calls; the copy's completion supplies the bytes.
+    ``tx_bytes`` is an int in 0..2**20-1 or a u32 register.
+    """
+    trace = current()
+    check_bool(remote, "remote", "ptx.mbarrier.arrive_expect_tx")
+    b = _bar(bar, "arrive_expect_tx", trace)
+    tx = u32_or_imm(tx_bytes, "tx_bytes", "ptx.mbarrier.arrive_expect_tx", trace, 0, MAX_COUNT)
+    space = "release.cluster.shared::cluster" if remote else "shared::cta"
+    trace.inst(f"mbarrier.arrive.expect_tx.{space}.b64", ("_", b, tx))
+
+
+def expect_tx(bar: Any, tx_bytes: int | Reg) -> None:
+    """``mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [bar], tx_bytes;`` (no arrival)."""
+    trace = current()
+    b = _bar(bar, "expect_tx", trace)
+    tx = u32_or_imm(tx_bytes, "tx_bytes", "ptx.mbarrier.expect_tx", trace, 0, MAX_COUNT)
+    trace.inst("mbarrier.expect_tx.relaxed.cta.shared::cta.b64", (b, tx))
+
+
+def _phase(phase: Any, fn: str, trace: Trace) -> str:
+    return u32_or_imm(phase, "phase", f"ptx.mbarrier.{fn}", trace, 0, 1, " (a phase parity)")
+
+
+def try_wait_parity(bar: Any, phase: int | Reg, *, scope: str | None = None) -> Reg:
+    """Test (with a bounded hardware wait) whether phase ``phase`` of ``bar`` completed.
+
+    ``mbarrier.try_wait.parity{.acquire.scope}.shared::cta.b64 p, [bar], phase;``;
+    returns the predicate ``p``. ``phase`` is 0, 1 or a u32 register holding the parity;
+    ``scope`` ('cta' or 'cluster') adds acquire semantics at that scope.
+    """
+    trace = current()
+    b = _bar(bar, "try_wait_parity", trace)
+    ph = _phase(phase, "try_wait_parity", trace)
+    sem = _scope(scope, "try_wait_parity")
+    p = Reg(trace.new_reg_name(pred), pred, trace)
+    trace.inst(f"mbarrier.try_wait.parity{sem}.shared::cta.b64", (p.name, b, ph))
+    return p
+
+
+def wait(bar: Any, phase: int | Reg, *, scope: str | None = None) -> None:
+    """Block until phase ``phase`` of ``bar`` completes: a try_wait spin loop.
+
+    Emits::
+
+        $L_mbar_wait:
+            mbarrier.try_wait.parity.shared::cta.b64 p, [bar], phase;
+            @!p bra $L_mbar_wait;
+    """
+    trace = current()
+    b = _bar(bar, "wait", trace)
+    ph = _phase(phase, "wait", trace)
+    sem = _scope(scope, "wait")
+    top = trace.unique("$L_mbar_wait")
+    p = Reg(trace.new_reg_name(pred), pred, trace)
+    trace.label(top)
+    trace.inst(f"mbarrier.try_wait.parity{sem}.shared::cta.b64", (p.name, b, ph))
+    trace.inst("bra", (top,), "!" + p.name)
+
+
+def inval(bar: Any) -> None:
+    """``mbarrier.inval.shared::cta.b64 [bar];``: retire ``bar`` before reusing its memory."""
+    trace = current()
+    trace.inst("mbarrier.inval.shared::cta.b64", (_bar(bar, "inval", trace),))
