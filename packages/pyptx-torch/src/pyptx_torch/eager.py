@@ -8,6 +8,7 @@ launch on the current stream of the inputs' device.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +24,11 @@ from pyptx.specs import Tile
 
 from .dtypes import compatible, ptx_type_of, torch_dtype_of
 
-__all__ = ["Plan", "launch_kernel", "call_kernel_via_torch", "check_tensors", "plan_for"]
+__all__ = ["Plan", "launch_kernel", "call_kernel_via_torch", "check_tensors", "plan_for", "POISON"]
+
+#: Fill every output with NaN (floats) or all-ones bits (ints) before the launch, so an
+#: element the kernel never writes shows up. Set ``PYPTX_POISON_OUTPUTS=1`` to turn on.
+POISON = os.environ.get("PYPTX_POISON_OUTPUTS", "") not in ("", "0")
 
 
 @dataclass(frozen=True)
@@ -145,6 +150,12 @@ def run_plan(plan: Plan, args: Sequence[Any]) -> list[torch.Tensor]:
     """Allocate the outputs and launch on the current stream; return the outputs."""
     device = plan.device
     outs = [torch.empty(s, dtype=d, device=device) for s, d in zip(plan.out_shapes, plan.out_dtypes)]
+    if POISON:
+        for o in outs:
+            if o.is_floating_point():
+                o.fill_(float("nan"))
+            else:
+                o.view(torch.uint8).fill_(0xFF)
     ptrs = [t.data_ptr() for t in args] + [o.data_ptr() for o in outs]
     native = shim()
     if device.index is not None and device.index != torch.cuda.current_device():

@@ -1,0 +1,444 @@
+"""The ``pyptx`` command: print a kernel's PTX, check it with ptxas, diagnose the install.
+
+    pyptx ptx    FILE:NAME [name=value ...] [--kernel K] [--lineinfo] [-o OUT]
+    pyptx check  FILE:NAME [name=value ...] [--kernel K]
+    pyptx doctor
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import importlib
+import importlib.metadata
+import importlib.util
+import inspect
+import os
+import platform
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from . import __version__, ptxas
+from .errors import PyptxError, ToolchainError
+from .kernel import Kernel, Specialization
+
+PACKAGES = ("pyptx-core", "pyptx-shim", "pyptx-torch", "pyptx-jax")
+EXAMPLE = "examples/hopper/rms_norm.py:build_rms_norm B=2048 N=8192"
+
+_TARGET_HELP = """\
+FILE:NAME names a Python file (or an importable MODULE) and, in it, either a
+Kernel or a builder function that returns one (or a tuple, list or dict of
+Kernels). The file is imported as a module (not as __main__), with its
+directory on sys.path.
+
+Each name=value is parsed as an int, else a float, else True/False, else a
+string. It goes to the builder when it names a builder parameter, and to the
+kernel when it names one of the kernel's dims or template parameters (to both
+when it names both).
+"""
+
+
+class TargetError(PyptxError):
+    """A ``FILE:NAME`` target or a ``name=value`` argument the command cannot use."""
+
+
+# ---------------------------------------------------------------- name=value pairs
+def parse_value(text: str) -> Any:
+    """``"8192"`` -> 8192, ``"1e-6"`` -> 1e-06, ``"True"`` -> True, anything else stays a str."""
+    for convert in (lambda s: int(s, 0), int, float):
+        try:
+            return convert(text)
+        except ValueError:
+            pass
+    return {"True": True, "False": False}.get(text, text)
+
+
+def parse_pairs(items: list[str]) -> dict[str, Any]:
+    """``["B=2048", "eps=1e-5"]`` -> ``{"B": 2048, "eps": 1e-05}``."""
+    out: dict[str, Any] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.isidentifier():
+            raise TargetError(f"expected name=value (e.g. N=8192), got {item!r}")
+        if name in out:
+            raise TargetError(f"{name} is given twice")
+        out[name] = parse_value(value)
+    return out
+
+
+# ---------------------------------------------------------------- FILE:NAME
+def _raised(what: str, e: BaseException) -> TargetError:
+    frames = traceback.extract_tb(e.__traceback__)
+    at = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+    return TargetError(f"{what} raised {type(e).__name__}{at}: {e}")
+
+
+def _import(source: str) -> Any:
+    is_file = source.endswith(".py") or os.sep in source or "/" in source
+    if not is_file:
+        try:
+            return importlib.import_module(source)
+        except ModuleNotFoundError as e:
+            if e.name and (source == e.name or source.startswith(e.name + ".")):
+                raise TargetError(f"{source!r} is neither a .py file nor an importable module"
+                                  ) from None
+            raise _raised(f"importing {source}", e) from e
+        except PyptxError:
+            raise
+        except Exception as e:
+            raise _raised(f"importing {source}", e) from e
+    path = os.path.abspath(source)
+    if not os.path.isfile(path):
+        raise TargetError(f"no such file: {source}")
+    folder = os.path.dirname(path)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    stem = os.path.splitext(os.path.basename(path))[0]
+    name = stem if stem.isidentifier() else "_pyptx_target"
+    prior = sys.modules.get(name)
+    if prior is not None and getattr(prior, "__file__", None) != path:
+        name = f"_pyptx_target_{stem if stem.isidentifier() else 'file'}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise TargetError(f"cannot import {source} as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except PyptxError:
+        raise
+    except Exception as e:
+        del sys.modules[name]
+        raise _raised(f"importing {source}", e) from e
+    return module
+
+
+def _resolve(target: str) -> tuple[Any, str]:
+    source, sep, attr = target.rpartition(":")
+    if not sep or not source or not all(p.isidentifier() for p in attr.split(".")):
+        raise TargetError(
+            f"expected FILE:NAME, e.g. examples/hopper/rms_norm.py:build_rms_norm, got {target!r}")
+    obj = _import(source)
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            found = [n for n, v in vars(obj).items() if not n.startswith("_")
+                     and (isinstance(v, Kernel) or inspect.isfunction(v)
+                          and v.__module__ == getattr(obj, "__name__", None))]
+            raise TargetError(f"{source} has no attribute {attr!r}; kernels and functions there: "
+                              f"{', '.join(found) or 'none'}")
+        obj = getattr(obj, part)
+    return obj, attr
+
+
+def _as_kernels(value: Any, what: str) -> dict[str, Kernel]:
+    if isinstance(value, Kernel):
+        return {value.name: value}
+    items: list[tuple[str, Any]]
+    if isinstance(value, dict):
+        items = [(str(k), v) for k, v in value.items()]
+    elif isinstance(value, (tuple, list)):
+        items = [(getattr(v, "name", str(i)), v) for i, v in enumerate(value)]
+    else:
+        items = []
+    bad = [v for _, v in items if not isinstance(v, Kernel)]
+    if not items or bad:
+        got = type(bad[0] if bad else value).__name__
+        raise TargetError(f"{what} returned {got}; expected a Kernel (made by @pyptx.kernel) or "
+                          "a tuple, list or dict of Kernels")
+    out: dict[str, Kernel] = {}
+    for i, (label, k) in enumerate(items):
+        out[label if label not in out else f"{label}#{i}"] = k
+    return out
+
+
+def _call_builder(fn: Callable[..., Any], attr: str, pairs: dict[str, Any]) -> tuple[Any, set[str]]:
+    """Call ``fn`` with the pairs naming its parameters; return its result and its parameter names."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        params = []
+    named = [p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    kwargs = {p.name: pairs[p.name] for p in named if p.name in pairs}
+    missing = [p.name for p in named if p.default is p.empty and p.name not in kwargs]
+    if missing:
+        raise TargetError(f"builder {attr}({', '.join(p.name for p in named)}) needs "
+                          + " ".join(f"{m}=..." for m in missing))
+    try:
+        result = fn(**kwargs)
+    except PyptxError:
+        raise
+    except Exception as e:
+        raise _raised(f"builder {attr}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})", e) from e
+    return result, {p.name for p in named}
+
+
+def _names(k: Kernel) -> set[str]:
+    return set(k.dims) | set(k.template_params)
+
+
+def load_kernels(target: str, pairs: dict[str, Any], pick: str | None = None
+                 ) -> list[tuple[str, Specialization]]:
+    """Resolve ``FILE:NAME`` with ``name=value`` pairs to ``[(label, specialization)]``."""
+    obj, attr = _resolve(target)
+    if isinstance(obj, Kernel):
+        kernels, builder_params = {obj.name: obj}, set()
+    elif callable(obj):
+        result, builder_params = _call_builder(obj, attr, pairs)
+        kernels = _as_kernels(result, f"builder {attr}")
+    else:
+        raise TargetError(f"{target} is a {type(obj).__name__}; expected a Kernel or a function "
+                          "returning one")
+    if pick is not None:
+        if pick not in kernels:
+            raise TargetError(f"--kernel {pick}: {attr} gives {', '.join(kernels)}")
+        kernels = {pick: kernels[pick]}
+    kernel_names = set().union(*map(_names, kernels.values()))
+    unknown = set(pairs) - builder_params - kernel_names
+    if unknown:
+        raise TargetError(f"{', '.join(sorted(unknown))}: not a parameter of {attr} or of its "
+                          f"kernel; accepted names: "
+                          f"{', '.join(sorted(builder_params | kernel_names)) or 'none'}")
+    out = []
+    for label, k in kernels.items():
+        kw = {n: v for n, v in pairs.items() if n in _names(k)}
+        missing = [d for d in k.dims if d not in kw]
+        missing += [t for t, d in k.template_params.items()
+                    if d is inspect.Parameter.empty and t not in kw]
+        if missing:
+            raise TargetError(f"kernel {k.name} needs " + " ".join(f"{m}=..." for m in missing))
+        for d in k.dims:
+            if isinstance(kw[d], bool) or not isinstance(kw[d], int) or kw[d] <= 0:
+                raise TargetError(f"dim {d} of kernel {k.name} must be a positive int, "
+                                  f"got {d}={kw[d]!r}")
+        out.append((label, k.specialize(**kw)))
+    return out
+
+
+# ---------------------------------------------------------------- commands
+def _cmd_ptx(args: argparse.Namespace) -> int:
+    specs = load_kernels(args.target, parse_pairs(args.pairs), args.kernel)
+    if args.output and len(specs) > 1:
+        raise TargetError(f"{args.target} gives {len(specs)} kernels "
+                          f"({', '.join(label for label, _ in specs)}); pick one with --kernel")
+    texts = [s.ptx(args.lineinfo) for _, s in specs]
+    if args.output:
+        with open(args.output, "w") as f:
+            f.write(texts[0])
+        return 0
+    for (label, _), text in zip(specs, texts):
+        if len(specs) > 1:
+            sys.stdout.write(f"// ---- kernel {label} ----\n")
+        sys.stdout.write(text)
+    return 0
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = []
+    for r in [header, *rows]:
+        cells = [c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    specs = load_kernels(args.target, parse_pairs(args.pairs), args.kernel)
+    rows, warnings, exe = [], [], None
+    for _, spec in specs:
+        report = ptxas.check(spec)
+        exe = report.ptxas
+        lines = spec.ptx().count("\n")
+        warnings += report.warnings
+        for e in report.entries:
+            rows.append([e.name, e.arch, str(e.registers), str(e.smem), str(spec.smem),
+                         str(e.spill_stores), str(e.spill_loads), str(e.stack), str(e.barriers),
+                         str(lines)])
+    print(f"ptxas {ptxas.ptxas_version(exe)} ({exe}); sizes in bytes")
+    print(_table(["entry", "arch", "registers", "smem static", "smem dynamic", "spill stores",
+                  "spill loads", "stack", "barriers", "PTX lines"], rows))
+    for w in warnings:
+        print(w)
+    return 0
+
+
+# ---------------------------------------------------------------- doctor
+_CU_MAJOR, _CU_MINOR, _CU_SMS = 75, 76, 16
+
+
+def _cuda_driver() -> tuple[str, list[str]]:
+    """(driver line, GPU lines) from the CUDA driver API through ctypes; imports no framework."""
+    lib, errors = None, []
+    for name in ("libcuda.so.1", "nvcuda.dll"):
+        try:
+            lib = ctypes.CDLL(name)
+            break
+        except OSError as e:
+            errors.append(str(e))
+    if lib is None:
+        return f"no CUDA driver found ({errors[0]})", []
+
+    def call(fn: str, *args: Any) -> None:
+        rc = getattr(lib, fn)(*args)
+        if rc != 0:
+            name = ctypes.c_char_p()
+            lib.cuGetErrorName(rc, ctypes.byref(name))
+            raise RuntimeError(f"{fn} returned {(name.value or b'').decode() or rc}")
+
+    version = ctypes.c_int()
+    call("cuDriverGetVersion", ctypes.byref(version))
+    driver = f"CUDA {version.value // 1000}.{version.value % 1000 // 10} ({lib._name})"
+    try:
+        call("cuInit", 0)
+    except RuntimeError as e:
+        return driver, [f"none ({e})"]
+    count = ctypes.c_int()
+    call("cuDeviceGetCount", ctypes.byref(count))
+    gpus = []
+    for i in range(count.value):
+        dev, buf = ctypes.c_int(), ctypes.create_string_buffer(256)
+        call("cuDeviceGet", ctypes.byref(dev), i)
+        call("cuDeviceGetName", buf, 256, dev)
+        attrs = []
+        for attr in (_CU_MAJOR, _CU_MINOR, _CU_SMS):
+            v = ctypes.c_int()
+            call("cuDeviceGetAttribute", ctypes.byref(v), attr, dev)
+            attrs.append(v.value)
+        mem = ctypes.c_size_t()
+        call("cuDeviceTotalMem_v2", ctypes.byref(mem), dev)
+        gpus.append(f"{i}: {buf.value.decode()}, sm_{attrs[0]}{attrs[1]}, {attrs[2]} SMs, "
+                    f"{mem.value / 2**30:.1f} GiB")
+    return driver, gpus or ["none (the driver reports 0 devices)"]
+
+
+Rows = list[tuple[str, str]]
+
+
+def _driver_rows() -> Rows:
+    driver, gpus = _cuda_driver()
+    return [("cuda driver", driver)] + [("gpus" if i == 0 else "", g)
+                                         for i, g in enumerate(gpus or ["none"])]
+
+
+def _package_rows() -> Rows:
+    import pyptx
+
+    rows = [("pyptx", f"{__version__} ({os.path.dirname(pyptx.__file__)})")]
+    for dist in PACKAGES:
+        try:
+            rows.append((dist, importlib.metadata.version(dist)))
+        except importlib.metadata.PackageNotFoundError:
+            rows.append((dist, "not installed"))
+    return rows
+
+
+def _runtime_rows() -> Rows:
+    from .runtimes import available
+
+    found = available()
+    if not found:
+        return [("runtimes", 'none (pip install "pyptx-core[torch]" or "pyptx-core[jax]")')]
+    return [("runtimes" if i == 0 else "", f"{name} -> {ep.value}")
+            for i, (name, ep) in enumerate(sorted(found.items()))]
+
+
+def _ptxas_rows() -> Rows:
+    exe = ptxas.find_ptxas()
+    if exe is None:
+        return [("ptxas", f"not found; install it with {ptxas.INSTALL_HINT} "
+                          f"(or set ${ptxas.ENV_VAR})")]
+    return [("ptxas", f"{exe} ({ptxas.ptxas_version(exe)})")]
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    probes: list[tuple[str, Callable[[], Rows]]] = [
+        ("python", lambda: [("python", f"{platform.python_version()} ({sys.executable})"),
+                            ("platform", platform.platform())]),
+        ("packages", _package_rows),
+        ("runtimes", _runtime_rows),
+        ("ptxas", _ptxas_rows),
+        ("cuda driver", _driver_rows),
+    ]
+    rows: Rows = []
+    for label, probe in probes:
+        try:
+            rows += probe()
+        except Exception as e:
+            rows.append((label, f"probe failed: {type(e).__name__}: {e}"))
+    width = max(len(label) for label, _ in rows) + 2
+    for label, text in rows:
+        print(f"{label:<{width}}{text}".rstrip())
+    return 0
+
+
+# ---------------------------------------------------------------- entry point
+def _parser() -> argparse.ArgumentParser:
+    fmt = argparse.RawDescriptionHelpFormatter
+    top = argparse.ArgumentParser(
+        prog="pyptx", formatter_class=fmt,
+        description="Print, check and diagnose pyptx kernels.",
+        epilog=f"examples:\n  pyptx ptx {EXAMPLE}\n  pyptx check {EXAMPLE}\n  pyptx doctor")
+    top.add_argument("--version", action="version", version=f"pyptx {__version__}")
+    sub = top.add_subparsers(dest="command", required=True, metavar="{ptx,check,doctor}")
+
+    def target_command(name: str, summary: str, details: str, example: str
+                       ) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=summary, description=details + "\n\n" + _TARGET_HELP,
+                           formatter_class=fmt, epilog=f"example:\n  {example}")
+        p.add_argument("target", metavar="FILE:NAME", help="kernel or builder, e.g. kernels.py:build")
+        p.add_argument("pairs", nargs="*", metavar="name=value",
+                       help="builder arguments, kernel dims and template parameters")
+        p.add_argument("--kernel", metavar="K",
+                       help="when the builder returns several kernels, use only K (name or dict key)")
+        return p
+
+    p = target_command("ptx", "print the PTX of a kernel", "Print the PTX of a kernel.",
+                       f"pyptx ptx {EXAMPLE} -o rms_norm.ptx")
+    p.add_argument("--lineinfo", action="store_true",
+                   help="add .file/.loc directives pointing at the Python source")
+    p.add_argument("-o", "--output", metavar="OUT", help="write the PTX to OUT instead of stdout")
+    p.set_defaults(func=_cmd_ptx)
+
+    p = target_command(
+        "check", "assemble with ptxas and print each entry's resources",
+        "Assemble a kernel with ptxas (-v --gpu-name ARCH, the kernel's arch) and print, per\n"
+        "entry: registers, static and dynamic shared memory, spill stores and loads, stack\n"
+        "frame, barriers and the PTX line count. ptxas is found through $PYPTX_PTXAS, PATH,\n"
+        "$CUDA_HOME, /usr/local/cuda or the nvidia-cuda-nvcc wheel.\n\n"
+        "Exit status: 0 ok; 1 ptxas rejected the PTX (each error names the Python line\n"
+        "that emitted it) or another error; 2 no ptxas: pip install \"pyptx-core[ptxas]\".",
+        f"pyptx check {EXAMPLE}")
+    p.set_defaults(func=_cmd_check)
+
+    p = sub.add_parser("doctor", formatter_class=fmt,
+                       help="report Python, pyptx packages, plugins, ptxas, driver and GPUs",
+                       description="Report Python, the pyptx packages and runtime plugins, "
+                       "ptxas, and the CUDA driver\nand GPUs (through libcuda with ctypes; no "
+                       "framework is imported).", epilog="example:\n  pyptx doctor")
+    p.set_defaults(func=_cmd_doctor)
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the ``pyptx`` command; return its exit status."""
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        if not hasattr(args, "pairs") or any(x.startswith("-") for x in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.pairs += extra
+    try:
+        return args.func(args)
+    except ToolchainError as e:
+        print(f"pyptx: error: {e}", file=sys.stderr)
+        return 2
+    except PyptxError as e:
+        print(f"pyptx: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # The reader went away (``pyptx ptx ... | head``): silence the flush at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1

@@ -1,0 +1,301 @@
+"""GPU tests of the PyTorch runtime (``pytest -m gpu`` on a machine with an NVIDIA GPU).
+
+Every numeric check draws fresh random inputs, compares with a float64
+reference, and runs with poisoned outputs (NaN / all-ones bits) so an element
+the kernel never writes fails the comparison.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import pyptx  # noqa: E402
+from pyptx import Tile, kernel, ptx, reg  # noqa: E402
+from pyptx.errors import LaunchError, SpecError  # noqa: E402
+from pyptx.types import f32, u32  # noqa: E402
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+
+
+@pytest.fixture(autouse=True)
+def poison_outputs(monkeypatch):
+    import pyptx_torch.eager as eager
+
+    monkeypatch.setattr(eager, "POISON", True)
+
+
+def load_example(rel: str):
+    path = EXAMPLES / rel
+    sys.path.insert(0, str(path.parent))
+    spec = importlib.util.spec_from_file_location(f"ex_{path.stem}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def rel_err(out, ref) -> float:
+    out, ref = out.double(), ref.double()
+    assert not torch.isnan(out).any(), "NaN in output: an element was not written"
+    return ((out - ref).norm() / ref.norm()).item()
+
+
+def rms_ref(x, w, eps=1e-6):
+    x64, w64 = x.double(), w.double()
+    return x64 * torch.rsqrt((x64 * x64).mean(-1, keepdim=True) + eps) * w64
+
+
+def build_mul(B, N):
+    """y = a * b elementwise, one warp per row, N a multiple of 32."""
+    @kernel(in_specs=(Tile(B, N, f32), Tile(B, N, f32)), out_specs=(Tile(B, N, f32),),
+            grid=(B, 1, 1), block=(32, 1, 1))
+    def mul(A, Bt, Y):
+        pa, pb, py = ptx.global_ptrs(A, Bt, Y)
+        row = reg.from_(ptx.special.ctaid.x(), u32) * (N * 4)
+        tid = reg.from_(ptx.special.tid.x(), u32)
+        for i in range(N // 32):
+            off = row + (tid + i * 32) * 4
+            a, b = reg.scalar(f32), reg.scalar(f32)
+            ptx.inst.ld.global_.f32(a, ptx.addr(pa + off))
+            ptx.inst.ld.global_.f32(b, ptx.addr(pb + off))
+            ptx.inst.st.global_.f32(ptx.addr(py + off), a * b)
+        ptx.ret()
+
+    return mul
+
+
+def build_mul_bwd(B, N):
+    """(a, b, dy) -> (dy*b, dy*a)."""
+    @kernel(in_specs=(Tile(B, N, f32),) * 3, out_specs=(Tile(B, N, f32),) * 2,
+            grid=(B, 1, 1), block=(32, 1, 1))
+    def mul_bwd(A, Bt, DY, DA, DB):
+        pa, pb, pdy, pda, pdb = ptx.global_ptrs(A, Bt, DY, DA, DB)
+        row = reg.from_(ptx.special.ctaid.x(), u32) * (N * 4)
+        tid = reg.from_(ptx.special.tid.x(), u32)
+        for i in range(N // 32):
+            off = row + (tid + i * 32) * 4
+            a, b, dy = reg.scalar(f32), reg.scalar(f32), reg.scalar(f32)
+            ptx.inst.ld.global_.f32(a, ptx.addr(pa + off))
+            ptx.inst.ld.global_.f32(b, ptx.addr(pb + off))
+            ptx.inst.ld.global_.f32(dy, ptx.addr(pdy + off))
+            ptx.inst.st.global_.f32(ptx.addr(pda + off), dy * b)
+            ptx.inst.st.global_.f32(ptx.addr(pdb + off), dy * a)
+        ptx.ret()
+
+    return mul_bwd
+
+
+# ---------------------------------------------------------------- numerics, eager
+@pytest.mark.parametrize("B,N", [(16, 512), (7, 1024), (64, 4096)])
+def test_rms_norm_eager(B, N):
+    k = load_example("hopper/rms_norm.py").build_rms_norm(B, N)
+    x = torch.randn(B, N, device="cuda") * 0.3
+    w = torch.randn(N, device="cuda") * 0.1 + 1.0
+    out = k(x, w)
+    assert out.shape == (B, N) and out.dtype == torch.float32 and out.device == x.device
+    assert rel_err(out, rms_ref(x, w)) < 1e-5
+
+
+def test_vector_add_ragged():
+    mod = load_example("vector_add.py")
+    n = 100_003
+    k = mod.build_vector_add(n)
+    a, b = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+    assert rel_err(k(a, b), a.double() + b.double()) < 1e-7
+
+
+def test_block_sum():
+    mod = load_example("block_reduce.py")
+    B, N = 33, 5000
+    k = mod.build_block_sum(B, N)
+    x = torch.randn(B, N, device="cuda")
+    assert rel_err(k(x), x.double().sum(-1)) < 1e-5
+
+
+def test_transpose_ragged():
+    mod = load_example("transpose.py")
+    M, N = 100, 77
+    k = mod.build_transpose(M, N)
+    x = torch.randn(M, N, device="cuda")
+    assert torch.equal(k(x), x.t().contiguous())
+
+
+def test_softmax():
+    mod = load_example("hopper/softmax.py")
+    B, N = 64, 1024
+    k = mod.build_softmax(B, N)
+    x = torch.randn(B, N, device="cuda") * 3
+    assert rel_err(k(x), torch.softmax(x.double(), -1)) < 1e-5
+
+
+def test_shape_change_and_repeat_calls_reuse_plan():
+    k = load_example("hopper/rms_norm.py").build_rms_norm(8, 256)
+    for _ in range(3):
+        x = torch.randn(8, 256, device="cuda")
+        w = torch.randn(256, device="cuda")
+        assert rel_err(k(x, w), rms_ref(x, w)) < 1e-5
+    assert len(k.runtime_cache) == 1
+
+
+def test_symbolic_dims_new_shape_new_specialization():
+    @kernel(in_specs=(Tile("N", f32),), out_specs=(Tile("N", f32),),
+            grid=lambda N: ((N + 127) // 128, 1, 1), block=(128, 1, 1))
+    def neg(X, Y):
+        px, py = ptx.global_ptrs(X, Y)
+        i = reg.from_(ptx.special.ctaid.x(), u32) * 128 + reg.from_(ptx.special.tid.x(), u32)
+        n = ptx.scalar_param(u32, 0, "n")
+        del n
+        with ptx.if_(i < X.shape[0]):
+            v = reg.scalar(f32)
+            ptx.inst.ld.global_.f32(v, ptx.addr(px + i * 4))
+            ptx.inst.st.global_.f32(ptx.addr(py + i * 4), -v)
+        ptx.ret()
+
+    for n in (1000, 4097, 31):
+        x = torch.randn(n, device="cuda")
+        assert torch.equal(neg(x), -x)
+    assert len(neg.runtime_cache) == 3
+
+
+# ---------------------------------------------------------------- streams, graphs, devices
+def test_side_stream():
+    k = load_example("hopper/rms_norm.py").build_rms_norm(32, 1024)
+    x = torch.randn(32, 1024, device="cuda")
+    w = torch.randn(1024, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        out = k(x, w)
+    torch.cuda.current_stream().wait_stream(s)
+    assert rel_err(out, rms_ref(x, w)) < 1e-5
+
+
+def test_cuda_graph_capture_and_replay_sees_new_inputs():
+    k = load_example("hopper/rms_norm.py").build_rms_norm(256, 4096)
+    x = torch.randn(256, 4096, device="cuda")
+    w = torch.randn(4096, device="cuda")
+    k(x, w)
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        k(x, w)
+    torch.cuda.current_stream().wait_stream(s)
+    with torch.cuda.graph(g, stream=s):
+        out = k(x, w)
+    for _ in range(3):
+        x.copy_(torch.randn_like(x))
+        w.copy_(torch.randn_like(w))
+        g.replay()
+        torch.cuda.synchronize()
+        assert rel_err(out, rms_ref(x, w)) < 1e-5
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_second_device_and_mixed_devices():
+    k = load_example("hopper/rms_norm.py").build_rms_norm(16, 512)
+    x = torch.randn(16, 512, device="cuda:1")
+    w = torch.randn(512, device="cuda:1")
+    out = k(x, w)
+    assert out.device == x.device
+    assert rel_err(out, rms_ref(x, w)) < 1e-5
+    with pytest.raises(SpecError, match="all tensors must share one device"):
+        k(x, w.to("cuda:0"))
+
+
+# ---------------------------------------------------------------- torch.compile
+def test_torch_compile_kernel_directly():
+    k = load_example("hopper/rms_norm.py").build_rms_norm(256, 4096)
+    kc = torch.compile(k)
+    x = torch.randn(256, 4096, device="cuda")
+    w = torch.randn(4096, device="cuda")
+    assert rel_err(kc(x, w), rms_ref(x, w)) < 1e-5
+
+
+def test_torch_compile_fullgraph_with_other_ops():
+    k = load_example("hopper/rms_norm.py").build_rms_norm(64, 1024)
+
+    @torch.compile(fullgraph=True)
+    def f(x, w):
+        return torch.relu(k(x * 2.0, w)) + 1.0
+
+    x = torch.randn(64, 1024, device="cuda")
+    w = torch.randn(1024, device="cuda")
+    ref = torch.relu(rms_ref(x * 2.0, w)) + 1.0
+    assert rel_err(f(x, w), ref) < 1e-5
+
+
+# ---------------------------------------------------------------- autograd
+def test_differentiable_kernel_gradients_match_torch():
+    B, N = 8, 256
+    op = pyptx.differentiable_kernel(build_mul(B, N), build_mul_bwd(B, N),
+                                     save_for_backward=[0, 1])
+    a = torch.randn(B, N, device="cuda", requires_grad=True)
+    b = torch.randn(B, N, device="cuda", requires_grad=True)
+    g = torch.randn(B, N, device="cuda")
+    (op(a, b) * g).sum().backward()
+    a64 = a.detach().double().requires_grad_()
+    b64 = b.detach().double().requires_grad_()
+    (a64 * b64 * g.double()).sum().backward()
+    assert rel_err(a.grad, a64.grad) < 1e-6
+    assert rel_err(b.grad, b64.grad) < 1e-6
+
+
+# ---------------------------------------------------------------- errors on a GPU
+def test_arch_the_gpu_cannot_run():
+    @kernel(in_specs=(Tile(32, f32),), out_specs=(Tile(32, f32),), block=(32, 1, 1),
+            arch="sm_100a")
+    def future(X, Y):
+        ptx.ret()
+
+    with pytest.raises(LaunchError, match=r"targets sm_100a, but cuda:\d is sm_\d+"):
+        future(torch.randn(32, device="cuda"))
+
+
+def test_too_much_shared_memory():
+    @kernel(in_specs=(Tile(32, f32),), out_specs=(Tile(32, f32),), block=(32, 1, 1),
+            smem=227 * 1024)
+    def greedy(X, Y):
+        from pyptx import smem
+        smem.alloc(f32, 1024)
+        ptx.ret()
+
+    with pytest.raises(LaunchError, match="bytes of shared memory per block"):
+        greedy(torch.randn(32, device="cuda"))
+
+
+def test_large_dynamic_smem_raises_attribute_and_runs():
+    from pyptx import smem
+
+    @kernel(in_specs=(Tile(32, f32),), out_specs=(Tile(32, f32),), block=(32, 1, 1),
+            smem=100 * 1024)
+    def big(X, Y):
+        buf = smem.dynamic()
+        px, py = ptx.global_ptrs(X, Y)
+        tid = reg.from_(ptx.special.tid.x(), u32)
+        v = reg.scalar(f32)
+        ptx.inst.ld.global_.f32(v, ptx.addr(px + tid * 4))
+        base = buf.addr() + 90 * 1024
+        ptx.inst.st.shared.f32(ptx.addr(base + tid * 4), v)
+        ptx.bar_sync()
+        ptx.inst.ld.shared.f32(v, ptx.addr(base + tid * 4))
+        ptx.inst.st.global_.f32(ptx.addr(py + tid * 4), v)
+        ptx.ret()
+
+    x = torch.randn(32, device="cuda")
+    assert torch.equal(big(x), x)
+
+
+def test_math_sanity_of_reference():
+    assert math.isclose(rms_ref(torch.ones(1, 4), torch.ones(4), 0.0).sum().item(), 4.0)

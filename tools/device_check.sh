@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# One device-machine run: install the packages (no index there), run the GPU tests,
+# the examples and compute-sanitizer, and write logs under $OUT.
+# Usage (from the repo root, after ../shared/tools/device-prep here):
+#   run(command="bash tools/device_check.sh", carry=[".whl"])
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYPTX_CACHE_DIR=$OUT/cache-unused
+python3 -m pip install -q --no-index --find-links .whl hatchling editables 2>&1 | tail -2
+python3 -m pip install -q --no-index --no-build-isolation --no-deps \
+    -e packages/pyptx-core -e packages/pyptx-shim -e packages/pyptx-torch -e packages/pyptx-jax \
+    2>&1 | tail -3
+export PYPTX_CACHE_DIR=/tmp/pyptx-cache
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+python3 -c "import pyptx_shim; print('shim available:', pyptx_shim.shim_is_available(), pyptx_shim.shim_load_error())"
+python3 -m pytest -m gpu -q -rs packages/pyptx-torch/tests ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/gpu-tests.log" | tail -40
+for ex in examples/hopper/rms_norm.py examples/vector_add.py examples/block_reduce.py examples/transpose.py examples/hopper/softmax.py; do
+  echo "== $ex"; python3 "$ex" 2>&1 | tail -3
+done 2>&1 | tee "$OUT/examples.log"
+if [ "${SANITIZE:-1}" = 1 ]; then
+  compute-sanitizer --tool memcheck python3 examples/hopper/rms_norm.py 2>&1 | tail -6 | tee "$OUT/memcheck.log"
+fi
