@@ -53,3 +53,16 @@ class RuntimeUnavailableError(PyptxError, RuntimeError):
 
 class LaunchError(PyptxError, RuntimeError):
     """A launch was refused or failed on the device."""
+
+
+class ParseError(PyptxError, ValueError):
+    """PTX text that ``pyptx.parser`` cannot read; ``.line``/``.column`` are 1-based."""
+
+    def __init__(self, message: str, line: int = 0, column: int = 0, text: str = "",
+                 source: str = "<ptx>") -> None:
+        self.message = message
+        self.line = line
+        self.column = column
+        self.text = text
+        self.source = source
+        super().__init__(f"{source}:{line}:{column}: {message}: {text!r}")

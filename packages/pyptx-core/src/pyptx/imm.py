@@ -62,7 +62,13 @@ def encode(value: int | float, t: PtxType | None, where: str | None = None) -> s
             return f"0x{f16_bits(v):04X}"
         if t.name == "bf16":
             return f"0x{bf16_bits(v):04X}"
+        if t.name in ("f16x2", "bf16x2"):  # a scalar broadcast to both halves
+            h = f16_bits(v) if t.name == "f16x2" else bf16_bits(v)
+            return f"0x{h:04X}{h:04X}"
         return f32_hex(v)
+    if isinstance(value, float) and t.kind == "b" and t.bits in (16, 32, 64):
+        # a float into a bit type is its bit pattern (mov.b32 %r, 1.0 -> 0f3F800000), not int(1.0)
+        return {16: lambda x: f"0x{f16_bits(x):04X}", 32: f32_hex, 64: f64_hex}[t.bits](value)
     if isinstance(value, float):
         if not value.is_integer():
             raise OperandError(

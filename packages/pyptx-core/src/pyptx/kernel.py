@@ -9,9 +9,11 @@ calling the kernel on framework arrays hands it to a runtime plugin.
 from __future__ import annotations
 
 import inspect
+import itertools
 import operator
 import re
 import threading
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +31,7 @@ _ARCH = re.compile(r"^sm_(\d+)([af]?)$")
 _VERSION = re.compile(r"^\d+\.\d+$")
 MAX_DYNAMIC_SMEM = 227 * 1024
 
-__all__ = ["kernel", "Kernel", "Specialization", "default_version"]
+__all__ = ["kernel", "Kernel", "Specialization", "default_version", "kernel_by_uid"]
 
 
 def default_version(arch: str) -> str:
@@ -172,6 +174,10 @@ class Kernel:
         self._lock = threading.Lock()
         #: Launch plans of the runtime plugins, keyed by whatever each plugin chooses.
         self.runtime_cache: dict[Any, Any] = {}
+        #: A process-unique string naming this kernel (``kernel_by_uid`` finds it again); graph
+        #: tracers pass it where only plain values may go (a string is never made symbolic).
+        self.uid = f"{self._name}#{next(_uids)}"
+        _by_uid[self.uid] = self
         from .runtimes import preload_for_imported_frameworks
 
         preload_for_imported_frameworks()
@@ -380,6 +386,7 @@ class Kernel:
         for i, (pname, shape) in enumerate(zip(names, in_shapes + out_shapes)):
             spec = (self._in_specs + self._out_specs)[i]
             func.params.append(Param(pname, u64))
+            trace.unique(pname)  # reserve it: ptx.scalar_param(name="X") must not redeclare X
             params.append(TensorParam(pname, spec, shape, i, trace))
         with tracing(trace):
             try:
@@ -437,6 +444,15 @@ class Kernel:
 
         rt = runtime_for(args, self)
         return rt.launch(self, args, kwargs)
+
+
+_uids = itertools.count(1)
+_by_uid: weakref.WeakValueDictionary[str, Kernel] = weakref.WeakValueDictionary()
+
+
+def kernel_by_uid(uid: str) -> Kernel:
+    """The live kernel whose ``uid`` is ``uid`` (``KeyError`` if it was garbage-collected)."""
+    return _by_uid[uid]
 
 
 def _innermost_user_loc(e: BaseException) -> Loc | None:

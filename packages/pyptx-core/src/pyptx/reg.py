@@ -303,6 +303,9 @@ def _operand_type(op: str, a: Reg, o: Any) -> tuple[PtxType, Reg, Any]:
             f"{where(4)}: {op} of register {a.name} with {type(o).__name__} {o!r}; "
             "expected a register or a Python number"
         )
+    if t.is_float and (t.bits <= 16 or t.name in ("f16x2", "bf16x2")):
+        # PTX arithmetic and setp take no 16-bit or packed float immediates: load one first.
+        o = scalar(t, init=o)
     return t, a, o
 
 
@@ -322,6 +325,10 @@ def _opcode(op: str, t: PtxType) -> str:
     elif t.is_float:
         if op not in _FLOAT_OPS:
             raise TypeMismatchError(f"{where()}: '{op}' needs integer registers, got .{t.name}")
+        if op == "div" and t.name not in ("f32", "f64"):
+            raise TypeMismatchError(
+                f"{where()}: PTX has no div.{t.name}; convert to f32 first (reg.from_(r, f32))"
+            )
         opcode = f"div.rn.{t.name}" if op == "div" and t.bits >= 32 else f"{op}.{t.name}"
     else:
         if op not in _INT_OPS:
@@ -360,7 +367,8 @@ def _binary(op: str, a: Reg, o: Any, *, swap: bool = False, dst: Reg | None = No
         t, a, b = _operand_type(op, a, o)
     opcode = _OPCODES.get((op, t)) or _opcode(op, t)
     out = dst if dst is not None else _new(trace, t)
-    if dst is not None and dst.type is not t:
+    if dst is not None and dst.type is not t and not (
+            dst.type.is_int and t.is_int and dst.type.bits == t.bits):
         raise TypeMismatchError(
             f"{where(3)}: in-place {op} would change {dst.name} from .{dst.type.name} to .{t.name}"
         )
@@ -401,13 +409,18 @@ def scalar(t: PtxType, init: int | float | Reg | None = None) -> Reg:
                     f"{where()}: init register {init.name} is .{init.type.name}, expected "
                     f".{t.name}; use reg.from_ to convert"
                 )
-            trace.inst(f"mov.{_mov_type(t)}", (r.name, init.name))
+            mt = _mov_type(t) if init.type is t else f"b{t.bits}"  # mov.f32 %f, %r is rejected
+            trace.inst(f"mov.{mt}", (r.name, init.name))
         elif isinstance(init, (int, float)):
             if isinstance(init, float) and not (t.is_float or t.is_pred):
                 raise TypeMismatchError(
                     f"{where()}: float init {init!r} for integer register type .{t.name}"
                 )
-            trace.inst(f"mov.{_mov_type(t)}", (r.name, imm.encode(init, t)))
+            if t.bits == 8 and t.is_int:  # PTX has no 8-bit mov; cvt takes the immediate
+                s = "s" if t.is_signed else "u"
+                trace.inst(f"cvt.{s}8.{s}32", (r.name, imm.encode(init, t)))
+            else:
+                trace.inst(f"mov.{_mov_type(t)}", (r.name, imm.encode(init, t)))
         else:
             raise OperandError(f"{where()}: init must be a Python number or a register, got {init!r}")
     return r
@@ -425,7 +438,7 @@ def array(t: PtxType, n: int) -> RegArray:
 
 def _cvt_opcode(dst: PtxType, src: PtxType) -> str:
     if dst.is_float and src.is_float:
-        rnd = ".rn" if dst.bits < src.bits else ""
+        rnd = ".rn" if dst.bits <= src.bits else ""  # f16 <-> bf16 also rounds
         return f"cvt{rnd}.{dst.name}.{src.name}"
     if dst.is_float:
         return f"cvt.rn.{dst.name}.{_arith_type(src)}"
@@ -456,9 +469,13 @@ def from_(value: Any, t: PtxType | None = None) -> Reg:
             trace.inst(f"mov.b{t.bits}", (r.name, value.name))
         elif s.is_pred or t.is_pred:
             if t.is_pred:
-                trace.inst(f"setp.ne.{_arith_type(s)}", (r.name, value.name, "0"))
+                zero = imm.encode(0, s)  # 0f00000000 for f32: setp.ne.f32 rejects a bare 0
+                if s.is_float and s.bits <= 16:  # no 16-bit float immediates in setp
+                    zero = scalar(s, init=0.0).name
+                trace.inst(f"setp.ne.{_arith_type(s)}", (r.name, value.name, zero))
             else:
-                trace.inst(f"selp.{_arith_type(t)}", (r.name, "1", "0", value.name))
+                ty = _arith_type(t) if t.name in ("f32", "f64") or not t.is_float else f"b{t.bits}"
+                trace.inst(f"selp.{ty}", (r.name, imm.encode(1, t), imm.encode(0, t), value.name))
         else:
             trace.inst(_cvt_opcode(t, s), (r.name, value.name))
         return r

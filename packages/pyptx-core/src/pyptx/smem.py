@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from .errors import OperandError
+from .errors import OperandError, RegisterScopeError
 from .ir import SharedDecl
 from .reg import Reg
 from .source import where
@@ -39,11 +39,17 @@ class SharedArray:
     def addr(self) -> Reg:
         """Emit ``mov.u32 r, name`` and return ``r``: the 32-bit shared-window address."""
         trace = current()
+        self.__ptx_operand__(trace)
         r = Reg(trace.new_reg_name(u32), u32, trace)
         trace.inst("mov.u32", (r.name, self.name))
         return r
 
     def __ptx_operand__(self, trace: Trace) -> str:
+        if trace is not self.trace:
+            raise RegisterScopeError(
+                f"{where(4)}: shared array {self.name} belongs to kernel {self.trace.func.name!r}, "
+                f"not {trace.func.name!r}"
+            )
         return self.name
 
     def __repr__(self) -> str:
@@ -61,7 +67,7 @@ def alloc(t: PtxType, shape: int | tuple[int, ...], *, align: int = 16,
     trace = current()
     if not isinstance(t, PtxType) or t.is_pred:
         raise OperandError(f"{where()}: smem.alloc expects an element type such as f32, got {t!r}")
-    dims = (shape,) if isinstance(shape, int) else tuple(shape)
+    dims = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
     if not dims or any(isinstance(d, bool) or not isinstance(d, int) or d <= 0 for d in dims):
         raise OperandError(f"{where()}: smem.alloc shape must be positive ints, got {shape!r}")
     _check_align(align)

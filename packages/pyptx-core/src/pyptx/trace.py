@@ -47,8 +47,13 @@ class Trace:
     def unique(self, stem: str) -> str:
         """A fresh identifier starting with ``stem``."""
         n = self._names.get(stem, 0)
+        name = stem if n == 0 else f"{stem}_{n}"
+        while n and name in self._names:  # "L" twice must not collide with a user's "L_1"
+            n += 1
+            name = f"{stem}_{n}"
         self._names[stem] = n + 1
-        return stem if n == 0 else f"{stem}_{n}"
+        self._names.setdefault(name, 1)
+        return name
 
     def inst(self, opcode: str, operands: tuple[str, ...], pred: str | None = None) -> None:
         self.body.append(Instruction(opcode, operands, pred, user_loc(2)))

@@ -10,12 +10,14 @@ spec's per-handle op for kernels registered by hand.
 
 from __future__ import annotations
 
-import threading
+import ast
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from pyptx.errors import SpecError
+from pyptx.kernel import kernel_by_uid
 from pyptx.specs import Dim, Tile
 
 from .dtypes import torch_dtype_of
@@ -23,23 +25,27 @@ from .eager import Plan, launch_kernel, run_plan
 
 __all__ = ["compiled_call", "get_or_register_torch_op", "call_kernel_via_torch_compile"]
 
-_lock = threading.Lock()
-_variants: list[tuple[Any, dict[str, Any]]] = []
-_variant_ids: dict[tuple[int, tuple], int] = {}
 _handle_ops: dict[int, Any] = {}
 
 
-@torch.compiler.assume_constant_result
-def _variant(kernel: Any, kwargs: dict[str, Any]) -> int:
-    key = (id(kernel), tuple(sorted(kwargs.items())))
-    vid = _variant_ids.get(key)
-    if vid is None:
-        with _lock:
-            vid = _variant_ids.get(key)
-            if vid is None:
-                _variants.append((kernel, dict(kwargs)))
-                vid = _variant_ids[key] = len(_variants) - 1
-    return vid
+def _kwargs_key(kwargs: dict[str, Any]) -> str:
+    """Template kwargs as a literal string (the op schema takes only plain values)."""
+    if not kwargs:
+        return ""
+    key = repr(tuple(sorted(kwargs.items())))
+    try:
+        if ast.literal_eval(key) != tuple(sorted(kwargs.items())):
+            raise ValueError
+    except (ValueError, SyntaxError):
+        raise SpecError(
+            f"under torch.compile, template parameters must be Python literals "
+            f"(int, float, bool, str, None, tuples of them); got {kwargs!r}"
+        ) from None
+    return key
+
+
+def _variant(uid: str, key: str) -> tuple[Any, dict[str, Any]]:
+    return kernel_by_uid(uid), dict(ast.literal_eval(key)) if key else {}
 
 
 def _fake_outputs(kernel: Any, kwargs: dict[str, Any], inputs: Sequence[torch.Tensor]) -> list:
@@ -57,21 +63,21 @@ def _fake_outputs(kernel: Any, kwargs: dict[str, Any], inputs: Sequence[torch.Te
 
 
 @torch.library.custom_op("pyptx::launch", mutates_args=())
-def _launch_op(inputs: list[torch.Tensor], variant: int) -> list[torch.Tensor]:
-    kernel, kwargs = _variants[variant]
-    out = launch_kernel(kernel, inputs, kwargs)
+def _launch_op(inputs: list[torch.Tensor], kernel_uid: str, kwargs: str) -> list[torch.Tensor]:
+    kernel, kw = _variant(kernel_uid, kwargs)
+    out = launch_kernel(kernel, inputs, kw)
     return list(out) if isinstance(out, tuple) else [out]
 
 
 @_launch_op.register_fake
-def _(inputs: list[torch.Tensor], variant: int) -> list[torch.Tensor]:
-    kernel, kwargs = _variants[variant]
-    return _fake_outputs(kernel, kwargs, inputs)
+def _(inputs: list[torch.Tensor], kernel_uid: str, kwargs: str) -> list[torch.Tensor]:
+    kernel, kw = _variant(kernel_uid, kwargs)
+    return _fake_outputs(kernel, kw, inputs)
 
 
 def compiled_call(kernel: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     """``kernel(*args)`` as one ``pyptx::launch`` op (what Dynamo records)."""
-    outs = torch.ops.pyptx.launch(list(args), _variant(kernel, kwargs))
+    outs = torch.ops.pyptx.launch(list(args), kernel.uid, _kwargs_key(kwargs))
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 

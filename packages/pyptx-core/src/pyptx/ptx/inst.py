@@ -77,6 +77,8 @@ class Instr:
         """Emit ``[@pred] opcode operands;`` into the active trace."""
         trace = current()
         t = self.type
+        if t is not None and t.kind == "s":  # masks such as 0xFFFFFFFF in redux.sync.min.s32
+            t = _BY_NAME[f"u{t.bits}"]  # same text; accepts the full bit-pattern range
         ops = tuple([render(o, t, trace) for o in operands])
         p = _pred_text(pred) if pred is not None else None
         trace.body.append(Instruction(self.opcode, ops, p, user_loc(2)))
