@@ -66,13 +66,37 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def wheels(session: nox.Session) -> None:
     """Build a wheel of every package into dist/wheelhouse."""
-    session.install("hatch")
-    shutil.rmtree(WHEELHOUSE, ignore_errors=True)
-    for package in PACKAGES:
-        with session.chdir(ROOT / "packages" / package):
-            session.run("hatch", "build", "-t", "wheel", str(WHEELHOUSE))
+    _build_wheels(session, WHEELHOUSE)
     for wheel in sorted(WHEELHOUSE.glob("*.whl")):
         session.log(f"built {wheel.relative_to(ROOT)}")
+
+
+def _build_wheels(session: nox.Session, wheelhouse: Path) -> None:
+    session.install("hatch")
+    shutil.rmtree(wheelhouse, ignore_errors=True)
+    for package in PACKAGES:
+        with session.chdir(ROOT / "packages" / package):
+            session.run("hatch", "build", "-t", "wheel", str(wheelhouse))
+
+
+@nox.session(python="3.11")
+def install(session: nox.Session) -> None:
+    """The user's install: wheels into a wheelhouse, then `pip install "pyptx-core[torch]"`
+    and `[jax]` in fresh virtualenvs, each checked to resolve its plugin."""
+    tmp = Path(session.create_tmp()).resolve()
+    wheelhouse = tmp / "wheelhouse"
+    _build_wheels(session, wheelhouse)
+    links = ["--find-links", str(wheelhouse)]
+    if Path("/opt/wheels").is_dir():  # this workplace's local CPU torch wheel
+        links += ["--find-links", "/opt/wheels"]
+    for extra in ("torch", "jax"):
+        venv = tmp / f"venv-{extra}"
+        shutil.rmtree(venv, ignore_errors=True)
+        session.run("python", "-m", "venv", str(venv))
+        py = str(venv / "bin" / "python")
+        session.run(py, "-m", "pip", "install", "-q", *CONSTRAINTS, *links,
+                    f"pyptx-core[{extra}]", external=True)
+        session.run(py, str(ROOT / "tools" / "install_check.py"), extra, external=True)
 
 
 @nox.session
@@ -89,3 +113,4 @@ def benchmarks(session: nox.Session) -> None:
     """Time tracing and PTX emission (prints a table; never gates CI)."""
     session.install(*CONSTRAINTS, *_editable("pyptx-core"))
     session.run("python", "benchmarks/trace.py", *session.posargs)
+    session.run("python", "benchmarks/parse.py")

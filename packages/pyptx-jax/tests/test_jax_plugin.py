@@ -5,7 +5,6 @@ from importlib.metadata import entry_points
 import pytest
 
 import pyptx_jax
-from pyptx.errors import RuntimeUnavailableError
 from pyptx_jax.runtime import JaxRuntime
 
 
@@ -25,24 +24,6 @@ def test_owns_rejects_non_jax_values():
     runtime = JaxRuntime()
     assert not runtime.owns(1.0)
     assert not runtime.owns([1, 2])
-
-
-def test_ensure_ffi_registered_is_false_without_shim():
-    assert pyptx_jax.ensure_ffi_registered() is False
-
-
-def test_set_mock_ffi_callback_accepts_and_clears():
-    pyptx_jax.set_mock_ffi_callback(lambda *args: None)
-    pyptx_jax.set_mock_ffi_callback(None)
-
-
-def test_launch_paths_unavailable():
-    with pytest.raises(RuntimeUnavailableError, match="pyptx-shim launcher"):
-        pyptx_jax.call_kernel_via_ffi(
-            cubin_handle=1, out_specs=(), out_shape_env={}, grid=(1, 1, 1), block=(32, 1, 1)
-        )
-    with pytest.raises(RuntimeUnavailableError, match="pyptx-shim launcher"):
-        JaxRuntime().launch(None, (), {})
 
 
 def test_owns_jax_arrays_and_tracers():

@@ -122,3 +122,17 @@ _ALIASES = {
 def int_type(bits: int, signed: bool) -> PtxType:
     """The ``u``/``s`` integer type of ``bits`` width."""
     return _BY_NAME[("s" if signed else "u") + str(bits)]
+
+
+_NUMPY_NAMES = {
+    "f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float64",
+    "s8": "int8", "s16": "int16", "s32": "int32", "s64": "int64",
+    "u8": "uint8", "u16": "uint16", "u32": "uint32", "u64": "uint64",
+    "b8": "uint8", "b16": "int16", "b32": "int32", "b64": "int64",
+    "e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2",
+}
+
+
+def numpy_name(t: PtxType) -> str | None:
+    """The numpy/torch/jax dtype name that holds elements of ``t`` (None if there is none)."""
+    return _NUMPY_NAMES.get(t.name)

@@ -4,17 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-LAUNCH_UNAVAILABLE = (
-    "launching from JAX arrives with the pyptx-shim launcher; this build only traces"
-)
-
-
-def launch_unavailable() -> Exception:
-    """Return the error raised by every launch path of this build."""
-    from pyptx.errors import RuntimeUnavailableError
-
-    return RuntimeUnavailableError(LAUNCH_UNAVAILABLE)
-
 
 class JaxRuntime:
     """Launches pyptx kernels whose arguments are JAX arrays or tracers."""
@@ -29,6 +18,8 @@ class JaxRuntime:
 
         return isinstance(value, jax.Array)
 
-    def launch(self, kernel: Any, args: tuple[Any, ...], template_kwargs: dict[str, Any]) -> Any:
-        """Launch ``kernel`` on ``args``; unavailable until the shim launcher ships."""
-        raise launch_unavailable()
+    def launch(self, kernel: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Launch ``kernel`` on ``args`` through the ``pyptx_launch`` custom call."""
+        from .launch import launch_kernel
+
+        return launch_kernel(kernel, args, kwargs)

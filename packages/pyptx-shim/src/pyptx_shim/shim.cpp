@@ -12,6 +12,7 @@
 
 #include <dlfcn.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -120,8 +121,11 @@ struct TmaSpec {
   alignas(64) unsigned char blob[kTensorMapBytes];  // the encoded CUtensorMap (host copy)
 };
 
+constexpr int kMaxDevices = 64;
+
 struct Config {
   CUfunction fn = nullptr;
+  CUfunction device_fn[kMaxDevices] = {};  // per-device overrides (modules load per context)
   unsigned grid[3] = {1, 1, 1};
   unsigned block[3] = {1, 1, 1};
   unsigned cluster[3] = {1, 1, 1};
@@ -146,7 +150,7 @@ std::shared_ptr<const Config> lookup(uint64_t handle) {
   return it == table.end() ? nullptr : it->second;
 }
 
-int do_launch(const Config& c, CUstream stream, const uint64_t* ptrs, int n) {
+int do_launch(const Config& c, CUstream stream, const uint64_t* ptrs, int n, int device = -1) {
   if (n != c.n_ptrs) {
     return fail("launch got " + std::to_string(n) + " pointer arguments, the kernel takes " +
                 std::to_string(c.n_ptrs));
@@ -171,9 +175,12 @@ int do_launch(const Config& c, CUstream stream, const uint64_t* ptrs, int n) {
     if (r != 0) return fail("cuTensorMapReplaceAddress failed: " + cu_error(r));
     args[k++] = maps[m++];
   }
+  CUfunction fn = c.fn;
+  if (device >= 0 && device < kMaxDevices && c.device_fn[device]) fn = c.device_fn[device];
+  if (!fn) return fail("no kernel function registered for device " + std::to_string(device));
   CUresult r;
   if (c.cluster[0] * c.cluster[1] * c.cluster[2] == 1) {
-    r = d.launch(c.fn, c.grid[0], c.grid[1], c.grid[2], c.block[0], c.block[1], c.block[2],
+    r = d.launch(fn, c.grid[0], c.grid[1], c.grid[2], c.block[0], c.block[1], c.block[2],
                  c.smem, stream, args, nullptr);
   } else {
     if (!d.launch_ex) return fail("CUDA driver lacks cuLaunchKernelEx (clusters need 12.0+)");
@@ -185,7 +192,7 @@ int do_launch(const Config& c, CUstream stream, const uint64_t* ptrs, int n) {
     attr.value.clusterDim.z = c.cluster[2];
     CUlaunchConfig cfg{c.grid[0], c.grid[1],  c.grid[2], c.block[0], c.block[1],
                        c.block[2], c.smem, stream, &attr, 1};
-    r = d.launch_ex(&cfg, c.fn, args, nullptr);
+    r = d.launch_ex(&cfg, fn, args, nullptr);
   }
   if (r != 0) return fail("kernel launch failed: " + cu_error(r));
   return 0;
@@ -269,6 +276,20 @@ __attribute__((visibility("default"))) int pyptx_shim_add_tma(uint64_t handle, i
   return 0;
 }
 
+__attribute__((visibility("default"))) int pyptx_shim_set_device_function(uint64_t handle,
+                                                                          int device, void* fn) {
+  if (!fn) return fail("set_device_function: CUfunction is null");
+  if (device < 0 || device >= kMaxDevices)
+    return fail("set_device_function: device ordinal " + std::to_string(device) + " out of range");
+  std::unique_lock<std::shared_mutex> lock(table_mutex);
+  auto it = table.find(handle);
+  if (it == table.end()) return fail("set_device_function: unknown handle " + std::to_string(handle));
+  auto c = std::make_shared<Config>(*it->second);
+  c->device_fn[device] = fn;
+  it->second = std::move(c);
+  return 0;
+}
+
 __attribute__((visibility("default"))) int pyptx_shim_unregister(uint64_t handle) {
   std::unique_lock<std::shared_mutex> lock(table_mutex);
   return table.erase(handle) ? 0 : fail("unregister: unknown handle " + std::to_string(handle));
@@ -283,6 +304,169 @@ __attribute__((visibility("default"))) int pyptx_shim_launch_raw(uint64_t handle
 }
 
 }  // extern "C"
+
+
+// ---------------------------------------------------------------- XLA typed FFI
+// The handler JAX calls through jax.ffi.ffi_call("pyptx_launch"). The structs
+// below mirror the stable C ABI of XLA's FFI (xla/ffi/api/c_api.h), declared
+// here so building needs no XLA headers; only the fields the handler reads.
+namespace xla_ffi {
+
+struct ExtensionBase {
+  size_t struct_size;
+  int type;  // 1: metadata query
+  ExtensionBase* next;
+};
+struct ApiVersion {
+  size_t struct_size;
+  ExtensionBase* extension_start;
+  int major_version;
+  int minor_version;
+};
+struct Metadata {
+  size_t struct_size;
+  ApiVersion api_version;
+  uint32_t traits;
+};
+struct MetadataExtension {
+  ExtensionBase base;
+  Metadata* metadata;
+};
+struct Error;
+struct ErrorCreateArgs {
+  size_t struct_size;
+  ExtensionBase* extension_start;
+  const char* message;
+  int errc;
+};
+struct StreamGetArgs {
+  size_t struct_size;
+  ExtensionBase* extension_start;
+  void* ctx;
+  void* stream;
+};
+struct DeviceOrdinalGetArgs {
+  size_t struct_size;
+  ExtensionBase* extension_start;
+  void* ctx;
+  int32_t device_ordinal;
+};
+using Fn = void*;
+struct Api {
+  size_t struct_size;
+  ExtensionBase* extension_start;
+  ApiVersion api_version;
+  const void* internal_api;
+  Error* (*error_create)(ErrorCreateArgs*);
+  Fn error_get_message, error_destroy, handler_register;
+  Error* (*stream_get)(StreamGetArgs*);
+  Fn type_register, execution_context_get, state_set, state_get, device_memory_allocate,
+      device_memory_free, thread_pool_schedule, thread_pool_num_threads, future_create,
+      future_set_available, future_set_error, run_id_get;
+  Error* (*device_ordinal_get)(DeviceOrdinalGetArgs*);
+};
+struct Args {
+  size_t struct_size;
+  ExtensionBase* extension_start;
+  int64_t size;
+  int* types;  // 1: buffer
+  void** args;
+};
+struct ByteSpan {
+  const char* ptr;
+  size_t len;
+};
+struct Attrs {
+  size_t struct_size;
+  ExtensionBase* extension_start;
+  int64_t size;
+  int* types;  // 3: scalar
+  ByteSpan** names;
+  void** attrs;
+};
+struct Scalar {
+  int dtype;  // 4: s32, 5: s64, 8: u32, 9: u64
+  void* value;
+};
+struct Buffer {
+  size_t struct_size;
+  ExtensionBase* extension_start;
+  int dtype;
+  void* data;
+  int64_t rank;
+  int64_t* dims;
+};
+struct CallFrame {
+  size_t struct_size;
+  ExtensionBase* extension_start;
+  const Api* api;
+  void* ctx;
+  int stage;  // 3: execute
+  Args args;
+  Args rets;  // same layout as Args
+  Attrs attrs;
+};
+
+Error* error(const CallFrame* cf, const std::string& msg) {
+  ErrorCreateArgs a{sizeof(ErrorCreateArgs), nullptr, msg.c_str(), 13 /* INTERNAL */};
+  return cf->api->error_create(&a);
+}
+
+bool read_handle(const CallFrame* cf, uint64_t* out) {
+  for (int64_t i = 0; i < cf->attrs.size; ++i) {
+    const ByteSpan* name = cf->attrs.names[i];
+    if (name->len != 12 || std::memcmp(name->ptr, "cubin_handle", 12) != 0) continue;
+    if (cf->attrs.types[i] != 3) return false;
+    const Scalar* s = static_cast<const Scalar*>(cf->attrs.attrs[i]);
+    switch (s->dtype) {
+      case 4: *out = (uint64_t)*static_cast<const int32_t*>(s->value); return true;
+      case 5: *out = (uint64_t)*static_cast<const int64_t*>(s->value); return true;
+      case 8: *out = *static_cast<const uint32_t*>(s->value); return true;
+      case 9: *out = *static_cast<const uint64_t*>(s->value); return true;
+      default: return false;
+    }
+  }
+  return false;
+}
+
+}  // namespace xla_ffi
+
+extern "C" __attribute__((visibility("default"))) xla_ffi::Error* PyptxLaunch(
+    xla_ffi::CallFrame* cf) {
+  using namespace xla_ffi;
+  if (cf->extension_start && cf->extension_start->type == 1) {
+    Metadata* m = reinterpret_cast<MetadataExtension*>(cf->extension_start)->metadata;
+    m->api_version.major_version = cf->api ? cf->api->api_version.major_version : 0;
+    m->api_version.minor_version = cf->api ? cf->api->api_version.minor_version : 1;
+    m->traits = 0;
+    return nullptr;
+  }
+  if (cf->stage != 3) return nullptr;
+  uint64_t handle = 0;
+  if (!read_handle(cf, &handle)) return error(cf, "pyptx_launch: missing int attribute cubin_handle");
+  auto c = lookup(handle);
+  if (!c) return error(cf, "pyptx_launch: unknown kernel handle " + std::to_string(handle));
+  int64_t n = cf->args.size + cf->rets.size;
+  if (n > kMaxParams / 2) return error(cf, "pyptx_launch: too many buffers");
+  uint64_t ptrs[kMaxParams / 2];
+  int k = 0;
+  for (const Args* group : {&cf->args, &cf->rets}) {
+    for (int64_t i = 0; i < group->size; ++i) {
+      if (group->types[i] != 1) return error(cf, "pyptx_launch: non-buffer argument");
+      ptrs[k++] = reinterpret_cast<uint64_t>(static_cast<Buffer*>(group->args[i])->data);
+    }
+  }
+  StreamGetArgs sa{sizeof(StreamGetArgs), nullptr, cf->ctx, nullptr};
+  if (Error* e = cf->api->stream_get(&sa)) return e;
+  int device = -1;
+  if (cf->api->struct_size > offsetof(Api, device_ordinal_get) && cf->api->device_ordinal_get) {
+    DeviceOrdinalGetArgs da{sizeof(DeviceOrdinalGetArgs), nullptr, cf->ctx, -1};
+    if (Error* e = cf->api->device_ordinal_get(&da)) return e;
+    device = da.device_ordinal;
+  }
+  if (do_launch(*c, sa.stream, ptrs, k, device) != 0) return error(cf, "pyptx_launch: " + last_error);
+  return nullptr;
+}
 
 // ---------------------------------------------------------------- Python module
 namespace {
@@ -354,6 +538,19 @@ PyObject* py_add_tma(PyObject*, PyObject* args) {
   Py_RETURN_NONE;
 }
 
+PyObject* py_set_device_function(PyObject*, PyObject* args) {
+  unsigned long long handle, fn;
+  int device;
+  if (!PyArg_ParseTuple(args, "KiK", &handle, &device, &fn)) return nullptr;
+  if (pyptx_shim_set_device_function(handle, device, reinterpret_cast<void*>(fn)) != 0)
+    return raise_last();
+  Py_RETURN_NONE;
+}
+
+PyObject* py_ffi_handler(PyObject*, PyObject*) {
+  return PyCapsule_New(reinterpret_cast<void*>(&PyptxLaunch), nullptr, nullptr);
+}
+
 PyObject* py_unregister(PyObject*, PyObject* arg) {
   unsigned long long handle = PyLong_AsUnsignedLongLong(arg);
   if (PyErr_Occurred()) return nullptr;
@@ -408,6 +605,11 @@ PyMethodDef methods[] = {
      "add_tma(handle, arg_index, tensor_map: 128 bytes): append a by-value tensor map whose "
      "address is patched to pointer argument arg_index at each launch."},
     {"unregister", py_unregister, METH_O, "unregister(handle): drop a launch config."},
+    {"set_device_function", py_set_device_function, METH_VARARGS,
+     "set_device_function(handle, device_ordinal, cu_function): the function to launch when "
+     "XLA runs the handle on that device."},
+    {"ffi_handler", py_ffi_handler, METH_NOARGS,
+     "A PyCapsule of the XLA typed-FFI handler PyptxLaunch (for jax.ffi.register_ffi_target)."},
     {"launch", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_launch)),
      METH_FASTCALL, "launch(handle, stream, *pointers): launch a registered kernel."},
     {"driver_error", py_driver_error, METH_NOARGS,
