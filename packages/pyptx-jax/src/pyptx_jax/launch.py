@@ -84,9 +84,15 @@ def plan_handle(kernel: Any, spec: Any) -> int:
         return handle
     shim()
     loaded = []
-    for ordinal in ordinals:
-        driver.ensure_context(ordinal)
-        loaded.append(jit.compile_ptx_to_cubin(text, kernel.arch, spec.name, spec.smem, locs=locs))
+    previous = driver.call("cuCtxGetCurrent")
+    try:
+        for ordinal in ordinals:
+            driver.ensure_context(ordinal)
+            loaded.append(jit.compile_ptx_to_cubin(text, kernel.arch, spec.name, spec.smem,
+                                                   locs=locs))
+    finally:
+        if int(previous):  # leave other frameworks' notion of the current device alone
+            driver.call("cuCtxSetCurrent", previous)
     fn0, mod0 = loaded[0]
     handle = registry.register(text, spec.name, smem_bytes=spec.smem, grid=spec.grid,
                                block=spec.block, cu_function=fn0, module=loaded)

@@ -1,0 +1,146 @@
+"""GPU tests of the JAX runtime (``pytest -m gpu``): numerics against float64 on fresh random
+inputs, jit and eager, composition with jnp ops, vmap, several GPUs, torch and jax together."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+jax = pytest.importorskip("jax")
+jnp = pytest.importorskip("jax.numpy")
+np = pytest.importorskip("numpy")
+
+
+def _gpus():
+    try:
+        return jax.devices("gpu")
+    except RuntimeError:
+        return []
+
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _gpus(), reason="needs a GPU for JAX")]
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+
+
+def load_example(rel: str):
+    path = EXAMPLES / rel
+    sys.path.insert(0, str(path.parent))
+    spec = importlib.util.spec_from_file_location(f"jx_{path.stem}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def rms_ref(x, w, eps=1e-6):
+    x64, w64 = np.asarray(x, np.float64), np.asarray(w, np.float64)
+    return x64 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + eps) * w64
+
+
+def rel_err(out, ref):
+    out = np.asarray(out, np.float64)
+    assert np.isfinite(out).all(), "non-finite output: an element was not written"
+    return float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
+
+
+def poison(shape):
+    """Leave NaNs in the allocator's free blocks so an unwritten output element shows."""
+    jnp.full(shape, jnp.nan, jnp.float32).block_until_ready()
+
+
+def inputs(key, B, N):
+    kx, kw = jax.random.split(key)
+    return (jax.random.normal(kx, (B, N), jnp.float32) * 0.3,
+            jax.random.normal(kw, (N,), jnp.float32) * 0.1 + 1.0)
+
+
+@pytest.mark.parametrize("B,N", [(16, 512), (64, 4096)])
+def test_rms_norm_jit_and_eager(B, N):
+    k = load_example("hopper/rms_norm.py").build_rms_norm(B, N)
+    x, w = inputs(jax.random.key(B * N), B, N)
+    poison((B, N))
+    out = jax.jit(lambda x, w: k(x, w))(x, w)
+    assert out.shape == (B, N) and out.dtype == jnp.float32
+    assert rel_err(out, rms_ref(x, w)) < 1e-5
+    poison((B, N))
+    assert rel_err(k(x, w), rms_ref(x, w)) < 1e-5
+
+
+def test_composition_with_jnp_ops_and_two_kernels():
+    rms = load_example("hopper/rms_norm.py").build_rms_norm(32, 1024)
+    sm = load_example("hopper/softmax.py").build_softmax(32, 1024)
+    x, w = inputs(jax.random.key(7), 32, 1024)
+
+    @jax.jit
+    def f(x, w):
+        return sm(rms(jnp.tanh(x) * 2.0, w)) + 1.0
+
+    y = rms_ref(np.tanh(np.asarray(x, np.float64)) * 2.0, w)
+    e = np.exp(y - y.max(-1, keepdims=True))
+    ref = e / e.sum(-1, keepdims=True) + 1.0
+    assert rel_err(f(x, w), ref) < 1e-5
+
+
+def test_vmap_runs_per_batch_element():
+    k = load_example("hopper/rms_norm.py").build_rms_norm(8, 256)
+    xs = jax.random.normal(jax.random.key(3), (4, 8, 256), jnp.float32)
+    w = jnp.ones(256, jnp.float32) * 1.5
+    out = jax.jit(jax.vmap(k, in_axes=(0, None)))(xs, w)
+    ref = np.stack([rms_ref(x, w) for x in np.asarray(xs)])
+    assert rel_err(out, ref) < 1e-5
+
+
+def test_each_local_gpu_runs_its_own_copy():
+    k = load_example("hopper/rms_norm.py").build_rms_norm(16, 512)
+    for dev in _gpus():
+        x, w = inputs(jax.random.key(dev.id + 11), 16, 512)
+        x, w = jax.device_put(x, dev), jax.device_put(w, dev)
+        out = jax.jit(lambda x, w: k(x, w))(x, w)
+        assert out.devices() == {dev}
+        assert rel_err(out, rms_ref(x, w)) < 1e-5
+
+
+@pytest.mark.skipif(len(_gpus()) < 2, reason="needs two GPUs")
+def test_shard_map_across_two_gpus():
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    try:
+        from jax import shard_map
+    except ImportError:
+        from jax.experimental.shard_map import shard_map
+    k = load_example("hopper/rms_norm.py").build_rms_norm(16, 512)
+    mesh = Mesh(np.array(_gpus()[:2]), ("d",))
+    x, w = inputs(jax.random.key(5), 32, 512)
+    x = jax.device_put(x, NamedSharding(mesh, P("d", None)))
+    w = jax.device_put(w, NamedSharding(mesh, P()))
+    f = jax.jit(shard_map(lambda a, b: k(a, b), mesh=mesh, in_specs=(P("d", None), P()),
+                          out_specs=P("d", None)))
+    out = f(x, w)
+    assert {d for d in out.devices()} == set(_gpus()[:2])
+    assert rel_err(out, rms_ref(x, w)) < 1e-5
+
+
+def test_same_kernel_from_torch_and_jax_in_one_process():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA here")
+    k = load_example("hopper/rms_norm.py").build_rms_norm(16, 512)
+    x, w = inputs(jax.random.key(9), 16, 512)
+    out_j = np.asarray(jax.jit(lambda x, w: k(x, w))(x, w))
+    xt = torch.from_numpy(np.asarray(x)).cuda()
+    wt = torch.from_numpy(np.asarray(w)).cuda()
+    out_t = k(xt, wt).cpu().numpy()
+    assert np.array_equal(out_j, out_t)
+    assert rel_err(out_t, rms_ref(x, w)) < 1e-5
+
+
+def test_ffi_is_registered():
+    import pyptx.jax_support as js
+
+    assert js.ensure_ffi_registered() is True
+    assert js.shim_is_available() is True
