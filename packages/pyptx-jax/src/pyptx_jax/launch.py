@@ -67,7 +67,7 @@ def plan_handle(kernel: Any, spec: Any) -> int:
     Where there is no GPU (CPU-only lowering), the PTX is registered without a
     function so the custom call can still be lowered and inspected.
     """
-    key = ("jax", spec.env and tuple(sorted(spec.env.items())),
+    key = ("jax", tuple(sorted(spec.env.items())),
            tuple(sorted(spec.template_kwargs.items())))
     handle = kernel.runtime_cache.get(key)
     if handle is not None:
