@@ -48,10 +48,11 @@ def matrix(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def plugins(session: nox.Session) -> None:
-    """All four packages with CPU torch; JAX itself is not installed yet."""
+    """All four packages with CPU torch and CPU JAX: plugin discovery, the custom op under
+    fake tensors, JAX lowering, the error matrix (GPU tests skip here)."""
     session.install(*CONSTRAINTS, "torch==2.13.0")
-    session.install(*CONSTRAINTS, *_editable("pyptx-core[test]", "pyptx-shim", "pyptx-torch"))
-    session.install(*CONSTRAINTS, "--no-deps", *_editable("pyptx-jax"))
+    session.install(*CONSTRAINTS, *_editable("pyptx-core[test]", "pyptx-shim", "pyptx-torch",
+                                             "pyptx-jax"))
     session.run("pytest", *_test_dirs(*PACKAGES), "-q", *session.posargs)
 
 

@@ -380,7 +380,8 @@ def _parser() -> argparse.ArgumentParser:
         description="Print, check and diagnose pyptx kernels.",
         epilog=f"examples:\n  pyptx ptx {EXAMPLE}\n  pyptx check {EXAMPLE}\n  pyptx doctor")
     top.add_argument("--version", action="version", version=f"pyptx {__version__}")
-    sub = top.add_subparsers(dest="command", required=True, metavar="{ptx,check,doctor}")
+    sub = top.add_subparsers(dest="command", required=True,
+                             metavar="{ptx,check,doctor,transpile}")
 
     def target_command(name: str, summary: str, details: str, example: str
                        ) -> argparse.ArgumentParser:
@@ -417,6 +418,13 @@ def _parser() -> argparse.ArgumentParser:
                        "ptxas, and the CUDA driver\nand GPUs (through libcuda with ctypes; no "
                        "framework is imported).", epilog="example:\n  pyptx doctor")
     p.set_defaults(func=_cmd_doctor)
+
+    from . import transpile as _transpile  # the parser and transpiler (pyptx.transpile)
+    p = sub.add_parser("transpile", formatter_class=fmt, help="turn a PTX file into pyptx code",
+                       description=_transpile.__doc__,
+                       epilog="example:\n  pyptx transpile kernel.ptx --sugar -o kernel_ptx.py")
+    _transpile.add_arguments(p)
+    p.set_defaults(func=_transpile.run)
     return top
 
 
