@@ -23,6 +23,10 @@ class ConfigError(PyptxError, ValueError):
     """A ``@kernel`` launch parameter (grid, block, cluster, smem, arch) is invalid."""
 
 
+class TmaError(ConfigError):
+    """A TMA descriptor's parameters break a ``cuTensorMapEncodeTiled`` constraint."""
+
+
 class TraceError(PyptxError):
     """The kernel body misused the DSL while being traced."""
 

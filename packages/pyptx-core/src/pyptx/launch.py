@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import struct
 from typing import Any
 
@@ -97,7 +98,24 @@ def add_scalar_param_to_shim(handle: int, value: int | float | bytes,
     _shim_call("add_scalar", handle, raw)
 
 
-def add_tma_spec_to_shim(handle: int, xla_arg_index: int, host_blob: bytes) -> None:
+def add_tma_spec_to_shim(handle: int, xla_arg_index: int, host_blob_ptr: Any,
+                         device_blob_ptr: int = 0) -> None:
     """Register a by-value 128-byte tensor map; the shim patches its address to pointer
-    argument ``xla_arg_index`` at every launch."""
-    _shim_call("add_tma", handle, xla_arg_index, bytes(host_blob))
+    argument ``xla_arg_index`` at every launch.
+
+    ``host_blob_ptr`` is the map's bytes, a ``pyptx.tma.TensorMap``, or the int address
+    of its 128 bytes. ``device_blob_ptr`` is ignored: maps travel by value.
+    """
+    if isinstance(host_blob_ptr, int) and not isinstance(host_blob_ptr, bool):
+        if host_blob_ptr <= 0:
+            raise LaunchError(f"add_tma_spec_to_shim: host_blob_ptr must be the address of a "
+                              f"128-byte tensor map, got {host_blob_ptr}")
+        blob = ctypes.string_at(host_blob_ptr, 128)
+    elif isinstance(host_blob_ptr, (bytes, bytearray, memoryview)):
+        blob = bytes(host_blob_ptr)
+    elif hasattr(host_blob_ptr, "blob"):
+        blob = bytes(host_blob_ptr.blob)
+    else:
+        raise LaunchError(f"add_tma_spec_to_shim: expected a tensor map's bytes, a TensorMap "
+                          f"or its address, got {host_blob_ptr!r}")
+    _shim_call("add_tma", handle, xla_arg_index, blob)
