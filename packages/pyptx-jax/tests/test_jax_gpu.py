@@ -107,7 +107,8 @@ def test_each_local_gpu_runs_its_own_copy():
 
 @pytest.mark.skipif(len(_gpus()) < 2, reason="needs two GPUs")
 def test_shard_map_across_two_gpus():
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     try:
         from jax import shard_map

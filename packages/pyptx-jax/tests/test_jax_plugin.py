@@ -4,7 +4,6 @@ from importlib.metadata import entry_points
 
 import pytest
 
-import pyptx_jax
 from pyptx_jax.runtime import JaxRuntime
 
 

@@ -129,9 +129,9 @@ def test_torch_compile_tier():
 
 
 def test_autograd_tier():
-    from pyptx import differentiable_kernel
-
     from test_torch_gpu import build_mul, build_mul_bwd
+
+    from pyptx import differentiable_kernel
 
     M, N = 64, 256
 

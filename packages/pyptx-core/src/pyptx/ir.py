@@ -7,21 +7,25 @@ checking happens when a statement is built, so printing is a join.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
-from .source import Loc
+from .source import resolve
 from .types import PtxType
 
 
 class Instruction:
     """``@pred opcode operands;`` with the Python location that made it."""
 
-    __slots__ = ("opcode", "operands", "pred", "loc")
+    __slots__ = ("opcode", "operands", "pred", "_loc")
 
-    def __init__(self, opcode: str, operands: tuple[str, ...], pred: str | None, loc: Loc) -> None:
+    def __init__(self, opcode: str, operands: tuple[str, ...], pred: str | None, loc: Any) -> None:
         self.opcode = opcode
         self.operands = operands
         self.pred = pred
-        self.loc = loc
+        self._loc = loc
+
+    loc = property(lambda self: resolve(self._loc), lambda self, v: setattr(self, "_loc", v),
+                   doc="The Python ``(file, line)`` that made this statement, or None.")
 
     def text(self) -> str:
         """The statement as PTX, without indentation."""
@@ -37,11 +41,13 @@ class Instruction:
 class Label:
     """A branch target ``name:``."""
 
-    __slots__ = ("name", "loc")
+    __slots__ = ("name", "_loc")
 
-    def __init__(self, name: str, loc: Loc) -> None:
+    def __init__(self, name: str, loc: Any) -> None:
         self.name = name
-        self.loc = loc
+        self._loc = loc
+
+    loc = Instruction.loc
 
     def text(self) -> str:
         """The label line."""
@@ -51,11 +57,13 @@ class Label:
 class Raw:
     """A verbatim body line: a directive such as ``.pragma "nounroll";`` or a comment."""
 
-    __slots__ = ("line", "loc")
+    __slots__ = ("line", "_loc")
 
-    def __init__(self, line: str, loc: Loc) -> None:
+    def __init__(self, line: str, loc: Any) -> None:
         self.line = line
-        self.loc = loc
+        self._loc = loc
+
+    loc = Instruction.loc
 
     def text(self) -> str:
         """The line itself."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import re
-from typing import Any, Optional
+from typing import Any
 
 from . import cache, driver
 from .errors import CompileError, LaunchError
@@ -31,7 +31,7 @@ def entry_name(ptx: str) -> str:
     return m.group(1)
 
 
-def map_log(log: str, ptx: str, locs: Optional[list[Optional[Loc]]]) -> str:
+def map_log(log: str, ptx: str, locs: list[Loc | None] | None) -> str:
     """Append the Python ``file:line`` and the PTX text to every ``line N`` in a JIT/ptxas log."""
     lines = ptx.splitlines()
     out = []
@@ -80,8 +80,8 @@ def compile_ptx_to_cubin(
     kernel_name: str = "",
     dynamic_smem_bytes: int = 0,
     *,
-    locs: Optional[list[Optional[Loc]]] = None,
-) -> Optional[tuple[int, Any]]:
+    locs: list[Loc | None] | None = None,
+) -> tuple[int, Any] | None:
     """Driver-JIT a PTX string into a loaded kernel: ``(cu_function_ptr, cu_module)``.
 
     Returns None where there is no cuda-python or driver. Uses and fills the

@@ -15,7 +15,8 @@ from typing import Any
 
 from . import imm
 from .errors import OperandError, RegisterScopeError, TraceError, TypeMismatchError
-from .source import where
+from .ir import Instruction
+from .source import user_site, where
 from .trace import Trace, active, current
 from .types import PtxType
 from .types import pred as _pred
@@ -351,6 +352,24 @@ def _binary(op: str, a: Reg, o: Any, *, swap: bool = False, dst: Reg | None = No
     trace = a.trace
     if trace is not active():
         _own(a, current())
+    t = a.type
+    co = type(o)
+    if not swap and t.is_int and (co is int or (co is Reg and o.type is t and o.trace is trace
+                                                and op != "shl" and op != "shr")):
+        # Fast path for the index arithmetic that dominates tracing: same-type or immediate.
+        opcode = _OPCODES.get((op, t)) or _opcode(op, t)
+        if dst is None:
+            dst = Reg(trace.new_reg_name(t), t, trace)
+        elif dst.type is not t:
+            return _slow(op, a, o, swap, dst)
+        rb = o.name if co is Reg else imm.encode(o, None if op in ("shl", "shr") else t)
+        trace.body.append(Instruction(opcode, (dst.name, a.name, rb), None, user_site(3)))
+        return dst
+    return _slow(op, a, o, swap, dst)
+
+
+def _slow(op: str, a: Reg, o: Any, swap: bool, dst: Reg | None) -> Reg:
+    trace = a.trace
     if op == "shl" or op == "shr":
         t = a.type
         if type(o) is Reg:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import threading
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 __all__ = ["CubinRecord", "CubinRegistry", "get_cubin_registry"]
 
@@ -25,9 +25,9 @@ class CubinRecord:
     smem_bytes: int = 0
     grid: tuple[int, int, int] = (1, 1, 1)
     block: tuple[int, int, int] = (1, 1, 1)
-    cu_function: Optional[int] = None
+    cu_function: int | None = None
     module: Any = None
-    cubin_bytes: Optional[bytes] = None
+    cubin_bytes: bytes | None = None
 
 
 class CubinRegistry:
@@ -42,11 +42,11 @@ class CubinRegistry:
         self,
         ptx_source: str,
         kernel_name: str,
-        cubin_bytes: Optional[bytes] = None,
+        cubin_bytes: bytes | None = None,
         smem_bytes: int = 0,
         grid: tuple[int, int, int] = (1, 1, 1),
         block: tuple[int, int, int] = (1, 1, 1),
-        cu_function: Optional[int] = None,
+        cu_function: int | None = None,
         module: Any = None,
     ) -> int:
         """Insert a compiled kernel record and return its process-local handle."""
@@ -58,7 +58,7 @@ class CubinRegistry:
             )
         return handle
 
-    def get(self, handle: int) -> Optional[CubinRecord]:
+    def get(self, handle: int) -> CubinRecord | None:
         """Look up a previously registered kernel handle."""
         return self._records.get(handle)
 

@@ -71,8 +71,19 @@ def framework_of(value: Any) -> str | None:
     return _MODULE_TO_RUNTIME.get(mod.partition(".")[0])
 
 
+_by_type: dict[type, Any] = {}
+
+
 def runtime_for(args: tuple[Any, ...], kernel: Any = None) -> Any:
-    """The runtime plugin that should launch a kernel on ``args``."""
+    """The runtime plugin that should launch a kernel on ``args``.
+
+    The plugin of the first argument's type is remembered; the plugin itself
+    rejects arguments of another framework.
+    """
+    if args:
+        rt = _by_type.get(type(args[0]))
+        if rt is not None:
+            return rt
     found = {framework_of(a) for a in args} - {None}
     if not found:
         got = ", ".join(type(a).__name__ for a in args) or "no arguments"
@@ -82,4 +93,7 @@ def runtime_for(args: tuple[Any, ...], kernel: Any = None) -> Any:
         )
     if len(found) > 1:
         raise SpecError(f"{where()}: arguments mix frameworks ({', '.join(sorted(found))})")
-    return load(found.pop())
+    rt = load(found.pop())
+    if framework_of(args[0]) is not None:
+        _by_type[type(args[0])] = rt
+    return rt

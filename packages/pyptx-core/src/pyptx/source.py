@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import bisect
 import os
 import sys
-from types import FrameType
+from types import CodeType, FrameType
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _internal: set[str] = set()
@@ -28,15 +29,56 @@ def _is_internal(filename: str) -> bool:
 
 
 def user_loc(skip: int = 1) -> Loc:
-    """The ``(file, line)`` of the nearest caller frame outside the pyptx package."""
+    """The ``(file, line)`` of the nearest caller frame outside the pyptx package.
+
+    ``skip`` frames up from the caller is tried first; hot paths pass the depth at
+    which user code usually sits, so the common case is a single set lookup.
+    """
     f: FrameType | None = sys._getframe(skip)
-    internal = _internal
-    while f is not None and (f.f_code.co_filename in internal or (
-            f.f_code.co_filename not in _external and _is_internal(f.f_code.co_filename))):
+    name = f.f_code.co_filename
+    if name in _external:
+        return (name, f.f_lineno)
+    while f is not None and _is_internal(f.f_code.co_filename):
         f = f.f_back
     if f is None:
         return ("<unknown>", 0)
     return (f.f_code.co_filename, f.f_lineno)
+
+
+Site = tuple[CodeType, int]
+_line_tables: dict[CodeType, tuple[list[int], list[int | None]]] = {}
+
+
+def user_site(skip: int = 1) -> Site | Loc:
+    """Like ``user_loc`` but cheap: the frame's code object and bytecode offset.
+
+    Turning an offset into a line number costs more than everything else a
+    DSL call does, so statements keep the site and ``resolve`` it on demand.
+    """
+    f: FrameType | None = sys._getframe(skip)
+    if f.f_code.co_filename not in _external:
+        while f is not None and _is_internal(f.f_code.co_filename):
+            f = f.f_back
+        if f is None:
+            return ("<unknown>", 0)
+    return (f.f_code, f.f_lasti)
+
+
+def resolve(site: Site | Loc | None) -> Loc | None:
+    """The ``(file, line)`` of a ``user_site`` result (a ``Loc`` passes through)."""
+    if site is None or type(site[0]) is str:
+        return site  # type: ignore[return-value]
+    code, offset = site
+    table = _line_tables.get(code)
+    if table is None:
+        starts, lines = [], []
+        for start, _end, line in code.co_lines():
+            starts.append(start)
+            lines.append(line)
+        table = _line_tables[code] = (starts, lines)
+    i = bisect.bisect_right(table[0], offset) - 1
+    line = table[1][i] if i >= 0 else None
+    return (code.co_filename, line if line is not None else code.co_firstlineno)
 
 
 def fmt_loc(loc: Loc | None) -> str:

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 
 from .errors import TraceError
 from .ir import Function, Instruction, Label, Raw, SharedDecl
-from .source import user_loc
+from .source import user_loc, user_site
 from .types import PtxType
 
 _state = threading.local()
@@ -56,13 +56,13 @@ class Trace:
         return name
 
     def inst(self, opcode: str, operands: tuple[str, ...], pred: str | None = None) -> None:
-        self.body.append(Instruction(opcode, operands, pred, user_loc(2)))
+        self.body.append(Instruction(opcode, operands, pred, user_site(2)))
 
     def label(self, name: str) -> None:
-        self.body.append(Label(name, user_loc(2)))
+        self.body.append(Label(name, user_site(2)))
 
     def raw(self, line: str) -> None:
-        self.body.append(Raw(line, user_loc(2)))
+        self.body.append(Raw(line, user_site(2)))
 
 
 def current() -> Trace:

@@ -42,6 +42,7 @@ def ensure_ffi_registered() -> bool:
         if _registered is None:
             try:
                 import jax
+
                 from pyptx_shim import native
 
                 if native is None:

@@ -20,12 +20,26 @@ class TorchRuntime:
 
     def launch(self, kernel: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Launch ``kernel`` on ``args``: eagerly, or as a custom op while torch.compile traces."""
-        import torch
+        if _eager is None:
+            _bind()
+        if _is_compiling():
+            return _compiled(kernel, args, kwargs)
+        return _eager(kernel, args, kwargs)
 
-        if torch.compiler.is_compiling():
-            from .compiled import compiled_call
 
-            return compiled_call(kernel, args, kwargs)
-        from .eager import launch_kernel
+_eager: Any = None
+_compiled: Any = None
+_is_compiling: Any = None
 
-        return launch_kernel(kernel, args, kwargs)
+
+def _bind() -> None:
+    """Import torch and the launch paths on first use (the entry point itself stays light)."""
+    global _eager, _compiled, _is_compiling
+    import torch
+
+    from .compiled import compiled_call
+    from .eager import launch_kernel
+
+    _is_compiling = torch.compiler.is_compiling
+    _compiled = compiled_call
+    _eager = launch_kernel

@@ -13,7 +13,7 @@ from typing import Any
 from ..errors import OperandError
 from ..ir import Instruction
 from ..reg import NotPred, Reg, render
-from ..source import user_loc, where
+from ..source import user_site, where
 from ..trace import current
 from ..types import _BY_NAME, PtxType
 
@@ -81,7 +81,7 @@ class Instr:
             t = _BY_NAME[f"u{t.bits}"]  # same text; accepts the full bit-pattern range
         ops = tuple([render(o, t, trace) for o in operands])
         p = _pred_text(pred) if pred is not None else None
-        trace.body.append(Instruction(self.opcode, ops, p, user_loc(2)))
+        trace.body.append(Instruction(self.opcode, ops, p, user_site(2)))
 
     def __repr__(self) -> str:
         return f"ptx.inst.{self.opcode}"
