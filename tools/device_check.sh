@@ -6,11 +6,8 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYPTX_CACHE_DIR=$OUT/cache-unused
-python3 -m pip install -q --no-index --find-links .whl hatchling editables 2>&1 | tail -2
-python3 -m pip install -q --no-index --no-build-isolation --no-deps \
-    -e packages/pyptx-core -e packages/pyptx-shim -e packages/pyptx-torch -e packages/pyptx-jax \
-    2>&1 | tail -3
+export PYTHONUNBUFFERED=1
+bash tools/device_install.sh
 export PYPTX_CACHE_DIR=/tmp/pyptx-cache
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import pyptx_shim; print('shim available:', pyptx_shim.shim_is_available(), pyptx_shim.shim_load_error())"
