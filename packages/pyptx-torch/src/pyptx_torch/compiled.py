@@ -62,17 +62,24 @@ def _fake_outputs(kernel: Any, kwargs: dict[str, Any], inputs: Sequence[torch.Te
     return outs
 
 
-@torch.library.custom_op("pyptx::launch", mutates_args=())
-def _launch_op(inputs: list[torch.Tensor], kernel_uid: str, kwargs: str) -> list[torch.Tensor]:
-    kernel, kw = _variant(kernel_uid, kwargs)
-    out = launch_kernel(kernel, inputs, kw)
+def _launch_impl(inputs: list[torch.Tensor], kernel: str, kwargs: str) -> list[torch.Tensor]:
+    k, kw = _variant(kernel, kwargs)
+    out = launch_kernel(k, inputs, kw)
     return list(out) if isinstance(out, tuple) else [out]
 
 
-@_launch_op.register_fake
-def _(inputs: list[torch.Tensor], kernel_uid: str, kwargs: str) -> list[torch.Tensor]:
-    kernel, kw = _variant(kernel_uid, kwargs)
-    return _fake_outputs(kernel, kw, inputs)
+def _launch_fake(inputs: list[torch.Tensor], kernel: str, kwargs: str) -> list[torch.Tensor]:
+    k, kw = _variant(kernel, kwargs)
+    return _fake_outputs(k, kw, inputs)
+
+
+# A plain library op (not custom_op): the compiled graph calls straight into the
+# CUDA implementation, without custom_op's Python wrapper layers on every call.
+_lib = torch.library.Library("pyptx", "FRAGMENT")
+_lib.define("launch(Tensor[] inputs, str kernel, str kwargs) -> Tensor[]")
+_lib.impl("launch", _launch_impl, "CUDA")
+_lib.impl("launch", _launch_impl, "CPU")  # so CPU tensors get pyptx's error, not the dispatcher's
+torch.library.register_fake("pyptx::launch", _launch_fake, lib=_lib)
 
 
 def compiled_call(kernel: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:

@@ -149,7 +149,45 @@ def plan_for(kernel: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Plan:
                 kernel.runtime_cache[key] = plan
     if sig is not None and not kwargs:
         kernel.runtime_cache["torch:last"] = (sig, plan)
+        kernel.fast_launch = _fast_launcher(plan, sig)
     return plan
+
+
+def _fast_launcher(plan: Plan, sig: tuple) -> Any:
+    """A closure that launches ``plan`` when the arguments match ``sig`` exactly (else None).
+
+    This is the whole per-call cost of a repeated eager call: a type, shape,
+    dtype, device and contiguity check per tensor, the output allocation, the
+    raw stream and the C launch.
+    """
+    if POISON or _native is None:
+        return None
+    handle, index, device = plan.handle, plan.index, plan.device
+    checks = tuple((shape, dtype) for shape, dtype, _ in sig)
+    outs_spec = tuple(zip(plan.out_shapes, plan.out_dtypes))
+    single = len(outs_spec) == 1
+    n = len(sig)
+    launch, empty, raw, cur = _native.launch, torch.empty, _raw_stream, _current_device
+    is_compiling, Tensor = torch.compiler.is_compiling, torch.Tensor
+
+    def fast(args: tuple) -> Any:
+        if len(args) != n or is_compiling():
+            return None
+        for t, (shape, dtype) in zip(args, checks):
+            if (t.__class__ is not Tensor or t.shape != shape or t.dtype is not dtype
+                    or t.get_device() != index or not t.is_contiguous()):
+                return None
+        if cur() != index:
+            return None
+        outs = [empty(s, dtype=d, device=device) for s, d in outs_spec]
+        try:
+            launch(handle, raw(index), *[t.data_ptr() for t in args],
+                   *[o.data_ptr() for o in outs])
+        except RuntimeError as e:
+            raise LaunchError(str(e)) from None
+        return outs[0] if single else tuple(outs)
+
+    return fast
 
 
 def _raw_stream_fn() -> Any:
