@@ -160,7 +160,7 @@ def _fast_launcher(plan: Plan, sig: tuple) -> Any:
     dtype, device and contiguity check per tensor, the output allocation, the
     raw stream and the C launch.
     """
-    if POISON or _native is None:
+    if _native is None:
         return None
     handle, index, device = plan.handle, plan.index, plan.device
     checks = tuple((shape, dtype) for shape, dtype, _ in sig)
@@ -171,7 +171,7 @@ def _fast_launcher(plan: Plan, sig: tuple) -> Any:
     is_compiling, Tensor = torch.compiler.is_compiling, torch.Tensor
 
     def fast(args: tuple) -> Any:
-        if len(args) != n or is_compiling():
+        if len(args) != n or POISON or is_compiling():
             return None
         for t, (shape, dtype) in zip(args, checks):
             if (t.__class__ is not Tensor or t.shape != shape or t.dtype is not dtype

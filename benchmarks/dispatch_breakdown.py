@@ -1,0 +1,77 @@
+"""Where an eager pyptx launch spends its host time (issue 5's profiling notes).
+
+Times, in µs per call over back-to-back calls on an idle GPU with a tiny kernel
+(so the GPU never throttles the host): each piece of the fast path alone, the
+whole ``k(x)``, and torch.add for scale. Medians of 9 repeats.
+
+    python benchmarks/dispatch_breakdown.py
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from pyptx import Tile, kernel, ptx, reg
+from pyptx.types import f32, u32
+
+N_CALLS = 2000
+
+
+def build_copy(n: int):
+    @kernel(in_specs=(Tile(n, f32),), out_specs=(Tile(n, f32),), grid=(n // 256, 1, 1),
+            block=(256, 1, 1))
+    def copy(X, Y):
+        px, py = ptx.global_ptrs(X, Y)
+        i = (reg.from_(ptx.special.ctaid.x(), u32) * 256 + reg.from_(ptx.special.tid.x(), u32)) * 4
+        v = reg.scalar(f32)
+        ptx.inst.ld.global_.f32(v, ptx.addr(px + i))
+        ptx.inst.st.global_.f32(ptx.addr(py + i), v)
+        ptx.ret()
+
+    return copy
+
+
+def per_call(fn, sync=True) -> float:
+    out = []
+    for _ in range(9):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(N_CALLS):
+            fn()
+        if sync:
+            torch.cuda.synchronize()
+        out.append((time.perf_counter() - t0) / N_CALLS * 1e6)
+    return statistics.median(out)
+
+
+def main() -> None:
+    import pyptx_torch.eager as eager
+    from pyptx_shim import native
+
+    x = torch.randn(32 * 1024, device="cuda")
+    k = build_copy(x.numel())
+    y = k(x)
+    assert torch.equal(y, x)
+    plan = k.runtime_cache["torch:last"][1]
+    stream = eager._raw_stream(0)
+    xp, yp = x.data_ptr(), y.data_ptr()
+    fast = k.fast_launch
+    rows = [
+        ("torch.add(x, x)  [scale]", lambda: torch.add(x, x)),
+        ("torch.empty(out shape)", lambda: torch.empty((32 * 1024,), dtype=torch.float32,
+                                                       device=plan.device)),
+        ("native.launch(handle, stream, px, py)", lambda: native.launch(plan.handle, stream, xp, yp)),
+        ("raw stream + current device", lambda: (eager._raw_stream(0), eager._current_device())),
+        ("k.fast_launch((x,))", lambda: fast((x,))),
+        ("k(x)  [whole eager call]", lambda: k(x)),
+    ]
+    print(f"{'piece':45s} {'µs/call':>8s}")
+    for name, fn in rows:
+        print(f"{name:45s} {per_call(fn):8.2f}")
+
+
+if __name__ == "__main__":
+    main()
