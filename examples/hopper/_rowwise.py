@@ -1,0 +1,607 @@
+"""Shared machinery of the row-wise memory-bound kernels (RMSNorm, LayerNorm, softmax, SwiGLU).
+
+Every kernel built on this module reads each input element once and writes each
+output element once; a row's values stay in registers between the reduction
+and the write. The pieces:
+
+* ``plan_rows`` picks the launch shape of a row kernel from ``(B, N, dtype)``:
+  the vector width (16-byte accesses: 4 f32 or 8 bf16 per load, narrowed to the
+  largest power of two dividing ``N`` so every row start stays aligned), the
+  threads per row ``G`` (1..32 as a power of two, or a multiple of 32 up to
+  1024), the vector chunks per thread ``K`` and, for short rows, several rows per
+  CTA (so a CTA has at least 128 threads). Thread ``t`` of a row owns chunks
+  ``j*G + t`` for ``j < K``: every warp-wide access covers consecutive bytes.
+* ``Rows`` is the in-kernel view of a plan: the thread's row-group index and
+  column offset, row location (rows past ``B`` in the last CTA are clamped for
+  loads and masked for stores), vector loads of a row into f32 registers
+  (bf16 pairs unpacked with ``shl``/``and``; masked tail chunks filled with a
+  neutral value), stores from f32 (bf16 packed with ``cvt.rn.bf16x2.f32``),
+  and a group-wide reduction of several values at once (butterfly shuffles,
+  then, for ``G > 32``, one shared-memory slot per warp and one ``bar.sync``).
+* ``load_vec``/``store_vec`` do one aligned access of 1..8 elements.
+* ``build_colsum`` is the second stage of the backward kernels: it sums the
+  per-CTA partial weight gradients ``(P*C, N)`` f32 over ``P`` into ``C``
+  vectors of ``N``.
+* ``TwoStage`` chains a backward kernel and ``build_colsum`` into one callable
+  with ``in_specs``/``out_specs`` so ``pyptx.differentiable_kernel`` accepts it.
+
+Supported: ``B >= 1``, ``1 <= N <= MAX_N`` (32768) for the forward kernels and
+``MAX_N_BWD`` (8192) for the backward ones, f32 or bf16 storage with f32 arithmetic. Tensors must be contiguous and their
+base addresses 16-byte aligned (fresh torch/jax allocations are 256-byte
+aligned).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from pyptx import ConfigError, SpecError, Tile, kernel, ptx, reg, smem
+from pyptx.imm import bf16_bits
+from pyptx.types import PtxType, b16, b32, bf16, f32, from_name, u32, u64
+
+WARP = 32
+MAX_N = 32768
+#: The backward kernels keep x, dy and the running weight gradients in registers.
+MAX_N_BWD = 8192
+LOG2E = 1.0 / math.log(2.0)
+NEG_INF = float("-inf")
+
+#: load cache hints: x is streamed (read once, keep it out of L1); weights are shared by the
+#: CTAs of an SM, so they may stay in L1.
+STREAM = ".nc.L1::no_allocate"
+KEEP = ".nc"
+
+
+def dtype_of(dtype: Any, who: str) -> PtxType:
+    """f32 or bf16 from a PtxType, a name ('f32', 'bfloat16') or a torch/jax/numpy dtype."""
+    if isinstance(dtype, PtxType):
+        t = dtype
+    else:
+        name = str(getattr(dtype, "name", dtype)).removeprefix("torch.")
+        try:
+            t = from_name(name)
+        except Exception:
+            t = None
+    if t is not f32 and t is not bf16:
+        raise SpecError(f"{who}: dtype must be f32 or bf16 (float32/bfloat16), got {dtype!r}")
+    return t
+
+
+def _pos_int(v: Any, name: str, who: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise SpecError(f"{who}: {name} must be a positive int, got {v!r}")
+    return v
+
+
+def _round_threads(g: int) -> int:
+    """Threads per row: a power of two below 128, a multiple of 32 from 128 up to 1024."""
+    if g < 128:
+        return 1 << max(0, (g - 1).bit_length())
+    return min(1024, -(-g // WARP) * WARP)
+
+
+@dataclass(frozen=True)
+class RowPlan:
+    """Launch shape of a row kernel (see the module docstring)."""
+
+    B: int
+    N: int
+    dtype: PtxType
+    vec: int      # elements per vector access (divides N)
+    threads: int  # G: threads per row
+    chunks: int   # K: vector chunks per thread
+    rows: int     # R: rows per CTA
+
+    @property
+    def es(self) -> int:
+        """Bytes per element."""
+        return self.dtype.bytes
+
+    @property
+    def nvec(self) -> int:
+        """Vector chunks per row."""
+        return self.N // self.vec
+
+    @property
+    def elems(self) -> int:
+        """Elements each thread holds in registers."""
+        return self.chunks * self.vec
+
+    @property
+    def block(self) -> tuple[int, int, int]:
+        return (self.threads * self.rows, 1, 1)
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        return (-(-self.B // self.rows), 1, 1)
+
+    @property
+    def tail_threads(self) -> int:
+        """Threads of a row whose last chunk is inside the row (== threads: no tail)."""
+        return self.nvec - (self.chunks - 1) * self.threads
+
+    @property
+    def ragged_rows(self) -> bool:
+        """True when the last CTA has rows past B (clamped loads, masked stores)."""
+        return self.B % self.rows != 0
+
+    def describe(self) -> str:
+        return (f"vec={self.vec} threads/row={self.threads} chunks={self.chunks} "
+                f"rows/cta={self.rows} block={self.block[0]} grid={self.grid[0]}")
+
+
+def plan_rows(B: int, N: int, dtype: PtxType, *, who: str, chunks: int | None = None,
+              threads: int | None = None, rows: int | None = None, max_n: int = MAX_N,
+              max_elems: int = 32, target_bytes: int = 64, min_block: int = 128) -> RowPlan:
+    """Pick the launch shape of a row kernel; ``SpecError`` names the supported ``N``.
+
+    ``chunks`` (target K), ``threads`` (G) and ``rows`` (R) override the
+    heuristics: K ~ ``target_bytes`` of 16-byte vectors per thread, G from N/K,
+    R so a CTA has ``min_block`` threads.
+    """
+    B = _pos_int(B, "B", who)
+    N = _pos_int(N, "N", who)
+    if N > max_n:
+        raise SpecError(
+            f"{who}: N={N} is not supported; rows live in registers, so N must be in "
+            f"1..{max_n} (got B={B})")
+    if B >= 2**31:
+        raise SpecError(f"{who}: B must be below 2**31, got {B}")
+    es = dtype.bytes
+    vec = 16 // es
+    while N % vec:
+        vec //= 2
+    nvec = N // vec
+    max_k = max(1, max_elems // vec)
+    if threads is None:
+        k = chunks if chunks is not None else max(1, target_bytes // (vec * es))
+        k = min(_pos_int(k, "chunks", who), max_k)
+        g = _round_threads(-(-nvec // k))
+    else:
+        g = _pos_int(threads, "threads", who)
+        if g > 1024 or (g < WARP and g & (g - 1)) or (g > WARP and g % WARP):
+            raise ConfigError(
+                f"{who}: threads per row must be a power of two up to 32 or a multiple of 32 "
+                f"up to 1024, got {g}")
+    k = -(-nvec // g)
+    if k > max_k:
+        raise SpecError(
+            f"{who}: N={N} needs {k} chunks of {vec} per thread with {g} threads per row; "
+            f"at most {max_k} fit in registers (N <= {max_n} with the default plan)")
+    if threads is None:
+        g = min(g, _round_threads(-(-nvec // k)))  # drop idle threads; K stays the same
+    if rows is None:
+        r = max(1, min_block // g) if g < min_block else 1
+    else:
+        r = _pos_int(rows, "rows", who)
+    if r > 1 and g & (g - 1):
+        raise ConfigError(f"{who}: several rows per CTA need a power-of-two threads per row, got {g}")
+    if g * r > 1024 or (g < WARP and (g * r) % WARP):
+        raise ConfigError(
+            f"{who}: {r} rows of {g} threads make a CTA of {g * r} threads; it must be at most "
+            f"1024 and, with fewer than 32 threads per row, a multiple of 32")
+    return RowPlan(B, N, dtype, vec, g, k, r)
+
+
+# ----------------------------------------------------------------------------- vector access
+def _bf16_word(value: float) -> int:
+    b = bf16_bits(value)
+    return (b << 16) | b
+
+
+def load_vec(ptr: Any, off: int, dtype: PtxType, n: int, *, pred: Any = None,
+             fill: float = 0.0, cache: str = "") -> list:
+    """Load ``n`` consecutive elements at ``[ptr+off]`` (aligned to their size) as f32 registers.
+
+    Where ``pred`` is false the values are ``fill``. ``cache`` is a modifier
+    string after ``ld.global`` (``STREAM``, ``KEEP`` or "").
+    """
+    out: list = []
+    if dtype is f32:
+        per = min(n, 4)
+        for p in range(0, n, per):
+            regs = reg.array(f32, per)
+            if pred is not None:
+                for r in regs:
+                    ptx.inst.mov.f32(r, fill)
+            v = f".v{per}" if per > 1 else ""
+            ptx.inst(f"ld.global{cache}{v}.f32")(regs if per > 1 else regs[0],
+                                                 ptx.addr(ptr, off + 4 * p), pred=pred)
+            out.extend(regs)
+        return out
+    if n == 1:  # one bf16
+        h = reg.scalar(b16)
+        if pred is not None:
+            ptx.inst.mov.b16(h, bf16_bits(fill))
+        ptx.inst(f"ld.global{cache}.b16")(h, ptx.addr(ptr, off), pred=pred)
+        f = reg.scalar(f32)
+        ptx.inst.cvt.f32.bf16(f, h)
+        return [f]
+    words = n // 2
+    for p in range(0, words, 4):
+        per = min(words - p, 4)
+        w = reg.array(b32, per)
+        if pred is not None:
+            for r in w:
+                ptx.inst.mov.b32(r, _bf16_word(fill))
+        v = f".v{per}" if per > 1 else ""
+        ptx.inst(f"ld.global{cache}{v}.b32")(w if per > 1 else w[0], ptx.addr(ptr, off + 4 * p),
+                                             pred=pred)
+        for r in w:
+            lo, hi = reg.scalar(f32), reg.scalar(f32)
+            ptx.inst.shl.b32(lo, r, 16)             # element 2i: the low half
+            ptx.inst.and_.b32(hi, r, 0xFFFF0000)    # element 2i+1: the high half
+            out += [lo, hi]
+    return out
+
+
+def store_vec(ptr: Any, off: int, dtype: PtxType, vals: list, *, pred: Any = None,
+              cache: str = "") -> None:
+    """Store f32 registers ``vals`` as ``len(vals)`` consecutive ``dtype`` elements at ``[ptr+off]``."""
+    n = len(vals)
+    if dtype is f32:
+        per = min(n, 4)
+        for p in range(0, n, per):
+            v = f".v{per}" if per > 1 else ""
+            ptx.inst(f"st.global{cache}{v}.f32")(ptx.addr(ptr, off + 4 * p),
+                                                 list(vals[p:p + per]) if per > 1 else vals[p],
+                                                 pred=pred)
+        return
+    if n == 1:
+        h = reg.scalar(b16)
+        ptx.inst.cvt.rn.bf16.f32(h, vals[0])
+        ptx.inst(f"st.global{cache}.b16")(ptx.addr(ptr, off), h, pred=pred)
+        return
+    words = []
+    for i in range(0, n, 2):
+        w = reg.scalar(b32)
+        ptx.inst.cvt.rn.bf16x2.f32(w, vals[i + 1], vals[i])  # a -> high half, b -> low half
+        words.append(w)
+    for p in range(0, len(words), 4):
+        per = min(len(words) - p, 4)
+        v = f".v{per}" if per > 1 else ""
+        ptx.inst(f"st.global{cache}{v}.b32")(ptx.addr(ptr, off + 4 * p),
+                                             words[p:p + per] if per > 1 else words[p], pred=pred)
+
+
+# ----------------------------------------------------------------------------- arithmetic
+def tree(vals: list, op: str) -> Any:
+    """Combine ``vals`` pairwise with ``add``/``max`` (log depth); returns a register."""
+    vals = list(vals)
+    if len(vals) == 1:
+        out = reg.scalar(f32)
+        ptx.inst.mov.f32(out, vals[0])
+        return out
+    while len(vals) > 1:
+        nxt = []
+        for i in range(0, len(vals) - 1, 2):
+            r = reg.scalar(f32)
+            ptx.inst(f"{op}.f32")(r, vals[i], vals[i + 1])
+            nxt.append(r)
+        if len(vals) % 2:
+            nxt.append(vals[-1])
+        vals = nxt
+    return vals[0]
+
+
+def dot(a: list, b: list, lanes: int = 4) -> Any:
+    """sum(a[i] * b[i]) with ``lanes`` independent fma chains, then a tree."""
+    lanes = min(lanes, len(a))
+    acc = [reg.scalar(f32) for _ in range(lanes)]
+    for i in range(lanes):
+        ptx.inst.mul.f32(acc[i], a[i], b[i])
+    for i in range(lanes, len(a)):
+        ptx.inst.fma.rn.f32(acc[i % lanes], a[i], b[i], acc[i % lanes])
+    return tree(acc, "add")
+
+
+def mul_all(vals: list, s: Any) -> list:
+    out = []
+    for v in vals:
+        r = reg.scalar(f32)
+        ptx.inst.mul.f32(r, v, s)
+        out.append(r)
+    return out
+
+
+# ----------------------------------------------------------------------------- in-kernel view
+class Rows:
+    """The calling thread's place in a ``RowPlan``, inside a kernel body."""
+
+    def __init__(self, plan: RowPlan) -> None:
+        self.p = p = plan
+        self.tid = ptx.special.tid.x()
+        if p.rows > 1:
+            shift = p.threads.bit_length() - 1
+            self.g = self.tid >> shift
+            self.t = self.tid & (p.threads - 1)
+        else:
+            self.g = None
+            self.t = self.tid
+        self.tail = self.t < p.tail_threads if p.tail_threads < p.threads else None
+        self._col: dict[int, Any] = {}
+        self._red: list = []
+
+    # -- positions
+    def first_row(self) -> Any:
+        """This thread's row in a one-pass kernel: ``ctaid * R + g`` (u32)."""
+        cta = ptx.special.ctaid.x()
+        if self.p.rows == 1:
+            return cta
+        row = reg.scalar(u32)
+        ptx.inst.mad.lo.u32(row, cta, self.p.rows, self.g)
+        return row
+
+    def locate(self, row: Any) -> tuple[Any, Any]:
+        """(row to read, store predicate or None): rows past B read row B-1 and store nothing."""
+        if not self.p.ragged_rows:
+            return row, None
+        ok = row < self.p.B
+        rc = reg.scalar(u32)
+        ptx.inst.min.u32(rc, row, self.p.B - 1)
+        return rc, ok
+
+    def col_off(self, es: int) -> Any:
+        """Byte offset of this thread's first chunk within a row of ``es``-byte elements (u64)."""
+        hit = self._col.get(es)
+        if hit is None:
+            hit = self._col[es] = reg.scalar(u64)
+            ptx.inst.mul.wide.u32(hit, self.t, self.p.vec * es)
+        return hit
+
+    def offset(self, row: Any = None, es: int | None = None) -> Any:
+        """u64 byte offset of this thread's first chunk: in row ``row``, or in a length-N vector."""
+        es = es or self.p.es
+        if row is None:
+            return self.col_off(es)
+        roff = reg.scalar(u64)
+        ptx.inst.mul.wide.u32(roff, row, self.p.N * es)
+        return roff + self.col_off(es)
+
+    # -- rows in registers
+    def load(self, ptr: Any, *, dtype: PtxType | None = None, fill: float = 0.0,
+             cache: str = STREAM) -> list:
+        """The thread's ``K * vec`` elements at ``ptr`` (base + ``offset()``) as f32 registers."""
+        p = self.p
+        dtype = dtype or p.dtype
+        out: list = []
+        for j in range(p.chunks):
+            pred = self.tail if j == p.chunks - 1 else None
+            out += load_vec(ptr, j * p.threads * p.vec * dtype.bytes, dtype, p.vec, pred=pred,
+                            fill=fill, cache=cache)
+        return out
+
+    def load_chunk(self, ptr: Any, j: int, *, dtype: PtxType | None = None, fill: float = 0.0,
+                   cache: str = KEEP) -> list:
+        """Chunk ``j`` only (``vec`` values): for late loads of weights."""
+        p = self.p
+        dtype = dtype or p.dtype
+        pred = self.tail if j == p.chunks - 1 else None
+        return load_vec(ptr, j * p.threads * p.vec * dtype.bytes, dtype, p.vec, pred=pred,
+                        fill=fill, cache=cache)
+
+    def store_pred(self, j: int, ok: Any) -> Any:
+        """Predicate for storing chunk ``j`` of a row whose store predicate is ``ok``."""
+        tail = self.tail if j == self.p.chunks - 1 else None
+        if tail is None:
+            return ok
+        if ok is None:
+            return tail
+        return ok & tail
+
+    def store(self, ptr: Any, vals: list, ok: Any = None, *, dtype: PtxType | None = None,
+              cache: str = "") -> None:
+        """Write the thread's ``K * vec`` f32 values to ``ptr`` as ``dtype`` (the plan's default)."""
+        p = self.p
+        dtype = dtype or p.dtype
+        both = None
+        for j in range(p.chunks):
+            pred = ok
+            if j == p.chunks - 1 and self.tail is not None:
+                if ok is None:
+                    pred = self.tail
+                else:
+                    both = both or (ok & self.tail)
+                    pred = both
+            store_vec(ptr, j * p.threads * p.vec * dtype.bytes, dtype,
+                      vals[j * p.vec:(j + 1) * p.vec], pred=pred, cache=cache)
+
+    def tail_mask(self, vals: list, value: float = 0.0) -> list:
+        """``vals`` with the masked tail chunk's entries replaced by ``value`` (selp)."""
+        if self.tail is None:
+            return vals
+        p = self.p
+        out = list(vals)
+        for i in range((p.chunks - 1) * p.vec, p.chunks * p.vec):
+            r = reg.scalar(f32)
+            ptx.inst.selp.f32(r, vals[i], value, self.tail)
+            out[i] = r
+        return out
+
+    # -- reductions
+    def reduce(self, vals: list, op: str = "add") -> list:
+        """All-reduce each f32 register of ``vals`` over the row's threads, in place.
+
+        ``op`` is 'add' or 'max'. Costs log2(min(G, 32)) shuffle rounds and, for
+        G > 32, one ``bar.sync`` and a pass over the warps' partials in shared
+        memory (a fresh slot per call, so calls never race each other).
+        """
+        p = self.p
+        width = min(p.threads, WARP)
+        off = width // 2
+        clamp = ((WARP - width) << 8) | 0x1F
+        tmp = [reg.scalar(f32) for _ in vals]
+        while off:
+            for v, t in zip(vals, tmp):
+                ptx.inst.shfl.sync.bfly.b32(t, v, off, clamp, 0xFFFFFFFF)
+            for v, t in zip(vals, tmp):
+                ptx.inst(f"{op}.f32")(v, v, t)
+            off //= 2
+        if p.threads <= WARP:
+            return vals
+        W = p.threads // WARP
+        n = len(vals)
+        buf = smem.alloc(f32, p.rows * W * n, name="red")
+        base = buf.addr()
+        if p.rows > 1:
+            base = base + self.g * (W * n * 4)
+        warp = self.t >> 5
+        lane = self.t & 31
+        slot = base + warp * (n * 4)
+        first = lane == 0
+        for i, v in enumerate(vals):
+            ptx.inst.st.shared.f32(ptx.addr(slot, 4 * i), v, pred=first)
+        ptx.bar_sync(0)
+        parts = [[reg.scalar(f32) for _ in range(W)] for _ in vals]
+        for w in range(W):
+            for i in range(n):
+                ptx.inst.ld.shared.f32(parts[i][w], ptx.addr(base, (w * n + i) * 4))
+        for i, v in enumerate(vals):
+            acc = parts[i][0]
+            for w in range(1, W):  # the same order in every thread: identical results
+                ptx.inst(f"{op}.f32")(acc, acc, parts[i][w])
+            ptx.inst.mov.f32(v, acc)
+        return vals
+
+
+def rsqrt(x: Any) -> Any:
+    r = reg.scalar(f32)
+    ptx.inst.rsqrt.approx.ftz.f32(r, x)
+    return r
+
+
+# ----------------------------------------------------------------------------- backward helpers
+def build_colsum(P: int, C: int, N: int, dtype: PtxType, *, name: str = "colsum",
+                 ry: int = 8, unroll: int = 4):
+    """Sum partials ``(P*C, N)`` f32 (row ``p*C + c``) over ``p`` into ``C`` outputs ``(N,)``.
+
+    CTA = 32 column vectors x ``ry`` row slices; each thread adds rows
+    ``ty, ty+ry, ...`` (``unroll`` loads in flight per step), the slices are
+    added through shared memory and the first slice writes the result in
+    ``dtype``. Grid ``(ceil(N/vec/32), C)``.
+    """
+    cvec = 4 if N % 4 == 0 else 2 if N % 2 == 0 else 1
+    ncv = N // cvec
+    gx = -(-ncv // WARP)
+    step = ry * unroll
+    row_bytes = N * 4
+
+    if C not in (1, 2):
+        raise ConfigError(f"build_colsum: C must be 1 or 2, got {C}")
+
+    def body(Part, Outs):
+        pp, *pouts = ptx.global_ptrs(Part, *Outs)
+        tx = ptx.special.tid.x()
+        ty = ptx.special.tid.y()
+        c = ptx.special.ctaid.y()
+        col = reg.scalar(u32)
+        ptx.inst.mad.lo.u32(col, ptx.special.ctaid.x(), WARP, tx)
+        ok = None
+        if ncv % WARP:
+            ok = col < ncv
+            colc = reg.scalar(u32)
+            ptx.inst.min.u32(colc, col, ncv - 1)
+        else:
+            colc = col
+        # address of partial[ty * C + c, colc * cvec]
+        r0 = reg.scalar(u32)
+        ptx.inst.mad.lo.u32(r0, ty, C, c)
+        base = reg.scalar(u64)
+        ptx.inst.mul.wide.u32(base, r0, row_bytes)
+        coff = reg.scalar(u64)
+        ptx.inst.mul.wide.u32(coff, colc, cvec * 4)
+        ptr = pp + base + coff
+        acc = [reg.scalar(f32, init=0.0) for _ in range(cvec)]
+        for r in ptx.loop(ty, P, step):
+            for u in range(unroll):
+                pred = None
+                if u and P % step:  # r < P holds for u == 0; later rows may pass P
+                    pred = (r + u * ry) < P
+                vals = load_vec(ptr, u * ry * C * row_bytes, f32, cvec, pred=pred, cache=STREAM)
+                for a, v in zip(acc, vals):
+                    ptx.inst.add.f32(a, a, v)
+            ptx.inst.add.u64(ptr, ptr, step * C * row_bytes)
+        red = smem.alloc(f32, ry * WARP * cvec, name="slices")
+        sbase = red.addr()
+        mine = reg.scalar(u32)
+        ptx.inst.mad.lo.u32(mine, ty, WARP * cvec * 4, sbase)
+        mine = mine + tx * (cvec * 4)
+        for i, a in enumerate(acc):
+            ptx.inst.st.shared.f32(ptx.addr(mine, 4 * i), a)
+        ptx.bar_sync(0)
+        with ptx.if_(ty == 0):
+            col_s = sbase + tx * (cvec * 4)
+            tot = [reg.scalar(f32) for _ in range(cvec)]
+            for i in range(cvec):
+                ptx.inst.ld.shared.f32(tot[i], ptx.addr(col_s, 4 * i))
+            for y in range(1, ry):
+                for i in range(cvec):
+                    v = reg.scalar(f32)
+                    ptx.inst.ld.shared.f32(v, ptx.addr(col_s, (y * WARP * cvec + i) * 4))
+                    ptx.inst.add.f32(tot[i], tot[i], v)
+            ooff = reg.scalar(u64)
+            ptx.inst.mul.wide.u32(ooff, colc, cvec * dtype.bytes)
+            for ci, po in enumerate(pouts):
+                if C == 1:
+                    store_vec(po + ooff, 0, dtype, tot, pred=ok)
+                else:
+                    is_c = c == ci
+                    pred = is_c if ok is None else (is_c & ok)
+                    store_vec(po + ooff, 0, dtype, tot, pred=pred)
+        ptx.ret()
+
+    deco = kernel(in_specs=(Tile(P * C, N, f32),), out_specs=tuple(Tile(N, dtype) for _ in range(C)),
+                  grid=(gx, C, 1), block=(WARP, ry, 1), name=name)
+    if C == 1:
+        def colsum(Part, Out):
+            body(Part, (Out,))
+    else:
+        def colsum(Part, Out0, Out1):
+            body(Part, (Out0, Out1))
+    return deco(colsum)
+
+
+def reg_cap(plan: RowPlan) -> int:
+    """``.maxnreg`` for a CTA of the plan: what one CTA may use, at most 128.
+
+    Without it ptxas caps 512-thread CTAs at 64 registers and spills the backward kernels.
+    """
+    return max(24, min(128, 65536 // plan.block[0] // 8 * 8))
+
+
+def bwd_ctas(plan: RowPlan, ctas: int | None) -> int:
+    """CTAs of a persistent backward stage: ``ctas``, else ~16 row groups per CTA but at
+    least 264 CTAs (two per SM of an H100), never more than there are row groups."""
+    groups = plan.grid[0]
+    if ctas is not None:
+        return max(1, min(_pos_int(ctas, "ctas", "bwd_ctas"), groups))
+    return min(groups, max(264, -(-groups // 16)))
+
+
+class TwoStage:
+    """A backward kernel (writing ``dx`` and partials) followed by ``build_colsum``.
+
+    Looks like a kernel to ``pyptx.differentiable_kernel``: ``in_specs`` are the
+    first stage's, ``out_specs`` are ``dx`` plus the summed gradients.
+    """
+
+    def __init__(self, stage1: Any, colsum: Any) -> None:
+        self.stage1 = stage1
+        self.colsum = colsum
+        self.in_specs = stage1.in_specs
+        self.out_specs = stage1.out_specs[:-1] + colsum.out_specs
+        self.name = stage1.name
+        self.arg_names = stage1.arg_names
+        self.kernels = (stage1, colsum)
+
+    def __call__(self, *args: Any) -> Any:
+        outs = self.stage1(*args)
+        *first, part = outs
+        sums = self.colsum(part)
+        sums = tuple(sums) if isinstance(sums, (tuple, list)) else (sums,)
+        return (*first, *sums)
+
+    def __repr__(self) -> str:
+        return f"<TwoStage {self.stage1.name} -> {self.colsum.name}>"

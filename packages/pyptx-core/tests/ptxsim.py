@@ -1,0 +1,480 @@
+"""A tiny PTX interpreter for CPU tests of the row-wise example kernels.
+
+It runs the subset of PTX those kernels emit (integer and f32 arithmetic,
+bf16 conversions, predicated vector ``ld``/``st`` on global and shared
+memory, ``shfl.sync.bfly``, ``bar.sync``, branches) one CTA at a time, all
+threads of the CTA as numpy vectors. Threads advance in SIMT fashion: each
+step runs the instruction at the smallest program counter among the live
+threads for every thread sitting there, which reconverges structured code.
+
+It checks what a GPU would only show as wrong results or faults: every global
+access must fall inside one argument buffer and be aligned to its size,
+``bar.sync`` must be reached by every live thread of the CTA, a shuffle needs
+all 32 lanes of its warp, and registers must be written before they are read.
+Approximate instructions (``rsqrt``/``ex2``/``rcp``) are computed exactly, so
+results match a float64 reference to f32 rounding. Not a PTX model beyond
+that: no memory ordering, no async copies, no tensor cores.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+
+import numpy as np
+
+__all__ = ["run", "SimError"]
+
+
+class SimError(AssertionError):
+    """The kernel did something a GPU would fault on or that PTX leaves undefined."""
+
+
+_REG_DECL = re.compile(r"^\.reg\s+\.(\w+)\s+(%[A-Za-z_]+)<(\d+)>;")
+_SHARED = re.compile(r"^\.shared\s+\.align\s+(\d+)\s+\.(\w+)\s+(\w+)(?:\[(\d+)\])?;")
+_PARAM = re.compile(r"^\.param\s+\.(\w+)\s+(\w+),?$")
+_BITS = {"pred": 0, "b16": 16, "u16": 16, "s16": 16, "f16": 16, "bf16": 16, "b32": 32,
+         "u32": 32, "s32": 32, "f32": 32, "b64": 64, "u64": 64, "s64": 64, "f64": 64, "b8": 8}
+_NP = {16: np.uint16, 32: np.uint32, 64: np.uint64, 8: np.uint8}
+_SPECIAL = ("%tid.x", "%tid.y", "%tid.z", "%ctaid.x", "%ctaid.y", "%ctaid.z", "%ntid.x",
+            "%ntid.y", "%ntid.z", "%nctaid.x", "%nctaid.y", "%nctaid.z", "%laneid")
+_GLOBAL_BASE = 1 << 40
+_GLOBAL_STRIDE = 1 << 36
+
+
+def _split_operands(text: str) -> list[str]:
+    out, depth, cur = [], 0, ""
+    for ch in text:
+        if ch in "{[":
+            depth += 1
+        elif ch in "}]":
+            depth -= 1
+        if ch == "," and depth == 0:
+            out.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    if cur.strip():
+        out.append(cur.strip())
+    return out
+
+
+class _Prog:
+    def __init__(self, text: str) -> None:
+        self.regtype: dict[str, str] = {}
+        self.shared: dict[str, int] = {}
+        self.shared_bytes = 0
+        self.params: list[str] = []
+        self.code: list[tuple] = []
+        self.labels: dict[str, int] = {}
+        in_params = False
+        for raw in text.splitlines():
+            line = raw.strip()
+            if not line or line.startswith("//"):
+                continue
+            if line.startswith(".visible .entry"):
+                in_params = line.endswith("(")
+                continue
+            if in_params:
+                if line == ")":
+                    in_params = False
+                elif m := _PARAM.match(line):
+                    self.params.append(m.group(2))
+                continue
+            if m := _REG_DECL.match(line):
+                self.regtype[m.group(2)] = m.group(1)
+                continue
+            if m := _SHARED.match(line):
+                align, t, name, count = int(m.group(1)), m.group(2), m.group(3), m.group(4)
+                size = max(_BITS[t] // 8, 1) * int(count or 0)
+                self.shared_bytes = -(-self.shared_bytes // align) * align
+                self.shared[name] = self.shared_bytes
+                self.shared_bytes += size
+                continue
+            if line.startswith((".", "{", "}")):
+                continue
+            if line.endswith(":"):
+                self.labels[line[:-1]] = len(self.code)
+                continue
+            line = line.rstrip(";")
+            guard = None
+            if line.startswith("@"):
+                g, line = line.split(None, 1)
+                guard = (g[1:].lstrip("!"), g.startswith("@!"))
+            parts = line.split(None, 1)
+            opcode = parts[0]
+            ops = _split_operands(parts[1]) if len(parts) > 1 else []
+            self.code.append((guard, opcode, ops, raw.strip()))
+
+    def reg_bits(self, name: str) -> int:
+        prefix = name.rstrip("0123456789")
+        t = self.regtype.get(prefix)
+        if t is None:
+            raise SimError(f"undeclared register {name}")
+        return _BITS[t]
+
+
+def _f32(bits: np.ndarray) -> np.ndarray:
+    return bits.astype(np.uint32).view(np.float32)
+
+
+def _bits(x: np.ndarray) -> np.ndarray:
+    return np.asarray(x, dtype=np.float32).view(np.uint32)
+
+
+def _bf16_rne(f: np.ndarray) -> np.ndarray:
+    b = _bits(f).astype(np.uint64)
+    nan = np.isnan(np.asarray(f, dtype=np.float32))
+    r = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) & 0xFFFF
+    r = np.where(nan, 0x7FC0, r)
+    return r.astype(np.uint16)
+
+
+def _imm(tok: str) -> int | float:
+    if tok.startswith("0f"):
+        return struct.unpack("<f", struct.pack("<I", int(tok[2:], 16)))[0]
+    if tok.startswith("0d"):
+        return struct.unpack("<d", struct.pack("<Q", int(tok[2:], 16)))[0]
+    return int(tok, 0)
+
+
+class _CTA:
+    def __init__(self, prog: _Prog, mem: _Memory, block, grid, cta) -> None:
+        self.p = prog
+        self.mem = mem
+        bx, by, bz = block
+        self.n = bx * by * bz
+        lin = np.arange(self.n)
+        self.special = {
+            "%tid.x": lin % bx, "%tid.y": (lin // bx) % by, "%tid.z": lin // (bx * by),
+            "%ntid.x": np.full(self.n, bx), "%ntid.y": np.full(self.n, by),
+            "%ntid.z": np.full(self.n, bz), "%ctaid.x": np.full(self.n, cta[0]),
+            "%ctaid.y": np.full(self.n, cta[1]), "%ctaid.z": np.full(self.n, cta[2]),
+            "%nctaid.x": np.full(self.n, grid[0]), "%nctaid.y": np.full(self.n, grid[1]),
+            "%nctaid.z": np.full(self.n, grid[2]), "%laneid": lin % 32,
+        }
+        self.lane = lin % 32
+        self.warp = lin // 32
+        self.regs: dict[str, np.ndarray] = {}
+        self.written: dict[str, np.ndarray] = {}
+        self.smem = np.zeros(max(prog.shared_bytes, 1), np.uint8)
+        self.smem_written = np.zeros(max(prog.shared_bytes, 1), bool)
+
+    # -- operands
+    def get(self, tok: str, m: np.ndarray) -> np.ndarray:
+        """Raw bits (uint of the register width) or a python number for immediates."""
+        if tok in self.special:
+            return self.special[tok].astype(np.uint32)
+        if tok.startswith("%"):
+            r = self.regs.get(tok)
+            if r is None or not self.written[tok][m].all():
+                raise SimError(f"register {tok} read before it was written")
+            return r
+        if tok in self.p.shared:
+            return np.full(self.n, self.p.shared[tok], np.uint32)
+        return _imm(tok)
+
+    def as_u(self, tok: str, m, bits: int = 32) -> np.ndarray:
+        v = self.get(tok, m)
+        if isinstance(v, np.ndarray):
+            return v.astype(_NP[bits]) if v.dtype != np.bool_ else v
+        return np.full(self.n, int(v) & ((1 << bits) - 1), _NP[bits])
+
+    def as_f(self, tok: str, m) -> np.ndarray:
+        v = self.get(tok, m)
+        if isinstance(v, np.ndarray):
+            return _f32(v)
+        return np.full(self.n, v, np.float32)
+
+    def as_p(self, tok: str, m) -> np.ndarray:
+        neg = tok.startswith("!")
+        v = self.get(tok.lstrip("!"), m)
+        if not (isinstance(v, np.ndarray) and v.dtype == np.bool_):
+            raise SimError(f"{tok} is not a predicate")
+        return ~v if neg else v
+
+    def put(self, tok: str, value: np.ndarray, m: np.ndarray) -> None:
+        bits = self.p.reg_bits(tok)
+        r = self.regs.get(tok)
+        if r is None:
+            r = self.regs[tok] = np.zeros(self.n, bool if bits == 0 else _NP[bits])
+            self.written[tok] = np.zeros(self.n, bool)
+        if bits == 0:
+            r[m] = np.asarray(value, bool)[m] if np.ndim(value) else bool(value)
+        else:
+            v = np.asarray(value)
+            if v.dtype == np.float32:
+                v = v.view(np.uint32)
+            r[m] = (v.astype(np.uint64) & ((1 << bits) - 1)).astype(r.dtype)[m] if np.ndim(v) \
+                else int(v) & ((1 << bits) - 1)
+        self.written[tok][m] = True
+
+    def putf(self, tok: str, value, m) -> None:
+        with np.errstate(all="ignore"):
+            self.put(tok, _bits(np.asarray(value, np.float64).astype(np.float32)), m)
+
+    def address(self, tok: str, m) -> np.ndarray:
+        inner = tok.strip("[]")
+        mm = re.match(r"^([%\w$.]+)(?:\+(-?\d+))?$", inner)
+        if not mm:
+            raise SimError(f"cannot read address {tok}")
+        base = self.get(mm.group(1), m)
+        base = base.astype(np.uint64) if isinstance(base, np.ndarray) else np.full(self.n, base, np.uint64)
+        return base + np.uint64(int(mm.group(2) or 0) & (2**64 - 1))
+
+
+class _Memory:
+    def __init__(self, arrays: list[np.ndarray]) -> None:
+        self.bufs = [np.frombuffer(np.ascontiguousarray(a).tobytes(), np.uint8).copy()
+                     for a in arrays]
+        self.written = [np.zeros(len(b), bool) for b in self.bufs]
+
+    def locate(self, addr: np.ndarray, size: int, what: str) -> tuple[int, np.ndarray]:
+        idx = (addr - np.uint64(_GLOBAL_BASE)) // np.uint64(_GLOBAL_STRIDE)
+        if len(set(idx.tolist())) != 1:
+            raise SimError(f"{what}: one instruction touches several buffers")
+        i = int(idx[0])
+        if not 0 <= i < len(self.bufs):
+            raise SimError(f"{what}: address {int(addr[0]):#x} is in no argument buffer")
+        off = (addr - np.uint64(_GLOBAL_BASE + i * _GLOBAL_STRIDE)).astype(np.int64)
+        bad = (off < 0) | (off + size > len(self.bufs[i]))
+        if bad.any():
+            raise SimError(f"{what}: out of bounds of buffer {i} (size {len(self.bufs[i])} B) "
+                           f"at offset {int(off[bad][0])}, {size} bytes")
+        if (off % size).any():
+            raise SimError(f"{what}: misaligned {size}-byte access at offset {int(off[(off % size) != 0][0])}")
+        return i, off
+
+
+def _vec(opcode: str) -> tuple[int, str]:
+    parts = opcode.split(".")
+    n = 1
+    for p in parts:
+        if p in ("v2", "v4", "v8"):
+            n = int(p[1:])
+    return n, parts[-1]
+
+
+def _exec(c: _CTA, ins: tuple, m: np.ndarray, pcs: np.ndarray, done: np.ndarray, pc: int) -> None:
+    guard, op, ops, raw = ins
+    if guard is not None:
+        g = c.as_p(guard[0], m)
+        m = m & (~g if guard[1] else g)
+    base = op.split(".")[0]
+    t = op.split(".")[-1]
+    try:
+        if base == "bra":
+            tgt = c.p.labels[ops[0]]
+            pcs[m] = tgt
+            return
+        if base == "ret" or base == "exit":
+            done[m] = True
+            return
+        if base == "bar":
+            return
+        if not m.any():
+            return
+        if base == "ld" and ".param" in op:
+            name = ops[1].strip("[]")
+            c.put(ops[0], np.full(c.n, _GLOBAL_BASE + c.p.params.index(name) * _GLOBAL_STRIDE,
+                                  np.uint64), m)
+        elif base == "cvta":
+            c.put(ops[0], c.as_u(ops[1], m, 64), m)
+        elif base == "mov":
+            src = c.get(ops[1], m)
+            if isinstance(src, float):
+                c.putf(ops[0], np.full(c.n, src), m)
+            elif isinstance(src, int):
+                c.put(ops[0], np.full(c.n, src & (2**64 - 1), np.uint64), m)
+            else:
+                c.put(ops[0], src, m)
+        elif base in ("add", "sub", "mul", "max", "min", "neg") and t == "f32":
+            a = c.as_f(ops[1], m)
+            if base == "neg":
+                c.putf(ops[0], -a, m)
+            else:
+                b = c.as_f(ops[2], m)
+                r = {"add": np.add, "sub": np.subtract, "mul": np.multiply,
+                     "max": np.fmax, "min": np.fmin}[base](a, b)
+                c.putf(ops[0], r, m)
+        elif base == "fma":
+            a, b, d = (c.as_f(o, m).astype(np.float64) for o in ops[1:4])
+            c.putf(ops[0], a * b + d, m)
+        elif base in ("rsqrt", "ex2", "rcp"):
+            a = c.as_f(ops[1], m).astype(np.float64)
+            with np.errstate(all="ignore"):
+                r = {"rsqrt": lambda v: 1.0 / np.sqrt(v), "ex2": np.exp2,
+                     "rcp": lambda v: 1.0 / v}[base](a)
+            c.putf(ops[0], r, m)
+        elif base in ("add", "sub", "mul", "mad", "shl", "shr", "and", "or", "xor", "min", "max"):
+            if t == "pred":
+                a, b = c.as_p(ops[1], m), c.as_p(ops[2], m)
+                c.put(ops[0], {"and": a & b, "or": a | b, "xor": a ^ b}[base], m)
+                return
+            bits = 64 if t.endswith("64") else 32
+            if ".wide." in op:
+                a, b = c.as_u(ops[1], m, 32).astype(np.uint64), c.as_u(ops[2], m, 32).astype(np.uint64)
+                c.put(ops[0], a * b, m)
+                return
+            a = c.as_u(ops[1], m, bits).astype(np.uint64)
+            if base in ("shl", "shr"):
+                s = c.as_u(ops[2], m, 32).astype(np.uint64)
+                r = (a << s) if base == "shl" else (a >> s)
+            else:
+                b = c.as_u(ops[2], m, bits).astype(np.uint64)
+                r = {"add": lambda: a + b, "sub": lambda: a - b, "mul": lambda: a * b,
+                     "and": lambda: a & b, "or": lambda: a | b, "xor": lambda: a ^ b,
+                     "min": lambda: np.minimum(a, b), "max": lambda: np.maximum(a, b),
+                     "mad": lambda: a * b + c.as_u(ops[3], m, bits).astype(np.uint64)}[base]()
+            c.put(ops[0], r, m)
+        elif base == "setp":
+            cmp = op.split(".")[1]
+            if t == "f32":
+                a, b = c.as_f(ops[1], m), c.as_f(ops[2], m)
+            else:
+                bits = 64 if t.endswith("64") else 32
+                a, b = c.as_u(ops[1], m, bits), c.as_u(ops[2], m, bits)
+                if t.startswith("s"):
+                    a, b = a.astype(np.int64), b.astype(np.int64)
+            r = {"lt": a < b, "le": a <= b, "gt": a > b, "ge": a >= b, "eq": a == b,
+                 "ne": a != b}[cmp]
+            c.put(ops[0], r, m)
+        elif base == "selp":
+            p = c.as_p(ops[3], m)
+            if t == "f32":
+                c.putf(ops[0], np.where(p, c.as_f(ops[1], m), c.as_f(ops[2], m)), m)
+            else:
+                c.put(ops[0], np.where(p, c.as_u(ops[1], m, 64), c.as_u(ops[2], m, 64)), m)
+        elif base == "cvt":
+            parts = op.split(".")
+            if parts[-2:] == ["f32", "bf16"]:
+                c.put(ops[0], c.as_u(ops[1], m, 32) << np.uint32(16), m)
+            elif parts[-2:] == ["bf16", "f32"]:
+                c.put(ops[0], _bf16_rne(c.as_f(ops[1], m)), m)
+            elif parts[-2:] == ["bf16x2", "f32"]:
+                hi = _bf16_rne(c.as_f(ops[1], m)).astype(np.uint32)
+                lo = _bf16_rne(c.as_f(ops[2], m)).astype(np.uint32)
+                c.put(ops[0], (hi << np.uint32(16)) | lo, m)
+            elif parts[-2:] == ["u64", "u32"]:
+                c.put(ops[0], c.as_u(ops[1], m, 32).astype(np.uint64), m)
+            else:
+                raise SimError(f"unsupported {op}")
+        elif base == "shfl":
+            if not op.startswith("shfl.sync.bfly"):
+                raise SimError(f"unsupported {op}")
+            for w in np.unique(c.warp[m]):
+                lanes = m[c.warp == w]
+                if lanes.size != 32 or not lanes.all():
+                    raise SimError(f"{raw}: shfl.sync with full mask but warp {w} has "
+                                   f"{int(lanes.sum())} of 32 lanes here")
+            a = c.as_u(ops[1], m, 32)
+            b = int(c.get(ops[2], m)) if not ops[2].startswith("%") else None
+            cc = int(c.get(ops[3], m))
+            if b is None:
+                raise SimError("register shuffle lane offsets are not supported")
+            seg, cval = (cc >> 8) & 0x1F, cc & 0x1F
+            lane = c.lane
+            maxl = (lane & seg) | (cval & ~seg & 0x1F)
+            j = lane ^ b
+            j = np.where(j > maxl, lane, j)
+            src = c.warp * 32 + j
+            c.put(ops[0], a[src], m)
+        elif base in ("ld", "st") and (".shared" in op or ".global" in op):
+            n, et = _vec(op)
+            es = max(_BITS[et] // 8, 1)
+            size = n * es
+            if base == "ld":
+                dst = ops[0].strip("{}").split(",") if ops[0].startswith("{") else [ops[0]]
+                dst = [d.strip() for d in dst]
+                addr = c.address(ops[1], m)
+            else:
+                dst = ops[1].strip("{}").split(",") if ops[1].startswith("{") else [ops[1]]
+                dst = [d.strip() for d in dst]
+                addr = c.address(ops[0], m)
+            am = addr[m]
+            if ".shared" in op:
+                off = am.astype(np.int64)
+                if ((off < 0) | (off + size > c.p.shared_bytes)).any():
+                    raise SimError(f"{raw}: shared access out of bounds")
+                if (off % size).any():
+                    raise SimError(f"{raw}: misaligned shared access")
+                buf, wr = c.smem, c.smem_written
+            else:
+                i, off = c.mem.locate(am, size, raw)
+                buf, wr = c.mem.bufs[i], c.mem.written[i]
+            idx = off[:, None] + np.arange(size)[None, :]
+            if base == "ld":
+                if ".shared" in op and not wr[idx].all():
+                    raise SimError(f"{raw}: reads shared memory nothing wrote")
+                data = buf[idx].copy().view(_NP[es * 8]).reshape(-1, n)
+                for k, d in enumerate(dst):
+                    full = np.zeros(c.n, _NP[es * 8])
+                    full[m] = data[:, k]
+                    c.put(d, full, m)
+            else:
+                vals = np.stack([c.as_u(s, m, es * 8)[m] for s in dst], axis=1)
+                buf[idx] = vals.astype(_NP[es * 8]).view(np.uint8).reshape(idx.shape)
+                wr[idx] = True
+        else:
+            raise SimError(f"unsupported instruction {op}")
+    except SimError as e:
+        if str(e).startswith("PTX line"):
+            raise
+        raise SimError(f"PTX line {pc}: {raw}: {e}") from None
+
+
+def _run_cta(prog: _Prog, mem: _Memory, block, grid, cta, max_steps: int) -> None:
+    c = _CTA(prog, mem, block, grid, cta)
+    pcs = np.zeros(c.n, np.int64)
+    done = np.zeros(c.n, bool)
+    steps = 0
+    while not done.all():
+        live = ~done
+        pc = int(pcs[live].min())
+        sel = live & (pcs == pc)
+        if pc >= len(prog.code):
+            raise SimError("ran off the end of the kernel without ret")
+        ins = prog.code[pc]
+        if ins[1].startswith("bar.") and ins[0] is None and not sel[live].all():
+            raise SimError(f"PTX line {pc}: {ins[3]}: only {int(sel.sum())} of "
+                           f"{int(live.sum())} live threads reach the barrier")
+        before = pcs.copy()
+        _exec(c, ins, sel, pcs, done, pc)
+        adv = sel & (pcs == before) & ~done
+        pcs[adv] += 1
+        steps += 1
+        if steps > max_steps:
+            raise SimError("step limit reached (an endless loop?)")
+
+
+def run(spec, inputs: list[np.ndarray], *, poison: bool = True,
+        max_steps: int = 2_000_000) -> list[np.ndarray]:
+    """Run a pyptx ``Specialization`` on numpy inputs; return its outputs as numpy arrays.
+
+    Outputs are allocated from the spec's shapes and dtypes (bf16 as uint16
+    bits); with ``poison`` they start as NaN bit patterns and every byte must be
+    written, else ``SimError``.
+    """
+    prog = _Prog(spec.ptx())
+    outs = []
+    for shape, s in zip(spec.out_shapes, spec.kernel.out_specs):
+        es = s.dtype.bytes
+        dt = {2: np.uint16, 4: np.uint32, 8: np.uint64}[es]
+        fill = {2: 0x7FC1, 4: 0x7FC00001, 8: 0x7FF8000000000001}[es] if poison else 0
+        outs.append(np.full(shape, fill, dt))
+    arrays = [np.ascontiguousarray(a) for a in inputs] + outs
+    mem = _Memory(arrays)
+    gx, gy, gz = spec.grid
+    for z in range(gz):
+        for y in range(gy):
+            for x in range(gx):
+                _run_cta(prog, mem, spec.block, spec.grid, (x, y, z), max_steps)
+    res = []
+    n_in = len(inputs)
+    for k, o in enumerate(outs):
+        i = n_in + k
+        if poison and not mem.written[i].all():
+            miss = int((~mem.written[i]).sum())
+            raise SimError(f"output {k}: {miss} of {len(mem.written[i])} bytes never written")
+        res.append(mem.bufs[i].view(o.dtype).reshape(o.shape).copy())
+    return res

@@ -1,0 +1,180 @@
+"""GPU tests of the row-wise memory-bound examples (RMSNorm, LayerNorm, softmax, SwiGLU).
+
+Each check draws fresh random inputs, runs with poisoned outputs (NaN) so an
+element the kernel never writes fails, and compares with a float64 reference
+by ``||out - ref|| / ||ref||``: below 1e-5 for f32 storage, 1e-2 for bf16
+(the output is rounded to bf16; the reference takes the same bf16 inputs).
+Backward kernels are compared with torch autograd in float64: 1e-5 (f32),
+2e-2 (bf16).
+
+    pytest -m gpu packages/pyptx-torch/tests/test_rowwise_gpu.py
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+HOPPER = Path(__file__).resolve().parents[3] / "examples" / "hopper"
+DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
+TOL = {"f32": 1e-5, "bf16": 1e-2}
+BWD_TOL = {"f32": 1e-5, "bf16": 2e-2}
+# ragged and regular N, rows that do and do not fill the last CTA, the benchmark shapes
+SIZES = [(1, 1), (3, 7), (5, 33), (7, 1000), (3, 4097), (16, 8192), (256, 4096), (2, 32768),
+         (1024, 8192)]
+BWD_SIZES = [(3, 7), (5, 33), (7, 1000), (3, 4097), (300, 64), (64, 8192), (1024, 4096)]
+
+
+@pytest.fixture(autouse=True)
+def poison_outputs(monkeypatch):
+    import pyptx_torch.eager as eager
+
+    monkeypatch.setattr(eager, "POISON", True)
+
+
+_mods: dict[str, object] = {}
+
+
+def load(name: str):
+    mod = _mods.get(name)
+    if mod is None:
+        path = HOPPER / f"{name}.py"
+        sys.path.insert(0, str(HOPPER))
+        spec = importlib.util.spec_from_file_location(f"rowwise_gpu_{name}", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        _mods[name] = mod
+    return mod
+
+
+def rel_err(out, ref) -> float:
+    out, ref = out.double(), ref.double()
+    assert torch.isfinite(out).all(), "non-finite output: an element was not written"
+    return ((out - ref).norm() / ref.norm().clamp_min(1e-300)).item()
+
+
+def rand(*shape, dt, scale=1.0, shift=0.0):
+    return (torch.randn(*shape, device="cuda") * scale + shift).to(DTYPES[dt])
+
+
+# ----------------------------------------------------------------------------- forward
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("B,N", SIZES)
+def test_rms_norm(B, N, dt):
+    k = load("rms_norm").build_rms_norm_fast(B, N, dt)
+    x, w = rand(B, N, dt=dt, scale=2, shift=0.3), rand(N, dt=dt, scale=0.1, shift=1.0)
+    y = k(x, w)
+    assert y.shape == (B, N) and y.dtype == DTYPES[dt]
+    x64, w64 = x.double(), w.double()
+    ref = x64 * torch.rsqrt((x64 * x64).mean(-1, keepdim=True) + 1e-6) * w64
+    assert rel_err(y, ref) < TOL[dt]
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("B,N", SIZES)
+def test_layer_norm(B, N, dt):
+    k = load("layer_norm").build_layer_norm(B, N, dt)
+    x = rand(B, N, dt=dt, scale=2, shift=0.5)
+    w, b = rand(N, dt=dt, scale=0.1, shift=1.0), rand(N, dt=dt, scale=0.1)
+    y = k(x, w, b)
+    ref = torch.nn.functional.layer_norm(x.double(), (N,), w.double(), b.double(), 1e-5)
+    assert rel_err(y, ref) < TOL[dt]
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("B,N", SIZES)
+def test_softmax(B, N, dt):
+    k = load("softmax").build_softmax_fast(B, N, dt)
+    x = rand(B, N, dt=dt, scale=3)
+    y = k(x)
+    assert rel_err(y, torch.softmax(x.double(), -1)) < TOL[dt]
+
+
+def test_softmax_large_and_negative_values():
+    k = load("softmax").build_softmax_fast(4, 1000, "f32")
+    x = torch.randn(4, 1000, device="cuda") * 50 - 1000
+    assert rel_err(k(x), torch.softmax(x.double(), -1)) < 1e-5
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("B,N", SIZES)
+def test_swiglu(B, N, dt):
+    k = load("swiglu").build_swiglu(B, N, dt)
+    g, u = rand(B, N, dt=dt, scale=3), rand(B, N, dt=dt)
+    y = k(g, u)
+    g64 = g.double()
+    assert rel_err(y, torch.nn.functional.silu(g64) * u.double()) < TOL[dt]
+
+
+@pytest.mark.parametrize("chunks", [1, 2, 8])
+def test_other_launch_shapes(chunks):
+    """The plans the benchmark may pick beside the default."""
+    B, N = 33, 8192
+    x, w = rand(B, N, dt="f32"), rand(N, dt="f32", shift=1.0)
+    y = load("rms_norm").build_rms_norm_fast(B, N, "f32", chunks=chunks)(x, w)
+    x64 = x.double()
+    ref = x64 * torch.rsqrt((x64 * x64).mean(-1, keepdim=True) + 1e-6) * w.double()
+    assert rel_err(y, ref) < 1e-5
+    y = load("softmax").build_softmax_fast(B, N, "bf16", chunks=chunks)(x.bfloat16())
+    assert rel_err(y, torch.softmax(x.bfloat16().double(), -1)) < 1e-2
+
+
+def test_same_kernel_twice_gives_identical_bits():
+    k = load("layer_norm").build_layer_norm(64, 4096, "f32")
+    x, w, b = rand(64, 4096, dt="f32"), rand(4096, dt="f32"), rand(4096, dt="f32")
+    assert torch.equal(k(x, w, b), k(x, w, b))
+
+
+# ----------------------------------------------------------------------------- backward
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("B,N", BWD_SIZES)
+def test_rms_norm_backward(B, N, dt):
+    op = load("rms_norm").rms_norm_op(B, N, dt)
+    x = rand(B, N, dt=dt, scale=2, shift=0.3).requires_grad_()
+    w = rand(N, dt=dt, scale=0.1, shift=1.0).requires_grad_()
+    dy = rand(B, N, dt=dt)
+    op(x, w).backward(dy)
+    x64 = x.detach().double().requires_grad_()
+    w64 = w.detach().double().requires_grad_()
+    torch.nn.functional.rms_norm(x64, (N,), w64, 1e-6).backward(dy.double())
+    assert x.grad.dtype == DTYPES[dt] and w.grad.dtype == DTYPES[dt]
+    assert rel_err(x.grad, x64.grad) < BWD_TOL[dt]
+    assert rel_err(w.grad, w64.grad) < BWD_TOL[dt]
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("B,N", BWD_SIZES)
+def test_layer_norm_backward(B, N, dt):
+    op = load("layer_norm").layer_norm_op(B, N, dt)
+    x = rand(B, N, dt=dt, scale=2, shift=0.5).requires_grad_()
+    w = rand(N, dt=dt, scale=0.1, shift=1.0).requires_grad_()
+    b = rand(N, dt=dt, scale=0.1).requires_grad_()
+    dy = rand(B, N, dt=dt)
+    op(x, w, b).backward(dy)
+    x64, w64, b64 = (t.detach().double().requires_grad_() for t in (x, w, b))
+    torch.nn.functional.layer_norm(x64, (N,), w64, b64, 1e-5).backward(dy.double())
+    for got, want in ((x.grad, x64.grad), (w.grad, w64.grad), (b.grad, b64.grad)):
+        assert got.dtype == DTYPES[dt]
+        assert rel_err(got, want) < BWD_TOL[dt]
+
+
+@pytest.mark.parametrize("ctas", [1, 3, 1000])
+def test_backward_any_number_of_persistent_ctas(ctas):
+    B, N = 50, 1000
+    bwd = load("rms_norm").build_rms_norm_bwd(B, N, "f32", ctas=ctas)
+    x, w, dy = rand(B, N, dt="f32"), rand(N, dt="f32", shift=1.0), rand(B, N, dt="f32")
+    dx, dw = bwd(x, w, dy)
+    x64 = x.double().requires_grad_()
+    w64 = w.double().requires_grad_()
+    torch.nn.functional.rms_norm(x64, (N,), w64, 1e-6).backward(dy.double())
+    assert rel_err(dx, x64.grad) < 1e-5 and rel_err(dw, w64.grad) < 1e-5
