@@ -1,0 +1,84 @@
+"""Experiment: RMSNorm launch shapes and cache modifiers against Triton and the copy rate.
+
+A probe for issue 6's gap (see docs/dev/memory-bound.md): for RMSNorm f32 and
+bf16 at a few sizes it times variants of our kernel (threads per row, the
+``ld.global`` cache modifiers of x and w, output stores with ``.cs``) beside
+the Triton row kernel of ``memory_bound.py`` and a device-to-device copy.
+
+    python benchmarks/rowwise_sweep.py
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load(rel: str, name: str):
+    path = ROOT / rel
+    sys.path.insert(0, str(path.parent))
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def main() -> None:
+    from triton.testing import do_bench
+
+    from pyptx.types import bf16, f32
+
+    mb = load("benchmarks/memory_bound.py", "mb")
+    rms = load("examples/hopper/rms_norm.py", "rms_sweep")
+    rw = rms._rowwise()
+    tri = mb.make_triton(torch)
+    src = torch.randn(128 * 1024 * 1024, device="cuda")
+    dst = torch.empty_like(src)
+    copy_ms = do_bench(lambda: dst.copy_(src), return_mode="median")
+    copy = 2 * src.numel() * 4 / copy_ms / 1e6
+    print(f"copy {copy:.0f} GB/s")
+    loads = {"nc.L1::no_allocate": ".nc.L1::no_allocate", "plain": "", "L1::no_allocate":
+             ".L1::no_allocate", "nc": ".nc", "L1::evict_first": ".L1::evict_first"}
+    defaults = dict(rw.Rows.load.__kwdefaults__)
+    for dt, tdt in ((f32, torch.float32), (bf16, torch.bfloat16)):
+        for B, N in ((256, 4096), (2048, 8192), (8192, 8192)):
+            x = torch.randn(B, N, device="cuda", dtype=tdt)
+            w = torch.randn(N, device="cuda", dtype=tdt)
+            nbytes = (2 * B * N + N) * x.element_size()
+            ref = tri["rms_norm"](x, w) if isinstance(tri, dict) else None
+            rows = []
+            if isinstance(tri, dict):
+                ms = do_bench(lambda x=x, w=w: tri["rms_norm"](x, w), return_mode="median")
+                rows.append(("triton", ms))
+            for lname, lmod in loads.items():
+                for threads in (None, 128, 256, 1024):
+                    rw.Rows.load.__kwdefaults__["cache"] = lmod
+                    try:
+                        k = rms.build_rms_norm_fast(B, N, dt, threads=threads)
+                    except Exception as e:  # noqa: BLE001 - a shape the planner refuses
+                        print(f"  skip {lname} threads={threads}: {type(e).__name__}")
+                        continue
+                    finally:
+                        rw.Rows.load.__kwdefaults__.update(defaults)
+                    y = k(x, w)
+                    if ref is not None and not torch.allclose(y.float(), ref.float(), atol=2e-2,
+                                                              rtol=2e-2):
+                        print(f"  WRONG {lname} threads={threads}")
+                        continue
+                    ms = do_bench(lambda k=k, x=x, w=w: k(x, w), return_mode="median")
+                    rows.append((f"x {lname}, threads {threads or 'plan'}"
+                                 f" ({k.plan.describe()})", ms))
+            best = min(ms for _, ms in rows)
+            print(f"\nrms_norm {dt.name} {B}x{N}")
+            for name, ms in sorted(rows, key=lambda r: r[1]):
+                gbs = nbytes / ms / 1e6
+                print(f"  {gbs:7.0f} GB/s {gbs / copy:6.1%} of copy {best / ms:5.2f}x best  {name}")
+
+
+if __name__ == "__main__":
+    main()
