@@ -164,10 +164,16 @@ def _fast_launcher(plan: Plan, sig: tuple) -> Any:
         return None
     handle, index, device = plan.handle, plan.index, plan.device
     checks = tuple((shape, dtype) for shape, dtype, _ in sig)
-    outs_spec = tuple(zip(plan.out_shapes, plan.out_dtypes))
-    single = len(outs_spec) == 1
     n = len(sig)
-    launch, empty, raw, cur = _native.launch, torch.empty, _raw_stream, _current_device
+    # An output shaped and typed like an input is allocated with empty_like(input): the
+    # cheapest allocation call torch has (the inputs are checked contiguous).
+    like = tuple(next((i for i, (shape, dtype) in enumerate(checks)
+                       if tuple(shape) == tuple(s) and dtype == d), None)
+                 for s, d in zip(plan.out_shapes, plan.out_dtypes))
+    outs_spec = tuple(zip(plan.out_shapes, plan.out_dtypes, like))
+    single = len(outs_spec) == 1
+    launch, empty, empty_like = _native.launch, torch.empty, torch.empty_like
+    raw, cur = _raw_stream, _current_device
     is_compiling, Tensor = torch.compiler.is_compiling, torch.Tensor
 
     def fast(args: tuple) -> Any:
@@ -179,7 +185,8 @@ def _fast_launcher(plan: Plan, sig: tuple) -> Any:
                 return None
         if cur() != index:
             return None
-        outs = [empty(s, dtype=d, device=device) for s, d in outs_spec]
+        outs = [empty(s, dtype=d, device=device) if i is None else empty_like(args[i])
+                for s, d, i in outs_spec]
         try:
             launch(handle, raw(index), *[t.data_ptr() for t in args],
                    *[o.data_ptr() for o in outs])
