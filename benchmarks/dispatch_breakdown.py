@@ -68,9 +68,23 @@ def main() -> None:
         ("k.fast_launch((x,))", lambda: fast((x,))),
         ("k(x)  [whole eager call]", lambda: k(x)),
     ]
+    kc = torch.compile(k)
+    assert torch.equal(kc(x), x)
+    rows.append(("torch.compile(k)(x)", lambda: kc(x)))
     print(f"{'piece':45s} {'µs/call':>8s}")
     for name, fn in rows:
         print(f"{name:45s} {per_call(fn):8.2f}")
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(N_CALLS):
+        kc(x)
+    prof.disable()
+    torch.cuda.synchronize()
+    print("\ncProfile of torch.compile(k)(x), top 25 by cumulative time:")
+    pstats.Stats(prof).sort_stats("cumulative").print_stats(25)
 
 
 if __name__ == "__main__":
