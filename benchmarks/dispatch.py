@@ -1,7 +1,8 @@
 """Host-side dispatch cost per call: pyptx's RMSNorm beside torch, Triton and JAX (needs a GPU).
 
-Every row is a 32x1024 float32 call (RMSNorm from ``examples/hopper/rms_norm.py``,
-``build_rms_norm(32, 1024)``; elementwise adds of the same size for the baselines).
+Every row is a 32x1024 float32 call (RMSNorm from ``examples/hopper/rms_norm.py``:
+``build_rms_norm_fast(32, 1024)``, or the guide's seed ``build_rms_norm`` with
+``--kernel seed``; elementwise adds of the same size for the baselines).
 Each path is checked once against a float64 reference on fresh random inputs
 (outputs poisoned with NaN first), warmed up, then timed: ``--calls`` back-to-back
 calls between two ``time.perf_counter`` reads, with one synchronize (torch) or
@@ -97,6 +98,14 @@ class Row:
     @property
     def best(self) -> float | None:
         return min(self.samples) if self.samples else None
+
+
+def _builder(which: str):
+    """``(B, N, eps) -> Kernel`` for ``--kernel``."""
+    mod = _load_example()
+    if which == "seed":
+        return mod.build_rms_norm
+    return lambda B, N, eps: mod.build_rms_norm_fast(B, N, eps=eps)
 
 
 def _load_example():
@@ -539,6 +548,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile rows")
     ap.add_argument("--no-jax", action="store_true", help="skip the JAX rows")
     ap.add_argument("--no-triton", action="store_true", help="skip the Triton row")
+    ap.add_argument("--kernel", choices=("fast", "seed"), default="fast",
+                    help="our RMSNorm: build_rms_norm_fast (default; ~2 µs on the GPU) or the "
+                         "guide's seed build_rms_norm (one warp per row; ~7 µs, so graph replay "
+                         "is GPU-bound)")
     args = ap.parse_args(argv)
     if args.calls < 1 or args.repeats < 1:
         ap.error("--calls and --repeats must be positive")
@@ -569,7 +582,7 @@ def main(argv: list[str] | None = None) -> int:
     print(_versions(torch), flush=True)
     t_start = time.perf_counter()
     try:
-        build = _load_example().build_rms_norm
+        build = _builder(args.kernel)
         k = build(B, N, EPS)
     except Exception as e:  # noqa: BLE001
         print(f"dispatch.py: could not build the RMSNorm example: {_err(e)}")
