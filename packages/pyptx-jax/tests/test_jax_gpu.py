@@ -145,3 +145,10 @@ def test_ffi_is_registered():
 
     assert js.ensure_ffi_registered() is True
     assert js.shim_is_available() is True
+
+
+def test_tma_tile_copy_under_jit():
+    k = load_example("hopper/tma_copy.py").build_tma_copy(100, 68)
+    x = jax.random.normal(jax.random.key(1), (100, 68), jnp.float32)
+    poison((100, 68))
+    assert np.array_equal(np.asarray(jax.jit(lambda a: k(a))(x)), np.asarray(x))

@@ -299,3 +299,12 @@ def test_large_dynamic_smem_raises_attribute_and_runs():
 
 def test_math_sanity_of_reference():
     assert math.isclose(rms_ref(torch.ones(1, 4), torch.ones(4), 0.0).sum().item(), 4.0)
+
+
+# ---------------------------------------------------------------- TMA
+@pytest.mark.parametrize("M,N,box", [(100, 68, 32), (256, 256, 64), (33, 4, 8)])
+def test_tma_tile_copy(M, N, box):
+    k = load_example("hopper/tma_copy.py").build_tma_copy(M, N, box)
+    for _ in range(2):  # a second launch re-addresses the same tensor map
+        x = torch.randn(M, N, device="cuda")
+        assert torch.equal(k(x), x)

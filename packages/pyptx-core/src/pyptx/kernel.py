@@ -26,7 +26,7 @@ from .runtimes import runtime_for
 from .source import Loc, fmt_loc, user_loc, where
 from .specs import Tile, bind
 from .trace import Trace, tracing
-from .types import PtxType, u64
+from .types import PtxType, b8, u64
 
 _ARCH = re.compile(r"^sm_(\d+)([af]?)$")
 _VERSION = re.compile(r"^\d+\.\d+$")
@@ -64,6 +64,8 @@ class Specialization:
     module: Module
     static_smem: int
     scalar_params: list[tuple[str, PtxType, int | float]]
+    #: ``(tensor argument index, pyptx.tma.TmaParams)`` of each tensor-map parameter.
+    tma_maps: list[tuple[int, Any]] = field(default_factory=list)
     runtime_state: dict[str, Any] = field(default_factory=dict)
     _text: dict[bool, tuple[str, list[Loc | None]]] = field(default_factory=dict)
 
@@ -137,6 +139,7 @@ class Kernel:
         name: str | None,
         origin: str,
         maxnreg: int | None = None,
+        tma: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
         self.fn = fn
         self.origin = origin
@@ -171,6 +174,7 @@ class Kernel:
             self._check_smem(smem, origin)
         self._smem = smem
         self._tensor_names, self._template_params = self._signature(fn, origin)
+        self._tma = self._check_tma(tma or {}, origin)
         self._cache: dict[Any, Specialization] = {}
         self._lock = threading.Lock()
         #: Launch plans of the runtime plugins, keyed by whatever each plugin chooses.
@@ -309,6 +313,29 @@ class Kernel:
             raise SpecError(f"{origin}: {sorted(clash)} are both template parameters and dims")
         return tuple(tensors), templates
 
+    _TMA_KEYS = frozenset({"box", "swizzle", "element_strides", "l2_promotion", "oob_fill",
+                           "interleave"})
+
+    def _check_tma(self, tma: Mapping[str, Mapping[str, Any]], origin: str) -> dict:
+        if not isinstance(tma, Mapping):
+            raise ConfigError(f"{origin}: tma must map tensor names to dicts of TMA options, "
+                              f"got {tma!r}")
+        out = {}
+        for name, opts in tma.items():
+            if name not in self._tensor_names:
+                raise ConfigError(f"{origin}: tma names {name!r}, which is not a tensor parameter "
+                                  f"({', '.join(self._tensor_names)})")
+            if not isinstance(opts, Mapping) or set(opts) - self._TMA_KEYS:
+                raise ConfigError(f"{origin}: tma[{name!r}] must be a dict with keys from "
+                                  f"{sorted(self._TMA_KEYS)}, got {opts!r}")
+            out[name] = dict(opts)
+        return out
+
+    @property
+    def tma(self) -> dict[str, dict[str, Any]]:
+        """The tensor maps the kernel takes: tensor name -> ``pyptx.tma.tma_params`` options."""
+        return {k: dict(v) for k, v in self._tma.items()}
+
     # ------------------------------------------------------------------ specialization
     def _split_kwargs(self, kwargs: Mapping[str, Any], at: str) -> tuple[dict[str, int], dict[str, Any]]:
         dims, templates = {}, {}
@@ -387,11 +414,22 @@ class Kernel:
         func = Function(self._name)
         trace = Trace(func, self._arch)
         params = []
+        tmap_params, tma_maps = [], []
         for i, (pname, shape) in enumerate(zip(names, in_shapes + out_shapes)):
             spec = (self._in_specs + self._out_specs)[i]
             func.params.append(Param(pname, u64))
             trace.unique(pname)  # reserve it: ptx.scalar_param(name="X") must not redeclare X
-            params.append(TensorParam(pname, spec, shape, i, trace))
+            tmap = None
+            if pname in self._tma:
+                from .tma import tma_params
+
+                opts = dict(self._tma[pname])
+                box = opts.pop("box", None)
+                tma_maps.append((i, tma_params(shape, spec.dtype, spec.layout, box, **opts)))
+                tmap = trace.unique(f"{pname}_tmap")
+                tmap_params.append(Param(tmap, b8, align=64, count=128))
+            params.append(TensorParam(pname, spec, shape, i, trace, tmap))
+        func.params.extend(tmap_params)
         with tracing(trace):
             try:
                 self.fn(*params, **templates)
@@ -405,6 +443,8 @@ class Kernel:
                     f"{fmt_loc(loc)}: tracing kernel {self._name!r} raised "
                     f"{type(e).__name__}: {e}"
                 ) from e
+        if tmap_params:  # launch order: pointers, scalars, then the by-value tensor maps
+            func.params[:] = [p for p in func.params if p not in tmap_params] + tmap_params
         func.directives.append(".reqntid {}, {}, {}".format(*block))
         if self._maxnreg is not None:
             func.directives.append(f".maxnreg {self._maxnreg}")
@@ -420,6 +460,7 @@ class Kernel:
             kernel=self, env=env, template_kwargs=templates, in_shapes=in_shapes,
             out_shapes=out_shapes, grid=grid, block=block, cluster=self._cluster, smem=smem,
             module=module, static_smem=trace.shared_bytes, scalar_params=trace.scalar_params,
+            tma_maps=tma_maps,
         )
 
     def ptx(self, lineinfo: bool = False, **kwargs: Any) -> str:
@@ -486,6 +527,7 @@ def kernel(
     version: str | None = None,
     name: str | None = None,
     maxnreg: int | None = None,
+    tma: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> Callable[[Callable[..., Any]], Kernel]:
     """Decorate a kernel body: positional parameters are tensors (inputs then outputs),
     keyword-only parameters are template parameters.
@@ -493,7 +535,10 @@ def kernel(
     ``grid``/``block`` are three ints or a callable of the dims and template
     parameters returning three ints; ``smem`` is dynamic shared memory bytes;
     ``arch`` the target (``sm_90a``); ``version`` the PTX ISA version;
-    ``maxnreg`` caps registers per thread (``.maxnreg``; needed for ``setmaxnreg``).
+    ``maxnreg`` caps registers per thread (``.maxnreg``; needed for ``setmaxnreg``);
+    ``tma`` maps tensor names to TMA descriptor options (``box``, ``swizzle``, ...): each
+    gets a by-value tensor-map parameter, ``X.tmap`` in the body, built and patched with
+    the tensor's address by the runtime at every launch.
     """
     origin = fmt_loc(user_loc(2))
 
@@ -502,7 +547,7 @@ def kernel(
             raise ConfigError(f"{origin}: @kernel decorates a function, got {fn!r}")
         return Kernel(fn, in_specs=in_specs, out_specs=out_specs, grid=grid, block=block,
                       cluster=cluster, smem=smem, arch=arch, version=version, name=name,
-                      origin=origin, maxnreg=maxnreg)
+                      origin=origin, maxnreg=maxnreg, tma=tma)
 
     return wrap
 

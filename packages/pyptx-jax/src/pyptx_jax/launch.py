@@ -12,7 +12,7 @@ from typing import Any
 
 from pyptx import jit
 from pyptx.errors import SpecError
-from pyptx.launch import add_scalar_param_to_shim, register_launch_config, shim
+from pyptx.launch import register_launch_config, register_specialization_params, shim
 from pyptx.registry import get_cubin_registry
 from pyptx.source import where
 from pyptx.types import from_name
@@ -82,7 +82,7 @@ def plan_handle(kernel: Any, spec: Any) -> int:
                                    block=spec.block)
         kernel.runtime_cache[key] = handle
         return handle
-    shim()
+    native = shim()
     loaded = []
     previous = driver.call("cuCtxGetCurrent")
     try:
@@ -90,20 +90,18 @@ def plan_handle(kernel: Any, spec: Any) -> int:
             driver.ensure_context(ordinal)
             loaded.append(jit.compile_ptx_to_cubin(text, kernel.arch, spec.name, spec.smem,
                                                    locs=locs))
+        fn0, _ = loaded[0]
+        handle = registry.register(text, spec.name, smem_bytes=spec.smem, grid=spec.grid,
+                                   block=spec.block, cu_function=fn0, module=loaded)
+        n_ptrs = len(kernel.in_specs) + len(kernel.out_specs)
+        register_launch_config(handle, fn0, spec.grid, spec.block, spec.cluster, spec.smem,
+                               num_pointers=n_ptrs)
+        for ordinal, (fn, _) in zip(ordinals, loaded):
+            native.set_device_function(handle, ordinal, fn)
+        register_specialization_params(handle, spec)
     finally:
         if int(previous):  # leave other frameworks' notion of the current device alone
             driver.call("cuCtxSetCurrent", previous)
-    fn0, mod0 = loaded[0]
-    handle = registry.register(text, spec.name, smem_bytes=spec.smem, grid=spec.grid,
-                               block=spec.block, cu_function=fn0, module=loaded)
-    n_ptrs = len(kernel.in_specs) + len(kernel.out_specs)
-    register_launch_config(handle, fn0, spec.grid, spec.block, spec.cluster, spec.smem,
-                           num_pointers=n_ptrs)
-    native = shim()
-    for ordinal, (fn, _) in zip(ordinals, loaded):
-        native.set_device_function(handle, ordinal, fn)
-    for _, t, value in spec.scalar_params:
-        add_scalar_param_to_shim(handle, value, t)
     kernel.runtime_cache[key] = handle
     return handle
 

@@ -17,7 +17,7 @@ import torch
 
 from pyptx import jit
 from pyptx.errors import LaunchError, RuntimeUnavailableError, SpecError
-from pyptx.launch import add_scalar_param_to_shim, register_launch_config, shim
+from pyptx.launch import register_launch_config, register_specialization_params, shim
 from pyptx.registry import get_cubin_registry
 from pyptx.source import where
 from pyptx.specs import Tile
@@ -126,8 +126,7 @@ def build_plan(kernel: Any, spec: Any, device: torch.device) -> Plan:
         n_ptrs = len(kernel.in_specs) + len(kernel.out_specs)
         register_launch_config(handle, fn, spec.grid, spec.block, spec.cluster, spec.smem,
                                num_pointers=n_ptrs)
-        for _, t, value in spec.scalar_params:
-            add_scalar_param_to_shim(handle, value, t)
+        register_specialization_params(handle, spec)
     out_dtypes = tuple(torch_dtype_of(s.dtype) for s in kernel.out_specs)
     return Plan(handle, torch.device("cuda", idx), spec.out_shapes, out_dtypes, spec)
 

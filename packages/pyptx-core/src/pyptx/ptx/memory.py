@@ -54,14 +54,27 @@ def addr(base: Any, offset: int = 0) -> Addr:
 class TensorParam:
     """A tensor argument of a kernel body: its ``.param`` name, spec and concrete shape."""
 
-    __slots__ = ("name", "spec", "shape", "index", "trace")
+    __slots__ = ("name", "spec", "shape", "index", "trace", "_tmap")
 
-    def __init__(self, name: str, spec: Any, shape: tuple[int, ...], index: int, trace: Trace):
+    def __init__(self, name: str, spec: Any, shape: tuple[int, ...], index: int, trace: Trace,
+                 tmap: str | None = None):
         self.name = name
         self.spec = spec
         self.shape = shape
         self.index = index
         self.trace = trace
+        self._tmap = tmap
+
+    @property
+    def tmap(self) -> TensorMapParam:
+        """This tensor's TMA descriptor parameter (``@kernel(tma={name: ...})``), for
+        ``ptx.tma.load_tile``/``store_tile``."""
+        if self._tmap is None:
+            raise OperandError(
+                f"{where()}: tensor {self.name!r} has no tensor map; declare one with "
+                f"@kernel(tma={{{self.name!r}: dict(box=(...), swizzle=...)}})"
+            )
+        return TensorMapParam(self._tmap, self.trace)
 
     @property
     def dtype(self) -> PtxType:
@@ -78,6 +91,24 @@ class TensorParam:
 
     def __repr__(self) -> str:
         return f"TensorParam({self.name}: {self.spec!r} = {self.shape})"
+
+
+class TensorMapParam:
+    """A by-value 128-byte ``CUtensorMap`` kernel parameter (``.param .align 64 .b8 name[128]``)."""
+
+    __slots__ = ("name", "trace")
+
+    def __init__(self, name: str, trace: Trace) -> None:
+        self.name = name
+        self.trace = trace
+
+    def __ptx_operand__(self, trace: Trace) -> str:
+        if trace is not self.trace:
+            raise OperandError(f"{where(4)}: tensor map {self.name} belongs to another kernel")
+        return self.name
+
+    def __repr__(self) -> str:
+        return f"TensorMapParam({self.name})"
 
 
 def global_ptrs(*tensors: TensorParam) -> tuple[Reg, ...]:

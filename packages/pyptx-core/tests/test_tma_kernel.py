@@ -1,0 +1,84 @@
+"""``@kernel(tma=...)``: tensor-map parameters, their order, validation, and ptxas."""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import sys
+from pathlib import Path
+
+import pytest
+
+from pyptx import Tile, kernel, ptx, reg
+from pyptx.errors import ConfigError, OperandError
+from pyptx.tma import TmaParams
+from pyptx.types import f32, u32
+
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "hopper" / "tma_copy.py"
+
+
+def load_example():
+    sys.path.insert(0, str(EXAMPLE.parent))
+    spec = importlib.util.spec_from_file_location("tma_copy_ex", EXAMPLE)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_tensor_map_param_comes_after_scalars_and_is_recorded():
+    @kernel(in_specs=(Tile("M", "N", f32),), out_specs=(Tile("M", "N", f32),),
+            block=(32, 1, 1), tma={"X": dict(box=(32, 8), swizzle=None)})
+    def k(X, Y):
+        ptx.scalar_param(u32, 7, "n")
+        ptx.tma.tensormap_ptr(X.tmap)
+        ptx.ret()
+
+    spec = k.specialize(M=64, N=128)
+    params = [p.text() for p in spec.module.functions[0].params]
+    assert params == [".param .u64 X", ".param .u64 Y", ".param .u32 n",
+                      ".param .align 64 .b8 X_tmap[128]"]
+    ((index, tp),) = spec.tma_maps
+    assert index == 0 and isinstance(tp, TmaParams)
+    assert tuple(tp.global_dims) == (128, 64) and tuple(tp.box_dims) == (8, 32)
+    assert k.tma == {"X": {"box": (32, 8), "swizzle": None}}
+
+
+def test_example_assembles(assemble):
+    k = load_example().build_tma_copy(100, 68)
+    log = assemble(k.ptx())
+    assert "tma_copy" in log
+
+
+def test_tmap_without_declaration_names_the_fix():
+    @kernel(in_specs=(Tile(4, f32),), out_specs=(Tile(4, f32),), block=(32, 1, 1))
+    def k(X, Y):
+        ptx.tma.tensormap_ptr(X.tmap)
+
+    line = inspect.getsourcelines(k.fn)[1] + 2
+    with pytest.raises(OperandError, match=rf"test_tma_kernel.py:{line}: tensor 'X' has no "
+                                           r"tensor map; declare one with @kernel\(tma="):
+        k.ptx()
+
+
+@pytest.mark.parametrize("tma,match", [
+    ({"Z": {}}, "tma names 'Z', which is not a tensor parameter"),
+    ({"X": {"bogus": 1}}, r"tma\['X'\] must be a dict with keys from"),
+    ([("X", {})], "tma must map tensor names to dicts"),
+])
+def test_bad_tma_declarations(tma, match):
+    with pytest.raises(ConfigError, match=match):
+        @kernel(in_specs=(Tile(4, f32),), out_specs=(Tile(4, f32),), tma=tma)
+        def k(X, Y):
+            ptx.ret()
+
+
+def test_tma_constraints_are_checked_when_specializing():
+    @kernel(in_specs=(Tile("M", "N", f32),), out_specs=(Tile("M", "N", f32),),
+            tma={"X": dict(box=(32, 32), swizzle=None)})
+    def k(X, Y):
+        reg.scalar(u32)
+        ptx.ret()
+
+    with pytest.raises(ConfigError, match="multiple of 16 bytes, got 280 bytes"):
+        k.ptx(M=8, N=70)
+    assert ".b8 X_tmap[128]" in k.ptx(M=8, N=72)
