@@ -25,7 +25,7 @@ def build_tma_copy(M: int, N: int, box: int = 32):
     """Copy an (M, N) f32 matrix through shared memory in ``box x box`` TMA tiles."""
     if box not in (8, 16, 32, 64):
         raise ConfigError(f"build_tma_copy: box must be 8, 16, 32 or 64, got {box}")
-    per_thread = box * box // THREADS or 1
+    per_thread = -(-box * box // THREADS)
     tile_bytes = box * box * 4
 
     @kernel(
@@ -56,9 +56,10 @@ def build_tma_copy(M: int, N: int, box: int = 32):
             idx = tid + i * THREADS
             r = row0 + (idx // box)
             c = col0 + (idx % box)
-            inside = (r < M) & (c < N)
+            in_tile = idx < box * box
+            inside = in_tile & (r < M) & (c < N)
             v = reg.scalar(f32)
-            ptx.inst.ld.shared.f32(v, ptx.addr(base + idx * 4))
+            ptx.inst.ld.shared.f32(v, ptx.addr(base + idx * 4), pred=in_tile)
             ptx.inst.st.global_.f32(ptx.addr(py + reg.from_(r * N + c, u32) * 4), v, pred=inside)
         ptx.ret()
 
