@@ -12,7 +12,7 @@ export PYPTX_CACHE_DIR=/tmp/pyptx-cache
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import pyptx_shim; print('shim available:', pyptx_shim.shim_is_available(), pyptx_shim.shim_load_error())"
 python3 -m pytest -m gpu -q -rs ${PYTEST_K:+-k "$PYTEST_K"} ${GPU_TESTS:-packages/*/tests} 2>&1 | tee "$OUT/gpu-tests.log" | tail -40
-for ex in examples/hopper/rms_norm.py examples/vector_add.py examples/block_reduce.py examples/transpose.py examples/hopper/softmax.py; do
+for ex in examples/hopper/rms_norm.py examples/vector_add.py examples/block_reduce.py examples/transpose.py examples/hopper/softmax.py examples/hopper/tma_copy.py; do
   echo "== $ex"; python3 "$ex" 2>&1 | tail -3
 done 2>&1 | tee "$OUT/examples.log"
 if [ "${SANITIZE:-1}" = 1 ]; then
