@@ -17,6 +17,7 @@ from pyptx.registry import get_cubin_registry
 from pyptx.source import where
 from pyptx.types import from_name
 
+from . import ffi
 from .ffi import call_kernel_via_ffi
 
 __all__ = ["launch_kernel", "plan_handle"]
@@ -107,10 +108,26 @@ def plan_handle(kernel: Any, spec: Any) -> int:
 
 
 def launch_kernel(kernel: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
-    """``kernel(*args, **kwargs)`` on JAX arrays or tracers, inside or outside ``jax.jit``."""
+    """``kernel(*args, **kwargs)`` on JAX arrays or tracers, inside or outside ``jax.jit``.
+
+    Outside ``jit`` the call goes through a jitted wrapper cached per specialization,
+    so an eager call costs one jit dispatch instead of re-staging the custom call.
+    """
+    import jax
+
     check_arrays(kernel, args)
     spec = kernel.specialize([tuple(a.shape) for a in args], **kwargs)
     handle = plan_handle(kernel, spec)
-    return call_kernel_via_ffi(*args, cubin_handle=handle, out_specs=kernel.out_specs,
-                               out_shape_env=spec.env, grid=spec.grid, block=spec.block,
-                               cluster=spec.cluster, smem_bytes=spec.smem)
+
+    def call(*arrays: Any) -> Any:
+        return call_kernel_via_ffi(*arrays, cubin_handle=handle, out_specs=kernel.out_specs,
+                                   out_shape_env=spec.env, grid=spec.grid, block=spec.block,
+                                   cluster=spec.cluster, smem_bytes=spec.smem)
+
+    if any(isinstance(a, jax.core.Tracer) for a in args):
+        return call(*args)
+    key = ("jax:eager", handle, id(ffi._mock))  # a test mock is baked into the trace
+    jitted = kernel.runtime_cache.get(key)
+    if jitted is None:
+        jitted = kernel.runtime_cache[key] = jax.jit(call)
+    return jitted(*args)
