@@ -531,6 +531,9 @@ def _versions(torch: Any) -> str:
         import pyptx
 
         parts.append(f"pyptx {pyptx.__version__}")
+        from pyptx_torch.fastpath import fastpath_status
+
+        parts.append(f"C++ fast path {fastpath_status()}")
     except Exception:  # noqa: BLE001
         pass
     return ", ".join(parts)

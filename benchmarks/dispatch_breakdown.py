@@ -59,6 +59,12 @@ def main() -> None:
     stream = eager._raw_stream(0)
     xp, yp = x.data_ptr(), y.data_ptr()
     fast = k.fast_launch
+    from pyptx_torch.fastpath import fastpath_status
+
+    print(f"C++ fast path: {fastpath_status()}; k.fast_launch is {type(fast).__name__}")
+    saved, eager.FASTPATH = eager.FASTPATH, None
+    closure = eager._fast_launcher(plan, ((x.shape, x.dtype, x.device),))
+    eager.FASTPATH = saved
     rows = [
         ("torch.add(x, x)  [scale]", lambda: torch.add(x, x)),
         ("torch.empty(out shape)", lambda: torch.empty((32 * 1024,), dtype=torch.float32,
@@ -66,6 +72,7 @@ def main() -> None:
         ("native.launch(handle, stream, px, py)", lambda: native.launch(plan.handle, stream, xp, yp)),
         ("raw stream + current device", lambda: (eager._raw_stream(0), eager._current_device())),
         ("k.fast_launch((x,))", lambda: fast((x,))),
+        ("Python closure fast launcher((x,))", lambda: closure((x,))),
         ("k(x)  [whole eager call]", lambda: k(x)),
     ]
     kc = torch.compile(k)

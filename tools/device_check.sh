@@ -11,6 +11,9 @@ bash tools/device_install.sh
 export PYPTX_CACHE_DIR=/tmp/pyptx-cache
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import pyptx_shim; print('shim available:', pyptx_shim.shim_is_available(), pyptx_shim.shim_load_error())"
+python3 -c "from pyptx_torch.fastpath import fastpath_status as s; print('C++ fast path:', s())" | tee "$OUT/fastpath.txt"
+grep -q active "$OUT/fastpath.txt" || python3 -m pyptx_torch.fastpath_build 2>&1 | tail -30  # show why
+export PYPTX_REQUIRE_FASTPATH=${PYPTX_REQUIRE_FASTPATH:-1}
 python3 -m pytest -m gpu -q -rs ${PYTEST_K:+-k "$PYTEST_K"} ${GPU_TESTS:-packages/*/tests} 2>&1 | tee "$OUT/gpu-tests.log" | tail -40
 for ex in examples/hopper/rms_norm.py examples/vector_add.py examples/block_reduce.py examples/transpose.py examples/hopper/softmax.py examples/hopper/tma_copy.py; do
   echo "== $ex"; python3 "$ex" 2>&1 | tail -3

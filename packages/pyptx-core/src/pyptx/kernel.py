@@ -486,11 +486,28 @@ class Kernel:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Launch on framework arrays (torch tensors, jax arrays) through a runtime plugin."""
         fast = self.fast_launch
-        if fast is not None and not kwargs:
+        if fast is not None and not kwargs and not _compiling():
             out = fast(args)
             if out is not None:
                 return out
         return runtime_for(args, self).launch(self, args, kwargs)
+
+
+def _never() -> bool:
+    return False
+
+
+_compiling: Callable[[], bool] = _never
+
+
+def set_compiling_probe(probe: Callable[[], bool]) -> None:
+    """Install ``probe() -> bool``: True while a framework compiler traces Python.
+
+    ``Kernel.__call__`` skips its fast launcher then (a compiled extension it
+    could not trace); the torch plugin installs ``torch.compiler.is_compiling``.
+    """
+    global _compiling
+    _compiling = probe
 
 
 _uids = itertools.count(1)

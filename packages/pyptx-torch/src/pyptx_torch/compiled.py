@@ -21,7 +21,8 @@ from pyptx.kernel import kernel_by_uid
 from pyptx.specs import Dim, Tile
 
 from .dtypes import torch_dtype_of
-from .eager import Plan, launch_kernel, run_plan
+from .eager import Plan, native_plan, plan_for, run_plan
+from .fastpath import FASTPATH, configure_fallback
 
 __all__ = ["compiled_call", "get_or_register_torch_op", "call_kernel_via_torch_compile"]
 
@@ -66,9 +67,14 @@ def _launch_impl(inputs: list[torch.Tensor], kernel: str, kwargs: str) -> list[t
     k, kw = _variant(kernel, kwargs)
     fast = k.fast_launch
     out = fast(tuple(inputs)) if fast is not None and not kw else None
-    if out is None:
-        out = launch_kernel(k, inputs, kw)
-    return list(out) if isinstance(out, tuple) else [out]
+    if out is not None:
+        return list(out) if isinstance(out, tuple) else [out]
+    plan = plan_for(k, inputs, kw)
+    if FASTPATH is not None:  # the C++ kernel of this op takes the next call with these shapes
+        fast = native_plan(plan, tuple((t.shape, t.dtype, t.device) for t in inputs))
+        if fast is not None:
+            FASTPATH.bind(kernel, kwargs, fast)
+    return run_plan(plan, inputs)
 
 
 def _launch_fake(inputs: list[torch.Tensor], kernel: str, kwargs: str) -> list[torch.Tensor]:
@@ -80,7 +86,10 @@ def _launch_fake(inputs: list[torch.Tensor], kernel: str, kwargs: str) -> list[t
 # CUDA implementation, without custom_op's Python wrapper layers on every call.
 _lib = torch.library.Library("pyptx", "FRAGMENT")
 _lib.define("launch(Tensor[] inputs, str kernel, str kwargs) -> Tensor[]")
-_lib.impl("launch", _launch_impl, "CUDA")
+if FASTPATH is None:
+    _lib.impl("launch", _launch_impl, "CUDA")
+else:  # the extension registered the CUDA kernel; it calls back here when no plan matches
+    configure_fallback(_launch_impl)
 _lib.impl("launch", _launch_impl, "CPU")  # so CPU tensors get pyptx's error, not the dispatcher's
 torch.library.register_fake("pyptx::launch", _launch_fake, lib=_lib)
 

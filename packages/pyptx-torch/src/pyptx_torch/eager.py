@@ -23,6 +23,7 @@ from pyptx.source import where
 from pyptx.specs import Tile
 
 from .dtypes import compatible, ptx_type_of, torch_dtype_of
+from .fastpath import FASTPATH
 
 try:
     from pyptx_shim import native as _native
@@ -151,15 +152,26 @@ def plan_for(kernel: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Plan:
     return plan
 
 
-def _fast_launcher(plan: Plan, sig: tuple) -> Any:
-    """A closure that launches ``plan`` when the arguments match ``sig`` exactly (else None).
-
-    This is the whole per-call cost of a repeated eager call: a type, shape,
-    dtype, device and contiguity check per tensor, the output allocation, the
-    raw stream and the C launch.
-    """
-    if _native is None:
+def native_plan(plan: Plan, sig: tuple) -> Any:
+    """``plan`` as a C++ fast-path plan for inputs matching ``sig`` exactly, or None without it."""
+    if FASTPATH is None or POISON:
         return None
+    return FASTPATH.Plan(plan.handle, plan.index, [tuple(s) for s, _, _ in sig],
+                         [d for _, d, _ in sig], [tuple(s) for s in plan.out_shapes],
+                         list(plan.out_dtypes))
+
+
+def _fast_launcher(plan: Plan, sig: tuple) -> Any:
+    """A callable ``f(args)`` that launches ``plan`` when ``args`` match ``sig`` exactly (else None).
+
+    The C++ plan when the fast path is built (checks, allocation, stream and
+    launch in one call); otherwise a Python closure doing the same: a type,
+    shape, dtype, device and contiguity check per tensor, the output
+    allocation, the raw stream and the C launch.
+    """
+    fast = native_plan(plan, sig)
+    if fast is not None or _native is None:
+        return fast
     handle, index, device = plan.handle, plan.index, plan.device
     checks = tuple((shape, dtype) for shape, dtype, _ in sig)
     n = len(sig)

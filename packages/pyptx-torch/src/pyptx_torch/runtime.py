@@ -40,6 +40,9 @@ def _bind() -> None:
     from .compiled import compiled_call
     from .eager import launch_kernel
 
+    from pyptx.kernel import set_compiling_probe
+
     _is_compiling = torch.compiler.is_compiling
+    set_compiling_probe(_is_compiling)
     _compiled = compiled_call
     _eager = launch_kernel

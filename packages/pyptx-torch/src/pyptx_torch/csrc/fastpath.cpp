@@ -1,0 +1,333 @@
+// pyptx_torch._fastpath: a repeated launch of a pyptx kernel in one C++ call.
+//
+// A Plan holds what a repeat of one specialization needs (input shapes and
+// dtypes, output shapes and dtypes, the shim handle, the device). Calling it
+// with a tuple of tensors checks them, allocates the outputs through ATen's
+// caching allocator, reads the current stream and launches through the
+// shim's C entry point; anything that does not match returns None so the
+// Python path (which validates and raises pyptx's errors) takes over. The
+// same plans back the CUDA kernel of the pyptx::launch op used under
+// torch.compile, with the Python implementation as the fallback.
+//
+// Built against the installed torch (ABI-specific): see fastpath_build.py.
+
+#include <Python.h>
+
+#include <ATen/ops/empty.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/csrc/Dtype.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/library.h>
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#ifndef PYPTX_TORCH_VERSION
+#define PYPTX_TORCH_VERSION "unknown"
+#endif
+#ifndef Py_TPFLAGS_HAVE_VECTORCALL
+#define Py_TPFLAGS_HAVE_VECTORCALL _Py_TPFLAGS_HAVE_VECTORCALL
+#endif
+
+namespace {
+
+using LaunchRaw = int (*)(uint64_t, void*, void**, int);
+constexpr int kMaxTensors = 64;
+
+LaunchRaw g_launch = nullptr;      // pyptx_shim_launch_raw
+PyObject* g_fallback = nullptr;    // Python pyptx::launch implementation (owned)
+
+struct PlanObject {
+  PyObject_HEAD
+  vectorcallfunc vectorcall;
+  uint64_t handle;
+  c10::DeviceIndex device;
+  std::vector<std::vector<int64_t>>* in_shapes;
+  std::vector<c10::ScalarType>* in_dtypes;
+  std::vector<std::vector<int64_t>>* out_shapes;
+  std::vector<c10::ScalarType>* out_dtypes;
+};
+
+// Check `inputs` against the plan, allocate, launch; false if anything differs.
+template <typename Get>
+bool run(const PlanObject* p, size_t n, Get get, std::vector<at::Tensor>& outs) {
+  if (n != p->in_dtypes->size() || !g_launch) return false;
+  void* ptrs[kMaxTensors];
+  const size_t n_out = p->out_dtypes->size();
+  if (n + n_out > kMaxTensors) return false;
+  for (size_t i = 0; i < n; ++i) {
+    const at::Tensor* t = get(i);
+    if (!t || !t->defined() || !t->is_cuda() || t->get_device() != p->device ||
+        t->scalar_type() != (*p->in_dtypes)[i] || t->sizes() != c10::IntArrayRef((*p->in_shapes)[i]) ||
+        !t->is_contiguous())
+      return false;
+    ptrs[i] = t->data_ptr();
+  }
+  if (c10::cuda::current_device() != p->device) return false;
+  outs.clear();
+  outs.reserve(n_out);
+  for (size_t j = 0; j < n_out; ++j) {
+    outs.push_back(at::empty((*p->out_shapes)[j],
+                             at::TensorOptions().dtype((*p->out_dtypes)[j]).device(at::kCUDA, p->device)));
+    ptrs[n + j] = outs.back().data_ptr();
+  }
+  void* stream = c10::cuda::getCurrentCUDAStream(p->device).stream();
+  return g_launch(p->handle, stream, ptrs, static_cast<int>(n + n_out)) == 0;
+}
+
+PyObject* wrap_outputs(std::vector<at::Tensor>& outs) {
+  if (outs.size() == 1) return THPVariable_Wrap(std::move(outs[0]));
+  PyObject* tup = PyTuple_New(static_cast<Py_ssize_t>(outs.size()));
+  if (!tup) return nullptr;
+  for (size_t j = 0; j < outs.size(); ++j) {
+    PyObject* o = THPVariable_Wrap(std::move(outs[j]));
+    if (!o) {
+      Py_DECREF(tup);
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(tup, static_cast<Py_ssize_t>(j), o);
+  }
+  return tup;
+}
+
+// plan(args: tuple[Tensor, ...]) -> Tensor | tuple[Tensor, ...] | None
+PyObject* plan_vectorcall(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* kw) {
+  if (PyVectorcall_NARGS(nargsf) != 1 || kw || !PyTuple_CheckExact(args[0])) Py_RETURN_NONE;
+  PyObject* tup = args[0];
+  std::vector<at::Tensor> outs;
+  try {
+    auto get = [tup](size_t i) -> const at::Tensor* {
+      PyObject* o = PyTuple_GET_ITEM(tup, static_cast<Py_ssize_t>(i));
+      return THPVariable_CheckExact(o) ? &THPVariable_Unpack(o) : nullptr;
+    };
+    if (!run(reinterpret_cast<PlanObject*>(self), static_cast<size_t>(PyTuple_GET_SIZE(tup)), get,
+             outs))
+      Py_RETURN_NONE;
+  } catch (const std::exception&) {
+    Py_RETURN_NONE;  // the Python path repeats the call and reports the error properly
+  }
+  return wrap_outputs(outs);
+}
+
+void plan_dealloc(PyObject* self) {
+  auto* p = reinterpret_cast<PlanObject*>(self);
+  delete p->in_shapes;
+  delete p->in_dtypes;
+  delete p->out_shapes;
+  delete p->out_dtypes;
+  Py_TYPE(self)->tp_free(self);
+}
+
+bool read_shapes(PyObject* seq, const char* what, std::vector<std::vector<int64_t>>* out) {
+  PyObject* fast = PySequence_Fast(seq, what);
+  if (!fast) return false;
+  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(fast); ++i) {
+    PyObject* dims = PySequence_Fast(PySequence_Fast_GET_ITEM(fast, i), what);
+    if (!dims) {
+      Py_DECREF(fast);
+      return false;
+    }
+    std::vector<int64_t> shape;
+    for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(dims); ++k) {
+      shape.push_back(PyLong_AsLongLong(PySequence_Fast_GET_ITEM(dims, k)));
+    }
+    Py_DECREF(dims);
+    if (PyErr_Occurred()) {
+      Py_DECREF(fast);
+      return false;
+    }
+    out->push_back(std::move(shape));
+  }
+  Py_DECREF(fast);
+  return true;
+}
+
+bool read_dtypes(PyObject* seq, const char* what, std::vector<c10::ScalarType>* out) {
+  PyObject* fast = PySequence_Fast(seq, what);
+  if (!fast) return false;
+  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(fast); ++i) {
+    PyObject* d = PySequence_Fast_GET_ITEM(fast, i);
+    if (!THPDtype_Check(d)) {
+      Py_DECREF(fast);
+      PyErr_Format(PyExc_TypeError, "%s: expected torch.dtype items", what);
+      return false;
+    }
+    out->push_back(reinterpret_cast<THPDtype*>(d)->scalar_type);
+  }
+  Py_DECREF(fast);
+  return true;
+}
+
+PyObject* plan_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
+  unsigned long long handle;
+  int device;
+  PyObject *in_shapes, *in_dtypes, *out_shapes, *out_dtypes;
+  static const char* names[] = {"handle", "device", "in_shapes", "in_dtypes", "out_shapes",
+                                "out_dtypes", nullptr};
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "KiOOOO", const_cast<char**>(names), &handle,
+                                   &device, &in_shapes, &in_dtypes, &out_shapes, &out_dtypes))
+    return nullptr;
+  PyObject* self = type->tp_alloc(type, 0);
+  if (!self) return nullptr;
+  auto* p = reinterpret_cast<PlanObject*>(self);
+  p->vectorcall = plan_vectorcall;
+  p->handle = handle;
+  p->device = static_cast<c10::DeviceIndex>(device);
+  p->in_shapes = new std::vector<std::vector<int64_t>>();
+  p->in_dtypes = new std::vector<c10::ScalarType>();
+  p->out_shapes = new std::vector<std::vector<int64_t>>();
+  p->out_dtypes = new std::vector<c10::ScalarType>();
+  if (!read_shapes(in_shapes, "in_shapes", p->in_shapes) ||
+      !read_dtypes(in_dtypes, "in_dtypes", p->in_dtypes) ||
+      !read_shapes(out_shapes, "out_shapes", p->out_shapes) ||
+      !read_dtypes(out_dtypes, "out_dtypes", p->out_dtypes)) {
+    Py_DECREF(self);
+    return nullptr;
+  }
+  if (p->in_shapes->size() != p->in_dtypes->size() ||
+      p->out_shapes->size() != p->out_dtypes->size() ||
+      p->in_dtypes->size() + p->out_dtypes->size() > kMaxTensors) {
+    Py_DECREF(self);
+    PyErr_SetString(PyExc_ValueError, "Plan: shapes and dtypes disagree in length, or too many tensors");
+    return nullptr;
+  }
+  return self;
+}
+
+PyTypeObject PlanType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+// ------------------------------------------------------------- pyptx::launch under torch.compile
+std::mutex g_variants_mutex;
+std::unordered_map<std::string, PyObject*> g_variants;  // "uid\0kwargs" -> Plan (owned)
+
+std::string variant_key(c10::string_view uid, c10::string_view kwargs) {
+  std::string key(uid.data(), uid.size());
+  key.push_back('\0');
+  key.append(kwargs.data(), kwargs.size());
+  return key;
+}
+
+[[noreturn]] void throw_python_error() {
+  python_error err;
+  err.persist();  // keep the Python exception (a pyptx error class) for the caller
+  throw err;
+}
+
+std::vector<at::Tensor> launch_fallback(at::TensorList inputs, c10::string_view uid,
+                                        c10::string_view kwargs) {
+  pybind11::gil_scoped_acquire gil;
+  if (!g_fallback) throw std::runtime_error("pyptx fast path: no Python fallback installed");
+  PyObject* list = PyList_New(static_cast<Py_ssize_t>(inputs.size()));
+  if (!list) throw_python_error();
+  for (size_t i = 0; i < inputs.size(); ++i)
+    PyList_SET_ITEM(list, static_cast<Py_ssize_t>(i), THPVariable_Wrap(inputs[i]));
+  PyObject* result = PyObject_CallFunction(g_fallback, "Os#s#", list, uid.data(),
+                                           static_cast<Py_ssize_t>(uid.size()), kwargs.data(),
+                                           static_cast<Py_ssize_t>(kwargs.size()));
+  Py_DECREF(list);
+  if (!result) throw_python_error();
+  std::vector<at::Tensor> outs;
+  PyObject* fast = PySequence_Fast(result, "pyptx::launch fallback result");
+  Py_DECREF(result);
+  if (!fast) throw_python_error();
+  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(fast); ++i) {
+    PyObject* o = PySequence_Fast_GET_ITEM(fast, i);
+    if (!THPVariable_Check(o)) {
+      Py_DECREF(fast);
+      throw std::runtime_error("pyptx::launch fallback returned a non-tensor");
+    }
+    outs.push_back(THPVariable_Unpack(o));
+  }
+  Py_DECREF(fast);
+  return outs;
+}
+
+std::vector<at::Tensor> launch_op(at::TensorList inputs, c10::string_view uid, c10::string_view kwargs) {
+  PyObject* plan = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(g_variants_mutex);
+    auto it = g_variants.find(variant_key(uid, kwargs));
+    if (it != g_variants.end()) plan = it->second;
+  }
+  std::vector<at::Tensor> outs;
+  // A bound plan lives until process exit or rebinding; rebinding happens only in the
+  // fallback, which this thread is not in, and retires the old plan without freeing it.
+  if (plan && run(reinterpret_cast<PlanObject*>(plan), inputs.size(),
+                  [&](size_t i) { return &inputs[i]; }, outs))
+    return outs;
+  return launch_fallback(inputs, uid, kwargs);
+}
+
+// bind(uid, kwargs, plan): the plan pyptx::launch uses for that kernel variant.
+PyObject* py_bind(PyObject*, PyObject* args) {
+  const char *uid, *kwargs;
+  Py_ssize_t n_uid, n_kwargs;
+  PyObject* plan;
+  if (!PyArg_ParseTuple(args, "s#s#O!", &uid, &n_uid, &kwargs, &n_kwargs, &PlanType, &plan))
+    return nullptr;
+  std::string key(uid, n_uid);
+  key.push_back('\0');
+  key.append(kwargs, n_kwargs);
+  Py_INCREF(plan);
+  std::lock_guard<std::mutex> lock(g_variants_mutex);
+  auto& slot = g_variants[key];
+  // The previous plan is kept alive (not DECREF'd): another thread may still be running it
+  // outside the lock. Plans are small and rebinding is rare (a new shape for one variant).
+  slot = plan;
+  Py_RETURN_NONE;
+}
+
+// configure(launch_raw_address, fallback)
+PyObject* py_configure(PyObject*, PyObject* args) {
+  unsigned long long addr;
+  PyObject* fallback;
+  if (!PyArg_ParseTuple(args, "KO", &addr, &fallback)) return nullptr;
+  if (!PyCallable_Check(fallback)) {
+    PyErr_SetString(PyExc_TypeError, "configure: fallback must be callable");
+    return nullptr;
+  }
+  g_launch = reinterpret_cast<LaunchRaw>(static_cast<uintptr_t>(addr));
+  Py_INCREF(fallback);
+  Py_XSETREF(g_fallback, fallback);
+  Py_RETURN_NONE;
+}
+
+PyMethodDef methods[] = {
+    {"configure", py_configure, METH_VARARGS,
+     "configure(launch_raw_address, fallback): the shim's C launch entry point and the Python "
+     "implementation pyptx::launch falls back to."},
+    {"bind", py_bind, METH_VARARGS, "bind(uid, kwargs, plan): the plan pyptx::launch uses for a variant."},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_fastpath",
+                          "Repeated pyptx launches from PyTorch in one C++ call.", -1, methods};
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(pyptx, CUDA, m) { m.impl("launch", TORCH_FN(launch_op)); }
+
+PyMODINIT_FUNC PyInit__fastpath() {
+  PlanType.tp_name = "pyptx_torch._fastpath.Plan";
+  PlanType.tp_basicsize = sizeof(PlanObject);
+  PlanType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL;
+  PlanType.tp_doc = "Plan(handle, device, in_shapes, in_dtypes, out_shapes, out_dtypes): call "
+                    "with a tuple of tensors; returns the output(s), or None if they do not match.";
+  PlanType.tp_new = plan_new;
+  PlanType.tp_dealloc = plan_dealloc;
+  PlanType.tp_call = PyVectorcall_Call;
+  PlanType.tp_vectorcall_offset = offsetof(PlanObject, vectorcall);
+  if (PyType_Ready(&PlanType) < 0) return nullptr;
+  PyObject* m = PyModule_Create(&module_def);
+  if (!m) return nullptr;
+  Py_INCREF(&PlanType);
+  if (PyModule_AddObject(m, "Plan", reinterpret_cast<PyObject*>(&PlanType)) < 0 ||
+      PyModule_AddStringConstant(m, "TORCH_VERSION", PYPTX_TORCH_VERSION) < 0) {
+    Py_DECREF(m);
+    return nullptr;
+  }
+  return m;
+}

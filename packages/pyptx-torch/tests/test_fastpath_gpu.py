@@ -1,0 +1,168 @@
+"""GPU tests of the C++ fast path (``pyptx_torch._fastpath``): repeats, fallbacks, compile, graphs.
+
+Outputs here come from the C++ plan's own allocation, so they cannot be
+poisoned beforehand; every check uses fresh random inputs whose exact result
+(a sum, a difference, a negation) an unwritten element cannot match.
+Set ``PYPTX_REQUIRE_FASTPATH=1`` (the device check does) to fail instead of
+skipping when the extension is not built.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from pyptx import Tile, kernel, ptx, reg  # noqa: E402
+from pyptx.errors import SpecError  # noqa: E402
+from pyptx.types import f32, u32  # noqa: E402
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+
+@pytest.fixture(scope="module")
+def fastpath():
+    from pyptx_torch.fastpath import FASTPATH, fastpath_status
+
+    if FASTPATH is None:
+        if os.environ.get("PYPTX_REQUIRE_FASTPATH") == "1":
+            pytest.fail(f"C++ fast path required: {fastpath_status()}")
+        pytest.skip(fastpath_status())
+    return FASTPATH
+
+
+def build_sum_diff():
+    """(a, b) -> (a + b, a - b) over a symbolic length N: two outputs, any shape."""
+
+    @kernel(in_specs=(Tile("N", f32), Tile("N", f32)), out_specs=(Tile("N", f32), Tile("N", f32)),
+            grid=lambda N: ((N + 127) // 128, 1, 1), block=(128, 1, 1))
+    def sum_diff(A, B, S, D):
+        pa, pb, ps, pd = ptx.global_ptrs(A, B, S, D)
+        i = reg.from_(ptx.special.ctaid.x(), u32) * 128 + reg.from_(ptx.special.tid.x(), u32)
+        with ptx.if_(i < A.shape[0]):
+            a, b = reg.scalar(f32), reg.scalar(f32)
+            ptx.inst.ld.global_.f32(a, ptx.addr(pa + i * 4))
+            ptx.inst.ld.global_.f32(b, ptx.addr(pb + i * 4))
+            ptx.inst.st.global_.f32(ptx.addr(ps + i * 4), a + b)
+            ptx.inst.st.global_.f32(ptx.addr(pd + i * 4), a - b)
+        ptx.ret()
+
+    return sum_diff
+
+
+def check(k, a, b):
+    s, d = k(a, b)
+    assert s.shape == a.shape and s.dtype == a.dtype and s.device == a.device
+    assert torch.equal(s, a + b) and torch.equal(d, a - b)
+
+
+def test_repeat_calls_take_the_cpp_plan(fastpath):
+    k = build_sum_diff()
+    for _ in range(4):
+        check(k, torch.randn(5000, device="cuda"), torch.randn(5000, device="cuda"))
+    assert isinstance(k.fast_launch, fastpath.Plan)
+    a, b = torch.randn(5000, device="cuda"), torch.randn(5000, device="cuda")
+    s, d = k.fast_launch((a, b))  # the plan alone launches and allocates
+    assert torch.equal(s, a + b) and torch.equal(d, a - b)
+
+
+def test_plan_declines_what_it_was_not_built_for(fastpath):
+    k = build_sum_diff()
+    a, b = torch.randn(300, device="cuda"), torch.randn(300, device="cuda")
+    check(k, a, b)
+    plan = k.fast_launch
+    for args in [(a,), (a, b, b), (a, torch.randn(301, device="cuda")), (a, b.double()),
+                 (a, b.cpu()), (a, torch.randn(600, device="cuda")[::2]), (a, 3), [a, b],
+                 (a, torch.randn(300, device="meta"))]:
+        assert plan(args) is None
+    assert plan() is None and plan((a, b), extra=1) is None
+
+
+def test_shape_change_falls_back_and_replans(fastpath):
+    k = build_sum_diff()
+    for n in (1000, 4097, 31, 1000):
+        check(k, torch.randn(n, device="cuda"), torch.randn(n, device="cuda"))
+    assert isinstance(k.fast_launch, fastpath.Plan)
+
+
+def test_bad_inputs_after_a_plan_still_raise_pyptx_errors(fastpath):
+    k = build_sum_diff()
+    a, b = torch.randn(256, device="cuda"), torch.randn(256, device="cuda")
+    check(k, a, b)
+    with pytest.raises(SpecError, match="dtype"):
+        k(a, b.double())
+    with pytest.raises(SpecError, match="CUDA tensors"):
+        k(a, b.cpu())
+    with pytest.raises(SpecError, match="not contiguous"):
+        k(a, torch.randn(512, device="cuda")[::2])
+    check(k, a, b)  # and the plan still works afterwards
+
+
+def test_parameter_inputs(fastpath):
+    k = build_sum_diff()
+    a = torch.nn.Parameter(torch.randn(777, device="cuda"), requires_grad=False)
+    b = torch.randn(777, device="cuda")
+    for _ in range(2):
+        check(k, a, b)
+
+
+def test_side_stream_orders_with_the_stream(fastpath):
+    k = build_sum_diff()
+    a, b = torch.randn(1 << 20, device="cuda"), torch.randn(1 << 20, device="cuda")
+    check(k, a, b)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        a2 = a * 3.0  # produced on s: the launch must be ordered after it on s
+        out_s, out_d = k(a2, b)
+    torch.cuda.current_stream().wait_stream(s)
+    assert torch.equal(out_s, a * 3.0 + b) and torch.equal(out_d, a * 3.0 - b)
+
+
+def test_cuda_graph_capture_through_the_plan(fastpath):
+    k = build_sum_diff()
+    a, b = torch.randn(4096, device="cuda"), torch.randn(4096, device="cuda")
+    check(k, a, b)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        out_s, out_d = k(a, b)
+    for _ in range(3):
+        a.copy_(torch.randn_like(a))
+        b.copy_(torch.randn_like(b))
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out_s, a + b) and torch.equal(out_d, a - b)
+
+
+def test_torch_compile_uses_the_cpp_op_and_recovers_from_new_shapes(fastpath):
+    k = build_sum_diff()
+
+    @torch.compile(fullgraph=True, dynamic=False)
+    def f(a, b):
+        s, d = k(a * 2.0, b)
+        return s + 1.0, d
+
+    for n in (2048, 2048, 513, 2048):
+        a, b = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+        s, d = f(a, b)
+        assert torch.equal(s, (a * 2.0 + b) + 1.0) and torch.equal(d, a * 2.0 - b)
+
+
+def test_op_errors_keep_their_pyptx_class(fastpath):
+    k = build_sum_diff()
+    a = torch.randn(64, device="cuda")
+    with pytest.raises(SpecError, match="dtype"):
+        torch.ops.pyptx.launch([a, a.double()], k.uid, "")
+
+
+def test_status_string(fastpath):
+    from pyptx_torch.fastpath import fastpath_status
+
+    assert fastpath_status() == f"active (torch {torch.__version__})"
