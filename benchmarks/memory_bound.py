@@ -12,17 +12,37 @@ weights, outputs) for
 * ``triton``: straightforward one-row-per-program Triton kernels written below,
 
 plus the device-to-device copy bandwidth (``dst.copy_(src)`` of 512 MiB, read +
-write) measured in the same run. Each time is the median of
-``triton.testing.do_bench`` (which flushes L2 before every launch, so every
-run reads from DRAM) or, without Triton, of CUDA events around single launches
-after an L2 flush. Every pyptx launch shape is checked against the same torch
-function in float64 (relative L2 error < 1e-5 f32, < 1e-2 bf16) before it is timed.
+write) measured in the same run with the same timer. Every pyptx launch shape is
+checked against the same torch function in float64 (relative L2 error < 1e-5 f32,
+< 1e-2 bf16) before it is timed.
+
+Timing (``--timer``). Every implementation and the copy are timed the same way:
+
+* ``graph`` (default): a pool of input sets (clones) whose bytes exceed 4x the
+  device L2 (at least 2 sets, at most 2 GiB: the log says when capped), each set
+  called once outside capture, then one CUDA graph of M launches walking the pool
+  (M a multiple of the pool, enough for a ~1 ms replay, at most ~2000; outputs
+  come from the graph's private pool and rotate over pool + 1 buffers). The time
+  is the median over 15 replays (after 3 warm ones) of replay time / M: every
+  launch reads from DRAM and the kernels run back to back, as in a model. If
+  capture fails, that implementation falls back to the flushed timer below and
+  its cell is marked ``*``.
+* ``do_bench``: ``triton.testing.do_bench`` (median), which zeroes 256 MB before
+  every launch. That flush leaves up to an L2 (50 MB on H100) of dirty lines that
+  the timed kernel then writes back, plus a per-launch event gap: Nsight Compute
+  gave 43.2 µs (ours) / 42.4 µs (Triton) for RMSNorm f32 2048x8192 and 4.90 / 4.96
+  µs at 256x4096, do_bench ~52 and ~8 µs. A fixed cost on every launch: GB/s of
+  small and medium sizes drop, and ratios between implementations shrink toward 1.
+* ``events``: the same flush with CUDA events around single launches (no Triton).
+* ``both``: ``graph`` for everything (targets, summary), plus ``do_bench`` for ours
+  and the best peer in a second table, so both methodologies are on record.
 
 Targets (issue 6): at every size and dtype ours >= 1.0x the best peer; at the two
 largest sizes ours >= 95% of the copy bandwidth. The last lines say which pass.
 
     python benchmarks/memory_bound.py [--out results.json] [--ops rms_norm,softmax]
         [--dtypes f32,bf16] [--sizes 256x4096,2048x8192] [--no-tune] [--no-compile]
+        [--timer graph|do_bench|events|both]
 """
 
 from __future__ import annotations
@@ -31,8 +51,11 @@ import argparse
 import importlib.util
 import json
 import math
+import statistics
 import sys
 import time
+from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,35 +79,169 @@ def load(name: str):
 
 
 # ----------------------------------------------------------------------------- timing
+TIMERS = ("graph", "do_bench", "events", "both")
+POOL_L2_FACTOR = 4  # an input pool holds more than this many L2s
+POOL_CAP_BYTES = 2 << 30  # ... but at most this many bytes of inputs
+GRAPH_TARGET_US = 1000.0  # one replay lasts at least this long
+GRAPH_MAX_LAUNCHES = 2000
+WARM_REPLAYS, REPLAYS = 3, 15
+
+
+def pool_sets(set_bytes: int, l2_bytes: int, factor: int = POOL_L2_FACTOR,
+              cap: int = POOL_CAP_BYTES, min_sets: int = 2) -> tuple[int, bool]:
+    """(input sets, capped): the fewest sets (>= ``min_sets``) whose bytes exceed ``factor`` L2s,
+    cut to ``cap`` bytes (never below one set); ``capped`` says the cut happened."""
+    n = max(min_sets, factor * l2_bytes // max(1, set_bytes) + 1)
+    if n * set_bytes <= cap:
+        return n, False
+    return max(1, cap // max(1, set_bytes)), True
+
+
+def graph_launches(est_us: float, pool: int, target_us: float = GRAPH_TARGET_US,
+                   cap: int = GRAPH_MAX_LAUNCHES) -> int:
+    """Launches per graph: a multiple of ``pool`` (every set used equally), at least one walk
+    of the pool, enough for ``target_us`` at ``est_us`` per launch, at most ``max(cap, pool)``."""
+    want = math.ceil(target_us / est_us) if 0 < est_us < math.inf else cap
+    return pool * max(1, min(cap // pool, math.ceil(max(pool, want) / pool)))
+
+
+def timer_desc(method: str) -> str:
+    """One line saying how a time was taken (table headers, JSON)."""
+    return {
+        "graph": f"graph: median of {REPLAYS} CUDA-graph replays of M back-to-back launches "
+                 f"over a rotating input pool > {POOL_L2_FACTOR}x L2, / M",
+        "do_bench": "do_bench: triton.testing.do_bench median, 256 MB L2 flush before each launch",
+        "events": "events: CUDA events around single launches, 256 MB L2 flush before each",
+    }[method]
+
+
+@dataclass
+class Timing:
+    ms: float
+    method: str  # how it was timed: graph, do_bench or events
+    launches: int = 1  # M of the graph
+    error: str = ""  # why the graph timer fell back
+
+
 class Timer:
-    def __init__(self, torch):
+    """Times ``fn(*inputs)``; ``method``: graph, do_bench or events (see the module docstring).
+    Graph failures fall back to ``flush_method`` (do_bench, or events without Triton)."""
+
+    def __init__(self, torch, method: str = "graph"):
         self.torch = torch
         try:
             from triton.testing import do_bench
-
-            self.do_bench = do_bench
         except Exception:  # noqa: BLE001 - any import failure: fall back to events
-            self.do_bench = None
-        self.flush = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
+            do_bench = None
+        self.do_bench = do_bench
+        self.flush_method = "do_bench" if do_bench else "events"
+        if method == "do_bench":
+            method = self.flush_method
+        self.method = "graph" if method == "both" else method
+        self.l2 = torch.cuda.get_device_properties(0).L2_cache_size
+        self._flush = None
 
-    def ms(self, fn) -> float:
-        """Median milliseconds of one call of ``fn`` with a cold L2."""
+    def pool(self, inputs: tuple) -> tuple[list[tuple], bool]:
+        """(input sets, capped): ``inputs`` and clones of it (graph timer only)."""
+        if self.method != "graph":
+            return [inputs], False
+        n, capped = pool_sets(sum(t.numel() * t.element_size() for t in inputs), self.l2)
+        pool = [inputs]
+        try:
+            while len(pool) < n:
+                pool.append(tuple(t.clone() for t in inputs))
+        except self.torch.cuda.OutOfMemoryError:
+            self.torch.cuda.empty_cache()
+            capped = True
+        return pool, capped
+
+    def ms(self, fn, pool: list[tuple], method: str | None = None) -> Timing:
+        """Median milliseconds of one ``fn(*xs)``; never raises for a failed graph capture."""
+        method = method or self.method
+        if method == "graph":
+            try:
+                return self._graph(fn, pool)
+            except Exception as e:  # noqa: BLE001 - capture refused: time it the old way
+                self._recover()
+                t = Timing(self._flush_ms(fn, pool[0], self.flush_method), self.flush_method)
+                t.error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:160]
+                return t
+        return Timing(self._flush_ms(fn, pool[0], method), method)
+
+    def _graph(self, fn, pool: list[tuple]) -> Timing:
         torch = self.torch
-        fn()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm every set outside capture (compiles, autotunes)
+            for xs in pool:
+                fn(*xs)
+        torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
-        if self.do_bench is not None:
-            return float(self.do_bench(fn, warmup=10, rep=60, return_mode="median"))
+        n = len(pool)
+        g = self._capture(fn, pool, n, side)  # one walk of the pool: the estimate
+        m = graph_launches(1e3 * self._replay_ms(g, 1, 3) / n, n)
+        if m != n:
+            del g
+            g = self._capture(fn, pool, m, side)
+        ms = self._replay_ms(g, WARM_REPLAYS, REPLAYS) / m
+        del g
+        torch.cuda.empty_cache()  # give the graph's private pool back
+        return Timing(ms, "graph", m)
+
+    def _capture(self, fn, pool: list[tuple], m: int, side):
+        """A graph of ``m`` launches walking ``pool``; outputs (allocated in the graph's private
+        pool) rotate over ``len(pool) + 1`` buffers, so their writes reach DRAM too."""
+        torch = self.torch
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=side):
+            live = deque(maxlen=len(pool))
+            for i in range(m):
+                live.append(fn(*pool[i % len(pool)]))
+            live.clear()
+        return g
+
+    def _replay_ms(self, g, warm: int, reps: int) -> float:
+        torch = self.torch
+        for _ in range(warm):
+            g.replay()
+        torch.cuda.synchronize()
         times = []
-        for _ in range(30):
-            self.flush.zero_()
+        for _ in range(reps):
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()
-            fn()
+            g.replay()
             b.record()
             b.synchronize()
             times.append(a.elapsed_time(b))
-        times.sort()
-        return times[len(times) // 2]
+        return statistics.median(times)
+
+    def _recover(self) -> None:
+        """After a failed capture: drain the device, drop the half-built graph's memory."""
+        try:
+            self.torch.cuda.synchronize()
+            self.torch.cuda.empty_cache()
+        except Exception:  # noqa: BLE001 - nothing more to do here
+            pass
+
+    def _flush_ms(self, fn, xs: tuple, method: str) -> float:
+        """Median ms of one launch after a 256 MB L2 flush (do_bench, or CUDA events)."""
+        torch = self.torch
+        fn(*xs)
+        torch.cuda.synchronize()
+        if method == "do_bench" and self.do_bench is not None:
+            return float(self.do_bench(lambda: fn(*xs), warmup=10, rep=60, return_mode="median"))
+        if self._flush is None:
+            self._flush = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
+        times = []
+        for _ in range(30):
+            self._flush.zero_()
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn(*xs)
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b))
+        return statistics.median(times)
 
 
 # ----------------------------------------------------------------------------- triton peers
@@ -229,12 +386,75 @@ def rel_err(torch, a, b):
     return ((a - b).norm() / b.norm()).item()
 
 
-def measure_copy(torch, timer, nbytes=512 * 1024 * 1024):
-    """(median ms, GB/s) of ``dst.copy_(src)`` for ``nbytes``-byte buffers, read + write counted."""
-    src = torch.randn(nbytes // 4, device="cuda")
-    dst = torch.empty_like(src)
-    ms = timer.ms(lambda: dst.copy_(src))
-    return ms, 2 * nbytes / ms / 1e6
+def measure_copy(torch, timer, method=None, nbytes=512 * 1024 * 1024):
+    """(Timing, GB/s) of ``dst.copy_(src)`` on ``nbytes`` buffers, read + write counted; the graph
+    timer walks a pool of (src, dst) pairs (one pair if memory is tight: 512 MiB > L2 anyway)."""
+    method = method or timer.method
+    n = pool_sets(2 * nbytes, timer.l2)[0] if method == "graph" else 1
+    pool = []
+    for _ in range(n):
+        try:
+            src = torch.randn(nbytes // 4, device="cuda")
+            pool.append((src, torch.empty_like(src)))
+        except torch.cuda.OutOfMemoryError:
+            if not pool:
+                raise
+            torch.cuda.empty_cache()
+            break
+    t = timer.ms(lambda src, dst: dst.copy_(src), pool, method)
+    return t, 2 * nbytes / t.ms / 1e6
+
+
+# ----------------------------------------------------------------------------- tables
+def _cell(r: dict, key: str, primary: str) -> str:
+    """GB/s of ``r[key]``, ``*`` when it was not timed with ``primary`` (graph fallback)."""
+    if key not in r:
+        return "-"
+    mark = "*" if r.get("methods", {}).get(key, primary) not in (primary, "failed") else ""
+    return f"{r[key]:.0f}{mark}"
+
+
+def op_table(rows: list[dict], op: str, primary: str) -> list[str]:
+    """Markdown lines of one op's table; ``*`` marks rows timed another way (footnote)."""
+    md = [f"### {op}", "",
+          "| dtype | B x N | ours | ours default | eager | inductor | triton | ours / best peer "
+          "| ours / copy | ours plan |",
+          "|---|---|---|---|---|---|---|---|---|---|"]
+    fell_back = set()
+    for r in (r for r in rows if r["op"] == op):
+        mixed = {m for m in r.get("methods", {}).values() if m not in (primary, "failed")}
+        fell_back |= mixed
+        star = "*" if mixed else ""
+        md.append(f"| {r['dtype']} | {r['B']}x{r['N']} | "
+                  + " | ".join(_cell(r, k, primary) for k in
+                               ("ours", "ours_default", "eager", "inductor", "triton"))
+                  + f" | {r['vs_peer']:.2f}x{star} | {100 * r['vs_copy']:.1f}%{star} "
+                    f"| {r['ours_plan']} |")
+    if fell_back:
+        md += ["", f"\\* CUDA-graph capture failed: timed with {', '.join(sorted(fell_back))} "
+                   "instead (L2 flushed before each launch: slower, not comparable); see the log."]
+    return md + [""]
+
+
+def alt_table(rows: list[dict], primary: str, alt: str, copy: dict) -> list[str]:
+    """Markdown lines comparing ours and the best peer under both timers (``--timer both``)."""
+    md = [f"### {primary} vs {alt} (ours and the best peer by {primary})", "",
+          f"copy: {copy[primary]:.0f} GB/s ({primary}), {copy[alt]:.0f} GB/s ({alt})", "",
+          f"| op | dtype | B x N | ours {primary} | ours {alt} | best peer | peer {primary} "
+          f"| peer {alt} | ours / peer {primary} | ours / peer {alt} | ours / copy {primary} "
+          f"| ours / copy {alt} |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        a = r.get("alt")
+        if not a:
+            continue
+        pname = a["peer"]
+        ratio = a["ours"] / a["peer_gbs"] if a["peer_gbs"] else math.inf
+        md.append(f"| {r['op']} | {r['dtype']} | {r['B']}x{r['N']} | {_cell(r, 'ours', primary)} "
+                  f"| {a['ours']:.0f} | {pname} | {_cell(r, pname, primary)} | {a['peer_gbs']:.0f} "
+                  f"| {r['vs_peer']:.2f}x | {ratio:.2f}x | {100 * r['vs_copy']:.1f}% "
+                  f"| {100 * a['ours'] / copy[alt]:.1f}% |")
+    return md + [""]
 
 
 # ----------------------------------------------------------------------------- main
@@ -246,6 +466,11 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", default=",".join(f"{b}x{n}" for b, n in SIZES))
     ap.add_argument("--no-tune", action="store_true", help="time only the planner's launch shape")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile (saves minutes)")
+    ap.add_argument("--timer", choices=TIMERS, default="graph",
+                    help="graph (default): CUDA graphs of back-to-back launches over an input pool "
+                         "> 4x L2; do_bench: Triton's, L2 flushed before each launch; events: the "
+                         "same without Triton; both: graph, plus do_bench for ours and the best "
+                         "peer in a second table")
     a = ap.parse_args(argv)
 
     import torch
@@ -259,13 +484,20 @@ def main(argv=None) -> int:
     sizes = [tuple(int(v) for v in s.split("x")) for s in a.sizes.split(",") if s]
     tdts = {"f32": torch.float32, "bf16": torch.bfloat16}
     mods = {m: load(m) for m in ("rms_norm", "layer_norm", "softmax", "swiglu")}
-    timer = Timer(torch)
+    timer = Timer(torch, a.timer)
+    primary, alt = timer.method, (timer.flush_method if a.timer == "both" else None)
     dev = torch.cuda.get_device_properties(0)
-    log(f"device: {dev.name}, {dev.multi_processor_count} SMs, torch {torch.__version__}, "
-        f"timer: {'triton.testing.do_bench' if timer.do_bench else 'CUDA events'}")
+    log(f"device: {dev.name}, {dev.multi_processor_count} SMs, L2 {timer.l2 >> 20} MiB, "
+        f"torch {torch.__version__}\ntimer: {timer_desc(primary)}"
+        + (f"\nsecond timer (ours and best peer): {timer_desc(alt)}" if alt else ""))
 
-    copy_ms, copy_gbs = measure_copy(torch, timer)
-    log(f"device-to-device copy: {copy_gbs:.0f} GB/s (2 x 512 MiB, median {copy_ms:.3f} ms)")
+    copy_t, copy_gbs = measure_copy(torch, timer)
+    copy = {primary: copy_gbs}
+    log(f"device-to-device copy: {copy_gbs:.0f} GB/s (512 MiB, {copy_t.method}, median "
+        f"{copy_t.ms:.3f} ms, M={copy_t.launches})" + (f" [{copy_t.error}]" if copy_t.error else ""))
+    if alt:
+        copy[alt] = measure_copy(torch, timer, alt)[1]
+        log(f"device-to-device copy ({alt}): {copy[alt]:.0f} GB/s")
 
     triton_fns = make_triton(torch)
     if triton_fns is None:
@@ -286,6 +518,12 @@ def main(argv=None) -> int:
         except Exception:  # noqa: BLE001
             pass
 
+    def timed(tag: str, fn, pool) -> Timing:
+        t = timer.ms(fn, pool)
+        if t.error:
+            log(f"  {tag}: graph capture failed ({t.error}); timed with {t.method}")
+        return t
+
     rows = []
     for op in ops:
         for dt in dtypes:
@@ -293,31 +531,45 @@ def main(argv=None) -> int:
                 tdt = tdts[dt]
                 es = 4 if dt == "f32" else 2
                 nbytes = traffic(op, B, N, es)
+                tag = f"{op} {dt} {B}x{N}"
                 inputs = make_inputs(torch, op, B, N, tdt)
                 want = eager[op](*[t.double() for t in inputs])  # float64 reference
-                res = {"op": op, "dtype": dt, "B": B, "N": N, "bytes": nbytes}
+                pool, capped = timer.pool(inputs)
+                if capped:
+                    set_mb = sum(t.numel() * t.element_size() for t in inputs) / 2**20
+                    log(f"  {tag}: input pool capped at {len(pool)} sets of {set_mb:.0f} MiB "
+                        f"(limit {POOL_CAP_BYTES >> 20} MiB or memory)")
+                res = {"op": op, "dtype": dt, "B": B, "N": N, "bytes": nbytes,
+                       "pool_sets": len(pool), "pool_capped": capped, "methods": {},
+                       "launches": {}}
                 # ours: every launch shape, checked before it is timed
-                best = None
+                best = best_k = None
                 variants = []
                 for label, desc, k in our_variants(mods, op, B, N, dt, not a.no_tune):
+                    t = None
                     try:
                         got = k(*inputs)
                         err = rel_err(torch, got, want)
                         ok = err < (1e-5 if dt == "f32" else 1e-2)
-                        ms = timer.ms(lambda k=k, xs=inputs: k(*xs)) if ok else math.inf
+                        t = timed(f"{tag} {label}", k, pool) if ok else None
                     except Exception as e:  # noqa: BLE001 - report and go on
-                        err, ok, ms = math.inf, False, math.inf
-                        log(f"  {op} {dt} {B}x{N} {label}: {type(e).__name__}: {e}")
-                    gbs = nbytes / ms / 1e6 if ok else 0.0
+                        err, ok = math.inf, False
+                        log(f"  {tag} {label}: {type(e).__name__}: {e}")
+                    ok = ok and t is not None
                     variants.append({"label": label, "plan": desc, "err": err, "ok": ok,
-                                     "gbs": gbs})
-                    if ok and (best is None or gbs > best["gbs"]):
-                        best = variants[-1]
+                                     "gbs": nbytes / t.ms / 1e6 if ok else 0.0,
+                                     "method": t.method if ok else "failed",
+                                     "launches": t.launches if ok else 0})
+                    if ok and (best is None or variants[-1]["gbs"] > best["gbs"]):
+                        best, best_k = variants[-1], k
                 res["ours_variants"] = variants
                 res["ours"] = best["gbs"] if best else 0.0
                 res["ours_plan"] = best["plan"] if best else "FAILED"
                 res["ours_default"] = variants[0]["gbs"]
                 res["ours_ok"] = all(v["ok"] for v in variants)
+                res["methods"]["ours"] = best["method"] if best else "failed"
+                res["methods"]["ours_default"] = variants[0]["method"]
+                res["launches"]["ours"] = best["launches"] if best else 0
                 # peers
                 peers = {"eager": eager[op]}
                 if op in compiled:
@@ -327,35 +579,47 @@ def main(argv=None) -> int:
                 for name, fn in peers.items():
                     try:
                         fn(*inputs)
-                        ms = timer.ms(lambda fn=fn, xs=inputs: fn(*xs))
-                        res[name] = nbytes / ms / 1e6
+                        t = timed(f"{tag} {name}", fn, pool)
+                        res[name] = nbytes / t.ms / 1e6
+                        res["methods"][name], res["launches"][name] = t.method, t.launches
                     except Exception as e:  # noqa: BLE001
-                        log(f"  {op} {dt} {B}x{N} {name}: {type(e).__name__}: {e}")
-                        res[name] = 0.0
+                        log(f"  {tag} {name}: {type(e).__name__}: {e}")
+                        res[name], res["methods"][name] = 0.0, "failed"
                 best_peer = max((res[p] for p in peers), default=0.0)
                 res["best_peer"] = best_peer
+                res["best_peer_name"] = max(peers, key=lambda p: res[p])
                 res["vs_peer"] = res["ours"] / best_peer if best_peer else math.inf
                 res["vs_peer_default"] = res["ours_default"] / best_peer if best_peer else math.inf
                 res["vs_copy"] = res["ours"] / copy_gbs
+                if alt and best_k is not None:  # the second methodology, ours and the best peer
+                    try:
+                        pname = res["best_peer_name"]
+                        res["alt"] = {
+                            "method": alt, "peer": pname,
+                            "ours": nbytes / timer.ms(best_k, pool, alt).ms / 1e6,
+                            "peer_gbs": nbytes / timer.ms(peers[pname], pool, alt).ms / 1e6}
+                    except Exception as e:  # noqa: BLE001
+                        log(f"  {tag} {alt}: {type(e).__name__}: {e}")
                 rows.append(res)
-                log(f"  {op:10s} {dt:4s} {B:5d}x{N:<5d} ours {res['ours']:6.0f} "
-                    f"(default {res['ours_default']:6.0f}) eager {res['eager']:6.0f} "
-                    f"inductor {res.get('inductor', 0):6.0f} triton {res.get('triton', 0):6.0f}"
-                    f"  [{time.time() - t_start:5.0f} s]")
+                marks = {k: "*" if m not in (primary, "failed") else ""
+                         for k, m in res["methods"].items()}
+                log(f"  {op:10s} {dt:4s} {B:5d}x{N:<5d} ours {res['ours']:6.0f}{marks['ours']} "
+                    f"(default {res['ours_default']:6.0f}) eager {res['eager']:6.0f}"
+                    f"{marks['eager']} inductor {res.get('inductor', 0):6.0f}"
+                    f"{marks.get('inductor', '')} triton {res.get('triton', 0):6.0f}"
+                    f"{marks.get('triton', '')}"
+                    + (f" | {alt}: ours {res['alt']['ours']:6.0f} {res['alt']['peer']} "
+                       f"{res['alt']['peer_gbs']:6.0f}" if "alt" in res else "")
+                    + f"  [{time.time() - t_start:5.0f} s]")
+                del pool, inputs, want
 
     # tables
-    md = [f"device: {dev.name}; copy {copy_gbs:.0f} GB/s; GB/s = (bytes read + written) / median time", ""]
+    md = [f"device: {dev.name}; copy {copy_gbs:.0f} GB/s; GB/s = (bytes read + written) / time "
+          f"per launch", "", f"timer: {timer_desc(primary)}", ""]
     for op in ops:
-        md += [f"### {op}", "",
-               "| dtype | B x N | ours | ours default | eager | inductor | triton | ours / best peer | ours / copy | ours plan |",
-               "|---|---|---|---|---|---|---|---|---|---|"]
-        for r in rows:
-            if r["op"] != op:
-                continue
-            md.append(f"| {r['dtype']} | {r['B']}x{r['N']} | {r['ours']:.0f} | {r['ours_default']:.0f} | "
-                      f"{r['eager']:.0f} | {r.get('inductor', 0):.0f} | {r.get('triton', 0):.0f} | "
-                      f"{r['vs_peer']:.2f}x | {100 * r['vs_copy']:.1f}% | {r['ours_plan']} |")
-        md.append("")
+        md += op_table(rows, op, primary)
+    if alt:
+        md += alt_table(rows, primary, alt, copy)
     log("")
     log("\n".join(md))
 
@@ -365,12 +629,17 @@ def main(argv=None) -> int:
     fails_default = [r for r in rows if r["vs_peer_default"] < 1.0]
     fails_copy = [r for r in rows if (r["B"], r["N"]) in largest and r["vs_copy"] < COPY_TARGET]
     fails_check = [r for r in rows if not r["ours_ok"]]
+    fallbacks = [f"{r['op']} {r['dtype']} {r['B']}x{r['N']} {k}" for r in rows
+                 for k, m in r["methods"].items() if m not in (primary, "failed")]
     summary = {
+        "timer": primary,
         "copy_gbs": copy_gbs,
+        "copy_gbs_by_timer": copy,
         "peer_target_pass": not fails_peer,
         "peer_target_default_plan_pass": not fails_default,
         "copy_target_pass": not fails_copy,
         "correctness_pass": not fails_check,
+        "timer_fallbacks": fallbacks,
         "peer_misses": [f"{r['op']} {r['dtype']} {r['B']}x{r['N']}: {r['vs_peer']:.3f}x" for r in fails_peer],
         "peer_misses_default_plan": [f"{r['op']} {r['dtype']} {r['B']}x{r['N']}: {r['vs_peer_default']:.3f}x"
                                      for r in fails_default],
@@ -380,11 +649,17 @@ def main(argv=None) -> int:
     if a.out:
         out = Path(a.out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"device": dev.name, "summary": summary, "rows": rows}, indent=1))
+        out.write_text(json.dumps({"device": dev.name, "timer": a.timer,
+                                   "timer_desc": timer_desc(primary),
+                                   "second_timer": alt and timer_desc(alt), "l2_bytes": timer.l2,
+                                   "summary": summary, "rows": rows}, indent=1))
         out.with_suffix(".md").write_text("\n".join(md) + "\n")
         log(f"wrote {out} and {out.with_suffix('.md')}")
     log("")
-    log(f"SUMMARY ({summary['wall_s']:.0f} s, copy {copy_gbs:.0f} GB/s)")
+    log(f"SUMMARY ({summary['wall_s']:.0f} s, copy {copy_gbs:.0f} GB/s, timer {primary})")
+    if fallbacks:
+        log(f"  graph capture failed, timed with {timer.flush_method} instead: {len(fallbacks)}"
+            + "".join(f"\n    {f}" for f in fallbacks))
     log(f"  correctness of every pyptx launch shape: {'PASS' if not fails_check else 'FAIL'}"
         + "".join(f"\n    {r['op']} {r['dtype']} {r['B']}x{r['N']}" for r in fails_check))
     log(f"  ours >= 1.0x best peer everywhere: {'PASS' if not fails_peer else 'FAIL'}"
