@@ -3,13 +3,17 @@
 A probe for issue 6's gap (see docs/dev/memory-bound.md): for RMSNorm f32 and
 bf16 at a few sizes it times variants of our kernel (threads per row, the
 ``ld.global`` cache modifiers of x and w, output stores with ``.cs``) beside
-the Triton row kernel of ``memory_bound.py`` and a device-to-device copy.
+the Triton row kernel of ``memory_bound.py`` and a device-to-device copy, all
+with ``memory_bound.py``'s timer (default ``graph``: CUDA graphs of back-to-back
+launches over an input pool > 4x L2; ``do_bench``/``events``: L2 flushed before
+each launch).
 
-    python benchmarks/rowwise_sweep.py
+    python benchmarks/rowwise_sweep.py [--timer graph|do_bench|events]
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import sys
 from pathlib import Path
@@ -28,20 +32,20 @@ def load(rel: str, name: str):
     return mod
 
 
-def main() -> None:
-    from triton.testing import do_bench
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--timer", choices=("graph", "do_bench", "events"), default="graph")
+    a = ap.parse_args(argv)
 
     from pyptx.types import bf16, f32
 
     mb = load("benchmarks/memory_bound.py", "mb")
+    timer = mb.Timer(torch, a.timer)
     rms = load("examples/hopper/rms_norm.py", "rms_sweep")
     rw = rms._rowwise()
     tri = mb.make_triton(torch)
-    src = torch.randn(128 * 1024 * 1024, device="cuda")
-    dst = torch.empty_like(src)
-    copy_ms = do_bench(lambda: dst.copy_(src), return_mode="median")
-    copy = 2 * src.numel() * 4 / copy_ms / 1e6
-    print(f"copy {copy:.0f} GB/s")
+    copy = mb.measure_copy(torch, timer)[1]
+    print(f"timer: {mb.timer_desc(timer.method)}\ncopy {copy:.0f} GB/s")
     loads = {"nc.L1::no_allocate": ".nc.L1::no_allocate", "plain": "", "L1::no_allocate":
              ".L1::no_allocate", "nc": ".nc", "L1::evict_first": ".L1::evict_first"}
     defaults = dict(rw.Rows.load.__kwdefaults__)
@@ -50,11 +54,18 @@ def main() -> None:
             x = torch.randn(B, N, device="cuda", dtype=tdt)
             w = torch.randn(N, device="cuda", dtype=tdt)
             nbytes = (2 * B * N + N) * x.element_size()
+            pool = timer.pool((x, w))[0]
+
+            def ms(fn, pool=pool):
+                t = timer.ms(fn, pool)
+                if t.error:
+                    print(f"  graph capture failed ({t.error}): {t.method} time, not comparable")
+                return t.ms
+
             ref = tri["rms_norm"](x, w) if isinstance(tri, dict) else None
             rows = []
             if isinstance(tri, dict):
-                ms = do_bench(lambda x=x, w=w: tri["rms_norm"](x, w), return_mode="median")
-                rows.append(("triton", ms))
+                rows.append(("triton", ms(tri["rms_norm"])))
             for lname, lmod in loads.items():
                 for threads in (None, 128, 256, 1024):
                     rw.Rows.load.__kwdefaults__["cache"] = lmod
@@ -70,14 +81,13 @@ def main() -> None:
                                                               rtol=2e-2):
                         print(f"  WRONG {lname} threads={threads}")
                         continue
-                    ms = do_bench(lambda k=k, x=x, w=w: k(x, w), return_mode="median")
                     rows.append((f"x {lname}, threads {threads or 'plan'}"
-                                 f" ({k.plan.describe()})", ms))
-            best = min(ms for _, ms in rows)
+                                 f" ({k.plan.describe()})", ms(k)))
+            best = min(t for _, t in rows)
             print(f"\nrms_norm {dt.name} {B}x{N}")
-            for name, ms in sorted(rows, key=lambda r: r[1]):
-                gbs = nbytes / ms / 1e6
-                print(f"  {gbs:7.0f} GB/s {gbs / copy:6.1%} of copy {best / ms:5.2f}x best  {name}")
+            for name, t in sorted(rows, key=lambda r: r[1]):
+                gbs = nbytes / t / 1e6
+                print(f"  {gbs:7.0f} GB/s {gbs / copy:6.1%} of copy {best / t:5.2f}x best  {name}")
 
 
 if __name__ == "__main__":
