@@ -39,6 +39,7 @@ from typing import Any
 
 from pyptx import ConfigError, SpecError, Tile, kernel, ptx, reg, smem
 from pyptx.imm import bf16_bits
+from pyptx.trace import current
 from pyptx.types import PtxType, b16, b32, bf16, f32, from_name, u32, u64
 
 WARP = 32
@@ -52,6 +53,10 @@ NEG_INF = float("-inf")
 #: CTAs of an SM, so they may stay in L1.
 STREAM = ".nc.L1::no_allocate"
 KEEP = ".nc"
+#: the persistent kernels' row loads: coherent (no ``.nc``), so ptxas keeps them where they are
+#: issued, before the previous row's ``bar.sync`` and stores; ``.nc`` loads it sinks past both
+#: to shorten their live ranges, which undoes the prefetch.
+PINNED = ".L1::no_allocate"
 
 
 def dtype_of(dtype: Any, who: str) -> PtxType:
@@ -191,19 +196,22 @@ def _bf16_word(value: float) -> int:
     return (b << 16) | b
 
 
-def load_vec(ptr: Any, off: int, dtype: PtxType, n: int, *, pred: Any = None,
-             fill: float = 0.0, cache: str = "") -> list:
-    """Load ``n`` consecutive elements at ``[ptr+off]`` (aligned to their size) as f32 registers.
+def load_raw_vec(ptr: Any, off: int, dtype: PtxType, n: int, *, pred: Any = None,
+                 fill: float | None = 0.0, cache: str = "", dst: list | None = None) -> list:
+    """Load ``n`` consecutive elements at ``[ptr+off]`` as they are stored: raw registers.
 
-    Where ``pred`` is false the values are ``fill``. ``cache`` is a modifier
-    string after ``ld.global`` (``STREAM``, ``KEEP`` or "").
+    f32: ``n`` f32 registers; bf16: ``n // 2`` b32 words (element ``2i`` in the low
+    half), or one b16 for ``n == 1``. Where ``pred`` is false the registers are
+    ``fill`` (``fill=None``: left as they were, for a guard whose result is unused).
+    ``dst`` is a list of registers from an earlier call of the same shape to load
+    into (a loop-carried register set); by default fresh registers.
     """
     out: list = []
     if dtype is f32:
         per = min(n, 4)
         for p in range(0, n, per):
-            regs = reg.array(f32, per)
-            if pred is not None:
+            regs = reg.array(f32, per) if dst is None else dst[p:p + per]
+            if pred is not None and fill is not None:
                 for r in regs:
                     ptx.inst.mov.f32(r, fill)
             v = f".v{per}" if per > 1 else ""
@@ -212,28 +220,57 @@ def load_vec(ptr: Any, off: int, dtype: PtxType, n: int, *, pred: Any = None,
             out.extend(regs)
         return out
     if n == 1:  # one bf16
-        h = reg.scalar(b16)
-        if pred is not None:
+        h = reg.scalar(b16) if dst is None else dst[0]
+        if pred is not None and fill is not None:
             ptx.inst.mov.b16(h, bf16_bits(fill))
         ptx.inst(f"ld.global{cache}.b16")(h, ptx.addr(ptr, off), pred=pred)
-        f = reg.scalar(f32)
-        ptx.inst.cvt.f32.bf16(f, h)
-        return [f]
+        return [h]
     words = n // 2
     for p in range(0, words, 4):
         per = min(words - p, 4)
-        w = reg.array(b32, per)
-        if pred is not None:
+        w = reg.array(b32, per) if dst is None else dst[p:p + per]
+        if pred is not None and fill is not None:
             for r in w:
                 ptx.inst.mov.b32(r, _bf16_word(fill))
         v = f".v{per}" if per > 1 else ""
         ptx.inst(f"ld.global{cache}{v}.b32")(w if per > 1 else w[0], ptx.addr(ptr, off + 4 * p),
                                              pred=pred)
-        for r in w:
-            lo, hi = reg.scalar(f32), reg.scalar(f32)
-            ptx.inst.shl.b32(lo, r, 16)             # element 2i: the low half
-            ptx.inst.and_.b32(hi, r, 0xFFFF0000)    # element 2i+1: the high half
-            out += [lo, hi]
+        out.extend(w)
+    return out
+
+
+def unpack(raw: list, dtype: PtxType) -> list:
+    """f32 registers of the elements in ``raw`` (from ``load_raw_vec``): f32 as they are;
+    bf16 words split with ``shl``/``and`` (no conversion instruction), a b16 with ``cvt``."""
+    if dtype is f32:
+        return list(raw)
+    if len(raw) == 1 and raw[0].type is b16:
+        f = reg.scalar(f32)
+        ptx.inst.cvt.f32.bf16(f, raw[0])
+        return [f]
+    out: list = []
+    for r in raw:
+        lo, hi = reg.scalar(f32), reg.scalar(f32)
+        ptx.inst.shl.b32(lo, r, 16)             # element 2i: the low half
+        ptx.inst.and_.b32(hi, r, 0xFFFF0000)    # element 2i+1: the high half
+        out += [lo, hi]
+    return out
+
+
+def load_vec(ptr: Any, off: int, dtype: PtxType, n: int, *, pred: Any = None,
+             fill: float = 0.0, cache: str = "") -> list:
+    """Load ``n`` consecutive elements at ``[ptr+off]`` (aligned to their size) as f32 registers.
+
+    Where ``pred`` is false the values are ``fill``. ``cache`` is a modifier
+    string after ``ld.global`` (``STREAM``, ``KEEP`` or "").
+    """
+    if dtype is f32 or n == 1:
+        return unpack(load_raw_vec(ptr, off, dtype, n, pred=pred, fill=fill, cache=cache), dtype)
+    out: list = []
+    for p in range(0, n // 2, 4):  # each load's words unpacked right after it
+        per = min(n // 2 - p, 4)
+        raw = load_raw_vec(ptr, off + 4 * p, dtype, 2 * per, pred=pred, fill=fill, cache=cache)
+        out += unpack(raw, dtype)
     return out
 
 
@@ -373,6 +410,54 @@ class Rows:
                             fill=fill, cache=cache)
         return out
 
+    def load_raw(self, ptr: Any, *, dtype: PtxType | None = None, fill: float = 0.0,
+                 cache: str = STREAM, guard: Any = None, dst: list | None = None) -> list:
+        """The thread's ``K`` chunks at ``ptr`` as stored (``load_raw_vec``), for ``unpack`` later.
+
+        ``guard`` (a predicate) turns every load off where it is false and leaves the
+        registers as they were (no traffic: a prefetch past the last row); the masked
+        tail chunk reads ``fill``. ``dst`` reloads an earlier result's registers.
+        """
+        p = self.p
+        dtype = dtype or p.dtype
+        tail = self.tail
+        if tail is not None and guard is not None:
+            tail = guard & tail
+        out: list = []
+        at = 0
+        for j in range(p.chunks):
+            last = j == p.chunks - 1 and self.tail is not None
+            part = None
+            if dst is not None:
+                n = len(dst) // p.chunks
+                part = dst[at:at + n]
+                at += n
+            out += load_raw_vec(ptr, j * p.threads * p.vec * dtype.bytes, dtype, p.vec,
+                                pred=tail if last else guard, fill=fill if last else None,
+                                cache=cache, dst=part)
+        return out
+
+    def unpack(self, raw: list, *, dtype: PtxType | None = None) -> list:
+        """f32 registers of ``load_raw``'s result (``K * vec`` values)."""
+        dtype = dtype or self.p.dtype
+        if dtype is f32:
+            return list(raw)
+        per = len(raw) // self.p.chunks
+        out: list = []
+        for j in range(self.p.chunks):
+            out += unpack(raw[j * per:(j + 1) * per], dtype)
+        return out
+
+    def hold(self, ptr: Any, *, dtype: PtxType | None = None) -> list:
+        """A length-N vector's chunks (weights) at ``ptr`` + ``offset()``, loaded once per CTA
+        with ``ld.global.nc`` and kept in registers as stored (bf16 stays packed: half the
+        registers); ``unhold`` gives the f32 values where they are used."""
+        return self.load_raw(ptr, dtype=dtype, cache=KEEP)
+
+    def unhold(self, held: list, *, dtype: PtxType | None = None) -> list:
+        """f32 values of ``hold``'s registers (no instruction for f32)."""
+        return self.unpack(held, dtype=dtype)
+
     def load_chunk(self, ptr: Any, j: int, *, dtype: PtxType | None = None, fill: float = 0.0,
                    cache: str = KEEP) -> list:
         """Chunk ``j`` only (``vec`` values): for late loads of weights."""
@@ -421,12 +506,15 @@ class Rows:
         return out
 
     # -- reductions
-    def reduce(self, vals: list, op: str = "add") -> list:
+    def reduce(self, vals: list, op: str = "add", *, lanes: bool = False) -> list:
         """All-reduce each f32 register of ``vals`` over the row's threads, in place.
 
         ``op`` is 'add' or 'max'. Costs log2(min(G, 32)) shuffle rounds and, for
         G > 32, one ``bar.sync`` and a pass over the warps' partials in shared
-        memory (a fresh slot per call, so calls never race each other).
+        memory (a fresh slot per call, so calls never race each other). The pass
+        reads all ``W = G/32`` partials into registers; with ``lanes`` each lane
+        reads one partial instead and log2(W) more shuffle rounds combine them
+        (one register per value instead of ``W``: for kernels short of registers).
         """
         p = self.p
         width = min(p.threads, WARP)
@@ -454,6 +542,8 @@ class Rows:
         for i, v in enumerate(vals):
             ptx.inst.st.shared.f32(ptx.addr(slot, 4 * i), v, pred=first)
         ptx.bar_sync(0)
+        if lanes:
+            return self._combine_in_lanes(vals, op, base, lane, W)
         parts = [[reg.scalar(f32) for _ in range(W)] for _ in vals]
         for w in range(W):
             for i in range(n):
@@ -464,6 +554,98 @@ class Rows:
                 ptx.inst(f"{op}.f32")(acc, acc, parts[i][w])
             ptx.inst.mov.f32(v, acc)
         return vals
+
+    def _combine_in_lanes(self, vals: list, op: str, base: Any, lane: Any, W: int) -> list:
+        """``reduce(lanes=True)`` after the barrier: lane ``l`` loads partial ``l mod Wp``
+        (``Wp``: W rounded up to a power of two; missing ones are the identity), then a
+        butterfly over ``Wp`` lanes. Every lane adds the same values in the same tree
+        (up to commutation), so all threads get identical results."""
+        n = len(vals)
+        wp = 1 << (W - 1).bit_length()
+        r = lane if wp == WARP else lane & (wp - 1)
+        src = base + r * (n * 4)
+        have = r < W if W < wp else None
+        ident = 0.0 if op == "add" else NEG_INF
+        for i, v in enumerate(vals):
+            if have is not None:
+                ptx.inst.mov.f32(v, ident)
+            ptx.inst.ld.shared.f32(v, ptx.addr(src, 4 * i), pred=have)
+        tmp = [reg.scalar(f32) for _ in vals]
+        off = wp // 2
+        while off:
+            for v, t in zip(vals, tmp):
+                ptx.inst.shfl.sync.bfly.b32(t, v, off, 0x1F, 0xFFFFFFFF)
+            for v, t in zip(vals, tmp):
+                ptx.inst(f"{op}.f32")(v, v, t)
+            off //= 2
+        return vals
+
+
+def persistent_plan(B: int, N: int, dtype: PtxType, *, who: str, elems: int,
+                    chunks: int | None = None, threads: int | None = None,
+                    rows: int | None = None) -> RowPlan:
+    """Launch shape of a persistent row kernel: ``plan_rows`` aiming at ``elems`` values per
+    thread instead of 64 bytes, so two row register sets and the held weights fit in 64
+    registers (two 512-thread CTAs or one of 1024 per SM; ``elems`` is the kernel's measured
+    budget). ``N`` is limited to ``1024 * elems``: past that a 1024-thread CTA would need more
+    values per thread than fit and ptxas spills. Overrides as in ``plan_rows``."""
+    return plan_rows(B, N, dtype, who=who, chunks=chunks, threads=threads, rows=rows,
+                     max_n=1024 * elems, target_bytes=elems * dtype.bytes)
+
+
+def persistent_ctas(plan: RowPlan, ctas: Any, who: str) -> int:
+    """Grid of a persistent row kernel: ``ctas`` CTAs, but never more than there are row
+    groups (``ceil(B/R)``), so every CTA has at least one."""
+    return min(_pos_int(ctas, "ctas", who), plan.grid[0])
+
+
+def row_loop(io: Rows, ctas: int, fetch: Any, body: Any) -> None:
+    """Device loop of a persistent row kernel, the next row's loads in flight during this one.
+
+    CTA ``c`` walks row groups ``it = c*R, c*R + P*R, ...`` below ``B`` (``P = ctas``
+    CTAs; ``persistent_ctas`` keeps ``c*R < B``). ``fetch(off, guard, dst)`` issues the
+    loads of the thread's row at byte offset ``off`` (``io.offset``) and returns raw
+    registers (``Rows.load_raw``; ``guard`` and ``dst`` go to it); ``body(raw, off, ok)``
+    computes and stores that row (``ok``: store predicate, None when every row is
+    inside ``B``). Two register sets ``A``, ``B`` and the loop unrolled twice, so no set
+    is copied::
+
+        A = fetch(c*R)
+        top: B = fetch(it + P*R) if it + P*R < B;  body(A)
+             if it + P*R >= B: done
+             it += 2*P*R;  A = fetch(it) if it < B;  body(B)
+             if it < B: goto top
+
+    Each ``body`` call traces its reductions afresh, so the two halves use different
+    shared-memory slots: a reduction slot is rewritten only after the next barrier,
+    which no warp passes before every warp has read it. Rows past ``B`` inside a group
+    (``R > 1``, last group) read row ``B-1`` and store nothing (``Rows.locate``).
+    """
+    p = io.p
+    R = p.rows
+    step = ctas * R
+
+    def where(it: Any) -> tuple[Any, Any]:
+        row, ok = io.locate(it if R == 1 else it + io.g)
+        return io.offset(row), ok
+
+    it0 = reg.scalar(u32)
+    ptx.inst.mul.lo.u32(it0, ptx.special.ctaid.x(), R)
+    a = fetch(where(it0)[0], None, None)
+    top, end = ptx.label("rows"), ptx.label("rows_end")
+    ptx.place(top)
+    current().raw('.pragma "nounroll";')
+    it1 = it0 + step
+    has1 = it1 < p.B
+    b = fetch(where(it1)[0], has1, None)
+    body(a, *where(it0))
+    ptx.bra(end, pred=~has1, uni=True)
+    ptx.inst.add.u32(it0, it1, step)
+    has0 = it0 < p.B
+    fetch(where(it0)[0], has0, a)
+    body(b, *where(it1))
+    ptx.bra(top, pred=has0, uni=True)
+    ptx.place(end)
 
 
 def rsqrt(x: Any) -> Any:

@@ -21,7 +21,7 @@ import _rowwise as rw  # noqa: E402
 
 
 def build_layer_norm(B: int, N: int, dtype=f32, eps: float = 1e-5, *, chunks=None,
-                     threads=None, rows=None):
+                     threads=None, rows=None, ctas=None, maxnreg=None):
     """LayerNorm over the last dim of ``X (B, N)`` with ``W (N,)``, ``Bias (N,)``, all in ``dtype``.
 
     f32 or bf16 storage, f32 arithmetic. Algorithm: load the row's chunks
@@ -31,13 +31,25 @@ def build_layer_norm(B: int, N: int, dtype=f32, eps: float = 1e-5, *, chunks=Non
     rsqrt.approx(var + eps)``, write ``d * rstd * w + b``. Launch shape from
     ``_rowwise.plan_rows`` (``chunks``/``threads``/``rows`` override it).
 
-    Supported: any ``B >= 1``, ``1 <= N <= 32768`` (ragged ``N`` uses narrower
-    accesses and a predicated last chunk). Tolerance against float64 (same as
-    ``torch.nn.functional.layer_norm`` with ``eps``): relative L2 error below
-    1e-5 for f32, 1e-2 for bf16.
+    ``ctas=P`` builds the persistent variant instead: ``min(P, ceil(B/R))`` CTAs,
+    each walking rows ``cta*R, cta*R + P*R, ...`` in a device loop with the next
+    row's loads issued before this row's reductions, barriers and stores (two
+    register sets, ``_rowwise.row_loop``); ``w`` and ``b`` are loaded once per CTA
+    and kept in registers. With two weight vectors its shape aims at 8 values per
+    thread (2048x8192: 1024 threads x 2 chunks f32, x 1 bf16), 64 registers: one
+    1024-thread CTA per SM, so ``P`` = the SM count (132 on an H100) fills the
+    GPU once. ``maxnreg`` adds ``.maxnreg`` (either variant).
+
+    Supported: any ``B >= 1``, ``1 <= N <= 32768`` (persistent: ``N <= 8192``;
+    ragged ``N`` uses narrower accesses and a predicated last chunk). Tolerance
+    against float64 (same as ``torch.nn.functional.layer_norm`` with ``eps``):
+    relative L2 error below 1e-5 for f32, 1e-2 for bf16.
     """
     who = "build_layer_norm"
     dt = rw.dtype_of(dtype, who)
+    if ctas is not None:
+        return _layer_norm_persistent(B, N, dt, eps, ctas, maxnreg, chunks=chunks,
+                                      threads=threads, rows=rows)
     plan = rw.plan_rows(B, N, dt, who=who, chunks=chunks, threads=threads, rows=rows)
     prefetch = plan.elems <= 16
 
@@ -47,6 +59,7 @@ def build_layer_norm(B: int, N: int, dtype=f32, eps: float = 1e-5, *, chunks=Non
         grid=plan.grid,
         block=plan.block,
         name=f"layer_norm_{dt.name}",
+        maxnreg=maxnreg,
     )
     def layer_norm(X, W, Bias, Y):
         px, pw, pb, py = ptx.global_ptrs(X, W, Bias, Y)
@@ -83,6 +96,58 @@ def build_layer_norm(B: int, N: int, dtype=f32, eps: float = 1e-5, *, chunks=Non
 
     layer_norm.plan = plan
     return layer_norm
+
+
+def _layer_norm_persistent(B, N, dt, eps, ctas, maxnreg, **shape):
+    """``build_layer_norm(..., ctas=P)``: ``P`` CTAs walk the rows (``_rowwise.row_loop``),
+    the next row's loads in flight while this row reduces and stores; ``w``, ``b`` read once."""
+    who = f"build_layer_norm(ctas={ctas!r})"
+    plan = rw.persistent_plan(B, N, dt, who=who, elems=8, **shape)
+    P = rw.persistent_ctas(plan, ctas, who)
+
+    @kernel(
+        in_specs=(Tile(B, N, dt), Tile(N, dt), Tile(N, dt)),
+        out_specs=(Tile(B, N, dt),),
+        grid=(P, 1, 1),
+        block=plan.block,
+        name=f"layer_norm_persist_{dt.name}",
+        maxnreg=maxnreg,
+    )
+    def layer_norm_persist(X, W, Bias, Y):
+        px, pw, pb, py = ptx.global_ptrs(X, W, Bias, Y)
+        io = rw.Rows(plan)
+        coff = io.offset()
+        w = io.hold(pw + coff)
+        b = io.hold(pb + coff)
+
+        def fetch(off, guard, dst):
+            return io.load_raw(px + off, guard=guard, dst=dst, cache=rw.PINNED)
+
+        def body(raw, off, ok):
+            x = io.unpack(raw)
+            s = rw.tree(x, "add")
+            io.reduce([s], lanes=True)
+            nmean = reg.scalar(f32)
+            ptx.inst.mul.f32(nmean, s, -1.0 / N)
+            d = io.tail_mask([v + nmean for v in x])
+            v = rw.dot(d, d)
+            io.reduce([v], lanes=True)
+            var = reg.scalar(f32)
+            ptx.inst.fma.rn.f32(var, v, 1.0 / N, eps)
+            rstd = rw.rsqrt(var)
+            y = []
+            for dv, wv, bv in zip(rw.mul_all(d, rstd), io.unhold(w), io.unhold(b)):
+                r = reg.scalar(f32)
+                ptx.inst.fma.rn.f32(r, dv, wv, bv)
+                y.append(r)
+            io.store(py + off, y, ok)
+
+        rw.row_loop(io, P, fetch, body)
+        ptx.ret()
+
+    layer_norm_persist.plan = plan
+    layer_norm_persist.ctas = P
+    return layer_norm_persist
 
 
 def build_layer_norm_bwd(B: int, N: int, dtype=f32, eps: float = 1e-5, *, chunks=None,

@@ -90,7 +90,7 @@ def _rowwise():
 
 
 def build_rms_norm_fast(B: int, N: int, dtype=f32, eps: float = 1e-6, *, chunks=None,
-                        threads=None, rows=None):
+                        threads=None, rows=None, ctas=None, maxnreg=None):
     """RMSNorm at the bandwidth ceiling: ``y = x * rsqrt(mean(x**2) + eps) * w``.
 
     ``X (B, N)`` and ``W (N,)`` in ``dtype`` (f32 or bf16), ``Y (B, N)`` in ``dtype``;
@@ -103,13 +103,26 @@ def build_rms_norm_fast(B: int, N: int, dtype=f32, eps: float = 1e-6, *, chunks=
     Short rows share a CTA. Launch shape from ``_rowwise.plan_rows``
     (``chunks``/``threads``/``rows`` override it).
 
-    Supported: any ``B >= 1``, ``1 <= N <= 32768``; ``N`` not a multiple of the
-    vector width (4 f32 / 8 bf16) uses narrower accesses, and a last partial
-    chunk is predicated. Tolerance against float64: relative L2 error below
-    1e-5 for f32, 1e-2 for bf16 (output rounding).
+    ``ctas=P`` builds the persistent variant instead: ``min(P, ceil(B/R))`` CTAs,
+    each walking rows ``cta*R, cta*R + P*R, ...`` in a device loop with the next
+    row's loads issued before this row's reduction, barrier and stores (two
+    register sets, ``_rowwise.row_loop``); ``w`` is loaded once per CTA and kept
+    in registers. Its launch shape aims at 16 values per thread (f32 2048x8192:
+    512 threads x 4 chunks, bf16: 512 x 2), 64 registers: two CTAs per SM, so
+    ``P`` = 2 x the SM count (264 on an H100) fills the GPU once. ``maxnreg``
+    adds ``.maxnreg`` (either variant).
+
+    Supported: any ``B >= 1``, ``1 <= N <= 32768`` (persistent: ``N <= 16384``);
+    ``N`` not a multiple of the vector width (4 f32 / 8 bf16) uses narrower
+    accesses, and a last partial chunk is predicated. Tolerance against
+    float64: relative L2 error below 1e-5 for f32, 1e-2 for bf16 (output
+    rounding).
     """
     rw = _rowwise()
     dt = rw.dtype_of(dtype, "build_rms_norm_fast")
+    if ctas is not None:
+        return _rms_norm_persistent(rw, B, N, dt, eps, ctas, maxnreg, chunks=chunks,
+                                    threads=threads, rows=rows)
     plan = rw.plan_rows(B, N, dt, who="build_rms_norm_fast", chunks=chunks, threads=threads,
                         rows=rows)
     prefetch_w = plan.elems <= 16
@@ -120,6 +133,7 @@ def build_rms_norm_fast(B: int, N: int, dtype=f32, eps: float = 1e-6, *, chunks=
         grid=plan.grid,
         block=plan.block,
         name=f"rms_norm_{dt.name}",
+        maxnreg=maxnreg,
     )
     def rms_norm_fast(X, W, Y):
         px, pw, py = ptx.global_ptrs(X, W, Y)
@@ -147,6 +161,46 @@ def build_rms_norm_fast(B: int, N: int, dtype=f32, eps: float = 1e-6, *, chunks=
 
     rms_norm_fast.plan = plan
     return rms_norm_fast
+
+
+def _rms_norm_persistent(rw, B, N, dt, eps, ctas, maxnreg, **shape):
+    """``build_rms_norm_fast(..., ctas=P)``: ``P`` CTAs walk the rows (``_rowwise.row_loop``),
+    the next row's loads in flight while this row reduces and stores; ``w`` read once."""
+    who = f"build_rms_norm_fast(ctas={ctas!r})"
+    plan = rw.persistent_plan(B, N, dt, who=who, elems=16, **shape)
+    P = rw.persistent_ctas(plan, ctas, who)
+
+    @kernel(
+        in_specs=(Tile(B, N, dt), Tile(N, dt)),
+        out_specs=(Tile(B, N, dt),),
+        grid=(P, 1, 1),
+        block=plan.block,
+        name=f"rms_norm_persist_{dt.name}",
+        maxnreg=maxnreg,
+    )
+    def rms_norm_persist(X, W, Y):
+        px, pw, py = ptx.global_ptrs(X, W, Y)
+        io = rw.Rows(plan)
+        w = io.hold(pw + io.offset())
+
+        def fetch(off, guard, dst):
+            return io.load_raw(px + off, guard=guard, dst=dst, cache=rw.PINNED)
+
+        def body(raw, off, ok):
+            x = io.unpack(raw)
+            ss = rw.dot(x, x)
+            xw = [r * wv for r, wv in zip(x, io.unhold(w))]
+            io.reduce([ss], lanes=True)
+            ms = reg.scalar(f32)
+            ptx.inst.fma.rn.f32(ms, ss, 1.0 / N, eps)
+            io.store(py + off, rw.mul_all(xw, rw.rsqrt(ms)), ok)
+
+        rw.row_loop(io, P, fetch, body)
+        ptx.ret()
+
+    rms_norm_persist.plan = plan
+    rms_norm_persist.ctas = P
+    return rms_norm_persist
 
 
 def build_rms_norm_bwd(B: int, N: int, dtype=f32, eps: float = 1e-6, *, chunks=None,
