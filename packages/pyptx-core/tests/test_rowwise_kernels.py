@@ -294,3 +294,219 @@ def test_simulator_catches_out_of_bounds_and_unwritten_outputs(sim):
     # and a correct kernel passes through the same checks
     (out,) = sim.run(copy_half.specialize(), [np.arange(64, dtype=np.float32)], poison=False)
     assert out.view(np.float32)[:32].tolist() == list(range(32))
+
+
+# ----------------------------------------------------------------------------- persistent (ctas=P)
+PERSISTENT_MAX_N = {"rms_norm": 16384, "layer_norm": 8192, "softmax": 16384}
+
+
+def persistent_builders():
+    fwd = forward_builders()
+    return {name: fwd[name] for name in PERSISTENT_MAX_N}
+
+
+def occupancy(registers: int, threads: int) -> int:
+    """Threads per SM that the register file allows (64K registers, 2048 threads per SM)."""
+    per = -(-registers // 8) * 8
+    ctas = min(65536 // (per * threads), 2048 // threads)
+    return ctas * threads
+
+
+@pytest.mark.parametrize("dt", DTS)
+@pytest.mark.parametrize("N", RAGGED_N)
+def test_persistent_builders_assemble(N, dt, assemble):
+    for name, build in persistent_builders().items():
+        for B, P in ((5, 2), (300, 7)):
+            k = build(B, N, dt, ctas=P)
+            log = assemble(k.specialize().ptx())
+            assert "0 bytes spill stores" in log and "0 bytes stack frame" in log, (
+                f"{name} B={B} N={N} {dt} ctas={P}:\n{log}")
+
+
+@pytest.mark.parametrize("dt", DTS)
+def test_persistent_sizes_have_no_spills_and_two_rows_per_sm(dt):
+    """At the benchmark sizes the persistent kernels (two row register sets + weights) fit in
+    64 registers: 1024 threads per SM (two 512-thread CTAs or one of 1024), no local memory."""
+    from pyptx.ptxas import check
+
+    seen = set()
+    for name, build in persistent_builders().items():
+        for B, N in BENCH + ((2, PERSISTENT_MAX_N[name]),):
+            for P in (132, 264, 396):
+                spec = build(B, N, dt, ctas=P).specialize()
+                key = spec.ptx()
+                if key in seen:
+                    continue
+                seen.add(key)
+                try:
+                    e = check(spec).entries[0]
+                except Exception as exc:  # ToolchainError without ptxas
+                    pytest.skip(f"no ptxas: {exc}")
+                threads = spec.block[0]
+                assert e.spill_stores == e.spill_loads == e.stack == 0, (name, B, N, P, e)
+                assert occupancy(e.registers, threads) >= 1024, (name, B, N, P, threads, e)
+
+
+def test_persistent_plans_and_grid():
+    shapes = {  # (op, dtype) -> (threads per row, chunks) at 2048x8192
+        ("rms_norm", "f32"): (512, 4), ("rms_norm", "bf16"): (512, 2),
+        ("layer_norm", "f32"): (1024, 2), ("layer_norm", "bf16"): (1024, 1),
+        ("softmax", "f32"): (512, 4), ("softmax", "bf16"): (512, 2),
+    }
+    for (name, dt), (g, k) in shapes.items():
+        build = persistent_builders()[name]
+        kern = build(2048, 8192, dt, ctas=264)
+        assert (kern.plan.threads, kern.plan.chunks, kern.plan.rows) == (g, k, 1), (name, dt)
+        spec = kern.specialize()
+        assert spec.grid == (264, 1, 1) and kern.ctas == 264
+        assert spec.block == (g, 1, 1)
+        text = spec.ptx()
+        # the row loads are coherent (pinned before the barrier), the weights .nc, two halves
+        assert "ld.global.L1::no_allocate." in text and "ld.global.nc.L1::no_allocate" not in text
+        assert text.count("bra.uni") == 2 and '.pragma "nounroll"' in text
+    build = persistent_builders()["rms_norm"]
+    assert build(3, 4096, ctas=264).specialize().grid == (3, 1, 1)     # never more CTAs than rows
+    k = build(300, 64, ctas=4)  # 4 threads x 32 rows per CTA: 10 row groups
+    assert (k.plan.threads, k.plan.rows) == (4, 32) and k.specialize().grid == (4, 1, 1)
+    assert build(300, 64, ctas=400).specialize().grid == (10, 1, 1)
+    # ctas=None is today's kernel, untouched
+    assert build(64, 1024).ptx() == build(64, 1024, ctas=None).ptx()
+    assert build(64, 1024).name == "rms_norm_f32" and k.name == "rms_norm_persist_f32"
+
+
+def test_persistent_unsupported_sizes_name_the_limit():
+    for name, build in persistent_builders().items():
+        n = PERSISTENT_MAX_N[name]
+        with pytest.raises(SpecError, match=rf"ctas=8.*N={n + 1} is not supported.*1\.\.{n}\b"):
+            build(2, n + 1, ctas=8)
+        build(2, n + 1)  # the one-row-per-CTA kernel still takes it
+        with pytest.raises(SpecError, match="ctas must be a positive int"):
+            build(2, 64, ctas=0)
+        with pytest.raises(SpecError, match="ctas must be a positive int"):
+            build(2, 64, ctas=True)
+
+
+def nvdisasm():
+    import shutil
+
+    path = shutil.which("nvdisasm")
+    if path is None:
+        spec = importlib.util.find_spec("nvidia")
+        for root in (spec.submodule_search_locations if spec else []) or []:
+            cand = Path(root) / "cu13" / "bin" / "nvdisasm"
+            if cand.exists():
+                path = str(cand)
+    return path
+
+
+def sass_lines(cubin: bytes, tool: str) -> tuple[list[str], dict[str, int]]:
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        f = Path(d) / "k.cubin"
+        f.write_bytes(cubin)
+        text = subprocess.run([tool, "-c", str(f)], capture_output=True, text=True,
+                              check=True).stdout
+    out: list[str] = []
+    labels: dict[str, int] = {}
+    for line in text.splitlines():
+        if m := re.match(r"^\s*(\.L_x_\d+):", line):
+            labels[m.group(1)] = len(out)
+        elif m := re.match(r"^\s+/\*[0-9a-f]{4}\*/\s+(.*?)\s*;", line):
+            out.append(m.group(1))
+    return out, labels
+
+
+def prefetch_distances(cubin: bytes, tool: str) -> list[int]:
+    """For each predicated row load in the loop: how many stores run between it and the first
+    instruction that reads its destination registers (0: the load was sunk to its use)."""
+    ins, labels = sass_lines(cubin, tool)
+    top = None
+    for i, s in enumerate(ins):
+        m = re.match(r"@!?P\d BRA `\((\.L_x_\d+)\)", s)
+        if m and labels.get(m.group(1), len(ins)) < i:
+            top = labels[m.group(1)]
+    assert top is not None, "no backward branch: no loop"
+    out = []
+    for i in range(top, len(ins)):
+        m = re.match(r"@!?P\d+ LDG\.E(?:\.NA)?\.(\d+)(?:\.CONSTANT)? R(\d+),", ins[i])
+        if not m:
+            continue
+        dst = set(range(int(m.group(2)), int(m.group(2)) + int(m.group(1)) // 32))
+        stores = 0
+        for j in list(range(i + 1, len(ins))) + list(range(top, i)):
+            op, _, args = re.sub(r"^@!?P\d+\s+", "", ins[j]).partition(" ")
+            parts = [p.strip() for p in args.split(",")]
+            srcs = parts if op.startswith(("ST", "BRA", "BAR", "EXIT")) else parts[1:]
+            if any(dst & {int(r) for r in re.findall(r"\bR(\d+)\b", p)} for p in srcs):
+                break
+            stores += op.startswith("STG")
+        out.append(stores)
+    return out
+
+
+@pytest.mark.parametrize("dt", DTS)
+def test_persistent_prefetch_runs_ahead_of_the_stores(dt):
+    """In the machine code, each row load of the loop is issued before the previous row's
+    stores: ptxas kept the software pipeline (needs nvdisasm; skipped without it)."""
+    from pyptx.ptxas import check
+
+    tool = nvdisasm()
+    if tool is None:
+        pytest.skip("no nvdisasm (pip install nvidia-cuda-nvdisasm)")
+    for name, build in persistent_builders().items():
+        for B, N in ((2048, 8192), (256, 4096)):
+            try:
+                rep = check(build(B, N, dt, ctas=264).specialize())
+            except Exception as exc:
+                pytest.skip(f"no ptxas: {exc}")
+            dist = prefetch_distances(rep.cubin, tool)
+            assert dist and min(dist) > 0, (name, dt, B, N, dist)
+
+
+PERSISTENT_SIM = [  # (B, N, ctas): B=1, B < P, B not a multiple of P (odd and even row counts
+    # per CTA: both loop exits), ragged N, several rows per CTA with a ragged last group
+    (1, 7, 3), (1, 1000, 1), (2, 4097, 4), (9, 64, 4), (7, 1000, 3), (5, 33, 2),
+    (9, 2048, 4), (4, 8192, 3), (130, 24, 3), (6, 256, 2)]
+
+
+@pytest.mark.parametrize("dt", DTS)
+@pytest.mark.parametrize("B,N,ctas", PERSISTENT_SIM)
+def test_persistent_numerics_in_simulator(sim, B, N, ctas, dt):
+    rng = np.random.default_rng(B * 7919 + N * 13 + ctas)
+    x = to_dev(sim, rng.standard_normal((B, N)) * 2 + 0.3, dt)
+    w = to_dev(sim, rng.standard_normal(N) * 0.1 + 1, dt)
+    b = to_dev(sim, rng.standard_normal(N) * 0.1, dt)
+    x64, w64, b64 = (f64(a, dt) for a in (x, w, b))
+    fwd = persistent_builders()
+
+    (y,) = sim.run(fwd["rms_norm"](B, N, dt, ctas=ctas).specialize(), [x, w])
+    ref = x64 / np.sqrt((x64 ** 2).mean(-1, keepdims=True) + 1e-6) * w64
+    assert rel(f64(y, dt), ref) < SIM_TOL[dt], "rms_norm"
+
+    (y,) = sim.run(fwd["layer_norm"](B, N, dt, ctas=ctas).specialize(), [x, w, b])
+    mu = x64.mean(-1, keepdims=True)
+    ref = (x64 - mu) / np.sqrt(((x64 - mu) ** 2).mean(-1, keepdims=True) + 1e-5) * w64 + b64
+    assert rel(f64(y, dt), ref) < SIM_TOL[dt], "layer_norm"
+
+    (y,) = sim.run(fwd["softmax"](B, N, dt, ctas=ctas).specialize(), [x])
+    e = np.exp(x64 - x64.max(-1, keepdims=True))
+    assert rel(f64(y, dt), e / e.sum(-1, keepdims=True)) < SIM_TOL[dt], "softmax"
+
+
+def test_persistent_results_match_the_one_row_kernels(sim):
+    """Same plan, same arithmetic up to the order of the cross-warp sum (a lane tree in the
+    persistent kernel, warp by warp in the other): the outputs agree to about an ulp."""
+    rng = np.random.default_rng(5)
+    B, N = 5, 2048
+    x = rng.standard_normal((B, N)).astype(np.float32)
+    w = (rng.standard_normal(N) * 0.1 + 1).astype(np.float32)
+    build = persistent_builders()["softmax"]
+    (a,) = sim.run(build(B, N, threads=128).specialize(), [x])
+    (p,) = sim.run(build(B, N, threads=128, ctas=2).specialize(), [x])
+    np.testing.assert_allclose(p.view(np.float32), a.view(np.float32), rtol=1e-6, atol=0)
+    build = persistent_builders()["rms_norm"]
+    (a,) = sim.run(build(B, N, threads=128).specialize(), [x, w])
+    (p,) = sim.run(build(B, N, threads=128, ctas=3).specialize(), [x, w])
+    np.testing.assert_allclose(p.view(np.float32), a.view(np.float32), rtol=1e-6, atol=0)
