@@ -18,7 +18,14 @@ and the write. The pieces:
   neutral value), stores from f32 (bf16 packed with ``cvt.rn.bf16x2.f32``),
   and a group-wide reduction of several values at once (butterfly shuffles,
   then, for ``G > 32``, one shared-memory slot per warp and one ``bar.sync``).
-* ``load_vec``/``store_vec`` do one aligned access of 1..8 elements.
+* ``load_vec``/``store_vec`` do one aligned access of 1..8 elements;
+  ``load_raw_vec``/``unpack`` split a load into the stored registers and their
+  f32 values (``Rows.load_raw``/``unpack``/``hold``/``unhold`` per row).
+* Persistent forward kernels (``ctas=P`` on the builders): ``persistent_plan``
+  (a shape whose two row register sets fit in 64 registers),
+  ``persistent_ctas`` (the grid) and ``row_loop`` (the device loop over the
+  CTA's rows with the next row's loads in flight, unrolled twice so the two
+  register sets alternate without copies).
 * ``build_colsum`` is the second stage of the backward kernels: it sums the
   per-CTA partial weight gradients ``(P*C, N)`` f32 over ``P`` into ``C``
   vectors of ``N``.
