@@ -1,6 +1,7 @@
 """Check every row-wise kernel once on a GPU at small, ragged sizes; made for compute-sanitizer.
 
-Runs the forward kernels (RMSNorm, LayerNorm, softmax, SwiGLU) and the
+Runs the forward kernels (RMSNorm, LayerNorm, softmax, SwiGLU; the first three
+also persistent, ``ctas=P`` for each ``--ctas`` value) and the
 RMSNorm/LayerNorm backward pairs for f32 and bf16 on fresh random inputs with
 NaN-poisoned outputs, compares each with a float64 torch reference (relative
 L2 error below 1e-5 for f32, 2e-2 for bf16) and prints one line per case and
@@ -23,11 +24,14 @@ import softmax  # noqa: E402
 import swiglu  # noqa: E402
 
 SIZES = "3x7,5x33,7x1000,3x4097,2x8192"
+CTAS = "2,264"
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default=SIZES, help=f"BxN,... (default {SIZES})")
+    ap.add_argument("--ctas", default=CTAS,
+                    help=f"persistent CTA counts P,... ('' for none; default {CTAS})")
     a = ap.parse_args(argv)
     import torch
 
@@ -67,6 +71,17 @@ def main(argv=None) -> int:
                   F.layer_norm(x64, (N,), w64, b64, 1e-5), tol)
             check(f"softmax {tag}", softmax.build_softmax_fast(B, N, dt)(x), torch.softmax(x64, -1), tol)
             check(f"swiglu {tag}", swiglu.build_swiglu(B, N, dt)(x, u), F.silu(x64) * u64, tol)
+            for P in (int(v) for v in a.ctas.split(",") if v):
+                if N <= 16384:
+                    check(f"rms_norm ctas={P} {tag}",
+                          rms_norm.build_rms_norm_fast(B, N, dt, ctas=P)(x, w),
+                          F.rms_norm(x64, (N,), w64, 1e-6), tol)
+                    check(f"softmax ctas={P} {tag}", softmax.build_softmax_fast(B, N, dt, ctas=P)(x),
+                          torch.softmax(x64, -1), tol)
+                if N <= 8192:
+                    check(f"layer_norm ctas={P} {tag}",
+                          layer_norm.build_layer_norm(B, N, dt, ctas=P)(x, w, b),
+                          F.layer_norm(x64, (N,), w64, b64, 1e-5), tol)
             if N > 8192:
                 continue
             xg, wg, bg = (t.clone().requires_grad_() for t in (x64, w64, b64))
