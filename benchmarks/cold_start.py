@@ -173,7 +173,7 @@ def child(B: int, N: int) -> int:
         if "runtimes" in m:
             m["runtimes"].load("torch")
         import pyptx_torch.eager as eager
-    eager.POISON = False
+    eager.set_poison(False)
     # Instrument the first call's phases (removed again before call 2). Each entry is
     # (module, owner attribute or None, function, label).
     wanted = [("kernel", "Kernel", "_trace", "trace"), ("kernel", "Specialization", "emit", "emit"),

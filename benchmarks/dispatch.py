@@ -90,6 +90,7 @@ class Row:
     samples: list[float] = field(default_factory=list)
     waits: list[float] = field(default_factory=list)  # final-sync share of each timed loop
     enqueue: list[float] = field(default_factory=list)  # µs/call of short bursts, no sync
+    peer: Any = None  # a same-mode framework row: the note gives the ratio to it
 
     @property
     def median(self) -> float | None:
@@ -226,6 +227,8 @@ def _table(sections: list[tuple[str, list[Row], Row | None, dict[str, float | No
             if r.waits and statistics.median(r.waits) > GPU_BOUND_WAIT:
                 notes.append(f"GPU-bound: final sync took {statistics.median(r.waits):.0%} of "
                              "the loop, so µs/call is the kernel's pace, not dispatch")
+            if r.peer is not None and med is not None and r.peer.median:
+                notes.append(f"{med / r.peer.median:.2f}x {r.peer.name}")
             if r.samples and r.calls and r.calls < calls:
                 notes.append(f"slow: {r.calls} calls per repeat")
             note = "; ".join(notes)
@@ -271,13 +274,13 @@ def _torch_rows(torch: Any, k: Any, eager: Any, args: argparse.Namespace) -> tup
             raise AssertionError(f"{label}: relative error {err:.3g} >= {tol:g}")
 
     def check_rms(fn: Callable[[Any, Any], Any], label: str) -> None:
-        eager.POISON = True
+        eager.set_poison(True)
         try:
             for _ in range(2):
                 cx, cw = fresh()
                 check(label, rel_err(fn(cx, cw), rms_ref(cx, cw)), 1e-5)
         finally:
-            eager.POISON = False
+            eager.set_poison(False)
 
     def check_add(fn: Callable[[Any, Any], Any], label: str) -> None:
         for _ in range(2):
@@ -337,6 +340,16 @@ def _torch_rows(torch: Any, k: Any, eager: Any, args: argparse.Namespace) -> tup
         check_rms(calls_k, "torch.compile(fn calling k)")
         return (lambda: calls_k(x, w)), finish
 
+    def mk_ro_add():
+        f = torch.compile(lambda a, b: torch.add(a, b), mode="reduce-overhead")
+        check_add(f, "torch.compile(torch.add, reduce-overhead)")
+        return (lambda: f(x, y)), finish
+
+    def mk_ro_k():
+        kc = torch.compile(k, mode="reduce-overhead")
+        check_rms(kc, "torch.compile(k, reduce-overhead)")
+        return (lambda: kc(x, w)), finish
+
     def capture(fn: Callable[[], Any]) -> tuple[Any, Any]:
         fn()
         g = torch.cuda.CUDAGraph()
@@ -382,11 +395,17 @@ def _torch_rows(torch: Any, k: Any, eager: Any, args: argparse.Namespace) -> tup
     eager_row = _setup(rows, "pyptx k(x, w) eager", "<= 1.0x torch.add", mk_eager)
     compiled = []
     if not args.no_compile:
-        _setup(rows, "torch.compile(torch.add)", "-", mk_compiled_add)
+        cadd = _setup(rows, "torch.compile(torch.add)", "-", mk_compiled_add)
         compiled.append(_setup(rows, "pyptx torch.compile(k)", "<= 1.3x torch.add",
                                mk_compiled_k))
         compiled.append(_setup(rows, "pyptx torch.compile(fn calling k)", "<= 1.3x torch.add",
                                mk_compiled_fn))
+        for r in compiled:
+            r.peer = cadd
+        ro_add = _setup(rows, "torch.compile(torch.add, reduce-overhead)", "-", mk_ro_add)
+        compiled.append(_setup(rows, "pyptx torch.compile(k, reduce-overhead)",
+                               "<= 1.3x torch.add", mk_ro_k))
+        compiled[-1].peer = ro_add
     gadd = _setup(rows, "CUDA graph replay: torch.add", "-", mk_graph_add)
     gk = _setup(rows, "pyptx CUDA graph replay: k(x, w)", "<= torch.add graph", mk_graph_k)
     sync()
@@ -492,7 +511,7 @@ def _profile(torch: Any, k: Any, eager: Any, calls: int) -> None:
 
     x = torch.randn(B, N, device="cuda") * 0.3
     w = torch.randn(N, device="cuda") * 0.1 + 1.0
-    eager.POISON = True
+    eager.set_poison(True)
     out = k(x, w)
     torch.cuda.synchronize()
     x64, w64 = x.double(), w.double()
@@ -500,7 +519,7 @@ def _profile(torch: Any, k: Any, eager: Any, calls: int) -> None:
     err = ((out.double() - ref).norm() / ref.norm()).item()
     if not err < 1e-5:
         raise AssertionError(f"k(x, w): relative error {err} >= 1e-5")
-    eager.POISON = False
+    eager.set_poison(False)
     for _ in range(500):
         k(x, w)
     torch.cuda.synchronize()
@@ -590,7 +609,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001
         print(f"dispatch.py: could not build the RMSNorm example: {_err(e)}")
         return 1
-    eager.POISON = False
+    eager.set_poison(False)
 
     if args.profile:
         try:
@@ -624,7 +643,8 @@ def main(argv: list[str] | None = None) -> int:
     footer = (f"{args.calls} back-to-back calls per repeat, median and min of {args.repeats} "
               f"repeats, host µs per call (final sync included, amortized); ratio to eager "
               f"torch.add, JAX rows to jax.jit(jnp.add). enqueue-only: median µs/call of "
-              f"{ENQUEUE_BURST}-call bursts from an idle GPU, final sync excluded.")
+              f"{ENQUEUE_BURST}-call bursts from an idle GPU, final sync excluded. A note "
+              f"'N.NNx <row>' is the ratio to the framework's own op on the same path.")
     print()
     print(_versions(torch))
     print("\n".join(lines))

@@ -71,16 +71,20 @@ def main() -> None:
                                                        device=plan.device)),
         ("native.launch(handle, stream, px, py)", lambda: native.launch(plan.handle, stream, xp, yp)),
         ("raw stream + current device", lambda: (eager._raw_stream(0), eager._current_device())),
+        ("torch.compiler.is_compiling()", torch.compiler.is_compiling),
+        ("x.zero_()  [one torch launch, no allocation]", lambda: x.zero_()),
+        ("torch.empty_like(x)", lambda: torch.empty_like(x)),
         ("k.fast_launch((x,))", lambda: fast((x,))),
         ("Python closure fast launcher((x,))", lambda: closure((x,))),
         ("k(x)  [whole eager call]", lambda: k(x)),
     ]
     kc = torch.compile(k)
-    assert torch.equal(kc(x), x)
-    rows.append(("torch.compile(k)(x)", lambda: kc(x)))
+    ka = torch.compile(lambda a: torch.add(a, a))
+    assert torch.equal(kc(x), x) and torch.equal(ka(x), x + x)
+    rows += [("torch.compile(k)(x)", lambda: kc(x)), ("torch.compile(torch.add)(x)", lambda: ka(x))]
     print(f"{'piece':45s} {'µs/call':>8s}")
     for name, fn in rows:
-        print(f"{name:45s} {per_call(fn):8.2f}")
+        print(f"{name:45s} {per_call(fn):8.2f}", flush=True)
     import cProfile
     import pstats
 

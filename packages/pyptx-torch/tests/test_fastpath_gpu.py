@@ -162,6 +162,21 @@ def test_op_errors_keep_their_pyptx_class(fastpath):
         torch.ops.pyptx.launch([a, a.double()], k.uid, "")
 
 
+def test_poisoning_sends_calls_to_the_python_path(fastpath):
+    import pyptx_torch.eager as eager
+
+    k = build_sum_diff()
+    a, b = torch.randn(300, device="cuda"), torch.randn(300, device="cuda")
+    check(k, a, b)
+    eager.set_poison(True)
+    try:
+        assert k.fast_launch((a, b)) is None
+        check(k, a, b)  # poisoned outputs, all overwritten by the kernel
+    finally:
+        eager.set_poison(False)
+    assert k.fast_launch((a, b)) is not None
+
+
 def test_status_string(fastpath):
     from pyptx_torch.fastpath import fastpath_status
 

@@ -36,10 +36,13 @@ BWD_SIZES = [(3, 7), (5, 33), (7, 1000), (3, 4097), (300, 64), (64, 8192), (1024
 
 
 @pytest.fixture(autouse=True)
-def poison_outputs(monkeypatch):
+def poison_outputs():
     import pyptx_torch.eager as eager
 
-    monkeypatch.setattr(eager, "POISON", True)
+    saved = eager.POISON
+    eager.set_poison(True)  # the C++ fast path then leaves every call to the poisoning path
+    yield
+    eager.set_poison(saved)
 
 
 _mods: dict[str, object] = {}

@@ -30,10 +30,13 @@ EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
 
 @pytest.fixture(autouse=True)
-def poison_outputs(monkeypatch):
+def poison_outputs():
     import pyptx_torch.eager as eager
 
-    monkeypatch.setattr(eager, "POISON", True)
+    saved = eager.POISON
+    eager.set_poison(True)  # the C++ fast path then leaves every call to the poisoning path
+    yield
+    eager.set_poison(saved)
 
 
 def load_example(rel: str):

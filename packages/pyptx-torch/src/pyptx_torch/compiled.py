@@ -65,16 +65,16 @@ def _fake_outputs(kernel: Any, kwargs: dict[str, Any], inputs: Sequence[torch.Te
 
 def _launch_impl(inputs: list[torch.Tensor], kernel: str, kwargs: str) -> list[torch.Tensor]:
     k, kw = _variant(kernel, kwargs)
-    fast = k.fast_launch
-    out = fast(tuple(inputs)) if fast is not None and not kw else None
-    if out is not None:
-        return list(out) if isinstance(out, tuple) else [out]
-    plan = plan_for(k, inputs, kw)
-    if FASTPATH is not None:  # the C++ kernel of this op takes the next call with these shapes
-        fast = native_plan(plan, tuple((t.shape, t.dtype, t.device) for t in inputs))
-        if fast is not None:
-            FASTPATH.bind(kernel, kwargs, fast)
-    return run_plan(plan, inputs)
+    args = tuple(inputs)
+    fast = None if kw else k.fast_launch
+    out = fast(args) if fast is not None else None
+    if out is None:
+        plan = plan_for(k, args, kw)
+        fast = native_plan(plan, tuple((t.shape, t.dtype, t.device) for t in args))
+        out = run_plan(plan, args)
+    if FASTPATH is not None and isinstance(fast, FASTPATH.Plan):
+        FASTPATH.bind(kernel, kwargs, fast)  # this op's C++ kernel takes the next such call
+    return list(out) if isinstance(out, (tuple, list)) else [out]
 
 
 def _launch_fake(inputs: list[torch.Tensor], kernel: str, kwargs: str) -> list[torch.Tensor]:

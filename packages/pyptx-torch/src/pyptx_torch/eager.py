@@ -30,10 +30,12 @@ try:
 except ImportError:  # reported by shim() when a plan is built
     _native = None
 
-__all__ = ["Plan", "launch_kernel", "call_kernel_via_torch", "check_tensors", "plan_for", "POISON"]
+__all__ = ["Plan", "launch_kernel", "call_kernel_via_torch", "check_tensors", "plan_for", "POISON",
+           "set_poison"]
 
 #: Fill every output with NaN (floats) or all-ones bits (ints) before the launch, so an
 #: element the kernel never writes shows up. Set ``PYPTX_POISON_OUTPUTS=1`` to turn on.
+#: Change it with ``set_poison`` (which also tells the C++ fast path).
 POISON = os.environ.get("PYPTX_POISON_OUTPUTS", "") not in ("", "0")
 
 
@@ -152,9 +154,17 @@ def plan_for(kernel: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Plan:
     return plan
 
 
+def set_poison(on: bool) -> None:
+    """Turn output poisoning (see ``POISON``) on or off, for the C++ fast path too."""
+    global POISON
+    POISON = bool(on)
+    if FASTPATH is not None:
+        FASTPATH.set_poison(POISON)
+
+
 def native_plan(plan: Plan, sig: tuple) -> Any:
     """``plan`` as a C++ fast-path plan for inputs matching ``sig`` exactly, or None without it."""
-    if FASTPATH is None or POISON:
+    if FASTPATH is None:
         return None
     return FASTPATH.Plan(plan.handle, plan.index, [tuple(s) for s, _, _ in sig],
                          [d for _, d, _ in sig], [tuple(s) for s in plan.out_shapes],
@@ -215,6 +225,8 @@ def _raw_stream_fn() -> Any:
 
 
 _raw_stream = _raw_stream_fn()
+if FASTPATH is not None:
+    FASTPATH.set_poison(POISON)
 _current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
 
 

@@ -37,10 +37,10 @@ def _bind() -> None:
     global _eager, _compiled, _is_compiling
     import torch
 
+    from pyptx.kernel import set_compiling_probe
+
     from .compiled import compiled_call
     from .eager import launch_kernel
-
-    from pyptx.kernel import set_compiling_probe
 
     _is_compiling = torch.compiler.is_compiling
     set_compiling_probe(_is_compiling)

@@ -11,6 +11,7 @@
 //
 // Built against the installed torch (ABI-specific): see fastpath_build.py.
 
+#define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
 #include <ATen/ops/empty.h>
@@ -39,6 +40,7 @@ using LaunchRaw = int (*)(uint64_t, void*, void**, int);
 constexpr int kMaxTensors = 64;
 
 LaunchRaw g_launch = nullptr;      // pyptx_shim_launch_raw
+bool g_poison = false;             // outputs must be poisoned: leave every call to Python
 PyObject* g_fallback = nullptr;    // Python pyptx::launch implementation (owned)
 
 struct PlanObject {
@@ -55,7 +57,7 @@ struct PlanObject {
 // Check `inputs` against the plan, allocate, launch; false if anything differs.
 template <typename Get>
 bool run(const PlanObject* p, size_t n, Get get, std::vector<at::Tensor>& outs) {
-  if (n != p->in_dtypes->size() || !g_launch) return false;
+  if (n != p->in_dtypes->size() || !g_launch || g_poison) return false;
   void* ptrs[kMaxTensors];
   const size_t n_out = p->out_dtypes->size();
   if (n + n_out > kMaxTensors) return false;
@@ -296,7 +298,17 @@ PyObject* py_configure(PyObject*, PyObject* args) {
   Py_RETURN_NONE;
 }
 
+// set_poison(flag): while set, plans decline every call (the Python path poisons outputs).
+PyObject* py_set_poison(PyObject*, PyObject* flag) {
+  int on = PyObject_IsTrue(flag);
+  if (on < 0) return nullptr;
+  g_poison = on != 0;
+  Py_RETURN_NONE;
+}
+
 PyMethodDef methods[] = {
+    {"set_poison", py_set_poison, METH_O,
+     "set_poison(flag): while true, plans return None so the Python path poisons the outputs."},
     {"configure", py_configure, METH_VARARGS,
      "configure(launch_raw_address, fallback): the shim's C launch entry point and the Python "
      "implementation pyptx::launch falls back to."},
