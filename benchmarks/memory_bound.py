@@ -358,8 +358,9 @@ def traffic(op, B, N, es):
                  "softmax": 2 * B * N, "swiglu": 3 * B * N}[op]
 
 
-def our_variants(mods, op, B, N, dt, tune):
-    """(label, kernel) for the planner's choice and, with ``tune``, the other launch shapes."""
+def our_variants(mods, op, B, N, dt, tune, sms=132):
+    """(label, desc, kernel) for the planner's choice and, with ``tune``, the other launch
+    shapes and the persistent kernels (``ctas`` = 1 and 2 CTAs per SM of ``sms``)."""
     if op == "rms_norm":
         build = lambda **kw: mods["rms_norm"].build_rms_norm_fast(B, N, dt, RMS_EPS, **kw)  # noqa: E731
     elif op == "layer_norm":
@@ -376,6 +377,13 @@ def our_variants(mods, op, B, N, dt, tune):
             continue
         seen.add(desc)
         out.append(("default" if chunks is None else f"chunks={chunks}", desc, k))
+    for ctas in ([sms, 2 * sms] if tune and op != "swiglu" else []):
+        try:
+            k = build(ctas=ctas)
+        except Exception as e:  # noqa: BLE001 - a size the persistent plan does not take
+            log(f"  persistent ctas={ctas}: {type(e).__name__}: {e}")
+            continue
+        out.append((f"ctas={ctas}", f"{k.plan.describe()} persistent ctas={ctas}", k))
     return out
 
 
@@ -545,7 +553,8 @@ def main(argv=None) -> int:
                 # ours: every launch shape, checked before it is timed
                 best = best_k = None
                 variants = []
-                for label, desc, k in our_variants(mods, op, B, N, dt, not a.no_tune):
+                for label, desc, k in our_variants(mods, op, B, N, dt, not a.no_tune,
+                                                   torch.cuda.get_device_properties(0).multi_processor_count):
                     t = None
                     try:
                         got = k(*inputs)
