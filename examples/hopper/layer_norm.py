@@ -21,7 +21,7 @@ import _rowwise as rw  # noqa: E402
 
 
 def build_layer_norm(B: int, N: int, dtype=f32, eps: float = 1e-5, *, chunks=None,
-                     threads=None, rows=None, ctas=None, maxnreg=None):
+                     threads=None, rows=None, ctas=None, maxnreg=None, pdl=False):
     """LayerNorm over the last dim of ``X (B, N)`` with ``W (N,)``, ``Bias (N,)``, all in ``dtype``.
 
     f32 or bf16 storage, f32 arithmetic. Algorithm: load the row's chunks
@@ -49,7 +49,7 @@ def build_layer_norm(B: int, N: int, dtype=f32, eps: float = 1e-5, *, chunks=Non
     dt = rw.dtype_of(dtype, who)
     if ctas is not None:
         return _layer_norm_persistent(B, N, dt, eps, ctas, maxnreg, chunks=chunks,
-                                      threads=threads, rows=rows)
+                                      threads=threads, rows=rows, pdl=pdl)
     plan = rw.plan_rows(B, N, dt, who=who, chunks=chunks, threads=threads, rows=rows)
     prefetch = plan.elems <= 16
 
@@ -60,6 +60,7 @@ def build_layer_norm(B: int, N: int, dtype=f32, eps: float = 1e-5, *, chunks=Non
         block=plan.block,
         name=f"layer_norm_{dt.name}",
         maxnreg=maxnreg,
+        pdl=pdl,
     )
     def layer_norm(X, W, Bias, Y):
         px, pw, pb, py = ptx.global_ptrs(X, W, Bias, Y)
@@ -98,7 +99,7 @@ def build_layer_norm(B: int, N: int, dtype=f32, eps: float = 1e-5, *, chunks=Non
     return layer_norm
 
 
-def _layer_norm_persistent(B, N, dt, eps, ctas, maxnreg, **shape):
+def _layer_norm_persistent(B, N, dt, eps, ctas, maxnreg, pdl=False, **shape):
     """``build_layer_norm(..., ctas=P)``: ``P`` CTAs walk the rows (``_rowwise.row_loop``),
     the next row's loads in flight while this row reduces and stores; ``w``, ``b`` read once."""
     who = f"build_layer_norm(ctas={ctas!r})"
@@ -112,6 +113,7 @@ def _layer_norm_persistent(B, N, dt, eps, ctas, maxnreg, **shape):
         block=plan.block,
         name=f"layer_norm_persist_{dt.name}",
         maxnreg=maxnreg,
+        pdl=pdl,
     )
     def layer_norm_persist(X, W, Bias, Y):
         px, pw, pb, py = ptx.global_ptrs(X, W, Bias, Y)

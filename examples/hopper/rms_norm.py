@@ -90,7 +90,7 @@ def _rowwise():
 
 
 def build_rms_norm_fast(B: int, N: int, dtype=f32, eps: float = 1e-6, *, chunks=None,
-                        threads=None, rows=None, ctas=None, maxnreg=None):
+                        threads=None, rows=None, ctas=None, maxnreg=None, pdl=False):
     """RMSNorm at the bandwidth ceiling: ``y = x * rsqrt(mean(x**2) + eps) * w``.
 
     ``X (B, N)`` and ``W (N,)`` in ``dtype`` (f32 or bf16), ``Y (B, N)`` in ``dtype``;
@@ -122,7 +122,7 @@ def build_rms_norm_fast(B: int, N: int, dtype=f32, eps: float = 1e-6, *, chunks=
     dt = rw.dtype_of(dtype, "build_rms_norm_fast")
     if ctas is not None:
         return _rms_norm_persistent(rw, B, N, dt, eps, ctas, maxnreg, chunks=chunks,
-                                    threads=threads, rows=rows)
+                                    threads=threads, rows=rows, pdl=pdl)
     plan = rw.plan_rows(B, N, dt, who="build_rms_norm_fast", chunks=chunks, threads=threads,
                         rows=rows)
     prefetch_w = plan.elems <= 16
@@ -134,6 +134,7 @@ def build_rms_norm_fast(B: int, N: int, dtype=f32, eps: float = 1e-6, *, chunks=
         block=plan.block,
         name=f"rms_norm_{dt.name}",
         maxnreg=maxnreg,
+        pdl=pdl,
     )
     def rms_norm_fast(X, W, Y):
         px, pw, py = ptx.global_ptrs(X, W, Y)
@@ -163,7 +164,7 @@ def build_rms_norm_fast(B: int, N: int, dtype=f32, eps: float = 1e-6, *, chunks=
     return rms_norm_fast
 
 
-def _rms_norm_persistent(rw, B, N, dt, eps, ctas, maxnreg, **shape):
+def _rms_norm_persistent(rw, B, N, dt, eps, ctas, maxnreg, pdl=False, **shape):
     """``build_rms_norm_fast(..., ctas=P)``: ``P`` CTAs walk the rows (``_rowwise.row_loop``),
     the next row's loads in flight while this row reduces and stores; ``w`` read once."""
     who = f"build_rms_norm_fast(ctas={ctas!r})"
@@ -177,6 +178,7 @@ def _rms_norm_persistent(rw, B, N, dt, eps, ctas, maxnreg, **shape):
         block=plan.block,
         name=f"rms_norm_persist_{dt.name}",
         maxnreg=maxnreg,
+        pdl=pdl,
     )
     def rms_norm_persist(X, W, Y):
         px, pw, py = ptx.global_ptrs(X, W, Y)

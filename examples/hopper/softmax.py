@@ -81,7 +81,7 @@ def _rowwise():
 
 
 def build_softmax_fast(B: int, N: int, dtype=f32, *, chunks=None, threads=None, rows=None,
-                       ctas=None, maxnreg=None):
+                       ctas=None, maxnreg=None, pdl=False):
     """Row softmax at the bandwidth ceiling, ``(B, N)`` f32 or bf16 in and out, f32 math.
 
     One pass: each thread loads its ``K`` 16-byte chunks of the row
@@ -109,7 +109,7 @@ def build_softmax_fast(B: int, N: int, dtype=f32, *, chunks=None, threads=None, 
     dt = rw.dtype_of(dtype, "build_softmax_fast")
     if ctas is not None:
         return _softmax_persistent(rw, B, N, dt, ctas, maxnreg, chunks=chunks, threads=threads,
-                                   rows=rows)
+                                   rows=rows, pdl=pdl)
     plan = rw.plan_rows(B, N, dt, who="build_softmax_fast", chunks=chunks, threads=threads,
                         rows=rows)
 
@@ -120,6 +120,7 @@ def build_softmax_fast(B: int, N: int, dtype=f32, *, chunks=None, threads=None, 
         block=plan.block,
         name=f"softmax_{dt.name}",
         maxnreg=maxnreg,
+        pdl=pdl,
     )
     def softmax_fast(X, Y):
         px, py = ptx.global_ptrs(X, Y)
@@ -148,7 +149,7 @@ def build_softmax_fast(B: int, N: int, dtype=f32, *, chunks=None, threads=None, 
     return softmax_fast
 
 
-def _softmax_persistent(rw, B, N, dt, ctas, maxnreg, **shape):
+def _softmax_persistent(rw, B, N, dt, ctas, maxnreg, pdl=False, **shape):
     """``build_softmax_fast(..., ctas=P)``: ``P`` CTAs walk the rows (``_rowwise.row_loop``),
     the next row's loads in flight while this row reduces and stores."""
     who = f"build_softmax_fast(ctas={ctas!r})"
@@ -162,6 +163,7 @@ def _softmax_persistent(rw, B, N, dt, ctas, maxnreg, **shape):
         block=plan.block,
         name=f"softmax_persist_{dt.name}",
         maxnreg=maxnreg,
+        pdl=pdl,
     )
     def softmax_persist(X, Y):
         px, py = ptx.global_ptrs(X, Y)

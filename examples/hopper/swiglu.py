@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _rowwise as rw  # noqa: E402
 
 
-def build_swiglu(B: int, N: int, dtype=f32, *, threads: int = 256, chunks=None):
+def build_swiglu(B: int, N: int, dtype=f32, *, threads: int = 256, chunks=None, pdl=False):
     """``Y = silu(G) * U`` for ``G, U, Y`` of shape ``(B, N)`` in ``dtype`` (f32 or bf16).
 
     ``threads`` per CTA and ``chunks`` (16-byte vectors per thread and input;
@@ -58,6 +58,7 @@ def build_swiglu(B: int, N: int, dtype=f32, *, threads: int = 256, chunks=None):
         out_specs=(Tile(B, N, dt),),
         grid=(grid, 1, 1),
         block=(threads, 1, 1),
+        pdl=pdl,
         name=f"swiglu_{dt.name}",
     )
     def swiglu(G, U, Y):

@@ -311,3 +311,53 @@ def test_tma_tile_copy(M, N, box):
     for _ in range(2):  # a second launch re-addresses the same tensor map
         x = torch.randn(M, N, device="cuda")
         assert torch.equal(k(x), x)
+
+
+# ---------------------------------------------------------------- programmatic dependent launch
+def build_inc(pdl: bool):
+    """Y = X + 1 over a symbolic length, launched with PDL when ``pdl``."""
+
+    @kernel(in_specs=(Tile("N", f32),), out_specs=(Tile("N", f32),),
+            grid=lambda N: ((N + 255) // 256, 1, 1), block=(256, 1, 1), pdl=pdl)
+    def inc(X, Y):
+        px, py = ptx.global_ptrs(X, Y)
+        i = reg.from_(ptx.special.ctaid.x(), u32) * 256 + reg.from_(ptx.special.tid.x(), u32)
+        with ptx.if_(i < X.shape[0]):
+            v = reg.scalar(f32)
+            ptx.inst.ld.global_.f32(v, ptx.addr(px + i * 4))
+            ptx.inst.st.global_.f32(ptx.addr(py + i * 4), v + 1.0)
+        ptx.ret()
+
+    return inc
+
+
+def test_pdl_chains_read_what_the_previous_kernel_wrote():
+    inc, plain = build_inc(True), build_inc(False)
+    assert inc.pdl and "griddepcontrol.wait" in inc.ptx(N=8)
+    x = torch.randn(1 << 22, device="cuda")
+    y, ref = x, x
+    for step in range(40):  # each launch reads the previous one's output
+        y = (inc if step % 3 else plain)(y)
+        ref = ref + 1.0
+    assert torch.equal(y, ref)
+
+
+def test_pdl_chain_in_a_cuda_graph():
+    inc = build_inc(True)
+    x = torch.randn(1 << 20, device="cuda")
+    inc(x)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        y = x
+        for _ in range(10):
+            y = inc(y)
+    for _ in range(3):
+        x.copy_(torch.randn_like(x))
+        g.replay()
+        torch.cuda.synchronize()
+        ref = x
+        for _ in range(10):
+            ref = ref + 1.0
+        assert torch.equal(y, ref)

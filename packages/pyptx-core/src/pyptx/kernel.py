@@ -66,6 +66,8 @@ class Specialization:
     scalar_params: list[tuple[str, PtxType, int | float]]
     #: ``(tensor argument index, pyptx.tma.TmaParams)`` of each tensor-map parameter.
     tma_maps: list[tuple[int, Any]] = field(default_factory=list)
+    #: Launch with programmatic dependent launch (``@kernel(pdl=True)``).
+    pdl: bool = False
     runtime_state: dict[str, Any] = field(default_factory=dict)
     _text: dict[bool, tuple[str, list[Loc | None]]] = field(default_factory=dict)
 
@@ -140,6 +142,7 @@ class Kernel:
         origin: str,
         maxnreg: int | None = None,
         tma: Mapping[str, Mapping[str, Any]] | None = None,
+        pdl: bool = False,
     ) -> None:
         self.fn = fn
         self.origin = origin
@@ -165,6 +168,11 @@ class Kernel:
                                     or not 24 <= maxnreg <= 255):
             raise ConfigError(f"{origin}: maxnreg must be an int in 24..255, got {maxnreg!r}")
         self._maxnreg = maxnreg
+        if not isinstance(pdl, bool):
+            raise ConfigError(f"{origin}: pdl must be True or False, got {pdl!r}")
+        if pdl and int(_ARCH.match(arch).group(1)) < 90:
+            raise ConfigError(f"{origin}: pdl (griddepcontrol) needs sm_90 or newer, arch is {arch}")
+        self._pdl = pdl
         self._cluster = _three(cluster, "cluster", origin)
         if self._cluster != (1, 1, 1) and int(_ARCH.match(arch).group(1)) < 90:
             raise ConfigError(f"{origin}: thread-block clusters need sm_90 or newer, arch is {arch}")
@@ -210,6 +218,11 @@ class Kernel:
     def block(self) -> Any:
         """Block as given: three ints or a callable of the dims."""
         return self._block
+
+    @property
+    def pdl(self) -> bool:
+        """True if launches use programmatic dependent launch (see ``@kernel(pdl=...)``)."""
+        return self._pdl
 
     @property
     def cluster(self) -> tuple[int, int, int]:
@@ -431,6 +444,11 @@ class Kernel:
             params.append(TensorParam(pname, spec, shape, i, trace, tmap))
         func.params.extend(tmap_params)
         with tracing(trace):
+            if self._pdl:  # nothing below may touch memory before the previous grid is done
+                from .ptx.sync import grid_dependency_wait, launch_dependents
+
+                grid_dependency_wait()
+                launch_dependents()
             try:
                 self.fn(*params, **templates)
             except PyptxError:
@@ -460,7 +478,7 @@ class Kernel:
             kernel=self, env=env, template_kwargs=templates, in_shapes=in_shapes,
             out_shapes=out_shapes, grid=grid, block=block, cluster=self._cluster, smem=smem,
             module=module, static_smem=trace.shared_bytes, scalar_params=trace.scalar_params,
-            tma_maps=tma_maps,
+            tma_maps=tma_maps, pdl=self._pdl,
         )
 
     def ptx(self, lineinfo: bool = False, **kwargs: Any) -> str:
@@ -545,6 +563,7 @@ def kernel(
     name: str | None = None,
     maxnreg: int | None = None,
     tma: Mapping[str, Mapping[str, Any]] | None = None,
+    pdl: bool = False,
 ) -> Callable[[Callable[..., Any]], Kernel]:
     """Decorate a kernel body: positional parameters are tensors (inputs then outputs),
     keyword-only parameters are template parameters.
@@ -556,6 +575,10 @@ def kernel(
     ``tma`` maps tensor names to TMA descriptor options (``box``, ``swizzle``, ...): each
     gets a by-value tensor-map parameter, ``X.tmap`` in the body, built and patched with
     the tensor's address by the runtime at every launch.
+    ``pdl=True`` launches with programmatic dependent launch (sm_90+): the kernel starts
+    with ``griddepcontrol.wait`` (so it never reads what the previous kernel is still
+    writing) and ``griddepcontrol.launch_dependents``, which lets the next PDL kernel in
+    the stream be scheduled during this one's last wave instead of after it.
     """
     origin = fmt_loc(user_loc(2))
 
@@ -564,7 +587,7 @@ def kernel(
             raise ConfigError(f"{origin}: @kernel decorates a function, got {fn!r}")
         return Kernel(fn, in_specs=in_specs, out_specs=out_specs, grid=grid, block=block,
                       cluster=cluster, smem=smem, arch=arch, version=version, name=name,
-                      origin=origin, maxnreg=maxnreg, tma=tma)
+                      origin=origin, maxnreg=maxnreg, tma=tma, pdl=pdl)
 
     return wrap
 

@@ -66,11 +66,13 @@ def register_launch_config(
     smem_bytes: int = 0,
     *,
     num_pointers: int | None = None,
+    pdl: bool = False,
 ) -> None:
     """Populate the shim's launch registry with a (handle, cu_fn, ...) entry.
 
     ``num_pointers`` is how many pointer arguments every launch must pass;
     by default it is read off the registered PTX (its ``.u64`` params).
+    ``pdl`` launches with programmatic dependent launch allowed.
     """
     if num_pointers is None:
         from .registry import get_cubin_registry
@@ -82,6 +84,8 @@ def register_launch_config(
         num_pointers = head.count(".param .u64")
     _shim_call("register", handle, cu_function, tuple(grid), tuple(block), tuple(cluster),
                smem_bytes, num_pointers)
+    if pdl:
+        _shim_call("set_pdl", handle, True)
 
 
 def scalar_bytes(value: int | float, t: PtxType | str) -> bytes:

@@ -96,6 +96,7 @@ def plan_handle(kernel: Any, spec: Any) -> int:
                                    block=spec.block, cu_function=fn0, module=loaded)
         n_ptrs = len(kernel.in_specs) + len(kernel.out_specs)
         register_launch_config(handle, fn0, spec.grid, spec.block, spec.cluster, spec.smem,
+                               pdl=spec.pdl,
                                num_pointers=n_ptrs)
         for ordinal, (fn, _) in zip(ordinals, loaded):
             native.set_device_function(handle, ordinal, fn)

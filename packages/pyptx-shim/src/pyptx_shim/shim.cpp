@@ -39,6 +39,7 @@ struct CUlaunchAttribute {
     struct {
       unsigned x, y, z;
     } clusterDim;
+    int programmatic_serialization_allowed;
   } value;
 };
 
@@ -52,6 +53,7 @@ struct CUlaunchConfig {
 };
 
 constexpr int CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4;
+constexpr int CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6;
 constexpr int CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8;
 constexpr int CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14;
 
@@ -131,6 +133,7 @@ struct Config {
   unsigned cluster[3] = {1, 1, 1};
   unsigned smem = 0;
   int n_ptrs = 0;                       // pointer params the launch must supply
+  bool pdl = false;                     // programmatic dependent launch (griddepcontrol)
   std::vector<std::vector<unsigned char>> scalars;  // raw bytes of trailing scalar params
   std::vector<TmaSpec> tmas;                          // by-value tensor maps, after scalars
 };
@@ -179,19 +182,29 @@ int do_launch(const Config& c, CUstream stream, const uint64_t* ptrs, int n, int
   if (device >= 0 && device < kMaxDevices && c.device_fn[device]) fn = c.device_fn[device];
   if (!fn) return fail("no kernel function registered for device " + std::to_string(device));
   CUresult r;
-  if (c.cluster[0] * c.cluster[1] * c.cluster[2] == 1) {
+  const bool clustered = c.cluster[0] * c.cluster[1] * c.cluster[2] != 1;
+  if (!clustered && !c.pdl) {
     r = d.launch(fn, c.grid[0], c.grid[1], c.grid[2], c.block[0], c.block[1], c.block[2],
                  c.smem, stream, args, nullptr);
   } else {
-    if (!d.launch_ex) return fail("CUDA driver lacks cuLaunchKernelEx (clusters need 12.0+)");
-    CUlaunchAttribute attr;
-    std::memset(&attr, 0, sizeof(attr));
-    attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-    attr.value.clusterDim.x = c.cluster[0];
-    attr.value.clusterDim.y = c.cluster[1];
-    attr.value.clusterDim.z = c.cluster[2];
+    if (!d.launch_ex) return fail("CUDA driver lacks cuLaunchKernelEx (clusters and PDL need 12.0+)");
+    CUlaunchAttribute attrs[2];
+    std::memset(attrs, 0, sizeof(attrs));
+    unsigned n_attrs = 0;
+    if (clustered) {
+      CUlaunchAttribute& a = attrs[n_attrs++];
+      a.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+      a.value.clusterDim.x = c.cluster[0];
+      a.value.clusterDim.y = c.cluster[1];
+      a.value.clusterDim.z = c.cluster[2];
+    }
+    if (c.pdl) {
+      CUlaunchAttribute& a = attrs[n_attrs++];
+      a.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+      a.value.programmatic_serialization_allowed = 1;
+    }
     CUlaunchConfig cfg{c.grid[0], c.grid[1],  c.grid[2], c.block[0], c.block[1],
-                       c.block[2], c.smem, stream, &attr, 1};
+                       c.block[2], c.smem, stream, attrs, n_attrs};
     r = d.launch_ex(&cfg, fn, args, nullptr);
   }
   if (r != 0) return fail("kernel launch failed: " + cu_error(r));
@@ -286,6 +299,16 @@ __attribute__((visibility("default"))) int pyptx_shim_set_device_function(uint64
   if (it == table.end()) return fail("set_device_function: unknown handle " + std::to_string(handle));
   auto c = std::make_shared<Config>(*it->second);
   c->device_fn[device] = fn;
+  it->second = std::move(c);
+  return 0;
+}
+
+__attribute__((visibility("default"))) int pyptx_shim_set_pdl(uint64_t handle, int on) {
+  std::unique_lock<std::shared_mutex> lock(table_mutex);
+  auto it = table.find(handle);
+  if (it == table.end()) return fail("set_pdl: unknown handle " + std::to_string(handle));
+  auto c = std::make_shared<Config>(*it->second);
+  c->pdl = on != 0;
   it->second = std::move(c);
   return 0;
 }
@@ -551,6 +574,16 @@ PyObject* py_ffi_handler(PyObject*, PyObject*) {
   return PyCapsule_New(reinterpret_cast<void*>(&PyptxLaunch), nullptr, nullptr);
 }
 
+// set_pdl(handle, on): launch with programmatic stream serialization (the kernel must
+// execute griddepcontrol.wait before touching memory an earlier kernel writes).
+PyObject* py_set_pdl(PyObject*, PyObject* args) {
+  unsigned long long handle;
+  int on;
+  if (!PyArg_ParseTuple(args, "Kp", &handle, &on)) return nullptr;
+  if (pyptx_shim_set_pdl(handle, on) != 0) return raise_last();
+  Py_RETURN_NONE;
+}
+
 PyObject* py_unregister(PyObject*, PyObject* arg) {
   unsigned long long handle = PyLong_AsUnsignedLongLong(arg);
   if (PyErr_Occurred()) return nullptr;
@@ -605,6 +638,8 @@ PyMethodDef methods[] = {
      "add_tma(handle, arg_index, tensor_map: 128 bytes): append a by-value tensor map whose "
      "address is patched to pointer argument arg_index at each launch."},
     {"unregister", py_unregister, METH_O, "unregister(handle): drop a launch config."},
+    {"set_pdl", py_set_pdl, METH_VARARGS,
+     "set_pdl(handle, on): launch with programmatic dependent launch (PDL) allowed."},
     {"set_device_function", py_set_device_function, METH_VARARGS,
      "set_device_function(handle, device_ordinal, cu_function): the function to launch when "
      "XLA runs the handle on that device."},

@@ -128,6 +128,7 @@ def build_plan(kernel: Any, spec: Any, device: torch.device) -> Plan:
                                                cu_function=fn, module=module)
         n_ptrs = len(kernel.in_specs) + len(kernel.out_specs)
         register_launch_config(handle, fn, spec.grid, spec.block, spec.cluster, spec.smem,
+                               pdl=spec.pdl,
                                num_pointers=n_ptrs)
         register_specialization_params(handle, spec)
     out_dtypes = tuple(torch_dtype_of(s.dtype) for s in kernel.out_specs)

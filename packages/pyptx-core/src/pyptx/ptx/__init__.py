@@ -17,6 +17,8 @@ from .sync import (
     fence,
     fence_mbarrier_init,
     fence_proxy_async,
+    grid_dependency_wait,
+    launch_dependents,
 )
 from .warp import elect_sync
 from .warpgroup import setmaxnreg
@@ -26,5 +28,5 @@ __all__ = [
     "Label", "label", "place", "bra", "loop", "if_", "ret", "exit", "bar_sync", "bar_arrive",
     "fence", "mbarrier", "tma", "wgmma", "cluster", "warpgroup", "fence_proxy_async",
     "fence_mbarrier_init", "cluster_arrive", "cluster_wait", "cluster_sync", "elect_sync",
-    "setmaxnreg",
+    "setmaxnreg", "grid_dependency_wait", "launch_dependents",
 ]

@@ -107,3 +107,16 @@ def cluster_sync(*, aligned: bool = False) -> None:
     sfx = ".aligned" if a else ""
     trace.inst("barrier.cluster.arrive" + sfx, ())
     trace.inst("barrier.cluster.wait" + sfx, ())
+
+
+def grid_dependency_wait() -> None:
+    """``griddepcontrol.wait;``: block until the grids this one depends on (programmatic
+    dependent launch, ``@kernel(pdl=True)``) have completed and their writes are visible."""
+    current().inst("griddepcontrol.wait", ())
+
+
+def launch_dependents() -> None:
+    """``griddepcontrol.launch_dependents;``: let the next PDL-launched grid in the stream be
+    scheduled once every CTA of this grid has issued this or exited (it still waits for this
+    grid's completion in its own ``griddepcontrol.wait``)."""
+    current().inst("griddepcontrol.launch_dependents", ())
