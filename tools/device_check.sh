@@ -20,4 +20,5 @@ for ex in examples/hopper/rms_norm.py examples/vector_add.py examples/block_redu
 done 2>&1 | tee "$OUT/examples.log"
 if [ "${SANITIZE:-1}" = 1 ]; then
   compute-sanitizer --tool memcheck --report-api-errors no python3 examples/hopper/rms_norm.py 2>&1 | tee "$OUT/memcheck.log" | tail -4
+  compute-sanitizer --tool memcheck --report-api-errors no python3 examples/hopper/rowwise_check.py 2>&1 | tee "$OUT/memcheck-rowwise.log" | tail -4
 fi

@@ -71,6 +71,15 @@ def main(argv=None) -> int:
                   F.layer_norm(x64, (N,), w64, b64, 1e-5), tol)
             check(f"softmax {tag}", softmax.build_softmax_fast(B, N, dt)(x), torch.softmax(x64, -1), tol)
             check(f"swiglu {tag}", swiglu.build_swiglu(B, N, dt)(x, u), F.silu(x64) * u64, tol)
+            # programmatic dependent launch: back to back, each reading the previous output
+            y = rms_norm.build_rms_norm_fast(B, N, dt, pdl=True)(x, w)
+            z = softmax.build_softmax_fast(B, N, dt, pdl=True)(y)
+            check(f"rms_norm pdl {tag}", y, F.rms_norm(x64, (N,), w64, 1e-6), tol)
+            check(f"rms_norm -> softmax pdl {tag}", z, torch.softmax(y.double(), -1), tol)
+            check(f"swiglu pdl {tag}", swiglu.build_swiglu(B, N, dt, pdl=True)(x, u),
+                  F.silu(x64) * u64, tol)
+            check(f"layer_norm pdl {tag}", layer_norm.build_layer_norm(B, N, dt, pdl=True)(x, w, b),
+                  F.layer_norm(x64, (N,), w64, b64, 1e-5), tol)
             for P in (int(v) for v in a.ctas.split(",") if v):
                 if N <= 16384:
                     check(f"rms_norm ctas={P} {tag}",
