@@ -80,11 +80,11 @@ def main() -> None:
         (out / f"triton_{tag}.cubin").write_bytes(h.asm["cubin"])
         print(tag, "triton regs", h.n_regs, "spills", h.n_spills, "warps", warps, flush=True)
         row = [f"{op} {dname} {B}x{N}"]
-        ms = do_bench(lambda: tri[op](*args), return_mode="median")
+        ms = do_bench(lambda op=op, args=args: tri[op](*args), return_mode="median")
         row.append(f"triton {nbytes / ms / 1e6:.0f}")
         for name, k in variants:
             try:
-                ms = do_bench(lambda k=k: k(*args), return_mode="median")
+                ms = do_bench(lambda k=k, args=args: k(*args), return_mode="median")
                 row.append(f"{name} {nbytes / ms / 1e6:.0f}")
             except Exception:  # noqa: BLE001
                 row.append(f"{name} n/a")
