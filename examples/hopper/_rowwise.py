@@ -661,6 +661,13 @@ def rsqrt(x: Any) -> Any:
     return r
 
 
+def rstd(total: Any, n: int, eps: float) -> Any:
+    """``rsqrt(total / n + eps)``: the normalising factor of RMSNorm and LayerNorm."""
+    ms = reg.scalar(f32)
+    ptx.inst.fma.rn.f32(ms, total, 1.0 / n, eps)
+    return rsqrt(ms)
+
+
 # ----------------------------------------------------------------------------- backward helpers
 def build_colsum(P: int, C: int, N: int, dtype: PtxType, *, name: str = "colsum",
                  ry: int = 8, unroll: int = 4):

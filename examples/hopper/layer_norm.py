@@ -80,9 +80,7 @@ def build_layer_norm(B: int, N: int, dtype=f32, eps: float = 1e-5, *, chunks=Non
         d = io.tail_mask([v + nmean for v in x])
         v = rw.dot(d, d)
         io.reduce([v])
-        var = reg.scalar(f32)
-        ptx.inst.fma.rn.f32(var, v, 1.0 / N, eps)
-        rstd = rw.rsqrt(var)
+        rstd = rw.rstd(v, N, eps)
         y = []
         for j in range(plan.chunks):
             sl = slice(j * plan.vec, (j + 1) * plan.vec)
@@ -134,9 +132,7 @@ def _layer_norm_persistent(B, N, dt, eps, ctas, maxnreg, pdl=False, **shape):
             d = io.tail_mask([v + nmean for v in x])
             v = rw.dot(d, d)
             io.reduce([v], lanes=True)
-            var = reg.scalar(f32)
-            ptx.inst.fma.rn.f32(var, v, 1.0 / N, eps)
-            rstd = rw.rsqrt(var)
+            rstd = rw.rstd(v, N, eps)
             y = []
             for dv, wv, bv in zip(rw.mul_all(d, rstd), io.unhold(w), io.unhold(b)):
                 r = reg.scalar(f32)

@@ -147,9 +147,7 @@ def build_rms_norm_fast(B: int, N: int, dtype=f32, eps: float = 1e-6, *, chunks=
         if prefetch_w:  # x * w before the reduction: the w loads overlap it, x dies early
             xw = [r * wv for r, wv in zip(x, io.load(pwt, cache=rw.KEEP))]
         io.reduce([ss])
-        ms = reg.scalar(f32)
-        ptx.inst.fma.rn.f32(ms, ss, 1.0 / N, eps)
-        rstd = rw.rsqrt(ms)
+        rstd = rw.rstd(ss, N, eps)
         y = []
         for j in range(plan.chunks):
             sl = slice(j * plan.vec, (j + 1) * plan.vec)
@@ -193,7 +191,7 @@ def _rms_norm_persistent(rw, B, N, dt, eps, ctas, maxnreg, pdl=False, **shape):
             ss = rw.dot(x, x)
             xw = [r * wv for r, wv in zip(x, io.unhold(w))]
             io.reduce([ss], lanes=True)
-            ms = reg.scalar(f32)
+            ms = reg.scalar(f32)  # not rw.rstd: keeps the measured PTX (rsqrt after the address)
             ptx.inst.fma.rn.f32(ms, ss, 1.0 / N, eps)
             io.store(py + off, rw.mul_all(xw, rw.rsqrt(ms)), ok)
 
@@ -259,9 +257,7 @@ def build_rms_norm_bwd(B: int, N: int, dtype=f32, eps: float = 1e-6, *, chunks=N
             ss = rw.dot(x, x)
             sg = rw.dot(g, x)
             io.reduce([ss, sg])
-            ms = reg.scalar(f32)
-            ptx.inst.fma.rn.f32(ms, ss, 1.0 / N, eps)
-            r = rw.rsqrt(ms)
+            r = rw.rstd(ss, N, eps)
             c = reg.scalar(f32)  # r**3 * mean(g*x)
             ptx.inst.mul.f32(c, r, r)
             ptx.inst.mul.f32(c, c, r)

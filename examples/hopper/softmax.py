@@ -127,26 +127,31 @@ def build_softmax_fast(B: int, N: int, dtype=f32, *, chunks=None, threads=None, 
         io = rw.Rows(plan)
         row, ok = io.locate(io.first_row())
         off = io.offset(row)
-        x = io.load(px + off, fill=rw.NEG_INF)
-        m = rw.tree(x, "max")
-        io.reduce([m], "max")
-        nm = reg.scalar(f32)
-        ptx.inst.mul.f32(nm, m, -LOG2E)
-        e = []
-        for v in x:
-            r = reg.scalar(f32)
-            ptx.inst.fma.rn.f32(r, v, LOG2E, nm)
-            ptx.inst.ex2.approx.ftz.f32(r, r)
-            e.append(r)
-        s = rw.tree(e, "add")
-        io.reduce([s])
-        inv = reg.scalar(f32)
-        ptx.inst.rcp.approx.ftz.f32(inv, s)
+        e, inv = _softmax_exp(rw, io, io.load(px + off, fill=rw.NEG_INF))
         io.store(py + off, rw.mul_all(e, inv), ok)
         ptx.ret()
 
     softmax_fast.plan = plan
     return softmax_fast
+
+
+def _softmax_exp(rw, io, x, *, lanes=False):
+    """``(exp(x - max), 1 / sum of them)`` for a row held as ``x`` across the row's threads."""
+    m = rw.tree(x, "max")
+    io.reduce([m], "max", lanes=lanes)
+    nm = reg.scalar(f32)
+    ptx.inst.mul.f32(nm, m, -LOG2E)
+    e = []
+    for v in x:
+        r = reg.scalar(f32)
+        ptx.inst.fma.rn.f32(r, v, LOG2E, nm)
+        ptx.inst.ex2.approx.ftz.f32(r, r)
+        e.append(r)
+    s = rw.tree(e, "add")
+    io.reduce([s], lanes=lanes)
+    inv = reg.scalar(f32)
+    ptx.inst.rcp.approx.ftz.f32(inv, s)
+    return e, inv
 
 
 def _softmax_persistent(rw, B, N, dt, ctas, maxnreg, pdl=False, **shape):
@@ -173,21 +178,7 @@ def _softmax_persistent(rw, B, N, dt, ctas, maxnreg, pdl=False, **shape):
             return io.load_raw(px + off, fill=rw.NEG_INF, guard=guard, dst=dst, cache=rw.PINNED)
 
         def body(raw, off, ok):
-            x = io.unpack(raw)
-            m = rw.tree(x, "max")
-            io.reduce([m], "max", lanes=True)
-            nm = reg.scalar(f32)
-            ptx.inst.mul.f32(nm, m, -LOG2E)
-            e = []
-            for v in x:
-                r = reg.scalar(f32)
-                ptx.inst.fma.rn.f32(r, v, LOG2E, nm)
-                ptx.inst.ex2.approx.ftz.f32(r, r)
-                e.append(r)
-            s = rw.tree(e, "add")
-            io.reduce([s], lanes=True)
-            inv = reg.scalar(f32)
-            ptx.inst.rcp.approx.ftz.f32(inv, s)
+            e, inv = _softmax_exp(rw, io, io.unpack(raw), lanes=True)
             io.store(py + off, rw.mul_all(e, inv), ok)
 
         rw.row_loop(io, P, fetch, body)
