@@ -22,7 +22,7 @@ from pyptx.specs import Dim, Tile
 
 from .dtypes import torch_dtype_of
 from .eager import Plan, native_plan, plan_for, run_plan
-from .fastpath import FASTPATH, configure_fallback
+from .fastpath import FASTPATH
 
 __all__ = ["compiled_call", "get_or_register_torch_op", "call_kernel_via_torch_compile"]
 
@@ -69,8 +69,9 @@ def _launch_impl(inputs: list[torch.Tensor], kernel: str, kwargs: str) -> list[t
     fast = None if kw else k.fast_launch
     out = fast(args) if fast is not None else None
     if out is None:
-        plan = plan_for(k, args, kw)
-        fast = native_plan(plan, tuple((t.shape, t.dtype, t.device) for t in args))
+        plan = plan_for(k, args, kw)  # without kwargs this also sets k.fast_launch
+        fast = k.fast_launch if not kw else native_plan(
+            plan, tuple((t.shape, t.dtype, t.device) for t in args))
         out = run_plan(plan, args)
     if FASTPATH is not None and isinstance(fast, FASTPATH.Plan):
         FASTPATH.bind(kernel, kwargs, fast)  # this op's C++ kernel takes the next such call
@@ -89,7 +90,7 @@ _lib.define("launch(Tensor[] inputs, str kernel, str kwargs) -> Tensor[]")
 if FASTPATH is None:
     _lib.impl("launch", _launch_impl, "CUDA")
 else:  # the extension registered the CUDA kernel; it calls back here when no plan matches
-    configure_fallback(_launch_impl)
+    FASTPATH.set_fallback(_launch_impl)
 _lib.impl("launch", _launch_impl, "CPU")  # so CPU tensors get pyptx's error, not the dispatcher's
 torch.library.register_fake("pyptx::launch", _launch_fake, lib=_lib)
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["FASTPATH", "fastpath_status", "configure_fallback"]
+__all__ = ["FASTPATH", "fastpath_status"]
 
 FASTPATH: Any = None
 _REASON = "not loaded"
@@ -43,18 +43,7 @@ def _load() -> None:
                    "rebuild with `python -m pyptx_torch.fastpath_build`")
         return
     FASTPATH, _REASON = _fastpath, None
-    _fastpath.configure(native.launch_raw_address(), _unconfigured)
-
-
-def _unconfigured(inputs: Any, kernel: str, kwargs: str) -> Any:
-    raise RuntimeError("pyptx::launch fallback not configured")
-
-
-def configure_fallback(fn: Any) -> None:
-    """The Python implementation ``pyptx::launch`` calls when no bound plan matches."""
-    from pyptx_shim import native
-
-    FASTPATH.configure(native.launch_raw_address(), fn)
+    _fastpath.configure(native.launch_raw_address())
 
 
 def fastpath_status() -> str:

@@ -271,9 +271,7 @@ PyObject* py_bind(PyObject*, PyObject* args) {
   PyObject* plan;
   if (!PyArg_ParseTuple(args, "s#s#O!", &uid, &n_uid, &kwargs, &n_kwargs, &PlanType, &plan))
     return nullptr;
-  std::string key(uid, n_uid);
-  key.push_back('\0');
-  key.append(kwargs, n_kwargs);
+  std::string key = variant_key(c10::string_view(uid, n_uid), c10::string_view(kwargs, n_kwargs));
   Py_INCREF(plan);
   std::lock_guard<std::mutex> lock(g_variants_mutex);
   auto& slot = g_variants[key];
@@ -283,18 +281,22 @@ PyObject* py_bind(PyObject*, PyObject* args) {
   Py_RETURN_NONE;
 }
 
-// configure(launch_raw_address, fallback)
-PyObject* py_configure(PyObject*, PyObject* args) {
-  unsigned long long addr;
-  PyObject* fallback;
-  if (!PyArg_ParseTuple(args, "KO", &addr, &fallback)) return nullptr;
-  if (!PyCallable_Check(fallback)) {
-    PyErr_SetString(PyExc_TypeError, "configure: fallback must be callable");
+// configure(launch_raw_address): the shim's C launch entry point.
+PyObject* py_configure(PyObject*, PyObject* arg) {
+  unsigned long long addr = PyLong_AsUnsignedLongLong(arg);
+  if (PyErr_Occurred()) return nullptr;
+  g_launch = reinterpret_cast<LaunchRaw>(static_cast<uintptr_t>(addr));
+  Py_RETURN_NONE;
+}
+
+// set_fallback(fn): the Python implementation pyptx::launch calls when no bound plan matches.
+PyObject* py_set_fallback(PyObject*, PyObject* fn) {
+  if (!PyCallable_Check(fn)) {
+    PyErr_SetString(PyExc_TypeError, "set_fallback: expected a callable");
     return nullptr;
   }
-  g_launch = reinterpret_cast<LaunchRaw>(static_cast<uintptr_t>(addr));
-  Py_INCREF(fallback);
-  Py_XSETREF(g_fallback, fallback);
+  Py_INCREF(fn);
+  Py_XSETREF(g_fallback, fn);
   Py_RETURN_NONE;
 }
 
@@ -309,9 +311,10 @@ PyObject* py_set_poison(PyObject*, PyObject* flag) {
 PyMethodDef methods[] = {
     {"set_poison", py_set_poison, METH_O,
      "set_poison(flag): while true, plans return None so the Python path poisons the outputs."},
-    {"configure", py_configure, METH_VARARGS,
-     "configure(launch_raw_address, fallback): the shim's C launch entry point and the Python "
-     "implementation pyptx::launch falls back to."},
+    {"configure", py_configure, METH_O,
+     "configure(launch_raw_address): the shim's C launch entry point."},
+    {"set_fallback", py_set_fallback, METH_O,
+     "set_fallback(fn): the Python implementation pyptx::launch calls when no plan matches."},
     {"bind", py_bind, METH_VARARGS, "bind(uid, kwargs, plan): the plan pyptx::launch uses for a variant."},
     {nullptr, nullptr, 0, nullptr}};
 
