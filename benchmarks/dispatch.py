@@ -24,6 +24,13 @@ torch.add; CUDA graph replay of a captured ``k(x, w)`` <= torch's one-op graph
 (a captured torch.add) replayed; ``jax.jit`` of a function calling ``k`` <= 1.1x
 ``jax.jit(jnp.add)``. Rows marked ``-`` are context only.
 
+A one-op ``torch.compile`` call is dominated by torch.compile's own per-call wrappers
+(guards, the AOT and inductor runtime wrappers), which ``torch.compile(torch.add)`` pays
+too: the "N.NNx torch.compile(torch.add)" note compares like with like. The derived
+row "each extra k call in a compiled fn" isolates what our op adds on that path: compiled
+fns with 1 and with CHAIN chained ``k`` calls, timed in the same rounds, their paired
+difference divided by CHAIN - 1.
+
     python benchmarks/dispatch.py [--calls 2000] [--repeats 11] [--out FILE.md]
                                   [--no-compile] [--no-jax] [--no-triton]
     python benchmarks/dispatch.py --profile      # cProfile of 2000 eager k(x, w), top 15 by tottime
@@ -63,6 +70,7 @@ ENQUEUE_BURST = 200  # calls per no-sync burst (well under CUDA's ~1000-launch q
 SLOW_REPEAT_S = 0.25  # a row slower than this per repeat gets fewer calls (noted in the table)
 GPU_BOUND_WAIT = 0.10  # a final sync longer than this share of the loop: the GPU set the pace
 EXIT_NO_GPU = 2
+CHAIN = 11  # k calls in the compiled fn whose per-call cost gives the marginal row
 
 if triton is not None:
 
@@ -198,6 +206,18 @@ def _run_section(rows: list[Row], calls: int, repeats: int) -> None:
             except Exception as e:  # noqa: BLE001
                 r.error = _err(e)
                 r.samples.clear()
+
+
+def _marginal(one: Row, many: Row, extra: int, name: str, target: str) -> Row:
+    """A derived row: the cost of one more op inside a compiled fn, from two rows timed in
+    the same rounds (sample i of each comes from round i): ``(many - one) / extra``."""
+    row = Row(name, target)
+    if one.error or many.error:
+        row.error = one.error or many.error
+        return row
+    row.samples = [(b - a) / extra for a, b in zip(one.samples, many.samples)]
+    row.calls = many.calls
+    return row
 
 
 def _verdict(row: Row, bound: float | None) -> str:
@@ -340,6 +360,30 @@ def _torch_rows(torch: Any, k: Any, eager: Any, args: argparse.Namespace) -> tup
         check_rms(calls_k, "torch.compile(fn calling k)")
         return (lambda: calls_k(x, w)), finish
 
+    def chain(n: int) -> Callable[[Any, Any], Any]:
+        @torch.compile
+        def f(a: Any, b: Any) -> Any:
+            for _ in range(n):  # each call reads the last one's output: nothing to merge
+                a = k(a, b)
+            return a
+
+        eager.set_poison(True)
+        try:
+            cx, cw = fresh()
+            want = cx.double()
+            for _ in range(n):
+                want = rms_ref(want, cw)
+            check(f"torch.compile({n} chained k)", rel_err(f(cx, cw), want), 1e-4)
+        finally:
+            eager.set_poison(False)
+        return f
+
+    def mk_chain(n: int):
+        def make():
+            f = chain(n)
+            return (lambda: f(x, w)), finish
+        return make
+
     def mk_ro_add():
         f = torch.compile(lambda a, b: torch.add(a, b), mode="reduce-overhead")
         check_add(f, "torch.compile(torch.add, reduce-overhead)")
@@ -402,6 +446,9 @@ def _torch_rows(torch: Any, k: Any, eager: Any, args: argparse.Namespace) -> tup
                                mk_compiled_fn))
         for r in compiled:
             r.peer = cadd
+        one = _setup(rows, "  torch.compile(fn: 1 k call) [for the marginal]", "-", mk_chain(1))
+        many = _setup(rows, f"  torch.compile(fn: {CHAIN} chained k calls) [per fn call]", "-",
+                      mk_chain(CHAIN))
         ro_add = _setup(rows, "torch.compile(torch.add, reduce-overhead)", "-", mk_ro_add)
         compiled.append(_setup(rows, "pyptx torch.compile(k, reduce-overhead)",
                                "<= 1.3x torch.add", mk_ro_k))
@@ -411,6 +458,12 @@ def _torch_rows(torch: Any, k: Any, eager: Any, args: argparse.Namespace) -> tup
     sync()
     print(f"timing {len(rows)} torch rows ...", flush=True)
     _run_section(rows, args.calls, args.repeats)
+    if not args.no_compile:
+        marginal = _marginal(one, many, CHAIN - 1,
+                             f"pyptx torch.compile: each extra k call in a compiled fn "
+                             f"(({CHAIN} calls - 1 call) / {CHAIN - 1})", "<= 1.3x torch.add")
+        rows.append(marginal)
+        compiled.append(marginal)
     a = add.median
     bounds = {eager_row.name: a * 1.0 if a else None, gk.name: gadd.median}
     for r in compiled:

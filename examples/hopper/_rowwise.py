@@ -40,6 +40,7 @@ aligned).
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -64,6 +65,11 @@ KEEP = ".nc"
 #: issued, before the previous row's ``bar.sync`` and stores; ``.nc`` loads it sinks past both
 #: to shorten their live ranges, which undoes the prefetch.
 PINNED = ".L1::no_allocate"
+#: store cache hint of ``store_vec`` / ``Rows.store`` ("" = the default write-back policy).
+STORE = ""
+#: ``pdl=True`` kernels ask for their CTA's rows in L2 before ``griddepcontrol.wait``
+#: (``Rows.pdl_entry``), so the loads overlap the previous grid's last wave.
+PDL_PREFETCH = True
 
 
 def dtype_of(dtype: Any, who: str) -> PtxType:
@@ -282,9 +288,11 @@ def load_vec(ptr: Any, off: int, dtype: PtxType, n: int, *, pred: Any = None,
 
 
 def store_vec(ptr: Any, off: int, dtype: PtxType, vals: list, *, pred: Any = None,
-              cache: str = "") -> None:
-    """Store f32 registers ``vals`` as ``len(vals)`` consecutive ``dtype`` elements at ``[ptr+off]``."""
+              cache: str | None = None) -> None:
+    """Store f32 registers ``vals`` as ``len(vals)`` consecutive ``dtype`` elements at ``[ptr+off]``
+    (``cache``: a modifier after ``st.global``; default ``STORE``)."""
     n = len(vals)
+    cache = STORE if cache is None else cache
     if dtype is f32:
         per = min(n, 4)
         for p in range(0, n, per):
@@ -350,6 +358,12 @@ def mul_all(vals: list, s: Any) -> list:
     return out
 
 
+def entry(pdl: bool) -> Any:
+    """The block a row kernel opens first: ``ptx.pdl_prologue()`` for a ``pdl=True`` kernel
+    (address setup and the L2 prefetches overlap the previous grid), else nothing."""
+    return ptx.pdl_prologue() if pdl else contextlib.nullcontext()
+
+
 # ----------------------------------------------------------------------------- in-kernel view
 class Rows:
     """The calling thread's place in a ``RowPlan``, inside a kernel body."""
@@ -377,6 +391,29 @@ class Rows:
         row = reg.scalar(u32)
         ptx.inst.mad.lo.u32(row, cta, self.p.rows, self.g)
         return row
+
+    def prefetch_rows(self, *ptrs: Any) -> None:
+        """Thread 0 asks for this CTA's rows of each ``(B, N)`` array at ``ptrs`` in L2 (one
+        ``cp.async.bulk.prefetch`` each; rows past ``B`` left out). Nothing when a row is not
+        a multiple of 16 bytes (the bulk copy's granule)."""
+        p = self.p
+        row_bytes = p.N * p.es
+        if row_bytes % 16:
+            return
+        cta = ptx.special.ctaid.x()
+        first = reg.scalar(u64)
+        ptx.inst.mul.wide.u32(first, cta, p.rows * row_bytes)
+        nbytes: Any = p.rows * row_bytes
+        if p.B % p.rows:  # the last CTA holds B % R rows
+            left = reg.scalar(u32)
+            ptx.inst.mul.lo.u32(left, cta, p.rows)
+            ptx.inst.sub.u32(left, p.B, left)  # B - cta*R: > 0 in every CTA
+            ptx.inst.min.u32(left, left, p.rows)
+            nbytes = reg.scalar(u32)
+            ptx.inst.mul.lo.u32(nbytes, left, row_bytes)
+        lead = self.tid == 0
+        for ptr in ptrs:
+            ptx.bulk_prefetch_l2(ptr + first, nbytes, pred=lead)
 
     def locate(self, row: Any) -> tuple[Any, Any]:
         """(row to read, store predicate or None): rows past B read row B-1 and store nothing."""
@@ -406,9 +443,11 @@ class Rows:
 
     # -- rows in registers
     def load(self, ptr: Any, *, dtype: PtxType | None = None, fill: float = 0.0,
-             cache: str = STREAM) -> list:
-        """The thread's ``K * vec`` elements at ``ptr`` (base + ``offset()``) as f32 registers."""
+             cache: str | None = None) -> list:
+        """The thread's ``K * vec`` elements at ``ptr`` (base + ``offset()``) as f32 registers
+        (``cache`` after ``ld.global``; default ``STREAM``)."""
         p = self.p
+        cache = STREAM if cache is None else cache
         dtype = dtype or p.dtype
         out: list = []
         for j in range(p.chunks):
@@ -418,7 +457,7 @@ class Rows:
         return out
 
     def load_raw(self, ptr: Any, *, dtype: PtxType | None = None, fill: float = 0.0,
-                 cache: str = STREAM, guard: Any = None, dst: list | None = None) -> list:
+                 cache: str | None = None, guard: Any = None, dst: list | None = None) -> list:
         """The thread's ``K`` chunks at ``ptr`` as stored (``load_raw_vec``), for ``unpack`` later.
 
         ``guard`` (a predicate) turns every load off where it is false and leaves the
@@ -427,6 +466,7 @@ class Rows:
         """
         p = self.p
         dtype = dtype or p.dtype
+        cache = STREAM if cache is None else cache
         tail = self.tail
         if tail is not None and guard is not None:
             tail = guard & tail
@@ -484,7 +524,7 @@ class Rows:
         return ok & tail
 
     def store(self, ptr: Any, vals: list, ok: Any = None, *, dtype: PtxType | None = None,
-              cache: str = "") -> None:
+              cache: str | None = None) -> None:
         """Write the thread's ``K * vec`` f32 values to ``ptr`` as ``dtype`` (the plan's default)."""
         p = self.p
         dtype = dtype or p.dtype

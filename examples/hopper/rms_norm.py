@@ -137,8 +137,11 @@ def build_rms_norm_fast(B: int, N: int, dtype=f32, eps: float = 1e-6, *, chunks=
         pdl=pdl,
     )
     def rms_norm_fast(X, W, Y):
-        px, pw, py = ptx.global_ptrs(X, W, Y)
-        io = rw.Rows(plan)
+        with rw.entry(pdl):
+            px, pw, py = ptx.global_ptrs(X, W, Y)
+            io = rw.Rows(plan)
+            if pdl and rw.PDL_PREFETCH:
+                io.prefetch_rows(px)
         row, ok = io.locate(io.first_row())
         off = io.offset(row)
         x = io.load(px + off)

@@ -123,8 +123,11 @@ def build_softmax_fast(B: int, N: int, dtype=f32, *, chunks=None, threads=None, 
         pdl=pdl,
     )
     def softmax_fast(X, Y):
-        px, py = ptx.global_ptrs(X, Y)
-        io = rw.Rows(plan)
+        with rw.entry(pdl):
+            px, py = ptx.global_ptrs(X, Y)
+            io = rw.Rows(plan)
+            if pdl and rw.PDL_PREFETCH:
+                io.prefetch_rows(px)
         row, ok = io.locate(io.first_row())
         off = io.offset(row)
         e, inv = _softmax_exp(rw, io, io.load(px + off, fill=rw.NEG_INF))

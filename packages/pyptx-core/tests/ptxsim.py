@@ -270,7 +270,7 @@ def _exec(c: _CTA, ins: tuple, m: np.ndarray, pcs: np.ndarray, done: np.ndarray,
         if base == "ret" or base == "exit":
             done[m] = True
             return
-        if base == "bar":
+        if base in ("bar", "griddepcontrol"):  # one grid at a time: nothing to wait for
             return
         if not m.any():
             return
@@ -379,6 +379,15 @@ def _exec(c: _CTA, ins: tuple, m: np.ndarray, pcs: np.ndarray, done: np.ndarray,
             j = np.where(j > maxl, lane, j)
             src = c.warp * 32 + j
             c.put(ops[0], a[src], m)
+        elif op.startswith("cp.async.bulk.prefetch.L2.global"):  # a hint: only check the range
+            addr = c.address(ops[0], m)[m]
+            nb = c.as_u(ops[1], m, 32)[m].astype(np.int64)
+            i, off = c.mem.locate(addr, 1, raw)
+            if ((off % 16) != 0).any() or ((nb % 16) != 0).any() or (nb <= 0).any():
+                raise SimError(f"{raw}: bulk prefetch needs a 16-byte aligned start and a "
+                               "positive multiple of 16 bytes")
+            if (off + nb > len(c.mem.bufs[i])).any():
+                raise SimError(f"{raw}: bulk prefetch past the end of buffer {i}")
         elif base in ("ld", "st") and (".shared" in op or ".global" in op):
             n, et = _vec(op)
             es = max(_BITS[et] // 8, 1)

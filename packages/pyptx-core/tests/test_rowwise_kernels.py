@@ -205,6 +205,18 @@ SIM_TOL = {"f32": 1e-6, "bf16": 1e-2}
 @pytest.mark.parametrize("dt", DTS)
 @pytest.mark.parametrize("B,N", SIM_SIZES)
 def test_forward_numerics_in_simulator(sim, B, N, dt):
+    check_forward_in_simulator(sim, B, N, dt)
+
+
+# the PDL kernels' L2 prefetch covers this CTA's rows: the simulator checks every prefetch
+# range lies inside its buffer (ragged B with several rows per CTA, ragged flat swiglu)
+@pytest.mark.parametrize("dt", DTS)
+@pytest.mark.parametrize("B,N", [(5, 8), (130, 24), (3, 1000), (2, 4097), (7, 96)])
+def test_pdl_forward_numerics_in_simulator(sim, B, N, dt):
+    check_forward_in_simulator(sim, B, N, dt, pdl=True)
+
+
+def check_forward_in_simulator(sim, B, N, dt, **kw):
     rng = np.random.default_rng(B * 7919 + N)
     x = to_dev(sim, rng.standard_normal((B, N)) * 2 + 0.3, dt)
     w = to_dev(sim, rng.standard_normal(N) * 0.1 + 1, dt)
@@ -213,20 +225,20 @@ def test_forward_numerics_in_simulator(sim, B, N, dt):
     x64, w64, b64, u64 = (f64(a, dt) for a in (x, w, b, u))
     fwd = forward_builders()
 
-    (y,) = sim.run(fwd["rms_norm"](B, N, dt).specialize(), [x, w])
+    (y,) = sim.run(fwd["rms_norm"](B, N, dt, **kw).specialize(), [x, w])
     ref = x64 / np.sqrt((x64 ** 2).mean(-1, keepdims=True) + 1e-6) * w64
     assert rel(f64(y, dt), ref) < SIM_TOL[dt], "rms_norm"
 
-    (y,) = sim.run(fwd["layer_norm"](B, N, dt).specialize(), [x, w, b])
+    (y,) = sim.run(fwd["layer_norm"](B, N, dt, **kw).specialize(), [x, w, b])
     mu = x64.mean(-1, keepdims=True)
     ref = (x64 - mu) / np.sqrt(((x64 - mu) ** 2).mean(-1, keepdims=True) + 1e-5) * w64 + b64
     assert rel(f64(y, dt), ref) < SIM_TOL[dt], "layer_norm"
 
-    (y,) = sim.run(fwd["softmax"](B, N, dt).specialize(), [x])
+    (y,) = sim.run(fwd["softmax"](B, N, dt, **kw).specialize(), [x])
     e = np.exp(x64 - x64.max(-1, keepdims=True))
     assert rel(f64(y, dt), e / e.sum(-1, keepdims=True)) < SIM_TOL[dt], "softmax"
 
-    (y,) = sim.run(fwd["swiglu"](B, N, dt).specialize(), [x, u])
+    (y,) = sim.run(fwd["swiglu"](B, N, dt, **kw).specialize(), [x, u])
     assert rel(f64(y, dt), x64 / (1 + np.exp(-x64)) * u64) < SIM_TOL[dt], "swiglu"
 
 
@@ -294,6 +306,24 @@ def test_simulator_catches_out_of_bounds_and_unwritten_outputs(sim):
     # and a correct kernel passes through the same checks
     (out,) = sim.run(copy_half.specialize(), [np.arange(64, dtype=np.float32)], poison=False)
     assert out.view(np.float32)[:32].tolist() == list(range(32))
+
+    def prefetching(nbytes):
+        @kernel(in_specs=(Tile(64, f32),), out_specs=(Tile(64, f32),), block=(64, 1, 1), pdl=True)
+        def k(X, Y):
+            with ptx.pdl_prologue():
+                px, py = ptx.global_ptrs(X, Y)
+                ptx.bulk_prefetch_l2(px, nbytes)
+            off = reg.scalar(u64)
+            ptx.inst.mul.wide.u32(off, ptx.special.tid.x(), 4)
+            v = reg.scalar(f32)
+            ptx.inst.ld.global_.f32(v, ptx.addr(px + off))
+            ptx.inst.st.global_.f32(ptx.addr(py + off), v)
+            ptx.ret()
+        return k.specialize()
+
+    with pytest.raises(sim.SimError, match="bulk prefetch past the end"):
+        sim.run(prefetching(272), [np.ones(64, np.float32)])
+    sim.run(prefetching(256), [np.ones(64, np.float32)])
 
 
 # ----------------------------------------------------------------------------- persistent (ctas=P)

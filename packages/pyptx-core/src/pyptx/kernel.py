@@ -448,6 +448,7 @@ class Kernel:
                 from .ptx.sync import grid_dependency_wait, launch_dependents
 
                 grid_dependency_wait()
+                trace.pdl_wait = trace.body[-1]  # ptx.pdl_prologue() code goes before it
                 launch_dependents()
             try:
                 self.fn(*params, **templates)

@@ -32,6 +32,8 @@ class Trace:
         self.dynamic_smem = False
         self.scalar_params: list[tuple[str, PtxType, int | float]] = []
         self._names: dict[str, int] = {}
+        self.pdl_wait: Instruction | None = None  # the @kernel(pdl=True) entry wait
+        self.pdl_prologue_used = False
 
     def new_reg_name(self, t: PtxType) -> str:
         n = self.counts.get(t, 0)

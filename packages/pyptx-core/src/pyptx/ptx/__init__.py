@@ -6,7 +6,7 @@ reductions. Every call appends to the kernel being traced.
 from . import cluster, mbarrier, tma, warp, warpgroup, wgmma
 from .control import Label, bra, exit, if_, label, loop, place, ret
 from .inst import inst
-from .memory import Addr, TensorParam, addr, global_ptrs, scalar_param
+from .memory import Addr, TensorParam, addr, bulk_prefetch_l2, global_ptrs, scalar_param
 from .special import special
 from .sync import (
     bar_arrive,
@@ -19,6 +19,7 @@ from .sync import (
     fence_proxy_async,
     grid_dependency_wait,
     launch_dependents,
+    pdl_prologue,
 )
 from .warp import elect_sync
 from .warpgroup import setmaxnreg
@@ -28,5 +29,6 @@ __all__ = [
     "Label", "label", "place", "bra", "loop", "if_", "ret", "exit", "bar_sync", "bar_arrive",
     "fence", "mbarrier", "tma", "wgmma", "cluster", "warpgroup", "fence_proxy_async",
     "fence_mbarrier_init", "cluster_arrive", "cluster_wait", "cluster_sync", "elect_sync",
-    "setmaxnreg", "grid_dependency_wait", "launch_dependents",
+    "setmaxnreg", "grid_dependency_wait", "launch_dependents", "pdl_prologue",
+    "bulk_prefetch_l2",
 ]

@@ -147,3 +147,35 @@ def scalar_param(t: PtxType, value: int | float, name: str = "arg") -> Reg:
     r = Reg(trace.new_reg_name(t), t, trace)
     trace.inst(f"ld.param.{t.name}", (r.name, f"[{pname}]"))
     return r
+
+
+def bulk_prefetch_l2(src: Any, nbytes: int | Reg, *, pred: Reg | None = None) -> None:
+    """``cp.async.bulk.prefetch.L2.global [src], nbytes;``: ask the copy engine to bring
+    ``nbytes`` of global memory at ``src`` into L2 (sm_90+). A hint: nothing waits for it.
+
+    ``src`` is a u64 global address register (or ``ptx.addr``), 16-byte aligned at run
+    time; ``nbytes`` a positive multiple of 16 below 2**32, or a u32 register holding one;
+    ``pred`` issues it only where that predicate holds (say one thread of the CTA).
+    """
+    trace = current()
+    if type(src) is Reg:
+        if src.type.bits != 64 or not src.type.is_int:
+            raise OperandError(f"{where()}: bulk_prefetch_l2 src must be a 64-bit address register, "
+                               f"got .{src.type.name} {src.name}")
+        src = Addr(src, 0)
+    elif type(src) is not Addr:
+        raise OperandError(f"{where()}: bulk_prefetch_l2 src must be an address register or "
+                           f"ptx.addr(...), got {src!r}")
+    if type(nbytes) is Reg:
+        if nbytes.type.bits != 32 or not nbytes.type.is_int:
+            raise OperandError(f"{where()}: bulk_prefetch_l2 nbytes register must be 32-bit, got "
+                               f".{nbytes.type.name} {nbytes.name}")
+    elif isinstance(nbytes, bool) or not isinstance(nbytes, int) or not 0 < nbytes < 2**32 \
+            or nbytes % 16:
+        raise OperandError(f"{where()}: bulk_prefetch_l2 nbytes must be a positive multiple of 16 "
+                           f"below 2**32, got {nbytes!r}")
+    if pred is not None and not (type(pred) is Reg and pred.type.is_pred):
+        raise OperandError(f"{where()}: bulk_prefetch_l2 pred must be a predicate register, got {pred!r}")
+    trace.inst("cp.async.bulk.prefetch.L2.global",
+               (render(src, None, trace), render(nbytes, None, trace)),
+               None if pred is None else render(pred, None, trace))

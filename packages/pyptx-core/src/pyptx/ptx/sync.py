@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from ..errors import OperandError
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from ..errors import OperandError, TraceError
+from ..ir import Instruction
 from ..reg import Reg, render
-from ..source import where
+from ..source import fmt_loc, where
 from ..trace import current
 
 
@@ -120,3 +124,58 @@ def launch_dependents() -> None:
     scheduled once every CTA of this grid has issued this or exited (it still waits for this
     grid's completion in its own ``griddepcontrol.wait``)."""
     current().inst("griddepcontrol.launch_dependents", ())
+
+
+# Opcode prefixes that may touch global memory, which a PDL prologue must not do before
+# ``griddepcontrol.wait`` (``.param``/``.shared``/``.local``/``.const`` accesses are fine).
+_GLOBAL_ACCESS = ("ld", "ldu", "st", "atom", "red", "cp", "multimem", "suld", "sust", "sured",
+                  "tex", "tld4", "tensormap", "prefetch", "prefetchu", "applypriority",
+                  "discard", "createpolicy")
+_PRIVATE_SPACES = (".param", ".shared", ".local", ".const")
+_PROLOGUE_OK = ("cp.async.bulk.prefetch.", "prefetch.global.L2", "prefetch.L2", "prefetch.param",
+                "prefetch.tensormap", "prefetch.const", "createpolicy")
+
+
+def _touches_global(opcode: str) -> bool:
+    head = opcode.split(".", 1)[0]
+    if head not in _GLOBAL_ACCESS or opcode.startswith(_PROLOGUE_OK):
+        return False
+    return not any(space in opcode for space in _PRIVATE_SPACES)
+
+
+@contextmanager
+def pdl_prologue() -> Iterator[None]:
+    """Code that runs *before* ``griddepcontrol.wait`` in a ``@kernel(pdl=True)`` body.
+
+    A PDL kernel may be resident while the previous grid still runs; its entry waits
+    for that grid first. Statements traced inside this block are placed ahead of the
+    wait, so they overlap the previous grid's last wave: address arithmetic, special
+    registers, ``.param``/``.shared`` accesses and L2 prefetches
+    (``ptx.bulk_prefetch_l2``; an L2 prefetch cannot return stale data, L2 being the
+    GPU's point of coherence). Anything that may read or write global memory raises
+    ``TraceError`` naming the statement. The block must open before any other
+    statement of the body, once; registers it defines stay usable after it.
+    """
+    trace = current()
+    loc = where()
+    wait = trace.pdl_wait
+    if wait is None:
+        raise TraceError(f"{loc}: ptx.pdl_prologue() needs a kernel declared with "
+                         "@kernel(pdl=True); this kernel waits for no previous grid")
+    body = trace.body
+    at = body.index(wait)
+    if trace.pdl_prologue_used or len(body) != at + 2:
+        raise TraceError(f"{loc}: ptx.pdl_prologue() must open once, before any other statement "
+                         f"of the kernel body ({len(body) - at - 2} statements came first)")
+    trace.pdl_prologue_used = True
+    start = len(body)
+    yield
+    block = body[start:]
+    for st in block:
+        if isinstance(st, Instruction) and _touches_global(st.opcode):
+            site = fmt_loc(st.loc) if st.loc else loc
+            raise TraceError(f"{site}: {st.opcode} may access global memory, which a PDL prologue "
+                             "must not do before griddepcontrol.wait; expected address arithmetic, "
+                             ".param/.shared accesses or L2 prefetches (ptx.bulk_prefetch_l2)")
+    del body[start:]
+    body[at:at] = block
