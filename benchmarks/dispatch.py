@@ -593,6 +593,38 @@ def _profile(torch: Any, k: Any, eager: Any, calls: int) -> None:
     print(buf.getvalue().rstrip())
 
 
+def _profile_compiled(torch: Any, k: Any, calls: int) -> None:
+    """cProfile of a compiled fn making CHAIN chained ``k`` calls: where an op's µs go on the
+    torch.compile path (inductor's wrapper, the op call, our kernel)."""
+    import cProfile
+    import io
+    import pstats
+
+    x = torch.randn(B, N, device="cuda") * 0.3
+    w = torch.randn(N, device="cuda") * 0.1 + 1.0
+
+    @torch.compile
+    def f(a: Any, b: Any) -> Any:
+        for _ in range(CHAIN):
+            a = k(a, b)
+        return a
+
+    for _ in range(200):
+        f(x, w)
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    gc.collect()
+    prof.enable()
+    for _ in range(calls):
+        f(x, w)
+    torch.cuda.synchronize()
+    prof.disable()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(25)
+    print(f"cProfile of {calls} calls of a compiled fn making {CHAIN} chained k calls")
+    print(buf.getvalue().rstrip())
+
+
 # ---------------------------------------------------------------------------- main
 def _versions(torch: Any) -> str:
     parts = [f"GPU {torch.cuda.get_device_name()}", f"Python {platform.python_version()}",
@@ -620,6 +652,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, help="also write the table as markdown to this file")
     ap.add_argument("--profile", action="store_true",
                     help="instead of the table: cProfile of --calls eager k(x, w), top 15 by tottime")
+    ap.add_argument("--profile-compile", action="store_true",
+                    help=f"instead of the table: cProfile of a compiled fn making {CHAIN} chained "
+                         "k calls, top 25 by tottime")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile rows")
     ap.add_argument("--no-jax", action="store_true", help="skip the JAX rows")
     ap.add_argument("--no-triton", action="store_true", help="skip the Triton row")
@@ -664,9 +699,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     eager.set_poison(False)
 
-    if args.profile:
+    if args.profile or args.profile_compile:
         try:
-            _profile(torch, k, eager, args.calls)
+            if args.profile_compile:
+                _profile_compiled(torch, k, args.calls)
+            else:
+                _profile(torch, k, eager, args.calls)
         except Exception as e:  # noqa: BLE001
             print(f"profile failed: {_err(e)}")
             return 1

@@ -39,6 +39,7 @@ def load(rel: str, name: str):
     sys.path.insert(0, str(path.parent))
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # dataclasses look their module up there
     spec.loader.exec_module(mod)
     return mod
 
