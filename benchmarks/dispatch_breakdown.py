@@ -78,13 +78,40 @@ def main() -> None:
         ("Python closure fast launcher((x,))", lambda: closure((x,))),
         ("k(x)  [whole eager call]", lambda: k(x)),
     ]
+    import pyptx_torch.compiled  # noqa: F401 - defines pyptx::launch
+
+    op = torch.ops.pyptx.launch.default
+    op_raw = torch._C._get_operation_overload("pyptx::launch", "")  # no OpOverload.__call__
+    uid = k.uid
+    assert torch.equal(op([x], uid, "")[0], x)
+    rows += [
+        ("torch.ops.pyptx.launch.default([x], uid, '')", lambda: op([x], uid, "")),
+        ("  the same under torch.inference_mode()", None),
+        ("  the same under torch.no_grad()", None),
+    ]
+    if isinstance(op_raw, tuple):  # (callable, tags) on recent torch
+        op_raw = op_raw[0]
+    if callable(op_raw):
+        rows.append(("  the raw overload (no OpOverload.__call__)", lambda: op_raw([x], uid, "")))
     kc = torch.compile(k)
     ka = torch.compile(lambda a: torch.add(a, a))
     assert torch.equal(kc(x), x) and torch.equal(ka(x), x + x)
     rows += [("torch.compile(k)(x)", lambda: kc(x)), ("torch.compile(torch.add)(x)", lambda: ka(x))]
     print(f"{'piece':45s} {'µs/call':>8s}")
     for name, fn in rows:
-        print(f"{name:45s} {per_call(fn):8.2f}", flush=True)
+        try:
+            if fn is None and "inference_mode" in name:
+                with torch.inference_mode():
+                    t = per_call(lambda: op([x], uid, ""))
+            elif fn is None:
+                with torch.no_grad():
+                    t = per_call(lambda: op([x], uid, ""))
+            else:
+                t = per_call(fn)
+        except Exception as e:  # noqa: BLE001 - a probe row that this torch refuses
+            print(f"{name:45s} {type(e).__name__}: {e}", flush=True)
+            continue
+        print(f"{name:45s} {t:8.2f}", flush=True)
     import cProfile
     import pstats
 

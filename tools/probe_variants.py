@@ -23,6 +23,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: name -> (switches of _rowwise, builder kwargs)
 VARIANTS = {
+    "ld": ({"PDL_PREFETCH": False, "STREAM": ""}, {}),
+    "ld+nreg64": ({"PDL_PREFETCH": False, "STREAM": ""}, {"maxnreg": 64}),
+    "pf+ld+nreg64": ({"STREAM": ""}, {"maxnreg": 64}),
+    "ld+c8": ({"PDL_PREFETCH": False, "STREAM": ""}, {"chunks": 8}),
+    "ld+c2": ({"PDL_PREFETCH": False, "STREAM": ""}, {"chunks": 2}),
+    "persist+ld": ({"PDL_PREFETCH": False, "STREAM": "", "PINNED": ""}, {"ctas": 264}),
     "pdl": ({"PDL_PREFETCH": False}, {}),
     "pdl+pf": ({}, {}),
     "pf+st.cs": ({"STORE": ".cs"}, {}),
