@@ -371,19 +371,18 @@ def our_variants(mods, op, B, N, dt, tune, sms=132):
     else:
         build = lambda **kw: mods["swiglu"].build_swiglu(B, N, dt, **kw)  # noqa: E731
     out, seen = [], set()
-    for pdl in (False, True) if tune else (False,):
+    for pdl in (True, False) if tune else (True,):  # the builders' default is pdl=True
         for chunks in [None] + ([1, 2, 4, 8] if tune else []):
-            kw = {"pdl": True} if pdl else {}
-            k = build(**kw) if chunks is None else build(chunks=chunks, **kw)
+            k = build(pdl=pdl) if chunks is None else build(chunks=chunks, pdl=pdl)
             desc = (k.plan.describe() if hasattr(k, "plan") else str(k.geometry)) + (" pdl" if pdl else "")
             if desc in seen:
                 continue
             seen.add(desc)
             label = "default" if chunks is None else f"chunks={chunks}"
-            out.append((label + (" pdl" if pdl else ""), desc, k))
+            out.append((label + ("" if pdl else " no-pdl"), desc, k))
     for ctas in ([sms, 2 * sms] if tune and op != "swiglu" else []):
         try:
-            k = build(ctas=ctas)
+            k = build(ctas=ctas, pdl=False)
         except Exception as e:  # noqa: BLE001 - a size the persistent plan does not take
             log(f"  persistent ctas={ctas}: {type(e).__name__}: {e}")
             continue

@@ -90,12 +90,12 @@ def _rowwise():
 
 
 def build_rms_norm_fast(B: int, N: int, dtype=f32, eps: float = 1e-6, *, chunks=None,
-                        threads=None, rows=None, ctas=None, maxnreg=None, pdl=False):
+                        threads=None, rows=None, ctas=None, maxnreg=None, pdl=True):
     """RMSNorm at the bandwidth ceiling: ``y = x * rsqrt(mean(x**2) + eps) * w``.
 
     ``X (B, N)`` and ``W (N,)`` in ``dtype`` (f32 or bf16), ``Y (B, N)`` in ``dtype``;
     arithmetic in f32. One pass: each thread loads its ``K`` 16-byte chunks of
-    the row (``ld.global.nc.L1::no_allocate``, all in flight before first use)
+    the row (plain ``ld.global``, all in flight before first use)
     and of ``W`` (``ld.global.nc``, kept in L1 for the other rows of the SM),
     sums squares with four fma chains and forms ``x * w`` while the sums travel, all-reduces over the row's threads
     (shuffles, then shared memory and one ``bar.sync`` when a row has several
@@ -111,6 +111,11 @@ def build_rms_norm_fast(B: int, N: int, dtype=f32, eps: float = 1e-6, *, chunks=
     512 threads x 4 chunks, bf16: 512 x 2), 64 registers: two CTAs per SM, so
     ``P`` = 2 x the SM count (264 on an H100) fills the GPU once. ``maxnreg``
     adds ``.maxnreg`` (either variant).
+
+    ``pdl`` (default True) launches with programmatic dependent launch: the kernel is
+    scheduled during the previous kernel's last wave, its address setup and an L2
+    prefetch of its rows (``cp.async.bulk.prefetch``) run before ``griddepcontrol.wait``,
+    and nothing is read or written before the previous grid has finished.
 
     Supported: any ``B >= 1``, ``1 <= N <= 32768`` (persistent: ``N <= 16384``);
     ``N`` not a multiple of the vector width (4 f32 / 8 bf16) uses narrower

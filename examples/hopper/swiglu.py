@@ -3,7 +3,7 @@
 The ``(B, N)`` inputs are walked as one flat array of ``B * N`` elements in
 16-byte vectors (4 f32 / 8 bf16 per access; narrower when ``B * N`` is not a
 multiple). Each thread of a 256-thread CTA loads ``K`` vectors of ``g`` and of
-``u`` (all in flight at once, ``ld.global.nc.L1::no_allocate``) at a stride of
+``u`` (all in flight at once, plain ``ld.global``) at a stride of
 one CTA width, so every warp access is contiguous, computes in f32 with
 ``ex2.approx`` and ``rcp.approx``, and writes with 16-byte stores. Only the
 last CTA can be partial: it takes a predicated copy of the body; the others
@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _rowwise as rw  # noqa: E402
 
 
-def build_swiglu(B: int, N: int, dtype=f32, *, threads: int = 256, chunks=None, pdl=False):
+def build_swiglu(B: int, N: int, dtype=f32, *, threads: int = 256, chunks=None, pdl=True):
     """``Y = silu(G) * U`` for ``G, U, Y`` of shape ``(B, N)`` in ``dtype`` (f32 or bf16).
 
     ``threads`` per CTA and ``chunks`` (16-byte vectors per thread and input;
@@ -30,6 +30,12 @@ def build_swiglu(B: int, N: int, dtype=f32, *, threads: int = 256, chunks=None, 
     (threads * chunks)). Supported: any ``B, N >= 1`` with ``B * N < 2**32``.
     Tolerance against float64: relative L2 error below 1e-5 for f32, 1e-2 for
     bf16.
+
+    ``pdl`` (default True) launches with programmatic dependent launch: the kernel is
+    scheduled during the previous kernel's last wave, thread 0 of each CTA asks for the
+    CTA's slices of ``G`` and ``U`` in L2 (``cp.async.bulk.prefetch``) before
+    ``griddepcontrol.wait``, and nothing is read or written before the previous grid
+    has finished.
     """
     who = "build_swiglu"
     dt = rw.dtype_of(dtype, who)

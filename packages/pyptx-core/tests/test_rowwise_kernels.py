@@ -107,11 +107,12 @@ def test_hot_accesses_are_16_bytes(dt):
     vec = "v4.f32" if dt == "f32" else "v4.b32"
     for name, build in forward_builders().items():
         text = build(B, N, dt).ptx()
-        loads = re.findall(r"ld\.global\.nc\.L1::no_allocate\.(\S+)", text)
+        loads = re.findall(r"ld\.global\.(v\d\.\S+)", text)  # streamed: plain ld.global
         stores = re.findall(r"st\.global\.(\S+)", text)
         assert loads and set(loads) == {vec}, (name, set(loads))
         assert stores and set(stores) == {vec}, (name, set(stores))
         assert "bar.sync" in text or name == "swiglu"
+        assert "no_allocate" not in text  # measured slower than plain loads on the H100
 
 
 # ----------------------------------------------------------------------------- plans
