@@ -23,6 +23,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: name -> (switches of _rowwise, builder kwargs)
 VARIANTS = {
+    "default": ({}, {}),
+    "nreg56": ({}, {"maxnreg": 56}),
+    "nreg48": ({}, {"maxnreg": 48}),
+    "nreg40": ({}, {"maxnreg": 40}),
+    "rows2": ({}, {"rows": 2}),
     "ld": ({"PDL_PREFETCH": False, "STREAM": ""}, {}),
     "ld+nreg64": ({"PDL_PREFETCH": False, "STREAM": ""}, {"maxnreg": 64}),
     "pf+ld+nreg64": ({"STREAM": ""}, {"maxnreg": 64}),
