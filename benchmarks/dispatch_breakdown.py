@@ -9,6 +9,7 @@ whole ``k(x)``, and torch.add for scale. Medians of 9 repeats.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 
@@ -84,10 +85,11 @@ def main() -> None:
     op_raw = torch._C._get_operation_overload("pyptx::launch", "")  # no OpOverload.__call__
     uid = k.uid
     assert torch.equal(op([x], uid, "")[0], x)
+    call_op = lambda: op([x], uid, "")  # noqa: E731
     rows += [
-        ("torch.ops.pyptx.launch.default([x], uid, '')", lambda: op([x], uid, "")),
-        ("  the same under torch.inference_mode()", None),
-        ("  the same under torch.no_grad()", None),
+        ("torch.ops.pyptx.launch.default([x], uid, '')", call_op),
+        ("  the same under torch.inference_mode()", call_op, torch.inference_mode),
+        ("  the same under torch.no_grad()", call_op, torch.no_grad),
     ]
     if isinstance(op_raw, tuple):  # (callable, tags) on recent torch
         op_raw = op_raw[0]
@@ -98,15 +100,9 @@ def main() -> None:
     assert torch.equal(kc(x), x) and torch.equal(ka(x), x + x)
     rows += [("torch.compile(k)(x)", lambda: kc(x)), ("torch.compile(torch.add)(x)", lambda: ka(x))]
     print(f"{'piece':45s} {'µs/call':>8s}")
-    for name, fn in rows:
+    for name, fn, *mode in rows:  # mode: a context the whole timing runs under
         try:
-            if fn is None and "inference_mode" in name:
-                with torch.inference_mode():
-                    t = per_call(lambda: op([x], uid, ""))
-            elif fn is None:
-                with torch.no_grad():
-                    t = per_call(lambda: op([x], uid, ""))
-            else:
+            with (mode[0] if mode else contextlib.nullcontext)():
                 t = per_call(fn)
         except Exception as e:  # noqa: BLE001 - a probe row that this torch refuses
             print(f"{name:45s} {type(e).__name__}: {e}", flush=True)

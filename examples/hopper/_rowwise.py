@@ -359,6 +359,26 @@ def mul_all(vals: list, s: Any) -> list:
     return out
 
 
+def prefetch_cta_slice(ptrs: Any, span: int, total: int, tid: Any) -> None:
+    """PDL prologue: thread 0 asks for bytes ``[cta*span, (cta+1)*span)`` of each array at
+    ``ptrs`` in L2, one ``cp.async.bulk.prefetch`` each; the last CTA's slice is what is
+    left of ``total``. Nothing when ``PDL_PREFETCH`` is off or the sizes are not multiples
+    of 16 bytes (the bulk copy's granule)."""
+    if not PDL_PREFETCH or span % 16 or total % 16:
+        return
+    cta = ptx.special.ctaid.x()
+    start = reg.scalar(u64)
+    ptx.inst.mul.wide.u32(start, cta, span)
+    nbytes: Any = span
+    if total % span:
+        last = -(-total // span) - 1
+        nbytes = reg.scalar(u32)
+        ptx.inst.selp.u32(nbytes, total - last * span, span, cta == last)
+    lead = tid == 0
+    for ptr in ptrs:
+        ptx.bulk_prefetch_l2(ptr + start, nbytes, pred=lead)
+
+
 def entry(pdl: bool) -> Any:
     """The block a row kernel opens first: ``ptx.pdl_prologue()`` for a ``pdl=True`` kernel
     (address setup and the L2 prefetches overlap the previous grid), else nothing."""
@@ -394,27 +414,11 @@ class Rows:
         return row
 
     def prefetch_rows(self, *ptrs: Any) -> None:
-        """Thread 0 asks for this CTA's rows of each ``(B, N)`` array at ``ptrs`` in L2 (one
-        ``cp.async.bulk.prefetch`` each; rows past ``B`` left out). Nothing when a row is not
-        a multiple of 16 bytes (the bulk copy's granule)."""
+        """Thread 0 asks for this CTA's rows of each ``(B, N)`` array at ``ptrs`` in L2
+        (``prefetch_cta_slice``; rows past ``B`` left out)."""
         p = self.p
         row_bytes = p.N * p.es
-        if row_bytes % 16:
-            return
-        cta = ptx.special.ctaid.x()
-        first = reg.scalar(u64)
-        ptx.inst.mul.wide.u32(first, cta, p.rows * row_bytes)
-        nbytes: Any = p.rows * row_bytes
-        if p.B % p.rows:  # the last CTA holds B % R rows
-            left = reg.scalar(u32)
-            ptx.inst.mul.lo.u32(left, cta, p.rows)
-            ptx.inst.sub.u32(left, p.B, left)  # B - cta*R: > 0 in every CTA
-            ptx.inst.min.u32(left, left, p.rows)
-            nbytes = reg.scalar(u32)
-            ptx.inst.mul.lo.u32(nbytes, left, row_bytes)
-        lead = self.tid == 0
-        for ptr in ptrs:
-            ptx.bulk_prefetch_l2(ptr + first, nbytes, pred=lead)
+        prefetch_cta_slice(ptrs, p.rows * row_bytes, p.B * row_bytes, self.tid)
 
     def locate(self, row: Any) -> tuple[Any, Any]:
         """(row to read, store predicate or None): rows past B read row B-1 and store nothing."""

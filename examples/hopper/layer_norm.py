@@ -77,7 +77,7 @@ def build_layer_norm(B: int, N: int, dtype=f32, eps: float = 1e-5, *, chunks=Non
         with rw.entry(pdl):
             px, pw, pb, py = ptx.global_ptrs(X, W, Bias, Y)
             io = rw.Rows(plan)
-            if pdl and rw.PDL_PREFETCH:
+            if pdl:
                 io.prefetch_rows(px)
         row, ok = io.locate(io.first_row())
         off = io.offset(row)

@@ -145,7 +145,7 @@ def build_rms_norm_fast(B: int, N: int, dtype=f32, eps: float = 1e-6, *, chunks=
         with rw.entry(pdl):
             px, pw, py = ptx.global_ptrs(X, W, Y)
             io = rw.Rows(plan)
-            if pdl and rw.PDL_PREFETCH:
+            if pdl:
                 io.prefetch_rows(px)
         row, ok = io.locate(io.first_row())
         off = io.offset(row)

@@ -131,7 +131,7 @@ def build_softmax_fast(B: int, N: int, dtype=f32, *, chunks=None, threads=None, 
         with rw.entry(pdl):
             px, py = ptx.global_ptrs(X, Y)
             io = rw.Rows(plan)
-            if pdl and rw.PDL_PREFETCH:
+            if pdl:
                 io.prefetch_rows(px)
         row, ok = io.locate(io.first_row())
         off = io.offset(row)

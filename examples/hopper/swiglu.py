@@ -73,8 +73,8 @@ def build_swiglu(B: int, N: int, dtype=f32, *, threads: int = 256, chunks=None, 
             pg, pu, py = ptx.global_ptrs(G, U, Y)
             cta = ptx.special.ctaid.x()
             tid = ptx.special.tid.x()
-            if pdl and rw.PDL_PREFETCH and (M * es) % 16 == 0:
-                _prefetch_cta(cta, tid == 0, (pg, pu), per_cta * vec * es, M * es, grid)
+            if pdl:
+                rw.prefetch_cta_slice((pg, pu), per_cta * vec * es, M * es, tid)
             idx = reg.scalar(u32)
             ptx.inst.mad.lo.u32(idx, cta, per_cta, tid)
             off = reg.scalar(u64)
@@ -117,20 +117,6 @@ def build_swiglu(B: int, N: int, dtype=f32, *, threads: int = 256, chunks=None, 
 
     swiglu.geometry = dict(vec=vec, chunks=k, threads=threads, grid=grid)
     return swiglu
-
-
-def _prefetch_cta(cta, lead, ptrs, span: int, total: int, grid: int) -> None:
-    """PDL prologue: ``lead`` asks for this CTA's ``span`` bytes of each input in L2 (the
-    last CTA's share is what is left of ``total``)."""
-    start = reg.scalar(u64)
-    ptx.inst.mul.wide.u32(start, cta, span)
-    nbytes = span
-    if total % span:
-        last = grid - 1
-        nbytes = reg.scalar(u32)
-        ptx.inst.selp.u32(nbytes, total - last * span, span, cta == last)
-    for p in ptrs:
-        ptx.bulk_prefetch_l2(p + start, nbytes, pred=lead)
 
 
 def reference(g, u):

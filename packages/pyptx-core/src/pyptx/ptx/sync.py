@@ -130,10 +130,10 @@ def launch_dependents() -> None:
 # ``griddepcontrol.wait`` (``.param``/``.shared``/``.local``/``.const`` accesses are fine).
 _GLOBAL_ACCESS = ("ld", "ldu", "st", "atom", "red", "cp", "multimem", "suld", "sust", "sured",
                   "tex", "tld4", "tensormap", "prefetch", "prefetchu", "applypriority",
-                  "discard", "createpolicy")
+                  "discard")
 _PRIVATE_SPACES = (".param", ".shared", ".local", ".const")
 _PROLOGUE_OK = ("cp.async.bulk.prefetch.", "prefetch.global.L2", "prefetch.L2", "prefetch.param",
-                "prefetch.tensormap", "prefetch.const", "createpolicy")
+                "prefetch.tensormap", "prefetch.const")
 
 
 def _touches_global(opcode: str) -> bool:
