@@ -90,6 +90,8 @@ def main() -> None:
         ("torch.ops.pyptx.launch.default([x], uid, '')", call_op),
         ("  the same under torch.inference_mode()", call_op, torch.inference_mode),
         ("  the same under torch.no_grad()", call_op, torch.no_grad),
+        ("torch.ops.aten.add.Tensor(x, x)  [torch's op, same path]",
+         lambda: torch.ops.aten.add.Tensor(x, x)),
     ]
     if isinstance(op_raw, tuple):  # (callable, tags) on recent torch
         op_raw = op_raw[0]
@@ -99,6 +101,9 @@ def main() -> None:
     ka = torch.compile(lambda a: torch.add(a, a))
     assert torch.equal(kc(x), x) and torch.equal(ka(x), x + x)
     rows += [("torch.compile(k)(x)", lambda: kc(x)), ("torch.compile(torch.add)(x)", lambda: ka(x))]
+    from pyptx_torch.fastpath import FASTPATH
+
+    fallbacks = FASTPATH.fallback_calls() if FASTPATH is not None else None
     print(f"{'piece':45s} {'µs/call':>8s}")
     for name, fn, *mode in rows:  # mode: a context the whole timing runs under
         try:
@@ -108,6 +113,9 @@ def main() -> None:
             print(f"{name:45s} {type(e).__name__}: {e}", flush=True)
             continue
         print(f"{name:45s} {t:8.2f}", flush=True)
+    if fallbacks is not None:
+        print(f"pyptx::launch calls that fell back to Python while timing: "
+              f"{FASTPATH.fallback_calls() - fallbacks}")
     import cProfile
     import pstats
 

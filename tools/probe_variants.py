@@ -42,6 +42,8 @@ VARIANTS = {
     "pf+ld.nc": ({"STREAM": ".nc"}, {}),
     "pf+L2_256": ({"STREAM": ".nc.L1::no_allocate.L2::256B"}, {}),
     "pf+maxnreg64": ({}, {"maxnreg": 64}),
+    "norepack": ({"REPACK": False}, {}),
+    "nreg64": ({}, {"maxnreg": 64}),
 }
 
 

@@ -131,6 +131,7 @@ def build_rms_norm_fast(B: int, N: int, dtype=f32, eps: float = 1e-6, *, chunks=
     plan = rw.plan_rows(B, N, dt, who="build_rms_norm_fast", chunks=chunks, threads=threads,
                         rows=rows)
     prefetch_w = plan.elems <= 16
+    repack = rw.REPACK and dt.bytes == 2 and not prefetch_w  # x packed across the reduction
 
     @kernel(
         in_specs=(Tile(B, N, dt), Tile(N, dt)),
@@ -149,7 +150,8 @@ def build_rms_norm_fast(B: int, N: int, dtype=f32, eps: float = 1e-6, *, chunks=
                 io.prefetch_rows(px)
         row, ok = io.locate(io.first_row())
         off = io.offset(row)
-        x = io.load(px + off)
+        raw = io.load_raw(px + off) if repack else None
+        x = io.unpack(raw) if repack else io.load(px + off)
         pwt = pw + io.offset()
         ss = rw.dot(x, x)
         if prefetch_w:  # x * w before the reduction: the w loads overlap it, x dies early
@@ -162,7 +164,8 @@ def build_rms_norm_fast(B: int, N: int, dtype=f32, eps: float = 1e-6, *, chunks=
             if prefetch_w:
                 y += rw.mul_all(xw[sl], rstd)
             else:
-                y += [r * wv for r, wv in zip(rw.mul_all(x[sl], rstd), io.load_chunk(pwt, j))]
+                xj = io.unpack_chunk(raw, j, spelling=1) if repack else x[sl]
+                y += [r * wv for r, wv in zip(rw.mul_all(xj, rstd), io.load_chunk(pwt, j))]
         io.store(py + off, y, ok)
         ptx.ret()
 

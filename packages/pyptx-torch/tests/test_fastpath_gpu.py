@@ -153,6 +153,28 @@ def test_torch_compile_uses_the_cpp_op_and_recovers_from_new_shapes(fastpath):
         a, b = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
         s, d = f(a, b)
         assert torch.equal(s, (a * 2.0 + b) + 1.0) and torch.equal(d, a * 2.0 - b)
+    before = fastpath.fallback_calls()
+    for _ in range(5):  # a repeat of a bound shape never leaves C++
+        a, b = torch.randn(2048, device="cuda"), torch.randn(2048, device="cuda")
+        s, d = f(a, b)
+        assert torch.equal(d, a * 2.0 - b)
+    assert fastpath.fallback_calls() == before
+
+
+def test_op_has_an_unboxed_autograd_kernel_and_outputs_match_eager(fastpath):
+    # The extension registers pyptx::launch for AutogradCUDA (no boxed autograd fallback);
+    # as in eager mode, a plain kernel's outputs do not track gradients.
+    assert torch._C._dispatch_has_kernel_for_dispatch_key("pyptx::launch", "AutogradCUDA")
+    k = build_sum_diff()
+    a = torch.randn(700, device="cuda", requires_grad=True)
+    b = torch.randn(700, device="cuda")
+    eager_s, _ = k(a, b)
+    op_s, op_d = torch.ops.pyptx.launch([a, b], k.uid, "")
+    compiled_s, _ = torch.compile(lambda x, y: k(x, y), fullgraph=True, dynamic=False)(a, b)
+    for out in (eager_s, op_s, compiled_s):
+        assert not out.requires_grad and out.grad_fn is None
+        assert torch.equal(out, a.detach() + b)
+    assert torch.equal(op_d, a.detach() - b)
 
 
 def test_op_errors_keep_their_pyptx_class(fastpath):
