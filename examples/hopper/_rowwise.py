@@ -75,6 +75,8 @@ PDL_PREFETCH = True
 #: reductions and are unpacked again after them (``unpack``'s ``spelling``), instead of
 #: keeping every element as f32: 56 -> 42 registers (rms bf16, 256 threads per row).
 REPACK = True
+#: with REPACK, RMSNorm loads its w chunks (packed) before the reduction, not after it.
+EARLY_W = True
 
 
 def dtype_of(dtype: Any, who: str) -> PtxType:

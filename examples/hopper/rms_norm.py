@@ -153,6 +153,7 @@ def build_rms_norm_fast(B: int, N: int, dtype=f32, eps: float = 1e-6, *, chunks=
         raw = io.load_raw(px + off) if repack else None
         x = io.unpack(raw) if repack else io.load(px + off)
         pwt = pw + io.offset()
+        wraw = io.load_raw(pwt, cache=rw.KEEP) if repack and rw.EARLY_W else None
         ss = rw.dot(x, x)
         if prefetch_w:  # x * w before the reduction: the w loads overlap it, x dies early
             xw = [r * wv for r, wv in zip(x, io.load(pwt, cache=rw.KEEP))]
@@ -165,7 +166,8 @@ def build_rms_norm_fast(B: int, N: int, dtype=f32, eps: float = 1e-6, *, chunks=
                 y += rw.mul_all(xw[sl], rstd)
             else:
                 xj = io.unpack_chunk(raw, j, spelling=1) if repack else x[sl]
-                y += [r * wv for r, wv in zip(rw.mul_all(xj, rstd), io.load_chunk(pwt, j))]
+                wj = io.unpack_chunk(wraw, j) if wraw is not None else io.load_chunk(pwt, j)
+                y += [r * wv for r, wv in zip(rw.mul_all(xj, rstd), wj)]
         io.store(py + off, y, ok)
         ptx.ret()
 
