@@ -42,8 +42,6 @@ VARIANTS = {
     "pf+ld.nc": ({"STREAM": ".nc"}, {}),
     "pf+L2_256": ({"STREAM": ".nc.L1::no_allocate.L2::256B"}, {}),
     "pf+maxnreg64": ({}, {"maxnreg": 64}),
-    "norepack": ({"REPACK": False}, {}),
-    "repack-lateW": ({"EARLY_W": False}, {}),
     "nreg64": ({}, {"maxnreg": 64}),
 }
 

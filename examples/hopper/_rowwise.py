@@ -71,12 +71,6 @@ STORE = ""
 #: ``pdl=True`` kernels ask for their CTA's rows in L2 before ``griddepcontrol.wait``
 #: (``prefetch_cta_slice``), so the loads overlap the previous grid's last wave.
 PDL_PREFETCH = True
-#: bf16 RMSNorm/LayerNorm rows stay packed (two elements per register) across their
-#: reductions and are unpacked again after them (``unpack``'s ``spelling``), instead of
-#: keeping every element as f32: 56 -> 42 registers (rms bf16, 256 threads per row).
-REPACK = True
-#: with REPACK, RMSNorm loads its w chunks (packed) before the reduction, not after it.
-EARLY_W = True
 
 
 def dtype_of(dtype: Any, who: str) -> PtxType:
@@ -259,13 +253,9 @@ def load_raw_vec(ptr: Any, off: int, dtype: PtxType, n: int, *, pred: Any = None
     return out
 
 
-def unpack(raw: list, dtype: PtxType, spelling: int = 0) -> list:
+def unpack(raw: list, dtype: PtxType) -> list:
     """f32 registers of the elements in ``raw`` (from ``load_raw_vec``): f32 as they are;
-    bf16 words split with ``shl``/``and`` (no conversion instruction), a b16 with ``cvt``.
-
-    A kernel that unpacks the same bf16 words again after a reduction (so only the packed
-    words stay live across it) passes another ``spelling`` (1: ``prmt``, 2: ``bfi``) each
-    time: ptxas merges identical instructions and would keep the first f32 copies live."""
+    bf16 words split with ``shl``/``and`` (no conversion instruction), a b16 with ``cvt``."""
     if dtype is f32:
         return list(raw)
     if len(raw) == 1 and raw[0].type is b16:
@@ -275,15 +265,8 @@ def unpack(raw: list, dtype: PtxType, spelling: int = 0) -> list:
     out: list = []
     for r in raw:
         lo, hi = reg.scalar(f32), reg.scalar(f32)
-        if spelling == 0:
-            ptx.inst.shl.b32(lo, r, 16)             # element 2i: the low half
-            ptx.inst.and_.b32(hi, r, 0xFFFF0000)    # element 2i+1: the high half
-        elif spelling == 1:
-            ptx.inst.prmt.b32(lo, r, 0, 0x1044)     # bytes (0, 0, r.0, r.1)
-            ptx.inst.prmt.b32(hi, r, 0, 0x3244)     # bytes (0, 0, r.2, r.3)
-        else:
-            ptx.inst.bfi.b32(lo, r, 0, 16, 16)      # r's low half into bits 16..31 of 0
-            ptx.inst.bfi.b32(hi, 0, r, 0, 16)       # zeros into bits 0..15 of r
+        ptx.inst.shl.b32(lo, r, 16)             # element 2i: the low half
+        ptx.inst.and_.b32(hi, r, 0xFFFF0000)    # element 2i+1: the high half
         out += [lo, hi]
     return out
 
@@ -506,22 +489,16 @@ class Rows:
                                 cache=cache, dst=part)
         return out
 
-    def unpack(self, raw: list, *, dtype: PtxType | None = None, spelling: int = 0) -> list:
-        """f32 registers of ``load_raw``'s result (``K * vec`` values); ``spelling`` as in
-        the module's ``unpack``."""
+    def unpack(self, raw: list, *, dtype: PtxType | None = None) -> list:
+        """f32 registers of ``load_raw``'s result (``K * vec`` values)."""
         dtype = dtype or self.p.dtype
         if dtype is f32:
             return list(raw)
+        per = len(raw) // self.p.chunks
         out: list = []
         for j in range(self.p.chunks):
-            out += self.unpack_chunk(raw, j, dtype=dtype, spelling=spelling)
+            out += unpack(raw[j * per:(j + 1) * per], dtype)
         return out
-
-    def unpack_chunk(self, raw: list, j: int, *, dtype: PtxType | None = None,
-                     spelling: int = 0) -> list:
-        """f32 registers of chunk ``j`` of ``load_raw``'s result (``vec`` values)."""
-        per = len(raw) // self.p.chunks
-        return unpack(raw[j * per:(j + 1) * per], dtype or self.p.dtype, spelling)
 
     def hold(self, ptr: Any, *, dtype: PtxType | None = None) -> list:
         """A length-N vector's chunks (weights) at ``ptr`` + ``offset()``, loaded once per CTA

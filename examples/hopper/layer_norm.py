@@ -58,7 +58,6 @@ def build_layer_norm(B: int, N: int, dtype=f32, eps: float = 1e-5, *, chunks=Non
                                       threads=threads, rows=rows, pdl=pdl)
     plan = rw.plan_rows(B, N, dt, who=who, chunks=chunks, threads=threads, rows=rows)
     prefetch = plan.elems <= 16
-    repack = rw.REPACK and dt.bytes == 2 and not prefetch  # x packed across both reductions
     if maxnreg is None and plan.threads >= 128:
         # With .maxnreg 64 ptxas keeps the w/b loads ahead of the second reduction; without
         # it, it settles on 40-48 registers and issues them after: 2483 -> 2829 GB/s (f32
@@ -82,8 +81,7 @@ def build_layer_norm(B: int, N: int, dtype=f32, eps: float = 1e-5, *, chunks=Non
                 io.prefetch_rows(px)
         row, ok = io.locate(io.first_row())
         off = io.offset(row)
-        raw = io.load_raw(px + off) if repack else None
-        x = io.unpack(raw) if repack else io.load(px + off)
+        x = io.load(px + off)
         coff = io.offset()
         pwt, pbt = pw + coff, pb + coff
         if prefetch:
@@ -93,7 +91,7 @@ def build_layer_norm(B: int, N: int, dtype=f32, eps: float = 1e-5, *, chunks=Non
         io.reduce([s])
         nmean = reg.scalar(f32)
         ptx.inst.mul.f32(nmean, s, -1.0 / N)
-        d = io.tail_mask([v + nmean for v in (io.unpack(raw, spelling=1) if repack else x)])
+        d = io.tail_mask([v + nmean for v in x])
         v = rw.dot(d, d)
         io.reduce([v])
         rstd = rw.rstd(v, N, eps)
@@ -102,8 +100,7 @@ def build_layer_norm(B: int, N: int, dtype=f32, eps: float = 1e-5, *, chunks=Non
             sl = slice(j * plan.vec, (j + 1) * plan.vec)
             wj = w[sl] if prefetch else io.load_chunk(pwt, j)
             bj = b[sl] if prefetch else io.load_chunk(pbt, j)
-            dj = [v + nmean for v in io.unpack_chunk(raw, j, spelling=2)] if repack else d[sl]
-            for dv, wv, bv in zip(rw.mul_all(dj, rstd), wj, bj):
+            for dv, wv, bv in zip(rw.mul_all(d[sl], rstd), wj, bj):
                 r = reg.scalar(f32)
                 ptx.inst.fma.rn.f32(r, dv, wv, bv)
                 y.append(r)

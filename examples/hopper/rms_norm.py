@@ -131,7 +131,6 @@ def build_rms_norm_fast(B: int, N: int, dtype=f32, eps: float = 1e-6, *, chunks=
     plan = rw.plan_rows(B, N, dt, who="build_rms_norm_fast", chunks=chunks, threads=threads,
                         rows=rows)
     prefetch_w = plan.elems <= 16
-    repack = rw.REPACK and dt.bytes == 2 and not prefetch_w  # x packed across the reduction
 
     @kernel(
         in_specs=(Tile(B, N, dt), Tile(N, dt)),
@@ -150,10 +149,8 @@ def build_rms_norm_fast(B: int, N: int, dtype=f32, eps: float = 1e-6, *, chunks=
                 io.prefetch_rows(px)
         row, ok = io.locate(io.first_row())
         off = io.offset(row)
-        raw = io.load_raw(px + off) if repack else None
-        x = io.unpack(raw) if repack else io.load(px + off)
+        x = io.load(px + off)
         pwt = pw + io.offset()
-        wraw = io.load_raw(pwt, cache=rw.KEEP) if repack and rw.EARLY_W else None
         ss = rw.dot(x, x)
         if prefetch_w:  # x * w before the reduction: the w loads overlap it, x dies early
             xw = [r * wv for r, wv in zip(x, io.load(pwt, cache=rw.KEEP))]
@@ -165,9 +162,7 @@ def build_rms_norm_fast(B: int, N: int, dtype=f32, eps: float = 1e-6, *, chunks=
             if prefetch_w:
                 y += rw.mul_all(xw[sl], rstd)
             else:
-                xj = io.unpack_chunk(raw, j, spelling=1) if repack else x[sl]
-                wj = io.unpack_chunk(wraw, j) if wraw is not None else io.load_chunk(pwt, j)
-                y += [r * wv for r, wv in zip(rw.mul_all(xj, rstd), wj)]
+                y += [r * wv for r, wv in zip(rw.mul_all(x[sl], rstd), io.load_chunk(pwt, j))]
         io.store(py + off, y, ok)
         ptx.ret()
 

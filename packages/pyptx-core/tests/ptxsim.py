@@ -327,25 +327,6 @@ def _exec(c: _CTA, ins: tuple, m: np.ndarray, pcs: np.ndarray, done: np.ndarray,
                      "min": lambda: np.minimum(a, b), "max": lambda: np.maximum(a, b),
                      "mad": lambda: a * b + c.as_u(ops[3], m, bits).astype(np.uint64)}[base]()
             c.put(ops[0], r, m)
-        elif base == "prmt":  # default mode: each selector nibble picks a byte of {b, a}
-            a = c.as_u(ops[1], m, 32).astype(np.uint64)
-            b = c.as_u(ops[2], m, 32).astype(np.uint64)
-            sel = int(c.get(ops[3], m))
-            pool = a | (b << np.uint64(32))
-            r = np.zeros(c.n, np.uint64)
-            for i in range(4):
-                nib = (sel >> (4 * i)) & 0xF
-                byte = (pool >> np.uint64(8 * (nib & 7))) & np.uint64(0xFF)
-                if nib & 8:  # replicate the byte's sign bit
-                    byte = np.where(byte & np.uint64(0x80), np.uint64(0xFF), np.uint64(0))
-                r |= byte << np.uint64(8 * i)
-            c.put(ops[0], r, m)
-        elif base == "bfi":  # bits [pos, pos+len) of b replaced by the low len bits of a
-            a = c.as_u(ops[1], m, 32).astype(np.uint64)
-            b = c.as_u(ops[2], m, 32).astype(np.uint64)
-            pos, ln = int(c.get(ops[3], m)), int(c.get(ops[4], m))
-            mask = np.uint64(((1 << ln) - 1) << pos & 0xFFFFFFFF)
-            c.put(ops[0], ((a << np.uint64(pos)) & mask) | (b & ~mask & np.uint64(0xFFFFFFFF)), m)
         elif base == "setp":
             cmp = op.split(".")[1]
             if t == "f32":
