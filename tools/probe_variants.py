@@ -42,7 +42,6 @@ VARIANTS = {
     "pf+ld.nc": ({"STREAM": ".nc"}, {}),
     "pf+L2_256": ({"STREAM": ".nc.L1::no_allocate.L2::256B"}, {}),
     "pf+maxnreg64": ({}, {"maxnreg": 64}),
-    "nreg64": ({}, {"maxnreg": 64}),
 }
 
 

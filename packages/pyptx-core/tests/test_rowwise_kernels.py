@@ -279,29 +279,25 @@ def test_simulator_catches_out_of_bounds_and_unwritten_outputs(sim):
     from pyptx import Tile, kernel, ptx, reg
     from pyptx.types import u64
 
-    @kernel(in_specs=(Tile(33, f32),), out_specs=(Tile(33, f32),), block=(64, 1, 1))
-    def copy_unmasked(X, Y):
-        px, py = ptx.global_ptrs(X, Y)
-        off = reg.scalar(u64)
-        ptx.inst.mul.wide.u32(off, ptx.special.tid.x(), 4)
-        v = reg.scalar(f32)
-        ptx.inst.ld.global_.f32(v, ptx.addr(px + off))
-        ptx.inst.st.global_.f32(ptx.addr(py + off), v)
-        ptx.ret()
+    def copy_per_thread(n, threads):
+        """Thread t copies element t of an n-element array, unmasked."""
 
-    with pytest.raises(sim.SimError, match="out of bounds"):
-        sim.run(copy_unmasked.specialize(), [np.ones(33, np.float32)])
+        @kernel(in_specs=(Tile(n, f32),), out_specs=(Tile(n, f32),), block=(threads, 1, 1))
+        def copy(X, Y):
+            px, py = ptx.global_ptrs(X, Y)
+            off = reg.scalar(u64)
+            ptx.inst.mul.wide.u32(off, ptx.special.tid.x(), 4)
+            v = reg.scalar(f32)
+            ptx.inst.ld.global_.f32(v, ptx.addr(px + off))
+            ptx.inst.st.global_.f32(ptx.addr(py + off), v)
+            ptx.ret()
 
-    @kernel(in_specs=(Tile(64, f32),), out_specs=(Tile(64, f32),), block=(32, 1, 1))
-    def copy_half(X, Y):
-        px, py = ptx.global_ptrs(X, Y)
-        off = reg.scalar(u64)
-        ptx.inst.mul.wide.u32(off, ptx.special.tid.x(), 4)
-        v = reg.scalar(f32)
-        ptx.inst.ld.global_.f32(v, ptx.addr(px + off))
-        ptx.inst.st.global_.f32(ptx.addr(py + off), v)
-        ptx.ret()
+        return copy
 
+    with pytest.raises(sim.SimError, match="out of bounds"):  # 64 threads over 33 elements
+        sim.run(copy_per_thread(33, 64).specialize(), [np.ones(33, np.float32)])
+
+    copy_half = copy_per_thread(64, 32)  # half of the output is never written
     with pytest.raises(sim.SimError, match="never written"):
         sim.run(copy_half.specialize(), [np.ones(64, np.float32)])
     # and a correct kernel passes through the same checks
