@@ -6,7 +6,8 @@ bf16, it prints GB/s (bytes read + written, each counted once: inputs,
 weights, outputs) for
 
 * ``ours``: the examples/hopper kernels (best of the launch shapes the planner
-  can produce, ``ours-default`` is the planner's own choice),
+  can produce, the persistent kernels and, for RMSNorm and LayerNorm, the TMA-ring
+  kernels at two CTAs per SM; ``ours-default`` is the planner's own choice),
 * ``eager``: ``F.rms_norm``, ``F.layer_norm``, ``torch.softmax``, ``F.silu(g) * u``,
 * ``inductor``: ``torch.compile`` of those same functions (static shapes),
 * ``triton``: straightforward one-row-per-program Triton kernels written below,
@@ -359,6 +360,12 @@ def traffic(op, B, N, es):
                  "softmax": 2 * B * N, "swiglu": 3 * B * N}[op]
 
 
+#: TMA-ring shapes tried (rms_norm, layer_norm): (stages, bulk_store) at two CTAs per SM.
+RING_SHAPES = ((3, False), (4, False), (4, True))
+#: shared memory two ring CTAs may use on one SM (of an H100's 228 KiB).
+RING_SMEM_PER_SM = 200 * 1024
+
+
 def our_variants(mods, op, B, N, dt, tune, sms=132):
     """(label, desc, kernel) for the planner's choice and, with ``tune``, the other launch
     shapes and the persistent kernels (``ctas`` = 1 and 2 CTAs per SM of ``sms``)."""
@@ -387,6 +394,12 @@ def our_variants(mods, op, B, N, dt, tune, sms=132):
             log(f"  persistent ctas={ctas}: {type(e).__name__}: {e}")
             continue
         out.append((f"ctas={ctas}", f"{k.plan.describe()} persistent ctas={ctas}", k))
+    for stages, bulk in (RING_SHAPES if tune and op in ("rms_norm", "layer_norm") else ()):
+        if (N * dt.bytes) % 16 or 2 * stages * N * dt.bytes > RING_SMEM_PER_SM:
+            continue  # rows the bulk copy cannot move, or two CTAs' rings would not fit an SM
+        k = build(ctas=2 * sms, stages=stages, bulk_store=bulk)
+        label = f"ring ctas={2 * sms} stages={stages}" + (" bulk_store" if bulk else "")
+        out.append((label, f"{k.plan.describe()} {label} pdl", k))
     return out
 
 

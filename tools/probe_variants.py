@@ -42,6 +42,21 @@ VARIANTS = {
     "pf+ld.nc": ({"STREAM": ".nc"}, {}),
     "pf+L2_256": ({"STREAM": ".nc.L1::no_allocate.L2::256B"}, {}),
     "pf+maxnreg64": ({}, {"maxnreg": 64}),
+    # TMA ring (rms_norm / layer_norm only): ctas = CTAs per SM x 132 SMs
+    "ring2": ({}, {"stages": 2, "ctas": 264}),
+    "ring3": ({}, {"stages": 3, "ctas": 264}),
+    "ring4": ({}, {"stages": 4, "ctas": 264}),
+    "ring5": ({}, {"stages": 5, "ctas": 264}),
+    "ring6": ({}, {"stages": 6, "ctas": 264}),
+    "ring2x3": ({}, {"stages": 2, "ctas": 396, "maxnreg": 80}),
+    "ring4x1": ({}, {"stages": 4, "ctas": 132}),
+    "ring8x1": ({}, {"stages": 8, "ctas": 132}),
+    "ring2-nopf": ({"PDL_PREFETCH": False}, {"stages": 2, "ctas": 264}),
+    "ring4-nopf": ({"PDL_PREFETCH": False}, {"stages": 4, "ctas": 264}),
+    "ring4-nopdl": ({}, {"stages": 4, "ctas": 264, "pdl": False}),
+    "ring4-bulk": ({}, {"stages": 4, "ctas": 264, "bulk_store": True}),
+    "ring6-bulk": ({}, {"stages": 6, "ctas": 264, "bulk_store": True}),
+    "ring8x1-bulk": ({}, {"stages": 8, "ctas": 132, "bulk_store": True}),
 }
 
 
@@ -105,7 +120,7 @@ def main() -> int:
                     try:
                         for k, val in switches.items():
                             setattr(rw, k, val)
-                        k = builders[op](B, N, dt, pdl=True, **kw)
+                        k = builders[op](B, N, dt, **{"pdl": True, **kw})
                         got = k(*inputs)  # traced and compiled under the switches
                         err = mb.rel_err(torch, got, want)
                     except Exception as e:  # noqa: BLE001

@@ -48,7 +48,7 @@ from typing import Any
 from pyptx import ConfigError, SpecError, Tile, kernel, ptx, reg, smem
 from pyptx.imm import bf16_bits
 from pyptx.trace import current
-from pyptx.types import PtxType, b16, b32, bf16, f32, from_name, u32, u64
+from pyptx.types import PtxType, b16, b32, b64, bf16, f32, from_name, u32, u64
 
 WARP = 32
 MAX_N = 32768
@@ -211,15 +211,18 @@ def _bf16_word(value: float) -> int:
 
 
 def load_raw_vec(ptr: Any, off: int, dtype: PtxType, n: int, *, pred: Any = None,
-                 fill: float | None = 0.0, cache: str = "", dst: list | None = None) -> list:
+                 fill: float | None = 0.0, cache: str = "", dst: list | None = None,
+                 space: str = "global") -> list:
     """Load ``n`` consecutive elements at ``[ptr+off]`` as they are stored: raw registers.
 
     f32: ``n`` f32 registers; bf16: ``n // 2`` b32 words (element ``2i`` in the low
     half), or one b16 for ``n == 1``. Where ``pred`` is false the registers are
     ``fill`` (``fill=None``: left as they were, for a guard whose result is unused).
     ``dst`` is a list of registers from an earlier call of the same shape to load
-    into (a loop-carried register set); by default fresh registers.
+    into (a loop-carried register set); by default fresh registers. ``space="shared"``
+    reads shared memory (``ptr`` a u32 shared address; ``cache`` is ignored).
     """
+    ld = f"ld.global{cache}" if space == "global" else f"ld.{space}"
     out: list = []
     if dtype is f32:
         per = min(n, 4)
@@ -229,7 +232,7 @@ def load_raw_vec(ptr: Any, off: int, dtype: PtxType, n: int, *, pred: Any = None
                 for r in regs:
                     ptx.inst.mov.f32(r, fill)
             v = f".v{per}" if per > 1 else ""
-            ptx.inst(f"ld.global{cache}{v}.f32")(regs if per > 1 else regs[0],
+            ptx.inst(f"{ld}{v}.f32")(regs if per > 1 else regs[0],
                                                  ptx.addr(ptr, off + 4 * p), pred=pred)
             out.extend(regs)
         return out
@@ -237,7 +240,7 @@ def load_raw_vec(ptr: Any, off: int, dtype: PtxType, n: int, *, pred: Any = None
         h = reg.scalar(b16) if dst is None else dst[0]
         if pred is not None and fill is not None:
             ptx.inst.mov.b16(h, bf16_bits(fill))
-        ptx.inst(f"ld.global{cache}.b16")(h, ptx.addr(ptr, off), pred=pred)
+        ptx.inst(f"{ld}.b16")(h, ptx.addr(ptr, off), pred=pred)
         return [h]
     words = n // 2
     for p in range(0, words, 4):
@@ -247,7 +250,7 @@ def load_raw_vec(ptr: Any, off: int, dtype: PtxType, n: int, *, pred: Any = None
             for r in w:
                 ptx.inst.mov.b32(r, _bf16_word(fill))
         v = f".v{per}" if per > 1 else ""
-        ptx.inst(f"ld.global{cache}{v}.b32")(w if per > 1 else w[0], ptx.addr(ptr, off + 4 * p),
+        ptx.inst(f"{ld}{v}.b32")(w if per > 1 else w[0], ptx.addr(ptr, off + 4 * p),
                                              pred=pred)
         out.extend(w)
     return out
@@ -289,23 +292,25 @@ def load_vec(ptr: Any, off: int, dtype: PtxType, n: int, *, pred: Any = None,
 
 
 def store_vec(ptr: Any, off: int, dtype: PtxType, vals: list, *, pred: Any = None,
-              cache: str | None = None) -> None:
+              cache: str | None = None, space: str = "global") -> None:
     """Store f32 registers ``vals`` as ``len(vals)`` consecutive ``dtype`` elements at ``[ptr+off]``
-    (``cache``: a modifier after ``st.global``; default ``STORE``)."""
+    (``cache``: a modifier after ``st.global``, default ``STORE``; ``space="shared"``: ``ptr``
+    is a u32 shared address and ``cache`` is ignored)."""
     n = len(vals)
     cache = STORE if cache is None else cache
+    st = f"st.global{cache}" if space == "global" else f"st.{space}"
     if dtype is f32:
         per = min(n, 4)
         for p in range(0, n, per):
             v = f".v{per}" if per > 1 else ""
-            ptx.inst(f"st.global{cache}{v}.f32")(ptx.addr(ptr, off + 4 * p),
+            ptx.inst(f"{st}{v}.f32")(ptx.addr(ptr, off + 4 * p),
                                                  list(vals[p:p + per]) if per > 1 else vals[p],
                                                  pred=pred)
         return
     if n == 1:
         h = reg.scalar(b16)
         ptx.inst.cvt.rn.bf16.f32(h, vals[0])
-        ptx.inst(f"st.global{cache}.b16")(ptx.addr(ptr, off), h, pred=pred)
+        ptx.inst(f"{st}.b16")(ptx.addr(ptr, off), h, pred=pred)
         return
     words = []
     for i in range(0, n, 2):
@@ -315,7 +320,7 @@ def store_vec(ptr: Any, off: int, dtype: PtxType, vals: list, *, pred: Any = Non
     for p in range(0, len(words), 4):
         per = min(len(words) - p, 4)
         v = f".v{per}" if per > 1 else ""
-        ptx.inst(f"st.global{cache}{v}.b32")(ptx.addr(ptr, off + 4 * p),
+        ptx.inst(f"{st}{v}.b32")(ptx.addr(ptr, off + 4 * p),
                                              words[p:p + per] if per > 1 else words[p], pred=pred)
 
 
@@ -462,12 +467,14 @@ class Rows:
         return out
 
     def load_raw(self, ptr: Any, *, dtype: PtxType | None = None, fill: float = 0.0,
-                 cache: str | None = None, guard: Any = None, dst: list | None = None) -> list:
+                 cache: str | None = None, guard: Any = None, dst: list | None = None,
+                 space: str = "global") -> list:
         """The thread's ``K`` chunks at ``ptr`` as stored (``load_raw_vec``), for ``unpack`` later.
 
         ``guard`` (a predicate) turns every load off where it is false and leaves the
         registers as they were (no traffic: a prefetch past the last row); the masked
         tail chunk reads ``fill``. ``dst`` reloads an earlier result's registers.
+        ``space="shared"``: ``ptr`` is a u32 shared address of a row (``Ring``).
         """
         p = self.p
         dtype = dtype or p.dtype
@@ -486,7 +493,7 @@ class Rows:
                 at += n
             out += load_raw_vec(ptr, j * p.threads * p.vec * dtype.bytes, dtype, p.vec,
                                 pred=tail if last else guard, fill=fill if last else None,
-                                cache=cache, dst=part)
+                                cache=cache, dst=part, space=space)
         return out
 
     def unpack(self, raw: list, *, dtype: PtxType | None = None) -> list:
@@ -529,8 +536,9 @@ class Rows:
         return ok & tail
 
     def store(self, ptr: Any, vals: list, ok: Any = None, *, dtype: PtxType | None = None,
-              cache: str | None = None) -> None:
-        """Write the thread's ``K * vec`` f32 values to ``ptr`` as ``dtype`` (the plan's default)."""
+              cache: str | None = None, space: str = "global") -> None:
+        """Write the thread's ``K * vec`` f32 values to ``ptr`` as ``dtype`` (the plan's default;
+        ``space="shared"``: ``ptr`` is a u32 shared address of a row)."""
         p = self.p
         dtype = dtype or p.dtype
         both = None
@@ -543,7 +551,7 @@ class Rows:
                     both = both or (ok & self.tail)
                     pred = both
             store_vec(ptr, j * p.threads * p.vec * dtype.bytes, dtype,
-                      vals[j * p.vec:(j + 1) * p.vec], pred=pred, cache=cache)
+                      vals[j * p.vec:(j + 1) * p.vec], pred=pred, cache=cache, space=space)
 
     def tail_mask(self, vals: list, value: float = 0.0) -> list:
         """``vals`` with the masked tail chunk's entries replaced by ``value`` (selp)."""
@@ -698,6 +706,156 @@ def row_loop(io: Rows, ctas: int, fetch: Any, body: Any) -> None:
     body(b, *where(it1))
     ptx.bra(top, pred=has0, uni=True)
     ptx.place(end)
+
+
+def ring_plan(B: int, N: int, dtype: PtxType, *, who: str, ctas: Any, stages: Any,
+              chunks: int | None = None, threads: int | None = None) -> tuple[RowPlan, int, int]:
+    """(plan, CTAs, stages) of a TMA-ring row kernel (``Ring``): one row per CTA step (a
+    short row gets a whole warp), ``stages`` (2..8) rows of ``N * bytes`` in shared memory,
+    ``N * bytes`` a multiple of 16 (the bulk copy's granule), at most ``MAX_RING_BYTES``
+    of ring per CTA."""
+    plan = plan_rows(B, N, dtype, who=who, chunks=chunks, threads=threads)
+    if plan.rows > 1:
+        plan = plan_rows(B, N, dtype, who=who, chunks=chunks, threads=max(plan.threads, WARP),
+                         rows=1)
+    S = _pos_int(stages, "stages", who)
+    if S < 2:  # each reduction slot is rewritten one step later: a later barrier must come first
+        raise ConfigError(f"{who}: a TMA ring needs stages >= 2, got {S}")
+    row_bytes = N * dtype.bytes
+    if row_bytes % 16:
+        raise SpecError(f"{who}: the TMA ring copies whole rows in 16-byte granules; N * "
+                        f"{dtype.bytes} bytes must be a multiple of 16, got N={N}")
+    if S > 8 or S * row_bytes > MAX_RING_BYTES:
+        raise ConfigError(f"{who}: stages={S} rows of {row_bytes} bytes make a ring of "
+                          f"{S * row_bytes} bytes; at most 8 stages and {MAX_RING_BYTES} bytes fit")
+    return plan, persistent_ctas(plan, ctas, who), S
+
+
+def ring_reg_cap(plan: RowPlan) -> int:
+    """Default ``.maxnreg`` of a ring kernel: two CTAs per SM fit (at most 128 registers)."""
+    return max(24, min(128, 65536 // (2 * plan.block[0]) // 8 * 8))
+
+
+#: shared memory a ``Ring`` may take per CTA (of the 227 KiB an sm_90 CTA may have).
+MAX_RING_BYTES = 192 * 1024
+
+
+class Ring:
+    """Rows of a persistent kernel streamed into shared memory by the bulk copy engine.
+
+    CTA ``c`` of ``P`` handles rows ``c, c+P, c+2P, ...``; row ``i`` of its walk lands
+    in slot ``i mod S`` of a ring of ``S`` row-sized slots in the dynamic shared window
+    (``@kernel(smem=S * N * bytes)``), each with an mbarrier. Thread 0 issues one
+    ``cp.async.bulk`` per row (``arrive.expect_tx`` of the row's bytes first); every
+    thread waits on the slot's barrier, reads its chunks with ``ld.shared`` and computes.
+    A slot is refilled with the row ``S`` steps ahead right after the row's first
+    all-reduce: its ``bar.sync`` is the point where every thread has read the slot. So
+    ``S`` rows per CTA are in flight without registers to hold them.
+
+    ``bulk_store=True`` writes each result row back through its slot as well: every
+    thread stores its values into the slot, ``fence.proxy.async`` and a ``bar.sync``
+    later thread 0 issues one ``cp.async.bulk`` shared -> global for the row, and the
+    slot is refilled one step later, once that copy has read it (``wait_group.read``).
+
+    Make it in the kernel's PDL prologue (barrier setup touches only shared memory),
+    ``start`` it after, then ``run``.
+    """
+
+    def __init__(self, io: Rows, ctas: int, stages: int, *, bulk_store: bool = False) -> None:
+        self.io = io
+        self.P = ctas
+        self.S = stages
+        self.bulk_store = bulk_store
+        p = io.p
+        self.row_bytes = p.N * p.es
+        self.slots = smem.dynamic(name="ring")
+        self.bars = smem.alloc(b64, stages, align=8, name="ring_bar")
+        self.base = self.slots.addr()
+        bars = self.bars.addr()
+        with ptx.if_(io.tid == 0):
+            for s in range(stages):
+                ptx.mbarrier.init(bars + 8 * s, 1)
+            ptx.fence_proxy_async()
+        ptx.bar_sync(0)
+        self._bars = bars
+        self.first_row = reg.scalar(u32)
+        ptx.inst.mov.u32(self.first_row, ptx.special.ctaid.x())
+        self.row = reg.scalar(u32)
+        ptx.inst.mov.u32(self.row, self.first_row)
+
+    def prefetch(self, src: Any) -> None:
+        """PDL prologue: ask for the first ``S`` rows of this CTA in L2 (thread 0)."""
+        if not PDL_PREFETCH:
+            return
+        lead = self.io.tid == 0
+        for s in range(self.S):
+            r = self.row + s * self.P
+            off = reg.scalar(u64)
+            ptx.inst.mul.wide.u32(off, r, self.row_bytes)
+            has = r < self.io.p.B
+            ptx.bulk_prefetch_l2(src + off, self.row_bytes, pred=lead & has)
+
+    def _fill(self, s: int, src: Any, row: Any, pred: Any = None, *, drain: bool = False) -> None:
+        lead = self.io.tid == 0
+        ok = lead & (row < self.io.p.B)
+        with ptx.if_(ok if pred is None else ok & pred):
+            if drain:  # the slot's bulk store must have read it
+                ptx.tma.wait_group(0, read=True)
+            bar = self._bars + 8 * s
+            ptx.mbarrier.arrive_expect_tx(bar, self.row_bytes)
+            off = reg.scalar(u64)
+            ptx.inst.mul.wide.u32(off, row, self.row_bytes)
+            ptx.tma.copy_bulk(self.base + s * self.row_bytes, src + off, self.row_bytes, bar)
+
+    def start(self, src: Any) -> None:
+        """Thread 0 issues the first ``S`` rows (after ``griddepcontrol.wait``)."""
+        for s in range(self.S):
+            self._fill(s, src, self.row + s * self.P)
+
+    def run(self, src: Any, dst: Any, first: Any, then: Any) -> None:
+        """The device loop, unrolled ``S`` times (one static slot per copy of the body).
+
+        ``first(raw)`` gets the thread's chunks of the row as stored (``Rows.load_raw``
+        from the slot) and must all-reduce once over the row (``Rows.reduce``; for rows
+        of at most 32 threads, which have no barrier, the ring adds a ``bar.sync``); it
+        returns a state from which ``then(state)`` computes the thread's f32 results,
+        which the ring writes to the row of ``dst`` (same shape and dtype as ``src``).
+        """
+        io, S, P, B = self.io, self.S, self.P, self.io.p.B
+        row = self.row
+        phase = reg.scalar(u32, init=0)
+        col = io.t * (io.p.vec * io.p.es)
+        top, end = ptx.label("ring"), ptx.label("ring_end")
+        ptx.place(top)
+        current().raw('.pragma "nounroll";')
+        for s in range(S):
+            if s:
+                ptx.bra(end, pred=row >= B, uni=True)
+            ptx.mbarrier.wait(self._bars + 8 * s, phase)
+            slot = self.base + (col + s * self.row_bytes)
+            state = first(io.load_raw(slot, space="shared"))
+            if io.p.threads <= WARP:
+                ptx.bar_sync(0)
+            if not self.bulk_store:
+                self._fill(s, src, row + S * P)
+                io.store(dst + io.offset(row), then(state))
+            else:  # refill the slot stored from one step ago; store this row through its slot
+                self._fill((s - 1) % S, src, row + (S - 1) * P, row != self.first_row, drain=True)
+                io.store(slot, then(state), space="shared")
+                ptx.fence_proxy_async()
+                ptx.bar_sync(0)
+                with ptx.if_(io.tid == 0):
+                    off = reg.scalar(u64)
+                    ptx.inst.mul.wide.u32(off, row, self.row_bytes)
+                    ptx.tma.store_bulk(dst + off, self.base + s * self.row_bytes, self.row_bytes)
+                    ptx.tma.commit_group()
+            ptx.inst.add.u32(row, row, P)
+        ptx.inst.xor.b32(phase, phase, 1)
+        ptx.bra(top, pred=row < B, uni=True)
+        ptx.place(end)
+        if self.bulk_store:
+            with ptx.if_(io.tid == 0):
+                ptx.tma.wait_group(0, read=False)
 
 
 def rsqrt(x: Any) -> Any:

@@ -21,7 +21,8 @@ import _rowwise as rw  # noqa: E402
 
 
 def build_layer_norm(B: int, N: int, dtype=f32, eps: float = 1e-5, *, chunks=None,
-                     threads=None, rows=None, ctas=None, maxnreg=None, pdl=True):
+                     threads=None, rows=None, ctas=None, stages=None, bulk_store=False,
+                     maxnreg=None, pdl=True):
     """LayerNorm over the last dim of ``X (B, N)`` with ``W (N,)``, ``Bias (N,)``, all in ``dtype``.
 
     f32 or bf16 storage, f32 arithmetic. Algorithm: load the row's chunks
@@ -41,6 +42,11 @@ def build_layer_norm(B: int, N: int, dtype=f32, eps: float = 1e-5, *, chunks=Non
     GPU once. ``maxnreg`` adds ``.maxnreg`` (either variant; the one-row kernel defaults
     to 64 when a row has at least 128 threads).
 
+    ``ctas=P, stages=S`` builds the TMA-ring variant (``_rowwise.Ring``): ``P`` CTAs of one
+    row each step, whole rows streamed into ``S`` shared-memory slots by ``cp.async.bulk``;
+    ``w`` and ``b`` read once per CTA; ``bulk_store=True`` writes ``y`` back through the slots
+    with ``cp.async.bulk`` too. Needs ``N * bytes`` a multiple of 16 and ``S >= 2``.
+
     ``pdl`` (default True) launches with programmatic dependent launch: the kernel is
     scheduled during the previous kernel's last wave, its address setup and an L2
     prefetch of its rows (``cp.async.bulk.prefetch``) run before ``griddepcontrol.wait``,
@@ -53,6 +59,9 @@ def build_layer_norm(B: int, N: int, dtype=f32, eps: float = 1e-5, *, chunks=Non
     """
     who = "build_layer_norm"
     dt = rw.dtype_of(dtype, who)
+    if stages is not None:
+        return _layer_norm_ring(B, N, dt, eps, ctas, stages, maxnreg, pdl, bulk_store,
+                                chunks=chunks, threads=threads)
     if ctas is not None:
         return _layer_norm_persistent(B, N, dt, eps, ctas, maxnreg, chunks=chunks,
                                       threads=threads, rows=rows, pdl=pdl)
@@ -109,6 +118,65 @@ def build_layer_norm(B: int, N: int, dtype=f32, eps: float = 1e-5, *, chunks=Non
 
     layer_norm.plan = plan
     return layer_norm
+
+
+def _layer_norm_ring(B, N, dt, eps, ctas, stages, maxnreg, pdl, bulk_store=False,
+                     **shape):
+    """``build_layer_norm(..., ctas=P, stages=S)``: rows streamed through a TMA ring."""
+    who = f"build_layer_norm(ctas={ctas!r}, stages={stages!r})"
+    plan, P, S = rw.ring_plan(B, N, dt, who=who, ctas=ctas, stages=stages, **shape)
+    if maxnreg is None:
+        maxnreg = rw.ring_reg_cap(plan)
+
+    @kernel(
+        in_specs=(Tile(B, N, dt), Tile(N, dt), Tile(N, dt)),
+        out_specs=(Tile(B, N, dt),),
+        grid=(P, 1, 1),
+        block=plan.block,
+        smem=S * N * dt.bytes,
+        name=f"layer_norm_ring_{dt.name}",
+        maxnreg=maxnreg,
+        pdl=pdl,
+    )
+    def layer_norm_ring(X, W, Bias, Y):
+        with rw.entry(pdl):
+            px, pw, pb, py = ptx.global_ptrs(X, W, Bias, Y)
+            io = rw.Rows(plan)
+            ring = rw.Ring(io, P, S, bulk_store=bulk_store)
+            if pdl:
+                ring.prefetch(px)
+        ring.start(px)
+        coff = io.offset()
+        w = io.hold(pw + coff)
+        b = io.hold(pb + coff)
+
+        def first(raw):
+            x = io.unpack(raw)
+            s = rw.tree(x, "add")
+            io.reduce([s])
+            return x, s
+
+        def then(state):
+            x, s = state
+            nmean = reg.scalar(f32)
+            ptx.inst.mul.f32(nmean, s, -1.0 / N)
+            d = io.tail_mask([v + nmean for v in x])
+            v = rw.dot(d, d)
+            io.reduce([v])
+            rstd = rw.rstd(v, N, eps)
+            y = []
+            for dv, wv, bv in zip(rw.mul_all(d, rstd), io.unhold(w), io.unhold(b)):
+                r = reg.scalar(f32)
+                ptx.inst.fma.rn.f32(r, dv, wv, bv)
+                y.append(r)
+            return y
+
+        ring.run(px, py, first, then)
+        ptx.ret()
+
+    layer_norm_ring.plan = plan
+    layer_norm_ring.ctas = P
+    return layer_norm_ring
 
 
 def _layer_norm_persistent(B, N, dt, eps, ctas, maxnreg, pdl=False, **shape):

@@ -90,7 +90,8 @@ def _rowwise():
 
 
 def build_rms_norm_fast(B: int, N: int, dtype=f32, eps: float = 1e-6, *, chunks=None,
-                        threads=None, rows=None, ctas=None, maxnreg=None, pdl=True):
+                        threads=None, rows=None, ctas=None, stages=None, bulk_store=False,
+                        maxnreg=None, pdl=True):
     """RMSNorm at the bandwidth ceiling: ``y = x * rsqrt(mean(x**2) + eps) * w``.
 
     ``X (B, N)`` and ``W (N,)`` in ``dtype`` (f32 or bf16), ``Y (B, N)`` in ``dtype``;
@@ -112,6 +113,12 @@ def build_rms_norm_fast(B: int, N: int, dtype=f32, eps: float = 1e-6, *, chunks=
     ``P`` = 2 x the SM count (264 on an H100) fills the GPU once. ``maxnreg``
     adds ``.maxnreg`` (either variant).
 
+    ``ctas=P, stages=S`` builds the TMA-ring variant (``_rowwise.Ring``): ``P`` CTAs of one
+    row each step, thread 0 streaming whole rows into ``S`` shared-memory slots with
+    ``cp.async.bulk`` so ``S`` rows per CTA are in flight without registers to hold them;
+    ``w`` is read once per CTA; ``bulk_store=True`` writes ``y`` back through the slots with
+    ``cp.async.bulk`` too. Needs ``N * bytes`` a multiple of 16 and ``S >= 2``.
+
     ``pdl`` (default True) launches with programmatic dependent launch: the kernel is
     scheduled during the previous kernel's last wave, its address setup and an L2
     prefetch of its rows (``cp.async.bulk.prefetch``) run before ``griddepcontrol.wait``,
@@ -125,6 +132,9 @@ def build_rms_norm_fast(B: int, N: int, dtype=f32, eps: float = 1e-6, *, chunks=
     """
     rw = _rowwise()
     dt = rw.dtype_of(dtype, "build_rms_norm_fast")
+    if stages is not None:
+        return _rms_norm_ring(rw, B, N, dt, eps, ctas, stages, maxnreg, pdl, bulk_store,
+                              chunks=chunks, threads=threads)
     if ctas is not None:
         return _rms_norm_persistent(rw, B, N, dt, eps, ctas, maxnreg, chunks=chunks,
                                     threads=threads, rows=rows, pdl=pdl)
@@ -209,6 +219,53 @@ def _rms_norm_persistent(rw, B, N, dt, eps, ctas, maxnreg, pdl=False, **shape):
     rms_norm_persist.plan = plan
     rms_norm_persist.ctas = P
     return rms_norm_persist
+
+
+def _rms_norm_ring(rw, B, N, dt, eps, ctas, stages, maxnreg, pdl, bulk_store=False,
+                   **shape):
+    """``build_rms_norm_fast(..., ctas=P, stages=S)``: rows streamed through a TMA ring."""
+    who = f"build_rms_norm_fast(ctas={ctas!r}, stages={stages!r})"
+    plan, P, S = rw.ring_plan(B, N, dt, who=who, ctas=ctas, stages=stages, **shape)
+    if maxnreg is None:
+        maxnreg = rw.ring_reg_cap(plan)
+
+    @kernel(
+        in_specs=(Tile(B, N, dt), Tile(N, dt)),
+        out_specs=(Tile(B, N, dt),),
+        grid=(P, 1, 1),
+        block=plan.block,
+        smem=S * N * dt.bytes,
+        name=f"rms_norm_ring_{dt.name}",
+        maxnreg=maxnreg,
+        pdl=pdl,
+    )
+    def rms_norm_ring(X, W, Y):
+        with rw.entry(pdl):
+            px, pw, py = ptx.global_ptrs(X, W, Y)
+            io = rw.Rows(plan)
+            ring = rw.Ring(io, P, S, bulk_store=bulk_store)
+            if pdl:
+                ring.prefetch(px)
+        ring.start(px)
+        w = io.hold(pw + io.offset())
+
+        def first(raw):
+            x = io.unpack(raw)
+            ss = rw.dot(x, x)
+            xw = [r * wv for r, wv in zip(x, io.unhold(w))]
+            io.reduce([ss])
+            return ss, xw
+
+        def then(state):
+            ss, xw = state
+            return rw.mul_all(xw, rw.rstd(ss, N, eps))
+
+        ring.run(px, py, first, then)
+        ptx.ret()
+
+    rms_norm_ring.plan = plan
+    rms_norm_ring.ctas = P
+    return rms_norm_ring
 
 
 def build_rms_norm_bwd(B: int, N: int, dtype=f32, eps: float = 1e-6, *, chunks=None,

@@ -1,7 +1,8 @@
 """Check every row-wise kernel once on a GPU at small, ragged sizes; made for compute-sanitizer.
 
 Runs the forward kernels (RMSNorm, LayerNorm, softmax, SwiGLU; the first three
-also persistent, ``ctas=P`` for each ``--ctas`` value) and the
+also persistent, ``ctas=P`` for each ``--ctas`` value; RMSNorm and LayerNorm also
+through the TMA ring, ``ctas=P, stages=S`` for each ``--stages`` value) and the
 RMSNorm/LayerNorm backward pairs for f32 and bf16 on fresh random inputs with
 NaN-poisoned outputs, compares each with a float64 torch reference (relative
 L2 error below 1e-5 for f32, 2e-2 for bf16) and prints one line per case and
@@ -25,6 +26,7 @@ import swiglu  # noqa: E402
 
 SIZES = "3x7,5x33,7x1000,3x4097,2x8192"
 CTAS = "2,264"
+STAGES = "2,3"
 
 
 def main(argv=None) -> int:
@@ -32,6 +34,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", default=SIZES, help=f"BxN,... (default {SIZES})")
     ap.add_argument("--ctas", default=CTAS,
                     help=f"persistent CTA counts P,... ('' for none; default {CTAS})")
+    ap.add_argument("--stages", default=STAGES,
+                    help=f"TMA ring depths S,... ('' for none; default {STAGES})")
     a = ap.parse_args(argv)
     import torch
 
@@ -94,6 +98,18 @@ def main(argv=None) -> int:
                     check(f"layer_norm ctas={P} {tag}",
                           layer_norm.build_layer_norm(B, N, dt, ctas=P)(x, w, b),
                           F.layer_norm(x64, (N,), w64, b64, 1e-5), tol)
+                if N * x.element_size() % 16:
+                    continue  # the ring copies rows in 16-byte granules
+                for S in (int(v) for v in a.stages.split(",") if v):
+                    for bulk in (False, True):
+                        ring = f"ring ctas={P} stages={S}{' bulk_store' if bulk else ''} {tag}"
+                        y = rms_norm.build_rms_norm_fast(B, N, dt, ctas=P, stages=S,
+                                                         bulk_store=bulk)(x, w)
+                        z = layer_norm.build_layer_norm(B, N, dt, ctas=P, stages=S,
+                                                        bulk_store=bulk)(y, w, b)
+                        check(f"rms_norm {ring}", y, F.rms_norm(x64, (N,), w64, 1e-6), tol)
+                        check(f"rms_norm -> layer_norm {ring}", z,
+                              F.layer_norm(y.double(), (N,), w64, b64, 1e-5), tol)
             if N > 8192:
                 continue
             xg, wg, bg = (t.clone().requires_grad_() for t in (x64, w64, b64))

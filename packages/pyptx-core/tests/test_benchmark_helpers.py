@@ -242,3 +242,23 @@ def test_flush_timers_use_one_set(mb):
     assert (t.method, t.launches) == ("events", 1) and not gpu.graphs
     both = _timer(mb, FakeGPU(5.0), "both")
     assert both.method == "graph"
+
+
+# ----------------------------------------------------------------------------- tuned shapes
+def test_tuning_includes_ring_kernels_where_two_rings_fit_an_sm(mb):
+    from pyptx.types import bf16, f32
+
+    mods = {m: mb.load(m) for m in ("rms_norm", "layer_norm", "softmax", "swiglu")}
+
+    def labels(op, N, dt):
+        return [label for label, _, _ in mb.our_variants(mods, op, 2048, N, dt, True, sms=132)]
+
+    ring = [f"ring ctas=264 stages={s}" + (" bulk_store" if b else "") for s, b in mb.RING_SHAPES]
+    for op in ("rms_norm", "layer_norm"):
+        assert [v for v in labels(op, 8192, bf16) if v.startswith("ring")] == ring
+        # f32 rows of 32 KiB: two rings of 4 stages (256 KiB) do not fit an SM, 3 stages do
+        assert [v for v in labels(op, 8192, f32) if v.startswith("ring")] == [ring[0]]
+        assert not [v for v in labels(op, 4097, f32) if v.startswith("ring")]  # not 16-byte rows
+    assert not [v for v in labels("softmax", 8192, bf16) if v.startswith("ring")]
+    assert not [v for v in mb.our_variants(mods, "rms_norm", 2048, 8192, bf16, False, sms=132)
+                if v[0].startswith("ring")]  # --no-tune: the planner's shape only

@@ -71,6 +71,30 @@ def rand(*shape, dt, scale=1.0, shift=0.0):
 
 
 # ----------------------------------------------------------------------------- forward
+# TMA ring: rows of 16-byte multiples; more CTAs than rows, rows wrapping the ring many
+# times, and the benchmark shape at two CTAs per SM
+RING_CASES = [(3, 1000, 264, 2), (7, 1000, 2, 3), (600, 1000, 5, 2), (257, 96, 8, 4),
+              (2048, 8192, 264, 4)]
+
+
+@pytest.mark.parametrize("bulk_store", [False, True])
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("B,N,ctas,stages", RING_CASES)
+def test_ring_rms_norm_then_layer_norm(B, N, ctas, stages, dt, bulk_store):
+    if 2 * stages * N * (4 if dt == "f32" else 2) > 200 * 1024:
+        pytest.skip("two CTAs' rings would not fit an SM")
+    ring = dict(ctas=ctas, stages=stages, bulk_store=bulk_store)
+    x, w = rand(B, N, dt=dt, scale=2, shift=0.3), rand(N, dt=dt, scale=0.1, shift=1.0)
+    b = rand(N, dt=dt, scale=0.1)
+    y = load("rms_norm").build_rms_norm_fast(B, N, dt, **ring)(x, w)
+    z = load("layer_norm").build_layer_norm(B, N, dt, **ring)(y, w, b)  # PDL: reads y
+    x64, w64 = x.double(), w.double()
+    ref = x64 * torch.rsqrt((x64 * x64).mean(-1, keepdim=True) + 1e-6) * w64
+    assert rel_err(y, ref) < TOL[dt]
+    ref = torch.nn.functional.layer_norm(y.double(), (N,), w64, b.double(), 1e-5)
+    assert rel_err(z, ref) < TOL[dt]
+
+
 @pytest.mark.parametrize("dt", DTYPES)
 @pytest.mark.parametrize("B,N", SIZES)
 def test_rms_norm(B, N, dt):

@@ -300,6 +300,35 @@ def test_large_dynamic_smem_raises_attribute_and_runs():
     assert torch.equal(big(x), x)
 
 
+def test_static_plus_dynamic_smem_past_48k_runs():
+    """A 48 KiB dynamic window beside static shared memory: the launch needs the opt-in
+    although the dynamic part alone is within the default."""
+    from pyptx import smem
+
+    @kernel(in_specs=(Tile(32, f32),), out_specs=(Tile(32, f32),), block=(32, 1, 1),
+            smem=48 * 1024)
+    def both(X, Y):
+        fixed = smem.alloc(f32, 1024, name="fixed")
+        buf = smem.dynamic()
+        px, py = ptx.global_ptrs(X, Y)
+        tid = reg.from_(ptx.special.tid.x(), u32)
+        v = reg.scalar(f32)
+        ptx.inst.ld.global_.f32(v, ptx.addr(px + tid * 4))
+        ptx.inst.st.shared.f32(ptx.addr(fixed.addr() + tid * 4), v)
+        top = buf.addr() + (48 * 1024 - 128)
+        ptx.inst.st.shared.f32(ptx.addr(top + tid * 4), v)
+        ptx.bar_sync()
+        w = reg.scalar(f32)
+        ptx.inst.ld.shared.f32(v, ptx.addr(fixed.addr() + tid * 4))
+        ptx.inst.ld.shared.f32(w, ptx.addr(top + tid * 4))
+        ptx.inst.add.f32(v, v, w)
+        ptx.inst.st.global_.f32(ptx.addr(py + tid * 4), v)
+        ptx.ret()
+
+    x = torch.randn(32, device="cuda")
+    assert torch.equal(both(x), 2 * x)
+
+
 def test_math_sanity_of_reference():
     assert math.isclose(rms_ref(torch.ones(1, 4), torch.ones(4), 0.0).sum().item(), 4.0)
 

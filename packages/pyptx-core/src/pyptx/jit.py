@@ -107,7 +107,7 @@ def compile_ptx_to_cubin(
         cache.store(key, cubin)
     module = driver.call("cuModuleLoadData", cubin, what=f"loading {name}")
     fn = driver.call("cuModuleGetFunction", module, name.encode(), what=f"entry {name}")
-    if dynamic_smem_bytes > 48 * 1024:
+    if dynamic_smem_bytes > 0:  # static + dynamic past 48 KiB needs the opt-in too
         attr = mod.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
         driver.call("cuFuncSetAttribute", fn, attr, int(dynamic_smem_bytes),
                     what=f"{dynamic_smem_bytes} bytes of dynamic shared memory")

@@ -235,7 +235,9 @@ __attribute__((visibility("default"))) int pyptx_shim_register(
   }
   Driver& d = driver();
   if (!d.lib) return fail(d.error);
-  if (smem > 48 * 1024) {
+  // Static and dynamic shared memory together past 48 KiB need the opt-in, and the static
+  // size is not known here: opt in for every dynamic window (a no-op below the default).
+  if (smem > 0) {
     CUresult r = d.set_attr(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem);
     if (r != 0) return fail("cannot raise dynamic shared memory to " + std::to_string(smem) +
                             " bytes: " + cu_error(r));
