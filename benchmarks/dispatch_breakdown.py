@@ -86,7 +86,10 @@ def main() -> None:
     uid = k.uid
     assert torch.equal(op([x], uid, "")[0], x)
     call_op = lambda: op([x], uid, "")  # noqa: E731
+    op1 = torch.ops.pyptx.launch1.default  # what a single-output kernel is recorded as
+    assert torch.equal(op1(x, uid), x)
     rows += [
+        ("torch.ops.pyptx.launch1.default(x, uid)  [fixed arity]", lambda: op1(x, uid)),
         ("torch.ops.pyptx.launch.default([x], uid, '')", call_op),
         ("  the same under torch.inference_mode()", call_op, torch.inference_mode),
         ("  the same under torch.no_grad()", call_op, torch.no_grad),

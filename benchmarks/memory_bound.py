@@ -395,7 +395,8 @@ def our_variants(mods, op, B, N, dt, tune, sms=132):
             continue
         out.append((f"ctas={ctas}", f"{k.plan.describe()} persistent ctas={ctas}", k))
     for stages, bulk in (RING_SHAPES if tune and op in ("rms_norm", "layer_norm") else ()):
-        if (N * dt.bytes) % 16 or 2 * stages * N * dt.bytes > RING_SMEM_PER_SM:
+        row_bytes = N * (4 if dt == "f32" else 2)
+        if row_bytes % 16 or 2 * stages * row_bytes > RING_SMEM_PER_SM:
             continue  # rows the bulk copy cannot move, or two CTAs' rings would not fit an SM
         k = build(ctas=2 * sms, stages=stages, bulk_store=bulk)
         label = f"ring ctas={2 * sms} stages={stages}" + (" bulk_store" if bulk else "")

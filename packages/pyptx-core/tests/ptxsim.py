@@ -12,8 +12,31 @@ access must fall inside one argument buffer and be aligned to its size,
 ``bar.sync`` must be reached by every live thread of the CTA, a shuffle needs
 all 32 lanes of its warp, and registers must be written before they are read.
 Approximate instructions (``rsqrt``/``ex2``/``rcp``) are computed exactly, so
-results match a float64 reference to f32 rounding. Not a PTX model beyond
-that: no memory ordering, no async copies, no tensor cores.
+results match a float64 reference to f32 rounding.
+
+Bulk copies and mbarriers (the TMA-ring kernels): the ``.extern .shared`` window
+follows the static variables and has the kernel's dynamic ``smem`` bytes. Each
+mbarrier (by shared address) keeps its arrival count, pending arrivals, tx count
+and completed phases; a phase completes when pending arrivals and tx count are
+both 0. ``cp.async.bulk`` copies run when issued (16-byte aligned, a positive
+multiple of 16 bytes, inside one argument buffer and one shared variable):
+global -> shared then completes its bytes on its mbarrier, shared -> global
+counts as a write of the output. ``try_wait.parity P`` is true once the
+barrier's current phase parity differs from ``P``; a thread whose wait fails in
+a spin loop (``L: try_wait p; @!p bra L``) parks until some phase completes,
+and when every live thread is parked the run fails as a deadlock.
+
+Ordering checks around the async proxy: a thread reads (or overwrites) bytes a
+bulk copy filled only after a wait of its own saw that copy's phase complete; a
+bulk copy overwrites no shared bytes read (or written by another thread) since
+the last ``bar.sync``; a bulk store's source was written before a ``bar.sync``
+(or by the issuing thread) and fenced with ``fence.proxy.async`` by its writers;
+nothing overwrites a bulk store's source before its issuer's
+``cp.async.bulk.wait_group{.read}`` retired the group, and no thread exits with
+bulk groups outstanding. Threads order their accesses only through ``bar.sync``
+(which also shares what each thread saw of the mbarriers) and mbarrier waits.
+Not a PTX model beyond that: no memory ordering of ordinary accesses, no tensor
+maps, no tensor cores, no clusters.
 """
 
 from __future__ import annotations
@@ -32,6 +55,7 @@ class SimError(AssertionError):
 
 _REG_DECL = re.compile(r"^\.reg\s+\.(\w+)\s+(%[A-Za-z_]+)<(\d+)>;")
 _SHARED = re.compile(r"^\.shared\s+\.align\s+(\d+)\s+\.(\w+)\s+(\w+)(?:\[(\d+)\])?;")
+_EXTERN = re.compile(r"^\.extern\s+\.shared\s+\.align\s+(\d+)\s+\.(\w+)\s+(\w+)\[\];")
 _PARAM = re.compile(r"^\.param\s+\.(\w+)\s+(\w+),?$")
 _BITS = {"pred": 0, "b16": 16, "u16": 16, "s16": 16, "f16": 16, "bf16": 16, "b32": 32,
          "u32": 32, "s32": 32, "f32": 32, "b64": 64, "u64": 64, "s64": 64, "f64": 64, "b8": 8}
@@ -60,10 +84,13 @@ def _split_operands(text: str) -> list[str]:
 
 
 class _Prog:
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, dynamic_smem: int = 0) -> None:
         self.regtype: dict[str, str] = {}
         self.shared: dict[str, int] = {}
+        #: (start, end, name) of each shared variable; the dynamic window last
+        self.shared_vars: list[tuple[int, int, str]] = []
         self.shared_bytes = 0
+        externs: list[tuple[str, int]] = []
         self.params: list[str] = []
         self.code: list[tuple] = []
         self.labels: dict[str, int] = {}
@@ -89,7 +116,11 @@ class _Prog:
                 size = max(_BITS[t] // 8, 1) * int(count or 0)
                 self.shared_bytes = -(-self.shared_bytes // align) * align
                 self.shared[name] = self.shared_bytes
+                self.shared_vars.append((self.shared_bytes, self.shared_bytes + size, name))
                 self.shared_bytes += size
+                continue
+            if m := _EXTERN.match(line):
+                externs.append((m.group(3), int(m.group(1))))
                 continue
             if line.startswith((".", "{", "}")):
                 continue
@@ -105,6 +136,26 @@ class _Prog:
             opcode = parts[0]
             ops = _split_operands(parts[1]) if len(parts) > 1 else []
             self.code.append((guard, opcode, ops, raw.strip()))
+        if externs:  # every extern array names the same window, after the static variables
+            align = max(16, *(a for _, a in externs))
+            start = -(-self.shared_bytes // align) * align
+            for name, _ in externs:
+                self.shared[name] = start
+            self.shared_vars.append((start, start + dynamic_smem, externs[0][0]))
+            self.shared_bytes = start + dynamic_smem
+        #: pcs of ``try_wait`` spin loops (``L: mbarrier.try_wait p, ...; @!p bra L;``)
+        self.spins = {pc for pc, (_, op, ops, _r) in enumerate(self.code)
+                      if op.startswith("mbarrier.try_wait") and pc + 1 < len(self.code)
+                      and self.code[pc + 1][1].startswith("bra")
+                      and self.code[pc + 1][0] == (ops[0], True)
+                      and self.labels.get(self.code[pc + 1][2][0]) == pc}
+
+    def shared_var(self, off: int, size: int) -> tuple[int, int, str] | None:
+        """The shared variable holding ``[off, off + size)``, or None."""
+        for v in self.shared_vars:
+            if v[0] <= off and off + size <= v[1]:
+                return v
+        return None
 
     def reg_bits(self, name: str) -> int:
         prefix = name.rstrip("0123456789")
@@ -138,6 +189,17 @@ def _imm(tok: str) -> int | float:
     return int(tok, 0)
 
 
+class _Bar:
+    """One mbarrier: ``count`` arrivals per phase, ``pending`` of them still to come,
+    ``tx`` transaction bytes outstanding, ``phase`` phases completed so far."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.pending = count
+        self.tx = 0
+        self.phase = 0
+
+
 class _CTA:
     def __init__(self, prog: _Prog, mem: _Memory, block, grid, cta) -> None:
         self.p = prog
@@ -157,8 +219,28 @@ class _CTA:
         self.warp = lin // 32
         self.regs: dict[str, np.ndarray] = {}
         self.written: dict[str, np.ndarray] = {}
-        self.smem = np.zeros(max(prog.shared_bytes, 1), np.uint8)
-        self.smem_written = np.zeros(max(prog.shared_bytes, 1), bool)
+        size = max(prog.shared_bytes, 1)
+        self.smem = np.zeros(size, np.uint8)
+        self.smem_written = np.zeros(size, bool)
+        # async-proxy bookkeeping, per shared byte: the bar.sync count ("epoch") of its last
+        # ordinary read and write, the writing thread (-1: none, or a bulk copy) and whether
+        # that thread has since run fence.proxy.async; the mbarrier and phase of the bulk
+        # copy that filled it (-1: none since the last ordinary write)
+        self.epoch = 0
+        self.rd_epoch = np.full(size, -1, np.int64)
+        self.wr_epoch = np.full(size, -1, np.int64)
+        self.wr_tid = np.full(size, -1, np.int64)
+        self.wr_fenced = np.ones(size, bool)
+        self.fill_bar = np.full(size, -1, np.int64)
+        self.fill_phase = np.zeros(size, np.int64)
+        self.bars: dict[int, _Bar] = {}
+        #: per mbarrier, per thread: phases the thread has seen complete in a wait
+        self.seen: dict[int, np.ndarray] = {}
+        self.parked = np.zeros(self.n, bool)
+        self.parked_on = np.full(self.n, -1, np.int64)
+        #: per thread: source ranges of bulk stores not yet committed / committed groups
+        self.bulk_open: dict[int, list[tuple[int, int]]] = {}
+        self.bulk_groups: dict[int, list[list[tuple[int, int]]]] = {}
 
     # -- operands
     def get(self, tok: str, m: np.ndarray) -> np.ndarray:
@@ -222,6 +304,207 @@ class _CTA:
         base = base.astype(np.uint64) if isinstance(base, np.ndarray) else np.full(self.n, base, np.uint64)
         return base + np.uint64(int(mm.group(2) or 0) & (2**64 - 1))
 
+    # -- mbarriers and the async proxy
+    def shared_name(self, off: int) -> str:
+        v = self.p.shared_var(off, 1)
+        return f"{v[2]}+{off - v[0]}" if v else f"shared {off:#x}"
+
+    def bar_addrs(self, tok: str, m: np.ndarray) -> np.ndarray:
+        addr = self.address(tok, m)
+        for a in np.unique(addr[m]).tolist():
+            if a % 8 or self.p.shared_var(a, 8) is None:
+                raise SimError(f"mbarrier address {a:#x} is not an 8-byte aligned slot of a "
+                               "shared variable")
+        return addr
+
+    def barrier(self, addr: int) -> _Bar:
+        b = self.bars.get(addr)
+        if b is None:
+            raise SimError(f"mbarrier {self.shared_name(addr)} used before mbarrier.init")
+        return b
+
+    def settle(self, addr: int) -> None:
+        """Complete the barrier's phase if its arrivals and bytes are all in; wake waiters."""
+        b = self.bars[addr]
+        if b.pending < 0:
+            raise SimError(f"mbarrier {self.shared_name(addr)}: more arrivals than its count "
+                           f"{b.count} in phase {b.phase}")
+        if b.pending == 0 and b.tx == 0:
+            b.phase += 1
+            b.pending = b.count
+            self.parked[:] = False
+            self.parked_on[:] = -1
+
+    def deadlock(self) -> str:
+        out = []
+        for a in np.unique(self.parked_on[self.parked]).tolist():
+            b = self.bars[a]
+            out.append(f"{int((self.parked_on[self.parked] == a).sum())} on {self.shared_name(a)} (phase "
+                       f"{b.phase} open: {b.pending} of {b.count} arrivals outstanding, tx count "
+                       f"{b.tx})")
+        return "; ".join(out)
+
+    def check_filled(self, idx: np.ndarray, tids: np.ndarray, what: str) -> None:
+        """Threads ``tids`` touch shared bytes ``idx`` (one row per thread): any byte a bulk
+        copy filled needs a wait by that thread that saw the copy's phase complete."""
+        fb = self.fill_bar[idx]
+        hit = fb >= 0
+        if not hit.any():
+            return
+        rows = np.broadcast_to(np.asarray(tids)[:, None], idx.shape)
+        ph = self.fill_phase[idx]
+        for a in np.unique(fb[hit]).tolist():
+            sel = fb == a
+            seen = self.seen.get(a)
+            seen = seen[rows[sel]] if seen is not None else np.zeros(int(sel.sum()), np.int64)
+            if (seen <= ph[sel]).any():
+                k = int(np.argmax(seen <= ph[sel]))
+                raise SimError(f"{what} shared bytes a bulk copy fills (completing phase "
+                               f"{int(ph[sel][k])} of mbarrier {self.shared_name(a)}) before "
+                               f"thread {int(rows[sel][k])} waited for that phase")
+
+    def check_store_sources(self, idx: np.ndarray, what: str) -> None:
+        """``idx`` is about to be overwritten: no bulk store may still be reading it."""
+        for t in set(self.bulk_open) | set(self.bulk_groups):
+            ranges = list(self.bulk_open.get(t, []))
+            for g in self.bulk_groups.get(t, []):
+                ranges += g
+            for lo, hi in ranges:
+                if ((idx >= lo) & (idx < hi)).any():
+                    raise SimError(f"{what} {self.shared_name(lo)}.. while thread {t}'s bulk "
+                                   "store may still read it (no cp.async.bulk.wait_group.read "
+                                   "retired that group)")
+
+    def track_shared(self, write: bool, idx: np.ndarray, tids: np.ndarray) -> None:
+        """An ordinary ``ld``/``st.shared`` of bytes ``idx`` (one row per thread of ``tids``)."""
+        self.check_filled(idx, tids, "overwrites" if write else "reads")
+        if not write:
+            self.rd_epoch[idx] = self.epoch
+            return
+        self.check_store_sources(idx, "overwrites")
+        self.wr_epoch[idx] = self.epoch
+        self.wr_tid[idx] = tids[:, None]
+        self.wr_fenced[idx] = False
+        self.fill_bar[idx] = -1
+
+    def bulk_load(self, dst: int, src: int, n: int, bar: int, t: int) -> None:
+        """``cp.async.bulk`` global -> shared, run at issue; completes ``n`` bytes on ``bar``."""
+        b = self.barrier(bar)
+        if n <= 0 or n % 16 or dst % 16:
+            raise SimError(f"bulk copy of {n} bytes to shared {dst:#x}: needs a 16-byte aligned "
+                           "destination and a positive multiple of 16 bytes")
+        if self.p.shared_var(dst, n) is None:
+            raise SimError(f"bulk copy of {n} bytes to shared {dst:#x} runs outside its shared "
+                           "variable")
+        i, off = self.mem.locate(np.array([src], np.uint64), 16, "bulk copy source")
+        off = int(off[0])
+        if off + n > len(self.mem.bufs[i]):
+            raise SimError(f"bulk copy source: out of bounds of buffer {i} (size "
+                           f"{len(self.mem.bufs[i])} B) at offset {off}, {n} bytes")
+        r = np.arange(dst, dst + n)
+        self.check_store_sources(r, "bulk copy overwrites")
+        wt = self.wr_tid[r]
+        if (self.rd_epoch[r] == self.epoch).any() or (
+                (wt >= 0) & (wt != t) & (self.wr_epoch[r] == self.epoch)).any():
+            raise SimError(f"bulk copy overwrites {self.shared_name(dst)}.. which threads "
+                           "accessed since the last bar.sync (they may not be done with it)")
+        self.smem[dst:dst + n] = self.mem.bufs[i][off:off + n]
+        self.smem_written[dst:dst + n] = True
+        self.wr_tid[dst:dst + n] = -1
+        self.wr_fenced[dst:dst + n] = True
+        self.fill_bar[dst:dst + n] = bar
+        self.fill_phase[dst:dst + n] = b.phase
+        b.tx -= n
+        self.settle(bar)
+
+    def bulk_store(self, dst: int, src: int, n: int, t: int) -> None:
+        """``cp.async.bulk`` shared -> global (bulk group), run at issue."""
+        if n <= 0 or n % 16 or src % 16:
+            raise SimError(f"bulk store of {n} bytes from shared {src:#x}: needs a 16-byte "
+                           "aligned source and a positive multiple of 16 bytes")
+        if self.p.shared_var(src, n) is None:
+            raise SimError(f"bulk store of {n} bytes from shared {src:#x} runs outside its "
+                           "shared variable")
+        i, off = self.mem.locate(np.array([dst], np.uint64), 16, "bulk store destination")
+        off = int(off[0])
+        if off + n > len(self.mem.bufs[i]):
+            raise SimError(f"bulk store destination: out of bounds of buffer {i} (size "
+                           f"{len(self.mem.bufs[i])} B) at offset {off}, {n} bytes")
+        r = np.arange(src, src + n)
+        if not self.smem_written[r].all():
+            raise SimError("bulk store reads shared memory nothing wrote")
+        self.check_filled(r[None, :], np.array([t]), "bulk store reads")
+        wt = self.wr_tid[r]
+        if ((wt >= 0) & ~self.wr_fenced[r]).any():
+            raise SimError(f"bulk store reads {self.shared_name(src)}.. written by st.shared "
+                           "with no fence.proxy.async by the writer since")
+        if ((wt >= 0) & (wt != t) & (self.wr_epoch[r] == self.epoch)).any():
+            raise SimError(f"bulk store reads {self.shared_name(src)}.. which other threads "
+                           "wrote since the last bar.sync")
+        self.mem.bufs[i][off:off + n] = self.smem[src:src + n]
+        self.mem.written[i][off:off + n] = True
+        self.bulk_open.setdefault(t, []).append((src, src + n))
+
+
+def _mbarrier(c: _CTA, op: str, ops: list[str], m: np.ndarray, spin: bool) -> None:
+    parts = op.split(".")
+    if "shared::cluster" in parts or "multicast" in op:
+        raise SimError(f"unsupported {op} (one CTA at a time: no cluster barriers)")
+    kind = parts[1]
+    tids = np.nonzero(m)[0]
+    if kind == "init":
+        addr, cnt = c.bar_addrs(ops[0], m), c.as_u(ops[1], m, 32)
+        for t in tids:
+            if not 1 <= int(cnt[t]) < 1 << 20:
+                raise SimError(f"mbarrier.init count {int(cnt[t])} outside 1..2**20-1")
+            c.bars[int(addr[t])] = _Bar(int(cnt[t]))
+    elif kind == "inval":
+        for a in np.unique(c.bar_addrs(ops[0], m)[m]).tolist():
+            c.bars.pop(a, None)
+    elif kind == "expect_tx" or (kind == "arrive" and parts[2] == "expect_tx"):
+        arrive = kind == "arrive"
+        addr = c.bar_addrs(ops[1] if arrive else ops[0], m)
+        tx = c.as_u(ops[2] if arrive else ops[1], m, 32)
+        for t in tids:
+            a = int(addr[t])
+            b = c.barrier(a)
+            b.tx += int(tx[t])
+            b.pending -= arrive
+            c.settle(a)
+    elif kind == "arrive":
+        addr = c.bar_addrs(ops[1], m)
+        cnt = c.as_u(ops[2], m, 32) if len(ops) > 2 else np.ones(c.n, np.uint32)
+        state = np.zeros(c.n, np.uint64)
+        for t in tids:
+            a = int(addr[t])
+            b = c.barrier(a)
+            state[t] = b.phase
+            b.pending -= int(cnt[t])
+            c.settle(a)
+        if ops[0] != "_":
+            c.put(ops[0], state, m)
+    elif kind == "try_wait":
+        parity = parts[2] == "parity"
+        addr = c.bar_addrs(ops[1], m)
+        want = c.as_u(ops[2], m, 32 if parity else 64).astype(np.int64)
+        ok = np.zeros(c.n, bool)
+        on = np.full(c.n, -1, np.int64)
+        for a in np.unique(addr[m]).tolist():
+            b = c.barrier(a)
+            sel = m & (addr == a)
+            # parity P: the phase of parity P completed once the current phase's parity is not P;
+            # a state from mbarrier.arrive: the phase it arrived on completed
+            ok[sel] = ((b.phase & 1) != (want[sel] & 1)) if parity else (b.phase > want[sel])
+            seen = c.seen.setdefault(a, np.zeros(c.n, np.int64))
+            seen[sel & ok] = b.phase
+            on[sel] = a
+        c.put(ops[0], ok, m)
+        if spin:  # a thread that would spin parks (does not advance) until a phase completes
+            c.parked |= m & ~ok
+            c.parked_on[m & ~ok] = on[m & ~ok]
+    else:
+        raise SimError(f"unsupported {op}")
+
 
 class _Memory:
     def __init__(self, arrays: list[np.ndarray]) -> None:
@@ -268,12 +551,23 @@ def _exec(c: _CTA, ins: tuple, m: np.ndarray, pcs: np.ndarray, done: np.ndarray,
             pcs[m] = tgt
             return
         if base == "ret" or base == "exit":
+            for t in np.nonzero(m)[0].tolist():
+                if c.bulk_open.get(t) or any(c.bulk_groups.get(t, [])):
+                    raise SimError(f"thread {t} exits with bulk stores in flight (no "
+                                   "cp.async.bulk.wait_group retired them)")
             done[m] = True
             return
-        if base in ("bar", "griddepcontrol"):  # one grid at a time: nothing to wait for
+        if base == "bar":
+            if op.startswith("bar.sync"):  # what any thread saw complete, all threads now see
+                c.epoch += 1
+                for seen in c.seen.values():
+                    seen[:] = seen.max()
+            return
+        if base == "griddepcontrol":  # one grid at a time: nothing to wait for
             return
         if not m.any():
             return
+        tids = np.nonzero(m)[0]
         if base == "ld" and ".param" in op:
             name = ops[1].strip("[]")
             c.put(ops[0], np.full(c.n, _GLOBAL_BASE + c.p.params.index(name) * _GLOBAL_STRIDE,
@@ -379,6 +673,32 @@ def _exec(c: _CTA, ins: tuple, m: np.ndarray, pcs: np.ndarray, done: np.ndarray,
             j = np.where(j > maxl, lane, j)
             src = c.warp * 32 + j
             c.put(ops[0], a[src], m)
+        elif base == "fence":  # fence.proxy.async: the caller's ordinary shared writes are fenced
+            if op.startswith("fence.proxy.async"):
+                c.wr_fenced |= np.append(m, False)[c.wr_tid]
+        elif base == "mbarrier":
+            _mbarrier(c, op, ops, m, pc in c.p.spins)
+        elif op.startswith(("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes",
+                            "cp.async.bulk.shared::cta.global.mbarrier::complete_tx::bytes")):
+            if "multicast" in op:
+                raise SimError(f"unsupported {op}")
+            dst, src = c.address(ops[0], m), c.address(ops[1], m)
+            n, bar = c.as_u(ops[2], m, 32), c.bar_addrs(ops[3], m)
+            for t in tids.tolist():
+                c.bulk_load(int(dst[t]), int(src[t]), int(n[t]), int(bar[t]), t)
+        elif op.startswith("cp.async.bulk.global.shared::cta.bulk_group"):
+            dst, src, n = c.address(ops[0], m), c.address(ops[1], m), c.as_u(ops[2], m, 32)
+            for t in tids.tolist():
+                c.bulk_store(int(dst[t]), int(src[t]), int(n[t]), t)
+        elif op == "cp.async.bulk.commit_group":
+            for t in tids.tolist():
+                c.bulk_groups.setdefault(t, []).append(c.bulk_open.pop(t, []))
+        elif op in ("cp.async.bulk.wait_group", "cp.async.bulk.wait_group.read"):
+            # both retire the groups: the model's stores have read and written at issue
+            keep = int(ops[0])
+            for t in tids.tolist():
+                g = c.bulk_groups.get(t, [])
+                c.bulk_groups[t] = g[len(g) - keep:] if keep else []
         elif op.startswith("cp.async.bulk.prefetch.L2.global"):  # a hint: only check the range
             addr = c.address(ops[0], m)[m]
             nb = c.as_u(ops[1], m, 32)[m].astype(np.int64)
@@ -412,6 +732,8 @@ def _exec(c: _CTA, ins: tuple, m: np.ndarray, pcs: np.ndarray, done: np.ndarray,
                 i, off = c.mem.locate(am, size, raw)
                 buf, wr = c.mem.bufs[i], c.mem.written[i]
             idx = off[:, None] + np.arange(size)[None, :]
+            if ".shared" in op:
+                c.track_shared(base == "st", idx, tids)
             if base == "ld":
                 if ".shared" in op and not wr[idx].all():
                     raise SimError(f"{raw}: reads shared memory nothing wrote")
@@ -439,17 +761,22 @@ def _run_cta(prog: _Prog, mem: _Memory, block, grid, cta, max_steps: int) -> Non
     steps = 0
     while not done.all():
         live = ~done
-        pc = int(pcs[live].min())
-        sel = live & (pcs == pc)
+        ready = live & ~c.parked
+        if not ready.any():
+            raise SimError(f"CTA {cta}: deadlock: every live thread waits on an mbarrier phase "
+                           f"that nothing will complete: {c.deadlock()}")
+        pc = int(pcs[ready].min())
+        sel = ready & (pcs == pc)
         if pc >= len(prog.code):
             raise SimError("ran off the end of the kernel without ret")
         ins = prog.code[pc]
         if ins[1].startswith("bar.") and ins[0] is None and not sel[live].all():
+            why = f" ({c.deadlock()})" if c.parked.any() else ""
             raise SimError(f"PTX line {pc}: {ins[3]}: only {int(sel.sum())} of "
-                           f"{int(live.sum())} live threads reach the barrier")
+                           f"{int(live.sum())} live threads reach the barrier{why}")
         before = pcs.copy()
         _exec(c, ins, sel, pcs, done, pc)
-        adv = sel & (pcs == before) & ~done
+        adv = sel & (pcs == before) & ~done & ~c.parked
         pcs[adv] += 1
         steps += 1
         if steps > max_steps:
@@ -464,7 +791,7 @@ def run(spec, inputs: list[np.ndarray], *, poison: bool = True,
     bits); with ``poison`` they start as NaN bit patterns and every byte must be
     written, else ``SimError``.
     """
-    prog = _Prog(spec.ptx())
+    prog = _Prog(spec.ptx(), spec.smem)
     outs = []
     for shape, s in zip(spec.out_shapes, spec.kernel.out_specs):
         es = s.dtype.bytes

@@ -8,7 +8,11 @@
 * launch plans and the errors naming the supported N;
 * with numpy, ``ptxsim`` runs the kernels' PTX on small inputs and compares
   with float64 references (1e-6 relative for f32, 1e-2 for bf16), checking
-  that every access is in bounds and aligned and every output byte is written.
+  that every access is in bounds and aligned and every output byte is written;
+* the TMA-ring RMSNorm/LayerNorm (``ctas=P, stages=S``): ptxas, two CTAs per SM at
+  the benchmark size, plan errors, and the simulator's bulk copy / mbarrier model on
+  the kernels, on edited copies of them missing one protocol step, and on a tiny
+  hand-written bulk copy.
 """
 
 from __future__ import annotations
@@ -537,3 +541,206 @@ def test_persistent_results_match_the_one_row_kernels(sim):
     (a,) = sim.run(build(B, N, threads=128).specialize(), [x, w])
     (p,) = sim.run(build(B, N, threads=128, ctas=3).specialize(), [x, w])
     np.testing.assert_allclose(p.view(np.float32), a.view(np.float32), rtol=1e-6, atol=0)
+
+
+# ----------------------------------------------------------------------------- TMA ring (ctas=P, stages=S)
+def ring_builders():
+    """RMSNorm and LayerNorm with rows streamed into shared memory by cp.async.bulk."""
+    return {"rms_norm": load("rms_norm").build_rms_norm_fast,
+            "layer_norm": load("layer_norm").build_layer_norm}
+
+
+DT_BYTES = {"f32": 4, "bf16": 2}
+
+
+@pytest.mark.parametrize("dt", DTS)
+@pytest.mark.parametrize("N", (1000, 8192, 4104))
+def test_ring_builders_assemble(N, dt, assemble):
+    if N * DT_BYTES[dt] % 16:
+        pytest.skip("the ring copies rows in 16-byte granules")
+    for name, build in ring_builders().items():
+        for S in (2, 4):
+            for bulk_store in (False, True):
+                spec = build(7, N, dt, ctas=3, stages=S, bulk_store=bulk_store).specialize()
+                assert spec.smem == S * N * DT_BYTES[dt] and spec.grid == (3, 1, 1)
+                text = spec.ptx()
+                assert ".extern .shared .align 16 .b8 ring[];" in text
+                assert ("cp.async.bulk.global.shared::cta.bulk_group" in text) == bulk_store
+                log = assemble(text)
+                assert "0 bytes spill stores" in log and "0 bytes stack frame" in log, (
+                    f"{name} N={N} {dt} stages={S} bulk_store={bulk_store}:\n{log}")
+
+
+def test_ring_benchmark_size_fits_two_ctas_per_sm():
+    """bf16 2048x8192 with 264 CTAs (two per H100 SM): no spills, at most 128 registers, and
+    two CTAs' registers and shared memory (ring + static + 1 KiB reserved) fit in one SM."""
+    from pyptx.ptxas import check
+
+    for name, build in ring_builders().items():
+        for S in (3, 4):
+            for bulk_store in (False, True):
+                spec = build(2048, 8192, "bf16", ctas=264, stages=S,
+                             bulk_store=bulk_store).specialize()
+                try:
+                    e = check(spec).entries[0]
+                except Exception as exc:  # ToolchainError without ptxas
+                    pytest.skip(f"no ptxas: {exc}")
+                threads = spec.block[0] * spec.block[1] * spec.block[2]
+                what = (name, S, bulk_store, threads, e)
+                assert e.spill_stores == e.spill_loads == e.stack == 0, what
+                assert e.registers <= 128 and e.registers * threads * 2 <= 65536, what
+                assert 2 * (spec.smem + spec.static_smem + 1024) <= 228 * 1024, what
+
+
+def test_ring_plan_errors_name_the_limit():
+    for build in ring_builders().values():
+        with pytest.raises(ConfigError, match="stages >= 2"):
+            build(4, 1024, "f32", ctas=2, stages=1)
+        with pytest.raises(SpecError, match="16-byte granules.*N=7"):
+            build(4, 7, "bf16", ctas=2, stages=2)  # 14 bytes a row
+        with pytest.raises(ConfigError, match="524288 bytes.*196608 bytes fit"):
+            build(4, 32768, "f32", ctas=2, stages=4)
+        with pytest.raises(ConfigError, match="at most 8 stages"):
+            build(64, 64, "f32", ctas=2, stages=9)
+        with pytest.raises(SpecError, match="stages"):
+            build(4, 64, "f32", ctas=2, stages=0)
+
+
+RING_SIM = [  # (B, N, ctas, stages): two loop turns per CTA and a ragged last turn, a partial
+    # ragged row of threads, more stages than rows, more CTAs than rows (the grid clamps to B)
+    (7, 1000, 2, 2), (9, 96, 4, 3), (13, 4104, 3, 2), (2, 24, 1, 4), (3, 1000, 264, 2),
+    (5, 8192, 2, 3)]
+
+
+@pytest.mark.parametrize("bulk_store", (False, True))
+@pytest.mark.parametrize("dt", DTS)
+@pytest.mark.parametrize("B,N,ctas,stages", RING_SIM)
+def test_ring_numerics_in_simulator(sim, B, N, ctas, stages, dt, bulk_store):
+    rng = np.random.default_rng(B * 7919 + N * 13 + ctas)
+    x = to_dev(sim, rng.standard_normal((B, N)) * 2 + 0.3, dt)
+    w = to_dev(sim, rng.standard_normal(N) * 0.1 + 1, dt)
+    b = to_dev(sim, rng.standard_normal(N) * 0.1, dt)
+    x64, w64, b64 = (f64(a, dt) for a in (x, w, b))
+    kw = dict(ctas=ctas, stages=stages, bulk_store=bulk_store)
+
+    spec = ring_builders()["rms_norm"](B, N, dt, **kw).specialize()
+    assert spec.grid == (min(ctas, B), 1, 1)
+    (y,) = sim.run(spec, [x, w])
+    ref = x64 / np.sqrt((x64 ** 2).mean(-1, keepdims=True) + 1e-6) * w64
+    assert rel(f64(y, dt), ref) < SIM_TOL[dt], "rms_norm"
+
+    (y,) = sim.run(ring_builders()["layer_norm"](B, N, dt, **kw).specialize(), [x, w, b])
+    mu = x64.mean(-1, keepdims=True)
+    ref = (x64 - mu) / np.sqrt(((x64 - mu) ** 2).mean(-1, keepdims=True) + 1e-5) * w64 + b64
+    assert rel(f64(y, dt), ref) < SIM_TOL[dt], "layer_norm"
+
+
+class Mutant:
+    """A specialization whose PTX text is edited (the simulator reads only ``ptx()``)."""
+
+    def __init__(self, spec, edit):
+        self._spec = spec
+        self._text = edit(spec.ptx())
+        assert self._text != spec.ptx(), "the edit no longer matches the kernel's PTX"
+
+    def ptx(self):
+        return self._text
+
+    def __getattr__(self, name):
+        return getattr(self._spec, name)
+
+
+def _drop(pattern):
+    return lambda text: re.sub(pattern, "", text)
+
+
+RING_MUTANTS = {  # (bulk_store, edit, the error): each protocol step the ring relies on
+    "no wait before refilling a stored slot": (
+        True, _drop(r"\tcp\.async\.bulk\.wait_group\.read 0;\n"), "bulk store may still read"),
+    "no proxy fence before the bulk store": (
+        True, _drop(r"\tfence\.proxy\.async\.shared::cta;\n"), "no fence.proxy.async"),
+    "no bar.sync before the bulk store": (
+        True, lambda t: t.replace("fence.proxy.async.shared::cta;\n\tbar.sync 0;",
+                                  "fence.proxy.async.shared::cta;"), "other threads wrote"),
+    "no final wait for the bulk stores": (
+        True, _drop(r"\tcp\.async\.bulk\.wait_group 0;\n"), "exits with bulk stores in flight"),
+    "the phase parity never flips": (
+        False, _drop(r"\txor\.b32 (%r\d+), \1, 1;\n"), "deadlock"),
+    "no arrive.expect_tx": (
+        False, _drop(r"\tmbarrier\.arrive\.expect_tx[^\n]*\n"), "deadlock"),
+    "reads the slot without waiting": (
+        False, _drop(r"\tmbarrier\.try_wait[^\n]*\n\t@!%p\d+ bra \$L_mbar_wait(_\d+)?;\n"),
+        "before thread 0 waited"),
+    "refills a slot before the barrier that ends its reads": (
+        False, lambda t: re.sub(r"(\$ring:\n(?:.*\n)*?)\tbar\.sync 0;\n((?:.*\n)*?\$L_endif_\d+:\n)",
+                                r"\1\2\tbar.sync 0;\n", t, count=1),
+        "threads accessed since the last bar.sync"),
+}
+
+
+@pytest.mark.parametrize("mutant", list(RING_MUTANTS))
+def test_simulator_catches_broken_ring_protocols(sim, mutant):
+    """The unedited ring kernel passes; dropping any one step of its protocol fails."""
+    bulk_store, edit, error = RING_MUTANTS[mutant]
+    B, N = 7, 1000
+    x = np.random.default_rng(1).standard_normal((B, N)).astype(np.float32)
+    w = np.ones(N, np.float32)
+    spec = ring_builders()["rms_norm"](B, N, "f32", ctas=2, stages=2,
+                                       bulk_store=bulk_store).specialize()
+    sim.run(spec, [x, w])
+    with pytest.raises(sim.SimError, match=re.escape(error)):
+        sim.run(Mutant(spec, edit), [x, w])
+
+
+def test_simulator_checks_bulk_copies_and_mbarriers(sim):
+    """A hand-written bulk copy global -> shared -> global: the correct kernel passes, and
+    waiting on a phase no copy completes, a size that is not a multiple of 16 and copies out
+    of the buffer or past the shared window each raise SimError."""
+    from pyptx import Tile, kernel, ptx, reg, smem
+    from pyptx.types import b64, u32, u64
+
+    n = 128  # f32 elements: 512 bytes, one per thread
+
+    def bulk_copy(nbytes=4 * n, src_off=0, parity=0, issue=True, window=4 * n):
+        @kernel(in_specs=(Tile(n, f32),), out_specs=(Tile(n, f32),), block=(n, 1, 1),
+                smem=window)
+        def k(X, Y):
+            px, py = ptx.global_ptrs(X, Y)
+            buf = smem.dynamic(name="buf").addr()
+            bar = smem.alloc(b64, 1, align=8, name="bar").addr()
+            tid = ptx.special.tid.x()
+            with ptx.if_(tid == 0):
+                ptx.mbarrier.init(bar, 1)
+                ptx.fence_proxy_async()
+            ptx.bar_sync(0)
+            with ptx.if_(tid == 0):
+                size = reg.scalar(u32)  # a register: pyptx itself rejects bad immediates
+                ptx.inst.mov.u32(size, nbytes)
+                ptx.mbarrier.arrive_expect_tx(bar, size)
+                if issue:
+                    ptx.tma.copy_bulk(buf, px + src_off, size, bar)
+            ptx.mbarrier.wait(bar, parity)
+            off = reg.scalar(u32)
+            ptx.inst.mul.lo.u32(off, tid, 4)
+            v = reg.scalar(f32)
+            ptx.inst.ld.shared.f32(v, ptx.addr(buf + off))
+            goff = reg.scalar(u64)
+            ptx.inst.cvt.u64.u32(goff, off)
+            ptx.inst.st.global_.f32(ptx.addr(py + goff), v)
+            ptx.ret()
+
+        return k.specialize()
+
+    x = np.arange(n, dtype=np.float32)
+    (y,) = sim.run(bulk_copy(), [x])
+    assert y.view(np.float32).tolist() == x.tolist()
+    with pytest.raises(sim.SimError, match="deadlock.*bar\\+0 \\(phase 1 open"):
+        sim.run(bulk_copy(parity=1), [x])  # phase 0 completed; phase 1 never will
+    with pytest.raises(sim.SimError, match="deadlock.*tx count 512"):
+        sim.run(bulk_copy(issue=False), [x])  # the bytes it expects never come
+    with pytest.raises(sim.SimError, match="positive multiple of 16 bytes"):
+        sim.run(bulk_copy(nbytes=4 * n - 8), [x])
+    with pytest.raises(sim.SimError, match="bulk copy source: out of bounds"):
+        sim.run(bulk_copy(src_off=16), [x])
+    with pytest.raises(sim.SimError, match="outside its shared variable"):
+        sim.run(bulk_copy(window=4 * n - 16), [x])

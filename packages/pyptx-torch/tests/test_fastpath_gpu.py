@@ -55,6 +55,24 @@ def build_sum_diff():
     return sum_diff
 
 
+def build_diff():
+    """(a, b) -> a - b over a symbolic length N: one output (the fixed-arity op)."""
+
+    @kernel(in_specs=(Tile("N", f32), Tile("N", f32)), out_specs=(Tile("N", f32),),
+            grid=lambda N: ((N + 127) // 128, 1, 1), block=(128, 1, 1))
+    def diff(A, B, D):
+        pa, pb, pd = ptx.global_ptrs(A, B, D)
+        i = reg.from_(ptx.special.ctaid.x(), u32) * 128 + reg.from_(ptx.special.tid.x(), u32)
+        with ptx.if_(i < A.shape[0]):
+            a, b = reg.scalar(f32), reg.scalar(f32)
+            ptx.inst.ld.global_.f32(a, ptx.addr(pa + i * 4))
+            ptx.inst.ld.global_.f32(b, ptx.addr(pb + i * 4))
+            ptx.inst.st.global_.f32(ptx.addr(pd + i * 4), a - b)
+        ptx.ret()
+
+    return diff
+
+
 def check(k, a, b):
     s, d = k(a, b)
     assert s.shape == a.shape and s.dtype == a.dtype and s.device == a.device
@@ -175,6 +193,31 @@ def test_op_has_an_unboxed_autograd_kernel_and_outputs_match_eager(fastpath):
         assert not out.requires_grad and out.grad_fn is None
         assert torch.equal(out, a.detach() + b)
     assert torch.equal(op_d, a.detach() - b)
+
+
+def test_single_output_kernels_use_the_fixed_arity_op_in_cpp(fastpath):
+    for n in range(1, 5):
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(f"pyptx::launch{n}", "CUDA")
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(f"pyptx::launch{n}", "AutogradCUDA")
+    k = build_diff()
+
+    @torch.compile(fullgraph=True, dynamic=False)
+    def f(a, b):
+        return k(a * 2.0, b) + 1.0
+
+    for n in (2048, 2048, 513, 2048):  # a new shape rebinds the plan through the fallback
+        a, b = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+        assert torch.equal(f(a, b), (a * 2.0 - b) + 1.0)
+    before = fastpath.fallback_calls()
+    for _ in range(5):
+        a, b = torch.randn(2048, device="cuda"), torch.randn(2048, device="cuda")
+        assert torch.equal(f(a, b), (a * 2.0 - b) + 1.0)
+    assert fastpath.fallback_calls() == before  # repeats never leave C++
+    a = torch.randn(2048, device="cuda", requires_grad=True)
+    out = torch.ops.pyptx.launch2(a, b, k.uid)
+    assert not out.requires_grad and out.grad_fn is None and torch.equal(out, a.detach() - b)
+    with pytest.raises(SpecError, match="dtype"):
+        torch.ops.pyptx.launch2(a.detach(), b.double(), k.uid)
 
 
 def test_op_errors_keep_their_pyptx_class(fastpath):

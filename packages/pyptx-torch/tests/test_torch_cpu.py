@@ -112,8 +112,39 @@ def test_torch_compile_traces_one_custom_op_fullgraph():
         out = compiled(x)
     assert tuple(out.shape) == (16, 32)
     code = graphs[0].code
-    assert code.count("torch.ops.pyptx.launch") == 1
+    # one output, one tensor: the fixed-arity op, not the Tensor[] one
+    assert code.count("torch.ops.pyptx.launch1") == 1 and "pyptx.launch(" not in code
     assert "add" in code
+
+
+def test_torch_compile_records_multi_output_kernels_with_the_list_op():
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    mode = FakeTensorMode()
+    with mode:
+        a = torch.empty(8, 16, device="cuda")
+        b = torch.empty(16, 5, device="cuda")
+    compiled = torch.compile(lambda a, b: matmul_like(a, b), backend=backend, fullgraph=True)
+    with mode:
+        c, d = compiled(a, b)
+    assert tuple(c.shape) == (8, 5) and tuple(d.shape) == (5,)
+    code = graphs[0].code
+    assert "torch.ops.pyptx.launch.default" in code or "torch.ops.pyptx.launch(" in code
+    assert "launch1" not in code and "launch2" not in code
+
+
+def test_fixed_arity_ops_split_the_variant_string():
+    from pyptx_torch.compiled import MAX_FIXED, _split
+
+    assert _split("scale#3") == ("scale#3", "")
+    assert _split("scale#3|(('BLOCK', 64),)") == ("scale#3", "(('BLOCK', 64),)")
+    for n in range(1, MAX_FIXED + 1):
+        schema = str(getattr(torch.ops.pyptx, f"launch{n}").default._schema)
+        assert schema.count("Tensor t") == n and schema.endswith("-> Tensor")
 
 
 def test_handle_op_is_registered_once_with_fake_impl():

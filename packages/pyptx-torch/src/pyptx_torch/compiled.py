@@ -1,7 +1,8 @@
 """``torch.compile`` support: kernels become opaque ``torch.library.custom_op`` calls.
 
 A kernel called while Dynamo traces goes through ``pyptx::launch``, one op for
-every kernel: its arguments are the input tensors and an int naming the
+every kernel (``pyptx::launch1`` .. ``launch4`` for a single-output kernel of one to
+four tensors): its arguments are the input tensors and strings naming the
 (kernel, template kwargs) variant. The op's fake implementation derives the
 output shapes from the ``Tile`` specs, so tracing needs no GPU work; the real
 implementation is the eager launch. ``get_or_register_torch_op`` gives the
@@ -94,10 +95,47 @@ else:  # the extension registered the CUDA kernel; it calls back here when no pl
 _lib.impl("launch", _launch_impl, "CPU")  # so CPU tensors get pyptx's error, not the dispatcher's
 torch.library.register_fake("pyptx::launch", _launch_fake, lib=_lib)
 
+#: A single-output kernel of 1..MAX_FIXED tensor arguments goes through
+#: ``pyptx::launch<n>(Tensor t0, ..., str variant) -> Tensor`` instead: a fixed argument list
+#: and one Tensor back cost less per call on torch's Python->op path (what inductor's
+#: wrapper calls) than a Tensor[] and a list (docs/dev/logs/op-schema-cpu-study.txt).
+#: ``variant`` is the kernel's uid, then ``|`` and the kwargs key if there is one.
+MAX_FIXED = 4
+
+
+def _split(variant: str) -> tuple[str, str]:
+    uid, _, key = variant.partition("|")
+    return uid, key
+
+
+def _fixed_impl(*args: Any) -> torch.Tensor:
+    *inputs, variant = args
+    (out,) = _launch_impl(list(inputs), *_split(variant))
+    return out
+
+
+def _fixed_fake(*args: Any) -> torch.Tensor:
+    *inputs, variant = args
+    (out,) = _launch_fake(list(inputs), *_split(variant))
+    return out
+
+
+for _n in range(1, MAX_FIXED + 1):
+    _lib.define(f"launch{_n}({', '.join(f'Tensor t{i}' for i in range(_n))}, str variant) -> Tensor")
+    if FASTPATH is None:
+        _lib.impl(f"launch{_n}", _fixed_impl, "CUDA")
+    _lib.impl(f"launch{_n}", _fixed_impl, "CPU")
+    torch.library.register_fake(f"pyptx::launch{_n}", _fixed_fake, lib=_lib)
+_FIXED = (None, *(getattr(torch.ops.pyptx, f"launch{n}") for n in range(1, MAX_FIXED + 1)))
+
 
 def compiled_call(kernel: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
-    """``kernel(*args)`` as one ``pyptx::launch`` op (what Dynamo records)."""
-    outs = torch.ops.pyptx.launch(list(args), kernel.uid, _kwargs_key(kwargs))
+    """``kernel(*args)`` as one ``pyptx::launch<n>`` op (one output, at most ``MAX_FIXED``
+    tensor arguments) or ``pyptx::launch`` op (what Dynamo records)."""
+    key = _kwargs_key(kwargs)
+    if len(kernel.out_specs) == 1 and 0 < len(args) <= MAX_FIXED:
+        return _FIXED[len(args)](*args, f"{kernel.uid}|{key}" if key else kernel.uid)
+    outs = torch.ops.pyptx.launch(list(args), kernel.uid, key)
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 

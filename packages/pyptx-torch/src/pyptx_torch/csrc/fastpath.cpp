@@ -232,8 +232,9 @@ std::vector<at::Tensor> launch_fallback(at::TensorList inputs, c10::string_view 
   if (!list) throw_python_error();
   for (size_t i = 0; i < inputs.size(); ++i)
     PyList_SET_ITEM(list, static_cast<Py_ssize_t>(i), THPVariable_Wrap(inputs[i]));
-  PyObject* result = PyObject_CallFunction(g_fallback, "Os#s#", list, uid.data(),
-                                           static_cast<Py_ssize_t>(uid.size()), kwargs.data(),
+  PyObject* result = PyObject_CallFunction(g_fallback, "Os#s#", list, uid.data() ? uid.data() : "",
+                                           static_cast<Py_ssize_t>(uid.size()),
+                                           kwargs.data() ? kwargs.data() : "",
                                            static_cast<Py_ssize_t>(kwargs.size()));
   Py_DECREF(list);
   if (!result) throw_python_error();
@@ -267,6 +268,51 @@ std::vector<at::Tensor> launch_op(at::TensorList inputs, c10::string_view uid, c
                   [&](size_t i) { return &inputs[i]; }, outs))
     return outs;
   return launch_fallback(inputs, uid, kwargs);
+}
+
+// pyptx::launch<n>(Tensor t0, ..., str variant) -> Tensor: a single-output kernel with n tensor
+// arguments; variant is "uid" or "uid|kwargs" (a kernel's uid never holds '|'). A fixed
+// argument list and one Tensor back cost less on torch's Python->op path than a Tensor[].
+at::Tensor launch_single(const at::Tensor* const* ins, size_t n, c10::string_view variant) {
+  const size_t bar = variant.find('|');
+  const c10::string_view uid = variant.substr(0, bar);
+  // never a null data pointer: the fallback hands both strings to Python as s#
+  const c10::string_view kwargs = variant.substr(bar == c10::string_view::npos ? variant.size() : bar + 1);
+  PyObject* plan = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(g_variants_mutex);
+    auto it = g_variants.find(variant_key(uid, kwargs));
+    if (it != g_variants.end()) plan = it->second;
+  }
+  std::vector<at::Tensor> outs;
+  auto* p = reinterpret_cast<PlanObject*>(plan);
+  if (p && p->out_dtypes->size() == 1 && run(p, n, [&](size_t i) { return ins[i]; }, outs))
+    return std::move(outs[0]);
+  std::vector<at::Tensor> args;
+  args.reserve(n);
+  for (size_t i = 0; i < n; ++i) args.push_back(*ins[i]);
+  outs = launch_fallback(args, uid, kwargs);
+  if (outs.size() != 1) throw std::runtime_error("pyptx::launch<n>: the kernel must have one output");
+  return std::move(outs[0]);
+}
+
+at::Tensor launch1_op(const at::Tensor& a, c10::string_view v) {
+  const at::Tensor* t[] = {&a};
+  return launch_single(t, 1, v);
+}
+at::Tensor launch2_op(const at::Tensor& a, const at::Tensor& b, c10::string_view v) {
+  const at::Tensor* t[] = {&a, &b};
+  return launch_single(t, 2, v);
+}
+at::Tensor launch3_op(const at::Tensor& a, const at::Tensor& b, const at::Tensor& c,
+                      c10::string_view v) {
+  const at::Tensor* t[] = {&a, &b, &c};
+  return launch_single(t, 3, v);
+}
+at::Tensor launch4_op(const at::Tensor& a, const at::Tensor& b, const at::Tensor& c,
+                      const at::Tensor& d, c10::string_view v) {
+  const at::Tensor* t[] = {&a, &b, &c, &d};
+  return launch_single(t, 4, v);
 }
 
 // bind(uid, kwargs, plan): the plan pyptx::launch uses for that kernel variant.
@@ -349,8 +395,50 @@ std::vector<at::Tensor> launch_autograd(c10::DispatchKeySet keys, at::TensorList
   return op.redispatch(keys & c10::after_ADInplaceOrView_keyset, inputs, uid, kwargs);
 }
 
-TORCH_LIBRARY_IMPL(pyptx, CUDA, m) { m.impl("launch", TORCH_FN(launch_op)); }
-TORCH_LIBRARY_IMPL(pyptx, AutogradCUDA, m) { m.impl("launch", TORCH_FN(launch_autograd)); }
+// The same for pyptx::launch<n>: redispatch below autograd through the op's typed handle.
+template <typename Sig>
+c10::TypedOperatorHandle<Sig> typed_op(const char* name) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Sig>();
+}
+
+using T = const at::Tensor&;
+using V = c10::string_view;
+
+at::Tensor launch1_autograd(c10::DispatchKeySet keys, T a, V v) {
+  static const auto op = typed_op<at::Tensor(T, V)>("pyptx::launch1");
+  at::AutoDispatchBelowADInplaceOrView below;
+  return op.redispatch(keys & c10::after_ADInplaceOrView_keyset, a, v);
+}
+at::Tensor launch2_autograd(c10::DispatchKeySet keys, T a, T b, V v) {
+  static const auto op = typed_op<at::Tensor(T, T, V)>("pyptx::launch2");
+  at::AutoDispatchBelowADInplaceOrView below;
+  return op.redispatch(keys & c10::after_ADInplaceOrView_keyset, a, b, v);
+}
+at::Tensor launch3_autograd(c10::DispatchKeySet keys, T a, T b, T c, V v) {
+  static const auto op = typed_op<at::Tensor(T, T, T, V)>("pyptx::launch3");
+  at::AutoDispatchBelowADInplaceOrView below;
+  return op.redispatch(keys & c10::after_ADInplaceOrView_keyset, a, b, c, v);
+}
+at::Tensor launch4_autograd(c10::DispatchKeySet keys, T a, T b, T c, T d, V v) {
+  static const auto op = typed_op<at::Tensor(T, T, T, T, V)>("pyptx::launch4");
+  at::AutoDispatchBelowADInplaceOrView below;
+  return op.redispatch(keys & c10::after_ADInplaceOrView_keyset, a, b, c, d, v);
+}
+
+TORCH_LIBRARY_IMPL(pyptx, CUDA, m) {
+  m.impl("launch", TORCH_FN(launch_op));
+  m.impl("launch1", TORCH_FN(launch1_op));
+  m.impl("launch2", TORCH_FN(launch2_op));
+  m.impl("launch3", TORCH_FN(launch3_op));
+  m.impl("launch4", TORCH_FN(launch4_op));
+}
+TORCH_LIBRARY_IMPL(pyptx, AutogradCUDA, m) {
+  m.impl("launch", TORCH_FN(launch_autograd));
+  m.impl("launch1", TORCH_FN(launch1_autograd));
+  m.impl("launch2", TORCH_FN(launch2_autograd));
+  m.impl("launch3", TORCH_FN(launch3_autograd));
+  m.impl("launch4", TORCH_FN(launch4_autograd));
+}
 
 PyMODINIT_FUNC PyInit__fastpath() {
   PlanType.tp_name = "pyptx_torch._fastpath.Plan";
