@@ -378,14 +378,17 @@ def our_variants(mods, op, B, N, dt, tune, sms=132):
     else:
         build = lambda **kw: mods["swiglu"].build_swiglu(B, N, dt, **kw)  # noqa: E731
     out, seen = [], set()
+    shapes = [{}] + ([{"chunks": c} for c in (1, 2, 4, 8)] if tune else [])
+    if tune and op == "swiglu":
+        shapes.append({"threads": 512})  # f32: +0.1-0.2% over 256 (probe-variants-5-swiglu.log)
     for pdl in (True, False) if tune else (True,):  # the builders' default is pdl=True
-        for chunks in [None] + ([1, 2, 4, 8] if tune else []):
-            k = build(pdl=pdl) if chunks is None else build(chunks=chunks, pdl=pdl)
+        for shape in shapes:
+            k = build(pdl=pdl, **shape)
             desc = (k.plan.describe() if hasattr(k, "plan") else str(k.geometry)) + (" pdl" if pdl else "")
             if desc in seen:
                 continue
             seen.add(desc)
-            label = "default" if chunks is None else f"chunks={chunks}"
+            label = ",".join(f"{n}={v}" for n, v in shape.items()) or "default"
             out.append((label + ("" if pdl else " no-pdl"), desc, k))
     for ctas in ([sms, 2 * sms] if tune and op != "swiglu" else []):
         try:

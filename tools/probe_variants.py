@@ -42,6 +42,12 @@ VARIANTS = {
     "pf+ld.nc": ({"STREAM": ".nc"}, {}),
     "pf+L2_256": ({"STREAM": ".nc.L1::no_allocate.L2::256B"}, {}),
     "pf+maxnreg64": ({}, {"maxnreg": 64}),
+    # swiglu launch shapes: threads per CTA x 16-byte vectors per thread and input
+    "t128": ({}, {"threads": 128}),
+    "t128c2": ({}, {"threads": 128, "chunks": 2}),
+    "t512": ({}, {"threads": 512}),
+    "t1024": ({}, {"threads": 1024}),
+    "t64": ({}, {"threads": 64}),
     # TMA ring (rms_norm / layer_norm only): ctas = CTAs per SM x 132 SMs
     "ring2": ({}, {"stages": 2, "ctas": 264}),
     "ring3": ({}, {"stages": 3, "ctas": 264}),
