@@ -387,20 +387,27 @@ class _CTA:
         self.wr_fenced[idx] = False
         self.fill_bar[idx] = -1
 
+    def bulk_ranges(self, what: str, shared: int, glob: int, n: int) -> tuple[int, int]:
+        """Check a bulk copy's ``n`` bytes at shared ``shared`` and global ``glob`` (16-byte
+        aligned, a positive multiple of 16, inside one shared variable and one buffer);
+        returns (buffer index, byte offset) of the global side."""
+        if n <= 0 or n % 16 or shared % 16:
+            raise SimError(f"{what} of {n} bytes at shared {shared:#x}: needs a 16-byte aligned "
+                           "shared address and a positive multiple of 16 bytes")
+        if self.p.shared_var(shared, n) is None:
+            raise SimError(f"{what} of {n} bytes at shared {shared:#x} runs outside its shared "
+                           "variable")
+        i, off = self.mem.locate(np.array([glob], np.uint64), 16, f"{what} global address")
+        off = int(off[0])
+        if off + n > len(self.mem.bufs[i]):
+            raise SimError(f"{what} global address: out of bounds of buffer {i} (size "
+                           f"{len(self.mem.bufs[i])} B) at offset {off}, {n} bytes")
+        return i, off
+
     def bulk_load(self, dst: int, src: int, n: int, bar: int, t: int) -> None:
         """``cp.async.bulk`` global -> shared, run at issue; completes ``n`` bytes on ``bar``."""
         b = self.barrier(bar)
-        if n <= 0 or n % 16 or dst % 16:
-            raise SimError(f"bulk copy of {n} bytes to shared {dst:#x}: needs a 16-byte aligned "
-                           "destination and a positive multiple of 16 bytes")
-        if self.p.shared_var(dst, n) is None:
-            raise SimError(f"bulk copy of {n} bytes to shared {dst:#x} runs outside its shared "
-                           "variable")
-        i, off = self.mem.locate(np.array([src], np.uint64), 16, "bulk copy source")
-        off = int(off[0])
-        if off + n > len(self.mem.bufs[i]):
-            raise SimError(f"bulk copy source: out of bounds of buffer {i} (size "
-                           f"{len(self.mem.bufs[i])} B) at offset {off}, {n} bytes")
+        i, off = self.bulk_ranges("bulk copy", dst, src, n)
         r = np.arange(dst, dst + n)
         self.check_store_sources(r, "bulk copy overwrites")
         wt = self.wr_tid[r]
@@ -419,17 +426,7 @@ class _CTA:
 
     def bulk_store(self, dst: int, src: int, n: int, t: int) -> None:
         """``cp.async.bulk`` shared -> global (bulk group), run at issue."""
-        if n <= 0 or n % 16 or src % 16:
-            raise SimError(f"bulk store of {n} bytes from shared {src:#x}: needs a 16-byte "
-                           "aligned source and a positive multiple of 16 bytes")
-        if self.p.shared_var(src, n) is None:
-            raise SimError(f"bulk store of {n} bytes from shared {src:#x} runs outside its "
-                           "shared variable")
-        i, off = self.mem.locate(np.array([dst], np.uint64), 16, "bulk store destination")
-        off = int(off[0])
-        if off + n > len(self.mem.bufs[i]):
-            raise SimError(f"bulk store destination: out of bounds of buffer {i} (size "
-                           f"{len(self.mem.bufs[i])} B) at offset {off}, {n} bytes")
+        i, off = self.bulk_ranges("bulk store", src, dst, n)
         r = np.arange(src, src + n)
         if not self.smem_written[r].all():
             raise SimError("bulk store reads shared memory nothing wrote")

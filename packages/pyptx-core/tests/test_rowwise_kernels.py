@@ -740,7 +740,7 @@ def test_simulator_checks_bulk_copies_and_mbarriers(sim):
         sim.run(bulk_copy(issue=False), [x])  # the bytes it expects never come
     with pytest.raises(sim.SimError, match="positive multiple of 16 bytes"):
         sim.run(bulk_copy(nbytes=4 * n - 8), [x])
-    with pytest.raises(sim.SimError, match="bulk copy source: out of bounds"):
+    with pytest.raises(sim.SimError, match="bulk copy global address: out of bounds"):
         sim.run(bulk_copy(src_off=16), [x])
     with pytest.raises(sim.SimError, match="outside its shared variable"):
         sim.run(bulk_copy(window=4 * n - 16), [x])
