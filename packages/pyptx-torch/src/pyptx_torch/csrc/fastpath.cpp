@@ -217,6 +217,15 @@ std::string variant_key(c10::string_view uid, c10::string_view kwargs) {
   return key;
 }
 
+// The plan bound to (uid, kwargs), or null. A bound plan lives until process exit: rebinding
+// (only in the fallback) retires the old plan without freeing it, so it may be used after
+// the lock is released.
+PlanObject* bound_plan(c10::string_view uid, c10::string_view kwargs) {
+  std::lock_guard<std::mutex> lock(g_variants_mutex);
+  auto it = g_variants.find(variant_key(uid, kwargs));
+  return it == g_variants.end() ? nullptr : reinterpret_cast<PlanObject*>(it->second);
+}
+
 [[noreturn]] void throw_python_error() {
   python_error err;
   err.persist();  // keep the Python exception (a pyptx error class) for the caller
@@ -255,17 +264,9 @@ std::vector<at::Tensor> launch_fallback(at::TensorList inputs, c10::string_view 
 }
 
 std::vector<at::Tensor> launch_op(at::TensorList inputs, c10::string_view uid, c10::string_view kwargs) {
-  PyObject* plan = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(g_variants_mutex);
-    auto it = g_variants.find(variant_key(uid, kwargs));
-    if (it != g_variants.end()) plan = it->second;
-  }
+  PlanObject* plan = bound_plan(uid, kwargs);
   std::vector<at::Tensor> outs;
-  // A bound plan lives until process exit or rebinding; rebinding happens only in the
-  // fallback, which this thread is not in, and retires the old plan without freeing it.
-  if (plan && run(reinterpret_cast<PlanObject*>(plan), inputs.size(),
-                  [&](size_t i) { return &inputs[i]; }, outs))
+  if (plan && run(plan, inputs.size(), [&](size_t i) { return &inputs[i]; }, outs))
     return outs;
   return launch_fallback(inputs, uid, kwargs);
 }
@@ -278,14 +279,8 @@ at::Tensor launch_single(const at::Tensor* const* ins, size_t n, c10::string_vie
   const c10::string_view uid = variant.substr(0, bar);
   // never a null data pointer: the fallback hands both strings to Python as s#
   const c10::string_view kwargs = variant.substr(bar == c10::string_view::npos ? variant.size() : bar + 1);
-  PyObject* plan = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(g_variants_mutex);
-    auto it = g_variants.find(variant_key(uid, kwargs));
-    if (it != g_variants.end()) plan = it->second;
-  }
+  PlanObject* p = bound_plan(uid, kwargs);
   std::vector<at::Tensor> outs;
-  auto* p = reinterpret_cast<PlanObject*>(plan);
   if (p && p->out_dtypes->size() == 1 && run(p, n, [&](size_t i) { return ins[i]; }, outs))
     return std::move(outs[0]);
   std::vector<at::Tensor> args;
