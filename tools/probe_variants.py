@@ -63,6 +63,22 @@ VARIANTS = {
     "ring4-bulk": ({}, {"stages": 4, "ctas": 264, "bulk_store": True}),
     "ring6-bulk": ({}, {"stages": 6, "ctas": 264, "bulk_store": True}),
     "ring8x1-bulk": ({}, {"stages": 8, "ctas": 132, "bulk_store": True}),
+    # L2 eviction priority (createpolicy + .L2::cache_hint) of streamed loads / of stores
+    "ldef": ({"L2_LOAD": "evict_first"}, {}),
+    "stef": ({"L2_STORE": "evict_first"}, {}),
+    "stel": ({"L2_STORE": "evict_last"}, {}),
+    "ldef+stel": ({"L2_LOAD": "evict_first", "L2_STORE": "evict_last"}, {}),
+    "t512+ldef": ({"L2_LOAD": "evict_first"}, {"threads": 512}),
+    "t512+stef": ({"L2_STORE": "evict_first"}, {"threads": 512}),
+    "t512+stel": ({"L2_STORE": "evict_last"}, {"threads": 512}),
+    # swiglu: slices of G and U by cp.async.bulk into shared memory (and Y back out)
+    "bulk": ({}, {"bulk": True}),
+    "bulk512": ({}, {"bulk": True, "threads": 512}),
+    "bulk512c2": ({}, {"bulk": True, "threads": 512, "chunks": 2}),
+    "bulk512c4": ({}, {"bulk": True, "threads": 512, "chunks": 4}),
+    "bulk512-nopf": ({"PDL_PREFETCH": False}, {"bulk": True, "threads": 512}),
+    "bulkst512": ({}, {"bulk": True, "bulk_store": True, "threads": 512}),
+    "bulkst512c4": ({}, {"bulk": True, "bulk_store": True, "threads": 512, "chunks": 4}),
 }
 
 

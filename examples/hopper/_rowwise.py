@@ -68,6 +68,11 @@ KEEP = ".nc"
 PINNED = ".L1::no_allocate"
 #: store cache hint of ``store_vec`` / ``Rows.store`` ("" = the default write-back policy).
 STORE = ""
+#: L2 eviction priority of streamed loads and of stores ("" = none, else one of
+#: ``L2_PRIORITIES``): a ``createpolicy.fractional`` register and ``.L2::cache_hint``.
+L2_LOAD = ""
+L2_STORE = ""
+L2_PRIORITIES = ("evict_first", "evict_last", "evict_normal", "evict_unchanged")
 #: ``pdl=True`` kernels ask for their CTA's rows in L2 before ``griddepcontrol.wait``
 #: (``prefetch_cta_slice``), so the loads overlap the previous grid's last wave.
 PDL_PREFETCH = True
@@ -205,6 +210,22 @@ def plan_rows(B: int, N: int, dtype: PtxType, *, who: str, chunks: int | None = 
 
 
 # ----------------------------------------------------------------------------- vector access
+def l2_policy(priority: str) -> Any:
+    """A ``createpolicy.fractional.L2::<priority>.b64`` register (all accesses), or None for ""."""
+    if not priority:
+        return None
+    if priority not in L2_PRIORITIES:
+        raise ConfigError(f"L2 priority must be one of {L2_PRIORITIES}, got {priority!r}")
+    pol = reg.scalar(b64)
+    ptx.inst(f"createpolicy.fractional.L2::{priority}.b64")(pol, 1.0)
+    return pol
+
+
+def _hinted(op: str, priority: str) -> tuple[str, tuple]:
+    pol = l2_policy(priority)
+    return (op, ()) if pol is None else (op + ".L2::cache_hint", (pol,))
+
+
 def _bf16_word(value: float) -> int:
     b = bf16_bits(value)
     return (b << 16) | b
@@ -212,7 +233,7 @@ def _bf16_word(value: float) -> int:
 
 def load_raw_vec(ptr: Any, off: int, dtype: PtxType, n: int, *, pred: Any = None,
                  fill: float | None = 0.0, cache: str = "", dst: list | None = None,
-                 space: str = "global") -> list:
+                 space: str = "global", policy: str | None = None) -> list:
     """Load ``n`` consecutive elements at ``[ptr+off]`` as they are stored: raw registers.
 
     f32: ``n`` f32 registers; bf16: ``n // 2`` b32 words (element ``2i`` in the low
@@ -220,9 +241,15 @@ def load_raw_vec(ptr: Any, off: int, dtype: PtxType, n: int, *, pred: Any = None
     ``fill`` (``fill=None``: left as they were, for a guard whose result is unused).
     ``dst`` is a list of registers from an earlier call of the same shape to load
     into (a loop-carried register set); by default fresh registers. ``space="shared"``
-    reads shared memory (``ptr`` a u32 shared address; ``cache`` is ignored).
+    reads shared memory (``ptr`` a u32 shared address; ``cache`` is ignored). ``policy``
+    is an L2 eviction priority (default ``L2_LOAD``, none for ``KEEP`` loads).
     """
-    ld = f"ld.global{cache}" if space == "global" else f"ld.{space}"
+    hint: tuple = ()
+    if space == "global":
+        ld, hint = _hinted(f"ld.global{cache}", (L2_LOAD if cache != KEEP else "")
+                           if policy is None else policy)
+    else:
+        ld = f"ld.{space}"
     out: list = []
     if dtype is f32:
         per = min(n, 4)
@@ -233,14 +260,14 @@ def load_raw_vec(ptr: Any, off: int, dtype: PtxType, n: int, *, pred: Any = None
                     ptx.inst.mov.f32(r, fill)
             v = f".v{per}" if per > 1 else ""
             ptx.inst(f"{ld}{v}.f32")(regs if per > 1 else regs[0],
-                                                 ptx.addr(ptr, off + 4 * p), pred=pred)
+                                     ptx.addr(ptr, off + 4 * p), *hint, pred=pred)
             out.extend(regs)
         return out
     if n == 1:  # one bf16
         h = reg.scalar(b16) if dst is None else dst[0]
         if pred is not None and fill is not None:
             ptx.inst.mov.b16(h, bf16_bits(fill))
-        ptx.inst(f"{ld}.b16")(h, ptx.addr(ptr, off), pred=pred)
+        ptx.inst(f"{ld}.b16")(h, ptx.addr(ptr, off), *hint, pred=pred)
         return [h]
     words = n // 2
     for p in range(0, words, 4):
@@ -250,8 +277,8 @@ def load_raw_vec(ptr: Any, off: int, dtype: PtxType, n: int, *, pred: Any = None
             for r in w:
                 ptx.inst.mov.b32(r, _bf16_word(fill))
         v = f".v{per}" if per > 1 else ""
-        ptx.inst(f"{ld}{v}.b32")(w if per > 1 else w[0], ptx.addr(ptr, off + 4 * p),
-                                             pred=pred)
+        ptx.inst(f"{ld}{v}.b32")(w if per > 1 else w[0], ptx.addr(ptr, off + 4 * p), *hint,
+                                 pred=pred)
         out.extend(w)
     return out
 
@@ -275,42 +302,49 @@ def unpack(raw: list, dtype: PtxType) -> list:
 
 
 def load_vec(ptr: Any, off: int, dtype: PtxType, n: int, *, pred: Any = None,
-             fill: float = 0.0, cache: str = "") -> list:
+             fill: float = 0.0, cache: str = "", policy: str | None = None,
+             space: str = "global") -> list:
     """Load ``n`` consecutive elements at ``[ptr+off]`` (aligned to their size) as f32 registers.
 
     Where ``pred`` is false the values are ``fill``. ``cache`` is a modifier
-    string after ``ld.global`` (``STREAM``, ``KEEP`` or "").
+    string after ``ld.global`` (``STREAM``, ``KEEP`` or ""); ``policy`` and ``space`` as in
+    ``load_raw_vec``.
     """
+    kw = dict(pred=pred, fill=fill, cache=cache, policy=policy, space=space)
     if dtype is f32 or n == 1:
-        return unpack(load_raw_vec(ptr, off, dtype, n, pred=pred, fill=fill, cache=cache), dtype)
+        return unpack(load_raw_vec(ptr, off, dtype, n, **kw), dtype)
     out: list = []
     for p in range(0, n // 2, 4):  # each load's words unpacked right after it
         per = min(n // 2 - p, 4)
-        raw = load_raw_vec(ptr, off + 4 * p, dtype, 2 * per, pred=pred, fill=fill, cache=cache)
-        out += unpack(raw, dtype)
+        out += unpack(load_raw_vec(ptr, off + 4 * p, dtype, 2 * per, **kw), dtype)
     return out
 
 
 def store_vec(ptr: Any, off: int, dtype: PtxType, vals: list, *, pred: Any = None,
-              cache: str | None = None, space: str = "global") -> None:
+              cache: str | None = None, space: str = "global", policy: str | None = None) -> None:
     """Store f32 registers ``vals`` as ``len(vals)`` consecutive ``dtype`` elements at ``[ptr+off]``
-    (``cache``: a modifier after ``st.global``, default ``STORE``; ``space="shared"``: ``ptr``
-    is a u32 shared address and ``cache`` is ignored)."""
+    (``cache``: a modifier after ``st.global``, default ``STORE``; ``policy``: an L2 eviction
+    priority, default ``L2_STORE``; ``space="shared"``: ``ptr`` is a u32 shared address and
+    ``cache`` and ``policy`` are ignored)."""
     n = len(vals)
     cache = STORE if cache is None else cache
-    st = f"st.global{cache}" if space == "global" else f"st.{space}"
+    hint: tuple = ()
+    if space == "global":
+        st, hint = _hinted(f"st.global{cache}", L2_STORE if policy is None else policy)
+    else:
+        st = f"st.{space}"
     if dtype is f32:
         per = min(n, 4)
         for p in range(0, n, per):
             v = f".v{per}" if per > 1 else ""
             ptx.inst(f"{st}{v}.f32")(ptx.addr(ptr, off + 4 * p),
-                                                 list(vals[p:p + per]) if per > 1 else vals[p],
-                                                 pred=pred)
+                                     list(vals[p:p + per]) if per > 1 else vals[p], *hint,
+                                     pred=pred)
         return
     if n == 1:
         h = reg.scalar(b16)
         ptx.inst.cvt.rn.bf16.f32(h, vals[0])
-        ptx.inst(f"{st}.b16")(ptx.addr(ptr, off), h, pred=pred)
+        ptx.inst(f"{st}.b16")(ptx.addr(ptr, off), h, *hint, pred=pred)
         return
     words = []
     for i in range(0, n, 2):
@@ -321,7 +355,7 @@ def store_vec(ptr: Any, off: int, dtype: PtxType, vals: list, *, pred: Any = Non
         per = min(len(words) - p, 4)
         v = f".v{per}" if per > 1 else ""
         ptx.inst(f"{st}{v}.b32")(ptx.addr(ptr, off + 4 * p),
-                                             words[p:p + per] if per > 1 else words[p], pred=pred)
+                                 words[p:p + per] if per > 1 else words[p], *hint, pred=pred)
 
 
 # ----------------------------------------------------------------------------- arithmetic

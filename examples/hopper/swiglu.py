@@ -15,14 +15,15 @@ run unpredicated.
 import sys
 from pathlib import Path
 
-from pyptx import SpecError, Tile, kernel, ptx, reg
-from pyptx.types import f32, u32, u64
+from pyptx import SpecError, Tile, kernel, ptx, reg, smem
+from pyptx.types import b64, f32, u32, u64
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _rowwise as rw  # noqa: E402
 
 
-def build_swiglu(B: int, N: int, dtype=f32, *, threads: int = 256, chunks=None, pdl=True):
+def build_swiglu(B: int, N: int, dtype=f32, *, threads: int = 256, chunks=None, pdl=True,
+                 bulk: bool = False, bulk_store: bool = False):
     """``Y = silu(G) * U`` for ``G, U, Y`` of shape ``(B, N)`` in ``dtype`` (f32 or bf16).
 
     ``threads`` per CTA and ``chunks`` (16-byte vectors per thread and input;
@@ -37,6 +38,12 @@ def build_swiglu(B: int, N: int, dtype=f32, *, threads: int = 256, chunks=None, 
     CTA's slices of ``G`` and ``U`` in L2 (``cp.async.bulk.prefetch``) before
     ``griddepcontrol.wait``, and nothing is read or written before the previous grid
     has finished.
+
+    ``bulk=True`` moves each CTA's slices of ``G`` and ``U`` into shared memory with two
+    ``cp.async.bulk`` copies issued by thread 0 (one mbarrier); threads read their vectors
+    with ``ld.shared``. ``bulk_store=True`` (with ``bulk``) also writes the CTA's slice of
+    ``Y`` back through shared memory with one bulk store. Both need ``B * N * bytes`` to be
+    a multiple of 16.
     """
     who = "build_swiglu"
     dt = rw.dtype_of(dtype, who)
@@ -59,6 +66,14 @@ def build_swiglu(B: int, N: int, dtype=f32, *, threads: int = 256, chunks=None, 
     grid = -(-mv // per_cta)
     ragged = mv % per_cta != 0
     stride = threads * vec * es
+    span = per_cta * vec * es  # bytes of one input per CTA
+    if bulk_store and not bulk:
+        raise SpecError(f"{who}: bulk_store=True needs bulk=True")
+    if bulk and (M * es) % 16:
+        raise SpecError(f"{who}: bulk=True needs B * N * {es} bytes to be a multiple of 16, "
+                        f"got B={B}, N={N}")
+    if bulk:
+        return _swiglu_bulk(B, N, dt, threads, k, vec, grid, span, pdl, bulk_store)
 
     @kernel(
         in_specs=(Tile(B, N, dt), Tile(B, N, dt)),
@@ -89,17 +104,7 @@ def build_swiglu(B: int, N: int, dtype=f32, *, threads: int = 256, chunks=None, 
                 gs.append(rw.load_vec(ag, j * stride, dt, vec, pred=preds[j], cache=rw.STREAM))
                 us.append(rw.load_vec(au, j * stride, dt, vec, pred=preds[j], cache=rw.STREAM))
             for j in range(k):
-                ys = []
-                for gv, uv in zip(gs[j], us[j]):
-                    e = reg.scalar(f32)
-                    ptx.inst.mul.f32(e, gv, -rw.LOG2E)
-                    ptx.inst.ex2.approx.ftz.f32(e, e)
-                    ptx.inst.add.f32(e, e, 1.0)
-                    ptx.inst.rcp.approx.ftz.f32(e, e)
-                    y = reg.scalar(f32)
-                    ptx.inst.mul.f32(y, gv, uv)
-                    ptx.inst.mul.f32(y, y, e)
-                    ys.append(y)
+                ys = [_silu_mul(gv, uv) for gv, uv in zip(gs[j], us[j])]
                 rw.store_vec(ay, j * stride, dt, ys, pred=preds[j])
 
         if not ragged:
@@ -117,6 +122,92 @@ def build_swiglu(B: int, N: int, dtype=f32, *, threads: int = 256, chunks=None, 
 
     swiglu.geometry = dict(vec=vec, chunks=k, threads=threads, grid=grid)
     return swiglu
+
+
+def _swiglu_bulk(B, N, dt, threads, k, vec, grid, span, pdl, bulk_store):
+    """``build_swiglu(..., bulk=True)``: the CTA's slices arrive by bulk copy into shared memory."""
+    es = dt.bytes
+    M = B * N
+    total = M * es
+    last_bytes = total - (grid - 1) * span
+    stride = threads * vec * es
+
+    @kernel(
+        in_specs=(Tile(B, N, dt), Tile(B, N, dt)),
+        out_specs=(Tile(B, N, dt),),
+        grid=(grid, 1, 1),
+        block=(threads, 1, 1),
+        smem=2 * span,
+        pdl=pdl,
+        name=f"swiglu_bulk_{dt.name}",
+    )
+    def swiglu_bulk(G, U, Y):
+        with rw.entry(pdl):
+            pg, pu, py = ptx.global_ptrs(G, U, Y)
+            cta = ptx.special.ctaid.x()
+            tid = ptx.special.tid.x()
+            win = smem.dynamic(name="slices")
+            bar = smem.alloc(b64, 1, align=8, name="slices_bar").addr()
+            base = win.addr()
+            lead = tid == 0
+            with ptx.if_(lead):
+                ptx.mbarrier.init(bar, 1)
+                ptx.fence_proxy_async()
+            ptx.bar_sync(0)
+            if pdl:
+                rw.prefetch_cta_slice((pg, pu), span, total, tid)
+            start = reg.scalar(u64)
+            ptx.inst.mul.wide.u32(start, cta, span)
+            nbytes, tx = span, 2 * span
+            if last_bytes != span:
+                nbytes, tx = reg.scalar(u32), reg.scalar(u32)
+                ptx.inst.selp.u32(nbytes, last_bytes, span, cta == grid - 1)
+                ptx.inst.add.u32(tx, nbytes, nbytes)
+            idx = reg.scalar(u32)
+            ptx.inst.mad.lo.u32(idx, cta, threads * k, tid)
+            mine = reg.scalar(u32)
+            ptx.inst.mad.lo.u32(mine, tid, vec * es, base)
+        with ptx.if_(lead):
+            ptx.mbarrier.arrive_expect_tx(bar, tx)
+            ptx.tma.copy_bulk(base, pg + start, nbytes, bar)
+            ptx.tma.copy_bulk(base + span, pu + start, nbytes, bar)
+        ptx.mbarrier.wait(bar, 0)
+        mv = M // vec
+        for j in range(k):
+            ok = (idx < mv - j * threads) if last_bytes != span else None
+            g = rw.load_vec(mine, j * stride, dt, vec, pred=ok, space="shared")
+            u = rw.load_vec(mine, span + j * stride, dt, vec, pred=ok, space="shared")
+            ys = [_silu_mul(gv, uv) for gv, uv in zip(g, u)]
+            if bulk_store:
+                rw.store_vec(mine, j * stride, dt, ys, pred=ok, space="shared")
+            else:
+                off = reg.scalar(u64)
+                ptx.inst.mul.wide.u32(off, idx, vec * es)
+                rw.store_vec(py + off, j * stride, dt, ys, pred=ok)
+        if bulk_store:
+            ptx.fence_proxy_async()
+            ptx.bar_sync(0)
+            with ptx.if_(lead):
+                ptx.tma.store_bulk(py + start, base, nbytes)
+                ptx.tma.commit_group()
+                ptx.tma.wait_group(0, read=True)
+        ptx.ret()
+
+    swiglu_bulk.geometry = dict(vec=vec, chunks=k, threads=threads, grid=grid, bulk=True,
+                                bulk_store=bulk_store)
+    return swiglu_bulk
+
+
+def _silu_mul(g, u):
+    e = reg.scalar(f32)
+    ptx.inst.mul.f32(e, g, -rw.LOG2E)
+    ptx.inst.ex2.approx.ftz.f32(e, e)
+    ptx.inst.add.f32(e, e, 1.0)
+    ptx.inst.rcp.approx.ftz.f32(e, e)
+    y = reg.scalar(f32)
+    ptx.inst.mul.f32(y, g, u)
+    ptx.inst.mul.f32(y, y, e)
+    return y
 
 
 def reference(g, u):

@@ -675,6 +675,8 @@ def _exec(c: _CTA, ins: tuple, m: np.ndarray, pcs: np.ndarray, done: np.ndarray,
                 c.wr_fenced |= np.append(m, False)[c.wr_tid]
         elif base == "mbarrier":
             _mbarrier(c, op, ops, m, pc in c.p.spins)
+        elif base == "createpolicy":  # an opaque L2 hint: ld/st with .L2::cache_hint ignore it
+            c.put(ops[0], np.zeros(c.n, np.uint64), m)
         elif op.startswith(("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes",
                             "cp.async.bulk.shared::cta.global.mbarrier::complete_tx::bytes")):
             if "multicast" in op:

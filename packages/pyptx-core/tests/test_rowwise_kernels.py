@@ -744,3 +744,101 @@ def test_simulator_checks_bulk_copies_and_mbarriers(sim):
         sim.run(bulk_copy(src_off=16), [x])
     with pytest.raises(sim.SimError, match="outside its shared variable"):
         sim.run(bulk_copy(window=4 * n - 16), [x])
+
+
+# ----------------------------------------------------------------------------- swiglu variants
+# bulk: the CTA's slices of G and U arrive by cp.async.bulk into shared memory (ragged last
+# CTA: a shorter copy and predicated threads); bulk_store: Y leaves the same way.
+SWIGLU_BULK_SIM = [(5, 8, {}), (3, 1000, {}), (7, 96, {"chunks": 2}), (2, 4104, {"threads": 128}),
+                   (9, 200, {"threads": 64, "chunks": 4})]
+
+
+@pytest.mark.parametrize("bulk_store", (False, True))
+@pytest.mark.parametrize("pdl", (False, True))
+@pytest.mark.parametrize("dt", DTS)
+@pytest.mark.parametrize("B,N,kw", SWIGLU_BULK_SIM)
+def test_swiglu_bulk_numerics_in_simulator(sim, B, N, kw, dt, pdl, bulk_store):
+    rng = np.random.default_rng(B * 131 + N)
+    g = to_dev(sim, rng.standard_normal((B, N)) * 3, dt)
+    u = to_dev(sim, rng.standard_normal((B, N)), dt)
+    g64, u64 = f64(g, dt), f64(u, dt)
+    k = forward_builders()["swiglu"](B, N, dt, bulk=True, bulk_store=bulk_store, pdl=pdl, **kw)
+    assert k.geometry["bulk"] and k.geometry["bulk_store"] == bulk_store
+    spec = k.specialize()
+    text = spec.ptx()
+    assert text.count("cp.async.bulk.shared::cluster.global") == 2
+    assert ("cp.async.bulk.global.shared::cta" in text) == bulk_store
+    (y,) = sim.run(spec, [g, u])
+    assert rel(f64(y, dt), g64 / (1 + np.exp(-g64)) * u64) < SIM_TOL[dt]
+
+
+@pytest.mark.parametrize("dt", DTS)
+def test_swiglu_bulk_assembles_at_benchmark_sizes(dt, assemble):
+    for B, N in BENCH:
+        for kw in ({}, {"bulk_store": True, "threads": 512, "chunks": 4}):
+            k = forward_builders()["swiglu"](B, N, dt, bulk=True, **kw)
+            log = assemble(k.specialize().ptx())
+            assert "0 bytes spill stores" in log, (B, N, kw, log)
+
+
+def test_swiglu_bulk_errors_name_the_limit():
+    build = forward_builders()["swiglu"]
+    with pytest.raises(SpecError, match="multiple of 16.*B=3, N=5"):
+        build(3, 5, "f32", bulk=True)
+    with pytest.raises(SpecError, match="bulk_store=True needs bulk=True"):
+        build(4, 64, "f32", bulk_store=True)
+
+
+@pytest.mark.parametrize("ld_pr,st_pr", [("evict_first", ""), ("", "evict_first"),
+                                        ("evict_last", "evict_first")])
+@pytest.mark.parametrize("dt", DTS)
+def test_l2_eviction_policies(sim, monkeypatch, ld_pr, st_pr, dt, assemble):
+    """``_rowwise.L2_LOAD`` / ``L2_STORE`` put ``.L2::cache_hint`` on streamed loads / stores
+    (never on the weights' ``.nc`` loads); results are unchanged."""
+    rw = load("rms_norm")._rowwise()
+    monkeypatch.setattr(rw, "L2_LOAD", ld_pr)
+    monkeypatch.setattr(rw, "L2_STORE", st_pr)
+    B, N = 3, 1000
+    rng = np.random.default_rng(7)
+    x = to_dev(sim, rng.standard_normal((B, N)), dt)
+    w = to_dev(sim, rng.standard_normal(N) * 0.1 + 1, dt)
+    for name, args in (("rms_norm", [x, w]), ("swiglu", [x, x])):
+        spec = forward_builders()[name](B, N, dt).specialize()
+        text = spec.ptx()
+        lds = [ln for ln in text.splitlines() if "ld.global" in ln]
+        sts = [ln for ln in text.splitlines() if "st.global" in ln]
+        assert all((".L2::cache_hint" in ln) == (bool(ld_pr) and ".nc" not in ln) for ln in lds)
+        assert all((".L2::cache_hint" in ln) == bool(st_pr) for ln in sts)
+        for pr in filter(None, (ld_pr, st_pr)):
+            assert f"createpolicy.fractional.L2::{pr}.b64" in text
+        assert "0 bytes spill stores" in assemble(text)
+        (y,) = sim.run(spec, args)
+        x64, w64 = f64(x, dt), f64(w, dt)
+        ref = (x64 / np.sqrt((x64 ** 2).mean(-1, keepdims=True) + 1e-6) * w64
+               if name == "rms_norm" else x64 / (1 + np.exp(-x64)) * x64)
+        assert rel(f64(y, dt), ref) < SIM_TOL[dt], name
+
+
+SWIGLU_BULK_MUTANTS = {  # (edit, the error): each protocol step the bulk swiglu relies on
+    "reads the slices without waiting": (
+        _drop(r"\tmbarrier\.try_wait[^\n]*\n\t@!%p\d+ bra \$L_mbar_wait(_\d+)?;\n"),
+        "before thread 0 waited"),
+    "no arrive.expect_tx": (_drop(r"\tmbarrier\.arrive\.expect_tx[^\n]*\n"), "deadlock"),
+    "no proxy fence before the bulk store": (
+        _drop(r"\tfence\.proxy\.async\.shared::cta;\n(?=\tbar\.sync)"), "no fence.proxy.async"),
+    "no bar.sync before the bulk store": (
+        lambda t: t.replace("fence.proxy.async.shared::cta;\n\tbar.sync 0;\n\t@!",
+                            "fence.proxy.async.shared::cta;\n\t@!"), "other threads wrote"),
+}
+
+
+@pytest.mark.parametrize("mutant", list(SWIGLU_BULK_MUTANTS))
+def test_simulator_catches_broken_swiglu_bulk(sim, mutant):
+    """The unedited bulk swiglu passes; dropping any one step of its protocol fails."""
+    edit, error = SWIGLU_BULK_MUTANTS[mutant]
+    B, N = 3, 1000
+    g = np.random.default_rng(2).standard_normal((B, N)).astype(np.float32)
+    spec = forward_builders()["swiglu"](B, N, "f32", bulk=True, bulk_store=True).specialize()
+    sim.run(spec, [g, g])
+    with pytest.raises(sim.SimError, match=re.escape(error)):
+        sim.run(Mutant(spec, edit), [g, g])
