@@ -39,12 +39,19 @@ Timing (``--timer``). Every implementation and the copy are timed the same way:
 * ``both``: ``graph`` for everything (targets, summary), plus ``do_bench`` for ours
   and the best peer in a second table, so both methodologies are on record.
 
+Rounds (``--rounds R``, default 5). The tuning pass times every launch shape of ours
+once and picks the fastest. Then ours (that shape), ours-default and every peer are timed
+again in ``R`` interleaved rounds, each round in a rotated order, and the tables give the
+median over rounds. So drift of the device hits every column alike, and the best of many
+shapes is not compared with a single sample of a peer. ``--rounds 0`` reports the tuning
+pass and one sample of each peer instead.
+
 Targets (issue 6): at every size and dtype ours >= 1.0x the best peer; at the two
 largest sizes ours >= 95% of the copy bandwidth. The last lines say which pass.
 
     python benchmarks/memory_bound.py [--out results.json] [--ops rms_norm,softmax]
         [--dtypes f32,bf16] [--sizes 256x4096,2048x8192] [--no-tune] [--no-compile]
-        [--timer graph|do_bench|events|both]
+        [--timer graph|do_bench|events|both] [--rounds 5]
 """
 
 from __future__ import annotations
@@ -87,6 +94,7 @@ POOL_CAP_BYTES = 2 << 30  # ... but at most this many bytes of inputs
 GRAPH_TARGET_US = 1000.0  # one replay lasts at least this long
 GRAPH_MAX_LAUNCHES = 2000
 WARM_REPLAYS, REPLAYS = 3, 15
+ROUNDS = 5
 
 
 def pool_sets(set_bytes: int, l2_bytes: int, factor: int = POOL_L2_FACTOR,
@@ -115,6 +123,22 @@ def timer_desc(method: str) -> str:
         "do_bench": "do_bench: triton.testing.do_bench median, 256 MB L2 flush before each launch",
         "events": "events: CUDA events around single launches, 256 MB L2 flush before each",
     }[method]
+
+
+def rotated(names: list, r: int) -> list:
+    """Round ``r``'s timing order: ``names`` rotated left by ``r`` (each leads once per cycle)."""
+    k = r % len(names) if names else 0
+    return names[k:] + names[:k]
+
+
+def interleaved(time_ms, fns: dict, rounds: int) -> dict:
+    """{name: [ms per round]}: ``time_ms(fn)`` for every entry of ``fns`` in each of ``rounds``
+    rounds, in ``rotated`` order."""
+    out: dict = {name: [] for name in fns}
+    for r in range(rounds):
+        for name in rotated(list(fns), r):
+            out[name].append(time_ms(fns[name]))
+    return out
 
 
 @dataclass
@@ -381,6 +405,8 @@ def our_variants(mods, op, B, N, dt, tune, sms=132):
     shapes = [{}] + ([{"chunks": c} for c in (1, 2, 4, 8)] if tune else [])
     if tune and op == "swiglu":
         shapes.append({"threads": 512})  # f32: +0.1-0.2% over 256 (probe-variants-5-swiglu.log)
+        if B * N * (4 if dt == "f32" else 2) % 16 == 0:  # slices by bulk copy: a tie at 8192^2
+            shapes.append({"bulk": True, "threads": 512})
     for pdl in (True, False) if tune else (True,):  # the builders' default is pdl=True
         for shape in shapes:
             k = build(pdl=pdl, **shape)
@@ -505,7 +531,12 @@ def main(argv=None) -> int:
                          "> 4x L2; do_bench: Triton's, L2 flushed before each launch; events: the "
                          "same without Triton; both: graph, plus do_bench for ours and the best "
                          "peer in a second table")
+    ap.add_argument("--rounds", type=int, default=ROUNDS,
+                    help="interleaved rounds of ours (tuned and default) and the peers after "
+                         "tuning; the tables give medians (0: the tuning pass, one peer sample)")
     a = ap.parse_args(argv)
+    if a.rounds < 0:
+        ap.error(f"--rounds must be >= 0, got {a.rounds}")
 
     import torch
 
@@ -578,6 +609,7 @@ def main(argv=None) -> int:
                        "launches": {}}
                 # ours: every launch shape, checked before it is timed
                 best = best_k = None
+                default_k = None
                 variants = []
                 for label, desc, k in our_variants(mods, op, B, N, dt, not a.no_tune,
                                                    torch.cuda.get_device_properties(0).multi_processor_count):
@@ -591,6 +623,8 @@ def main(argv=None) -> int:
                         err, ok = math.inf, False
                         log(f"  {tag} {label}: {type(e).__name__}: {e}")
                     ok = ok and t is not None
+                    if default_k is None:
+                        default_k = k if ok else False
                     variants.append({"label": label, "plan": desc, "err": err, "ok": ok,
                                      "gbs": nbytes / t.ms / 1e6 if ok else 0.0,
                                      "method": t.method if ok else "failed",
@@ -620,6 +654,15 @@ def main(argv=None) -> int:
                     except Exception as e:  # noqa: BLE001
                         log(f"  {tag} {name}: {type(e).__name__}: {e}")
                         res[name], res["methods"][name] = 0.0, "failed"
+                if a.rounds and best_k is not None:
+                    contenders = {"ours": best_k, **({"ours_default": default_k} if default_k else {}),
+                                  **{n: f for n, f in peers.items() if res[n]}}
+                    res["tuning_pass"] = {n: res[n] for n in contenders}
+                    per = interleaved(lambda f, tag=tag, pool=pool: timed(tag, f, pool).ms,
+                                      contenders, a.rounds)
+                    res["rounds"] = {n: [nbytes / ms / 1e6 for ms in v] for n, v in per.items()}
+                    for n, v in res["rounds"].items():
+                        res[n] = statistics.median(v)
                 best_peer = max((res[p] for p in peers), default=0.0)
                 res["best_peer"] = best_peer
                 res["best_peer_name"] = max(peers, key=lambda p: res[p])
@@ -650,7 +693,10 @@ def main(argv=None) -> int:
 
     # tables
     md = [f"device: {dev.name}; copy {copy_gbs:.0f} GB/s; GB/s = (bytes read + written) / time "
-          f"per launch", "", f"timer: {timer_desc(primary)}", ""]
+          f"per launch", "", f"timer: {timer_desc(primary)}", "",
+          (f"ours, ours default and the peers: median of {a.rounds} interleaved rounds after "
+           "the tuning pass" if a.rounds else "ours: best of the tuning pass; peers: one sample"),
+          ""]
     for op in ops:
         md += op_table(rows, op, primary)
     if alt:

@@ -87,6 +87,14 @@ def main(argv=None) -> int:
                   F.silu(x64) * u64, tol)
             check(f"layer_norm pdl {tag}", layer_norm.build_layer_norm(B, N, dt, pdl=True)(x, w, b),
                   F.layer_norm(x64, (N,), w64, b64, 1e-5), tol)
+            if B * N * x.element_size() % 16 == 0:  # slices by bulk copy, chained under PDL
+                for st in (False, True):
+                    sw = swiglu.build_swiglu(B, N, dt, bulk=True, bulk_store=st, threads=128)
+                    y = sw(x, u)
+                    z = sw(y, u)
+                    what = f"swiglu bulk{' bulk_store' if st else ''} {tag}"
+                    check(what, y, F.silu(x64) * u64, tol)
+                    check(f"swiglu -> {what}", z, F.silu(y.double()) * u64, tol)
             for P in (int(v) for v in a.ctas.split(",") if v):
                 if N <= 16384:
                     check(f"rms_norm ctas={P} {tag}",

@@ -49,6 +49,19 @@ def test_pool_cap(mb):
     assert capped and n == 32
 
 
+def test_interleaved_rounds_rotate_the_order(mb):
+    """Every implementation is timed once per round; each leads once per cycle of rounds;
+    results come back per name in round order."""
+    calls = []
+    fns = {"ours": "A", "eager": "B", "triton": "C"}
+    out = mb.interleaved(lambda f: calls.append(f) or float(len(calls)), fns, 4)
+    assert calls == list("ABC" "BCA" "CAB" "ABC")
+    assert out == {"ours": [1.0, 6.0, 8.0, 10.0], "eager": [2.0, 4.0, 9.0, 11.0],
+                   "triton": [3.0, 5.0, 7.0, 12.0]}
+    assert mb.interleaved(lambda f: 1.0, fns, 0) == {"ours": [], "eager": [], "triton": []}
+    assert mb.rotated([], 3) == []
+
+
 @pytest.mark.parametrize("est_us", [0.5, 2.0, 4.9, 45.0, 180.0, 400.0, 999.0, 5000.0])
 @pytest.mark.parametrize("pool", [1, 2, 3, 7, 101, 1000, 3000])
 def test_graph_launches_bounds(mb, est_us, pool):

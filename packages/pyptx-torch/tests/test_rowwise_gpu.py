@@ -143,6 +143,37 @@ def test_swiglu(B, N, dt):
     assert rel_err(y, torch.nn.functional.silu(g64) * u.double()) < TOL[dt]
 
 
+@pytest.mark.parametrize("bulk_store", [False, True])
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("B,N,threads", [(3, 1000, 256), (8192, 8192, 512), (7, 4104, 128)])
+def test_swiglu_bulk(B, N, threads, dt, bulk_store):
+    """Slices by bulk copy (and Y by bulk store): ragged last CTA, benchmark size."""
+    k = load("swiglu").build_swiglu(B, N, dt, bulk=True, bulk_store=bulk_store, threads=threads)
+    g, u = rand(B, N, dt=dt, scale=3), rand(B, N, dt=dt)
+    y = k(g, u)
+    assert rel_err(y, torch.nn.functional.silu(g.double()) * u.double()) < TOL[dt]
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+def test_l2_eviction_policies(dt):
+    """Streamed loads evict_first, stores evict_last: same results."""
+    rw = load("rms_norm")._rowwise()
+    x, w, u = rand(33, 4096, dt=dt), rand(4096, dt=dt, shift=1.0), rand(33, 4096, dt=dt)
+    saved = rw.L2_LOAD, rw.L2_STORE
+    rw.L2_LOAD, rw.L2_STORE = "evict_first", "evict_last"
+    try:  # traced, compiled and run under the switches
+        k = load("rms_norm").build_rms_norm_fast(33, 4096, dt)
+        s = load("swiglu").build_swiglu(33, 4096, dt)
+        assert "cache_hint" in k.ptx() and "cache_hint" in s.ptx()
+        y, z = k(x, w), s(x, u)
+    finally:
+        rw.L2_LOAD, rw.L2_STORE = saved
+    x64 = x.double()
+    ref = x64 * torch.rsqrt((x64 * x64).mean(-1, keepdim=True) + 1e-6) * w.double()
+    assert rel_err(y, ref) < TOL[dt]
+    assert rel_err(z, torch.nn.functional.silu(x64) * u.double()) < TOL[dt]
+
+
 @pytest.mark.parametrize("chunks", [1, 2, 8])
 def test_other_launch_shapes(chunks):
     """The plans the benchmark may pick beside the default."""
