@@ -77,6 +77,12 @@ VARIANTS = {
     "bulk512c2": ({}, {"bulk": True, "threads": 512, "chunks": 2}),
     "bulk512c4": ({}, {"bulk": True, "threads": 512, "chunks": 4}),
     "bulk512-nopf": ({"PDL_PREFETCH": False}, {"bulk": True, "threads": 512}),
+    "bulk1024": ({}, {"bulk": True, "threads": 1024}),
+    "bulk256c2": ({}, {"bulk": True, "threads": 256, "chunks": 2}),
+    "bulk128c4": ({}, {"bulk": True, "threads": 128, "chunks": 4}),
+    "bulk128c8": ({}, {"bulk": True, "threads": 128, "chunks": 8}),
+    "bulk512+stef": ({"L2_STORE": "evict_first"}, {"bulk": True, "threads": 512}),
+    "bulk512+stcs": ({"STORE": ".cs"}, {"bulk": True, "threads": 512}),
     "bulkst512": ({}, {"bulk": True, "bulk_store": True, "threads": 512}),
     "bulkst512c4": ({}, {"bulk": True, "bulk_store": True, "threads": 512, "chunks": 4}),
 }
