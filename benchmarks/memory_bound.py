@@ -405,8 +405,8 @@ def our_variants(mods, op, B, N, dt, tune, sms=132):
     shapes = [{}] + ([{"chunks": c} for c in (1, 2, 4, 8)] if tune else [])
     if tune and op == "swiglu":
         shapes.append({"threads": 512})  # f32: +0.1-0.2% over 256 (probe-variants-5-swiglu.log)
-        if B * N * (4 if dt == "f32" else 2) % 16 == 0:  # slices by bulk copy: a tie at 8192^2
-            shapes.append({"bulk": True, "threads": 512})
+        if B * N * (4 if dt == "f32" else 2) % 16 == 0:  # slices by bulk copy: f32 8192^2
+            shapes += [{"bulk": True, "threads": t} for t in (512, 1024)]  # +0.3-0.5% (probes)
     for pdl in (True, False) if tune else (True,):  # the builders' default is pdl=True
         for shape in shapes:
             k = build(pdl=pdl, **shape)
