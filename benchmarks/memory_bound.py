@@ -488,7 +488,7 @@ def op_table(rows: list[dict], op: str, primary: str) -> list[str]:
         md.append(f"| {r['dtype']} | {r['B']}x{r['N']} | "
                   + " | ".join(_cell(r, k, primary) for k in
                                ("ours", "ours_default", "eager", "inductor", "triton"))
-                  + f" | {r['vs_peer']:.2f}x{star} | {100 * r['vs_copy']:.1f}%{star} "
+                  + f" | {r['vs_peer']:.3f}x{star} | {100 * r['vs_copy']:.1f}%{star} "
                     f"| {r['ours_plan']} |")
     if fell_back:
         md += ["", f"\\* CUDA-graph capture failed: timed with {', '.join(sorted(fell_back))} "

@@ -96,13 +96,13 @@ def _row(**kw):
 def test_table_marks_fallbacks(mb):
     clean = mb.op_table([_row()], "rms_norm", "graph")
     assert "*" not in "\n".join(clean)
-    assert "| f32 | 256x4096 | 1500 | 1400 | 900 | 1300 | 1450 | 1.03x | 50.0% |" in clean[4]
+    assert "| f32 | 256x4096 | 1500 | 1400 | 900 | 1300 | 1450 | 1.030x | 50.0% |" in clean[4]
     r = _row()
     r["methods"]["inductor"] = "do_bench"
     md = mb.op_table([r, _row(dtype="bf16")], "rms_norm", "graph")
     line = next(s for s in md if s.startswith("| f32"))
-    assert "| 1300* |" in line and "| 900 |" in line and "| 1.03x* |" in line
-    assert "| 1.03x |" in next(s for s in md if s.startswith("| bf16"))
+    assert "| 1300* |" in line and "| 900 |" in line and "| 1.030x* |" in line
+    assert "| 1.030x |" in next(s for s in md if s.startswith("| bf16"))
     assert any(s.startswith("\\* CUDA-graph capture failed") and "do_bench" in s for s in md)
     r = _row()
     del r["inductor"], r["methods"]["inductor"]  # --no-compile
