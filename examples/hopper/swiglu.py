@@ -7,7 +7,9 @@ multiple). Each thread of a 256-thread CTA loads ``K`` vectors of ``g`` and of
 one CTA width, so every warp access is contiguous, computes in f32 with
 ``ex2.approx`` and ``rcp.approx``, and writes with 16-byte stores. Only the
 last CTA can be partial: it takes a predicated copy of the body; the others
-run unpredicated.
+run unpredicated. ``bulk=True`` instead brings each CTA's slices of ``g`` and ``u``
+into shared memory with two ``cp.async.bulk`` copies (one mbarrier): at 1024
+threads it is the fastest shape measured for f32 8192x8192 on the H100.
 
     python examples/hopper/swiglu.py [B] [N] [--dtype f32|bf16]
 """
