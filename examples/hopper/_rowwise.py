@@ -398,13 +398,10 @@ def mul_all(vals: list, s: Any) -> list:
     return out
 
 
-def prefetch_cta_slice(ptrs: Any, span: int, total: int, tid: Any) -> None:
-    """PDL prologue: thread 0 asks for bytes ``[cta*span, (cta+1)*span)`` of each array at
-    ``ptrs`` in L2, one ``cp.async.bulk.prefetch`` each; the last CTA's slice is what is
-    left of ``total``. Nothing when ``PDL_PREFETCH`` is off or the sizes are not multiples
-    of 16 bytes (the bulk copy's granule)."""
-    if not PDL_PREFETCH or span % 16 or total % 16:
-        return
+def cta_slice(span: int, total: int) -> tuple[Any, Any]:
+    """(start, nbytes) of this CTA's bytes ``[cta*span, (cta+1)*span)`` of an array of ``total``
+    bytes: ``start`` a u64 register, ``nbytes`` the int ``span`` or, where the last CTA's
+    slice is shorter (what is left of ``total``), a u32 register."""
     cta = ptx.special.ctaid.x()
     start = reg.scalar(u64)
     ptx.inst.mul.wide.u32(start, cta, span)
@@ -413,6 +410,18 @@ def prefetch_cta_slice(ptrs: Any, span: int, total: int, tid: Any) -> None:
         last = -(-total // span) - 1
         nbytes = reg.scalar(u32)
         ptx.inst.selp.u32(nbytes, total - last * span, span, cta == last)
+    return start, nbytes
+
+
+def prefetch_cta_slice(ptrs: Any, span: int, total: int, tid: Any,
+                       where: tuple[Any, Any] | None = None) -> None:
+    """PDL prologue: thread 0 asks for this CTA's slice (``cta_slice``, or ``where`` if the
+    caller has it) of each array at ``ptrs`` in L2, one ``cp.async.bulk.prefetch`` each.
+    Nothing when ``PDL_PREFETCH`` is off or the sizes are not multiples of 16 bytes (the
+    bulk copy's granule)."""
+    if not PDL_PREFETCH or span % 16 or total % 16:
+        return
+    start, nbytes = where or cta_slice(span, total)
     lead = tid == 0
     for ptr in ptrs:
         ptx.bulk_prefetch_l2(ptr + start, nbytes, pred=lead)

@@ -156,19 +156,21 @@ def _swiglu_bulk(B, N, dt, threads, k, vec, grid, span, pdl, bulk_store):
                 ptx.mbarrier.init(bar, 1)
                 ptx.fence_proxy_async()
             ptx.bar_sync(0)
+            start, nbytes = rw.cta_slice(span, total)
             if pdl:
-                rw.prefetch_cta_slice((pg, pu), span, total, tid)
-            start = reg.scalar(u64)
-            ptx.inst.mul.wide.u32(start, cta, span)
-            nbytes, tx = span, 2 * span
+                rw.prefetch_cta_slice((pg, pu), span, total, tid, where=(start, nbytes))
+            tx = 2 * span
             if last_bytes != span:
-                nbytes, tx = reg.scalar(u32), reg.scalar(u32)
-                ptx.inst.selp.u32(nbytes, last_bytes, span, cta == grid - 1)
+                tx = reg.scalar(u32)
                 ptx.inst.add.u32(tx, nbytes, nbytes)
             idx = reg.scalar(u32)
             ptx.inst.mad.lo.u32(idx, cta, threads * k, tid)
             mine = reg.scalar(u32)
             ptx.inst.mad.lo.u32(mine, tid, vec * es, base)
+            if not bulk_store:
+                off = reg.scalar(u64)
+                ptx.inst.mul.wide.u32(off, idx, vec * es)
+                ay = py + off
         with ptx.if_(lead):
             ptx.mbarrier.arrive_expect_tx(bar, tx)
             ptx.tma.copy_bulk(base, pg + start, nbytes, bar)
@@ -183,9 +185,7 @@ def _swiglu_bulk(B, N, dt, threads, k, vec, grid, span, pdl, bulk_store):
             if bulk_store:
                 rw.store_vec(mine, j * stride, dt, ys, pred=ok, space="shared")
             else:
-                off = reg.scalar(u64)
-                ptx.inst.mul.wide.u32(off, idx, vec * es)
-                rw.store_vec(py + off, j * stride, dt, ys, pred=ok)
+                rw.store_vec(ay, j * stride, dt, ys, pred=ok)
         if bulk_store:
             ptx.fence_proxy_async()
             ptx.bar_sync(0)

@@ -283,18 +283,21 @@ def test_simulator_catches_out_of_bounds_and_unwritten_outputs(sim):
     from pyptx import Tile, kernel, ptx, reg
     from pyptx.types import u64
 
+    def copy_element_tid(px, py):
+        """Y[tid] = X[tid] (f32), then ret."""
+        off = reg.scalar(u64)
+        ptx.inst.mul.wide.u32(off, ptx.special.tid.x(), 4)
+        v = reg.scalar(f32)
+        ptx.inst.ld.global_.f32(v, ptx.addr(px + off))
+        ptx.inst.st.global_.f32(ptx.addr(py + off), v)
+        ptx.ret()
+
     def copy_per_thread(n, threads):
         """Thread t copies element t of an n-element array, unmasked."""
 
         @kernel(in_specs=(Tile(n, f32),), out_specs=(Tile(n, f32),), block=(threads, 1, 1))
         def copy(X, Y):
-            px, py = ptx.global_ptrs(X, Y)
-            off = reg.scalar(u64)
-            ptx.inst.mul.wide.u32(off, ptx.special.tid.x(), 4)
-            v = reg.scalar(f32)
-            ptx.inst.ld.global_.f32(v, ptx.addr(px + off))
-            ptx.inst.st.global_.f32(ptx.addr(py + off), v)
-            ptx.ret()
+            copy_element_tid(*ptx.global_ptrs(X, Y))
 
         return copy
 
@@ -314,12 +317,7 @@ def test_simulator_catches_out_of_bounds_and_unwritten_outputs(sim):
             with ptx.pdl_prologue():
                 px, py = ptx.global_ptrs(X, Y)
                 ptx.bulk_prefetch_l2(px, nbytes)
-            off = reg.scalar(u64)
-            ptx.inst.mul.wide.u32(off, ptx.special.tid.x(), 4)
-            v = reg.scalar(f32)
-            ptx.inst.ld.global_.f32(v, ptx.addr(px + off))
-            ptx.inst.st.global_.f32(ptx.addr(py + off), v)
-            ptx.ret()
+            copy_element_tid(px, py)
         return k.specialize()
 
     with pytest.raises(sim.SimError, match="bulk prefetch past the end"):
