@@ -31,6 +31,12 @@ from .types import PtxType, b8, u64
 _ARCH = re.compile(r"^sm_(\d+)([af]?)$")
 _VERSION = re.compile(r"^\d+\.\d+$")
 MAX_DYNAMIC_SMEM = 227 * 1024
+#: CUDA launch limits: grid x, grid y/z, threads per block, block z, registers per block.
+MAX_GRID_X = 2**31 - 1
+MAX_GRID_YZ = 65535
+MAX_BLOCK_THREADS = 1024
+MAX_BLOCK_Z = 64
+REGISTERS_PER_BLOCK = 65536
 
 __all__ = ["kernel", "Kernel", "Specialization", "default_version", "kernel_by_uid"]
 
@@ -161,6 +167,8 @@ class Kernel:
         if not self._name.isidentifier():
             raise ConfigError(f"{origin}: kernel name must be an identifier, got {self._name!r}")
         self._grid = grid if callable(grid) else _three(grid, "grid", origin)
+        if not callable(grid):
+            self._check_grid(self._grid, origin)
         self._block = block if callable(block) else _three(block, "block", origin)
         if not callable(block):
             self._check_block(self._block, origin)
@@ -168,6 +176,8 @@ class Kernel:
                                     or not 24 <= maxnreg <= 255):
             raise ConfigError(f"{origin}: maxnreg must be an int in 24..255, got {maxnreg!r}")
         self._maxnreg = maxnreg
+        if not callable(block):
+            self._check_registers(self._block, origin)
         if not isinstance(pdl, bool):
             raise ConfigError(f"{origin}: pdl must be True or False, got {pdl!r}")
         if pdl and int(_ARCH.match(arch).group(1)) < 90:
@@ -286,9 +296,27 @@ class Kernel:
 
     @staticmethod
     def _check_block(block: tuple[int, int, int], origin: str) -> None:
-        if block[0] * block[1] * block[2] > 1024 or block[2] > 64:
+        if block[0] * block[1] * block[2] > MAX_BLOCK_THREADS or block[2] > MAX_BLOCK_Z:
             raise ConfigError(
-                f"{origin}: block {block} exceeds the CUDA limits (at most 1024 threads, z <= 64)"
+                f"{origin}: block {block} exceeds the CUDA limits (at most "
+                f"{MAX_BLOCK_THREADS} threads, z <= {MAX_BLOCK_Z})"
+            )
+
+    @staticmethod
+    def _check_grid(grid: tuple[int, int, int], origin: str) -> None:
+        if grid[0] > MAX_GRID_X or grid[1] > MAX_GRID_YZ or grid[2] > MAX_GRID_YZ:
+            raise ConfigError(
+                f"{origin}: grid {grid} exceeds the CUDA limits (x <= {MAX_GRID_X}, "
+                f"y and z <= {MAX_GRID_YZ})"
+            )
+
+    def _check_registers(self, block: tuple[int, int, int], origin: str) -> None:
+        threads = block[0] * block[1] * block[2]
+        if self._maxnreg is not None and self._maxnreg * threads > REGISTERS_PER_BLOCK:
+            raise ConfigError(
+                f"{origin}: maxnreg={self._maxnreg} x {threads} threads needs "
+                f"{self._maxnreg * threads} registers per block, over the {REGISTERS_PER_BLOCK} "
+                f"an SM has; lower maxnreg to {REGISTERS_PER_BLOCK // threads} or less"
             )
 
     @staticmethod
@@ -416,10 +444,12 @@ class Kernel:
         origin = f"kernel {self._name!r} defined at {self.origin}"
         grid = _three(_call_with(self._grid, values, "grid", origin) if callable(self._grid)
                       else self._grid, "grid", origin)
+        self._check_grid(grid, origin)
         block = self._block
         if callable(block):
             block = _three(_call_with(block, values, "block", origin), "block", origin)
             self._check_block(block, origin)
+            self._check_registers(block, origin)
         smem = self._smem
         if callable(smem):
             smem = self._check_smem(_call_with(smem, values, "smem", origin), origin)
@@ -441,7 +471,8 @@ class Kernel:
                 tma_maps.append((i, tma_params(shape, spec.dtype, spec.layout, box, **opts)))
                 tmap = trace.unique(f"{pname}_tmap")
                 tmap_params.append(Param(tmap, b8, align=64, count=128))
-            params.append(TensorParam(pname, spec, shape, i, trace, tmap))
+            params.append(TensorParam(pname, spec, shape, i, trace, tmap,
+                                      tma_maps[-1][1] if tmap else None))
         func.params.extend(tmap_params)
         with tracing(trace):
             if self._pdl:  # nothing below may touch memory before the previous grid is done
@@ -462,6 +493,12 @@ class Kernel:
                     f"{fmt_loc(loc)}: tracing kernel {self._name!r} raised "
                     f"{type(e).__name__}: {e}"
                 ) from e
+        _check_labels_placed(func, self._name)
+        if trace.dynamic_smem and smem == 0:
+            raise ConfigError(
+                f"{trace.dynamic_smem}: smem.dynamic() in kernel {self._name!r}, which declares "
+                f"no dynamic shared memory (smem=0); give @kernel(smem=<bytes>) at {self.origin}"
+            )
         if tmap_params:  # launch order: pointers, scalars, then the by-value tensor maps
             func.params[:] = [p for p in func.params if p not in tmap_params] + tmap_params
         func.directives.append(".reqntid {}, {}, {}".format(*block))
@@ -538,6 +575,26 @@ def kernel_by_uid(uid: str) -> Kernel:
     return _by_uid[uid]
 
 
+def _check_labels_placed(func: Function, kernel_name: str) -> None:
+    """``TraceError`` at the first branch whose target label was never placed."""
+    from .ir import Instruction, Label, Raw
+
+    placed = set()
+    for st in func.body:
+        if type(st) is Label:
+            placed.add(st.name)
+        elif type(st) is Raw and st.line.rstrip().endswith(":"):
+            placed.add(st.line.strip()[:-1])
+    for st in func.body:
+        if type(st) is Instruction and st.opcode.startswith("bra") and st.operands:
+            target = st.operands[-1]
+            if target.startswith("$") and target not in placed:
+                raise TraceError(
+                    f"{fmt_loc(st.loc)}: ptx.bra to label {target} in kernel {kernel_name!r}, "
+                    "which is never placed; call ptx.place(label) where the branch should land"
+                )
+
+
 def _innermost_user_loc(e: BaseException) -> Loc | None:
     tb = e.__traceback__
     loc = None
@@ -582,6 +639,11 @@ def kernel(
     the stream be scheduled during this one's last wave instead of after it.
     """
     origin = fmt_loc(user_loc(2))
+    if inspect.isfunction(in_specs):  # a bare @kernel: the function came as in_specs
+        fn, in_specs = in_specs, ()
+        return Kernel(fn, in_specs=in_specs, out_specs=out_specs, grid=grid, block=block,
+                      cluster=cluster, smem=smem, arch=arch, version=version, name=name,
+                      origin=origin, maxnreg=maxnreg, tma=tma, pdl=pdl)
 
     def wrap(fn: Callable[..., Any]) -> Kernel:
         if not callable(fn):

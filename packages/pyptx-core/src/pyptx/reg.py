@@ -362,14 +362,54 @@ def _binary(op: str, a: Reg, o: Any, *, swap: bool = False, dst: Reg | None = No
             dst = Reg(trace.new_reg_name(t), t, trace)
         elif dst.type is not t:
             return _slow(op, a, o, swap, dst)
+        if co is int and not o and (op == "idiv" or op == "rem"):
+            _division_by_zero(op, a)
         rb = o.name if co is Reg else imm.encode(o, None if op in ("shl", "shr") else t)
         trace.body.append(Instruction(opcode, (dst.name, a.name, rb), None, user_site(3)))
+        if t.bits == 64 and (op == "add" or op == "sub"):
+            _carry_wide_pointer(trace, dst, a, o)
         return dst
     return _slow(op, a, o, swap, dst)
 
 
+def _carry_wide_pointer(trace: Trace, out: Reg, a: Reg, o: Any) -> None:
+    """Mark ``out`` as a pointer into a tensor over 4 GiB if ``a`` or ``o`` is one."""
+    wide = getattr(trace, "wide_pointers", None)
+    if wide:
+        hit = wide.get(a.name) or (wide.get(o.name) if type(o) is Reg else None)
+        if hit is not None:
+            wide[out.name] = hit
+
+
+def _refuse_narrow_offset(op: str, a: Reg, o: Any) -> None:
+    """A 32-bit offset added to a pointer into a tensor over 4 GiB wraps: refuse it."""
+    wide = getattr(a.trace, "wide_pointers", None)
+    if not wide or type(o) is not Reg or not (a.type.is_int and o.type.is_int):
+        return
+    for ptr, off in ((a, o), (o, a)):
+        hit = wide.get(ptr.name)
+        if hit is not None and ptr.type.bits == 64 and off.type.bits < 64:
+            tensor, nbytes = hit
+            raise TypeMismatchError(
+                f"{where(4)}: {op} of the {off.type.bits}-bit register {off.name} and "
+                f"{ptr.name}, a pointer into tensor {tensor!r} of {nbytes} bytes (over 4 GiB): "
+                f"an offset computed in {off.type.bits} bits wraps past 4 GiB; compute it in "
+                f"64 bits, e.g. reg.from_(i, u64) * 4, or ptx.inst.mul.wide.u32"
+            )
+
+
+def _division_by_zero(op: str, a: Reg) -> None:
+    raise OperandError(
+        f"{where(4)}: {'//' if op == 'idiv' else '%'} by the immediate 0 on .{a.type.name} "
+        f"register {a.name}; PTX integer division by zero gives an undefined value "
+        "(expected a non-zero divisor)"
+    )
+
+
 def _slow(op: str, a: Reg, o: Any, swap: bool, dst: Reg | None) -> Reg:
     trace = a.trace
+    if (op == "idiv" or op == "rem") and type(o) is int and not o and not swap:
+        _division_by_zero(op, a)
     if op == "shl" or op == "shr":
         t = a.type
         if type(o) is Reg:
@@ -383,9 +423,14 @@ def _slow(op: str, a: Reg, o: Any, swap: bool, dst: Reg | None) -> Reg:
             raise TypeMismatchError(f"{where(3)}: shift amount must be an int, got {o!r}")
         b = o
     else:
+        if op == "add" or op == "sub":
+            _refuse_narrow_offset(op, a, o)
+        a0 = a
         t, a, b = _operand_type(op, a, o)
     opcode = _OPCODES.get((op, t)) or _opcode(op, t)
     out = dst if dst is not None else _new(trace, t)
+    if t.bits == 64 and (op == "add" or op == "sub"):
+        _carry_wide_pointer(trace, out, a0, o)
     if dst is not None and dst.type is not t and not (
             dst.type.is_int and t.is_int and dst.type.bits == t.bits):
         raise TypeMismatchError(

@@ -93,7 +93,7 @@ def dynamic(t: PtxType = b8, *, align: int = 16, name: str = "dyn_smem") -> Shar
     _check_align(align)
     if trace.dynamic_smem:
         raise OperandError(f"{where()}: smem.dynamic() may be declared once per kernel")
-    trace.dynamic_smem = True
+    trace.dynamic_smem = where()  # truthy; kernel.py names this line if smem=0
     arr = SharedArray(trace.unique(name), t, None, align, trace)
     trace.shared.append(SharedDecl(arr.name, b8 if t.reg_decl != t.name else t, align, None))
     return arr

@@ -8,6 +8,8 @@ import sys
 from types import CodeType, FrameType
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+#: Import packages whose frames are pyptx internals too: the runtime plugins and the shim.
+_PLUGIN_DIRS = tuple(os.sep + name + os.sep for name in ("pyptx_torch", "pyptx_jax", "pyptx_shim"))
 _internal: set[str] = set()
 _external: set[str] = set()
 
@@ -19,8 +21,10 @@ def _is_internal(filename: str) -> bool:
         return True
     if filename in _external:
         return False
+    path = os.path.abspath(filename)
     hit = (
-        os.path.abspath(filename).startswith(_PKG_DIR)
+        path.startswith(_PKG_DIR)
+        or any(d in path for d in _PLUGIN_DIRS)
         or filename.startswith("<frozen ")
         or filename.endswith(os.sep + "contextlib.py")
     )

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from pyptx.errors import SpecError
+from pyptx.source import where
 
 __all__ = ["differentiable_kernel"]
 
@@ -30,27 +31,38 @@ def differentiable_kernel(
     ``num_grad_inputs`` inputs; all of them by default). ``save_for_backward``
     lists the forward-input indices to save (all inputs by default).
     """
+    at = where()
+    for what, k in (("forward_kernel", forward_kernel), ("backward_kernel", backward_kernel)):
+        if not hasattr(k, "in_specs") or not hasattr(k, "out_specs"):
+            raise SpecError(f"{at}: differentiable_kernel {what} must be a pyptx Kernel "
+                            f"(made by @kernel(...)), got {k!r}")
     n_in = len(forward_kernel.in_specs)
-    saved_idx = tuple(range(n_in)) if save_for_backward is None else tuple(save_for_backward)
+    try:
+        saved_idx = tuple(range(n_in)) if save_for_backward is None else tuple(save_for_backward)
+    except TypeError:
+        raise SpecError(f"{at}: save_for_backward must be a sequence of input indices, got "
+                        f"{save_for_backward!r}") from None
     for i in saved_idx:
         if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n_in:
             raise SpecError(
-                f"save_for_backward index {i!r} is not an input of {forward_kernel.name} "
-                f"(it has {n_in} inputs)"
+                f"{at}: save_for_backward index {i!r} is not an input index of "
+                f"{forward_kernel.name} (expected ints in 0..{n_in - 1}; it has {n_in} inputs: "
+                f"{', '.join(forward_kernel.arg_names[:n_in])})"
             )
     n_grad = n_in if num_grad_inputs is None else num_grad_inputs
-    if not 0 < n_grad <= n_in:
-        raise SpecError(f"num_grad_inputs must be 1..{n_in}, got {num_grad_inputs!r}")
+    if isinstance(n_grad, bool) or not isinstance(n_grad, int) or not 0 < n_grad <= n_in:
+        raise SpecError(f"{at}: num_grad_inputs must be an int in 1..{n_in}, got "
+                        f"{num_grad_inputs!r}")
     n_bwd = len(backward_kernel.in_specs)
     n_fwd_out = len(forward_kernel.out_specs)
     if n_bwd != len(saved_idx) + n_fwd_out:
         raise SpecError(
-            f"{backward_kernel.name} takes {n_bwd} inputs, but backward passes "
+            f"{at}: {backward_kernel.name} takes {n_bwd} inputs, but backward passes "
             f"{len(saved_idx)} saved tensors + {n_fwd_out} output gradients"
         )
     if len(backward_kernel.out_specs) != n_grad:
         raise SpecError(
-            f"{backward_kernel.name} returns {len(backward_kernel.out_specs)} tensors, expected "
+            f"{at}: {backward_kernel.name} returns {len(backward_kernel.out_specs)} tensors, expected "
             f"one gradient for each of the {n_grad} differentiable inputs"
         )
 

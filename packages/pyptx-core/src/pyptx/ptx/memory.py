@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ..errors import OperandError, RegisterScopeError
 from ..ir import Param
 from ..reg import Reg, render
+from ..smem import SharedArray
 from ..source import where
 from ..trace import Trace, current
 from ..types import PtxType, u64
+
+#: Tensors larger than this cannot be addressed with 32-bit offsets.
+WIDE_TENSOR_BYTES = 2**32 - 1
 
 
 class Addr:
@@ -48,22 +53,31 @@ def addr(base: Any, offset: int = 0) -> Addr:
             f"{where()}: ptx.addr offset must be a Python int (PTX has no reg+reg addressing); "
             f"got {offset!r}: add registers first, then ptx.addr(sum)"
         )
+    # offset == nbytes is the end address; helpers that know the access size check the fit.
+    if type(base) is SharedArray and base.nbytes is not None and not 0 <= offset <= base.nbytes:
+        raise OperandError(
+            f"{where()}: ptx.addr offset {offset} is outside shared array {base.name} "
+            f"({base.nbytes} bytes); expected 0 <= offset <= {base.nbytes}"
+        )
     return Addr(base, offset)
 
 
 class TensorParam:
     """A tensor argument of a kernel body: its ``.param`` name, spec and concrete shape."""
 
-    __slots__ = ("name", "spec", "shape", "index", "trace", "_tmap")
+    __slots__ = ("name", "spec", "shape", "index", "trace", "_tmap", "tmap_params")
 
     def __init__(self, name: str, spec: Any, shape: tuple[int, ...], index: int, trace: Trace,
-                 tmap: str | None = None):
+                 tmap: str | None = None, tmap_params: Any = None):
         self.name = name
         self.spec = spec
         self.shape = shape
         self.index = index
         self.trace = trace
         self._tmap = tmap
+        #: The ``pyptx.tma.TmaParams`` of this tensor's map (None without one): what a
+        #: tile filled from it checks its box and swizzle against.
+        self.tmap_params = tmap_params
 
     @property
     def tmap(self) -> TensorMapParam:
@@ -127,6 +141,11 @@ def global_ptrs(*tensors: TensorParam) -> tuple[Reg, ...]:
         g = Reg(trace.new_reg_name(u64), u64, trace)
         trace.inst("ld.param.u64", (raw.name, f"[{t.name}]"))
         trace.inst("cvta.to.global.u64", (g.name, raw.name))
+        nbytes = math.prod(t.shape) * t.spec.dtype.bytes
+        if nbytes > WIDE_TENSOR_BYTES:  # sugar refuses 32-bit offsets into it (reg.py)
+            if not hasattr(trace, "wide_pointers"):
+                trace.wide_pointers = {}
+            trace.wide_pointers[g.name] = (t.name, nbytes)
         out.append(g)
     return tuple(out)
 
