@@ -32,7 +32,7 @@ __all__ = [
     "types", "differentiable_kernel", "PyptxError", "SpecError", "ShapeError",
     "UnboundDimError", "ConfigError", "TraceError", "OperandError", "TypeMismatchError",
     "RegisterScopeError", "CompileError", "ToolchainError", "RuntimeUnavailableError",
-    "LaunchError", "__version__",
+    "LaunchError", "__version__", "autotune", "Config",
 ]
 
 
@@ -41,4 +41,9 @@ def __getattr__(name: str):
         from .torch_support import differentiable_kernel
 
         return differentiable_kernel
+    if name in ("autotune", "Config"):  # imported on first use: import pyptx stays cheap
+        import importlib
+
+        module = importlib.import_module(".autotune", __name__)
+        return module if name == "autotune" else module.Config
     raise AttributeError(f"module 'pyptx' has no attribute {name!r}")

@@ -1,0 +1,542 @@
+"""Choose a kernel builder's configuration per shape by timing the candidates on the device.
+
+``@autotune(configs=[...], key=[...])`` decorates a *kernel builder*: a function of
+shape parameters and keyword options that returns a ``Kernel`` (or any kernel-like
+callable with ``in_specs``/``out_specs``)::
+
+    @pyptx.autotune(configs=[Config(), Config(threads=512), Config(ctas=264)],
+                    key=["B", "N", "dtype"])
+    def build_rms_norm_fast(B, N, dtype, *, threads=None, ctas=None): ...
+
+    k = build_rms_norm_fast(2048, 8192, "bf16")   # a TunedKernel; nothing is timed yet
+    y = k(x, w)                                   # first launch on this device: tunes
+
+On the first launch for a key on a device the tuner builds every config (a config
+the builder refuses with a ``PyptxError`` is skipped), assembles each with ptxas and
+skips any that ptxas rejects or that spills registers, launches the rest on the
+call's own arguments and times them (``Timer``: CUDA events for torch, wall clock
+after ``block_until_ready`` for jax; warm-up, then the median), and keeps the
+fastest. The tuner *re-runs the kernel* on the caller's arguments many times: the
+kernels it is meant for write fresh outputs and leave their inputs alone; a kernel
+that updates an input in place must not be tuned this way (pass its config
+explicitly). The winner is written beside the compiled-kernel cache
+(``pyptx.cache.cache_dir() / "autotune"``), keyed by the builder's name, the key
+values, the device name, the pyptx version and the config list, so later processes
+reuse it without timing. One line on stderr reports each tuning.
+
+* Passing any config keyword explicitly (``build(..., threads=512)``) calls the
+  builder directly: no tuning, the builder's own result.
+* ``PYPTX_AUTOTUNE=0`` takes the first config that builds, without timing or disk.
+* Inside a trace (``jax.jit``, ``torch.compile``) nothing can be timed: the winner
+  known for the device (this process or the disk) is used, else the first config.
+  Call the kernel once eagerly to tune it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import types
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from .errors import ConfigError, PyptxError, ToolchainError
+from .source import where
+
+__all__ = ["autotune", "Config", "TunedBuilder", "TunedKernel", "Timer", "AutotuneError",
+           "Choice", "timer_for"]
+
+ENV = "PYPTX_AUTOTUNE"
+_SCALARS = (int, float, str, bool, type(None))
+
+
+class AutotuneError(ConfigError):
+    """A bad ``Config``/``key``, or no config of a tuning could be built, assembled and run."""
+
+
+# ----------------------------------------------------------------------------- configs
+class Config:
+    """One candidate: the keyword arguments the builder gets on top of the call's own.
+
+    Values are plain scalars (int, float, str, bool, None) so a winner can be kept on disk.
+    """
+
+    __slots__ = ("kwargs",)
+
+    def __init__(self, **kwargs: Any) -> None:
+        for name, value in kwargs.items():
+            if not isinstance(value, _SCALARS) or (isinstance(value, float)
+                                                   and not math.isfinite(value)):
+                raise AutotuneError(
+                    f"{where()}: Config({name}=...) must be an int, float, str, bool or None "
+                    f"(kept on disk as JSON), got {value!r}")
+        object.__setattr__(self, "kwargs", dict(kwargs))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("Config is immutable")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Config) and other.kwargs == self.kwargs
+
+    def __hash__(self) -> int:
+        return hash(tuple(sorted(self.kwargs.items(), key=lambda kv: kv[0])))
+
+    def describe(self) -> str:
+        """``threads=512 ctas=264``, or ``defaults`` for an empty config."""
+        return " ".join(f"{k}={v}" for k, v in self.kwargs.items()) or "defaults"
+
+    def __repr__(self) -> str:
+        return "Config(" + ", ".join(f"{k}={v!r}" for k, v in self.kwargs.items()) + ")"
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The outcome of one tuning: the winning config and its median time on ``device``."""
+
+    config: Config
+    us: float | None  # None: not timed (PYPTX_AUTOTUNE=0, or inside a trace)
+    device: str | None
+    source: str       # "timed", "disk", "first" (switched off or not timeable)
+
+
+# ----------------------------------------------------------------------------- timers
+class Timer(Protocol):
+    """How the tuner learns the device of a call and times a kernel on it."""
+
+    def device_name(self, args: Sequence[Any]) -> str | None:
+        """The name of the device the arrays in ``args`` live on (``"NVIDIA H100 80GB HBM3"``),
+        or None when they cannot be launched on and timed (tracers, CPU arrays)."""
+
+    def measure(self, kernel: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> float:
+        """Median microseconds of ``kernel(*args, **kwargs)``, after warm-up."""
+
+
+class TorchTimer:
+    """CUDA events around each launch, the L2 cleared before each (like ``triton.testing.do_bench``):
+    about ``warmup_ms`` of warm-up, then about ``rep_ms`` of timed launches, median."""
+
+    def __init__(self, warmup_ms: float = 25.0, rep_ms: float = 100.0) -> None:
+        self.warmup_ms = warmup_ms
+        self.rep_ms = rep_ms
+
+    def device_name(self, args: Sequence[Any]) -> str | None:
+        import torch
+
+        if torch.compiler.is_compiling():
+            return None
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                if type(a).__name__ == "FakeTensor" or a.device.type != "cuda":
+                    return None
+                return torch.cuda.get_device_name(a.device)
+        return None
+
+    def measure(self, kernel: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> float:
+        import torch
+
+        dev = next(a.device for a in args if isinstance(a, torch.Tensor))
+        with torch.cuda.device(dev):
+            kernel(*args, **kwargs)  # compile and load outside the timing
+            torch.cuda.synchronize()
+            flush = torch.empty(256 << 20, dtype=torch.int8, device=dev)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(5):
+                kernel(*args, **kwargs)
+            end.record()
+            torch.cuda.synchronize()
+            est_ms = max(start.elapsed_time(end) / 5, 1e-3)
+            for _ in range(max(1, int(self.warmup_ms / est_ms))):
+                kernel(*args, **kwargs)
+            reps = max(10, min(1000, int(self.rep_ms / est_ms)))
+            events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                      for _ in range(reps)]
+            for s, e in events:
+                flush.zero_()
+                s.record()
+                kernel(*args, **kwargs)
+                e.record()
+            torch.cuda.synchronize()
+            return 1e3 * statistics.median(s.elapsed_time(e) for s, e in events)
+
+
+class JaxTimer:
+    """Wall clock around ``jax.block_until_ready`` of each launch, median of ``reps``."""
+
+    def __init__(self, warmup: int = 10, reps: int = 100) -> None:
+        self.warmup = warmup
+        self.reps = reps
+
+    def device_name(self, args: Sequence[Any]) -> str | None:
+        import jax
+
+        for a in args:
+            if isinstance(a, jax.core.Tracer):
+                return None
+            if isinstance(a, jax.Array):
+                dev = next(iter(a.devices()))
+                return dev.device_kind if dev.platform == "gpu" else None
+        return None
+
+    def measure(self, kernel: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> float:
+        import jax
+
+        for _ in range(self.warmup):
+            jax.block_until_ready(kernel(*args, **kwargs))
+        times = []
+        for _ in range(self.reps):
+            t0 = time.perf_counter()
+            jax.block_until_ready(kernel(*args, **kwargs))
+            times.append(time.perf_counter() - t0)
+        return 1e6 * statistics.median(times)
+
+
+_TIMERS: dict[str, Callable[[], Timer]] = {"torch": TorchTimer, "jax": JaxTimer}
+_timer_cache: dict[str, Timer] = {}
+
+
+def timer_for(args: Sequence[Any]) -> Timer | None:
+    """The timer of the framework whose arrays ``args`` holds, or None (imports it lazily)."""
+    from .runtimes import framework_of
+
+    for a in args:
+        fw = framework_of(a)
+        if fw in _TIMERS:
+            t = _timer_cache.get(fw)
+            if t is None:
+                t = _timer_cache[fw] = _TIMERS[fw]()
+            return t
+    return None
+
+
+# ----------------------------------------------------------------------------- disk
+def _store_dir() -> Path | None:
+    from .cache import cache_dir
+
+    d = cache_dir()
+    return None if d is None else d / "autotune"
+
+
+def _read_choice(key: str) -> dict | None:
+    d = _store_dir()
+    if d is None:
+        return None
+    try:
+        return json.loads((d / f"{key}.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _write_choice(key: str, record: dict) -> None:
+    d = _store_dir()
+    if d is None:
+        return
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            json.dump(record, f, indent=1)
+        os.replace(tmp, d / f"{key}.json")
+    except OSError:
+        pass  # a read-only cache only costs a re-tune in the next process
+
+
+def _key_value(value: Any) -> Any:
+    """A key value as JSON: scalars as they are, dtypes by name (``torch.bfloat16`` -> ``bfloat16``)."""
+    if isinstance(value, _SCALARS):
+        return value
+    if isinstance(value, (tuple, list)):
+        return [_key_value(v) for v in value]
+    name = getattr(value, "name", None)
+    if isinstance(name, str):
+        return name
+    return str(value).removeprefix("torch.")
+
+
+# ----------------------------------------------------------------------------- the decorator
+def autotune(configs: Iterable[Config], key: Sequence[str], *,
+             timer: Timer | None = None) -> Callable[[Callable[..., Any]], TunedBuilder]:
+    """Decorate a kernel builder so a call without config keywords picks the fastest config.
+
+    ``configs``: the candidates, in order of preference (the first is the default when
+    tuning is off). ``key``: names of the builder's parameters whose values select a
+    tuning (shape, dtype, ...); calls that differ only in other parameters share it.
+    ``timer`` replaces the framework's ``Timer`` (tests use a fake one).
+    """
+    at = where()
+    configs = list(configs)
+    if not configs or not all(isinstance(c, Config) for c in configs):
+        raise AutotuneError(f"{at}: autotune(configs=...) must be a non-empty list of "
+                            f"pyptx.autotune.Config, got {configs!r}")
+    if isinstance(key, str) or not all(isinstance(k, str) for k in key):
+        raise AutotuneError(f"{at}: autotune(key=...) must be a list of parameter names, "
+                            f"got {key!r}")
+
+    def wrap(builder: Callable[..., Any]) -> TunedBuilder:
+        return TunedBuilder(builder, configs, list(key), timer, at)
+
+    return wrap
+
+
+class TunedBuilder:
+    """A builder decorated with ``@autotune``: calls return ``TunedKernel`` objects."""
+
+    def __init__(self, builder: Callable[..., Any], configs: list[Config], key: list[str],
+                 timer: Timer | None, at: str) -> None:
+        self.builder = builder
+        self.configs = configs
+        self.key = key
+        self.timer = timer
+        self.__wrapped__ = builder
+        self.__doc__ = builder.__doc__
+        self.__name__ = builder.__name__
+        self.__qualname__ = builder.__qualname__
+        self.signature = inspect.signature(builder)
+        params = self.signature.parameters
+        takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+        for k in key:
+            if k not in params:
+                raise AutotuneError(f"{at}: autotune key {k!r} is not a parameter of "
+                                    f"{builder.__qualname__}{self.signature}")
+        for c in configs:
+            for name in c.kwargs:
+                if not takes_any and name not in params:
+                    raise AutotuneError(f"{at}: {c!r} sets {name!r}, which is not a parameter of "
+                                        f"{builder.__qualname__}{self.signature}")
+        self.tuned_names = frozenset(n for c in configs for n in c.kwargs)
+        stem = Path(builder.__code__.co_filename).stem if hasattr(builder, "__code__") else ""
+        self.ident = f"{stem}.{builder.__qualname__}"
+        self._kernels: dict[Any, TunedKernel] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """A ``TunedKernel`` for these arguments, or, when a config keyword is given, the
+        builder's own result."""
+        if self.tuned_names.intersection(kwargs):
+            return self.builder(*args, **kwargs)
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError as e:
+            raise AutotuneError(f"{where()}: {self.builder.__qualname__}: {e}") from None
+        bound.apply_defaults()
+        keyvals = {k: _key_value(bound.arguments[k]) for k in self.key}
+        try:
+            memo = (tuple(args), tuple(sorted(kwargs.items())))
+            hash(memo)
+        except TypeError:
+            memo = None
+        if memo is not None:
+            hit = self._kernels.get(memo)
+            if hit is not None:
+                return hit
+        k = TunedKernel(self, tuple(args), dict(kwargs), keyvals)
+        if memo is not None:
+            with self._lock:
+                k = self._kernels.setdefault(memo, k)
+        return k
+
+    def __repr__(self) -> str:
+        return f"<autotuned {self.ident} ({len(self.configs)} configs, key={self.key})>"
+
+
+class TunedKernel:
+    """The kernel of one builder call; which config runs is settled per device at first launch.
+
+    Attributes other than the ones below come from ``kernel``: the winner of the last
+    tuning, or, before any, the first config that builds (so ``.ptx()``, ``.in_specs``
+    and ``.specialize()`` work on a machine without a GPU).
+    """
+
+    def __init__(self, tuner: TunedBuilder, args: tuple, kwargs: dict, keyvals: dict) -> None:
+        self.tuner = tuner
+        self.args = args
+        self.kwargs = kwargs
+        self.keyvals = keyvals
+        self._built: dict[int, Any] = {}
+        self._by_device: dict[str | None, tuple[Any, Choice]] = {}
+        self._last: tuple[Any, Choice] | None = None
+        self._lock = threading.RLock()
+
+    # -- building
+    def build(self, config: Config) -> Any:
+        """The builder's kernel for ``config`` (memoised; a ``PyptxError`` propagates)."""
+        i = self.tuner.configs.index(config)
+        hit = self._built.get(i)
+        if hit is None:
+            hit = self._built[i] = self.tuner.builder(*self.args, **{**self.kwargs,
+                                                                      **config.kwargs})
+        return hit
+
+    def _first(self) -> tuple[Any, Config]:
+        errors = []
+        for c in self.tuner.configs:
+            try:
+                return self.build(c), c
+            except PyptxError as e:
+                errors.append(f"{c.describe()}: {e}")
+        raise AutotuneError(f"{where()}: no config of {self.tuner.ident} builds for "
+                            f"{self._describe_key()}:\n  " + "\n  ".join(errors))
+
+    @property
+    def kernel(self) -> Any:
+        """The kernel attribute access goes to: the last winner, else the first config that builds."""
+        last = self._last
+        return last[0] if last is not None else self._first()[0]
+
+    @property
+    def choice(self) -> Choice | None:
+        """The last tuning's ``Choice`` (None before the first launch or ``choose``)."""
+        return None if self._last is None else self._last[1]
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("tuner", "args", "kwargs", "keyvals", "_built",
+                                             "_by_device", "_last", "_lock"):
+            raise AttributeError(name)
+        return getattr(self.kernel, name)
+
+    # -- launching
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Launch the winner for the arguments' device (tuning first if there is none yet)."""
+        return self.choose(*args, **kwargs)(*args, **kwargs)
+
+    def choose(self, *args: Any, **kwargs: Any) -> Any:
+        """The kernel to run on ``args``: tuned on their device at the first call, then remembered."""
+        timer = self.tuner.timer or timer_for(args)
+        device = timer.device_name(args) if timer is not None else None
+        hit = self._by_device.get(device)
+        if hit is not None:
+            self._last = hit
+            return hit[0]
+        with self._lock:
+            hit = self._by_device.get(device)
+            if hit is None:
+                hit = self._settle(timer, device, args, kwargs)
+                self._by_device[device] = hit
+            self._last = hit
+            return hit[0]
+
+    def _disk_key(self, device: str) -> str:
+        from . import __version__
+
+        blob = json.dumps([self.tuner.ident, self.keyvals, device, __version__,
+                           [c.kwargs for c in self.tuner.configs]], sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+    def _settle(self, timer: Timer | None, device: str | None, args: Sequence[Any],
+                kwargs: Mapping[str, Any]) -> tuple[Any, Choice]:
+        off = os.environ.get(ENV, "").strip().lower() in ("0", "off", "false", "no")
+        if device is not None and not off:
+            rec = _read_choice(self._disk_key(device))
+            if rec is not None:
+                cfg = Config(**rec.get("config", {}))
+                if cfg in self.tuner.configs:
+                    try:
+                        return self.build(cfg), Choice(cfg, rec.get("us"), device, "disk")
+                    except PyptxError:
+                        pass  # the builder changed: tune again
+        if off or device is None or timer is None:
+            k, cfg = self._first()
+            return k, Choice(cfg, None, device, "first")
+        return self._tune(timer, device, args, kwargs)
+
+    def _tune(self, timer: Timer, device: str, args: Sequence[Any],
+              kwargs: Mapping[str, Any]) -> tuple[Any, Choice]:
+        timed: list[tuple[float, int, Config, Any]] = []
+        skipped: list[tuple[Config, str]] = []
+        for i, cfg in enumerate(self.tuner.configs):
+            try:
+                k = self.build(cfg)
+            except PyptxError as e:
+                skipped.append((cfg, f"not built: {_first_line(e)}"))
+                continue
+            reason = _ptxas_verdict(k, args)
+            if reason is not None:
+                skipped.append((cfg, reason))
+                continue
+            try:
+                us = float(timer.measure(k, args, kwargs))
+            except PyptxError as e:
+                skipped.append((cfg, f"launch failed: {_first_line(e)}"))
+                continue
+            timed.append((us, i, cfg, k))
+        if not timed:
+            why = "\n  ".join(f"{c.describe()}: {r}" for c, r in skipped)
+            raise AutotuneError(f"{where()}: every config of {self.tuner.ident} was skipped for "
+                                f"{self._describe_key()} on {device}:\n  {why}")
+        us, _, cfg, k = min(timed, key=lambda t: (t[0], t[1]))
+        line = (f"pyptx.autotune: {self.tuner.builder.__name__}({self._describe_key()}) on "
+                f"{device}: {cfg.describe()} {us:.1f} us ({len(self.tuner.configs)} configs")
+        if skipped:
+            line += f", {len(skipped)} skipped: " + "; ".join(
+                f"{c.describe()}: {r}" for c, r in skipped)
+        print(line + ")", file=sys.stderr)
+        _write_choice(self._disk_key(device), {
+            "builder": self.tuner.ident, "key": self.keyvals, "device": device,
+            "config": cfg.kwargs, "us": us,
+            "timed": [{"config": c.kwargs, "us": t} for t, _, c, _ in timed],
+            "skipped": [{"config": c.kwargs, "why": r} for c, r in skipped],
+        })
+        return k, Choice(cfg, us, device, "timed")
+
+    def _describe_key(self) -> str:
+        return ", ".join(f"{k}={v}" for k, v in self.keyvals.items())
+
+    def __repr__(self) -> str:
+        return f"<TunedKernel {self.tuner.ident}({self._describe_key()})>"
+
+
+def _first_line(e: BaseException) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+
+def _kernels_of(k: Any) -> list:
+    return list(k.kernels) if hasattr(k, "kernels") else [k]
+
+
+def _ptxas_verdict(k: Any, args: Sequence[Any]) -> str | None:
+    """None if ptxas assembles every kernel of ``k`` without spills (or there is no ptxas), else
+    why the config is skipped."""
+    from .errors import CompileError, UnboundDimError
+    from .ptxas import check
+
+    for kk in _kernels_of(k):
+        if not hasattr(kk, "specialize"):
+            continue
+        try:
+            try:
+                spec = kk.specialize()
+            except UnboundDimError:
+                spec = kk.specialize([tuple(a.shape) for a in args if hasattr(a, "shape")])
+            report = check(spec)
+        except ToolchainError:
+            return None  # nothing to check with: time it
+        except CompileError as e:
+            return "ptxas rejects it: " + " ".join(str(e).split("\n")[:2])
+        except PyptxError as e:
+            return f"not traced: {_first_line(e)}"
+        for e in report.entries:
+            if e.spill_stores or e.spill_loads:
+                return f"spills ({e.name}: {e.spill_stores} B stores, {e.spill_loads} B loads)"
+    return None
+
+
+class _CallableModule(types.ModuleType):
+    """``pyptx.autotune`` is this module and the decorator at once: ``pyptx.autotune(...)``
+    works whether or not ``pyptx.autotune`` was imported as a module first."""
+
+    def __call__(self, configs: Iterable[Config], key: Sequence[str], *,
+                 timer: Timer | None = None) -> Callable[[Callable[..., Any]], TunedBuilder]:
+        return autotune(configs, key, timer=timer)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -1,0 +1,223 @@
+"""``pyptx.autotune`` on the CPU: a fake device and timer, real kernels and real ptxas.
+
+Covers the choice of the fastest config, the winner kept on disk and reused by a
+fresh tuner without timing, ``PYPTX_AUTOTUNE=0``, configs skipped because the
+builder refuses them, ptxas rejects them or they spill, the log line, key handling,
+the bypass with explicit config keywords, and the errors for bad configs and keys.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+import pyptx
+from pyptx import ConfigError, PyptxError, Tile, kernel, ptx, reg
+from pyptx.autotune import AutotuneError, Config, TunedKernel, autotune
+from pyptx.trace import current
+from pyptx.types import f32
+
+
+def build_hold(N, *, hold=8, maxnreg=None, raw=None, dtype="f32"):
+    """A kernel keeping ``hold`` values live (spills under a tiny ``maxnreg``); ``raw`` adds a
+    raw PTX line (a bad one makes ptxas reject the kernel)."""
+    if hold > N:
+        raise ConfigError(f"build_hold: hold={hold} is more than N={N}")
+
+    @kernel(in_specs=(Tile(N, f32),), out_specs=(Tile(N, f32),), grid=(1, 1, 1),
+            block=(32, 1, 1), maxnreg=maxnreg, name=f"hold{hold}_r{maxnreg or 0}")
+    def k(X, Y):
+        px, py = ptx.global_ptrs(X, Y)
+        vals = reg.array(f32, hold)
+        for i in range(hold):
+            ptx.inst.ld.global_.f32(vals[i], ptx.addr(px, 4 * i))
+        if raw:
+            current().raw(raw)
+        for i in range(hold):
+            ptx.inst.st.global_.f32(ptx.addr(py, 4 * (hold - 1 - i)), vals[i] * vals[(i * 7) % hold])
+        ptx.ret()
+
+    return k
+
+
+class FakeArray:
+    """Stands in for a device array: the fake timer never launches anything."""
+
+    shape = (64,)
+
+
+class FakeTimer:
+    """Times by kernel name from a table; counts what it was asked."""
+
+    def __init__(self, times: dict[str, float], device: str | None = "Fake GPU 9000") -> None:
+        self.times = times
+        self.device = device
+        self.measured: list[str] = []
+
+    def device_name(self, args):
+        return self.device
+
+    def measure(self, k, args, kwargs):
+        self.measured.append(k.name)
+        return self.times[k.name]
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYPTX_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("PYPTX_AUTOTUNE", raising=False)
+    return tmp_path / "autotune"
+
+
+def tuned(timer, configs=None, key=("N",)):
+    configs = configs or [Config(hold=8), Config(hold=16), Config(hold=32)]
+    return autotune(configs=configs, key=list(key), timer=timer)(build_hold)
+
+
+def test_picks_the_fastest_and_logs_one_line(capsys, cache):
+    timer = FakeTimer({"hold8_r0": 9.0, "hold16_r0": 3.5, "hold32_r0": 5.0})
+    k = tuned(timer)(64)
+    assert isinstance(k, TunedKernel)
+    assert k.ptx() == build_hold(64, hold=8).ptx()  # before any tuning: the first config
+    best = k.choose(FakeArray())
+    assert best.name == "hold16_r0" and k.name == "hold16_r0"
+    assert k.choice.config == Config(hold=16) and k.choice.us == 3.5 and k.choice.source == "timed"
+    assert timer.measured == ["hold8_r0", "hold16_r0", "hold32_r0"]
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["pyptx.autotune: build_hold(N=64) on Fake GPU 9000: hold=16 3.5 us (3 configs)"]
+    assert k.choose(FakeArray()) is best  # remembered: no second tuning
+    assert timer.measured == ["hold8_r0", "hold16_r0", "hold32_r0"]
+    rec = json.loads(next(cache.glob("*.json")).read_text())
+    assert rec["config"] == {"hold": 16} and rec["device"] == "Fake GPU 9000"
+    assert rec["key"] == {"N": 64} and rec["us"] == 3.5
+
+
+def test_winner_on_disk_is_reused_by_a_new_process(capsys, cache):
+    first = FakeTimer({"hold8_r0": 9.0, "hold16_r0": 9.0, "hold32_r0": 1.0})
+    assert tuned(first)(64).choose(FakeArray()).name == "hold32_r0"
+    capsys.readouterr()
+    again = FakeTimer({"hold8_r0": 1.0, "hold16_r0": 1.0, "hold32_r0": 9.0})
+    k = tuned(again)(64)  # a fresh decorator: nothing in memory
+    assert k.choose(FakeArray()).name == "hold32_r0"
+    assert again.measured == [] and k.choice.source == "disk"
+    assert capsys.readouterr().err == ""
+    # another device, another key value, or other configs: tuned afresh
+    other_dev = FakeTimer({"hold8_r0": 1.0, "hold16_r0": 5.0, "hold32_r0": 9.0}, device="Fake GPU 1")
+    assert tuned(other_dev)(64).choose(FakeArray()).name == "hold8_r0"
+    other_key = FakeTimer({"hold8_r0": 5.0, "hold16_r0": 1.0, "hold32_r0": 9.0})
+    assert tuned(other_key)(48).choose(FakeArray()).name == "hold16_r0"
+    fewer = FakeTimer({"hold8_r0": 2.0, "hold16_r0": 1.0})
+    assert tuned(fewer, [Config(hold=8), Config(hold=16)])(64).choose(FakeArray()).name == "hold16_r0"
+    assert len(list(cache.glob("*.json"))) == 4
+
+
+def test_switched_off_takes_the_first_config(monkeypatch, capsys, cache):
+    monkeypatch.setenv("PYPTX_AUTOTUNE", "0")
+    timer = FakeTimer({"hold8_r0": 9.0, "hold16_r0": 1.0, "hold32_r0": 1.0})
+    k = tuned(timer)(64)
+    assert k.choose(FakeArray()).name == "hold8_r0"
+    assert timer.measured == [] and k.choice.source == "first" and k.choice.us is None
+    assert capsys.readouterr().err == "" and not cache.exists()
+
+
+def test_without_a_device_takes_the_first_config_that_builds():
+    timer = FakeTimer({}, device=None)  # a tracer / a CPU array
+    k = tuned(timer, [Config(hold=128), Config(hold=16)])(64)  # hold=128 > N: refused
+    assert k.choose(FakeArray()).name == "hold16_r0" and timer.measured == []
+
+
+def test_spilling_and_rejected_configs_are_skipped(capsys, cache):
+    timer = FakeTimer({"hold64_r24": 0.5, "hold64_r0": 4.0, "hold32_r0": 0.1, "hold8_r0": 7.0})
+    configs = [Config(hold=64, maxnreg=24),              # ptxas: spills
+               Config(hold=64),                          # fine
+               Config(hold=32, raw="bogus.f32 %f1;"),    # ptxas rejects it
+               Config(hold=128),                         # the builder refuses it
+               Config(hold=8)]
+    k = tuned(timer, configs)(64)
+    assert k.choose(FakeArray()).name == "hold64_r0"
+    assert timer.measured == ["hold64_r0", "hold8_r0"]
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("pyptx.autotune: build_hold(N=64) on Fake GPU 9000: hold=64 4.0 us "
+                           "(5 configs, 3 skipped: hold=64 maxnreg=24: spills (hold64_r24: ")
+    assert "hold=32 raw=bogus.f32 %f1;: ptxas rejects it" in line
+    assert "hold=128: not built: " in line and "more than N=64" in line
+    rec = json.loads(next(cache.glob("*.json")).read_text())
+    assert [s["config"]["hold"] for s in rec["skipped"]] == [64, 32, 128]
+
+
+def test_every_config_skipped_is_an_error():
+    k = tuned(FakeTimer({}), [Config(hold=128), Config(hold=64, maxnreg=24)])(64)
+    with pytest.raises(AutotuneError, match=r"every config of .*build_hold was skipped for N=64 "
+                                            r"on Fake GPU 9000:\n  hold=128: not built") as e:
+        k.choose(FakeArray())
+    assert "test_autotune.py:" in str(e.value).split(":", 1)[0] + ":"
+    assert isinstance(e.value, ConfigError) and isinstance(e.value, PyptxError)
+
+
+def test_key_decides_what_shares_a_tuning(capsys):
+    timer = FakeTimer({"hold8_r0": 2.0, "hold16_r0": 1.0})
+    build = tuned(timer, [Config(hold=8), Config(hold=16)], key=["N", "dtype"])
+    a = build(64)
+    assert build(64) is a                     # same arguments: the same TunedKernel
+    b = build(64, dtype="bf16")
+    assert b is not a and b.keyvals == {"N": 64, "dtype": "bf16"}
+    assert a.keyvals == {"N": 64, "dtype": "f32"}  # defaults are part of the key
+    a.choose(FakeArray())
+    b.choose(FakeArray())
+    assert len(timer.measured) == 4
+    assert "build_hold(N=64, dtype=bf16)" in capsys.readouterr().err
+    assert build(N=64) is not a and build(N=64).keyvals == a.keyvals
+
+
+def test_key_values_name_dtypes():
+    from pyptx.autotune import _key_value
+    from pyptx.types import bf16
+
+    class TorchLike:
+        def __str__(self):
+            return "torch.bfloat16"
+
+    assert _key_value(bf16) == "bf16" and _key_value(TorchLike()) == "bfloat16"
+    assert _key_value((2, "x")) == [2, "x"] and _key_value(None) is None
+
+
+def test_explicit_config_keywords_bypass_tuning():
+    timer = FakeTimer({})
+    k = tuned(timer)(64, hold=32)
+    assert not isinstance(k, TunedKernel) and k.name == "hold32_r0"
+    assert tuned(timer)(64, maxnreg=None).__class__ is TunedKernel  # not a tuned keyword
+
+
+def test_bad_configs_and_keys_are_refused_at_the_decorator():
+    with pytest.raises(AutotuneError, match=r"test_autotune\.py:\d+: autotune key 'M' is not a "
+                                            r"parameter of build_hold"):
+        autotune(configs=[Config()], key=["M"])(build_hold)
+    with pytest.raises(AutotuneError, match=r"Config\(hold=8, threads=2\) sets 'threads', which is "
+                                            r"not a parameter"):
+        autotune(configs=[Config(hold=8, threads=2)], key=["N"])(build_hold)
+    with pytest.raises(AutotuneError, match=r"test_autotune\.py:\d+: autotune\(configs=...\) must "
+                                            r"be a non-empty list"):
+        autotune(configs=[], key=["N"])
+    with pytest.raises(AutotuneError, match="must be a list of parameter names"):
+        autotune(configs=[Config()], key="N")
+    with pytest.raises(AutotuneError, match=r"test_autotune\.py:\d+: Config\(dtype=\.\.\.\) must be "
+                                            r"an int, float, str, bool or None"):
+        Config(dtype=f32)
+    with pytest.raises(AutotuneError, match="unexpected keyword argument 'nope'"):
+        tuned(FakeTimer({}))(64, nope=1)
+
+
+def test_exported_from_pyptx_without_importing_frameworks():
+    import subprocess
+    import sys
+
+    code = ("import sys, pyptx; assert 'pyptx.autotune' not in sys.modules; "
+            "c = pyptx.Config(threads=2); d = pyptx.autotune(configs=[c], key=[]); "
+            "assert callable(d); "
+            "bad = [m for m in ('torch', 'jax', 'cuda') if m in sys.modules]; "
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)
+    assert pyptx.autotune.Config is Config
+    assert re.match(r"Config\(threads=2\)", repr(Config(threads=2)))
