@@ -1,0 +1,138 @@
+"""Every code block of the documentation runs: docs/*.md (not docs/dev) and README.md.
+
+CPU: each page's python blocks run in order in one namespace; printed output is
+compared with the page's ``<!-- output -->`` blocks; every kernel a page creates
+must be traced, and each traced specialization goes through ptxas. Blocks marked
+``<!-- gpu -->`` are compiled here and run by the GPU test. See ``docs_blocks``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import shlex
+import traceback
+from pathlib import Path
+
+import pytest
+from docs_blocks import ROOT, Block, BlockFailed, blocks, fresh_namespace, pages, run_block, same_output
+
+from pyptx.kernel import Kernel
+
+PAGES = pages()
+
+
+def _id(path: Path) -> str:
+    return str(path.relative_to(ROOT))
+
+
+def _missing_framework(e: BaseException) -> str | None:
+    name = getattr(e, "name", None) or ""
+    top = name.split(".")[0]
+    return top if isinstance(e, ModuleNotFoundError) and top in ("torch", "jax", "jaxlib") else None
+
+
+def _run_console(block: Block, where: str) -> None:
+    from pyptx.cli import main
+
+    chunks: list[tuple[str, list[str]]] = []
+    for line in block.code.splitlines():
+        if line.startswith("$ "):
+            chunks.append((line[2:], []))
+        elif chunks:
+            chunks[-1][1].append(line)
+    for command, expected in chunks:
+        argv = shlex.split(command)
+        if argv[0] != "pyptx":
+            continue
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            rc = main(argv[1:])
+        if rc != 0:
+            raise BlockFailed(f"{where}: `{command}` exited {rc}:\n{buf.getvalue()}")
+        if "sample" not in block.marks and not same_output(buf.getvalue(), "\n".join(expected)):
+            raise BlockFailed(f"{where}: `{command}` printed\n{buf.getvalue()}\nbut the page shows\n"
+                              + "\n".join(expected))
+
+
+def run_page(path: Path, *, gpu: bool, assemble, monkeypatch) -> int:
+    """Run a page's blocks; return how many python blocks executed."""
+    monkeypatch.chdir(ROOT)
+    created: list[Kernel] = []
+    init = Kernel.__init__
+
+    def recording_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        created.append(self)
+
+    monkeypatch.setattr(Kernel, "__init__", recording_init)
+    namespace = fresh_namespace(path)
+    page = blocks(path)
+    executed = 0
+    printed: str | None = None
+    for block in page:
+        where = f"{_id(path)}:{block.line}"
+        if "output" in block.marks:
+            if printed is None:
+                raise BlockFailed(f"{where}: an output block must follow an executed python block")
+            if not same_output(printed, block.code):
+                raise BlockFailed(f"{where}: the block above printed\n{printed}\nbut the page shows\n"
+                                  f"{block.code}")
+            printed = None
+            continue
+        printed = None
+        if block.lang == "console" and not gpu:
+            _run_console(block, where)
+            continue
+        if block.lang != "python":
+            continue
+        runs = block.runs_on_cpu or (gpu and "gpu" in block.marks)
+        if not runs:
+            compile(block.code, where, "exec")
+            continue
+        try:
+            printed = run_block(block, namespace, where)
+        except Exception as e:  # noqa: BLE001 - reported with the page's line
+            missing = _missing_framework(e)
+            if missing and not gpu:
+                pytest.skip(f"{where}: needs {missing}")
+            raise BlockFailed(f"{where}: the block raised\n{traceback.format_exc()}") from e
+        executed += 1
+    untraced = [k.name for k in created if not k._cache]
+    assert not untraced, f"{_id(path)}: kernels never traced on the page: {untraced}"
+    seen: set[str] = set()
+    for k in created:
+        for spec in list(k._cache.values()):
+            text = spec.ptx()
+            if text not in seen:
+                seen.add(text)
+                assemble(text, arch=k.arch)
+    return executed
+
+
+@pytest.mark.parametrize("path", PAGES, ids=_id)
+def test_page_runs_on_cpu(path, assemble, monkeypatch):
+    run_page(path, gpu=False, assemble=assemble, monkeypatch=monkeypatch)
+
+
+GPU_PAGES = [p for p in PAGES if any("gpu" in b.marks for b in blocks(p))]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", GPU_PAGES, ids=_id)
+def test_page_runs_on_gpu(path, assemble, monkeypatch):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    run_page(path, gpu=True, assemble=assemble, monkeypatch=monkeypatch)
+
+
+def test_marks_are_known_and_every_python_block_is_reachable():
+    total = norun = 0
+    for path in PAGES:
+        for b in blocks(path):  # raises on unknown marks, unclosed fences, bare norun
+            if b.lang == "python":
+                total += 1
+                norun += "norun" in b.marks
+    assert total > 0
+    assert norun <= max(1, total // 20), f"{norun} of {total} python blocks are norun: keep that rare"
