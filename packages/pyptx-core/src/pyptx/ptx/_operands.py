@@ -1,21 +1,72 @@
-"""Operand checks shared by the named Hopper helpers (mbarrier, tma, wgmma, cluster).
+"""Operand checks shared by the named helpers (mbarrier, tma, wgmma, cluster, matrix, ...).
 
 Each check validates one operand at trace time and returns its rendered PTX
 text, or raises ``OperandError`` / ``TypeMismatchError`` whose message starts
 with the user's ``file:line``. ``fn`` is the helper's public name, used in
-messages (``"ptx.mbarrier.init"``).
+messages (``"ptx.mbarrier.init"``). ``guard`` renders a helper's ``pred=``
+argument and ``require_arch`` refuses a helper the kernel's target lacks.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-from ..errors import OperandError, TypeMismatchError
+from ..errors import OperandError, TraceError, TypeMismatchError
 from ..reg import NotPred, Reg, RegArray, render
 from ..smem import SharedArray
 from ..source import where
 from ..trace import Trace
 from .memory import Addr
+
+_ARCH = re.compile(r"^sm_(\d+)([af]?)$")
+_ARCH_CACHE: dict[str, tuple[int, str]] = {}
+
+
+def _arch_parts(arch: str) -> tuple[int, str]:
+    hit = _ARCH_CACHE.get(arch)
+    if hit is None:
+        m = _ARCH.match(arch)
+        hit = _ARCH_CACHE[arch] = (int(m.group(1)), m.group(2)) if m else (0, "")
+    return hit
+
+
+def require_arch(trace: Trace, fn: str, min_sm: int = 90, *, arch_specific: bool = False,
+                 max_sm: int | None = None) -> None:
+    """Refuse ``fn`` unless the traced kernel's arch has it (``TraceError`` naming the arch).
+
+    ``min_sm``/``max_sm`` bound the SM version; ``arch_specific=True`` also needs the
+    ``a`` (or family ``f``) suffix, as for ``wgmma`` and ``setmaxnreg`` on ``sm_90a``.
+    """
+    sm, suffix = _arch_parts(trace.arch)
+    if sm >= min_sm and (max_sm is None or sm <= max_sm) and (not arch_specific or suffix):
+        return
+    if max_sm == min_sm:
+        need = f"sm_{min_sm}{'a' if arch_specific else ''}"
+    elif arch_specific:
+        need = f"sm_{min_sm}a or a newer arch-specific target (an 'a' suffix)"
+    else:
+        need = f"sm_{min_sm} or newer"
+    raise TraceError(
+        f"{where()}: {fn} needs {need}, but this kernel targets {trace.arch}; "
+        f"choose the target with @kernel(arch=...)"
+    )
+
+
+def guard(pred: Any, fn: str, trace: Trace) -> str | None:
+    """The guard text of a helper's ``pred=`` argument: ``"%p1"``, ``"!%p1"`` or None."""
+    if pred is None:
+        return None
+    if type(pred) is Reg:
+        if not pred.type.is_pred:
+            raise TypeMismatchError(
+                f"{where()}: {fn} pred= must be a predicate register or ~p, got "
+                f".{pred.type.name} register {pred.name}"
+            )
+        return render(pred, None, trace)
+    if type(pred) is NotPred:
+        return "!" + render(pred.reg, None, trace)
+    raise OperandError(f"{where()}: {fn} pred= must be a predicate register or ~p, got {pred!r}")
 
 
 def is_int(value: Any) -> bool:

@@ -5,7 +5,11 @@ turns a local shared address into the ``shared::cluster`` address of the same
 location in CTA ``rank``; ``load``/``store`` access it, and
 ``ptx.mbarrier.arrive(addr, remote=True)`` signals a peer's barrier.
 ``arrive``/``wait``/``sync`` are the cluster barrier (same as
-``ptx.cluster_arrive``/``cluster_wait``/``cluster_sync``).
+``ptx.cluster_arrive``/``cluster_wait``/``cluster_sync``); ``arrive_remote`` and
+``arrive_multicast`` arrive on the same mbarrier in other CTAs of the cluster.
+
+Everything here needs sm_90 (checked at trace time) and takes ``pred=p`` (or
+``~p``), which guards each emitted instruction with ``@p`` / ``@!p``.
 """
 
 from __future__ import annotations
@@ -18,35 +22,45 @@ from ..smem import SharedArray
 from ..source import where
 from ..trace import current
 from ..types import PtxType, u32, u64
-from ._operands import reg_of, u32_or_imm
+from ._operands import guard, int_in, reg_of, require_arch, shared_addr, u32_or_imm
 from .memory import Addr
-from .special import special
 from .sync import cluster_arrive as arrive
 from .sync import cluster_sync as sync
 from .sync import cluster_wait as wait
 
 __all__ = ["ctarank", "nctarank", "map_shared", "rank_of", "load", "store", "arrive", "wait",
-           "sync"]
+           "sync", "arrive_remote", "arrive_multicast"]
 
 
-def ctarank() -> Reg:
+def _sreg(sreg: str, fn: str, pred: Any) -> Reg:
+    trace = current()
+    require_arch(trace, fn)
+    g = guard(pred, fn, trace)
+    r = Reg(trace.new_reg_name(u32), u32, trace)
+    trace.inst("mov.u32", (r.name, sreg), g)
+    return r
+
+
+def ctarank(*, pred: Any = None) -> Reg:
     """This CTA's rank in its cluster: ``mov.u32 r, %cluster_ctarank;``."""
-    return special.cluster_ctarank()
+    return _sreg("%cluster_ctarank", "ptx.cluster.ctarank", pred)
 
 
-def nctarank() -> Reg:
+def nctarank(*, pred: Any = None) -> Reg:
     """The number of CTAs in the cluster: ``mov.u32 r, %cluster_nctarank;``."""
-    return special.cluster_nctarank()
+    return _sreg("%cluster_nctarank", "ptx.cluster.nctarank", pred)
 
 
-def map_shared(addr: SharedArray | Reg, rank: int | Reg) -> Reg:
+def map_shared(addr: SharedArray | Reg, rank: int | Reg, *, pred: Any = None) -> Reg:
     """``mapa.shared::cluster.u32 d, addr, rank;``: the cluster address of ``addr`` in CTA ``rank``.
 
     ``addr`` is a shared array or a u32 (or u64) shared address register; the result
     has the same width and is usable as ``ptx.addr(d)`` with ``shared::cluster``
     instructions (``cluster.load``/``store``, remote mbarrier arrives, TMA multicast).
     """
+    fn = "ptx.cluster.map_shared"
     trace = current()
+    require_arch(trace, fn)
     if type(addr) is SharedArray:
         width = 32
         a = render(addr, None, trace)
@@ -62,19 +76,21 @@ def map_shared(addr: SharedArray | Reg, rank: int | Reg) -> Reg:
     r = u32_or_imm(rank, "rank", "ptx.cluster.map_shared", trace, 0, 15, " (a CTA rank in the cluster)")
     t = u32 if width == 32 else u64
     d = Reg(trace.new_reg_name(t), t, trace)
-    trace.inst(f"mapa.shared::cluster.{t.name}", (d.name, a, r))
+    trace.inst(f"mapa.shared::cluster.{t.name}", (d.name, a, r), guard(pred, fn, trace))
     return d
 
 
-def rank_of(addr: Reg) -> Reg:
+def rank_of(addr: Reg, *, pred: Any = None) -> Reg:
     """``getctarank.shared::cluster.u32 r, addr;``: the rank of the CTA owning a cluster address."""
     trace = current()
+    require_arch(trace, "ptx.cluster.rank_of")
     if type(addr) is not Reg:
         raise OperandError(f"{where()}: ptx.cluster.rank_of expects a shared::cluster address register, got {addr!r}")
     bits = reg_of(addr, "addr", "ptx.cluster.rank_of", (32, 64),
                   "a 32/64-bit shared::cluster address register").type.bits
     r = Reg(trace.new_reg_name(u32), u32, trace)
-    trace.inst(f"getctarank.shared::cluster.u{bits}", (r.name, render(addr, None, trace)))
+    trace.inst(f"getctarank.shared::cluster.u{bits}", (r.name, render(addr, None, trace)),
+               guard(pred, "ptx.cluster.rank_of", trace))
     return r
 
 
@@ -93,20 +109,23 @@ def _cluster_addr(addr: Any, fn: str) -> Any:
 _LDST_TYPES = ("b32", "u32", "s32", "f32", "b64", "u64", "s64", "f64")
 
 
-def load(t: PtxType, addr: Any) -> Reg:
+def load(t: PtxType, addr: Any, *, pred: Any = None) -> Reg:
     """``ld.shared::cluster.<t> r, [addr];``: read a peer CTA's shared memory (32/64-bit types)."""
     trace = current()
+    require_arch(trace, "ptx.cluster.load")
     if not isinstance(t, PtxType) or t.name not in _LDST_TYPES:
         raise OperandError(f"{where()}: ptx.cluster.load type must be one of {_LDST_TYPES}, got {t!r}")
     a = _cluster_addr(addr, "ptx.cluster.load")
     r = Reg(trace.new_reg_name(t), t, trace)
-    trace.inst(f"ld.shared::cluster.{t.name}", (r.name, render(a, None, trace)))
+    trace.inst(f"ld.shared::cluster.{t.name}", (r.name, render(a, None, trace)),
+               guard(pred, "ptx.cluster.load", trace))
     return r
 
 
-def store(addr: Any, value: Reg) -> None:
+def store(addr: Any, value: Reg, *, pred: Any = None) -> None:
     """``st.shared::cluster.<type> [addr], value;``: write a peer CTA's shared memory."""
     trace = current()
+    require_arch(trace, "ptx.cluster.store")
     a = _cluster_addr(addr, "ptx.cluster.store")
     if type(value) is not Reg:
         raise OperandError(f"{where()}: ptx.cluster.store value must be a register, got {value!r}")
@@ -115,4 +134,53 @@ def store(addr: Any, value: Reg) -> None:
             f"{where()}: ptx.cluster.store value must be a 32/64-bit register of {_LDST_TYPES}, "
             f"got .{value.type.name} register {value.name}"
         )
-    trace.inst(f"st.shared::cluster.{value.type.name}", (render(a, None, trace), value.name))
+    trace.inst(f"st.shared::cluster.{value.type.name}", (render(a, None, trace), value.name),
+               guard(pred, "ptx.cluster.store", trace))
+
+
+_ARRIVE_REMOTE = "mbarrier.arrive.release.cluster.shared::cluster.b64"
+
+
+def _remote_arrive(fn: str, bar: Any, ranks: list[str], count: Any, pred: Any) -> None:
+    trace = current()
+    require_arch(trace, fn)
+    b = shared_addr(bar, "bar", fn, trace, align=8, size=8)[1:-1]
+    if type(bar) is Reg and bar.type.bits != 32:
+        raise TypeMismatchError(f"{where(3)}: {fn} bar must be a 32-bit shared address register, "
+                                f"got .{bar.type.name} register {bar.name}")
+    tail = () if count is None else (u32_or_imm(count, "count", fn, trace, 1, (1 << 20) - 1),)
+    g = guard(pred, fn, trace)
+    for r in ranks:
+        d = Reg(trace.new_reg_name(u32), u32, trace)
+        trace.inst("mapa.shared::cluster.u32", (d.name, b, r), g)
+        trace.inst(_ARRIVE_REMOTE, ("_", f"[{d.name}]", *tail), g)
+
+
+def arrive_remote(bar: Any, rank: int | Reg, *, count: int | Reg | None = None,
+                  pred: Any = None) -> None:
+    """Arrive on the mbarrier at ``bar``'s offset in cluster CTA ``rank`` (release, cluster scope).
+
+    ``bar`` is a local mbarrier as for ``ptx.mbarrier`` (a shared array, ``ptx.addr`` of
+    one, or a u32 shared address); ``rank`` an int 0..15 or a u32 register. Emits::
+
+        mapa.shared::cluster.u32 r, bar, rank;
+        mbarrier.arrive.release.cluster.shared::cluster.b64 _, [r]{, count};
+    """
+    fn = "ptx.cluster.arrive_remote"
+    trace = current()
+    rk = u32_or_imm(rank, "rank", fn, trace, 0, 15, " (a CTA rank in the cluster)")
+    _remote_arrive(fn, bar, [rk], count, pred)
+
+
+def arrive_multicast(bar: Any, mask: int, *, count: int | Reg | None = None,
+                     pred: Any = None) -> None:
+    """Arrive on ``bar``'s mbarrier in every cluster CTA whose bit is set in ``mask``.
+
+    ``mask`` is a Python int in 1..0xFFFF (bit r = CTA rank r, the same convention as the
+    TMA ``multicast_mask``); for each set bit, in rank order, it emits the
+    ``arrive_remote`` pair ``mapa`` + ``mbarrier.arrive.release.cluster.shared::cluster``.
+    A consumer uses it to release a stage that a multicast load fills in several CTAs.
+    """
+    fn = "ptx.cluster.arrive_multicast"
+    int_in(mask, "mask", fn, 1, 0xFFFF, " (one bit per CTA rank)")
+    _remote_arrive(fn, bar, [str(r) for r in range(16) if mask >> r & 1], count, pred)

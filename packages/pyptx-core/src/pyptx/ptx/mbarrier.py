@@ -13,6 +13,11 @@ Typical TMA pipeline::
     mbarrier.arrive_expect_tx(bar, tile_bytes)  # producer: arrive + expect the bytes
     ptx.tma.load_tile(buf, tmap, (x, y), bar)
     mbarrier.wait(bar, phase)                   # consumers: spin until the phase flips
+
+Every helper takes ``pred=p`` (or ``~p``): its instruction is guarded ``@p`` /
+``@!p``; ``wait`` (a spin loop) is instead skipped as a whole by a branch.
+``init``, ``inval`` and a local ``arrive`` without ``count`` need sm_80; the
+rest needs sm_90 (a ``TraceError`` at trace time names the kernel's arch).
 """
 
 from __future__ import annotations
@@ -23,8 +28,9 @@ from ..errors import OperandError
 from ..reg import Reg
 from ..source import where
 from ..trace import Trace, current
-from ..types import b64, pred
-from ._operands import check_bool, shared_addr, u32_or_imm
+from ..types import b64
+from ..types import pred as _pred
+from ._operands import check_bool, guard, require_arch, shared_addr, u32_or_imm
 
 __all__ = ["init", "arrive", "arrive_expect_tx", "expect_tx", "try_wait_parity", "wait", "inval"]
 
@@ -46,41 +52,48 @@ def _scope(scope: Any, fn: str) -> str:
     return f".acquire.{scope}"
 
 
-def init(bar: Any, count: int | Reg) -> None:
+def init(bar: Any, count: int | Reg, *, pred: Any = None) -> None:
     """``mbarrier.init.shared::cta.b64 [bar], count;``: arm ``bar`` for ``count`` arrivals.
 
     ``count`` is an int in 1..2**20-1 or a u32 register. Follow the inits with
     ``ptx.fence_mbarrier_init()`` (cluster) or a ``bar_sync`` before other threads use it.
     """
     trace = current()
+    require_arch(trace, "ptx.mbarrier.init", 80)
     b = _bar(bar, "init", trace)
     c = u32_or_imm(count, "count", "ptx.mbarrier.init", trace, 1, MAX_COUNT)
-    trace.inst("mbarrier.init.shared::cta.b64", (b, c))
+    trace.inst("mbarrier.init.shared::cta.b64", (b, c), guard(pred, "ptx.mbarrier.init", trace))
 
 
-def arrive(bar: Any, count: int | Reg | None = None, *, remote: bool = False) -> Reg | None:
+def arrive(bar: Any, count: int | Reg | None = None, *, remote: bool = False,
+           pred: Any = None) -> Reg | None:
     """Arrive on ``bar`` (``count`` arrivals, default 1); return the ``.b64`` phase state.
 
     ``mbarrier.arrive.shared::cta.b64 state, [bar]{, count};``. With ``remote=True``
     ``bar`` is a ``shared::cluster`` address (``ptx.cluster.map_shared``) of a barrier in
     another CTA: ``mbarrier.arrive.release.cluster.shared::cluster.b64 _, [bar]{, count};``
-    and nothing is returned (no state comes back from a remote barrier).
+    and nothing is returned (no state comes back from a remote barrier). ``count`` and
+    ``remote`` need sm_90. With ``pred=`` the returned state is undefined where it is false.
     """
+    fn = "ptx.mbarrier.arrive"
     trace = current()
-    check_bool(remote, "remote", "ptx.mbarrier.arrive")
+    check_bool(remote, "remote", fn)
+    require_arch(trace, fn, 90 if remote or count is not None else 80)
     b = _bar(bar, "arrive", trace)
     ops = [b]
     if count is not None:
-        ops.append(u32_or_imm(count, "count", "ptx.mbarrier.arrive", trace, 1, MAX_COUNT))
+        ops.append(u32_or_imm(count, "count", fn, trace, 1, MAX_COUNT))
+    g = guard(pred, fn, trace)
     if remote:
-        trace.inst("mbarrier.arrive.release.cluster.shared::cluster.b64", ("_", *ops))
+        trace.inst("mbarrier.arrive.release.cluster.shared::cluster.b64", ("_", *ops), g)
         return None
     state = Reg(trace.new_reg_name(b64), b64, trace)
-    trace.inst("mbarrier.arrive.shared::cta.b64", (state.name, *ops))
+    trace.inst("mbarrier.arrive.shared::cta.b64", (state.name, *ops), g)
     return state
 
 
-def arrive_expect_tx(bar: Any, tx_bytes: int | Reg, *, remote: bool = False) -> None:
+def arrive_expect_tx(bar: Any, tx_bytes: int | Reg, *, remote: bool = False,
+                     pred: Any = None) -> None:
     """Arrive once on ``bar`` and raise its expected transaction count by ``tx_bytes``.
 
     ``mbarrier.arrive.expect_tx.shared::cta.b64 _, [bar], tx_bytes;`` (``remote=True``:
@@ -88,43 +101,52 @@ def arrive_expect_tx(bar: Any, tx_bytes: int | Reg, *, remote: bool = False) -> 
     thread issuing a TMA load calls; the copy's completion supplies the bytes.
     ``tx_bytes`` is an int in 0..2**20-1 or a u32 register.
     """
+    fn = "ptx.mbarrier.arrive_expect_tx"
     trace = current()
-    check_bool(remote, "remote", "ptx.mbarrier.arrive_expect_tx")
+    check_bool(remote, "remote", fn)
+    require_arch(trace, fn)
     b = _bar(bar, "arrive_expect_tx", trace)
-    tx = u32_or_imm(tx_bytes, "tx_bytes", "ptx.mbarrier.arrive_expect_tx", trace, 0, MAX_COUNT)
+    tx = u32_or_imm(tx_bytes, "tx_bytes", fn, trace, 0, MAX_COUNT)
     space = "release.cluster.shared::cluster" if remote else "shared::cta"
-    trace.inst(f"mbarrier.arrive.expect_tx.{space}.b64", ("_", b, tx))
+    trace.inst(f"mbarrier.arrive.expect_tx.{space}.b64", ("_", b, tx), guard(pred, fn, trace))
 
 
-def expect_tx(bar: Any, tx_bytes: int | Reg) -> None:
+def expect_tx(bar: Any, tx_bytes: int | Reg, *, pred: Any = None) -> None:
     """``mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [bar], tx_bytes;`` (no arrival)."""
+    fn = "ptx.mbarrier.expect_tx"
     trace = current()
+    require_arch(trace, fn)
     b = _bar(bar, "expect_tx", trace)
-    tx = u32_or_imm(tx_bytes, "tx_bytes", "ptx.mbarrier.expect_tx", trace, 0, MAX_COUNT)
-    trace.inst("mbarrier.expect_tx.relaxed.cta.shared::cta.b64", (b, tx))
+    tx = u32_or_imm(tx_bytes, "tx_bytes", fn, trace, 0, MAX_COUNT)
+    trace.inst("mbarrier.expect_tx.relaxed.cta.shared::cta.b64", (b, tx), guard(pred, fn, trace))
 
 
 def _phase(phase: Any, fn: str, trace: Trace) -> str:
     return u32_or_imm(phase, "phase", f"ptx.mbarrier.{fn}", trace, 0, 1, " (a phase parity)")
 
 
-def try_wait_parity(bar: Any, phase: int | Reg, *, scope: str | None = None) -> Reg:
+def try_wait_parity(bar: Any, phase: int | Reg, *, scope: str | None = None,
+                    pred: Any = None) -> Reg:
     """Test (with a bounded hardware wait) whether phase ``phase`` of ``bar`` completed.
 
     ``mbarrier.try_wait.parity{.acquire.scope}.shared::cta.b64 p, [bar], phase;``;
     returns the predicate ``p``. ``phase`` is 0, 1 or a u32 register holding the parity;
-    ``scope`` ('cta' or 'cluster') adds acquire semantics at that scope.
+    ``scope`` ('cta' or 'cluster') adds acquire semantics at that scope. With ``pred=``
+    the returned predicate is undefined where the guard is false.
     """
+    fn = "ptx.mbarrier.try_wait_parity"
     trace = current()
+    require_arch(trace, fn)
     b = _bar(bar, "try_wait_parity", trace)
     ph = _phase(phase, "try_wait_parity", trace)
     sem = _scope(scope, "try_wait_parity")
-    p = Reg(trace.new_reg_name(pred), pred, trace)
-    trace.inst(f"mbarrier.try_wait.parity{sem}.shared::cta.b64", (p.name, b, ph))
+    g = guard(pred, fn, trace)
+    p = Reg(trace.new_reg_name(_pred), _pred, trace)
+    trace.inst(f"mbarrier.try_wait.parity{sem}.shared::cta.b64", (p.name, b, ph), g)
     return p
 
 
-def wait(bar: Any, phase: int | Reg, *, scope: str | None = None) -> None:
+def wait(bar: Any, phase: int | Reg, *, scope: str | None = None, pred: Any = None) -> None:
     """Block until phase ``phase`` of ``bar`` completes: a try_wait spin loop.
 
     Emits::
@@ -132,19 +154,34 @@ def wait(bar: Any, phase: int | Reg, *, scope: str | None = None) -> None:
         $L_mbar_wait:
             mbarrier.try_wait.parity.shared::cta.b64 p, [bar], phase;
             @!p bra $L_mbar_wait;
+
+    With ``pred=q`` (``~q``) threads where the guard is false skip the whole loop:
+    ``@!q bra $L_mbar_wait_skip;`` (``@q`` for ``~q``) comes first and the label
+    ``$L_mbar_wait_skip:`` last.
     """
+    fn = "ptx.mbarrier.wait"
     trace = current()
+    require_arch(trace, fn)
     b = _bar(bar, "wait", trace)
     ph = _phase(phase, "wait", trace)
     sem = _scope(scope, "wait")
+    g = guard(pred, fn, trace)
+    skip = None
+    if g is not None:
+        skip = trace.unique("$L_mbar_wait_skip")
+        trace.inst("bra", (skip,), g[1:] if g[0] == "!" else "!" + g)
     top = trace.unique("$L_mbar_wait")
-    p = Reg(trace.new_reg_name(pred), pred, trace)
+    p = Reg(trace.new_reg_name(_pred), _pred, trace)
     trace.label(top)
     trace.inst(f"mbarrier.try_wait.parity{sem}.shared::cta.b64", (p.name, b, ph))
     trace.inst("bra", (top,), "!" + p.name)
+    if skip is not None:
+        trace.label(skip)
 
 
-def inval(bar: Any) -> None:
+def inval(bar: Any, *, pred: Any = None) -> None:
     """``mbarrier.inval.shared::cta.b64 [bar];``: retire ``bar`` before reusing its memory."""
+    fn = "ptx.mbarrier.inval"
     trace = current()
-    trace.inst("mbarrier.inval.shared::cta.b64", (_bar(bar, "inval", trace),))
+    require_arch(trace, fn, 80)
+    trace.inst("mbarrier.inval.shared::cta.b64", (_bar(bar, "inval", trace),), guard(pred, fn, trace))

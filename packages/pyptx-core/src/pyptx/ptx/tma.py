@@ -14,6 +14,10 @@ Loads complete on an mbarrier (``ptx.mbarrier.arrive_expect_tx`` the tile's
 bytes first); stores and ``store_bulk`` complete through bulk groups
 (``commit_group`` then ``wait_group``). Shared-memory tiles must be 128-byte
 aligned (``smem.alloc(..., align=128)``, 1024 for 128-byte swizzle).
+
+Every helper takes ``pred=p`` (or ``~p``) and guards each instruction it emits
+with ``@p`` / ``@!p`` (the tensor-map address instructions of a parameter
+included). All need sm_90 except ``cache_policy`` (sm_80) and ``tensormap_ptr``.
 """
 
 from __future__ import annotations
@@ -26,7 +30,16 @@ from ..reg import Reg, render
 from ..source import where
 from ..trace import Trace, current
 from ..types import b64, u64
-from ._operands import global_addr, int_in, is_int, reg_of, shared_addr, u32_or_imm
+from ._operands import (
+    global_addr,
+    guard,
+    int_in,
+    is_int,
+    reg_of,
+    require_arch,
+    shared_addr,
+    u32_or_imm,
+)
 
 __all__ = ["load_tile", "store_tile", "commit_group", "wait_group", "prefetch_tensormap",
            "tensormap_ptr", "copy_bulk", "store_bulk", "cache_policy"]
@@ -59,16 +72,17 @@ def _param_name(tmap: Any, fn: str, trace: Trace) -> str:
     raise OperandError(f"{where()}: {fn} tensor_map {name!r} is not a parameter of this kernel")
 
 
-def tensormap_ptr(tensor_map: Any) -> Reg:
+def tensormap_ptr(tensor_map: Any, *, pred: Any = None) -> Reg:
     """Generic address of a tensor-map parameter: ``mov.u64`` + ``cvta.param.u64``.
 
     A u64 register is returned unchanged (no instruction).
     """
+    fn = "ptx.tma.tensormap_ptr"
     trace = current()
-    return _tmap_reg(tensor_map, "ptx.tma.tensormap_ptr", trace)
+    return _tmap_reg(tensor_map, fn, trace, guard(pred, fn, trace))
 
 
-def _tmap_reg(tmap: Any, fn: str, trace: Trace) -> Reg:
+def _tmap_reg(tmap: Any, fn: str, trace: Trace, g: str | None = None) -> Reg:
     if type(tmap) is Reg:
         reg_of(tmap, "tensor_map", fn, (64,), "a 64-bit register holding the tensor map's address")
         render(tmap, None, trace)  # ownership check
@@ -76,8 +90,8 @@ def _tmap_reg(tmap: Any, fn: str, trace: Trace) -> Reg:
     name = _param_name(tmap, fn, trace)
     raw = Reg(trace.new_reg_name(u64), u64, trace)
     gen = Reg(trace.new_reg_name(u64), u64, trace)
-    trace.inst("mov.u64", (raw.name, name))
-    trace.inst("cvta.param.u64", (gen.name, raw.name))
+    trace.inst("mov.u64", (raw.name, name), g)
+    trace.inst("cvta.param.u64", (gen.name, raw.name), g)
     return gen
 
 
@@ -125,7 +139,8 @@ def _bar(bar: Any, fn: str, trace: Trace) -> str:
 
 
 def load_tile(dst_smem: Any, tensor_map: Any, coords: Any, bar: Any, *,
-              multicast_mask: int | Reg | None = None, cache_hint: Reg | None = None) -> None:
+              multicast_mask: int | Reg | None = None, cache_hint: Reg | None = None,
+              pred: Any = None) -> None:
     """TMA tile load global -> shared, completing ``tile bytes`` on mbarrier ``bar``.
 
     ``cp.async.bulk.tensor.{N}d.shared::cluster.global.mbarrier::complete_tx::bytes
@@ -137,8 +152,10 @@ def load_tile(dst_smem: Any, tensor_map: Any, coords: Any, bar: Any, *,
     """
     fn = "ptx.tma.load_tile"
     trace = current()
+    require_arch(trace, fn)
+    g = guard(pred, fn, trace)
     dst = shared_addr(dst_smem, "dst_smem", fn, trace, align=TILE_ALIGN)
-    tmap = _tmap_reg(tensor_map, fn, trace)
+    tmap = _tmap_reg(tensor_map, fn, trace, g)
     n, vec = _coords(coords, fn, trace)
     b = _bar(bar, fn, trace)
     ops = [dst, f"[{tmap.name}, {vec}]", b]
@@ -149,10 +166,11 @@ def load_tile(dst_smem: Any, tensor_map: Any, coords: Any, bar: Any, *,
     if cache_hint is not None:
         opcode += ".L2::cache_hint"
         ops.append(_hint(cache_hint, fn, trace))
-    trace.inst(opcode, tuple(ops))
+    trace.inst(opcode, tuple(ops), g)
 
 
-def store_tile(tensor_map: Any, coords: Any, src_smem: Any, *, cache_hint: Reg | None = None) -> None:
+def store_tile(tensor_map: Any, coords: Any, src_smem: Any, *, cache_hint: Reg | None = None,
+               pred: Any = None) -> None:
     """TMA tile store shared -> global, tracked by the bulk group.
 
     ``cp.async.bulk.tensor.{N}d.global.shared::cta.bulk_group [tmap, {coords}], [src];``.
@@ -161,7 +179,9 @@ def store_tile(tensor_map: Any, coords: Any, src_smem: Any, *, cache_hint: Reg |
     """
     fn = "ptx.tma.store_tile"
     trace = current()
-    tmap = _tmap_reg(tensor_map, fn, trace)
+    require_arch(trace, fn)
+    g = guard(pred, fn, trace)
+    tmap = _tmap_reg(tensor_map, fn, trace, g)
     n, vec = _coords(coords, fn, trace)
     src = shared_addr(src_smem, "src_smem", fn, trace, align=TILE_ALIGN)
     ops = [f"[{tmap.name}, {vec}]", src]
@@ -169,29 +189,35 @@ def store_tile(tensor_map: Any, coords: Any, src_smem: Any, *, cache_hint: Reg |
     if cache_hint is not None:
         opcode += ".L2::cache_hint"
         ops.append(_hint(cache_hint, fn, trace))
-    trace.inst(opcode, tuple(ops))
+    trace.inst(opcode, tuple(ops), g)
 
 
-def commit_group() -> None:
+def commit_group(*, pred: Any = None) -> None:
     """``cp.async.bulk.commit_group;``: close the current bulk group of stores."""
-    current().inst("cp.async.bulk.commit_group", ())
+    fn = "ptx.tma.commit_group"
+    trace = current()
+    require_arch(trace, fn)
+    trace.inst("cp.async.bulk.commit_group", (), guard(pred, fn, trace))
 
 
-def wait_group(n: int = 0, *, read: bool = True) -> None:
+def wait_group(n: int = 0, *, read: bool = True, pred: Any = None) -> None:
     """``cp.async.bulk.wait_group{.read} n;``: wait until at most ``n`` bulk groups are pending.
 
     ``read=True`` only waits until the sources have been read (the shared buffer may be
     reused); ``read=False`` waits for the writes to complete.
     """
+    fn = "ptx.tma.wait_group"
     trace = current()
+    require_arch(trace, fn)
     if not is_int(n) or n < 0:
         raise OperandError(f"{where()}: ptx.tma.wait_group n must be a non-negative int, got {n!r}")
     if not isinstance(read, bool):
         raise OperandError(f"{where()}: ptx.tma.wait_group read must be True or False, got {read!r}")
-    trace.inst("cp.async.bulk.wait_group.read" if read else "cp.async.bulk.wait_group", (str(n),))
+    trace.inst("cp.async.bulk.wait_group.read" if read else "cp.async.bulk.wait_group", (str(n),),
+               guard(pred, fn, trace))
 
 
-def prefetch_tensormap(tensor_map: Any) -> None:
+def prefetch_tensormap(tensor_map: Any, *, pred: Any = None) -> None:
     """Prefetch a tensor map into the descriptor cache.
 
     A parameter gives ``prefetch.param.tensormap [name];``, a u64 register
@@ -199,12 +225,14 @@ def prefetch_tensormap(tensor_map: Any) -> None:
     """
     fn = "ptx.tma.prefetch_tensormap"
     trace = current()
+    require_arch(trace, fn)
+    g = guard(pred, fn, trace)
     if type(tensor_map) is Reg:
         reg_of(tensor_map, "tensor_map", fn, (64,), "a 64-bit register holding the tensor map's address")
-        trace.inst("prefetch.tensormap", (f"[{render(tensor_map, None, trace)}]",))
+        trace.inst("prefetch.tensormap", (f"[{render(tensor_map, None, trace)}]",), g)
         return
     name = _param_name(tensor_map, fn, trace)
-    trace.inst("prefetch.param.tensormap", (f"[{name}]",))
+    trace.inst("prefetch.param.tensormap", (f"[{name}]",), g)
 
 
 def _size(size: Any, fn: str, trace: Trace) -> str:
@@ -214,7 +242,8 @@ def _size(size: Any, fn: str, trace: Trace) -> str:
 
 
 def copy_bulk(dst_smem: Any, src_global: Any, size: int | Reg, bar: Any, *,
-              multicast_mask: int | Reg | None = None, cache_hint: Reg | None = None) -> None:
+              multicast_mask: int | Reg | None = None, cache_hint: Reg | None = None,
+              pred: Any = None) -> None:
     """Plain bulk copy global -> shared of ``size`` bytes, completing on mbarrier ``bar``.
 
     ``cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [dst], [src], size, [bar];``
@@ -223,6 +252,7 @@ def copy_bulk(dst_smem: Any, src_global: Any, size: int | Reg, bar: Any, *,
     """
     fn = "ptx.tma.copy_bulk"
     trace = current()
+    require_arch(trace, fn)
     dst = shared_addr(dst_smem, "dst_smem", fn, trace, align=BULK_ALIGN)
     src = global_addr(src_global, "src_global", fn, trace)
     sz = _size(size, fn, trace)
@@ -235,16 +265,18 @@ def copy_bulk(dst_smem: Any, src_global: Any, size: int | Reg, bar: Any, *,
     if cache_hint is not None:
         opcode += ".L2::cache_hint"
         ops.append(_hint(cache_hint, fn, trace))
-    trace.inst(opcode, tuple(ops))
+    trace.inst(opcode, tuple(ops), guard(pred, fn, trace))
 
 
-def store_bulk(dst_global: Any, src_smem: Any, size: int | Reg, *, cache_hint: Reg | None = None) -> None:
+def store_bulk(dst_global: Any, src_smem: Any, size: int | Reg, *, cache_hint: Reg | None = None,
+               pred: Any = None) -> None:
     """Plain bulk copy shared -> global, tracked by the bulk group.
 
     ``cp.async.bulk.global.shared::cta.bulk_group [dst], [src], size;``.
     """
     fn = "ptx.tma.store_bulk"
     trace = current()
+    require_arch(trace, fn)
     dst = global_addr(dst_global, "dst_global", fn, trace)
     src = shared_addr(src_smem, "src_smem", fn, trace, align=BULK_ALIGN)
     sz = _size(size, fn, trace)
@@ -253,25 +285,29 @@ def store_bulk(dst_global: Any, src_smem: Any, size: int | Reg, *, cache_hint: R
     if cache_hint is not None:
         opcode += ".L2::cache_hint"
         ops.append(_hint(cache_hint, fn, trace))
-    trace.inst(opcode, tuple(ops))
+    trace.inst(opcode, tuple(ops), guard(pred, fn, trace))
 
 
 _EVICT = ("first", "last", "normal", "unchanged")
 
 
-def cache_policy(evict: str = "last", fraction: float = 1.0) -> Reg:
+def cache_policy(evict: str = "last", fraction: float = 1.0, *, pred: Any = None) -> Reg:
     """An L2 cache policy for ``cache_hint=``: ``createpolicy.fractional.L2::evict_<evict>.b64``.
 
     ``evict`` is 'first', 'last', 'normal' or 'unchanged'; ``fraction`` (0 < f <= 1)
     of the accesses get that priority.
     """
+    fn = "ptx.tma.cache_policy"
     trace = current()
+    require_arch(trace, fn, 80)
     if evict not in _EVICT:
         raise OperandError(f"{where()}: ptx.tma.cache_policy evict must be one of {_EVICT}, got {evict!r}")
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
         raise OperandError(
             f"{where()}: ptx.tma.cache_policy fraction must be a number in (0, 1], got {fraction!r}"
         )
+    g = guard(pred, fn, trace)
     r = Reg(trace.new_reg_name(b64), b64, trace)
-    trace.inst(f"createpolicy.fractional.L2::evict_{evict}.b64", (r.name, render(float(fraction), None, trace)))
+    trace.inst(f"createpolicy.fractional.L2::evict_{evict}.b64",
+               (r.name, render(float(fraction), None, trace)), g)
     return r

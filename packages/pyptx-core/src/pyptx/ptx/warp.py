@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..errors import OperandError, TypeMismatchError
 from ..reg import Reg
 from ..source import where
 from ..trace import current
-from ..types import pred
+from ..types import pred as _pred
+from ._operands import guard, require_arch
 
 _OPS = {"sum": "add", "max": "max", "min": "min"}
 
@@ -56,12 +59,15 @@ def reduce_min(value: Reg, *, width: int = 32, mask: int = 0xFFFFFFFF) -> Reg:
     return _reduce("min", value, width, mask)
 
 
-def elect_sync(mask: int | Reg = 0xFFFFFFFF) -> Reg:
+def elect_sync(mask: int | Reg = 0xFFFFFFFF, *, pred: Any = None) -> Reg:
     """``elect.sync _|p, mask;``: a predicate true in exactly one active lane of ``mask``.
 
-    ``mask`` is a nonzero 32-bit int or a u32 register; returns the predicate.
+    ``mask`` is a nonzero 32-bit int or a u32 register; returns the predicate. sm_90.
+    ``pred=`` guards the instruction (the result is undefined where the guard is false).
     """
     trace = current()
+    require_arch(trace, "elect_sync")
+    g = guard(pred, "elect_sync", trace)
     if type(mask) is Reg:
         if not (mask.type.is_int and mask.type.bits == 32):
             raise TypeMismatchError(
@@ -75,6 +81,6 @@ def elect_sync(mask: int | Reg = 0xFFFFFFFF) -> Reg:
         raise OperandError(f"{where()}: elect_sync mask must be a nonzero 32-bit int, got {mask!r}")
     else:
         m = f"0x{mask:08x}"
-    p = Reg(trace.new_reg_name(pred), pred, trace)
-    trace.inst("elect.sync", ("_|" + p.name, m))
+    p = Reg(trace.new_reg_name(_pred), _pred, trace)
+    trace.inst("elect.sync", ("_|" + p.name, m), g)
     return p

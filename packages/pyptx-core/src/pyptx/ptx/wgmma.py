@@ -12,6 +12,11 @@ The canonical sequence::
     for ...: wgmma.mma_async(acc, da, db, n=128, scale_d=1)
     wgmma.commit_group()
     wgmma.wait_group(0)                 # before reading acc
+
+``fence``, ``commit_group``, ``wait_group`` and ``mma_async`` need ``sm_90a`` (a
+``TraceError`` names the kernel's arch otherwise). Every helper takes ``pred=p``
+(or ``~p``) and guards each instruction it emits with ``@p`` / ``@!p``; the
+``.sync.aligned`` forms still need the whole warp to agree on the guard.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from ..smem import SharedArray
 from ..source import where
 from ..trace import current
 from ..types import PtxType, u32, u64
-from ._operands import check_bool, int_in, is_int, predicate, reg_list, reg_of
+from ._operands import check_bool, guard, int_in, is_int, predicate, reg_list, reg_of, require_arch
 
 __all__ = ["fence", "commit_group", "wait_group", "mma_async", "make_smem_desc",
            "accumulator_count", "K_OF"]
@@ -40,22 +45,30 @@ _INT_N = frozenset([8, 16, 24] + list(range(32, 257, 16)))
 _SWIZZLE = {None: 0, 0: 0, 128: 1, 64: 2, 32: 3}
 
 
-def fence() -> None:
-    """``wgmma.fence.sync.aligned;``: order register/shared accesses before wgmma reads them."""
-    current().inst("wgmma.fence.sync.aligned", ())
-
-
-def commit_group() -> None:
-    """``wgmma.commit_group.sync.aligned;``: close the group of issued wgmma.mma_async."""
-    current().inst("wgmma.commit_group.sync.aligned", ())
-
-
-def wait_group(n: int = 0) -> None:
-    """``wgmma.wait_group.sync.aligned n;``: wait until at most ``n`` wgmma groups are pending."""
+def _sm90a(fn: str) -> Any:
     trace = current()
+    require_arch(trace, fn, 90, arch_specific=True, max_sm=90)
+    return trace
+
+
+def fence(*, pred: Any = None) -> None:
+    """``wgmma.fence.sync.aligned;``: order register/shared accesses before wgmma reads them."""
+    trace = _sm90a("ptx.wgmma.fence")
+    trace.inst("wgmma.fence.sync.aligned", (), guard(pred, "ptx.wgmma.fence", trace))
+
+
+def commit_group(*, pred: Any = None) -> None:
+    """``wgmma.commit_group.sync.aligned;``: close the group of issued wgmma.mma_async."""
+    trace = _sm90a("ptx.wgmma.commit_group")
+    trace.inst("wgmma.commit_group.sync.aligned", (), guard(pred, "ptx.wgmma.commit_group", trace))
+
+
+def wait_group(n: int = 0, *, pred: Any = None) -> None:
+    """``wgmma.wait_group.sync.aligned n;``: wait until at most ``n`` wgmma groups are pending."""
+    trace = _sm90a("ptx.wgmma.wait_group")
     if not is_int(n) or n < 0:
         raise OperandError(f"{where()}: ptx.wgmma.wait_group n must be a non-negative int, got {n!r}")
-    trace.inst("wgmma.wait_group.sync.aligned", (str(n),))
+    trace.inst("wgmma.wait_group.sync.aligned", (str(n),), guard(pred, "ptx.wgmma.wait_group", trace))
 
 
 def _tname(t: Any, name: str) -> str:
@@ -106,7 +119,7 @@ def mma_async(acc: RegArray | list[Reg], a_desc: Reg | RegArray | list[Reg], b_d
               m: int = 64, n: int | None = None, k: int | None = None, dtype_d: Any = "f32",
               dtype_ab: Any = "bf16", scale_d: Any = 1, imm_scale_a: int = 1,
               imm_scale_b: int = 1, trans_a: int = 0, trans_b: int = 0,
-              satfinite: bool = False) -> None:
+              satfinite: bool = False, pred: Any = None) -> None:
     """One ``wgmma.mma_async.sync.aligned.m64n{n}k{k}.{d}.{a}.{b}``: ``acc = A @ B + scale_d * acc``.
 
     * ``acc``: m*n/128 registers (f32/s32) or m*n/256 (f16 pairs); ``n`` defaults
@@ -123,7 +136,8 @@ def mma_async(acc: RegArray | list[Reg], a_desc: Reg | RegArray | list[Reg], b_d
     * ``satfinite``: saturate s32 results (int8 only).
     """
     fn = "ptx.wgmma.mma_async"
-    trace = current()
+    trace = _sm90a(fn)
+    g = guard(pred, fn, trace)
     if isinstance(dtype_ab, (tuple, list)):
         if len(dtype_ab) != 2:
             raise OperandError(f"{where()}: {fn} dtype_ab pair must be (a_type, b_type), got {dtype_ab!r}")
@@ -214,11 +228,11 @@ def mma_async(acc: RegArray | list[Reg], a_desc: Reg | RegArray | list[Reg], b_d
                 ops.append(str(int(trans_a)))
             ops.append(str(int(trans_b)))
     sat = ".satfinite" if satfinite else ""
-    trace.inst(f"wgmma.mma_async.sync.aligned.m{m}n{n}k{kk}{sat}.{td}.{ta}.{tb}", tuple(ops))
+    trace.inst(f"wgmma.mma_async.sync.aligned.m{m}n{n}k{kk}{sat}.{td}.{ta}.{tb}", tuple(ops), g)
 
 
 def make_smem_desc(addr: Reg | SharedArray, leading_byte_offset: int, stride_byte_offset: int,
-                   swizzle: int | None, *, base_offset: int = 0) -> Reg:
+                   swizzle: int | None, *, base_offset: int = 0, pred: Any = None) -> Reg:
     """The 64-bit wgmma matrix descriptor of a shared-memory tile, as a u64 register.
 
     Layout: bits 0-13 ``(addr & 0x3FFFF) >> 4``, 16-29 ``leading_byte_offset >> 4``,
@@ -228,11 +242,16 @@ def make_smem_desc(addr: Reg | SharedArray, leading_byte_offset: int, stride_byt
     for a shared array (its ``mov.u32`` address first). ``addr`` is a shared array or
     a u32 shared address register; offsets are byte counts, multiples of 16 below
     2**18. To step along K inside a swizzle atom add ``bytes >> 4`` to the result.
+    ``pred=`` guards every instruction of the sequence (the result is undefined where
+    the guard is false).
     """
     fn = "ptx.wgmma.make_smem_desc"
     trace = current()
+    g = guard(pred, fn, trace)
     if type(addr) is SharedArray:
-        addr = addr.addr()
+        sym = render(addr, None, trace)
+        addr = Reg(trace.new_reg_name(u32), u32, trace)
+        trace.inst("mov.u32", (addr.name, sym), g)
     elif type(addr) is Reg:
         reg_of(addr, "addr", fn, (32, 64), "a u32 shared address register")
         render(addr, None, trace)  # ownership check
@@ -254,15 +273,15 @@ def make_smem_desc(addr: Reg | SharedArray, leading_byte_offset: int, stride_byt
     if bits == 32:
         masked = Reg(trace.new_reg_name(u32), u32, trace)
         lo = Reg(trace.new_reg_name(u32), u32, trace)
-        trace.inst("and.b32", (masked.name, addr.name, "0x3FFFF"))
-        trace.inst("shr.u32", (lo.name, masked.name, "4"))
+        trace.inst("and.b32", (masked.name, addr.name, "0x3FFFF"), g)
+        trace.inst("shr.u32", (lo.name, masked.name, "4"), g)
         wide = Reg(trace.new_reg_name(u64), u64, trace)
-        trace.inst("cvt.u64.u32", (wide.name, lo.name))
+        trace.inst("cvt.u64.u32", (wide.name, lo.name), g)
     else:
         masked = Reg(trace.new_reg_name(u64), u64, trace)
         wide = Reg(trace.new_reg_name(u64), u64, trace)
-        trace.inst("and.b64", (masked.name, addr.name, "0x3FFFF"))
-        trace.inst("shr.u64", (wide.name, masked.name, "4"))
+        trace.inst("and.b64", (masked.name, addr.name, "0x3FFFF"), g)
+        trace.inst("shr.u64", (wide.name, masked.name, "4"), g)
     desc = Reg(trace.new_reg_name(u64), u64, trace)
-    trace.inst("or.b64", (desc.name, wide.name, f"0x{const:016X}"))
+    trace.inst("or.b64", (desc.name, wide.name, f"0x{const:016X}"), g)
     return desc
