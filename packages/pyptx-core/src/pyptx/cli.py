@@ -70,7 +70,11 @@ def parse_pairs(items: list[str]) -> dict[str, Any]:
 
 # ---------------------------------------------------------------- FILE:NAME
 def _raised(what: str, e: BaseException) -> TargetError:
-    frames = traceback.extract_tb(e.__traceback__)
+    if isinstance(e, SyntaxError) and e.filename:  # the user's file, not importlib's frame
+        return TargetError(f"{what} raised {type(e).__name__} at {e.filename}:{e.lineno}: "
+                           f"{e.msg}")
+    frames = [f for f in traceback.extract_tb(e.__traceback__)
+              if not f.filename.startswith("<frozen ")]
     at = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
     return TargetError(f"{what} raised {type(e).__name__}{at}: {e}")
 
@@ -90,6 +94,9 @@ def _import(source: str) -> Any:
         except Exception as e:
             raise _raised(f"importing {source}", e) from e
     path = os.path.abspath(source)
+    if os.path.isdir(path):
+        raise TargetError(f"{source} is a directory; expected a Python file, e.g. "
+                          f"{os.path.join(source, 'kernels.py')}:NAME")
     if not os.path.isfile(path):
         raise TargetError(f"no such file: {source}")
     folder = os.path.dirname(path)
@@ -217,6 +224,20 @@ def load_kernels(target: str, pairs: dict[str, Any], pick: str | None = None
 
 
 # ---------------------------------------------------------------- commands
+def write_output(path: str, text: str) -> None:
+    """Write ``text`` to ``path``; ``TargetError`` saying why when it cannot be written."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise TargetError(f"-o {path}: directory {folder} does not exist; create it first")
+    if os.path.isdir(path):
+        raise TargetError(f"-o {path} is a directory; expected a file name")
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:
+        raise TargetError(f"-o {path}: cannot write: {e.strerror or e}") from None
+
+
 def _cmd_ptx(args: argparse.Namespace) -> int:
     specs = load_kernels(args.target, parse_pairs(args.pairs), args.kernel)
     if args.output and len(specs) > 1:
@@ -224,8 +245,7 @@ def _cmd_ptx(args: argparse.Namespace) -> int:
                           f"({', '.join(label for label, _ in specs)}); pick one with --kernel")
     texts = [s.ptx(args.lineinfo) for _, s in specs]
     if args.output:
-        with open(args.output, "w") as f:
-            f.write(texts[0])
+        write_output(args.output, texts[0])
         return 0
     for (label, _), text in zip(specs, texts):
         if len(specs) > 1:
@@ -450,3 +470,9 @@ def main(argv: list[str] | None = None) -> int:
         # The reader went away (``pyptx ptx ... | head``): silence the flush at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+    except Exception as e:  # a bug in pyptx: one line, the traceback only on request
+        if os.environ.get("PYPTX_DEBUG"):
+            raise
+        print(f"pyptx: internal error: {type(e).__name__}: {e} (PYPTX_DEBUG=1 shows the "
+              "traceback; please report it)", file=sys.stderr)
+        return 3

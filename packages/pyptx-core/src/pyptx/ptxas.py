@@ -235,8 +235,17 @@ def assemble(ptx: str, arch: str, *, locs: Sequence[Loc | None] | None = None,
         log = p.stderr + p.stdout
         if p.returncode != 0:
             raise _rejection(log, ptx.splitlines(), locs, arch)
-        with open(os.path.join(d, "kernel.cubin"), "rb") as f:
-            cubin = f.read()
+        try:
+            with open(os.path.join(d, "kernel.cubin"), "rb") as f:
+                cubin = f.read()
+        except OSError:
+            cubin = b""
+        if not cubin:
+            raise ToolchainError(
+                f"{exe} exited 0 but wrote no cubin (expected kernel.cubin from "
+                f"'-o kernel.cubin'); is ${ENV_VAR} or PATH pointing at a real ptxas? "
+                f"output: {log.strip()[:200]!r}"
+            )
     warnings = tuple(ln for ln in log.splitlines() if _WARNING.match(ln))
     return PtxasReport(arch=arch, entries=parse_resources(log), warnings=warnings, log=log,
                        cubin=cubin, ptxas=exe)

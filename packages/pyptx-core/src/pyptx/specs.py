@@ -11,6 +11,7 @@ import enum
 from collections.abc import Mapping, Sequence
 
 from .errors import ShapeError, SpecError, UnboundDimError
+from .source import where
 from .types import PtxType, from_name
 
 
@@ -21,7 +22,7 @@ class Dim:
 
     def __init__(self, name: str) -> None:
         if not isinstance(name, str) or not name.isidentifier():
-            raise SpecError(f"a Dim name must be a Python identifier, got {name!r}")
+            raise SpecError(f"{where()}: a Dim name must be a Python identifier, got {name!r}")
         self.name = name
 
     def __repr__(self) -> str:
@@ -51,25 +52,38 @@ class Tile:
 
     def __init__(self, *dims_and_dtype: DimLike | PtxType, layout: Layout = Layout.ROW) -> None:
         if not dims_and_dtype:
-            raise SpecError("Tile needs its dims and an element type last, e.g. Tile('M', 'K', f32)")
+            raise SpecError(f"{where()}: Tile needs its dims and an element type last, e.g. "
+                            "Tile('M', 'K', f32)")
         *dims, dtype = dims_and_dtype
         if isinstance(dtype, str):
-            dtype = from_name(dtype)
+            try:
+                dtype = from_name(dtype)
+            except KeyError as e:  # UnknownTypeError
+                if dtype.isidentifier():
+                    shown = ", ".join(repr(d) for d in dims_and_dtype)
+                    raise SpecError(
+                        f"{where()}: Tile({shown}) has no element type: its last argument "
+                        f"{dtype!r} is not a PTX type; put the type last, e.g. "
+                        f"Tile({shown}, f32)"
+                    ) from None
+                raise SpecError(f"{where()}: Tile element type: {e.args[0]}") from None
         if not isinstance(dtype, PtxType):
             raise SpecError(
-                f"Tile's last argument must be the element type (e.g. f32), got {dtype!r}"
+                f"{where()}: Tile's last argument must be the element type (e.g. f32), got "
+                f"{dtype!r}"
             )
         if dtype.is_pred:
-            raise SpecError("Tile element type cannot be pred; use u8 for boolean tensors")
+            raise SpecError(f"{where()}: Tile element type cannot be pred; use u8 for boolean "
+                            "tensors")
         out: list[int | Dim] = []
         for i, d in enumerate(dims):
             if isinstance(d, bool) or not isinstance(d, (int, str, Dim)):
-                raise SpecError(f"Tile dim {i} must be an int or a dim name, got {d!r}")
+                raise SpecError(f"{where()}: Tile dim {i} must be an int or a dim name, got {d!r}")
             if isinstance(d, int) and d <= 0:
-                raise SpecError(f"Tile dim {i} must be positive, got {d}")
+                raise SpecError(f"{where()}: Tile dim {i} must be positive, got {d}")
             out.append(Dim(d) if isinstance(d, str) else d)
         if not isinstance(layout, Layout):
-            raise SpecError(f"Tile layout must be a Layout, got {layout!r}")
+            raise SpecError(f"{where()}: Tile layout must be a Layout, got {layout!r}")
         self.dims: tuple[int | Dim, ...] = tuple(out)
         self.dtype: PtxType = dtype
         self.layout = layout

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import keyword
+import os
 import re
 import shutil
 import subprocess
@@ -45,6 +46,7 @@ from .parser.nodes import (
     RegDecl,
     Section,
 )
+from .parser.parser import decode_ptx
 from .ptx.inst import OPCODES, ptx_spelling
 from .types import _BY_NAME
 
@@ -242,7 +244,23 @@ class _FnGen:
             else:
                 yield st
 
+    def _block_scoped(self, body: list, nested: bool = False) -> set[str]:
+        """PTX names declared inside nested blocks: sugar never renames them (a Python
+        variable would outlive the block, or shadow an outer register of the same name)."""
+        out: set[str] = set()
+        for st in body:
+            if type(st) is Block:
+                out |= self._block_scoped(st.body, True)
+            elif nested and type(st) is RegDecl:
+                out.update(name for name, _ in st.names)
+        return out
+
+    def _is_scoped(self, reg: str) -> bool:
+        m = _REGNUM.match(reg)
+        return reg in self.scoped or (m is not None and m.group(1) in self.scoped)
+
     def _plan_sugar(self) -> None:
+        self.scoped = self._block_scoped(self.fn.body)
         insts = [st for st in self._walk(self.fn.body) if type(st) is Instruction]
         for st in insts:
             if st.operands:
@@ -255,7 +273,7 @@ class _FnGen:
         tensor_idx = {p.name: i for i, p in enumerate(self.fn.params)}
         loads: dict[str, tuple[Instruction, str]] = {}
         for st in insts:
-            if st.pred:
+            if st.pred or (st.operands and self._is_scoped(st.operands[0])):
                 continue
             op, ops = st.opcode, st.operands
             if op in ("ld.param.u64", "ld.param.b64") and len(ops) == 2 and self.fn.kind == "entry":
@@ -322,7 +340,10 @@ class _FnGen:
             elif cls is Block:
                 self.g.emit(depth, "with fn.block():")
                 n = len(self.g.lines)
+                # A block's declarations shadow the enclosing ones only until its '}'.
+                outer = dict(self.singles), dict(self.arrays)
                 self.body(st.body, depth + 1)
+                self.singles, self.arrays = outer
                 if len(self.g.lines) == n:
                     self.g.emit(depth + 1, "pass")
             else:
@@ -350,6 +371,8 @@ class _FnGen:
         if init.pred or not init.opcode.startswith(("mov.", "cvt.")) or len(init.operands) != 2:
             return None
         i_reg, start = init.operands
+        if self._is_scoped(i_reg):
+            return None
         gm = re.match(r"^setp\.ge\.([us](?:32|64))$", guard.opcode)
         if not gm or guard.pred or len(guard.operands) != 3 or guard.operands[1] != i_reg:
             return None
@@ -413,7 +436,10 @@ class _FnGen:
             return f"fn.directive({d.text()!r})"
         name, count = d.names[0]
         self.g.types.add(t)
-        py = _pyname(name, self.names, name)
+        key = name
+        if name in self.names and (name in self.singles or name in self.arrays):
+            key = f"{name}#{len(self.names)}"  # redeclared in a nested block: a fresh variable
+        py = _pyname(name, self.names, key)
         if count is None:
             self.singles[name] = (py, t)
             return f"{py} = fn.reg({t}, {name!r})"
@@ -708,8 +734,15 @@ def transpile(text: str | Module, *, exact: bool = False, sugar: bool = False,
         return _render(gen, source, False, "None")
     code = _render(gen, source, True, "None")
     ns: dict = {"__name__": "pyptx_transpiled"}
-    exec(compile(code, f"<transpiled {source}>", "exec"), ns)
-    canon = ns["build"]().statements()
+    try:
+        exec(compile(code, f"<transpiled {source}>", "exec"), ns)
+        canon = ns["build"]().statements()
+    except PyptxError as e:
+        raise TranspileError(f"{source}: the generated module cannot rebuild this PTX: {e}"
+                             ) from None
+    except Exception as e:  # a construct the generator mistranslates: say so, do not crash
+        raise TranspileError(f"{source}: the generated module cannot rebuild this PTX "
+                             f"({type(e).__name__}: {e}); please report it") from e
     want = _tokens(mod)
     if len(canon) != len(want):  # pragma: no cover - the generator emits one call per statement
         raise TranspileError(f"{source}: statement count mismatch ({len(canon)} vs {len(want)})")
@@ -756,9 +789,12 @@ def run(args: argparse.Namespace) -> int:
         if args.input == "-":
             text, source = sys.stdin.read(), "<stdin>"
         else:
-            with open(args.input, encoding="utf-8", newline="") as f:
-                text = f.read()
+            if os.path.isdir(args.input):
+                raise TranspileError(f"{args.input} is a directory; expected a PTX file")
             source = Path(args.input).name
+            with open(args.input, "rb") as f:
+                data = f.read()
+            text = decode_ptx(data, source)
         code = transpile(text, exact=args.exact, sugar=args.sugar, source=source)
         if args.check:
             ns: dict = {"__name__": "pyptx_transpiled"}
@@ -768,13 +804,18 @@ def run(args: argparse.Namespace) -> int:
                 print("pyptx transpile: --check: output differs from the input", file=sys.stderr)
                 return 1
             parse(out, "<re-emitted>")
-    except (ParseError, PyptxError, OSError) as e:
+        if args.output:
+            from .cli import write_output
+
+            write_output(args.output, code)
+        else:
+            sys.stdout.write(code)
+    except (ParseError, PyptxError) as e:
         print(f"pyptx transpile: {e}", file=sys.stderr)
         return 1
-    if args.output:
-        Path(args.output).write_text(code)
-    else:
-        sys.stdout.write(code)
+    except OSError as e:
+        print(f"pyptx transpile: {args.input}: {e.strerror or e}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -180,20 +180,28 @@ def parse(text: str, source: str = "<ptx>") -> Module:
 
     ``source`` names the text in error messages. Raises ``ParseError``.
     """
-    if isinstance(text, (bytes, bytearray)):
-        try:
-            text = bytes(text).decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise ParseError("PTX must be UTF-8 text", 1, 1, repr(bytes(text[e.start:e.start + 8])),
-                             source) from None
+    if isinstance(text, (bytes, bytearray, memoryview)):
+        text = decode_ptx(bytes(text), source)
     if not isinstance(text, str):
-        raise TypeError(f"parse expects PTX text (str), got {type(text).__name__}")
+        raise TypeError(f"parse expects PTX text (str or UTF-8 bytes), got {type(text).__name__}")
     try:
         return _parse(text, source)
     except _Fail as e:  # pragma: no cover - every _Fail is caught with its position below
         raise _error(text, 0, str(e), source) from None
     except RecursionError:  # pragma: no cover - the parser does not recurse
         raise _error(text, 0, "input too deeply nested", source) from None
+
+
+def decode_ptx(data: bytes, source: str) -> str:
+    """UTF-8 PTX text; ``ParseError`` at the line and column of the first byte that is not."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        what = "an ELF binary (a cubin?), not PTX text" if data[:4] == b"\x7fELF" else (
+            f"byte 0x{data[e.start]:02x} is not UTF-8; PTX files are UTF-8 (ASCII) text")
+        raise ParseError(what, line, column, repr(data[e.start:e.start + 8]), source) from None
 
 
 def _parse(text: str, source: str) -> Module:
@@ -219,6 +227,10 @@ def _parse(text: str, source: str) -> Module:
             c = text[at:at + 1]
             if section is not None:
                 raise fail(at, f"expected '{{' after .section {section.name}")
+            if text.startswith("/*", at):
+                raise fail(at, "unterminated /* comment: no closing */ before the end of input")
+            if c == "\x00" or text.startswith("\x7fELF", at):
+                raise fail(at, "binary data, not PTX text")
             if c.isalpha() or c in "@._":
                 raise fail(at, "statement without a terminating ';'")
             raise fail(at, "expected an instruction, label, directive or brace")
@@ -392,6 +404,6 @@ def _parse_section(text: str, pos: int, section: Section, fail) -> int:
 
 def parse_file(path, source: str | None = None) -> Module:
     """Read and parse a PTX file (UTF-8, newlines kept as they are)."""
-    with open(path, encoding="utf-8", newline="") as f:
-        text = f.read()
-    return parse(text, source or str(path))
+    with open(path, "rb") as f:
+        data = f.read()
+    return parse(decode_ptx(data, source or str(path)), source or str(path))

@@ -141,7 +141,7 @@ def global_ptrs(*tensors: TensorParam) -> tuple[Reg, ...]:
         g = Reg(trace.new_reg_name(u64), u64, trace)
         trace.inst("ld.param.u64", (raw.name, f"[{t.name}]"))
         trace.inst("cvta.to.global.u64", (g.name, raw.name))
-        nbytes = math.prod(t.shape) * t.spec.dtype.bytes
+        nbytes = math.prod(t.shape) * t.spec.dtype.bytes if t.spec is not None and t.shape else 0
         if nbytes > WIDE_TENSOR_BYTES:  # sugar refuses 32-bit offsets into it (reg.py)
             if not hasattr(trace, "wide_pointers"):
                 trace.wide_pointers = {}
