@@ -59,13 +59,19 @@ def run_page(path: Path, *, gpu: bool, assemble, monkeypatch) -> int:
     """Run a page's blocks; return how many python blocks executed."""
     monkeypatch.chdir(ROOT)
     created: list[Kernel] = []
-    init = Kernel.__init__
+    traced: set[int] = set()  # kernels specialized at least once (tracing may raise on purpose)
+    init, specialize = Kernel.__init__, Kernel.specialize
 
     def recording_init(self, *args, **kwargs):
         init(self, *args, **kwargs)
         created.append(self)
 
+    def recording_specialize(self, *args, **kwargs):
+        traced.add(id(self))
+        return specialize(self, *args, **kwargs)
+
     monkeypatch.setattr(Kernel, "__init__", recording_init)
+    monkeypatch.setattr(Kernel, "specialize", recording_specialize)
     namespace = fresh_namespace(path)
     page = blocks(path)
     executed = 0
@@ -98,7 +104,7 @@ def run_page(path: Path, *, gpu: bool, assemble, monkeypatch) -> int:
                 pytest.skip(f"{where}: needs {missing}")
             raise BlockFailed(f"{where}: the block raised\n{traceback.format_exc()}") from e
         executed += 1
-    untraced = [k.name for k in created if not k._cache]
+    untraced = [k.name for k in created if id(k) not in traced]
     assert not untraced, f"{_id(path)}: kernels never traced on the page: {untraced}"
     seen: set[str] = set()
     for k in created:
