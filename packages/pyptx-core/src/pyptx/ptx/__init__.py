@@ -3,10 +3,27 @@ cover special registers, addressing, parameters, control flow, barriers and warp
 reductions. Every call appends to the kernel being traced.
 """
 
+from . import async_copy as cp_async
 from . import cluster, mbarrier, tma, warp, warpgroup, wgmma
-from .control import Label, bra, exit, if_, label, loop, place, ret
+from .control import (
+    Label,
+    WhileLoop,
+    bra,
+    else_,
+    exit,
+    if_,
+    label,
+    loop,
+    place,
+    ret,
+    unrolled,
+    while_,
+)
+from .convert import pack_bf16x2, pack_f16x2, unpack_bf16x2, unpack_f16x2
 from .inst import inst
+from .matrix import ldmatrix, stmatrix
 from .memory import Addr, TensorParam, addr, bulk_prefetch_l2, global_ptrs, scalar_param
+from .mma import mma_sync
 from .special import special
 from .sync import (
     bar_arrive,
@@ -17,6 +34,7 @@ from .sync import (
     fence,
     fence_mbarrier_init,
     fence_proxy_async,
+    fence_proxy_tensormap,
     grid_dependency_wait,
     launch_dependents,
     pdl_prologue,
@@ -30,5 +48,7 @@ __all__ = [
     "fence", "mbarrier", "tma", "wgmma", "cluster", "warpgroup", "fence_proxy_async",
     "fence_mbarrier_init", "cluster_arrive", "cluster_wait", "cluster_sync", "elect_sync",
     "setmaxnreg", "grid_dependency_wait", "launch_dependents", "pdl_prologue",
-    "bulk_prefetch_l2",
+    "bulk_prefetch_l2", "else_", "while_", "WhileLoop", "unrolled", "ldmatrix", "stmatrix",
+    "cp_async", "mma_sync", "pack_bf16x2", "pack_f16x2", "unpack_bf16x2", "unpack_f16x2",
+    "fence_proxy_tensormap",
 ]

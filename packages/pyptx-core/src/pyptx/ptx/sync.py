@@ -204,6 +204,8 @@ def _touches_global(opcode: str) -> bool:
     head = opcode.split(".", 1)[0]
     if head not in _GLOBAL_ACCESS or opcode.startswith(_PROLOGUE_OK):
         return False
+    if ".global" in opcode:  # e.g. cp.async.ca.shared.global: reads global into shared
+        return True
     return not any(space in opcode for space in _PRIVATE_SPACES)
 
 
