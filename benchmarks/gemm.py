@@ -1,0 +1,143 @@
+"""GEMM TFLOP/s: pyptx (``examples/hopper/gemm.py``, default call) beside cuBLAS
+(``torch.matmul``) and an autotuned Triton matmul written here, bf16 and f16.
+
+Timing: ``triton.testing.do_bench`` (L2 flushed between calls), median; the three
+contenders of a row are timed interleaved in one process. ``--shapes`` narrows the
+set; ``--out FILE.md`` writes the table.
+
+    python benchmarks/gemm.py [--dtypes bf16 f16] [--shapes 4096 8192x28672x8192] [--out t.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SHAPES = [(2048, 2048, 2048), (4096, 4096, 4096), (6144, 6144, 6144), (8192, 8192, 8192),
+          (8192, 28672, 8192), (8192, 8192, 28672), (128, 8192, 8192), (4095, 4097, 4100)]
+
+
+def load_gemm():
+    spec = importlib.util.spec_from_file_location("pyptx_gemm", ROOT / "examples/hopper/gemm.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(ROOT / "examples/hopper"))
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def triton_matmul():
+    """An autotuned Triton matmul (persistent-free, grouped ordering), written here."""
+    import triton
+    import triton.language as tl
+
+    configs = [triton.Config({"BM": bm, "BN": bn, "BK": bk, "G": 8}, num_stages=s, num_warps=w)
+               for bm, bn, bk, s, w in [(128, 256, 64, 3, 8), (128, 128, 64, 4, 8),
+                                        (256, 128, 64, 3, 8), (64, 256, 64, 4, 4),
+                                        (128, 128, 128, 3, 8), (64, 128, 64, 4, 4)]]
+
+    @triton.autotune(configs=configs, key=["M", "N", "K"])
+    @triton.jit
+    def kernel(a, b, c, M, N, K, sam, sak, sbk, sbn, scm, scn,
+               BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, G: tl.constexpr):
+        pid = tl.program_id(0)
+        nm, nn = tl.cdiv(M, BM), tl.cdiv(N, BN)
+        width = G * nn
+        group = pid // width
+        first = group * G
+        rows = min(nm - first, G)
+        pm = first + (pid % width) % rows
+        pn = (pid % width) // rows
+        rm = pm * BM + tl.arange(0, BM)
+        rn = pn * BN + tl.arange(0, BN)
+        rk = tl.arange(0, BK)
+        pa = a + rm[:, None] * sam + rk[None, :] * sak
+        pb = b + rk[:, None] * sbk + rn[None, :] * sbn
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for k in range(0, tl.cdiv(K, BK)):
+            ka = k * BK + rk
+            x = tl.load(pa, mask=(rm[:, None] < M) & (ka[None, :] < K), other=0.0)
+            y = tl.load(pb, mask=(ka[:, None] < K) & (rn[None, :] < N), other=0.0)
+            acc = tl.dot(x, y, acc)
+            pa += BK * sak
+            pb += BK * sbk
+        pc = c + rm[:, None] * scm + rn[None, :] * scn
+        tl.store(pc, acc.to(c.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+    def run(a, b):
+        import torch
+
+        M, K = a.shape
+        N = b.shape[1]
+        c = torch.empty(M, N, device=a.device, dtype=a.dtype)
+        grid = lambda meta: (triton.cdiv(M, meta["BM"]) * triton.cdiv(N, meta["BN"]),)  # noqa: E731
+        kernel[grid](a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+                     c.stride(0), c.stride(1))
+        return c
+
+    return run
+
+
+def main(argv=None) -> int:
+    import torch
+    from triton.testing import do_bench
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--dtypes", nargs="+", default=["bf16", "f16"])
+    p.add_argument("--shapes", nargs="+", default=None,
+                   help="MxNxK or N (cube); default: the issue's list")
+    p.add_argument("--rep", type=int, default=200, help="do_bench rep (ms)")
+    p.add_argument("--no-triton", action="store_true")
+    p.add_argument("--config", default=None, help="JSON tile config override for ours")
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    shapes = SHAPES
+    if args.shapes:
+        shapes = [tuple(int(v) for v in s.split("x")) if "x" in s else (int(s),) * 3
+                  for s in args.shapes]
+    gemm = load_gemm()
+    tri = None if args.no_triton else triton_matmul()
+    cfg = json.loads(args.config) if args.config else None
+    rows = []
+    dev = torch.cuda.get_device_name()
+    print(f"# GEMM TFLOP/s on {dev}, do_bench median (L2 flushed)")
+    head = "| dtype | M x N x K | pyptx | cuBLAS | Triton | pyptx / cuBLAS | rel err |"
+    print(head)
+    print("|---|---|---|---|---|---|---|")
+    lines = [head, "|---|---|---|---|---|---|---|"]
+    for dname in args.dtypes:
+        dt = {"bf16": torch.bfloat16, "f16": torch.float16}[dname]
+        for M, N, K in shapes:
+            torch.manual_seed(0)
+            a = torch.randn(M, K, device="cuda", dtype=dt)
+            b = torch.randn(K, N, device="cuda", dtype=dt)
+            ours = gemm.matmul(a, b, config=cfg)
+            ref = torch.matmul(a.float(), b.float())
+            err = ((ours.float() - ref).norm() / ref.norm()).item()
+            fns = {"pyptx": lambda: gemm.matmul(a, b, config=cfg),
+                   "cuBLAS": lambda: torch.matmul(a, b)}
+            if tri is not None:
+                fns["Triton"] = lambda: tri(a, b)
+            flops = 2.0 * M * N * K
+            t = {k: [] for k in fns}
+            for _ in range(3):  # interleaved rounds
+                for k, fn in fns.items():
+                    t[k].append(do_bench(fn, rep=args.rep, return_mode="median"))
+            tf = {k: flops / (sorted(v)[1] * 1e-3) / 1e12 for k, v in t.items()}
+            tri_s = f"{tf['Triton']:.0f}" if "Triton" in tf else "-"
+            line = (f"| {dname} | {M}x{N}x{K} | {tf['pyptx']:.0f} | {tf['cuBLAS']:.0f} | {tri_s} | "
+                    f"{tf['pyptx'] / tf['cuBLAS']:.3f} | {err:.1e} |")
+            print(line, flush=True)
+            lines.append(line)
+            rows.append(dict(dtype=dname, shape=(M, N, K), tflops=tf, err=err))
+    if args.out:
+        Path(args.out).write_text(f"GEMM TFLOP/s on {dev}\n\n" + "\n".join(lines) + "\n")
+        Path(args.out).with_suffix(".json").write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

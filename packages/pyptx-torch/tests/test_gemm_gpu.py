@@ -1,0 +1,146 @@
+"""GPU tests of the tensor-core layer and the Hopper GEMM example.
+
+Inputs are fresh random bf16/f16 matrices; outputs are poisoned (NaN) before each
+launch, so an element the kernel never writes fails. Tolerances on
+``||out - ref|| / ||ref||`` against float64 on the same (rounded) inputs: 1e-5 for
+the f32 one-tile check, 1e-4 for f32 GEMM output (f32 accumulation over K), 6e-3
+for bf16/f16 output (the output rounding, about 2**-9 per element).
+
+    pytest -m gpu packages/pyptx-torch/tests/test_gemm_gpu.py
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+HOPPER = Path(__file__).resolve().parents[3] / "examples" / "hopper"
+TOL = {"bf16": 6e-3, "f16": 6e-3, "f32": 1e-4}
+DT = {"bf16": torch.bfloat16, "f16": torch.float16}
+
+
+@pytest.fixture(autouse=True)
+def poison_outputs():
+    import pyptx_torch.eager as eager
+
+    saved = eager.POISON
+    eager.set_poison(True)
+    yield
+    eager.set_poison(saved)
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(f"gemm_gpu_{name}", HOPPER / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(HOPPER))
+    spec.loader.exec_module(mod)
+    return mod
+
+
+gemm = _load("gemm")
+wgmma_tile = _load("wgmma_tile")
+
+
+def rel_err(d, ref):
+    assert not torch.isnan(d).any(), "unwritten (NaN-poisoned) or NaN elements"
+    return ((d.double() - ref).norm() / ref.norm()).item()
+
+
+@pytest.mark.parametrize("swizzle", [128, 64, 32, None])
+@pytest.mark.parametrize("a_major", ["K", "MN"])
+@pytest.mark.parametrize("b_major", ["K", "MN"])
+@pytest.mark.parametrize("n", [64, 128])
+def test_operand_tile_layouts(swizzle, a_major, b_major, n):
+    a = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(64, n, device="cuda", dtype=torch.bfloat16)
+    k = wgmma_tile.build_wgmma_tile(n, 64, a_major=a_major, b_major=b_major, swizzle=swizzle)
+    d = k(a.contiguous() if a_major == "K" else a.T.contiguous(),
+          b.T.contiguous() if b_major == "K" else b.contiguous())
+    assert rel_err(d, a.double() @ b.double()) < 1e-5
+
+
+CASES = [
+    # M, N, K, trans_a, trans_b, config
+    (256, 512, 320, False, False, None),
+    (1000, 520, 136, False, True, None),
+    (129, 65, 1, False, False, None),
+    (300, 700, 200, True, False, dict(cluster=1, BN=128)),
+    (300, 700, 200, True, True, dict(cluster=2, BN=256)),
+    (777, 1500, 1000, False, False, dict(cluster=2, BN=128, stages=3)),
+    (4095, 4097, 4100, False, False, None),
+    (4095, 4097, 4100, False, True, None),
+    (128, 8192, 1024, False, True, None),
+    (2048, 2048, 2048, False, False, dict(BM=64, BN=256, cluster=1)),
+]
+
+
+@pytest.mark.parametrize("M,N,K,ta,tb,config", CASES)
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+def test_gemm(M, N, K, ta, tb, config, dtype):
+    t = DT[dtype]
+    a = torch.randn(K, M, device="cuda", dtype=t).T if ta else torch.randn(M, K, device="cuda", dtype=t)
+    b = torch.randn(N, K, device="cuda", dtype=t).T if tb else torch.randn(K, N, device="cuda", dtype=t)
+    d = gemm.matmul(a, b, config=config)
+    assert d.shape == (M, N) and d.dtype == t
+    assert rel_err(d, gemm.reference(a, b)) < TOL[dtype]
+
+
+@pytest.mark.parametrize("activation", [None, "relu", "silu", "gelu_tanh"])
+@pytest.mark.parametrize("out", ["f32", "bf16"])
+def test_gemm_epilogue(activation, out):
+    M, N, K = 333, 520, 272
+    a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(N, K, device="cuda", dtype=torch.bfloat16).T
+    bias = torch.randn(N, device="cuda", dtype=torch.float32)
+    d = gemm.matmul(a, b, bias=bias, alpha=0.25, activation=activation, out_dtype=out)
+    ref = gemm.reference(a, b, bias=bias, alpha=0.25, activation=activation)
+    assert d.dtype == (torch.float32 if out == "f32" else torch.bfloat16)
+    assert rel_err(d, ref) < (2e-3 if activation else TOL[out])
+
+
+def test_gemm_torch_compile_and_graph():
+    a = torch.randn(512, 384, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(640, 384, device="cuda", dtype=torch.bfloat16)
+    ref = gemm.reference(a, w.T)
+    f = torch.compile(lambda x, y: gemm.matmul(x, y.T))
+    assert rel_err(f(a, w), ref) < TOL["bf16"]
+    out = gemm.matmul(a, w.T)
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        gemm.matmul(a, w.T)
+    torch.cuda.current_stream().wait_stream(s)
+    with torch.cuda.graph(g):
+        out = gemm.matmul(a, w.T)
+    a.copy_(torch.randn_like(a))
+    g.replay()
+    torch.cuda.synchronize()
+    assert rel_err(out, gemm.reference(a, w.T)) < TOL["bf16"]
+
+
+def test_gemm_jax_jit():
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    if not any(d.platform == "gpu" for d in jax.devices()):
+        pytest.skip("jax has no GPU")
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((300, 200)).astype(np.float32)
+    w = rng.standard_normal((520, 200)).astype(np.float32)
+    ja, jw = jnp.asarray(a, jnp.bfloat16), jnp.asarray(w, jnp.bfloat16)
+    d = jax.jit(lambda x, y: gemm.matmul(x, y, trans_b=True))(ja, jw)
+    ref = np.asarray(ja, np.float64) @ np.asarray(jw, np.float64).T
+    err = np.linalg.norm(np.asarray(d, np.float64) - ref) / np.linalg.norm(ref)
+    assert d.shape == (300, 520) and err < TOL["bf16"]
