@@ -210,6 +210,75 @@ class RegArray(Sequence[Reg]):
                 f"{where()}: register arrays are indexed by Python ints at trace time, got {i!r}"
             ) from None
 
+    def __setitem__(self, i, value: Any) -> None:
+        """``acc[i] = v``: one ``mov`` of ``v`` into the array's register ``acc[i]``.
+
+        ``v`` is a register of the same width (``mov.b32`` between same-width types such
+        as f32 and b32), ``~p`` for a predicate array (``not.pred``), or a Python number
+        (encoded as for ``reg.scalar``). Assigning ``acc[i]`` itself emits nothing, so
+        ``acc[i] *= s`` / ``acc[i] += s`` are exactly one in-place instruction. A slice
+        takes a sequence of the same length or one value for every register
+        (``acc[:] = 0.0``).
+        """
+        trace = current()
+        if type(i) is slice:
+            dsts = self.regs[i]
+            if isinstance(value, (RegArray, list, tuple)):
+                if len(value) != len(dsts):
+                    raise OperandError(
+                        f"{where()}: register array slice of {len(dsts)} registers cannot take "
+                        f"{len(value)} values"
+                    )
+                for d, v in zip(dsts, value):
+                    self._assign(trace, d, v)
+            else:
+                for d in dsts:
+                    self._assign(trace, d, value)
+            return
+        self._assign(trace, self[i], value)
+
+    @staticmethod
+    def _assign(trace: Trace, dst: Reg, value: Any) -> None:
+        if value is dst:
+            return
+        _own(dst, trace)
+        t = dst.type
+        if type(value) is Reg:
+            _own(value, trace)
+            s = value.type
+            if s is t:
+                trace.inst(f"mov.{_mov_type(t)}", (dst.name, value.name))
+            elif s.bits == t.bits and not s.is_pred and not t.is_pred:
+                trace.inst(f"mov.b{t.bits}", (dst.name, value.name))
+            else:
+                raise TypeMismatchError(
+                    f"{where(3)}: cannot assign .{s.name} register {value.name} to .{t.name} "
+                    f"register {dst.name} of a register array; convert first: "
+                    f"reg.from_({value.name}, {t.name})"
+                )
+        elif type(value) is NotPred:
+            if not t.is_pred:
+                raise TypeMismatchError(
+                    f"{where(3)}: cannot assign ~{value.reg.name} to .{t.name} register {dst.name}"
+                )
+            _own(value.reg, trace)
+            trace.inst("not.pred", (dst.name, value.reg.name))
+        elif isinstance(value, (int, float)):
+            if isinstance(value, float) and not (t.is_float or t.is_pred):
+                raise TypeMismatchError(
+                    f"{where(3)}: cannot assign float {value!r} to .{t.name} register {dst.name}"
+                )
+            if t.bits == 8 and t.is_int:  # PTX has no 8-bit mov; cvt takes the immediate
+                k = "s" if t.is_signed else "u"
+                trace.inst(f"cvt.{k}8.{k}32", (dst.name, imm.encode(value, t)))
+            else:
+                trace.inst(f"mov.{_mov_type(t)}", (dst.name, imm.encode(value, t)))
+        else:
+            raise OperandError(
+                f"{where(3)}: a register array element takes a register or a Python number, "
+                f"got {type(value).__name__} {value!r}"
+            )
+
     def __len__(self) -> int:
         return len(self.regs)
 
