@@ -56,13 +56,14 @@ def main() -> None:
     k = build_copy(x.numel())
     y = k(x)
     assert torch.equal(y, x)
-    (plan,) = [v for key, v in k.runtime_cache.items() if isinstance(key, tuple)]
+    state = k.launcher("torch").state  # the kernel's torch plans and fast launchers
+    ((plan, _),) = state.plans.values()
     stream = eager._raw_stream(0)
     xp, yp = x.data_ptr(), y.data_ptr()
-    fast = k.fast_launch
+    fast = state.fast[0]
     from pyptx_torch.fastpath import fastpath_status
 
-    print(f"C++ fast path: {fastpath_status()}; k.fast_launch is {type(fast).__name__}")
+    print(f"C++ fast path: {fastpath_status()}; fast launcher is {type(fast).__name__}")
     saved, eager.FASTPATH = eager.FASTPATH, None
     closure = eager._fast_launcher(plan, ((x.shape, x.dtype, x.device),))
     eager.FASTPATH = saved
@@ -75,7 +76,7 @@ def main() -> None:
         ("torch.compiler.is_compiling()", torch.compiler.is_compiling),
         ("x.zero_()  [one torch launch, no allocation]", lambda: x.zero_()),
         ("torch.empty_like(x)", lambda: torch.empty_like(x)),
-        ("k.fast_launch((x,))", lambda: fast((x,))),
+        ("fast launcher((x,))", lambda: fast((x,))),
         ("Python closure fast launcher((x,))", lambda: closure((x,))),
         ("k(x)  [whole eager call]", lambda: k(x)),
     ]

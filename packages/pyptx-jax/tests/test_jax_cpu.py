@@ -84,13 +84,13 @@ def test_bad_input_raises_at_trace_time_naming_argument(bad, err, match):
 
 def test_wrong_arity_inside_jit():
     k = make_kernel()
-    with pytest.raises(SpecError, match=r"takes 2 inputs \(X, W\), got 1"):
+    with pytest.raises(SpecError, match=r"takes 2 input tensors \(X, W\), got 1"):
         jax.jit(lambda x: k(x)).trace(jax.ShapeDtypeStruct((4, 64), jnp.float32))
 
 
 def test_cpu_arrays_are_refused_outside_jit():
     k = make_kernel()
-    with pytest.raises(SpecError, match="lives on cpu"):
+    with pytest.raises(SpecError, match=r"argument .X. is on cpu; pyptx kernels take CUDA tensors and GPU arrays"):
         k(jnp.ones((4, 64)), jnp.ones(64))
 
 

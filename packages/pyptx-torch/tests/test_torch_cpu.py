@@ -57,7 +57,7 @@ def test_wrong_dtype_names_argument_and_types():
     k = build_scale(4, 32)
     with FakeTensorMode():
         x = torch.empty(4, 32, device="cuda", dtype=torch.float16)
-        with pytest.raises(SpecError, match=r"argument 'X': expected dtype f32.*torch.float16"):
+        with pytest.raises(SpecError, match=r"argument 'X': expected dtype f32 for Tile\(4, 32, f32\), got float16$"):
             k(x)
 
 
@@ -148,15 +148,28 @@ def test_fixed_arity_ops_split_the_variant_string():
 
 
 def test_handle_op_is_registered_once_with_fake_impl():
+    from pyptx.errors import LaunchError
+    from pyptx.registry import get_cubin_registry
     from pyptx_torch import get_or_register_torch_op
 
-    op = get_or_register_torch_op(987001, (Tile("B", 4, f32),), {"B": 3}, (1, 1, 1),
-                                  (32, 1, 1), (1, 1, 1), 0)
-    assert get_or_register_torch_op(987001, (), {}, (1, 1, 1), (1, 1, 1), (1, 1, 1), 0) is op
-    assert hasattr(torch.ops.pyptx, "handle_987001")
+    h = get_cubin_registry().register("// ptx", "k", grid=(1, 1, 1), block=(32, 1, 1))
+    out = (Tile("B", 4, f32),)
+    op = get_or_register_torch_op(h, out, {"B": 3}, (1, 1, 1), (32, 1, 1), (1, 1, 1), 0)
+    assert get_or_register_torch_op(h, out, {"B": 3}, (1, 1, 1), (32, 1, 1), (1, 1, 1), 0) is op
+    assert hasattr(torch.ops.pyptx, f"handle_{h}")
     with FakeTensorMode():
-        out = op(torch.empty(3, device="cuda"))
-    assert tuple(out.shape) == (3, 4)
+        y = op(torch.empty(3, device="cuda"))
+    assert tuple(y.shape) == (3, 4)
+    # the geometry and outputs given are honoured: a mismatch is an error, not ignored
+    with pytest.raises(LaunchError, match=r"registered with block=\(32, 1, 1\), got block=\(1, 1, 1\)"):
+        get_or_register_torch_op(h, out, {"B": 3}, (1, 1, 1), (1, 1, 1), (1, 1, 1), 0)
+    with pytest.raises(LaunchError, match=r"registered with smem_bytes=0, got smem_bytes=64"):
+        get_or_register_torch_op(h, out, {"B": 3}, (1, 1, 1), (32, 1, 1), (1, 1, 1), 64)
+    with pytest.raises(LaunchError, match=r"returns \(3, 4\) torch.float32, got out_specs for "
+                                          r"\(5, 4\)"):
+        get_or_register_torch_op(h, out, {"B": 5}, (1, 1, 1), (32, 1, 1), (1, 1, 1), 0)
+    with pytest.raises(LaunchError, match="no registered kernel has handle 987001"):
+        get_or_register_torch_op(987001, out, {"B": 3}, (1, 1, 1), (32, 1, 1), (1, 1, 1), 0)
 
 
 def test_differentiable_kernel_validates_pairing():

@@ -16,7 +16,7 @@ from . import cache, driver
 from .errors import CompileError, LaunchError
 from .source import Loc, fmt_loc
 
-__all__ = ["compile_ptx_to_cubin", "entry_name", "map_log"]
+__all__ = ["compile_ptx_to_cubin", "cubin_for", "load_cubin", "entry_name", "map_log"]
 
 _ENTRY = re.compile(r"\.entry\s+([A-Za-z_$][\w$]*)")
 _LINE = re.compile(r"line (\d+)")
@@ -92,6 +92,17 @@ def compile_ptx_to_cubin(
     if mod is None:
         return None
     name = kernel_name or entry_name(ptx_source)
+    cubin = cubin_for(ptx_source, arch, name, locs=locs)
+    return load_cubin(cubin, name, dynamic_smem_bytes)
+
+
+def cubin_for(ptx_source: str, arch: str, name: str, *,
+              locs: list[Loc | None] | None = None) -> bytes:
+    """The cubin of ``ptx_source`` for ``arch``: from the disk cache, else driver-JITted and
+    stored there. Needs the driver (``LaunchError`` without one)."""
+    mod = driver.cuda()
+    if mod is None:
+        raise LaunchError(f"CUDA driver unavailable: {driver.unavailable_reason()}")
     key = cache.cache_key(ptx_source, arch, driver.driver_version())
     cubin = cache.load(key)
     if cubin is None:
@@ -105,6 +116,12 @@ def compile_ptx_to_cubin(
                    "`pyptx check` for ptxas's diagnostics)")
             ) from None
         cache.store(key, cubin)
+    return cubin
+
+
+def load_cubin(cubin: bytes, name: str, dynamic_smem_bytes: int = 0) -> tuple[int, Any]:
+    """Load ``cubin`` into the current context: ``(cu_function_ptr, cu_module)``."""
+    mod = driver.cuda()
     module = driver.call("cuModuleLoadData", cubin, what=f"loading {name}")
     fn = driver.call("cuModuleGetFunction", module, name.encode(), what=f"entry {name}")
     if dynamic_smem_bytes > 0:  # static + dynamic past 48 KiB needs the opt-in too

@@ -22,7 +22,7 @@ from .emit import emit
 from .errors import ConfigError, PyptxError, SpecError, TraceError
 from .ir import Function, Module, Param
 from .ptx.memory import TensorParam
-from .runtimes import runtime_for
+from .runtimes import launcher_for, runtime_for
 from .source import Loc, fmt_loc, user_loc, where
 from .specs import Tile, bind
 from .trace import Trace, tracing
@@ -74,7 +74,8 @@ class Specialization:
     tma_maps: list[tuple[int, Any]] = field(default_factory=list)
     #: Launch with programmatic dependent launch (``@kernel(pdl=True)``).
     pdl: bool = False
-    runtime_state: dict[str, Any] = field(default_factory=dict)
+    #: The compiled-kernel record (``pyptx.registry.record_for``), made on the first launch.
+    record: Any = None
     _text: dict[bool, tuple[str, list[Loc | None]]] = field(default_factory=dict)
 
     def ptx(self, lineinfo: bool = False) -> str:
@@ -195,18 +196,17 @@ class Kernel:
         self._tma = self._check_tma(tma or {}, origin)
         self._cache: dict[Any, Specialization] = {}
         self._lock = threading.Lock()
-        #: Launch plans of the runtime plugins, keyed by whatever each plugin chooses.
-        self.runtime_cache: dict[Any, Any] = {}
-        #: Set by a runtime plugin: ``fast_launch(args)`` launches a call identical in shapes,
-        #: dtypes and devices to the last one and returns its outputs, or returns None.
-        self.fast_launch: Callable[[tuple[Any, ...]], Any] | None = None
+        #: Each runtime's launcher for this kernel (its plans and caches die with the kernel),
+        #: by runtime name and by the type of the first argument of a call.
+        self._runtime_launchers: dict[str, Callable[..., Any]] = {}
+        self._launchers: dict[type, Callable[..., Any]] = {}
         #: A process-unique string naming this kernel (``kernel_by_uid`` finds it again); graph
         #: tracers pass it where only plain values may go (a string is never made symbolic).
         self.uid = f"{self._name}#{next(_uids)}"
         _by_uid[self.uid] = self
-        from .runtimes import preload_for_imported_frameworks
+        from .runtimes import preload
 
-        preload_for_imported_frameworks()
+        preload()  # a first call traced by a framework compiler must not scan entry points
 
     # ------------------------------------------------------------------ metadata
     @property
@@ -540,30 +540,23 @@ class Kernel:
 
     # ------------------------------------------------------------------ launch
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """Launch on framework arrays (torch tensors, jax arrays) through a runtime plugin."""
-        fast = self.fast_launch
-        if fast is not None and not kwargs and not _compiling():
-            out = fast(args)
-            if out is not None:
-                return out
-        return runtime_for(args, self).launch(self, args, kwargs)
+        """Launch on framework arrays through the runtime plugin that owns them."""
+        launch = self._launchers.get(args[0].__class__) if args else None
+        if launch is None:
+            rt = runtime_for(args)
+            launch = self.launcher(rt.name)
+            self._launchers[args[0].__class__] = launch
+        return launch(self, args, kwargs)
 
+    def launcher(self, runtime: str) -> Callable[..., Any]:
+        """This kernel's launcher of the named runtime: ``launch(kernel, args, kwargs)``,
+        made once per kernel by the plugin (``Runtime.launcher``), holding its plans."""
+        launch = self._runtime_launchers.get(runtime)
+        if launch is None:
+            from .runtimes import load
 
-def _never() -> bool:
-    return False
-
-
-_compiling: Callable[[], bool] = _never
-
-
-def set_compiling_probe(probe: Callable[[], bool]) -> None:
-    """Install ``probe() -> bool``: True while a framework compiler traces Python.
-
-    ``Kernel.__call__`` skips its fast launcher then (a compiled extension it
-    could not trace); the torch plugin installs ``torch.compiler.is_compiling``.
-    """
-    global _compiling
-    _compiling = probe
+            launch = self._runtime_launchers.setdefault(runtime, launcher_for(load(runtime)))
+        return launch
 
 
 _uids = itertools.count(1)

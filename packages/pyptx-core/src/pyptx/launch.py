@@ -7,11 +7,12 @@ import struct
 from typing import Any
 
 from .errors import LaunchError, RuntimeUnavailableError
+from .source import where
 from .types import PtxType, from_name
 
 __all__ = ["shim", "shim_is_available", "shim_load_error", "register_launch_config",
            "add_scalar_param_to_shim", "add_tma_spec_to_shim", "scalar_bytes",
-           "register_specialization_params"]
+           "register_specialization_params", "check_registered_geometry"]
 
 #: Address the tensor maps are encoded with; the shim replaces it at every launch.
 TMA_PLACEHOLDER_ADDRESS = 1 << 20
@@ -112,8 +113,13 @@ def add_tma_spec_to_shim(handle: int, xla_arg_index: int, host_blob_ptr: Any,
     argument ``xla_arg_index`` at every launch.
 
     ``host_blob_ptr`` is the map's bytes, a ``pyptx.tma.TensorMap``, or the int address
-    of its 128 bytes. ``device_blob_ptr`` is ignored: maps travel by value.
+    of its 128 bytes. Maps travel by value, so ``device_blob_ptr`` must be 0 (what
+    ``synthesize_tma_descriptor`` returns); a device copy is refused, not ignored.
     """
+    if device_blob_ptr:
+        raise LaunchError(f"{where()}: add_tma_spec_to_shim: tensor maps are passed by value "
+                          f"(no device copy), so device_blob_ptr must be 0, got "
+                          f"{device_blob_ptr:#x}")
     if isinstance(host_blob_ptr, int) and not isinstance(host_blob_ptr, bool):
         if host_blob_ptr <= 0:
             raise LaunchError(f"add_tma_spec_to_shim: host_blob_ptr must be the address of a "
@@ -139,3 +145,25 @@ def register_specialization_params(handle: int, spec: Any) -> None:
 
         for arg_index, params in spec.tma_maps:
             add_tma_spec_to_shim(handle, arg_index, encode(params, TMA_PLACEHOLDER_ADDRESS))
+
+
+def check_registered_geometry(handle: int, grid: Any, block: Any, cluster: Any,
+                              smem_bytes: int) -> Any:
+    """The registry's record of ``handle``, after checking that the launch geometry a caller
+    passes is the one registered (``LaunchError`` naming both otherwise, or when no record
+    has that handle). Spec functions that take geometry beside a handle call this."""
+    from .registry import get_cubin_registry
+
+    rec = get_cubin_registry().get(handle)
+    if rec is None:
+        raise LaunchError(f"{where()}: no registered kernel has handle {handle} (register it "
+                          "with get_cubin_registry().register(...) first)")
+    given = {"grid": tuple(grid), "block": tuple(block), "smem_bytes": int(smem_bytes)}
+    known = {"grid": tuple(rec.grid), "block": tuple(rec.block), "smem_bytes": rec.smem_bytes}
+    if rec.key:  # records of specializations know their cluster too
+        given["cluster"], known["cluster"] = tuple(cluster), tuple(rec.cluster)
+    for what, value in given.items():
+        if value != known[what]:
+            raise LaunchError(f"{where()}: kernel handle {handle} ({rec.kernel_name}) was "
+                              f"registered with {what}={known[what]}, got {what}={value}")
+    return rec

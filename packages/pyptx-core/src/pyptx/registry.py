@@ -1,22 +1,42 @@
-"""``CubinRecord`` and ``CubinRegistry``: the process-local table of compiled kernels."""
+"""``CubinRecord``: one immutable record per compiled kernel, and ``CubinRegistry``, their table.
+
+A record holds everything a launch needs: the PTX, arch, cubin, launch
+geometry, scalar parameters and tensor-map specs. Records made for a
+specialization (``record_for``) are keyed by a content hash of all of that,
+so two kernels with the same PTX and launch config share one record, and the
+handle the shim knows it by is derived from the hash (the same in every
+process). A record is registered with the shim once, when it is first loaded
+on a device; every cache above it (torch plans, JAX handles) maps to it.
+Such records are held weakly: when the last plan (and so the kernel) that
+uses one is garbage-collected, the record is dropped from the shim too.
+Records registered by hand with ``CubinRegistry.register`` live until
+``clear()``.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import threading
-from dataclasses import dataclass
+import weakref
+from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["CubinRecord", "CubinRegistry", "get_cubin_registry"]
+__all__ = ["CubinRecord", "CubinRegistry", "get_cubin_registry", "record_for", "content_key",
+           "handle_of_key"]
 
 
-@dataclass
+@dataclass(frozen=True, eq=False)
 class CubinRecord:
     """A compiled kernel and its launch config.
 
-    ``cu_function`` is the CUfunction pointer as an int (None where no driver
-    is available); ``module`` keeps the loaded module alive, so the function
-    pointer stays valid for as long as the record is registered.
+    ``cu_function`` is the CUfunction pointer as an int of the first device the
+    record was loaded on (None where no driver is available); ``module`` keeps
+    the loaded module alive, so the function pointer stays valid for as long as
+    the record lives. Records of specializations also carry ``key`` (their
+    content hash) and everything else the shim is told once: ``cluster``,
+    ``num_pointers``, ``scalar_params`` (raw bytes, in order), ``tma_specs``
+    (``(pointer index, pyptx.tma.TmaParams)``) and ``pdl``.
     """
 
     handle: int
@@ -28,6 +48,97 @@ class CubinRecord:
     cu_function: int | None = None
     module: Any = None
     cubin_bytes: bytes | None = None
+    key: str = ""
+    arch: str = ""
+    cluster: tuple[int, int, int] = (1, 1, 1)
+    static_smem: int = 0
+    num_pointers: int = 0
+    scalar_params: tuple[bytes, ...] = ()
+    tma_specs: tuple[tuple[int, Any], ...] = ()
+    pdl: bool = False
+    #: ordinal -> (CUfunction, module) of each device the record is loaded on.
+    functions: dict[int, tuple[int, Any]] = field(default_factory=dict, repr=False)
+
+    def function(self, ordinal: int) -> int:
+        """The CUfunction of this kernel on device ``ordinal``, compiled and loaded on first
+        use (in that device's primary context) and registered with the shim."""
+        hit = self.functions.get(ordinal)
+        if hit is not None:
+            return hit[0]
+        with _load_lock:
+            hit = self.functions.get(ordinal)
+            if hit is None:
+                hit = self._load(ordinal)
+        return hit[0]
+
+    def _load(self, ordinal: int) -> tuple[int, Any]:
+        from . import driver
+
+        previous = driver.call("cuCtxGetCurrent")
+        driver.ensure_context(ordinal)
+        try:
+            return self._load_here(ordinal)
+        finally:
+            if int(previous):  # leave the caller's (and its framework's) current device alone
+                driver.call("cuCtxSetCurrent", previous)
+
+    def _load_here(self, ordinal: int) -> tuple[int, Any]:
+        from . import jit
+
+        cubin = self.cubin_bytes if self.cubin_bytes is not None else jit.cubin_for(
+            self.ptx_source, self.arch, self.kernel_name)
+        fn, module = jit.load_cubin(cubin, self.kernel_name, self.smem_bytes)
+        first = not self.functions
+        if first:
+            s = object.__setattr__  # the compiled artefacts of a frozen record, set once
+            s(self, "cubin_bytes", cubin)
+            s(self, "cu_function", fn)
+            s(self, "module", module)
+            self._register(fn)
+        from .launch import shim
+
+        try:
+            shim().set_device_function(self.handle, ordinal, fn)
+        except (RuntimeError, ValueError) as e:
+            from .errors import LaunchError
+
+            raise LaunchError(f"shim set_device_function refused: {e}") from None
+        hit = self.functions[ordinal] = (fn, module)
+        return hit
+
+    def _register(self, fn: int) -> None:
+        from .launch import add_scalar_param_to_shim, add_tma_spec_to_shim, register_launch_config
+
+        register_launch_config(self.handle, fn, self.grid, self.block, self.cluster,
+                               self.smem_bytes, num_pointers=self.num_pointers, pdl=self.pdl)
+        _in_shim.add(self.handle)
+        for raw in self.scalar_params:
+            add_scalar_param_to_shim(self.handle, raw)
+        if self.tma_specs:
+            from .launch import TMA_PLACEHOLDER_ADDRESS
+            from .tma import encode
+
+            for arg_index, params in self.tma_specs:
+                add_tma_spec_to_shim(self.handle, arg_index,
+                                     encode(params, TMA_PLACEHOLDER_ADDRESS))
+
+
+_load_lock = threading.RLock()
+#: Handles of records registered with the shim (their configs are dropped with the record).
+_in_shim: set[int] = set()
+
+
+def _release(handle: int) -> None:
+    """Drop a garbage-collected record's launch config from the shim."""
+    if handle in _in_shim:
+        _in_shim.discard(handle)
+        try:
+            from pyptx_shim import native
+
+            if native is not None:
+                native.unregister(handle)
+        except Exception:  # interpreter shutdown, or the shim never loaded
+            pass
 
 
 class CubinRegistry:
@@ -36,6 +147,9 @@ class CubinRegistry:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._records: dict[int, CubinRecord] = {}
+        self._by_key: weakref.WeakValueDictionary[str, CubinRecord] = weakref.WeakValueDictionary()
+        self._by_handle: weakref.WeakValueDictionary[int, CubinRecord] = (
+            weakref.WeakValueDictionary())
         self._next = itertools.count(1)
 
     def register(
@@ -60,15 +174,31 @@ class CubinRegistry:
 
     def get(self, handle: int) -> CubinRecord | None:
         """Look up a previously registered kernel handle."""
-        return self._records.get(handle)
+        rec = self._records.get(handle)
+        return rec if rec is not None else self._by_handle.get(handle)
+
+    def by_key(self, key: str) -> CubinRecord | None:
+        """The live record whose content hash is ``key``, or None."""
+        return self._by_key.get(key)
+
+    def intern(self, record: CubinRecord) -> CubinRecord:
+        """``record``, or the live record with the same key if there is one (held weakly)."""
+        with self._lock:
+            hit = self._by_key.get(record.key)
+            if hit is not None:
+                return hit
+            self._by_key[record.key] = record
+            self._by_handle[record.handle] = record
+            weakref.finalize(record, _release, record.handle)
+        return record
 
     def clear(self) -> None:
-        """Drop all registered kernel records."""
+        """Drop all registered kernel records (records in use by kernels stay with them)."""
         with self._lock:
             self._records.clear()
 
     def __len__(self) -> int:
-        return len(self._records)
+        return len(self._records) + len(self._by_key)
 
 
 _registry = CubinRegistry()
@@ -77,3 +207,45 @@ _registry = CubinRegistry()
 def get_cubin_registry() -> CubinRegistry:
     """Return the process-local cubin registry singleton."""
     return _registry
+
+
+def content_key(ptx: str, arch: str, launch: tuple[Any, ...]) -> str:
+    """The content hash of a compiled kernel: its PTX, arch and launch config (a repr-stable
+    tuple). The same in every process; the disk cache's cubin key hashes the same PTX and
+    arch with the driver version."""
+    h = hashlib.sha256()
+    h.update(ptx.encode())
+    h.update(f"\0{arch}\0{launch!r}".encode())
+    return h.hexdigest()
+
+
+def handle_of_key(key: str) -> int:
+    """The shim handle of the record with content hash ``key`` (60 bits of the hash;
+    hand-registered records count up from 1)."""
+    return int(key[:15], 16) | (1 << 60)
+
+
+def record_for(spec: Any) -> CubinRecord:
+    """The record of a ``Specialization`` (shared by every runtime and every kernel with the
+    same content); not yet loaded on any device (see ``CubinRecord.function``)."""
+    rec = spec.record
+    if rec is not None:
+        return rec
+    from .launch import scalar_bytes
+
+    text = spec.ptx()
+    kernel = spec.kernel
+    n_ptrs = len(kernel.in_specs) + len(kernel.out_specs)
+    scalars = tuple(scalar_bytes(value, t) for _, t, value in spec.scalar_params)
+    tmas = tuple((i, p) for i, p in spec.tma_maps)
+    launch = (spec.grid, spec.block, spec.cluster, spec.smem, n_ptrs, scalars, tmas, spec.pdl)
+    key = content_key(text, kernel.arch, launch)
+    rec = _registry.by_key(key)
+    if rec is None:
+        rec = _registry.intern(CubinRecord(
+            handle_of_key(key), text, spec.name, spec.smem, spec.grid, spec.block,
+            key=key, arch=kernel.arch, cluster=spec.cluster, static_smem=spec.static_smem,
+            num_pointers=n_ptrs, scalar_params=scalars, tma_specs=tmas, pdl=spec.pdl,
+        ))
+    spec.record = rec  # the kernel's specialization keeps its record alive
+    return rec

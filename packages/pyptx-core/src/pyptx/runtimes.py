@@ -1,41 +1,70 @@
-"""Runtime plugins, found through the ``pyptx.runtimes`` entry-point group.
+"""Runtime plugins, found only through the ``pyptx.runtimes`` entry-point group.
 
-Core never imports a framework. A plugin is picked by the cheap test of an
-argument's type module (``torch...``, ``jax...``/``jaxlib...``) and loaded
-the first time such an argument appears. A plugin object has ``name``,
-``owns(value) -> bool`` and ``launch(kernel, args, kwargs)``.
+Core names no framework. Each plugin object says which arrays it owns: its
+``modules`` attribute lists the top-level modules whose types it may own (a
+cheap test that imports nothing), and ``owns(value)`` gives the final answer.
+Entry points are read once, lazily (``importlib.metadata`` is never imported
+by ``import pyptx``); a failed read is remembered, not retried.
+
+A plugin object has ``name``, ``modules``, ``owns(value) -> bool`` and
+``launch(kernel, args, kwargs)``. It may also have ``launcher()``, which
+returns a fresh ``launch``-like callable holding one kernel's launch state
+(plans, caches): the kernel keeps it, so that state dies with the kernel.
 """
 
 from __future__ import annotations
 
-import sys
-from importlib.metadata import EntryPoint, entry_points
 from typing import Any, Protocol
 
 from .errors import RuntimeUnavailableError, SpecError
 from .source import where
 
+__all__ = ["GROUP", "Runtime", "available", "discovery_error", "load", "plugins",
+           "preload", "runtime_for", "launcher_for"]
+
 GROUP = "pyptx.runtimes"
-_MODULE_TO_RUNTIME = {"torch": "torch", "jax": "jax", "jaxlib": "jax"}
-_EXTRA = {"torch": "pyptx-core[torch]", "jax": "pyptx-core[jax]"}
+_entry_points: dict[str, Any] | None = None
+_discovery_error: str | None = None
 _loaded: dict[str, Any] = {}
+_all_loaded = False
+_by_module: dict[str, list[Any]] = {}
 
 
 class Runtime(Protocol):
     """What a ``pyptx.runtimes`` entry point loads to (a class or a ready object)."""
 
     name: str
+    #: Top-level module names of the array types this runtime may own (``type(x).__module__``).
+    modules: tuple[str, ...]
 
     def owns(self, value: Any) -> bool:
-        """True if ``value`` is one of this framework's arrays."""
+        """True if ``value`` is one of this runtime's arrays."""
 
     def launch(self, kernel: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Launch ``kernel`` on ``args``; return its outputs."""
 
 
-def available() -> dict[str, EntryPoint]:
-    """Installed runtime entry points by name (nothing is imported)."""
-    return {ep.name: ep for ep in entry_points(group=GROUP)}
+def available() -> dict[str, Any]:
+    """Installed runtime entry points by name (nothing is imported but ``importlib.metadata``).
+
+    Read once per process; if reading fails the reason is kept in ``discovery_error()``
+    and no runtime is available.
+    """
+    global _entry_points, _discovery_error
+    if _entry_points is None:
+        try:
+            from importlib.metadata import entry_points
+
+            _entry_points = {ep.name: ep for ep in entry_points(group=GROUP)}
+        except Exception as e:  # a broken environment must not break tracing
+            _discovery_error = f"reading the {GROUP} entry points failed: {type(e).__name__}: {e}"
+            _entry_points = {}
+    return _entry_points
+
+
+def discovery_error() -> str | None:
+    """Why entry points could not be read, or None."""
+    return _discovery_error
 
 
 def load(name: str) -> Any:
@@ -45,55 +74,96 @@ def load(name: str) -> Any:
         return rt
     ep = available().get(name)
     if ep is None:
+        why = f" ({_discovery_error})" if _discovery_error else ""
         raise RuntimeUnavailableError(
-            f"no pyptx runtime for {name} is installed; install it with "
-            f"pip install \"{_EXTRA.get(name, 'pyptx-' + name)}\""
+            f"no pyptx runtime called {name!r} is installed{why}; install its plugin, "
+            f"e.g. pip install \"pyptx-core[{name}]\""
         )
     obj = ep.load()
+    obj = obj() if isinstance(obj, type) else obj
     # Loading twice on a race is harmless; the first stored object wins.
-    return _loaded.setdefault(name, obj() if isinstance(obj, type) else obj)
+    rt = _loaded.setdefault(name, obj)
+    if rt is obj:
+        for mod in getattr(rt, "modules", ()) or ("",):
+            _by_module.setdefault(mod, []).append(rt)
+    return rt
 
 
-def preload_for_imported_frameworks() -> None:
-    """Load the plugins of frameworks already imported, so a later ``torch.compile`` or
-    ``jax.jit`` trace finds them without scanning entry points (which tracers refuse)."""
-    for mod, name in _MODULE_TO_RUNTIME.items():
-        if name not in _loaded and mod in sys.modules:
+def plugins() -> dict[str, Any]:
+    """Every installed runtime plugin, loaded (a plugin that fails to load is left out)."""
+    global _all_loaded
+    if not _all_loaded:
+        for name in available():
+            try:
+                load(name)
+            except Exception:  # reported when an argument needs that runtime
+                pass
+        _all_loaded = True
+    return dict(_loaded)
+
+
+def preload() -> None:
+    """Load the plugins of frameworks already imported, so that a later call traced by a
+    framework compiler (which refuses entry-point scans) finds them. A plugin's entry point
+    is named after the top-level module its arrays come from (the plugin's ``modules``
+    may list more); other plugins stay unloaded until an argument needs them."""
+    import sys
+
+    for name in available():
+        if name not in _loaded and name in sys.modules:
             try:
                 load(name)
             except Exception:  # a broken plugin is reported when a launch needs it
                 pass
 
 
-def framework_of(value: Any) -> str | None:
-    """``"torch"``/``"jax"`` from the value's type module, or None; imports nothing."""
-    mod = type(value).__module__
-    return _MODULE_TO_RUNTIME.get(mod.partition(".")[0])
-
-
-_by_type: dict[type, Any] = {}
-
-
-def runtime_for(args: tuple[Any, ...], kernel: Any = None) -> Any:
-    """The runtime plugin that should launch a kernel on ``args``.
-
-    The plugin of the first argument's type is remembered; the plugin itself
-    rejects arguments of another framework.
-    """
-    if args:
-        rt = _by_type.get(type(args[0]))
-        if rt is not None:
+def _owner(value: Any) -> Any:
+    """The plugin that owns ``value``, or None."""
+    mod = type(value).__module__.partition(".")[0]
+    for rt in _by_module.get(mod, ()):
+        if rt.owns(value):
             return rt
-    found = {framework_of(a) for a in args} - {None}
-    if not found:
-        got = ", ".join(type(a).__name__ for a in args) or "no arguments"
+    for rt in _by_module.get("", ()):  # plugins that declare no modules are asked directly
+        if rt.owns(value):
+            return rt
+    return None
+
+
+def _owners(args: tuple[Any, ...]) -> dict[str, Any]:
+    owners: dict[str, Any] = {}
+    for a in args:
+        rt = _owner(a)
+        if rt is not None:
+            owners[rt.name] = rt
+    return owners
+
+
+def runtime_for(args: tuple[Any, ...]) -> Any:
+    """The runtime plugin that owns the arrays in ``args`` (``SpecError`` if none or several)."""
+    owners = _owners(args)
+    if not owners and not _all_loaded:
+        plugins()
+        owners = _owners(args)
+    if not owners:
+        got = ", ".join(f"{type(a).__module__}.{type(a).__qualname__}" for a in args)
+        installed = ", ".join(sorted(_loaded)) or "none"
+        hint = ""
+        if args:
+            top = type(args[0]).__module__.partition(".")[0]
+            if top not in _by_module and top not in ("builtins", "numpy"):
+                hint = (f"; if {top} arrays should launch, install its plugin "
+                        f"(pip install \"pyptx-core[{top}]\")")
         raise SpecError(
-            f"{where()}: calling a kernel launches it on torch tensors or jax arrays, got {got}; "
-            "for PTX text use kernel.ptx(**dims)"
+            f"{where()}: calling a kernel launches it on the arrays of an installed runtime "
+            f"(installed: {installed}), got {got or 'no arguments'}{hint}; for PTX text use "
+            "kernel.ptx(**dims)"
         )
-    if len(found) > 1:
-        raise SpecError(f"{where()}: arguments mix frameworks ({', '.join(sorted(found))})")
-    rt = load(found.pop())
-    if framework_of(args[0]) is not None:
-        _by_type[type(args[0])] = rt
-    return rt
+    if len(owners) > 1:
+        raise SpecError(f"{where()}: arguments mix runtimes ({', '.join(sorted(owners))})")
+    return next(iter(owners.values()))
+
+
+def launcher_for(rt: Any) -> Any:
+    """A new per-kernel ``launch(kernel, args, kwargs)`` callable of runtime ``rt``."""
+    make = getattr(rt, "launcher", None)
+    return make() if make is not None else rt.launch

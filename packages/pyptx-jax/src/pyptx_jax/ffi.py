@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from pyptx.errors import SpecError
+from pyptx.launch import check_registered_geometry
 from pyptx.specs import Tile
 from pyptx.types import numpy_name
 
@@ -83,12 +84,13 @@ def call_kernel_via_ffi(
 
     Uses typed FFI; the only attribute passed to the handler is
     ``cubin_handle`` (grid, block and smem are registered in the shim under
-    it). Returns one array or a tuple matching ``out_specs``.
+    it; ``LaunchError`` if the ones given differ from those registered).
+    Returns one array or a tuple matching ``out_specs``.
     """
     import jax
     import numpy as np
 
-    del grid, block, cluster, smem_bytes  # registered with the shim under the handle
+    check_registered_geometry(cubin_handle, grid, block, cluster, smem_bytes)
     types = result_types(out_specs, out_shape_env)
     if _mock is not None:
         outs = _mock(*inputs, cubin_handle=cubin_handle, result_types=types)

@@ -9,17 +9,23 @@ class JaxRuntime:
     """Launches pyptx kernels whose arguments are JAX arrays or tracers."""
 
     name = "jax"
+    #: Types from these top-level modules may be JAX arrays or tracers (``owns`` decides).
+    modules = ("jax", "jaxlib")
 
     def owns(self, value: Any) -> bool:
         """Return True if ``value`` is a JAX array or tracer (checked without importing jax first)."""
-        if type(value).__module__.partition(".")[0] not in ("jax", "jaxlib"):
+        if type(value).__module__.partition(".")[0] not in self.modules:
             return False
         import jax
 
         return isinstance(value, jax.Array)
 
+    def launcher(self) -> Any:
+        """A new per-kernel launcher ``launch(kernel, args, kwargs)`` holding the kernel's plans."""
+        from .launch import make_launcher
+
+        return make_launcher()
+
     def launch(self, kernel: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Launch ``kernel`` on ``args`` through the ``pyptx_launch`` custom call."""
-        from .launch import launch_kernel
-
-        return launch_kernel(kernel, args, kwargs)
+        return kernel.launcher(self.name)(kernel, args, kwargs)

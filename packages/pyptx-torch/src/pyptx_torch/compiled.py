@@ -17,12 +17,14 @@ from typing import Any
 
 import torch
 
-from pyptx.errors import SpecError
+from pyptx.errors import LaunchError, SpecError
 from pyptx.kernel import kernel_by_uid
+from pyptx.launch import check_registered_geometry
+from pyptx.source import where
 from pyptx.specs import Dim, Tile
 
 from .dtypes import torch_dtype_of
-from .eager import Plan, native_plan, plan_for, run_plan
+from .eager import Plan, plan_for, run_plan
 from .fastpath import FASTPATH
 
 __all__ = ["compiled_call", "get_or_register_torch_op", "call_kernel_via_torch_compile"]
@@ -67,12 +69,9 @@ def _fake_outputs(kernel: Any, kwargs: dict[str, Any], inputs: Sequence[torch.Te
 def _launch_impl(inputs: list[torch.Tensor], kernel: str, kwargs: str) -> list[torch.Tensor]:
     k, kw = _variant(kernel, kwargs)
     args = tuple(inputs)
-    fast = None if kw else k.fast_launch
+    plan, fast = plan_for(k.launcher("torch").state, k, args, kw)
     out = fast(args) if fast is not None else None
     if out is None:
-        plan = plan_for(k, args, kw)  # without kwargs this also sets k.fast_launch
-        fast = k.fast_launch if not kw else native_plan(
-            plan, tuple((t.shape, t.dtype, t.device) for t in args))
         out = run_plan(plan, args)
     if FASTPATH is not None and isinstance(fast, FASTPATH.Plan):
         FASTPATH.bind(kernel, kwargs, fast)  # this op's C++ kernel takes the next such call
@@ -151,14 +150,20 @@ def get_or_register_torch_op(
     """Return a ``torch.library.custom_op`` taking ``(*input_tensors)`` for ``cubin_handle``.
 
     The first call with a handle registers ``pyptx::handle_<n>``; later calls
-    reuse it. It survives ``torch.compile``/Dynamo tracing.
+    reuse it. It survives ``torch.compile``/Dynamo tracing. The geometry must be
+    the one registered under the handle, and a later call must describe the same
+    outputs (``LaunchError`` otherwise).
     """
-    del grid, block, cluster, smem_bytes  # registered with the shim under the handle
-    op = _handle_ops.get(cubin_handle)
-    if op is not None:
-        return op
+    check_registered_geometry(cubin_handle, grid, block, cluster, smem_bytes)
     shapes = tuple(s.resolve(out_shape_env, "output") for s in out_specs)
     dtypes = tuple(torch_dtype_of(s.dtype) for s in out_specs)
+    hit = _handle_ops.get(cubin_handle)
+    if hit is not None:
+        op, outs = hit
+        if outs != (shapes, dtypes):
+            raise LaunchError(f"{where()}: the op of kernel handle {cubin_handle} returns "
+                              f"{_describe(*outs)}, got out_specs for {_describe(shapes, dtypes)}")
+        return op
 
     @torch.library.custom_op(f"pyptx::handle_{cubin_handle}", mutates_args=())
     def op_impl(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -172,8 +177,12 @@ def get_or_register_torch_op(
         outs = op_impl(list(inputs))
         return outs[0] if len(outs) == 1 else tuple(outs)
 
-    _handle_ops[cubin_handle] = call
+    _handle_ops[cubin_handle] = (call, (shapes, dtypes))
     return call
+
+
+def _describe(shapes: Sequence[tuple[int, ...]], dtypes: Sequence[Any]) -> str:
+    return ", ".join(f"{tuple(s)} {d}" for s, d in zip(shapes, dtypes)) or "nothing"
 
 
 def call_kernel_via_torch_compile(

@@ -1,28 +1,32 @@
-"""Eager launches from PyTorch: argument checks, per-specialization launch plans, the launch.
+"""Eager launches from PyTorch: the per-kernel launcher, launch plans, the launch.
 
-The first call with a given (shapes, dtypes, device, template kwargs)
-validates everything, traces, JITs and registers the kernel with the shim,
-and stores a ``Plan``; later calls look the plan up, allocate the outputs and
-launch on the current stream of the inputs' device.
+Each kernel gets one launcher (``make_launcher``, kept by the kernel). The
+first call with given (shapes, dtypes, device, template kwargs) goes through
+core's checks and plan (``pyptx.plan``): the compiled record is loaded on the
+device and a ``Plan`` is kept in a bounded LRU. Calls without template kwargs
+then first try the kernel's fast launchers, most recently used first: each
+launches one exact (shapes, dtypes, device) signature in one C++ call (or a
+Python closure without the extension) and declines anything else, so a
+kernel called with alternating shapes does not rebuild anything.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from pyptx import jit
-from pyptx.errors import LaunchError, RuntimeUnavailableError, SpecError
-from pyptx.launch import register_launch_config, register_specialization_params, shim
-from pyptx.registry import get_cubin_registry
+from pyptx.errors import LaunchError, SpecError
+from pyptx.launch import check_registered_geometry, shim
+from pyptx.plan import ArgInfo, bind, launch_plan, ordinal_of
 from pyptx.source import where
 from pyptx.specs import Tile
 
-from .dtypes import compatible, ptx_type_of, torch_dtype_of
+from .dtypes import torch_dtype_of
 from .fastpath import FASTPATH
 
 try:
@@ -30,13 +34,18 @@ try:
 except ImportError:  # reported by shim() when a plan is built
     _native = None
 
-__all__ = ["Plan", "launch_kernel", "call_kernel_via_torch", "check_tensors", "plan_for", "POISON",
-           "set_poison"]
+__all__ = ["Plan", "LaunchState", "make_launcher", "describe", "launch_kernel",
+           "call_kernel_via_torch", "plan_for", "POISON", "set_poison", "FAST_SLOTS",
+           "PLAN_SLOTS"]
 
 #: Fill every output with NaN (floats) or all-ones bits (ints) before the launch, so an
 #: element the kernel never writes shows up. Set ``PYPTX_POISON_OUTPUTS=1`` to turn on.
 #: Change it with ``set_poison`` (which also tells the C++ fast path).
 POISON = os.environ.get("PYPTX_POISON_OUTPUTS", "") not in ("", "0")
+#: Fast launchers a kernel keeps (distinct exact signatures), tried most recent first.
+FAST_SLOTS = 8
+#: Plans a kernel keeps (shapes, dtypes, device, kwargs), least recently used dropped first.
+PLAN_SLOTS = 64
 
 
 @dataclass(frozen=True)
@@ -48,6 +57,8 @@ class Plan:
     out_shapes: tuple[tuple[int, ...], ...]
     out_dtypes: tuple[Any, ...]
     spec: Any
+    #: The compiled record (``pyptx.registry.CubinRecord``) the handle belongs to.
+    record: Any = None
 
     @property
     def index(self) -> int:
@@ -55,104 +66,111 @@ class Plan:
         return self.device.index if self.device.index is not None else _current_device()
 
 
-def check_tensors(kernel: Any, args: Sequence[Any]) -> torch.device:
-    """Validate arity, type, device, layout and dtype of ``args``; return their device."""
-    names = kernel.arg_names
-    n_in = len(kernel.in_specs)
-    if len(args) != n_in:
-        raise SpecError(
-            f"{where()}: {kernel.name} takes {n_in} input tensors "
-            f"({', '.join(names[:n_in])}), got {len(args)}"
-        )
-    device = None
-    for i, (t, spec) in enumerate(zip(args, kernel.in_specs)):
-        name = names[i]
-        if not isinstance(t, torch.Tensor):
-            raise SpecError(f"{where()}: argument {name!r}: expected a torch.Tensor, got "
-                            f"{type(t).__name__}")
-        if t.device.type != "cuda":
-            raise SpecError(f"{where()}: argument {name!r} is on {t.device}; pyptx kernels take "
-                            "CUDA tensors (move it with .cuda())")
-        if not compatible(spec.dtype, ptx_type_of(t.dtype)):
-            raise SpecError(f"{where()}: argument {name!r}: expected dtype {spec.dtype.name} for "
-                            f"{spec!r}, got {t.dtype}")
-        if not t.is_contiguous():
-            raise SpecError(f"{where()}: argument {name!r} is not contiguous (strides "
-                            f"{tuple(t.stride())}); pass .contiguous()")
-        if device is None:
-            device = t.device
-        elif t.device != device:
-            raise SpecError(f"{where()}: argument {name!r} is on {t.device} but "
-                            f"{names[0]!r} is on {device}; all tensors must share one device")
-    if device is None:
-        raise SpecError(f"{where()}: {kernel.name} has no tensor inputs to take a device from")
-    return device
+def describe(t: Any) -> ArgInfo | None:
+    """Core's view of a tensor (None for anything else): shape, dtype, device, layout."""
+    if not isinstance(t, torch.Tensor):
+        return None
+    dev = t.device
+    if dev.type == "cuda":
+        device = f"cuda:{dev.index if dev.index is not None else _current_device()}"
+    else:
+        device = dev.type
+    strides = None if t.is_contiguous() else tuple(t.stride())
+    return ArgInfo(tuple(t.shape), str(t.dtype).removeprefix("torch."), device, strides)
 
 
-def _arch_ok(arch: str, major: int, minor: int) -> bool:
-    num = int(arch[3:].rstrip("af"))
-    want = (num // 10, num % 10)
-    if arch.endswith(("a", "f")):
-        return want == (major, minor) if arch.endswith("a") else want[0] == major and want <= (major, minor)
-    return want <= (major, minor)
-
-
-def build_plan(kernel: Any, spec: Any, device: torch.device) -> Plan:
-    """Compile ``spec`` for ``device``, register it with the shim and return the plan."""
-    from pyptx import driver
-
+def build_plan(kernel: Any, spec: Any, device: str) -> Plan:
+    """Load ``spec``'s record on ``device`` (core checks arch and shared memory) as a plan."""
+    idx = ordinal_of(device)
     shim()  # fail early, naming the fix, when the launcher is missing
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if driver.cuda() is None:
-        raise RuntimeUnavailableError(f"cannot launch: {driver.unavailable_reason()}")
     with torch.cuda.device(idx):
-        major, minor = driver.device_capability(idx)
-        if not _arch_ok(kernel.arch, major, minor):
-            raise LaunchError(
-                f"{kernel.name} targets {kernel.arch}, but {device} is sm_{major}{minor}; "
-                f"rebuild it with @kernel(arch='sm_{major}{minor}') if the code allows"
-            )
-        total_smem = spec.smem + spec.static_smem
-        limit = driver.max_shared_per_block(idx)
-        if total_smem > limit:
-            raise LaunchError(
-                f"{kernel.name} needs {total_smem} bytes of shared memory per block "
-                f"({spec.static_smem} static + {spec.smem} dynamic); {device} allows {limit}"
-            )
         torch.cuda.init()
-        driver.ensure_context(idx)
-        text, locs = spec.emit()
-        fn, module = jit.compile_ptx_to_cubin(text, kernel.arch, spec.name, spec.smem, locs=locs)
-        handle = get_cubin_registry().register(text, spec.name, smem_bytes=spec.smem,
-                                               grid=spec.grid, block=spec.block,
-                                               cu_function=fn, module=module)
-        n_ptrs = len(kernel.in_specs) + len(kernel.out_specs)
-        register_launch_config(handle, fn, spec.grid, spec.block, spec.cluster, spec.smem,
-                               pdl=spec.pdl,
-                               num_pointers=n_ptrs)
-        register_specialization_params(handle, spec)
-    out_dtypes = tuple(torch_dtype_of(s.dtype) for s in kernel.out_specs)
-    return Plan(handle, torch.device("cuda", idx), spec.out_shapes, out_dtypes, spec)
+        lp = launch_plan(kernel, spec, [idx])
+    out_dtypes = tuple(getattr(torch, name) for name in lp.out_dtypes)
+    return Plan(lp.handle, torch.device("cuda", idx), lp.out_shapes, out_dtypes, spec, lp.record)
 
 
-def plan_for(kernel: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Plan:
-    """The cached plan for these arguments (shapes, dtypes, devices, kwargs), built on first use."""
+class LaunchState:
+    """One kernel's torch launch state: plans (bounded LRU) and fast launchers (MRU list)."""
+
+    __slots__ = ("plans", "fast")
+
+    def __init__(self) -> None:
+        #: (signature, kwargs) -> (Plan, fast launcher of that exact signature or None).
+        self.plans: OrderedDict[Any, tuple[Plan, Any]] = OrderedDict()
+        self.fast: list[Any] = []
+
+    def remember(self, key: Any, entry: tuple[Plan, Any]) -> None:
+        """Keep a plan, dropping the least recently used past ``PLAN_SLOTS``."""
+        self.plans[key] = entry
+        if len(self.plans) > PLAN_SLOTS:
+            _, (_, old) = self.plans.popitem(last=False)
+            if old in self.fast:
+                self.fast.remove(old)
+
+    def use_fast(self, fast: Any) -> None:
+        """Put ``fast`` first among the fast launchers (at most ``FAST_SLOTS`` kept)."""
+        if self.fast and self.fast[0] is fast:
+            return
+        if fast in self.fast:
+            self.fast.remove(fast)
+        self.fast.insert(0, fast)
+        del self.fast[FAST_SLOTS:]
+
+
+def plan_for(state: LaunchState, kernel: Any, args: Sequence[Any],
+             kwargs: dict[str, Any]) -> tuple[Plan, Any]:
+    """The plan for these arguments (checked and built on first use) and the fast launcher of
+    their exact signature; without kwargs that launcher becomes the kernel's first choice."""
     try:
         sig = tuple((t.shape, t.dtype, t.device) for t in args)
-        key = ("torch", sig, tuple(sorted(kwargs.items())))
-        plan = kernel.runtime_cache.get(key)
+        key = (sig, tuple(sorted(kwargs.items())))
+        entry = state.plans.get(key)
     except (AttributeError, TypeError):
-        sig, key, plan = None, None, None
-    if plan is None or not all(t.is_contiguous() for t in args):
-        device = check_tensors(kernel, args)
-        if plan is None:
-            spec = kernel.specialize([tuple(t.shape) for t in args], **kwargs)
+        sig, key, entry = None, None, None
+    if entry is None or not all(t.is_contiguous() for t in args):
+        spec, device = bind(kernel, args, kwargs, describe)
+        if entry is None:
             plan = build_plan(kernel, spec, device)
+            entry = (plan, _fast_launcher(plan, sig) if sig is not None else None)
             if key is not None:
-                kernel.runtime_cache[key] = plan
-    if sig is not None and not kwargs:
-        kernel.fast_launch = _fast_launcher(plan, sig)
-    return plan
+                state.remember(key, entry)
+    else:
+        state.plans.move_to_end(key)
+    plan, fast = entry
+    if fast is not None and not kwargs:
+        state.use_fast(fast)
+    return plan, fast
+
+
+def make_launcher() -> Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]:
+    """A kernel's torch launcher ``launch(kernel, args, kwargs)``; its state is ``.state``.
+
+    While torch.compile traces, a call becomes one ``pyptx::launch<n>`` op; otherwise the
+    fast launchers are tried (no kwargs) before the plans.
+    """
+    from .compiled import compiled_call
+
+    state = LaunchState()
+    fast = state.fast
+    is_compiling = torch.compiler.is_compiling
+
+    def launch(kernel: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if is_compiling():
+            return compiled_call(kernel, args, kwargs)
+        if not kwargs:
+            for f in fast:
+                out = f(args)
+                if out is not None:
+                    if f is not fast[0]:
+                        state.use_fast(f)
+                    return out
+        plan, _ = plan_for(state, kernel, args, kwargs)
+        outs = run_plan(plan, args)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    launch.state = state  # type: ignore[attr-defined]
+    return launch
 
 
 def set_poison(on: bool) -> None:
@@ -256,15 +274,9 @@ def run_plan(plan: Plan, args: Sequence[Any]) -> list[torch.Tensor]:
 
 
 def launch_kernel(kernel: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
-    """Eager ``kernel(*args, **kwargs)`` on torch tensors: one tensor or a tuple of them.
-
-    A repeat of the last call's shapes, dtypes and devices never gets here: it is
-    taken by the kernel's fast launcher (``_fast_launcher``).
-    """
-    outs = run_plan(plan_for(kernel, args, kwargs), args)
-    return outs[0] if len(outs) == 1 else tuple(outs)
-
-
+    """Eager ``kernel(*args, **kwargs)`` on torch tensors: one tensor or a tuple of them
+    (through the kernel's torch launcher)."""
+    return kernel.launcher("torch")(kernel, tuple(args), kwargs)
 
 
 def call_kernel_via_torch(
@@ -281,10 +293,11 @@ def call_kernel_via_torch(
 
     Allocates the outputs (``out_specs`` resolved with ``out_shape_env``) on the
     first input's device, passes device pointers inputs-then-outputs, launches
-    on the current stream and returns the output(s).
+    on the current stream and returns the output(s). The geometry given must be the
+    one registered under the handle (``LaunchError`` otherwise).
     """
-    del grid, block, cluster, smem_bytes  # already registered with the shim under the handle
     shim()
+    check_registered_geometry(cubin_handle, grid, block, cluster, smem_bytes)
     if not inputs or not isinstance(inputs[0], torch.Tensor):
         raise SpecError(f"{where()}: call_kernel_via_torch needs torch tensor inputs")
     device = inputs[0].device

@@ -1,0 +1,202 @@
+"""Argument binding and every check before a launch, shared by all runtimes.
+
+A runtime plugin turns each of its arrays into an ``ArgInfo`` (shape, dtype
+name, device, contiguity); everything else happens here, so every runtime
+answers a mistake with the same error class and message: arity, argument
+types, dtype mapping (one table), device placement, contiguity, one device,
+shape unification (``Kernel.specialize``), the GPU's arch capability and its
+shared-memory limit. ``launch_plan`` then gives the compiled record loaded on
+the devices a launch will use, and the outputs to allocate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import LaunchError, RuntimeUnavailableError, SpecError
+from .source import where
+from .types import PtxType, from_name, numpy_name
+
+__all__ = ["ArgInfo", "DTYPES", "ptx_type_of", "dtype_name_of", "compatible", "check_args",
+           "bind", "ordinal_of", "check_arch", "check_smem", "check_device", "LaunchPlan",
+           "launch_plan"]
+
+
+@dataclass(frozen=True)
+class ArgInfo:
+    """What a runtime reports of one array: all the checks need."""
+
+    shape: tuple[int, ...]
+    #: The dtype's numpy-style name (``float32``, ``bfloat16``, ``bool``, ``float8_e4m3fn``).
+    dtype: str
+    #: ``cuda:<ordinal>`` for a GPU, the platform name otherwise (``cpu``, ``meta``); None
+    #: where placement is not known yet (an array traced inside a compiled function).
+    device: str | None
+    #: Strides in elements when the array is not contiguous row-major; None when it is.
+    strides: tuple[int, ...] | None = None
+
+
+#: Framework dtype name -> PTX element type; the one table every runtime uses.
+DTYPES: dict[str, PtxType] = {
+    name: from_name(ptx) for name, ptx in {
+        "float32": "f32", "float16": "f16", "bfloat16": "bf16", "float64": "f64",
+        "int8": "s8", "int16": "s16", "int32": "s32", "int64": "s64",
+        "uint8": "u8", "uint16": "u16", "uint32": "u32", "uint64": "u64",
+        "bool": "u8", "float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2",
+    }.items()
+}
+
+
+def ptx_type_of(dtype: str) -> PtxType | None:
+    """The PTX type of a dtype name (``torch.`` prefix allowed), or None if PTX has none."""
+    return DTYPES.get(dtype.removeprefix("torch."))
+
+
+def dtype_name_of(t: PtxType) -> str:
+    """The dtype name runtimes allocate elements of PTX type ``t`` with."""
+    name = numpy_name(t)
+    if name is None:
+        raise SpecError(f"{where()}: no array dtype holds PTX .{t.name} elements")
+    return name
+
+
+def compatible(spec: PtxType, got: PtxType | None) -> bool:
+    """Does an array of type ``got`` fit a Tile of type ``spec`` (same-width ints interchange)?"""
+    if got is None:
+        return False
+    if got is spec:
+        return True
+    return spec.is_int and got.is_int and spec.bits == got.bits
+
+
+def _type_name(value: Any) -> str:
+    return f"{type(value).__module__}.{type(value).__qualname__}"
+
+
+def check_args(kernel: Any, args: Sequence[Any],
+               describe: Callable[[Any], ArgInfo | None]) -> list[ArgInfo]:
+    """Check ``args`` against ``kernel.in_specs``; ``describe(value)`` is the runtime's view of
+    one argument (None when it is not one of its arrays). Returns the infos."""
+    names = kernel.arg_names
+    n_in = len(kernel.in_specs)
+    if len(args) != n_in:
+        raise SpecError(f"{where()}: {kernel.name} takes {n_in} input tensors "
+                        f"({', '.join(names[:n_in])}), got {len(args)}")
+    infos = []
+    first: tuple[str, str] | None = None
+    for i, (value, spec) in enumerate(zip(args, kernel.in_specs)):
+        name = names[i]
+        info = describe(value)
+        if info is None:
+            raise SpecError(f"{where()}: argument {name!r}: expected an array of the same runtime "
+                            f"as the other arguments, got {_type_name(value)}")
+        if info.device is not None and not info.device.startswith("cuda"):
+            raise SpecError(f"{where()}: argument {name!r} is on {info.device}; pyptx kernels "
+                            "take CUDA tensors and GPU arrays (move it to a CUDA device)")
+        if not compatible(spec.dtype, ptx_type_of(info.dtype)):
+            raise SpecError(f"{where()}: argument {name!r}: expected dtype {spec.dtype.name} for "
+                            f"{spec!r}, got {info.dtype}")
+        if info.strides is not None:
+            raise SpecError(f"{where()}: argument {name!r} is not contiguous (strides "
+                            f"{info.strides}); pass a contiguous copy (.contiguous())")
+        if info.device is not None:
+            if first is None:
+                first = (name, info.device)
+            elif info.device != first[1]:
+                raise SpecError(f"{where()}: argument {name!r} is on {info.device} but "
+                                f"{first[0]!r} is on {first[1]}; all tensors must share one "
+                                "device")
+        infos.append(info)
+    return infos
+
+
+def bind(kernel: Any, args: Sequence[Any], kwargs: dict[str, Any],
+         describe: Callable[[Any], ArgInfo | None]) -> tuple[Any, str | None]:
+    """Check ``args`` and specialize ``kernel`` for their shapes and ``kwargs``:
+    ``(Specialization, device)``, the device None where placement is not known."""
+    infos = check_args(kernel, args, describe)
+    spec = kernel.specialize([info.shape for info in infos], **kwargs)
+    device = next((info.device for info in infos if info.device is not None), None)
+    return spec, device
+
+
+def ordinal_of(device: str) -> int:
+    """The ordinal of a ``cuda:<n>`` device name."""
+    return int(device.partition(":")[2] or 0)
+
+
+def check_arch(kernel: Any, capability: tuple[int, int], device: str) -> None:
+    """``LaunchError`` unless a GPU of compute ``capability`` can run ``kernel.arch``."""
+    major, minor = capability
+    arch = kernel.arch
+    num = int(arch[3:].rstrip("af"))
+    want = (num // 10, num % 10)
+    if arch.endswith("a"):
+        ok = want == (major, minor)
+    elif arch.endswith("f"):
+        ok = want[0] == major and want <= (major, minor)
+    else:
+        ok = want <= (major, minor)
+    if not ok:
+        raise LaunchError(
+            f"{where()}: {kernel.name} targets {arch}, but {device} is sm_{major}{minor}; "
+            f"rebuild it with @kernel(arch='sm_{major}{minor}') if the code allows"
+        )
+
+
+def check_smem(kernel: Any, spec: Any, limit: int, device: str) -> None:
+    """``LaunchError`` if ``spec`` needs more shared memory per block than ``limit``."""
+    total = spec.smem + spec.static_smem
+    if total > limit:
+        raise LaunchError(
+            f"{where()}: {kernel.name} needs {total} bytes of shared memory per block "
+            f"({spec.static_smem} static + {spec.smem} dynamic); {device} allows {limit}"
+        )
+
+
+def check_device(kernel: Any, spec: Any, ordinal: int) -> None:
+    """Check ``spec`` against GPU ``ordinal`` (arch, shared memory); needs the driver."""
+    from . import driver
+
+    if driver.cuda() is None:
+        raise RuntimeUnavailableError(f"{where()}: cannot launch: {driver.unavailable_reason()}")
+    name = f"cuda:{ordinal}"
+    check_arch(kernel, driver.device_capability(ordinal), name)
+    check_smem(kernel, spec, driver.max_shared_per_block(ordinal), name)
+
+
+@dataclass(frozen=True, eq=False)
+class LaunchPlan:
+    """One specialization ready to launch: its compiled record (loaded on ``ordinals``) and the
+    outputs to allocate (shapes and dtype names)."""
+
+    spec: Any
+    record: Any
+    ordinals: tuple[int, ...]
+    out_shapes: tuple[tuple[int, ...], ...]
+    out_dtypes: tuple[str, ...]
+
+    @property
+    def handle(self) -> int:
+        """The shim handle of the record."""
+        return self.record.handle
+
+
+def launch_plan(kernel: Any, spec: Any, ordinals: Sequence[int]) -> LaunchPlan:
+    """Check ``spec`` against each GPU in ``ordinals`` and load its record on them (nothing is
+    loaded when ``ordinals`` is empty: the record then only describes the kernel)."""
+    from .registry import record_for
+
+    out_dtypes = tuple(dtype_name_of(s.dtype) for s in kernel.out_specs)
+    if ordinals:
+        from .launch import shim
+
+        shim()  # fail first, naming the fix, when the launcher is missing
+    for ordinal in ordinals:
+        check_device(kernel, spec, ordinal)
+    record = record_for(spec)
+    for ordinal in ordinals:
+        record.function(ordinal)
+    return LaunchPlan(spec, record, tuple(ordinals), spec.out_shapes, out_dtypes)
