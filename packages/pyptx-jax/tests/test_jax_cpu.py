@@ -126,4 +126,20 @@ def test_facade_reexports_core_and_plugin():
     assert js.compile_ptx_to_cubin is pyptx.jit.compile_ptx_to_cubin
     assert js.get_cubin_registry is pyptx.registry.get_cubin_registry
     assert js.register_launch_config is pyptx.launch.register_launch_config
-    assert js.compile_ptx_to_cubin("// no entry", "sm_90a") is None or True
+    import pyptx.tma
+
+    assert js.synthesize_tma_descriptor is pyptx.tma.synthesize_tma_descriptor
+    assert js.synthesize_tma_descriptor_3d is pyptx.tma.synthesize_tma_descriptor_3d
+    for name in js.__all__:
+        assert hasattr(js, name), name
+
+
+def test_compile_without_a_driver_returns_none_and_with_one_refuses_ptx_without_entry():
+    from pyptx import driver
+    from pyptx.errors import CompileError
+
+    if driver.cuda() is None:
+        assert js.compile_ptx_to_cubin("// no entry", "sm_90a") is None
+    else:
+        with pytest.raises(CompileError, match="no .entry"):
+            js.compile_ptx_to_cubin("// no entry", "sm_90a")

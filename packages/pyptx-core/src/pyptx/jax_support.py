@@ -12,11 +12,7 @@ from .launch import (
     shim_load_error,
 )
 from .registry import CubinRecord, CubinRegistry, get_cubin_registry
-
-try:
-    from .tma import synthesize_tma_descriptor, synthesize_tma_descriptor_3d
-except ImportError:  # pragma: no cover - until the tma module lands
-    pass
+from .tma import synthesize_tma_descriptor, synthesize_tma_descriptor_3d
 
 try:
     from pyptx_jax import call_kernel_via_ffi, ensure_ffi_registered, set_mock_ffi_callback
