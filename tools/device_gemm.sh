@@ -13,6 +13,8 @@ STEPS=${STEPS:-tile example tests bench}
 for s in $STEPS; do
   echo "=== $s"
   case $s in
+    tilecheck) timeout 120 compute-sanitizer --tool memcheck --report-api-errors no \
+                 python3 examples/hopper/wgmma_tile.py KK128 2>&1 | tee "$OUT/tile-memcheck.log" | tail -30 ;;
     tile) timeout 120 python3 examples/hopper/wgmma_tile.py 2>&1 | tee "$OUT/wgmma_tile.log" ;;
     example) timeout 180 python3 examples/hopper/gemm.py 2>&1 | tee "$OUT/gemm_example.log" ;;
     tests) timeout ${TEST_TIMEOUT:-300} python3 -m pytest -m gpu -q -x -rs ${PYTEST_K:+-k "$PYTEST_K"} \

@@ -40,7 +40,7 @@ from pyptx.types import b32, bf16, f16, f32, u32, u64
 
 ACTIVATIONS = (None, "relu", "silu", "gelu_tanh")
 H100_SMS = 132
-SMEM_LIMIT = 227 * 1024
+SMEM_LIMIT = 227 * 1024 - 256  # less the static barriers
 
 
 def _dtype(name, what):
@@ -121,7 +121,8 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
            "D": {"box": d_box, "swizzle": "128B"}}
 
     def body(A, B, Bias, D):
-        base = smem.dynamic(align=1024, name="ring").addr()
+        # the 128-byte swizzle is anchored at 1024-byte boundaries: round the window up
+        base = (smem.dynamic(align=128, name="ring").addr() + 1023) & 0xFFFFFC00
         pipe = Pipeline(stages, consumer_arrivals=consumers * cluster)
         tid = reg.from_(ptx.special.tid.x(), u32)
         wg = tid >> 7
@@ -280,7 +281,7 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
 
     name = f"gemm_{dt.name}_{ot.name}_{a_major}{b_major}_{BM}x{BN}x{BK}_s{stages}_c{cluster}"
     deco = kernel(in_specs=in_specs, out_specs=(Tile(M, N, ot),), grid=(ctas, 1, 1),
-                  block=(threads, 1, 1), cluster=(cluster, 1, 1), smem=smem_total - 1024,
+                  block=(threads, 1, 1), cluster=(cluster, 1, 1), smem=smem_total,
                   maxnreg=maxnreg, tma=tma, name=name)
     if bias:
         def gemm(A, B, Bias, D):

@@ -29,11 +29,11 @@ def build_wgmma_tile(N: int = 64, K: int = 64, *, a_major="K", b_major="K", swiz
     b_spec = Tile(N, K, dtype) if b_major == "K" else Tile(K, N, dtype)
 
     @kernel(in_specs=(a_spec, b_spec), out_specs=(Tile(64, N, f32),), block=(128, 1, 1),
-            smem=b_off + b.nbytes, tma={"A": a.tma_options(), "B": b.tma_options()},
+            smem=b_off + b.nbytes + 1024, tma={"A": a.tma_options(), "B": b.tma_options()},
             name=f"wgmma_tile_{a_major}{b_major}_sw{swizzle}_n{N}_k{K}")
     def wgmma_tile(A, B, D):
         (pd,) = ptx.global_ptrs(D)
-        buf = smem.dynamic(align=1024, name="tiles").addr()
+        buf = (smem.dynamic(align=128, name="tiles").addr() + 1023) & 0xFFFFFC00
         bar = smem.alloc(b64, 1, align=8, name="bar")
         tid = reg.from_(ptx.special.tid.x(), u32)
         with ptx.if_(tid == 0):
@@ -68,9 +68,12 @@ def main(argv=None) -> int:
     import torch
 
     fails = 0
+    only = [a for a in (argv if argv is not None else sys.argv[1:])]
     for sw in (128, 64, 32, None):
         for am in ("K", "MN"):
             for bm in ("K", "MN"):
+                if only and f"{am}{bm}{sw}" not in only:
+                    continue
                 a = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)
                 b = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)
                 k = build_wgmma_tile(64, 64, a_major=am, b_major=bm, swizzle=sw)
