@@ -625,8 +625,9 @@ def _exec(c: _CTA, ins: tuple, m: np.ndarray, pcs: np.ndarray, done: np.ndarray,
             else:
                 bits = 64 if t.endswith("64") else 32
                 a, b = c.as_u(ops[1], m, bits), c.as_u(ops[2], m, bits)
-                if t.startswith("s"):
-                    a, b = a.astype(np.int64), b.astype(np.int64)
+                if t.startswith("s"):  # two's complement: reinterpret, then widen
+                    si = np.int32 if bits == 32 else np.int64
+                    a, b = a.view(si).astype(np.int64), b.view(si).astype(np.int64)
             r = {"lt": a < b, "le": a <= b, "gt": a > b, "ge": a >= b, "eq": a == b,
                  "ne": a != b}[cmp]
             c.put(ops[0], r, m)
