@@ -75,11 +75,7 @@ def reference(x):
 
 def main(argv=None) -> int:
     """Check on a GPU, or print the ptxas report."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from _harness import parse_args, run_example
+    from pyptx.testing import parse_args, run_example
 
     a = parse_args(__doc__.splitlines()[0], argv, M=1000, N=700, tile=32, rows=8)
 

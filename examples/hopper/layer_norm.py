@@ -5,24 +5,33 @@ row in registers (16-byte loads), the row's mean and then its variance (exact
 two-pass in registers: ``mean((x - mean)**2)``) come from two all-reduces over
 the row's threads, and the result is written with 16-byte stores.
 ``build_layer_norm_bwd`` gives ``(dx, dw, db)``; ``layer_norm_op`` wires both
-through ``pyptx.differentiable_kernel``. Shared machinery: ``_rowwise.py``.
+through ``pyptx.differentiable_kernel``. Shared machinery: ``pyptx.rows``.
 
     python examples/hopper/layer_norm.py [B] [N] [--dtype f32|bf16] [--eps EPS]
 """
 
-import sys
-from pathlib import Path
-
 from pyptx import Tile, kernel, ptx, reg
+from pyptx import rows as rw
+from pyptx.autotune import Config, autotune
 from pyptx.types import f32, u32
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _rowwise as rw  # noqa: E402
+#: The variants ``build_layer_norm(B, N, dtype)`` chooses from, per shape and device
+#: (``pyptx.autotune``): the one-row kernel (the planner's shape first: the choice when
+#: tuning is off), other chunks per thread, without PDL, persistent at one and two CTAs
+#: per SM of an H100 (132 SMs), and the TMA ring at two CTAs per SM.
+LAYER_NORM_CONFIGS = [
+    Config(), Config(chunks=1), Config(chunks=2), Config(chunks=8), Config(pdl=False),
+    Config(ctas=132, pdl=False), Config(ctas=264, pdl=False),
+    Config(ctas=264, stages=3), Config(ctas=264, stages=4),
+    Config(ctas=264, stages=4, bulk_store=True),
+]
 
 
+@autotune(configs=LAYER_NORM_CONFIGS, key=["B", "N", "dtype"])
 def build_layer_norm(B: int, N: int, dtype=f32, eps: float = 1e-5, *, chunks=None,
                      threads=None, rows=None, ctas=None, stages=None, bulk_store=False,
-                     maxnreg=None, pdl=True):
+                     maxnreg=None, pdl=True, l2_load="", l2_store="", store_cache="",
+                     pdl_prefetch=True):
     """LayerNorm over the last dim of ``X (B, N)`` with ``W (N,)``, ``Bias (N,)``, all in ``dtype``.
 
     f32 or bf16 storage, f32 arithmetic. Algorithm: load the row's chunks
@@ -30,19 +39,25 @@ def build_layer_norm(B: int, N: int, dtype=f32, eps: float = 1e-5, *, chunks=Non
     (``ld.global.nc``), all-reduce ``sum(x)`` -> mean, form ``d = x - mean``
     (the masked tail set to 0), all-reduce ``sum(d*d)`` -> ``rstd =
     rsqrt.approx(var + eps)``, write ``d * rstd * w + b``. Launch shape from
-    ``_rowwise.plan_rows`` (``chunks``/``threads``/``rows`` override it).
+    ``pyptx.rows.plan_rows`` (``chunks``/``threads``/``rows`` override it).
+
+    Called without any of the variant keywords (``chunks``, ``ctas``, ``stages``,
+    ``bulk_store``, ``pdl``), it returns a ``pyptx.autotune.TunedKernel``: at its first
+    launch on a device it times the ``LAYER_NORM_CONFIGS`` that build, assemble and do
+    not spill, on the call's arguments, and keeps the fastest (on disk too). With any of
+    them it builds exactly that variant.
 
     ``ctas=P`` builds the persistent variant instead: ``min(P, ceil(B/R))`` CTAs,
     each walking rows ``cta*R, cta*R + P*R, ...`` in a device loop with the next
     row's loads issued before this row's reductions, barriers and stores (two
-    register sets, ``_rowwise.row_loop``); ``w`` and ``b`` are loaded once per CTA
+    register sets, ``pyptx.rows.row_loop``); ``w`` and ``b`` are loaded once per CTA
     and kept in registers. With two weight vectors its shape aims at 8 values per
     thread (2048x8192: 1024 threads x 2 chunks f32, x 1 bf16), 64 registers: one
     1024-thread CTA per SM, so ``P`` = the SM count (132 on an H100) fills the
     GPU once. ``maxnreg`` adds ``.maxnreg`` (either variant; the one-row kernel defaults
     to 64 when a row has at least 128 threads).
 
-    ``ctas=P, stages=S`` builds the TMA-ring variant (``_rowwise.Ring``): ``P`` CTAs of one
+    ``ctas=P, stages=S`` builds the TMA-ring variant (``pyptx.rows.Ring``): ``P`` CTAs of one
     row each step, whole rows streamed into ``S`` shared-memory slots by ``cp.async.bulk``;
     ``w`` and ``b`` read once per CTA; ``bulk_store=True`` writes ``y`` back through the slots
     with ``cp.async.bulk`` too. Needs ``N * bytes`` a multiple of 16 and ``S >= 2``.
@@ -52,6 +67,11 @@ def build_layer_norm(B: int, N: int, dtype=f32, eps: float = 1e-5, *, chunks=Non
     prefetch of its rows (``cp.async.bulk.prefetch``) run before ``griddepcontrol.wait``,
     and nothing is read or written before the previous grid has finished.
 
+    ``l2_load``/``l2_store`` (L2 eviction priorities of the streamed loads / the stores),
+    ``store_cache`` (the ``st.global`` modifier) and ``pdl_prefetch`` (the L2 prefetch
+    of a ``pdl`` kernel's rows) go to ``pyptx.rows.Hints``; the defaults are the measured
+    best.
+
     Supported: any ``B >= 1``, ``1 <= N <= 32768`` (persistent: ``N <= 8192``;
     ragged ``N`` uses narrower accesses and a predicated last chunk). Tolerance
     against float64 (same as ``torch.nn.functional.layer_norm`` with ``eps``):
@@ -59,11 +79,12 @@ def build_layer_norm(B: int, N: int, dtype=f32, eps: float = 1e-5, *, chunks=Non
     """
     who = "build_layer_norm"
     dt = rw.dtype_of(dtype, who)
+    hints = rw.Hints(l2_load, l2_store, store_cache, pdl_prefetch)
     if stages is not None:
-        return _layer_norm_ring(B, N, dt, eps, ctas, stages, maxnreg, pdl, bulk_store,
+        return _layer_norm_ring(B, N, dt, eps, ctas, stages, maxnreg, pdl, bulk_store, hints,
                                 chunks=chunks, threads=threads)
     if ctas is not None:
-        return _layer_norm_persistent(B, N, dt, eps, ctas, maxnreg, chunks=chunks,
+        return _layer_norm_persistent(B, N, dt, eps, ctas, maxnreg, hints, chunks=chunks,
                                       threads=threads, rows=rows, pdl=pdl)
     plan = rw.plan_rows(B, N, dt, who=who, chunks=chunks, threads=threads, rows=rows)
     prefetch = plan.elems <= 16
@@ -85,7 +106,7 @@ def build_layer_norm(B: int, N: int, dtype=f32, eps: float = 1e-5, *, chunks=Non
     def layer_norm(X, W, Bias, Y):
         with rw.entry(pdl):
             px, pw, pb, py = ptx.global_ptrs(X, W, Bias, Y)
-            io = rw.Rows(plan)
+            io = rw.Rows(plan, hints)
             if pdl:
                 io.prefetch_rows(px)
         row, ok = io.locate(io.first_row())
@@ -120,8 +141,7 @@ def build_layer_norm(B: int, N: int, dtype=f32, eps: float = 1e-5, *, chunks=Non
     return layer_norm
 
 
-def _layer_norm_ring(B, N, dt, eps, ctas, stages, maxnreg, pdl, bulk_store=False,
-                     **shape):
+def _layer_norm_ring(B, N, dt, eps, ctas, stages, maxnreg, pdl, bulk_store, hints, **shape):
     """``build_layer_norm(..., ctas=P, stages=S)``: rows streamed through a TMA ring."""
     who = f"build_layer_norm(ctas={ctas!r}, stages={stages!r})"
     plan, P, S = rw.ring_plan(B, N, dt, who=who, ctas=ctas, stages=stages, **shape)
@@ -141,7 +161,7 @@ def _layer_norm_ring(B, N, dt, eps, ctas, stages, maxnreg, pdl, bulk_store=False
     def layer_norm_ring(X, W, Bias, Y):
         with rw.entry(pdl):
             px, pw, pb, py = ptx.global_ptrs(X, W, Bias, Y)
-            io = rw.Rows(plan)
+            io = rw.Rows(plan, hints)
             ring = rw.Ring(io, P, S, bulk_store=bulk_store)
             if pdl:
                 ring.prefetch(px)
@@ -179,8 +199,8 @@ def _layer_norm_ring(B, N, dt, eps, ctas, stages, maxnreg, pdl, bulk_store=False
     return layer_norm_ring
 
 
-def _layer_norm_persistent(B, N, dt, eps, ctas, maxnreg, pdl=False, **shape):
-    """``build_layer_norm(..., ctas=P)``: ``P`` CTAs walk the rows (``_rowwise.row_loop``),
+def _layer_norm_persistent(B, N, dt, eps, ctas, maxnreg, hints, pdl=False, **shape):
+    """``build_layer_norm(..., ctas=P)``: ``P`` CTAs walk the rows (``pyptx.rows.row_loop``),
     the next row's loads in flight while this row reduces and stores; ``w``, ``b`` read once."""
     who = f"build_layer_norm(ctas={ctas!r})"
     plan = rw.persistent_plan(B, N, dt, who=who, elems=8, **shape)
@@ -197,7 +217,7 @@ def _layer_norm_persistent(B, N, dt, eps, ctas, maxnreg, pdl=False, **shape):
     )
     def layer_norm_persist(X, W, Bias, Y):
         px, pw, pb, py = ptx.global_ptrs(X, W, Bias, Y)
-        io = rw.Rows(plan)
+        io = rw.Rows(plan, hints)
         coff = io.offset()
         w = io.hold(pw + coff)
         b = io.hold(pb + coff)
@@ -241,7 +261,7 @@ def build_layer_norm_bwd(B: int, N: int, dtype=f32, eps: float = 1e-5, *, chunks
     slices (and ``w`` for short rows) in registers and walks rows ``cta*R, cta*R +
     P*R, ...``: three all-reduces per row (mean, variance, the pair ``sum g``,
     ``sum g*xhat``), ``dx`` written, then the partials go to an f32 ``(P*R*2, N)``
-    buffer (row ``2p`` = dw, ``2p+1`` = db) that stage 2 (``_rowwise.build_colsum``)
+    buffer (row ``2p`` = dw, ``2p+1`` = db) that stage 2 (``pyptx.rows.build_colsum``)
     sums into ``dw`` and ``db`` in ``dtype``. Deterministic (no atomics).
 
     Supported: ``B >= 1``, ``1 <= N <= 8192``, f32 or bf16. Tolerance against float64
@@ -344,8 +364,7 @@ def reference(x, w, b, eps=1e-5):
 
 def main(argv=None) -> int:
     """Check on a GPU, or print the ptxas report."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from _harness import parse_args, run_example
+    from pyptx.testing import parse_args, run_example
 
     a = parse_args(__doc__.splitlines()[0], argv, B=16, N=1000, dtype="f32", eps=1e-5)
     B, N, eps = a["B"], a["N"], a["eps"]

@@ -10,6 +10,8 @@ and the weight. ``N`` must be a multiple of 32; large ``N`` spills registers.
 """
 
 from pyptx import Tile, kernel, ptx, reg
+from pyptx import rows as rw
+from pyptx.autotune import Config, autotune
 from pyptx.types import f32, u32
 
 WARP_SIZE = 32
@@ -76,22 +78,23 @@ def reference(x, w, eps=1e-6):
 
 
 # ----------------------------------------------------------------------------- fast kernels
-def _rowwise():
-    """The shared row-kernel machinery in ``_rowwise.py`` beside this file."""
-    import sys
-    from pathlib import Path
+#: The variants ``build_rms_norm_fast(B, N, dtype)`` chooses from, per shape and device
+#: (``pyptx.autotune``): the one-row kernel (the planner's shape first: the choice when
+#: tuning is off), other chunks per thread, without PDL, persistent at one and two CTAs
+#: per SM of an H100 (132 SMs), and the TMA ring at two CTAs per SM.
+RMS_NORM_CONFIGS = [
+    Config(), Config(chunks=1), Config(chunks=2), Config(chunks=8), Config(pdl=False),
+    Config(ctas=132, pdl=False), Config(ctas=264, pdl=False),
+    Config(ctas=264, stages=3), Config(ctas=264, stages=4),
+    Config(ctas=264, stages=4, bulk_store=True),
+]
 
-    here = str(Path(__file__).resolve().parent)
-    if here not in sys.path:
-        sys.path.insert(0, here)
-    import _rowwise
 
-    return _rowwise
-
-
+@autotune(configs=RMS_NORM_CONFIGS, key=["B", "N", "dtype"])
 def build_rms_norm_fast(B: int, N: int, dtype=f32, eps: float = 1e-6, *, chunks=None,
                         threads=None, rows=None, ctas=None, stages=None, bulk_store=False,
-                        maxnreg=None, pdl=True):
+                        maxnreg=None, pdl=True, l2_load="", l2_store="", store_cache="",
+                        pdl_prefetch=True):
     """RMSNorm at the bandwidth ceiling: ``y = x * rsqrt(mean(x**2) + eps) * w``.
 
     ``X (B, N)`` and ``W (N,)`` in ``dtype`` (f32 or bf16), ``Y (B, N)`` in ``dtype``;
@@ -101,19 +104,25 @@ def build_rms_norm_fast(B: int, N: int, dtype=f32, eps: float = 1e-6, *, chunks=
     sums squares with four fma chains and forms ``x * w`` while the sums travel, all-reduces over the row's threads
     (shuffles, then shared memory and one ``bar.sync`` when a row has several
     warps), scales by ``rsqrt.approx`` and writes the row with 16-byte stores.
-    Short rows share a CTA. Launch shape from ``_rowwise.plan_rows``
+    Short rows share a CTA. Launch shape from ``pyptx.rows.plan_rows``
     (``chunks``/``threads``/``rows`` override it).
+
+    Called without any of the variant keywords (``chunks``, ``ctas``, ``stages``,
+    ``bulk_store``, ``pdl``), it returns a ``pyptx.autotune.TunedKernel``: at its first
+    launch on a device it times the ``RMS_NORM_CONFIGS`` that build, assemble and do not
+    spill, on the call's arguments, and keeps the fastest (on disk too). With any of them
+    it builds exactly that variant.
 
     ``ctas=P`` builds the persistent variant instead: ``min(P, ceil(B/R))`` CTAs,
     each walking rows ``cta*R, cta*R + P*R, ...`` in a device loop with the next
     row's loads issued before this row's reduction, barrier and stores (two
-    register sets, ``_rowwise.row_loop``); ``w`` is loaded once per CTA and kept
+    register sets, ``pyptx.rows.row_loop``); ``w`` is loaded once per CTA and kept
     in registers. Its launch shape aims at 16 values per thread (f32 2048x8192:
     512 threads x 4 chunks, bf16: 512 x 2), 64 registers: two CTAs per SM, so
     ``P`` = 2 x the SM count (264 on an H100) fills the GPU once. ``maxnreg``
     adds ``.maxnreg`` (either variant).
 
-    ``ctas=P, stages=S`` builds the TMA-ring variant (``_rowwise.Ring``): ``P`` CTAs of one
+    ``ctas=P, stages=S`` builds the TMA-ring variant (``pyptx.rows.Ring``): ``P`` CTAs of one
     row each step, thread 0 streaming whole rows into ``S`` shared-memory slots with
     ``cp.async.bulk`` so ``S`` rows per CTA are in flight without registers to hold them;
     ``w`` is read once per CTA; ``bulk_store=True`` writes ``y`` back through the slots with
@@ -124,19 +133,24 @@ def build_rms_norm_fast(B: int, N: int, dtype=f32, eps: float = 1e-6, *, chunks=
     prefetch of its rows (``cp.async.bulk.prefetch``) run before ``griddepcontrol.wait``,
     and nothing is read or written before the previous grid has finished.
 
+    ``l2_load``/``l2_store`` (L2 eviction priorities of the streamed loads / the stores),
+    ``store_cache`` (the ``st.global`` modifier) and ``pdl_prefetch`` (the L2 prefetch
+    of a ``pdl`` kernel's rows) go to ``pyptx.rows.Hints``; the defaults are the measured
+    best.
+
     Supported: any ``B >= 1``, ``1 <= N <= 32768`` (persistent: ``N <= 16384``);
     ``N`` not a multiple of the vector width (4 f32 / 8 bf16) uses narrower
     accesses, and a last partial chunk is predicated. Tolerance against
     float64: relative L2 error below 1e-5 for f32, 1e-2 for bf16 (output
     rounding).
     """
-    rw = _rowwise()
     dt = rw.dtype_of(dtype, "build_rms_norm_fast")
+    hints = rw.Hints(l2_load, l2_store, store_cache, pdl_prefetch)
     if stages is not None:
-        return _rms_norm_ring(rw, B, N, dt, eps, ctas, stages, maxnreg, pdl, bulk_store,
+        return _rms_norm_ring(B, N, dt, eps, ctas, stages, maxnreg, pdl, bulk_store, hints,
                               chunks=chunks, threads=threads)
     if ctas is not None:
-        return _rms_norm_persistent(rw, B, N, dt, eps, ctas, maxnreg, chunks=chunks,
+        return _rms_norm_persistent(B, N, dt, eps, ctas, maxnreg, hints, chunks=chunks,
                                     threads=threads, rows=rows, pdl=pdl)
     plan = rw.plan_rows(B, N, dt, who="build_rms_norm_fast", chunks=chunks, threads=threads,
                         rows=rows)
@@ -154,7 +168,7 @@ def build_rms_norm_fast(B: int, N: int, dtype=f32, eps: float = 1e-6, *, chunks=
     def rms_norm_fast(X, W, Y):
         with rw.entry(pdl):
             px, pw, py = ptx.global_ptrs(X, W, Y)
-            io = rw.Rows(plan)
+            io = rw.Rows(plan, hints)
             if pdl:
                 io.prefetch_rows(px)
         row, ok = io.locate(io.first_row())
@@ -180,8 +194,8 @@ def build_rms_norm_fast(B: int, N: int, dtype=f32, eps: float = 1e-6, *, chunks=
     return rms_norm_fast
 
 
-def _rms_norm_persistent(rw, B, N, dt, eps, ctas, maxnreg, pdl=False, **shape):
-    """``build_rms_norm_fast(..., ctas=P)``: ``P`` CTAs walk the rows (``_rowwise.row_loop``),
+def _rms_norm_persistent(B, N, dt, eps, ctas, maxnreg, hints, pdl=False, **shape):
+    """``build_rms_norm_fast(..., ctas=P)``: ``P`` CTAs walk the rows (``pyptx.rows.row_loop``),
     the next row's loads in flight while this row reduces and stores; ``w`` read once."""
     who = f"build_rms_norm_fast(ctas={ctas!r})"
     plan = rw.persistent_plan(B, N, dt, who=who, elems=16, **shape)
@@ -198,7 +212,7 @@ def _rms_norm_persistent(rw, B, N, dt, eps, ctas, maxnreg, pdl=False, **shape):
     )
     def rms_norm_persist(X, W, Y):
         px, pw, py = ptx.global_ptrs(X, W, Y)
-        io = rw.Rows(plan)
+        io = rw.Rows(plan, hints)
         w = io.hold(pw + io.offset())
 
         def fetch(off, guard, dst):
@@ -221,8 +235,7 @@ def _rms_norm_persistent(rw, B, N, dt, eps, ctas, maxnreg, pdl=False, **shape):
     return rms_norm_persist
 
 
-def _rms_norm_ring(rw, B, N, dt, eps, ctas, stages, maxnreg, pdl, bulk_store=False,
-                   **shape):
+def _rms_norm_ring(B, N, dt, eps, ctas, stages, maxnreg, pdl, bulk_store, hints, **shape):
     """``build_rms_norm_fast(..., ctas=P, stages=S)``: rows streamed through a TMA ring."""
     who = f"build_rms_norm_fast(ctas={ctas!r}, stages={stages!r})"
     plan, P, S = rw.ring_plan(B, N, dt, who=who, ctas=ctas, stages=stages, **shape)
@@ -242,7 +255,7 @@ def _rms_norm_ring(rw, B, N, dt, eps, ctas, stages, maxnreg, pdl, bulk_store=Fal
     def rms_norm_ring(X, W, Y):
         with rw.entry(pdl):
             px, pw, py = ptx.global_ptrs(X, W, Y)
-            io = rw.Rows(plan)
+            io = rw.Rows(plan, hints)
             ring = rw.Ring(io, P, S, bulk_store=bulk_store)
             if pdl:
                 ring.prefetch(px)
@@ -278,14 +291,13 @@ def build_rms_norm_bwd(B: int, N: int, dtype=f32, eps: float = 1e-6, *, chunks=N
     ceil(B/R/16)))``); each keeps ``w`` and its running ``dw`` slice in registers,
     walks rows ``cta*R, cta*R + P*R, ...`` (one paired all-reduce of ``sum x**2`` and
     ``sum g*x`` per row), writes ``dx`` and finally its partial ``dw`` row to an f32
-    ``(P*R, N)`` buffer; stage 2 (``_rowwise.build_colsum``) sums the partials into
+    ``(P*R, N)`` buffer; stage 2 (``pyptx.rows.build_colsum``) sums the partials into
     ``dw`` in ``dtype``. Deterministic (no atomics).
 
     Supported: ``B >= 1``, ``1 <= N <= 8192``, f32 or bf16. Tolerance against float64
     autograd: relative L2 error below 1e-5 (f32) / 2e-2 (bf16) for dx and dw.
-    Returns a ``_rowwise.TwoStage`` (callable like a kernel, ``.kernels`` has both).
+    Returns a ``pyptx.rows.TwoStage`` (callable like a kernel, ``.kernels`` has both).
     """
-    rw = _rowwise()
     who = "build_rms_norm_bwd"
     dt = rw.dtype_of(dtype, who)
     plan = rw.plan_rows(B, N, dt, who=who, chunks=chunks, threads=threads, rows=rows,
@@ -365,11 +377,7 @@ def rms_norm_op(B: int, N: int, dtype=f32, eps: float = 1e-6):
 
 def main(argv=None) -> int:
     """Check on a GPU, or print the ptxas report."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from _harness import parse_args, run_example
+    from pyptx.testing import parse_args, run_example
 
     a = parse_args(__doc__.splitlines()[0], argv, B=16, N=512, eps=1e-6)
     B, N, eps = a["B"], a["N"], a["eps"]

@@ -10,19 +10,21 @@ PASS or FAIL. Under the sanitizer:
 
     compute-sanitizer --tool memcheck python examples/hopper/rowwise_check.py
     python examples/hopper/rowwise_check.py --sizes 3x7,5x1000,2x4097
+
+``--tuned`` also checks the builders' default calls, which ``pyptx.autotune`` tunes at
+their first launch (many timed launches per size: leave it out under the sanitizer).
 """
 
 import argparse
-import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+from pyptx.testing import load_module
 
-import layer_norm  # noqa: E402
-import rms_norm  # noqa: E402
-import softmax  # noqa: E402
-import swiglu  # noqa: E402
+HERE = Path(__file__).resolve().parent
+layer_norm = load_module(HERE / "layer_norm.py")
+rms_norm = load_module(HERE / "rms_norm.py")
+softmax = load_module(HERE / "softmax.py")
+swiglu = load_module(HERE / "swiglu.py")
 
 SIZES = "3x7,5x33,7x1000,3x4097,2x8192"
 CTAS = "2,264"
@@ -36,6 +38,8 @@ def main(argv=None) -> int:
                     help=f"persistent CTA counts P,... ('' for none; default {CTAS})")
     ap.add_argument("--stages", default=STAGES,
                     help=f"TMA ring depths S,... ('' for none; default {STAGES})")
+    ap.add_argument("--tuned", action="store_true",
+                    help="also check the default (autotuned) call of each forward builder")
     a = ap.parse_args(argv)
     import torch
 
@@ -87,6 +91,15 @@ def main(argv=None) -> int:
                   F.silu(x64) * u64, tol)
             check(f"layer_norm pdl {tag}", layer_norm.build_layer_norm(B, N, dt, pdl=True)(x, w, b),
                   F.layer_norm(x64, (N,), w64, b64, 1e-5), tol)
+            if a.tuned:  # the variant pyptx.autotune picks for this shape on this device
+                check(f"rms_norm tuned {tag}", rms_norm.build_rms_norm_fast(B, N, dt)(x, w),
+                      F.rms_norm(x64, (N,), w64, 1e-6), tol)
+                check(f"layer_norm tuned {tag}", layer_norm.build_layer_norm(B, N, dt)(x, w, b),
+                      F.layer_norm(x64, (N,), w64, b64, 1e-5), tol)
+                check(f"softmax tuned {tag}", softmax.build_softmax_fast(B, N, dt)(x),
+                      torch.softmax(x64, -1), tol)
+                check(f"swiglu tuned {tag}", swiglu.build_swiglu(B, N, dt)(x, u),
+                      F.silu(x64) * u64, tol)
             if B * N * x.element_size() % 16 == 0:  # slices by bulk copy, chained under PDL
                 for st in (False, True):
                     sw = swiglu.build_swiglu(B, N, dt, bulk=True, bulk_store=st, threads=128)

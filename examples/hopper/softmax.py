@@ -13,6 +13,8 @@ sum. ``N`` must be a multiple of 32; large ``N`` spills registers.
 import math
 
 from pyptx import SpecError, Tile, kernel, ptx, reg
+from pyptx import rows as rw
+from pyptx.autotune import Config, autotune
 from pyptx.types import f32, u64
 
 WARP_SIZE = 32
@@ -67,21 +69,20 @@ def build_softmax(B: int, N: int):
     return softmax
 
 
-def _rowwise():
-    """The shared row-kernel machinery in ``_rowwise.py`` beside this file."""
-    import sys
-    from pathlib import Path
-
-    here = str(Path(__file__).resolve().parent)
-    if here not in sys.path:
-        sys.path.insert(0, here)
-    import _rowwise
-
-    return _rowwise
+#: The variants ``build_softmax_fast(B, N, dtype)`` chooses from, per shape and device
+#: (``pyptx.autotune``): the one-row kernel (the planner's shape first: the choice when
+#: tuning is off), other chunks per thread, without PDL, and persistent at one and two
+#: CTAs per SM of an H100 (132 SMs).
+SOFTMAX_CONFIGS = [
+    Config(), Config(chunks=1), Config(chunks=2), Config(chunks=8), Config(pdl=False),
+    Config(ctas=132, pdl=False), Config(ctas=264, pdl=False),
+]
 
 
+@autotune(configs=SOFTMAX_CONFIGS, key=["B", "N", "dtype"])
 def build_softmax_fast(B: int, N: int, dtype=f32, *, chunks=None, threads=None, rows=None,
-                       ctas=None, maxnreg=None, pdl=True):
+                       ctas=None, maxnreg=None, pdl=True, l2_load="", l2_store="",
+                       store_cache="", pdl_prefetch=True):
     """Row softmax at the bandwidth ceiling, ``(B, N)`` f32 or bf16 in and out, f32 math.
 
     One pass: each thread loads its ``K`` 16-byte chunks of the row
@@ -91,12 +92,18 @@ def build_softmax_fast(B: int, N: int, dtype=f32, *, chunks=None, threads=None, 
     row has several warps), turns the registers into ``ex2.approx((x - m) *
     log2 e)`` with one ``fma`` each, all-reduces their sum the same way and
     writes ``e * rcp.approx(sum)`` with 16-byte stores. Nothing is re-read.
-    Short rows share a CTA; the launch shape comes from ``_rowwise.plan_rows``.
+    Short rows share a CTA; the launch shape comes from ``pyptx.rows.plan_rows``.
+
+    Called without any of the variant keywords (``chunks``, ``ctas``, ``pdl``), it
+    returns a ``pyptx.autotune.TunedKernel``: at its first launch on a device it times
+    the ``SOFTMAX_CONFIGS`` that build, assemble and do not spill, on the call's
+    arguments, and keeps the fastest (on disk too). With any of them it builds exactly
+    that variant.
 
     ``ctas=P`` builds the persistent variant instead: ``min(P, ceil(B/R))`` CTAs,
     each walking rows ``cta*R, cta*R + P*R, ...`` in a device loop with the next
     row's loads issued before this row's reductions, barriers and stores (two
-    register sets, ``_rowwise.row_loop``). Its shape aims at 16 values per thread
+    register sets, ``pyptx.rows.row_loop``). Its shape aims at 16 values per thread
     (2048x8192: 512 threads x 4 chunks f32, x 2 bf16), at most 64 registers: two
     CTAs per SM, so ``P`` = 2 x the SM count (264 on an H100) fills the GPU once.
     ``maxnreg`` adds ``.maxnreg`` (either variant).
@@ -106,15 +113,20 @@ def build_softmax_fast(B: int, N: int, dtype=f32, *, chunks=None, threads=None, 
     prefetch of its rows (``cp.async.bulk.prefetch``) run before ``griddepcontrol.wait``,
     and nothing is read or written before the previous grid has finished.
 
+    ``l2_load``/``l2_store`` (L2 eviction priorities of the streamed loads / the stores),
+    ``store_cache`` (the ``st.global`` modifier) and ``pdl_prefetch`` (the L2 prefetch
+    of a ``pdl`` kernel's rows) go to ``pyptx.rows.Hints``; the defaults are the measured
+    best.
+
     Supported: any ``B >= 1``, ``1 <= N <= 32768`` (persistent: ``N <= 16384``).
     Tolerance against float64: relative L2 error below 1e-5 for f32, 1e-2 for
     bf16.
     """
-    rw = _rowwise()
     dt = rw.dtype_of(dtype, "build_softmax_fast")
+    hints = rw.Hints(l2_load, l2_store, store_cache, pdl_prefetch)
     if ctas is not None:
-        return _softmax_persistent(rw, B, N, dt, ctas, maxnreg, chunks=chunks, threads=threads,
-                                   rows=rows, pdl=pdl)
+        return _softmax_persistent(B, N, dt, ctas, maxnreg, hints, chunks=chunks,
+                                   threads=threads, rows=rows, pdl=pdl)
     plan = rw.plan_rows(B, N, dt, who="build_softmax_fast", chunks=chunks, threads=threads,
                         rows=rows)
 
@@ -130,12 +142,12 @@ def build_softmax_fast(B: int, N: int, dtype=f32, *, chunks=None, threads=None, 
     def softmax_fast(X, Y):
         with rw.entry(pdl):
             px, py = ptx.global_ptrs(X, Y)
-            io = rw.Rows(plan)
+            io = rw.Rows(plan, hints)
             if pdl:
                 io.prefetch_rows(px)
         row, ok = io.locate(io.first_row())
         off = io.offset(row)
-        e, inv = _softmax_exp(rw, io, io.load(px + off, fill=rw.NEG_INF))
+        e, inv = _softmax_exp(io, io.load(px + off, fill=rw.NEG_INF))
         io.store(py + off, rw.mul_all(e, inv), ok)
         ptx.ret()
 
@@ -143,7 +155,7 @@ def build_softmax_fast(B: int, N: int, dtype=f32, *, chunks=None, threads=None, 
     return softmax_fast
 
 
-def _softmax_exp(rw, io, x, *, lanes=False):
+def _softmax_exp(io, x, *, lanes=False):
     """``(exp(x - max), 1 / sum of them)`` for a row held as ``x`` across the row's threads."""
     m = rw.tree(x, "max")
     io.reduce([m], "max", lanes=lanes)
@@ -162,8 +174,8 @@ def _softmax_exp(rw, io, x, *, lanes=False):
     return e, inv
 
 
-def _softmax_persistent(rw, B, N, dt, ctas, maxnreg, pdl=False, **shape):
-    """``build_softmax_fast(..., ctas=P)``: ``P`` CTAs walk the rows (``_rowwise.row_loop``),
+def _softmax_persistent(B, N, dt, ctas, maxnreg, hints, pdl=False, **shape):
+    """``build_softmax_fast(..., ctas=P)``: ``P`` CTAs walk the rows (``pyptx.rows.row_loop``),
     the next row's loads in flight while this row reduces and stores."""
     who = f"build_softmax_fast(ctas={ctas!r})"
     plan = rw.persistent_plan(B, N, dt, who=who, elems=16, **shape)
@@ -180,13 +192,13 @@ def _softmax_persistent(rw, B, N, dt, ctas, maxnreg, pdl=False, **shape):
     )
     def softmax_persist(X, Y):
         px, py = ptx.global_ptrs(X, Y)
-        io = rw.Rows(plan)
+        io = rw.Rows(plan, hints)
 
         def fetch(off, guard, dst):
             return io.load_raw(px + off, fill=rw.NEG_INF, guard=guard, dst=dst, cache=rw.PINNED)
 
         def body(raw, off, ok):
-            e, inv = _softmax_exp(rw, io, io.unpack(raw), lanes=True)
+            e, inv = _softmax_exp(io, io.unpack(raw), lanes=True)
             io.store(py + off, rw.mul_all(e, inv), ok)
 
         rw.row_loop(io, P, fetch, body)
@@ -210,11 +222,7 @@ def reference(x):
 
 def main(argv=None) -> int:
     """Check on a GPU, or print the ptxas report."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from _harness import parse_args, run_example
+    from pyptx.testing import parse_args, run_example
 
     a = parse_args(__doc__.splitlines()[0], argv, B=64, N=1024)
 

@@ -14,18 +14,26 @@ threads it is the fastest shape measured for f32 8192x8192 on the H100.
     python examples/hopper/swiglu.py [B] [N] [--dtype f32|bf16]
 """
 
-import sys
-from pathlib import Path
-
 from pyptx import SpecError, Tile, kernel, ptx, reg, smem
+from pyptx import rows as rw
+from pyptx.autotune import Config, autotune
 from pyptx.types import b64, f32, u32, u64
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _rowwise as rw  # noqa: E402
+#: The variants ``build_swiglu(B, N, dtype)`` chooses from, per shape and device
+#: (``pyptx.autotune``): 256 threads x 1 vector (the default: the choice when tuning is
+#: off), more vectors or threads per CTA, without PDL, and the bulk-copy kernel at 512 and
+#: 1024 threads, loads only or stores too (sizes whose bytes are not a multiple of 16 skip it).
+SWIGLU_CONFIGS = [
+    Config(), Config(chunks=2), Config(chunks=4), Config(threads=512), Config(pdl=False),
+    Config(bulk=True, threads=512), Config(bulk=True, threads=1024),
+    Config(bulk=True, threads=512, bulk_store=True),
+]
 
 
+@autotune(configs=SWIGLU_CONFIGS, key=["B", "N", "dtype"])
 def build_swiglu(B: int, N: int, dtype=f32, *, threads: int = 256, chunks=None, pdl=True,
-                 bulk: bool = False, bulk_store: bool = False):
+                 bulk: bool = False, bulk_store: bool = False, l2_load="", l2_store="",
+                 store_cache="", pdl_prefetch=True):
     """``Y = silu(G) * U`` for ``G, U, Y`` of shape ``(B, N)`` in ``dtype`` (f32 or bf16).
 
     ``threads`` per CTA and ``chunks`` (16-byte vectors per thread and input;
@@ -46,9 +54,21 @@ def build_swiglu(B: int, N: int, dtype=f32, *, threads: int = 256, chunks=None, 
     with ``ld.shared``. ``bulk_store=True`` (with ``bulk``) also writes the CTA's slice of
     ``Y`` back through shared memory with one bulk store. Both need ``B * N * bytes`` to be
     a multiple of 16.
+
+    ``l2_load``/``l2_store`` (L2 eviction priorities of the loads / the stores),
+    ``store_cache`` (the ``st.global`` modifier) and ``pdl_prefetch`` (the L2 prefetch of
+    a ``pdl`` kernel's slices) go to ``pyptx.rows.Hints``; the defaults are the measured
+    best.
+
+    Called without any of the variant keywords (``threads``, ``chunks``, ``pdl``, ``bulk``,
+    ``bulk_store``),
+    it returns a ``pyptx.autotune.TunedKernel``: at its first launch on a device it times
+    the ``SWIGLU_CONFIGS`` that build, assemble and do not spill, on the call's arguments,
+    and keeps the fastest (on disk too). With any of them it builds exactly that variant.
     """
     who = "build_swiglu"
     dt = rw.dtype_of(dtype, who)
+    hints = rw.Hints(l2_load, l2_store, store_cache, pdl_prefetch)
     for name, v in (("B", B), ("N", N), ("threads", threads)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise SpecError(f"{who}: {name} must be a positive int, got {v!r}")
@@ -75,7 +95,7 @@ def build_swiglu(B: int, N: int, dtype=f32, *, threads: int = 256, chunks=None, 
         raise SpecError(f"{who}: bulk=True needs B * N * {es} bytes to be a multiple of 16, "
                         f"got B={B}, N={N}")
     if bulk:
-        return _swiglu_bulk(B, N, dt, threads, k, vec, grid, span, pdl, bulk_store)
+        return _swiglu_bulk(B, N, dt, threads, k, vec, grid, span, pdl, bulk_store, hints)
 
     @kernel(
         in_specs=(Tile(B, N, dt), Tile(B, N, dt)),
@@ -90,7 +110,7 @@ def build_swiglu(B: int, N: int, dtype=f32, *, threads: int = 256, chunks=None, 
             pg, pu, py = ptx.global_ptrs(G, U, Y)
             cta = ptx.special.ctaid.x()
             tid = ptx.special.tid.x()
-            if pdl:
+            if pdl and hints.pdl_prefetch:
                 rw.prefetch_cta_slice((pg, pu), per_cta * vec * es, M * es, tid)
             idx = reg.scalar(u32)
             ptx.inst.mad.lo.u32(idx, cta, per_cta, tid)
@@ -103,11 +123,14 @@ def build_swiglu(B: int, N: int, dtype=f32, *, threads: int = 256, chunks=None, 
             preds = [(idx < mv - j * threads) if masked else None for j in range(k)]
             gs, us = [], []
             for j in range(k):
-                gs.append(rw.load_vec(ag, j * stride, dt, vec, pred=preds[j], cache=rw.STREAM))
-                us.append(rw.load_vec(au, j * stride, dt, vec, pred=preds[j], cache=rw.STREAM))
+                gs.append(rw.load_vec(ag, j * stride, dt, vec, pred=preds[j], cache=rw.STREAM,
+                                      policy=hints.l2_load))
+                us.append(rw.load_vec(au, j * stride, dt, vec, pred=preds[j], cache=rw.STREAM,
+                                      policy=hints.l2_load))
             for j in range(k):
                 ys = [_silu_mul(gv, uv) for gv, uv in zip(gs[j], us[j])]
-                rw.store_vec(ay, j * stride, dt, ys, pred=preds[j])
+                rw.store_vec(ay, j * stride, dt, ys, pred=preds[j], cache=hints.store,
+                             policy=hints.l2_store)
 
         if not ragged:
             body(False)
@@ -126,7 +149,7 @@ def build_swiglu(B: int, N: int, dtype=f32, *, threads: int = 256, chunks=None, 
     return swiglu
 
 
-def _swiglu_bulk(B, N, dt, threads, k, vec, grid, span, pdl, bulk_store):
+def _swiglu_bulk(B, N, dt, threads, k, vec, grid, span, pdl, bulk_store, hints):
     """``build_swiglu(..., bulk=True)``: the CTA's slices arrive by bulk copy into shared memory."""
     es = dt.bytes
     M = B * N
@@ -157,7 +180,7 @@ def _swiglu_bulk(B, N, dt, threads, k, vec, grid, span, pdl, bulk_store):
                 ptx.fence_proxy_async()
             ptx.bar_sync(0)
             start, nbytes = rw.cta_slice(span, total)
-            if pdl:
+            if pdl and hints.pdl_prefetch:
                 rw.prefetch_cta_slice((pg, pu), span, total, tid, where=(start, nbytes))
             tx = 2 * span
             if last_bytes != span:
@@ -185,7 +208,8 @@ def _swiglu_bulk(B, N, dt, threads, k, vec, grid, span, pdl, bulk_store):
             if bulk_store:
                 rw.store_vec(mine, j * stride, dt, ys, pred=ok, space="shared")
             else:
-                rw.store_vec(ay, j * stride, dt, ys, pred=ok)
+                rw.store_vec(ay, j * stride, dt, ys, pred=ok, cache=hints.store,
+                             policy=hints.l2_store)
         if bulk_store:
             ptx.fence_proxy_async()
             ptx.bar_sync(0)
@@ -224,8 +248,7 @@ def reference(g, u):
 
 def main(argv=None) -> int:
     """Check on a GPU, or print the ptxas report."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from _harness import parse_args, run_example
+    from pyptx.testing import parse_args, run_example
 
     a = parse_args(__doc__.splitlines()[0], argv, B=16, N=1000, dtype="f32")
     B, N = a["B"], a["N"]

@@ -221,3 +221,24 @@ def test_exported_from_pyptx_without_importing_frameworks():
     subprocess.run([sys.executable, "-c", code], check=True)
     assert pyptx.autotune.Config is Config
     assert re.match(r"Config\(threads=2\)", repr(Config(threads=2)))
+
+
+def test_arguments_no_config_takes_raise_the_builders_own_error():
+    timer = FakeTimer({})
+    with pytest.raises(ConfigError, match="hold=16 is more than N=8") as e:
+        tuned(timer, [Config(hold=16), Config(hold=32)])(8)
+    assert not isinstance(e.value, AutotuneError)  # the first config's error, as an untuned call
+    k = tuned(timer, [Config(hold=16), Config(hold=4)])(8)  # the first that builds stands in
+    assert k.name == "hold4_r0" and timer.measured == []
+
+
+def test_torch_cpu_tensors_are_not_timed():
+    torch = pytest.importorskip("torch")
+    from pyptx.autotune import TorchTimer, timer_for
+
+    x = torch.zeros(64)
+    assert isinstance(timer_for((x,)), TorchTimer)
+    assert timer_for((FakeArray(),)) is None
+    assert TorchTimer().device_name((x,)) is None  # nothing to time a CPU tensor on
+    k = autotune(configs=[Config(hold=8), Config(hold=16)], key=["N"])(build_hold)(64)
+    assert k.choose(x).name == "hold8_r0" and k.choice is None

@@ -138,8 +138,7 @@ def test_main_runs(rel, argv, capsys):
 
 
 def test_harness_reads_positional_and_flag_params():
-    load("vector_add.py").main(["1"])  # puts examples/ on sys.path
-    from _harness import parse_args
+    from pyptx.testing import parse_args
 
     assert parse_args("t", [], B=16, N=512) == {"B": 16, "N": 512}
     assert parse_args("t", ["4", "--N", "64"], B=16, N=512) == {"B": 4, "N": 64}
@@ -150,8 +149,7 @@ def test_harness_reads_positional_and_flag_params():
 @pytest.mark.parametrize(("shift", "status", "verdict"), [(0.0, 0, "PASS"), (1e-3, 1, "FAIL")])
 def test_harness_compares_with_reference(shift, status, verdict, monkeypatch, capsys):
     torch = pytest.importorskip("torch")
-    load("vector_add.py").main(["1"])  # puts examples/ on sys.path
-    import _harness
+    import pyptx.testing as harness
 
     class Launched:
         out_specs = (None,)
@@ -159,10 +157,24 @@ def test_harness_compares_with_reference(shift, status, verdict, monkeypatch, ca
         def __call__(self, a, b):
             return a + b + shift
 
-    monkeypatch.setattr(_harness, "_cuda_torch", lambda: torch)
+    monkeypatch.setattr(harness, "_cuda_torch", lambda: torch)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     inputs = (torch.randn(100), torch.randn(100))
-    got = _harness.run_example(Launched(), lambda t: inputs, load("vector_add.py").reference,
+    got = harness.run_example(Launched(), lambda t: inputs, load("vector_add.py").reference,
                                atol=1e-6, rtol=1e-6)
     assert got == status
     assert capsys.readouterr().out.splitlines()[-1] == verdict
+
+
+def test_examples_import_only_packages():
+    """No example edits ``sys.path`` or imports a file beside it by name (issue 18): the row
+    library is ``pyptx.rows`` and the harness ``pyptx.testing``."""
+    names = ["vector_add.py", "block_reduce.py", "transpose.py", "hopper/rms_norm.py",
+             "hopper/layer_norm.py", "hopper/softmax.py", "hopper/swiglu.py",
+             "hopper/rowwise_check.py"]
+    for path in (EXAMPLES / n for n in names):
+        text = path.read_text()
+        assert "sys.path" not in text, path
+        assert not re.search(r"^\s*(import|from) _(?!_future__)", text, re.M), path
+        assert "pyptx.testing" in text or "pyptx import rows" in text, path
+    assert not (EXAMPLES / "hopper" / "_rowwise.py").exists()

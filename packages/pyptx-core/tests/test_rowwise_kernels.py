@@ -25,6 +25,8 @@ from pathlib import Path
 import pytest
 
 from pyptx import ConfigError, SpecError
+from pyptx import rows as rw
+from pyptx.testing import load_module
 from pyptx.types import bf16, f32
 
 HOPPER = Path(__file__).resolve().parents[3] / "examples" / "hopper"
@@ -39,11 +41,7 @@ _mods: dict[str, object] = {}
 def load(name: str):
     mod = _mods.get(name)
     if mod is None:
-        sys.path.insert(0, str(HOPPER))
-        spec = importlib.util.spec_from_file_location(f"rowwise_{name}", HOPPER / f"{name}.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        _mods[name] = mod
+        mod = _mods[name] = load_module(HOPPER / f"{name}.py", f"rowwise_{name}")
     return mod
 
 
@@ -121,7 +119,6 @@ def test_hot_accesses_are_16_bytes(dt):
 
 # ----------------------------------------------------------------------------- plans
 def test_plans():
-    rw = load("rms_norm")._rowwise()
     p = rw.plan_rows(2048, 8192, f32, who="t")
     assert (p.vec, p.threads, p.chunks, p.rows) == (4, 512, 4, 1)
     assert p.block == (512, 1, 1) and p.grid == (2048, 1, 1) and p.tail_threads == p.threads
@@ -790,18 +787,15 @@ def test_swiglu_bulk_errors_name_the_limit():
 @pytest.mark.parametrize("ld_pr,st_pr", [("evict_first", ""), ("", "evict_first"),
                                         ("evict_last", "evict_first")])
 @pytest.mark.parametrize("dt", DTS)
-def test_l2_eviction_policies(sim, monkeypatch, ld_pr, st_pr, dt, assemble):
-    """``_rowwise.L2_LOAD`` / ``L2_STORE`` put ``.L2::cache_hint`` on streamed loads / stores
+def test_l2_eviction_policies(sim, ld_pr, st_pr, dt, assemble):
+    """``l2_load`` / ``l2_store`` put ``.L2::cache_hint`` on streamed loads / stores
     (never on the weights' ``.nc`` loads); results are unchanged."""
-    rw = load("rms_norm")._rowwise()
-    monkeypatch.setattr(rw, "L2_LOAD", ld_pr)
-    monkeypatch.setattr(rw, "L2_STORE", st_pr)
     B, N = 3, 1000
     rng = np.random.default_rng(7)
     x = to_dev(sim, rng.standard_normal((B, N)), dt)
     w = to_dev(sim, rng.standard_normal(N) * 0.1 + 1, dt)
     for name, args in (("rms_norm", [x, w]), ("swiglu", [x, x])):
-        spec = forward_builders()[name](B, N, dt).specialize()
+        spec = forward_builders()[name](B, N, dt, l2_load=ld_pr, l2_store=st_pr).specialize()
         text = spec.ptx()
         lds = [ln for ln in text.splitlines() if "ld.global" in ln]
         sts = [ln for ln in text.splitlines() if "st.global" in ln]

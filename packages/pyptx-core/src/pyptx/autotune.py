@@ -27,9 +27,11 @@ reuse it without timing. One line on stderr reports each tuning.
 * Passing any config keyword explicitly (``build(..., threads=512)``) calls the
   builder directly: no tuning, the builder's own result.
 * ``PYPTX_AUTOTUNE=0`` takes the first config that builds, without timing or disk.
-* Inside a trace (``jax.jit``, ``torch.compile``) nothing can be timed: the winner
-  known for the device (this process or the disk) is used, else the first config.
-  Call the kernel once eagerly to tune it.
+* Where nothing can be timed (inside ``jax.jit`` or ``torch.compile``, or on CPU arrays)
+  the last winner of this process is used, else the first config that builds. Call
+  the kernel once eagerly to tune it.
+* After an eager torch call, the next call on the same device goes straight to the
+  winner (one type check and one device comparison).
 """
 
 from __future__ import annotations
@@ -201,22 +203,29 @@ class JaxTimer:
         return 1e6 * statistics.median(times)
 
 
+#: timers of the runtime plugins this repository ships, by plugin name; a plugin may instead
+#: offer its own as ``autotune_timer()``.
 _TIMERS: dict[str, Callable[[], Timer]] = {"torch": TorchTimer, "jax": JaxTimer}
 _timer_cache: dict[str, Timer] = {}
 
 
 def timer_for(args: Sequence[Any]) -> Timer | None:
-    """The timer of the framework whose arrays ``args`` holds, or None (imports it lazily)."""
-    from .runtimes import framework_of
+    """The timer of the runtime plugin that owns the arrays in ``args``, or None (no plugin owns
+    them, or it has no timer). The framework is imported by its plugin, not here."""
+    from .runtimes import runtime_for
 
-    for a in args:
-        fw = framework_of(a)
-        if fw in _TIMERS:
-            t = _timer_cache.get(fw)
-            if t is None:
-                t = _timer_cache[fw] = _TIMERS[fw]()
-            return t
-    return None
+    try:
+        rt = runtime_for(tuple(args))
+    except PyptxError:
+        return None
+    t = _timer_cache.get(rt.name)
+    if t is None:
+        own = getattr(rt, "autotune_timer", None)
+        make = own if own is not None else _TIMERS.get(rt.name)
+        if make is None:
+            return None
+        t = _timer_cache[rt.name] = make()
+    return t
 
 
 # ----------------------------------------------------------------------------- disk
@@ -340,6 +349,7 @@ class TunedBuilder:
             if hit is not None:
                 return hit
         k = TunedKernel(self, tuple(args), dict(kwargs), keyvals)
+        k._first()  # arguments no config takes fail here, with the builder's own error
         if memo is not None:
             with self._lock:
                 k = self._kernels.setdefault(memo, k)
@@ -365,27 +375,38 @@ class TunedKernel:
         self._built: dict[int, Any] = {}
         self._by_device: dict[str | None, tuple[Any, Choice]] = {}
         self._last: tuple[Any, Choice] | None = None
+        #: (array type, device, kernel) of the last eager torch call: the next call on the same
+        #: device skips the device lookup (``__call__``'s fast path)
+        self._hot: tuple[type, Any, Any] | None = None
         self._lock = threading.RLock()
 
     # -- building
     def build(self, config: Config) -> Any:
-        """The builder's kernel for ``config`` (memoised; a ``PyptxError`` propagates)."""
+        """The builder's kernel for ``config`` (memoised, refusals too: a ``PyptxError``
+        propagates)."""
         i = self.tuner.configs.index(config)
         hit = self._built.get(i)
         if hit is None:
-            hit = self._built[i] = self.tuner.builder(*self.args, **{**self.kwargs,
-                                                                      **config.kwargs})
+            try:
+                hit = self.tuner.builder(*self.args, **{**self.kwargs, **config.kwargs})
+            except PyptxError as e:
+                hit = e
+            self._built[i] = hit
+        if isinstance(hit, PyptxError):
+            raise hit
         return hit
 
     def _first(self) -> tuple[Any, Config]:
-        errors = []
+        """The first config that builds and its kernel; if none does, the first config's
+        error (the one a call of the untuned builder would raise)."""
+        first: PyptxError | None = None
         for c in self.tuner.configs:
             try:
                 return self.build(c), c
             except PyptxError as e:
-                errors.append(f"{c.describe()}: {e}")
-        raise AutotuneError(f"{where()}: no config of {self.tuner.ident} builds for "
-                            f"{self._describe_key()}:\n  " + "\n  ".join(errors))
+                first = first or e
+        assert first is not None
+        raise first
 
     @property
     def kernel(self) -> Any:
@@ -400,30 +421,39 @@ class TunedKernel:
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or name in ("tuner", "args", "kwargs", "keyvals", "_built",
-                                             "_by_device", "_last", "_lock"):
+                                             "_by_device", "_last", "_hot", "_lock"):
             raise AttributeError(name)
         return getattr(self.kernel, name)
 
     # -- launching
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Launch the winner for the arguments' device (tuning first if there is none yet)."""
+        hot = self._hot
+        if hot is not None and args and type(args[0]) is hot[0] and args[0].device == hot[1]:
+            return hot[2](*args, **kwargs)
         return self.choose(*args, **kwargs)(*args, **kwargs)
 
     def choose(self, *args: Any, **kwargs: Any) -> Any:
-        """The kernel to run on ``args``: tuned on their device at the first call, then remembered."""
+        """The kernel to run on ``args``: tuned on their device at the first call, then remembered.
+
+        Where no device can be named (inside a trace), the last winner, else the first config
+        that builds (nothing is timed or stored)."""
         timer = self.tuner.timer or timer_for(args)
         device = timer.device_name(args) if timer is not None else None
+        if device is None:
+            last = self._last
+            return last[0] if last is not None else self._first()[0]
         hit = self._by_device.get(device)
-        if hit is not None:
-            self._last = hit
-            return hit[0]
-        with self._lock:
-            hit = self._by_device.get(device)
-            if hit is None:
-                hit = self._settle(timer, device, args, kwargs)
-                self._by_device[device] = hit
-            self._last = hit
-            return hit[0]
+        if hit is None:
+            with self._lock:
+                hit = self._by_device.get(device)
+                if hit is None:
+                    hit = self._settle(timer, device, args, kwargs)
+                    self._by_device[device] = hit
+        self._last = hit
+        if isinstance(timer, TorchTimer):
+            self._hot = (type(args[0]), args[0].device, hit[0])
+        return hit[0]
 
     def _disk_key(self, device: str) -> str:
         from . import __version__
@@ -432,10 +462,10 @@ class TunedKernel:
                            [c.kwargs for c in self.tuner.configs]], sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
-    def _settle(self, timer: Timer | None, device: str | None, args: Sequence[Any],
+    def _settle(self, timer: Timer | None, device: str, args: Sequence[Any],
                 kwargs: Mapping[str, Any]) -> tuple[Any, Choice]:
         off = os.environ.get(ENV, "").strip().lower() in ("0", "off", "false", "no")
-        if device is not None and not off:
+        if not off:
             rec = _read_choice(self._disk_key(device))
             if rec is not None:
                 cfg = Config(**rec.get("config", {}))
@@ -444,7 +474,7 @@ class TunedKernel:
                         return self.build(cfg), Choice(cfg, rec.get("us"), device, "disk")
                     except PyptxError:
                         pass  # the builder changed: tune again
-        if off or device is None or timer is None:
+        if off or timer is None:
             k, cfg = self._first()
             return k, Choice(cfg, None, device, "first")
         return self._tune(timer, device, args, kwargs)

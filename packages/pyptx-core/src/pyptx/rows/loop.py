@@ -1,0 +1,62 @@
+"""The device loop of a persistent row kernel: each CTA walks its rows with the next
+row's loads in flight (two register sets, the loop unrolled twice)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import ptx, reg
+from ..trace import current
+from ..types import u32
+from .view import Rows
+
+__all__ = ["row_loop"]
+
+
+def row_loop(io: Rows, ctas: int, fetch: Any, body: Any) -> None:
+    """Device loop of a persistent row kernel, the next row's loads in flight during this one.
+
+    CTA ``c`` walks row groups ``it = c*R, c*R + P*R, ...`` below ``B`` (``P = ctas``
+    CTAs; ``persistent_ctas`` keeps ``c*R < B``). ``fetch(off, guard, dst)`` issues the
+    loads of the thread's row at byte offset ``off`` (``io.offset``) and returns raw
+    registers (``Rows.load_raw``; ``guard`` and ``dst`` go to it); ``body(raw, off, ok)``
+    computes and stores that row (``ok``: store predicate, None when every row is
+    inside ``B``). Two register sets ``A``, ``B`` and the loop unrolled twice, so no set
+    is copied::
+
+        A = fetch(c*R)
+        top: B = fetch(it + P*R) if it + P*R < B;  body(A)
+             if it + P*R >= B: done
+             it += 2*P*R;  A = fetch(it) if it < B;  body(B)
+             if it < B: goto top
+
+    Each ``body`` call traces its reductions afresh, so the two halves use different
+    shared-memory slots: a reduction slot is rewritten only after the next barrier,
+    which no warp passes before every warp has read it. Rows past ``B`` inside a group
+    (``R > 1``, last group) read row ``B-1`` and store nothing (``Rows.locate``).
+    """
+    p = io.p
+    R = p.rows
+    step = ctas * R
+
+    def where(it: Any) -> tuple[Any, Any]:
+        row, ok = io.locate(it if R == 1 else it + io.g)
+        return io.offset(row), ok
+
+    it0 = reg.scalar(u32)
+    ptx.inst.mul.lo.u32(it0, ptx.special.ctaid.x(), R)
+    a = fetch(where(it0)[0], None, None)
+    top, end = ptx.label("rows"), ptx.label("rows_end")
+    ptx.place(top)
+    current().raw('.pragma "nounroll";')
+    it1 = it0 + step
+    has1 = it1 < p.B
+    b = fetch(where(it1)[0], has1, None)
+    body(a, *where(it0))
+    ptx.bra(end, pred=~has1, uni=True)
+    ptx.inst.add.u32(it0, it1, step)
+    has0 = it0 < p.B
+    fetch(where(it0)[0], has0, a)
+    body(b, *where(it1))
+    ptx.bra(top, pred=has0, uni=True)
+    ptx.place(end)

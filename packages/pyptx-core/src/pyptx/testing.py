@@ -1,0 +1,136 @@
+"""``pyptx.testing``: the ``__main__`` logic every example shares, and a loader for example files.
+
+Check on a GPU, else print a ptxas report:
+
+``run_example`` launches the kernel on fresh random inputs and compares it with
+a float64 reference when torch with CUDA and the pyptx-torch plugin are there;
+otherwise (or when this build cannot launch) it prints the kernel's launch
+geometry and what ptxas says about it for sm_90a. ``load_module`` imports a Python file
+by path (an example beside the caller) without touching ``sys.path``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from .errors import CompileError, RuntimeUnavailableError, ToolchainError
+from .kernel import Kernel
+from .ptxas import check
+
+__all__ = ["parse_args", "run_example", "report", "load_module"]
+
+
+def parse_args(description: str, argv: Sequence[str] | None = None, **defaults: Any) -> dict:
+    """Read each parameter positionally or as ``--name value``; ``defaults`` give order and type."""
+    ap = argparse.ArgumentParser(description=description, allow_abbrev=False)
+    for name, value in defaults.items():
+        ap.add_argument(f"_{name}", nargs="?", type=type(value), metavar=name,
+                        help=f"(default {value})")
+    for name, value in defaults.items():
+        ap.add_argument(f"--{name}", type=type(value), dest=name)
+    ns = vars(ap.parse_args(argv))
+    out = {}
+    for name, value in defaults.items():
+        flag, pos = ns[name], ns[f"_{name}"]
+        out[name] = flag if flag is not None else pos if pos is not None else value
+    return out
+
+
+def _cuda_torch() -> Any:
+    """torch, if it is installed with a usable GPU and the pyptx-torch plugin; else None."""
+    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("pyptx_torch") is None:
+        return None
+    import torch
+
+    return torch if torch.cuda.is_available() else None
+
+
+def report(kernel: Kernel) -> int:
+    """Print launch geometry and the ptxas resource report; 1 if ptxas rejects the PTX."""
+    spec = kernel.specialize()
+    lines = spec.ptx().count("\n")
+    print(f"{spec.name}: grid {spec.grid}, block {spec.block}, "
+          f"{spec.static_smem} B static smem, {lines} PTX lines")
+    try:
+        result = check(spec)
+    except ToolchainError as e:
+        print(f"(no ptxas report: {e})")
+        return 0
+    except CompileError as e:
+        print(f"FAIL: {e}")
+        return 1
+    for e in result.entries:
+        print(f"ptxas {e.arch} {e.name}: {e.registers} registers, {e.barriers} barriers, "
+              f"{e.smem} B smem, {e.stack} B stack, {e.spill_stores} B spill stores, "
+              f"{e.spill_loads} B spill loads")
+    for w in result.warnings:
+        print(w)
+    return 0
+
+
+def run_example(
+    kernel: Kernel,
+    make_inputs: Callable[[Any], Sequence[Any]],
+    reference: Callable[..., Any],
+    *,
+    atol: float,
+    rtol: float,
+) -> int:
+    """Launch and check ``kernel`` on a GPU, or print its ptxas report; return the exit status.
+
+    ``make_inputs(torch)`` returns the CUDA input tensors. ``reference`` gets
+    them as nested lists of Python floats and returns the expected output the
+    same way (a tuple of them for several outputs). Passes when every element
+    has ``|out - ref| <= atol + rtol * |ref|``.
+    """
+    torch = _cuda_torch()
+    if torch is None:
+        return report(kernel)
+    inputs = make_inputs(torch)
+    try:
+        out = kernel(*inputs)
+    except RuntimeUnavailableError as e:
+        print(f"cannot launch here: {e}")
+        return report(kernel)
+    torch.cuda.synchronize()
+    outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+    ref = reference(*[t.double().cpu().tolist() for t in inputs])
+    refs = tuple(ref) if len(kernel.out_specs) > 1 else (ref,)
+    ok = True
+    for i, (got, want) in enumerate(zip(outs, refs)):
+        want = torch.tensor(want, dtype=torch.float64, device=got.device)
+        err = (got.double() - want).abs()
+        bad = int((err > atol + rtol * want.abs()).sum())
+        print(f"output {i}: shape {tuple(got.shape)}, max abs error {err.max().item():.3e}, "
+              f"{bad} elements outside atol={atol:g} rtol={rtol:g}")
+        ok = ok and bad == 0
+    print("PASS" if ok else "FAIL")
+    return 0 if ok else 1
+
+
+def load_module(path: str | Path, name: str | None = None) -> Any:
+    """Import the Python file at ``path`` as module ``name`` (default: its stem), once.
+
+    For examples that use a sibling file: ``load_module(Path(__file__).with_name("rms_norm.py"))``.
+    """
+    path = Path(path).resolve()
+    name = name or path.stem
+    mod = sys.modules.get(name)
+    if mod is not None and getattr(mod, "__file__", None) == str(path):
+        return mod
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path} as a module")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    try:
+        spec.loader.exec_module(mod)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return mod
