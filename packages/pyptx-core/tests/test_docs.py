@@ -20,6 +20,7 @@ import pytest
 from docs_blocks import ROOT, Block, BlockFailed, blocks, fresh_namespace, pages, run_block, same_output
 
 from pyptx.kernel import Kernel
+from pyptx.module import PtxModule
 
 kernel_mod = importlib.import_module("pyptx.kernel")  # the module; pyptx.kernel is the decorator
 
@@ -87,6 +88,15 @@ def run_page(path: Path, *, gpu: bool, assemble, monkeypatch) -> int:
         return trace(self, *args, **kwargs)
 
     monkeypatch.setattr(Kernel, "_trace", recording_trace)
+    modules: list[tuple[str, str]] = []  # (PTX, arch) of every PtxModule the page prints
+    module_ptx = PtxModule.ptx
+
+    def recording_module_ptx(self):
+        text = module_ptx(self)
+        modules.append((text, self.arch))
+        return text
+
+    monkeypatch.setattr(PtxModule, "ptx", recording_module_ptx)
     namespace = fresh_namespace(path)
     page = blocks(path)
     executed = 0
@@ -127,13 +137,12 @@ def run_page(path: Path, *, gpu: bool, assemble, monkeypatch) -> int:
     created = [k for uid, k in list(kernel_mod._by_uid.items()) if uid not in before]
     untraced = [k.name for k in created if k.uid not in traced]
     assert not untraced, f"{_id(path)}: kernels never traced on the page: {untraced}"
+    texts = [(spec.ptx(), k.arch) for k in created for spec in list(k._cache.values())]
     seen: set[str] = set()
-    for k in created:
-        for spec in list(k._cache.values()):
-            text = spec.ptx()
-            if text not in seen:
-                seen.add(text)
-                assemble(text, arch=k.arch)
+    for text, arch in texts + modules:
+        if text not in seen:
+            seen.add(text)
+            assemble(text, arch=arch)
     return executed
 
 
