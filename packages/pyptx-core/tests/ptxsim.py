@@ -644,8 +644,9 @@ def _exec(c: _CTA, ins: tuple, m: np.ndarray, pcs: np.ndarray, done: np.ndarray,
             elif parts[-2:] == ["bf16", "f32"]:
                 c.put(ops[0], _bf16_rne(c.as_f(ops[1], m)), m)
             elif parts[-2:] == ["bf16x2", "f32"]:
-                hi = _bf16_rne(c.as_f(ops[1], m)).astype(np.uint32)
-                lo = _bf16_rne(c.as_f(ops[2], m)).astype(np.uint32)
+                clamp = (lambda v: np.maximum(v, np.float32(0))) if "relu" in parts else (lambda v: v)
+                hi = _bf16_rne(clamp(c.as_f(ops[1], m))).astype(np.uint32)
+                lo = _bf16_rne(clamp(c.as_f(ops[2], m))).astype(np.uint32)
                 c.put(ops[0], (hi << np.uint32(16)) | lo, m)
             elif parts[-2:] == ["u64", "u32"]:
                 c.put(ops[0], c.as_u(ops[1], m, 32).astype(np.uint64), m)
