@@ -184,7 +184,8 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
         row0, col0 = acc.thread_origin(t_wg)
         lane = tid & 31
         cbuf = base + ring_bytes + w * wg_out_bytes
-        a_desc0 = a_tile.descriptor(base + w * a_tile.offset(0, 64))  # this warpgroup's rows
+        # this warpgroup's 64 rows of A
+        a_desc0 = a_tile.descriptor(base + w * a_tile.offset(0, 64) if consumers > 1 else base)
         b_desc0 = b_tile.descriptor(base, offset=a_bytes)
         cons = pipe.consumer_state()
         rel = pipe.consumer_state()
