@@ -8,9 +8,7 @@ allocator's free blocks are filled with NaN so an unwritten element shows.
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +17,8 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
 np = pytest.importorskip("numpy")
+
+from pyptx.testing import load_module
 
 
 def _gpus():
@@ -41,11 +41,7 @@ _mods: dict[str, object] = {}
 def load(name: str):
     mod = _mods.get(name)
     if mod is None:
-        sys.path.insert(0, str(HOPPER))
-        spec = importlib.util.spec_from_file_location(f"rowwise_jax_{name}", HOPPER / f"{name}.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        _mods[name] = mod
+        mod = _mods[name] = load_module(HOPPER / f"{name}.py", f"rowwise_jax_{name}")
     return mod
 
 
@@ -132,3 +128,23 @@ def test_ops_compose_under_one_jit():
     h = f64(jnp.asarray(x64 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + 1e-6) * f64(w),
                         jnp.bfloat16))
     assert rel_err(y, h / (1.0 + np.exp(-h)) * f64(u)) < 2e-2
+
+
+def test_eager_call_tunes_and_jit_uses_the_winner(tmp_path, monkeypatch, capsys):
+    """An eager call on jax arrays times the variants (pyptx.autotune, wall clock); a later
+    jit trace, which cannot time, takes that winner."""
+    monkeypatch.setenv("PYPTX_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("PYPTX_AUTOTUNE", raising=False)
+    B, N = 256, 4096
+    k = load("rms_norm").build_rms_norm_fast(B, N, "bf16", 1e-6)
+    kx, kw = jax.random.split(jax.random.key(9))
+    x, w = rand(kx, (B, N), "bf16", 2.0, 0.3), rand(kw, (N,), "bf16", 0.1, 1.0)
+    y = k(x, w)
+    assert k.choice is not None and k.choice.source == "timed" and k.choice.us > 0
+    assert "pyptx.autotune: build_rms_norm_fast(B=256, N=4096, dtype=bf16)" in capsys.readouterr().err
+    assert list((tmp_path / "autotune").glob("*.json"))
+    x64, w64 = f64(x), f64(w)
+    ref = x64 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + 1e-6) * w64
+    assert rel_err(y, ref) < TOL["bf16"]
+    assert rel_err(jax.jit(lambda x, w: k(x, w))(x, w), ref) < TOL["bf16"]
+    assert k.kernel is k.choose(x, w)

@@ -130,6 +130,7 @@ class TorchTimer:
     def __init__(self, warmup_ms: float = 25.0, rep_ms: float = 100.0) -> None:
         self.warmup_ms = warmup_ms
         self.rep_ms = rep_ms
+        self._flush: dict[Any, Any] = {}
 
     def device_name(self, args: Sequence[Any]) -> str | None:
         import torch
@@ -150,7 +151,9 @@ class TorchTimer:
         with torch.cuda.device(dev):
             kernel(*args, **kwargs)  # compile and load outside the timing
             torch.cuda.synchronize()
-            flush = torch.empty(256 << 20, dtype=torch.int8, device=dev)
+            flush = self._flush.get(dev)
+            if flush is None:
+                flush = self._flush[dev] = torch.empty(256 << 20, dtype=torch.int8, device=dev)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             for _ in range(5):

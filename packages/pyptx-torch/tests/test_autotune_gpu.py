@@ -1,0 +1,137 @@
+"""``pyptx.autotune`` on a GPU through torch: the row builders' default calls.
+
+A plain ``build_rms_norm_fast(B, N, dtype)`` (and LayerNorm, softmax, SwiGLU) times its
+variants at the first launch with CUDA events, keeps the fastest, logs one line, writes
+the choice to disk (reused by a fresh process without timing), gives correct results,
+and the winner assembles without spills; after tuning, calls go to the winner and
+capture in a CUDA graph.
+
+    pytest -m gpu packages/pyptx-torch/tests/test_autotune_gpu.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pyptx.testing import load_module
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+HOPPER = Path(__file__).resolve().parents[3] / "examples" / "hopper"
+F = torch.nn.functional
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYPTX_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("PYPTX_AUTOTUNE", raising=False)
+    return tmp_path / "autotune"
+
+
+def mod(name):
+    return load_module(HOPPER / f"{name}.py", f"autotune_gpu_{name}")
+
+
+def rel_err(out, ref) -> float:
+    out, ref = out.double(), ref.double()
+    assert torch.isfinite(out).all()
+    return ((out - ref).norm() / ref.norm()).item()
+
+
+def rand(*shape, dt, scale=1.0, shift=0.0):
+    return (torch.randn(*shape, device="cuda") * scale + shift).to(dt)
+
+
+CASES = [(op, B, N, dt) for op in ("rms_norm", "layer_norm", "softmax", "swiglu")
+         for B, N in ((256, 4096), (2048, 8192)) for dt in (torch.float32, torch.bfloat16)]
+
+
+def call(op, B, N, dt):
+    """(tuned kernel, inputs, float64 reference) of one op's default call."""
+    if op == "rms_norm":
+        k = mod("rms_norm").build_rms_norm_fast(B, N, dt, 1e-6)
+        x, w = rand(B, N, dt=dt), rand(N, dt=dt, scale=0.1, shift=1.0)
+        return k, (x, w), F.rms_norm(x.double(), (N,), w.double(), 1e-6)
+    if op == "layer_norm":
+        k = mod("layer_norm").build_layer_norm(B, N, dt, 1e-5)
+        x, w, b = rand(B, N, dt=dt, shift=0.5), rand(N, dt=dt, shift=1.0), rand(N, dt=dt)
+        return k, (x, w, b), F.layer_norm(x.double(), (N,), w.double(), b.double(), 1e-5)
+    if op == "softmax":
+        k = mod("softmax").build_softmax_fast(B, N, dt)
+        x = rand(B, N, dt=dt, scale=3.0)
+        return k, (x,), torch.softmax(x.double(), -1)
+    k = mod("swiglu").build_swiglu(B, N, dt)
+    g, u = rand(B, N, dt=dt, scale=3.0), rand(B, N, dt=dt)
+    return k, (g, u), F.silu(g.double()) * u.double()
+
+
+@pytest.mark.parametrize("op,B,N,dt", CASES)
+def test_default_call_tunes_once_and_is_right(op, B, N, dt, cache, capsys):
+    from pyptx.autotune import TunedKernel
+    from pyptx.ptxas import check
+
+    k, inputs, ref = call(op, B, N, dt)
+    assert isinstance(k, TunedKernel)
+    y = k(*inputs)
+    tol = 1e-5 if dt == torch.float32 else 1e-2
+    assert rel_err(y, ref) < tol
+    c = k.choice
+    assert c.source == "timed" and c.us > 0 and c.device == torch.cuda.get_device_name()
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("pyptx.autotune")]
+    assert len(lines) == 1 and f"(B={B}, N={N}" in lines[0] and f"{c.us:.1f} us" in lines[0]
+    rec = json.loads(next(cache.glob("*.json")).read_text())
+    assert rec["config"] == c.config.kwargs and len(rec["timed"]) >= 2
+    assert min(t["us"] for t in rec["timed"]) == rec["us"]
+    assert k(*inputs) is not None and capsys.readouterr().err == ""  # no second tuning
+    for kk in (k.kernel.kernels if hasattr(k.kernel, "kernels") else [k.kernel]):
+        for e in check(kk.specialize()).entries:
+            assert e.spill_stores == e.spill_loads == 0, e
+
+
+def test_a_new_process_reuses_the_winner_without_timing(cache):
+    code = (
+        "import sys, torch; from pyptx.testing import load_module; "
+        f"m = load_module({str(HOPPER / 'rms_norm.py')!r}, 'p_rms'); "
+        "k = m.build_rms_norm_fast(512, 4096, torch.bfloat16); "
+        "x = torch.randn(512, 4096, device='cuda', dtype=torch.bfloat16); "
+        "w = torch.ones(4096, device='cuda', dtype=torch.bfloat16); k(x, w); "
+        "torch.cuda.synchronize(); print(k.choice.source, k.choice.config)")
+    env = dict(os.environ, PYPTX_CACHE_DIR=str(cache.parent))
+    first = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                           check=True)
+    second = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                            text=True, check=True)
+    assert first.stdout.split()[0] == "timed" and "pyptx.autotune:" in first.stderr
+    assert second.stdout.split()[0] == "disk" and "pyptx.autotune:" not in second.stderr
+    assert first.stdout.split(None, 1)[1] == second.stdout.split(None, 1)[1]
+
+
+def test_switched_off_runs_the_first_config(monkeypatch, capsys):
+    monkeypatch.setenv("PYPTX_AUTOTUNE", "0")
+    k, inputs, ref = call("rms_norm", 256, 4096, torch.bfloat16)
+    assert rel_err(k(*inputs), ref) < 1e-2
+    assert k.choice.source == "first" and k.choice.config.kwargs == {}
+    assert "pyptx.autotune" not in capsys.readouterr().err
+
+
+def test_tuned_kernel_is_captured_in_a_cuda_graph():
+    k, inputs, ref = call("softmax", 1024, 8192, torch.bfloat16)
+    k(*inputs)  # tunes outside the capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = k(*inputs)
+    g.replay()
+    torch.cuda.synchronize()
+    assert rel_err(y, ref) < 1e-2
