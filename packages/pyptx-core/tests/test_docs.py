@@ -17,8 +17,11 @@ import traceback
 from pathlib import Path
 
 import pytest
+from conftest import find_ptxas
 from docs_blocks import ROOT, Block, BlockFailed, blocks, fresh_namespace, pages, run_block, same_output
 
+import pyptx.ptxas as ptxas_mod
+from pyptx.errors import CompileError, ToolchainError
 from pyptx.kernel import Kernel
 from pyptx.module import PtxModule
 
@@ -63,6 +66,7 @@ def _run_console(block: Block, where: str) -> None:
 #: ``PYPTX_UPDATE_DOCS=1``: rewrite output blocks that differ instead of failing (then review
 #: the diff: the page's prose must still describe what the block prints).
 UPDATE = os.environ.get("PYPTX_UPDATE_DOCS") == "1"
+CI = os.environ.get("CI", "").lower() == "true"
 
 
 def _rewrite_outputs(path: Path, updates: list[tuple[Block, str]]) -> None:
@@ -97,6 +101,17 @@ def run_page(path: Path, *, gpu: bool, assemble, monkeypatch) -> int:
         return text
 
     monkeypatch.setattr(PtxModule, "ptx", recording_module_ptx)
+    rejected: set[str] = set()  # PTX a block itself showed ptxas rejecting (a CompileError demo)
+    ptxas_assemble = ptxas_mod.assemble
+
+    def recording_assemble(text, *args, **kwargs):
+        try:
+            return ptxas_assemble(text, *args, **kwargs)
+        except CompileError:
+            rejected.add(text)
+            raise
+
+    monkeypatch.setattr(ptxas_mod, "assemble", recording_assemble)
     namespace = fresh_namespace(path)
     page = blocks(path)
     executed = 0
@@ -130,6 +145,8 @@ def run_page(path: Path, *, gpu: bool, assemble, monkeypatch) -> int:
             missing = _missing_framework(e)
             if missing and not gpu:
                 pytest.skip(f"{where}: needs {missing}")
+            if isinstance(e, ToolchainError) and find_ptxas() is None and not CI:
+                pytest.skip(f"{where}: needs ptxas")
             raise BlockFailed(f"{where}: the block raised\n{traceback.format_exc()}") from e
         executed += 1
     if updates:
@@ -138,7 +155,7 @@ def run_page(path: Path, *, gpu: bool, assemble, monkeypatch) -> int:
     untraced = [k.name for k in created if k.uid not in traced]
     assert not untraced, f"{_id(path)}: kernels never traced on the page: {untraced}"
     texts = [(spec.ptx(), k.arch) for k in created for spec in list(k._cache.values())]
-    seen: set[str] = set()
+    seen: set[str] = set(rejected)
     for text, arch in texts + modules:
         if text not in seen:
             seen.add(text)
