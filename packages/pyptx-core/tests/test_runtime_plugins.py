@@ -91,10 +91,10 @@ def toy_plugin(monkeypatch):
     yield
 
 
-def build_two_out():
+def build_two_out(name=None):
     @kernel(in_specs=(Tile("B", "N", f32), Tile("N", f32)),
             out_specs=(Tile("B", "N", f32), Tile("B", bf16)), grid=lambda B: (B, 1, 1),
-            block=(32, 1, 1))
+            block=(32, 1, 1), name=name)
     def two_out(X, W, Y, S):
         ptx.ret()
 
@@ -137,7 +137,7 @@ def test_values_no_runtime_owns_are_refused(toy_plugin):
 
 
 def test_launch_state_and_records_die_with_the_kernel(toy_plugin):
-    k = build_two_out()
+    k = build_two_out("only_here")  # a name (so PTX) no other test's kernel shares a record with
     k(ToyArray((4, 64)), ToyArray((64,)))
     (state,) = ToyRuntime.made
     (lp,) = state["plans"].values()
