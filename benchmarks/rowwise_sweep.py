@@ -14,22 +14,17 @@ each launch).
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
 from pathlib import Path
 
 import torch
+
+from pyptx.testing import load_module
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def load(rel: str, name: str):
-    path = ROOT / rel
-    sys.path.insert(0, str(path.parent))
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_module(ROOT / rel, name)
 
 
 def main(argv=None) -> None:
@@ -42,13 +37,11 @@ def main(argv=None) -> None:
     mb = load("benchmarks/memory_bound.py", "mb")
     timer = mb.Timer(torch, a.timer)
     rms = load("examples/hopper/rms_norm.py", "rms_sweep")
-    rw = rms._rowwise()
     tri = mb.make_triton(torch)
     copy = mb.measure_copy(torch, timer)[1]
     print(f"timer: {mb.timer_desc(timer.method)}\ncopy {copy:.0f} GB/s")
     loads = {"nc.L1::no_allocate": ".nc.L1::no_allocate", "plain": "", "L1::no_allocate":
              ".L1::no_allocate", "nc": ".nc", "L1::evict_first": ".L1::evict_first"}
-    defaults = dict(rw.Rows.load.__kwdefaults__)
     for dt, tdt in ((f32, torch.float32), (bf16, torch.bfloat16)):
         for B, N in ((256, 4096), (2048, 8192), (8192, 8192)):
             x = torch.randn(B, N, device="cuda", dtype=tdt)
@@ -68,14 +61,12 @@ def main(argv=None) -> None:
                 rows.append(("triton", ms(tri["rms_norm"])))
             for lname, lmod in loads.items():
                 for threads in (None, 128, 256, 1024):
-                    rw.Rows.load.__kwdefaults__["cache"] = lmod
-                    try:
-                        k = rms.build_rms_norm_fast(B, N, dt, threads=threads)
+                    try:  # pdl=True names the variant: the builder does not autotune
+                        k = rms.build_rms_norm_fast(B, N, dt, threads=threads, load_cache=lmod,
+                                                    pdl=True)
                     except Exception as e:  # noqa: BLE001 - a shape the planner refuses
                         print(f"  skip {lname} threads={threads}: {type(e).__name__}")
                         continue
-                    finally:
-                        rw.Rows.load.__kwdefaults__.update(defaults)
                     y = k(x, w)
                     if ref is not None and not torch.allclose(y.float(), ref.float(), atol=2e-2,
                                                               rtol=2e-2):

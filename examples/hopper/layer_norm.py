@@ -31,7 +31,7 @@ LAYER_NORM_CONFIGS = [
 def build_layer_norm(B: int, N: int, dtype=f32, eps: float = 1e-5, *, chunks=None,
                      threads=None, rows=None, ctas=None, stages=None, bulk_store=False,
                      maxnreg=None, pdl=True, l2_load="", l2_store="", store_cache="",
-                     pdl_prefetch=True):
+                     pdl_prefetch=True, load_cache=""):
     """LayerNorm over the last dim of ``X (B, N)`` with ``W (N,)``, ``Bias (N,)``, all in ``dtype``.
 
     f32 or bf16 storage, f32 arithmetic. Algorithm: load the row's chunks
@@ -68,9 +68,9 @@ def build_layer_norm(B: int, N: int, dtype=f32, eps: float = 1e-5, *, chunks=Non
     and nothing is read or written before the previous grid has finished.
 
     ``l2_load``/``l2_store`` (L2 eviction priorities of the streamed loads / the stores),
-    ``store_cache`` (the ``st.global`` modifier) and ``pdl_prefetch`` (the L2 prefetch
-    of a ``pdl`` kernel's rows) go to ``pyptx.rows.Hints``; the defaults are the measured
-    best.
+    ``load_cache``/``store_cache`` (the ``ld.global``/``st.global`` modifiers) and
+    ``pdl_prefetch`` (the L2 prefetch of a ``pdl`` kernel's inputs) go to
+    ``pyptx.rows.Hints``: each changes the PTX, and the defaults are the measured best.
 
     Supported: any ``B >= 1``, ``1 <= N <= 32768`` (persistent: ``N <= 8192``;
     ragged ``N`` uses narrower accesses and a predicated last chunk). Tolerance
@@ -79,7 +79,8 @@ def build_layer_norm(B: int, N: int, dtype=f32, eps: float = 1e-5, *, chunks=Non
     """
     who = "build_layer_norm"
     dt = rw.dtype_of(dtype, who)
-    hints = rw.Hints(l2_load, l2_store, store_cache, pdl_prefetch)
+    hints = rw.Hints(l2_load=l2_load, l2_store=l2_store, store=store_cache,
+                     pdl_prefetch=pdl_prefetch, load=load_cache)
     if stages is not None:
         return _layer_norm_ring(B, N, dt, eps, ctas, stages, maxnreg, pdl, bulk_store, hints,
                                 chunks=chunks, threads=threads)

@@ -94,7 +94,7 @@ RMS_NORM_CONFIGS = [
 def build_rms_norm_fast(B: int, N: int, dtype=f32, eps: float = 1e-6, *, chunks=None,
                         threads=None, rows=None, ctas=None, stages=None, bulk_store=False,
                         maxnreg=None, pdl=True, l2_load="", l2_store="", store_cache="",
-                        pdl_prefetch=True):
+                        pdl_prefetch=True, load_cache=""):
     """RMSNorm at the bandwidth ceiling: ``y = x * rsqrt(mean(x**2) + eps) * w``.
 
     ``X (B, N)`` and ``W (N,)`` in ``dtype`` (f32 or bf16), ``Y (B, N)`` in ``dtype``;
@@ -134,9 +134,9 @@ def build_rms_norm_fast(B: int, N: int, dtype=f32, eps: float = 1e-6, *, chunks=
     and nothing is read or written before the previous grid has finished.
 
     ``l2_load``/``l2_store`` (L2 eviction priorities of the streamed loads / the stores),
-    ``store_cache`` (the ``st.global`` modifier) and ``pdl_prefetch`` (the L2 prefetch
-    of a ``pdl`` kernel's rows) go to ``pyptx.rows.Hints``; the defaults are the measured
-    best.
+    ``load_cache``/``store_cache`` (the ``ld.global``/``st.global`` modifiers) and
+    ``pdl_prefetch`` (the L2 prefetch of a ``pdl`` kernel's inputs) go to
+    ``pyptx.rows.Hints``: each changes the PTX, and the defaults are the measured best.
 
     Supported: any ``B >= 1``, ``1 <= N <= 32768`` (persistent: ``N <= 16384``);
     ``N`` not a multiple of the vector width (4 f32 / 8 bf16) uses narrower
@@ -145,7 +145,8 @@ def build_rms_norm_fast(B: int, N: int, dtype=f32, eps: float = 1e-6, *, chunks=
     rounding).
     """
     dt = rw.dtype_of(dtype, "build_rms_norm_fast")
-    hints = rw.Hints(l2_load, l2_store, store_cache, pdl_prefetch)
+    hints = rw.Hints(l2_load=l2_load, l2_store=l2_store, store=store_cache,
+                     pdl_prefetch=pdl_prefetch, load=load_cache)
     if stages is not None:
         return _rms_norm_ring(B, N, dt, eps, ctas, stages, maxnreg, pdl, bulk_store, hints,
                               chunks=chunks, threads=threads)

@@ -82,7 +82,7 @@ SOFTMAX_CONFIGS = [
 @autotune(configs=SOFTMAX_CONFIGS, key=["B", "N", "dtype"])
 def build_softmax_fast(B: int, N: int, dtype=f32, *, chunks=None, threads=None, rows=None,
                        ctas=None, maxnreg=None, pdl=True, l2_load="", l2_store="",
-                       store_cache="", pdl_prefetch=True):
+                       store_cache="", pdl_prefetch=True, load_cache=""):
     """Row softmax at the bandwidth ceiling, ``(B, N)`` f32 or bf16 in and out, f32 math.
 
     One pass: each thread loads its ``K`` 16-byte chunks of the row
@@ -114,16 +114,17 @@ def build_softmax_fast(B: int, N: int, dtype=f32, *, chunks=None, threads=None, 
     and nothing is read or written before the previous grid has finished.
 
     ``l2_load``/``l2_store`` (L2 eviction priorities of the streamed loads / the stores),
-    ``store_cache`` (the ``st.global`` modifier) and ``pdl_prefetch`` (the L2 prefetch
-    of a ``pdl`` kernel's rows) go to ``pyptx.rows.Hints``; the defaults are the measured
-    best.
+    ``load_cache``/``store_cache`` (the ``ld.global``/``st.global`` modifiers) and
+    ``pdl_prefetch`` (the L2 prefetch of a ``pdl`` kernel's inputs) go to
+    ``pyptx.rows.Hints``: each changes the PTX, and the defaults are the measured best.
 
     Supported: any ``B >= 1``, ``1 <= N <= 32768`` (persistent: ``N <= 16384``).
     Tolerance against float64: relative L2 error below 1e-5 for f32, 1e-2 for
     bf16.
     """
     dt = rw.dtype_of(dtype, "build_softmax_fast")
-    hints = rw.Hints(l2_load, l2_store, store_cache, pdl_prefetch)
+    hints = rw.Hints(l2_load=l2_load, l2_store=l2_store, store=store_cache,
+                     pdl_prefetch=pdl_prefetch, load=load_cache)
     if ctas is not None:
         return _softmax_persistent(B, N, dt, ctas, maxnreg, hints, chunks=chunks,
                                    threads=threads, rows=rows, pdl=pdl)

@@ -33,7 +33,7 @@ SWIGLU_CONFIGS = [
 @autotune(configs=SWIGLU_CONFIGS, key=["B", "N", "dtype"])
 def build_swiglu(B: int, N: int, dtype=f32, *, threads: int = 256, chunks=None, pdl=True,
                  bulk: bool = False, bulk_store: bool = False, l2_load="", l2_store="",
-                 store_cache="", pdl_prefetch=True):
+                 store_cache="", pdl_prefetch=True, load_cache=""):
     """``Y = silu(G) * U`` for ``G, U, Y`` of shape ``(B, N)`` in ``dtype`` (f32 or bf16).
 
     ``threads`` per CTA and ``chunks`` (16-byte vectors per thread and input;
@@ -55,10 +55,10 @@ def build_swiglu(B: int, N: int, dtype=f32, *, threads: int = 256, chunks=None, 
     ``Y`` back through shared memory with one bulk store. Both need ``B * N * bytes`` to be
     a multiple of 16.
 
-    ``l2_load``/``l2_store`` (L2 eviction priorities of the loads / the stores),
-    ``store_cache`` (the ``st.global`` modifier) and ``pdl_prefetch`` (the L2 prefetch of
-    a ``pdl`` kernel's slices) go to ``pyptx.rows.Hints``; the defaults are the measured
-    best.
+    ``l2_load``/``l2_store`` (L2 eviction priorities of the streamed loads / the stores),
+    ``load_cache``/``store_cache`` (the ``ld.global``/``st.global`` modifiers) and
+    ``pdl_prefetch`` (the L2 prefetch of a ``pdl`` kernel's inputs) go to
+    ``pyptx.rows.Hints``: each changes the PTX, and the defaults are the measured best.
 
     Called without any of the variant keywords (``threads``, ``chunks``, ``pdl``, ``bulk``,
     ``bulk_store``),
@@ -68,7 +68,8 @@ def build_swiglu(B: int, N: int, dtype=f32, *, threads: int = 256, chunks=None, 
     """
     who = "build_swiglu"
     dt = rw.dtype_of(dtype, who)
-    hints = rw.Hints(l2_load, l2_store, store_cache, pdl_prefetch)
+    hints = rw.Hints(l2_load=l2_load, l2_store=l2_store, store=store_cache,
+                     pdl_prefetch=pdl_prefetch, load=load_cache)
     for name, v in (("B", B), ("N", N), ("threads", threads)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise SpecError(f"{who}: {name} must be a positive int, got {v!r}")
@@ -123,9 +124,9 @@ def build_swiglu(B: int, N: int, dtype=f32, *, threads: int = 256, chunks=None, 
             preds = [(idx < mv - j * threads) if masked else None for j in range(k)]
             gs, us = [], []
             for j in range(k):
-                gs.append(rw.load_vec(ag, j * stride, dt, vec, pred=preds[j], cache=rw.STREAM,
+                gs.append(rw.load_vec(ag, j * stride, dt, vec, pred=preds[j], cache=hints.load,
                                       policy=hints.l2_load))
-                us.append(rw.load_vec(au, j * stride, dt, vec, pred=preds[j], cache=rw.STREAM,
+                us.append(rw.load_vec(au, j * stride, dt, vec, pred=preds[j], cache=hints.load,
                                       policy=hints.l2_load))
             for j in range(k):
                 ys = [_silu_mul(gv, uv) for gv, uv in zip(gs[j], us[j])]

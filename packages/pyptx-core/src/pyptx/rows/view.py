@@ -15,7 +15,7 @@ from typing import Any
 
 from .. import ptx, reg, smem
 from ..types import PtxType, f32, u32, u64
-from .access import KEEP, STREAM, Hints, load_raw_vec, load_vec, store_vec, unpack
+from .access import KEEP, Hints, load_raw_vec, load_vec, store_vec, unpack
 from .arith import NEG_INF
 from .pdl import prefetch_cta_slice
 from .plan import WARP, RowPlan
@@ -91,10 +91,10 @@ class Rows:
     def load(self, ptr: Any, *, dtype: PtxType | None = None, fill: float = 0.0,
              cache: str | None = None) -> list:
         """The thread's ``K * vec`` elements at ``ptr`` (base + ``offset()``) as f32 registers
-        (``cache`` after ``ld.global``; default ``STREAM``; the L2 policy ``hints.l2_load``
+        (``cache`` after ``ld.global``; default ``hints.load``; the L2 policy ``hints.l2_load``
         unless ``cache`` is ``KEEP``)."""
         p = self.p
-        cache = STREAM if cache is None else cache
+        cache = self.hints.load if cache is None else cache
         dtype = dtype or p.dtype
         out: list = []
         for j in range(p.chunks):
@@ -115,7 +115,7 @@ class Rows:
         """
         p = self.p
         dtype = dtype or p.dtype
-        cache = STREAM if cache is None else cache
+        cache = self.hints.load if cache is None else cache
         tail = self.tail
         if tail is not None and guard is not None:
             tail = guard & tail
