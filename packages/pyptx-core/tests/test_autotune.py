@@ -242,3 +242,11 @@ def test_torch_cpu_tensors_are_not_timed():
     assert TorchTimer().device_name((x,)) is None  # nothing to time a CPU tensor on
     k = autotune(configs=[Config(hold=8), Config(hold=16)], key=["N"])(build_hold)(64)
     assert k.choose(x).name == "hold8_r0" and k.choice is None
+
+
+def test_a_config_building_the_same_kernel_is_timed_once(capsys):
+    timer = FakeTimer({"hold8_r0": 2.0, "hold16_r0": 1.0})
+    k = tuned(timer, [Config(hold=8), Config(hold=16), Config(hold=8, raw="")])(64)
+    assert k.choose(FakeArray()).name == "hold16_r0"
+    assert timer.measured == ["hold8_r0", "hold16_r0"]
+    assert "1 skipped: hold=8 raw=: same kernel as hold=8)" in capsys.readouterr().err

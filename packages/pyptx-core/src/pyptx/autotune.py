@@ -12,8 +12,9 @@ callable with ``in_specs``/``out_specs``)::
     y = k(x, w)                                   # first launch on this device: tunes
 
 On the first launch for a key on a device the tuner builds every config (a config
-the builder refuses with a ``PyptxError`` is skipped), assembles each with ptxas and
-skips any that ptxas rejects or that spills registers, launches the rest on the
+the builder refuses with a ``PyptxError`` is skipped, and so is one whose kernel is the
+same launch as an earlier config's), assembles each with ptxas and skips any that ptxas
+rejects or that spills registers, launches the rest on the
 call's own arguments and times them (``Timer``: CUDA events for torch, wall clock
 after ``block_until_ready`` for jax; warm-up, then the median), and keeps the
 fastest. The tuner *re-runs the kernel* on the caller's arguments many times: the
@@ -486,16 +487,28 @@ class TunedKernel:
               kwargs: Mapping[str, Any]) -> tuple[Any, Choice]:
         timed: list[tuple[float, int, Config, Any]] = []
         skipped: list[tuple[Config, str]] = []
+        same: dict[tuple, Config] = {}
         for i, cfg in enumerate(self.tuner.configs):
             try:
                 k = self.build(cfg)
             except PyptxError as e:
                 skipped.append((cfg, f"not built: {_first_line(e)}"))
                 continue
-            reason = _ptxas_verdict(k, args)
-            if reason is not None:
-                skipped.append((cfg, reason))
+            try:
+                specs = _specializations(k, args)
+            except PyptxError as e:
+                skipped.append((cfg, f"not traced: {_first_line(e)}"))
                 continue
+            if specs is not None:
+                ident = _identity(specs)
+                if ident in same:
+                    skipped.append((cfg, f"same kernel as {same[ident].describe()}"))
+                    continue
+                same[ident] = cfg
+                reason = _ptxas_verdict(specs)
+                if reason is not None:
+                    skipped.append((cfg, reason))
+                    continue
             try:
                 us = float(timer.measure(k, args, kwargs))
             except PyptxError as e:
@@ -536,27 +549,40 @@ def _kernels_of(k: Any) -> list:
     return list(k.kernels) if hasattr(k, "kernels") else [k]
 
 
-def _ptxas_verdict(k: Any, args: Sequence[Any]) -> str | None:
-    """None if ptxas assembles every kernel of ``k`` without spills (or there is no ptxas), else
-    why the config is skipped."""
-    from .errors import CompileError, UnboundDimError
-    from .ptxas import check
+def _specializations(k: Any, args: Sequence[Any]) -> list | None:
+    """The traced specializations of every kernel of ``k`` for ``args`` (None when one of them
+    is not a pyptx ``Kernel``); a ``PyptxError`` of the trace propagates."""
+    from .errors import UnboundDimError
 
+    specs = []
     for kk in _kernels_of(k):
         if not hasattr(kk, "specialize"):
-            continue
+            return None
         try:
-            try:
-                spec = kk.specialize()
-            except UnboundDimError:
-                spec = kk.specialize([tuple(a.shape) for a in args if hasattr(a, "shape")])
+            specs.append(kk.specialize())
+        except UnboundDimError:
+            specs.append(kk.specialize([tuple(a.shape) for a in args if hasattr(a, "shape")]))
+    return specs
+
+
+def _identity(specs: list) -> tuple:
+    """What makes two configs' kernels the same launch: PTX and launch geometry."""
+    return tuple((s.ptx(), s.grid, s.block, s.cluster, s.smem, s.pdl) for s in specs)
+
+
+def _ptxas_verdict(specs: list) -> str | None:
+    """None if ptxas assembles every specialization without spills (or there is no ptxas),
+    else why the config is skipped."""
+    from .errors import CompileError
+    from .ptxas import check
+
+    for spec in specs:
+        try:
             report = check(spec)
         except ToolchainError:
             return None  # nothing to check with: time it
         except CompileError as e:
             return "ptxas rejects it: " + " ".join(str(e).split("\n")[:2])
-        except PyptxError as e:
-            return f"not traced: {_first_line(e)}"
         for e in report.entries:
             if e.spill_stores or e.spill_loads:
                 return f"spills ({e.name}: {e.spill_stores} B stores, {e.spill_loads} B loads)"
