@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import io
 import os
 import shlex
@@ -189,3 +190,27 @@ def test_marks_are_known_and_every_python_block_is_reachable():
                 norun += "norun" in b.marks
     assert total > 0
     assert norun <= max(1, total // 20), f"{norun} of {total} python blocks are norun: keep that rare"
+
+
+def _quote_hook():
+    spec = importlib.util.spec_from_file_location("docs_quote_hook", ROOT / "docs" / "hooks" / "quote.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_every_quoted_file_and_excerpt_resolves():
+    hook = _quote_hook()
+    found = 0
+    for path in PAGES:
+        text = path.read_text()
+        for m in hook.INCLUDE.finditer(text):
+            found += 1
+            assert (ROOT / m.group("path")).is_file(), f"{_id(path)}: include {m.group('path')} is missing"
+        for m in hook.EXCERPT.finditer(text):
+            found += 1
+            source = (ROOT / m.group("path")).read_text()
+            lines = hook.excerpt(source, m.group("start"), m.group("end"))
+            assert lines, (f"{_id(path)}: excerpt of {m.group('path')} from /{m.group('start')}/ to "
+                           f"/{m.group('end')}/ matches nothing: the quoted file changed")
+    assert found > 0
