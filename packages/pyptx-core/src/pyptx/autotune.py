@@ -134,6 +134,7 @@ class TorchTimer:
         self._flush: dict[Any, Any] = {}
 
     def device_name(self, args: Sequence[Any]) -> str | None:
+        """The CUDA device's name; None for CPU tensors, fake tensors and under compile."""
         import torch
 
         if torch.compiler.is_compiling():
@@ -146,6 +147,7 @@ class TorchTimer:
         return None
 
     def measure(self, kernel: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> float:
+        """Median microseconds of one launch, L2 cleared before each (see the class)."""
         import torch
 
         dev = next(a.device for a in args if isinstance(a, torch.Tensor))
@@ -184,6 +186,7 @@ class JaxTimer:
         self.reps = reps
 
     def device_name(self, args: Sequence[Any]) -> str | None:
+        """The GPU's ``device_kind``; None for tracers and CPU arrays."""
         import jax
 
         for a in args:
@@ -195,6 +198,7 @@ class JaxTimer:
         return None
 
     def measure(self, kernel: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> float:
+        """Median microseconds of one launch and its ``block_until_ready``."""
         import jax
 
         for _ in range(self.warmup):

@@ -134,6 +134,7 @@ class TwoStage:
         self.kernels = (stage1, colsum)
 
     def __call__(self, *args: Any) -> Any:
+        """Run both stages: ``(*first outputs but the partials, *summed gradients)``."""
         outs = self.stage1(*args)
         *first, part = outs
         sums = self.colsum(part)

@@ -86,10 +86,12 @@ class RowPlan:
 
     @property
     def block(self) -> tuple[int, int, int]:
+        """CTA shape: ``threads * rows`` threads."""
         return (self.threads * self.rows, 1, 1)
 
     @property
     def grid(self) -> tuple[int, int, int]:
+        """One CTA per ``rows`` rows."""
         return (-(-self.B // self.rows), 1, 1)
 
     @property
@@ -103,6 +105,7 @@ class RowPlan:
         return self.B % self.rows != 0
 
     def describe(self) -> str:
+        """One line naming the plan's numbers (benchmark logs)."""
         return (f"vec={self.vec} threads/row={self.threads} chunks={self.chunks} "
                 f"rows/cta={self.rows} block={self.block[0]} grid={self.grid[0]}")
 
