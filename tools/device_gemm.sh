@@ -27,6 +27,8 @@ for s in $STEPS; do
         timeout 300 compute-sanitizer --tool $tool --report-api-errors no \
           python3 tools/gemm_sanitize.py 2>&1 | tee "$OUT/sanitize-$tool.log" | tail -4
       done ;;
+    sweep) timeout ${SWEEP_TIMEOUT:-300} python3 tools/gemm_sweep.py ${SHAPES:-4096} --configs "${CONFIGS:-[null]}" \
+             2>&1 | tee "$OUT/gemm-sweep.log" ;;
     sass) python3 tools/gemm_sass.py "$OUT" 2>&1 | tail -20 ;;
   esac
 done

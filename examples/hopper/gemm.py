@@ -41,6 +41,7 @@ from pyptx.types import b32, bf16, f16, f32, u32, u64
 ACTIVATIONS = (None, "relu", "silu", "gelu_tanh")
 H100_SMS = 132
 SMEM_LIMIT = 227 * 1024 - 256  # less the static barriers
+EPI_BUFS = 2
 
 
 def _dtype(name, what):
@@ -50,9 +51,10 @@ def _dtype(name, what):
     return table[name]
 
 
-def smem_bytes(BM, BN, BK, stages, out_bytes):
-    """Dynamic shared memory of a configuration: the ring plus the epilogue tiles."""
-    return stages * (BM + BN) * BK * 2 + BM * BN * out_bytes + 1024
+def smem_bytes(BM, BN, BK, stages, out_bytes=2):
+    """Dynamic shared memory of a configuration: the ring, the epilogue buffers (two
+    64-row by 128-byte slabs per consumer warpgroup) and 1024 bytes of alignment slack."""
+    return stages * (BM + BN) * BK * 2 + (BM // 64) * EPI_BUFS * 64 * 128 + 1024
 
 
 def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_major="K",
@@ -84,9 +86,9 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
     threads = 128 * (1 + consumers)
     e_out = ot.bytes
     if stages is None:  # the deepest ring that fits beside the epilogue tiles
-        stages = max(2, min(8, (SMEM_LIMIT - smem_bytes(BM, BN, BK, 0, e_out))
-                            // smem_bytes(BM, BN, BK, 1, 0)))
-    smem_total = smem_bytes(BM, BN, BK, stages, e_out)
+        per_stage = smem_bytes(BM, BN, BK, 1) - smem_bytes(BM, BN, BK, 0)
+        stages = max(2, min(8, (SMEM_LIMIT - smem_bytes(BM, BN, BK, 0)) // per_stage))
+    smem_total = smem_bytes(BM, BN, BK, stages)
     if smem_total > SMEM_LIMIT:
         raise ConfigError(f"build_gemm: {BM}x{BN}x{BK} with {stages} stages needs {smem_total} "
                           f"bytes of shared memory, over {SMEM_LIMIT}")
@@ -99,7 +101,7 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
     out_cols = 128 // e_out                    # output columns per 128-byte swizzled slab
     out_slabs = BN // out_cols
     out_slab_bytes = 64 * 128                  # 64 rows x 128 bytes
-    wg_out_bytes = out_slabs * out_slab_bytes  # one consumer's 64 x BN output tile
+    wg_out_bytes = EPI_BUFS * out_slab_bytes   # one consumer's epilogue buffers
 
     num_m = -(-M // BM)
     num_n = -(-N // BN)
@@ -109,8 +111,8 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
     ctas = clusters * cluster
     num_kb = -(-max(K, KB) // BK)
     gm = max(1, min(group_m, num_mc))
-    prod_regs, cons_regs = (40, 232) if consumers == 2 else (40, 240) if consumers == 1 \
-        else (24, 160)
+    prod_regs = 40 if consumers <= 2 else 24
+    cons_regs = min(240, (65536 - 128 * prod_regs) // (128 * consumers) // 8 * 8)
     maxnreg = min(255, (65536 // threads) // 8 * 8)
 
     a_spec = Tile(M, K, dt) if a_major == "K" else Tile(K, M, dt)
@@ -197,7 +199,7 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
         xr = lane >> 2
         rowbase = cbuf + row0 * 128 + (colb & 15)
         chunk_hi = colb >> 4
-        sw = {}
+        sw = {q: ((chunk_hi + q) ^ xr) * 16 + rowbase for q in range(128 // 16)}
         if bias:
             (pbias,) = ptx.global_ptrs(Bias)
         d_map = ptx.tma.tensormap_ptr(D.tmap)
@@ -233,46 +235,46 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
             rel.advance()
 
             # ------------------------------------------------------------ epilogue
-            with ptx.if_(leader):
-                ptx.tma.wait_group(0, read=True)
-            ptx.bar_sync(bar_id, 128)
+            # one 64 x out_cols slab at a time through two buffers: the bulk store of
+            # slab j-1 drains while slab j is written
             if bias:
                 ncol = n0 + col0
-            for i, dr, dc in acc.pairs():
-                v0, v1 = acc[i], acc[i + 1]
-                if alpha != 1.0:
-                    v0 = v0 * float(alpha)
-                    v1 = v1 * float(alpha)
-                if bias:
-                    c0 = ncol + dc
-                    b0 = reg.scalar(f32, init=0.0)
-                    b1 = reg.scalar(f32, init=0.0)
-                    ok0 = c0 < N
-                    ok1 = c0 < N - 1
-                    ptx.inst.ld.global_.nc.f32(b0, ptx.addr(pbias + c0 * 4), pred=ok0)
-                    ptx.inst.ld.global_.nc.f32(b1, ptx.addr(pbias + c0 * 4 + 4), pred=ok1)
-                    v0 = v0 + b0
-                    v1 = v1 + b1
-                v0, v1 = _activate(v0, activation), _activate(v1, activation)
-                slab, col_in = divmod(dc, out_cols)
-                q = col_in * e_out // 16  # the pair's 16-byte chunk before the swizzle
-                if q not in sw:
-                    sw[q] = ((chunk_hi + q) ^ xr) * 16 + rowbase
-                off = slab * out_slab_bytes + dr * 128
-                if ot is f32:
-                    ptx.inst.st.shared.v2.f32(ptx.addr(sw[q], off), [v0, v1])
-                else:
-                    packed = reg.scalar(b32)
-                    ptx.inst(f"cvt.rn.{ot.name}x2.f32")(packed, v1, v0)
-                    ptx.inst.st.shared.b32(ptx.addr(sw[q], off), packed)
-            ptx.fence_proxy_async("shared::cta")
-            ptx.bar_sync(bar_id, 128)
-            with ptx.if_(leader):
-                mrow = m0 + w * 64
-                for j in range(out_slabs):
-                    ptx.tma.store_tile(d_map, (n0 + j * out_cols, mrow),
-                                       cbuf + j * out_slab_bytes)
-                ptx.tma.commit_group()
+            mrow = m0 + w * 64
+            for j in range(out_slabs):
+                buf = (j % EPI_BUFS) * out_slab_bytes
+                with ptx.if_(leader):
+                    ptx.tma.wait_group(EPI_BUFS - 1, read=True)
+                ptx.bar_sync(bar_id, 128)
+                for i, dr, dc in acc.pairs():
+                    if dc // out_cols != j:
+                        continue
+                    v0, v1 = acc[i], acc[i + 1]
+                    if alpha != 1.0:
+                        v0 = v0 * float(alpha)
+                        v1 = v1 * float(alpha)
+                    if bias:
+                        c0 = ncol + dc
+                        b0 = reg.scalar(f32, init=0.0)
+                        b1 = reg.scalar(f32, init=0.0)
+                        ptx.inst.ld.global_.nc.f32(b0, ptx.addr(pbias + c0 * 4), pred=c0 < N)
+                        ptx.inst.ld.global_.nc.f32(b1, ptx.addr(pbias + c0 * 4 + 4),
+                                                   pred=c0 < N - 1)
+                        v0 = v0 + b0
+                        v1 = v1 + b1
+                    v0, v1 = _activate(v0, activation), _activate(v1, activation)
+                    q = dc % out_cols * e_out // 16  # the pair's 16-byte chunk, unswizzled
+                    off = buf + dr * 128
+                    if ot is f32:
+                        ptx.inst.st.shared.v2.f32(ptx.addr(sw[q], off), [v0, v1])
+                    else:
+                        packed = reg.scalar(b32)
+                        ptx.inst(f"cvt.rn.{ot.name}x2.f32")(packed, v1, v0)
+                        ptx.inst.st.shared.b32(ptx.addr(sw[q], off), packed)
+                ptx.fence_proxy_async("shared::cta")
+                ptx.bar_sync(bar_id, 128)
+                with ptx.if_(leader):
+                    ptx.tma.store_tile(d_map, (n0 + j * out_cols, mrow), cbuf + buf)
+                    ptx.tma.commit_group()
         with ptx.if_(leader):
             ptx.tma.wait_group(0, read=False)
         ptx.place(done)
@@ -331,8 +333,8 @@ def _activate(v, activation):
 def default_config(M, N, K):
     """A tile configuration for the shape (the autotuner's first candidate)."""
     if M <= 256 or N <= 256:
-        return dict(BM=128, BN=128, stages=6, cluster=1)
-    return dict(BM=128, BN=256, stages=3, cluster=2)
+        return dict(BM=128, BN=64 if M <= 128 else 128, cluster=1)
+    return dict(BM=128, BN=256, cluster=2)
 
 
 @functools.lru_cache(maxsize=256)
@@ -408,7 +410,7 @@ def matmul(a, b, *, bias=None, alpha=1.0, activation=None, out_dtype=None, trans
     Ka = a.shape[0] if trans_a else a.shape[1]
     NB, KB = (b.shape[0], b.shape[1]) if trans_b else (b.shape[1], b.shape[0])
     ND = N + (-N % 8)
-    cfg = dict(default_config(M, N, K), **(config or {}))
+    cfg = dict(config) if config else default_config(M, N, K)
     key = tuple(sorted(dict(cfg, dtype=name, out_dtype=out, a_major="MN" if trans_a else "K",
                             b_major="K" if trans_b else "MN", bias=bias is not None,
                             alpha=float(alpha), activation=activation, KB=KB, NB=NB).items()))
