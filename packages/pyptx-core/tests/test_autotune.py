@@ -250,3 +250,15 @@ def test_a_config_building_the_same_kernel_is_timed_once(capsys):
     assert k.choose(FakeArray()).name == "hold16_r0"
     assert timer.measured == ["hold8_r0", "hold16_r0"]
     assert "1 skipped: hold=8 raw=: same kernel as hold=8)" in capsys.readouterr().err
+
+
+def test_builder_calls_are_memoised_in_a_bounded_table(monkeypatch):
+    import pyptx.autotune as at
+
+    monkeypatch.setattr(at, "MEMO_SIZE", 3)
+    build = tuned(FakeTimer({}), [Config(hold=1)])
+    first = build(16)
+    assert build(16) is first
+    for n in (17, 18, 19):
+        build(n)
+    assert len(build._kernels) == 3 and build(16) is not first

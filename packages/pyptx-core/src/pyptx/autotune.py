@@ -60,6 +60,8 @@ __all__ = ["autotune", "Config", "TunedBuilder", "TunedKernel", "Timer", "Autotu
            "Choice", "timer_for"]
 
 ENV = "PYPTX_AUTOTUNE"
+#: builder calls (argument tuples) whose ``TunedKernel`` a decorated builder keeps
+MEMO_SIZE = 256
 _SCALARS = (int, float, str, bool, type(None))
 
 
@@ -361,6 +363,8 @@ class TunedBuilder:
         if memo is not None:
             with self._lock:
                 k = self._kernels.setdefault(memo, k)
+                while len(self._kernels) > MEMO_SIZE:  # the oldest call's kernels go first
+                    del self._kernels[next(iter(self._kernels))]
         return k
 
     def __repr__(self) -> str:
