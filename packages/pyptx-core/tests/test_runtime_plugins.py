@@ -216,7 +216,9 @@ def test_a_failed_entry_point_read_is_remembered(monkeypatch):
 def test_core_names_no_framework():
     import inspect
 
-    for mod in (runtimes, plan, registry, pyptx.kernel):
+    import pyptx.autodiff
+
+    for mod in (runtimes, plan, registry, pyptx.kernel, pyptx.autodiff):
         src = inspect.getsource(mod)
         for word in ('"torch"', '"jax"', '"jaxlib"', "set_compiling_probe", "fast_launch"):
             assert word not in src, (mod.__name__, word)

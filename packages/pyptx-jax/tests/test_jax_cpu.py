@@ -143,3 +143,120 @@ def test_compile_without_a_driver_returns_none_and_with_one_refuses_ptx_without_
     else:
         with pytest.raises(CompileError, match="no .entry"):
             js.compile_ptx_to_cubin("// no entry", "sm_90a")
+
+
+# ---------------------------------------------------------------- differentiable_kernel, vmap
+def build_mul_pair():
+    """y = a * b and its backward (a, b, dy) -> (dy * b, dy * a); bodies are placeholders:
+    these tests check the wiring (with the mock launcher), not the PTX."""
+
+    @kernel(in_specs=(Tile("N", f32), Tile("N", f32)), out_specs=(Tile("N", f32),),
+            block=(32, 1, 1))
+    def mul(A, B, Y):
+        ptx.ret()
+
+    @kernel(in_specs=(Tile("N", f32),) * 3, out_specs=(Tile("N", f32),) * 2, block=(32, 1, 1))
+    def mul_bwd(A, B, DY, DA, DB):
+        ptx.ret()
+
+    return mul, mul_bwd
+
+
+def mul_mock(*inputs, cubin_handle, result_types):
+    """What the two kernels compute, in jnp: the launch replaced by the test hook."""
+    name = get_cubin_registry().get(cubin_handle).kernel_name
+    if name == "mul":
+        a, b = inputs
+        return a * b
+    a, b, dy = inputs
+    return dy * b, dy * a
+
+
+def test_differentiable_kernel_is_one_object_for_torch_and_jax():
+    import pyptx
+
+    assert pyptx.differentiable_kernel is js.differentiable_kernel
+    assert pyptx.differentiable_kernel is pyptx_jax.differentiable_kernel
+    fwd, bwd = build_mul_pair()
+    op = pyptx.differentiable_kernel(fwd, bwd, save_for_backward=[0, 1])
+    assert op.saved == (0, 1) and op.num_grad_inputs == 2 and op.__name__ == "mul"
+
+
+def test_jax_grad_runs_the_backward_kernel():
+    import pyptx
+
+    fwd, bwd = build_mul_pair()
+    op = pyptx.differentiable_kernel(fwd, bwd, save_for_backward=[0, 1])
+    a = jnp.arange(1.0, 9.0)
+    b = jnp.linspace(-2.0, 2.0, 8)
+    g = jnp.linspace(0.5, 1.5, 8)
+    pyptx_jax.set_mock_ffi_callback(mul_mock)
+    try:
+        da, db = jax.jit(jax.grad(lambda a, b: (op(a, b) * g).sum(), argnums=(0, 1)))(a, b)
+
+        @jax.jit
+        def y_and_vjp(a, b, g):
+            y, vjp = jax.vjp(op, a, b)
+            return y, *vjp(g)
+
+        y, va, vb = y_and_vjp(a, b, g)
+    finally:
+        pyptx_jax.set_mock_ffi_callback(None)
+    assert jnp.allclose(da, g * b) and jnp.allclose(db, g * a)
+    assert jnp.allclose(y, a * b) and jnp.allclose(va, g * b) and jnp.allclose(vb, g * a)
+
+
+def test_jax_grad_lowers_to_the_forward_and_backward_custom_calls():
+    import pyptx
+
+    fwd, bwd = build_mul_pair()
+    op = pyptx.differentiable_kernel(fwd, bwd, save_for_backward=[0, 1])
+    spec = jax.ShapeDtypeStruct((64,), jnp.float32)
+    text = (jax.jit(jax.value_and_grad(lambda a, b: op(a, b).sum())).trace(spec, spec)
+            .lower(lowering_platforms=("cuda",)).as_text())
+    handles = [int(h) for h in re.findall(r"cubin_handle = (\d+) : ui64", text)]
+    assert [get_cubin_registry().get(h).kernel_name for h in handles] == ["mul", "mul_bwd"]
+    with pytest.raises(Exception, match="cannot be differentiated"):  # a plain kernel is not
+        jax.jit(jax.grad(lambda a, b: fwd(a, b).sum())).trace(spec, spec).lower(
+            lowering_platforms=("cuda",))
+
+
+def test_non_differentiable_inputs_get_zero_cotangents():
+    import pyptx
+
+    @kernel(in_specs=(Tile("N", f32), Tile("N", f32)), out_specs=(Tile("N", f32),),
+            block=(32, 1, 1))
+    def mul(A, B, Y):
+        ptx.ret()
+
+    @kernel(in_specs=(Tile("N", f32), Tile("N", f32)), out_specs=(Tile("N", f32),),
+            block=(32, 1, 1))
+    def mul_bwd(B, DY, DA):
+        ptx.ret()
+
+    def mock(*inputs, cubin_handle, result_types):
+        return inputs[0] * inputs[1]  # mul: a * b; mul_bwd: b * dy
+
+    op = pyptx.differentiable_kernel(mul, mul_bwd, save_for_backward=[1], num_grad_inputs=1)
+    a, b = jnp.arange(4.0), jnp.full(4, 3.0)
+    pyptx_jax.set_mock_ffi_callback(mock)
+    try:
+        da, db = jax.jit(jax.grad(lambda a, b: op(a, b).sum(), argnums=(0, 1)))(a, b)
+    finally:
+        pyptx_jax.set_mock_ffi_callback(None)
+    assert jnp.array_equal(da, b) and jnp.array_equal(db, jnp.zeros(4))
+
+
+def test_vmap_batches_sequentially_one_launch_per_element():
+    """The documented jax.vmap rule: a kernel call under vmap becomes a loop over the batch
+    whose body launches the kernel on one element (its specialization is per element)."""
+    k = make_kernel()
+    xs = jax.ShapeDtypeStruct((3, 4, 64), jnp.float32)
+    w = jax.ShapeDtypeStruct((64,), jnp.float32)
+    text = (jax.jit(jax.vmap(k, in_axes=(0, None))).trace(xs, w)
+            .lower(lowering_platforms=("cuda",)).as_text())
+    assert "stablehlo.while" in text and text.count("@pyptx_launch") == 1
+    line = next(ln for ln in text.splitlines() if "@pyptx_launch" in ln)
+    assert "tensor<4x64xf32>, tensor<64xf32>" in line  # one batch element per launch
+    out = jax.eval_shape(jax.vmap(k, in_axes=(0, None)), xs, w)
+    assert out[0].shape == (3, 4, 64) and out[1].shape == (3, 4)

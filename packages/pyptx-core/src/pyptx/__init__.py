@@ -37,8 +37,8 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    if name == "differentiable_kernel":
-        from .torch_support import differentiable_kernel
+    if name == "differentiable_kernel":  # one object for every runtime (pyptx.autodiff)
+        from .autodiff import differentiable_kernel
 
         return differentiable_kernel
     if name in ("autotune", "Config"):  # imported on first use: import pyptx stays cheap

@@ -26,6 +26,12 @@ class JaxRuntime:
 
         return make_launcher()
 
+    def differentiable(self, op: Any) -> Any:
+        """The JAX glue of a ``pyptx.differentiable_kernel`` (a ``jax.custom_vjp`` function)."""
+        from .autodiff import custom_vjp_function
+
+        return custom_vjp_function(op)
+
     def launch(self, kernel: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Launch ``kernel`` on ``args`` through the ``pyptx_launch`` custom call."""
         return kernel.launcher(self.name)(kernel, args, kwargs)

@@ -27,6 +27,12 @@ class TorchRuntime:
 
         return make_launcher()
 
+    def differentiable(self, op: Any) -> Any:
+        """The torch glue of a ``pyptx.differentiable_kernel`` (a ``torch.autograd.Function``)."""
+        from .autograd import autograd_function
+
+        return autograd_function(op)
+
     def launch(self, kernel: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Launch ``kernel`` on ``args``: eagerly, or as a custom op while torch.compile traces."""
         return kernel.launcher(self.name)(kernel, args, kwargs)
