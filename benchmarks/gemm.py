@@ -25,6 +25,7 @@ def load_gemm():
     spec = importlib.util.spec_from_file_location("pyptx_gemm", ROOT / "examples/hopper/gemm.py")
     mod = importlib.util.module_from_spec(spec)
     sys.path.insert(0, str(ROOT / "examples/hopper"))
+    sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
     return mod
 

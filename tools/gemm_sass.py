@@ -11,6 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples/hopper"))
 spec = importlib.util.spec_from_file_location("gemm", ROOT / "examples/hopper/gemm.py")
 gemm = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = gemm
 spec.loader.exec_module(gemm)
 out = Path(sys.argv[1] if len(sys.argv) > 1 else ".")
 lines = []

@@ -43,6 +43,7 @@ def _load(name):
     spec = importlib.util.spec_from_file_location(f"gemm_gpu_{name}", HOPPER / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     sys.path.insert(0, str(HOPPER))
+    sys.modules[spec.name] = mod  # torch.compile re-imports the module by name
     spec.loader.exec_module(mod)
     return mod
 
