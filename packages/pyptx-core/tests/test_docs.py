@@ -19,7 +19,16 @@ from pathlib import Path
 
 import pytest
 from conftest import find_ptxas
-from docs_blocks import ROOT, Block, BlockFailed, blocks, fresh_namespace, pages, run_block, same_output
+from docs_blocks import (
+    ROOT,
+    Block,
+    BlockFailed,
+    blocks,
+    fresh_namespace,
+    pages,
+    run_block,
+    same_output,
+)
 
 import pyptx.ptxas as ptxas_mod
 from pyptx.errors import CompileError, ToolchainError
