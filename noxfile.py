@@ -115,3 +115,21 @@ def benchmarks(session: nox.Session) -> None:
     session.install(*CONSTRAINTS, *_editable("pyptx-core"))
     session.run("python", "benchmarks/trace.py", *session.posargs)
     session.run("python", "benchmarks/parse.py")
+
+
+#: The documentation toolchain, pinned: MkDocs + Material render the site, mkdocstrings
+#: (griffe) reads the docstrings for the reference pages.
+DOCS_DEPS = ("mkdocs==1.6.1", "mkdocs-material==9.8.1", "mkdocstrings[python]==1.0.8",
+             "mkdocstrings-python==2.0.11", "griffelib==2.4.1", "pymdown-extensions==13.1")
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """Build the documentation site (docs/, mkdocs.yml) into build/site with
+    `mkdocs build --strict`, after checking that every public name has a docstring and a
+    reference entry. The pages' code blocks run in the tests sessions (test_docs.py)."""
+    session.install(*CONSTRAINTS, *DOCS_DEPS, "pytest", *_editable("pyptx-core"))
+    session.install("--no-deps", *_editable("pyptx-torch", "pyptx-jax"))  # read, not run
+    session.run("pytest", "packages/pyptx-core/tests/test_docs_reference.py", "-q")
+    session.run("mkdocs", "build", "--strict", *session.posargs,
+                env={"NO_MKDOCS_2_WARNING": "1"})
