@@ -502,3 +502,37 @@ def test_regarray_assignment_across_kernels_is_refused():
 
     with pytest.raises(RegisterScopeError):
         body(second)
+
+
+# ---------------------------------------------------------------- guarded ret / exit
+
+def test_guarded_ret_and_exit(assemble):
+    def k():
+        p = reg.scalar(pred, 0)
+        ptx.exit(pred=~p)
+        ptx.ret(pred=p)
+        ptx.ret()
+
+    assert body(k) == ["mov.pred %p0, 0;", "@!%p0 exit;", "@%p0 ret;", "ret;"]
+    assemble(pyptx.kernel(name="t")(k).ptx())
+
+    def bad():
+        ptx.ret(pred=reg.scalar(u32))
+
+    with pytest.raises(OperandError) as ei:
+        body(bad)
+    assert str(ei.value).startswith(f"{HERE}:{bad.__code__.co_firstlineno + 1}: pred= expects a "
+                                    "predicate register or ~p")
+
+
+def test_guarded_ret_runs(sim):
+    """Threads with an odd input leave before the store: the simulator sees their output
+    bytes unwritten (poisoned NaN bits), the others' written."""
+
+    def fn(x):
+        ptx.ret(pred=(x & 1) == 1)
+        return x + 1
+
+    xs = np.arange(32, dtype=np.uint32)
+    (y,) = sim.run(per_thread_kernel(32, fn).specialize(), [xs], poison=False)
+    assert y.tolist() == [x + 1 if x % 2 == 0 else 0 for x in range(32)]

@@ -79,14 +79,16 @@ def bra(target: Label, *, pred: Any = None, uni: bool = False) -> None:
     trace.inst("bra.uni" if uni else "bra", (render(target, None, trace),), p)
 
 
-def ret() -> None:
-    """``ret;``: return from the kernel."""
-    current().inst("ret", ())
+def ret(*, pred: Any = None) -> None:
+    """``[@pred] ret;``: return from the kernel (where ``pred`` holds)."""
+    trace = current()
+    trace.inst("ret", (), _pred_text(pred) if pred is not None else None)
 
 
-def exit() -> None:  # noqa: A001 - the PTX name
-    """``exit;``: terminate the thread."""
-    current().inst("exit", ())
+def exit(*, pred: Any = None) -> None:  # noqa: A001 - the PTX name
+    """``[@pred] exit;``: terminate the thread (where ``pred`` holds)."""
+    trace = current()
+    trace.inst("exit", (), _pred_text(pred) if pred is not None else None)
 
 
 # The end label of the latest ``if_`` block of each trace: ``else_`` must come right after it.
