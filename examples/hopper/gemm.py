@@ -59,7 +59,8 @@ def smem_bytes(BM, BN, BK, stages, out_bytes=2):
 
 def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_major="K",
                b_major="MN", BM=128, BN=256, BK=64, stages=None, cluster=2, group_m=8,
-               num_sms=H100_SMS, bias=False, alpha=1.0, activation=None, KB=None, NB=None):
+               num_sms=H100_SMS, bias=False, alpha=1.0, activation=None, KB=None, NB=None,
+               multicast=True, split="rows"):
     """The GEMM kernel for ``D[M, N] = A[M, K] @ B[K, N]``.
 
     Tensor arguments: A as ``(M, K)`` (``a_major="K"``) or ``(K, M)`` (``"MN"``), B as
@@ -81,6 +82,7 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
     if a_major not in ("K", "MN") or b_major not in ("K", "MN"):
         raise ConfigError("build_gemm: a_major and b_major must be 'K' or 'MN'")
     KB = K if KB is None else KB
+    multicast = multicast and cluster > 1
     NB = N if NB is None else NB
     consumers = BM // 64
     threads = 128 * (1 + consumers)
@@ -119,13 +121,13 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
     b_spec = Tile(KB, NB, dt) if b_major == "MN" else Tile(NB, KB, dt)
     in_specs = (a_spec, b_spec) + ((Tile(N, f32),) if bias else ())
     d_box = (64, out_cols)
-    tma = {"A": a_tile.tma_options(), "B": b_tile.tma_options(cluster),
+    tma = {"A": a_tile.tma_options(), "B": b_tile.tma_options(cluster if multicast and split == "rows" else 1),
            "D": {"box": d_box, "swizzle": "128B"}}
 
     def body(A, B, Bias, D):
         # the 128-byte swizzle is anchored at 1024-byte boundaries: round the window up
         base = (smem.dynamic(align=128, name="ring").addr() + 1023) & 0xFFFFFC00
-        pipe = Pipeline(stages, consumer_arrivals=consumers * cluster)
+        pipe = Pipeline(stages, consumer_arrivals=consumers * (cluster if multicast else 1))
         tid = reg.from_(ptx.special.tid.x(), u32)
         wg = tid >> 7
         pipe.init(pred=tid == 0, cluster=cluster > 1)
@@ -168,9 +170,12 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
                     bar = pipe.arm(st, stage_bytes)
                     sbase = st.stage * stage_bytes + base
                     a_tile.load(sbase, A, m0, k0, bar, map_ptr=a_map)
-                    if cluster > 1:
+                    if multicast and split == "rows":
                         b_tile.load(sbase + a_bytes, B, n0, k0, bar, multicast_mask=mask,
                                     part=(rank, cluster), map_ptr=b_map)
+                    elif multicast:  # whole slabs, alternating between the CTAs
+                        b_tile.load(sbase + a_bytes, B, n0, k0, bar, multicast_mask=mask,
+                                    slabs=(rank, cluster), map_ptr=b_map)
                     else:
                         b_tile.load(sbase + a_bytes, B, n0, k0, bar, map_ptr=b_map)
                     st.advance()
@@ -191,7 +196,7 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
         b_desc0 = b_tile.descriptor(base, offset=a_bytes)
         cons = pipe.consumer_state()
         rel = pipe.consumer_state()
-        release_ranks = range(cluster) if cluster > 1 else None
+        release_ranks = range(cluster) if multicast else None
         # epilogue addressing: row r of a 128-byte swizzled slab, this thread's 16-byte
         # chunk XOR (r % 8); r % 8 is lane // 4 for every register of the fragment
         cbytes = 2 * e_out  # bytes of one column pair

@@ -221,15 +221,16 @@ class OperandTile:
 
     def load(self, dst: Reg | SharedArray, tensor: Any, mn0: Reg | int, k0: Reg | int,
              bar: Any, *, multicast_mask: Any = None, cache_hint: Reg | None = None,
-             part: tuple[Reg | int, int] | None = None, map_ptr: Reg | None = None,
-             pred: Any = None) -> None:
+             part: tuple[Reg | int, int] | None = None, slabs: tuple[Reg | int, int] | None = None,
+             map_ptr: Reg | None = None, pred: Any = None) -> None:
         """Fill the tile at shared address ``dst`` from ``tensor``'s map: one
         ``cp.async.bulk.tensor.2d`` per slab, coordinates ``(k0 + i*w, mn0)`` (K-major) or
         ``(mn0 + i*w, k0)`` (MN-major), ``w`` the slab's elements, all completing on ``bar``
         (arm it with ``nbytes`` first). ``tensor`` is the kernel's tensor parameter (its map
         is checked against the tile) or a tensor-map operand. ``part=(index, count)`` copies
         only rows ``index/count`` of every slab's outer extent, so ``count`` CTAs that
-        multicast (``multicast_mask``) fill the tile together. ``map_ptr``: the map's
+        multicast (``multicast_mask``) fill the tile together; ``slabs=(index, count)`` copies
+        every ``count``-th slab starting at ``index`` instead (whole boxes). ``map_ptr``: the map's
         address hoisted out of a loop (``ptx.tma.tensormap_ptr(X.tmap)``), used instead."""
         from .ptx import tma as ptma
         from .ptx.memory import Addr
@@ -253,7 +254,21 @@ class OperandTile:
         mn0 = mn0 + row0 if self.major == "K" and count > 1 else mn0
         k0 = k0 + row0 if self.major == "MN" and count > 1 else k0
         kw = {} if pred is None else {"pred": pred}
-        for i in range(self.slabs):
+        if slabs is not None:  # slab i = index + j*count for j in range(slabs // count)
+            first, step = slabs
+            if self.slabs % step:
+                raise OperandError(f"{where()}: slabs=(index, {step}) must divide the tile's "
+                                   f"{self.slabs} slabs")
+            if type(first) is Reg:
+                k0 = k0 + first * inner if self.major == "K" else k0
+                mn0 = mn0 + first * inner if self.major == "MN" else mn0
+                dst = dst + first * self.slab_bytes
+                order = [j * step for j in range(self.slabs // step)]
+            else:
+                order = list(range(first, self.slabs, step))
+        else:
+            order = list(range(self.slabs))
+        for i in order:
             if self.major == "K":
                 coords = (k0 + i * inner if i else k0, mn0)
             else:
