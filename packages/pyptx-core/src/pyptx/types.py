@@ -3,6 +3,18 @@
 Each type knows its PTX name, its width in bits, its kind (``b`` bit, ``u``
 unsigned, ``s`` signed, ``f`` float, ``pred``) and the type a register of it is
 declared with (PTX has no ``.reg .bf16``, so those live in ``.b16`` registers).
+
+| kind | types (bits) |
+|---|---|
+| untyped bits | ``b8``, ``b16``, ``b32``, ``b64``, ``b128`` |
+| unsigned | ``u8``, ``u16``, ``u32``, ``u64`` |
+| signed | ``s8``, ``s16``, ``s32``, ``s64`` |
+| float | ``f16``, ``bf16``, ``tf32`` (32), ``f32``, ``f64``, ``e4m3`` and ``e5m2`` (fp8) |
+| packed pairs | ``f16x2``, ``bf16x2`` (32) |
+| predicate | ``pred`` |
+
+``bf16``, ``bf16x2``, ``tf32``, ``e4m3`` and ``e5m2`` live in ``.b16``/``.b32``/``.b8``
+registers; ``ALL_TYPES`` lists them all and ``from_name("f32")`` looks one up.
 """
 
 from __future__ import annotations
@@ -17,10 +29,15 @@ class PtxType:
 
     def __init__(self, name: str, bits: int, kind: str, reg_decl: str, prefix: str) -> None:
         self.name = name
+        """The PTX spelling without the dot: ``"f32"``."""
         self.bits = bits
+        """Width in bits (1 for ``pred``)."""
         self.kind = kind
+        """``"b"``, ``"u"``, ``"s"``, ``"f"`` or ``"pred"``."""
         self.reg_decl = reg_decl
+        """The type registers of this type are declared with (``"b16"`` for ``bf16``)."""
         self.prefix = prefix
+        """The register-name prefix pyptx numbers these registers with (``%f0``, ``%rd3``)."""
 
     @property
     def bytes(self) -> int:
@@ -88,6 +105,7 @@ ALL_TYPES: tuple[PtxType, ...] = (
     b8, b16, b32, b64, b128, u8, u16, u32, u64, s8, s16, s32, s64,
     f16, f16x2, bf16, bf16x2, tf32, f32, f64, e4m3, e5m2, pred,
 )
+"""Every PTX scalar type pyptx knows."""
 _BY_NAME = {t.name: t for t in ALL_TYPES}
 
 
