@@ -60,7 +60,7 @@ def smem_bytes(BM, BN, BK, stages, out_bytes=2):
 def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_major="K",
                b_major="MN", BM=128, BN=256, BK=64, stages=None, cluster=2, group_m=8,
                num_sms=H100_SMS, bias=False, alpha=1.0, activation=None, KB=None, NB=None,
-               multicast=True, split="rows"):
+               multicast=True, split="rows", remote_sem="release.cluster", wait_scope=None):
     """The GEMM kernel for ``D[M, N] = A[M, K] @ B[K, N]``.
 
     Tensor arguments: A as ``(M, K)`` (``a_major="K"``) or ``(K, M)`` (``"MN"``), B as
@@ -166,7 +166,7 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
                 m0, n0 = tile_coords(t)
                 for kb in ptx.loop(0, num_kb):
                     k0 = kb * BK
-                    pipe.acquire(st)
+                    pipe.acquire(st, scope=wait_scope)
                     bar = pipe.arm(st, stage_bytes)
                     sbase = st.stage * stage_bytes + base
                     a_tile.load(sbase, A, m0, k0, bar, map_ptr=a_map)
@@ -213,7 +213,7 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
             m0, n0 = tile_coords(t)
 
             def k_block(first):
-                pipe.wait(cons)
+                pipe.wait(cons, scope=wait_scope)
                 soff = reg.from_(cons.stage * (stage_bytes >> 4), u32)
                 soff64 = reg.from_(soff, u64)
                 da = a_desc0 + soff64
@@ -228,7 +228,7 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
                 ptx.wgmma.commit_group()
                 if not first:
                     ptx.wgmma.wait_group(1)
-                    pipe.release(rel, pred=leader, cta_ranks=release_ranks)
+                    pipe.release(rel, pred=leader, cta_ranks=release_ranks, sem=remote_sem)
                     rel.advance()
                 cons.advance()
 
@@ -236,7 +236,7 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
             for _kb in ptx.loop(1, num_kb):
                 k_block(False)
             ptx.wgmma.wait_group(0)
-            pipe.release(rel, pred=leader, cta_ranks=release_ranks)
+            pipe.release(rel, pred=leader, cta_ranks=release_ranks, sem=remote_sem)
             rel.advance()
 
             # ------------------------------------------------------------ epilogue

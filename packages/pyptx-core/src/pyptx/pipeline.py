@@ -165,10 +165,11 @@ class Pipeline:
                                f"pipeline, got {state!r}")
         return state
 
-    def acquire(self, state: PipelineState) -> None:
-        """Producer: wait until consumers released ``state.stage`` (``empty``, parity ``phase``)."""
+    def acquire(self, state: PipelineState, *, scope: str | None = None) -> None:
+        """Producer: wait until consumers released ``state.stage`` (``empty``, parity ``phase``);
+        ``scope='cluster'`` waits with cluster-scope acquire (releases from peer CTAs)."""
         s = self._check(state)
-        mbarrier.wait(self.empty.at(s.stage), s.phase)
+        mbarrier.wait(self.empty.at(s.stage), s.phase, scope=scope)
 
     def arm(self, state: PipelineState, tx_bytes: int | Reg) -> Addr | Reg:
         """Producer: ``mbarrier.arrive.expect_tx`` on ``full[stage]`` for ``tx_bytes``; returns
@@ -178,15 +179,17 @@ class Pipeline:
         mbarrier.arrive_expect_tx(bar, tx_bytes)
         return bar
 
-    def wait(self, state: PipelineState) -> None:
+    def wait(self, state: PipelineState, *, scope: str | None = None) -> None:
         """Consumer: wait until ``full[stage]`` completes its phase (the stage's data landed)."""
         s = self._check(state)
-        mbarrier.wait(self.full.at(s.stage), s.phase)
+        mbarrier.wait(self.full.at(s.stage), s.phase, scope=scope)
 
-    def release(self, state: PipelineState, *, pred: Any = None, cta_ranks: Any = None) -> None:
+    def release(self, state: PipelineState, *, pred: Any = None, cta_ranks: Any = None,
+                sem: str = "release.cluster") -> None:
         """Consumer: arrive on ``empty[stage]`` (where ``pred`` holds: one thread per warpgroup).
         ``cta_ranks``: arrive on that barrier in each of these cluster CTAs instead
-        (``mapa`` + a remote arrive each), for stages filled by multicast copies."""
+        (``mapa`` + a remote arrive each, ordered by ``sem`` as in ``ptx.mbarrier.arrive``),
+        for stages filled by multicast copies."""
         s = self._check(state)
         bar = self.empty.at(s.stage)
         with _guarded(pred):
@@ -196,7 +199,7 @@ class Pipeline:
             from .ptx.cluster import map_shared
 
             for rank in cta_ranks:
-                mbarrier.arrive(map_shared(bar, rank), remote=True)
+                mbarrier.arrive(map_shared(bar, rank), remote=True, sem=sem)
 
     def __repr__(self) -> str:
         return f"Pipeline({self.stages} stages)"

@@ -65,15 +65,21 @@ def init(bar: Any, count: int | Reg, *, pred: Any = None) -> None:
     trace.inst("mbarrier.init.shared::cta.b64", (b, c), guard(pred, "ptx.mbarrier.init", trace))
 
 
+_REMOTE_SEMS = ("release.cluster", "relaxed.cluster", "release.cta")
+
+
 def arrive(bar: Any, count: int | Reg | None = None, *, remote: bool = False,
-           pred: Any = None) -> Reg | None:
+           sem: str = "release.cluster", pred: Any = None) -> Reg | None:
     """Arrive on ``bar`` (``count`` arrivals, default 1); return the ``.b64`` phase state.
 
     ``mbarrier.arrive.shared::cta.b64 state, [bar]{, count};``. With ``remote=True``
     ``bar`` is a ``shared::cluster`` address (``ptx.cluster.map_shared``) of a barrier in
     another CTA: ``mbarrier.arrive.release.cluster.shared::cluster.b64 _, [bar]{, count};``
-    and nothing is returned (no state comes back from a remote barrier). ``count`` and
-    ``remote`` need sm_90. With ``pred=`` the returned state is undefined where it is false.
+    and nothing is returned (no state comes back from a remote barrier); ``sem`` picks the
+    remote arrive's ordering: 'release.cluster' (default: the thread's earlier writes are
+    visible cluster-wide first), 'release.cta' or 'relaxed.cluster' (no ordering of other
+    memory; enough when the arrival only hands back a buffer the async proxy read). ``count``
+    and ``remote`` need sm_90. With ``pred=`` the returned state is undefined where it is false.
     """
     fn = "ptx.mbarrier.arrive"
     trace = current()
@@ -85,7 +91,9 @@ def arrive(bar: Any, count: int | Reg | None = None, *, remote: bool = False,
         ops.append(u32_or_imm(count, "count", fn, trace, 1, MAX_COUNT))
     g = guard(pred, fn, trace)
     if remote:
-        trace.inst("mbarrier.arrive.release.cluster.shared::cluster.b64", ("_", *ops), g)
+        if sem not in _REMOTE_SEMS:
+            raise OperandError(f"{where()}: {fn} sem must be one of {_REMOTE_SEMS}, got {sem!r}")
+        trace.inst(f"mbarrier.arrive.{sem}.shared::cluster.b64", ("_", *ops), g)
         return None
     state = Reg(trace.new_reg_name(b64), b64, trace)
     trace.inst("mbarrier.arrive.shared::cta.b64", (state.name, *ops), g)
