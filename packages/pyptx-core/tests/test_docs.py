@@ -38,6 +38,8 @@ from pyptx.module import PtxModule
 kernel_mod = importlib.import_module("pyptx.kernel")  # the module; pyptx.kernel is the decorator
 
 PAGES = pages()
+# torch and JAX share the GPU in one process: JAX must not grab 75% of it up front
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 
 def _id(path: Path) -> str:
