@@ -244,3 +244,77 @@ def test_arch_and_shared_memory_checks():
     plan.check_smem(k, spec, 1024, "cuda:0")
     with pytest.raises(LaunchError, match=r"needs 100 bytes .*cuda:0 allows 99"):
         plan.check_smem(k, types.SimpleNamespace(smem=60, static_smem=40), 99, "cuda:0")
+
+
+# ---------------------------------------------------------------- records on disk
+def build_tma_with_scalar():
+    from pyptx.types import u32
+
+    @kernel(in_specs=(Tile("M", "N", f32),), out_specs=(Tile("M", "N", f32),),
+            block=(32, 1, 1), tma={"X": dict(box=(32, 8), swizzle=None)}, name="tma_disk")
+    def k(X, Y):
+        ptx.scalar_param(u32, 7, "n")
+        ptx.tma.tensormap_ptr(X.tmap)
+        ptx.ret()
+
+    return k
+
+
+FIND_IN_CHILD = textwrap.dedent("""
+    import sys
+    from pyptx.registry import find_record
+    arg = sys.argv[1]
+    rec = find_record(int(arg) if arg.isdigit() else arg)
+    if rec is None:
+        print("None")
+    else:
+        print(rec.key, rec.handle, rec.kernel_name, rec.scalar_params[0].hex(),
+              rec.tma_specs[0][0], rec.tma_specs[0][1].box_dims, rec.out_shapes)
+""")
+
+
+def test_a_persisted_record_is_found_by_hash_and_handle_in_a_fresh_process(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYPTX_CACHE_DIR", str(tmp_path))
+    rec = registry.record_for(build_tma_with_scalar().specialize(M=64, N=128))
+    assert registry.persist(rec)
+    box = rec.tma_specs[0][1].box_dims  # driver order: innermost dim first
+    assert box == (8, 32)
+    want = f"{rec.key} {rec.handle} tma_disk 07000000 0 {box} ((64, 128),)"
+    for arg in (rec.key, str(rec.handle)):
+        out = subprocess.run([sys.executable, "-c", FIND_IN_CHILD, arg], capture_output=True,
+                             text=True, check=True).stdout.strip()
+        assert out == want
+
+
+def test_a_record_file_that_does_not_hash_to_its_name_is_ignored(tmp_path, monkeypatch):
+    import json
+
+    monkeypatch.setenv("PYPTX_CACHE_DIR", str(tmp_path))
+    rec = registry.record_for(build_tma_with_scalar().specialize(M=64, N=256))
+    registry.persist(rec)
+    (path,) = tmp_path.glob("*.record.json")
+    doc = json.loads(path.read_text())
+    doc["grid"] = [2, 1, 1]  # launch config no longer what the hash covers
+    path.write_text(json.dumps(doc))
+    out = subprocess.run([sys.executable, "-c", FIND_IN_CHILD, rec.key], capture_output=True,
+                         text=True, check=True).stdout.strip()
+    assert out == "None"
+    path.write_text("{ torn")
+    out = subprocess.run([sys.executable, "-c", FIND_IN_CHILD, rec.key], capture_output=True,
+                         text=True, check=True).stdout.strip()
+    assert out == "None"
+
+
+def test_shim_resolver_is_asked_once_per_unknown_handle():
+    native = pytest.importorskip("pyptx_shim").native
+    if native is None:
+        pytest.skip("the shim extension is not built")
+    asked = []
+    native.set_resolver(lambda h: asked.append(h) or False)
+    try:
+        assert native.resolve(4242) is False and asked == [4242]
+        native.set_resolver(lambda h: 1 / 0)  # an exception is a miss, not a crash
+        assert native.resolve(4243) is False
+    finally:
+        native.set_resolver(None)
+    assert native.resolve(4244) is False and asked == [4242]

@@ -260,3 +260,48 @@ def test_vmap_batches_sequentially_one_launch_per_element():
     assert "tensor<4x64xf32>, tensor<64xf32>" in line  # one batch element per launch
     out = jax.eval_shape(jax.vmap(k, in_axes=(0, None)), xs, w)
     assert out[0].shape == (3, 4, 64) and out[1].shape == (3, 4)
+
+
+# ---------------------------------------------------------------- identity across processes
+def test_exported_program_names_the_kernel_by_content_hash(tmp_path, monkeypatch):
+    """jax.export carries the handle derived from the record's content hash; a fresh process
+    finds that record in the disk cache (the GPU test runs the program there)."""
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("PYPTX_CACHE_DIR", str(tmp_path / "cache"))
+    k = make_kernel()
+    f = jax.jit(lambda x, w: k(jnp.tanh(x), w))
+    exp = jax.export.export(
+        f, platforms=["cuda"],
+        disabled_checks=[jax.export.DisabledSafetyCheck.custom_call("pyptx_launch")],
+    )(jax.ShapeDtypeStruct((4, 64), jnp.float32), jax.ShapeDtypeStruct((64,), jnp.float32))
+    # The serialized program where jax can write it (it needs flatbuffers), else its module text.
+    try:
+        import flatbuffers  # noqa: F401
+
+        blob, load = exp.serialize(), ("jax.export.deserialize(bytearray(data))"
+                                       ".mlir_module()")
+    except ImportError:
+        blob, load = exp.mlir_module().encode(), "data.decode()"
+    path = tmp_path / "f.jax"
+    path.write_bytes(blob)
+    rec = k.specialize(B=4, N=64).record
+    code = (
+        "import re, sys, jax\n"
+        "from pyptx.registry import find_record\n"
+        "data = open(sys.argv[1], 'rb').read()\n"
+        f"text = {load}\n"
+        "h = int(re.search(r'cubin_handle = (\\d+) : ui64', text).group(1))\n"
+        "rec = find_record(h)\n"
+        "print(h, rec.key if rec else None, rec.kernel_name if rec else None)\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True,
+                         text=True)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == [str(rec.handle), rec.key, "two_out"]
+    env = {**__import__("os").environ, "PYPTX_CACHE_DIR": str(tmp_path / "empty")}
+    run = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True,
+                         text=True, env=env)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == [str(rec.handle), "None", "None"]

@@ -177,3 +177,38 @@ def test_jax_grad_matches_torch_autograd(example, op_name, n_in):
         gt = t.grad.cpu().numpy().astype(np.float64)
         assert np.isfinite(np.asarray(gj)).all()
         assert float(np.linalg.norm(np.asarray(gj, np.float64) - gt) / np.linalg.norm(gt)) < 1e-5
+
+
+def test_jax_export_round_trip_in_a_fresh_process(tmp_path, monkeypatch):
+    """A jitted function calling the kernel, exported with jax.export, serialised, then
+    deserialised and run in a new process that never builds the kernel: the custom call names
+    it by content hash, found in the disk cache on the first call."""
+    import subprocess
+
+    pytest.importorskip("flatbuffers")  # jax.export serialization needs it
+    monkeypatch.setenv("PYPTX_CACHE_DIR", str(tmp_path / "cache"))
+    k = load_example("hopper/rms_norm.py").build_rms_norm(16, 512)
+    x, w = inputs(jax.random.key(21), 16, 512)
+    exp = jax.export.export(
+        jax.jit(lambda x, w: k(x * 0.5, w) + 1.0),
+        disabled_checks=[jax.export.DisabledSafetyCheck.custom_call("pyptx_launch")],
+    )(x, w)
+    (tmp_path / "f.jax").write_bytes(exp.serialize())
+    x2, w2 = inputs(jax.random.key(22), 16, 512)
+    np.savez(tmp_path / "data.npz", x=np.asarray(x2), w=np.asarray(w2),
+             ref=rms_ref(np.asarray(x2) * 0.5, w2) + 1.0)
+    code = (
+        "import os, sys\n"
+        "os.environ.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')\n"
+        "import jax, numpy as np, pyptx_jax\n"
+        "assert pyptx_jax.ensure_ffi_registered()\n"
+        "exp = jax.export.deserialize(bytearray(open(sys.argv[1], 'rb').read()))\n"
+        "d = np.load(sys.argv[2])\n"
+        "y = np.asarray(exp.call(d['x'], d['w']), np.float64)\n"
+        "assert np.isfinite(y).all()\n"
+        "print(np.linalg.norm(y - d['ref']) / np.linalg.norm(d['ref']))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code, str(tmp_path / "f.jax"),
+                          str(tmp_path / "data.npz")], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert float(run.stdout.strip().splitlines()[-1]) < 1e-5

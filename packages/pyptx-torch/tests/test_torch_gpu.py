@@ -390,3 +390,39 @@ def test_pdl_chain_in_a_cuda_graph():
         for _ in range(10):
             ref = ref + 1.0
         assert torch.equal(y, ref)
+
+
+# ---------------------------------------------------------------- identity across processes
+def test_torch_export_round_trip_in_a_fresh_process(tmp_path, monkeypatch):
+    """A program using the kernel, saved with torch.export, runs in a new process that never
+    builds the kernel: the op names it by content hash, found in the disk cache."""
+    import subprocess
+
+    monkeypatch.setenv("PYPTX_CACHE_DIR", str(tmp_path / "cache"))
+    k = load_example("hopper/rms_norm.py").build_rms_norm(16, 512)
+
+    class Model(torch.nn.Module):
+        def forward(self, x, w):
+            return k(x * 0.5, w) + 1.0
+
+    x = torch.randn(16, 512, device="cuda")
+    w = torch.randn(512, device="cuda")
+    ep = torch.export.export(Model(), (x, w))
+    assert "sha:" in str(ep.graph) and k.uid not in str(ep.graph)
+    torch.export.save(ep, str(tmp_path / "model.pt2"))
+    x2, w2 = torch.randn(16, 512, device="cuda"), torch.randn(512, device="cuda")
+    torch.save({"x": x2.cpu(), "w": w2.cpu(), "ref": (rms_ref(x2 * 0.5, w2) + 1.0).cpu()},
+               tmp_path / "data.pt")
+    code = (
+        "import sys, torch\n"
+        "import pyptx_torch.compiled\n"
+        "ep = torch.export.load(sys.argv[1])\n"
+        "d = torch.load(sys.argv[2])\n"
+        "y = ep.module()(d['x'].cuda(), d['w'].cuda()).double().cpu()\n"
+        "assert not torch.isnan(y).any()\n"
+        "print(((y - d['ref']).norm() / d['ref'].norm()).item())\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code, str(tmp_path / "model.pt2"),
+                          str(tmp_path / "data.pt")], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert float(run.stdout.strip().splitlines()[-1]) < 1e-5

@@ -35,29 +35,30 @@ def cache_key(ptx: str, arch: str, driver_version: int | str) -> str:
     return h.hexdigest()
 
 
-def load(key: str) -> bytes | None:
-    """The cached bytes for ``key``, or None."""
+def load(key: str, suffix: str = ".cubin") -> bytes | None:
+    """The cached bytes for ``key`` (files of another kind: another ``suffix``), or None."""
     d = cache_dir()
     if d is None:
         return None
     try:
-        return (d / f"{key}.cubin").read_bytes()
+        return (d / f"{key}{suffix}").read_bytes()
     except OSError:
         return None
 
 
-def store(key: str, data: bytes) -> bool:
-    """Write ``data`` under ``key`` atomically; False (never an exception) if the disk refuses."""
+def store(key: str, data: bytes, suffix: str = ".cubin") -> bool:
+    """Write ``data`` under ``key`` (and ``suffix``) atomically; False (never an exception) if
+    the disk refuses."""
     d = cache_dir()
     if d is None:
         return False
     try:
         d.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".cubin")
+        fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=suffix)
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
-            os.replace(tmp, d / f"{key}.cubin")
+            os.replace(tmp, d / f"{key}{suffix}")
         except BaseException:
             try:
                 os.unlink(tmp)

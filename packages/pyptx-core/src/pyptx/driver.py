@@ -15,8 +15,8 @@ from .errors import LaunchError
 _lock = threading.Lock()
 _state: dict[str, Any] = {}
 
-__all__ = ["cuda", "unavailable_reason", "call", "driver_version", "device_capability",
-           "ensure_context"]
+__all__ = ["cuda", "unavailable_reason", "call", "driver_version", "device_count",
+           "device_capability", "max_shared_per_block", "ensure_context"]
 
 
 def cuda() -> Any | None:
@@ -84,6 +84,13 @@ def driver_version() -> int:
     if "version" not in _state:
         _state["version"] = call("cuDriverGetVersion") if cuda() is not None else 0
     return _state["version"]
+
+
+def device_count() -> int:
+    """How many GPUs the driver sees (0 when it is unavailable)."""
+    if cuda() is None:
+        return 0
+    return int(call("cuDeviceGetCount"))
 
 
 def device_capability(ordinal: int) -> tuple[int, int]:

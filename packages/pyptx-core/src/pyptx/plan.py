@@ -13,15 +13,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
-from .errors import LaunchError, RuntimeUnavailableError, SpecError
+from .errors import LaunchError, RuntimeUnavailableError, ShapeError, SpecError
 from .source import where
 from .types import PtxType, from_name, numpy_name
 
 __all__ = ["ArgInfo", "DTYPES", "ptx_type_of", "dtype_name_of", "compatible", "check_args",
            "bind", "ordinal_of", "check_arch", "check_smem", "check_device", "LaunchPlan",
-           "launch_plan"]
+           "launch_plan", "check_record_device", "check_record_args"]
 
 
 @dataclass(frozen=True)
@@ -127,21 +128,22 @@ def ordinal_of(device: str) -> int:
     return int(device.partition(":")[2] or 0)
 
 
-def check_arch(kernel: Any, capability: tuple[int, int], device: str) -> None:
-    """``LaunchError`` unless a GPU of compute ``capability`` can run ``kernel.arch``."""
-    major, minor = capability
-    arch = kernel.arch
+def _arch_runs_on(arch: str, capability: tuple[int, int]) -> bool:
     num = int(arch[3:].rstrip("af"))
     want = (num // 10, num % 10)
     if arch.endswith("a"):
-        ok = want == (major, minor)
-    elif arch.endswith("f"):
-        ok = want[0] == major and want <= (major, minor)
-    else:
-        ok = want <= (major, minor)
-    if not ok:
+        return want == capability
+    if arch.endswith("f"):
+        return want[0] == capability[0] and want <= capability
+    return want <= capability
+
+
+def check_arch(kernel: Any, capability: tuple[int, int], device: str) -> None:
+    """``LaunchError`` unless a GPU of compute ``capability`` can run ``kernel.arch``."""
+    if not _arch_runs_on(kernel.arch, tuple(capability)):
+        major, minor = capability
         raise LaunchError(
-            f"{where()}: {kernel.name} targets {arch}, but {device} is sm_{major}{minor}; "
+            f"{where()}: {kernel.name} targets {kernel.arch}, but {device} is sm_{major}{minor}; "
             f"rebuild it with @kernel(arch='sm_{major}{minor}') if the code allows"
         )
 
@@ -156,15 +158,48 @@ def check_smem(kernel: Any, spec: Any, limit: int, device: str) -> None:
         )
 
 
-def check_device(kernel: Any, spec: Any, ordinal: int) -> None:
-    """Check ``spec`` against GPU ``ordinal`` (arch, shared memory); needs the driver."""
+def _driver() -> Any:
     from . import driver
 
     if driver.cuda() is None:
         raise RuntimeUnavailableError(f"{where()}: cannot launch: {driver.unavailable_reason()}")
+    return driver
+
+
+def check_device(kernel: Any, spec: Any, ordinal: int) -> None:
+    """Check ``spec`` against GPU ``ordinal`` (arch, shared memory); needs the driver."""
+    driver = _driver()
     name = f"cuda:{ordinal}"
     check_arch(kernel, driver.device_capability(ordinal), name)
     check_smem(kernel, spec, driver.max_shared_per_block(ordinal), name)
+
+
+def check_record_device(record: Any, ordinal: int) -> None:
+    """``check_device`` for a record found by its hash (no ``Kernel`` at hand)."""
+    driver = _driver()
+    view = SimpleNamespace(name=record.kernel_name, arch=record.arch, smem=record.smem_bytes,
+                           static_smem=record.static_smem)
+    name = f"cuda:{ordinal}"
+    check_arch(view, driver.device_capability(ordinal), name)
+    check_smem(view, view, driver.max_shared_per_block(ordinal), name)
+
+
+def check_record_args(record: Any, args: Sequence[Any],
+                      describe: Callable[[Any], ArgInfo | None]) -> list[ArgInfo]:
+    """Check ``args`` against a record found by its hash: the checks of ``check_args``, with
+    the exact shapes the record was built for in place of shape binding."""
+    from .specs import Tile
+
+    view = SimpleNamespace(
+        name=record.kernel_name, arg_names=record.arg_names,
+        in_specs=tuple(Tile(*s, from_name(t)) for t, s in zip(record.in_types, record.in_shapes)))
+    infos = check_args(view, args, describe)
+    for i, (info, want) in enumerate(zip(infos, record.in_shapes)):
+        if tuple(info.shape) != tuple(want):
+            raise ShapeError(f"{where()}: argument {record.arg_names[i]!r}: {record.kernel_name} "
+                             f"(content hash {record.key[:12]}) was built for shape "
+                             f"{tuple(want)}, got {tuple(info.shape)}")
+    return infos
 
 
 @dataclass(frozen=True, eq=False)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["CubinRecord", "CubinRegistry", "get_cubin_registry", "record_for", "content_key",
-           "handle_of_key"]
+           "handle_of_key", "persist", "find_record"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -56,6 +56,13 @@ class CubinRecord:
     scalar_params: tuple[bytes, ...] = ()
     tma_specs: tuple[tuple[int, Any], ...] = ()
     pdl: bool = False
+    #: Shapes and PTX element type names of the inputs and outputs the kernel was built for.
+    in_shapes: tuple[tuple[int, ...], ...] = ()
+    in_types: tuple[str, ...] = ()
+    out_shapes: tuple[tuple[int, ...], ...] = ()
+    out_types: tuple[str, ...] = ()
+    #: Names of the pointer parameters, inputs then outputs (for messages; they are in the PTX).
+    arg_names: tuple[str, ...] = ()
     #: ordinal -> (CUfunction, module) of each device the record is loaded on.
     functions: dict[int, tuple[int, Any]] = field(default_factory=dict, repr=False)
 
@@ -95,6 +102,7 @@ class CubinRecord:
             s(self, "cu_function", fn)
             s(self, "module", module)
             self._register(fn)
+            persist(self)
         from .launch import shim
 
         try:
@@ -225,6 +233,13 @@ def handle_of_key(key: str) -> int:
     return int(key[:15], 16) | (1 << 60)
 
 
+def _launch_identity(rec: CubinRecord) -> tuple[Any, ...]:
+    """Everything but the PTX and arch that a record's content hash covers."""
+    return (rec.grid, rec.block, rec.cluster, rec.smem_bytes, rec.num_pointers,
+            rec.scalar_params, rec.tma_specs, rec.pdl, rec.in_shapes, rec.in_types,
+            rec.out_shapes, rec.out_types)
+
+
 def record_for(spec: Any) -> CubinRecord:
     """The record of a ``Specialization`` (shared by every runtime and every kernel with the
     same content); not yet loaded on any device (see ``CubinRecord.function``)."""
@@ -233,19 +248,114 @@ def record_for(spec: Any) -> CubinRecord:
         return rec
     from .launch import scalar_bytes
 
-    text = spec.ptx()
     kernel = spec.kernel
-    n_ptrs = len(kernel.in_specs) + len(kernel.out_specs)
-    scalars = tuple(scalar_bytes(value, t) for _, t, value in spec.scalar_params)
-    tmas = tuple((i, p) for i, p in spec.tma_maps)
-    launch = (spec.grid, spec.block, spec.cluster, spec.smem, n_ptrs, scalars, tmas, spec.pdl)
-    key = content_key(text, kernel.arch, launch)
-    rec = _registry.by_key(key)
-    if rec is None:
-        rec = _registry.intern(CubinRecord(
-            handle_of_key(key), text, spec.name, spec.smem, spec.grid, spec.block,
-            key=key, arch=kernel.arch, cluster=spec.cluster, static_smem=spec.static_smem,
-            num_pointers=n_ptrs, scalar_params=scalars, tma_specs=tmas, pdl=spec.pdl,
-        ))
+    rec = CubinRecord(
+        0, spec.ptx(), spec.name, spec.smem, tuple(spec.grid), tuple(spec.block),
+        arch=kernel.arch, cluster=tuple(spec.cluster), static_smem=spec.static_smem,
+        num_pointers=len(kernel.in_specs) + len(kernel.out_specs),
+        scalar_params=tuple(scalar_bytes(value, t) for _, t, value in spec.scalar_params),
+        tma_specs=tuple((i, p) for i, p in spec.tma_maps), pdl=spec.pdl,
+        in_shapes=tuple(map(tuple, spec.in_shapes)),
+        in_types=tuple(s.dtype.name for s in kernel.in_specs),
+        out_shapes=tuple(map(tuple, spec.out_shapes)),
+        out_types=tuple(s.dtype.name for s in kernel.out_specs), arg_names=kernel.arg_names,
+    )
+    rec = _keyed(rec)
     spec.record = rec  # the kernel's specialization keeps its record alive
     return rec
+
+
+def _keyed(rec: CubinRecord) -> CubinRecord:
+    """``rec`` with its key and handle set, or the live record with the same content."""
+    key = content_key(rec.ptx_source, rec.arch, _launch_identity(rec))
+    live = _registry.by_key(key)
+    if live is not None:
+        return live
+    object.__setattr__(rec, "key", key)  # a new record: its identity, set once
+    object.__setattr__(rec, "handle", handle_of_key(key))
+    return _registry.intern(rec)
+
+
+# ---------------------------------------------------------------- records on disk
+# A record is written beside the cubins (``pyptx.cache``) when it is first loaded on a GPU, or
+# when a graph that names it by hash is saved, so that another process finds it by its hash.
+_RECORD_SUFFIX = ".record.json"
+
+
+def _file_key(key_or_handle: str | int) -> str:
+    if isinstance(key_or_handle, int):
+        return f"{key_or_handle & ((1 << 60) - 1):015x}"
+    return key_or_handle[:15]
+
+
+def _tma_to_json(params: Any) -> dict[str, Any]:
+    from dataclasses import fields
+
+    out = {}
+    for f in fields(params):
+        if f.name != "axis_names":
+            v = getattr(params, f.name)
+            out[f.name] = list(v) if isinstance(v, tuple) else int(v)
+    return out
+
+
+def persist(rec: CubinRecord) -> bool:
+    """Write ``rec`` (not its cubin) to the disk cache under its hash; False if the cache is
+    off or the disk refuses. Only records of specializations (with a key) are written."""
+    import json
+
+    from . import cache
+
+    if not rec.key:
+        return False
+    doc = {
+        "key": rec.key, "name": rec.kernel_name, "arch": rec.arch, "ptx": rec.ptx_source,
+        "grid": rec.grid, "block": rec.block, "cluster": rec.cluster, "smem": rec.smem_bytes,
+        "static_smem": rec.static_smem, "num_pointers": rec.num_pointers,
+        "scalar_params": [b.hex() for b in rec.scalar_params],
+        "tma_specs": [[i, _tma_to_json(p)] for i, p in rec.tma_specs], "pdl": rec.pdl,
+        "in_shapes": rec.in_shapes, "in_types": rec.in_types, "out_shapes": rec.out_shapes,
+        "out_types": rec.out_types, "arg_names": rec.arg_names,
+    }
+    return cache.store(_file_key(rec.key), json.dumps(doc).encode(), _RECORD_SUFFIX)
+
+
+def find_record(key_or_handle: str | int) -> CubinRecord | None:
+    """The record with this content hash (or shim handle): the live one, else the one the disk
+    cache holds (checked against its hash), else None."""
+    live = (_registry.get(key_or_handle) if isinstance(key_or_handle, int)
+            else _registry.by_key(key_or_handle))
+    if live is not None:
+        return live
+    import json
+
+    from . import cache
+
+    raw = cache.load(_file_key(key_or_handle), _RECORD_SUFFIX)
+    if raw is None:
+        return None
+    try:
+        d = json.loads(raw)
+        tmas: tuple[tuple[int, Any], ...] = ()
+        if d["tma_specs"]:
+            from .tma import TmaParams
+
+            tmas = tuple((int(i), TmaParams(**p)) for i, p in d["tma_specs"])
+        rec = CubinRecord(
+            0, d["ptx"], d["name"], int(d["smem"]), tuple(d["grid"]), tuple(d["block"]),
+            arch=d["arch"], cluster=tuple(d["cluster"]), static_smem=int(d["static_smem"]),
+            num_pointers=int(d["num_pointers"]),
+            scalar_params=tuple(bytes.fromhex(b) for b in d["scalar_params"]), tma_specs=tmas,
+            pdl=bool(d["pdl"]), in_shapes=tuple(map(tuple, d["in_shapes"])),
+            in_types=tuple(d["in_types"]), out_shapes=tuple(map(tuple, d["out_shapes"])),
+            out_types=tuple(d["out_types"]), arg_names=tuple(d["arg_names"]),
+        )
+        key = d["key"]
+    except (ValueError, KeyError, TypeError):
+        return None  # a torn or foreign file: as if absent
+    if content_key(rec.ptx_source, rec.arch, _launch_identity(rec)) != key:
+        return None  # edited, or written by a pyptx that hashes differently
+    wanted = handle_of_key(key) if isinstance(key_or_handle, int) else key
+    if wanted != key_or_handle:
+        return None  # another kernel whose hash shares the file name
+    return _keyed(rec)

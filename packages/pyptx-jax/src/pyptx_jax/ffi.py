@@ -34,6 +34,8 @@ def set_mock_ffi_callback(callback: Callable[..., Any] | None) -> None:
 def ensure_ffi_registered() -> bool:
     """Register the ``pyptx_launch`` FFI target for CUDA with typed FFI, once per process.
 
+    Also installs the shim's resolver, so a program exported by another process (which
+    names its kernels by content hash) finds them in the disk cache on its first call.
     Returns False, never raises, where JAX or the shim is missing.
     """
     global _registered
@@ -50,6 +52,9 @@ def ensure_ffi_registered() -> bool:
                     raise ImportError("the pyptx shim extension is not built")
                 jax.ffi.register_ffi_target(TARGET, native.ffi_handler(), platform="CUDA",
                                             api_version=1)
+                from .launch import resolve_handle
+
+                native.set_resolver(resolve_handle)  # kernels of programs exported elsewhere
                 _registered = True
             except Exception:
                 _registered = False

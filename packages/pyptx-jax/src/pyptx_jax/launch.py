@@ -14,11 +14,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from pyptx.plan import ArgInfo, LaunchPlan, bind, launch_plan
+from pyptx.registry import find_record, persist
 
 from . import ffi
 from .ffi import call_kernel_via_ffi
 
-__all__ = ["LaunchState", "describe", "make_launcher", "launch_kernel", "plan_for"]
+__all__ = ["LaunchState", "describe", "make_launcher", "launch_kernel", "plan_for",
+           "resolve_handle"]
 
 #: Records handed to XLA. A compiled executable keeps calling a handle after the kernel that
 #: made it is gone (XLA reports no executable's end), so these records are never freed.
@@ -73,7 +75,34 @@ def plan_for(state: LaunchState, kernel: Any, spec: Any) -> LaunchPlan:
         ordinals = _gpu_ordinals() if driver.cuda() is not None else []
         plan = state.plans[key] = launch_plan(kernel, spec, ordinals)
         _handed_to_xla.add(plan.record)
+        persist(plan.record)  # an exported program names it by hash: another process finds it
     return plan
+
+
+def resolve_handle(handle: int) -> bool:
+    """The shim's resolver for a handle nobody registered here (a program exported by another
+    process): the record with that content hash from the disk cache, loaded on every GPU
+    that can run it. False (never an exception: it runs on XLA's thread) if there is none."""
+    from pyptx import driver
+    from pyptx.errors import PyptxError
+    from pyptx.plan import check_record_device
+
+    try:
+        rec = find_record(handle)
+        if rec is None:
+            return False
+        loaded = 0
+        for ordinal in range(driver.device_count()):
+            try:
+                check_record_device(rec, ordinal)
+            except PyptxError:  # a GPU this arch does not run on: XLA will not pick it
+                continue
+            rec.function(ordinal)
+            loaded += 1
+        _handed_to_xla.add(rec)
+        return loaded > 0
+    except Exception:  # noqa: BLE001 - reported by the handler as an unknown handle
+        return False
 
 
 def launch_kernel(state: LaunchState, kernel: Any, args: Sequence[Any],

@@ -3,10 +3,19 @@
 A kernel called while Dynamo traces goes through ``pyptx::launch``, one op for
 every kernel (``pyptx::launch1`` .. ``launch4`` for a single-output kernel of one to
 four tensors): its arguments are the input tensors and strings naming the
-(kernel, template kwargs) variant. The op's fake implementation derives the
-output shapes from the ``Tile`` specs, so tracing needs no GPU work; the real
-implementation is the eager launch. ``get_or_register_torch_op`` gives the
-spec's per-handle op for kernels registered by hand.
+variant. The op's fake implementation derives the output shapes, so tracing
+needs no GPU work; the real implementation is the eager launch.
+
+What names the variant depends on the tracer. Under Dynamo (``torch.compile``)
+it is the kernel's process-local uid and the template kwargs: Dynamo cannot run
+the kernel tracer, and a compiled function lives in one process. Under the other
+tracers (``torch.export``, non-strict, its default; ``make_fx``) the call is
+specialized right away and the variant is ``sha:<content hash>`` of its compiled
+record, written to the disk cache: a saved program then finds the kernel in any
+process (``pyptx_torch.compiled`` must be imported there to define the ops).
+
+``get_or_register_torch_op`` gives the spec's per-handle op for kernels
+registered by hand.
 """
 
 from __future__ import annotations
@@ -20,11 +29,14 @@ import torch
 from pyptx.errors import LaunchError, SpecError
 from pyptx.kernel import kernel_by_uid
 from pyptx.launch import check_registered_geometry
+from pyptx.plan import bind, check_record_args, check_record_device, ordinal_of
+from pyptx.registry import find_record, persist, record_for
 from pyptx.source import where
 from pyptx.specs import Dim, Tile
+from pyptx.types import from_name
 
 from .dtypes import torch_dtype_of
-from .eager import Plan, plan_for, run_plan
+from .eager import Plan, _fast_launcher, describe, plan_for, run_plan
 from .fastpath import FASTPATH
 
 __all__ = ["compiled_call", "get_or_register_torch_op", "call_kernel_via_torch_compile"]
@@ -66,10 +78,63 @@ def _fake_outputs(kernel: Any, kwargs: dict[str, Any], inputs: Sequence[torch.Te
     return outs
 
 
+#: Prefix of a variant naming a compiled record by its content hash.
+HASH_PREFIX = "sha:"
+#: (content hash, input signature) -> (Plan, fast launcher) of records found by hash.
+_hash_plans: dict[Any, tuple[Plan, Any]] = {}
+
+
+def _record_of(key: str) -> Any:
+    rec = find_record(key)
+    if rec is None:
+        from pyptx import cache
+
+        raise LaunchError(
+            f"{where()}: no pyptx kernel with content hash {key} is loaded in this process or "
+            f"saved in the disk cache ({cache.cache_dir() or 'off: PYPTX_CACHE_DIR'}); the "
+            "program that names it was saved where another cache was in use"
+        )
+    return rec
+
+
+def hash_variant(kernel: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> str | None:
+    """``sha:<content hash>`` of ``kernel`` specialized for ``args`` (checked like an eager
+    call), its record written to the disk cache; None when a shape is symbolic."""
+    if not all(isinstance(d, int) for t in args if isinstance(t, torch.Tensor) for d in t.shape):
+        return None
+    spec, _ = bind(kernel, args, kwargs, describe)
+    rec = record_for(spec)
+    persist(rec)
+    return HASH_PREFIX + rec.key
+
+
+def _hash_plan(key: str, args: tuple[torch.Tensor, ...]) -> tuple[Plan, Any]:
+    """The plan of the record with content hash ``key`` for ``args`` (checked against the
+    shapes and dtypes it was built for), loaded on their device on first use."""
+    sig = tuple((t.shape, t.dtype, t.device) for t in args)
+    hit = _hash_plans.get((key, sig))
+    if hit is not None and all(t.is_contiguous() for t in args):
+        return hit
+    rec = _record_of(key)
+    infos = check_record_args(rec, args, describe)
+    idx = ordinal_of(infos[0].device) if infos else torch.cuda.current_device()
+    with torch.cuda.device(idx):
+        torch.cuda.init()
+        check_record_device(rec, idx)
+        rec.function(idx)
+    out_dtypes = tuple(torch_dtype_of(from_name(t)) for t in rec.out_types)
+    plan = Plan(rec.handle, torch.device("cuda", idx), rec.out_shapes, out_dtypes, None, rec)
+    hit = _hash_plans[(key, sig)] = (plan, _fast_launcher(plan, sig))
+    return hit
+
+
 def _launch_impl(inputs: list[torch.Tensor], kernel: str, kwargs: str) -> list[torch.Tensor]:
-    k, kw = _variant(kernel, kwargs)
     args = tuple(inputs)
-    plan, fast = plan_for(k.launcher("torch").state, k, args, kw)
+    if kernel.startswith(HASH_PREFIX):
+        plan, fast = _hash_plan(kernel[len(HASH_PREFIX):], args)
+    else:
+        k, kw = _variant(kernel, kwargs)
+        plan, fast = plan_for(k.launcher("torch").state, k, args, kw)
     out = fast(args) if fast is not None else None
     if out is None:
         out = run_plan(plan, args)
@@ -79,6 +144,11 @@ def _launch_impl(inputs: list[torch.Tensor], kernel: str, kwargs: str) -> list[t
 
 
 def _launch_fake(inputs: list[torch.Tensor], kernel: str, kwargs: str) -> list[torch.Tensor]:
+    if kernel.startswith(HASH_PREFIX):
+        rec = _record_of(kernel[len(HASH_PREFIX):])
+        device = inputs[0].device
+        return [torch.empty(s, dtype=torch_dtype_of(from_name(t)), device=device)
+                for s, t in zip(rec.out_shapes, rec.out_types)]
     k, kw = _variant(kernel, kwargs)
     return _fake_outputs(k, kw, inputs)
 
@@ -130,11 +200,15 @@ _FIXED = (None, *(getattr(torch.ops.pyptx, f"launch{n}") for n in range(1, MAX_F
 
 def compiled_call(kernel: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     """``kernel(*args)`` as one ``pyptx::launch<n>`` op (one output, at most ``MAX_FIXED``
-    tensor arguments) or ``pyptx::launch`` op (what Dynamo records)."""
-    key = _kwargs_key(kwargs)
+    tensor arguments) or ``pyptx::launch`` op (what the tracer records)."""
+    name = None if torch.compiler.is_dynamo_compiling() else hash_variant(kernel, args, kwargs)
+    if name is None:
+        name, key = kernel.uid, _kwargs_key(kwargs)
+    else:
+        key = ""  # the content hash covers the template kwargs
     if len(kernel.out_specs) == 1 and 0 < len(args) <= MAX_FIXED:
-        return _FIXED[len(args)](*args, f"{kernel.uid}|{key}" if key else kernel.uid)
-    outs = torch.ops.pyptx.launch(list(args), kernel.uid, key)
+        return _FIXED[len(args)](*args, f"{name}|{key}" if key else name)
+    outs = torch.ops.pyptx.launch(list(args), name, key)
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 

@@ -147,6 +147,51 @@ PyObject* py_launch(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   Py_RETURN_NONE;
 }
 
+PyObject* resolver = nullptr;  // Python callable(handle) -> bool (owned), or null
+
+// The C resolver the XLA handler calls on an unknown handle: runs the Python resolver with
+// the GIL (taken on XLA's thread; the caller of the XLA program has released it).
+int call_resolver(uint64_t handle) {
+  if (!Py_IsInitialized()) return 0;
+  PyGILState_STATE gil = PyGILState_Ensure();
+  int found = 0;
+  if (resolver) {
+    PyObject* r = PyObject_CallFunction(resolver, "K", (unsigned long long)handle);
+    if (r) {
+      found = PyObject_IsTrue(r) == 1;
+      Py_DECREF(r);
+    } else {
+      PyErr_Clear();  // the handler reports the handle as unknown
+    }
+  }
+  PyGILState_Release(gil);
+  return found;
+}
+
+// set_resolver(fn | None): fn(handle) -> bool registers a handle the XLA handler does not know.
+PyObject* py_set_resolver(PyObject*, PyObject* fn) {
+  if (fn != Py_None && !PyCallable_Check(fn)) {
+    PyErr_SetString(PyExc_TypeError, "set_resolver: expected a callable or None");
+    return nullptr;
+  }
+  Py_XINCREF(fn == Py_None ? nullptr : fn);
+  Py_XSETREF(resolver, fn == Py_None ? nullptr : fn);
+  pyptx_shim::set_resolver(resolver ? call_resolver : nullptr);
+  Py_RETURN_NONE;
+}
+
+// resolve(handle) -> bool: what the XLA handler does with a handle: look it up, else ask the
+// resolver once.
+PyObject* py_resolve(PyObject*, PyObject* arg) {
+  unsigned long long handle = PyLong_AsUnsignedLongLong(arg);
+  if (PyErr_Occurred()) return nullptr;
+  std::shared_ptr<const pyptx_shim::Config> c;
+  Py_BEGIN_ALLOW_THREADS  // the resolver takes the GIL itself, as on XLA's thread
+  c = pyptx_shim::lookup_or_resolve(handle);
+  Py_END_ALLOW_THREADS
+  return PyBool_FromLong(c != nullptr);
+}
+
 PyObject* py_driver_error(PyObject*, PyObject*) {
   const char* e = pyptx_shim_driver_error();
   if (!e) Py_RETURN_NONE;
@@ -180,6 +225,12 @@ PyMethodDef methods[] = {
      "whether that came from jaxlib's header (else the shim's own copy of it)."},
     {"launch", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_launch)),
      METH_FASTCALL, "launch(handle, stream, *pointers): launch a registered kernel."},
+    {"set_resolver", py_set_resolver, METH_O,
+     "set_resolver(fn | None): fn(handle) -> bool registers a kernel the XLA handler was "
+     "asked for but nobody registered (a program exported by another process)."},
+    {"resolve", py_resolve, METH_O,
+     "resolve(handle) -> bool: look a handle up as the XLA handler does (asking the resolver "
+     "once on a miss)."},
     {"driver_error", py_driver_error, METH_NOARGS,
      "Why the CUDA driver cannot be used, or None when it loaded."},
     {"launch_raw_address", py_launch_raw_address, METH_NOARGS,

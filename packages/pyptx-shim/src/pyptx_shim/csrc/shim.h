@@ -101,6 +101,13 @@ struct Config {
 
 // The config registered under `handle`, or null.
 std::shared_ptr<const Config> lookup(uint64_t handle);
+// Called with a handle nobody registered in this process (a graph saved elsewhere names it);
+// registers it if it can (from the disk cache) and returns nonzero then.
+using Resolver = int (*)(uint64_t handle);
+void set_resolver(Resolver resolver);
+// `lookup`, and on a miss one try of the resolver: how a program saved in another process
+// finds its kernels. Later calls find the config without the resolver.
+std::shared_ptr<const Config> lookup_or_resolve(uint64_t handle);
 // Launch `c` on `stream` with `n` pointer arguments. `device` is the ordinal the caller runs
 // on (XLA tells), or -1: then the current context's device picks among several functions.
 int do_launch(const Config& c, CUstream stream, const uint64_t* ptrs, int n, int device = -1);

@@ -2,6 +2,7 @@
 // fills the table. Lookups take a shared lock; a config is never changed once published
 // (changes copy it), so a launch holds its config without the lock.
 
+#include <atomic>
 #include <cstring>
 #include <mutex>
 #include <shared_mutex>
@@ -62,6 +63,20 @@ std::shared_ptr<const Config> lookup(uint64_t handle) {
   std::shared_lock<std::shared_mutex> lock(table_mutex);
   auto it = table.find(handle);
   return it == table.end() ? nullptr : it->second;
+}
+
+namespace {
+std::atomic<Resolver> resolver{nullptr};
+}  // namespace
+
+void set_resolver(Resolver r) { resolver.store(r); }
+
+std::shared_ptr<const Config> lookup_or_resolve(uint64_t handle) {
+  auto c = lookup(handle);
+  if (c) return c;
+  Resolver r = resolver.load();
+  if (!r || !r(handle)) return nullptr;
+  return lookup(handle);
 }
 
 int do_launch(const Config& c, CUstream stream, const uint64_t* ptrs, int n, int device) {

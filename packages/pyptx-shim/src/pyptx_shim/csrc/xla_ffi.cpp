@@ -61,8 +61,11 @@ extern "C" __attribute__((visibility("default"))) XLA_FFI_Error* PyptxLaunch(
   if (cf->stage != XLA_FFI_ExecutionStage_EXECUTE) return nullptr;
   uint64_t handle = 0;
   if (!read_handle(cf, &handle)) return error(cf, "pyptx_launch: missing int attribute cubin_handle");
-  auto c = pyptx_shim::lookup(handle);
-  if (!c) return error(cf, "pyptx_launch: unknown kernel handle " + std::to_string(handle));
+  auto c = pyptx_shim::lookup_or_resolve(handle);  // a program exported elsewhere: by its hash
+  if (!c)
+    return error(cf, "pyptx_launch: unknown kernel handle " + std::to_string(handle) +
+                         " (not registered in this process, and not found in pyptx's disk "
+                         "cache by its content hash)");
   int64_t n = cf->args.size + cf->rets.size;
   if (n > kMaxParams / 2) return error(cf, "pyptx_launch: too many buffers");
   uint64_t ptrs[kMaxParams / 2];
