@@ -212,3 +212,24 @@ def test_jax_export_round_trip_in_a_fresh_process(tmp_path, monkeypatch):
                           str(tmp_path / "data.npz")], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert float(run.stdout.strip().splitlines()[-1]) < 1e-5
+
+
+def test_an_executable_outlives_the_kernel_it_was_traced_with(tmp_path, monkeypatch):
+    """A kernel built while tracing is garbage-collected (its record leaves the shim); the
+    cached executable still runs: the handler finds the record again by its hash."""
+    import gc
+    import re
+
+    from pyptx_shim import native
+
+    monkeypatch.setenv("PYPTX_CACHE_DIR", str(tmp_path / "cache"))
+    build = load_example("hopper/rms_norm.py").build_rms_norm
+    f = jax.jit(lambda x, w: build(16, 512)(x, w))
+    x, w = inputs(jax.random.key(31), 16, 512)
+    handle = int(re.search(r"cubin_handle = (\d+) : ui64", f.lower(x, w).as_text()).group(1))
+    assert rel_err(f(x, w), rms_ref(x, w)) < 1e-5
+    gc.collect()
+    assert not native.is_registered(handle)  # the record went with the kernel
+    x, w = inputs(jax.random.key(32), 16, 512)
+    assert rel_err(f(x, w), rms_ref(x, w)) < 1e-5  # the same executable, resolved by hash
+    assert native.is_registered(handle)

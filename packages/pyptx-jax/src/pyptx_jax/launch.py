@@ -22,9 +22,12 @@ from .ffi import call_kernel_via_ffi
 __all__ = ["LaunchState", "describe", "make_launcher", "launch_kernel", "plan_for",
            "resolve_handle"]
 
-#: Records handed to XLA. A compiled executable keeps calling a handle after the kernel that
-#: made it is gone (XLA reports no executable's end), so these records are never freed.
+#: Records handed to XLA while the disk cache is off. A compiled executable may call a handle
+#: after the kernel that made it is gone (XLA reports no executable's end): with the cache on,
+#: the shim's resolver finds the freed record again by its hash; without it, it is kept.
 _handed_to_xla: set[Any] = set()
+#: Records the resolver loaded for programs made elsewhere (nothing else here holds them).
+_resolved: set[Any] = set()
 
 
 def describe(a: Any) -> ArgInfo | None:
@@ -74,8 +77,9 @@ def plan_for(state: LaunchState, kernel: Any, spec: Any) -> LaunchPlan:
 
         ordinals = _gpu_ordinals() if driver.cuda() is not None else []
         plan = state.plans[key] = launch_plan(kernel, spec, ordinals)
-        _handed_to_xla.add(plan.record)
-        persist(plan.record)  # an exported program names it by hash: another process finds it
+        # An executable or an exported program names it by hash: found again through the disk.
+        if not persist(plan.record):
+            _handed_to_xla.add(plan.record)
     return plan
 
 
@@ -99,7 +103,7 @@ def resolve_handle(handle: int) -> bool:
                 continue
             rec.function(ordinal)
             loaded += 1
-        _handed_to_xla.add(rec)
+        _resolved.add(rec)  # XLA holds the handle; no kernel in this process holds the record
         return loaded > 0
     except Exception:  # noqa: BLE001 - reported by the handler as an unknown handle
         return False

@@ -82,6 +82,9 @@ def _fake_outputs(kernel: Any, kwargs: dict[str, Any], inputs: Sequence[torch.Te
 HASH_PREFIX = "sha:"
 #: (content hash, input signature) -> (Plan, fast launcher) of records found by hash.
 _hash_plans: dict[Any, tuple[Plan, Any]] = {}
+#: The record of each C++ plan bound to an op variant: bound plans launch by handle until the
+#: process ends, so their records (and shim configs) must live as long.
+_bound_records: dict[tuple[str, str], Any] = {}
 
 
 def _record_of(key: str) -> Any:
@@ -140,6 +143,7 @@ def _launch_impl(inputs: list[torch.Tensor], kernel: str, kwargs: str) -> list[t
         out = run_plan(plan, args)
     if FASTPATH is not None and isinstance(fast, FASTPATH.Plan):
         FASTPATH.bind(kernel, kwargs, fast)  # this op's C++ kernel takes the next such call
+        _bound_records[(kernel, kwargs)] = plan.record  # as long as the C++ plan (for good)
     return list(out) if isinstance(out, (tuple, list)) else [out]
 
 
