@@ -179,16 +179,16 @@ def child(B: int, N: int) -> int:
     wanted = [("kernel", "Kernel", "_trace", "trace"), ("kernel", "Specialization", "emit", "emit"),
               ("driver", None, "cuda", "driver_init"), ("jit", None, "_jit", "jit"),
               ("cache", None, "load", "disk"), ("cache", None, "store", "disk"),
-              ("jit", None, "compile_ptx_to_cubin", "cubin_load"),
-              ("launch", None, "shim", "shim")]
+              ("jit", None, "load_cubin", "cubin_load"),
+              ("launch", None, "shim", "shim"), ("launch", None, "register_launch_config", "shim"),
+              ("launch", None, "add_scalar_param_to_shim", "shim")]
     for mname, cls, attr, label in wanted:
         owner = m.get(mname)
         if owner is not None and cls is not None:
             owner = getattr(owner, cls, None)
         if owner is None or not prof.patch(owner, attr, label):
             missing.append(f"pyptx.{mname}.{cls + '.' if cls else ''}{attr}")
-    for attr, label in (("shim", "shim"), ("register_launch_config", "shim"),
-                        ("add_scalar_param_to_shim", "shim"), ("run_plan", "launch")):
+    for attr, label in (("shim", "shim"), ("run_plan", "launch")):
         if not prof.patch(eager, attr, label):
             missing.append(f"pyptx_torch.eager.{attr}")
     with prof.region("build"):
