@@ -118,10 +118,10 @@ def main(argv=None) -> int:
             ours = gemm.matmul(a, b, config=cfg)
             ref = torch.matmul(a.float(), b.float())
             err = ((ours.float() - ref).norm() / ref.norm()).item()
-            fns = {"pyptx": lambda: gemm.matmul(a, b, config=cfg),
-                   "cuBLAS": lambda: torch.matmul(a, b)}
+            fns = {"pyptx": lambda a=a, b=b: gemm.matmul(a, b, config=cfg),
+                   "cuBLAS": lambda a=a, b=b: torch.matmul(a, b)}
             if tri is not None:
-                fns["Triton"] = lambda: tri(a, b)
+                fns["Triton"] = lambda a=a, b=b: tri(a, b)
             flops = 2.0 * M * N * K
             t = {k: [] for k in fns}
             for _ in range(3):  # interleaved rounds

@@ -16,7 +16,8 @@ spec.loader.exec_module(gemm)
 out = Path(sys.argv[1] if len(sys.argv) > 1 else ".")
 lines = []
 for (M, N, K) in [(8192, 8192, 8192), (128, 8192, 8192)]:
-    k = gemm.build_gemm(M, N, K, **gemm.default_config(M, N, K))
+    cfg = gemm.GEMM_CONFIGS[0 if M > 128 else -1].kwargs
+    k = gemm.build_gemm(M, N, K, **cfg)
     with tempfile.TemporaryDirectory() as d:
         src, cub = Path(d, "k.ptx"), Path(d, "k.cubin")
         src.write_text(k.ptx())

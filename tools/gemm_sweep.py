@@ -32,13 +32,13 @@ for s in a.shapes:
     w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16).T if a.trans_b else \
         torch.randn(K, N, device="cuda", dtype=torch.bfloat16)
     fl = 2.0 * M * N * K
-    cub = fl / do_bench(lambda: torch.matmul(x, w), rep=a.rep, return_mode="median") / 1e9
+    cub = fl / do_bench(lambda x=x, w=w: torch.matmul(x, w), rep=a.rep, return_mode="median") / 1e9
     ref = torch.matmul(x.float(), w.float())
     for cfg in configs:
         try:
             d = gemm.matmul(x, w, config=cfg)
             err = ((d.float() - ref).norm() / ref.norm()).item()
-            t = do_bench(lambda: gemm.matmul(x, w, config=cfg), rep=a.rep, return_mode="median")
+            t = do_bench(lambda x=x, w=w, cfg=cfg: gemm.matmul(x, w, config=cfg), rep=a.rep, return_mode="median")
             print(f"{s:>16} {json.dumps(cfg):50} {fl / t / 1e9:7.1f} TF  cuBLAS {cub:6.1f}  "
                   f"x{fl / t / 1e9 / cub:.3f} err {err:.1e}", flush=True)
         except Exception as e:  # a config that does not build or launch

@@ -32,6 +32,7 @@ import functools
 import sys
 
 from pyptx import Tile, kernel, ptx, reg, smem
+from pyptx.autotune import Config, autotune
 from pyptx.errors import ConfigError
 from pyptx.fragment import Accumulator
 from pyptx.operand import OperandTile
@@ -60,7 +61,7 @@ def smem_bytes(BM, BN, BK, stages, out_bytes=2):
 def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_major="K",
                b_major="MN", BM=128, BN=256, BK=64, stages=None, cluster=2, group_m=8,
                num_sms=H100_SMS, bias=False, alpha=1.0, activation=None, KB=None, NB=None,
-               multicast=True, split="rows", remote_sem="release.cluster", wait_scope=None):
+               multicast=True, split="rows", remote_sem="release.cta", wait_scope=None):
     """The GEMM kernel for ``D[M, N] = A[M, K] @ B[K, N]``.
 
     Tensor arguments: A as ``(M, K)`` (``a_major="K"``) or ``(K, M)`` (``"MN"``), B as
@@ -335,16 +336,27 @@ def _activate(v, activation):
 
 
 # ------------------------------------------------------------------------ host side
-def default_config(M, N, K):
-    """A tile configuration for the shape (the autotuner's first candidate)."""
-    if M <= 256 or N <= 256:
-        return dict(BM=128, BN=64 if M <= 128 else 128, cluster=1)
-    return dict(BM=128, BN=256, cluster=2)
+GEMM_CONFIGS = [
+    Config(BM=128, BN=256, cluster=2),
+    Config(BM=128, BN=256, cluster=1),
+    Config(BM=128, BN=128, cluster=1),
+    Config(BM=64, BN=256, cluster=1),
+    Config(BM=128, BN=64, cluster=1),
+]
+"""The tile configurations the tuner times per shape; the first is the default when
+``PYPTX_AUTOTUNE=0``."""
+
+gemm_tuned = autotune(GEMM_CONFIGS, key=["M", "N", "K", "dtype", "out_dtype", "a_major",
+                                         "b_major", "bias", "activation", "KB", "NB"])(build_gemm)
+"""``build_gemm`` with its tile configuration chosen on the device at the first launch."""
 
 
 @functools.lru_cache(maxsize=256)
-def _cached(M, N, K, key):
-    return build_gemm(M, N, K, **dict(key))
+def _cached(M, N, K, key, config):
+    kw = dict(key)
+    if config is None:
+        return gemm_tuned(M, N, K, **kw)
+    return build_gemm(M, N, K, **kw, **dict(config))
 
 
 def reference(a, b, bias=None, alpha=1.0, activation=None):
@@ -387,7 +399,8 @@ def matmul(a, b, *, bias=None, alpha=1.0, activation=None, out_dtype=None, trans
     torch: ``a``/``b`` may be row-major or transposed views (``w.T``); the layout is read
     off the strides. JAX: ``trans_a=True`` means ``a`` is given as ``(K, M)``,
     ``trans_b=True`` that ``b`` is given as ``(N, K)`` (``x @ w.T`` is
-    ``matmul(x, w, trans_b=True)``). ``config`` overrides the tile configuration.
+    ``matmul(x, w, trans_b=True)``). The tile configuration is tuned per shape on the
+    device (``gemm_tuned``); ``config`` (a dict of ``build_gemm`` keywords) fixes it.
     The result is ``(M, N)``; a contiguous dimension whose rows are not a multiple of
     16 bytes is zero-padded first (and the result sliced back).
     """
@@ -415,11 +428,10 @@ def matmul(a, b, *, bias=None, alpha=1.0, activation=None, out_dtype=None, trans
     Ka = a.shape[0] if trans_a else a.shape[1]
     NB, KB = (b.shape[0], b.shape[1]) if trans_b else (b.shape[1], b.shape[0])
     ND = N + (-N % 8)
-    cfg = dict(config) if config else default_config(M, N, K)
-    key = tuple(sorted(dict(cfg, dtype=name, out_dtype=out, a_major="MN" if trans_a else "K",
+    key = tuple(sorted(dict(dtype=name, out_dtype=out, a_major="MN" if trans_a else "K",
                             b_major="K" if trans_b else "MN", bias=bias is not None,
                             alpha=float(alpha), activation=activation, KB=KB, NB=NB).items()))
-    k = _cached(Mk, ND, Ka, key)
+    k = _cached(Mk, ND, Ka, key, tuple(sorted(config.items())) if config else None)
     if bias is not None:
         d = k(a, b, _pad_to(bias, 0, 8, lib))
     else:

@@ -43,8 +43,9 @@ def _count(v: Any, name: str, lo: int = 1) -> int:
 
 
 def _guarded(pred_: Any):
-    from .ptx.control import if_
     from contextlib import nullcontext
+
+    from .ptx.control import if_
 
     return nullcontext() if pred_ is None else if_(pred_)
 

@@ -1,0 +1,310 @@
+"""CPU tests of the tensor-core layer: ``OperandTile`` (canonical layouts, descriptors,
+tensor-map checks), ``Accumulator`` fragments, ``BarrierArray``/``Pipeline`` (run in the
+PTX simulator), and the GEMM example's PTX (ptxas for every tuned configuration).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pyptx import Tile, kernel, ptx, reg, smem
+from pyptx.errors import OperandError, TmaError
+from pyptx.fragment import Accumulator, accumulator_coord
+from pyptx.operand import OperandTile
+from pyptx.pipeline import Pipeline
+from pyptx.types import b64, bf16, f16, f32, tf32, u32, u64
+
+HERE = Path(__file__).resolve()
+HOPPER = HERE.parents[3] / "examples" / "hopper"
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(f"tc_layer_{name}", HOPPER / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _here_line(e) -> None:
+    assert str(e.value).startswith(f"{HERE}:"), str(e.value)
+
+
+# ---------------------------------------------------------------------- OperandTile
+@pytest.mark.parametrize("major,swizzle,lbo,sbo,slabs,slab_bytes,k1,mn64", [
+    # 128 x 64 bf16 tile. K-major: K slabs of `width` bytes, rows of `width` bytes.
+    ("K", 128, 16, 1024, 1, 16384, 32, 8192),
+    ("K", 64, 16, 512, 2, 8192, 32, 4096),
+    ("K", 32, 16, 256, 4, 4096, 4096, 2048),  # a k-step is one whole 32-byte slab
+    ("K", None, 2048, 128, 8, 2048, 4096, 1024),
+    # MN-major: MN slabs of `width` bytes, 64 K rows each; a k-step is 16 K rows
+    ("MN", 128, 8192, 1024, 2, 8192, 2048, 8192),
+    ("MN", 64, 4096, 512, 4, 4096, 1024, 8192),
+    ("MN", 32, 2048, 256, 8, 2048, 512, 8192),
+    ("MN", None, 128, 1024, 16, 1024, 256, 8192),  # unswizzled: LBO steps K, SBO steps MN
+])
+def test_operand_tile_geometry(major, swizzle, lbo, sbo, slabs, slab_bytes, k1, mn64):
+    t = OperandTile(128, 64, bf16, major=major, swizzle=swizzle)
+    assert t.nbytes == 128 * 64 * 2
+    assert (t.leading_byte_offset, t.stride_byte_offset) == (lbo, sbo)
+    assert (t.slabs, t.slab_bytes) == (slabs, slab_bytes)
+    assert t.k_steps == 4 and t.trans == (major == "MN")
+    assert t.offset(1) == k1
+    if not (major == "MN" and swizzle is None):
+        assert t.offset(0, 64) == mn64
+    mode = {None: 0, 128: 1, 64: 2, 32: 3}[swizzle]
+    c = t.descriptor_constant()
+    assert (c >> 16) & 0x3FFF == lbo >> 4 and (c >> 32) & 0x3FFF == sbo >> 4 and c >> 62 == mode
+    assert t.align == (8 * swizzle if swizzle else 128)
+
+
+def test_operand_tile_k_steps_per_type():
+    assert OperandTile(64, 64, f16).k_steps == 4
+    assert OperandTile(64, 32, tf32).k_steps == 4  # 8 tf32 per wgmma
+    t = OperandTile(64, 128, bf16)  # two 128-byte K slabs
+    assert [t.offset(k) for k in range(8)] == [0, 32, 64, 96, 8192, 8224, 8256, 8288]
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(mn=100, k=64), "mn must be a positive multiple of 8"),
+    (dict(mn=64, k=24), "k must be a positive multiple of 16"),
+    (dict(mn=64, k=32, swizzle=128), "not a multiple of the 128-byte slab"),
+    (dict(mn=64, k=64, swizzle=96), "swizzle must be 128, 64, 32 or None"),
+    (dict(mn=64, k=64, major="M"), "major must be 'K' or 'MN'"),
+    (dict(mn=48, k=64, major="MN"), "not a multiple of the 128-byte slab"),
+])
+def test_operand_tile_errors(kwargs, match):
+    with pytest.raises(OperandError, match=match) as e:
+        OperandTile(dtype=bf16, **kwargs)
+    _here_line(e)
+
+
+def test_operand_tile_offset_errors():
+    t = OperandTile(128, 64, bf16)
+    with pytest.raises(OperandError, match="k_step must be in 0..3") as e:
+        t.offset(4)
+    _here_line(e)
+    with pytest.raises(OperandError, match="mn_start"):
+        t.offset(0, 12)
+    with pytest.raises(OperandError, match="parts must split"):
+        t.tma_box(3)
+
+
+def test_tma_options_match_the_tile():
+    assert OperandTile(128, 64, bf16).tma_options() == {"box": (128, 64), "swizzle": "128B"}
+    assert OperandTile(256, 64, bf16, major="MN").tma_options() == {"box": (64, 64),
+                                                                   "swizzle": "128B"}
+    assert OperandTile(256, 64, bf16, major="MN").tma_options(2) == {"box": (32, 64),
+                                                                    "swizzle": "128B"}
+    assert OperandTile(64, 64, bf16, swizzle=None).tma_options() == {"box": (64, 8),
+                                                                    "swizzle": "none"}
+
+
+def _tile_kernel(tma_opts, tile):
+    @kernel(in_specs=(Tile(64, 64, bf16),), out_specs=(Tile(1, f32),), block=(128, 1, 1),
+            smem=tile.nbytes + 1024, tma={"A": tma_opts})
+    def k(A, Y):
+        buf = (smem.dynamic(align=128).addr() + 1023) & 0xFFFFFC00
+        bar = smem.alloc(b64, 1, align=8)
+        tile.load(buf, A, 0, 0, bar)
+        ptx.ret()
+
+    return k
+
+
+def test_tensor_map_that_disagrees_with_the_tile_is_refused():
+    tile = OperandTile(64, 64, bf16)
+    assert "cp.async.bulk.tensor.2d" in _tile_kernel(tile.tma_options(), tile).ptx()
+    with pytest.raises(TmaError, match="swizzle NONE") as e:
+        _tile_kernel({"box": (64, 64), "swizzle": "none"}, tile).ptx()
+    _here_line(e)
+    with pytest.raises(TmaError, match=r"box is \[32, 64\]"):
+        _tile_kernel({"box": (64, 32), "swizzle": "128B"}, tile).ptx()
+    with pytest.raises(TmaError, match="use box=\\(64, 64\\)"):
+        _tile_kernel({"box": (32, 64), "swizzle": "128B"}, tile).ptx()
+
+
+def test_descriptor_and_advance_emit_the_documented_sequence():
+    tile = OperandTile(64, 64, bf16, major="MN")
+
+    @kernel(block=(128, 1, 1), smem=tile.nbytes)
+    def k():
+        buf = smem.dynamic(align=1024)
+        d = tile.descriptor(buf.addr(), offset=2048)
+        tile.advance(d, 1)
+        tile.advance(d, 0)  # no instruction
+        ptx.ret()
+
+    text = k.ptx()
+    body = text[text.index("{", text.index(".entry")):]
+    ops = [ln.split()[0] for ln in body.splitlines()[1:] if ln.strip() and not ln.strip().startswith((".reg", "}"))]
+    assert ops == ["mov.u32", "add.u32", "and.b32", "shr.u32", "cvt.u64.u32", "or.b64",
+                   "add.s64", "ret;"]
+    assert f"0x{tile.descriptor_constant():016X}" in text
+    assert f", {2048 >> 4};" in text  # one k-step of an MN-major tile: 16 rows x 128 B
+
+
+# ---------------------------------------------------------------------- Accumulator
+@pytest.mark.parametrize("n", [8, 64, 256])
+def test_accumulator_coordinates_cover_the_tile_once(n):
+    seen = np.zeros((64, n), int)
+    for warp in range(4):
+        for lane in range(32):
+            for i in range(n // 2):
+                r, c = accumulator_coord(i, warp, lane)
+                seen[r, c] += 1
+                dr, dc = Accumulator.coord(i)
+                assert (r, c) == (16 * warp + lane // 4 + dr, 2 * (lane % 4) + dc)
+    assert (seen == 1).all()
+
+
+def test_accumulator_registers_assignment_and_errors():
+    @kernel(block=(128, 1, 1))
+    def k():
+        acc = Accumulator(16)
+        assert len(acc) == 8 and len(list(acc.pairs())) == 4
+        acc.zero()
+        acc[3] = 1.5
+        acc[2] = acc[3]
+        acc[1] *= 2.0  # in place: one mul, no mov
+        with pytest.raises(OperandError, match="n must be a multiple of 8") as e:
+            Accumulator(12)
+        _here_line(e)
+        with pytest.raises(OperandError, match=r"is \.f32, got \.u64"):
+            acc[0] = reg.scalar(u64)
+        ptx.ret()
+
+    text = k.ptx()
+    assert text.count("mov.f32") == 8 + 1 and "mov.b32 %f2, %f3" in text
+    assert "mul.f32 %f1, %f1, 0f40000000" in text
+
+
+# ---------------------------------------------------------------------- Pipeline
+def _ring_kernel(stages, rounds, consumer_phase=0):
+    """Thread 0 copies chunk r of X into stage r % S (bulk copy, full barrier); warps 1..2
+    wait, add the chunk into Y and release the stage (empty barrier, one arrive per warp)."""
+    chunk = 64  # f32 per chunk
+
+    @kernel(in_specs=(Tile(rounds * chunk, f32),), out_specs=(Tile(2 * chunk, f32),),
+            block=(96, 1, 1), smem=stages * chunk * 4)
+    def ring(X, Y):
+        px, py = ptx.global_ptrs(X, Y)
+        base = smem.dynamic(align=128).addr()
+        pipe = Pipeline(stages, consumer_arrivals=2)
+        tid = reg.from_(ptx.special.tid.x(), u32)
+        warp = tid >> 5
+        pipe.init(pred=tid == 0)
+        ptx.bar_sync(0)
+        with ptx.if_(tid == 0):
+            st = pipe.producer_state()
+            for r in ptx.loop(0, rounds):
+                pipe.acquire(st)
+                bar = pipe.arm(st, chunk * 4)
+                ptx.tma.copy_bulk(st.stage * (chunk * 4) + base,
+                                  ptx.addr(px + reg.from_(r * (chunk * 4), u64)),
+                                  chunk * 4, bar)
+                st.advance()
+        with ptx.if_(warp != 0):
+            cons = pipe.consumer_state() if consumer_phase == 0 else None
+            if cons is None:  # a mutant that waits for the wrong parity first
+                from pyptx.pipeline import PipelineState
+                cons = PipelineState(stages, 1)
+            lane = tid & 31
+            col = (warp - 1) * 32 + lane  # 2 warps x 32 lanes cover 64 floats
+            acc = reg.scalar(f32, init=0.0)
+            for _ in ptx.loop(0, rounds):
+                pipe.wait(cons)
+                v = reg.scalar(f32)
+                ptx.inst.ld.shared.f32(v, ptx.addr(cons.stage * (chunk * 4) + base + col * 4))
+                acc += v
+                pipe.release(cons, pred=lane == 0)
+                cons.advance()
+            ptx.inst.st.global_.f32(ptx.addr(py + col * 4), acc)
+            ptx.inst.st.global_.f32(ptx.addr(py + col * 4 + chunk * 4), acc)
+        ptx.ret()
+
+    return ring
+
+
+@pytest.fixture(scope="module")
+def sim():
+    sys.path.insert(0, str(HERE.parent))
+    import ptxsim
+
+    return ptxsim
+
+
+# The simulator orders shared-memory reuse only through bar.sync, so a stage is not refilled
+# here (rounds <= stages); refills and phase flips run on the GPU (every GEMM k-loop).
+@pytest.mark.parametrize("stages,rounds", [(1, 1), (2, 2), (3, 2), (4, 4)])
+def test_pipeline_ring_in_the_simulator(sim, stages, rounds):
+    x = np.random.default_rng(stages).standard_normal(rounds * 64).astype(np.float32)
+    (y,) = sim.run(_ring_kernel(stages, rounds).specialize(), [x])
+    y = y.view(np.float32) if y.dtype != np.float32 else y
+    want = x.reshape(rounds, 64).sum(0)
+    np.testing.assert_allclose(y[:64], want, rtol=1e-5)
+    np.testing.assert_allclose(y[64:], want, rtol=1e-5)
+
+
+def test_pipeline_wrong_phase_is_caught(sim):
+    x = np.ones(2 * 64, np.float32)
+    with pytest.raises(sim.SimError, match="deadlock|nothing wrote"):
+        sim.run(_ring_kernel(2, 2, consumer_phase=1).specialize(), [x])
+
+
+def test_pipeline_state_checks():
+    @kernel(block=(32, 1, 1))
+    def k():
+        a, b = Pipeline(2), Pipeline(3)
+        with pytest.raises(OperandError, match="PipelineState of this 2-stage") as e:
+            a.wait(b.consumer_state())
+        _here_line(e)
+        with pytest.raises(OperandError, match="barrier index 5 out of range"):
+            a.full.at(5)
+        ptx.ret()
+
+    k.ptx()
+
+
+# ---------------------------------------------------------------------- examples' PTX
+def test_wgmma_tile_example_assembles_for_every_layout(assemble):
+    tile = _load("wgmma_tile")
+    for sw in (128, 64, 32, None):
+        for am in ("K", "MN"):
+            for bm in ("K", "MN"):
+                report = assemble(tile.build_wgmma_tile(64, 64, a_major=am, b_major=bm,
+                                                        swizzle=sw).ptx())
+                assert "0 bytes spill stores" in report
+
+
+def test_gemm_configs_assemble_without_spills(assemble):
+    gemm = _load("gemm")
+    kernels = [gemm.build_gemm(4096, 4096, 4096, **c.kwargs) for c in gemm.GEMM_CONFIGS]
+    kernels += [
+        gemm.build_gemm(1000, 520, 136, a_major="MN", b_major="K", out_dtype="f32", bias=True,
+                        activation="gelu_tanh", alpha=0.5),
+        gemm.build_gemm(333, 520, 272, dtype="f16", out_dtype="f16", activation="silu",
+                        cluster=1, BN=128),
+    ]
+    for k in kernels:
+        text = k.ptx()
+        assert "wgmma.mma_async" in text and "setmaxnreg.inc" in text
+        report = assemble(text)
+        assert "0 bytes spill stores" in report, report
+
+
+def test_gemm_builder_refuses_bad_configurations():
+    gemm = _load("gemm")
+    from pyptx.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="needs .* bytes of shared memory"):
+        gemm.build_gemm(4096, 4096, 4096, BN=256, stages=6)
+    with pytest.raises(ConfigError, match="activation"):
+        gemm.build_gemm(64, 64, 64, activation="tanh")
+    with pytest.raises(ConfigError, match="inputs must be bf16 or f16"):
+        gemm.build_gemm(64, 64, 64, dtype="f32")
