@@ -89,9 +89,10 @@ def _rewrite_outputs(path: Path, updates: list[tuple[Block, str]]) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-def run_page(path: Path, *, gpu: bool, assemble, monkeypatch) -> int:
+def run_page(path: Path, *, gpu: bool, assemble, monkeypatch, cache: Path) -> int:
     """Run a page's blocks; return how many python blocks executed."""
     monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("PYPTX_CACHE_DIR", str(cache))  # compiled records stay in the test's tmp
     # Kernels the page creates are the new entries of the live-kernel table; a kernel counts
     # as traced once its body ran (tracing may raise on purpose). Wrapping only ``_trace``
     # keeps this file's frames out of the stack where pyptx looks for the user's file:line.
@@ -176,8 +177,8 @@ def run_page(path: Path, *, gpu: bool, assemble, monkeypatch) -> int:
 
 
 @pytest.mark.parametrize("path", PAGES, ids=_id)
-def test_page_runs_on_cpu(path, assemble, monkeypatch):
-    run_page(path, gpu=False, assemble=assemble, monkeypatch=monkeypatch)
+def test_page_runs_on_cpu(path, assemble, monkeypatch, tmp_path):
+    run_page(path, gpu=False, assemble=assemble, monkeypatch=monkeypatch, cache=tmp_path)
 
 
 GPU_PAGES = [p for p in PAGES if any("gpu" in b.marks for b in blocks(p))]
@@ -185,11 +186,11 @@ GPU_PAGES = [p for p in PAGES if any("gpu" in b.marks for b in blocks(p))]
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("path", GPU_PAGES, ids=_id)
-def test_page_runs_on_gpu(path, assemble, monkeypatch):
+def test_page_runs_on_gpu(path, assemble, monkeypatch, tmp_path):
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    run_page(path, gpu=True, assemble=assemble, monkeypatch=monkeypatch)
+    run_page(path, gpu=True, assemble=assemble, monkeypatch=monkeypatch, cache=tmp_path)
 
 
 def test_marks_are_known_and_every_python_block_is_reachable():
