@@ -25,7 +25,7 @@ def shim() -> Any:
     except ImportError:
         raise RuntimeUnavailableError(
             "the pyptx launcher is not installed: pip install pyptx-shim "
-            "(or pyptx-core[torch] / pyptx-core[jax])"
+            "(every runtime plugin depends on it)"
         ) from None
     if native is None:
         raise RuntimeUnavailableError(shim_load_error())

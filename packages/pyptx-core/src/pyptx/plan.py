@@ -51,8 +51,8 @@ DTYPES: dict[str, PtxType] = {
 
 
 def ptx_type_of(dtype: str) -> PtxType | None:
-    """The PTX type of a dtype name (``torch.`` prefix allowed), or None if PTX has none."""
-    return DTYPES.get(dtype.removeprefix("torch."))
+    """The PTX type of a dtype name, or None if PTX has no such element type."""
+    return DTYPES.get(dtype)
 
 
 def dtype_name_of(t: PtxType) -> str:

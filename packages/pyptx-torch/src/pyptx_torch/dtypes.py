@@ -13,7 +13,7 @@ __all__ = ["ptx_type_of", "torch_dtype_of", "compatible"]
 
 def ptx_type_of(dtype: Any) -> PtxType | None:
     """The PTX type of a torch dtype, or None if PTX has no such element type."""
-    return _ptx_type_of_name(str(dtype))
+    return _ptx_type_of_name(str(dtype).removeprefix("torch."))
 
 
 def torch_dtype_of(t: PtxType) -> Any:
