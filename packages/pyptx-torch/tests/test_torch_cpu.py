@@ -187,3 +187,22 @@ def test_facade_resolves_to_the_plugin():
     for name in pyptx_torch.__all__:
         assert getattr(ts, name) is getattr(pyptx_torch, name)
     assert pyptx.differentiable_kernel is pyptx_torch.differentiable_kernel
+
+
+def test_launch_state_keeps_bounded_mru_fast_launchers_and_lru_plans(monkeypatch):
+    import pyptx_torch.eager as eager
+
+    monkeypatch.setattr(eager, "FAST_SLOTS", 3)
+    monkeypatch.setattr(eager, "PLAN_SLOTS", 4)
+    state = eager.LaunchState()
+    fasts = [object() for _ in range(5)]
+    for i, f in enumerate(fasts):
+        state.remember(("sig", i), (None, f))
+        state.use_fast(f)
+    assert state.fast == [fasts[4], fasts[3], fasts[2]]  # most recent first, three kept
+    state.use_fast(fasts[2])
+    assert state.fast == [fasts[2], fasts[4], fasts[3]]
+    assert list(state.plans) == [("sig", i) for i in range(1, 5)]  # the oldest plan dropped
+    state.remember(("sig", 5), (None, object()))  # drops ("sig", 1) ...
+    state.remember(("sig", 6), (None, object()))  # ... and ("sig", 2), whose launcher goes too
+    assert fasts[2] not in state.fast and state.fast == [fasts[4], fasts[3]]

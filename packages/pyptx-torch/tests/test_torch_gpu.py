@@ -426,3 +426,23 @@ def test_torch_export_round_trip_in_a_fresh_process(tmp_path, monkeypatch):
                           str(tmp_path / "data.pt")], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert float(run.stdout.strip().splitlines()[-1]) < 1e-5
+
+
+def test_alternating_shapes_do_not_replan(monkeypatch):
+    """Two shapes in turn: after one call each, every call is taken by a fast launcher."""
+    import pyptx_torch.eager as eager
+
+    eager.set_poison(False)  # poisoned calls leave the fast launchers on purpose
+    k = build_inc(False)
+    xs = [torch.randn(n, device="cuda") for n in (1000, 4097)]
+    for x in xs:
+        assert torch.equal(k(x), x + 1.0)
+
+    def no_replanning(*args, **kwargs):
+        raise AssertionError("a repeated signature was planned again")
+
+    monkeypatch.setattr(eager, "plan_for", no_replanning)
+    for step in range(6):
+        x = xs[step % 2]
+        assert torch.equal(k(x), x + 1.0)
+    assert len(k.launcher("torch").state.fast) == 2
