@@ -58,9 +58,20 @@ class ShimBuildHook(BuildHookInterface):
         sources = sorted(csrc.glob("*.cpp"))
         newest = max(p.stat().st_mtime for p in csrc.iterdir())
         if not out.exists() or out.stat().st_mtime < newest:
-            cmd = compile_command(sources, out, jaxlib_ffi_include())
+            ffi_include = jaxlib_ffi_include()
+            cmd = compile_command(sources, out, ffi_include)
             self.app.display_info(" ".join(cmd))
-            subprocess.run(cmd, check=True)
+            try:
+                subprocess.run(cmd, check=True)
+            except subprocess.CalledProcessError:
+                if ffi_include is None:
+                    raise
+                # A jaxlib whose FFI header the handler does not build against: use the copy.
+                self.app.display_warning(f"pyptx-shim: building against {ffi_include} failed; "
+                                         "building with the shim's own FFI declarations")
+                cmd = compile_command(sources, out, None)
+                self.app.display_info(" ".join(cmd))
+                subprocess.run(cmd, check=True)
         build_data["pure_python"] = False
         build_data["infer_tag"] = True
         build_data["artifacts"].append(str(out.relative_to(self.root)))
