@@ -19,9 +19,10 @@ from pyptx.types import b64, bf16, f32, u32
 
 
 def build_wgmma_tile(N: int = 64, K: int = 64, *, a_major="K", b_major="K", swizzle=128,
-                     dtype=bf16):
+                     dtype=bf16, a_view="2d"):
     """The one-tile kernel: A is ``(64, K)`` (K-major) or ``(K, 64)``, B ``(N, K)`` (K-major)
-    or ``(K, N)``, D ``(64, N)`` f32."""
+    or ``(K, N)``, D ``(64, N)`` f32. ``a_view="3d"`` fills a K-major, 128-byte-swizzled A
+    of any K with one 3-D copy (``@kernel(tma={"A": dict(view="3d", ...)})``)."""
     a = OperandTile(64, K, dtype, major=a_major, swizzle=swizzle)
     b = OperandTile(N, K, dtype, major=b_major, swizzle=swizzle)
     b_off = -(-a.nbytes // 1024) * 1024
@@ -29,8 +30,10 @@ def build_wgmma_tile(N: int = 64, K: int = 64, *, a_major="K", b_major="K", swiz
     b_spec = Tile(N, K, dtype) if b_major == "K" else Tile(K, N, dtype)
 
     @kernel(in_specs=(a_spec, b_spec), out_specs=(Tile(64, N, f32),), block=(128, 1, 1),
-            smem=b_off + b.nbytes + 1024, tma={"A": a.tma_options(), "B": b.tma_options()},
-            name=f"wgmma_tile_{a_major}{b_major}_sw{swizzle}_n{N}_k{K}")
+            smem=b_off + b.nbytes + 1024,
+            tma={"A": dict(view="3d", box=(64, K)) if a_view == "3d" else a.tma_options(),
+                 "B": b.tma_options()},
+            name=f"wgmma_tile_{a_major}{b_major}_sw{swizzle}_n{N}_k{K}_{a_view}")
     def wgmma_tile(A, B, D):
         (pd,) = ptx.global_ptrs(D)
         buf = (smem.dynamic(align=128, name="tiles").addr() + 1023) & 0xFFFFFC00

@@ -308,3 +308,19 @@ def test_gemm_builder_refuses_bad_configurations():
         gemm.build_gemm(64, 64, 64, activation="tanh")
     with pytest.raises(ConfigError, match="inputs must be bf16 or f16"):
         gemm.build_gemm(64, 64, 64, dtype="f32")
+
+
+def test_tma_3d_view_option_and_its_errors(assemble):
+    tile = _load("wgmma_tile")
+    k = tile.build_wgmma_tile(64, 256, a_major="K", b_major="MN", a_view="3d")
+    text = k.ptx()
+    assert text.count("cp.async.bulk.tensor.3d") == 1 and "cp.async.bulk.tensor.2d" in text
+    assemble(text)
+    from pyptx.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="view must be '2d' or '3d'"):
+        kernel(in_specs=(Tile(64, 64, bf16),), tma={"A": dict(view="4d")}, name="k")(lambda A: None)
+    with pytest.raises(ConfigError, match="padding needs view='3d'"):
+        kernel(in_specs=(Tile(64, 64, bf16),), tma={"A": dict(padding=True)}, name="k")(lambda A: None)
+    with pytest.raises(ConfigError, match="needs box=\\(rows, cols\\)"):
+        kernel(in_specs=(Tile(64, 64, bf16),), tma={"A": dict(view="3d")}, name="k")(lambda A: None)

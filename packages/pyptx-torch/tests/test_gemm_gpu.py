@@ -70,6 +70,15 @@ def test_operand_tile_layouts(swizzle, a_major, b_major, n):
     assert rel_err(d, a.double() @ b.double()) < 1e-5
 
 
+@pytest.mark.parametrize("K", [128, 256])
+def test_operand_tile_filled_by_the_3d_view(K):
+    a = torch.randn(64, K, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(K, 64, device="cuda", dtype=torch.bfloat16)
+    k = wgmma_tile.build_wgmma_tile(64, K, a_major="K", b_major="MN", a_view="3d")
+    assert "cp.async.bulk.tensor.3d" in k.ptx()
+    assert rel_err(k(a, b), a.double() @ b.double()) < 1e-5
+
+
 CASES = [
     # M, N, K, trans_a, trans_b, config
     (256, 512, 320, False, False, None),

@@ -24,7 +24,7 @@ from .ir import Function, Module, Param
 from .ptx.memory import TensorParam
 from .runtimes import launcher_for, runtime_for
 from .source import Loc, fmt_loc, user_loc, where
-from .specs import Tile, bind
+from .specs import Layout, Tile, bind
 from .trace import Trace, tracing
 from .types import PtxType, b8, u64
 
@@ -355,7 +355,7 @@ class Kernel:
         return tuple(tensors), templates
 
     _TMA_KEYS = frozenset({"box", "swizzle", "element_strides", "l2_promotion", "oob_fill",
-                           "interleave"})
+                           "interleave", "view", "padding"})
 
     def _check_tma(self, tma: Mapping[str, Mapping[str, Any]], origin: str) -> dict:
         if not isinstance(tma, Mapping):
@@ -369,6 +369,22 @@ class Kernel:
             if not isinstance(opts, Mapping) or set(opts) - self._TMA_KEYS:
                 raise ConfigError(f"{origin}: tma[{name!r}] must be a dict with keys from "
                                   f"{sorted(self._TMA_KEYS)}, got {opts!r}")
+            view = opts.get("view", "2d")
+            if view not in ("2d", "3d"):
+                raise ConfigError(f"{origin}: tma[{name!r}] view must be '2d' or '3d', got {view!r}")
+            if view == "2d" and "padding" in opts:
+                raise ConfigError(f"{origin}: tma[{name!r}] padding needs view='3d' (the padded "
+                                  f"72-element rows of pyptx.tma.tma_params_3d)")
+            if view == "3d":
+                i = self._tensor_names.index(name)
+                spec = (self._in_specs + self._out_specs)[i]
+                if spec.rank != 2 or spec.layout is not Layout.ROW:
+                    raise ConfigError(f"{origin}: tma[{name!r}] view='3d' needs a 2-D row-major "
+                                      f"tensor, got {spec!r}")
+                box = opts.get("box")
+                if box is None or len(box) != 2:
+                    raise ConfigError(f"{origin}: tma[{name!r}] view='3d' needs box=(rows, cols), "
+                                      f"got {box!r}")
             out[name] = dict(opts)
         return out
 
@@ -468,7 +484,16 @@ class Kernel:
 
                 opts = dict(self._tma[pname])
                 box = opts.pop("box", None)
-                tma_maps.append((i, tma_params(shape, spec.dtype, spec.layout, box, **opts)))
+                if opts.pop("view", "2d") == "3d":
+                    from .tma import tma_params_3d
+
+                    sw = opts.pop("swizzle", "128B")
+                    tma_maps.append((i, tma_params_3d(
+                        shape[0], shape[1], spec.dtype, box[0], box[1],
+                        swizzle_128b=sw not in (None, "none"), padding=opts.pop("padding", False),
+                        **opts)))
+                else:
+                    tma_maps.append((i, tma_params(shape, spec.dtype, spec.layout, box, **opts)))
                 tmap = trace.unique(f"{pname}_tmap")
                 tmap_params.append(Param(tmap, b8, align=64, count=128))
             params.append(TensorParam(pname, spec, shape, i, trace, tmap,
@@ -544,7 +569,12 @@ class Kernel:
         launch = self._launchers.get(args[0].__class__) if args else None
         if launch is None:
             rt = runtime_for(args)
-            launch = self.launcher(rt.name)
+            launch = self._runtime_launchers.get(rt.name)
+            if launch is None:
+                tracing = getattr(rt, "tracing", None)
+                if tracing is not None and tracing():  # a graph compiler runs this code:
+                    return rt.launch(self, args, kwargs)  # make no per-kernel state in it
+                launch = self.launcher(rt.name)
             self._launchers[args[0].__class__] = launch
         return launch(self, args, kwargs)
 
@@ -623,7 +653,10 @@ def kernel(
     parameters returning three ints; ``smem`` is dynamic shared memory bytes;
     ``arch`` the target (``sm_90a``); ``version`` the PTX ISA version;
     ``maxnreg`` caps registers per thread (``.maxnreg``; needed for ``setmaxnreg``);
-    ``tma`` maps tensor names to TMA descriptor options (``box``, ``swizzle``, ...): each
+    ``tma`` maps tensor names to TMA descriptor options (``box``, ``swizzle``, ...; ``view="3d"``
+    with ``box=(rows, cols)`` and optional ``padding=True`` selects the 3-D view of
+    ``pyptx.tma.tma_params_3d``: a 128-byte-swizzled K-major operand wider than one swizzle
+    line in one copy, or 72-element padded rows for a bank-conflict-free epilogue): each
     gets a by-value tensor-map parameter, ``X.tmap`` in the body, built and patched with
     the tensor's address by the runtime at every launch.
     ``pdl=True`` launches with programmatic dependent launch (sm_90+): the kernel starts

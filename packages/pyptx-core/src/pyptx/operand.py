@@ -206,6 +206,8 @@ class OperandTile:
         want_sw = {None: Swizzle.NONE, 128: Swizzle.B128, 64: Swizzle.B64, 32: Swizzle.B32}
         inner, outer = self.tma_box(parts)
         box = tuple(params.box_dims[:2])
+        if params.rank == 3 and self._fits_3d_view(params, outer):
+            return
         if params.element_bytes != self.elem:
             raise TmaError(f"{where()}: {what} copies {params.element_bytes}-byte elements into "
                            f"a .{self.dtype.name} OperandTile")
@@ -219,6 +221,15 @@ class OperandTile:
                            f"this {self.mn}x{self.k} {self.major}-major OperandTile is "
                            f"[{inner}, {outer}]; use box=({outer}, {inner})")
 
+    def _fits_3d_view(self, params: Any, outer: int) -> bool:
+        """True if ``params`` is the 3-D view (``tma_params_3d``) that fills every slab of
+        this K-major, 128-byte-swizzled tile (``outer`` rows each) in one copy."""
+        from .tma import Swizzle
+
+        return (self.major == "K" and self.width == 128 and params.element_bytes == self.elem
+                and params.swizzle is Swizzle.B128 and 64 * self.elem == 128
+                and tuple(params.box_dims) == (64, outer, self.slabs))
+
     def load(self, dst: Reg | SharedArray, tensor: Any, mn0: Reg | int, k0: Reg | int,
              bar: Any, *, multicast_mask: Any = None, cache_hint: Reg | None = None,
              part: tuple[Reg | int, int] | None = None, slabs: tuple[Reg | int, int] | None = None,
@@ -231,7 +242,10 @@ class OperandTile:
         only rows ``index/count`` of every slab's outer extent, so ``count`` CTAs that
         multicast (``multicast_mask``) fill the tile together; ``slabs=(index, count)`` copies
         every ``count``-th slab starting at ``index`` instead (whole boxes). ``map_ptr``: the map's
-        address hoisted out of a loop (``ptx.tma.tensormap_ptr(X.tmap)``), used instead."""
+        address hoisted out of a loop (``ptx.tma.tensormap_ptr(X.tmap)``), used instead. A
+        K-major 128-byte-swizzled bf16/f16 tile whose tensor declares the 3-D view
+        (``@kernel(tma={name: dict(view="3d", box=(mn, k))})``) is filled by one 3-D copy
+        at coordinates ``(0, mn0, k0 / 64)``."""
         from .ptx import tma as ptma
         from .ptx.memory import Addr
         from .reg import from_
@@ -254,6 +268,12 @@ class OperandTile:
         mn0 = mn0 + row0 if self.major == "K" and count > 1 else mn0
         k0 = k0 + row0 if self.major == "MN" and count > 1 else k0
         kw = {} if pred is None else {"pred": pred}
+        params = getattr(tensor, "tmap_params", None)
+        if params is not None and params.rank == 3:  # the 3-D view: every slab in one copy
+            chunk = k0 >> 6 if type(k0) is Reg else k0 // 64
+            ptma.load_tile(dst, tmap, (0, mn0, chunk), bar, multicast_mask=multicast_mask,
+                           cache_hint=cache_hint, **kw)
+            return
         if slabs is not None:  # slab i = index + j*count for j in range(slabs // count)
             first, step = slabs
             if self.slabs % step:
