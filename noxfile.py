@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
 
 import nox
@@ -31,7 +32,7 @@ def _test_dirs(*packages: str) -> list[str]:
 def _core_tests(session: nox.Session) -> None:
     """Install core and the shim editable, then run their tests (CPU only)."""
     session.install(*CONSTRAINTS, *_editable("pyptx-core[test]", "pyptx-shim"))
-    session.run("pytest", *_test_dirs("pyptx-core", "pyptx-shim"), "-q", *session.posargs)
+    session.run("pytest", *_test_dirs("pyptx-core", "pyptx-shim"), "-q", "-rs", *session.posargs)
 
 
 @nox.session
@@ -53,7 +54,7 @@ def plugins(session: nox.Session) -> None:
     session.install(*CONSTRAINTS, "torch==2.13.0")
     session.install(*CONSTRAINTS, *_editable("pyptx-core[test]", "pyptx-shim", "pyptx-torch",
                                              "pyptx-jax"))
-    session.run("pytest", *_test_dirs(*PACKAGES), "-q", *session.posargs)
+    session.run("pytest", *_test_dirs(*PACKAGES), "-q", "-rs", *session.posargs)
 
 
 @nox.session
@@ -100,13 +101,56 @@ def install(session: nox.Session) -> None:
         session.run(py, str(ROOT / "tools" / "install_check.py"), extra, external=True)
 
 
+DEMO = "examples/hopper/rms_norm.py:build_rms_norm"
+
+
 @nox.session
 def demo(session: nox.Session) -> None:
-    """Print the RMSNorm example's PTX and its ptxas report."""
+    """Print the RMSNorm example's PTX (a small row), then ptxas's report of the seed shape
+    last, with what its register and spill figures mean."""
     core = "pyptx-core" if shutil.which("ptxas") else "pyptx-core[ptxas]"
     session.install(*CONSTRAINTS, *_editable(core))
-    session.run("pyptx", "check", "examples/hopper/rms_norm.py:build_rms_norm", "B=2048", "N=8192")
-    session.run("pyptx", "ptx", "examples/hopper/rms_norm.py:build_rms_norm", "B=16", "N=512")
+    session.run("pyptx", "ptx", DEMO, "B=16", "N=512")
+    session.log("The PTX above is RMSNorm for N=512 (16 values per lane). ptxas's report of the "
+                "seed shape, B=2048 N=8192:")
+    session.run("pyptx", "check", DEMO, "B=2048", "N=8192")
+    session.log(
+        "How to read it: at N=8192 each lane of the one-warp CTA holds its 256 row values in "
+        "registers, more than the 255 a thread may have. ptxas gives it all 255 and spills the "
+        "rest to local memory ('spill stores'/'spill loads' count those instructions, 'stack' "
+        "is the local frame in bytes); a spill is a round trip through L1/L2, so a kernel "
+        "meant to be bandwidth-bound should show 0 there. build_rms_norm_fast in the same "
+        "file spreads a row over a whole CTA instead, so each thread holds a few values.")
+
+
+@nox.session
+def fuzz(session: nox.Session) -> None:
+    """Fuzz the parser, the transpiler and the Reg sugar with 100,000 cases (tools/fuzz.py);
+    prints the counts; fails if anything but a PyptxError escaped. `-- --cases N --seed S`."""
+    session.install(*CONSTRAINTS, *_editable("pyptx-core"))
+    session.run("python", "tools/fuzz.py", *(session.posargs or ["--cases", "100000"]))
+
+
+CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
+
+
+@nox.session(venv_backend="none")
+def dev(session: nox.Session) -> None:
+    """Build .venv in the checkout: the four packages editable, CPU torch (the pin of
+    constraints.txt, from PyTorch's CPU index, so pip never pulls CUDA torch) and CPU JAX.
+    `nox -s dev -- cuda` takes torch from PyPI instead (CUDA build, for a GPU machine).
+    Then: `. .venv/bin/activate && pytest packages -q -rs`."""
+    venv = ROOT / ".venv"
+    session.run(sys.executable, "-m", "venv", str(venv), external=True)
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
+    links = ["--find-links", "/opt/wheels"] if Path("/opt/wheels").is_dir() else []
+    session.run(*pip, "--upgrade", "pip", external=True)
+    index = [] if "cuda" in session.posargs else ["--index-url", CPU_TORCH_INDEX]
+    session.run(*pip, *CONSTRAINTS, *links, *index, "torch", external=True)
+    session.run(*pip, *CONSTRAINTS, *links, "jax", "ruff", "nox",
+                *_editable("pyptx-core[test]", "pyptx-shim", "pyptx-torch", "pyptx-jax"),
+                external=True)
+    session.log(f"ready: . {venv.relative_to(ROOT)}/bin/activate")
 
 
 @nox.session

@@ -14,11 +14,17 @@ from __future__ import annotations
 
 import re
 
+# Comments, each matching one way only: a line comment runs to the end of its line, a
+# block comment stops at its first '*/' (a pattern that could also end earlier or later
+# lets a failing match retry every split of every comment: exponential time).
+_LINE_COMMENT = r"//[^\n]*(?![^\n])"
+_BLOCK_COMMENT = r"/\*[^*]*\*+(?:[^/*][^*]*\*+)*/"
+
 # Whitespace and comments before a statement.
-TRIVIA = r"\s*(?:(?://[^\n]*|/\*[\s\S]*?\*/)\s*)*"
+TRIVIA = rf"\s*(?:(?:{_LINE_COMMENT}|{_BLOCK_COMMENT})\s*)*"
 
 # Text up to a ';' that may hold strings and comments (unrolled: no nested quantifiers).
-_TO_SEMI = r'[^;"/]*(?:(?:"[^"\n]*"|//[^\n]*|/\*[\s\S]*?\*/|/(?![/*]))[^;"/]*)*'
+_TO_SEMI = rf'[^;"/]*(?:(?:"[^"\n]*"|{_LINE_COMMENT}|{_BLOCK_COMMENT}|/(?![/*]))[^;"/]*)*'
 # The rest of a line (for directives without ';'): strings allowed; a trailing comment and
 # braces ('.section .debug_x { }' on one line) excluded.
 _TO_EOL = r'[^\n;"/{}]*(?:(?:"[^"\n]*"|/(?![/*]))[^\n;"/{}]*)*'
@@ -60,7 +66,7 @@ FUNC_REST = re.compile(
 
 # One declaration: dotted words (with '.align N'), a name, dims, '<n>' count, initializer.
 DECL = re.compile(
-    r"\s*(?P<words>(?:\.[A-Za-z_][\w:]*\s*(?:\d+\s*)?)*)"
+    r"\s*(?P<words>(?:\.[A-Za-z_][\w:]*(?:\s+\d+)?\s*)*)"
     r"(?P<name>[$%A-Za-z_][\w$]*)\s*(?P<dims>(?:\[\s*\w*\s*\]\s*)*)"
     r"(?:<\s*(?P<count>\d+)\s*>)?\s*(?:=\s*(?P<init>[\s\S]*\S))?\s*\Z"
 )
