@@ -206,3 +206,31 @@ def test_launch_state_keeps_bounded_mru_fast_launchers_and_lru_plans(monkeypatch
     state.remember(("sig", 5), (None, object()))  # drops ("sig", 1) ...
     state.remember(("sig", 6), (None, object()))  # ... and ("sig", 2), whose launcher goes too
     assert fasts[2] not in state.fast and state.fast == [fasts[4], fasts[3]]
+
+
+def test_differentiable_kernel_traces_fullgraph_under_torch_compile():
+    """The autograd glue exists before the first call, so torch.compile traces op(a, b) into
+    one graph (an autograd_function_apply around the pyptx op)."""
+    @kernel(in_specs=(Tile("N", f32), Tile("N", f32)), out_specs=(Tile("N", f32),),
+            block=(32, 1, 1))
+    def mul(A, B, Y):
+        ptx.ret()
+
+    @kernel(in_specs=(Tile("N", f32),) * 3, out_specs=(Tile("N", f32),) * 2, block=(32, 1, 1))
+    def mul_bwd(A, B, DY, DA, DB):
+        ptx.ret()
+
+    op = pyptx.differentiable_kernel(mul, mul_bwd, save_for_backward=[0, 1])
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    a = torch.empty(16, device="meta", requires_grad=True)
+    b = torch.empty(16, device="meta")
+    y = torch.compile(lambda a, b: op(a, b) * 2, backend=backend, fullgraph=True)(a, b)
+    assert tuple(y.shape) == (16,) and y.requires_grad
+    (gm,) = graphs
+    assert "autograd_function_apply" in gm.code
+    assert not mul._launchers and not mul._runtime_launchers  # no state made while tracing

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from .errors import SpecError
-from .runtimes import load, runtime_for
+from .runtimes import load, loaded, preload, runtime_for
 from .source import where
 
 __all__ = ["DifferentiableKernel", "differentiable_kernel"]
@@ -75,6 +75,12 @@ class DifferentiableKernel:
         self.__name__ = forward_kernel.name
         self.__doc__ = f"{forward_kernel.name} with gradients through {backward_kernel.name}."
         self._glue: dict[Any, Callable[..., Any]] = {}
+        # The glue of the runtimes whose framework is imported is made now, outside any graph
+        # compiler that might trace the first call.
+        preload()
+        for name, rt in loaded().items():
+            if getattr(rt, "differentiable", None) is not None:
+                self._glue[name] = rt.differentiable(self)
 
     def __call__(self, *inputs: Any) -> Any:
         """Run the forward kernel, differentiably, through the runtime that owns ``inputs``."""

@@ -7,9 +7,15 @@ Entry points are read once, lazily (``importlib.metadata`` is never imported
 by ``import pyptx``); a failed read is remembered, not retried.
 
 A plugin object has ``name``, ``modules``, ``owns(value) -> bool`` and
-``launch(kernel, args, kwargs)``. It may also have ``launcher()``, which
-returns a fresh ``launch``-like callable holding one kernel's launch state
-(plans, caches): the kernel keeps it, so that state dies with the kernel.
+``launch(kernel, args, kwargs)``. It may also have:
+
+- ``launcher()``: a fresh ``launch``-like callable holding one kernel's launch
+  state (plans, caches); the kernel keeps it, so that state dies with the kernel;
+- ``tracing() -> bool``: True while a graph compiler of the framework traces
+  Python that must not create state (the kernel then calls ``launch``);
+- ``differentiable(op)``: the framework glue of ``pyptx.differentiable_kernel``;
+- ``prepare()``: called once when the plugin is preloaded for an imported
+  framework, outside any tracer (import what a traced first call would need).
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from typing import Any, Protocol
 from .errors import RuntimeUnavailableError, SpecError
 from .source import where
 
-__all__ = ["GROUP", "Runtime", "available", "discovery_error", "load", "plugins",
+__all__ = ["GROUP", "Runtime", "available", "discovery_error", "load", "loaded", "plugins",
            "preload", "runtime_for", "launcher_for"]
 
 GROUP = "pyptx.runtimes"
@@ -102,6 +108,11 @@ def plugins() -> dict[str, Any]:
     return dict(_loaded)
 
 
+def loaded() -> dict[str, Any]:
+    """The plugins loaded so far, by name (nothing is discovered or imported)."""
+    return dict(_loaded)
+
+
 def preload() -> None:
     """Load the plugins of frameworks already imported, so that a later call traced by a
     framework compiler (which refuses entry-point scans) finds them. A plugin's entry point
@@ -112,7 +123,10 @@ def preload() -> None:
     for name in available():
         if name not in _loaded and name in sys.modules:
             try:
-                load(name)
+                rt = load(name)
+                prepare = getattr(rt, "prepare", None)
+                if prepare is not None:
+                    prepare()
             except Exception:  # a broken plugin is reported when a launch needs it
                 pass
 

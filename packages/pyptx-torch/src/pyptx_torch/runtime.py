@@ -20,6 +20,17 @@ class TorchRuntime:
 
         return isinstance(value, torch.Tensor)
 
+    def prepare(self) -> None:
+        """Import the launch paths now (torch is imported already), so that a first call
+        traced by torch.compile imports nothing."""
+        from . import compiled, eager  # noqa: F401
+
+    def tracing(self) -> bool:
+        """True while torch.compile or torch.export traces (calls become custom ops)."""
+        import torch
+
+        return torch.compiler.is_compiling()
+
     def launcher(self) -> Any:
         """A new per-kernel launcher: ``launch(kernel, args, kwargs)`` with the kernel's plans
         and its fast launchers (see ``pyptx_torch.eager.make_launcher``)."""
@@ -35,4 +46,8 @@ class TorchRuntime:
 
     def launch(self, kernel: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Launch ``kernel`` on ``args``: eagerly, or as a custom op while torch.compile traces."""
+        if self.tracing():
+            from .compiled import compiled_call
+
+            return compiled_call(kernel, args, kwargs)
         return kernel.launcher(self.name)(kernel, args, kwargs)
