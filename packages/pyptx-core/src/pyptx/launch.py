@@ -12,7 +12,7 @@ from .types import PtxType, from_name
 
 __all__ = ["shim", "shim_is_available", "shim_load_error", "register_launch_config",
            "add_scalar_param_to_shim", "add_tma_spec_to_shim", "scalar_bytes",
-           "register_specialization_params", "check_registered_geometry"]
+           "check_registered_geometry", "TMA_PLACEHOLDER_ADDRESS"]
 
 #: Address the tensor maps are encoded with; the shim replaces it at every launch.
 TMA_PLACEHOLDER_ADDRESS = 1 << 20
@@ -133,18 +133,6 @@ def add_tma_spec_to_shim(handle: int, xla_arg_index: int, host_blob_ptr: Any,
         raise LaunchError(f"add_tma_spec_to_shim: expected a tensor map's bytes, a TensorMap "
                           f"or its address, got {host_blob_ptr!r}")
     _shim_call("add_tma", handle, xla_arg_index, blob)
-
-
-def register_specialization_params(handle: int, spec: Any) -> None:
-    """Append a specialization's scalar params and tensor maps to the shim config ``handle``
-    (in kernel-parameter order: scalars, then maps). Encoding a map needs the driver."""
-    for _, t, value in spec.scalar_params:
-        add_scalar_param_to_shim(handle, value, t)
-    if spec.tma_maps:
-        from .tma import encode
-
-        for arg_index, params in spec.tma_maps:
-            add_tma_spec_to_shim(handle, arg_index, encode(params, TMA_PLACEHOLDER_ADDRESS))
 
 
 def check_registered_geometry(handle: int, grid: Any, block: Any, cluster: Any,

@@ -34,9 +34,8 @@ try:
 except ImportError:  # reported by shim() when a plan is built
     _native = None
 
-__all__ = ["Plan", "LaunchState", "make_launcher", "describe", "launch_kernel",
-           "call_kernel_via_torch", "plan_for", "POISON", "set_poison", "FAST_SLOTS",
-           "PLAN_SLOTS"]
+__all__ = ["Plan", "LaunchState", "make_launcher", "describe", "call_kernel_via_torch",
+           "plan_for", "POISON", "set_poison", "FAST_SLOTS", "PLAN_SLOTS"]
 
 #: Fill every output with NaN (floats) or all-ones bits (ints) before the launch, so an
 #: element the kernel never writes shows up. Set ``PYPTX_POISON_OUTPUTS=1`` to turn on.
@@ -271,12 +270,6 @@ def run_plan(plan: Plan, args: Sequence[Any]) -> list[torch.Tensor]:
     except RuntimeError as e:
         raise LaunchError(str(e)) from None
     return outs
-
-
-def launch_kernel(kernel: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
-    """Eager ``kernel(*args, **kwargs)`` on torch tensors: one tensor or a tuple of them
-    (through the kernel's torch launcher)."""
-    return kernel.launcher("torch")(kernel, tuple(args), kwargs)
 
 
 def call_kernel_via_torch(
