@@ -234,3 +234,11 @@ def test_differentiable_kernel_traces_fullgraph_under_torch_compile():
     (gm,) = graphs
     assert "autograd_function_apply" in gm.code
     assert not mul._launchers and not mul._runtime_launchers  # no state made while tracing
+
+
+def test_op_naming_a_dead_kernel_says_why():
+    from pyptx.errors import LaunchError
+    from pyptx_torch.compiled import _launch_fake
+
+    with pytest.raises(LaunchError, match=r"no live pyptx kernel is called 'gone#0'.*non-strict"):
+        _launch_fake([torch.empty(4, device="meta")], "gone#0", "")

@@ -61,7 +61,16 @@ def _kwargs_key(kwargs: dict[str, Any]) -> str:
 
 
 def _variant(uid: str, key: str) -> tuple[Any, dict[str, Any]]:
-    return kernel_by_uid(uid), dict(ast.literal_eval(key)) if key else {}
+    try:
+        kernel = kernel_by_uid(uid)
+    except KeyError:
+        raise LaunchError(
+            f"{where()}: no live pyptx kernel is called {uid!r} in this process: graphs traced by "
+            "Dynamo (torch.compile, strict torch.export) name kernels by a process-local uid; "
+            "save programs with torch.export's default non-strict mode, which names them by "
+            "content hash"
+        ) from None
+    return kernel, dict(ast.literal_eval(key)) if key else {}
 
 
 def _fake_outputs(kernel: Any, kwargs: dict[str, Any], inputs: Sequence[torch.Tensor]) -> list:
