@@ -305,3 +305,28 @@ def test_exported_program_names_the_kernel_by_content_hash(tmp_path, monkeypatch
                          text=True, env=env)
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == [str(rec.handle), "None", "None"]
+
+
+def test_geometry_given_beside_a_handle_is_checked_not_ignored():
+    from pyptx.errors import LaunchError
+
+    k = make_kernel()
+    lowered_text(k, ((4, 64), jnp.float32), ((64,), jnp.float32))
+    rec = k.specialize(B=4, N=64).record
+    x, w = jnp.ones((4, 64)), jnp.ones(64)
+    common = dict(cubin_handle=rec.handle, out_specs=k.out_specs, out_shape_env={"B": 4, "N": 64})
+    with pytest.raises(LaunchError, match=r"registered with grid=\(4, 1, 1\), got grid=\(8, 1, 1\)"):
+        js.call_kernel_via_ffi(x, w, grid=(8, 1, 1), block=(32, 1, 1), **common)
+    with pytest.raises(LaunchError, match=r"registered with cluster=\(1, 1, 1\), got cluster="):
+        js.call_kernel_via_ffi(x, w, grid=(4, 1, 1), block=(32, 1, 1), cluster=(2, 1, 1),
+                               **common)
+    with pytest.raises(LaunchError, match="no registered kernel has handle 12345"):
+        js.call_kernel_via_ffi(x, w, **{**common, "cubin_handle": 12345}, grid=(4, 1, 1),
+                               block=(32, 1, 1))
+
+
+def test_tensor_maps_travel_by_value_so_a_device_copy_is_refused():
+    from pyptx.errors import LaunchError
+
+    with pytest.raises(LaunchError, match="device_blob_ptr must be 0, got 0x1000"):
+        js.add_tma_spec_to_shim(1, 0, bytes(128), 0x1000)
