@@ -180,7 +180,7 @@ torch.library.register_fake("pyptx::launch", _launch_fake, lib=_lib)
 #: A single-output kernel of 1..MAX_FIXED tensor arguments goes through
 #: ``pyptx::launch<n>(Tensor t0, ..., str variant) -> Tensor`` instead: a fixed argument list
 #: and one Tensor back cost less per call on torch's Python->op path (what inductor's
-#: wrapper calls) than a Tensor[] and a list (docs/dev/logs/op-schema-cpu-study.txt).
+#: wrapper calls) than a Tensor[] and a list (a CPU study of op schemas, session 5).
 #: ``variant`` is the kernel's uid, then ``|`` and the kwargs key if there is one.
 MAX_FIXED = 4
 
