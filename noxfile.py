@@ -143,11 +143,10 @@ def dev(session: nox.Session) -> None:
     venv = ROOT / ".venv"
     session.run(sys.executable, "-m", "venv", str(venv), external=True)
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
-    links = ["--find-links", "/opt/wheels"] if Path("/opt/wheels").is_dir() else []
     session.run(*pip, "--upgrade", "pip", external=True)
     index = [] if "cuda" in session.posargs else ["--index-url", CPU_TORCH_INDEX]
-    session.run(*pip, *CONSTRAINTS, *links, *index, "torch", external=True)
-    session.run(*pip, *CONSTRAINTS, *links, "jax", "ruff", "nox",
+    session.run(*pip, *CONSTRAINTS, *index, "torch", external=True)
+    session.run(*pip, *CONSTRAINTS, "jax", "ruff", "nox",
                 *_editable("pyptx-core[test]", "pyptx-shim", "pyptx-torch", "pyptx-jax"),
                 external=True)
     session.log(f"ready: . {venv.relative_to(ROOT)}/bin/activate")
