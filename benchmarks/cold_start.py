@@ -50,6 +50,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/_timing.py
+from _timing import markdown_table, median_min_max  # noqa: E402
+
 EXAMPLE = ROOT / "examples" / "hopper" / "rms_norm.py"
 EPS = 1e-6
 TAG = "COLD_START_JSON "
@@ -282,22 +285,12 @@ def _sizes(count: int) -> list[tuple[int, int]]:
     return [(rng.randrange(17, 200), 32 * k) for k in ks]
 
 
-def _stats(vals: list[float]) -> tuple[float, float, float] | None:
-    return (statistics.median(vals), min(vals), max(vals)) if vals else None
 
 
 def _fmt_s(v: float) -> str:
     return f"{v:.3f} s"
 
 
-def _table(head: list[str], body: list[list[str]]) -> list[str]:
-    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h)
-              for i, h in enumerate(head)]
-
-    def line(cells: list[str]) -> str:
-        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"
-
-    return [line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [line(b) for b in body]
 
 
 def parent(args: argparse.Namespace) -> int:
@@ -373,7 +366,7 @@ def parent(args: argparse.Namespace) -> int:
                 f"Python {sys.version.split()[0]}" if first else "")
 
     def row(label: str, runs: list[dict], key: str, target: float | None, unit: str) -> list[str]:
-        st = _stats([d[key] for d in runs])
+        st = median_min_max([d[key] for d in runs])
         if st is None:
             return [label, "-", "-", "-", f"<= {target:g} s" if target else "-", "ERROR"]
         f = (lambda v: f"{v * 1e6:.0f} µs") if unit == "us" else _fmt_s
@@ -383,7 +376,7 @@ def parent(args: argparse.Namespace) -> int:
         return [label, f(st[0]), f(st[1]), f(st[2]), f"<= {target:g} s" if target else "-",
                 verdict]
 
-    summary = _table(["measure", "median", "min", "max", "target", "pass/fail"], [
+    summary = markdown_table(["measure", "median", "min", "max", "target", "pass/fail"], [
         row("(a) empty cache: first result from import pyptx", ok_e, "from_pyptx",
             EMPTY_TARGET_S, "s"),
         row("(a) empty cache: same, incl. import torch + CUDA init", ok_e, "from_torch",
@@ -407,7 +400,7 @@ def parent(args: argparse.Namespace) -> int:
     body.append(["**first result incl. import torch + CUDA init**",
                  med_ms(ok_e, tuple(k for k, _ in PHASES)),
                  med_ms(ok_w, tuple(k for k, _ in PHASES))])
-    breakdown = _table(["phase (self time, median ms)", "(a) empty cache", "(b) warm cache"], body)
+    breakdown = markdown_table(["phase (self time, median ms)", "(a) empty cache", "(b) warm cache"], body)
     missing = sorted({m for d in ok_e + ok_w for m in d.get("not_instrumented", [])})
     notes = [f"median of {len(ok_e)} (a) and {len(ok_w)} (b) runs, each a fresh process; "
              f"(c) from the (b) runs. Phase medians are taken per phase, so they need not sum "

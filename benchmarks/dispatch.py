@@ -63,6 +63,9 @@ except Exception:  # noqa: BLE001 - a broken install is reported in the row, not
     triton = tl = None
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/_timing.py
+from _timing import enqueue_us_per_call, host_us_per_call, markdown_table  # noqa: E402
+
 EXAMPLE = ROOT / "examples" / "hopper" / "rms_norm.py"
 B, N, EPS = 32, 1024, 1e-6
 DEVICE = "cuda"
@@ -147,49 +150,12 @@ def _setup(rows: list[Row], name: str, target: str, make: Callable[[], tuple]) -
     return row
 
 
-def _time_once(fn: Callable[[], Any], finish: Callable[[Any], Any],
-               calls: int) -> tuple[float, float]:
-    """Host µs per call of ``calls`` back-to-back calls, the final wait included, and the
-    share of the loop spent in that final wait (large when the GPU, not the host, set the pace)."""
-    gc.collect()
-    gc.disable()
-    try:
-        r = None
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            r = fn()
-        t_loop = time.perf_counter()
-        finish(r)
-        t1 = time.perf_counter()
-    finally:
-        gc.enable()
-    return (t1 - t0) / calls * 1e6, (t1 - t_loop) / (t1 - t0)
-
-
-def _time_enqueue(fn: Callable[[], Any], finish: Callable[[Any], Any], calls: int) -> float:
-    """Host µs per call of a short burst from an idle device, the final wait excluded: the
-    pure dispatch cost, even for a path whose kernel outlasts its dispatch (the burst stays
-    under the launch queue's depth, so the host never waits for the GPU)."""
-    gc.collect()
-    gc.disable()
-    try:
-        r = None
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            r = fn()
-        t1 = time.perf_counter()
-        finish(r)
-    finally:
-        gc.enable()
-    return (t1 - t0) / calls * 1e6
-
-
 def _run_section(rows: list[Row], calls: int, repeats: int) -> None:
     """Warm up every live row, then time them round-robin, ``repeats`` times."""
     live = [r for r in rows if r.error is None]
     for r in live:
         try:
-            per_call, _ = _time_once(r.fn, r.finish, max(200, calls // 10))
+            per_call, _ = host_us_per_call(r.fn, r.finish, max(200, calls // 10))
             # keep a slow row (say an un-jitted path at ~1 ms/call) inside the time budget
             r.calls = max(100, min(calls, int(SLOW_REPEAT_S * 1e6 / max(per_call, 1e-3))))
         except Exception as e:  # noqa: BLE001
@@ -199,10 +165,10 @@ def _run_section(rows: list[Row], calls: int, repeats: int) -> None:
             if r.error is not None:
                 continue
             try:
-                per_call, wait = _time_once(r.fn, r.finish, r.calls)
+                per_call, wait = host_us_per_call(r.fn, r.finish, r.calls)
                 r.samples.append(per_call)
                 r.waits.append(wait)
-                r.enqueue.append(_time_enqueue(r.fn, r.finish, min(r.calls, ENQUEUE_BURST)))
+                r.enqueue.append(enqueue_us_per_call(r.fn, r.finish, min(r.calls, ENQUEUE_BURST)))
             except Exception as e:  # noqa: BLE001
                 r.error = _err(e)
                 r.samples.clear()
@@ -255,15 +221,7 @@ def _table(sections: list[tuple[str, list[Row], Row | None, dict[str, float | No
             body.append([r.name, f"{med:.2f}" if med is not None else "-",
                          f"{best:.2f}" if best is not None else "-",
                          ratio if r.error is None else "-", r.target, v, enq, note])
-    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h)
-              for i, h in enumerate(head)]
-
-    def line(cells: list[str]) -> str:
-        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"
-
-    out = [line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
-    out += [line(b) for b in body]
-    return out
+    return markdown_table(head, body)
 
 
 # ---------------------------------------------------------------------------- torch section

@@ -65,12 +65,16 @@ import argparse
 import json
 import math
 import statistics
+import sys
 import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/_timing.py
+from _timing import interleaved, rotated  # noqa: E402, F401 - rotated: tests use it from here
+
 HOPPER = ROOT / "examples" / "hopper"
 SIZES = [(256, 4096), (1024, 8192), (2048, 8192), (8192, 8192)]
 OPS = ["rms_norm", "layer_norm", "softmax", "swiglu"]
@@ -124,22 +128,6 @@ def timer_desc(method: str) -> str:
         "do_bench": "do_bench: triton.testing.do_bench median, 256 MB L2 flush before each launch",
         "events": "events: CUDA events around single launches, 256 MB L2 flush before each",
     }[method]
-
-
-def rotated(names: list, r: int) -> list:
-    """Round ``r``'s timing order: ``names`` rotated left by ``r`` (each leads once per cycle)."""
-    k = r % len(names) if names else 0
-    return names[k:] + names[:k]
-
-
-def interleaved(time_ms, fns: dict, rounds: int) -> dict:
-    """{name: [ms per round]}: ``time_ms(fn)`` for every entry of ``fns`` in each of ``rounds``
-    rounds, in ``rotated`` order."""
-    out: dict = {name: [] for name in fns}
-    for r in range(rounds):
-        for name in rotated(list(fns), r):
-            out[name].append(time_ms(fns[name]))
-    return out
 
 
 @dataclass

@@ -1,0 +1,56 @@
+"""benchmarks/_timing.py, the helpers the benchmarks share: tables, statistics, host timing,
+and that dispatch.py, memory_bound.py and cold_start.py use them rather than copies."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[3] / "benchmarks"
+
+
+def _load(name: str):
+    path = BENCH / f"{name}.py"
+    if not path.is_file():
+        pytest.skip("benchmarks/ is not in this checkout (installed package tests)")
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def timing():
+    return _load("_timing")
+
+
+def test_markdown_table_pads_every_column_to_its_widest_cell(timing):
+    lines = timing.markdown_table(["a", "long head"], [["xyz", "1"], ["", "22"]])
+    assert lines == ["| a   | long head |", "|-----|-----------|", "| xyz | 1         |",
+                     "|     | 22        |"]
+    assert timing.markdown_table(["h"], []) == ["| h |", "|---|"]
+
+
+def test_median_min_max(timing):
+    assert timing.median_min_max([3.0, 1.0, 2.0, 10.0]) == (2.5, 1.0, 10.0)
+    assert timing.median_min_max([]) is None
+
+
+def test_host_timers_count_calls_and_the_final_wait(timing):
+    calls = []
+    per_call, wait = timing.host_us_per_call(lambda: calls.append(1) or len(calls), lambda r: r, 50)
+    assert len(calls) == 50 and per_call > 0 and 0 <= wait < 1
+    assert timing.enqueue_us_per_call(lambda: None, lambda r: None, 10) > 0
+
+
+def test_benchmarks_use_the_shared_helpers(timing):
+    for name, shared in (("dispatch", ("host_us_per_call", "enqueue_us_per_call", "markdown_table")),
+                         ("memory_bound", ("interleaved", "rotated")),
+                         ("cold_start", ("markdown_table", "median_min_max"))):
+        mod = _load(name)
+        for fn in shared:
+            assert getattr(mod, fn).__module__ == "_timing", (name, fn)
