@@ -647,7 +647,7 @@ def kernel(
     pdl: bool = False,
 ) -> Callable[[Callable[..., Any]], Kernel]:
     """Decorate a kernel body: positional parameters are tensors (inputs then outputs),
-    keyword-only parameters are template parameters.
+    keyword-only parameters are template parameters. A bare ``@kernel`` is ``@kernel()``.
 
     ``grid``/``block`` are three ints or a callable of the dims and template
     parameters returning three ints; ``smem`` is dynamic shared memory bytes;
