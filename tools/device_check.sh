@@ -14,11 +14,18 @@ python3 -c "import pyptx_shim; print('shim available:', pyptx_shim.shim_is_avail
 python3 -c "from pyptx_torch.fastpath import fastpath_status as s; print('C++ fast path:', s())" | tee "$OUT/fastpath.txt"
 grep -q active "$OUT/fastpath.txt" || python3 -m pyptx_torch.fastpath_build 2>&1 | tail -30  # show why
 export PYPTX_REQUIRE_FASTPATH=${PYPTX_REQUIRE_FASTPATH:-1}
-python3 -m pytest -m gpu -q -rs ${PYTEST_K:+-k "$PYTEST_K"} ${GPU_TESTS:-packages/*/tests} 2>&1 | tee "$OUT/gpu-tests.log" | tail -40
-for ex in examples/hopper/rms_norm.py examples/vector_add.py examples/block_reduce.py examples/transpose.py examples/hopper/softmax.py examples/hopper/tma_copy.py; do
-  echo "== $ex"; python3 "$ex" 2>&1 | tail -3
-done 2>&1 | tee "$OUT/examples.log"
+# time-boxed: a kernel that hangs (a barrier nothing completes) costs minutes, not the lease
+timeout ${TEST_TIMEOUT:-600} python3 -m pytest -m gpu -q -rs -p no:cacheprovider ${PYTEST_K:+-k "$PYTEST_K"} \
+  ${GPU_TESTS:-packages/*/tests} 2>&1 | tee "$OUT/gpu-tests.log" | grep -E "passed|failed|^FAILED|^ERROR" | tail -40
+for ex in examples/hopper/rms_norm.py examples/vector_add.py examples/block_reduce.py examples/transpose.py \
+          examples/hopper/softmax.py examples/hopper/tma_copy.py examples/hopper/wgmma_tile.py examples/hopper/gemm.py; do
+  echo "== $ex"; timeout 180 python3 "$ex" 2>&1 | tail -3
+done 2>&1 | tee "$OUT/examples.log" | grep -E "^==|PASS|FAIL|Error" | tail -30
 if [ "${SANITIZE:-1}" = 1 ]; then
-  compute-sanitizer --tool memcheck --report-api-errors no python3 examples/hopper/rms_norm.py 2>&1 | tee "$OUT/memcheck.log" | tail -4
-  compute-sanitizer --tool memcheck --report-api-errors no python3 examples/hopper/rowwise_check.py 2>&1 | tee "$OUT/memcheck-rowwise.log" | tail -4
+  timeout 300 compute-sanitizer --tool memcheck --report-api-errors no python3 examples/hopper/rms_norm.py 2>&1 | tee "$OUT/memcheck.log" | tail -2
+  timeout 300 compute-sanitizer --tool memcheck --report-api-errors no python3 examples/hopper/rowwise_check.py 2>&1 | tee "$OUT/memcheck-rowwise.log" | tail -2
+  for tool in memcheck racecheck synccheck; do  # the tensor-core kernels
+    timeout 300 compute-sanitizer --tool $tool --report-api-errors no python3 tools/gemm_sanitize.py 2>&1 \
+      | tee "$OUT/gemm-$tool.log" | tail -2
+  done
 fi
