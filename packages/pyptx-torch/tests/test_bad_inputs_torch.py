@@ -96,3 +96,64 @@ def test_host_tensor_mistake_is_reported_at_the_callers_line(case, exc, text):
 def test_cuda_tensor_mistake_is_reported_at_the_callers_line(case, exc, text):
     with FakeTensorMode():
         _check(case, exc, text)
+
+
+# --------------------------------------------------------------------- on a GPU
+def _copy_scaled(wide: bool):
+    """y = 2 x, one element per thread; offsets in 64 bits when ``wide``."""
+    from pyptx import reg
+    from pyptx.types import u32, u64
+
+    @kernel(in_specs=(Tile("N", f32),), out_specs=(Tile("N", f32),), block=(256, 1, 1),
+            grid=lambda N: ((N + 255) // 256, 1, 1), name="copy_scaled_wide" if wide else "copy_scaled")
+    def copy_scaled(X, Y):
+        px, py = ptx.global_ptrs(X, Y)
+        t = u64 if wide else u32
+        i = reg.from_(ptx.special.ctaid.x(), t) * 256 + reg.from_(ptx.special.tid.x(), t)
+        with ptx.if_(i < X.shape[0]):
+            v = reg.scalar(f32)
+            ptx.inst.ld.global_.f32(v, ptx.addr(px + i * 4))
+            ptx.inst.st.global_.f32(ptx.addr(py + i * 4), v * 2.0)
+        ptx.ret()
+
+    return copy_scaled
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_tensor_over_4_gib_is_addressed_with_64_bit_offsets():
+    free, _total = torch.cuda.mem_get_info()
+    n = (1 << 30) + (1 << 20)  # 4 GiB + 4 MiB of f32
+    if free < 2 * 4 * n + (1 << 30):
+        pytest.skip("needs about 10 GB of free GPU memory")
+    x = torch.empty(n, device="cuda")
+    idx = torch.tensor([0, 1, (1 << 30) - 1, 1 << 30, n - 1], device="cuda")
+    x[idx] = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0], device="cuda")
+    y = _copy_scaled(wide=True)(x)
+    torch.cuda.synchronize()
+    assert y[idx].tolist() == [2.0, 4.0, 6.0, 8.0, 10.0]
+    del x, y
+    with pytest.raises(PyptxError, match="over 4 GiB"):  # 32-bit offsets: refused at trace time
+        _copy_scaled(wide=False).ptx(N=n)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_launch_mistakes_are_refused_before_the_gpu_sees_them():
+    x = torch.randn(1024, device="cuda")
+
+    @kernel(in_specs=(Tile("N", f32),), out_specs=(Tile("N", f32),), grid=lambda N: (1, N * 100, 1))
+    def tall(X, Y):
+        ptx.ret()
+
+    with pytest.raises(PyptxError, match="y and z <= 65535"):
+        tall(x)
+    from pyptx import smem
+
+    @kernel(in_specs=(Tile("N", f32),), out_specs=(Tile("N", f32),))
+    def no_window(X, Y):
+        smem.dynamic()
+        ptx.ret()
+
+    with pytest.raises(PyptxError, match="smem=0"):
+        no_window(x)
