@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device-machine run: install the packages (no index there), run the GPU tests,
 # the examples and compute-sanitizer, and write logs under $OUT.
-# Usage (from the repo root, after ../shared/tools/device-prep here):
+# Usage (from the repo root, with .whl/ prepared as tools/device_install.sh says):
 #   run(command="bash tools/device_check.sh", carry=[".whl"])
 set -uo pipefail
 OUT=${OUT:-/tmp/out}

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install this repo's packages on the device machine (no package index there).
-# Needs .whl/ from ../shared/tools/device-prep, carried with the call.
+# Needs .whl/ holding the hatchling and editables wheels (pip download hatchling editables
+# -d .whl on a machine with an index), carried to the device with the call.
 python3 -m pip install -q --no-index --find-links .whl hatchling editables 2>&1 | tail -2
 python3 -m pip install -q --no-index --no-build-isolation --no-deps \
     -e packages/pyptx-core -e packages/pyptx-shim -e packages/pyptx-torch -e packages/pyptx-jax \
