@@ -6,6 +6,10 @@
   block of PATH's lines from the first line matching ``start`` up to, not
   including, the next line matching ``end`` (dedented): code shown on a page is
   the code in the repository, never a copy that can drift.
+* A fenced block whose first line runs ``python benchmarks/NAME.py`` is followed by
+  the output of that benchmark's last recorded run, ``docs/benchmarks/NAME.md``
+  (written by ``--out``), in a collapsible block: the tables a page quotes come
+  with the file they were taken from (``test_docs.py`` checks every number).
 
 A missing file or marker is a warning, so ``mkdocs build --strict`` fails.
 """
@@ -21,6 +25,9 @@ ROOT = Path(__file__).resolve().parents[2]
 INCLUDE = re.compile(r"^<!--\s*include:\s*(?P<path>\S+)\s*-->\s*$", re.M)
 EXCERPT = re.compile(r'^<!--\s*excerpt:\s*(?P<path>\S+)\s+start="(?P<start>[^"]+)"\s+'
                      r'end="(?P<end>[^"]+)"\s*-->\s*$', re.M)
+BENCH_FENCE = re.compile(r"^```[^\n]*\n(?P<body>python benchmarks/(?P<name>\w+)\.py[^\n]*\n"
+                         r"(?:[^`][^\n]*\n)*)```[ \t]*$", re.M)
+BENCHMARKS = ROOT / "docs" / "benchmarks"
 log = logging.getLogger("mkdocs.hooks.quote")
 
 
@@ -64,8 +71,26 @@ def _excerpt(m: re.Match, page: str) -> str:
     return "```python\n" + "\n".join(lines) + f"\n```\n\n*From `{rel}`.*\n"
 
 
+def benchmark_output(name: str) -> str | None:
+    """The recorded output of ``benchmarks/<name>.py`` (``docs/benchmarks/<name>.md``)."""
+    path = BENCHMARKS / f"{name}.md"
+    return path.read_text() if path.is_file() else None
+
+
+def _with_output(m: re.Match) -> str:
+    name = m.group("name")
+    text = benchmark_output(name)
+    if text is None:
+        return m.group(0)
+    # headings of the output file would land in the page's table of contents
+    body = re.sub(r"^#+\s*(.+)$", r"**\1**", text.strip(), flags=re.M)
+    return (f"{m.group(0)}\n\n<details markdown=\"1\">\n<summary>Output of the recorded run: "
+            f"<code>docs/benchmarks/{name}.md</code></summary>\n\n{body}\n\n</details>\n")
+
+
 def on_page_markdown(markdown: str, page, config, files) -> str:
-    """Expand the page's include and excerpt lines."""
+    """Expand the page's include and excerpt lines; attach recorded benchmark outputs."""
     src = page.file.src_uri
     markdown = INCLUDE.sub(lambda m: _include(m, src), markdown)
-    return EXCERPT.sub(lambda m: _excerpt(m, src), markdown)
+    markdown = EXCERPT.sub(lambda m: _excerpt(m, src), markdown)
+    return BENCH_FENCE.sub(_with_output, markdown)

@@ -48,8 +48,10 @@ class Block:
 
 
 def pages() -> list[Path]:
-    """Every documentation page whose blocks are tested: docs/**/*.md (not docs/dev) and README.md."""
-    found = [p for p in sorted(DOCS.rglob("*.md")) if "dev" not in p.relative_to(DOCS).parts[:1]]
+    """Every documentation page whose blocks are tested: docs/**/*.md (not docs/dev or the
+    recorded outputs in docs/benchmarks) and README.md."""
+    skip = ("dev", "benchmarks")  # contributors' notes; recorded benchmark outputs
+    found = [p for p in sorted(DOCS.rglob("*.md")) if p.relative_to(DOCS).parts[0] not in skip]
     return [ROOT / "README.md", *found]
 
 

@@ -13,6 +13,7 @@ import importlib
 import importlib.util
 import io
 import os
+import re
 import shlex
 import traceback
 from pathlib import Path
@@ -226,3 +227,40 @@ def test_every_quoted_file_and_excerpt_resolves():
             assert lines, (f"{_id(path)}: excerpt of {m.group('path')} from /{m.group('start')}/ to "
                            f"/{m.group('end')}/ matches nothing: the quoted file changed")
     assert found > 0
+
+
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+
+def _recorded(number: str, outputs: list[str]) -> bool:
+    """``number`` (as a page prints it) is one of ``outputs`` or one of them rounded."""
+    places = len(number.split(".")[1]) if "." in number else 0
+    return any(o == number or round(float(o), places) == float(number) for o in outputs)
+
+
+def test_performance_tables_are_the_recorded_benchmark_outputs():
+    """Every number in a table of a section that names ``python benchmarks/NAME.py`` is in
+    that benchmark's recorded output, ``docs/benchmarks/NAME.md`` (shown under the table)."""
+    hook = _quote_hook()
+    checked = 0
+    for path in PAGES:
+        text = path.read_text()
+        for section in re.split(r"^## ", text, flags=re.M)[1:]:
+            names = [m.group("name") for m in hook.BENCH_FENCE.finditer(section)]
+            outputs = [n for name in names if (out := hook.benchmark_output(name))
+                       for n in _NUMBER.findall(out)]
+            if not outputs:
+                continue
+            title = section.splitlines()[0]
+            for row in section.splitlines():
+                if not row.startswith("|") or set(row) <= set("|-: "):
+                    continue
+                cells = [c.strip() for c in row.strip("|").split("|")]
+                if cells and cells[0] in ("dtype", "path", "measure", "what"):
+                    continue  # a header row
+                for number in _NUMBER.findall(row):
+                    checked += 1
+                    assert _recorded(number, outputs), (
+                        f"{_id(path)} '{title}': {number} in {row!r} is not in the recorded "
+                        f"output of {', '.join(names)} (docs/benchmarks/)")
+    assert checked > 0
