@@ -255,6 +255,10 @@ class _FnGen:
                 out.update(name for name, _ in st.names)
         return out
 
+    def _read_before(self, reg: str, st: Instruction) -> bool:
+        """True if ``reg`` is read before (or by) ``st``, its defining instruction."""
+        return self.first_use.get(reg, len(self.order)) <= self.order[id(st)]
+
     def _is_scoped(self, reg: str) -> bool:
         m = _REGNUM.match(reg)
         return reg in self.scoped or (m is not None and m.group(1) in self.scoped)
@@ -262,18 +266,27 @@ class _FnGen:
     def _plan_sugar(self) -> None:
         self.scoped = self._block_scoped(self.fn.body)
         insts = [st for st in self._walk(self.fn.body) if type(st) is Instruction]
-        for st in insts:
+        # Where each register is first read: a Python variable made at its definition must
+        # not be read before it (PTX allows reading a register before any write).
+        self.order = {id(st): i for i, st in enumerate(insts)}
+        self.first_use: dict[str, int] = {}
+        for i, st in enumerate(insts):
             if st.operands:
                 self.defs[st.operands[0]] += 1
-            for op in st.operands[1:]:
+            for k, op in enumerate(st.operands):
                 for tok in re.findall(r"%?[A-Za-z_$][\w$.]*", op):
-                    self.uses[tok] += 1
+                    if k:
+                        self.uses[tok] += 1
+                    if k or tok != op:
+                        self.first_use.setdefault(tok, i)
             if st.pred:
                 self.uses[st.pred.lstrip("!")] += 1
+                self.first_use.setdefault(st.pred.lstrip("!"), i)
         tensor_idx = {p.name: i for i, p in enumerate(self.fn.params)}
         loads: dict[str, tuple[Instruction, str]] = {}
         for st in insts:
-            if st.pred or (st.operands and self._is_scoped(st.operands[0])):
+            if st.pred or (st.operands and self._is_scoped(st.operands[0])) or (
+                    st.operands and self._read_before(st.operands[0], st)):
                 continue
             op, ops = st.opcode, st.operands
             if op in ("ld.param.u64", "ld.param.b64") and len(ops) == 2 and self.fn.kind == "entry":
@@ -371,7 +384,7 @@ class _FnGen:
         if init.pred or not init.opcode.startswith(("mov.", "cvt.")) or len(init.operands) != 2:
             return None
         i_reg, start = init.operands
-        if self._is_scoped(i_reg):
+        if self._is_scoped(i_reg) or self._read_before(i_reg, init):
             return None
         gm = re.match(r"^setp\.ge\.([us](?:32|64))$", guard.opcode)
         if not gm or guard.pred or len(guard.operands) != 3 or guard.operands[1] != i_reg:
