@@ -487,6 +487,36 @@ def test_transpiler_scopes_registers_redeclared_in_nested_blocks(mode, assemble)
     assemble(out)
 
 
+READ_BEFORE_WRITE = """.version 8.0
+.target sm_90a
+.address_size 64
+
+.visible .entry k(
+\t.param .u64 k_param_0
+)
+{
+\t.reg .b32 %r<2>;
+\t.reg .b64 %rd<3>;
+\tld.param.u64 %rd1, [k_param_0];
+\tcvta.to.global.u64 %rd2, %rd1;
+\tst.global.u32 [%rd2], %r1;
+\tmov.u32 %r1, %tid.x;
+\tst.global.u32 [%rd2+4], %r1;
+\tret;
+}
+"""
+
+
+def test_sugar_keeps_registers_that_ptx_reads_before_writing(assemble):
+    # Found by the fuzzer: %r1 renamed to tid_x was read before its mov (UnboundLocalError).
+    code = transpile(READ_BEFORE_WRITE, sugar=True)
+    ns: dict = {"__name__": "rbw"}
+    exec(compile(code, "<rbw>", "exec"), ns)
+    out = ns["build"]().ptx()
+    assert "ptx.special.tid.x()" not in code
+    assemble(out)
+
+
 def test_transpiler_refuses_exact_with_sugar_and_too_deep_nesting():
     with pytest.raises(TranspileError, match="cannot be combined"):
         transpile(NESTED, exact=True, sugar=True)
