@@ -122,6 +122,17 @@ def test_switched_off_takes_the_first_config(monkeypatch, capsys, cache):
     assert capsys.readouterr().err == "" and not cache.exists()
 
 
+def test_switching_off_after_a_tuning_takes_effect_at_the_next_call(monkeypatch, cache):
+    timer = FakeTimer({"hold8_r0": 9.0, "hold16_r0": 1.0, "hold32_r0": 5.0})
+    k = tuned(timer)(64)
+    assert k.choose(FakeArray()).name == "hold16_r0"
+    monkeypatch.setenv("PYPTX_AUTOTUNE", "0")
+    assert k.choose(FakeArray()).name == "hold8_r0" and k.choice.source == "first"
+    monkeypatch.delenv("PYPTX_AUTOTUNE")
+    assert k.choose(FakeArray()).name == "hold16_r0" and k.choice.source == "timed"
+    assert timer.measured == ["hold8_r0", "hold16_r0", "hold32_r0"]  # tuned once
+
+
 def test_without_a_device_takes_the_first_config_that_builds():
     timer = FakeTimer({}, device=None)  # a tracer / a CPU array
     k = tuned(timer, [Config(hold=128), Config(hold=16)])(64)  # hold=128 > N: refused

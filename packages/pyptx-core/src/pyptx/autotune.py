@@ -65,6 +65,11 @@ MEMO_SIZE = 256
 _SCALARS = (int, float, str, bool, type(None))
 
 
+def _switched_off() -> bool:
+    """True while ``PYPTX_AUTOTUNE`` is 0/off/false/no (read at each call)."""
+    return os.environ.get(ENV, "").strip().lower() in ("0", "off", "false", "no")
+
+
 class AutotuneError(ConfigError):
     """A bad ``Config``/``key``, or no config of a tuning could be built, assembled and run."""
 
@@ -385,7 +390,7 @@ class TunedKernel:
         self.kwargs = kwargs
         self.keyvals = keyvals
         self._built: dict[int, Any] = {}
-        self._by_device: dict[str | None, tuple[Any, Choice]] = {}
+        self._by_device: dict[tuple[str | None, bool], tuple[Any, Choice]] = {}
         self._last: tuple[Any, Choice] | None = None
         #: (array type, device, kernel) of the last eager torch call: the next call on the same
         #: device skips the device lookup (``__call__``'s fast path)
@@ -441,7 +446,8 @@ class TunedKernel:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Launch the winner for the arguments' device (tuning first if there is none yet)."""
         hot = self._hot
-        if hot is not None and args and type(args[0]) is hot[0] and args[0].device == hot[1]:
+        if (hot is not None and args and type(args[0]) is hot[0] and args[0].device == hot[1]
+                and hot[3] is _switched_off()):
             return hot[2](*args, **kwargs)
         return self.choose(*args, **kwargs)(*args, **kwargs)
 
@@ -455,16 +461,17 @@ class TunedKernel:
         if device is None:
             last = self._last
             return last[0] if last is not None else self._first()[0]
-        hit = self._by_device.get(device)
+        off = _switched_off()  # read at every call: switching it off takes effect at once
+        hit = self._by_device.get((device, off))
         if hit is None:
             with self._lock:
-                hit = self._by_device.get(device)
+                hit = self._by_device.get((device, off))
                 if hit is None:
                     hit = self._settle(timer, device, args, kwargs)
-                    self._by_device[device] = hit
+                    self._by_device[(device, off)] = hit
         self._last = hit
         if isinstance(timer, TorchTimer):
-            self._hot = (type(args[0]), args[0].device, hit[0])
+            self._hot = (type(args[0]), args[0].device, hit[0], off)
         return hit[0]
 
     def _disk_key(self, device: str) -> str:
@@ -476,7 +483,7 @@ class TunedKernel:
 
     def _settle(self, timer: Timer | None, device: str, args: Sequence[Any],
                 kwargs: Mapping[str, Any]) -> tuple[Any, Choice]:
-        off = os.environ.get(ENV, "").strip().lower() in ("0", "off", "false", "no")
+        off = _switched_off()
         if not off:
             rec = _read_choice(self._disk_key(device))
             if rec is not None:
