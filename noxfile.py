@@ -161,9 +161,10 @@ def benchmarks(session: nox.Session) -> None:
 
 
 #: The documentation toolchain, pinned: MkDocs + Material render the site, mkdocstrings
-#: (griffe) reads the docstrings for the reference pages.
+#: (griffe) reads the docstrings for the reference pages (ruff formats their signatures).
 DOCS_DEPS = ("mkdocs==1.6.1", "mkdocs-material==9.8.1", "mkdocstrings[python]==1.0.8",
-             "mkdocstrings-python==2.0.11", "griffelib==2.4.1", "pymdown-extensions==13.1")
+             "mkdocstrings-python==2.0.11", "griffelib==2.4.1", "pymdown-extensions==13.1",
+             "ruff==0.17.6")
 
 
 @nox.session
