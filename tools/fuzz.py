@@ -200,7 +200,9 @@ _BINARY = [operator.add, operator.sub, operator.mul, operator.truediv, operator.
            operator.ixor, operator.ilshift, operator.irshift]
 #: Operators a Python value on the left hands to the register (``__radd__`` and friends).
 _REFLECTED = [operator.add, operator.sub, operator.mul, operator.and_, operator.or_, operator.xor,
-              operator.lt, operator.le, operator.gt, operator.ge, operator.eq, operator.ne]
+              operator.lt, operator.le, operator.gt, operator.ge, operator.eq, operator.ne,
+              operator.truediv, operator.floordiv, operator.lshift, operator.rshift]
+# not mod: ``"text" % reg`` is Python's str formatting, which never asks the register
 _UNARY = [operator.neg, operator.invert]
 _CONSTANTS = [0, 1, -1, 7, 255, 256, 2**31, 2**32, 2**63, 2**64, -2**70, 0.0, -0.0, 1.5,
               float("nan"), float("inf"), 1e300, True, False, "x", "", None, [], [1], (), {},

@@ -324,3 +324,51 @@ def test_tma_3d_view_option_and_its_errors(assemble):
         kernel(in_specs=(Tile(64, 64, bf16),), tma={"A": dict(padding=True)}, name="k")(lambda A: None)
     with pytest.raises(ConfigError, match="needs box=\\(rows, cols\\)"):
         kernel(in_specs=(Tile(64, 64, bf16),), tma={"A": dict(view="3d")}, name="k")(lambda A: None)
+
+
+# ---------------------------------------------------------------------- small DSL gaps
+def test_reflected_operators_vector_components_and_foreign_compares():
+    from pyptx.errors import LaunchError, RegisterScopeError
+    from pyptx.plan import check_cluster
+
+    @kernel(block=(32, 1, 1))
+    def other():
+        ptx.ret()
+
+    @kernel(block=(32, 1, 1))
+    def k():
+        r = reg.from_(ptx.special.tid.x(), u32)
+        _ = (5 // r, 7 % r, 1 << r, 256 >> r, 1.0 / reg.scalar(f32, init=2.0))
+        with pytest.raises(OperandError, match="components x, y and z, not 'w'") as e:
+            ptx.special.tid.w()
+        _here_line(e)
+        ptx.ret()
+
+    text = k.ptx()
+    for line in ("div.u32 %r2, 5, %r1;", "rem.u32 %r3, 7, %r1;", "shl.b32 %r4, 1, %r1;",
+                 "shr.u32 %r5, 256, %r1;", "div.rn.f32 %f1, 0f3F800000, %f0;"):
+        assert line in text
+
+    held = []
+
+    @kernel(block=(32, 1, 1), name="first")
+    def first():
+        held.append(reg.from_(ptx.special.tid.x(), u32))
+        ptx.ret()
+
+    @kernel(block=(32, 1, 1), name="second")
+    def second():
+        with pytest.raises(RegisterScopeError):
+            held[0] < 3  # noqa: B015 - the comparison itself must refuse
+        ptx.ret()
+
+    first.ptx()
+    second.ptx()
+
+    @kernel(grid=(3, 1, 1), block=(32, 1, 1), cluster=(2, 1, 1), name="odd")
+    def odd():
+        ptx.ret()
+
+    with pytest.raises(LaunchError, match="multiple of the cluster dim"):
+        check_cluster(odd, odd.specialize())
+    other.ptx()

@@ -21,7 +21,7 @@ from .source import where
 from .types import PtxType, from_name, numpy_name
 
 __all__ = ["ArgInfo", "DTYPES", "ptx_type_of", "dtype_name_of", "compatible", "check_args",
-           "bind", "ordinal_of", "check_arch", "check_smem", "check_device", "LaunchPlan",
+           "bind", "check_cluster", "ordinal_of", "check_arch", "check_smem", "check_device", "LaunchPlan",
            "launch_plan", "check_record_device", "check_record_args"]
 
 
@@ -119,8 +119,17 @@ def bind(kernel: Any, args: Sequence[Any], kwargs: dict[str, Any],
     ``(Specialization, device)``, the device None where placement is not known."""
     infos = check_args(kernel, args, describe)
     spec = kernel.specialize([info.shape for info in infos], **kwargs)
+    check_cluster(kernel, spec)
     device = next((info.device for info in infos if info.device is not None), None)
     return spec, device
+
+
+def check_cluster(kernel: Any, spec: Any) -> None:
+    """``LaunchError`` unless every grid dim is a multiple of the cluster's."""
+    if any(g % c for g, c in zip(spec.grid, spec.cluster)):
+        raise LaunchError(
+            f"{where()}: {kernel.name} launches grid {spec.grid} in clusters of {spec.cluster}; "
+            f"every grid dim must be a multiple of the cluster dim")
 
 
 def ordinal_of(device: str) -> int:

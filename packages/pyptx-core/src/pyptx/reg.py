@@ -69,6 +69,21 @@ class Reg:
     def __floordiv__(self, o: Any) -> Reg:
         return _binary("idiv", self, o)
 
+    def __rtruediv__(self, o: Any) -> Reg:
+        return _binary("div", self, o, swap=True)
+
+    def __rfloordiv__(self, o: Any) -> Reg:
+        return _binary("idiv", self, o, swap=True)
+
+    def __rmod__(self, o: Any) -> Reg:
+        return _binary("rem", self, o, swap=True)
+
+    def __rlshift__(self, o: Any) -> Reg:
+        return _binary("shl", self, o, swap=True)
+
+    def __rrshift__(self, o: Any) -> Reg:
+        return _binary("shr", self, o, swap=True)
+
     def __mod__(self, o: Any) -> Reg:
         return _binary("rem", self, o)
 
@@ -513,6 +528,8 @@ def _slow(op: str, a: Reg, o: Any, swap: bool, dst: Reg | None) -> Reg:
 
 def _compare(cmp: str, a: Reg, o: Any) -> Reg:
     trace = a.trace
+    if trace is not active():
+        _own(a, current())
     t, a, b = _operand_type(cmp, a, o)
     if t.is_pred:
         raise TypeMismatchError(f"{where(3)}: cannot compare predicates with '{cmp}'; use & | ^ ~")

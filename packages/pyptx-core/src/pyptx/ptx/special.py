@@ -6,6 +6,8 @@ Each call emits one ``mov`` (PTX allows special registers only there), e.g.
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..errors import OperandError
 from ..reg import Reg
 from ..source import where
@@ -57,6 +59,14 @@ class _Vector:
     def __call__(self) -> Reg:
         raise OperandError(
             f"{where()}: %{self.sreg} is a vector; read one component: "
+            f"ptx.special.{self.sreg}.x(), .y() or .z()"
+        )
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise OperandError(
+            f"{where()}: %{self.sreg} has components x, y and z, not {name!r}: "
             f"ptx.special.{self.sreg}.x(), .y() or .z()"
         )
 
