@@ -85,6 +85,41 @@ if triton is not None:
         b = tl.load(y_ptr + offs, mask=mask)
         tl.store(out_ptr + offs, a + b, mask=mask)
 
+    @triton.jit
+    def _triton_rms_kernel(x_ptr, w_ptr, out_ptr, n, eps, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        offs = tl.arange(0, BLOCK)
+        mask = offs < n
+        x = tl.load(x_ptr + row * n + offs, mask=mask, other=0.0)
+        w = tl.load(w_ptr + offs, mask=mask, other=0.0)
+        r = tl.rsqrt(tl.sum(x * x, 0) / n + eps)
+        tl.store(out_ptr + row * n + offs, x * r * w, mask=mask)
+
+
+_TRITON_OP: list[Any] = []
+
+
+def _triton_rms_op() -> Any:
+    """RMSNorm as a Triton kernel registered with ``torch.library.triton_op`` (once): the
+    framework's own way to put a hand-written kernel into compiled graphs."""
+    if _TRITON_OP:
+        return _TRITON_OP[0]
+    if triton is None:
+        raise RuntimeError("triton is not importable")
+    import torch
+    from torch.library import triton_op, wrap_triton
+
+    @triton_op("pyptx_bench::rms_norm", mutates_args=())
+    def rms(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(x)
+        n = x.shape[1]
+        wrap_triton(_triton_rms_kernel)[(x.shape[0],)](x, w, out, n, 1e-6,
+                                                       BLOCK=triton.next_power_of_2(n))
+        return out
+
+    _TRITON_OP.append(rms)
+    return rms
+
 
 # ---------------------------------------------------------------------------- helpers
 @dataclass
@@ -117,7 +152,8 @@ def _builder(which: str):
     mod = _load_example()
     if which == "seed":
         return mod.build_rms_norm
-    return lambda B, N, eps: mod.build_rms_norm_fast(B, N, eps=eps)
+    # the first tuning config, named: the bare kernel (a default call adds the tuner's wrapper)
+    return lambda B, N, eps: mod.build_rms_norm_fast(B, N, eps=eps, pdl=True)
 
 
 def _load_example():
@@ -342,6 +378,28 @@ def _torch_rows(torch: Any, k: Any, eager: Any, args: argparse.Namespace) -> tup
             return (lambda: f(x, w)), finish
         return make
 
+    def triton_chain(n: int) -> Callable[[Any, Any], Any]:
+        op = _triton_rms_op()
+
+        @torch.compile
+        def f(a: Any, b: Any) -> Any:
+            for _ in range(n):
+                a = op(a, b)
+            return a
+
+        cx, cw = fresh()
+        want = cx.double()
+        for _ in range(n):
+            want = rms_ref(want, cw)
+        check(f"torch.compile({n} chained triton_op)", rel_err(f(cx, cw), want), 1e-4)
+        return f
+
+    def mk_triton_chain(n: int):
+        def make():
+            f = triton_chain(n)
+            return (lambda: f(x, w)), finish
+        return make
+
     def mk_ro_add():
         f = torch.compile(lambda a, b: torch.add(a, b), mode="reduce-overhead")
         check_add(f, "torch.compile(torch.add, reduce-overhead)")
@@ -407,6 +465,12 @@ def _torch_rows(torch: Any, k: Any, eager: Any, args: argparse.Namespace) -> tup
         one = _setup(rows, "  torch.compile(fn: 1 k call) [for the marginal]", "-", mk_chain(1))
         many = _setup(rows, f"  torch.compile(fn: {CHAIN} chained k calls) [per fn call]", "-",
                       mk_chain(CHAIN))
+        tri_one = tri_many = None
+        if not args.no_triton:
+            tri_one = _setup(rows, "  torch.compile(fn: 1 triton_op call) [for its marginal]", "-",
+                             mk_triton_chain(1))
+            tri_many = _setup(rows, f"  torch.compile(fn: {CHAIN} chained triton_op calls) "
+                              "[per fn call]", "-", mk_triton_chain(CHAIN))
         ro_add = _setup(rows, "torch.compile(torch.add, reduce-overhead)", "-", mk_ro_add)
         compiled.append(_setup(rows, "pyptx torch.compile(k, reduce-overhead)",
                                "<= 1.3x torch.add", mk_ro_k))
@@ -422,10 +486,19 @@ def _torch_rows(torch: Any, k: Any, eager: Any, args: argparse.Namespace) -> tup
                              f"(({CHAIN} calls - 1 call) / {CHAIN - 1})", "<= 1.3x torch.add")
         rows.append(marginal)
         compiled.append(marginal)
+        tri_marginal = None
+        if tri_one is not None:
+            tri_marginal = _marginal(tri_one, tri_many, CHAIN - 1,
+                                     "triton_op (torch.library): each extra call in a compiled fn",
+                                     "-")
+            rows.append(tri_marginal)
+            marginal.target = "<= triton_op marginal"
     a = add.median
     bounds = {eager_row.name: a * 1.0 if a else None, gk.name: gadd.median}
     for r in compiled:
         bounds[r.name] = a * 1.3 if a else None
+    if not args.no_compile and tri_marginal is not None and tri_marginal.median is not None:
+        bounds[marginal.name] = tri_marginal.median
     return rows, {"base": add, "bounds": bounds}
 
 

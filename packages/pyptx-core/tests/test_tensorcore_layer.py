@@ -372,3 +372,11 @@ def test_reflected_operators_vector_components_and_foreign_compares():
     with pytest.raises(LaunchError, match="multiple of the cluster dim"):
         check_cluster(odd, odd.specialize())
     other.ptx()
+
+
+def test_cli_checks_an_autotuned_builder(ptxas_path, capsys):
+    from pyptx.cli import main
+
+    assert main(["check", f"{HOPPER / 'gemm.py'}:gemm_tuned", "M=512", "N=512", "K=256"]) == 0
+    out = capsys.readouterr().out
+    assert "gemm_bf16_bf16_KMN_128x256x64_s4_c2" in out and "168" in out

@@ -140,6 +140,10 @@ def _resolve(target: str) -> tuple[Any, str]:
 
 
 def _as_kernels(value: Any, what: str) -> dict[str, Kernel]:
+    from .autotune import TunedKernel
+
+    if isinstance(value, TunedKernel):  # an autotuned builder: its first config (no device here)
+        value = value.kernel
     if isinstance(value, Kernel):
         return {value.name: value}
     items: list[tuple[str, Any]]

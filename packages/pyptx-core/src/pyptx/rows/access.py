@@ -29,7 +29,7 @@ __all__ = ["STREAM", "KEEP", "PINNED", "L2_PRIORITIES", "Hints", "l2_policy", "l
            "unpack", "load_vec", "store_vec"]
 
 #: load cache hints. Streamed rows use plain ``ld.global``: on the H100 it beat
-#: ``.nc.L1::no_allocate`` by 1-3% at every size (tools/probe_variants.py, NOTES.md);
+#: ``.nc.L1::no_allocate`` by 1-3% at every size (measured with the retired tools/probe_variants.py; NOTES.md);
 #: weights are shared by the CTAs of an SM, so they stay in L1 (``.nc``).
 STREAM = ""
 KEEP = ".nc"
