@@ -55,6 +55,7 @@ class Symbol:
 
     def __init__(self, name: str) -> None:
         self.name = name
+        """The symbol's PTX name."""
 
     def __ptx_operand__(self, trace: Trace) -> str:
         return self.name
@@ -90,10 +91,15 @@ class FunctionBuilder:
     def __init__(self, module: PtxModule, name: str, trace: _RawTrace, params: list[Symbol],
                  returns: list[Symbol]) -> None:
         self.module = module
+        """The ``PtxModule`` the function belongs to."""
         self.name = name
+        """The function's PTX name."""
         self.trace = trace
+        """The trace its statements are appended to."""
         self.params = params
+        """One ``Symbol`` per parameter, in declaration order."""
         self.returns = returns
+        """One ``Symbol`` per return parameter of a ``.func``."""
 
     # -- declarations ------------------------------------------------------
     def reg(self, t: PtxType | str, name: str, count: int | None = None, *,
@@ -183,10 +189,15 @@ class PtxModule:
     def __init__(self, version: str, target: str, address_size: int | None = 64, *,
                  opsep: str = " ", layout: dict | None = None) -> None:
         self.version = version
+        """The ``.version`` (PTX ISA), e.g. ``"8.0"``."""
         self.target = target
+        """The ``.target`` text, e.g. ``"sm_90a"``."""
         self.address_size = address_size
+        """The ``.address_size`` (64), or None to omit the directive."""
         self.opsep = opsep
+        """The separator printed between an opcode and its operands."""
         self.layout = layout or {}
+        """Per-statement separators and spellings (``pyptx transpile --exact``)."""
         self._items: list[Any] = []
         if version is not None:
             self._items.append(f".version {version}")
@@ -198,6 +209,7 @@ class PtxModule:
 
     @property
     def arch(self) -> str:
+        """The architecture of the ``.target`` (its first item), for ptxas."""
         return (self.target or "sm_90a").split(",")[0].strip()
 
     def directive(self, text: str) -> None:

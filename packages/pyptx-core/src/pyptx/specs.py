@@ -24,6 +24,7 @@ class Dim:
         if not isinstance(name, str) or not name.isidentifier():
             raise SpecError(f"{where()}: a Dim name must be a Python identifier, got {name!r}")
         self.name = name
+        """The dim's name, as used in keywords: ``k.ptx(M=128)``."""
 
     def __repr__(self) -> str:
         return f"Dim({self.name!r})"
@@ -39,10 +40,13 @@ class Layout(enum.Enum):
     """Memory order of a tile's elements; contiguous row-major is the default."""
 
     ROW = "row"
+    """C order: the last axis is contiguous."""
     COL = "col"
+    """Fortran order: the first axis is contiguous."""
 
 
 DimLike = int | str | Dim
+"""What a ``Tile`` dim may be given as: a size, a dim name, or a ``Dim``."""
 
 
 class Tile:
@@ -85,8 +89,11 @@ class Tile:
         if not isinstance(layout, Layout):
             raise SpecError(f"{where()}: Tile layout must be a Layout, got {layout!r}")
         self.dims: tuple[int | Dim, ...] = tuple(out)
+        """The shape: ints and symbolic ``Dim`` s, outermost first."""
         self.dtype: PtxType = dtype
+        """The element type."""
         self.layout = layout
+        """The memory order (``Layout.ROW`` unless given)."""
 
     @property
     def rank(self) -> int:
