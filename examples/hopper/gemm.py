@@ -69,6 +69,14 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
     if ``bias``; output D ``(M, N)``. ``KB``/``NB`` (default ``K``/``N``) are B's extents
     when a zero-padded operand is larger than the product needs: copies past a
     tensor's edge read zeros, so the k-loop runs over the larger K and D gets N columns.
+
+    Tiles: ``BM`` (64 rows per consumer warpgroup) x ``BN`` x ``BK``, ``stages`` ring
+    buffers (default: as many as fit), ``cluster`` CTAs along M sharing B, ``group_m``
+    cluster rows per band of the persistent order over ``num_sms`` SMs. Epilogue: D =
+    ``activation(alpha * A@B + bias)`` in ``out_dtype``. Cluster switches (measured in
+    ``docs/dev/tensor-cores.md``): ``multicast`` (B copied once per cluster),
+    ``split`` ('rows' of every slab or whole 'slabs' per CTA), ``remote_sem`` (ordering of
+    the consumers' remote releases), ``wait_scope`` (acquire scope of barrier waits).
     """
     dt = _dtype(dtype, "dtype")
     if dt is f32:
@@ -80,6 +88,8 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
         raise ConfigError(f"build_gemm: unsupported tile {BM}x{BN}x{BK}")
     if cluster not in (1, 2):
         raise ConfigError(f"build_gemm: cluster must be 1 or 2, got {cluster!r}")
+    if split not in ("rows", "slabs"):
+        raise ConfigError(f"build_gemm: split must be 'rows' or 'slabs', got {split!r}")
     if a_major not in ("K", "MN") or b_major not in ("K", "MN"):
         raise ConfigError("build_gemm: a_major and b_major must be 'K' or 'MN'")
     KB = K if KB is None else KB
