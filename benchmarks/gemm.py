@@ -11,7 +11,6 @@ set; ``--out FILE.md`` writes the table.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -22,12 +21,10 @@ SHAPES = [(2048, 2048, 2048), (4096, 4096, 4096), (6144, 6144, 6144), (8192, 819
 
 
 def load_gemm():
-    spec = importlib.util.spec_from_file_location("pyptx_gemm", ROOT / "examples/hopper/gemm.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(ROOT / "examples/hopper"))
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    """The GEMM example as a module."""
+    from pyptx.testing import load_module
+
+    return load_module(ROOT / "examples/hopper/gemm.py", "gemm_example")
 
 
 def triton_matmul():

@@ -1,17 +1,14 @@
 """A small ragged GEMM for compute-sanitizer (memcheck, racecheck, synccheck): both
 cluster sizes, both B layouts, bias + activation, every output checked."""
-import importlib.util
 import sys
 from pathlib import Path
 
 import torch
 
+from pyptx.testing import load_module
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "examples/hopper"))
-spec = importlib.util.spec_from_file_location("gemm", ROOT / "examples/hopper/gemm.py")
-gemm = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = gemm
-spec.loader.exec_module(gemm)
+gemm = load_module(ROOT / "examples/hopper/gemm.py", "gemm_example")
 
 bad = 0
 for cfg in (dict(cluster=1, BN=128), dict(cluster=2, BN=256)):

@@ -1,18 +1,15 @@
 """Assemble the default GEMM configurations with ptxas, dump their SASS with cuobjdump and
 count HGMMA / spills; writes OUT/gemm-sass.txt."""
-import importlib.util
 import re
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from pyptx.testing import load_module
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "examples/hopper"))
-spec = importlib.util.spec_from_file_location("gemm", ROOT / "examples/hopper/gemm.py")
-gemm = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = gemm
-spec.loader.exec_module(gemm)
+gemm = load_module(ROOT / "examples/hopper/gemm.py", "gemm_example")
 out = Path(sys.argv[1] if len(sys.argv) > 1 else ".")
 lines = []
 for (M, N, K) in [(8192, 8192, 8192), (128, 8192, 8192)]:

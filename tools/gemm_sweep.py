@@ -4,20 +4,16 @@ to choose defaults and autotuning candidates. Prints TFLOP/s per (shape, config)
     python tools/gemm_sweep.py 4096 8192x28672x8192 --configs '[{"BN":256,"cluster":2}]'
 """
 import argparse
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import torch
 from triton.testing import do_bench
 
+from pyptx.testing import load_module
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "examples/hopper"))
-spec = importlib.util.spec_from_file_location("gemm", ROOT / "examples/hopper/gemm.py")
-gemm = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = gemm
-spec.loader.exec_module(gemm)
+gemm = load_module(ROOT / "examples/hopper/gemm.py", "gemm_example")
 
 p = argparse.ArgumentParser()
 p.add_argument("shapes", nargs="+")

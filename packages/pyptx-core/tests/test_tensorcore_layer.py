@@ -5,7 +5,6 @@ PTX simulator), and the GEMM example's PTX (ptxas for every tuned configuration)
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from pyptx.errors import OperandError, TmaError
 from pyptx.fragment import Accumulator, accumulator_coord
 from pyptx.operand import OperandTile
 from pyptx.pipeline import Pipeline
+from pyptx.testing import load_module
 from pyptx.types import b64, bf16, f16, f32, tf32, u32, u64
 
 HERE = Path(__file__).resolve()
@@ -24,11 +24,7 @@ HOPPER = HERE.parents[3] / "examples" / "hopper"
 
 
 def _load(name):
-    spec = importlib.util.spec_from_file_location(f"tc_layer_{name}", HOPPER / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_module(HOPPER / f"{name}.py", f"tc_layer_{name}")
 
 
 def _here_line(e) -> None:

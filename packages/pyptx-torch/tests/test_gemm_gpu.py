@@ -11,11 +11,11 @@ for bf16/f16 output (the output rounding, about 2**-9 per element).
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+
+from pyptx.testing import load_module
 
 torch = pytest.importorskip("torch")
 
@@ -40,12 +40,7 @@ def poison_outputs():
 
 
 def _load(name):
-    spec = importlib.util.spec_from_file_location(f"gemm_gpu_{name}", HOPPER / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(HOPPER))
-    sys.modules[spec.name] = mod  # torch.compile re-imports the module by name
-    spec.loader.exec_module(mod)
-    return mod
+    return load_module(HOPPER / f"{name}.py", f"gemm_gpu_{name}")
 
 
 gemm = _load("gemm")
