@@ -25,15 +25,7 @@ TOP = ("pyptx", "pyptx_torch", "pyptx_jax")
 
 #: Public names whose docstring lives in a file the docs owner may not edit. Each entry is
 #: a debt: add the docstring, then delete the line (the test fails on stale entries).
-KNOWN_MISSING: dict[str, str] = {
-    # module-level objects without an attribute docstring (a string literal on the next line)
-    "pyptx.ptx.inst": "ptx/inst.py: inst = _Root()",
-    "pyptx.ptx.inst.inst": "ptx/inst.py: inst = _Root()",
-    "pyptx.ptx.inst.OPCODES": "ptx/inst.py: OPCODES = frozenset(...)",
-    "pyptx.ptx.special": "ptx/special.py: special = _Special()",
-    "pyptx.ptx.special.special": "ptx/special.py: special = _Special()",
-    "pyptx.ptx.memory.WIDE_TENSOR_BYTES": "ptx/memory.py: WIDE_TENSOR_BYTES = ...",
-}
+KNOWN_MISSING: dict[str, str] = {}
 
 
 def _load():

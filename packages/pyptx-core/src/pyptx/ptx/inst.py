@@ -29,6 +29,7 @@ trap txq vabsdiff vabsdiff2 vabsdiff4 vadd vadd2 vadd4 vavrg2 vavrg4 vmad vmax v
 vmax4 vmin vmin2 vmin4 vote vset vset2 vset4 vshl vshr vsub vsub2 vsub4 wgmma wmma xor
 tensormap tcgen05 clusterlaunchcontrol st.async red.async cp.reduce.async.bulk
 """.split())
+"""The PTX opcodes ``ptx.inst`` accepts as the first part of a spelling."""
 
 
 def ptx_spelling(name: str) -> str:
@@ -124,3 +125,5 @@ class _Root:
 
 
 inst = _Root()
+"""Any PTX instruction: ``ptx.inst.<opcode>.<modifiers>(operands, pred=p)`` or
+``ptx.inst("opcode.with.modifiers")(operands)``."""

@@ -13,8 +13,8 @@ from ..source import where
 from ..trace import Trace, current
 from ..types import PtxType, u64
 
-#: Tensors larger than this cannot be addressed with 32-bit offsets.
 WIDE_TENSOR_BYTES = 2**32 - 1
+"""Tensors larger than this many bytes need 64-bit offsets: sugar refuses 32-bit ones."""
 
 
 class Addr:

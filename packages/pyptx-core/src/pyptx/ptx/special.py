@@ -102,3 +102,5 @@ class _Special:
 
 
 special = _Special()
+"""The special registers: ``ptx.special.tid.x()``, ``ptx.special.laneid()``, ... each read
+with one ``mov`` into a new register."""
