@@ -271,7 +271,7 @@ def test_doctor_reports_everything(capsys):
     before = set(sys.modules)
     code, out, err = run(capsys, "doctor")
     imported = {m.partition(".")[0] for m in set(sys.modules) - before}
-    assert not imported & {"torch", "jax", "jaxlib", "cuda"}
+    assert not imported & {"torch", "jax", "jaxlib"}  # cuda-python is the driver binding
     assert code == 0 and err == ""
     found = rows(out)
     assert sys.executable in found["python"]
@@ -282,16 +282,26 @@ def test_doctor_reports_everything(capsys):
     assert "cuda" in found and "gpus" in found
 
 
-def test_doctor_without_driver_or_ptxas(capsys, monkeypatch):
-    def no_lib(name, *a, **k):
-        raise OSError(f"{name}: cannot open shared object file")
+def _fake_driver(monkeypatch, mod, why=None, version=0, names=()):
+    from pyptx import driver
 
-    monkeypatch.setattr(cli.ctypes, "CDLL", no_lib)
+    monkeypatch.setattr(driver, "cuda", lambda: mod)
+    monkeypatch.setattr(driver, "unavailable_reason", lambda: why)
+    monkeypatch.setattr(driver, "driver_version", lambda: version)
+    monkeypatch.setattr(driver, "device_count", lambda: len(names))
+    monkeypatch.setattr(driver, "device_capability", lambda i: (9, 0))
+    answers = {"cuDeviceGet": lambda i: i, "cuDeviceGetName": lambda n, d: names[d] + b"\0\0",
+               "cuDeviceGetAttribute": lambda a, d: 132, "cuDeviceTotalMem": lambda d: 80 * 2**30}
+    monkeypatch.setattr(driver, "call", lambda fn, *a, **k: answers[fn](*a))
+
+
+def test_doctor_without_driver_or_ptxas(capsys, monkeypatch):
+    _fake_driver(monkeypatch, None, why="cuda-python is not installed (No module named 'cuda')")
     monkeypatch.setattr(toolchain, "find_ptxas", lambda: None)
     code, out, _ = run(capsys, "doctor")
     assert code == 0
     found = rows(out)
-    assert "no CUDA driver found (libcuda.so.1: cannot open" in found["cuda"]
+    assert "unavailable (cuda-python is not installed" in found["cuda"]
     assert found["gpus"].split(None, 1)[1] == "none"
     assert 'pip install "pyptx-core[ptxas]"' in found["ptxas"]
 
@@ -308,64 +318,24 @@ def test_doctor_survives_a_failing_probe(capsys, monkeypatch):
 
 
 def test_doctor_reports_gpus_from_a_driver(capsys, monkeypatch):
-    class FakeCuda:
-        _name = "libcuda.so.1"
+    class Mod:
+        class CUdevice_attribute:  # noqa: N801 - cuda-python's name
+            CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16
 
-        def cuDriverGetVersion(self, p):
-            p._obj.value = 12040
-            return 0
-
-        def cuInit(self, flags):
-            return 0
-
-        def cuDeviceGetCount(self, p):
-            p._obj.value = 1
-            return 0
-
-        def cuDeviceGet(self, p, i):
-            p._obj.value = i
-            return 0
-
-        def cuDeviceGetName(self, buf, n, dev):
-            buf.value = b"NVIDIA H100"
-            return 0
-
-        def cuDeviceGetAttribute(self, p, attr, dev):
-            p._obj.value = {75: 9, 76: 0, 16: 132}[attr]
-            return 0
-
-        def cuDeviceTotalMem_v2(self, p, dev):
-            p._obj.value = 80 * 2**30
-            return 0
-
-    monkeypatch.setattr(cli.ctypes, "CDLL", lambda name: FakeCuda())
+    _fake_driver(monkeypatch, Mod, version=12040, names=[b"NVIDIA H100"])
     code, out, _ = run(capsys, "doctor")
     assert code == 0
     found = rows(out)
-    assert "CUDA 12.4 (libcuda.so.1)" in found["cuda"]
+    assert "CUDA 12.4 (cuda-python)" in found["cuda"]
     assert "0: NVIDIA H100, sm_90, 132 SMs, 80.0 GiB" in found["gpus"]
 
 
 def test_doctor_reports_a_failing_cuinit(capsys, monkeypatch):
-    class NoDevice:
-        _name = "libcuda.so.1"
-
-        def cuDriverGetVersion(self, p):
-            p._obj.value = 13000
-            return 0
-
-        def cuInit(self, flags):
-            return 100
-
-        def cuGetErrorName(self, rc, p):
-            p._obj.value = b"CUDA_ERROR_NO_DEVICE"
-            return 0
-
-    monkeypatch.setattr(cli.ctypes, "CDLL", lambda name: NoDevice())
+    _fake_driver(monkeypatch, None, why="cuInit failed: CUDA_ERROR_NO_DEVICE (no usable GPU or driver)")
     code, out, _ = run(capsys, "doctor")
     found = rows(out)
-    assert code == 0 and "CUDA 13.0" in found["cuda"]
-    assert "none (cuInit returned CUDA_ERROR_NO_DEVICE)" in found["gpus"]
+    assert code == 0 and "cuInit failed: CUDA_ERROR_NO_DEVICE" in found["cuda"]
+    assert found["gpus"].split(None, 1)[1] == "none"
 
 
 # ---------------------------------------------------------------- entry points

@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import argparse
-import ctypes
 import importlib
 import importlib.metadata
 import importlib.util
@@ -288,52 +287,28 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------- doctor
-_CU_MAJOR, _CU_MINOR, _CU_SMS = 75, 76, 16
-
-
 def _cuda_driver() -> tuple[str, list[str]]:
-    """(driver line, GPU lines) from the CUDA driver API through ctypes; imports no framework."""
-    lib, errors = None, []
-    for name in ("libcuda.so.1", "nvcuda.dll"):
-        try:
-            lib = ctypes.CDLL(name)
-            break
-        except OSError as e:
-            errors.append(str(e))
-    if lib is None:
-        return f"no CUDA driver found ({errors[0]})", []
+    """(driver line, GPU lines) through ``pyptx.driver`` (cuda-python, the one driver binding,
+    imported here only); imports no framework."""
+    from . import driver
 
-    def call(fn: str, *args: Any) -> None:
-        rc = getattr(lib, fn)(*args)
-        if rc != 0:
-            name = ctypes.c_char_p()
-            lib.cuGetErrorName(rc, ctypes.byref(name))
-            raise RuntimeError(f"{fn} returned {(name.value or b'').decode() or rc}")
-
-    version = ctypes.c_int()
-    call("cuDriverGetVersion", ctypes.byref(version))
-    driver = f"CUDA {version.value // 1000}.{version.value % 1000 // 10} ({lib._name})"
-    try:
-        call("cuInit", 0)
-    except RuntimeError as e:
-        return driver, [f"none ({e})"]
-    count = ctypes.c_int()
-    call("cuDeviceGetCount", ctypes.byref(count))
+    mod = driver.cuda()
+    if mod is None:
+        return f"unavailable ({driver.unavailable_reason()})", []
+    v = driver.driver_version()
+    line = f"CUDA {v // 1000}.{v % 1000 // 10} (cuda-python)"
+    attr = mod.CUdevice_attribute
     gpus = []
-    for i in range(count.value):
-        dev, buf = ctypes.c_int(), ctypes.create_string_buffer(256)
-        call("cuDeviceGet", ctypes.byref(dev), i)
-        call("cuDeviceGetName", buf, 256, dev)
-        attrs = []
-        for attr in (_CU_MAJOR, _CU_MINOR, _CU_SMS):
-            v = ctypes.c_int()
-            call("cuDeviceGetAttribute", ctypes.byref(v), attr, dev)
-            attrs.append(v.value)
-        mem = ctypes.c_size_t()
-        call("cuDeviceTotalMem_v2", ctypes.byref(mem), dev)
-        gpus.append(f"{i}: {buf.value.decode()}, sm_{attrs[0]}{attrs[1]}, {attrs[2]} SMs, "
-                    f"{mem.value / 2**30:.1f} GiB")
-    return driver, gpus or ["none (the driver reports 0 devices)"]
+    for i in range(driver.device_count()):
+        dev = driver.call("cuDeviceGet", i)
+        raw = driver.call("cuDeviceGetName", 256, dev)
+        name = raw.split(b"\0", 1)[0].decode() if isinstance(raw, bytes) else str(raw)
+        major, minor = driver.device_capability(i)
+        sms = driver.call("cuDeviceGetAttribute",
+                          attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev)
+        mem = driver.call("cuDeviceTotalMem", dev)
+        gpus.append(f"{i}: {name}, sm_{major}{minor}, {int(sms)} SMs, {int(mem) / 2**30:.1f} GiB")
+    return line, gpus or ["none (the driver reports 0 devices)"]
 
 
 Rows = list[tuple[str, str]]
@@ -439,8 +414,8 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("doctor", formatter_class=fmt,
                        help="report Python, pyptx packages, plugins, ptxas, driver and GPUs",
                        description="Report Python, the pyptx packages and runtime plugins, "
-                       "ptxas, and the CUDA driver\nand GPUs (through libcuda with ctypes; no "
-                       "framework is imported).", epilog="example:\n  pyptx doctor")
+                       "ptxas, and the CUDA driver\nand GPUs (through cuda-python; no framework is "
+                       "imported).", epilog="example:\n  pyptx doctor")
     p.set_defaults(func=_cmd_doctor)
 
     from . import transpile as _transpile  # the parser and transpiler (pyptx.transpile)
