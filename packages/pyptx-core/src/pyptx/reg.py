@@ -283,11 +283,7 @@ class RegArray(Sequence[Reg]):
                 raise TypeMismatchError(
                     f"{where(3)}: cannot assign float {value!r} to .{t.name} register {dst.name}"
                 )
-            if t.bits == 8 and t.is_int:  # PTX has no 8-bit mov; cvt takes the immediate
-                k = "s" if t.is_signed else "u"
-                trace.inst(f"cvt.{k}8.{k}32", (dst.name, imm.encode(value, t)))
-            else:
-                trace.inst(f"mov.{_mov_type(t)}", (dst.name, imm.encode(value, t)))
+            _move_immediate(trace, dst, value)
         else:
             raise OperandError(
                 f"{where(3)}: a register array element takes a register or a Python number, "
@@ -545,6 +541,17 @@ def _mov_type(t: PtxType) -> str:
     return f"b{t.bits}"
 
 
+def _move_immediate(trace: Trace, dst: Reg, value: int | float) -> None:
+    """``mov`` of the exactly encoded ``value`` into ``dst`` (``cvt`` for 8-bit integers:
+    PTX has no 8-bit ``mov``, and ``cvt`` takes the immediate)."""
+    t = dst.type
+    if t.bits == 8 and t.is_int:
+        k = "s" if t.is_signed else "u"
+        trace.inst(f"cvt.{k}8.{k}32", (dst.name, imm.encode(value, t)))
+    else:
+        trace.inst(f"mov.{_mov_type(t)}", (dst.name, imm.encode(value, t)))
+
+
 def scalar(t: PtxType, init: int | float | Reg | None = None) -> Reg:
     """A new register of type ``t``; ``init`` emits one ``mov`` (immediates encoded exactly)."""
     trace = current()
@@ -566,11 +573,7 @@ def scalar(t: PtxType, init: int | float | Reg | None = None) -> Reg:
                 raise TypeMismatchError(
                     f"{where()}: float init {init!r} for integer register type .{t.name}"
                 )
-            if t.bits == 8 and t.is_int:  # PTX has no 8-bit mov; cvt takes the immediate
-                s = "s" if t.is_signed else "u"
-                trace.inst(f"cvt.{s}8.{s}32", (r.name, imm.encode(init, t)))
-            else:
-                trace.inst(f"mov.{_mov_type(t)}", (r.name, imm.encode(init, t)))
+            _move_immediate(trace, r, init)
         else:
             raise OperandError(f"{where()}: init must be a Python number or a register, got {init!r}")
     return r
