@@ -330,3 +330,34 @@ def test_tensor_maps_travel_by_value_so_a_device_copy_is_refused():
 
     with pytest.raises(LaunchError, match="device_blob_ptr must be 0, got 0x1000"):
         js.add_tma_spec_to_shim(1, 0, bytes(128), 0x1000)
+
+
+def test_save_outputs_reach_the_backward_kernel_as_residuals():
+    """``save_outputs``: y = exp(a) with backward (y, dy) -> dy * y, the saved output being
+    the only residual; jax.grad must pass the forward's y to the backward kernel."""
+    import pyptx
+
+    @kernel(in_specs=(Tile("N", f32),), out_specs=(Tile("N", f32), Tile("N", f32)),
+            block=(32, 1, 1))
+    def expo(A, Y, Z):
+        ptx.ret()
+
+    @kernel(in_specs=(Tile("N", f32),) * 3, out_specs=(Tile("N", f32),), block=(32, 1, 1))
+    def expo_bwd(Y, DY, DZ, DA):
+        ptx.ret()
+
+    def mock(*inputs, cubin_handle, result_types):
+        if get_cubin_registry().get(cubin_handle).kernel_name == "expo":
+            return jnp.exp(inputs[0]), jnp.zeros_like(inputs[0])
+        y, dy, dz = inputs
+        return dy * y + dz
+
+    op = pyptx.differentiable_kernel(expo, expo_bwd, save_for_backward=[], save_outputs=[0])
+    assert op.saved == () and op.saved_outputs == (0,)
+    a = jnp.linspace(-1.0, 1.0, 8)
+    pyptx_jax.set_mock_ffi_callback(mock)
+    try:
+        da = jax.jit(jax.grad(lambda a: (op(a)[0] * 3.0).sum()))(a)
+    finally:
+        pyptx_jax.set_mock_ffi_callback(None)
+    assert jnp.allclose(da, 3.0 * jnp.exp(a))

@@ -242,3 +242,52 @@ def test_op_naming_a_dead_kernel_says_why():
 
     with pytest.raises(LaunchError, match=r"no live pyptx kernel is called 'gone#0'.*non-strict"):
         _launch_fake([torch.empty(4, device="meta")], "gone#0", "")
+
+
+class _CpuKernelLike:
+    """A kernel-like stand-in (the attributes ``differentiable_kernel`` checks) computing
+    on CPU tensors, so the autograd glue runs without a GPU."""
+
+    def __init__(self, name, n_in, n_out, fn):
+        self.name, self.fn = name, fn
+        self.in_specs = (Tile("N", f32),) * n_in
+        self.out_specs = (Tile("N", f32),) * n_out
+        self.arg_names = tuple(f"t{i}" for i in range(n_in + n_out))
+
+    def __call__(self, *args):
+        return self.fn(*args)
+
+
+def test_save_outputs_pass_forward_outputs_to_the_backward_kernel():
+    """y, z = exp(a), 0 with backward (a, y, dy, dz) -> dy * y: the saved output y (index 0)
+    reaches the backward kernel after the saved input and before the gradients."""
+    seen = []
+
+    def bwd(a, y, dy, dz):
+        seen.append((a, y, dy, dz))
+        return dy * y + dz
+
+    fwd = _CpuKernelLike("expo", 1, 2, lambda a: (torch.exp(a), torch.zeros_like(a)))
+    op = pyptx.differentiable_kernel(fwd, _CpuKernelLike("expo_bwd", 4, 1, bwd),
+                                     save_for_backward=[0], save_outputs=[0])
+    assert op.saved_outputs == (0,) and "saved_outputs=[0]" in repr(op)
+    a = torch.linspace(-1, 1, 8, requires_grad=True)
+    y, _ = op(a)
+    (y * 3).sum().backward()
+    torch.testing.assert_close(a.grad, 3 * torch.exp(a.detach()))
+    (sa, sy, dy, dz) = seen[0]
+    torch.testing.assert_close(sa, a.detach())
+    torch.testing.assert_close(sy, torch.exp(a.detach()))
+    torch.testing.assert_close(dz, torch.zeros(8))
+
+
+def test_save_outputs_is_checked_at_construction():
+    fwd = _CpuKernelLike("expo", 1, 2, None)
+    bwd = _CpuKernelLike("expo_bwd", 4, 1, None)
+    with pytest.raises(SpecError, match="save_outputs index 2 is not an output index of expo"):
+        pyptx.differentiable_kernel(fwd, bwd, save_outputs=[2])
+    with pytest.raises(SpecError, match="save_outputs must be a sequence"):
+        pyptx.differentiable_kernel(fwd, bwd, save_outputs=1)
+    with pytest.raises(SpecError, match=r"1 saved tensors \+ 2 saved outputs \+ 2 output grad"):
+        pyptx.differentiable_kernel(fwd, bwd, save_outputs=[0, 1])
+    pyptx.differentiable_kernel(fwd, bwd, save_outputs=[1])

@@ -5,9 +5,10 @@ The same object works with every runtime: called on torch tensors it is a
 checks the pairing and picks the runtime that owns the arguments; the
 runtime's plugin supplies the framework glue (``Runtime.differentiable(op)``).
 
-The backward kernel is called with ``(*saved inputs, *output gradients)`` and
-returns one gradient for each of the first ``num_grad_inputs`` inputs; the
-other inputs get no gradient (zero).
+The backward kernel is called with ``(*saved inputs, *saved outputs, *output
+gradients)`` (``save_outputs``: forward outputs it needs, e.g. attention's
+log-sum-exp; none by default) and returns one gradient for each of the first
+``num_grad_inputs`` inputs; the other inputs get no gradient (zero).
 
 Under ``jax.vmap`` both kernels are batched like any pyptx call: sequentially,
 one launch per batch element (``vmap_method="sequential"`` of the custom call).
@@ -33,7 +34,8 @@ class DifferentiableKernel:
 
     def __init__(self, forward_kernel: Any, backward_kernel: Any, *,
                  save_for_backward: Sequence[int] | None = None,
-                 num_grad_inputs: int | None = None) -> None:
+                 num_grad_inputs: int | None = None,
+                 save_outputs: Sequence[int] | None = None) -> None:
         at = where()
         for what, k in (("forward_kernel", forward_kernel), ("backward_kernel", backward_kernel)):
             if not (callable(k) and all(hasattr(k, a) for a in _KERNEL_LIKE)):
@@ -58,10 +60,23 @@ class DifferentiableKernel:
             raise SpecError(f"{at}: num_grad_inputs must be an int in 1..{n_in}, "
                             f"got {num_grad_inputs!r}")
         n_out = len(forward_kernel.out_specs)
+        if save_outputs is None:
+            saved_out: tuple[int, ...] = ()
+        elif isinstance(save_outputs, (str, bytes)) or not isinstance(save_outputs, Iterable):
+            raise SpecError(f"{at}: save_outputs must be a sequence of output indices, "
+                            f"got {save_outputs!r}")
+        else:
+            saved_out = tuple(save_outputs)
+        outputs = ", ".join(forward_kernel.arg_names[n_in:n_in + n_out])
+        for i in saved_out:
+            if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n_out:
+                raise SpecError(f"{at}: save_outputs index {i!r} is not an output index of "
+                                f"{forward_kernel.name} (it has {n_out} outputs: {outputs})")
         n_bwd = len(backward_kernel.in_specs)
-        if n_bwd != len(saved) + n_out:
+        if n_bwd != len(saved) + len(saved_out) + n_out:
+            kept = f" + {len(saved_out)} saved outputs" if saved_out else ""
             raise SpecError(f"{at}: {backward_kernel.name} takes {n_bwd} inputs, but backward "
-                            f"passes {len(saved)} saved tensors + {n_out} output gradients")
+                            f"passes {len(saved)} saved tensors{kept} + {n_out} output gradients")
         if len(backward_kernel.out_specs) != n_grad:
             raise SpecError(
                 f"{at}: {backward_kernel.name} returns {len(backward_kernel.out_specs)} tensors, "
@@ -70,6 +85,8 @@ class DifferentiableKernel:
         self.forward_kernel, self.backward_kernel = forward_kernel, backward_kernel
         #: Indices of the forward inputs the backward kernel receives first.
         self.saved = saved
+        #: Indices of the forward outputs the backward kernel receives after the saved inputs.
+        self.saved_outputs = saved_out
         #: How many leading inputs get a gradient.
         self.num_grad_inputs = n_grad
         self.__name__ = forward_kernel.name
@@ -104,19 +121,26 @@ class DifferentiableKernel:
 
     def __repr__(self) -> str:
         return (f"<pyptx.DifferentiableKernel {self.forward_kernel.name} "
-                f"backward={self.backward_kernel.name} saved={list(self.saved)}>")
+                f"backward={self.backward_kernel.name} saved={list(self.saved)}"
+                + (f" saved_outputs={list(self.saved_outputs)}" if self.saved_outputs else "")
+                + ">")
 
 
 def differentiable_kernel(forward_kernel: Any, backward_kernel: Any, *,
                           save_for_backward: Sequence[int] | None = None,
-                          num_grad_inputs: int | None = None) -> DifferentiableKernel:
+                          num_grad_inputs: int | None = None,
+                          save_outputs: Sequence[int] | None = None) -> DifferentiableKernel:
     """Wrap a forward + backward pyptx kernel pair for autograd (torch) and ``jax.grad``.
 
-    The backward kernel is called with ``(*saved_tensors, *grad_outputs)`` and
-    must return one gradient per differentiable input (the first
-    ``num_grad_inputs`` inputs; all of them by default). ``save_for_backward``
-    lists the forward-input indices to save (all inputs by default).
+    The backward kernel is called with ``(*saved_inputs, *saved_outputs,
+    *grad_outputs)`` and must return one gradient per differentiable input (the
+    first ``num_grad_inputs`` inputs; all of them by default). ``save_for_backward``
+    lists the forward-input indices to save (all inputs by default);
+    ``save_outputs`` the forward-output indices to save (none by default), e.g.
+    ``[0, 1]`` for an attention forward whose backward needs ``o`` and the
+    log-sum-exp. Every output still receives its gradient (zeros for an output
+    that did not reach the loss).
     """
     return DifferentiableKernel(forward_kernel, backward_kernel,
                                 save_for_backward=save_for_backward,
-                                num_grad_inputs=num_grad_inputs)
+                                num_grad_inputs=num_grad_inputs, save_outputs=save_outputs)

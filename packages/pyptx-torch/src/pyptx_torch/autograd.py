@@ -25,14 +25,17 @@ def autograd_function(op: Any) -> Callable[..., Any]:
     gradients flow through ``op.backward_kernel``."""
     forward_kernel, backward_kernel = op.forward_kernel, op.backward_kernel
     saved_idx = op.saved
+    saved_out = getattr(op, "saved_outputs", ())
     n_in = len(forward_kernel.in_specs)
     n_grad = op.num_grad_inputs
 
     class Op(torch.autograd.Function):
         @staticmethod
         def forward(ctx: Any, *inputs: torch.Tensor) -> Any:
-            ctx.save_for_backward(*(inputs[i] for i in saved_idx))
-            return forward_kernel(*inputs)
+            out = forward_kernel(*inputs)
+            outs = _as_tuple(out)
+            ctx.save_for_backward(*(inputs[i] for i in saved_idx), *(outs[i] for i in saved_out))
+            return out
 
         @staticmethod
         def backward(ctx: Any, *grads: torch.Tensor) -> Any:
