@@ -1,0 +1,733 @@
+"""Grouped GEMM for mixture-of-experts layers on Hopper tensor cores.
+
+``out[offs[g-1]:offs[g]] = a[offs[g-1]:offs[g]] @ b[g]`` for every group ``g`` (the
+``torch._grouped_mm`` convention): ``a`` is ``(M, K)`` bf16 row-major, ``b`` is
+``(G, K, N)`` bf16 (or its transposed view, stored ``(G, N, K)``: K-major), ``offs`` is
+an int32 ``(G,)`` tensor *on the device* holding the cumulative row ends. The group
+sizes are read by the kernel itself, so a call never synchronises with the host and
+captures in a CUDA graph. Empty groups and sizes that are not tile multiples are fine.
+
+The forward kernel is ``examples/hopper/gemm.py``'s design with a ragged scheduler:
+
+* warpgroup 0 produces (one thread issues the bulk tensor copies of A and of ``B[g]``
+  through a 3-D tensor map over ``(G, K, N)``, so K and N edges clip per group) into an
+  ``stages``-deep mbarrier ring; warpgroups 1.. consume it with ``wgmma`` (64 rows each);
+* both sides walk the same persistent tile sequence ``t = cta, cta + ctas, ...``: a
+  ``RaggedTiles`` walker reads ``offs`` as it goes (tiles of group ``g`` are
+  ``ceil(rows_g / BM) * ceil(N / BN)``, m-block fastest) and stops past the last group;
+* the epilogue stores a warpgroup's 64 rows with bulk tensor stores when they lie inside
+  the group, and with predicated ``st.global`` (rows past the group end skipped) when
+  they cross it, so the next group's rows are never written.
+
+Backward (``pyptx.differentiable_kernel``): ``dA = dOut @ b[g]^T`` is the same kernel
+with B read in the other major order (no copy), and ``dB[g] = a_g^T @ dOut_g`` is
+``build_grouped_wgrad``: a GEMM over the fixed ``(K, N)`` tiles of every group whose
+reduction runs over the group's ragged rows; rows of the last k-block past the group end
+are zeroed in shared memory (then ``fence.proxy.async``) before the tensor cores read them.
+
+``grouped_mm(a, b, offs)`` is the call for torch tensors and JAX arrays; the tile
+configuration is tuned per shape on the device (``pyptx.autotune``).
+
+Limits: rows of ``out`` (and of ``dA``) past ``offs[-1]`` are not written; ``offs`` must
+be non-decreasing (values are clamped to ``[previous end, M]``).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+
+from pyptx import Tile, kernel, ptx, reg, smem
+from pyptx.autodiff import differentiable_kernel
+from pyptx.autotune import Config, autotune
+from pyptx.errors import ConfigError
+from pyptx.fragment import Accumulator
+from pyptx.operand import OperandTile
+from pyptx.pipeline import Pipeline
+from pyptx.types import b32, bf16, f32, s32, u32, u64
+
+H100_SMS = 132
+SMEM_LIMIT = 227 * 1024 - 256  # less the static barriers
+EPI_BUFS = 2
+STORES = ("auto", "masked")
+
+
+def _out_type(name):
+    table = {"bf16": bf16, "f32": f32, bf16: bf16, f32: f32}
+    if name not in table:
+        raise ConfigError(f"grouped GEMM: out_dtype must be 'bf16' or 'f32', got {name!r}")
+    return table[name]
+
+
+def smem_bytes(BM, BN, BK, stages):
+    """Dynamic shared memory of a configuration: the ring, two 8 KiB epilogue slabs per
+    consumer warpgroup and 1024 bytes of alignment slack."""
+    return stages * (BM + BN) * BK * 2 + (BM // 64) * EPI_BUFS * 64 * 128 + 1024
+
+
+def _check_tile(BM, BN, BK, stages, what):
+    if BM not in (64, 128) or BN % 64 or not 64 <= BN <= 256 or BK != 64:
+        raise ConfigError(f"{what}: unsupported tile {BM}x{BN}x{BK} (BM 64 or 128, BN a multiple "
+                          f"of 64 up to 256, BK 64)")
+    if stages is None:
+        per_stage = smem_bytes(BM, BN, BK, 1) - smem_bytes(BM, BN, BK, 0)
+        stages = max(2, min(8, (SMEM_LIMIT - smem_bytes(BM, BN, BK, 0)) // per_stage))
+    total = smem_bytes(BM, BN, BK, stages)
+    if total > SMEM_LIMIT:
+        raise ConfigError(f"{what}: {BM}x{BN}x{BK} with {stages} stages needs {total} bytes of "
+                          f"shared memory, over {SMEM_LIMIT}")
+    return stages, total
+
+
+def _mov(dst, src):
+    """``mov`` of ``src`` into the existing register ``dst`` (a loop-carried value)."""
+    ptx.inst(f"mov.b{dst.type.bits}")(dst, src)
+
+
+def _min_max(x, lo, hi):
+    """``max(min(x, hi), lo)`` for u32 registers."""
+    m = reg.scalar(u32)
+    ptx.inst.min.u32(m, x, hi)
+    out = reg.scalar(u32)
+    ptx.inst.max.u32(out, m, lo)
+    return out
+
+
+class RaggedTiles:
+    """The persistent walk over the tiles of ragged groups, as loop-carried registers.
+
+    Group ``g`` covers rows ``[start, end)`` (``end = offs[g]`` clamped to
+    ``[start, M]``) and tiles ``[first, stop)`` of the global tile order:
+    ``ceil((end - start) / BM)`` m-blocks times ``num_n`` n-blocks, m-block fastest.
+    ``seek(t)`` moves forward (``t`` never decreases) until the current group holds
+    tile ``t`` or every group is read; then ``t >= stop`` means the walk is over.
+    """
+
+    def __init__(self, offs_ptr, G, M, BM, num_n):
+        self.p, self.G, self.M, self.BM, self.num_n = offs_ptr, G, M, BM, num_n
+        self.shift = BM.bit_length() - 1
+        self.read = reg.scalar(u32, init=0)   # groups read so far (the current one is read - 1)
+        self.start = reg.scalar(u32, init=0)
+        self.end = reg.scalar(u32, init=0)
+        self.first = reg.scalar(u32, init=0)
+        self.stop = reg.scalar(u32, init=0)
+
+    def blocks(self):
+        """m-blocks of the current group."""
+        return (self.end - self.start + (self.BM - 1)) >> self.shift
+
+    def seek(self, t):
+        """Advance to the group that holds tile ``t`` (emits a device while-loop)."""
+        with ptx.while_(lambda: (t >= self.stop) & (self.read < self.G)):
+            _mov(self.start, self.end)
+            raw = reg.scalar(u32)
+            ptx.inst.ld.global_.nc.u32(raw, ptx.addr(self.p + reg.from_(self.read, u64) * 4))
+            _mov(self.end, _min_max(raw, self.start, self.M))
+            _mov(self.first, self.stop)
+            self.stop += self.blocks() * self.num_n
+            self.read += 1
+
+    def done(self, t):
+        """Predicate: tile ``t`` lies past the last group (call after ``seek(t)``)."""
+        return t >= self.stop
+
+    def tile(self, t, BN):
+        """``(g, m0, n0)`` registers of tile ``t`` (after ``seek(t)``, when not done)."""
+        local = t - self.first
+        nblk = self.blocks()
+        mb = local % nblk
+        nb = local // nblk
+        return self.read - 1, self.start + (mb << self.shift), nb * BN
+
+
+def group_rows(p_offs, g, M):
+    """``(start, end)`` u32 registers of group ``g``'s rows (clamped to ``[0, M]``)."""
+    start = reg.scalar(u32, init=0)
+    ptx.inst.ld.global_.nc.u32(start, ptx.addr(p_offs + reg.from_(g, u64) * 4 - 4), pred=g != 0)
+    start = _min_max(start, 0, M)
+    raw = reg.scalar(u32)
+    ptx.inst.ld.global_.nc.u32(raw, ptx.addr(p_offs + reg.from_(g, u64) * 4))
+    return start, _min_max(raw, start, M)
+
+
+class _Consumer:
+    """A consumer warpgroup's fixed registers and its epilogue (shared by both kernels)."""
+
+    def __init__(self, base, ring_bytes, wg, tid, BN, ot, out_cols):
+        self.w = wg - 1
+        self.t_wg = tid & 127
+        self.leader = self.t_wg == 0
+        self.bar_id = self.w + 1
+        self.acc = Accumulator(BN)
+        self.row0, self.col0 = self.acc.thread_origin(self.t_wg)
+        self.ot, self.out_cols, self.BN = ot, out_cols, BN
+        lane = tid & 31
+        self.cbuf = base + ring_bytes + self.w * (EPI_BUFS * 64 * 128)
+        # row r of a 128-byte swizzled slab: the thread's 16-byte chunk XOR (r % 8), and
+        # r % 8 is lane // 4 for every register of the fragment
+        colb = (lane & 3) * (2 * ot.bytes)
+        xr = lane >> 2
+        rowbase = self.cbuf + self.row0 * 128 + (colb & 15)
+        chunk_hi = colb >> 4
+        self.sw = {q: ((chunk_hi + q) ^ xr) * 16 + rowbase for q in range(8)}
+
+    def _pack(self, i):
+        v0, v1 = self.acc[i], self.acc[i + 1]
+        if self.ot is f32:
+            return [v0, v1]
+        packed = reg.scalar(b32)
+        ptx.inst("cvt.rn.bf16x2.f32")(packed, v1, v0)
+        return packed
+
+    def store_tma(self, d_map, coords):
+        """Bulk tensor stores of the 64 x BN tile, one 64 x ``out_cols`` slab at a time
+        through two buffers; ``coords(j)`` gives slab ``j``'s tensor coordinates."""
+        out_cols, e = self.out_cols, self.ot.bytes
+        for j in range(self.BN // out_cols):
+            buf = (j % EPI_BUFS) * 64 * 128
+            with ptx.if_(self.leader):
+                ptx.tma.wait_group(EPI_BUFS - 1, read=True)
+            ptx.bar_sync(self.bar_id, 128)
+            for i, dr, dc in self.acc.pairs():
+                if dc // out_cols != j:
+                    continue
+                q = dc % out_cols * e // 16
+                v = self._pack(i)
+                if self.ot is f32:
+                    ptx.inst.st.shared.v2.f32(ptx.addr(self.sw[q], buf + dr * 128), v)
+                else:
+                    ptx.inst.st.shared.b32(ptx.addr(self.sw[q], buf + dr * 128), v)
+            ptx.fence_proxy_async("shared::cta")
+            ptx.bar_sync(self.bar_id, 128)
+            with ptx.if_(self.leader):
+                ptx.tma.store_tile(d_map, coords(j), self.cbuf + buf)
+                ptx.tma.commit_group()
+
+    def store_masked(self, p_out, N, mrow, n0, end):
+        """Predicated ``st.global`` of every pair whose row is below ``end`` and column
+        below ``N`` (the tile crosses a group end)."""
+        e = self.ot.bytes
+        r0 = mrow + self.row0
+        c0 = n0 + self.col0
+        p0 = p_out + (reg.from_(r0, u64) * N + reg.from_(c0, u64)) * e
+        row_ok = {dr: (r0 + dr) < end for dr in (0, 8)}
+        for i, dr, dc in self.acc.pairs():
+            ok = row_ok[dr] & ((c0 + dc) < N)
+            a = ptx.addr(p0, (dr * N + dc) * e)
+            v = self._pack(i)
+            if self.ot is f32:
+                ptx.inst.st.global_.v2.f32(a, v, pred=ok)
+            else:
+                ptx.inst.st.global_.b32(a, v, pred=ok)
+
+
+def _prologue(pipe):
+    """Barrier init by thread 0 and a CTA barrier; returns the thread's index and warpgroup."""
+    tid = reg.from_(ptx.special.tid.x(), u32)
+    wg = tid >> 7
+    pipe.init(pred=tid == 0)
+    ptx.bar_sync(0)
+    return tid, wg
+
+
+def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf16", BM=128,
+                  BN=256, BK=64, stages=None, num_sms=H100_SMS, store="auto"):
+    """The grouped GEMM kernel ``D[rows of g] = A[rows of g] @ B[g]``.
+
+    Tensor arguments: A ``(M, K)`` bf16, B ``(G, K, N)`` (``b_major="MN"``) or
+    ``(G, N, K)`` (``"K"``) bf16, offs ``(G,)`` int32 cumulative row ends; output D
+    ``(M, N)`` in ``out_dtype`` (rows past ``offs[-1]`` are not written).
+
+    Tiles: ``BM`` (64 rows per consumer warpgroup) x ``BN`` x ``BK``, ``stages`` ring
+    buffers (default: as many as fit) over ``num_sms`` persistent CTAs. ``store="masked"``
+    stores every tile with predicated ``st.global`` (a debugging aid: no bulk stores).
+    """
+    what = "build_grouped"
+    ot = _out_type(out_dtype)
+    if b_major not in ("K", "MN"):
+        raise ConfigError(f"{what}: b_major must be 'K' or 'MN', got {b_major!r}")
+    if store not in STORES:
+        raise ConfigError(f"{what}: store must be one of {STORES}, got {store!r}")
+    if N % 8 or K % 8:
+        raise ConfigError(f"{what}: N and K must be multiples of 8 (16-byte rows for the tensor "
+                          f"copies), got N={N}, K={K}; pad them (grouped_mm does)")
+    stages, smem_total = _check_tile(BM, BN, BK, stages, what)
+    consumers = BM // 64
+    threads = 128 * (1 + consumers)
+    a_tile = OperandTile(BM, BK, bf16, major="K", swizzle=128)
+    b_tile = OperandTile(BN, BK, bf16, major=b_major, swizzle=128)
+    a_bytes = a_tile.nbytes
+    stage_bytes = a_bytes + b_tile.nbytes
+    ring_bytes = stages * stage_bytes
+    out_cols = 128 // ot.bytes
+    num_n = -(-N // BN)
+    num_kb = -(-K // BK)
+    max_tiles = (-(-M // BM) + G) * num_n
+    ctas = max(1, min(num_sms, max_tiles))
+    prod_regs = 40
+    cons_regs = min(240, (65536 - 128 * prod_regs) // (128 * consumers) // 8 * 8)
+    maxnreg = min(255, (65536 // threads) // 8 * 8)
+
+    b_spec = Tile(G, K, N, bf16) if b_major == "MN" else Tile(G, N, K, bf16)
+    b_box = (1, BK, 64) if b_major == "MN" else (1, BN, 64)
+    tma = {"A": a_tile.tma_options(), "B": {"box": b_box, "swizzle": "128B"},
+           "D": {"box": (64, out_cols), "swizzle": "128B"}}
+
+    def b_coords(i, n0, k0, g):
+        """Tensor coordinates (innermost first) of B slab ``i`` of tile (n0, k0) in group g."""
+        if b_major == "MN":
+            return (n0 + i * 64 if i else n0, k0, g)
+        return (k0 + i * 64 if i else k0, n0, g)
+
+    def grouped(A, B, Offs, D):
+        base = (smem.dynamic(align=128, name="ring").addr() + 1023) & 0xFFFFFC00
+        pipe = Pipeline(stages, consumer_arrivals=consumers)
+        tid, wg = _prologue(pipe)
+        cid = reg.from_(ptx.special.ctaid.x(), u32)
+        (p_offs,) = ptx.global_ptrs(Offs)
+        consumer = ptx.label("consumer")
+        done = ptx.label("done")
+        ptx.bra(consumer, pred=wg != 0)
+        # ---------------------------------------------------------------- producer
+        ptx.setmaxnreg(prod_regs, inc=False)
+        with ptx.if_(tid == 0):
+            st = pipe.producer_state()
+            a_map = ptx.tma.tensormap_ptr(A.tmap)
+            b_map = ptx.tma.tensormap_ptr(B.tmap)
+            walk = RaggedTiles(p_offs, G, M, BM, num_n)
+            t = reg.scalar(u32, init=cid)
+            top, out = ptx.label("ptile"), ptx.label("pend")
+            ptx.place(top)
+            walk.seek(t)
+            ptx.bra(out, pred=walk.done(t))
+            g, m0, n0 = walk.tile(t, BN)
+            for kb in ptx.loop(0, num_kb):
+                k0 = kb * BK
+                pipe.acquire(st)
+                bar = pipe.arm(st, stage_bytes)
+                sbase = st.stage * stage_bytes + base
+                a_tile.load(sbase, A, m0, k0, bar, map_ptr=a_map)
+                for i in range(b_tile.slabs):
+                    ptx.tma.load_tile(ptx.addr(sbase, a_bytes + i * b_tile.slab_bytes), b_map,
+                                      b_coords(i, n0, k0, g), bar)
+                st.advance()
+            t += ctas
+            ptx.bra(top)
+            ptx.place(out)
+        ptx.bra(done)
+        # ---------------------------------------------------------------- consumers
+        ptx.place(consumer)
+        ptx.setmaxnreg(cons_regs, inc=True)
+        c = _Consumer(base, ring_bytes, wg, tid, BN, ot, out_cols)
+        acc = c.acc
+        a_desc0 = a_tile.descriptor(base + c.w * a_tile.offset(0, 64) if consumers > 1 else base)
+        b_desc0 = b_tile.descriptor(base, offset=a_bytes)
+        cons = pipe.consumer_state()
+        rel = pipe.consumer_state()
+        d_map = ptx.tma.tensormap_ptr(D.tmap)
+        (p_d,) = ptx.global_ptrs(D)
+        walk = RaggedTiles(p_offs, G, M, BM, num_n)
+        t = reg.scalar(u32, init=cid)
+        top, out = ptx.label("ctile"), ptx.label("cend")
+        ptx.place(top)
+        walk.seek(t)
+        ptx.bra(out, pred=walk.done(t))
+        _g, m0, n0 = walk.tile(t, BN)
+
+        def k_block(first):
+            pipe.wait(cons)
+            soff = reg.from_(reg.from_(cons.stage * (stage_bytes >> 4), u32), u64)
+            da = a_desc0 + soff
+            db = b_desc0 + soff
+            ptx.wgmma.fence()
+            for kk in range(a_tile.k_steps):
+                ptx.wgmma.mma_async(acc.regs, a_tile.advance(da, kk), b_tile.advance(db, kk),
+                                    n=BN, dtype_ab="bf16", scale_d=0 if first and kk == 0 else 1,
+                                    trans_a=a_tile.trans, trans_b=b_tile.trans)
+            ptx.wgmma.commit_group()
+            if not first:
+                ptx.wgmma.wait_group(1)
+                pipe.release(rel, pred=c.leader)
+                rel.advance()
+            cons.advance()
+
+        k_block(True)
+        for _kb in ptx.loop(1, num_kb):
+            k_block(False)
+        ptx.wgmma.wait_group(0)
+        pipe.release(rel, pred=c.leader)
+        rel.advance()
+
+        mrow = m0 + c.w * 64
+        if store == "masked":
+            c.store_masked(p_d, N, mrow, n0, walk.end)
+        else:
+            with ptx.if_(mrow + 64 <= walk.end):  # the warpgroup's 64 rows lie in the group
+                c.store_tma(d_map, lambda j: (n0 + j * out_cols, mrow))
+            with ptx.else_():
+                c.store_masked(p_d, N, mrow, n0, walk.end)
+        t += ctas
+        ptx.bra(top)
+        ptx.place(out)
+        with ptx.if_(c.leader):
+            ptx.tma.wait_group(0, read=False)
+        ptx.place(done)
+        ptx.ret()
+
+    name = f"grouped_{ot.name}_{b_major}_{BM}x{BN}x{BK}_s{stages}{'_masked' if store == 'masked' else ''}"
+    return kernel(in_specs=(Tile(M, K, bf16), b_spec, Tile(G, s32)), out_specs=(Tile(M, N, ot),),
+                  grid=(ctas, 1, 1), block=(threads, 1, 1), smem=smem_total, maxnreg=maxnreg,
+                  tma=tma, name=name)(grouped)
+
+
+def build_grouped_wgrad(M: int, KX: int, NY: int, G: int, *, out_dtype="bf16", BM=128, BN=256,
+                        BK=64, stages=None, num_sms=H100_SMS):
+    """The weight-gradient kernel ``W[g] = X[rows of g]^T @ Y[rows of g]``.
+
+    Tensor arguments: X ``(M, KX)`` bf16, Y ``(M, NY)`` bf16, offs ``(G,)`` int32; output W
+    ``(G, KX, NY)`` in ``out_dtype`` (an empty group's W is zero). Both operands are read
+    MN-major (rows are the reduction); tiles of W are ``BM x BN``; the reduction runs in
+    ``BK``-row blocks over the group's rows, and the rows of the last block past the group
+    end are zeroed in X's shared tile before the tensor cores read it.
+    """
+    what = "build_grouped_wgrad"
+    ot = _out_type(out_dtype)
+    if KX % 8 or NY % 8:
+        raise ConfigError(f"{what}: KX and NY must be multiples of 8, got KX={KX}, NY={NY}")
+    stages, smem_total = _check_tile(BM, BN, BK, stages, what)
+    consumers = BM // 64
+    threads = 128 * (1 + consumers)
+    a_tile = OperandTile(BM, BK, bf16, major="MN", swizzle=128)
+    b_tile = OperandTile(BN, BK, bf16, major="MN", swizzle=128)
+    a_bytes = a_tile.nbytes
+    stage_bytes = a_bytes + b_tile.nbytes
+    ring_bytes = stages * stage_bytes
+    out_cols = 128 // ot.bytes
+    num_m = -(-KX // BM)
+    num_n = -(-NY // BN)
+    per_group = num_m * num_n
+    tiles = G * per_group
+    ctas = max(1, min(num_sms, tiles))
+    prod_regs = 40
+    cons_regs = min(240, (65536 - 128 * prod_regs) // (128 * consumers) // 8 * 8)
+    maxnreg = min(255, (65536 // threads) // 8 * 8)
+    tma = {"X": a_tile.tma_options(), "Y": b_tile.tma_options(),
+           "W": {"box": (1, 64, out_cols), "swizzle": "128B"}}
+    zero_iters = BK * 8 // 128  # 16-byte chunks of a slab's BK rows per thread
+
+    def decode(t):
+        g = t // per_group
+        within = t - g * per_group
+        mb = within % num_m
+        nb = within // num_m
+        return g, mb * BM, nb * BN
+
+    def wgrad(X, Y, Offs, W):
+        base = (smem.dynamic(align=128, name="ring").addr() + 1023) & 0xFFFFFC00
+        pipe = Pipeline(stages, consumer_arrivals=consumers)
+        tid, wg = _prologue(pipe)
+        cid = reg.from_(ptx.special.ctaid.x(), u32)
+        (p_offs,) = ptx.global_ptrs(Offs)
+        consumer = ptx.label("consumer")
+        done = ptx.label("done")
+        ptx.bra(consumer, pred=wg != 0)
+        # ---------------------------------------------------------------- producer
+        ptx.setmaxnreg(prod_regs, inc=False)
+        with ptx.if_(tid == 0):
+            st = pipe.producer_state()
+            x_map = ptx.tma.tensormap_ptr(X.tmap)
+            y_map = ptx.tma.tensormap_ptr(Y.tmap)
+            for t in ptx.loop(cid, tiles, ctas):
+                g, m0, n0 = decode(t)
+                start, end = group_rows(p_offs, g, M)
+                nkb = (end - start + (BK - 1)) >> 6
+                for kb in ptx.loop(0, nkb):
+                    r0 = start + kb * BK
+                    pipe.acquire(st)
+                    bar = pipe.arm(st, stage_bytes)
+                    sbase = st.stage * stage_bytes + base
+                    a_tile.load(sbase, X, m0, r0, bar, map_ptr=x_map)
+                    b_tile.load(sbase + a_bytes, Y, n0, r0, bar, map_ptr=y_map)
+                    st.advance()
+        ptx.bra(done)
+        # ---------------------------------------------------------------- consumers
+        ptx.place(consumer)
+        ptx.setmaxnreg(cons_regs, inc=True)
+        c = _Consumer(base, ring_bytes, wg, tid, BN, ot, out_cols)
+        acc = c.acc
+        a_desc0 = a_tile.descriptor(base + c.w * a_tile.offset(0, 64) if consumers > 1 else base)
+        b_desc0 = b_tile.descriptor(base, offset=a_bytes)
+        cons = pipe.consumer_state()
+        rel = pipe.consumer_state()
+        w_map = ptx.tma.tensormap_ptr(W.tmap)
+        zero = reg.scalar(b32, init=0)
+        # this thread's 16-byte chunks of the warpgroup's slab: row idx >> 3 (idx = t_wg + 128 i)
+        my_rows = [(c.t_wg + 128 * i) >> 3 for i in range(zero_iters)]
+        my_off = [(c.t_wg + 128 * i) << 4 for i in range(zero_iters)]
+        slab_off = c.w * a_tile.slab_bytes if consumers > 1 else 0
+
+        for t in ptx.loop(cid, tiles, ctas):
+            g, m0, n0 = decode(t)
+            start, end = group_rows(p_offs, g, M)
+            nkb = (end - start + (BK - 1)) >> 6
+
+            def k_block(first, kb, start=start, end=end):
+                pipe.wait(cons)
+                left = end - start if first else end - (start + kb * BK)
+                with ptx.if_(left < BK):  # the group ends inside this block: zero the rest
+                    slab = cons.stage * stage_bytes + base + slab_off
+                    for rows, off in zip(my_rows, my_off):
+                        ptx.inst.st.shared.v4.b32(ptx.addr(slab + off), [zero] * 4,
+                                                  pred=rows >= left)
+                    ptx.fence_proxy_async("shared::cta")
+                    ptx.bar_sync(c.bar_id, 128)
+                soff = reg.from_(reg.from_(cons.stage * (stage_bytes >> 4), u32), u64)
+                da = a_desc0 + soff
+                db = b_desc0 + soff
+                ptx.wgmma.fence()
+                for kk in range(a_tile.k_steps):
+                    ptx.wgmma.mma_async(acc.regs, a_tile.advance(da, kk), b_tile.advance(db, kk),
+                                        n=BN, dtype_ab="bf16",
+                                        scale_d=0 if first and kk == 0 else 1,
+                                        trans_a=a_tile.trans, trans_b=b_tile.trans)
+                ptx.wgmma.commit_group()
+                if not first:
+                    ptx.wgmma.wait_group(1)
+                    pipe.release(rel, pred=c.leader)
+                    rel.advance()
+                cons.advance()
+
+            with ptx.if_(nkb != 0):
+                k_block(True, 0)
+                for kb in ptx.loop(1, nkb):
+                    k_block(False, kb)
+                ptx.wgmma.wait_group(0)
+                pipe.release(rel, pred=c.leader)
+                rel.advance()
+            with ptx.else_():
+                acc.zero()
+            mrow = m0 + c.w * 64
+            c.store_tma(w_map, lambda j, n0=n0, mrow=mrow, g=g: (n0 + j * out_cols, mrow, g))
+        with ptx.if_(c.leader):
+            ptx.tma.wait_group(0, read=False)
+        ptx.place(done)
+        ptx.ret()
+
+    name = f"grouped_wgrad_{ot.name}_{BM}x{BN}x{BK}_s{stages}"
+    return kernel(in_specs=(Tile(M, KX, bf16), Tile(M, NY, bf16), Tile(G, s32)),
+                  out_specs=(Tile(G, KX, NY, ot),), grid=(ctas, 1, 1), block=(threads, 1, 1),
+                  smem=smem_total, maxnreg=maxnreg, tma=tma, name=name)(wgrad)
+
+
+# ------------------------------------------------------------------------ host side
+GROUPED_CONFIGS = [
+    Config(BM=128, BN=256),
+    Config(BM=128, BN=128),
+    Config(BM=64, BN=256),
+    Config(BM=64, BN=128),
+]
+"""The tile configurations the tuner times per shape (forward, dA and dB kernels); the
+first is the default when ``PYPTX_AUTOTUNE=0``."""
+
+grouped_tuned = autotune(GROUPED_CONFIGS, key=["M", "N", "K", "G", "b_major", "out_dtype"])(
+    build_grouped)
+"""``build_grouped`` with its tile configuration chosen on the device at the first launch."""
+
+wgrad_tuned = autotune(GROUPED_CONFIGS, key=["M", "KX", "NY", "G", "out_dtype"])(
+    build_grouped_wgrad)
+"""``build_grouped_wgrad`` tuned the same way."""
+
+
+def _to_bf16(x):
+    if "bfloat16" in str(x.dtype):
+        return x
+    if type(x).__module__.startswith("torch"):
+        import torch
+
+        return x.to(torch.bfloat16)
+    import jax.numpy as jnp
+
+    return x.astype(jnp.bfloat16)
+
+
+class GroupedBackward:
+    """The backward of the grouped GEMM as one kernel-like callable for
+    ``pyptx.differentiable_kernel``: ``(A, B, offs, dD) -> (dA, dB)``, two launches
+    (the grouped kernel with B in the other major order, then the weight gradient)."""
+
+    def __init__(self, forward, dgrad, wgrad, b_major):
+        self.dgrad, self.wgrad, self.b_major = dgrad, wgrad, b_major
+        self.in_specs = tuple(forward.in_specs) + tuple(forward.out_specs)
+        self.out_specs = (forward.in_specs[0], forward.in_specs[1])
+        self.name = f"{forward.name}_backward"
+        self.arg_names = ("A", "B", "Offs", "dD", "dA", "dB")
+        self.kernels = (dgrad, wgrad)
+
+    def __call__(self, a, b, offs, dd):
+        """``(dA, dB)`` (dB in B's own layout)."""
+        dd = _to_bf16(dd)
+        da = self.dgrad(dd, b, offs)
+        db = self.wgrad(a, dd, offs) if self.b_major == "MN" else self.wgrad(dd, a, offs)
+        return da, db
+
+    def __repr__(self):
+        return f"<GroupedBackward {self.name}>"
+
+
+def _build(tuned, plain, config, *args, **kw):
+    return tuned(*args, **kw) if config is None else plain(*args, **kw, **dict(config))
+
+
+@functools.lru_cache(maxsize=128)
+def grouped_op(M, N, K, G, b_major="MN", out_dtype="bf16", config=None):
+    """The differentiable grouped GEMM for one shape: a ``DifferentiableKernel`` taking
+    ``(A (M, K), B (G, K, N) or (G, N, K), offs (G,))``. ``config``: a tuple of
+    ``(name, value)`` build keywords (``None``: tuned)."""
+    fwd = _build(grouped_tuned, build_grouped, config, M, N, K, G, b_major=b_major,
+                 out_dtype=out_dtype)
+    flip = "K" if b_major == "MN" else "MN"
+    cfg_b = None if config is None else tuple((k, v) for k, v in config if k != "store")
+    dgrad = _build(grouped_tuned, build_grouped, cfg_b, M, K, N, G, b_major=flip,
+                   out_dtype="bf16")
+    if b_major == "MN":
+        wgrad = _build(wgrad_tuned, build_grouped_wgrad, cfg_b, M, K, N, G, out_dtype="bf16")
+    else:
+        wgrad = _build(wgrad_tuned, build_grouped_wgrad, cfg_b, M, N, K, G, out_dtype="bf16")
+    return differentiable_kernel(fwd, GroupedBackward(fwd, dgrad, wgrad, b_major),
+                                 num_grad_inputs=2)
+
+
+def _pad_last(x, mult, lib, dim=-1):
+    n = x.shape[dim]
+    extra = -n % mult
+    if not extra:
+        return x
+    if lib == "torch":
+        import torch.nn.functional as F
+
+        d = dim % x.ndim
+        return F.pad(x, [0, 0] * (x.ndim - 1 - d) + [0, extra])
+    import jax.numpy as jnp
+
+    widths = [(0, 0)] * x.ndim
+    widths[dim] = (0, extra)
+    return jnp.pad(x, widths)
+
+
+def grouped_mm(a, b, offs, *, out_dtype=None, trans_b=False, config=None):
+    """``out[offs[g-1]:offs[g]] = a[offs[g-1]:offs[g]] @ b[g]`` for torch tensors or JAX arrays.
+
+    ``a``: ``(M, K)`` bf16; ``b``: ``(G, K, N)`` bf16 (torch: a transposed view of a
+    ``(G, N, K)`` tensor is read K-major without a copy; JAX: ``trans_b=True`` means ``b``
+    is given as ``(G, N, K)``); ``offs``: ``(G,)`` int32 on the device. ``out_dtype``:
+    ``"bf16"`` (default) or ``"f32"``. Differentiable in ``a`` and ``b`` (torch autograd,
+    ``jax.grad``). ``config``: a dict of ``build_grouped`` tile keywords (default: tuned).
+    Rows past ``offs[-1]`` are not written. K or N not a multiple of 8 is zero-padded.
+    """
+    lib = "torch" if type(a).__module__.startswith("torch") else "jax"
+    if len(a.shape) != 2 or len(b.shape) != 3 or len(offs.shape) != 1:
+        raise ConfigError(f"grouped_mm expects a (M, K), b (G, K, N) and offs (G,), got "
+                          f"{tuple(a.shape)}, {tuple(b.shape)} and {tuple(offs.shape)}")
+    if lib == "torch":
+        bt = b.transpose(-2, -1)
+        if not b.is_contiguous() and bt.is_contiguous():
+            b, trans_b = bt, True
+        a, b = a.contiguous(), b.contiguous()
+    M, K = a.shape
+    G = b.shape[0]
+    Kb, N = (b.shape[2], b.shape[1]) if trans_b else (b.shape[1], b.shape[2])
+    if Kb != K or offs.shape[0] != G:
+        raise ConfigError(f"grouped_mm: a is {M}x{K}, b holds {G} groups of {Kb}x{N} and offs "
+                          f"has {offs.shape[0]} entries")
+    for x, what in ((a, "a"), (b, "b")):
+        if "bfloat16" not in str(x.dtype):
+            raise ConfigError(f"grouped_mm: {what} must be bfloat16, got {x.dtype}")
+    if "int32" not in str(offs.dtype):
+        raise ConfigError(f"grouped_mm: offs must be int32, got {offs.dtype}")
+    out = out_dtype or "bf16"
+    a = _pad_last(a, 8, lib)
+    b = _pad_last(_pad_last(b, 8, lib), 8, lib, dim=1)  # both of b's matrix dims
+    Kp, Np = a.shape[1], (b.shape[1] if trans_b else b.shape[2])
+    op = grouped_op(M, Np, Kp, G, "K" if trans_b else "MN", out,
+                    tuple(sorted(config.items())) if config else None)
+    d = op(a, b, offs)
+    return d[:, :N] if Np != N else d
+
+
+def reference(a, b, offs):
+    """float64 reference (torch tensors): ``b`` as ``(G, K, N)``; rows past ``offs[-1]`` zero."""
+    import torch
+
+    out = torch.zeros(a.shape[0], b.shape[-1], dtype=torch.float64, device=a.device)
+    ends = offs.tolist()
+    s = 0
+    for g, e in enumerate(ends):
+        if e > s:
+            out[s:e] = a[s:e].double() @ b[g].double()
+        s = max(s, e)
+    return out
+
+
+def random_offsets(sizes, device="cuda"):
+    """int32 cumulative row ends of ``sizes`` (a list of group sizes)."""
+    import itertools
+
+    import torch
+
+    return torch.tensor(list(itertools.accumulate(sizes)), dtype=torch.int32, device=device)
+
+
+def main(argv=None) -> int:
+    import torch
+
+    torch.manual_seed(0)
+    cfg = None
+    if os.environ.get("GROUPED_CONFIG"):  # e.g. "BM=64,BN=128,store=masked" to bisect
+        cfg = {k: (v if not v.isdigit() else int(v)) for k, v in
+               (kv.split("=") for kv in os.environ["GROUPED_CONFIG"].split(","))}
+    fails = 0
+
+    def check(name, got, ref, tol):
+        nonlocal fails
+        bad = torch.isnan(got).any().item()
+        err = ((got.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+        ok = not bad and err < tol
+        fails += not ok
+        print(f"{name}: rel err {err:.2e}{' (NaN: unwritten)' if bad else ''} "
+              f"{'PASS' if ok else 'FAIL'}", flush=True)
+
+    cases = [([0, 37, 130], 72, 100), ([128, 128], 256, 128), ([5, 0, 300, 1, 200], 264, 200),
+             ([1000, 24, 0, 512], 512, 384)]
+    for sizes, N, K in cases:
+        M = sum(sizes)
+        offs = random_offsets(sizes)
+        a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+        for tb in (False, True):
+            b = torch.randn(len(sizes), N, K, device="cuda", dtype=torch.bfloat16).transpose(-2, -1) \
+                if tb else torch.randn(len(sizes), K, N, device="cuda", dtype=torch.bfloat16)
+            ref = reference(a, b, offs)
+            tag = f"sizes={sizes} N={N} K={K}{' b.T' if tb else ''}"
+            check(f"fwd bf16 {tag}", grouped_mm(a, b, offs, config=cfg), ref, 6e-3)
+            check(f"fwd f32  {tag}", grouped_mm(a, b, offs, out_dtype="f32", config=cfg), ref, 1e-4)
+            aa = a.clone().requires_grad_(True)
+            bb = b.detach().clone().requires_grad_(True)
+            if tb:
+                bb = b.transpose(-2, -1).contiguous().requires_grad_(True)
+            bview = bb.transpose(-2, -1) if tb else bb
+            y = grouped_mm(aa, bview, offs, config=cfg)
+            dy = torch.randn_like(y)
+            (y.float() * dy.float()).sum().backward()
+            a64 = a.double().requires_grad_(True)
+            b64 = bview.detach().double().requires_grad_(True)
+            (reference(a64, b64, offs) * dy.double()).sum().backward()
+            check(f"dA {tag}", aa.grad, a64.grad, 6e-3)
+            gb = b64.grad.transpose(-2, -1) if tb else b64.grad
+            check(f"dB {tag}", bb.grad, gb, 6e-3)
+    torch.cuda.synchronize()
+    print("all PASS" if not fails else f"{fails} FAIL")
+    return 1 if fails else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
