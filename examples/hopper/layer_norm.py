@@ -21,6 +21,7 @@ from pyptx.types import f32, u32
 #: per SM of an H100 (132 SMs), and the TMA ring at two CTAs per SM.
 LAYER_NORM_CONFIGS = [
     Config(), Config(chunks=1), Config(chunks=2), Config(chunks=8), Config(pdl=False),
+    Config(chunks=1, pdl=False), Config(chunks=2, pdl=False), Config(chunks=8, pdl=False),
     Config(ctas=132, pdl=False), Config(ctas=264, pdl=False),
     Config(ctas=264, stages=3), Config(ctas=264, stages=4),
     Config(ctas=264, stages=4, bulk_store=True),

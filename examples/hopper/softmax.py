@@ -75,6 +75,7 @@ def build_softmax(B: int, N: int):
 #: CTAs per SM of an H100 (132 SMs).
 SOFTMAX_CONFIGS = [
     Config(), Config(chunks=1), Config(chunks=2), Config(chunks=8), Config(pdl=False),
+    Config(chunks=1, pdl=False), Config(chunks=2, pdl=False), Config(chunks=8, pdl=False),
     Config(ctas=132, pdl=False), Config(ctas=264, pdl=False),
 ]
 

@@ -21,10 +21,14 @@ from pyptx.types import b64, f32, u32, u64
 
 #: The variants ``build_swiglu(B, N, dtype)`` chooses from, per shape and device
 #: (``pyptx.autotune``): 256 threads x 1 vector (the default: the choice when tuning is
-#: off), more vectors or threads per CTA, without PDL, and the bulk-copy kernel at 512 and
-#: 1024 threads, loads only or stores too (sizes whose bytes are not a multiple of 16 skip it).
+#: off), more vectors or threads per CTA, with and without PDL (among them the Triton
+#: peer's launch shape, 256 threads x 16 elements, and inductor's usual 128 x 8), and the
+#: bulk-copy kernel at 512 and 1024 threads, loads only or stores too (sizes whose bytes
+#: are not a multiple of 16 skip it).
 SWIGLU_CONFIGS = [
     Config(), Config(chunks=2), Config(chunks=4), Config(threads=512), Config(pdl=False),
+    Config(chunks=2, pdl=False), Config(chunks=4, pdl=False),
+    Config(threads=128), Config(threads=128, chunks=2), Config(threads=128, chunks=2, pdl=False),
     Config(bulk=True, threads=512), Config(bulk=True, threads=1024),
     Config(bulk=True, threads=512, bulk_store=True),
 ]
