@@ -1,0 +1,598 @@
+"""Flash-attention backward on Hopper tensor cores: ``(dq, dk, dv)`` from ``(q, k, v, o, lse, do)``.
+
+Layouts follow the flash-attention packages: ``q``/``o``/``do`` ``(B, S, Hq, D)``,
+``k``/``v`` ``(B, Sk, Hkv, D)`` (grouped-query: q head ``h`` reads kv head
+``h // (Hq // Hkv)``), ``lse`` ``(B, Hq, S)`` float32 (natural log of the row sums of
+``exp(scale * q k^T)``), bf16 or f16, head dim 64 or 128; ``causal`` is top-left aligned
+(key ``j`` is allowed for query ``i`` iff ``j <= i``). Two kernels, no atomics, so the
+result is deterministic:
+
+* **dQ kernel** (one CTA per batch, q head and 128 query rows): warpgroup 0 produces
+  (bulk tensor copies of Q and dO once, then K and V blocks of ``BKV`` rows through an
+  mbarrier ring, ``pyptx.pipeline.Pipeline``); warpgroups 1-2 own 64 query rows each.
+  They first compute ``delta = rowsum(do * o)`` (written out for the other kernel), then
+  per kv block recompute ``S = Q K^T`` and ``dP = dO V^T`` (wgmma from shared memory),
+  ``P = exp2(S * scale * log2 e - lse * log2 e)``, ``dS = P * (dP - delta)`` and
+  ``dQ += dS K`` with dS taken from registers (the accumulator layout of a 16-bit
+  m64 fragment is the A-operand layout, so packing pairs is the whole conversion).
+* **dK/dV kernel** (one CTA per batch, kv head and 128 kv rows): the same roles; the
+  consumers own 64 kv rows each and loop over every q head of the kv head's group and
+  every q block, working in the transposed frame: ``S^T = K Q^T``, ``dP^T = V dO^T``,
+  ``dV += P^T dO`` and ``dK += dS^T Q`` with P^T/dS^T from registers and Q/dO read as
+  MN-major B operands (the same shared tile serves as K-major and MN-major operand).
+  Sums over q heads and blocks stay in registers.
+
+Loads go through rank-4 tensor maps over ``(B, S, H, D)``, so rows past ``S`` read as
+zeros; scores of rows/columns past the sequence ends and above the causal diagonal are
+masked to ``P = 0``; gradients are stored with per-row predicates. Causal CTAs skip the
+blocks that lie wholly above the diagonal.
+
+``build_attention_backward`` returns one kernel-like object ``bwd(q, k, v, o, lse, do,
+dlse) -> (dq, dk, dv)`` (``dlse`` ignored) for ``pyptx.differentiable_kernel``;
+``attention_backward`` is the direct call for torch tensors or JAX arrays.
+``PYPTX_ATTN_BWD_SYNC=1`` builds the kernels with the ring's overlap disabled (each
+block's loads waited for before the next is issued) to bisect a failure.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import sys
+
+from pyptx import Tile, kernel, ptx, reg, smem
+from pyptx.errors import ConfigError
+from pyptx.fragment import Accumulator
+from pyptx.operand import OperandTile
+from pyptx.pipeline import BarrierArray, Pipeline
+from pyptx.types import b16, b32, bf16, f16, f32, pred, s32, u32, u64
+
+LOG2E = 1.4426950408889634
+SMEM_LIMIT = 227 * 1024 - 256
+BM = 128          # rows a CTA owns (two consumer warpgroups of 64)
+THREADS = 384     # producer warpgroup + two consumers
+PROD_REGS, CONS_REGS = 24, 240
+
+
+def _dtype(name):
+    table = {"bf16": bf16, "f16": f16, bf16: bf16, f16: f16}
+    if name not in table:
+        raise ConfigError(f"build_attention_backward: dtype must be 'bf16' or 'f16', got {name!r}")
+    return table[name]
+
+
+def check_shapes(B, S, Hq, Hkv, D, Sk):
+    """Raise ``ConfigError`` unless the sizes are ones the kernels handle."""
+    for name, v in (("B", B), ("S", S), ("Hq", Hq), ("Hkv", Hkv), ("D", D), ("Sk", Sk)):
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise ConfigError(f"build_attention_backward: {name} must be a positive int, got {v!r}")
+    if D not in (64, 128):
+        raise ConfigError(f"build_attention_backward: head dim D must be 64 or 128, got {D}")
+    if Hq % Hkv:
+        raise ConfigError(f"build_attention_backward: Hq ({Hq}) must be a multiple of Hkv ({Hkv})")
+
+
+# ------------------------------------------------------------------ trace-time helpers
+def _ex2(x):
+    r = reg.scalar(f32)
+    ptx.inst.ex2.approx.ftz.f32(r, x)
+    return r
+
+
+def _selp(a, b, p):
+    r = reg.scalar(f32)
+    ptx.inst.selp.f32(r, a, b, p)
+    return r
+
+
+def _pack(dst, src, dt):
+    """``dst[m]`` = the 16-bit pair ``(src[2m], src[2m+1])`` (low half first)."""
+    for m in range(len(dst)):
+        ptx.inst(f"cvt.rn.{dt.name}x2.f32")(dst[m], src[2 * m + 1], src[2 * m])
+
+
+def _unpack(word, dt):
+    """The two f32 values of a packed 16-bit pair (low half first)."""
+    lo, hi = reg.scalar(b16), reg.scalar(b16)
+    ptx.inst.mov.b32([lo, hi], word)
+    a, b = reg.scalar(f32), reg.scalar(f32)
+    ptx.inst(f"cvt.f32.{dt.name}")(a, lo)
+    ptx.inst(f"cvt.f32.{dt.name}")(b, hi)
+    return a, b
+
+
+def _min_u32(a, b):
+    r = reg.scalar(u32)
+    ptx.inst.min.u32(r, a, b)
+    return r
+
+
+def _load_slabs(dst, tmap, d_slabs, head, row0, batch, rows, bar):
+    """One bulk tensor copy per 64-column slab of a ``rows x D`` tile of a (B, S, H, D) tensor."""
+    for i in range(d_slabs):
+        ptx.tma.load_tile(dst + i * rows * 128 if i else dst, tmap, (64 * i, head, row0, batch), bar)
+
+
+def _store_rows(acc, ptr, row, valid, H, D, head, batch, S, col0, scale, dt):
+    """Store a consumer's 64 x D f32 accumulator (times ``scale``) as 16-bit pairs into a
+    ``(B, S, H, D)`` tensor: this thread's rows ``row`` and ``row + 8`` (``valid`` guards)."""
+    rbase = []
+    for r in (0, 8):
+        elem = ((batch * S + row + r) * H + head) * D + col0
+        rbase.append(reg.from_(elem, u64) * 2 + ptr)
+    for i, dr, dc in acc.pairs():
+        packed = reg.scalar(b32)
+        v0, v1 = acc[i], acc[i + 1]
+        if scale != 1.0:
+            v0, v1 = v0 * float(scale), v1 * float(scale)
+        ptx.inst(f"cvt.rn.{dt.name}x2.f32")(packed, v1, v0)
+        ptx.inst.st.global_.b32(ptx.addr(rbase[dr // 8], dc * 2), packed, pred=valid[dr // 8])
+
+
+# ------------------------------------------------------------------ dQ kernel (+ delta)
+def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None, BKV=64,
+             stages=2, sync=None):
+    """The dQ kernel: ``(Q, K, V, O, LSE, DO) -> (DQ, DELTA)``; DELTA ``(B, Hq, S)`` f32 is
+    ``rowsum(do * o)``, which the dK/dV kernel reads."""
+    Sk = S if Sk is None else Sk
+    check_shapes(B, S, Hq, Hkv, D, Sk)
+    dt = _dtype(dtype)
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    sync = _sync_default() if sync is None else sync
+    G = Hq // Hkv
+    q_tile = OperandTile(BM, D, dt, major="K")
+    k_tile = OperandTile(BKV, D, dt, major="K")
+    k_mn = OperandTile(D, BKV, dt, major="MN")      # the same bytes as B of dS K
+    assert k_mn.nbytes == k_tile.nbytes
+    slabs = D // 64
+    stage_bytes = 2 * k_tile.nbytes
+    head_bytes = 2 * q_tile.nbytes
+    smem_total = head_bytes + stages * stage_bytes + 1024
+    if smem_total > SMEM_LIMIT:
+        raise ConfigError(f"build_dq: {stages} stages of {BKV} rows need {smem_total} bytes")
+    num_kv = -(-Sk // BKV)
+    c1 = scale * LOG2E
+    box_q = {"box": (1, BM, 1, 64), "swizzle": "128B"}
+    box_k = {"box": (1, BKV, 1, 64), "swizzle": "128B"}
+    qspec = Tile(B, S, Hq, D, dt)
+    kspec = Tile(B, Sk, Hkv, D, dt)
+
+    def dq_kernel(Q, K, V, OUT, LSE, DO, DQ, DELTA):
+        base = (smem.dynamic(align=128, name="smem").addr() + 1023) & 0xFFFFFC00
+        pipe = Pipeline(stages, consumer_arrivals=2)
+        head_bar = BarrierArray(1, name="head_bar")
+        tid = reg.from_(ptx.special.tid.x(), u32)
+        wg = tid >> 7
+        qb = reg.from_(ptx.special.ctaid.x(), u32)
+        hq = reg.from_(ptx.special.ctaid.y(), u32)
+        b = reg.from_(ptx.special.ctaid.z(), u32)
+        hk = hq // G if G > 1 else hq
+        q0 = qb * BM
+        pipe.init(pred=tid == 0)
+        head_bar.init(1, pred=tid == 0)
+        ptx.bar_sync(0)
+        if causal:  # blocks wholly above the diagonal are skipped
+            n_kv = _min_u32(reg.from_((q0 + (BM - 1)) // BKV + 1, u32), reg.scalar(u32, init=num_kv))
+        else:
+            n_kv = num_kv
+        consumer = ptx.label("consumer")
+        done = ptx.label("done")
+        ptx.bra(consumer, pred=wg != 0)
+        # ------------------------------------------------------------ producer
+        ptx.setmaxnreg(PROD_REGS, inc=False)
+        with ptx.if_(tid == 0):
+            hbar = head_bar.at(0)
+            ptx.mbarrier.arrive_expect_tx(hbar, head_bytes)
+            q_map = ptx.tma.tensormap_ptr(Q.tmap)
+            do_map = ptx.tma.tensormap_ptr(DO.tmap)
+            _load_slabs(base, q_map, slabs, hq, q0, b, BM, hbar)
+            _load_slabs(base + q_tile.nbytes, do_map, slabs, hq, q0, b, BM, hbar)
+            k_map = ptx.tma.tensormap_ptr(K.tmap)
+            v_map = ptx.tma.tensormap_ptr(V.tmap)
+            st = pipe.producer_state()
+            for j in ptx.loop(0, n_kv):
+                pipe.acquire(st)
+                bar = pipe.arm(st, stage_bytes)
+                sb = st.stage * stage_bytes + (base + head_bytes)
+                _load_slabs(sb, k_map, slabs, hk, j * BKV, b, BKV, bar)
+                _load_slabs(sb + k_tile.nbytes, v_map, slabs, hk, j * BKV, b, BKV, bar)
+                if sync:  # bisecting aid: wait until the consumers released this stage
+                    ptx.mbarrier.wait(pipe.empty.at(st.stage), st.phase ^ 1)
+                st.advance()
+        ptx.bra(done)
+        # ------------------------------------------------------------ consumers
+        ptx.place(consumer)
+        ptx.setmaxnreg(CONS_REGS, inc=True)
+        w = wg - 1
+        t = tid & 127
+        lane = tid & 31
+        leader = t == 0
+        s_acc = Accumulator(BKV)
+        dp_acc = Accumulator(BKV)
+        dq_acc = Accumulator(D)
+        ds_pack = reg.array(b32, BKV // 4)
+        row0, col0 = s_acc.thread_origin(t)
+        qrow = q0 + w * 64 + row0                   # this thread's rows: qrow, qrow + 8
+        valid = [qrow < S, qrow + 8 < S]
+        # delta = rowsum(do * o): the four lanes of a quad split D, then a quad reduction
+        po, pdo, plse, pdelta, pdq = ptx.global_ptrs(OUT, DO, LSE, DELTA, DQ)
+        quarter = D // 4
+        c = lane & 3
+        delta, lse2 = [], []
+        for r in (0, 8):
+            acc = reg.scalar(f32, init=0.0)
+            elem = ((b * S + qrow + r) * Hq + hq) * D + c * quarter
+            off = reg.from_(elem, u64) * 2
+            for k8 in range(quarter // 8):
+                wo, wd = reg.array(b32, 4), reg.array(b32, 4)
+                for x in list(wo) + list(wd):
+                    ptx.inst.mov.b32(x, 0)
+                ptx.inst.ld.global_.nc.v4.b32(wo, ptx.addr(po + off, 16 * k8), pred=valid[r // 8])
+                ptx.inst.ld.global_.nc.v4.b32(wd, ptx.addr(pdo + off, 16 * k8), pred=valid[r // 8])
+                for x, y in zip(wo, wd):
+                    o0, o1 = _unpack(x, dt)
+                    d0, d1 = _unpack(y, dt)
+                    ptx.inst.fma.rn.f32(acc, o0, d0, acc)
+                    ptx.inst.fma.rn.f32(acc, o1, d1, acc)
+            ptx.warp.reduce_sum(acc, width=4)
+            delta.append(acc)
+            lrow = (b * Hq + hq) * S + qrow + r
+            loff = reg.from_(lrow, u64) * 4
+            ptx.inst.st.global_.f32(ptx.addr(pdelta + loff), acc, pred=_and(valid[r // 8], c == 0))
+            lv = reg.scalar(f32, init=0.0)
+            ptx.inst.ld.global_.nc.f32(lv, ptx.addr(plse + loff), pred=valid[r // 8])
+            lse2.append(lv * LOG2E)
+        # causal / ragged limit of the kv column per row: allowed iff kv <= lim
+        lim = []
+        for r in (0, 8):
+            if causal:
+                lim.append(reg.from_(_min_u32(qrow + r, reg.scalar(u32, init=Sk - 1)), s32))
+            else:
+                lim.append(reg.scalar(s32, init=Sk - 1))
+        dq_acc.zero()
+        q_desc = q_tile.descriptor(base, mn_start=0) + reg.from_(w * (q_tile.offset(0, 64) >> 4), u64)
+        do_desc = q_desc + (q_tile.nbytes >> 4)
+        ring = base + head_bytes
+        k_desc0 = k_tile.descriptor(ring)
+        v_desc0 = k_tile.descriptor(ring, offset=k_tile.nbytes)
+        kmn_desc0 = k_mn.descriptor(ring)
+        cons = pipe.consumer_state()
+        ptx.mbarrier.wait(head_bar.at(0), 0)
+        for j in ptx.loop(0, n_kv):
+            pipe.wait(cons)
+            soff = reg.from_(reg.from_(cons.stage * (stage_bytes >> 4), u32), u64)
+            kd, vd, kmn = k_desc0 + soff, v_desc0 + soff, kmn_desc0 + soff
+            ptx.wgmma.fence()
+            for kk in range(q_tile.k_steps):
+                ptx.wgmma.mma_async(s_acc.regs, q_tile.advance(q_desc, kk), k_tile.advance(kd, kk),
+                                    n=BKV, dtype_ab=dt.name, scale_d=0 if kk == 0 else 1)
+            ptx.wgmma.commit_group()
+            for kk in range(q_tile.k_steps):
+                ptx.wgmma.mma_async(dp_acc.regs, q_tile.advance(do_desc, kk), k_tile.advance(vd, kk),
+                                    n=BKV, dtype_ab=dt.name, scale_d=0 if kk == 0 else 1)
+            ptx.wgmma.commit_group()
+            kv0 = reg.from_(j * BKV + col0, s32)
+            room = [lim[0] - kv0, lim[1] - kv0]    # column offset c allowed iff c <= room
+            ptx.wgmma.wait_group(1)
+            p = []
+            for i in range(len(s_acc)):
+                dr, dc = Accumulator.coord(i)
+                x = s_acc[i] * c1 - lse2[dr // 8]
+                p.append(_selp(_ex2(x), 0.0, room[dr // 8] >= dc))
+            ptx.wgmma.wait_group(0)
+            ds = [p[i] * (dp_acc[i] - delta[Accumulator.coord(i)[0] // 8]) for i in range(len(p))]
+            _pack(ds_pack, ds, dt)
+            ptx.wgmma.fence()
+            for kk in range(BKV // 16):
+                ptx.wgmma.mma_async(dq_acc.regs, list(ds_pack)[4 * kk:4 * kk + 4],
+                                    k_mn.advance(kmn, kk), n=D, dtype_ab=dt.name, trans_b=k_mn.trans)
+            ptx.wgmma.commit_group()
+            ptx.wgmma.wait_group(0)
+            pipe.release(cons, pred=leader)
+            cons.advance()
+        _store_rows(dq_acc, pdq, qrow, valid, Hq, D, hq, b, S, col0, scale, dt)
+        ptx.place(done)
+        ptx.ret()
+
+    name = f"attn_bwd_dq_{dt.name}_d{D}_h{Hq}x{Hkv}{'_causal' if causal else ''}"
+    return kernel(in_specs=(qspec, kspec, kspec, qspec, Tile(B, Hq, S, f32), qspec),
+                  out_specs=(qspec, Tile(B, Hq, S, f32)), grid=(-(-S // BM), Hq, B),
+                  block=(THREADS, 1, 1), smem=smem_total, maxnreg=168,
+                  tma={"Q": box_q, "DO": box_q, "K": box_k, "V": box_k}, name=name)(dq_kernel)
+
+
+def _and(p, q):
+    r = reg.scalar(pred)
+    ptx.inst("and.pred")(r, p, q)
+    return r
+
+
+# ------------------------------------------------------------------ dK/dV kernel
+def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None, BQ=64,
+               stages=2, sync=None):
+    """The dK/dV kernel: ``(Q, K, V, DO, LSE, DELTA) -> (DK, DV)``."""
+    Sk = S if Sk is None else Sk
+    check_shapes(B, S, Hq, Hkv, D, Sk)
+    dt = _dtype(dtype)
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    sync = _sync_default() if sync is None else sync
+    G = Hq // Hkv
+    kv_tile = OperandTile(BM, D, dt, major="K")
+    q_tile = OperandTile(BQ, D, dt, major="K")
+    q_mn = OperandTile(D, BQ, dt, major="MN")       # the same bytes as B of P^T dO / dS^T Q
+    assert q_mn.nbytes == q_tile.nbytes
+    slabs = D // 64
+    stage_bytes = 2 * q_tile.nbytes
+    head_bytes = 2 * kv_tile.nbytes
+    smem_total = head_bytes + stages * stage_bytes + 1024
+    if smem_total > SMEM_LIMIT:
+        raise ConfigError(f"build_dkdv: {stages} stages of {BQ} rows need {smem_total} bytes")
+    num_q = -(-S // BQ)
+    c1 = scale * LOG2E
+    box_kv = {"box": (1, BM, 1, 64), "swizzle": "128B"}
+    box_q = {"box": (1, BQ, 1, 64), "swizzle": "128B"}
+    qspec = Tile(B, S, Hq, D, dt)
+    kspec = Tile(B, Sk, Hkv, D, dt)
+
+    def dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV):
+        base = (smem.dynamic(align=128, name="smem").addr() + 1023) & 0xFFFFFC00
+        pipe = Pipeline(stages, consumer_arrivals=2)
+        head_bar = BarrierArray(1, name="head_bar")
+        tid = reg.from_(ptx.special.tid.x(), u32)
+        wg = tid >> 7
+        kb = reg.from_(ptx.special.ctaid.x(), u32)
+        hk = reg.from_(ptx.special.ctaid.y(), u32)
+        b = reg.from_(ptx.special.ctaid.z(), u32)
+        k0 = kb * BM
+        pipe.init(pred=tid == 0)
+        head_bar.init(1, pred=tid == 0)
+        ptx.bar_sync(0)
+        # causal: q blocks wholly above the diagonal (every q < k0) are skipped
+        qb0 = k0 // BQ if causal else 0
+        consumer = ptx.label("consumer")
+        done = ptx.label("done")
+        ptx.bra(consumer, pred=wg != 0)
+        # ------------------------------------------------------------ producer
+        ptx.setmaxnreg(PROD_REGS, inc=False)
+        with ptx.if_(tid == 0):
+            hbar = head_bar.at(0)
+            ptx.mbarrier.arrive_expect_tx(hbar, head_bytes)
+            k_map = ptx.tma.tensormap_ptr(K.tmap)
+            v_map = ptx.tma.tensormap_ptr(V.tmap)
+            _load_slabs(base, k_map, slabs, hk, k0, b, BM, hbar)
+            _load_slabs(base + kv_tile.nbytes, v_map, slabs, hk, k0, b, BM, hbar)
+            q_map = ptx.tma.tensormap_ptr(Q.tmap)
+            do_map = ptx.tma.tensormap_ptr(DO.tmap)
+            st = pipe.producer_state()
+            for g in ptx.loop(0, G):
+                hq = hk * G + g
+                for qb in ptx.loop(qb0, num_q):
+                    pipe.acquire(st)
+                    bar = pipe.arm(st, stage_bytes)
+                    sb = st.stage * stage_bytes + (base + head_bytes)
+                    _load_slabs(sb, q_map, slabs, hq, qb * BQ, b, BQ, bar)
+                    _load_slabs(sb + q_tile.nbytes, do_map, slabs, hq, qb * BQ, b, BQ, bar)
+                    if sync:
+                        ptx.mbarrier.wait(pipe.empty.at(st.stage), st.phase ^ 1)
+                    st.advance()
+        ptx.bra(done)
+        # ------------------------------------------------------------ consumers
+        ptx.place(consumer)
+        ptx.setmaxnreg(CONS_REGS, inc=True)
+        w = wg - 1
+        t = tid & 127
+        leader = t == 0
+        s_acc = Accumulator(BQ)
+        dp_acc = Accumulator(BQ)
+        dv_acc = Accumulator(D)
+        dk_acc = Accumulator(D)
+        p_pack = reg.array(b32, BQ // 4)
+        ds_pack = reg.array(b32, BQ // 4)
+        row0, col0 = s_acc.thread_origin(t)
+        kvrow = k0 + w * 64 + row0                  # this thread's kv rows: kvrow, kvrow + 8
+        valid = [kvrow < Sk, kvrow + 8 < Sk]
+        plse, pdelta, pdk, pdv = ptx.global_ptrs(LSE, DELTA, DK, DV)
+        dv_acc.zero()
+        dk_acc.zero()
+        k_desc = kv_tile.descriptor(base) + reg.from_(w * (kv_tile.offset(0, 64) >> 4), u64)
+        v_desc = k_desc + (kv_tile.nbytes >> 4)
+        ring = base + head_bytes
+        q_desc0 = q_tile.descriptor(ring)
+        do_desc0 = q_tile.descriptor(ring, offset=q_tile.nbytes)
+        qmn_desc0 = q_mn.descriptor(ring)
+        domn_desc0 = q_mn.descriptor(ring, offset=q_tile.nbytes)
+        cons = pipe.consumer_state()
+        ptx.mbarrier.wait(head_bar.at(0), 0)
+        for g in ptx.loop(0, G):
+            hq = hk * G + g
+            lrow0 = (b * Hq + hq) * S
+            for qb in ptx.loop(qb0, num_q):
+                q0 = qb * BQ
+                pipe.wait(cons)
+                soff = reg.from_(reg.from_(cons.stage * (stage_bytes >> 4), u32), u64)
+                qd, dod = q_desc0 + soff, do_desc0 + soff
+                qmn, domn = qmn_desc0 + soff, domn_desc0 + soff
+                ptx.wgmma.fence()
+                for kk in range(kv_tile.k_steps):
+                    ptx.wgmma.mma_async(s_acc.regs, kv_tile.advance(k_desc, kk),
+                                        q_tile.advance(qd, kk), n=BQ, dtype_ab=dt.name,
+                                        scale_d=0 if kk == 0 else 1)
+                ptx.wgmma.commit_group()
+                for kk in range(kv_tile.k_steps):
+                    ptx.wgmma.mma_async(dp_acc.regs, kv_tile.advance(v_desc, kk),
+                                        q_tile.advance(dod, kk), n=BQ, dtype_ab=dt.name,
+                                        scale_d=0 if kk == 0 else 1)
+                ptx.wgmma.commit_group()
+                # this thread's columns: q = q0 + col0 + 8 * blk + e (e = 0, 1)
+                qc = q0 + col0
+                coff = reg.from_(lrow0 + qc, u64) * 4
+                hi = reg.from_(S - qc, s32)          # column offset c valid iff c < hi
+                if causal:
+                    lo = [reg.from_(kvrow + r, s32) - reg.from_(qc, s32) for r in (0, 8)]
+                lse2, dl = {}, {}
+                for blk in range(BQ // 8):
+                    for e in (0, 1):
+                        cc = 8 * blk + e
+                        ok = hi > cc
+                        lv = reg.scalar(f32, init=0.0)
+                        ptx.inst.ld.global_.nc.f32(lv, ptx.addr(plse + coff, 4 * cc), pred=ok)
+                        lse2[cc] = lv * LOG2E
+                ptx.wgmma.wait_group(1)
+                p = []
+                for i in range(len(s_acc)):
+                    dr, dc = Accumulator.coord(i)
+                    x = s_acc[i] * c1 - lse2[dc]
+                    v = _selp(_ex2(x), 0.0, hi > dc)
+                    if causal:  # kv <= q  <=>  (kvrow + dr) - qc <= dc
+                        v = _selp(v, 0.0, lo[dr // 8] <= dc)
+                    p.append(v)
+                _pack(p_pack, p, dt)
+                ptx.wgmma.fence()
+                for kk in range(BQ // 16):
+                    ptx.wgmma.mma_async(dv_acc.regs, list(p_pack)[4 * kk:4 * kk + 4],
+                                        q_mn.advance(domn, kk), n=D, dtype_ab=dt.name,
+                                        trans_b=q_mn.trans)
+                ptx.wgmma.commit_group()
+                for blk in range(BQ // 8):
+                    for e in (0, 1):
+                        cc = 8 * blk + e
+                        dv = reg.scalar(f32, init=0.0)
+                        ptx.inst.ld.global_.nc.f32(dv, ptx.addr(pdelta + coff, 4 * cc), pred=hi > cc)
+                        dl[cc] = dv
+                ptx.wgmma.wait_group(1)
+                ds = [p[i] * (dp_acc[i] - dl[Accumulator.coord(i)[1]]) for i in range(len(p))]
+                _pack(ds_pack, ds, dt)
+                ptx.wgmma.fence()
+                for kk in range(BQ // 16):
+                    ptx.wgmma.mma_async(dk_acc.regs, list(ds_pack)[4 * kk:4 * kk + 4],
+                                        q_mn.advance(qmn, kk), n=D, dtype_ab=dt.name,
+                                        trans_b=q_mn.trans)
+                ptx.wgmma.commit_group()
+                ptx.wgmma.wait_group(0)
+                pipe.release(cons, pred=leader)
+                cons.advance()
+        _store_rows(dk_acc, pdk, kvrow, valid, Hkv, D, hk, b, Sk, col0, scale, dt)
+        _store_rows(dv_acc, pdv, kvrow, valid, Hkv, D, hk, b, Sk, col0, 1.0, dt)
+        ptx.place(done)
+        ptx.ret()
+
+    name = f"attn_bwd_dkdv_{dt.name}_d{D}_h{Hq}x{Hkv}{'_causal' if causal else ''}"
+    return kernel(in_specs=(qspec, kspec, kspec, qspec, Tile(B, Hq, S, f32), Tile(B, Hq, S, f32)),
+                  out_specs=(kspec, kspec), grid=(-(-Sk // BM), Hkv, B),
+                  block=(THREADS, 1, 1), smem=smem_total, maxnreg=168,
+                  tma={"Q": box_q, "DO": box_q, "K": box_kv, "V": box_kv}, name=name)(dkdv_kernel)
+
+
+def _sync_default():
+    return os.environ.get("PYPTX_ATTN_BWD_SYNC", "0") not in ("", "0")
+
+
+# ------------------------------------------------------------------ the pair as one object
+class AttentionBackward:
+    """``bwd(q, k, v, o, lse, do, dlse=None) -> (dq, dk, dv)``: the dQ kernel (which also
+    writes delta) then the dK/dV kernel. Kernel-like (``in_specs``, ``out_specs``, ``name``,
+    ``arg_names``) so ``pyptx.differentiable_kernel`` accepts it as a backward kernel."""
+
+    def __init__(self, dq_kernel, dkdv_kernel, B, S, Hq, Hkv, D, Sk, dt):
+        self.dq_kernel, self.dkdv_kernel = dq_kernel, dkdv_kernel
+        qspec, kspec = Tile(B, S, Hq, D, dt), Tile(B, Sk, Hkv, D, dt)
+        lse = Tile(B, Hq, S, f32)
+        self.in_specs = (qspec, kspec, kspec, qspec, lse, qspec, lse)
+        self.out_specs = (qspec, kspec, kspec)
+        self.arg_names = ("q", "k", "v", "o", "lse", "do", "dlse", "dq", "dk", "dv")
+        self.name = dq_kernel.name.replace("_dq_", "_")
+
+    def __call__(self, q, k, v, o, lse, do, dlse=None):
+        """Run both kernels; ``dlse`` is ignored (lse is an auxiliary output)."""
+        dq, delta = self.dq_kernel(q, k, v, o, lse, do)
+        dk, dv = self.dkdv_kernel(q, k, v, do, lse, delta)
+        return dq, dk, dv
+
+    def __repr__(self):
+        return f"<AttentionBackward {self.dq_kernel.name} + {self.dkdv_kernel.name}>"
+
+
+@functools.lru_cache(maxsize=64)
+def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None):
+    """The backward pair for these sizes: ``bwd(q, k, v, o, lse, do, dlse) -> (dq, dk, dv)``."""
+    Sk = S if Sk is None else Sk
+    kw = dict(Sk=Sk, dtype=dtype, causal=causal, scale=scale)
+    return AttentionBackward(build_dq(B, S, Hq, Hkv, D, **kw), build_dkdv(B, S, Hq, Hkv, D, **kw),
+                             B, S, Hq, Hkv, D, Sk, _dtype(dtype))
+
+
+def attention_backward(q, k, v, o, lse, do, causal=False, scale=None):
+    """``(dq, dk, dv)`` of attention for torch tensors or JAX arrays (layouts as above)."""
+    if len(q.shape) != 4 or len(k.shape) != 4 or tuple(k.shape) != tuple(v.shape):
+        raise ConfigError(f"attention_backward: q (B, S, Hq, D) and k, v (B, Sk, Hkv, D) expected, "
+                          f"got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    B, S, Hq, D = (int(x) for x in q.shape)
+    Sk, Hkv = int(k.shape[1]), int(k.shape[2])
+    name = {"bfloat16": "bf16", "float16": "f16"}.get(str(q.dtype).replace("torch.", ""))
+    if name is None:
+        raise ConfigError(f"attention_backward: q must be bfloat16 or float16, got {q.dtype}")
+    bwd = build_attention_backward(B, S, Hq, Hkv, D, Sk=Sk, dtype=name, causal=causal,
+                                   scale=None if scale is None else float(scale))
+    return bwd(q, k, v, o, lse, do)
+
+
+# ------------------------------------------------------------------ float64 reference (torch)
+def reference(q, k, v, do, causal=False, scale=None):
+    """float64 torch reference: ``(o, lse, dq, dk, dv)`` by autograd of plain attention."""
+    import torch
+
+    D = q.shape[-1]
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    G = q.shape[2] // k.shape[2]
+    qd = q.detach().double().requires_grad_()
+    kd = k.detach().double().requires_grad_()
+    vd = v.detach().double().requires_grad_()
+    kx = kd.repeat_interleave(G, dim=2)
+    vx = vd.repeat_interleave(G, dim=2)
+    s = torch.einsum("bihd,bjhd->bhij", qd, kx) * scale
+    if causal:
+        i = torch.arange(q.shape[1], device=q.device)[:, None]
+        j = torch.arange(k.shape[1], device=q.device)[None, :]
+        s = s.masked_fill(j > i, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - lse[..., None])
+    o = torch.einsum("bhij,bjhd->bihd", p, vx)
+    o.backward(do.double())
+    return o.detach(), lse.detach(), qd.grad, kd.grad, vd.grad
+
+
+def main(argv=None) -> int:
+    import torch
+
+    torch.manual_seed(0)
+    fails = 0
+    cases = [  # (B, S, Hq, Hkv, D, dtype, causal)
+        (1, 128, 1, 1, 64, "bf16", False),
+        (2, 200, 4, 2, 64, "bf16", False),
+        (2, 200, 4, 2, 64, "bf16", True),
+        (1, 333, 4, 1, 128, "f16", True),
+        (2, 256, 2, 2, 128, "bf16", False),
+    ]
+    dts = {"bf16": torch.bfloat16, "f16": torch.float16}
+    for B, S, Hq, Hkv, D, dtn, causal in cases:
+        dt = dts[dtn]
+        q = torch.randn(B, S, Hq, D, device="cuda", dtype=dt)
+        k = torch.randn(B, S, Hkv, D, device="cuda", dtype=dt)
+        v = torch.randn(B, S, Hkv, D, device="cuda", dtype=dt)
+        do = torch.randn(B, S, Hq, D, device="cuda", dtype=dt)
+        o, lse, rq, rk, rv = reference(q, k, v, do, causal)
+        got = attention_backward(q, k, v, o.to(dt), lse.float(), do, causal=causal)
+        for nm, g, r in zip(("dq", "dk", "dv"), got, (rq, rk, rv)):
+            bad = torch.isnan(g).any().item()
+            err = ((g.double() - r).norm() / r.norm()).item()
+            ok = not bad and err < 2e-2
+            fails += not ok
+            print(f"B{B} S{S} H{Hq}/{Hkv} D{D} {dtn} {'causal' if causal else 'full'} {nm}: "
+                  f"rel err {err:.2e} max abs {(g.double() - r).abs().max().item():.2e} "
+                  f"{'PASS' if ok else 'FAIL'}")
+    return 1 if fails else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
