@@ -1,0 +1,801 @@
+"""Flash attention forward on Hopper tensor cores: ``o = softmax(scale * q k^T) v`` and its
+log-sum-exp, for dense ``(B, S, H, D)`` batches and packed variable-length batches.
+
+One CTA computes a block of ``BM = 128`` query rows of one (batch, head) with 384 threads:
+
+* warpgroup 0 produces (``setmaxnreg.dec``): one thread copies the Q block once, then the
+  K and V blocks of ``BN`` keys into two ``stages``-deep rings (``pyptx.pipeline.Pipeline``)
+  with bulk tensor copies through rank-4 tensor maps over ``(B, S, H, D)`` (rank 3 over
+  ``(T, H, D)`` for packed batches): copies past a sequence's end read zeros;
+* warpgroups 1-2 consume (``setmaxnreg.inc``), 64 query rows each: ``S = Q K^T`` with
+  wgmma from shared memory (K is a K-major operand), the online softmax in registers
+  (row max and sum over the four threads of a row with shuffles, ``ex2.approx`` with
+  ``scale * log2(e)`` folded in), then ``O += P V`` with P taken *from registers*: the
+  f32 accumulator fragment of S, packed to bf16/f16 pairs, is the A fragment wgmma
+  reads (V is an MN-major operand: keys are the K dimension of PV, D is contiguous);
+* only the blocks that straddle the causal diagonal or the end of the keys are masked;
+  causal CTAs skip the blocks above the diagonal and run longest first;
+* schedules (``schedule=``): ``"simple"`` waits for each GEMM before going on;
+  ``"overlap"`` issues block j's ``Q K^T`` together with block j-1's ``P V`` so the
+  softmax of block j runs while the tensor cores work on ``P V``; ``"pingpong"`` adds
+  named barriers so the two consumer warpgroups take turns issuing GEMMs (one's softmax
+  runs under the other's GEMMs). ``PYPTX_ATTN_SCHEDULE`` overrides the default;
+* the epilogue divides by the row sums, writes ``lse = ln(sum_j exp(scale q.k_j))``,
+  stages O through the Q tile's shared memory (128-byte swizzle, conflict free) and
+  stores it with bulk tensor copies, which clip at the sequence end (packed batches
+  store O with predicated ``st.global`` instead: a copy would spill into the next
+  sequence).
+
+Grouped-query and multi-query attention (fewer KV heads) read KV head ``h // (Hq // Hkv)``.
+``attention(q, k, v)`` (torch tensors or JAX arrays) returns ``o`` and is differentiable
+once the backward kernels (``flash_attention_bwd.py``) are present;
+``attention_varlen(...)`` takes packed batches in the flash-attention packages' layout.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import sys
+from pathlib import Path
+
+from pyptx import Tile, kernel, ptx, reg, smem
+from pyptx.errors import ConfigError
+from pyptx.fragment import Accumulator
+from pyptx.operand import OperandTile
+from pyptx.pipeline import BarrierArray, Pipeline
+from pyptx.types import b32, f16, f32, s32, u32, u64
+from pyptx.types import bf16 as t_bf16
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+BM = 128                    # query rows per CTA (64 per consumer warpgroup)
+SMEM_LIMIT = 227 * 1024 - 256
+SCHEDULES = ("simple", "overlap", "pingpong")
+DEFAULT_SCHEDULE = "pingpong"
+SCHED_BAR = 3               # named barriers 3 and 4: the consumers' turns (1-2: epilogues)
+NEG_INF = float("-inf")
+
+
+def _dtype(name):
+    table = {"bf16": t_bf16, "f16": f16, "bfloat16": t_bf16, "float16": f16}
+    key = str(name).replace("torch.", "")
+    if key not in table:
+        raise ConfigError(f"flash attention: dtype must be bf16 or f16, got {name!r}")
+    return table[key]
+
+
+def default_bn(D):
+    """Keys per KV block: 128, or 64 at head dim 256 (the registers of O)."""
+    return 64 if D > 128 else 128
+
+
+def smem_bytes(D, BN, stages):
+    """Dynamic shared memory: the Q block, ``stages`` K and V buffers, 1024 B of alignment."""
+    return BM * D * 2 + 2 * stages * BN * D * 2 + 1024
+
+
+def _check(D, BN, stages, schedule):
+    if D not in (64, 128, 256):
+        raise ConfigError(f"flash attention: head dim must be 64, 128 or 256, got {D!r}")
+    if BN not in (64, 128, 192) or (D == 256 and BN > 64) or (D == 128 and BN > 128):
+        raise ConfigError(f"flash attention: BN={BN!r} does not fit head dim {D} (64 or 128 at "
+                          f"D<=128, 192 at D=64, 64 at D=256)")
+    if schedule not in SCHEDULES:
+        raise ConfigError(f"flash attention: schedule must be one of {SCHEDULES}, got {schedule!r}")
+    if smem_bytes(D, BN, stages) > SMEM_LIMIT:
+        raise ConfigError(f"flash attention: D={D}, BN={BN}, {stages} stages need "
+                          f"{smem_bytes(D, BN, stages)} bytes of shared memory, over {SMEM_LIMIT}")
+
+
+def _schedule(schedule):
+    return schedule or os.environ.get("PYPTX_ATTN_SCHEDULE") or DEFAULT_SCHEDULE
+
+
+# ------------------------------------------------------------------ block plan (ints or registers)
+def _min(a, b):
+    """``min(a, b)`` of ints, or ``min.s32`` when either is a register."""
+    if isinstance(a, int) and isinstance(b, int):
+        return min(a, b)
+    if isinstance(a, int):
+        a, b = b, a
+    d = reg.scalar(s32)
+    ptx.inst.min.s32(d, a, b)
+    return d
+
+
+def _max(a, b):
+    if isinstance(a, int) and isinstance(b, int):
+        return max(a, b)
+    if isinstance(a, int):
+        a, b = b, a
+    d = reg.scalar(s32)
+    ptx.inst.max.s32(d, a, b)
+    return d
+
+
+def block_plan(m0, seqlen_q, seqlen_k, BN, causal):
+    """``(n_blocks, n_unmasked)`` of the query block at row ``m0``: KV blocks ``0..n_blocks``
+    are visited, the first ``n_unmasked`` need no mask. Ints in, ints out (the CPU model);
+    registers in, registers out (the kernel) - one definition for both."""
+    last = _min(seqlen_k, _min(m0 + BM, seqlen_q)) if causal else seqlen_k  # keys visited
+    n_blocks = (last + (BN - 1)) // BN
+    full = seqlen_k // BN                       # blocks with no key past the end
+    if causal:                                  # and none past the diagonal of row m0
+        full = _min(full, (m0 + 1) // BN)
+    return n_blocks, _min(full, n_blocks)
+
+
+def row_limit(row, seqlen_k, causal):
+    """First masked key of query ``row``: ``seqlen_k``, or ``min(seqlen_k, row + 1)`` causal."""
+    return _min(seqlen_k, row + 1) if causal else seqlen_k
+
+
+def frag_col(i):
+    """Column of accumulator register ``i`` relative to the thread's first column."""
+    return Accumulator.coord(i)[1]
+
+
+def frag_half(i):
+    """Which of the thread's two rows (0: row, 1: row + 8) register ``i`` belongs to."""
+    return (i // 2) % 2
+
+
+def a_fragment(k_step):
+    """Accumulator registers (of S, ``m64 x BN``) that make wgmma's A fragment of ``k_step``:
+    ``a0..a3`` = (row, cols c..c+1), (row+8, c..c+1), (row, c+8..c+9), (row+8, c+8..c+9)
+    of the 16 columns ``16 * k_step``, each pair packed low element first."""
+    b = 8 * k_step
+    return [(b, b + 1), (b + 2, b + 3), (b + 4, b + 5), (b + 6, b + 7)]
+
+
+def _when(value, cond):
+    """``ptx.if_(cond())`` for a register ``value``; no branch for a Python int > 0."""
+    from contextlib import nullcontext
+
+    if isinstance(value, int):
+        if value <= 0:
+            raise ConfigError(f"flash attention: no key blocks to visit ({value})")
+        return nullcontext()
+    return ptx.if_(cond())
+
+
+# ------------------------------------------------------------------ the kernel
+def _body(Q, K, V, CUQ, CUK, Out, LSE, *, dims, varlen):
+    (B, S, Sk, Hq, Hkv, D, BN, stages, causal, scale, schedule, dt, Tq) = dims
+    group = Hq // Hkv
+    slabs = D // 64
+    q_tile = OperandTile(BM, D, dt, major="K", swizzle=128)
+    k_tile = OperandTile(BN, D, dt, major="K", swizzle=128)
+    v_tile = OperandTile(D, BN, dt, major="MN", swizzle=128)
+    kv_bytes = k_tile.nbytes
+    q_bytes = q_tile.nbytes
+    sl2 = float(scale) * LOG2E
+    overlap = schedule in ("overlap", "pingpong")
+    pingpong = schedule == "pingpong"
+
+    tid = reg.from_(ptx.special.tid.x(), u32)
+    wg = tid >> 7
+    cx = reg.from_(ptx.special.ctaid.x(), s32)
+    h = reg.from_(ptx.special.ctaid.y(), s32)
+    b = reg.from_(ptx.special.ctaid.z(), s32)
+    num_m = -(-S // BM)
+    mb = (num_m - 1) - cx if causal else cx      # causal: the longest rows first
+    m0 = mb * BM
+    hk = h // group if group > 1 else h
+    if varlen:
+        pq, pk = ptx.global_ptrs(CUQ, CUK)
+        q_start, q_end, k_start, k_end = (reg.scalar(s32) for _ in range(4))
+        ptx.inst.ld.global_.nc.s32(q_start, ptx.addr(pq + b * 4))
+        ptx.inst.ld.global_.nc.s32(q_end, ptx.addr(pq + b * 4 + 4))
+        ptx.inst.ld.global_.nc.s32(k_start, ptx.addr(pk + b * 4))
+        ptx.inst.ld.global_.nc.s32(k_end, ptx.addr(pk + b * 4 + 4))
+        seqlen_q = q_end - q_start
+        seqlen_k = k_end - k_start
+        ptx.ret(pred=cx * BM >= seqlen_q)        # the whole CTA leaves together
+        if causal:  # the grid covers max_seqlen_q: reverse within this sequence's blocks
+            nq = (seqlen_q + (BM - 1)) // BM
+            m0 = ((nq - 1) - cx) * BM
+    else:
+        seqlen_q, seqlen_k = S, Sk
+    n_blocks, n_unmasked = block_plan(m0, seqlen_q, seqlen_k, BN, causal)
+
+    base = (smem.dynamic(align=128, name="smem").addr() + 1023) & 0xFFFFFC00
+    q_base = base
+    k_base = base + q_bytes
+    v_base = k_base + stages * kv_bytes
+    q_bar = BarrierArray(1, name="q_bar")
+    kpipe = Pipeline(stages, consumer_arrivals=2)
+    vpipe = Pipeline(stages, consumer_arrivals=2)
+    with ptx.if_(tid == 0):
+        ptx.mbarrier.init(q_bar.at(0), 1)
+    kpipe.init(pred=tid == 0)
+    vpipe.init(pred=tid == 0)
+    ptx.bar_sync(0)
+
+    def tma_coords(i, row, head):
+        if varlen:
+            return (i * 64, head, row)
+        return (i * 64, head, row, b)
+
+    consumer = ptx.label("consumer")
+    done = ptx.label("done")
+    ptx.bra(consumer, pred=wg != 0)
+    # ------------------------------------------------------------------ producer
+    ptx.setmaxnreg(24, inc=False)
+    with ptx.if_(tid == 0):
+        qmap = ptx.tma.tensormap_ptr(Q.tmap)
+        kmap = ptx.tma.tensormap_ptr(K.tmap)
+        vmap = ptx.tma.tensormap_ptr(V.tmap)
+        qrow = q_start + m0 if varlen else m0
+        ptx.mbarrier.arrive_expect_tx(q_bar.at(0), q_bytes)
+        for i in range(slabs):
+            ptx.tma.load_tile(q_base + i * q_tile.slab_bytes, qmap, tma_coords(i, qrow, h),
+                              q_bar.at(0))
+        kst = kpipe.producer_state()
+        vst = vpipe.producer_state()
+        for j in ptx.loop(0, n_blocks, type=s32):
+            n0 = j * BN
+            krow = k_start + n0 if varlen else n0
+            for pipe, st, tmap, buf in ((kpipe, kst, kmap, k_base), (vpipe, vst, vmap, v_base)):
+                pipe.acquire(st)
+                bar = pipe.arm(st, kv_bytes)
+                dst = buf + st.stage * kv_bytes
+                for i in range(slabs):
+                    ptx.tma.load_tile(dst + i * k_tile.slab_bytes if i else dst, tmap,
+                                      tma_coords(i, krow, hk), bar)
+                st.advance()
+    ptx.bra(done)
+    # ------------------------------------------------------------------ consumers
+    ptx.place(consumer)
+    ptx.setmaxnreg(240, inc=True)
+    w = wg - 1
+    t_wg = tid & 127
+    lane = tid & 31
+    leader = t_wg == 0
+    s_acc = Accumulator(BN)
+    o_acc = Accumulator(D)
+    o_acc.zero()
+    p_regs = reg.array(b32, BN // 4)
+    m_row = [reg.scalar(f32, init=NEG_INF) for _ in range(2)]
+    l_row = [reg.scalar(f32, init=0.0) for _ in range(2)]
+    alpha = [reg.scalar(f32) for _ in range(2)]
+    row0, col0 = s_acc.thread_origin(t_wg)
+    row0 = reg.from_(row0, s32)
+    col0 = reg.from_(col0, s32)
+    wrow = reg.from_(w, s32) * 64 + m0            # this warpgroup's first query row
+    rows = [wrow + row0, wrow + row0 + 8]
+    lims = [row_limit(r, seqlen_k, causal) for r in rows]
+    q_desc = q_tile.descriptor(q_base + w * (64 * 128))
+    q_descs = [q_tile.advance(q_desc, kk) for kk in range(q_tile.k_steps)]
+    k_desc0 = k_tile.descriptor(k_base)
+    v_desc0 = v_tile.descriptor(v_base)
+    kst = kpipe.consumer_state()
+    vst = vpipe.consumer_state()
+    bar_mine = reg.from_(w, u32) + SCHED_BAR
+    bar_other = (SCHED_BAR + 1) - reg.from_(w, u32)
+    first_wg = w == 0
+    ptx.mbarrier.wait(q_bar.at(0), 0)
+
+    def stage_desc(desc0, st):
+        return desc0 + reg.from_(st.stage * (kv_bytes >> 4), u64)
+
+    def issue_qk():
+        kpipe.wait(kst)
+        dk = stage_desc(k_desc0, kst)
+        ptx.wgmma.fence()
+        for kk in range(q_tile.k_steps):
+            ptx.wgmma.mma_async(s_acc.regs, q_descs[kk], k_tile.advance(dk, kk), n=BN,
+                                dtype_ab=dt.name, scale_d=0 if kk == 0 else 1)
+        ptx.wgmma.commit_group()
+
+    def issue_pv():
+        vpipe.wait(vst)
+        dv = stage_desc(v_desc0, vst)
+        ptx.wgmma.fence()
+        for kk in range(v_tile.k_steps):
+            frag = [p_regs[4 * kk + q] for q in range(4)]
+            ptx.wgmma.mma_async(o_acc.regs, frag, v_tile.advance(dv, kk), n=D,
+                                dtype_ab=dt.name, scale_d=1, trans_b=1)
+        ptx.wgmma.commit_group()
+
+    def release(pipe, st):
+        pipe.release(st, pred=leader, sem="release.cta")
+        st.advance()
+
+    def mask(j):
+        n0c = j * BN + col0
+        for hh in range(2):
+            t = lims[hh] - n0c                   # first masked column, relative to col0
+            for i in range(BN // 2):
+                if frag_half(i) != hh:
+                    continue
+                masked = t <= frag_col(i)
+                ptx.inst.selp.f32(s_acc[i], NEG_INF, s_acc[i], masked)
+
+    def softmax():
+        """P (in s_acc) = exp2(S * sl2 - m_new); l, m updated; alpha = exp2(m_old - m_new)."""
+        for hh in range(2):
+            idx = [i for i in range(BN // 2) if frag_half(i) == hh]
+            vals = [s_acc[i] for i in idx]
+            while len(vals) > 1:
+                nxt = []
+                for a, c in zip(vals[::2], vals[1::2]):
+                    d = reg.scalar(f32)
+                    ptx.inst.max.f32(d, a, c)
+                    nxt.append(d)
+                vals = nxt
+            mx = vals[0]
+            ptx.warp.reduce_max(mx, width=4)
+            m_new = reg.scalar(f32)
+            ptx.inst.fma.rn.f32(m_new, mx, sl2, 0.0)   # mx * sl2, -inf stays -inf
+            ptx.inst.max.f32(m_new, m_new, m_row[hh])
+            dead = m_new == NEG_INF
+            m_use = reg.scalar(f32)
+            ptx.inst.selp.f32(m_use, 0.0, m_new, dead)
+            diff = m_row[hh] - m_use
+            ptx.inst.ex2.approx.ftz.f32(alpha[hh], diff)
+            neg = reg.scalar(f32)
+            ptx.inst.neg.f32(neg, m_use)
+            for i in idx:
+                ptx.inst.fma.rn.f32(s_acc[i], s_acc[i], sl2, neg)
+                ptx.inst.ex2.approx.ftz.f32(s_acc[i], s_acc[i])
+            vals = [s_acc[i] for i in idx]
+            while len(vals) > 1:
+                nxt = []
+                for a, c in zip(vals[::2], vals[1::2]):
+                    nxt.append(a + c)
+                vals = nxt
+            ptx.inst.fma.rn.f32(l_row[hh], l_row[hh], alpha[hh], vals[0])
+            ptx.inst.mov.f32(m_row[hh], m_new)
+
+    def rescale_and_pack():
+        for i in range(D // 2):
+            ptx.inst.mul.f32(o_acc[i], o_acc[i], alpha[frag_half(i)])
+        for kk in range(BN // 16):
+            for q, (lo, hi) in enumerate(a_fragment(kk)):
+                ptx.inst(f"cvt.rn.{dt.name}x2.f32")(p_regs[4 * kk + q], s_acc[hi], s_acc[lo])
+
+    def sched_wait(first=False):
+        if pingpong:
+            ptx.bar_sync(bar_mine, 256, pred=(~first_wg) if first else None)
+
+    def sched_signal(last=False):
+        if pingpong:
+            ptx.bar_arrive(bar_other, 256, pred=first_wg if last else None)
+
+    def simple_block(j, masked):
+        issue_qk()
+        ptx.wgmma.wait_group(0)
+        release(kpipe, kst)
+        if masked:
+            mask(j)
+        softmax()
+        rescale_and_pack()
+        issue_pv()
+        ptx.wgmma.wait_group(0)
+        release(vpipe, vst)
+
+    def overlap_block(j, masked):
+        sched_wait()
+        issue_qk()
+        issue_pv()                  # block j-1's P V runs while block j's softmax does
+        sched_signal()
+        ptx.wgmma.wait_group(1)
+        release(kpipe, kst)
+        if masked:
+            mask(j)
+        softmax()
+        ptx.wgmma.wait_group(0)
+        release(vpipe, vst)
+        rescale_and_pack()
+
+    with _when(n_blocks, lambda: n_blocks > 0):
+        if overlap:
+            sched_wait(first=True)
+            issue_qk()
+            sched_signal()
+            ptx.wgmma.wait_group(0)
+            release(kpipe, kst)
+            mask(0)
+            softmax()
+            rescale_and_pack()
+            for j in ptx.loop(1, n_unmasked, type=s32):
+                overlap_block(j, False)
+            for j in ptx.loop(_max(n_unmasked, 1), n_blocks, type=s32):
+                overlap_block(j, True)
+            sched_wait()
+            issue_pv()
+            sched_signal(last=True)
+            ptx.wgmma.wait_group(0)
+            release(vpipe, vst)
+        else:
+            for j in ptx.loop(0, n_unmasked, type=s32):
+                simple_block(j, False)
+            for j in ptx.loop(n_unmasked, n_blocks, type=s32):
+                simple_block(j, True)
+
+    # ------------------------------------------------------------------ epilogue
+    inv = []
+    (plse,) = ptx.global_ptrs(LSE)
+    for hh in range(2):
+        ptx.warp.reduce_sum(l_row[hh], width=4)
+        empty = l_row[hh] <= 0.0
+        r = reg.scalar(f32)
+        ptx.inst.rcp.approx.ftz.f32(r, l_row[hh])
+        ptx.inst.selp.f32(r, 0.0, r, empty)
+        inv.append(r)
+        lg = reg.scalar(f32)
+        ptx.inst.lg2.approx.ftz.f32(lg, l_row[hh])
+        lse = (m_row[hh] + lg) * LN2
+        ptx.inst.selp.f32(lse, NEG_INF, lse, empty)
+        row = rows[hh]
+        ok = (row < seqlen_q) & ((lane & 3) == 0)
+        if varlen:
+            idx = h * Tq + q_start + row
+        else:
+            idx = (b * Hq + h) * S + row
+        off = reg.from_(idx, u64) * 4
+        ptx.inst.st.global_.f32(ptx.addr(plse + off), lse, pred=ok)
+    for i in range(D // 2):
+        ptx.inst.mul.f32(o_acc[i], o_acc[i], inv[frag_half(i)])
+
+    bar_id = reg.from_(w, u32) + 1
+    if varlen:
+        (po,) = ptx.global_ptrs(Out)
+        for hh in range(2):
+            row = rows[hh]
+            ok = row < seqlen_q
+            rbase = (reg.from_(q_start + row, u64) * Hq + reg.from_(h, u64)) * (D * 2) + po
+            cb = reg.from_(col0, u64) * 2 + rbase
+            for i, dr, dc in o_acc.pairs():
+                if dr // 8 != hh:
+                    continue
+                packed = reg.scalar(b32)
+                ptx.inst(f"cvt.rn.{dt.name}x2.f32")(packed, o_acc[i + 1], o_acc[i])
+                ptx.inst.st.global_.b32(ptx.addr(cb, dc * 2), packed, pred=ok)
+    else:
+        # stage O in this warpgroup's 64 rows of the Q tile (its QK^T reads are complete)
+        ptx.bar_sync(bar_id, 128)
+        obuf = q_base + w * (64 * 128)
+        xr = lane >> 2
+        colb = (lane & 3) * 4
+        rowbase = obuf + reg.from_(row0, u32) * 128 + colb
+        sw = {q: ((xr ^ q) << 4) + rowbase for q in range(8)}
+        for i, dr, dc in o_acc.pairs():
+            packed = reg.scalar(b32)
+            ptx.inst(f"cvt.rn.{dt.name}x2.f32")(packed, o_acc[i + 1], o_acc[i])
+            q = (dc % 64) * 2 // 16
+            off = (dc // 64) * q_tile.slab_bytes + dr * 128
+            ptx.inst.st.shared.b32(ptx.addr(sw[q], off), packed)
+        ptx.fence_proxy_async("shared::cta")
+        ptx.bar_sync(bar_id, 128)
+        with ptx.if_(leader):
+            omap = ptx.tma.tensormap_ptr(Out.tmap)
+            for i in range(slabs):
+                src = obuf + i * q_tile.slab_bytes
+                ptx.tma.store_tile(omap, (i * 64, h, wrow, b), src)
+            ptx.tma.commit_group()
+            ptx.tma.wait_group(0, read=False)
+    ptx.place(done)
+    ptx.ret()
+
+
+def build_attention(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None,
+                    BN=None, stages=2, schedule=None):
+    """The forward kernel for ``q (B, S, Hq, D)``, ``k, v (B, Sk, Hkv, D)``: returns
+    ``o (B, S, Hq, D)`` and ``lse (B, Hq, S)`` f32. ``scale`` defaults to ``1/sqrt(D)``;
+    ``causal`` masks key ``j > i`` (top-left aligned). ``BN`` keys per block, ``stages``
+    K and V buffers each, ``schedule`` one of ``SCHEDULES`` (default ``DEFAULT_SCHEDULE``
+    or ``$PYPTX_ATTN_SCHEDULE``)."""
+    dt = _dtype(dtype)
+    Sk = S if Sk is None else Sk
+    BN = BN or default_bn(D)
+    schedule = _schedule(schedule)
+    _check(D, BN, stages, schedule)
+    if Hq % Hkv:
+        raise ConfigError(f"flash attention: Hq={Hq} is not a multiple of Hkv={Hkv}")
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    dims = (B, S, Sk, Hq, Hkv, D, BN, stages, causal, scale, schedule, dt, None)
+    tma = {"Q": dict(box=(1, BM, 1, 64), swizzle="128B"),
+           "K": dict(box=(1, BN, 1, 64), swizzle="128B"),
+           "V": dict(box=(1, BN, 1, 64), swizzle="128B"),
+           "Out": dict(box=(1, 64, 1, 64), swizzle="128B")}
+    name = (f"flash_fwd_{dt.name}_d{D}_bn{BN}_s{stages}_{schedule}"
+            f"{'_causal' if causal else ''}_g{Hq // Hkv}")
+    deco = kernel(in_specs=(Tile(B, S, Hq, D, dt), Tile(B, Sk, Hkv, D, dt), Tile(B, Sk, Hkv, D, dt)),
+                  out_specs=(Tile(B, S, Hq, D, dt), Tile(B, Hq, S, f32)),
+                  grid=(-(-S // BM), Hq, B), block=(384, 1, 1), smem=smem_bytes(D, BN, stages),
+                  maxnreg=168, tma=tma, name=name)
+
+    def flash_fwd(Q, K, V, Out, LSE):
+        _body(Q, K, V, None, None, Out, LSE, dims=dims, varlen=False)
+    return deco(flash_fwd)
+
+
+def build_attention_varlen(Tq, Tk, B, Hq, Hkv, D, max_seqlen_q, *, dtype="bf16", causal=False,
+                           scale=None, BN=None, stages=2, schedule=None):
+    """The packed variable-length forward kernel: ``q (Tq, Hq, D)``, ``k, v (Tk, Hkv, D)``,
+    ``cu_seqlens_q``/``cu_seqlens_k`` int32 ``(B + 1,)``; returns ``o (Tq, Hq, D)`` and
+    ``lse (Hq, Tq)`` f32. The grid covers ``max_seqlen_q`` rows per sequence."""
+    dt = _dtype(dtype)
+    BN = BN or default_bn(D)
+    schedule = _schedule(schedule)
+    _check(D, BN, stages, schedule)
+    if Hq % Hkv:
+        raise ConfigError(f"flash attention: Hq={Hq} is not a multiple of Hkv={Hkv}")
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    dims = (B, max_seqlen_q, None, Hq, Hkv, D, BN, stages, causal, scale, schedule, dt, Tq)
+    tma = {"Q": dict(box=(BM, 1, 64), swizzle="128B"),
+           "K": dict(box=(BN, 1, 64), swizzle="128B"),
+           "V": dict(box=(BN, 1, 64), swizzle="128B")}
+    name = (f"flash_fwd_varlen_{dt.name}_d{D}_bn{BN}_s{stages}_{schedule}"
+            f"{'_causal' if causal else ''}_g{Hq // Hkv}")
+    deco = kernel(in_specs=(Tile(Tq, Hq, D, dt), Tile(Tk, Hkv, D, dt), Tile(Tk, Hkv, D, dt),
+                            Tile(B + 1, s32), Tile(B + 1, s32)),
+                  out_specs=(Tile(Tq, Hq, D, dt), Tile(Hq, Tq, f32)),
+                  grid=(-(-max_seqlen_q // BM), Hq, B), block=(384, 1, 1),
+                  smem=smem_bytes(D, BN, stages), maxnreg=168, tma=tma, name=name)
+
+    def flash_fwd_varlen(Q, K, V, CUQ, CUK, Out, LSE):
+        _body(Q, K, V, CUQ, CUK, Out, LSE, dims=dims, varlen=True)
+    return deco(flash_fwd_varlen)
+
+
+# ------------------------------------------------------------------------ host side
+def _lib(x):
+    return "torch" if type(x).__module__.startswith("torch") else "jax"
+
+
+def _dtype_name(x):
+    name = {"bfloat16": "bf16", "float16": "f16"}.get(str(x.dtype).replace("torch.", ""))
+    if name is None:
+        raise ConfigError(f"flash attention: q, k, v must be bfloat16 or float16, got {x.dtype}")
+    return name
+
+
+def _bwd_module():
+    """The backward example (``flash_attention_bwd.py``) or None while it is not there."""
+    path = Path(__file__).with_name("flash_attention_bwd.py")
+    if not path.exists():
+        return None
+    from pyptx.testing import load_module
+
+    return load_module(path, "flash_attention_bwd_example")
+
+
+@functools.lru_cache(maxsize=128)
+def _forward(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, schedule, BN, stages):
+    return build_attention(B, S, Hq, Hkv, D, Sk=Sk, dtype=dtype, causal=causal, scale=scale,
+                           BN=BN, stages=stages, schedule=schedule)
+
+
+@functools.lru_cache(maxsize=128)
+def _differentiable(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, schedule, BN, stages):
+    """The forward kernel wrapped with the backward one, or the bare forward kernel when the
+    backward example or ``differentiable_kernel(save_outputs=)`` is not available."""
+    fwd = _forward(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, schedule, BN, stages)
+    bwd_mod = _bwd_module()
+    if bwd_mod is None:
+        return fwd
+    from pyptx.autodiff import differentiable_kernel
+
+    try:
+        bwd = bwd_mod.build_attention_backward(B, S, Hq, Hkv, D, Sk=Sk, dtype=dtype,
+                                               causal=causal, scale=scale)
+        return differentiable_kernel(fwd, bwd, save_for_backward=[0, 1, 2], save_outputs=[0, 1],
+                                     num_grad_inputs=3)
+    except TypeError:  # differentiable_kernel without save_outputs yet
+        return fwd
+
+
+def _shapes(q, k, v):
+    if len(q.shape) != 4 or len(k.shape) != 4 or tuple(k.shape) != tuple(v.shape):
+        raise ConfigError(f"attention expects q (B, S, Hq, D) and k, v (B, Sk, Hkv, D), got "
+                          f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    B, S, Hq, D = (int(d) for d in q.shape)
+    Bk, Sk, Hkv, Dk = (int(d) for d in k.shape)
+    if Bk != B or Dk != D or Hq % Hkv:
+        raise ConfigError(f"attention: k/v {tuple(k.shape)} do not match q {tuple(q.shape)} "
+                          f"(same B and D, Hq a multiple of Hkv)")
+    name = _dtype_name(q)
+    if _dtype_name(k) != name or _dtype_name(v) != name:
+        raise ConfigError(f"attention: q, k, v must share one dtype, got {q.dtype}, {k.dtype}, "
+                          f"{v.dtype}")
+    return B, S, Hq, Hkv, D, Sk, name
+
+
+def _contiguous(*xs):
+    return tuple(x.contiguous() if _lib(x) == "torch" else x for x in xs)
+
+
+def attention_forward(q, k, v, causal=False, scale=None, *, schedule=None, BN=None, stages=2):
+    """``(o, lse)`` of the forward kernel (no autograd): ``o (B, S, Hq, D)``, ``lse (B, Hq, S)``
+    float32, natural log of each row's sum of ``exp(scale * q.k)``."""
+    B, S, Hq, Hkv, D, Sk, name = _shapes(q, k, v)
+    sc = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    k_ = _forward(B, S, Hq, Hkv, D, Sk, name, bool(causal), sc, _schedule(schedule),
+                  BN or default_bn(D), stages)
+    return k_(*_contiguous(q, k, v))
+
+
+def attention(q, k, v, causal=False, scale=None, *, schedule=None, BN=None, stages=2):
+    """Flash attention ``softmax(scale * q k^T) v`` (torch tensors or JAX arrays):
+    ``q (B, S, Hq, D)``, ``k, v (B, Sk, Hkv, D)`` with ``Hq % Hkv == 0``, bf16 or f16,
+    ``D`` in 64/128/256. ``causal``: key ``j`` allowed for query ``i`` iff ``j <= i``.
+    ``scale`` defaults to ``1/sqrt(D)``. Differentiable in ``q, k, v`` when the backward
+    kernels are available."""
+    B, S, Hq, Hkv, D, Sk, name = _shapes(q, k, v)
+    sc = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    fn = _differentiable(B, S, Hq, Hkv, D, Sk, name, bool(causal), sc, _schedule(schedule),
+                         BN or default_bn(D), stages)
+    return fn(*_contiguous(q, k, v))[0]
+
+
+@functools.lru_cache(maxsize=128)
+def _varlen(Tq, Tk, B, Hq, Hkv, D, max_q, dtype, causal, scale, schedule, BN, stages):
+    return build_attention_varlen(Tq, Tk, B, Hq, Hkv, D, max_q, dtype=dtype, causal=causal,
+                                  scale=scale, BN=BN, stages=stages, schedule=schedule)
+
+
+def attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                             causal=False, scale=None, *, schedule=None, BN=None, stages=2):
+    """``(o, lse)`` of the packed variable-length forward: ``o (Tq, Hq, D)``, ``lse (Hq, Tq)``."""
+    if len(q.shape) != 3 or len(k.shape) != 3 or tuple(k.shape) != tuple(v.shape):
+        raise ConfigError(f"attention_varlen expects q (Tq, Hq, D) and k, v (Tk, Hkv, D), got "
+                          f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    Tq, Hq, D = (int(d) for d in q.shape)
+    Tk, Hkv, _ = (int(d) for d in k.shape)
+    B = int(cu_seqlens_q.shape[0]) - 1
+    if int(cu_seqlens_k.shape[0]) - 1 != B or B < 1:
+        raise ConfigError(f"attention_varlen: cu_seqlens_q and cu_seqlens_k must both have B + 1 "
+                          f"entries, got {cu_seqlens_q.shape[0]} and {cu_seqlens_k.shape[0]}")
+    if int(k.shape[2]) != D or Hq % Hkv:
+        raise ConfigError(f"attention_varlen: k/v {tuple(k.shape)} do not match q {tuple(q.shape)}")
+    del max_seqlen_k  # the kernel reads each sequence's key count from cu_seqlens_k
+    name = _dtype_name(q)
+    sc = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    k_ = _varlen(Tq, Tk, B, Hq, Hkv, D, int(max_seqlen_q), name, bool(causal), sc,
+                 _schedule(schedule), BN or default_bn(D), stages)
+    return k_(*_contiguous(q, k, v, cu_seqlens_q, cu_seqlens_k))
+
+
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                     causal=False, scale=None, **kw):
+    """Flash attention over packed sequences (the flash-attention packages' layout):
+    ``q (Tq, Hq, D)``, ``k, v (Tk, Hkv, D)``, ``cu_seqlens_q/k`` int32 ``(B + 1,)`` on the
+    device (sequence ``b`` is rows ``cu[b]:cu[b+1]``), ``max_seqlen_q/k`` Python ints.
+    Returns ``o (Tq, Hq, D)`` (forward only)."""
+    return attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                    max_seqlen_k, causal, scale, **kw)[0]
+
+
+def reference(q, k, v, causal=False, scale=None):
+    """float64 ``(o, lse)`` of dense attention (torch tensors, ``(B, S, H, D)`` layout)."""
+    import torch
+
+    B, S, Hq, D = q.shape
+    Sk, Hkv = k.shape[1], k.shape[2]
+    sc = 1.0 / math.sqrt(D) if scale is None else scale
+    qd = q.double().transpose(1, 2)
+    kd = k.double().transpose(1, 2).repeat_interleave(Hq // Hkv, dim=1)
+    vd = v.double().transpose(1, 2).repeat_interleave(Hq // Hkv, dim=1)
+    s = (qd @ kd.transpose(-1, -2)) * sc
+    if causal:
+        i = torch.arange(S, device=q.device)[:, None]
+        j = torch.arange(Sk, device=q.device)[None, :]
+        s = s.masked_fill(j > i, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - lse[..., None]).nan_to_num(0.0)
+    o = (p @ vd).transpose(1, 2)
+    return o, lse
+
+
+def reference_varlen(q, k, v, cu_q, cu_k, causal=False, scale=None):
+    """float64 ``(o, lse)`` of packed attention, sequence by sequence."""
+    import torch
+
+    cq, ck = cu_q.tolist(), cu_k.tolist()
+    Tq, Hq, D = q.shape
+    o = torch.zeros(Tq, Hq, D, dtype=torch.float64, device=q.device)
+    lse = torch.full((Hq, Tq), float("-inf"), dtype=torch.float64, device=q.device)
+    for bi in range(len(cq) - 1):
+        a, e, ka, ke = cq[bi], cq[bi + 1], ck[bi], ck[bi + 1]
+        if e == a or ke == ka:
+            continue
+        ob, lb = reference(q[None, a:e], k[None, ka:ke], v[None, ka:ke], causal, scale)
+        o[a:e] = ob[0]
+        lse[:, a:e] = lb[0]
+    return o, lse
+
+
+def check(o, lse, ref_o, ref_lse, dtype):
+    """``(ok, max |o - ref|, max relative lse error)``. Tolerances: 2e-2 absolute on o for
+    bf16 (output rounding 2**-9 of |o| <~ 3, plus P rounded to bf16 before P V), 1e-2 for
+    f16 (2**-11); lse within 1e-3 relative (f32 softmax state, ex2/lg2.approx ~2**-22)."""
+    import torch
+
+    o64 = o.double()
+    finite = torch.isfinite(ref_lse)
+    if torch.isnan(o64).any():
+        return False, float("nan"), float("nan")
+    err_o = (o64 - ref_o).abs().max().item() if o.numel() else 0.0
+    l64 = lse.double()
+    if (torch.isfinite(l64) != finite).any():
+        return False, err_o, float("inf")
+    err_l = ((l64[finite] - ref_lse[finite]).abs() / ref_lse[finite].abs().clamp(min=1.0)).max().item() \
+        if finite.any() else 0.0
+    tol = 2e-2 if dtype == "bf16" else 1e-2
+    return err_o <= tol and err_l <= 1e-3, err_o, err_l
+
+
+MAIN_CASES = [
+    # B, S, Sk, Hq, Hkv, D, causal, dtype
+    (1, 128, 128, 1, 1, 64, False, "bf16"),
+    (2, 77, 77, 4, 2, 64, True, "bf16"),
+    (2, 200, 200, 4, 4, 128, False, "bf16"),
+    (2, 333, 333, 4, 1, 128, True, "bf16"),
+    (1, 1, 1, 2, 2, 128, True, "f16"),
+    (1, 256, 333, 2, 2, 128, False, "f16"),
+    (1, 1000, 1000, 2, 1, 64, True, "f16"),
+    (1, 300, 300, 2, 2, 256, True, "bf16"),
+]
+
+
+def main(argv=None) -> int:
+    import torch
+
+    torch.manual_seed(0)
+    dt = {"bf16": torch.bfloat16, "f16": torch.float16}
+    fails = 0
+    schedules = [s for s in (argv or sys.argv[1:]) if s in SCHEDULES] or [_schedule(None)]
+    for schedule in schedules:
+        for (B, S, Sk, Hq, Hkv, D, causal, dname) in MAIN_CASES:
+            q = torch.randn(B, S, Hq, D, device="cuda", dtype=dt[dname])
+            k = torch.randn(B, Sk, Hkv, D, device="cuda", dtype=dt[dname])
+            v = torch.randn(B, Sk, Hkv, D, device="cuda", dtype=dt[dname])
+            try:
+                o, lse = attention_forward(q, k, v, causal=causal, schedule=schedule)
+                torch.cuda.synchronize()
+                ok, eo, el = check(o, lse, *reference(q, k, v, causal), dname)
+            except Exception as e:  # report and go on: one line per case
+                ok, eo, el = False, float("nan"), float("nan")
+                print(f"  {type(e).__name__}: {e}"[:400])
+            fails += not ok
+            print(f"{schedule} B{B} S{S} Sk{Sk} H{Hq}/{Hkv} D{D} {'causal' if causal else 'full'} "
+                  f"{dname}: max|o err| {eo:.2e} lse rel {el:.2e} {'PASS' if ok else 'FAIL'}",
+                  flush=True)
+        for causal in (False, True):
+            lens_q, lens_k = [77, 1, 200, 128], [77, 5, 333, 128]
+            cu_q = torch.tensor([0] + list(_cumsum(lens_q)), device="cuda", dtype=torch.int32)
+            cu_k = torch.tensor([0] + list(_cumsum(lens_k)), device="cuda", dtype=torch.int32)
+            Hq, Hkv, D = 4, 2, 128
+            q = torch.randn(sum(lens_q), Hq, D, device="cuda", dtype=torch.bfloat16)
+            k = torch.randn(sum(lens_k), Hkv, D, device="cuda", dtype=torch.bfloat16)
+            v = torch.randn(sum(lens_k), Hkv, D, device="cuda", dtype=torch.bfloat16)
+            try:
+                o, lse = attention_varlen_forward(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k),
+                                                  causal=causal, schedule=schedule)
+                torch.cuda.synchronize()
+                ok, eo, el = check(o, lse, *reference_varlen(q, k, v, cu_q, cu_k, causal), "bf16")
+            except Exception as e:
+                ok, eo, el = False, float("nan"), float("nan")
+                print(f"  {type(e).__name__}: {e}"[:400])
+            fails += not ok
+            print(f"{schedule} varlen {lens_q}/{lens_k} H{Hq}/{Hkv} D{D} "
+                  f"{'causal' if causal else 'full'}: max|o err| {eo:.2e} lse rel {el:.2e} "
+                  f"{'PASS' if ok else 'FAIL'}", flush=True)
+    print("all PASS" if not fails else f"{fails} FAIL")
+    return 1 if fails else 0
+
+
+def _cumsum(xs):
+    t = 0
+    for x in xs:
+        t += x
+        yield t
+
+
+if __name__ == "__main__":
+    sys.exit(main())
