@@ -20,9 +20,14 @@ not the host. Two extra columns show this: "enqueue-only" (median µs/call of a
 a "GPU-bound" note where the final sync took over 10% of the timed loop.
 
 Targets: eager ``k(x, w)`` <= 1.0x torch.add; ``torch.compile`` paths <= 1.3x
-torch.add; CUDA graph replay of a captured ``k(x, w)`` <= torch's one-op graph
-(a captured torch.add) replayed; ``jax.jit`` of a function calling ``k`` <= 1.1x
-``jax.jit(jnp.add)``. Rows marked ``-`` are context only.
+torch.add (issue 5); CUDA graph replay of a captured ``k(x, w)`` <= torch's one-op graph
+(a captured torch.add) replayed; each extra ``k`` call in a compiled fn <= each extra
+call of a Triton kernel registered with ``torch.library.triton_op`` in the same kind of
+compiled fn; ``jax.jit`` of a function calling ``k`` <= 1.0x ``jax.jit(jnp.add)`` of the
+same size. Rows marked ``-`` are context only. After the table, "issue 18 targets" lists
+the four targets of issue 18 (eager, graph replay, compiled marginal, jax.jit), one line
+each, ending in PASS, FAIL or n/a. ``--targets`` sets up only the rows those need (a
+shorter run: no reduce-overhead or one-op compiled rows).
 
 A one-op ``torch.compile`` call is dominated by torch.compile's own per-call wrappers
 (guards, the AOT and inductor runtime wrappers), which ``torch.compile(torch.add)`` pays
@@ -32,7 +37,7 @@ fns with 1 and with CHAIN chained ``k`` calls, timed in the same rounds, their p
 difference divided by CHAIN - 1.
 
     python benchmarks/dispatch.py [--calls 2000] [--repeats 11] [--out FILE.md]
-                                  [--no-compile] [--no-jax] [--no-triton]
+                                  [--no-compile] [--no-jax] [--no-triton] [--targets]
     python benchmarks/dispatch.py --profile      # cProfile of 2000 eager k(x, w), top 15 by tottime
 
 Exit status: 0 when the table (or profile) was printed, even with target misses;
@@ -44,7 +49,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib.util
 import os
 import platform
 import statistics
@@ -157,11 +161,9 @@ def _builder(which: str):
 
 
 def _load_example():
-    spec = importlib.util.spec_from_file_location("rms_norm_dispatch_bench", EXAMPLE)
-    mod = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(EXAMPLE.parent))
-    spec.loader.exec_module(mod)
-    return mod
+    from pyptx.testing import load_module
+
+    return load_module(EXAMPLE, "rms_norm_dispatch_bench")
 
 
 def _err(e: BaseException) -> str:
@@ -230,6 +232,29 @@ def _verdict(row: Row, bound: float | None) -> str:
     if bound is None or row.median is None:
         return "n/a"
     return "PASS" if row.median <= bound else "FAIL"
+
+
+@dataclass
+class Target:
+    """One of issue 18's targets: ``ours`` must not take more than ``factor`` x ``peer``."""
+
+    name: str
+    ours: Row | None
+    peer: Row | None
+    factor: float
+    missing: str | None = None  # why it was not measured, if it was not
+
+    def line(self) -> str:
+        """``<name>: <ours> vs <peer> µs (<ratio>) PASS|FAIL|n/a``."""
+        if self.missing is not None:
+            return f"{self.name}: n/a ({self.missing})"
+        ours, peer = self.ours.median, self.peer.median
+        if ours is None or peer is None:
+            why = self.ours.error or self.peer.error or "no samples"
+            return f"{self.name}: n/a ({why})"
+        verdict = "PASS" if ours <= self.factor * peer else "FAIL"
+        return (f"{self.name}: {ours:.2f} vs {peer:.2f} µs ({ours / peer:.2f}x; "
+                f"{self.ours.name} vs {self.peer.name}) {verdict}")
 
 
 def _table(sections: list[tuple[str, list[Row], Row | None, dict[str, float | None]]],
@@ -448,13 +473,15 @@ def _torch_rows(torch: Any, k: Any, eager: Any, args: argparse.Namespace) -> tup
             check("graph k(x, w)", rel_err(out, rms_ref(gx, gw)), 1e-5)
         return g.replay, finish
 
+    context = not args.targets  # rows no issue-18 target needs
     add = _setup(rows, "torch.add (eager, allocating)", "baseline", mk_add)
-    _setup(rows, "F.rms_norm (eager)", "-", mk_frms)
-    if not args.no_triton:
-        _setup(rows, "triton add (@triton.jit, allocating)", "-", mk_triton)
+    if context:
+        _setup(rows, "F.rms_norm (eager)", "-", mk_frms)
+        if not args.no_triton:
+            _setup(rows, "triton add (@triton.jit, allocating)", "-", mk_triton)
     eager_row = _setup(rows, "pyptx k(x, w) eager", "<= 1.0x torch.add", mk_eager)
     compiled = []
-    if not args.no_compile:
+    if not args.no_compile and context:
         cadd = _setup(rows, "torch.compile(torch.add)", "-", mk_compiled_add)
         compiled.append(_setup(rows, "pyptx torch.compile(k)", "<= 1.3x torch.add",
                                mk_compiled_k))
@@ -462,6 +489,7 @@ def _torch_rows(torch: Any, k: Any, eager: Any, args: argparse.Namespace) -> tup
                                mk_compiled_fn))
         for r in compiled:
             r.peer = cadd
+    if not args.no_compile:
         one = _setup(rows, "  torch.compile(fn: 1 k call) [for the marginal]", "-", mk_chain(1))
         many = _setup(rows, f"  torch.compile(fn: {CHAIN} chained k calls) [per fn call]", "-",
                       mk_chain(CHAIN))
@@ -471,6 +499,7 @@ def _torch_rows(torch: Any, k: Any, eager: Any, args: argparse.Namespace) -> tup
                              mk_triton_chain(1))
             tri_many = _setup(rows, f"  torch.compile(fn: {CHAIN} chained triton_op calls) "
                               "[per fn call]", "-", mk_triton_chain(CHAIN))
+    if not args.no_compile and context:
         ro_add = _setup(rows, "torch.compile(torch.add, reduce-overhead)", "-", mk_ro_add)
         compiled.append(_setup(rows, "pyptx torch.compile(k, reduce-overhead)",
                                "<= 1.3x torch.add", mk_ro_k))
@@ -480,13 +509,13 @@ def _torch_rows(torch: Any, k: Any, eager: Any, args: argparse.Namespace) -> tup
     sync()
     print(f"timing {len(rows)} torch rows ...", flush=True)
     _run_section(rows, args.calls, args.repeats)
+    marginal = tri_marginal = None
     if not args.no_compile:
         marginal = _marginal(one, many, CHAIN - 1,
                              f"pyptx torch.compile: each extra k call in a compiled fn "
                              f"(({CHAIN} calls - 1 call) / {CHAIN - 1})", "<= 1.3x torch.add")
         rows.append(marginal)
         compiled.append(marginal)
-        tri_marginal = None
         if tri_one is not None:
             tri_marginal = _marginal(tri_one, tri_many, CHAIN - 1,
                                      "triton_op (torch.library): each extra call in a compiled fn",
@@ -497,9 +526,16 @@ def _torch_rows(torch: Any, k: Any, eager: Any, args: argparse.Namespace) -> tup
     bounds = {eager_row.name: a * 1.0 if a else None, gk.name: gadd.median}
     for r in compiled:
         bounds[r.name] = a * 1.3 if a else None
-    if not args.no_compile and tri_marginal is not None and tri_marginal.median is not None:
+    if marginal is not None and tri_marginal is not None and tri_marginal.median is not None:
         bounds[marginal.name] = tri_marginal.median
-    return rows, {"base": add, "bounds": bounds}
+    targets = [
+        Target("eager k(x, w) <= 1.0x torch.add", eager_row, add, 1.0),
+        Target("CUDA graph replay of k <= a replayed torch.add graph", gk, gadd, 1.0),
+        Target("each extra k call in a compiled fn <= each extra triton_op call", marginal,
+               tri_marginal, 1.0, None if marginal is not None and tri_marginal is not None
+               else "not measured (--no-compile, --no-triton or no Triton)"),
+    ]
+    return rows, {"base": add, "bounds": bounds, "targets": targets}
 
 
 # ---------------------------------------------------------------------------- JAX section
@@ -579,12 +615,16 @@ def _jax_rows(build: Callable[..., Any], args: argparse.Namespace) -> tuple[list
         return (lambda: k(x, w)), finish
 
     base = _setup(rows, "jax.jit(jnp.add)", "baseline", mk_add)
-    _setup(rows, "jax.jit(jnp rmsnorm)", "-", mk_jnp_rms)
-    jk = _setup(rows, "pyptx jax.jit(fn calling k)", "<= 1.1x jax.jit(jnp.add)", mk_jit_k)
-    _setup(rows, "pyptx k(x, w) on jax arrays, no jit", "-", mk_eager_k)
+    jk = _setup(rows, "pyptx jax.jit(fn calling k)", "<= 1.0x jax.jit(jnp.add)", mk_jit_k)
+    if not args.targets:
+        _setup(rows, "jax.jit(jnp rmsnorm)", "-", mk_jnp_rms)
+        _setup(rows, "pyptx k(x, w) on jax arrays, no jit", "-", mk_eager_k)
     print(f"timing {len(rows)} JAX rows ...", flush=True)
     _run_section(rows, args.calls, args.repeats)
-    return rows, {"base": base, "bounds": {jk.name: base.median * 1.1 if base.median else None}}
+    target = Target(f"jax.jit dispatch <= 1.0x a jitted jnp op of the same size ({B}x{N})", jk,
+                    base, 1.0)
+    return rows, {"base": base, "bounds": {jk.name: base.median if base.median else None},
+                  "targets": [target]}
 
 
 # ---------------------------------------------------------------------------- profile
@@ -689,6 +729,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile rows")
     ap.add_argument("--no-jax", action="store_true", help="skip the JAX rows")
     ap.add_argument("--no-triton", action="store_true", help="skip the Triton row")
+    ap.add_argument("--targets", action="store_true",
+                    help="only the rows issue 18's targets need (a shorter run)")
     ap.add_argument("--kernel", choices=("fast", "seed"), default="fast",
                     help="our RMSNorm: build_rms_norm_fast (default; ~2 µs on the GPU) or the "
                          "guide's seed build_rms_norm (one warp per row; ~7 µs, so graph replay "
@@ -743,10 +785,12 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"setting up and checking paths at {B}x{N} f32 ...", flush=True)
     sections = []
+    targets: list[Target] = []
     failed = False
     try:
         rows, info = _torch_rows(torch, k, eager, args)
         sections.append(("torch", rows, info["base"], info["bounds"]))
+        targets += info["targets"]
     except Exception as e:  # noqa: BLE001
         print(f"torch section failed: {_err(e)}")
         failed = True
@@ -754,6 +798,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             rows, info = _jax_rows(build, args)
             sections.append(("jax", rows, info["base"], info["bounds"]))
+            targets += info["targets"]
         except Exception as e:  # noqa: BLE001
             msg = _err(e)
             skip = isinstance(e, (ImportError, RuntimeError))
@@ -762,6 +807,7 @@ def main(argv: list[str] | None = None) -> int:
             failed = failed or not skip
 
     lines = _table(sections, args.calls)
+    summary = ["issue 18 targets:", *(f"  {t.line()}" for t in targets)]
     footer = (f"{args.calls} back-to-back calls per repeat, median and min of {args.repeats} "
               f"repeats, host µs per call (final sync included, amortized); ratio to eager "
               f"torch.add, JAX rows to jax.jit(jnp.add). enqueue-only: median µs/call of "
@@ -771,6 +817,7 @@ def main(argv: list[str] | None = None) -> int:
     print(_versions(torch))
     print("\n".join(lines))
     print(footer)
+    print("\n".join(summary))
     print(f"(whole run {time.perf_counter() - t_start:.0f} s)")
     failed = failed or any(r.error is not None and not r.skipped
                            for _, rows, _, _ in sections for r in rows)
@@ -779,7 +826,8 @@ def main(argv: list[str] | None = None) -> int:
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(
                 f"# pyptx dispatch overhead, RMSNorm {B}x{N} f32\n\n{_versions(torch)}\n\n"
-                + "\n".join(lines) + f"\n\n{footer}\n", encoding="utf-8")
+                + "\n".join(lines) + f"\n\n{footer}\n\n" + "\n".join(summary) + "\n",
+                encoding="utf-8")
             print(f"wrote {args.out}")
         except OSError as e:
             print(f"could not write {args.out}: {e}")

@@ -78,6 +78,40 @@ def build_diff():
     return diff
 
 
+def build_diff_t():
+    """(a, b) -> a - b with a template parameter BLOCK (the CTA size): kwargs variants."""
+
+    @kernel(in_specs=(Tile("N", f32), Tile("N", f32)), out_specs=(Tile("N", f32),),
+            grid=lambda N, BLOCK: ((N + BLOCK - 1) // BLOCK, 1, 1),
+            block=lambda BLOCK: (BLOCK, 1, 1))
+    def diff_t(A, B, D, *, BLOCK=128):
+        pa, pb, pd = ptx.global_ptrs(A, B, D)
+        i = reg.from_(ptx.special.ctaid.x(), u32) * BLOCK + reg.from_(ptx.special.tid.x(), u32)
+        with ptx.if_(i < A.shape[0]):
+            a, b = reg.scalar(f32), reg.scalar(f32)
+            ptx.inst.ld.global_.f32(a, ptx.addr(pa + i * 4))
+            ptx.inst.ld.global_.f32(b, ptx.addr(pb + i * 4))
+            ptx.inst.st.global_.f32(ptx.addr(pd + i * 4), a - b)
+        ptx.ret()
+
+    return diff_t
+
+
+@pytest.fixture
+def unpoisoned():
+    """Poisoning sends every call to Python on purpose: these tests count calls that stay in C++."""
+    import pyptx_torch.eager as eager
+
+    saved = eager.POISON
+    eager.set_poison(False)
+    yield
+    eager.set_poison(saved)
+
+
+def randn(*sizes):
+    return [torch.randn(n, device="cuda") for n in sizes]
+
+
 def check(k, a, b):
     s, d = k(a, b)
     assert s.shape == a.shape and s.dtype == a.dtype and s.device == a.device
@@ -251,3 +285,132 @@ def test_status_string(fastpath):
     from pyptx_torch.fastpath import fastpath_status
 
     assert fastpath_status() == f"active (torch {torch.__version__})"
+
+
+# ------------------------------------------------ repeats never cross back into Python (item 4)
+def test_one_graph_calling_a_kernel_at_two_shapes_stays_in_cpp(fastpath, unpoisoned):
+    """Both signatures of one op variant keep a bound C++ plan: after the first call, no call
+    reaches the Python implementation (before, each call rebound the other shape's plan)."""
+    k = build_diff()
+
+    @torch.compile(fullgraph=True, dynamic=False)
+    def f(a, b, c, d):
+        return k(a, b) + 1.0, k(c, d) * 2.0
+
+    for _ in range(2):
+        f(*randn(2048, 2048, 513, 513))
+    assert fastpath.bound_plans(k.uid, "") == 2
+    before = fastpath.fallback_calls()
+    for _ in range(6):
+        a, b, c, d = randn(2048, 2048, 513, 513)
+        x, y = f(a, b, c, d)
+        assert torch.equal(x, (a - b) + 1.0) and torch.equal(y, (c - d) * 2.0)
+    assert fastpath.fallback_calls() == before
+
+
+def test_graphs_for_two_shapes_called_in_turn_stay_in_cpp(fastpath, unpoisoned):
+    """Two graphs (dynamic=False recompiles per shape) of a two-output kernel
+    (``pyptx::launch``), called alternately: no call after the first of each goes to Python."""
+    k = build_sum_diff()
+
+    @torch.compile(fullgraph=True, dynamic=False)
+    def f(a, b):
+        s, d = k(a, b)
+        return s, d * 3.0
+
+    sizes = (4096, 100)
+    for n in sizes * 2:
+        f(*randn(n, n))
+    assert fastpath.bound_plans(k.uid, "") == 2
+    before = fastpath.fallback_calls()
+    for step in range(8):
+        a, b = randn(sizes[step % 2], sizes[step % 2])
+        s, d = f(a, b)
+        assert torch.equal(s, a + b) and torch.equal(d, (a - b) * 3.0)
+    assert fastpath.fallback_calls() == before
+
+
+def test_template_kwargs_variants_stay_in_cpp(fastpath, unpoisoned):
+    """A compiled fn calling one kernel with two template values: two op variants, each bound."""
+    from pyptx_torch.compiled import _kwargs_key
+
+    k = build_diff_t()
+
+    @torch.compile(fullgraph=True, dynamic=False)
+    def f(a, b):
+        return k(a, b, BLOCK=64) + 1.0, k(b, a, BLOCK=256)
+
+    for _ in range(2):
+        f(*randn(3000, 3000))
+    for block in (64, 256):
+        assert fastpath.bound_plans(k.uid, _kwargs_key({"BLOCK": block})) == 1
+    before = fastpath.fallback_calls()
+    for _ in range(5):
+        a, b = randn(3000, 3000)
+        x, y = f(a, b)
+        assert torch.equal(x, (a - b) + 1.0) and torch.equal(y, b - a)
+    assert fastpath.fallback_calls() == before
+
+
+def test_a_hash_named_variant_stays_in_cpp(fastpath, unpoisoned):
+    """What a torch.export program calls (``sha:<content hash>``): bound on its first call."""
+    from pyptx_torch.compiled import hash_variant
+
+    k = build_diff()
+    a, b = randn(3000, 3000)
+    name = hash_variant(k, (a, b), {})
+    assert name.startswith("sha:")
+    for _ in range(2):
+        assert torch.equal(torch.ops.pyptx.launch2(a, b, name), a - b)
+    before = fastpath.fallback_calls()
+    for _ in range(5):
+        a, b = randn(3000, 3000)
+        assert torch.equal(torch.ops.pyptx.launch2(a, b, name), a - b)
+    assert fastpath.fallback_calls() == before
+
+
+def test_many_signatures_keep_the_newest_plans(fastpath, unpoisoned):
+    """Past PLANS_PER_VARIANT signatures the oldest plan is dropped (its next call goes to
+    Python once and is bound again); the newest ones stay in C++ and every answer is right."""
+    k = build_diff()
+    cap = fastpath.PLANS_PER_VARIANT
+    sizes = [100 + 7 * i for i in range(cap + 2)]
+    op = torch.ops.pyptx.launch2
+    for n in sizes:
+        a, b = randn(n, n)
+        assert torch.equal(op(a, b, k.uid), a - b)
+    assert fastpath.bound_plans(k.uid, "") == cap
+    before = fastpath.fallback_calls()
+    for n in sizes[-cap:]:
+        a, b = randn(n, n)
+        assert torch.equal(op(a, b, k.uid), a - b)
+    assert fastpath.fallback_calls() == before
+    a, b = randn(sizes[0], sizes[0])  # dropped: back through Python, then bound again
+    assert torch.equal(op(a, b, k.uid), a - b)
+    assert fastpath.fallback_calls() == before + 1
+    assert torch.equal(op(a, b, k.uid), a - b)
+    assert fastpath.fallback_calls() == before + 1
+
+
+def test_repeated_eager_calls_launch_through_cpp_plans(fastpath, unpoisoned, monkeypatch):
+    """Eager repeats, alternating shapes, with and without template kwargs: after one call per
+    signature nothing is planned again and every launch is a C++ plan's (the Python launch
+    path, ``run_plan``, is never reached)."""
+    import pyptx_torch.eager as eager
+
+    k = build_diff_t()
+    calls = [({}, 2048), ({}, 515), ({"BLOCK": 64}, 2048), ({"BLOCK": 256}, 515)]
+    for kw, n in calls:
+        a, b = randn(n, n)
+        assert torch.equal(k(a, b, **kw), a - b)
+
+    def unexpected(*args, **kwargs):
+        raise AssertionError("a repeated eager call left the C++ plans")
+
+    monkeypatch.setattr(eager, "run_plan", unexpected)
+    monkeypatch.setattr(eager, "build_plan", unexpected)
+    for _ in range(3):
+        for kw, n in calls:
+            a, b = randn(n, n)
+            assert torch.equal(k(a, b, **kw), a - b)
+    assert all(isinstance(f, fastpath.Plan) for f in k.launcher("torch").state.fast)

@@ -91,9 +91,10 @@ def _fake_outputs(kernel: Any, kwargs: dict[str, Any], inputs: Sequence[torch.Te
 HASH_PREFIX = "sha:"
 #: (content hash, input signature) -> (Plan, fast launcher) of records found by hash.
 _hash_plans: dict[Any, tuple[Plan, Any]] = {}
-#: The record of each C++ plan bound to an op variant: bound plans launch by handle until the
-#: process ends, so their records (and shim configs) must live as long.
-_bound_records: dict[tuple[str, str], Any] = {}
+#: (kernel, kwargs) -> {(handle, device): record} of the C++ plans bound to that op variant
+#: (as many as the extension keeps, oldest first): a bound plan launches by handle, so its
+#: record (and shim config) must live while the plan is bound.
+_bound_records: dict[tuple[str, str], dict[tuple[int, int], Any]] = {}
 
 
 def _record_of(key: str) -> Any:
@@ -151,9 +152,19 @@ def _launch_impl(inputs: list[torch.Tensor], kernel: str, kwargs: str) -> list[t
     if out is None:
         out = run_plan(plan, args)
     if FASTPATH is not None and isinstance(fast, FASTPATH.Plan):
-        FASTPATH.bind(kernel, kwargs, fast)  # this op's C++ kernel takes the next such call
-        _bound_records[(kernel, kwargs)] = plan.record  # as long as the C++ plan (for good)
+        _bind(kernel, kwargs, plan, fast)
     return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+def _bind(kernel: str, kwargs: str, plan: Plan, fast: Any) -> None:
+    """Hand ``fast`` to the op's C++ kernel: every later call of this variant with the same
+    input signature launches there, without coming back to Python."""
+    FASTPATH.bind(kernel, kwargs, fast)
+    kept = _bound_records.setdefault((kernel, kwargs), {})
+    kept.pop((plan.handle, plan.index), None)
+    kept[(plan.handle, plan.index)] = plan.record
+    while len(kept) > FASTPATH.PLANS_PER_VARIANT:  # the plans the extension dropped
+        del kept[next(iter(kept))]
 
 
 def _launch_fake(inputs: list[torch.Tensor], kernel: str, kwargs: str) -> list[torch.Tensor]:

@@ -146,7 +146,8 @@ def make_launcher() -> Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]:
     """A kernel's torch launcher ``launch(kernel, args, kwargs)``; its state is ``.state``.
 
     While torch.compile traces, a call becomes one ``pyptx::launch<n>`` op; otherwise the
-    fast launchers are tried (no kwargs) before the plans.
+    fast launchers are tried (no kwargs) before the plans, and a call with template kwargs
+    launches through the fast launcher of its plan.
     """
     from .compiled import compiled_call
 
@@ -164,7 +165,11 @@ def make_launcher() -> Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]:
                     if f is not fast[0]:
                         state.use_fast(f)
                     return out
-        plan, _ = plan_for(state, kernel, args, kwargs)
+        plan, plan_fast = plan_for(state, kernel, args, kwargs)
+        if plan_fast is not None:  # the exact-signature launcher, with template kwargs too
+            out = plan_fast(args)
+            if out is not None:
+                return out
         outs = run_plan(plan, args)
         return outs[0] if len(outs) == 1 else tuple(outs)
 

@@ -6,8 +6,10 @@
 // caching allocator, reads the current stream and launches through the
 // shim's C entry point; anything that does not match returns None so the
 // Python path (which validates and raises pyptx's errors) takes over. The
-// same plans back the CUDA kernel of the pyptx::launch op used under
-// torch.compile, with the Python implementation as the fallback.
+// same plans back the CUDA kernel of the pyptx::launch ops used under
+// torch.compile: each kernel variant keeps the plans of every input signature
+// it was called with (up to 8), so only a signature's first call goes to the
+// Python implementation (the fallback); its repeats stay in C++.
 //
 // Built against the installed torch (ABI-specific): see fastpath_build.py.
 
@@ -25,8 +27,11 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <mutex>
+#include <new>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -47,42 +52,60 @@ bool g_poison = false;             // outputs must be poisoned: leave every call
 PyObject* g_fallback = nullptr;    // Python pyptx::launch implementation (owned)
 std::atomic<uint64_t> g_fallback_calls{0};  // pyptx::launch calls no bound plan took
 
+// What a repeat of one specialization needs; immutable once made, shared by the Python Plan
+// object and the op's variant table (so a plan dropped from either stays valid while in use).
+struct PlanData {
+  uint64_t handle = 0;
+  c10::DeviceIndex device = 0;
+  std::vector<std::vector<int64_t>> in_shapes;
+  std::vector<c10::ScalarType> in_dtypes;
+  std::vector<std::vector<int64_t>> out_shapes;
+  std::vector<c10::ScalarType> out_dtypes;
+
+  // Same inputs accepted (a rebind of this signature replaces the plan).
+  bool same_signature(const PlanData& o) const {
+    return device == o.device && in_shapes == o.in_shapes && in_dtypes == o.in_dtypes;
+  }
+};
+using PlanPtr = std::shared_ptr<const PlanData>;
+
 struct PlanObject {
   PyObject_HEAD
   vectorcallfunc vectorcall;
-  uint64_t handle;
-  c10::DeviceIndex device;
-  std::vector<std::vector<int64_t>>* in_shapes;
-  std::vector<c10::ScalarType>* in_dtypes;
-  std::vector<std::vector<int64_t>>* out_shapes;
-  std::vector<c10::ScalarType>* out_dtypes;
+  PlanPtr data;  // constructed in place by plan_new, destroyed by plan_dealloc
 };
 
-// Check `inputs` against the plan, allocate, launch; false if anything differs.
+enum class Ran { kNoMatch, kLaunched, kFailed };
+
+// Check `inputs` against the plan, allocate, launch. kNoMatch: the inputs are not the ones the
+// plan was built for (another plan may take them); kFailed: they are, but the launch did not
+// happen (the Python path repeats the call and reports why).
 template <typename Get>
-bool run(const PlanObject* p, size_t n, Get get, std::vector<at::Tensor>& outs) {
-  if (n != p->in_dtypes->size() || !g_launch || g_poison) return false;
+Ran run(const PlanData& p, size_t n, Get get, std::vector<at::Tensor>& outs) {
+  if (n != p.in_dtypes.size()) return Ran::kNoMatch;
   void* ptrs[kMaxTensors];
-  const size_t n_out = p->out_dtypes->size();
-  if (n + n_out > kMaxTensors) return false;
+  const size_t n_out = p.out_dtypes.size();
+  if (n + n_out > kMaxTensors) return Ran::kNoMatch;
   for (size_t i = 0; i < n; ++i) {
     const at::Tensor* t = get(i);
-    if (!t || !t->defined() || !t->is_cuda() || t->get_device() != p->device ||
-        t->scalar_type() != (*p->in_dtypes)[i] || t->sizes() != c10::IntArrayRef((*p->in_shapes)[i]) ||
+    if (!t || !t->defined() || !t->is_cuda() || t->get_device() != p.device ||
+        t->scalar_type() != p.in_dtypes[i] || t->sizes() != c10::IntArrayRef(p.in_shapes[i]) ||
         !t->is_contiguous())
-      return false;
+      return Ran::kNoMatch;
     ptrs[i] = t->data_ptr();
   }
-  if (c10::cuda::current_device() != p->device) return false;
+  if (c10::cuda::current_device() != p.device) return Ran::kNoMatch;
+  if (!g_launch || g_poison) return Ran::kFailed;
   outs.clear();
   outs.reserve(n_out);
   for (size_t j = 0; j < n_out; ++j) {
-    outs.push_back(at::empty((*p->out_shapes)[j],
-                             at::TensorOptions().dtype((*p->out_dtypes)[j]).device(at::kCUDA, p->device)));
+    outs.push_back(at::empty(p.out_shapes[j],
+                             at::TensorOptions().dtype(p.out_dtypes[j]).device(at::kCUDA, p.device)));
     ptrs[n + j] = outs.back().data_ptr();
   }
-  void* stream = c10::cuda::getCurrentCUDAStream(p->device).stream();
-  return g_launch(p->handle, stream, ptrs, static_cast<int>(n + n_out)) == 0;
+  void* stream = c10::cuda::getCurrentCUDAStream(p.device).stream();
+  return g_launch(p.handle, stream, ptrs, static_cast<int>(n + n_out)) == 0 ? Ran::kLaunched
+                                                                             : Ran::kFailed;
 }
 
 PyObject* wrap_outputs(std::vector<at::Tensor>& outs) {
@@ -110,8 +133,8 @@ PyObject* plan_vectorcall(PyObject* self, PyObject* const* args, size_t nargsf, 
       PyObject* o = PyTuple_GET_ITEM(tup, static_cast<Py_ssize_t>(i));
       return THPVariable_CheckExact(o) ? &THPVariable_Unpack(o) : nullptr;
     };
-    if (!run(reinterpret_cast<PlanObject*>(self), static_cast<size_t>(PyTuple_GET_SIZE(tup)), get,
-             outs))
+    if (run(*reinterpret_cast<PlanObject*>(self)->data, static_cast<size_t>(PyTuple_GET_SIZE(tup)),
+            get, outs) != Ran::kLaunched)
       Py_RETURN_NONE;
   } catch (const std::exception&) {
     Py_RETURN_NONE;  // the Python path repeats the call and reports the error properly
@@ -120,11 +143,7 @@ PyObject* plan_vectorcall(PyObject* self, PyObject* const* args, size_t nargsf, 
 }
 
 void plan_dealloc(PyObject* self) {
-  auto* p = reinterpret_cast<PlanObject*>(self);
-  delete p->in_shapes;
-  delete p->in_dtypes;
-  delete p->out_shapes;
-  delete p->out_dtypes;
+  reinterpret_cast<PlanObject*>(self)->data.~PlanPtr();
   Py_TYPE(self)->tp_free(self);
 }
 
@@ -177,53 +196,77 @@ PyObject* plan_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
   if (!PyArg_ParseTupleAndKeywords(args, kwargs, "KiOOOO", const_cast<char**>(names), &handle,
                                    &device, &in_shapes, &in_dtypes, &out_shapes, &out_dtypes))
     return nullptr;
+  auto data = std::make_shared<PlanData>();
+  data->handle = handle;
+  data->device = static_cast<c10::DeviceIndex>(device);
+  if (!read_shapes(in_shapes, "in_shapes", &data->in_shapes) ||
+      !read_dtypes(in_dtypes, "in_dtypes", &data->in_dtypes) ||
+      !read_shapes(out_shapes, "out_shapes", &data->out_shapes) ||
+      !read_dtypes(out_dtypes, "out_dtypes", &data->out_dtypes))
+    return nullptr;
+  if (data->in_shapes.size() != data->in_dtypes.size() ||
+      data->out_shapes.size() != data->out_dtypes.size() ||
+      data->in_dtypes.size() + data->out_dtypes.size() > kMaxTensors) {
+    PyErr_SetString(PyExc_ValueError, "Plan: shapes and dtypes disagree in length, or too many tensors");
+    return nullptr;
+  }
   PyObject* self = type->tp_alloc(type, 0);
   if (!self) return nullptr;
   auto* p = reinterpret_cast<PlanObject*>(self);
   p->vectorcall = plan_vectorcall;
-  p->handle = handle;
-  p->device = static_cast<c10::DeviceIndex>(device);
-  p->in_shapes = new std::vector<std::vector<int64_t>>();
-  p->in_dtypes = new std::vector<c10::ScalarType>();
-  p->out_shapes = new std::vector<std::vector<int64_t>>();
-  p->out_dtypes = new std::vector<c10::ScalarType>();
-  if (!read_shapes(in_shapes, "in_shapes", p->in_shapes) ||
-      !read_dtypes(in_dtypes, "in_dtypes", p->in_dtypes) ||
-      !read_shapes(out_shapes, "out_shapes", p->out_shapes) ||
-      !read_dtypes(out_dtypes, "out_dtypes", p->out_dtypes)) {
-    Py_DECREF(self);
-    return nullptr;
-  }
-  if (p->in_shapes->size() != p->in_dtypes->size() ||
-      p->out_shapes->size() != p->out_dtypes->size() ||
-      p->in_dtypes->size() + p->out_dtypes->size() > kMaxTensors) {
-    Py_DECREF(self);
-    PyErr_SetString(PyExc_ValueError, "Plan: shapes and dtypes disagree in length, or too many tensors");
-    return nullptr;
-  }
+  new (&p->data) PlanPtr(std::move(data));
   return self;
 }
 
 PyTypeObject PlanType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
 // ------------------------------------------------------------- pyptx::launch under torch.compile
+// A variant (one kernel and its template kwargs) may be called with several input signatures
+// (shapes, dtypes, device): in one compiled graph, or by graphs compiled for different shapes.
+// Each signature keeps its own bound plan, so alternating signatures never leave C++.
+constexpr size_t kPlansPerVariant = 8;
+using PlanList = std::vector<PlanPtr>;  // newest first, at most kPlansPerVariant
+
+struct StringHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+};
+
 std::mutex g_variants_mutex;
-std::unordered_map<std::string, PyObject*> g_variants;  // "uid\0kwargs" -> Plan (owned)
+// "uid" or "uid|kwargs" (the variant string of pyptx::launch<n>) -> its bound plans. A list is
+// never changed once published (bind copies it), so a caller holds it without the lock.
+std::unordered_map<std::string, std::shared_ptr<const PlanList>, StringHash, std::equal_to<>>
+    g_variants;
 
 std::string variant_key(c10::string_view uid, c10::string_view kwargs) {
   std::string key(uid.data(), uid.size());
-  key.push_back('\0');
-  key.append(kwargs.data(), kwargs.size());
+  if (!kwargs.empty()) {
+    key.push_back('|');
+    key.append(kwargs.data(), kwargs.size());
+  }
   return key;
 }
 
-// The plan bound to (uid, kwargs), or null. A bound plan lives until process exit: rebinding
-// (only in the fallback) retires the old plan without freeing it, so it may be used after
-// the lock is released.
-PlanObject* bound_plan(c10::string_view uid, c10::string_view kwargs) {
+// The plans bound to a variant, or null.
+std::shared_ptr<const PlanList> bound_plans(std::string_view key) {
   std::lock_guard<std::mutex> lock(g_variants_mutex);
-  auto it = g_variants.find(variant_key(uid, kwargs));
-  return it == g_variants.end() ? nullptr : reinterpret_cast<PlanObject*>(it->second);
+  auto it = g_variants.find(key);
+  return it == g_variants.end() ? nullptr : it->second;
+}
+
+// Launch through the first bound plan built for these inputs; false when none takes them.
+template <typename Get>
+bool run_bound(std::string_view key, size_t n, Get get, std::vector<at::Tensor>& outs,
+               size_t want_outs = 0) {
+  auto plans = bound_plans(key);
+  if (!plans) return false;
+  for (const PlanPtr& p : *plans) {
+    if (want_outs && p->out_dtypes.size() != want_outs) continue;
+    Ran r = run(*p, n, get, outs);
+    if (r == Ran::kLaunched) return true;
+    if (r == Ran::kFailed) return false;
+  }
+  return false;
 }
 
 [[noreturn]] void throw_python_error() {
@@ -264,9 +307,8 @@ std::vector<at::Tensor> launch_fallback(at::TensorList inputs, c10::string_view 
 }
 
 std::vector<at::Tensor> launch_op(at::TensorList inputs, c10::string_view uid, c10::string_view kwargs) {
-  PlanObject* plan = bound_plan(uid, kwargs);
   std::vector<at::Tensor> outs;
-  if (plan && run(plan, inputs.size(), [&](size_t i) { return &inputs[i]; }, outs))
+  if (run_bound(variant_key(uid, kwargs), inputs.size(), [&](size_t i) { return &inputs[i]; }, outs))
     return outs;
   return launch_fallback(inputs, uid, kwargs);
 }
@@ -275,14 +317,14 @@ std::vector<at::Tensor> launch_op(at::TensorList inputs, c10::string_view uid, c
 // arguments; variant is "uid" or "uid|kwargs" (a kernel's uid never holds '|'). A fixed
 // argument list and one Tensor back cost less on torch's Python->op path than a Tensor[].
 at::Tensor launch_single(const at::Tensor* const* ins, size_t n, c10::string_view variant) {
+  std::vector<at::Tensor> outs;
+  if (run_bound(std::string_view(variant.data(), variant.size()), n, [&](size_t i) { return ins[i]; },
+                outs, 1))
+    return std::move(outs[0]);
   const size_t bar = variant.find('|');
   const c10::string_view uid = variant.substr(0, bar);
   // never a null data pointer: the fallback hands both strings to Python as s#
   const c10::string_view kwargs = variant.substr(bar == c10::string_view::npos ? variant.size() : bar + 1);
-  PlanObject* p = bound_plan(uid, kwargs);
-  std::vector<at::Tensor> outs;
-  if (p && p->out_dtypes->size() == 1 && run(p, n, [&](size_t i) { return ins[i]; }, outs))
-    return std::move(outs[0]);
   std::vector<at::Tensor> args;
   args.reserve(n);
   for (size_t i = 0; i < n; ++i) args.push_back(*ins[i]);
@@ -310,7 +352,9 @@ at::Tensor launch4_op(const at::Tensor& a, const at::Tensor& b, const at::Tensor
   return launch_single(t, 4, v);
 }
 
-// bind(uid, kwargs, plan): the plan pyptx::launch uses for that kernel variant.
+// bind(uid, kwargs, plan): pyptx::launch runs that kernel variant through `plan` when the inputs
+// match it. It joins the variant's plans, replacing one built for the same inputs; past
+// kPlansPerVariant the oldest is dropped (freed once no launch in flight holds it).
 PyObject* py_bind(PyObject*, PyObject* args) {
   const char *uid, *kwargs;
   Py_ssize_t n_uid, n_kwargs;
@@ -318,13 +362,28 @@ PyObject* py_bind(PyObject*, PyObject* args) {
   if (!PyArg_ParseTuple(args, "s#s#O!", &uid, &n_uid, &kwargs, &n_kwargs, &PlanType, &plan))
     return nullptr;
   std::string key = variant_key(c10::string_view(uid, n_uid), c10::string_view(kwargs, n_kwargs));
-  Py_INCREF(plan);
+  const PlanPtr& data = reinterpret_cast<PlanObject*>(plan)->data;
   std::lock_guard<std::mutex> lock(g_variants_mutex);
   auto& slot = g_variants[key];
-  // The previous plan is kept alive (not DECREF'd): another thread may still be running it
-  // outside the lock. Plans are small and rebinding is rare (a new shape for one variant).
-  slot = plan;
+  auto list = std::make_shared<PlanList>();
+  list->push_back(data);
+  if (slot) {
+    for (const PlanPtr& p : *slot) {
+      if (list->size() == kPlansPerVariant) break;
+      if (!p->same_signature(*data)) list->push_back(p);
+    }
+  }
+  slot = std::move(list);
   Py_RETURN_NONE;
+}
+
+// bound_plans(uid, kwargs) -> int: how many plans are bound to that variant.
+PyObject* py_bound_plans(PyObject*, PyObject* args) {
+  const char *uid, *kwargs;
+  Py_ssize_t n_uid, n_kwargs;
+  if (!PyArg_ParseTuple(args, "s#s#", &uid, &n_uid, &kwargs, &n_kwargs)) return nullptr;
+  auto plans = bound_plans(variant_key(c10::string_view(uid, n_uid), c10::string_view(kwargs, n_kwargs)));
+  return PyLong_FromSize_t(plans ? plans->size() : 0);
 }
 
 // configure(launch_raw_address): the shim's C launch entry point.
@@ -368,7 +427,10 @@ PyMethodDef methods[] = {
      "configure(launch_raw_address): the shim's C launch entry point."},
     {"set_fallback", py_set_fallback, METH_O,
      "set_fallback(fn): the Python implementation pyptx::launch calls when no plan matches."},
-    {"bind", py_bind, METH_VARARGS, "bind(uid, kwargs, plan): the plan pyptx::launch uses for a variant."},
+    {"bind", py_bind, METH_VARARGS,
+     "bind(uid, kwargs, plan): pyptx::launch runs that variant through plan when inputs match it."},
+    {"bound_plans", py_bound_plans, METH_VARARGS,
+     "bound_plans(uid, kwargs) -> int: how many plans are bound to that kernel variant."},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_fastpath",
@@ -450,7 +512,8 @@ PyMODINIT_FUNC PyInit__fastpath() {
   if (!m) return nullptr;
   Py_INCREF(&PlanType);
   if (PyModule_AddObject(m, "Plan", reinterpret_cast<PyObject*>(&PlanType)) < 0 ||
-      PyModule_AddStringConstant(m, "TORCH_VERSION", PYPTX_TORCH_VERSION) < 0) {
+      PyModule_AddStringConstant(m, "TORCH_VERSION", PYPTX_TORCH_VERSION) < 0 ||
+      PyModule_AddIntConstant(m, "PLANS_PER_VARIANT", static_cast<long>(kPlansPerVariant)) < 0) {
     Py_DECREF(m);
     return nullptr;
   }

@@ -1,0 +1,89 @@
+"""GPU tests of issue 18's launch pipeline that are not about the C++ fast path itself:
+cluster launch attributes on every device (including devices a record reaches through the
+shim's ``set_device_function``).
+
+Outputs are poisoned before each launch (``eager.set_poison``) and every expected value
+depends on a fresh random input, so an unwritten or mis-launched element fails. Integer
+results are compared exactly (tolerance 0).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from pyptx import Tile, kernel, ptx, reg  # noqa: E402
+from pyptx.types import s32, u32  # noqa: E402
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+
+@pytest.fixture
+def poisoned():
+    import pyptx_torch.eager as eager
+
+    saved = eager.POISON
+    eager.set_poison(True)
+    yield
+    eager.set_poison(saved)
+
+
+def build_cluster_rank(c: int):
+    """Y[cta] = 1000 * %cluster_nctarank + %cluster_ctarank + X[cta], in clusters of ``c``."""
+
+    @kernel(in_specs=(Tile("G", s32),), out_specs=(Tile("G", s32),),
+            grid=lambda G: (G, 1, 1), block=(32, 1, 1), cluster=(c, 1, 1), arch="sm_90a")
+    def cluster_rank(X, Y):
+        px, py = ptx.global_ptrs(X, Y)
+        cta = reg.from_(ptx.special.ctaid.x(), u32)
+        with ptx.if_(reg.from_(ptx.special.tid.x(), u32) == 0):
+            rank = ptx.special.cluster_ctarank()
+            n = ptx.special.cluster_nctarank()
+            x = reg.scalar(s32)
+            ptx.inst.ld.global_.s32(x, ptx.addr(px + cta * 4))
+            ptx.inst.st.global_.s32(ptx.addr(py + cta * 4), reg.from_(n * 1000 + rank, s32) + x)
+        ptx.ret()
+
+    return cluster_rank
+
+
+def expected(x: torch.Tensor, c: int) -> torch.Tensor:
+    cta = torch.arange(x.numel(), device=x.device, dtype=torch.int32)
+    return 1000 * c + cta % c + x
+
+
+def sm90_devices() -> list[int]:
+    return [i for i in range(torch.cuda.device_count())
+            if torch.cuda.get_device_capability(i) == (9, 0)]
+
+
+@pytest.mark.parametrize("c", [2, 16])  # 16 is past the portable 8: needs the shim's opt-in
+def test_cluster_dims_apply_on_every_device(c, poisoned):
+    """Each sm_90 GPU, in turn, runs the same record: the first through the shim's register,
+    the others through set_device_function. Every CTA sees the cluster size and its rank."""
+    devices = sm90_devices()
+    if not devices:
+        pytest.skip("needs an sm_90 GPU (the kernel targets sm_90a)")
+    k = build_cluster_rank(c)
+    for _ in range(2):  # the second round takes each device's fast launcher
+        for d in devices:
+            x = torch.randint(-10**6, 10**6, (64 * c,), dtype=torch.int32, device=f"cuda:{d}")
+            y = k(x)
+            assert y.device == x.device
+            assert torch.equal(y, expected(x, c)), f"cuda:{d}, cluster {c}"
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_cluster_dims_on_a_device_reached_through_set_device_function(poisoned):
+    """The record is loaded on cuda:1 first (it registers there), then on cuda:0 (added with
+    set_device_function): both launch in clusters of 16."""
+    if len(sm90_devices()) < 2:
+        pytest.skip("needs two sm_90 GPUs")
+    k = build_cluster_rank(16)
+    for d in (1, 0, 1, 0):
+        x = torch.randint(-10**6, 10**6, (128 * 16,), dtype=torch.int32, device=f"cuda:{d}")
+        assert torch.equal(k(x), expected(x, 16)), f"cuda:{d}"
