@@ -53,10 +53,22 @@ EPI_BUFS = 2
 STORES = ("auto", "masked")
 
 
+def _error(msg):
+    """A ``ConfigError`` whose message starts with the ``file:line`` of the first caller
+    outside this example and pyptx."""
+    from pyptx.source import _is_internal
+
+    f = sys._getframe(1)
+    while f is not None and (f.f_code.co_filename == __file__ or _is_internal(f.f_code.co_filename)):
+        f = f.f_back
+    at = f"{f.f_code.co_filename}:{f.f_lineno}" if f is not None else "<unknown>:0"
+    return ConfigError(f"{at}: {msg}")
+
+
 def _out_type(name):
     table = {"bf16": bf16, "f32": f32, bf16: bf16, f32: f32}
     if name not in table:
-        raise ConfigError(f"grouped GEMM: out_dtype must be 'bf16' or 'f32', got {name!r}")
+        raise _error(f"grouped GEMM: out_dtype must be 'bf16' or 'f32', got {name!r}")
     return table[name]
 
 
@@ -68,14 +80,14 @@ def smem_bytes(BM, BN, BK, stages):
 
 def _check_tile(BM, BN, BK, stages, what):
     if BM not in (64, 128) or BN % 64 or not 64 <= BN <= 256 or BK != 64:
-        raise ConfigError(f"{what}: unsupported tile {BM}x{BN}x{BK} (BM 64 or 128, BN a multiple "
+        raise _error(f"{what}: unsupported tile {BM}x{BN}x{BK} (BM 64 or 128, BN a multiple "
                           f"of 64 up to 256, BK 64)")
     if stages is None:
         per_stage = smem_bytes(BM, BN, BK, 1) - smem_bytes(BM, BN, BK, 0)
         stages = max(2, min(8, (SMEM_LIMIT - smem_bytes(BM, BN, BK, 0)) // per_stage))
     total = smem_bytes(BM, BN, BK, stages)
     if total > SMEM_LIMIT:
-        raise ConfigError(f"{what}: {BM}x{BN}x{BK} with {stages} stages needs {total} bytes of "
+        raise _error(f"{what}: {BM}x{BN}x{BK} with {stages} stages needs {total} bytes of "
                           f"shared memory, over {SMEM_LIMIT}")
     return stages, total
 
@@ -246,11 +258,11 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
     what = "build_grouped"
     ot = _out_type(out_dtype)
     if b_major not in ("K", "MN"):
-        raise ConfigError(f"{what}: b_major must be 'K' or 'MN', got {b_major!r}")
+        raise _error(f"{what}: b_major must be 'K' or 'MN', got {b_major!r}")
     if store not in STORES:
-        raise ConfigError(f"{what}: store must be one of {STORES}, got {store!r}")
+        raise _error(f"{what}: store must be one of {STORES}, got {store!r}")
     if N % 8 or K % 8:
-        raise ConfigError(f"{what}: N and K must be multiples of 8 (16-byte rows for the tensor "
+        raise _error(f"{what}: N and K must be multiples of 8 (16-byte rows for the tensor "
                           f"copies), got N={N}, K={K}; pad them (grouped_mm does)")
     stages, smem_total = _check_tile(BM, BN, BK, stages, what)
     consumers = BM // 64
@@ -394,7 +406,7 @@ def build_grouped_wgrad(M: int, KX: int, NY: int, G: int, *, out_dtype="bf16", B
     what = "build_grouped_wgrad"
     ot = _out_type(out_dtype)
     if KX % 8 or NY % 8:
-        raise ConfigError(f"{what}: KX and NY must be multiples of 8, got KX={KX}, NY={NY}")
+        raise _error(f"{what}: KX and NY must be multiples of 8, got KX={KX}, NY={NY}")
     stages, smem_total = _check_tile(BM, BN, BK, stages, what)
     consumers = BM // 64
     threads = 128 * (1 + consumers)
@@ -627,7 +639,7 @@ def grouped_mm(a, b, offs, *, out_dtype=None, trans_b=False, config=None):
     """
     lib = "torch" if type(a).__module__.startswith("torch") else "jax"
     if len(a.shape) != 2 or len(b.shape) != 3 or len(offs.shape) != 1:
-        raise ConfigError(f"grouped_mm expects a (M, K), b (G, K, N) and offs (G,), got "
+        raise _error(f"grouped_mm expects a (M, K), b (G, K, N) and offs (G,), got "
                           f"{tuple(a.shape)}, {tuple(b.shape)} and {tuple(offs.shape)}")
     if lib == "torch":
         bt = b.transpose(-2, -1)
@@ -638,13 +650,13 @@ def grouped_mm(a, b, offs, *, out_dtype=None, trans_b=False, config=None):
     G = b.shape[0]
     Kb, N = (b.shape[2], b.shape[1]) if trans_b else (b.shape[1], b.shape[2])
     if Kb != K or offs.shape[0] != G:
-        raise ConfigError(f"grouped_mm: a is {M}x{K}, b holds {G} groups of {Kb}x{N} and offs "
+        raise _error(f"grouped_mm: a is {M}x{K}, b holds {G} groups of {Kb}x{N} and offs "
                           f"has {offs.shape[0]} entries")
     for x, what in ((a, "a"), (b, "b")):
         if "bfloat16" not in str(x.dtype):
-            raise ConfigError(f"grouped_mm: {what} must be bfloat16, got {x.dtype}")
+            raise _error(f"grouped_mm: {what} must be bfloat16, got {x.dtype}")
     if "int32" not in str(offs.dtype):
-        raise ConfigError(f"grouped_mm: offs must be int32, got {offs.dtype}")
+        raise _error(f"grouped_mm: offs must be int32, got {offs.dtype}")
     out = out_dtype or "bf16"
     a = _pad_last(a, 8, lib)
     b = _pad_last(_pad_last(b, 8, lib), 8, lib, dim=1)  # both of b's matrix dims

@@ -597,7 +597,8 @@ def _exec(c: _CTA, ins: tuple, m: np.ndarray, pcs: np.ndarray, done: np.ndarray,
                 r = {"rsqrt": lambda v: 1.0 / np.sqrt(v), "ex2": np.exp2,
                      "rcp": lambda v: 1.0 / v}[base](a)
             c.putf(ops[0], r, m)
-        elif base in ("add", "sub", "mul", "mad", "shl", "shr", "and", "or", "xor", "min", "max"):
+        elif base in ("add", "sub", "mul", "mad", "shl", "shr", "and", "or", "xor", "min", "max") \
+                or (base in ("div", "rem") and t in ("u32", "u64")):
             if t == "pred":
                 a, b = c.as_p(ops[1], m), c.as_p(ops[2], m)
                 c.put(ops[0], {"and": a & b, "or": a | b, "xor": a ^ b}[base], m)
@@ -616,6 +617,7 @@ def _exec(c: _CTA, ins: tuple, m: np.ndarray, pcs: np.ndarray, done: np.ndarray,
                 r = {"add": lambda: a + b, "sub": lambda: a - b, "mul": lambda: a * b,
                      "and": lambda: a & b, "or": lambda: a | b, "xor": lambda: a ^ b,
                      "min": lambda: np.minimum(a, b), "max": lambda: np.maximum(a, b),
+                     "div": lambda: a // np.maximum(b, 1), "rem": lambda: a % np.maximum(b, 1),
                      "mad": lambda: a * b + c.as_u(ops[3], m, bits).astype(np.uint64)}[base]()
             c.put(ops[0], r, m)
         elif base == "setp":

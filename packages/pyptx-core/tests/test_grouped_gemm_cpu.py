@@ -1,0 +1,240 @@
+"""CPU tests of the grouped GEMM example (``examples/hopper/grouped_gemm.py``).
+
+* the ragged tile walk (``RaggedTiles``) and the weight-gradient's group rows, as traced
+  PTX run in the simulator (``ptxsim``), against a Python model of the tile order;
+* the masked epilogue (``_Consumer.store_masked``) in the simulator: exactly the rows
+  below the group end and the columns below N are written, with the right values;
+* every tuned configuration of the three kernels assembles with ptxas without spills;
+* bad configurations and bad calls raise ``ConfigError`` at the caller's line.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pyptx import Tile, kernel, ptx, reg
+from pyptx.errors import ConfigError
+from pyptx.fragment import Accumulator
+from pyptx.testing import load_module
+from pyptx.types import s32, u32, u64
+
+HERE = Path(__file__).resolve()
+HOPPER = HERE.parents[3] / "examples" / "hopper"
+gg = load_module(HOPPER / "grouped_gemm.py", "grouped_gemm_cpu")
+
+
+@pytest.fixture(scope="module")
+def sim():
+    sys.path.insert(0, str(HERE.parent))
+    import ptxsim
+
+    return ptxsim
+
+
+def model_tiles(sizes, M, BM, num_n):
+    """Python model of the forward tile order: (g, m0, n0, end) per tile, m-block fastest."""
+    out, start = [], 0
+    for g, s in enumerate(sizes):
+        end = min(max(start + s, start), M)
+        blocks = -(-(end - start) // BM)
+        for nb in range(num_n):
+            for mb in range(blocks):
+                out.append((g, start + mb * BM, nb, end))
+        start = end
+    return out
+
+
+def _walk_probe(G, M, BM, BN, num_n, ctas, slots):
+    @kernel(in_specs=(Tile(G, s32),), out_specs=(Tile(ctas, slots, 4, u32),),
+            grid=(ctas, 1, 1), block=(32, 1, 1), name="walk_probe")
+    def probe(Offs, Out):
+        (p_offs,) = ptx.global_ptrs(Offs)
+        (p_out,) = ptx.global_ptrs(Out)
+        cid = reg.from_(ptx.special.ctaid.x(), u32)
+        lead = reg.from_(ptx.special.tid.x(), u32) == 0
+        walk = gg.RaggedTiles(p_offs, G, M, BM, num_n)
+        t = reg.scalar(u32, init=cid)
+        slot = reg.scalar(u32, init=0)
+        row = p_out + reg.from_(cid, u64) * (slots * 16)
+        top, end = ptx.label("t"), ptx.label("e")
+        ptx.place(top)
+        walk.seek(t)
+        ptx.bra(end, pred=walk.done(t))
+        g, m0, n0 = walk.tile(t, BN)
+        a = row + reg.from_(slot, u64) * 16
+        ptx.inst.st.global_.v4.u32(ptx.addr(a), [g, m0, n0, walk.end], pred=lead)
+        slot += 1
+        t += ctas
+        ptx.bra(top)
+        ptx.place(end)
+        fill = reg.scalar(u32, init=0xFFFFFFFF)
+        for s in ptx.loop(slot, slots):
+            a = row + reg.from_(s, u64) * 16
+            ptx.inst.st.global_.v4.u32(ptx.addr(a), [fill] * 4, pred=lead)
+        ptx.ret()
+
+    return probe
+
+
+@pytest.mark.parametrize("sizes,BM,BN,N,ctas", [
+    ([0, 37, 130], 128, 256, 72, 3),
+    ([0, 37, 130], 64, 128, 300, 5),
+    ([5, 0, 300, 1, 200, 0], 128, 128, 264, 4),
+    ([128] * 6, 128, 256, 512, 7),
+    ([0, 0, 0], 64, 64, 64, 2),
+    ([400, 0], 64, 256, 256, 1),
+])
+def test_ragged_walk_matches_the_model(sim, sizes, BM, BN, N, ctas):
+    G, M = len(sizes), sum(sizes)
+    num_n = -(-N // BN)
+    want = model_tiles(sizes, M, BM, num_n)
+    total = len(want)
+    slots = max(1, -(-total // ctas)) + 1
+    offs = np.cumsum(sizes).astype(np.int32)
+    (got,) = sim.run(_walk_probe(G, M, BM, BN, num_n, ctas, slots).specialize(), [offs])
+    visited = []
+    for c in range(ctas):
+        k = 0
+        for s in range(slots):
+            rec = tuple(int(v) for v in got[c, s])
+            if rec[0] == 0xFFFFFFFF:
+                break
+            visited.append((c + k * ctas, rec))
+            k += 1
+        assert all(int(v) == 0xFFFFFFFF for v in got[c, k:].ravel())
+    visited.sort()
+    assert [t for t, _ in visited] == list(range(total))
+    expect = [(g, m0, nb * BN, end) for g, m0, nb, end in want]
+    assert [r for _, r in visited] == expect
+
+
+def test_group_rows_clamps(sim):
+    G, M = 4, 100
+
+    @kernel(in_specs=(Tile(G, s32),), out_specs=(Tile(G, 2, u32),), block=(32, 1, 1),
+            name="rows_probe")
+    def probe(Offs, Out):
+        (p_offs,) = ptx.global_ptrs(Offs)
+        (p_out,) = ptx.global_ptrs(Out)
+        lead = reg.from_(ptx.special.tid.x(), u32) == 0
+        for g in ptx.loop(0, G):
+            start, end = gg.group_rows(p_offs, g, M)
+            ptx.inst.st.global_.v2.u32(ptx.addr(p_out + reg.from_(g, u64) * 8), [start, end],
+                                       pred=lead)
+        ptx.ret()
+
+    offs = np.array([10, 10, 60, 150], np.int32)  # an empty group; the last end past M
+    (got,) = sim.run(probe.specialize(), [offs])
+    assert got.tolist() == [[0, 10], [10, 10], [10, 60], [60, 100]]
+
+
+@pytest.mark.parametrize("out", ["f32", "bf16"])
+@pytest.mark.parametrize("mrow,n0,end,N", [(0, 0, 37, 72), (64, 64, 100, 72), (0, 0, 64, 256),
+                                           (8, 0, 8, 64), (0, 128, 200, 200)])
+def test_masked_epilogue_writes_exactly_the_group_rows(sim, out, mrow, n0, end, N):
+    M, BN = 192, 128
+    ot = gg._out_type(out)
+
+    @kernel(in_specs=(), out_specs=(Tile(M, N, ot),), block=(128, 1, 1), name="masked_probe")
+    def probe(D):
+        (p_d,) = ptx.global_ptrs(D)
+        tid = reg.from_(ptx.special.tid.x(), u32)
+        c = gg._Consumer.__new__(gg._Consumer)  # only what store_masked reads
+        c.acc, c.ot = Accumulator(BN), ot
+        c.row0 = ((tid >> 5) << 4) + ((tid >> 2) & 7)  # the m64 fragment's thread origin
+        c.col0 = (tid & 3) << 1
+        for i in range(len(c.acc)):  # a float whose bits name (row, col), exact in bf16
+            dr, dc = c.acc.coord(i)
+            r = c.row0 + (mrow + dr)
+            col = c.col0 + (n0 + dc)
+            c.acc[i] = ((col >> 7) << 31) | ((r + 1) << 23) | ((col & 127) << 16)
+        c.store_masked(p_d, N, reg.scalar(u32, init=mrow), reg.scalar(u32, init=n0),
+                       reg.scalar(u32, init=end))
+        ptx.ret()
+
+    (got,) = sim.run(probe.specialize(), [], poison=False)
+    rows = np.arange(M, dtype=np.uint32)[:, None]
+    cols = np.arange(N, dtype=np.uint32)[None, :]
+    inside = (rows >= mrow) & (rows < min(end, mrow + 64)) & (cols >= n0) & (cols < min(N, n0 + BN))
+    bits = ((cols >> 7) << 31) | ((rows + 1) << 23) | ((cols & 127) << 16)
+    want = bits if out == "f32" else bits >> 16
+    np.testing.assert_array_equal(got[inside], want[inside])
+    assert not got[~inside].any(), "a store outside the group's rows or past N"
+
+
+def test_all_configurations_assemble_without_spills(assemble):
+    kernels = []
+    for c in gg.GROUPED_CONFIGS:
+        kernels += [gg.build_grouped(16384, 4096, 4096, 16, **c.kwargs),
+                    gg.build_grouped(8192, 256, 2048, 4, b_major="K", out_dtype="f32", **c.kwargs),
+                    gg.build_grouped_wgrad(16384, 4096, 4096, 16, **c.kwargs)]
+    kernels += [gg.build_grouped(167, 72, 104, 3, store="masked"),
+                gg.build_grouped_wgrad(167, 104, 72, 3, out_dtype="f32", BM=64, BN=64)]
+    for k in kernels:
+        text = k.ptx()
+        assert "wgmma.mma_async" in text and "setmaxnreg.inc" in text
+        report = assemble(text)
+        assert "0 bytes spill stores" in report, (k.name, report)
+
+
+def test_kernels_read_b_per_group_through_a_3d_map():
+    k = gg.build_grouped(1000, 512, 256, 8)
+    text = k.ptx()
+    assert "cp.async.bulk.tensor.3d.shared::cluster.global" in text  # B[g] slabs
+    assert "cp.async.bulk.tensor.2d.global.shared::cta" in text      # the bulk-store epilogue
+    assert "st.global.b32" in text                                   # the masked epilogue
+    w = gg.build_grouped_wgrad(1000, 256, 512, 8).ptx()
+    assert "cp.async.bulk.tensor.3d.global.shared::cta" in w and "fence.proxy.async" in w
+    assert "st.shared.v4.b32" in w  # zeroing the rows past a group end
+
+
+def test_bad_configurations_raise_at_the_callers_line():
+    with pytest.raises(ConfigError, match="unsupported tile") as e:
+        gg.build_grouped(256, 256, 256, 2, BM=256)
+    assert str(e.value).startswith(f"{HERE}:")
+    with pytest.raises(ConfigError, match="multiples of 8"):
+        gg.build_grouped(256, 100, 256, 2)
+    with pytest.raises(ConfigError, match="out_dtype"):
+        gg.build_grouped_wgrad(256, 64, 64, 2, out_dtype="f16")
+    with pytest.raises(ConfigError, match="store must be"):
+        gg.build_grouped(256, 64, 64, 2, store="tma")
+    with pytest.raises(ConfigError, match="shared memory"):
+        gg.build_grouped(256, 256, 256, 2, stages=8)
+
+
+def test_grouped_mm_checks_its_arguments():
+    torch = pytest.importorskip("torch")
+    a = torch.zeros(10, 16, dtype=torch.bfloat16)
+    b = torch.zeros(2, 16, 8, dtype=torch.bfloat16)
+    offs = torch.tensor([4, 10], dtype=torch.int32)
+    with pytest.raises(ConfigError, match="bfloat16") as e:
+        gg.grouped_mm(a.float(), b, offs)
+    assert str(e.value).startswith(f"{HERE}:")
+    with pytest.raises(ConfigError, match="int32"):
+        gg.grouped_mm(a, b, offs.long())
+    with pytest.raises(ConfigError, match="groups of"):
+        gg.grouped_mm(a, b[:, :8], offs)
+    with pytest.raises(ConfigError, match="expects a"):
+        gg.grouped_mm(a, b[0], offs)
+
+
+def test_reference_model_of_the_backward():
+    """The float64 reference's gradients are the per-group formulas the backward kernels
+    compute: dA = dY @ B[g]^T, dB[g] = A_g^T @ dY_g, zero for an empty group."""
+    torch = pytest.importorskip("torch")
+    sizes = [3, 0, 5]
+    offs = torch.tensor(np.cumsum(sizes), dtype=torch.int32)
+    a = torch.randn(8, 6, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(3, 6, 4, dtype=torch.float64, requires_grad=True)
+    dy = torch.randn(8, 4, dtype=torch.float64)
+    (gg.reference(a, b, offs) * dy).sum().backward()
+    s = 0
+    for g, n in enumerate(sizes):
+        torch.testing.assert_close(a.grad[s:s + n], dy[s:s + n] @ b[g].T)
+        torch.testing.assert_close(b.grad[g], a[s:s + n].T @ dy[s:s + n])
+        s += n
+    assert not b.grad[1].any()
