@@ -63,6 +63,39 @@ def smem_bytes(BM, BN, stages):
     return stages * (BM + BN) * BK + (BM // 64) * EPI_BUFS * 64 * 128 + 1024
 
 
+class Geometry:
+    """The tiling of one problem: tiles, the persistent grid and the scale-block counts."""
+
+    def __init__(self, M, N, K, BM, BN, cluster, group_m, num_sms):
+        self.BM, self.BN, self.cluster = BM, BN, cluster
+        self.num_n = -(-N // BN)
+        self.num_m = -(-M // BM)
+        self.num_mc = -(-self.num_m // cluster)          # cluster rows of tiles
+        self.tiles = self.num_mc * self.num_n
+        self.clusters = max(1, min(self.tiles, num_sms // cluster))
+        self.num_kb = -(-K // BK)
+        self.KS = -(-K // SCALE_BLOCK)                   # scale columns (block kind)
+        self.NS = -(-N // SCALE_BLOCK)                   # scale rows of B (block kind)
+        self.gm = max(1, min(group_m, self.num_mc))
+
+
+def tile_origin(t, rank, g):
+    """``(m0, n0)`` of cluster tile ``t`` for cluster CTA ``rank``: ``g.gm`` cluster rows per
+    band, walked column by column. Works on Python ints (the CPU model) and on u32
+    registers (the kernel)."""
+    band = t // (g.gm * g.num_n)
+    first = band * g.gm
+    if isinstance(t, int):
+        rows = min(g.num_mc - first, g.gm)
+    else:
+        rows = gemm.ptx_min(reg.scalar(u32, init=g.num_mc) - first, g.gm)
+    within = t - band * (g.gm * g.num_n)
+    mc = first + within % rows
+    nb = within // rows
+    m0 = (mc * g.cluster + rank) * g.BM if g.cluster > 1 else mc * g.BM
+    return m0, nb * g.BN
+
+
 def build_fp8_gemm(M: int, N: int, K: int, *, scale="tensor", dtype="e4m3", dtype_b=None,
                    out_dtype="bf16", BM=128, BN=256, stages=None, cluster=2, group_m=8,
                    num_sms=H100_SMS, fast_accum=False, ND=None):
@@ -131,16 +164,9 @@ def build_fp8_gemm(M: int, N: int, K: int, *, scale="tensor", dtype="e4m3", dtyp
     NH = min(BN, 128) if promote else BN   # columns of the partial accumulator
     halves = BN // NH
 
-    num_m = -(-M // BM)
-    num_n = -(-N // BN)
-    num_mc = -(-num_m // cluster)
-    tiles = num_mc * num_n
-    clusters = max(1, min(tiles, num_sms // cluster))
+    g = Geometry(M, N, K, BM, BN, cluster, group_m, num_sms)
+    tiles, clusters, num_kb, KS, NS = g.tiles, g.clusters, g.num_kb, g.KS, g.NS
     ctas = clusters * cluster
-    num_kb = -(-K // BK)
-    KS = -(-K // SCALE_BLOCK)      # scale columns of the block kind
-    NS = -(-N // SCALE_BLOCK)
-    gm = max(1, min(group_m, num_mc))
     prod_regs = 40
     cons_regs = min(240, (65536 - 128 * prod_regs) // (128 * consumers) // 8 * 8)
     maxnreg = min(255, (65536 // threads) // 8 * 8)
@@ -173,15 +199,7 @@ def build_fp8_gemm(M: int, N: int, K: int, *, scale="tensor", dtype="e4m3", dtyp
             cid = reg.from_(ptx.special.ctaid.x(), u32)
 
         def tile_coords(t):
-            """(m0, n0) of cluster tile ``t``, grouped ``gm`` cluster rows per band."""
-            band = t // (gm * num_n)
-            first = band * gm
-            rows = gemm.ptx_min(reg.scalar(u32, init=num_mc) - first, gm)
-            within = t - band * (gm * num_n)
-            mc = first + within % rows
-            nb = within // rows
-            m0 = (mc * cluster + rank) * BM if cluster > 1 else mc * BM
-            return m0, nb * BN
+            return tile_origin(t, rank, g)
 
         consumer = ptx.label("consumer")
         done = ptx.label("done")
@@ -528,8 +546,8 @@ def make_inputs(M, N, K, kind, dtype="e4m3", dtype_b=None, device="cuda", seed=0
     w = (rnd(N, K) * 2).to(tdt[dtype_b or dtype]).to(device)
     ks, ns = -(-K // SCALE_BLOCK), -(-N // SCALE_BLOCK)
     shapes = {"tensor": ((), ()), "row": ((M, 1), (1, N)), "block": ((M, ks), (ns, ks))}[kind]
-    sa = (torch.rand(*shapes[0], generator=g) + 0.5).to(device)
-    sb = (torch.rand(*shapes[1], generator=g) + 0.5).to(device)
+    sa = (torch.rand(shapes[0], generator=g) + 0.5).to(device)
+    sb = (torch.rand(shapes[1], generator=g) + 0.5).to(device)
     return a, w, sa, sb
 
 
