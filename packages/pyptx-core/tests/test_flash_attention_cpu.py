@@ -1,0 +1,245 @@
+"""CPU checks of the flash-attention forward example (``examples/hopper/flash_attention.py``).
+
+* The block plan (which KV blocks a query block visits, which of them need a mask) is
+  checked exhaustively against the causal/tail rule on small sizes: every skipped key and
+  every key of an unmasked block is decided correctly for every query row of the block.
+* The register layouts the kernel relies on: the S accumulator's pairs packed as wgmma's
+  A fragment (PTX ISA, m64k16 16-bit A from registers) and the epilogue's swizzled shared
+  addresses (the tensor copy's 128-byte swizzle of a 64-row slab).
+* A numpy model of the kernel's algorithm (same plan, masks, ex2-domain online softmax
+  with the dead-row guard, P rounded to bf16/f16 before P V, output rounding) against a
+  float64 reference: max |o - ref| <= 2e-2 (bf16) / 1e-2 (f16), lse relative <= 1e-3
+  (the tolerances the GPU tests use; see ``check`` in the example).
+* Every schedule, head dim, causal or not, dense or packed, traces and assembles with
+  ptxas for sm_90a without spills; bad configurations raise ``ConfigError``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pyptx.errors import ConfigError
+from pyptx.testing import load_module
+
+ROOT = Path(__file__).resolve().parents[3]
+fa = load_module(ROOT / "examples/hopper/flash_attention.py", "flash_attention_cpu_test")
+
+
+# ------------------------------------------------------------------ block plan
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("BN", [64, 128, 192])
+def test_block_plan_covers_exactly_the_allowed_keys(causal, BN):
+    for seqlen_q in (1, 2, 77, 127, 128, 129, 200, 333, 512):
+        for seqlen_k in (1, 5, 77, 128, 200, 333, 512) if not causal else (seqlen_q, 1, 333):
+            for m0 in range(0, seqlen_q, fa.BM):
+                n_blocks, n_unm = fa.block_plan(m0, seqlen_q, seqlen_k, BN, causal)
+                assert 0 <= n_unm <= n_blocks
+                rows = np.arange(m0, min(m0 + fa.BM, seqlen_q))
+                lim = np.array([fa.row_limit(int(r), seqlen_k, causal) for r in rows])
+                assert n_blocks >= 1
+                # keys past the visited blocks are masked for every stored row
+                assert (lim <= n_blocks * BN).all()
+                # unmasked blocks hold only allowed keys, for every row of the CTA's block
+                all_rows = np.arange(m0, m0 + fa.BM)
+                all_lim = np.array([fa.row_limit(int(r), seqlen_k, causal) for r in all_rows])
+                assert (all_lim >= n_unm * BN).all()
+
+
+def test_block_plan_causal_diagonal_only():
+    # S = Sk = 1024, BN = BM = 128: block m visits m + 1 blocks, masks only the diagonal
+    for mb in range(8):
+        assert fa.block_plan(mb * 128, 1024, 1024, 128, True) == (mb + 1, mb)
+    assert fa.block_plan(256, 1024, 1024, 128, False) == (8, 8)
+    assert fa.block_plan(0, 1000, 1000, 128, False) == (8, 7)
+
+
+# ------------------------------------------------------------------ register layouts
+def test_s_accumulator_pairs_are_the_wgmma_a_fragment():
+    """Register pair (lo, hi) of a_fragment(kk)[q] holds the A elements the PTX ISA puts in
+    register a_q of m64k16 (16-bit A): row 16*warp + lane/4 + 8*(q%2), columns
+    16*kk + 2*(lane%4) + 8*(q//2) + {0, 1}."""
+    from pyptx.fragment import accumulator_coord
+
+    for kk in range(8):
+        for q, (lo, hi) in enumerate(fa.a_fragment(kk)):
+            for warp in range(4):
+                for lane in range(32):
+                    row = 16 * warp + lane // 4 + 8 * (q % 2)
+                    col = 16 * kk + 2 * (lane % 4) + 8 * (q // 2)
+                    assert accumulator_coord(lo, warp, lane) == (row, col)
+                    assert accumulator_coord(hi, warp, lane) == (row, col + 1)
+
+
+def test_frag_half_and_col_match_the_accumulator():
+    from pyptx.fragment import accumulator_coord
+
+    for i in range(64):
+        r, c = accumulator_coord(i, 0, 0)
+        assert fa.frag_half(i) == r // 8 and fa.frag_col(i) == c
+
+
+@pytest.mark.parametrize("D", [64, 128, 256])
+def test_epilogue_addresses_are_the_tma_128b_swizzle(D):
+    """The kernel writes pair (dr, dc) of thread t at
+    obuf + row0*128 + colb + ((lane/4) ^ q)*16 + (dc/64)*slab + dr*128 (q = (dc%64)/8);
+    a 128-byte-swizzled box of 64 rows puts element (r, c) of slab c/64 at
+    r*128 + (((c%64)*2/16) ^ (r%8))*16 + (c*2)%16. Every element lands once, where the copy
+    engine reads it."""
+    from pyptx.fragment import Accumulator, accumulator_coord
+
+    slab = fa.BM * 128
+    seen = {}
+    for t in range(128):
+        warp, lane = t // 32, t % 32
+        row0 = 16 * warp + lane // 4
+        colb = (lane & 3) * 4
+        xr = lane >> 2
+        for i in range(0, D // 2, 2):
+            dr, dc = Accumulator.coord(i)
+            q = (dc % 64) * 2 // 16
+            addr = row0 * 128 + colb + ((xr ^ q) << 4) + (dc // 64) * slab + dr * 128
+            r, c = accumulator_coord(i, warp, lane)
+            want = (c // 64) * slab + r * 128 + ((((c % 64) * 2) // 16) ^ (r % 8)) * 16 + (c * 2) % 16
+            assert addr == want
+            assert addr not in seen
+            seen[addr] = (r, c)
+    assert len(seen) == 64 * D // 2
+
+
+# ------------------------------------------------------------------ numpy model of the algorithm
+def _round(x, dtype):
+    x = np.asarray(x, dtype=np.float32)
+    if dtype == "f16":
+        return x.astype(np.float16).astype(np.float32)
+    u = x.view(np.uint32).astype(np.uint64)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000  # round to nearest even
+    return u.astype(np.uint32).view(np.float32)
+
+
+def model_forward(q, k, v, causal, scale, dtype, BN):
+    """The kernel's algorithm on one (batch, head): q (S, D), k/v (Sk, D), f32 state."""
+    S, D = q.shape
+    Sk = k.shape[0]
+    sl2 = np.float32(scale * fa.LOG2E)
+    o_all = np.zeros((S, D), np.float32)
+    lse_all = np.zeros(S, np.float32)
+    for m0 in range(0, S, fa.BM):
+        n_blocks, n_unm = fa.block_plan(m0, S, Sk, BN, causal)
+        rows = np.arange(m0, m0 + fa.BM)
+        qb = np.zeros((fa.BM, D), np.float32)
+        valid = rows < S
+        qb[valid] = q[rows[valid]]                        # copies past S read zeros
+        lim = np.array([fa.row_limit(int(r), Sk, causal) for r in rows])
+        m = np.full(fa.BM, -np.inf, np.float32)
+        ls = np.zeros(fa.BM, np.float32)
+        o = np.zeros((fa.BM, D), np.float32)
+        for j in range(n_blocks):
+            cols = j * BN + np.arange(BN)
+            kb = np.zeros((BN, D), np.float32)
+            vb = np.zeros((BN, D), np.float32)
+            ok = cols < Sk
+            kb[ok], vb[ok] = k[cols[ok]], v[cols[ok]]
+            s = qb @ kb.T
+            if j >= n_unm or j == 0:                      # the kernel masks these
+                s = np.where(cols[None, :] >= lim[:, None], -np.inf, s)
+            m_new = np.maximum(s.max(axis=1) * sl2, m)
+            m_use = np.where(m_new == -np.inf, np.float32(0), m_new)
+            alpha = np.exp2(m - m_use)
+            p = np.exp2(s * sl2 - m_use[:, None])
+            ls = ls * alpha + p.sum(axis=1)
+            m = m_new
+            o = o * alpha[:, None] + _round(p, dtype) @ vb
+        inv = np.where(ls > 0, 1 / np.where(ls > 0, ls, 1), 0)
+        with np.errstate(divide="ignore"):
+            lse = np.where(ls > 0, (m + np.log2(np.where(ls > 0, ls, 1))) * fa.LN2, -np.inf)
+        n = min(fa.BM, S - m0)
+        o_all[m0:m0 + n] = _round(o * inv[:, None], dtype)[:n]
+        lse_all[m0:m0 + n] = lse[:n]
+    return o_all, lse_all
+
+
+def reference64(q, k, v, causal, scale):
+    s = (q.astype(np.float64) @ k.astype(np.float64).T) * scale
+    if causal:
+        i = np.arange(q.shape[0])[:, None]
+        j = np.arange(k.shape[0])[None, :]
+        s = np.where(j > i, -np.inf, s)
+    mx = s.max(axis=1, keepdims=True)
+    e = np.exp(s - mx)
+    lse = np.log(e.sum(axis=1)) + mx[:, 0]
+    return (e / e.sum(axis=1, keepdims=True)) @ v.astype(np.float64), lse
+
+
+@pytest.mark.parametrize("S,Sk,D,causal,dtype", [
+    (1, 1, 64, True, "bf16"), (77, 77, 64, True, "bf16"), (200, 200, 128, False, "bf16"),
+    (333, 333, 128, True, "f16"), (256, 333, 64, False, "f16"), (128, 5, 64, False, "bf16"),
+    (300, 300, 256, True, "bf16"),
+])
+def test_model_matches_float64(S, Sk, D, causal, dtype):
+    rng = np.random.default_rng(S * 7 + D)
+    q = _round(rng.standard_normal((S, D)), dtype)
+    k = _round(rng.standard_normal((Sk, D)), dtype)
+    v = _round(rng.standard_normal((Sk, D)), dtype)
+    scale = 1 / math.sqrt(D)
+    o, lse = model_forward(q, k, v, causal, scale, dtype, fa.default_bn(D))
+    ro, rl = reference64(q, k, v, causal, scale)
+    tol = 2e-2 if dtype == "bf16" else 1e-2
+    assert np.abs(o - ro).max() <= tol
+    assert (np.abs(lse - rl) / np.maximum(np.abs(rl), 1)).max() <= 1e-3
+
+
+def test_model_row_without_keys_gives_zero_and_minus_inf():
+    """A packed sequence with no keys visits no block: o = 0 and lse = -inf (the contract)."""
+    assert fa.block_plan(0, 3, 0, 128, False) == (0, 0)
+    q = np.ones((3, 64), np.float32)
+    empty = np.zeros((0, 64), np.float32)
+    o, lse = model_forward(q, empty, empty, False, 0.125, "bf16", 128)
+    assert (o == 0).all() and (lse == -np.inf).all()
+
+
+# ------------------------------------------------------------------ tracing and ptxas
+@pytest.mark.parametrize("schedule", fa.SCHEDULES)
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_dense_kernel_assembles(assemble, schedule, D, causal):
+    k = fa.build_attention(2, 200, 4, 2, D, causal=causal, schedule=schedule,
+                           dtype="f16" if D == 64 else "bf16")
+    ptx_text = k.ptx()
+    assert "cp.async.bulk.tensor.4d" in ptx_text
+    assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.(bf16|f16)\.(bf16|f16) "
+                     r"\{[^}]*\}, \{%\w+, %\w+, %\w+, %\w+\}", ptx_text), "P V with A from registers"
+    assert ("bar.arrive" in ptx_text) == (schedule == "pingpong")
+    log = assemble(ptx_text)
+    assert "0 bytes spill stores" in log
+
+
+@pytest.mark.parametrize("schedule", fa.SCHEDULES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_kernel_assembles(assemble, schedule, causal):
+    k = fa.build_attention_varlen(700, 900, 3, 4, 2, 128, 333, causal=causal, schedule=schedule)
+    ptx_text = k.ptx()
+    assert "cp.async.bulk.tensor.3d" in ptx_text and "st.global.b32" in ptx_text
+    assert "0 bytes spill stores" in assemble(ptx_text)
+
+
+def test_env_var_selects_the_schedule(monkeypatch):
+    monkeypatch.setenv("PYPTX_ATTN_SCHEDULE", "simple")
+    assert "simple" in fa.build_attention(1, 128, 1, 1, 64).name
+    monkeypatch.delenv("PYPTX_ATTN_SCHEDULE")
+    assert fa.DEFAULT_SCHEDULE in fa.build_attention(1, 128, 1, 1, 64).name
+
+
+@pytest.mark.parametrize("kw", [dict(D=96), dict(D=128, BN=192), dict(D=256, BN=128),
+                                dict(D=64, schedule="fast"), dict(D=64, dtype="f32"),
+                                dict(D=64, Hkv=3), dict(D=128, stages=6)])
+def test_bad_configurations(kw):
+    kw = dict(kw)
+    D = kw.pop("D")
+    Hkv = kw.pop("Hkv", 1)
+    with pytest.raises(ConfigError):
+        fa.build_attention(1, 128, 4, Hkv, D, **kw)
