@@ -1,0 +1,100 @@
+"""GPU tests of the flash-attention forward example from JAX: ``jax.jit`` of ``attention``
+(dense, causal, grouped-query) and of ``attention_varlen``, against float64 numpy on fresh
+random bf16 inputs with ragged lengths. Tolerances (``check`` in the example): max
+|o - ref| <= 2e-2 for bf16 output, lse relative error <= 1e-3."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import pytest
+
+from pyptx.testing import load_module
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+jax = pytest.importorskip("jax")
+jnp = pytest.importorskip("jax.numpy")
+np = pytest.importorskip("numpy")
+
+
+def _gpus():
+    try:
+        return jax.devices("gpu")
+    except RuntimeError:
+        return []
+
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _gpus(), reason="needs a GPU for JAX")]
+
+fa = load_module(Path(__file__).resolve().parents[3] / "examples/hopper/flash_attention.py",
+                 "flash_attention_jax")
+
+
+def _ref(q, k, v, causal):
+    """float64 (o, lse) of one sequence: q (S, Hq, D), k/v (Sk, Hkv, D)."""
+    S, Hq, D = q.shape
+    Sk, Hkv, _ = k.shape
+    g = Hq // Hkv
+    o = np.zeros((S, Hq, D))
+    lse = np.full((Hq, S), -np.inf)
+    if Sk == 0:
+        return o, lse
+    for h in range(Hq):
+        s = q[:, h] @ k[:, h // g].T / math.sqrt(D)
+        if causal:
+            s = np.where(np.arange(Sk)[None, :] > np.arange(S)[:, None], -np.inf, s)
+        mx = s.max(axis=1, keepdims=True)
+        e = np.exp(s - mx)
+        lse[h] = np.log(e.sum(axis=1)) + mx[:, 0]
+        o[:, h] = (e / e.sum(axis=1, keepdims=True)) @ v[:, h // g]
+    return o, lse
+
+
+def _close(o, lse, ro, rl):
+    o = np.asarray(o, np.float64)
+    lse = np.asarray(lse, np.float64)
+    assert not np.isnan(o).any()
+    assert np.abs(o - ro).max() <= 2e-2
+    fin = np.isfinite(rl)
+    assert (np.isfinite(lse) == fin).all()
+    assert (np.abs(lse[fin] - rl[fin]) / np.maximum(np.abs(rl[fin]), 1)).max() <= 1e-3
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("D", [64, 128])
+def test_jit_dense(D, causal):
+    rng = np.random.default_rng(D)
+    B, S, Hq, Hkv = 2, 200, 4, 2
+    q = jnp.asarray(rng.standard_normal((B, S, Hq, D)), jnp.bfloat16)
+    k = jnp.asarray(rng.standard_normal((B, S, Hkv, D)), jnp.bfloat16)
+    v = jnp.asarray(rng.standard_normal((B, S, Hkv, D)), jnp.bfloat16)
+    o, lse = jax.jit(lambda a, b, c: fa.attention_forward(a, b, c, causal=causal))(q, k, v)
+    o2 = jax.jit(lambda a, b, c: fa.attention(a, b, c, causal=causal))(q, k, v)
+    q64, k64, v64 = (np.asarray(x, np.float64) for x in (q, k, v))
+    for bi in range(B):
+        ro, rl = _ref(q64[bi], k64[bi], v64[bi], causal)
+        _close(o[bi], lse[bi], ro, rl)
+        assert np.abs(np.asarray(o2[bi], np.float64) - ro).max() <= 2e-2
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_jit_varlen(causal):
+    rng = np.random.default_rng(1)
+    lens_q = [77, 1, 200, 128]
+    lens_k = lens_q if causal else [77, 5, 333, 128]
+    cq = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
+    ck = np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int32)
+    q = jnp.asarray(rng.standard_normal((cq[-1], 4, 128)), jnp.bfloat16)
+    k = jnp.asarray(rng.standard_normal((ck[-1], 2, 128)), jnp.bfloat16)
+    v = jnp.asarray(rng.standard_normal((ck[-1], 2, 128)), jnp.bfloat16)
+    f = jax.jit(lambda a, b, c, d, e: fa.attention_varlen_forward(
+        a, b, c, d, e, max(lens_q), max(lens_k), causal=causal))
+    o, lse = f(q, k, v, jnp.asarray(cq), jnp.asarray(ck))
+    q64, k64, v64 = (np.asarray(x, np.float64) for x in (q, k, v))
+    o, lse = np.asarray(o, np.float64), np.asarray(lse, np.float64)
+    for bi in range(len(lens_q)):
+        a, e, ka, ke = cq[bi], cq[bi + 1], ck[bi], ck[bi + 1]
+        ro, rl = _ref(q64[a:e], k64[ka:ke], v64[ka:ke], causal)
+        _close(o[a:e], lse[:, a:e], ro, rl)

@@ -1,0 +1,180 @@
+"""GPU tests of the flash-attention forward example (``examples/hopper/flash_attention.py``).
+
+Inputs are fresh random bf16/f16 tensors (``randn``); outputs are poisoned (NaN) before
+each launch, so an element the kernel never writes fails. Reference: float64 attention on
+the same (rounded) inputs. Tolerances (``check`` in the example): max |o - ref| <= 2e-2
+for bf16 output (rounding 2**-9 of |o| <~ 3, plus P rounded to bf16 before P V), 1e-2 for
+f16 (2**-11); lse relative error <= 1e-3 (f32 softmax state, ex2/lg2.approx ~2**-22).
+Both the default schedule and the simple one (``schedule="simple"``) are checked, so a
+failure of the overlapped schedules alone is visible.
+
+    pytest -m gpu packages/pyptx-torch/tests/test_flash_attention_gpu.py
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pyptx.testing import load_module
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+fa = load_module(Path(__file__).resolve().parents[3] / "examples/hopper/flash_attention.py",
+                 "flash_attention_gpu_test")
+DT = {"bf16": torch.bfloat16, "f16": torch.float16}
+
+
+@pytest.fixture(autouse=True)
+def poison_outputs():
+    import pyptx_torch.eager as eager
+
+    saved = eager.POISON
+    eager.set_poison(True)
+    yield
+    eager.set_poison(saved)
+
+
+def _inputs(B, S, Sk, Hq, Hkv, D, dtype, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    t = DT[dtype]
+    q = torch.randn(B, S, Hq, D, device="cuda", dtype=t, generator=g)
+    k = torch.randn(B, Sk, Hkv, D, device="cuda", dtype=t, generator=g)
+    v = torch.randn(B, Sk, Hkv, D, device="cuda", dtype=t, generator=g)
+    return q, k, v
+
+
+def _assert_close(o, lse, ref, dtype):
+    ok, eo, el = fa.check(o, lse, *ref, dtype)
+    assert ok, f"max |o err| {eo:.3e}, lse rel err {el:.3e}"
+
+
+CASES = [
+    # B, S, Sk, Hq, Hkv, D
+    (1, 1, 1, 1, 1, 64),
+    (2, 77, 77, 4, 2, 64),
+    (2, 128, 128, 2, 2, 128),
+    (1, 200, 200, 4, 1, 128),
+    (2, 333, 333, 4, 4, 64),
+    (1, 256, 333, 2, 2, 128),
+    (1, 333, 100, 2, 1, 128),
+    (1, 1024, 1024, 2, 2, 128),
+]
+
+
+@pytest.mark.parametrize("schedule", [None, "simple"])
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("B,S,Sk,Hq,Hkv,D", CASES)
+def test_forward(B, S, Sk, Hq, Hkv, D, causal, dtype, schedule):
+    q, k, v = _inputs(B, S, Sk, Hq, Hkv, D, dtype)
+    o, lse = fa.attention_forward(q, k, v, causal=causal, schedule=schedule)
+    assert o.shape == q.shape and o.dtype == q.dtype and lse.shape == (B, Hq, S)
+    _assert_close(o, lse, fa.reference(q, k, v, causal), dtype)
+
+
+@pytest.mark.parametrize("schedule", fa.SCHEDULES)
+@pytest.mark.parametrize("D", [64, 128, 256])
+def test_every_schedule_and_head_dim(schedule, D):
+    q, k, v = _inputs(2, 300, 300, 4, 2, D, "bf16", seed=D)
+    for causal in (False, True):
+        o, lse = fa.attention_forward(q, k, v, causal=causal, schedule=schedule)
+        _assert_close(o, lse, fa.reference(q, k, v, causal), "bf16")
+
+
+@pytest.mark.parametrize("BN,stages", [(64, 2), (64, 4), (128, 3), (192, 2)])
+def test_block_shapes(BN, stages):
+    q, k, v = _inputs(1, 500, 500, 2, 1, 64, "f16", seed=BN)
+    o, lse = fa.attention_forward(q, k, v, causal=True, BN=BN, stages=stages)
+    _assert_close(o, lse, fa.reference(q, k, v, True), "f16")
+
+
+def test_scale():
+    q, k, v = _inputs(1, 190, 190, 2, 2, 128, "bf16", seed=3)
+    o, lse = fa.attention_forward(q, k, v, scale=0.3)
+    _assert_close(o, lse, fa.reference(q, k, v, False, scale=0.3), "bf16")
+
+
+def test_matches_sdpa():
+    q, k, v = _inputs(2, 512, 512, 4, 4, 128, "bf16", seed=5)
+    o = fa.attention(q, k, v, causal=True)
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True).transpose(1, 2)
+    assert (o.float() - ref.float()).abs().max().item() < 2e-2
+
+
+@pytest.mark.parametrize("schedule", [None, "simple"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("D", [64, 128])
+def test_varlen(D, causal, schedule):
+    lens_q, lens_k = [77, 1, 200, 128, 300], [77, 5, 333, 128, 300]
+    if causal:
+        lens_k = lens_q
+    cu_q = torch.tensor([0] + list(fa._cumsum(lens_q)), device="cuda", dtype=torch.int32)
+    cu_k = torch.tensor([0] + list(fa._cumsum(lens_k)), device="cuda", dtype=torch.int32)
+    g = torch.Generator(device="cuda").manual_seed(D)
+    q = torch.randn(sum(lens_q), 4, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    k = torch.randn(sum(lens_k), 2, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    v = torch.randn(sum(lens_k), 2, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    o, lse = fa.attention_varlen_forward(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k),
+                                         causal=causal, schedule=schedule)
+    assert o.shape == q.shape and lse.shape == (4, sum(lens_q))
+    _assert_close(o, lse, fa.reference_varlen(q, k, v, cu_q, cu_k, causal), "bf16")
+
+
+def test_varlen_empty_key_sequence():
+    """A sequence with no keys gives o = 0 and lse = -inf (the contract)."""
+    cu_q = torch.tensor([0, 50, 80], device="cuda", dtype=torch.int32)
+    cu_k = torch.tensor([0, 0, 40], device="cuda", dtype=torch.int32)
+    q = torch.randn(80, 2, 64, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(40, 2, 64, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(40, 2, 64, device="cuda", dtype=torch.bfloat16)
+    o, lse = fa.attention_varlen_forward(q, k, v, cu_q, cu_k, 50, 40)
+    assert (o[:50] == 0).all() and torch.isneginf(lse[:, :50]).all()
+    _assert_close(o, lse, fa.reference_varlen(q, k, v, cu_q, cu_k), "bf16")
+
+
+def test_torch_compile_and_cuda_graph():
+    q, k, v = _inputs(2, 256, 256, 4, 2, 128, "bf16", seed=7)
+    f = torch.compile(lambda a, b, c: fa.attention(a, b, c, causal=True))
+    o = f(q, k, v)
+    ref_o, _ = fa.reference(q, k, v, True)
+    assert (o.double() - ref_o).abs().max().item() < 2e-2
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fa.attention(q, k, v, causal=True)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = fa.attention(q, k, v, causal=True)
+    q.copy_(torch.randn_like(q))
+    g.replay()
+    torch.cuda.synchronize()
+    ref_o, _ = fa.reference(q, k, v, True)
+    assert (out.double() - ref_o).abs().max().item() < 2e-2
+
+
+def test_autograd_when_backward_is_available():
+    """``attention`` is differentiable once the backward kernels and ``save_outputs`` exist;
+    gradients vs float64 autograd, max abs error <= 5e-2 (bf16 dq/dk/dv of O(1) values)."""
+    q, k, v = _inputs(1, 200, 200, 4, 2, 64, "bf16", seed=9)
+    fn = fa._differentiable(1, 200, 4, 2, 64, 200, "bf16", True, 0.125, fa._schedule(None),
+                            fa.default_bn(64), 2)
+    if not hasattr(fn, "backward_kernel"):
+        pytest.skip("backward kernels / differentiable_kernel(save_outputs=) not available yet")
+    qs, ks, vs = (x.clone().requires_grad_() for x in (q, k, v))
+    o = fa.attention(qs, ks, vs, causal=True)
+    do = torch.randn_like(o)
+    o.backward(do)
+    q64, k64, v64 = (x.double().requires_grad_() for x in (q, k, v))
+    ref, _ = fa.reference(q64, k64, v64, True)
+    ref.backward(do.double())
+    for got, want in ((qs.grad, q64.grad), (ks.grad, k64.grad), (vs.grad, v64.grad)):
+        assert (got.double() - want).abs().max().item() < 5e-2
