@@ -544,11 +544,18 @@ def make_inputs(M, N, K, kind, dtype="e4m3", dtype_b=None, device="cuda", seed=0
 
     a = (rnd(M, K) * 2).to(tdt[dtype]).to(device)
     w = (rnd(N, K) * 2).to(tdt[dtype_b or dtype]).to(device)
+    return (a, w) + make_scales(M, N, K, kind, device=device, generator=g)
+
+
+def make_scales(M, N, K, kind, *, device="cuda", generator=None):
+    """Random f32 scales in [0.5, 1.5) of ``kind``'s shapes (torch)."""
+    import torch
+
     ks, ns = -(-K // SCALE_BLOCK), -(-N // SCALE_BLOCK)
     shapes = {"tensor": ((), ()), "row": ((M, 1), (1, N)), "block": ((M, ks), (ns, ks))}[kind]
-    sa = (torch.rand(shapes[0], generator=g) + 0.5).to(device)
-    sb = (torch.rand(shapes[1], generator=g) + 0.5).to(device)
-    return a, w, sa, sb
+    sa = (torch.rand(shapes[0], generator=generator) + 0.5).to(device)
+    sb = (torch.rand(shapes[1], generator=generator) + 0.5).to(device)
+    return sa, sb
 
 
 TOL = {"bf16": 8e-3, "f32": 3e-3}

@@ -1,0 +1,26 @@
+"""Small ragged FP8 GEMMs for compute-sanitizer (memcheck, racecheck, synccheck): each
+scale kind, both cluster sizes, every output checked against float64."""
+import sys
+from pathlib import Path
+
+import torch
+
+from pyptx.testing import load_module
+
+ROOT = Path(__file__).resolve().parents[1]
+fp8 = load_module(ROOT / "examples/hopper/fp8_gemm.py", "fp8_gemm_example")
+
+bad = 0
+M, N, K = 200, 328, 400
+for kind in ("tensor", "row", "block"):
+    for cfg in (dict(BN=128, cluster=1), dict(BN=256, cluster=2)):
+        for out in ("bf16", "f32"):
+            a, w, sa, sb = fp8.make_inputs(M, N, K, kind, seed=1)
+            d = fp8.scaled_mm(a, w.t(), sa, sb, out_dtype=out, config=dict(cfg, num_sms=4))
+            err = fp8.rel_err(d, fp8.reference(a, w, sa, sb, kind))
+            ok = err < fp8.TOL[out]
+            bad += not ok
+            print(kind, cfg, out, f"rel err {err:.1e}", "PASS" if ok else "FAIL", flush=True)
+torch.cuda.synchronize()
+print("FAIL" if bad else "all PASS")
+sys.exit(1 if bad else 0)
