@@ -4,20 +4,22 @@
 # Each step is time-boxed so a hung kernel (a barrier that never completes) costs minutes.
 #   run(command="bash tools/device_grouped.sh", carry=[".whl"])
 #   knobs: STEPS="example tests jax sanitize bench", GROUPED_CONFIG="BM=64,BN=128,store=masked"
-#          (the example's checks with one fixed config, to bisect), SHAPES="8x2048x4096x4096"
+#          (the example's checks with one fixed config, to bisect), SHAPES="8x2048x4096x4096",
+#          SKIP_INSTALL=1 after tools/device_install.sh; example/tests run untuned (the first
+#          config) unless EXAMPLE_AUTOTUNE=1 / TEST_AUTOTUNE=1; the benchmark tunes.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYPTX_CACHE_DIR=/tmp/pyptx-cache
-bash tools/device_install.sh
+[ -n "${SKIP_INSTALL:-}" ] || bash tools/device_install.sh
 STEPS=${STEPS:-example tests jax sanitize bench}
 for s in $STEPS; do
   echo "=== $s"
   case $s in
-    example) timeout 240 python3 examples/hopper/grouped_gemm.py 2>&1 | tee "$OUT/grouped_example.log" ;;
-    tests) timeout ${TEST_TIMEOUT:-400} python3 -m pytest -m gpu -q -rs ${PYTEST_K:+-k "$PYTEST_K"} \
+    example) PYPTX_AUTOTUNE=${EXAMPLE_AUTOTUNE:-0} timeout 240 python3 examples/hopper/grouped_gemm.py 2>&1 | tee "$OUT/grouped_example.log" ;;
+    tests) PYPTX_AUTOTUNE=${TEST_AUTOTUNE:-0} timeout ${TEST_TIMEOUT:-400} python3 -m pytest -m gpu -q -rs ${PYTEST_K:+-k "$PYTEST_K"} \
              packages/pyptx-torch/tests/test_grouped_gemm_gpu.py 2>&1 | tee "$OUT/grouped-tests.log" | tail -25 ;;
-    jax) timeout 300 python3 -m pytest -m gpu -q -rs packages/pyptx-jax/tests/test_grouped_gemm_jax_gpu.py \
+    jax) PYPTX_AUTOTUNE=0 timeout 300 python3 -m pytest -m gpu -q -rs packages/pyptx-jax/tests/test_grouped_gemm_jax_gpu.py \
              2>&1 | tee "$OUT/grouped-jax.log" | tail -15 ;;
     sanitize)
       for tool in memcheck racecheck synccheck; do
