@@ -41,7 +41,7 @@ import sys
 from pathlib import Path
 
 from pyptx import Tile, kernel, ptx, reg, smem
-from pyptx.errors import ConfigError
+from pyptx.errors import ConfigError, PyptxError
 from pyptx.fragment import Accumulator
 from pyptx.operand import OperandTile
 from pyptx.pipeline import BarrierArray, Pipeline
@@ -586,7 +586,7 @@ def _differentiable(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, schedule, BN, st
                                                causal=causal, scale=scale)
         return differentiable_kernel(fwd, bwd, save_for_backward=[0, 1, 2], save_outputs=[0, 1],
                                      num_grad_inputs=3)
-    except TypeError:  # differentiable_kernel without save_outputs yet
+    except (TypeError, PyptxError):  # no save_outputs yet, or a size the backward refuses
         return fwd
 
 

@@ -1,0 +1,188 @@
+"""Attention TFLOP/s: pyptx (``examples/hopper/flash_attention.py``) beside
+``F.scaled_dot_product_attention`` with each backend (cuDNN, flash, memory-efficient),
+forward and backward, bf16.
+
+Cases (the issue's): head dim 64 and 128, S = 4096 and 8192, causal and full, with
+B*S = 32768 tokens and H*D = 2048. FLOPs: 4*B*H*S^2*D forward (halved when causal),
+2.5x that backward. Timing: ``triton.testing.do_bench`` (L2 flushed between calls),
+median of the per-round medians; the contenders of a row are timed interleaved, in
+rotated order, in one process. A backend that errors prints n/a. The backward rows time
+``torch.autograd.grad`` of our ``attention()`` (n/a until the backward kernels are wired
+through ``differentiable_kernel``).
+
+    python benchmarks/attention.py [--dims 64 128] [--seqs 4096 8192] [--schedules pingpong simple]
+                                   [--no-bwd] [--out t.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/_timing.py
+
+from _timing import markdown_table, rotated  # noqa: E402
+
+BACKENDS = ("cuDNN", "flash", "efficient")
+
+
+def load_attention():
+    """The flash-attention example as a module."""
+    from pyptx.testing import load_module
+
+    return load_module(ROOT / "examples/hopper/flash_attention.py", "flash_attention_example")
+
+
+def sdpa_call(backend, causal):
+    """``f(q, k, v)``: SDPA restricted to ``backend`` on (B, S, H, D) tensors (viewed as
+    (B, H, S, D), the flash-attention packages' layout)."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    be = {"cuDNN": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
+          "efficient": SDPBackend.EFFICIENT_ATTENTION}[backend]
+
+    def f(q, k, v):
+        with sdpa_kernel(be):
+            return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                                  v.transpose(1, 2), is_causal=causal)
+    return f
+
+
+def sdpa_fn(backend, q, k, v, causal):
+    """A checked zero-argument SDPA call (raises where the backend refuses the case)."""
+    import torch
+
+    f = sdpa_call(backend, causal)
+    f(q, k, v)
+    torch.cuda.synchronize()
+    return lambda: f(q, k, v)
+
+
+def backward_fn(forward, q, k, v):
+    """Time the backward alone: one forward with grad, then ``autograd.grad`` of its output."""
+    import torch
+
+    qs, ks, vs = (x.detach().clone().requires_grad_() for x in (q, k, v))
+    o = forward(qs, ks, vs)
+    do = torch.randn_like(o)
+
+    def run():
+        return torch.autograd.grad(o, (qs, ks, vs), do, retain_graph=True)
+    run()
+    torch.cuda.synchronize()
+    return run
+
+
+def _time(fns, rep, rounds):
+    from triton.testing import do_bench
+
+    t = {name: [] for name in fns}
+    for r in range(rounds):
+        for name in rotated(list(fns), r):
+            t[name].append(do_bench(fns[name], rep=rep, return_mode="median"))
+    return {name: statistics.median(v) for name, v in t.items()}
+
+
+def _fmt(x):
+    return "n/a" if x is None else f"{x:.0f}"
+
+
+def main(argv=None) -> int:
+    import torch
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--dims", nargs="+", type=int, default=[64, 128])
+    p.add_argument("--seqs", nargs="+", type=int, default=[4096, 8192])
+    p.add_argument("--schedules", nargs="+", default=None,
+                   help="our schedules to time (default: the example's default)")
+    p.add_argument("--causal", nargs="+", default=["full", "causal"])
+    p.add_argument("--tokens", type=int, default=32768)
+    p.add_argument("--width", type=int, default=2048, help="H * D")
+    p.add_argument("--rep", type=int, default=100, help="do_bench rep (ms)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--no-bwd", action="store_true")
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    fa = load_attention()
+    schedules = args.schedules or [fa._schedule(None)]
+    dev = torch.cuda.get_device_name()
+    ours = [f"pyptx {s}" if len(schedules) > 1 else "pyptx" for s in schedules]
+    head = (["D", "S", "mask"] + [f"fwd {n}" for n in ours + list(BACKENDS)] + ["fwd ours/best"]
+            + ([f"bwd {n}" for n in ["pyptx"] + list(BACKENDS)] + ["bwd ours/best"]
+               if not args.no_bwd else []) + ["max |o err|"])
+    print(f"# attention TFLOP/s on {dev}, bf16, do_bench median (L2 flushed)")
+    print("| " + " | ".join(head) + " |", flush=True)
+    body, rows = [], []
+    for D in args.dims:
+        H = args.width // D
+        for S in args.seqs:
+            B = max(1, args.tokens // S)
+            for mask in args.causal:
+                causal = mask == "causal"
+                torch.manual_seed(0)
+                q, k, v = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16)
+                           for _ in range(3))
+                flops = 4.0 * B * H * S * S * D * (0.5 if causal else 1.0)
+                fwd = {}
+                err = None
+                for name, sched in zip(ours, schedules):
+                    try:
+                        o, _ = fa.attention_forward(q, k, v, causal=causal, schedule=sched)
+                        ref = torch.nn.functional.scaled_dot_product_attention(
+                            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                            is_causal=causal).transpose(1, 2)
+                        e = (o.float() - ref.float()).abs().max().item()
+                        err = e if err is None else max(err, e)
+                        fwd[name] = (lambda s=sched, c=causal, a=q, b_=k, v_=v:
+                                     fa.attention_forward(a, b_, v_, causal=c, schedule=s))
+                    except Exception as ex:  # noqa: BLE001 - print n/a and go on
+                        print(f"  {name}: {type(ex).__name__}: {ex}"[:300], flush=True)
+                for be in BACKENDS:
+                    try:
+                        fwd[be] = sdpa_fn(be, q, k, v, causal)
+                    except Exception as ex:  # noqa: BLE001
+                        print(f"  {be}: {type(ex).__name__}: {str(ex)[:200]}", flush=True)
+                tf = {n: flops / (ms * 1e-3) / 1e12 for n, ms in _time(fwd, args.rep, args.rounds).items()}
+                best_peer = max((tf[b] for b in BACKENDS if b in tf), default=None)
+                best_ours = max((tf[n] for n in ours if n in tf), default=None)
+                cells = [str(D), str(S), mask] + [_fmt(tf.get(n)) for n in ours + list(BACKENDS)]
+                cells.append(f"{best_ours / best_peer:.3f}" if best_ours and best_peer else "n/a")
+                btf = {}
+                if not args.no_bwd:
+                    bwd = {}
+                    try:
+                        bwd["pyptx"] = backward_fn(
+                            lambda a, b_, c, cz=causal: fa.attention(a, b_, c, causal=cz), q, k, v)
+                    except Exception as ex:  # noqa: BLE001
+                        print(f"  pyptx bwd: {type(ex).__name__}: {str(ex)[:200]}", flush=True)
+                    for be in BACKENDS:
+                        try:
+                            bwd[be] = backward_fn(sdpa_call(be, causal), q, k, v)
+                        except Exception as ex:  # noqa: BLE001
+                            print(f"  {be} bwd: {type(ex).__name__}: {str(ex)[:200]}", flush=True)
+                    btf = {n: 2.5 * flops / (ms * 1e-3) / 1e12
+                           for n, ms in _time(bwd, args.rep, args.rounds).items()}
+                    bbest = max((btf[b] for b in BACKENDS if b in btf), default=None)
+                    cells += [_fmt(btf.get(n)) for n in ["pyptx"] + list(BACKENDS)]
+                    cells.append(f"{btf['pyptx'] / bbest:.3f}" if "pyptx" in btf and bbest else "n/a")
+                cells.append("n/a" if err is None else f"{err:.1e}")
+                print("| " + " | ".join(cells) + " |", flush=True)
+                body.append(cells)
+                rows.append(dict(D=D, S=S, B=B, H=H, causal=causal, fwd=tf, bwd=btf, err=err))
+                del q, k, v
+                torch.cuda.empty_cache()
+    if args.out:
+        lines = markdown_table(head, body)
+        Path(args.out).write_text(f"attention TFLOP/s on {dev} (bf16, do_bench median)\n\n"
+                                  + "\n".join(lines) + "\n")
+        Path(args.out).with_suffix(".json").write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

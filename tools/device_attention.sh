@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Device run for the flash-attention forward: the example's checks (every schedule, simple
+# first so a hang of an overlapped schedule still leaves the simple results), the torch and
+# JAX GPU tests, benchmarks/attention.py, compute-sanitizer. Each step is time-boxed so a hung
+# kernel (a barrier that never completes) costs minutes, not the whole lease.
+#   run(command="bash tools/device_attention.sh", carry=[".whl"])
+#   knobs: STEPS="example tests jax bench sanitize", SCHEDULES="simple overlap pingpong",
+#          BENCH_ARGS="--dims 128 --seqs 8192", INSTALL=0 (skip tools/device_install.sh)
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYPTX_CACHE_DIR=/tmp/pyptx-cache
+[ "${INSTALL:-1}" = 0 ] || bash tools/device_install.sh
+STEPS=${STEPS:-example tests jax bench sanitize}
+SCHEDULES=${SCHEDULES:-simple overlap pingpong}
+for s in $STEPS; do
+  echo "=== $s"
+  case $s in
+    example)
+      for sch in $SCHEDULES; do
+        timeout ${EXAMPLE_TIMEOUT:-150} python3 examples/hopper/flash_attention.py $sch 2>&1 \
+          | tee "$OUT/attention_example_$sch.log" | grep -E "PASS|FAIL|Error" | tail -20
+        echo "exit $? ($sch)"
+      done ;;
+    tests) timeout ${TEST_TIMEOUT:-400} python3 -m pytest -m gpu -q -x -rs ${PYTEST_K:+-k "$PYTEST_K"} \
+             packages/pyptx-torch/tests/test_flash_attention_gpu.py 2>&1 | tee "$OUT/attention-tests.log" | tail -25 ;;
+    jax) timeout ${TEST_TIMEOUT:-300} python3 -m pytest -m gpu -q -x -rs \
+             packages/pyptx-jax/tests/test_flash_attention_jax_gpu.py 2>&1 | tee "$OUT/attention-jax-tests.log" | tail -15 ;;
+    bench) timeout ${BENCH_TIMEOUT:-500} python3 benchmarks/attention.py ${BENCH_ARGS:-} \
+             --out "$OUT/attention.md" 2>&1 | tee "$OUT/attention-bench.log" ;;
+    sanitize)
+      for tool in memcheck racecheck synccheck; do
+        timeout 300 compute-sanitizer --tool $tool --report-api-errors no \
+          python3 tools/attention_sanitize.py 2>&1 | tee "$OUT/attention-sanitize-$tool.log" | tail -4
+      done ;;
+  esac
+done
