@@ -96,6 +96,12 @@ def tile_origin(t, rank, g):
     return m0, nb * g.BN
 
 
+def partial_columns(BN, fast_accum=False):
+    """Columns of the partial (tensor-core) accumulator: the whole tile without promotion,
+    else at most 128 (a 192- or 256-column tile runs in two halves per k-block)."""
+    return BN if fast_accum or BN <= 128 else BN // 2
+
+
 def build_fp8_gemm(M: int, N: int, K: int, *, scale="tensor", dtype="e4m3", dtype_b=None,
                    out_dtype="bf16", BM=128, BN=256, stages=None, cluster=2, group_m=8,
                    num_sms=H100_SMS, fast_accum=False, ND=None):
@@ -161,7 +167,7 @@ def build_fp8_gemm(M: int, N: int, K: int, *, scale="tensor", dtype="e4m3", dtyp
     out_slab_bytes = 64 * 128
     wg_out_bytes = EPI_BUFS * out_slab_bytes
     promote = not fast_accum
-    NH = min(BN, 128) if promote else BN   # columns of the partial accumulator
+    NH = partial_columns(BN, fast_accum)
     halves = BN // NH
 
     g = Geometry(M, N, K, BM, BN, cluster, group_m, num_sms)

@@ -34,6 +34,7 @@ def test_configs_assemble_without_spills(scale, assemble):
     if scale != "block":
         kernels.append(fp8.build_fp8_gemm(300, 200, 160, scale=scale, fast_accum=True,
                                           ND=200, BN=192, cluster=1))
+        kernels.append(fp8.build_fp8_gemm(300, 200, 160, scale=scale, ND=200, BN=192))
     for k in kernels:
         text = k.ptx()
         assert "setmaxnreg.inc" in text and "cp.async.bulk.tensor" in text
@@ -50,6 +51,7 @@ def test_promotion_uses_a_partial_accumulator_of_at_most_128_columns():
     assert "m64n256k32.f32.e4m3.e4m3" in fast
     block = fp8.build_fp8_gemm(4096, 4096, 4096, BN=256, scale="block").ptx()
     assert block.count("fma.rn.f32") == 128
+    assert "m64n96k32" in fp8.build_fp8_gemm(4096, 4096, 4096, BN=192).ptx()
     mixed = fp8.build_fp8_gemm(256, 256, 256, dtype="e5m2", dtype_b="e4m3").ptx()
     assert "k32.f32.e5m2.e4m3" in mixed
 
@@ -114,7 +116,7 @@ def model(M, N, K, kind, a, w, sa, sb, *, BM=128, BN=256, cluster=2, fast_accum=
     sb_f = sb.reshape(-1)
     if kind == "row":
         sb_f = np.concatenate([sb_f, np.zeros(ND - N)])
-    NH = BN if fast_accum else min(BN, 128)
+    NH = fp8.partial_columns(BN, fast_accum)
     W = np.arange(4)[:, None, None]
     L = np.arange(32)[None, :, None]
     Ij = np.arange(BN // 2)[None, None, :]
@@ -145,7 +147,11 @@ def model(M, N, K, kind, a, w, sa, sb, *, BM=128, BN=256, cluster=2, fast_accum=
                         rows_w = w[n0: n0 + BN, k0:k1]
                         ablk[:rows_a.shape[0], :k1 - k0] = rows_a
                         wblk[:rows_w.shape[0], :k1 - k0] = rows_w
-                        part = (ablk @ wblk.T)[row, col]
+                        # the registers the halves' wgmma write; others stay 0
+                        part = np.zeros(row.shape)
+                        for h in range(BN // NH):
+                            js = slice(h * (NH // 2), (h + 1) * (NH // 2))
+                            part[..., js] = (ablk @ wblk.T)[row[..., js], col[..., js]]
                         if kind == "block":
                             ra = r0 * KS
                             sa0 = np.where(r0 < M, sa_f[np.minimum(ra + kb, sa_f.size - 1)], 0)
@@ -183,6 +189,8 @@ MODEL_CASES = [
     (129, 65, 16, "row", dict(BN=128, cluster=1, num_sms=5)),
     (300, 520, 272, "tensor", dict(BN=192, cluster=1, num_sms=7, fast_accum=True)),
     (513, 260, 144, "tensor", dict(BN=128, cluster=2, num_sms=6)),
+    (300, 520, 272, "row", dict(BN=192, cluster=1, num_sms=5)),
+    (300, 520, 272, "tensor", dict(BN=192, cluster=2, num_sms=132)),
 ]
 
 
