@@ -194,11 +194,10 @@ def child(B: int, N: int) -> int:
     for attr, label in (("shim", "shim"), ("run_plan", "launch")):
         if not prof.patch(eager, attr, label):
             missing.append(f"pyptx_torch.eager.{attr}")
+    from pyptx.testing import load_module
+
     with prof.region("build"):
-        spec = importlib.util.spec_from_file_location("rms_norm_cold_start", EXAMPLE)
-        mod = importlib.util.module_from_spec(spec)
-        sys.path.insert(0, str(EXAMPLE.parent))
-        spec.loader.exec_module(mod)
+        mod = load_module(EXAMPLE, "rms_norm_cold_start")
         k = mod.build_rms_norm(B, N, EPS)
     with prof.region("call_rest"):
         y = k(x, w)

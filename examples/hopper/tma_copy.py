@@ -12,7 +12,6 @@ edge tiles arrive zero-filled and are not stored, so any M, N work.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 from pyptx import Tile, kernel, ptx, reg, smem
 from pyptx.errors import ConfigError
@@ -72,8 +71,7 @@ def reference(x):
 
 
 def main(argv=None) -> int:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from _harness import parse_args, run_example
+    from pyptx.testing import parse_args, run_example
 
     a = parse_args(__doc__.splitlines()[0], argv, M=1000, N=700)
     k = build_tma_copy(a["M"], a["N"])

@@ -10,6 +10,7 @@ the kernel, so the custom call can still be lowered and inspected.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -20,7 +21,11 @@ from . import ffi
 from .ffi import call_kernel_via_ffi
 
 __all__ = ["LaunchState", "describe", "make_launcher", "launch_kernel", "plan_for",
-           "resolve_handle"]
+           "resolve_handle", "PLAN_SLOTS"]
+
+#: Plans (and jitted eager wrappers) a kernel keeps, least recently used dropped first. A dropped
+#: plan's record may still be named by a compiled executable: the shim's resolver finds it again.
+PLAN_SLOTS = 64
 
 #: Records handed to XLA while the disk cache is off. A compiled executable may call a handle
 #: after the kernel that made it is gone (XLA reports no executable's end): with the cache on,
@@ -59,24 +64,41 @@ def _gpu_ordinals() -> list[int]:
 
 
 class LaunchState:
-    """One kernel's JAX launch state: plans by specialization, jitted eager wrappers."""
+    """One kernel's JAX launch state: plans by specialization and jitted eager wrappers, each a
+    bounded LRU (``PLAN_SLOTS``), so alternating shapes reuse them and many shapes do not pile up."""
 
     __slots__ = ("plans", "jitted")
 
     def __init__(self) -> None:
-        self.plans: dict[Any, LaunchPlan] = {}
-        self.jitted: dict[Any, Any] = {}
+        self.plans: OrderedDict[Any, LaunchPlan] = OrderedDict()
+        self.jitted: OrderedDict[Any, Any] = OrderedDict()
+
+    @staticmethod
+    def get(table: OrderedDict, key: Any) -> Any:
+        """``table[key]`` marked most recently used, or None."""
+        hit = table.get(key)
+        if hit is not None:
+            table.move_to_end(key)
+        return hit
+
+    @staticmethod
+    def put(table: OrderedDict, key: Any, value: Any) -> Any:
+        """Keep ``value`` under ``key``, dropping the least recently used past ``PLAN_SLOTS``."""
+        table[key] = value
+        while len(table) > PLAN_SLOTS:
+            table.popitem(last=False)
+        return value
 
 
 def plan_for(state: LaunchState, kernel: Any, spec: Any) -> LaunchPlan:
     """The plan of ``spec``: its record loaded on every local GPU (none without a driver)."""
     key = (tuple(sorted(spec.env.items())), tuple(sorted(spec.template_kwargs.items())))
-    plan = state.plans.get(key)
+    plan = state.get(state.plans, key)
     if plan is None:
         from pyptx import driver
 
         ordinals = _gpu_ordinals() if driver.cuda() is not None else []
-        plan = state.plans[key] = launch_plan(kernel, spec, ordinals)
+        plan = state.put(state.plans, key, launch_plan(kernel, spec, ordinals))
         # An executable or an exported program names it by hash: found again through the disk.
         if not persist(plan.record):
             _handed_to_xla.add(plan.record)
@@ -129,9 +151,9 @@ def launch_kernel(state: LaunchState, kernel: Any, args: Sequence[Any],
     if any(isinstance(a, jax.core.Tracer) for a in args):
         return call(*args)
     key = (handle, id(ffi._mock))  # a test mock is baked into the trace
-    jitted = state.jitted.get(key)
+    jitted = state.get(state.jitted, key)
     if jitted is None:
-        jitted = state.jitted[key] = jax.jit(call)
+        jitted = state.put(state.jitted, key, jax.jit(call))
     return jitted(*args)
 
 

@@ -166,7 +166,7 @@ def make_launcher() -> Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]:
                         state.use_fast(f)
                     return out
         plan, plan_fast = plan_for(state, kernel, args, kwargs)
-        if plan_fast is not None:  # the exact-signature launcher, with template kwargs too
+        if kwargs and plan_fast is not None:  # kwargs calls skip the loop above: their launcher
             out = plan_fast(args)
             if out is not None:
                 return out
