@@ -469,6 +469,18 @@ def measure_copy(torch, timer, method=None, nbytes=512 * 1024 * 1024):
 
 
 # ----------------------------------------------------------------------------- tables
+def peer_count(rows: list[dict], key: str) -> tuple[int, int]:
+    """(cells with ``r[key]`` >= 1.0, cells): how many rows meet the peer target."""
+    return sum(1 for r in rows if r[key] >= 1.0), len(rows)
+
+
+def out_paths(out: str) -> tuple[Path, Path]:
+    """(markdown, JSON) paths of ``--out``: ``x.md`` or ``x.json`` (or ``x``) names both."""
+    p = Path(out)
+    base = p.with_suffix("") if p.suffix in (".md", ".json") else p
+    return Path(f"{base}.md"), Path(f"{base}.json")
+
+
 def _cell(r: dict, key: str, primary: str) -> str:
     """GB/s of ``r[key]``, ``*`` when it was not timed with ``primary`` (graph fallback)."""
     if key not in r:
@@ -523,7 +535,8 @@ def alt_table(rows: list[dict], primary: str, alt: str, copy: dict) -> list[str]
 # ----------------------------------------------------------------------------- main
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", help="write the results as JSON here (and a .md table beside it)")
+    ap.add_argument("--out", help="write the tables (.md) and the results (.json) here: x.md or "
+                                  "x.json names both files")
     ap.add_argument("--ops", default=",".join(OPS))
     ap.add_argument("--dtypes", default="f32,bf16")
     ap.add_argument("--sizes", default=",".join(f"{b}x{n}" for b, n in SIZES))
@@ -708,15 +721,25 @@ def main(argv=None) -> int:
     md = [f"device: {dev.name}; copy {copy_gbs:.0f} GB/s; GB/s = (bytes read + written) / time "
           f"per launch", "", f"timer: {timer_desc(primary)}", "",
           "ours: the default call (no variant named; pyptx.autotune picked the variant in "
-          "'ours plan'); ours best variant: the best hand-named variant, for reference", "",
+          "'ours plan', timing each config at its first launch with the L2 flushed (256 MB) "
+          "before every launch, median: do_bench's method); ours best variant: the best "
+          "hand-named variant, for reference", "",
           (f"ours, ours best variant and the peers: median of {a.rounds} interleaved rounds after "
            "the tuning pass" if a.rounds else "ours and the variants: the tuning pass; peers: one "
            "sample"),
           ""]
     for op in ops:
         md += op_table(rows, op, primary)
+    n_pass, n_rows = peer_count(rows, "vs_peer")
+    md += [f"ours (the default call) >= 1.0x the best peer ({primary}): {n_pass} of {n_rows} "
+           f"cells; the best hand-named variant: {peer_count(rows, 'vs_peer_best_variant')[0]} "
+           f"of {n_rows}", ""]
     if alt:
         md += alt_table(rows, primary, alt, copy)
+        n_alt = sum(1 for r in rows if r.get("alt") and r["alt"]["peer_gbs"]
+                    and r["alt"]["ours"] >= r["alt"]["peer_gbs"])
+        md += [f"ours (the default call) >= 1.0x the best peer ({alt}): {n_alt} of "
+               f"{sum(1 for r in rows if r.get('alt'))} cells", ""]
     log("")
     log("\n".join(md))
 
@@ -733,6 +756,7 @@ def main(argv=None) -> int:
         "copy_gbs": copy_gbs,
         "copy_gbs_by_timer": copy,
         "peer_target_pass": not fails_peer,
+        "peer_target_cells": f"{n_pass}/{n_rows}",
         "peer_target_best_variant_pass": not fails_variant,
         "copy_target_pass": not fails_copy,
         "correctness_pass": not fails_check,
@@ -744,14 +768,14 @@ def main(argv=None) -> int:
         "wall_s": time.time() - t_start,
     }
     if a.out:
-        out = Path(a.out)
+        out_md, out = out_paths(a.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps({"device": dev.name, "timer": a.timer,
                                    "timer_desc": timer_desc(primary),
                                    "second_timer": alt and timer_desc(alt), "l2_bytes": timer.l2,
                                    "summary": summary, "rows": rows}, indent=1))
-        out.with_suffix(".md").write_text("\n".join(md) + "\n")
-        log(f"wrote {out} and {out.with_suffix('.md')}")
+        out_md.write_text("\n".join(md) + "\n")
+        log(f"wrote {out} and {out_md}")
     log("")
     log(f"SUMMARY ({summary['wall_s']:.0f} s, copy {copy_gbs:.0f} GB/s, timer {primary})")
     if fallbacks:
@@ -760,7 +784,7 @@ def main(argv=None) -> int:
     log(f"  correctness of every pyptx launch shape: {'PASS' if not fails_check else 'FAIL'}"
         + "".join(f"\n    {r['op']} {r['dtype']} {r['B']}x{r['N']}" for r in fails_check))
     log(f"  ours (default calls) >= 1.0x best peer everywhere: "
-        f"{'PASS' if not fails_peer else 'FAIL'}"
+        f"{'PASS' if not fails_peer else 'FAIL'} ({n_pass}/{n_rows} cells)"
         + "".join(f"\n    {m}" for m in summary["peer_misses"]))
     log(f"  (for reference) the best hand-named variant: {'PASS' if not fails_variant else 'FAIL'}"
         + "".join(f"\n    {m}" for m in summary["peer_misses_best_variant"]))

@@ -28,7 +28,8 @@ from pyptx.types import b64, f32, u32, u64
 SWIGLU_CONFIGS = [
     Config(), Config(chunks=2), Config(chunks=4), Config(threads=512), Config(pdl=False),
     Config(chunks=2, pdl=False), Config(chunks=4, pdl=False),
-    Config(threads=128), Config(threads=128, chunks=2), Config(threads=128, chunks=2, pdl=False),
+    Config(threads=128), Config(threads=128, pdl=False), Config(threads=128, chunks=2),
+    Config(threads=128, chunks=2, pdl=False),
     Config(bulk=True, threads=512), Config(bulk=True, threads=1024),
     Config(bulk=True, threads=512, bulk_store=True),
 ]
