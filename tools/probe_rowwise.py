@@ -266,6 +266,15 @@ def main(argv=None) -> int:
 
     log(f"device: {torch.cuda.get_device_name(0)}, torch {torch.__version__}; timer: "
         f"{mb.timer_desc('do_bench')}; {a.rounds} interleaved rounds, medians")
+    try:  # one graph per cell: keep dynamo from falling back to eager after a few shapes
+        import torch._dynamo
+
+        cfg = torch._dynamo.config
+        for name in ("recompile_limit", "cache_size_limit"):
+            if hasattr(cfg, name):
+                setattr(cfg, name, max(64, getattr(cfg, name)))
+    except Exception:  # noqa: BLE001
+        pass
     out = []
     t0 = time.time()
     for cell in cells:
