@@ -273,3 +273,21 @@ def test_builder_calls_are_memoised_in_a_bounded_table(monkeypatch):
     for n in (17, 18, 19):
         build(n)
     assert len(build._kernels) == 3 and build(16) is not first
+
+
+def test_rounds_interleave_configs_and_take_the_median(capsys):
+    class DriftingTimer(FakeTimer):
+        """Times grow by 1 us per measurement (a GPU heating up over the tuning)."""
+
+        rounds = 3
+
+        def measure(self, k, args, kwargs):
+            self.measured.append(k.name)
+            return self.times[k.name] + len(self.measured)
+
+    timer = DriftingTimer({"hold8_r0": 3.0, "hold16_r0": 2.0, "hold32_r0": 4.0})
+    k = tuned(timer)(64)
+    assert k.choose(FakeArray()).name == "hold16_r0"
+    assert timer.measured == ["hold8_r0", "hold16_r0", "hold32_r0"] * 3
+    assert k.choice.us == 2.0 + 5  # its second-round time: the median of 2+2, 2+5, 2+8
+    capsys.readouterr()

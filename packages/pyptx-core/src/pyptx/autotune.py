@@ -16,8 +16,9 @@ the builder refuses with a ``PyptxError`` is skipped, and so is one whose kernel
 same launch as an earlier config's), assembles each with ptxas and skips any that ptxas
 rejects or that spills registers, launches the rest on the
 call's own arguments and times them (``Timer``: CUDA events for torch, wall clock
-after ``block_until_ready`` for jax; warm-up, then the median), and keeps the
-fastest. The tuner *re-runs the kernel* on the caller's arguments many times: the
+after ``block_until_ready`` for jax; warm-up, then the median; a timer with ``rounds``
+times every config once per round, interleaved, and the tuner takes the median of the
+rounds), and keeps the fastest. The tuner *re-runs the kernel* on the caller's arguments many times: the
 kernels it is meant for write fresh outputs and leave their inputs alone; a kernel
 that updates an input in place must not be tuned this way (pass its config
 explicitly). The winner is written beside the compiled-kernel cache
@@ -135,9 +136,11 @@ class TorchTimer:
     """CUDA events around each launch, the L2 cleared before each (like ``triton.testing.do_bench``):
     about ``warmup_ms`` of warm-up, then about ``rep_ms`` of timed launches, median."""
 
-    def __init__(self, warmup_ms: float = 25.0, rep_ms: float = 100.0) -> None:
+    def __init__(self, warmup_ms: float = 25.0, rep_ms: float = 100.0, rounds: int = 3) -> None:
         self.warmup_ms = warmup_ms
         self.rep_ms = rep_ms
+        #: The tuner times every config once per round, interleaved, and takes the median.
+        self.rounds = rounds
         self._flush: dict[Any, Any] = {}
 
     def device_name(self, args: Sequence[Any]) -> str | None:
@@ -524,12 +527,17 @@ class TunedKernel:
                 if reason is not None:
                     skipped.append((cfg, reason))
                     continue
-            try:
-                us = float(timer.measure(k, args, kwargs))
-            except PyptxError as e:
-                skipped.append((cfg, f"launch failed: {_first_line(e)}"))
-                continue
-            timed.append((us, i, cfg, k))
+            timed.append(([], i, cfg, k))
+        # Interleaved rounds: a drift of the clocks over the tuning (heat, power) then
+        # biases no config against the others.
+        for _ in range(max(1, int(getattr(timer, "rounds", 1)))):
+            for entry in list(timed):
+                try:
+                    entry[0].append(float(timer.measure(entry[3], args, kwargs)))
+                except PyptxError as e:
+                    skipped.append((entry[2], f"launch failed: {_first_line(e)}"))
+                    timed.remove(entry)
+        timed = [(statistics.median(t), i, cfg, k) for t, i, cfg, k in timed]
         if not timed:
             why = "\n  ".join(f"{c.describe()}: {r}" for c, r in skipped)
             raise AutotuneError(f"{where()}: every config of {self.tuner.ident} was skipped for "
