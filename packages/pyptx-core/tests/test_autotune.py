@@ -285,7 +285,7 @@ def test_rounds_interleave_configs_and_take_the_median(capsys):
             self.measured.append(k.name)
             return self.times[k.name] + len(self.measured)
 
-    timer = DriftingTimer({"hold8_r0": 3.0, "hold16_r0": 2.0, "hold32_r0": 4.0})
+    timer = DriftingTimer({"hold8_r0": 5.0, "hold16_r0": 2.0, "hold32_r0": 4.0})
     k = tuned(timer)(64)
     assert k.choose(FakeArray()).name == "hold16_r0"
     assert timer.measured == ["hold8_r0", "hold16_r0", "hold32_r0"] * 3
