@@ -181,7 +181,7 @@ def build_fp8_gemm(M: int, N: int, K: int, *, scale="tensor", dtype="e4m3", dtyp
     if scale == "tensor":
         s_specs = (Tile(1, f32), Tile(1, f32))
     elif scale == "row":
-        s_specs = (Tile(M, f32), Tile(ND, f32))
+        s_specs = (Tile(M, f32), Tile(N, f32))
     else:
         s_specs = (Tile(M, KS, f32), Tile(NS, KS, f32))
     in_specs = (Tile(M, K, dt_a), Tile(N, K, dt_b)) + s_specs
@@ -352,12 +352,10 @@ def build_fp8_gemm(M: int, N: int, K: int, *, scale="tensor", dtype="e4m3", dtyp
                     if scale == "tensor":
                         v0, v1 = v0 * s_ab, v1 * s_ab
                     elif scale == "row":
-                        if dc not in col_scale:  # sb is padded to ND (even): one v2 load
+                        if dc not in col_scale:  # once per column pair, for both rows
                             c0 = ncol + dc
-                            pair = [reg.scalar(f32, init=0.0), reg.scalar(f32, init=0.0)]
-                            ptx.inst.ld.global_.nc.v2.f32(pair, ptx.addr(psb + c0 * 4),
-                                                          pred=c0 < ND)
-                            col_scale[dc] = pair
+                            col_scale[dc] = (load_f32(psb, c0, c0 < N),
+                                             load_f32(psb, c0 + 1, c0 + 1 < N))
                         rs = sr[1] if dr else sr[0]
                         v0 = v0 * rs * col_scale[dc][0]
                         v1 = v1 * rs * col_scale[dc][1]
@@ -489,10 +487,6 @@ def scaled_mm(a, b, scale_a, scale_b, *, out_dtype="bf16", scale=None, fast_accu
     if lib == "torch":
         sa = scale_a.float().reshape(-1 if kind != "block" else scale_a.shape).contiguous()
         sb = scale_b.float().reshape(-1 if kind != "block" else scale_b.shape).contiguous()
-        if kind == "row" and ND != N:
-            import torch.nn.functional as F
-
-            sb = F.pad(sb, (0, ND - N))
     else:
         import jax.numpy as jnp
 
@@ -500,8 +494,6 @@ def scaled_mm(a, b, scale_a, scale_b, *, out_dtype="bf16", scale=None, fast_accu
         sb = jnp.asarray(scale_b, jnp.float32)
         if kind != "block":
             sa, sb = sa.reshape(-1), sb.reshape(-1)
-        if kind == "row" and ND != N:
-            sb = jnp.pad(sb, (0, ND - N))
     key = tuple(sorted(dict(scale=kind, dtype=da, dtype_b=db, out_dtype=out_dtype,
                             fast_accum=bool(fast_accum), ND=ND).items()))
     config = config or _env_config()

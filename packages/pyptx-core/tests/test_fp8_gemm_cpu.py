@@ -114,8 +114,6 @@ def model(M, N, K, kind, a, w, sa, sb, *, BM=128, BN=256, cluster=2, fast_accum=
     KS, NS = g.KS, g.NS
     sa_f = sa.reshape(-1)
     sb_f = sb.reshape(-1)
-    if kind == "row":
-        sb_f = np.concatenate([sb_f, np.zeros(ND - N)])
     NH = fp8.partial_columns(BN, fast_accum)
     W = np.arange(4)[:, None, None]
     L = np.arange(32)[None, :, None]
@@ -169,7 +167,7 @@ def model(M, N, K, kind, a, w, sa, sb, *, BM=128, BN=256, cluster=2, fast_accum=
                         rs0 = np.where(r0 < M, sa_f[np.minimum(r0, M - 1)], 0)
                         rs1 = np.where(r0 + 8 < M, sa_f[np.minimum(r0 + 8, M - 1)], 0)
                         rs = np.where((Ij // 2) % 2, rs1, rs0)
-                        cs = np.where(c < ND, sb_f[np.minimum(c, ND - 1)], 0)
+                        cs = np.where(c < N, sb_f[np.minimum(c, N - 1)], 0)
                         v = main * rs * cs
                     else:
                         v = main
