@@ -81,12 +81,12 @@ def test_fast_accum(kind, config):
 @pytest.mark.parametrize("positive", [False, True])
 def test_long_k_promotion(positive):
     """At K = 16384 the promoted result stays within the f32-output tolerance, and is no
-    worse than torch._scaled_mm's where torch runs it."""
+    worse than twice torch._scaled_mm's (use_fast_accum=False) where torch runs it."""
     errs = fp8.long_k_errors(positive=positive)
     print(errs)
     assert errs["pyptx (promoted)"] < TOL["f32"]
     if "torch._scaled_mm" in errs:
-        assert errs["pyptx (promoted)"] <= 1.5 * errs["torch._scaled_mm"] + 1e-6
+        assert errs["pyptx (promoted)"] <= 2 * errs["torch._scaled_mm"] + 1e-6
 
 
 def test_row_major_b_is_transposed_first():
