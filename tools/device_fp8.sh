@@ -23,7 +23,7 @@ for s in $STEPS; do
              packages/pyptx-torch/tests/test_fp8_gemm_gpu.py 2>&1 | tee "$OUT/fp8-tests.log" | tail -25 ;;
     sanitize)
       for tool in memcheck racecheck synccheck; do
-        timeout 300 compute-sanitizer --tool $tool --report-api-errors no \
+        timeout 180 compute-sanitizer --tool $tool --report-api-errors no \
           python3 tools/fp8_sanitize.py 2>&1 | tee "$OUT/fp8-sanitize-$tool.log" | tail -4
       done ;;
     bench) timeout ${BENCH_TIMEOUT:-400} python3 benchmarks/fp8_gemm.py --shapes ${SHAPES:-4096 8192} \
