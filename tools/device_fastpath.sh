@@ -1,15 +1,32 @@
 #!/usr/bin/env bash
-# Device run for the C++ fast path: install (the hatch hook compiles it), its tests and the
-# torch GPU suite, then the dispatch breakdown and table. Logs under $OUT.
+# Device run for issue 18 (the launch pipeline): install (the hatch hook compiles the C++ fast
+# path), the fast-path / launch-pipeline / torch / JAX GPU tests (export round trips, cluster
+# launches, repeats that stay in C++), the dispatch breakdown and the dispatch table with its
+# "issue 18 targets" lines. Logs under $OUT.
+#   run(command="bash tools/device_fastpath.sh", carry=[".whl"])
+# Knobs: TESTS=0 (skip the tests), GPU_TESTS (test paths), PYTEST_K, DISPATCH=0 (skip the
+# breakdown and table), DISPATCH_ARGS
+# (default --targets: only the rows the targets need; "" for the whole table), COLD=1 (also
+# benchmarks/cold_start.py).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYPTX_CACHE_DIR=/tmp/pyptx-cache
+export PYTHONUNBUFFERED=1 PYPTX_CACHE_DIR=/tmp/pyptx-cache XLA_PYTHON_CLIENT_PREALLOCATE=false
 t0=$(date +%s)
 bash tools/device_install.sh 2>&1 | tail -5
 echo "install took $(( $(date +%s) - t0 )) s"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "from pyptx_torch.fastpath import fastpath_status as s; print('C++ fast path:', s())" | tee "$OUT/fastpath.txt"
 grep -q active "$OUT/fastpath.txt" || python3 -m pyptx_torch.fastpath_build 2>&1 | tail -30
 export PYPTX_REQUIRE_FASTPATH=1
-python3 -m pytest -m gpu -q -x -rs ${GPU_TESTS:-packages/pyptx-torch/tests/test_fastpath_gpu.py packages/pyptx-torch/tests/test_torch_gpu.py} 2>&1 | tee "$OUT/gpu-tests.log" | tail -25
-python3 benchmarks/dispatch_breakdown.py > "$OUT/breakdown.log" 2>&1; head -16 "$OUT/breakdown.log"
-[ "${DISPATCH:-1}" = 1 ] && python3 benchmarks/dispatch.py --no-jax --out "$OUT/dispatch.md" 2>&1 | tee "$OUT/dispatch.log" | tail -22
+T=packages/pyptx-torch/tests J=packages/pyptx-jax/tests
+[ "${TESTS:-1}" = 1 ] && timeout ${TEST_TIMEOUT:-420} python3 -m pytest -m gpu -q -rs -p no:cacheprovider ${PYTEST_K:+-k "$PYTEST_K"} \
+  ${GPU_TESTS:-$T/test_fastpath_gpu.py $T/test_launch_pipeline_gpu.py $T/test_torch_gpu.py $J/test_jax_gpu.py} \
+  2>&1 | tee "$OUT/gpu-tests.log" | grep -E "passed|failed|^FAILED|^ERROR|^SKIPPED" | tail -40
+if [ "${DISPATCH:-1}" = 1 ]; then
+  python3 benchmarks/dispatch_breakdown.py > "$OUT/breakdown.log" 2>&1; head -16 "$OUT/breakdown.log"
+  timeout 300 python3 benchmarks/dispatch.py ${DISPATCH_ARGS---targets} --out "$OUT/dispatch.md" 2>&1 \
+    | tee "$OUT/dispatch.log" | tail -30
+fi
+[ "${COLD:-0}" = 1 ] && timeout 200 python3 benchmarks/cold_start.py --out "$OUT/cold_start.md" 2>&1 \
+  | tee "$OUT/cold_start.log" | tail -20
+echo "whole run $(( $(date +%s) - t0 )) s"

@@ -31,7 +31,6 @@
 #include <mutex>
 #include <new>
 #include <string>
-#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -227,16 +226,10 @@ PyTypeObject PlanType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 constexpr size_t kPlansPerVariant = 8;
 using PlanList = std::vector<PlanPtr>;  // newest first, at most kPlansPerVariant
 
-struct StringHash {
-  using is_transparent = void;
-  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
-};
-
 std::mutex g_variants_mutex;
 // "uid" or "uid|kwargs" (the variant string of pyptx::launch<n>) -> its bound plans. A list is
 // never changed once published (bind copies it), so a caller holds it without the lock.
-std::unordered_map<std::string, std::shared_ptr<const PlanList>, StringHash, std::equal_to<>>
-    g_variants;
+std::unordered_map<std::string, std::shared_ptr<const PlanList>> g_variants;
 
 std::string variant_key(c10::string_view uid, c10::string_view kwargs) {
   std::string key(uid.data(), uid.size());
@@ -248,7 +241,7 @@ std::string variant_key(c10::string_view uid, c10::string_view kwargs) {
 }
 
 // The plans bound to a variant, or null.
-std::shared_ptr<const PlanList> bound_plans(std::string_view key) {
+std::shared_ptr<const PlanList> bound_plans(const std::string& key) {
   std::lock_guard<std::mutex> lock(g_variants_mutex);
   auto it = g_variants.find(key);
   return it == g_variants.end() ? nullptr : it->second;
@@ -256,7 +249,7 @@ std::shared_ptr<const PlanList> bound_plans(std::string_view key) {
 
 // Launch through the first bound plan built for these inputs; false when none takes them.
 template <typename Get>
-bool run_bound(std::string_view key, size_t n, Get get, std::vector<at::Tensor>& outs,
+bool run_bound(const std::string& key, size_t n, Get get, std::vector<at::Tensor>& outs,
                size_t want_outs = 0) {
   auto plans = bound_plans(key);
   if (!plans) return false;
@@ -318,8 +311,8 @@ std::vector<at::Tensor> launch_op(at::TensorList inputs, c10::string_view uid, c
 // argument list and one Tensor back cost less on torch's Python->op path than a Tensor[].
 at::Tensor launch_single(const at::Tensor* const* ins, size_t n, c10::string_view variant) {
   std::vector<at::Tensor> outs;
-  if (run_bound(std::string_view(variant.data(), variant.size()), n, [&](size_t i) { return ins[i]; },
-                outs, 1))
+  if (run_bound(std::string(variant.data(), variant.size()), n, [&](size_t i) { return ins[i]; }, outs,
+                1))
     return std::move(outs[0]);
   const size_t bar = variant.find('|');
   const c10::string_view uid = variant.substr(0, bar);
