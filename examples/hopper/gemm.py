@@ -61,7 +61,8 @@ def smem_bytes(BM, BN, BK, stages, out_bytes=2):
 def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_major="K",
                b_major="MN", BM=128, BN=256, BK=64, stages=None, cluster=2, group_m=8,
                num_sms=H100_SMS, bias=False, alpha=1.0, activation=None, KB=None, NB=None,
-               multicast=True, split="rows", remote_sem="release.cta", wait_scope=None):
+               multicast=True, split="rows", remote_sem="release.cta", wait_scope=None,
+               epilogue="stmatrix"):
     """The GEMM kernel for ``D[M, N] = A[M, K] @ B[K, N]``.
 
     Tensor arguments: A as ``(M, K)`` (``a_major="K"``) or ``(K, M)`` (``"MN"``), B as
@@ -77,6 +78,9 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
     ``docs/dev/tensor-cores.md``): ``multicast`` (B copied once per cluster),
     ``split`` ('rows' of every slab or whole 'slabs' per CTA), ``remote_sem`` (ordering of
     the consumers' remote releases), ``wait_scope`` (acquire scope of barrier waits).
+    ``epilogue``: how a 16-bit output tile reaches shared memory, ``"stmatrix"`` (one
+    ``stmatrix.x4`` per four 8x8 blocks) or ``"st"`` (one ``st.shared.b32`` per column
+    pair); an f32 output always uses ``st.shared.v2.f32``.
     """
     dt = _dtype(dtype, "dtype")
     if dt is f32:
@@ -90,6 +94,8 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
         raise ConfigError(f"build_gemm: cluster must be 1 or 2, got {cluster!r}")
     if split not in ("rows", "slabs"):
         raise ConfigError(f"build_gemm: split must be 'rows' or 'slabs', got {split!r}")
+    if epilogue not in ("stmatrix", "st"):
+        raise ConfigError(f"build_gemm: epilogue must be 'stmatrix' or 'st', got {epilogue!r}")
     if a_major not in ("K", "MN") or b_major not in ("K", "MN"):
         raise ConfigError("build_gemm: a_major and b_major must be 'K' or 'MN'")
     KB = K if KB is None else KB
@@ -216,6 +222,15 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
         rowbase = cbuf + row0 * 128 + (colb & 15)
         chunk_hi = colb >> 4
         sw = {q: ((chunk_hi + q) ^ xr) * 16 + rowbase for q in range(128 // 16)}
+        use_stmatrix = epilogue == "stmatrix" and ot is not f32
+        if use_stmatrix:
+            # stmatrix.x4 of 8-column blocks (q, q+1), rows r and r+8: lane l gives row
+            # l % 8 of matrix l // 8, i.e. tile row 16w + 8*((l//8) % 2) + l % 8 and block
+            # q + l // 16, whose 16-byte chunk is swizzled by XOR with the row % 8 = l % 8
+            mrow_t = ((tid & 96) >> 1) + ((lane >> 3) & 1) * 8 + (lane & 7)
+            ybits = (lane >> 4) ^ (lane & 7)
+            sm_rows = cbuf + mrow_t * 128
+            smx = {q: ((ybits ^ q) << 4) + sm_rows for q in range(0, 8, 2)}
         if bias:
             (pbias,) = ptx.global_ptrs(Bias)
         d_map = ptx.tma.tensormap_ptr(D.tmap)
@@ -261,6 +276,7 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
                 with ptx.if_(leader):
                     ptx.tma.wait_group(EPI_BUFS - 1, read=True)
                 ptx.bar_sync(bar_id, 128)
+                packs = {}
                 for i, dr, dc in acc.pairs():
                     if dc // out_cols != j:
                         continue
@@ -282,10 +298,19 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
                     off = buf + dr * 128
                     if ot is f32:
                         ptx.inst.st.shared.v2.f32(ptx.addr(sw[q], off), [v0, v1])
-                    else:
-                        packed = reg.scalar(b32)
-                        ptx.inst(f"cvt.rn.{ot.name}x2.f32")(packed, v1, v0)
+                        continue
+                    packed = reg.scalar(b32)
+                    ptx.inst(f"cvt.rn.{ot.name}x2.f32")(packed, v1, v0)
+                    if not use_stmatrix:
                         ptx.inst.st.shared.b32(ptx.addr(sw[q], off), packed)
+                        continue
+                    packs[i] = packed
+                    blk = i // 4 % 8  # the 8-column block within this slab
+                    if blk % 2 == 1 and i % 4 == 2:  # blocks blk-1, blk complete
+                        first = i - 6
+                        ptx.stmatrix(ptx.addr(smx[blk - 1], buf),
+                                     [packs[first], packs[first + 2], packs[first + 4],
+                                      packs[first + 6]], num=4)
                 ptx.fence_proxy_async("shared::cta")
                 ptx.bar_sync(bar_id, 128)
                 with ptx.if_(leader):
