@@ -130,17 +130,30 @@ def _store_rows(acc, ptr, row, valid, H, D, head, batch, S, col0, scale, dt):
         ptx.inst.st.global_.b32(ptx.addr(rbase[dr // 8], dc * 2), packed, pred=valid[dr // 8])
 
 
-# ------------------------------------------------------------------ dQ kernel (+ delta)
+# ------------------------------------------------------------------ dQ kernel (+ stats)
+def padded(S):
+    """Rows of the STATS scratch: ``S`` rounded up to the dQ kernel's 128-row tiles."""
+    return -(-S // BM) * BM
+
+
+def _smem_fit(fixed, per_stage, most=4):
+    return max(2, min(most, (SMEM_LIMIT - fixed - 1024) // per_stage))
+
+
 def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None, BKV=64,
-             stages=2, sync=None):
-    """The dQ kernel: ``(Q, K, V, O, LSE, DO) -> (DQ, DELTA)``; DELTA ``(B, Hq, S)`` f32 is
-    ``rowsum(do * o)``, which the dK/dV kernel reads."""
+             stages=None, sync=None, safe=None):
+    """The dQ kernel: ``(Q, K, V, O, LSE, DO) -> (DQ, STATS)``. STATS ``(B, Hq, padded(S), 2)``
+    f32 holds ``(lse * log2 e, delta = rowsum(do * o))`` per query row (zeros past ``S``),
+    which the dK/dV kernel reads. ``safe``: mask every block and wait for each block's
+    products before the next (the simplest schedule; default from ``PYPTX_ATTN_BWD_SAFE``)."""
     Sk = S if Sk is None else Sk
     check_shapes(B, S, Hq, Hkv, D, Sk)
     dt = _dtype(dtype)
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    sync = _sync_default() if sync is None else sync
+    sync = _env("PYPTX_ATTN_BWD_SYNC") if sync is None else sync
+    safe = _env("PYPTX_ATTN_BWD_SAFE") if safe is None else safe
     G = Hq // Hkv
+    Sp = padded(S)
     q_tile = OperandTile(BM, D, dt, major="K")
     k_tile = OperandTile(BKV, D, dt, major="K")
     k_mn = OperandTile(D, BKV, dt, major="MN")      # the same bytes as B of dS K
@@ -148,6 +161,7 @@ def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=Non
     slabs = D // 64
     stage_bytes = 2 * k_tile.nbytes
     head_bytes = 2 * q_tile.nbytes
+    stages = _smem_fit(head_bytes, stage_bytes) if stages is None else stages
     smem_total = head_bytes + stages * stage_bytes + 1024
     if smem_total > SMEM_LIMIT:
         raise ConfigError(f"build_dq: {stages} stages of {BKV} rows need {smem_total} bytes")
@@ -158,7 +172,7 @@ def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=Non
     qspec = Tile(B, S, Hq, D, dt)
     kspec = Tile(B, Sk, Hkv, D, dt)
 
-    def dq_kernel(Q, K, V, OUT, LSE, DO, DQ, DELTA):
+    def dq_kernel(Q, K, V, OUT, LSE, DO, DQ, STATS):
         base = (smem.dynamic(align=128, name="smem").addr() + 1023) & 0xFFFFFC00
         pipe = Pipeline(stages, consumer_arrivals=2)
         head_bar = BarrierArray(1, name="head_bar")
@@ -216,10 +230,10 @@ def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=Non
         qrow = q0 + w * 64 + row0                   # this thread's rows: qrow, qrow + 8
         valid = [qrow < S, qrow + 8 < S]
         # delta = rowsum(do * o): the four lanes of a quad split D, then a quad reduction
-        po, pdo, plse, pdelta, pdq = ptx.global_ptrs(OUT, DO, LSE, DELTA, DQ)
+        po, pdo, plse, pstats, pdq = ptx.global_ptrs(OUT, DO, LSE, STATS, DQ)
         quarter = D // 4
         c = lane & 3
-        delta, lse2 = [], []
+        delta, nlse2 = [], []
         for r in (0, 8):
             acc = reg.scalar(f32, init=0.0)
             elem = ((b * S + qrow + r) * Hq + hq) * D + c * quarter
@@ -237,12 +251,13 @@ def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=Non
                     ptx.inst.fma.rn.f32(acc, o1, d1, acc)
             ptx.warp.reduce_sum(acc, width=4)
             delta.append(acc)
-            lrow = (b * Hq + hq) * S + qrow + r
-            loff = reg.from_(lrow, u64) * 4
-            ptx.inst.st.global_.f32(ptx.addr(pdelta + loff), acc, pred=_and(valid[r // 8], c == 0))
             lv = reg.scalar(f32, init=0.0)
+            loff = reg.from_((b * Hq + hq) * S + qrow + r, u64) * 4
             ptx.inst.ld.global_.nc.f32(lv, ptx.addr(plse + loff), pred=valid[r // 8])
-            lse2.append(lv * LOG2E)
+            l2 = lv * LOG2E
+            soff = reg.from_((b * Hq + hq) * Sp + qrow + r, u64) * 8
+            ptx.inst.st.global_.v2.f32(ptx.addr(pstats + soff), [l2, acc], pred=c == 0)
+            nlse2.append(-l2)
         # causal / ragged limit of the kv column per row: allowed iff kv <= lim
         lim = []
         for r in (0, 8):
@@ -251,13 +266,15 @@ def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=Non
             else:
                 lim.append(reg.scalar(s32, init=Sk - 1))
         dq_acc.zero()
-        q_desc = q_tile.descriptor(base, mn_start=0) + reg.from_(w * (q_tile.offset(0, 64) >> 4), u64)
+        q_desc = q_tile.descriptor(base) + reg.from_(w * (q_tile.offset(0, 64) >> 4), u64)
         do_desc = q_desc + (q_tile.nbytes >> 4)
         ring = base + head_bytes
         k_desc0 = k_tile.descriptor(ring)
         v_desc0 = k_tile.descriptor(ring, offset=k_tile.nbytes)
         kmn_desc0 = k_mn.descriptor(ring)
         cons = pipe.consumer_state()
+        rel = pipe.consumer_state()
+        has_prev = reg.scalar(u32, init=0)
         ptx.mbarrier.wait(head_bar.at(0), 0)
         for j in ptx.loop(0, n_kv):
             pipe.wait(cons)
@@ -272,59 +289,93 @@ def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=Non
                 ptx.wgmma.mma_async(dp_acc.regs, q_tile.advance(do_desc, kk), k_tile.advance(vd, kk),
                                     n=BKV, dtype_ab=dt.name, scale_d=0 if kk == 0 else 1)
             ptx.wgmma.commit_group()
+            ptx.wgmma.wait_group(1)                 # S (and the previous block's dQ) done
+            if not safe:
+                with ptx.if_(has_prev != 0):
+                    pipe.release(rel, pred=leader)
+                    rel.advance()
+            for i in range(len(s_acc)):             # P = exp2(S * c1 - lse2), in place
+                dr = Accumulator.coord(i)[0]
+                ptx.inst.fma.rn.f32(s_acc[i], s_acc[i], c1, nlse2[dr // 8])
+                ptx.inst.ex2.approx.ftz.f32(s_acc[i], s_acc[i])
             kv0 = reg.from_(j * BKV + col0, s32)
-            room = [lim[0] - kv0, lim[1] - kv0]    # column offset c allowed iff c <= room
-            ptx.wgmma.wait_group(1)
-            p = []
-            for i in range(len(s_acc)):
-                dr, dc = Accumulator.coord(i)
-                x = s_acc[i] * c1 - lse2[dr // 8]
-                p.append(_selp(_ex2(x), 0.0, room[dr // 8] >= dc))
+            if safe:
+                need = None
+            elif causal:
+                need = _or(j * BKV + BKV > Sk, j * BKV + (BKV - 1) > q0)
+            else:
+                need = j * BKV + BKV > Sk
+            with _maybe_if(need):
+                room = [lim[0] - kv0, lim[1] - kv0]    # column offset c allowed iff c <= room
+                for i in range(len(s_acc)):
+                    dr, dc = Accumulator.coord(i)
+                    ptx.inst.selp.f32(s_acc[i], s_acc[i], 0.0, room[dr // 8] >= dc)
             ptx.wgmma.wait_group(0)
-            ds = [p[i] * (dp_acc[i] - delta[Accumulator.coord(i)[0] // 8]) for i in range(len(p))]
-            _pack(ds_pack, ds, dt)
+            for i in range(len(dp_acc)):            # dS = P * (dP - delta), in place
+                dr = Accumulator.coord(i)[0]
+                x = dp_acc[i] - delta[dr // 8]
+                ptx.inst.mul.f32(dp_acc[i], s_acc[i], x)
+            _pack(ds_pack, dp_acc.regs, dt)
             ptx.wgmma.fence()
             for kk in range(BKV // 16):
                 ptx.wgmma.mma_async(dq_acc.regs, list(ds_pack)[4 * kk:4 * kk + 4],
                                     k_mn.advance(kmn, kk), n=D, dtype_ab=dt.name, trans_b=k_mn.trans)
             ptx.wgmma.commit_group()
-            ptx.wgmma.wait_group(0)
-            pipe.release(cons, pred=leader)
+            if safe:
+                ptx.wgmma.wait_group(0)
+                pipe.release(cons, pred=leader)
+            else:
+                ptx.inst.mov.u32(has_prev, 1)
             cons.advance()
+        if not safe:
+            ptx.wgmma.wait_group(0)
+            with ptx.if_(has_prev != 0):
+                pipe.release(rel, pred=leader)
         _store_rows(dq_acc, pdq, qrow, valid, Hq, D, hq, b, S, col0, scale, dt)
         ptx.place(done)
         ptx.ret()
 
-    name = f"attn_bwd_dq_{dt.name}_d{D}_h{Hq}x{Hkv}{'_causal' if causal else ''}"
+    name = (f"attn_bwd_dq_{dt.name}_d{D}_h{Hq}x{Hkv}{'_causal' if causal else ''}"
+            f"{'_safe' if safe else ''}")
     return kernel(in_specs=(qspec, kspec, kspec, qspec, Tile(B, Hq, S, f32), qspec),
-                  out_specs=(qspec, Tile(B, Hq, S, f32)), grid=(-(-S // BM), Hq, B),
+                  out_specs=(qspec, Tile(B, Hq, Sp, 2, f32)), grid=(-(-S // BM), Hq, B),
                   block=(THREADS, 1, 1), smem=smem_total, maxnreg=168,
                   tma={"Q": box_q, "DO": box_q, "K": box_k, "V": box_k}, name=name)(dq_kernel)
 
 
-def _and(p, q):
+def _or(p, q):
     r = reg.scalar(pred)
-    ptx.inst("and.pred")(r, p, q)
+    ptx.inst("or.pred")(r, p, q)
     return r
+
+
+def _maybe_if(p):
+    from contextlib import nullcontext
+
+    return nullcontext() if p is None else ptx.if_(p)
 
 
 # ------------------------------------------------------------------ dK/dV kernel
 def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None, BQ=64,
-               stages=2, sync=None):
-    """The dK/dV kernel: ``(Q, K, V, DO, LSE, DELTA) -> (DK, DV)``."""
+               stages=None, sync=None, safe=None):
+    """The dK/dV kernel: ``(Q, K, V, DO, STATS) -> (DK, DV)`` (STATS from ``build_dq``)."""
     Sk = S if Sk is None else Sk
     check_shapes(B, S, Hq, Hkv, D, Sk)
     dt = _dtype(dtype)
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    sync = _sync_default() if sync is None else sync
+    sync = _env("PYPTX_ATTN_BWD_SYNC") if sync is None else sync
+    safe = _env("PYPTX_ATTN_BWD_SAFE") if safe is None else safe
     G = Hq // Hkv
+    Sp = padded(S)
     kv_tile = OperandTile(BM, D, dt, major="K")
     q_tile = OperandTile(BQ, D, dt, major="K")
     q_mn = OperandTile(D, BQ, dt, major="MN")       # the same bytes as B of P^T dO / dS^T Q
     assert q_mn.nbytes == q_tile.nbytes
     slabs = D // 64
-    stage_bytes = 2 * q_tile.nbytes
+    stats_bytes = BQ * 8                            # (lse2, delta) of the block's rows
+    stage_bytes = 2 * q_tile.nbytes + 1024          # stats padded to keep tiles 1024-aligned
     head_bytes = 2 * kv_tile.nbytes
+    stages = _smem_fit(head_bytes, stage_bytes) if stages is None else stages
     smem_total = head_bytes + stages * stage_bytes + 1024
     if smem_total > SMEM_LIMIT:
         raise ConfigError(f"build_dkdv: {stages} stages of {BQ} rows need {smem_total} bytes")
@@ -335,7 +386,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     qspec = Tile(B, S, Hq, D, dt)
     kspec = Tile(B, Sk, Hkv, D, dt)
 
-    def dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV):
+    def dkdv_kernel(Q, K, V, DO, STATS, DK, DV):
         base = (smem.dynamic(align=128, name="smem").addr() + 1023) & 0xFFFFFC00
         pipe = Pipeline(stages, consumer_arrivals=2)
         head_bar = BarrierArray(1, name="head_bar")
@@ -350,6 +401,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         ptx.bar_sync(0)
         # causal: q blocks wholly above the diagonal (every q < k0) are skipped
         qb0 = k0 // BQ if causal else 0
+        pstats, pdk, pdv = ptx.global_ptrs(STATS, DK, DV)
         consumer = ptx.label("consumer")
         done = ptx.label("done")
         ptx.bra(consumer, pred=wg != 0)
@@ -367,12 +419,16 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             st = pipe.producer_state()
             for g in ptx.loop(0, G):
                 hq = hk * G + g
+                srow = reg.from_((b * Hq + hq) * Sp, u64) * 8 + pstats
                 for qb in ptx.loop(qb0, num_q):
                     pipe.acquire(st)
-                    bar = pipe.arm(st, stage_bytes)
+                    bar = pipe.arm(st, 2 * q_tile.nbytes + (0 if safe else stats_bytes))
                     sb = st.stage * stage_bytes + (base + head_bytes)
                     _load_slabs(sb, q_map, slabs, hq, qb * BQ, b, BQ, bar)
                     _load_slabs(sb + q_tile.nbytes, do_map, slabs, hq, qb * BQ, b, BQ, bar)
+                    if not safe:
+                        ptx.tma.copy_bulk(sb + 2 * q_tile.nbytes,
+                                          reg.from_(qb * (BQ * 8), u64) + srow, stats_bytes, bar)
                     if sync:
                         ptx.mbarrier.wait(pipe.empty.at(st.stage), st.phase ^ 1)
                     st.advance()
@@ -392,7 +448,6 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         row0, col0 = s_acc.thread_origin(t)
         kvrow = k0 + w * 64 + row0                  # this thread's kv rows: kvrow, kvrow + 8
         valid = [kvrow < Sk, kvrow + 8 < Sk]
-        plse, pdelta, pdk, pdv = ptx.global_ptrs(LSE, DELTA, DK, DV)
         dv_acc.zero()
         dk_acc.zero()
         k_desc = kv_tile.descriptor(base) + reg.from_(w * (kv_tile.offset(0, 64) >> 4), u64)
@@ -403,14 +458,18 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         qmn_desc0 = q_mn.descriptor(ring)
         domn_desc0 = q_mn.descriptor(ring, offset=q_tile.nbytes)
         cons = pipe.consumer_state()
+        rel = pipe.consumer_state()
+        has_prev = reg.scalar(u32, init=0)
+        stats_col = col0 * 8 + 2 * q_tile.nbytes    # this thread's first (lse2, delta) pair
         ptx.mbarrier.wait(head_bar.at(0), 0)
         for g in ptx.loop(0, G):
             hq = hk * G + g
-            lrow0 = (b * Hq + hq) * S
+            srow = reg.from_((b * Hq + hq) * Sp, u64) * 8 + pstats
             for qb in ptx.loop(qb0, num_q):
                 q0 = qb * BQ
                 pipe.wait(cons)
-                soff = reg.from_(reg.from_(cons.stage * (stage_bytes >> 4), u32), u64)
+                sbase = cons.stage * stage_bytes
+                soff = reg.from_(reg.from_(sbase >> 4, u32), u64)
                 qd, dod = q_desc0 + soff, do_desc0 + soff
                 qmn, domn = qmn_desc0 + soff, domn_desc0 + soff
                 ptx.wgmma.fence()
@@ -424,68 +483,98 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                                         q_tile.advance(dod, kk), n=BQ, dtype_ab=dt.name,
                                         scale_d=0 if kk == 0 else 1)
                 ptx.wgmma.commit_group()
-                # this thread's columns: q = q0 + col0 + 8 * blk + e (e = 0, 1)
-                qc = q0 + col0
-                coff = reg.from_(lrow0 + qc, u64) * 4
-                hi = reg.from_(S - qc, s32)          # column offset c valid iff c < hi
-                if causal:
-                    lo = [reg.from_(kvrow + r, s32) - reg.from_(qc, s32) for r in (0, 8)]
-                lse2, dl = {}, {}
-                for blk in range(BQ // 8):
-                    for e in (0, 1):
-                        cc = 8 * blk + e
-                        ok = hi > cc
-                        lv = reg.scalar(f32, init=0.0)
-                        ptx.inst.ld.global_.nc.f32(lv, ptx.addr(plse + coff, 4 * cc), pred=ok)
-                        lse2[cc] = lv * LOG2E
-                ptx.wgmma.wait_group(1)
-                p = []
-                for i in range(len(s_acc)):
-                    dr, dc = Accumulator.coord(i)
-                    x = s_acc[i] * c1 - lse2[dc]
-                    v = _selp(_ex2(x), 0.0, hi > dc)
-                    if causal:  # kv <= q  <=>  (kvrow + dr) - qc <= dc
-                        v = _selp(v, 0.0, lo[dr // 8] <= dc)
-                    p.append(v)
-                _pack(p_pack, p, dt)
+                # this thread's columns: q = q0 + col0 + 8 * blk + e (e = 0, 1); their
+                # (lse2, delta) pairs, from the stage (fast) or from global memory (safe)
+                if safe:
+                    src = reg.from_(q0 * 8 + col0 * 8, u64) + srow
+                else:
+                    src = sbase + (ring + stats_col)
+
+                def stats(which, src=src):
+                    """Column offset -> lse2 (which=0, negated) or delta (1) of this thread's
+                    columns (loaded when needed: fewer live registers)."""
+                    out = {}
+                    for blk in range(BQ // 8):
+                        v4 = reg.array(f32, 4)
+                        if safe:
+                            ptx.inst.ld.global_.nc.v4.f32(v4, ptx.addr(src, 64 * blk))
+                        else:
+                            ptx.inst.ld.shared.v4.f32(v4, ptx.addr(src, 64 * blk))
+                        for e in (0, 1):
+                            out[8 * blk + e] = -v4[2 * e] if which == 0 else v4[2 * e + 1]
+                    return out
+
+                nl2 = stats(0)
+                ptx.wgmma.wait_group(1)             # S^T (and the previous block's dK) done
+                if not safe:
+                    with ptx.if_(has_prev != 0):
+                        pipe.release(rel, pred=leader)
+                        rel.advance()
+                for i in range(len(s_acc)):         # P^T = exp2(S^T * c1 - lse2), in place
+                    dc = Accumulator.coord(i)[1]
+                    ptx.inst.fma.rn.f32(s_acc[i], s_acc[i], c1, nl2[dc])
+                    ptx.inst.ex2.approx.ftz.f32(s_acc[i], s_acc[i])
+                if safe:
+                    need = None
+                elif causal:
+                    need = _or(q0 + BQ > S, q0 < k0 + (BM - 1))
+                else:
+                    need = q0 + BQ > S
+                with _maybe_if(need):
+                    qc = q0 + col0
+                    hi = reg.from_(S - qc, s32)      # column offset c valid iff c < hi
+                    if causal:
+                        lo = [reg.from_(kvrow + r, s32) - reg.from_(qc, s32) for r in (0, 8)]
+                    for i in range(len(s_acc)):
+                        dr, dc = Accumulator.coord(i)
+                        ptx.inst.selp.f32(s_acc[i], s_acc[i], 0.0, hi > dc)
+                        if causal:  # kv <= q  <=>  (kvrow + dr) - qc <= dc
+                            ptx.inst.selp.f32(s_acc[i], s_acc[i], 0.0, lo[dr // 8] <= dc)
+                _pack(p_pack, s_acc.regs, dt)
                 ptx.wgmma.fence()
                 for kk in range(BQ // 16):
                     ptx.wgmma.mma_async(dv_acc.regs, list(p_pack)[4 * kk:4 * kk + 4],
                                         q_mn.advance(domn, kk), n=D, dtype_ab=dt.name,
                                         trans_b=q_mn.trans)
                 ptx.wgmma.commit_group()
-                for blk in range(BQ // 8):
-                    for e in (0, 1):
-                        cc = 8 * blk + e
-                        dv = reg.scalar(f32, init=0.0)
-                        ptx.inst.ld.global_.nc.f32(dv, ptx.addr(pdelta + coff, 4 * cc), pred=hi > cc)
-                        dl[cc] = dv
-                ptx.wgmma.wait_group(1)
-                ds = [p[i] * (dp_acc[i] - dl[Accumulator.coord(i)[1]]) for i in range(len(p))]
-                _pack(ds_pack, ds, dt)
+                dl = stats(1)
+                ptx.wgmma.wait_group(1)             # dP^T done
+                for i in range(len(dp_acc)):        # dS^T = P^T * (dP^T - delta), in place
+                    dc = Accumulator.coord(i)[1]
+                    x = dp_acc[i] - dl[dc]
+                    ptx.inst.mul.f32(dp_acc[i], s_acc[i], x)
+                _pack(ds_pack, dp_acc.regs, dt)
                 ptx.wgmma.fence()
                 for kk in range(BQ // 16):
                     ptx.wgmma.mma_async(dk_acc.regs, list(ds_pack)[4 * kk:4 * kk + 4],
                                         q_mn.advance(qmn, kk), n=D, dtype_ab=dt.name,
                                         trans_b=q_mn.trans)
                 ptx.wgmma.commit_group()
-                ptx.wgmma.wait_group(0)
-                pipe.release(cons, pred=leader)
+                if safe:
+                    ptx.wgmma.wait_group(0)
+                    pipe.release(cons, pred=leader)
+                else:
+                    ptx.inst.mov.u32(has_prev, 1)
                 cons.advance()
+        if not safe:
+            ptx.wgmma.wait_group(0)
+            with ptx.if_(has_prev != 0):
+                pipe.release(rel, pred=leader)
         _store_rows(dk_acc, pdk, kvrow, valid, Hkv, D, hk, b, Sk, col0, scale, dt)
         _store_rows(dv_acc, pdv, kvrow, valid, Hkv, D, hk, b, Sk, col0, 1.0, dt)
         ptx.place(done)
         ptx.ret()
 
-    name = f"attn_bwd_dkdv_{dt.name}_d{D}_h{Hq}x{Hkv}{'_causal' if causal else ''}"
-    return kernel(in_specs=(qspec, kspec, kspec, qspec, Tile(B, Hq, S, f32), Tile(B, Hq, S, f32)),
+    name = (f"attn_bwd_dkdv_{dt.name}_d{D}_h{Hq}x{Hkv}{'_causal' if causal else ''}"
+            f"{'_safe' if safe else ''}")
+    return kernel(in_specs=(qspec, kspec, kspec, qspec, Tile(B, Hq, Sp, 2, f32)),
                   out_specs=(kspec, kspec), grid=(-(-Sk // BM), Hkv, B),
                   block=(THREADS, 1, 1), smem=smem_total, maxnreg=168,
                   tma={"Q": box_q, "DO": box_q, "K": box_kv, "V": box_kv}, name=name)(dkdv_kernel)
 
 
-def _sync_default():
-    return os.environ.get("PYPTX_ATTN_BWD_SYNC", "0") not in ("", "0")
+def _env(name):
+    return os.environ.get(name, "0") not in ("", "0")
 
 
 # ------------------------------------------------------------------ the pair as one object
@@ -505,24 +594,30 @@ class AttentionBackward:
 
     def __call__(self, q, k, v, o, lse, do, dlse=None):
         """Run both kernels; ``dlse`` is ignored (lse is an auxiliary output)."""
-        dq, delta = self.dq_kernel(q, k, v, o, lse, do)
-        dk, dv = self.dkdv_kernel(q, k, v, do, lse, delta)
+        dq, stats = self.dq_kernel(q, k, v, o, lse, do)
+        dk, dv = self.dkdv_kernel(q, k, v, do, stats)
         return dq, dk, dv
 
     def __repr__(self):
         return f"<AttentionBackward {self.dq_kernel.name} + {self.dkdv_kernel.name}>"
 
 
+def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None,
+                             safe=None):
+    """The backward pair for these sizes: ``bwd(q, k, v, o, lse, do, dlse) -> (dq, dk, dv)``.
+    ``safe=True`` (or ``PYPTX_ATTN_BWD_SAFE=1``): the simplest schedule, for bisecting."""
+    safe = _env("PYPTX_ATTN_BWD_SAFE") if safe is None else bool(safe)
+    return _build(B, S, Hq, Hkv, D, S if Sk is None else Sk, dtype, causal, scale, safe)
+
+
 @functools.lru_cache(maxsize=64)
-def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None):
-    """The backward pair for these sizes: ``bwd(q, k, v, o, lse, do, dlse) -> (dq, dk, dv)``."""
-    Sk = S if Sk is None else Sk
-    kw = dict(Sk=Sk, dtype=dtype, causal=causal, scale=scale)
+def _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, safe):
+    kw = dict(Sk=Sk, dtype=dtype, causal=causal, scale=scale, safe=safe)
     return AttentionBackward(build_dq(B, S, Hq, Hkv, D, **kw), build_dkdv(B, S, Hq, Hkv, D, **kw),
                              B, S, Hq, Hkv, D, Sk, _dtype(dtype))
 
 
-def attention_backward(q, k, v, o, lse, do, causal=False, scale=None):
+def attention_backward(q, k, v, o, lse, do, causal=False, scale=None, *, safe=None):
     """``(dq, dk, dv)`` of attention for torch tensors or JAX arrays (layouts as above)."""
     if len(q.shape) != 4 or len(k.shape) != 4 or tuple(k.shape) != tuple(v.shape):
         raise ConfigError(f"attention_backward: q (B, S, Hq, D) and k, v (B, Sk, Hkv, D) expected, "
@@ -533,7 +628,7 @@ def attention_backward(q, k, v, o, lse, do, causal=False, scale=None):
     if name is None:
         raise ConfigError(f"attention_backward: q must be bfloat16 or float16, got {q.dtype}")
     bwd = build_attention_backward(B, S, Hq, Hkv, D, Sk=Sk, dtype=name, causal=causal,
-                                   scale=None if scale is None else float(scale))
+                                   scale=None if scale is None else float(scale), safe=safe)
     return bwd(q, k, v, o, lse, do)
 
 
@@ -577,7 +672,7 @@ CHECKS = [  # (B, S, Hq, Hkv, D, dtype, causal): ragged, GQA/MQA, both dtypes an
 ]
 
 
-def check(cases=CHECKS) -> int:
+def check(cases=CHECKS, safe=False) -> int:
     """One PASS/FAIL line per gradient against float64 autograd; returns the failures."""
     import torch
 
@@ -592,9 +687,10 @@ def check(cases=CHECKS) -> int:
         v = torch.randn(B, S, Hkv, D, device="cuda", dtype=dt)
         do = torch.randn(B, S, Hq, D, device="cuda", dtype=dt)
         o, lse, rq, rk, rv = reference(q, k, v, do, causal)
-        tag = f"B{B} S{S} H{Hq}/{Hkv} D{D} {dtn} {'causal' if causal else 'full'}"
+        tag = (f"{'safe' if safe else 'fast'} B{B} S{S} H{Hq}/{Hkv} D{D} {dtn} "
+               f"{'causal' if causal else 'full'}")
         try:
-            got = attention_backward(q, k, v, o.to(dt), lse.float(), do, causal=causal)
+            got = attention_backward(q, k, v, o.to(dt), lse.float(), do, causal=causal, safe=safe)
             torch.cuda.synchronize()
         except Exception as e:  # noqa: BLE001 - report and go on to the next case
             print(f"{tag}: {type(e).__name__}: {str(e)[:300]} FAIL")
@@ -679,7 +775,10 @@ def main(argv=None) -> int:
     """``python flash_attention_bwd.py`` checks; ``--bench`` also prints the TFLOP/s table."""
     argv = sys.argv[1:] if argv is None else argv
     fails = check()
-    print("all PASS" if not fails else f"{fails} FAIL")
+    print("fast schedule: all PASS" if not fails else f"fast schedule: {fails} FAIL")
+    safe_fails = check(safe=True)  # the simplest schedule, to bisect a failure of the fast one
+    print("safe schedule: all PASS" if not safe_fails else f"safe schedule: {safe_fails} FAIL")
+    fails += safe_fails
     if "--bench" in argv:
         bench()
     return 1 if fails else 0

@@ -35,10 +35,47 @@ fab = load_module(EX, "flash_attention_bwd_cpu")
     (128, "f16", False, 2, 2, 129, 77),
 ])
 def test_ptxas_accepts_both_kernels(D, dtype, causal, Hq, Hkv, S, Sk, assemble):
-    bwd = fab.build_attention_backward(2, S, Hq, Hkv, D, Sk=Sk, dtype=dtype, causal=causal)
-    for k in (bwd.dq_kernel, bwd.dkdv_kernel):
-        log = assemble(k.ptx())
-        assert "0 bytes spill stores" in log, log
+    """The fast schedule assembles without spills; the safe one (a bisecting aid) assembles."""
+    for safe in (False, True) if D == 128 and causal else (False,):
+        bwd = fab.build_attention_backward(2, S, Hq, Hkv, D, Sk=Sk, dtype=dtype, causal=causal,
+                                           safe=safe)
+        for k in (bwd.dq_kernel, bwd.dkdv_kernel):
+            log = assemble(k.ptx())
+            assert safe or "0 bytes spill stores" in log, log
+
+
+@pytest.mark.parametrize("S,Sk", [(128, 128), (200, 200), (333, 190), (190, 333), (64, 1000)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_blocks_the_fast_schedule_leaves_unmasked_need_no_mask(S, Sk, causal):
+    """The fast schedule masks a block only where ``need`` (the kernels' condition) holds;
+    every element of every other block must be allowed (kv < Sk, q < S, kv <= q if causal)."""
+    def allowed(q, kv):
+        return q < S and kv < Sk and (not causal or kv <= q)
+
+    BKV, BQ, BM = 64, 64, fab.BM
+    for qb in range(-(-S // BM)):          # dQ kernel: CTA rows q0..q0+127, kv block j
+        q0 = qb * BM
+        n_kv = min((q0 + BM - 1) // BKV + 1, -(-Sk // BKV)) if causal else -(-Sk // BKV)
+        for j in range(n_kv):
+            need = j * BKV + BKV > Sk or (causal and j * BKV + BKV - 1 > q0)
+            if not need:
+                assert all(allowed(q, kv) or q >= S for q in range(q0, q0 + BM)
+                           for kv in range(j * BKV, j * BKV + BKV))
+        for j in range(n_kv, -(-Sk // BKV)):  # skipped blocks are wholly masked
+            assert not any(allowed(q, kv) for q in range(q0, q0 + BM)
+                           for kv in range(j * BKV, j * BKV + BKV))
+    for kb in range(-(-Sk // BM)):         # dK/dV kernel: CTA kv rows k0..k0+127, q block
+        k0 = kb * BM
+        qb0 = k0 // BQ if causal else 0
+        for qb in range(qb0, -(-S // BQ)):
+            q0 = qb * BQ
+            need = q0 + BQ > S or (causal and q0 < k0 + BM - 1)
+            if not need:
+                assert all(allowed(q, kv) or kv >= Sk for q in range(q0, q0 + BQ)
+                           for kv in range(k0, k0 + BM))
+        for qb in range(0, qb0):
+            assert not any(allowed(q, kv) for q in range(qb * BQ, qb * BQ + BQ)
+                           for kv in range(k0, k0 + BM))
 
 
 def test_bad_sizes_are_config_errors():

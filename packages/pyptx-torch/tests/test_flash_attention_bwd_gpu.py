@@ -80,6 +80,15 @@ def test_backward_matches_float64_autograd(B, S, Hq, Hkv, D, dtn, causal):
     _check(got, refs, dtn)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_safe_schedule(causal):
+    """The bisecting schedule (every block masked, no overlap, stats from global memory)."""
+    q, k, v, do = _inputs(2, 200, 4, 2, 128, "bf16")
+    o, lse, *refs = fab.reference(q, k, v, do, causal)
+    got = fab.attention_backward(q, k, v, o.to(q.dtype), lse.float(), do, causal=causal, safe=True)
+    _check(got, refs, "bf16")
+
+
 def test_cross_lengths_and_custom_scale():
     """Sk != S (top-left causal) and a non-default softmax scale."""
     q, k, v, do = _inputs(1, 190, 2, 1, 64, "bf16", Sk=300)
