@@ -2,7 +2,7 @@
 # Device run for the attention backward: the example's checks (PASS/FAIL lines), the GPU
 # tests, the sanitizers and the TFLOP/s table. Each step is time-boxed.
 #   run(command="bash tools/device_attention_bwd.sh", carry=[".whl"])
-#   knobs: STEPS="example tests sanitize bench"; PYPTX_ATTN_BWD_SYNC=1 (no ring overlap)
+#   knobs: STEPS="example tests sanitize bench"; PYPTX_ATTN_BWD_SAFE=1 (simplest schedule)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -11,7 +11,9 @@ bash tools/device_install.sh
 for s in ${STEPS:-example tests sanitize bench}; do
   echo "=== $s"
   case $s in
-    example) timeout 240 python3 examples/hopper/flash_attention_bwd.py 2>&1 | tee "$OUT/attn_bwd_example.log" ;;
+    example)  # each schedule time-boxed on its own: a hang in one still reports the other
+      timeout 150 python3 examples/hopper/flash_attention_bwd.py --safe 2>&1 | tee "$OUT/attn_bwd_example_safe.log"
+      timeout 150 python3 examples/hopper/flash_attention_bwd.py --fast 2>&1 | tee "$OUT/attn_bwd_example_fast.log" ;;
     tests) timeout ${TEST_TIMEOUT:-300} python3 -m pytest -m gpu -q -x -rs ${PYTEST_K:+-k "$PYTEST_K"} \
              packages/pyptx-torch/tests/test_flash_attention_bwd_gpu.py 2>&1 | tee "$OUT/attn_bwd_tests.log" | tail -25 ;;
     sanitize)
