@@ -640,6 +640,74 @@ def attention_backward(q, k, v, o, lse, do, causal=False, scale=None, *, safe=No
     return bwd(q, k, v, o, lse, do)
 
 
+# ------------------------------------------------------------------ bisecting probe
+def build_register_a_probe(N=128, K=64, dtype="bf16"):
+    """One warpgroup computes ``D = A @ B`` with A ``(64, K)`` taken from registers in the
+    packing the kernels use (register ``m`` = accumulator elements ``2m, 2m+1``) and B
+    ``(K, N)`` an MN-major shared tile: the operand forms of ``P^T dO`` / ``dS K``."""
+    from pyptx.types import b64
+
+    dt = _dtype(dtype)
+    b = OperandTile(N, K, dt, major="MN")
+
+    @kernel(in_specs=(Tile(64, K, dt), Tile(K, N, dt)), out_specs=(Tile(64, N, f32),),
+            block=(128, 1, 1), smem=b.nbytes + 1024, tma={"Bm": b.tma_options()},
+            name=f"attn_bwd_probe_{dt.name}_n{N}_k{K}")
+    def probe(A, Bm, Dm):
+        pa, pd = ptx.global_ptrs(A, Dm)
+        buf = (smem.dynamic(align=128, name="tiles").addr() + 1023) & 0xFFFFFC00
+        bar = smem.alloc(b64, 1, align=8, name="bar")
+        tid = reg.from_(ptx.special.tid.x(), u32)
+        with ptx.if_(tid == 0):
+            ptx.mbarrier.init(bar, 1)
+        ptx.bar_sync(0)
+        with ptx.if_(tid == 0):
+            ptx.mbarrier.arrive_expect_tx(bar, b.nbytes)
+            b.load(buf, Bm, 0, 0, bar)
+        frag = Accumulator(K)                       # A's 64 x K elements, accumulator layout
+        row, col = frag.thread_origin(tid)
+        a_pack = reg.array(b32, K // 4)
+        first = reg.from_(row * K + col, u64) * 2 + pa
+        for m in range(K // 4):
+            r, c = Accumulator.coord(2 * m)
+            ptx.inst.ld.global_.b32(a_pack[m], ptx.addr(first, (r * K + c) * 2))
+        ptx.mbarrier.wait(bar, 0)
+        acc = Accumulator(N)
+        db = b.descriptor(buf)
+        ptx.wgmma.fence()
+        for kk in range(K // 16):
+            ptx.wgmma.mma_async(acc.regs, list(a_pack)[4 * kk:4 * kk + 4], b.advance(db, kk),
+                                n=N, dtype_ab=dt.name, scale_d=0 if kk == 0 else 1,
+                                trans_b=b.trans)
+        ptx.wgmma.commit_group()
+        ptx.wgmma.wait_group(0)
+        out = reg.from_(row * N + col, u64) * 4 + pd
+        for i in range(len(acc)):
+            r, c = Accumulator.coord(i)
+            ptx.inst.st.global_.f32(ptx.addr(out, (r * N + c) * 4), acc[i])
+        ptx.ret()
+
+    return probe
+
+
+def check_probe() -> int:
+    """PASS/FAIL of the register-A probe (D 64 and 128); returns the failures."""
+    import torch
+
+    fails = 0
+    for N in (64, 128):
+        a = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)
+        bm = torch.randn(64, N, device="cuda", dtype=torch.bfloat16)
+        d = build_register_a_probe(N, 64)(a, bm)
+        ref = a.double() @ bm.double()
+        err = ((d.double() - ref).norm() / ref.norm()).item()
+        ok = err < 1e-5
+        fails += not ok
+        print(f"probe: A from registers x MN-major B, n{N}: rel err {err:.1e} "
+              f"{'PASS' if ok else 'FAIL'}")
+    return fails
+
+
 # ------------------------------------------------------------------ float64 reference (torch)
 def reference(q, k, v, do, causal=False, scale=None):
     """float64 torch reference: ``(o, lse, dq, dk, dv)`` by autograd of plain attention."""
@@ -783,7 +851,7 @@ def main(argv=None) -> int:
     """``python flash_attention_bwd.py [--fast|--safe] [--bench]``: PASS/FAIL per gradient of
     each schedule (both by default); ``--bench`` also prints the TFLOP/s table."""
     argv = sys.argv[1:] if argv is None else argv
-    fails = 0
+    fails = check_probe()
     # --safe / --fast: only that schedule (the safe one is the simplest, to bisect a failure)
     for safe in [m == "--safe" for m in ("--fast", "--safe") if m in argv] or (False, True):
         n = check(safe=safe)

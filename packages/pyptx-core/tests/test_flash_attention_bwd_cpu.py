@@ -270,3 +270,9 @@ def test_model_of_the_tiling_matches_float64_autograd(B, S, Hq, Hkv, D, causal, 
         assert err < 1e-2, (name, err)
     want = (do.double() * o.to(dt).double()).sum(-1).permute(0, 2, 1)
     torch.testing.assert_close(delta, want)
+
+
+def test_register_a_probe_assembles(assemble):
+    """The bisecting probe (A from registers x MN-major B) that ``__main__`` runs first."""
+    for n in (64, 128):
+        assemble(fab.build_register_a_probe(n, 64).ptx())
