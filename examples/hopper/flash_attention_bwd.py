@@ -186,6 +186,8 @@ def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=Non
         tid = reg.from_(ptx.special.tid.x(), u32)
         wg = tid >> 7
         qb = reg.from_(ptx.special.ctaid.x(), u32)
+        if causal:  # the longest rows (most kv blocks) first: a shorter tail
+            qb = (-(-S // BM) - 1) - qb
         hq = reg.from_(ptx.special.ctaid.y(), u32)
         b = reg.from_(ptx.special.ctaid.z(), u32)
         hk = hq // G if G > 1 else hq
