@@ -79,9 +79,11 @@ def smem_bytes(D, BN, stages):
 def _check(D, BN, stages, schedule):
     if D not in (64, 128, 256):
         raise ConfigError(f"flash attention: head dim must be 64, 128 or 256, got {D!r}")
-    if BN not in (64, 128, 192) or (D == 256 and BN > 64) or (D == 128 and BN > 128):
-        raise ConfigError(f"flash attention: BN={BN!r} does not fit head dim {D} (64 or 128 at "
-                          f"D<=128, 192 at D=64, 64 at D=256)")
+    if isinstance(BN, bool) or not isinstance(BN, int) or BN % 16 or not 64 <= BN <= 256 \
+            or 3 * BN // 4 + D // 2 > 200:
+        raise ConfigError(f"flash attention: BN={BN!r} keys per block does not fit head dim {D}: "
+                          f"expected a multiple of 16 in 64..256 whose registers (3*BN/4 for S "
+                          f"and P, D/2 for O) stay under 200 per thread")
     if schedule not in SCHEDULES:
         raise ConfigError(f"flash attention: schedule must be one of {SCHEDULES}, got {schedule!r}")
     if smem_bytes(D, BN, stages) > SMEM_LIMIT:

@@ -32,7 +32,7 @@ fa = load_module(ROOT / "examples/hopper/flash_attention.py", "flash_attention_c
 
 # ------------------------------------------------------------------ block plan
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("BN", [64, 128, 192])
+@pytest.mark.parametrize("BN", [64, 128, 176, 192])
 def test_block_plan_covers_exactly_the_allowed_keys(causal, BN):
     for seqlen_q in (1, 2, 77, 127, 128, 129, 200, 333, 512):
         for seqlen_k in (1, 5, 77, 128, 200, 333, 512) if not causal else (seqlen_q, 1, 333):
@@ -227,6 +227,14 @@ def test_varlen_kernel_assembles(assemble, schedule, causal):
     assert "0 bytes spill stores" in assemble(ptx_text)
 
 
+@pytest.mark.parametrize("D,BN,stages", [(128, 176, 2), (128, 128, 3), (64, 192, 2), (64, 128, 4),
+                                         (256, 80, 2)])
+def test_block_shapes_assemble(assemble, D, BN, stages):
+    k = fa.build_attention(1, 500, 2, 1, D, causal=True, BN=BN, stages=stages)
+    assert f"m64n{BN}k16" in k.ptx()
+    assert "0 bytes spill stores" in assemble(k.ptx())
+
+
 def test_env_var_selects_the_schedule(monkeypatch):
     monkeypatch.setenv("PYPTX_ATTN_SCHEDULE", "simple")
     assert "simple" in fa.build_attention(1, 128, 1, 1, 64).name
@@ -235,7 +243,7 @@ def test_env_var_selects_the_schedule(monkeypatch):
 
 
 @pytest.mark.parametrize("kw", [dict(D=96), dict(D=128, BN=192), dict(D=256, BN=128),
-                                dict(D=64, schedule="fast"), dict(D=64, dtype="f32"),
+                                dict(D=64, BN=200), dict(D=64, schedule="fast"), dict(D=64, dtype="f32"),
                                 dict(D=64, Hkv=3), dict(D=128, stages=6)])
 def test_bad_configurations(kw):
     kw = dict(kw)

@@ -88,9 +88,10 @@ def test_every_schedule_and_head_dim(schedule, D):
         _assert_close(o, lse, fa.reference(q, k, v, causal), "bf16")
 
 
-@pytest.mark.parametrize("BN,stages", [(64, 2), (64, 4), (128, 3), (192, 2)])
-def test_block_shapes(BN, stages):
-    q, k, v = _inputs(1, 500, 500, 2, 1, 64, "f16", seed=BN)
+@pytest.mark.parametrize("D,BN,stages", [(64, 64, 2), (64, 64, 4), (64, 128, 3), (64, 192, 2),
+                                         (128, 176, 2), (128, 128, 3), (128, 64, 4)])
+def test_block_shapes(D, BN, stages):
+    q, k, v = _inputs(1, 500, 500, 2, 1, D, "f16", seed=BN)
     o, lse = fa.attention_forward(q, k, v, causal=True, BN=BN, stages=stages)
     _assert_close(o, lse, fa.reference(q, k, v, True), "f16")
 
