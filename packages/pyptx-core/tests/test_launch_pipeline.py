@@ -36,3 +36,17 @@ def test_the_checklist_names_only_tests_that_exist():
                                                re.MULTILINE):
             missing.append(f"{file}::{test}")
     assert not missing, missing
+
+
+def test_plan_cache_is_a_bounded_lru():
+    """Item 1: the plans of every runtime (torch, JAX, records found by hash) use one LRU."""
+    from pyptx.plan import PlanCache
+
+    cache = PlanCache()
+    for i in range(3):
+        assert cache.keep(i, f"v{i}", slots=3) == []
+    assert cache.hit(0) == "v0" and cache.hit(9) is None  # 0 becomes the most recent
+    assert cache.keep(3, "v3", slots=3) == ["v1"]  # 1 was the least recently used
+    assert list(cache) == [2, 0, 3]
+    assert cache.keep(2, "v2b", slots=2) == ["v0"]  # a rewrite is the most recent too
+    assert list(cache.items()) == [(3, "v3"), (2, "v2b")]

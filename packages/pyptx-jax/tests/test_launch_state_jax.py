@@ -42,16 +42,3 @@ def test_plans_are_a_bounded_lru(monkeypatch):
     kept = {plan.handle for plan in state.plans.values()}
     assert first[0] in kept and first[1] not in kept
     assert handle_of(k, 2) == first[1]  # planned again: the same record by content hash
-
-
-def test_get_and_put_keep_the_most_recent(monkeypatch):
-    from collections import OrderedDict
-
-    monkeypatch.setattr(jl, "PLAN_SLOTS", 3)
-    table: OrderedDict = OrderedDict()
-    for i in range(3):
-        jl.LaunchState.put(table, i, f"v{i}")
-    assert jl.LaunchState.get(table, 0) == "v0"
-    jl.LaunchState.put(table, 3, "v3")
-    assert list(table) == [2, 0, 3]  # 1 was the least recently used
-    assert 1 not in table and jl.LaunchState.get(table, 9) is None

@@ -11,6 +11,7 @@ the devices a launch will use, and the outputs to allocate.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -22,7 +23,32 @@ from .types import PtxType, from_name, numpy_name
 
 __all__ = ["ArgInfo", "DTYPES", "ptx_type_of", "dtype_name_of", "compatible", "check_args",
            "bind", "check_cluster", "ordinal_of", "check_arch", "check_smem", "check_device", "LaunchPlan",
-           "launch_plan", "check_record_device", "check_record_args"]
+           "launch_plan", "check_record_device", "check_record_args", "PLAN_SLOTS", "PlanCache"]
+
+#: Plans a kernel keeps per runtime by default (``PlanCache``), least recently used dropped first.
+PLAN_SLOTS = 64
+
+
+class PlanCache(OrderedDict):
+    """One kernel's plans in one runtime (or other per-specialization state): a bounded LRU, so
+    alternating shapes reuse their plans and many shapes do not pile up. Every runtime uses it."""
+
+    def hit(self, key: Any) -> Any:
+        """The value under ``key``, marked most recently used, or None."""
+        value = self.get(key)
+        if value is not None:
+            self.move_to_end(key)
+        return value
+
+    def keep(self, key: Any, value: Any, slots: int = PLAN_SLOTS) -> list[Any]:
+        """Store ``value`` under ``key`` as the most recent; return the values dropped to stay
+        within ``slots``, oldest first."""
+        self[key] = value
+        self.move_to_end(key)
+        dropped = []
+        while len(self) > slots:
+            dropped.append(self.popitem(last=False)[1])
+        return dropped
 
 
 @dataclass(frozen=True)

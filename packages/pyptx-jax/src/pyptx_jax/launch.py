@@ -10,11 +10,11 @@ the kernel, so the custom call can still be lowered and inspected.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pyptx.plan import ArgInfo, LaunchPlan, bind, launch_plan
+from pyptx import plan as _plan
+from pyptx.plan import ArgInfo, LaunchPlan, PlanCache, bind, launch_plan
 from pyptx.registry import find_record, persist
 
 from . import ffi
@@ -25,7 +25,7 @@ __all__ = ["LaunchState", "describe", "make_launcher", "launch_kernel", "plan_fo
 
 #: Plans (and jitted eager wrappers) a kernel keeps, least recently used dropped first. A dropped
 #: plan's record may still be named by a compiled executable: the shim's resolver finds it again.
-PLAN_SLOTS = 64
+PLAN_SLOTS = _plan.PLAN_SLOTS
 
 #: Records handed to XLA while the disk cache is off. A compiled executable may call a handle
 #: after the kernel that made it is gone (XLA reports no executable's end): with the cache on,
@@ -70,35 +70,20 @@ class LaunchState:
     __slots__ = ("plans", "jitted")
 
     def __init__(self) -> None:
-        self.plans: OrderedDict[Any, LaunchPlan] = OrderedDict()
-        self.jitted: OrderedDict[Any, Any] = OrderedDict()
-
-    @staticmethod
-    def get(table: OrderedDict, key: Any) -> Any:
-        """``table[key]`` marked most recently used, or None."""
-        hit = table.get(key)
-        if hit is not None:
-            table.move_to_end(key)
-        return hit
-
-    @staticmethod
-    def put(table: OrderedDict, key: Any, value: Any) -> Any:
-        """Keep ``value`` under ``key``, dropping the least recently used past ``PLAN_SLOTS``."""
-        table[key] = value
-        while len(table) > PLAN_SLOTS:
-            table.popitem(last=False)
-        return value
+        self.plans: PlanCache = PlanCache()  # of LaunchPlan
+        self.jitted: PlanCache = PlanCache()
 
 
 def plan_for(state: LaunchState, kernel: Any, spec: Any) -> LaunchPlan:
     """The plan of ``spec``: its record loaded on every local GPU (none without a driver)."""
     key = (tuple(sorted(spec.env.items())), tuple(sorted(spec.template_kwargs.items())))
-    plan = state.get(state.plans, key)
+    plan = state.plans.hit(key)
     if plan is None:
         from pyptx import driver
 
         ordinals = _gpu_ordinals() if driver.cuda() is not None else []
-        plan = state.put(state.plans, key, launch_plan(kernel, spec, ordinals))
+        plan = launch_plan(kernel, spec, ordinals)
+        state.plans.keep(key, plan, PLAN_SLOTS)
         # An executable or an exported program names it by hash: found again through the disk.
         if not persist(plan.record):
             _handed_to_xla.add(plan.record)
@@ -151,9 +136,10 @@ def launch_kernel(state: LaunchState, kernel: Any, args: Sequence[Any],
     if any(isinstance(a, jax.core.Tracer) for a in args):
         return call(*args)
     key = (handle, id(ffi._mock))  # a test mock is baked into the trace
-    jitted = state.get(state.jitted, key)
+    jitted = state.jitted.hit(key)
     if jitted is None:
-        jitted = state.put(state.jitted, key, jax.jit(call))
+        jitted = jax.jit(call)
+        state.jitted.keep(key, jitted, PLAN_SLOTS)
     return jitted(*args)
 
 

@@ -29,7 +29,7 @@ import torch
 from pyptx.errors import LaunchError, SpecError
 from pyptx.kernel import kernel_by_uid
 from pyptx.launch import check_registered_geometry
-from pyptx.plan import bind, check_record_args, check_record_device, ordinal_of
+from pyptx.plan import PlanCache, bind, check_record_args, check_record_device, ordinal_of
 from pyptx.registry import find_record, persist, record_for
 from pyptx.source import where
 from pyptx.specs import Dim, Tile
@@ -89,8 +89,8 @@ def _fake_outputs(kernel: Any, kwargs: dict[str, Any], inputs: Sequence[torch.Te
 
 #: Prefix of a variant naming a compiled record by its content hash.
 HASH_PREFIX = "sha:"
-#: (content hash, input signature) -> (Plan, fast launcher) of records found by hash.
-_hash_plans: dict[Any, tuple[Plan, Any]] = {}
+#: (content hash, input signature) -> (Plan, fast launcher) of records found by hash (an LRU).
+_hash_plans = PlanCache()
 #: (kernel, kwargs) -> {(handle, device): record} of the C++ plans bound to that op variant
 #: (as many as the extension keeps, oldest first): a bound plan launches by handle, so its
 #: record (and shim config) must live while the plan is bound.
@@ -125,7 +125,7 @@ def _hash_plan(key: str, args: tuple[torch.Tensor, ...]) -> tuple[Plan, Any]:
     """The plan of the record with content hash ``key`` for ``args`` (checked against the
     shapes and dtypes it was built for), loaded on their device on first use."""
     sig = tuple((t.shape, t.dtype, t.device) for t in args)
-    hit = _hash_plans.get((key, sig))
+    hit = _hash_plans.hit((key, sig))
     if hit is not None and all(t.is_contiguous() for t in args):
         return hit
     rec = _record_of(key)
@@ -137,7 +137,8 @@ def _hash_plan(key: str, args: tuple[torch.Tensor, ...]) -> tuple[Plan, Any]:
         rec.function(idx)
     out_dtypes = tuple(torch_dtype_of(from_name(t)) for t in rec.out_types)
     plan = Plan(rec.handle, torch.device("cuda", idx), rec.out_shapes, out_dtypes, None, rec)
-    hit = _hash_plans[(key, sig)] = (plan, _fast_launcher(plan, sig))
+    hit = (plan, _fast_launcher(plan, sig))
+    _hash_plans.keep((key, sig), hit)
     return hit
 
 

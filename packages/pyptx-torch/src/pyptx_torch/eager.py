@@ -13,16 +13,16 @@ kernel called with alternating shapes does not rebuild anything.
 from __future__ import annotations
 
 import os
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from pyptx import plan as _plan
 from pyptx.errors import LaunchError, SpecError
 from pyptx.launch import check_registered_geometry, shim
-from pyptx.plan import ArgInfo, bind, launch_plan, ordinal_of
+from pyptx.plan import ArgInfo, PlanCache, bind, launch_plan, ordinal_of
 from pyptx.source import where
 from pyptx.specs import Tile
 
@@ -44,7 +44,7 @@ POISON = os.environ.get("PYPTX_POISON_OUTPUTS", "") not in ("", "0")
 #: Fast launchers a kernel keeps (distinct exact signatures), tried most recent first.
 FAST_SLOTS = 8
 #: Plans a kernel keeps (shapes, dtypes, device, kwargs), least recently used dropped first.
-PLAN_SLOTS = 64
+PLAN_SLOTS = _plan.PLAN_SLOTS
 
 
 @dataclass(frozen=True)
@@ -96,14 +96,12 @@ class LaunchState:
 
     def __init__(self) -> None:
         #: (signature, kwargs) -> (Plan, fast launcher of that exact signature or None).
-        self.plans: OrderedDict[Any, tuple[Plan, Any]] = OrderedDict()
+        self.plans: PlanCache = PlanCache()
         self.fast: list[Any] = []
 
     def remember(self, key: Any, entry: tuple[Plan, Any]) -> None:
-        """Keep a plan, dropping the least recently used past ``PLAN_SLOTS``."""
-        self.plans[key] = entry
-        if len(self.plans) > PLAN_SLOTS:
-            _, (_, old) = self.plans.popitem(last=False)
+        """Keep a plan, dropping the least recently used past ``PLAN_SLOTS`` (and its launcher)."""
+        for _, old in self.plans.keep(key, entry, PLAN_SLOTS):
             if old in self.fast:
                 self.fast.remove(old)
 
