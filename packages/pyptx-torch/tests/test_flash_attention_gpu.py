@@ -2,9 +2,10 @@
 
 Inputs are fresh random bf16/f16 tensors (``randn``); outputs are poisoned (NaN) before
 each launch, so an element the kernel never writes fails. Reference: float64 attention on
-the same (rounded) inputs. Tolerances (``check`` in the example): max |o - ref| <= 2e-2
-for bf16 output (rounding 2**-9 of |o| <~ 3, plus P rounded to bf16 before P V), 1e-2 for
-f16 (2**-11); lse relative error <= 1e-3 (f32 softmax state, ex2/lg2.approx ~2**-22).
+the same (rounded) inputs. Tolerances (``check`` in the example): max |o - ref| / max(1,
+|ref|) <= 2e-2 for bf16 output (P rounded to bf16 before P V: 2**-9 of max |v| <~ 5, plus
+the output rounding, 2**-9 relative), 1e-2 for f16 (2**-11 each); lse relative error
+<= 1e-3 (f32 softmax state, ex2/lg2.approx ~2**-22).
 Both the default schedule and the simple one (``schedule="simple"``) are checked, so a
 failure of the overlapped schedules alone is visible.
 
@@ -102,12 +103,16 @@ def test_scale():
     _assert_close(o, lse, fa.reference(q, k, v, False, scale=0.3), "bf16")
 
 
-def test_matches_sdpa():
+def test_as_accurate_as_sdpa():
+    """Our error against float64 is at most 1.5x that of SDPA's default backend (+1e-3)."""
     q, k, v = _inputs(2, 512, 512, 4, 4, 128, "bf16", seed=5)
     o = fa.attention(q, k, v, causal=True)
-    ref = torch.nn.functional.scaled_dot_product_attention(
+    sd = torch.nn.functional.scaled_dot_product_attention(
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True).transpose(1, 2)
-    assert (o.float() - ref.float()).abs().max().item() < 2e-2
+    ref, _ = fa.reference(q, k, v, True)
+    ours = (o.double() - ref).abs().max().item()
+    theirs = (sd.double() - ref).abs().max().item()
+    assert ours <= 1.5 * theirs + 1e-3, (ours, theirs)
 
 
 @pytest.mark.parametrize("schedule", [None, "simple"])
@@ -145,8 +150,8 @@ def test_torch_compile_and_cuda_graph():
     q, k, v = _inputs(2, 256, 256, 4, 2, 128, "bf16", seed=7)
     f = torch.compile(lambda a, b, c: fa.attention(a, b, c, causal=True))
     o = f(q, k, v)
-    ref_o, _ = fa.reference(q, k, v, True)
-    assert (o.double() - ref_o).abs().max().item() < 2e-2
+    ref_o, ref_l = fa.reference(q, k, v, True)
+    _assert_close(o, ref_l.float(), (ref_o, ref_l), "bf16")
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -158,13 +163,14 @@ def test_torch_compile_and_cuda_graph():
     q.copy_(torch.randn_like(q))
     g.replay()
     torch.cuda.synchronize()
-    ref_o, _ = fa.reference(q, k, v, True)
-    assert (out.double() - ref_o).abs().max().item() < 2e-2
+    ref_o, ref_l = fa.reference(q, k, v, True)
+    _assert_close(out, ref_l.float(), (ref_o, ref_l), "bf16")
 
 
 def test_autograd_when_backward_is_available():
     """``attention`` is differentiable once the backward kernels and ``save_outputs`` exist;
-    gradients vs float64 autograd, max abs error <= 5e-2 (bf16 dq/dk/dv of O(1) values)."""
+    gradients vs float64 autograd: max |g - ref| / max(1, |ref|) <= 5e-2 (bf16 dq/dk/dv,
+    each a sum over up to 200 rounded products)."""
     q, k, v = _inputs(1, 200, 200, 4, 2, 64, "bf16", seed=9)
     fn = fa._differentiable(1, 200, 4, 2, 64, 200, "bf16", True, 0.125, fa._schedule(None),
                             fa.default_bn(64), 2)
@@ -178,4 +184,4 @@ def test_autograd_when_backward_is_available():
     ref, _ = fa.reference(q64, k64, v64, True)
     ref.backward(do.double())
     for got, want in ((qs.grad, q64.grad), (ks.grad, k64.grad), (vs.grad, v64.grad)):
-        assert (got.double() - want).abs().max().item() < 5e-2
+        assert ((got.double() - want).abs() / want.abs().clamp(min=1)).max().item() < 5e-2
