@@ -17,12 +17,13 @@ from pyptx.types import f32, u32
 
 #: The variants ``build_layer_norm(B, N, dtype)`` chooses from, per shape and device
 #: (``pyptx.autotune``): the one-row kernel (the planner's shape first: the choice when
-#: tuning is off), other chunks per thread, without PDL, persistent at one and two CTAs
-#: per SM of an H100 (132 SMs), and the TMA ring at two CTAs per SM.
+#: tuning is off) and every other chunks per thread, each with and without PDL,
+#: persistent at two CTAs per SM of an H100 (264 CTAs; one per SM never won a cell), and the
+#: TMA ring at two CTAs per SM.
 LAYER_NORM_CONFIGS = [
     Config(), Config(chunks=1), Config(chunks=2), Config(chunks=8), Config(pdl=False),
     Config(chunks=1, pdl=False), Config(chunks=2, pdl=False), Config(chunks=8, pdl=False),
-    Config(ctas=132, pdl=False), Config(ctas=264, pdl=False),
+    Config(ctas=264, pdl=False),
     Config(ctas=264, stages=3), Config(ctas=264, stages=4),
     Config(ctas=264, stages=4, bulk_store=True),
 ]

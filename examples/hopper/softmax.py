@@ -71,12 +71,12 @@ def build_softmax(B: int, N: int):
 
 #: The variants ``build_softmax_fast(B, N, dtype)`` chooses from, per shape and device
 #: (``pyptx.autotune``): the one-row kernel (the planner's shape first: the choice when
-#: tuning is off), other chunks per thread, without PDL, and persistent at one and two
-#: CTAs per SM of an H100 (132 SMs).
+#: tuning is off) and every other chunks per thread, each with and without PDL, and
+#: persistent at two CTAs per SM of an H100 (264 CTAs; one per SM never won a cell).
 SOFTMAX_CONFIGS = [
     Config(), Config(chunks=1), Config(chunks=2), Config(chunks=8), Config(pdl=False),
     Config(chunks=1, pdl=False), Config(chunks=2, pdl=False), Config(chunks=8, pdl=False),
-    Config(ctas=132, pdl=False), Config(ctas=264, pdl=False),
+    Config(ctas=264, pdl=False),
 ]
 
 
