@@ -21,6 +21,7 @@ registered by hand.
 from __future__ import annotations
 
 import ast
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -44,20 +45,26 @@ __all__ = ["compiled_call", "get_or_register_torch_op", "call_kernel_via_torch_c
 _handle_ops: dict[int, Any] = {}
 
 
+def _is_literal(value: Any) -> bool:
+    """A value ``ast.literal_eval`` reads back from its repr (plain checks Dynamo can trace)."""
+    if isinstance(value, tuple):
+        return all(_is_literal(v) for v in value)
+    if type(value) is float:
+        return math.isfinite(value)
+    return value is None or type(value) in (int, bool, str)
+
+
 def _kwargs_key(kwargs: dict[str, Any]) -> str:
     """Template kwargs as a literal string (the op schema takes only plain values)."""
     if not kwargs:
         return ""
-    key = repr(tuple(sorted(kwargs.items())))
-    try:
-        if ast.literal_eval(key) != tuple(sorted(kwargs.items())):
-            raise ValueError
-    except (ValueError, SyntaxError):
+    items = tuple(sorted(kwargs.items()))
+    if not _is_literal(items):
         raise SpecError(
-            f"under torch.compile, template parameters must be Python literals "
-            f"(int, float, bool, str, None, tuples of them); got {kwargs!r}"
-        ) from None
-    return key
+            f"{where()}: under torch.compile, template parameters must be Python literals "
+            f"(int, finite float, bool, str, None, tuples of them); got {kwargs!r}"
+        )
+    return repr(items)
 
 
 def _variant(uid: str, key: str) -> tuple[Any, dict[str, Any]]:
