@@ -69,7 +69,7 @@ def test_cluster_dims_apply_on_every_device(c, poisoned):
     if not devices:
         pytest.skip("needs an sm_90 GPU (the kernel targets sm_90a)")
     k = build_cluster_rank(c)
-    for _ in range(2):  # the second round takes each device's fast launcher
+    for _ in range(2):  # a repeat reuses each device's plan (poisoned: the Python launch)
         for d in devices:
             x = torch.randint(-10**6, 10**6, (64 * c,), dtype=torch.int32, device=f"cuda:{d}")
             y = k(x)
