@@ -20,7 +20,7 @@ grep -q active "$OUT/fastpath.txt" || python3 -m pyptx_torch.fastpath_build 2>&1
 export PYPTX_REQUIRE_FASTPATH=1
 T=packages/pyptx-torch/tests J=packages/pyptx-jax/tests
 [ "${TESTS:-1}" = 1 ] && timeout ${TEST_TIMEOUT:-420} python3 -m pytest -m gpu -q -rs -p no:cacheprovider ${PYTEST_K:+-k "$PYTEST_K"} \
-  ${GPU_TESTS:-$T/test_fastpath_gpu.py $T/test_launch_pipeline_gpu.py $T/test_torch_gpu.py $J/test_jax_gpu.py} \
+  ${GPU_TESTS:-$T/test_fastpath_gpu.py $T/test_launch_pipeline_gpu.py $T/test_torch_gpu.py $J/test_jax_gpu.py $J/test_launch_pipeline_jax_gpu.py} \
   2>&1 | tee "$OUT/gpu-tests.log" | grep -E "passed|failed|^FAILED|^ERROR|^SKIPPED" | tail -40
 if [ "${DISPATCH:-1}" = 1 ]; then
   python3 benchmarks/dispatch_breakdown.py > "$OUT/breakdown.log" 2>&1; head -16 "$OUT/breakdown.log"
