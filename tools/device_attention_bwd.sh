@@ -13,7 +13,8 @@ for s in ${STEPS:-example tests sanitize bench}; do
   case $s in
     example)  # each schedule time-boxed on its own: a hang in one still reports the other
       timeout 150 python3 examples/hopper/flash_attention_bwd.py --safe 2>&1 | tee "$OUT/attn_bwd_example_safe.log"
-      timeout 150 python3 examples/hopper/flash_attention_bwd.py --fast 2>&1 | tee "$OUT/attn_bwd_example_fast.log" ;;
+      timeout 150 python3 examples/hopper/flash_attention_bwd.py --fast 2>&1 | tee "$OUT/attn_bwd_example_fast.log"
+      timeout 150 python3 examples/hopper/flash_attention_bwd.py --atomic 2>&1 | tee "$OUT/attn_bwd_example_atomic.log" ;;
     tests) timeout ${TEST_TIMEOUT:-300} python3 -m pytest -m gpu -q -x -rs ${PYTEST_K:+-k "$PYTEST_K"} \
              packages/pyptx-torch/tests/test_flash_attention_bwd_gpu.py 2>&1 | tee "$OUT/attn_bwd_tests.log" | tail -25 ;;
     sanitize)

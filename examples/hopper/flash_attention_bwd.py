@@ -238,35 +238,9 @@ def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=Non
         row0, col0 = s_acc.thread_origin(t)
         qrow = q0 + w * 64 + row0                   # this thread's rows: qrow, qrow + 8
         valid = [qrow < S, qrow + 8 < S]
-        # delta = rowsum(do * o): the four lanes of a quad split D, then a quad reduction
+        # delta = rowsum(do * o) and lse2 of this thread's rows, also written to STATS
         po, pdo, plse, pstats, pdq = ptx.global_ptrs(OUT, DO, LSE, STATS, DQ)
-        quarter = D // 4
-        c = lane & 3
-        delta, nlse2 = [], []
-        for r in (0, 8):
-            acc = reg.scalar(f32, init=0.0)
-            elem = ((b * S + qrow + r) * Hq + hq) * D + c * quarter
-            off = reg.from_(elem, u64) * 2
-            for k8 in range(quarter // 8):
-                wo, wd = reg.array(b32, 4), reg.array(b32, 4)
-                for x in list(wo) + list(wd):
-                    ptx.inst.mov.b32(x, 0)
-                ptx.inst.ld.global_.nc.v4.b32(wo, ptx.addr(po + off, 16 * k8), pred=valid[r // 8])
-                ptx.inst.ld.global_.nc.v4.b32(wd, ptx.addr(pdo + off, 16 * k8), pred=valid[r // 8])
-                for x, y in zip(wo, wd):
-                    o0, o1 = _unpack(x, dt)
-                    d0, d1 = _unpack(y, dt)
-                    ptx.inst.fma.rn.f32(acc, o0, d0, acc)
-                    ptx.inst.fma.rn.f32(acc, o1, d1, acc)
-            ptx.warp.reduce_sum(acc, width=4)
-            delta.append(acc)
-            lv = reg.scalar(f32, init=0.0)
-            loff = reg.from_((b * Hq + hq) * S + qrow + r, u64) * 4
-            ptx.inst.ld.global_.nc.f32(lv, ptx.addr(plse + loff), pred=valid[r // 8])
-            l2 = lv * LOG2E
-            soff = reg.from_((b * Hq + hq) * Sp + qrow + r, u64) * 8
-            ptx.inst.st.global_.v2.f32(ptx.addr(pstats + soff), [l2, acc], pred=c == 0)
-            nlse2.append(-l2)
+        delta, nlse2 = _row_stats(po, pdo, plse, pstats, b, hq, qrow, valid, lane, S, Sp, Hq, D, dt)
         # causal / ragged limit of the kv column per row: allowed iff kv <= lim
         lim = []
         for r in (0, 8):
@@ -366,8 +340,12 @@ def _maybe_if(p):
 
 # ------------------------------------------------------------------ dK/dV kernel
 def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None, BQ=64,
-               stages=None, sync=None, safe=None):
-    """The dK/dV kernel: ``(Q, K, V, DO, STATS) -> (DK, DV)`` (STATS from ``build_dq``)."""
+               stages=None, sync=None, safe=None, atomic_dq=False):
+    """The dK/dV kernel: ``(Q, K, V, DO, STATS) -> (DK, DV)`` (STATS from ``build_dq``).
+
+    ``atomic_dq``: also ``(..., STATS, DQACC)``: every block adds ``scale * dS K`` into the
+    f32 ``DQACC`` ``(B, S, Hq, D)`` in place with ``red.global.add`` (not deterministic;
+    torch eager only: the buffer is an input the kernel writes)."""
     Sk = S if Sk is None else Sk
     check_shapes(B, S, Hq, Hkv, D, Sk)
     dt = _dtype(dtype)
@@ -385,8 +363,13 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     stats_bytes = BQ * 8                            # (lse2, delta) of the block's rows
     stage_bytes = 2 * q_tile.nbytes + 1024          # stats padded to keep tiles 1024-aligned
     head_bytes = 2 * kv_tile.nbytes
-    stages = _smem_fit(head_bytes, stage_bytes) if stages is None else stages
-    smem_total = head_bytes + stages * stage_bytes + 1024
+    overlap = not safe and not atomic_dq
+    # atomic dQ: dS of the block (q x kv, q contiguous: an MN-major A) in two buffers
+    ds_tile = OperandTile(BQ, BM, dt, major="MN")
+    kv_mn = OperandTile(D, BM, dt, major="MN")      # K as B of dS K (the same bytes as K)
+    ds_bytes = 2 * ds_tile.nbytes if atomic_dq else 0
+    stages = _smem_fit(head_bytes + ds_bytes, stage_bytes) if stages is None else stages
+    smem_total = head_bytes + ds_bytes + stages * stage_bytes + 1024
     if smem_total > SMEM_LIMIT:
         raise ConfigError(f"build_dkdv: {stages} stages of {BQ} rows need {smem_total} bytes")
     num_q = -(-S // BQ)
@@ -396,7 +379,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     qspec = Tile(B, S, Hq, D, dt)
     kspec = Tile(B, Sk, Hkv, D, dt)
 
-    def dkdv_kernel(Q, K, V, DO, STATS, DK, DV):
+    def dkdv_kernel(Q, K, V, DO, STATS, DQACC, DK, DV):
         base = (smem.dynamic(align=128, name="smem").addr() + 1023) & 0xFFFFFC00
         pipe = Pipeline(stages, consumer_arrivals=2)
         head_bar = BarrierArray(1, name="head_bar")
@@ -412,6 +395,8 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         # causal: q blocks wholly above the diagonal (every q < k0) are skipped
         qb0 = k0 // BQ if causal else 0
         pstats, pdk, pdv = ptx.global_ptrs(STATS, DK, DV)
+        if atomic_dq:
+            (pacc,) = ptx.global_ptrs(DQACC)
         consumer = ptx.label("consumer")
         done = ptx.label("done")
         ptx.bra(consumer, pred=wg != 0)
@@ -433,7 +418,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                 for qb in ptx.loop(qb0, num_q):
                     pipe.acquire(st)
                     bar = pipe.arm(st, 2 * q_tile.nbytes + (0 if safe else stats_bytes))
-                    sb = st.stage * stage_bytes + (base + head_bytes)
+                    sb = st.stage * stage_bytes + (base + (head_bytes + ds_bytes))
                     _load_slabs(sb, q_map, slabs, hq, qb * BQ, b, BQ, bar)
                     _load_slabs(sb + q_tile.nbytes, do_map, slabs, hq, qb * BQ, b, BQ, bar)
                     if not safe:
@@ -462,7 +447,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         dk_acc.zero()
         k_desc = kv_tile.descriptor(base) + reg.from_(w * (kv_tile.offset(0, 64) >> 4), u64)
         v_desc = k_desc + (kv_tile.nbytes >> 4)
-        ring = base + head_bytes
+        ring = base + (head_bytes + ds_bytes)
         q_desc0 = q_tile.descriptor(ring)
         do_desc0 = q_tile.descriptor(ring, offset=q_tile.nbytes)
         qmn_desc0 = q_mn.descriptor(ring)
@@ -471,6 +456,20 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         rel = pipe.consumer_state()
         has_prev = reg.scalar(u32, init=0)
         stats_col = col0 * 8 + 2 * q_tile.nbytes    # this thread's first (lse2, delta) pair
+        if atomic_dq:
+            it = reg.scalar(u32, init=0)
+            lane = tid & 31
+            xr = lane >> 2                          # the kv row's swizzle phase (row % 8)
+            # this thread's bytes of a dS buffer: kv row (64w + row0 + dr), its pair of q
+            # columns in 16-byte chunk blk ^ (row % 8)
+            ds_row = base + head_bytes + (w * 64 + row0) * 128 + (lane & 3) * 4
+            ds_sw = {blk: ((xr ^ blk) << 4) + ds_row for blk in range(BQ // 8)}
+            dq_cols = 64 if D == 128 else D             # a warpgroup's dQ columns
+            kmn_desc = kv_mn.descriptor(base)
+            if D == 128:
+                kmn_desc = kmn_desc + reg.from_(w * (kv_mn.offset(0, 64) >> 4), u64)
+            ds_desc0 = ds_tile.descriptor(base, offset=head_bytes)
+            qcol = w * 64 + col0 if D == 128 else col0
         ptx.mbarrier.wait(head_bar.at(0), 0)
         for g in ptx.loop(0, G):
             hq = hk * G + g
@@ -516,7 +515,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
 
                 nl2 = stats(0)
                 ptx.wgmma.wait_group(1)             # S^T (and the previous block's dK) done
-                if not safe:
+                if overlap:
                     with ptx.if_(has_prev != 0):
                         pipe.release(rel, pred=leader)
                         rel.advance()
@@ -554,19 +553,55 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                     x = dp_acc[i] - dl[dc]
                     ptx.inst.mul.f32(dp_acc[i], s_acc[i], x)
                 _pack(ds_pack, dp_acc.regs, dt)
+
+                def _atomic_dq_block(q0=q0, hq=hq):
+                    """dQ[q0:q0+BQ] += scale * dS K through a swizzled shared dS (both
+                    warpgroups' kv rows), one ``red.global.add.v2.f32`` per pair."""
+                    buf = (it & 1) * ds_tile.nbytes
+                    for m in range(len(ds_pack)):
+                        dr, dc = Accumulator.coord(2 * m)
+                        ptx.inst.st.shared.b32(ptx.addr(ds_sw[dc // 8] + buf, dr * 128), ds_pack[m])
+                    ptx.fence_proxy_async("shared::cta")
+                    ptx.bar_sync(1, 256)            # both consumers' halves of dS written
+                    with _maybe_if(w == 0 if D == 64 else None):
+                        da = ds_desc0 + reg.from_(reg.from_(buf >> 4, u32), u64)
+                        ptx.wgmma.fence()
+                        for kk in range(ds_tile.k_steps):
+                            ptx.wgmma.mma_async(s_acc.regs, ds_tile.advance(da, kk),
+                                                kv_mn.advance(kmn_desc, kk), n=dq_cols,
+                                                dtype_ab=dt.name, scale_d=0 if kk == 0 else 1,
+                                                trans_a=ds_tile.trans, trans_b=kv_mn.trans)
+                        ptx.wgmma.commit_group()
+                        ptx.wgmma.wait_group(0)
+                        qr = q0 + row0
+                        for r in (0, 8):
+                            elem = ((b * S + qr + r) * Hq + hq) * D + qcol
+                            addr = reg.from_(elem, u64) * 4 + pacc
+                            ok = qr + r < S
+                            for i, dr, dc in s_acc.pairs():
+                                if dr != r:
+                                    continue
+                                v0 = s_acc[i] * float(scale)
+                                v1 = s_acc[i + 1] * float(scale)
+                                ptx.inst("red.global.add.v2.f32")(ptx.addr(addr, dc * 4), [v0, v1],
+                                                                  pred=ok)
+                    ptx.inst.add.u32(it, it, 1)
+
                 ptx.wgmma.fence()
                 for kk in range(BQ // 16):
                     ptx.wgmma.mma_async(dk_acc.regs, list(ds_pack)[4 * kk:4 * kk + 4],
                                         q_mn.advance(qmn, kk), n=D, dtype_ab=dt.name,
                                         trans_b=q_mn.trans)
                 ptx.wgmma.commit_group()
-                if safe:
+                if atomic_dq:
+                    _atomic_dq_block()
+                if not overlap:
                     ptx.wgmma.wait_group(0)
                     pipe.release(cons, pred=leader)
                 else:
                     ptx.inst.mov.u32(has_prev, 1)
                 cons.advance()
-        if not safe:
+        if overlap:
             ptx.wgmma.wait_group(0)
             with ptx.if_(has_prev != 0):
                 pipe.release(rel, pred=leader)
@@ -576,11 +611,116 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         ptx.ret()
 
     name = (f"attn_bwd_dkdv_{dt.name}_d{D}_h{Hq}x{Hkv}{'_causal' if causal else ''}"
-            f"{'_safe' if safe else ''}")
-    return kernel(in_specs=(qspec, kspec, kspec, qspec, Tile(B, Hq, Sp, 2, f32)),
-                  out_specs=(kspec, kspec), grid=(-(-Sk // BM), Hkv, B),
+            f"{'_safe' if safe else ''}{'_atomic' if atomic_dq else ''}")
+    ins = (qspec, kspec, kspec, qspec, Tile(B, Hq, Sp, 2, f32))
+    if atomic_dq:
+        ins += (Tile(B, S, Hq, D, f32),)
+        fn = dkdv_kernel
+    else:
+        def fn(Q, K, V, DO, STATS, DK, DV):
+            dkdv_kernel(Q, K, V, DO, STATS, None, DK, DV)
+    fn.__name__ = "dkdv_kernel"
+    return kernel(in_specs=ins, out_specs=(kspec, kspec), grid=(-(-Sk // BM), Hkv, B),
                   block=(THREADS, 1, 1), smem=smem_total, maxnreg=168,
-                  tma={"Q": box_q, "DO": box_q, "K": box_kv, "V": box_kv}, name=name)(dkdv_kernel)
+                  version="8.3" if atomic_dq else None,      # red.global.add.v2.f32: ISA 8.1
+                  tma={"Q": box_q, "DO": box_q, "K": box_kv, "V": box_kv}, name=name)(fn)
+
+
+def build_prep(B, S, Hq, D, *, dtype="bf16"):
+    """The atomic-dQ mode's first kernel: ``(OUT, LSE, DO) -> (STATS, DQACC)``: the stats
+    of ``build_dq`` and a zeroed f32 ``DQACC`` ``(B, S, Hq, D)`` for the dK/dV kernel to add
+    into. 256 threads per 128 rows, the same row split as the dQ kernel's consumers."""
+    dt = _dtype(dtype)
+    Sp = padded(S)
+    qspec = Tile(B, S, Hq, D, dt)
+
+    def prep(OUT, LSE, DO, STATS, DQACC):
+        tid = reg.from_(ptx.special.tid.x(), u32)
+        hq = reg.from_(ptx.special.ctaid.y(), u32)
+        b = reg.from_(ptx.special.ctaid.z(), u32)
+        q0 = reg.from_(ptx.special.ctaid.x(), u32) * BM
+        w = tid >> 7
+        lane = tid & 31
+        row0, _ = Accumulator(8).thread_origin(tid & 127)
+        qrow = q0 + w * 64 + row0
+        valid = [qrow < S, qrow + 8 < S]
+        po, pdo, plse, pstats, pacc = ptx.global_ptrs(OUT, DO, LSE, STATS, DQACC)
+        _row_stats(po, pdo, plse, pstats, b, hq, qrow, valid, lane, S, Sp, Hq, D, dt)
+        quarter = D // 4
+        zero = reg.scalar(f32, init=0.0)
+        for r in (0, 8):
+            elem = ((b * S + qrow + r) * Hq + hq) * D + (lane & 3) * quarter
+            addr = reg.from_(elem, u64) * 4 + pacc
+            for k4 in range(quarter // 4):
+                ptx.inst.st.global_.v4.f32(ptx.addr(addr, 16 * k4), [zero] * 4, pred=valid[r // 8])
+        ptx.ret()
+
+    return kernel(in_specs=(qspec, Tile(B, Hq, S, f32), qspec),
+                  out_specs=(Tile(B, Hq, Sp, 2, f32), Tile(B, S, Hq, D, f32)),
+                  grid=(-(-S // BM), Hq, B), block=(256, 1, 1),
+                  name=f"attn_bwd_prep_{dt.name}_d{D}")(prep)
+
+
+def build_convert(B, S, Hq, D, *, dtype="bf16", scale=1.0):
+    """The atomic-dQ mode's last kernel: ``DQACC`` f32 -> ``DQ`` (times ``scale``), eight
+    elements per thread."""
+    dt = _dtype(dtype)
+    n = B * S * Hq * D
+    blocks = -(-n // (256 * 8))
+
+    def convert(DQACC, DQ):
+        pa, pq = ptx.global_ptrs(DQACC, DQ)
+        i = reg.from_(ptx.special.ctaid.x(), u32) * 256 + reg.from_(ptx.special.tid.x(), u32)
+        ok = i < n // 8
+        src = reg.from_(i, u64) * 32 + pa
+        dst = reg.from_(i, u64) * 16 + pq
+        v = reg.array(f32, 8)
+        ptx.inst.ld.global_.nc.v4.f32(list(v)[:4], ptx.addr(src), pred=ok)
+        ptx.inst.ld.global_.nc.v4.f32(list(v)[4:], ptx.addr(src, 16), pred=ok)
+        packed = reg.array(b32, 4)
+        for m in range(4):
+            ptx.inst(f"cvt.rn.{dt.name}x2.f32")(packed[m], v[2 * m + 1] * float(scale),
+                                                v[2 * m] * float(scale))
+        ptx.inst.st.global_.v4.b32(ptx.addr(dst), packed, pred=ok)
+        ptx.ret()
+
+    return kernel(in_specs=(Tile(B, S, Hq, D, f32),), out_specs=(Tile(B, S, Hq, D, dt),),
+                  grid=(blocks, 1, 1), block=(256, 1, 1),
+                  name=f"attn_bwd_convert_{dt.name}_d{D}")(convert)
+
+
+def _row_stats(po, pdo, plse, pstats, b, hq, qrow, valid, lane, S, Sp, Hq, D, dt):
+    """Rows ``qrow`` and ``qrow + 8`` of this thread (its quad splits D): ``delta =
+    rowsum(do * o)`` by a quad reduction, ``lse2 = lse * log2 e``, both written to STATS (by
+    the quad's first lane; zeros past ``S``). Returns ``(delta, -lse2)`` per row."""
+    quarter = D // 4
+    c = lane & 3
+    delta, nlse2 = [], []
+    for r in (0, 8):
+        acc = reg.scalar(f32, init=0.0)
+        elem = ((b * S + qrow + r) * Hq + hq) * D + c * quarter
+        off = reg.from_(elem, u64) * 2
+        for k8 in range(quarter // 8):
+            wo, wd = reg.array(b32, 4), reg.array(b32, 4)
+            for x in list(wo) + list(wd):
+                ptx.inst.mov.b32(x, 0)
+            ptx.inst.ld.global_.nc.v4.b32(wo, ptx.addr(po + off, 16 * k8), pred=valid[r // 8])
+            ptx.inst.ld.global_.nc.v4.b32(wd, ptx.addr(pdo + off, 16 * k8), pred=valid[r // 8])
+            for x, y in zip(wo, wd):
+                o0, o1 = _unpack(x, dt)
+                d0, d1 = _unpack(y, dt)
+                ptx.inst.fma.rn.f32(acc, o0, d0, acc)
+                ptx.inst.fma.rn.f32(acc, o1, d1, acc)
+        ptx.warp.reduce_sum(acc, width=4)
+        delta.append(acc)
+        lv = reg.scalar(f32, init=0.0)
+        loff = reg.from_((b * Hq + hq) * S + qrow + r, u64) * 4
+        ptx.inst.ld.global_.nc.f32(lv, ptx.addr(plse + loff), pred=valid[r // 8])
+        l2 = lv * LOG2E
+        soff = reg.from_((b * Hq + hq) * Sp + qrow + r, u64) * 8
+        ptx.inst.st.global_.v2.f32(ptx.addr(pstats + soff), [l2, acc], pred=c == 0)
+        nlse2.append(-l2)
+    return delta, nlse2
 
 
 def _env(name):
@@ -590,44 +730,77 @@ def _env(name):
 # ------------------------------------------------------------------ the pair as one object
 class AttentionBackward:
     """``bwd(q, k, v, o, lse, do, dlse=None) -> (dq, dk, dv)``: the dQ kernel (which also
-    writes delta) then the dK/dV kernel. Kernel-like (``in_specs``, ``out_specs``, ``name``,
-    ``arg_names``) so ``pyptx.differentiable_kernel`` accepts it as a backward kernel."""
+    writes the stats) then the dK/dV kernel; with ``atomic_dq``, the prep kernel (stats and
+    a zeroed f32 dQ), the dK/dV kernel adding dQ too, then the conversion. Kernel-like
+    (``in_specs``, ``out_specs``, ``name``, ``arg_names``) so ``pyptx.differentiable_kernel``
+    accepts it as a backward kernel."""
 
-    def __init__(self, dq_kernel, dkdv_kernel, B, S, Hq, Hkv, D, Sk, dt):
-        self.dq_kernel, self.dkdv_kernel = dq_kernel, dkdv_kernel
+    def __init__(self, kernels, B, S, Hq, Hkv, D, Sk, dt, atomic_dq=False):
+        self.kernels, self.atomic_dq = kernels, atomic_dq
         qspec, kspec = Tile(B, S, Hq, D, dt), Tile(B, Sk, Hkv, D, dt)
         lse = Tile(B, Hq, S, f32)
         self.in_specs = (qspec, kspec, kspec, qspec, lse, qspec, lse)
         self.out_specs = (qspec, kspec, kspec)
         self.arg_names = ("q", "k", "v", "o", "lse", "do", "dlse", "dq", "dk", "dv")
-        self.name = dq_kernel.name.replace("_dq_", "_")
+        self.name = kernels[-1].name.replace("_dkdv_", "_")
+
+    @property
+    def dq_kernel(self):
+        """The dQ kernel (``None`` in the atomic-dQ mode)."""
+        return None if self.atomic_dq else self.kernels[0]
+
+    @property
+    def dkdv_kernel(self):
+        """The dK/dV kernel."""
+        return self.kernels[1]
 
     def __call__(self, q, k, v, o, lse, do, dlse=None):
-        """Run both kernels; ``dlse`` is ignored (lse is an auxiliary output)."""
-        dq, stats = self.dq_kernel(q, k, v, o, lse, do)
-        dk, dv = self.dkdv_kernel(q, k, v, do, stats)
-        return dq, dk, dv
+        """Run the kernels; ``dlse`` is ignored (lse is an auxiliary output)."""
+        if not self.atomic_dq:
+            dq, stats = self.kernels[0](q, k, v, o, lse, do)
+            dk, dv = self.kernels[1](q, k, v, do, stats)
+            return dq, dk, dv
+        if not type(q).__module__.startswith("torch"):
+            from pyptx.source import where
+
+            raise ConfigError(f"{where()}: attention backward with atomic_dq=True adds into a "
+                              f"buffer in place: torch tensors only, got {type(q).__name__}")
+        prep, dkdv, convert = self.kernels
+        stats, dqacc = prep(o, lse, do)
+        dk, dv = dkdv(q, k, v, do, stats, dqacc)
+        return convert(dqacc), dk, dv
 
     def __repr__(self):
-        return f"<AttentionBackward {self.dq_kernel.name} + {self.dkdv_kernel.name}>"
+        return f"<AttentionBackward {' + '.join(k.name for k in self.kernels)}>"
 
 
 def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None,
-                             safe=None):
-    """The backward pair for these sizes: ``bwd(q, k, v, o, lse, do, dlse) -> (dq, dk, dv)``.
-    ``safe=True`` (or ``PYPTX_ATTN_BWD_SAFE=1``): the simplest schedule, for bisecting."""
+                             safe=None, atomic_dq=False):
+    """The backward kernels for these sizes: ``bwd(q, k, v, o, lse, do, dlse) -> (dq, dk,
+    dv)``. ``safe=True`` (or ``PYPTX_ATTN_BWD_SAFE=1``): the simplest schedule, for
+    bisecting. ``atomic_dq=True``: dQ accumulated by the dK/dV kernel with f32 atomics (no
+    second pass over K and V; not deterministic; torch eager only)."""
     safe = _env("PYPTX_ATTN_BWD_SAFE") if safe is None else bool(safe)
-    return _build(B, S, Hq, Hkv, D, S if Sk is None else Sk, dtype, causal, scale, safe)
+    return _build(B, S, Hq, Hkv, D, S if Sk is None else Sk, dtype, causal, scale, safe,
+                  bool(atomic_dq))
 
 
 @functools.lru_cache(maxsize=64)
-def _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, safe):
+def _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, safe, atomic_dq):
     kw = dict(Sk=Sk, dtype=dtype, causal=causal, scale=scale, safe=safe)
-    return AttentionBackward(build_dq(B, S, Hq, Hkv, D, **kw), build_dkdv(B, S, Hq, Hkv, D, **kw),
-                             B, S, Hq, Hkv, D, Sk, _dtype(dtype))
+    dt = _dtype(dtype)
+    if atomic_dq:
+        check_shapes(B, S, Hq, Hkv, D, Sk)
+        kernels = (build_prep(B, S, Hq, D, dtype=dtype),   # the dK/dV kernel adds scaled dQ
+                   build_dkdv(B, S, Hq, Hkv, D, atomic_dq=True, **kw),
+                   build_convert(B, S, Hq, D, dtype=dtype))
+    else:
+        kernels = (build_dq(B, S, Hq, Hkv, D, **kw), build_dkdv(B, S, Hq, Hkv, D, **kw))
+    return AttentionBackward(kernels, B, S, Hq, Hkv, D, Sk, dt, atomic_dq)
 
 
-def attention_backward(q, k, v, o, lse, do, causal=False, scale=None, *, safe=None):
+def attention_backward(q, k, v, o, lse, do, causal=False, scale=None, *, safe=None,
+                       atomic_dq=False):
     """``(dq, dk, dv)`` of attention for torch tensors or JAX arrays (layouts as above)."""
     if len(q.shape) != 4 or len(k.shape) != 4 or tuple(k.shape) != tuple(v.shape):
         raise ConfigError(f"attention_backward: q (B, S, Hq, D) and k, v (B, Sk, Hkv, D) expected, "
@@ -638,7 +811,8 @@ def attention_backward(q, k, v, o, lse, do, causal=False, scale=None, *, safe=No
     if name is None:
         raise ConfigError(f"attention_backward: q must be bfloat16 or float16, got {q.dtype}")
     bwd = build_attention_backward(B, S, Hq, Hkv, D, Sk=Sk, dtype=name, causal=causal,
-                                   scale=None if scale is None else float(scale), safe=safe)
+                                   scale=None if scale is None else float(scale), safe=safe,
+                                   atomic_dq=atomic_dq)
     return bwd(q, k, v, o, lse, do)
 
 
@@ -750,7 +924,7 @@ CHECKS = [  # (B, S, Hq, Hkv, D, dtype, causal): ragged, GQA/MQA, both dtypes an
 ]
 
 
-def check(cases=CHECKS, safe=False) -> int:
+def check(cases=CHECKS, safe=False, atomic_dq=False) -> int:
     """One PASS/FAIL line per gradient against float64 autograd; returns the failures."""
     import torch
 
@@ -765,10 +939,11 @@ def check(cases=CHECKS, safe=False) -> int:
         v = torch.randn(B, S, Hkv, D, device="cuda", dtype=dt)
         do = torch.randn(B, S, Hq, D, device="cuda", dtype=dt)
         o, lse, rq, rk, rv = reference(q, k, v, do, causal)
-        tag = (f"{'safe' if safe else 'fast'} B{B} S{S} H{Hq}/{Hkv} D{D} {dtn} "
-               f"{'causal' if causal else 'full'}")
+        mode = "atomic" if atomic_dq else "safe" if safe else "fast"
+        tag = f"{mode} B{B} S{S} H{Hq}/{Hkv} D{D} {dtn} {'causal' if causal else 'full'}"
         try:
-            got = attention_backward(q, k, v, o.to(dt), lse.float(), do, causal=causal, safe=safe)
+            got = attention_backward(q, k, v, o.to(dt), lse.float(), do, causal=causal, safe=safe,
+                                     atomic_dq=atomic_dq)
             torch.cuda.synchronize()
         except Exception as e:  # noqa: BLE001 - report and go on to the next case
             print(f"{tag}: {type(e).__name__}: {str(e)[:300]} FAIL")
@@ -791,8 +966,8 @@ def bench(dims=(64, 128), seqs=(4096, 8192), tokens=32768, width=2048, dtn="bf16
     import torch
 
     print(f"# attention backward TFLOP/s on {torch.cuda.get_device_name()} ({dtn})")
-    print("| D | S | causal | pyptx | cudnn | flash | efficient |")
-    print("|---|---|---|---|---|---|---|")
+    print("| D | S | causal | pyptx | pyptx atomic dQ | cudnn | flash | efficient |")
+    print("|---|---|---|---|---|---|---|---|")
     for D in dims:
         for S in seqs:
             for causal in (False, True):
@@ -814,10 +989,15 @@ def _bench_row(D, S, causal, B, H, dtn):
                                            v.transpose(1, 2), is_causal=causal)
     o = o.transpose(1, 2).contiguous()
     lse = _lse(q, k, causal)
-    bwd = build_attention_backward(B, S, H, H, D, dtype=dtn, causal=causal)
     row = [f"{D}", f"{S}", f"{causal}"]
-    ms = do_bench(lambda: bwd(q, k, v, o, lse, do), return_mode="median")
-    row.append(f"{flops / ms / 1e9:.0f}")
+    for atomic in (False, True):
+        try:
+            bwd = build_attention_backward(B, S, H, H, D, dtype=dtn, causal=causal,
+                                           atomic_dq=atomic)
+            ms = do_bench(lambda: bwd(q, k, v, o, lse, do), return_mode="median")  # noqa: B023
+            row.append(f"{flops / ms / 1e9:.0f}")
+        except Exception as e:  # noqa: BLE001 - report the row anyway
+            row.append(f"error {type(e).__name__}")
     g = do.transpose(1, 2)
     for be in (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION,
                SDPBackend.EFFICIENT_ATTENTION):
@@ -850,14 +1030,18 @@ def _lse(q, k, causal, chunk=512):
 
 
 def main(argv=None) -> int:
-    """``python flash_attention_bwd.py [--fast|--safe] [--bench]``: PASS/FAIL per gradient of
-    each schedule (both by default); ``--bench`` also prints the TFLOP/s table."""
+    """``python flash_attention_bwd.py [--fast] [--safe] [--atomic] [--bench]``: the probe,
+    then PASS/FAIL per gradient of each schedule (all three by default); ``--bench`` also
+    prints the TFLOP/s table."""
     argv = sys.argv[1:] if argv is None else argv
     fails = check_probe()
-    # --safe / --fast: only that schedule (the safe one is the simplest, to bisect a failure)
-    for safe in [m == "--safe" for m in ("--fast", "--safe") if m in argv] or (False, True):
-        n = check(safe=safe)
-        print(f"{'safe' if safe else 'fast'} schedule: {f'{n} FAIL' if n else 'all PASS'}")
+    # --fast / --safe / --atomic: only those schedules (safe: the simplest, to bisect a
+    # failure; atomic: dQ added by the dK/dV kernel with f32 atomics, not deterministic)
+    modes = [m for m in ("--fast", "--safe", "--atomic") if m in argv] or ["--fast", "--safe",
+                                                                          "--atomic"]
+    for m in modes:
+        n = check(safe=m == "--safe", atomic_dq=m == "--atomic")
+        print(f"{m[2:]} schedule: {f'{n} FAIL' if n else 'all PASS'}")
         fails += n
     if "--bench" in argv:
         bench()

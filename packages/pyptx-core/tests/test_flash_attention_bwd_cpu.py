@@ -276,3 +276,43 @@ def test_register_a_probe_assembles(assemble):
     """The bisecting probe (A from registers x MN-major B) that ``__main__`` runs first."""
     for n in (64, 128):
         assemble(fab.build_register_a_probe(n, 64).ptx())
+
+
+@pytest.mark.parametrize("D,causal", [(64, True), (128, False)])
+def test_atomic_dq_kernels_assemble(D, causal, assemble):
+    bwd = fab.build_attention_backward(2, 200, 4, 2, D, causal=causal, atomic_dq=True)
+    assert bwd.dq_kernel is None and len(bwd.kernels) == 3
+    for k in bwd.kernels:
+        assemble(k.ptx())
+
+
+def test_atomic_dq_mode_is_torch_only():
+    import numpy as np
+
+    bwd = fab.build_attention_backward(1, 64, 1, 1, 64, atomic_dq=True)
+    x = np.zeros((1, 64, 1, 64), np.float16)
+    with pytest.raises(ConfigError, match="atomic_dq=True adds into a buffer in place: torch"):
+        bwd(x, x, x, x, np.zeros((1, 1, 64), np.float32), x)
+
+
+def test_ds_tile_stores_fill_the_mn_major_swizzled_layout():
+    """The atomic mode's dS stores: thread (warpgroup w, lane) writes packed pair m of its
+    dS^T fragment (kv row 64w + row, q columns c, c+1) at ``(64w + row0 + dr) * 128 +
+    ((lane/4) ^ blk) * 16 + (lane%4) * 4``. That must be where a 64 (q) x 128 (kv) MN-major
+    tile with the 128-byte swizzle keeps element (q, kv): row kv, 16-byte chunk (q*2/16) XOR
+    (kv % 8), and every 4-byte word written exactly once."""
+    seen = {}
+    for w in range(2):
+        for warp in range(4):
+            for lane in range(32):
+                row0, col0 = 16 * warp + lane // 4, 2 * (lane % 4)
+                for m in range(16):             # the 64 columns' 16 packed pairs
+                    dr, dc = fab.Accumulator.coord(2 * m)
+                    addr = (64 * w + row0 + dr) * 128 + (((lane >> 2) ^ (dc // 8)) << 4) \
+                        + (lane & 3) * 4
+                    kv, q = 64 * w + row0 + dr, col0 + dc
+                    want = kv * 128 + (((q * 2) // 16) ^ (kv % 8)) * 16 + (q * 2) % 16
+                    assert addr == want
+                    assert addr not in seen
+                    seen[addr] = (kv, q)
+    assert len(seen) == 128 * 64 // 2

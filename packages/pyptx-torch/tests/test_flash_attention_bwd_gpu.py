@@ -89,6 +89,16 @@ def test_safe_schedule(causal):
     _check(got, refs, "bf16")
 
 
+@pytest.mark.parametrize("D,causal,Hkv", [(64, True, 2), (128, False, 1), (128, True, 4)])
+def test_atomic_dq_mode(D, causal, Hkv):
+    """The optional mode: dQ added by the dK/dV kernel with f32 atomics (same tolerances)."""
+    q, k, v, do = _inputs(2, 200, 4, Hkv, D, "bf16")
+    o, lse, *refs = fab.reference(q, k, v, do, causal)
+    got = fab.attention_backward(q, k, v, o.to(q.dtype), lse.float(), do, causal=causal,
+                                 atomic_dq=True)
+    _check(got, refs, "bf16")
+
+
 def test_cross_lengths_and_custom_scale():
     """Sk != S (top-left causal) and a non-default softmax scale."""
     q, k, v, do = _inputs(1, 190, 2, 1, 64, "bf16", Sk=300)
