@@ -11,7 +11,7 @@ rotated order, in one process. A backend that errors prints n/a. The backward ro
 through ``differentiable_kernel``).
 
     python benchmarks/attention.py [--dims 64 128] [--seqs 4096 8192] [--schedules pingpong simple]
-                                   [--config '{"stages": 3}'] [--no-bwd] [--out t.md]
+                                   [--configs '[{}, {"persistent": true}]'] [--no-bwd] [--out t.md]
 """
 
 from __future__ import annotations
@@ -105,16 +105,24 @@ def main(argv=None) -> int:
     p.add_argument("--width", type=int, default=2048, help="H * D")
     p.add_argument("--rep", type=int, default=100, help="do_bench rep (ms)")
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--config", default=None,
-                   help='JSON keywords for our forward, e.g. {"BN": 128, "stages": 3}')
+    p.add_argument("--configs", default=None,
+                   help='JSON list of keyword dicts for our forward, one column each, e.g. '
+                        '[{}, {"persistent": true}, {"BN": 176}]')
     p.add_argument("--no-bwd", action="store_true")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     fa = load_attention()
     schedules = args.schedules or [fa._schedule(None)]
-    cfg = json.loads(args.config) if args.config else {}
+    configs = json.loads(args.configs) if args.configs else [{}]
+    variants = [(s, c) for s in schedules for c in configs]
     dev = torch.cuda.get_device_name()
-    ours = [f"pyptx {s}" if len(schedules) > 1 else "pyptx" for s in schedules]
+
+    def label(s, c):
+        parts = ([s] if len(schedules) > 1 else []) + [
+            "persistent" if k == "persistent" and v else f"{k}={v}" for k, v in c.items()
+            if not (k == "persistent" and not v)]
+        return "pyptx" + ("" if not parts else " " + " ".join(parts))
+    ours = [label(s, c) for s, c in variants]
     head = (["D", "S", "mask"] + [f"fwd {n}" for n in ours + list(BACKENDS)] + ["fwd ours/best"]
             + ([f"bwd {n}" for n in ["pyptx"] + list(BACKENDS)] + ["bwd ours/best"]
                if not args.no_bwd else []) + ["max |o err|"])
@@ -133,7 +141,7 @@ def main(argv=None) -> int:
                 flops = 4.0 * B * H * S * S * D * (0.5 if causal else 1.0)
                 fwd = {}
                 err = None
-                for name, sched in zip(ours, schedules):
+                for name, (sched, cfg) in zip(ours, variants):
                     try:
                         o, _ = fa.attention_forward(q, k, v, causal=causal, schedule=sched, **cfg)
                         ref = torch.nn.functional.scaled_dot_product_attention(
@@ -141,8 +149,8 @@ def main(argv=None) -> int:
                             is_causal=causal).transpose(1, 2)
                         e = (o.float() - ref.float()).abs().max().item()
                         err = e if err is None else max(err, e)
-                        fwd[name] = (lambda s=sched, c=causal, a=q, b_=k, v_=v:
-                                     fa.attention_forward(a, b_, v_, causal=c, schedule=s, **cfg))
+                        fwd[name] = (lambda s=sched, c=causal, a=q, b_=k, v_=v, kw=cfg:
+                                     fa.attention_forward(a, b_, v_, causal=c, schedule=s, **kw))
                     except Exception as ex:  # noqa: BLE001 - print n/a and go on
                         print(f"  {name}: {type(ex).__name__}: {ex}"[:300], flush=True)
                 for be in BACKENDS:

@@ -1,6 +1,7 @@
 """A small ragged flash-attention forward for compute-sanitizer (memcheck, racecheck,
 synccheck): B=2, S=77, Hq=4, Hkv=2, head dims 64 and 128, causal and not, every schedule,
-plus a packed (varlen) batch; every output is checked against float64."""
+the persistent kernel over 4 CTAs, plus a packed (varlen) batch; every output is checked
+against float64."""
 import sys
 from pathlib import Path
 
@@ -23,6 +24,17 @@ for schedule in fa.SCHEDULES:
             bad += not ok
             print(schedule, D, "causal" if causal else "full", f"o err {eo:.1e} lse {el:.1e}",
                   "PASS" if ok else "FAIL")
+    for causal in (False, True):
+        q = torch.randn(2, 77, 4, 128, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(2, 77, 2, 128, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(2, 77, 2, 128, device="cuda", dtype=torch.bfloat16)
+        kern = fa.build_attention(2, 77, 4, 2, 128, causal=causal, schedule=schedule,
+                                  persistent=True, num_sms=4)
+        o, lse = kern(q, k, v)
+        ok, eo, el = fa.check(o, lse, *fa.reference(q, k, v, causal), "bf16")
+        bad += not ok
+        print(schedule, "persistent", "causal" if causal else "full",
+              f"o err {eo:.1e} lse {el:.1e}", "PASS" if ok else "FAIL")
     lens = [77, 1, 130]
     cu = torch.tensor([0, 77, 78, 208], device="cuda", dtype=torch.int32)
     q = torch.randn(208, 4, 128, device="cuda", dtype=torch.bfloat16)

@@ -52,6 +52,7 @@ LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 BM = 128                    # query rows per CTA (64 per consumer warpgroup)
 SMEM_LIMIT = 227 * 1024 - 256
+H100_SMS = 132
 SCHEDULES = ("simple", "overlap", "pingpong")
 DEFAULT_SCHEDULE = "pingpong"
 SCHED_BAR = 3               # named barriers 3 and 4: the consumers' turns (1-2: epilogues)
@@ -71,12 +72,13 @@ def default_bn(D):
     return 64 if D > 128 else 128
 
 
-def smem_bytes(D, BN, stages):
-    """Dynamic shared memory: the Q block, ``stages`` K and V buffers, 1024 B of alignment."""
-    return BM * D * 2 + 2 * stages * BN * D * 2 + 1024
+def smem_bytes(D, BN, stages, persistent=False):
+    """Dynamic shared memory: the Q block, ``stages`` K and V buffers, an O staging block
+    when persistent (otherwise O is staged in Q's place), 1024 B of alignment."""
+    return BM * D * 2 * (2 if persistent else 1) + 2 * stages * BN * D * 2 + 1024
 
 
-def _check(D, BN, stages, schedule):
+def _check(D, BN, stages, schedule, persistent=False):
     if D not in (64, 128, 256):
         raise ConfigError(f"flash attention: head dim must be 64, 128 or 256, got {D!r}")
     if isinstance(BN, bool) or not isinstance(BN, int) or BN % 16 or not 64 <= BN <= 256 \
@@ -86,9 +88,11 @@ def _check(D, BN, stages, schedule):
                           f"and P, D/2 for O) stay under 200 per thread")
     if schedule not in SCHEDULES:
         raise ConfigError(f"flash attention: schedule must be one of {SCHEDULES}, got {schedule!r}")
-    if smem_bytes(D, BN, stages) > SMEM_LIMIT:
-        raise ConfigError(f"flash attention: D={D}, BN={BN}, {stages} stages need "
-                          f"{smem_bytes(D, BN, stages)} bytes of shared memory, over {SMEM_LIMIT}")
+    if smem_bytes(D, BN, stages, persistent) > SMEM_LIMIT:
+        raise ConfigError(f"flash attention: D={D}, BN={BN}, {stages} stages"
+                          f"{', persistent' if persistent else ''} need "
+                          f"{smem_bytes(D, BN, stages, persistent)} bytes of shared memory, over "
+                          f"{SMEM_LIMIT}")
 
 
 def _schedule(schedule):
@@ -152,20 +156,21 @@ def a_fragment(k_step):
     return [(b, b + 1), (b + 2, b + 3), (b + 4, b + 5), (b + 6, b + 7)]
 
 
-def _when(value, cond):
-    """``ptx.if_(cond())`` for a register ``value``; no branch for a Python int > 0."""
+def _when_positive(value):
+    """``ptx.if_(value > 0)`` for a register ``value``; no branch for a Python int > 0."""
     from contextlib import nullcontext
 
     if isinstance(value, int):
         if value <= 0:
             raise ConfigError(f"flash attention: no key blocks to visit ({value})")
         return nullcontext()
-    return ptx.if_(cond())
+    return ptx.if_(value > 0)
 
 
 # ------------------------------------------------------------------ the kernel
 def _body(Q, K, V, CUQ, CUK, Out, LSE, *, dims, varlen):
-    (B, S, Sk, Hq, Hkv, D, BN, stages, causal, scale, schedule, dt, Tq) = dims
+    (B, S, Sk, Hq, Hkv, D, BN, stages, causal, scale, schedule, dt, Tq, ctas) = dims
+    persistent = ctas is not None
     group = Hq // Hkv
     slabs = D // 64
     q_tile = OperandTile(BM, D, dt, major="K", swizzle=128)
@@ -176,47 +181,68 @@ def _body(Q, K, V, CUQ, CUK, Out, LSE, *, dims, varlen):
     sl2 = float(scale) * LOG2E
     overlap = schedule in ("overlap", "pingpong")
     pingpong = schedule == "pingpong"
+    num_m = -(-S // BM)
 
     tid = reg.from_(ptx.special.tid.x(), u32)
     wg = tid >> 7
     cx = reg.from_(ptx.special.ctaid.x(), s32)
-    h = reg.from_(ptx.special.ctaid.y(), s32)
-    b = reg.from_(ptx.special.ctaid.z(), s32)
-    num_m = -(-S // BM)
-    mb = (num_m - 1) - cx if causal else cx      # causal: the longest rows first
-    m0 = mb * BM
-    hk = h // group if group > 1 else h
-    if varlen:
-        pq, pk = ptx.global_ptrs(CUQ, CUK)
-        q_start, q_end, k_start, k_end = (reg.scalar(s32) for _ in range(4))
-        ptx.inst.ld.global_.nc.s32(q_start, ptx.addr(pq + b * 4))
-        ptx.inst.ld.global_.nc.s32(q_end, ptx.addr(pq + b * 4 + 4))
-        ptx.inst.ld.global_.nc.s32(k_start, ptx.addr(pk + b * 4))
-        ptx.inst.ld.global_.nc.s32(k_end, ptx.addr(pk + b * 4 + 4))
-        seqlen_q = q_end - q_start
-        seqlen_k = k_end - k_start
-        ptx.ret(pred=cx * BM >= seqlen_q)        # the whole CTA leaves together
-        if causal:  # the grid covers max_seqlen_q: reverse within this sequence's blocks
-            nq = (seqlen_q + (BM - 1)) // BM
-            m0 = ((nq - 1) - cx) * BM
-    else:
-        seqlen_q, seqlen_k = S, Sk
-    n_blocks, n_unmasked = block_plan(m0, seqlen_q, seqlen_k, BN, causal)
+
+    def tile(t=None):
+        """The query block's coordinates and KV plan: of CTA ``ctaid`` (one block per CTA)
+        or of tile ``t`` of the persistent order (heads outermost, longest rows first)."""
+        if t is None:
+            mi, h, b = cx, reg.from_(ptx.special.ctaid.y(), s32), reg.from_(ptx.special.ctaid.z(), s32)
+        else:
+            bh = t // num_m
+            mi = t - bh * num_m
+            b = bh // Hq
+            h = bh - b * Hq
+        mb = (num_m - 1) - mi if causal else mi   # causal: the longest rows first
+        x = dict(h=h, b=b, m0=mb * BM, hk=h // group if group > 1 else h, q_start=None,
+                 k_start=None, seqlen_q=S, seqlen_k=Sk)
+        if varlen:
+            pq, pk = ptx.global_ptrs(CUQ, CUK)
+            q_start, q_end, k_start, k_end = (reg.scalar(s32) for _ in range(4))
+            ptx.inst.ld.global_.nc.s32(q_start, ptx.addr(pq + b * 4))
+            ptx.inst.ld.global_.nc.s32(q_end, ptx.addr(pq + b * 4 + 4))
+            ptx.inst.ld.global_.nc.s32(k_start, ptx.addr(pk + b * 4))
+            ptx.inst.ld.global_.nc.s32(k_end, ptx.addr(pk + b * 4 + 4))
+            x.update(q_start=q_start, k_start=k_start, seqlen_q=q_end - q_start,
+                     seqlen_k=k_end - k_start)
+            ptx.ret(pred=mi * BM >= x["seqlen_q"])  # the whole CTA leaves together
+            if causal:  # the grid covers max_seqlen_q: reverse within this sequence's blocks
+                nq = (x["seqlen_q"] + (BM - 1)) // BM
+                x["m0"] = ((nq - 1) - mi) * BM
+        x["n_blocks"], x["n_unmasked"] = block_plan(x["m0"], x["seqlen_q"], x["seqlen_k"], BN,
+                                                    causal)
+        return x
+
+    one = None if persistent else tile()
+
+    def tiles():
+        """Python loop of one iteration (one block per CTA) or the device loop over tiles."""
+        if not persistent:
+            yield one
+            return
+        for t in ptx.loop(cx, num_m * Hq * B, ctas, type=s32):
+            yield tile(t)
 
     base = (smem.dynamic(align=128, name="smem").addr() + 1023) & 0xFFFFFC00
     q_base = base
     k_base = base + q_bytes
     v_base = k_base + stages * kv_bytes
-    q_bar = BarrierArray(1, name="q_bar")
+    o_base = v_base + stages * kv_bytes if persistent else q_base  # O staged in Q otherwise
+    q_bar = BarrierArray(2, name="q_bar")       # [0]: Q landed, [1]: Q free again
     kpipe = Pipeline(stages, consumer_arrivals=2)
     vpipe = Pipeline(stages, consumer_arrivals=2)
     with ptx.if_(tid == 0):
         ptx.mbarrier.init(q_bar.at(0), 1)
+        ptx.mbarrier.init(q_bar.at(1), 2)
     kpipe.init(pred=tid == 0)
     vpipe.init(pred=tid == 0)
     ptx.bar_sync(0)
 
-    def tma_coords(i, row, head):
+    def tma_coords(i, row, head, b):
         if varlen:
             return (i * 64, head, row)
         return (i * 64, head, row, b)
@@ -230,24 +256,29 @@ def _body(Q, K, V, CUQ, CUK, Out, LSE, *, dims, varlen):
         qmap = ptx.tma.tensormap_ptr(Q.tmap)
         kmap = ptx.tma.tensormap_ptr(K.tmap)
         vmap = ptx.tma.tensormap_ptr(V.tmap)
-        qrow = q_start + m0 if varlen else m0
-        ptx.mbarrier.arrive_expect_tx(q_bar.at(0), q_bytes)
-        for i in range(slabs):
-            ptx.tma.load_tile(q_base + i * q_tile.slab_bytes, qmap, tma_coords(i, qrow, h),
-                              q_bar.at(0))
         kst = kpipe.producer_state()
         vst = vpipe.producer_state()
-        for j in ptx.loop(0, n_blocks, type=s32):
-            n0 = j * BN
-            krow = k_start + n0 if varlen else n0
-            for pipe, st, tmap, buf in ((kpipe, kst, kmap, k_base), (vpipe, vst, vmap, v_base)):
-                pipe.acquire(st)
-                bar = pipe.arm(st, kv_bytes)
-                dst = buf + st.stage * kv_bytes
-                for i in range(slabs):
-                    ptx.tma.load_tile(dst + i * k_tile.slab_bytes if i else dst, tmap,
-                                      tma_coords(i, krow, hk), bar)
-                st.advance()
+        q_free = reg.scalar(u32, init=1)          # a fresh barrier completes parity 1 at once
+        for x in tiles():
+            if persistent:
+                ptx.mbarrier.wait(q_bar.at(1), q_free)
+                ptx.inst.xor.b32(q_free, q_free, 1)
+            qrow = x["q_start"] + x["m0"] if varlen else x["m0"]
+            ptx.mbarrier.arrive_expect_tx(q_bar.at(0), q_bytes)
+            for i in range(slabs):
+                ptx.tma.load_tile(q_base + i * q_tile.slab_bytes, qmap,
+                                  tma_coords(i, qrow, x["h"], x["b"]), q_bar.at(0))
+            for j in ptx.loop(0, x["n_blocks"], type=s32):
+                n0 = j * BN
+                krow = x["k_start"] + n0 if varlen else n0
+                for pipe, st, tmap, buf in ((kpipe, kst, kmap, k_base), (vpipe, vst, vmap, v_base)):
+                    pipe.acquire(st)
+                    bar = pipe.arm(st, kv_bytes)
+                    dst = buf + st.stage * kv_bytes
+                    for i in range(slabs):
+                        ptx.tma.load_tile(dst + i * k_tile.slab_bytes if i else dst, tmap,
+                                          tma_coords(i, krow, x["hk"], x["b"]), bar)
+                    st.advance()
     ptx.bra(done)
     # ------------------------------------------------------------------ consumers
     ptx.place(consumer)
@@ -258,17 +289,13 @@ def _body(Q, K, V, CUQ, CUK, Out, LSE, *, dims, varlen):
     leader = t_wg == 0
     s_acc = Accumulator(BN)
     o_acc = Accumulator(D)
-    o_acc.zero()
     p_regs = reg.array(b32, BN // 4)
-    m_row = [reg.scalar(f32, init=NEG_INF) for _ in range(2)]
-    l_row = [reg.scalar(f32, init=0.0) for _ in range(2)]
+    m_row = [reg.scalar(f32) for _ in range(2)]
+    l_row = [reg.scalar(f32) for _ in range(2)]
     alpha = [reg.scalar(f32) for _ in range(2)]
     row0, col0 = s_acc.thread_origin(t_wg)
     row0 = reg.from_(row0, s32)
     col0 = reg.from_(col0, s32)
-    wrow = reg.from_(w, s32) * 64 + m0            # this warpgroup's first query row
-    rows = [wrow + row0, wrow + row0 + 8]
-    lims = [row_limit(r, seqlen_k, causal) for r in rows]
     q_desc = q_tile.descriptor(q_base + w * (64 * 128))
     q_descs = [q_tile.advance(q_desc, kk) for kk in range(q_tile.k_steps)]
     k_desc0 = k_tile.descriptor(k_base)
@@ -278,7 +305,17 @@ def _body(Q, K, V, CUQ, CUK, Out, LSE, *, dims, varlen):
     bar_mine = reg.from_(w, u32) + SCHED_BAR
     bar_other = (SCHED_BAR + 1) - reg.from_(w, u32)
     first_wg = w == 0
-    ptx.mbarrier.wait(q_bar.at(0), 0)
+    bar_id = reg.from_(w, u32) + 1
+    q_full = reg.scalar(u32, init=0)
+    (plse,) = ptx.global_ptrs(LSE)
+    if varlen:
+        (po,) = ptx.global_ptrs(Out)
+    else:
+        omap = ptx.tma.tensormap_ptr(Out.tmap)
+        obuf = o_base + w * (64 * 128)          # this warpgroup's 64 rows of each slab
+        # epilogue addressing: row r, 16-byte chunk q at chunk q ^ (r % 8) = q ^ (lane / 4)
+        rowbase = obuf + reg.from_(row0, u32) * 128 + (lane & 3) * 4
+        sw = {q: (((lane >> 2) ^ q) << 4) + rowbase for q in range(8)}
 
     def stage_desc(desc0, st):
         return desc0 + reg.from_(st.stage * (kv_bytes >> 4), u64)
@@ -306,15 +343,13 @@ def _body(Q, K, V, CUQ, CUK, Out, LSE, *, dims, varlen):
         pipe.release(st, pred=leader, sem="release.cta")
         st.advance()
 
-    def mask(j):
+    def mask(j, lims):
         n0c = j * BN + col0
         for hh in range(2):
             t = lims[hh] - n0c                   # first masked column, relative to col0
             for i in range(BN // 2):
-                if frag_half(i) != hh:
-                    continue
-                masked = t <= frag_col(i)
-                ptx.inst.selp.f32(s_acc[i], NEG_INF, s_acc[i], masked)
+                if frag_half(i) == hh:
+                    ptx.inst.selp.f32(s_acc[i], NEG_INF, s_acc[i], t <= frag_col(i))
 
     def softmax():
         """P (in s_acc) = exp2(S * sl2 - m_new); l, m updated; alpha = exp2(m_old - m_new)."""
@@ -327,17 +362,15 @@ def _body(Q, K, V, CUQ, CUK, Out, LSE, *, dims, varlen):
                     d = reg.scalar(f32)
                     ptx.inst.max.f32(d, a, c)
                     nxt.append(d)
-                vals = nxt
+                vals = nxt + vals[len(vals) // 2 * 2:]
             mx = vals[0]
             ptx.warp.reduce_max(mx, width=4)
             m_new = reg.scalar(f32)
-            ptx.inst.fma.rn.f32(m_new, mx, sl2, 0.0)   # mx * sl2, -inf stays -inf
+            ptx.inst.mul.f32(m_new, mx, sl2)          # -inf stays -inf
             ptx.inst.max.f32(m_new, m_new, m_row[hh])
-            dead = m_new == NEG_INF
-            m_use = reg.scalar(f32)
-            ptx.inst.selp.f32(m_use, 0.0, m_new, dead)
-            diff = m_row[hh] - m_use
-            ptx.inst.ex2.approx.ftz.f32(alpha[hh], diff)
+            m_use = reg.scalar(f32)                   # a row with no key yet: exp2(x - 0)
+            ptx.inst.selp.f32(m_use, 0.0, m_new, m_new == NEG_INF)
+            ptx.inst.ex2.approx.ftz.f32(alpha[hh], m_row[hh] - m_use)
             neg = reg.scalar(f32)
             ptx.inst.neg.f32(neg, m_use)
             for i in idx:
@@ -345,10 +378,7 @@ def _body(Q, K, V, CUQ, CUK, Out, LSE, *, dims, varlen):
                 ptx.inst.ex2.approx.ftz.f32(s_acc[i], s_acc[i])
             vals = [s_acc[i] for i in idx]
             while len(vals) > 1:
-                nxt = []
-                for a, c in zip(vals[::2], vals[1::2]):
-                    nxt.append(a + c)
-                vals = nxt
+                vals = [a + c for a, c in zip(vals[::2], vals[1::2])] + vals[len(vals) // 2 * 2:]
             ptx.inst.fma.rn.f32(l_row[hh], l_row[hh], alpha[hh], vals[0])
             ptx.inst.mov.f32(m_row[hh], m_new)
 
@@ -359,27 +389,32 @@ def _body(Q, K, V, CUQ, CUK, Out, LSE, *, dims, varlen):
             for q, (lo, hi) in enumerate(a_fragment(kk)):
                 ptx.inst(f"cvt.rn.{dt.name}x2.f32")(p_regs[4 * kk + q], s_acc[hi], s_acc[lo])
 
-    def sched_wait(first=False):
+    # ping-pong turns, one per batch of GEMMs: a warpgroup waits for its turn (bar.sync on
+    # its barrier), issues, and passes the turn (bar.arrive on the other's). Warpgroup 1
+    # gives the first turn away before its first batch and warpgroup 0 takes the last one
+    # back after its last, so every arrive meets one sync and two arrives on one barrier
+    # are always separated by the other side's sync.
+    def sched_wait():
         if pingpong:
-            ptx.bar_sync(bar_mine, 256, pred=(~first_wg) if first else None)
+            ptx.bar_sync(bar_mine, 256)
 
-    def sched_signal(last=False):
+    def sched_signal():
         if pingpong:
-            ptx.bar_arrive(bar_other, 256, pred=first_wg if last else None)
+            ptx.bar_arrive(bar_other, 256)
 
-    def simple_block(j, masked):
+    def simple_block(j, masked, lims):
         issue_qk()
         ptx.wgmma.wait_group(0)
         release(kpipe, kst)
         if masked:
-            mask(j)
+            mask(j, lims)
         softmax()
         rescale_and_pack()
         issue_pv()
         ptx.wgmma.wait_group(0)
         release(vpipe, vst)
 
-    def overlap_block(j, masked):
+    def overlap_block(j, masked, lims):
         sched_wait()
         issue_qk()
         issue_pv()                  # block j-1's P V runs while block j's softmax does
@@ -387,129 +422,142 @@ def _body(Q, K, V, CUQ, CUK, Out, LSE, *, dims, varlen):
         ptx.wgmma.wait_group(1)
         release(kpipe, kst)
         if masked:
-            mask(j)
+            mask(j, lims)
         softmax()
         ptx.wgmma.wait_group(0)
         release(vpipe, vst)
         rescale_and_pack()
 
-    with _when(n_blocks, lambda: n_blocks > 0):
-        if overlap:
-            sched_wait(first=True)
-            issue_qk()
-            sched_signal()
-            ptx.wgmma.wait_group(0)
-            release(kpipe, kst)
-            mask(0)
-            softmax()
-            rescale_and_pack()
-            for j in ptx.loop(1, n_unmasked, type=s32):
-                overlap_block(j, False)
-            for j in ptx.loop(_max(n_unmasked, 1), n_blocks, type=s32):
-                overlap_block(j, True)
-            sched_wait()
-            issue_pv()
-            sched_signal(last=True)
-            ptx.wgmma.wait_group(0)
-            release(vpipe, vst)
-        else:
-            for j in ptx.loop(0, n_unmasked, type=s32):
-                simple_block(j, False)
-            for j in ptx.loop(n_unmasked, n_blocks, type=s32):
-                simple_block(j, True)
-
-    # ------------------------------------------------------------------ epilogue
-    inv = []
-    (plse,) = ptx.global_ptrs(LSE)
-    for hh in range(2):
-        ptx.warp.reduce_sum(l_row[hh], width=4)
-        empty = l_row[hh] <= 0.0
-        r = reg.scalar(f32)
-        ptx.inst.rcp.approx.ftz.f32(r, l_row[hh])
-        ptx.inst.selp.f32(r, 0.0, r, empty)
-        inv.append(r)
-        lg = reg.scalar(f32)
-        ptx.inst.lg2.approx.ftz.f32(lg, l_row[hh])
-        lse = (m_row[hh] + lg) * LN2
-        ptx.inst.selp.f32(lse, NEG_INF, lse, empty)
-        row = rows[hh]
-        ok = (row < seqlen_q) & ((lane & 3) == 0)
-        if varlen:
-            idx = h * Tq + q_start + row
-        else:
-            idx = (b * Hq + h) * S + row
-        off = reg.from_(idx, u64) * 4
-        ptx.inst.st.global_.f32(ptx.addr(plse + off), lse, pred=ok)
-    for i in range(D // 2):
-        ptx.inst.mul.f32(o_acc[i], o_acc[i], inv[frag_half(i)])
-
-    bar_id = reg.from_(w, u32) + 1
-    if varlen:
-        (po,) = ptx.global_ptrs(Out)
+    if pingpong:
+        ptx.bar_arrive(SCHED_BAR, 256, pred=~first_wg)
+    for x in tiles():
+        n_blocks, n_unmasked = x["n_blocks"], x["n_unmasked"]
+        seqlen_q, h, b = x["seqlen_q"], x["h"], x["b"]
+        wrow = reg.from_(w, s32) * 64 + x["m0"]    # this warpgroup's first query row
+        rows = [wrow + row0, wrow + row0 + 8]
+        lims = [row_limit(r, x["seqlen_k"], causal) for r in rows]
+        o_acc.zero()
         for hh in range(2):
+            ptx.inst.mov.f32(m_row[hh], NEG_INF)
+            ptx.inst.mov.f32(l_row[hh], 0.0)
+        ptx.mbarrier.wait(q_bar.at(0), q_full)
+        ptx.inst.xor.b32(q_full, q_full, 1)
+        with _when_positive(n_blocks):
+            if overlap:
+                sched_wait()
+                issue_qk()
+                sched_signal()
+                ptx.wgmma.wait_group(0)
+                release(kpipe, kst)
+                mask(0, lims)
+                softmax()
+                rescale_and_pack()
+                for j in ptx.loop(1, n_unmasked, type=s32):
+                    overlap_block(j, False, lims)
+                for j in ptx.loop(_max(n_unmasked, 1), n_blocks, type=s32):
+                    overlap_block(j, True, lims)
+                sched_wait()
+                issue_pv()
+                sched_signal()
+                ptx.wgmma.wait_group(0)
+                release(vpipe, vst)
+            else:
+                for j in ptx.loop(0, n_unmasked, type=s32):
+                    simple_block(j, False, lims)
+                for j in ptx.loop(n_unmasked, n_blocks, type=s32):
+                    simple_block(j, True, lims)
+        if persistent:  # every Q K^T of this tile is done: the producer may load the next Q
+            ptx.mbarrier.arrive(q_bar.at(1), pred=leader)
+
+        # -------------------------------------------------------------- epilogue
+        inv = []
+        for hh in range(2):
+            ls = reg.from_(l_row[hh])
+            ptx.warp.reduce_sum(ls, width=4)
+            empty = ls <= 0.0
+            r = reg.scalar(f32)
+            ptx.inst.rcp.approx.ftz.f32(r, ls)
+            ptx.inst.selp.f32(r, 0.0, r, empty)
+            inv.append(r)
+            lg = reg.scalar(f32)
+            ptx.inst.lg2.approx.ftz.f32(lg, ls)
+            lse = (m_row[hh] + lg) * LN2
+            ptx.inst.selp.f32(lse, NEG_INF, lse, empty)
             row = rows[hh]
-            ok = row < seqlen_q
-            rbase = (reg.from_(q_start + row, u64) * Hq + reg.from_(h, u64)) * (D * 2) + po
-            cb = reg.from_(col0, u64) * 2 + rbase
-            for i, dr, dc in o_acc.pairs():
-                if dr // 8 != hh:
-                    continue
-                packed = reg.scalar(b32)
-                ptx.inst(f"cvt.rn.{dt.name}x2.f32")(packed, o_acc[i + 1], o_acc[i])
-                ptx.inst.st.global_.b32(ptx.addr(cb, dc * 2), packed, pred=ok)
-    else:
-        # stage O in this warpgroup's 64 rows of the Q tile (its QK^T reads are complete)
+            ok = (row < seqlen_q) & ((lane & 3) == 0)
+            idx = h * Tq + x["q_start"] + row if varlen else (b * Hq + h) * S + row
+            ptx.inst.st.global_.f32(ptx.addr(plse + reg.from_(idx, u64) * 4), lse, pred=ok)
+        for i in range(D // 2):
+            ptx.inst.mul.f32(o_acc[i], o_acc[i], inv[frag_half(i)])
+
+        if varlen:
+            for hh in range(2):
+                row = rows[hh]
+                ok = row < seqlen_q
+                rbase = (reg.from_(x["q_start"] + row, u64) * Hq + reg.from_(h, u64)) * (D * 2) + po
+                cb = reg.from_(col0, u64) * 2 + rbase
+                for i, dr, dc in o_acc.pairs():
+                    if dr // 8 != hh:
+                        continue
+                    packed = reg.scalar(b32)
+                    ptx.inst(f"cvt.rn.{dt.name}x2.f32")(packed, o_acc[i + 1], o_acc[i])
+                    ptx.inst.st.global_.b32(ptx.addr(cb, dc * 2), packed, pred=ok)
+            continue
+        # stage O in 128-byte-swizzled slabs: this warpgroup's 64 rows of the Q tile (its
+        # Q K^T reads are complete), or of its own buffer when persistent (the previous
+        # tile's store must have read it)
+        if persistent:
+            ptx.tma.wait_group(0, read=True, pred=leader)
         ptx.bar_sync(bar_id, 128)
-        obuf = q_base + w * (64 * 128)
-        xr = lane >> 2
-        colb = (lane & 3) * 4
-        rowbase = obuf + reg.from_(row0, u32) * 128 + colb
-        sw = {q: ((xr ^ q) << 4) + rowbase for q in range(8)}
         for i, dr, dc in o_acc.pairs():
             packed = reg.scalar(b32)
             ptx.inst(f"cvt.rn.{dt.name}x2.f32")(packed, o_acc[i + 1], o_acc[i])
-            q = (dc % 64) * 2 // 16
             off = (dc // 64) * q_tile.slab_bytes + dr * 128
-            ptx.inst.st.shared.b32(ptx.addr(sw[q], off), packed)
+            ptx.inst.st.shared.b32(ptx.addr(sw[(dc % 64) // 8], off), packed)
         ptx.fence_proxy_async("shared::cta")
         ptx.bar_sync(bar_id, 128)
         with ptx.if_(leader):
-            omap = ptx.tma.tensormap_ptr(Out.tmap)
             for i in range(slabs):
-                src = obuf + i * q_tile.slab_bytes
-                ptx.tma.store_tile(omap, (i * 64, h, wrow, b), src)
+                ptx.tma.store_tile(omap, (i * 64, h, wrow, b), obuf + i * q_tile.slab_bytes)
             ptx.tma.commit_group()
-            ptx.tma.wait_group(0, read=False)
+    if pingpong:
+        ptx.bar_sync(SCHED_BAR, 256, pred=first_wg)
+    if not varlen:
+        ptx.tma.wait_group(0, read=False, pred=leader)
     ptx.place(done)
     ptx.ret()
 
 
 def build_attention(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None,
-                    BN=None, stages=2, schedule=None):
+                    BN=None, stages=2, schedule=None, persistent=False, num_sms=H100_SMS):
     """The forward kernel for ``q (B, S, Hq, D)``, ``k, v (B, Sk, Hkv, D)``: returns
     ``o (B, S, Hq, D)`` and ``lse (B, Hq, S)`` f32. ``scale`` defaults to ``1/sqrt(D)``;
     ``causal`` masks key ``j > i`` (top-left aligned). ``BN`` keys per block, ``stages``
     K and V buffers each, ``schedule`` one of ``SCHEDULES`` (default ``DEFAULT_SCHEDULE``
-    or ``$PYPTX_ATTN_SCHEDULE``)."""
+    or ``$PYPTX_ATTN_SCHEDULE``). ``persistent``: ``num_sms`` CTAs walk the query blocks
+    (heads outermost, longest rows first), loading the next block's Q and K/V while the
+    current one's output is stored; otherwise one CTA per query block."""
     dt = _dtype(dtype)
     Sk = S if Sk is None else Sk
     BN = BN or default_bn(D)
     schedule = _schedule(schedule)
-    _check(D, BN, stages, schedule)
+    _check(D, BN, stages, schedule, persistent)
     if Hq % Hkv:
         raise ConfigError(f"flash attention: Hq={Hq} is not a multiple of Hkv={Hkv}")
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    dims = (B, S, Sk, Hq, Hkv, D, BN, stages, causal, scale, schedule, dt, None)
+    num_m = -(-S // BM)
+    ctas = min(num_m * Hq * B, num_sms) if persistent else None
+    dims = (B, S, Sk, Hq, Hkv, D, BN, stages, causal, scale, schedule, dt, None, ctas)
     tma = {"Q": dict(box=(1, BM, 1, 64), swizzle="128B"),
            "K": dict(box=(1, BN, 1, 64), swizzle="128B"),
            "V": dict(box=(1, BN, 1, 64), swizzle="128B"),
            "Out": dict(box=(1, 64, 1, 64), swizzle="128B")}
     name = (f"flash_fwd_{dt.name}_d{D}_bn{BN}_s{stages}_{schedule}"
-            f"{'_causal' if causal else ''}_g{Hq // Hkv}")
+            f"{'_causal' if causal else ''}_g{Hq // Hkv}{'_persistent' if persistent else ''}")
     deco = kernel(in_specs=(Tile(B, S, Hq, D, dt), Tile(B, Sk, Hkv, D, dt), Tile(B, Sk, Hkv, D, dt)),
                   out_specs=(Tile(B, S, Hq, D, dt), Tile(B, Hq, S, f32)),
-                  grid=(-(-S // BM), Hq, B), block=(384, 1, 1), smem=smem_bytes(D, BN, stages),
-                  maxnreg=168, tma=tma, name=name)
+                  grid=(ctas, 1, 1) if persistent else (num_m, Hq, B), block=(384, 1, 1),
+                  smem=smem_bytes(D, BN, stages, persistent), maxnreg=168, tma=tma, name=name)
 
     def flash_fwd(Q, K, V, Out, LSE):
         _body(Q, K, V, None, None, Out, LSE, dims=dims, varlen=False)
@@ -528,7 +576,7 @@ def build_attention_varlen(Tq, Tk, B, Hq, Hkv, D, max_seqlen_q, *, dtype="bf16",
     if Hq % Hkv:
         raise ConfigError(f"flash attention: Hq={Hq} is not a multiple of Hkv={Hkv}")
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    dims = (B, max_seqlen_q, None, Hq, Hkv, D, BN, stages, causal, scale, schedule, dt, Tq)
+    dims = (B, max_seqlen_q, None, Hq, Hkv, D, BN, stages, causal, scale, schedule, dt, Tq, None)
     tma = {"Q": dict(box=(BM, 1, 64), swizzle="128B"),
            "K": dict(box=(BN, 1, 64), swizzle="128B"),
            "V": dict(box=(BN, 1, 64), swizzle="128B")}
@@ -568,16 +616,17 @@ def _bwd_module():
 
 
 @functools.lru_cache(maxsize=128)
-def _forward(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, schedule, BN, stages):
+def _forward(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, schedule, BN, stages, persistent=False):
     return build_attention(B, S, Hq, Hkv, D, Sk=Sk, dtype=dtype, causal=causal, scale=scale,
-                           BN=BN, stages=stages, schedule=schedule)
+                           BN=BN, stages=stages, schedule=schedule, persistent=persistent)
 
 
 @functools.lru_cache(maxsize=128)
-def _differentiable(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, schedule, BN, stages):
+def _differentiable(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, schedule, BN, stages,
+                    persistent=False):
     """The forward kernel wrapped with the backward one, or the bare forward kernel when the
     backward example or ``differentiable_kernel(save_outputs=)`` is not available."""
-    fwd = _forward(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, schedule, BN, stages)
+    fwd = _forward(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, schedule, BN, stages, persistent)
     bwd_mod = _bwd_module()
     if bwd_mod is None:
         return fwd
@@ -612,26 +661,29 @@ def _contiguous(*xs):
     return tuple(x.contiguous() if _lib(x) == "torch" else x for x in xs)
 
 
-def attention_forward(q, k, v, causal=False, scale=None, *, schedule=None, BN=None, stages=2):
+def attention_forward(q, k, v, causal=False, scale=None, *, schedule=None, BN=None, stages=2,
+                      persistent=False):
     """``(o, lse)`` of the forward kernel (no autograd): ``o (B, S, Hq, D)``, ``lse (B, Hq, S)``
     float32, natural log of each row's sum of ``exp(scale * q.k)``."""
     B, S, Hq, Hkv, D, Sk, name = _shapes(q, k, v)
     sc = 1.0 / math.sqrt(D) if scale is None else float(scale)
     k_ = _forward(B, S, Hq, Hkv, D, Sk, name, bool(causal), sc, _schedule(schedule),
-                  BN or default_bn(D), stages)
+                  BN or default_bn(D), stages, bool(persistent))
     return k_(*_contiguous(q, k, v))
 
 
-def attention(q, k, v, causal=False, scale=None, *, schedule=None, BN=None, stages=2):
+def attention(q, k, v, causal=False, scale=None, *, schedule=None, BN=None, stages=2,
+              persistent=False):
     """Flash attention ``softmax(scale * q k^T) v`` (torch tensors or JAX arrays):
     ``q (B, S, Hq, D)``, ``k, v (B, Sk, Hkv, D)`` with ``Hq % Hkv == 0``, bf16 or f16,
     ``D`` in 64/128/256. ``causal``: key ``j`` allowed for query ``i`` iff ``j <= i``.
     ``scale`` defaults to ``1/sqrt(D)``. Differentiable in ``q, k, v`` when the backward
-    kernels are available."""
+    kernels are available. ``schedule``, ``BN``, ``stages``, ``persistent``: see
+    ``build_attention``."""
     B, S, Hq, Hkv, D, Sk, name = _shapes(q, k, v)
     sc = 1.0 / math.sqrt(D) if scale is None else float(scale)
     fn = _differentiable(B, S, Hq, Hkv, D, Sk, name, bool(causal), sc, _schedule(schedule),
-                         BN or default_bn(D), stages)
+                         BN or default_bn(D), stages, bool(persistent))
     return fn(*_contiguous(q, k, v))[0]
 
 
@@ -748,26 +800,32 @@ MAIN_CASES = [
 
 
 def main(argv=None) -> int:
+    """Correctness checks on the GPU, one PASS/FAIL line each; arguments: schedules to run
+    (default: the default schedule) and ``persistent`` for the persistent kernel."""
     import torch
 
     torch.manual_seed(0)
     dt = {"bf16": torch.bfloat16, "f16": torch.float16}
     fails = 0
-    schedules = [s for s in (argv or sys.argv[1:]) if s in SCHEDULES] or [_schedule(None)]
+    args = argv or sys.argv[1:]
+    schedules = [s for s in args if s in SCHEDULES] or [_schedule(None)]
+    persistent = "persistent" in args
     for schedule in schedules:
         for (B, S, Sk, Hq, Hkv, D, causal, dname) in MAIN_CASES:
             q = torch.randn(B, S, Hq, D, device="cuda", dtype=dt[dname])
             k = torch.randn(B, Sk, Hkv, D, device="cuda", dtype=dt[dname])
             v = torch.randn(B, Sk, Hkv, D, device="cuda", dtype=dt[dname])
             try:
-                o, lse = attention_forward(q, k, v, causal=causal, schedule=schedule)
+                o, lse = attention_forward(q, k, v, causal=causal, schedule=schedule,
+                                           persistent=persistent and D <= 128)
                 torch.cuda.synchronize()
                 ok, eo, el = check(o, lse, *reference(q, k, v, causal), dname)
             except Exception as e:  # report and go on: one line per case
                 ok, eo, el = False, float("nan"), float("nan")
                 print(f"  {type(e).__name__}: {e}"[:400])
             fails += not ok
-            print(f"{schedule} B{B} S{S} Sk{Sk} H{Hq}/{Hkv} D{D} {'causal' if causal else 'full'} "
+            tag = " persistent" if persistent and D <= 128 else ""
+            print(f"{schedule}{tag} B{B} S{S} Sk{Sk} H{Hq}/{Hkv} D{D} {'causal' if causal else 'full'} "
                   f"{dname}: o err {eo:.2e} lse err {el:.2e} {'PASS' if ok else 'FAIL'}",
                   flush=True)
         for causal in (False, True):

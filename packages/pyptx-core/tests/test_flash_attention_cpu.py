@@ -219,6 +219,26 @@ def test_dense_kernel_assembles(assemble, schedule, D, causal):
 
 
 @pytest.mark.parametrize("schedule", fa.SCHEDULES)
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_persistent_kernel_assembles(assemble, schedule, D, causal):
+    k = fa.build_attention(2, 300, 4, 2, D, causal=causal, schedule=schedule, persistent=True)
+    assert k.grid == (24, 1, 1) and "persistent" in k.name
+    assert "0 bytes spill stores" in assemble(k.ptx())
+
+
+def test_persistent_tile_order_covers_every_block_once():
+    """Tile t of the persistent order is (b, h, m-block): heads outermost, longest first."""
+    B, Hq, num_m = 3, 5, 7
+    seen = set()
+    for t in range(B * Hq * num_m):
+        bh, mi = divmod(t, num_m)
+        b, h = divmod(bh, Hq)
+        seen.add((b, h, num_m - 1 - mi))
+    assert len(seen) == B * Hq * num_m
+
+
+@pytest.mark.parametrize("schedule", fa.SCHEDULES)
 @pytest.mark.parametrize("causal", [False, True])
 def test_varlen_kernel_assembles(assemble, schedule, causal):
     k = fa.build_attention_varlen(700, 900, 3, 4, 2, 128, 333, causal=causal, schedule=schedule)
@@ -235,6 +255,67 @@ def test_block_shapes_assemble(assemble, D, BN, stages):
     assert "0 bytes spill stores" in assemble(k.ptx())
 
 
+# ------------------------------------------------------------------ the ping-pong protocol
+def _pingpong_programs(batches_per_tile):
+    """The consumers' named-barrier operations in the kernel's order: warpgroup 1 arrives on
+    barrier 3 once, then each warpgroup waits on its barrier (3 + w) before every batch of
+    GEMMs and arrives on the other's after it; warpgroup 0 waits on barrier 3 once at the end."""
+    n = sum(batches_per_tile)
+    wg0 = [("sync", 3), ("arrive", 4)] * n + [("sync", 3)]
+    wg1 = [("arrive", 3)] + [("sync", 4), ("arrive", 3)] * n
+    return [wg0, wg1]
+
+
+def _run_named_barriers(programs, rng):
+    """Random interleavings of hardware named barriers (bar.sync / bar.arrive, 128 threads a
+    warpgroup, 256 expected): fails on a deadlock or a barrier completed by one warpgroup."""
+    pcs = [0, 0]
+    waiting = [None, None]
+    pending = {}                                   # barrier -> warpgroups arrived so far
+    while True:
+        ready = [w for w in (0, 1) if pcs[w] < len(programs[w]) and waiting[w] is None]
+        if not ready:
+            assert all(pcs[w] == len(programs[w]) for w in (0, 1)), f"deadlock at {pcs}"
+            assert all(not v for v in pending.values()), f"unmatched arrivals {pending}"
+            return
+        w = ready[rng.integers(len(ready))]
+        op, bar = programs[w][pcs[w]]
+        pcs[w] += 1
+        arrived = pending.setdefault(bar, [])
+        arrived.append(w)
+        if op == "sync":
+            waiting[w] = bar
+        if len(arrived) == 2:
+            assert arrived[0] != arrived[1], f"barrier {bar} completed by warpgroup {w} alone"
+            arrived.clear()
+            for v in (0, 1):
+                if waiting[v] == bar:
+                    waiting[v] = None
+
+
+@pytest.mark.parametrize("tiles", [[0], [1], [2], [5], [3, 3, 3], [1, 4, 2, 7]])
+def test_pingpong_protocol_is_balanced_and_alternates(tiles):
+    # per tile the overlapped schedule issues n_blocks + 1 batches (none for an empty tile)
+    batches = [n + 1 if n else 0 for n in tiles]
+    rng = np.random.default_rng(len(tiles))
+    for _ in range(200):
+        _run_named_barriers(_pingpong_programs(batches), rng)
+
+
+def test_pingpong_kernel_emits_that_protocol():
+    for persistent in (False, True):
+        text = fa.build_attention(2, 300, 4, 2, 128, causal=True, schedule="pingpong",
+                                  persistent=persistent).ptx()
+        ops = [ln.strip() for ln in text.splitlines() if re.search(r"\bbar\.(sync|arrive)", ln)]
+        named = [op for op in ops if op.endswith(", 256;")]
+        assert re.fullmatch(r"@!%p\d+ bar\.arrive 3, 256;", named[0])     # warpgroup 1, once
+        assert re.fullmatch(r"@%p\d+ bar\.sync 3, 256;", named[-1])       # warpgroup 0, once
+        body = named[1:-1]
+        assert body and all(op.startswith(("bar.sync %r", "bar.arrive %r")) for op in body)
+        assert body[0::2] == [body[0]] * (len(body) // 2)                   # wait, signal, ...
+        assert body[1::2] == [body[1]] * (len(body) // 2)
+
+
 def test_env_var_selects_the_schedule(monkeypatch):
     monkeypatch.setenv("PYPTX_ATTN_SCHEDULE", "simple")
     assert "simple" in fa.build_attention(1, 128, 1, 1, 64).name
@@ -244,7 +325,8 @@ def test_env_var_selects_the_schedule(monkeypatch):
 
 @pytest.mark.parametrize("kw", [dict(D=96), dict(D=128, BN=192), dict(D=256, BN=128),
                                 dict(D=64, BN=200), dict(D=64, schedule="fast"), dict(D=64, dtype="f32"),
-                                dict(D=64, Hkv=3), dict(D=128, stages=6)])
+                                dict(D=64, Hkv=3), dict(D=128, stages=6),
+                                dict(D=256, persistent=True)])
 def test_bad_configurations(kw):
     kw = dict(kw)
     D = kw.pop("D")

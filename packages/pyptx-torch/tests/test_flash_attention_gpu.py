@@ -89,6 +89,21 @@ def test_every_schedule_and_head_dim(schedule, D):
         _assert_close(o, lse, fa.reference(q, k, v, causal), "bf16")
 
 
+@pytest.mark.parametrize("schedule", fa.SCHEDULES)
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_persistent(schedule, D, causal):
+    """The persistent kernel over 8 CTAs: each walks many tiles (Q reloads, O staging reuse,
+    the ping-pong turns carried across tiles), ragged S, grouped-query heads."""
+    q, k, v = _inputs(3, 333, 333, 4, 2, D, "bf16", seed=D + causal)
+    kern = fa.build_attention(3, 333, 4, 2, D, causal=causal, schedule=schedule,
+                              persistent=True, num_sms=8)
+    o, lse = kern(q, k, v)
+    _assert_close(o, lse, fa.reference(q, k, v, causal), "bf16")
+    o, lse = fa.attention_forward(q, k, v, causal=causal, schedule=schedule, persistent=True)
+    _assert_close(o, lse, fa.reference(q, k, v, causal), "bf16")
+
+
 @pytest.mark.parametrize("D,BN,stages", [(64, 64, 2), (64, 64, 4), (64, 128, 3), (64, 192, 2),
                                          (128, 176, 2), (128, 128, 3), (128, 64, 4)])
 def test_block_shapes(D, BN, stages):
