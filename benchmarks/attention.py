@@ -6,7 +6,8 @@ Cases (the issue's): head dim 64 and 128, S = 4096 and 8192, causal and full, wi
 B*S = 32768 tokens and H*D = 2048. FLOPs: 4*B*H*S^2*D forward (halved when causal),
 2.5x that backward. Timing: ``triton.testing.do_bench`` (L2 flushed between calls),
 median of the per-round medians; the contenders of a row are timed interleaved, in
-rotated order, in one process. A backend that errors prints n/a. The backward rows time
+rotated order, in one process. "fwd ours/best" is the first pyptx column (the default
+call, or the first of ``--schedules`` x ``--configs``) over the best SDPA backend. A backend that errors prints n/a. The backward rows time
 ``torch.autograd.grad`` of our ``attention()`` (n/a until the backward kernels are wired
 through ``differentiable_kernel``).
 
@@ -160,7 +161,7 @@ def main(argv=None) -> int:
                         print(f"  {be}: {type(ex).__name__}: {str(ex)[:200]}", flush=True)
                 tf = {n: flops / (ms * 1e-3) / 1e12 for n, ms in _time(fwd, args.rep, args.rounds).items()}
                 best_peer = max((tf[b] for b in BACKENDS if b in tf), default=None)
-                best_ours = max((tf[n] for n in ours if n in tf), default=None)
+                best_ours = tf.get(ours[0])            # the first variant: the default call
                 cells = [str(D), str(S), mask] + [_fmt(tf.get(n)) for n in ours + list(BACKENDS)]
                 cells.append(f"{best_ours / best_peer:.3f}" if best_ours and best_peer else "n/a")
                 btf = {}

@@ -5,7 +5,8 @@
 # kernel (a barrier that never completes) costs minutes, not the whole lease.
 #   run(command="bash tools/device_attention.sh", carry=[".whl"])
 #   knobs: STEPS="example tests jax bench sanitize", SCHEDULES="simple overlap pingpong",
-#          BENCH_ARGS="--dims 128 --seqs 8192", INSTALL=0 (skip tools/device_install.sh)
+#          BENCH_ARGS="--dims 128 --seqs 8192" (default: the default call and the persistent
+#          kernel as two columns), INSTALL=0 (skip tools/device_install.sh)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -13,6 +14,8 @@ export PYTHONUNBUFFERED=1 PYPTX_CACHE_DIR=/tmp/pyptx-cache
 [ "${INSTALL:-1}" = 0 ] || bash tools/device_install.sh
 STEPS=${STEPS:-example tests jax bench sanitize}
 SCHEDULES=${SCHEDULES:-simple overlap pingpong}
+DEFAULT_BENCH='--configs [{},{"persistent":true}]'
+BENCH_ARGS=${BENCH_ARGS-$DEFAULT_BENCH}
 for s in $STEPS; do
   echo "=== $s"
   case $s in
@@ -26,8 +29,10 @@ for s in $STEPS; do
              packages/pyptx-torch/tests/test_flash_attention_gpu.py 2>&1 | tee "$OUT/attention-tests.log" | tail -25 ;;
     jax) timeout ${TEST_TIMEOUT:-300} python3 -m pytest -m gpu -q -x -rs \
              packages/pyptx-jax/tests/test_flash_attention_jax_gpu.py 2>&1 | tee "$OUT/attention-jax-tests.log" | tail -15 ;;
-    bench) timeout ${BENCH_TIMEOUT:-500} python3 benchmarks/attention.py ${BENCH_ARGS:-} \
-             --out "$OUT/attention.md" 2>&1 | tee "$OUT/attention-bench.log" ;;
+    bench)
+      read -ra bench_args <<< "$BENCH_ARGS"
+      timeout ${BENCH_TIMEOUT:-500} python3 benchmarks/attention.py "${bench_args[@]}" \
+        --out "$OUT/attention.md" 2>&1 | tee "$OUT/attention-bench.log" ;;
     sanitize)
       for tool in memcheck racecheck synccheck; do
         timeout 300 compute-sanitizer --tool $tool --report-api-errors no \

@@ -24,7 +24,10 @@ One CTA computes a block of ``BM = 128`` query rows of one (batch, head) with 38
   stages O through the Q tile's shared memory (128-byte swizzle, conflict free) and
   stores it with bulk tensor copies, which clip at the sequence end (packed batches
   store O with predicated ``st.global`` instead: a copy would spill into the next
-  sequence).
+  sequence);
+* ``persistent=True``: one CTA per SM walks the query blocks; the next block's Q is
+  loaded as soon as both consumers finished their ``Q K^T`` (an mbarrier), and O is
+  staged in its own buffer, so the loads overlap the previous block's epilogue.
 
 Grouped-query and multi-query attention (fewer KV heads) read KV head ``h // (Hq // Hkv)``.
 ``attention(q, k, v)`` (torch tensors or JAX arrays) returns ``o`` and is differentiable
