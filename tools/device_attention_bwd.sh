@@ -2,12 +2,13 @@
 # Device run for the attention backward: the example's checks (PASS/FAIL lines), the GPU
 # tests, the sanitizers and the TFLOP/s table. Each step is time-boxed.
 #   run(command="bash tools/device_attention_bwd.sh", carry=[".whl"])
-#   knobs: STEPS="example tests sanitize bench"; PYPTX_ATTN_BWD_SAFE=1 (simplest schedule)
+#   knobs: STEPS="example tests sanitize bench"; INSTALL=0 (packages already installed);
+#          PYPTX_ATTN_BWD_SAFE=1 (simplest schedule by default)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYPTX_CACHE_DIR=/tmp/pyptx-cache
-bash tools/device_install.sh
+[ "${INSTALL:-1}" = 1 ] && bash tools/device_install.sh
 for s in ${STEPS:-example tests sanitize bench}; do
   echo "=== $s"
   case $s in
