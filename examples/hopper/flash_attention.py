@@ -62,11 +62,22 @@ SCHED_BAR = 3               # named barriers 3 and 4: the consumers' turns (1-2:
 NEG_INF = float("-inf")
 
 
+def _fail(msg):
+    """A ``ConfigError`` whose message starts with the ``file:line`` of the first caller
+    outside this example (the user's call)."""
+    f = sys._getframe(1)
+    here = os.path.abspath(__file__)
+    while f is not None and os.path.abspath(f.f_code.co_filename) == here:
+        f = f.f_back
+    at = f"{f.f_code.co_filename}:{f.f_lineno}" if f is not None else "<unknown>"
+    return ConfigError(f"{at}: {msg}")
+
+
 def _dtype(name):
     table = {"bf16": t_bf16, "f16": f16, "bfloat16": t_bf16, "float16": f16}
     key = str(name).replace("torch.", "")
     if key not in table:
-        raise ConfigError(f"flash attention: dtype must be bf16 or f16, got {name!r}")
+        raise _fail(f"flash attention: dtype must be bf16 or f16, got {name!r}")
     return table[key]
 
 
@@ -83,16 +94,16 @@ def smem_bytes(D, BN, stages, persistent=False):
 
 def _check(D, BN, stages, schedule, persistent=False):
     if D not in (64, 128, 256):
-        raise ConfigError(f"flash attention: head dim must be 64, 128 or 256, got {D!r}")
+        raise _fail(f"flash attention: head dim must be 64, 128 or 256, got {D!r}")
     if isinstance(BN, bool) or not isinstance(BN, int) or BN % 16 or not 64 <= BN <= 256 \
             or 3 * BN // 4 + D // 2 > 200:
-        raise ConfigError(f"flash attention: BN={BN!r} keys per block does not fit head dim {D}: "
+        raise _fail(f"flash attention: BN={BN!r} keys per block does not fit head dim {D}: "
                           f"expected a multiple of 16 in 64..256 whose registers (3*BN/4 for S "
                           f"and P, D/2 for O) stay under 200 per thread")
     if schedule not in SCHEDULES:
-        raise ConfigError(f"flash attention: schedule must be one of {SCHEDULES}, got {schedule!r}")
+        raise _fail(f"flash attention: schedule must be one of {SCHEDULES}, got {schedule!r}")
     if smem_bytes(D, BN, stages, persistent) > SMEM_LIMIT:
-        raise ConfigError(f"flash attention: D={D}, BN={BN}, {stages} stages"
+        raise _fail(f"flash attention: D={D}, BN={BN}, {stages} stages"
                           f"{', persistent' if persistent else ''} need "
                           f"{smem_bytes(D, BN, stages, persistent)} bytes of shared memory, over "
                           f"{SMEM_LIMIT}")
@@ -165,7 +176,7 @@ def _when_positive(value):
 
     if isinstance(value, int):
         if value <= 0:
-            raise ConfigError(f"flash attention: no key blocks to visit ({value})")
+            raise _fail(f"flash attention: no key blocks to visit ({value})")
         return nullcontext()
     return ptx.if_(value > 0)
 
@@ -546,7 +557,7 @@ def build_attention(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, sc
     schedule = _schedule(schedule)
     _check(D, BN, stages, schedule, persistent)
     if Hq % Hkv:
-        raise ConfigError(f"flash attention: Hq={Hq} is not a multiple of Hkv={Hkv}")
+        raise _fail(f"flash attention: Hq={Hq} is not a multiple of Hkv={Hkv}")
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     num_m = -(-S // BM)
     ctas = min(num_m * Hq * B, num_sms) if persistent else None
@@ -577,7 +588,7 @@ def build_attention_varlen(Tq, Tk, B, Hq, Hkv, D, max_seqlen_q, *, dtype="bf16",
     schedule = _schedule(schedule)
     _check(D, BN, stages, schedule)
     if Hq % Hkv:
-        raise ConfigError(f"flash attention: Hq={Hq} is not a multiple of Hkv={Hkv}")
+        raise _fail(f"flash attention: Hq={Hq} is not a multiple of Hkv={Hkv}")
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     dims = (B, max_seqlen_q, None, Hq, Hkv, D, BN, stages, causal, scale, schedule, dt, Tq, None)
     tma = {"Q": dict(box=(BM, 1, 64), swizzle="128B"),
@@ -604,7 +615,7 @@ def _lib(x):
 def _dtype_name(x):
     name = {"bfloat16": "bf16", "float16": "f16"}.get(str(x.dtype).replace("torch.", ""))
     if name is None:
-        raise ConfigError(f"flash attention: q, k, v must be bfloat16 or float16, got {x.dtype}")
+        raise _fail(f"flash attention: q, k, v must be bfloat16 or float16, got {x.dtype}")
     return name
 
 
@@ -646,16 +657,16 @@ def _differentiable(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, schedule, BN, st
 
 def _shapes(q, k, v):
     if len(q.shape) != 4 or len(k.shape) != 4 or tuple(k.shape) != tuple(v.shape):
-        raise ConfigError(f"attention expects q (B, S, Hq, D) and k, v (B, Sk, Hkv, D), got "
+        raise _fail(f"attention expects q (B, S, Hq, D) and k, v (B, Sk, Hkv, D), got "
                           f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     B, S, Hq, D = (int(d) for d in q.shape)
     Bk, Sk, Hkv, Dk = (int(d) for d in k.shape)
     if Bk != B or Dk != D or Hq % Hkv:
-        raise ConfigError(f"attention: k/v {tuple(k.shape)} do not match q {tuple(q.shape)} "
+        raise _fail(f"attention: k/v {tuple(k.shape)} do not match q {tuple(q.shape)} "
                           f"(same B and D, Hq a multiple of Hkv)")
     name = _dtype_name(q)
     if _dtype_name(k) != name or _dtype_name(v) != name:
-        raise ConfigError(f"attention: q, k, v must share one dtype, got {q.dtype}, {k.dtype}, "
+        raise _fail(f"attention: q, k, v must share one dtype, got {q.dtype}, {k.dtype}, "
                           f"{v.dtype}")
     return B, S, Hq, Hkv, D, Sk, name
 
@@ -700,16 +711,16 @@ def attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
                              causal=False, scale=None, *, schedule=None, BN=None, stages=2):
     """``(o, lse)`` of the packed variable-length forward: ``o (Tq, Hq, D)``, ``lse (Hq, Tq)``."""
     if len(q.shape) != 3 or len(k.shape) != 3 or tuple(k.shape) != tuple(v.shape):
-        raise ConfigError(f"attention_varlen expects q (Tq, Hq, D) and k, v (Tk, Hkv, D), got "
+        raise _fail(f"attention_varlen expects q (Tq, Hq, D) and k, v (Tk, Hkv, D), got "
                           f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     Tq, Hq, D = (int(d) for d in q.shape)
     Tk, Hkv, _ = (int(d) for d in k.shape)
     B = int(cu_seqlens_q.shape[0]) - 1
     if int(cu_seqlens_k.shape[0]) - 1 != B or B < 1:
-        raise ConfigError(f"attention_varlen: cu_seqlens_q and cu_seqlens_k must both have B + 1 "
+        raise _fail(f"attention_varlen: cu_seqlens_q and cu_seqlens_k must both have B + 1 "
                           f"entries, got {cu_seqlens_q.shape[0]} and {cu_seqlens_k.shape[0]}")
     if int(k.shape[2]) != D or Hq % Hkv:
-        raise ConfigError(f"attention_varlen: k/v {tuple(k.shape)} do not match q {tuple(q.shape)}")
+        raise _fail(f"attention_varlen: k/v {tuple(k.shape)} do not match q {tuple(q.shape)}")
     del max_seqlen_k  # the kernel reads each sequence's key count from cu_seqlens_k
     name = _dtype_name(q)
     sc = 1.0 / math.sqrt(D) if scale is None else float(scale)

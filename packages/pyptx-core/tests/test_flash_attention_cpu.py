@@ -331,5 +331,24 @@ def test_bad_configurations(kw):
     kw = dict(kw)
     D = kw.pop("D")
     Hkv = kw.pop("Hkv", 1)
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError) as e:
         fa.build_attention(1, 128, 4, Hkv, D, **kw)
+    assert str(e.value).startswith(f"{__file__}:"), "the message starts at the caller's line"
+
+
+def test_bad_host_calls_name_the_callers_line():
+    torch = pytest.importorskip("torch")
+    q = torch.zeros(1, 8, 4, 64, dtype=torch.bfloat16)
+    k = torch.zeros(1, 8, 3, 64, dtype=torch.bfloat16)
+    cases = [
+        lambda: fa.attention(q, k, k),                                  # Hq % Hkv
+        lambda: fa.attention(q[0], q[0], q[0]),                         # rank
+        lambda: fa.attention(q.float(), q.float(), q.float()),          # dtype
+        lambda: fa.attention(q, q.half(), q.half()),                    # mixed dtypes
+        lambda: fa.attention_varlen(q[0], q[0], q[0], torch.zeros(3, dtype=torch.int32),
+                                    torch.zeros(2, dtype=torch.int32), 8, 8),
+    ]
+    for call in cases:
+        with pytest.raises(ConfigError) as e:
+            call()
+        assert str(e.value).startswith(f"{__file__}:")
