@@ -58,6 +58,7 @@ SMEM_LIMIT = 227 * 1024 - 256
 H100_SMS = 132
 SCHEDULES = ("simple", "overlap", "pingpong")
 DEFAULT_SCHEDULE = "pingpong"
+DEFAULT_PERSISTENT = False  # one CTA per query block (hardware-scheduled, longest first)
 SCHED_BAR = 3               # named barriers 3 and 4: the consumers' turns (1-2: epilogues)
 NEG_INF = float("-inf")
 
@@ -111,6 +112,16 @@ def _check(D, BN, stages, schedule, persistent=False):
 
 def _schedule(schedule):
     return schedule or os.environ.get("PYPTX_ATTN_SCHEDULE") or DEFAULT_SCHEDULE
+
+
+def _persistent(persistent, D):
+    """``persistent`` as given, else ``$PYPTX_ATTN_PERSISTENT`` (0/1), else the default
+    (``DEFAULT_PERSISTENT``); never at head dim 256 (no room for the O staging buffer)."""
+    if persistent is None:
+        env = os.environ.get("PYPTX_ATTN_PERSISTENT")
+        persistent = DEFAULT_PERSISTENT if env is None else env not in ("", "0")
+        return bool(persistent) and D <= 128
+    return bool(persistent)
 
 
 # ------------------------------------------------------------------ block plan (ints or registers)
@@ -676,18 +687,18 @@ def _contiguous(*xs):
 
 
 def attention_forward(q, k, v, causal=False, scale=None, *, schedule=None, BN=None, stages=2,
-                      persistent=False):
+                      persistent=None):
     """``(o, lse)`` of the forward kernel (no autograd): ``o (B, S, Hq, D)``, ``lse (B, Hq, S)``
     float32, natural log of each row's sum of ``exp(scale * q.k)``."""
     B, S, Hq, Hkv, D, Sk, name = _shapes(q, k, v)
     sc = 1.0 / math.sqrt(D) if scale is None else float(scale)
     k_ = _forward(B, S, Hq, Hkv, D, Sk, name, bool(causal), sc, _schedule(schedule),
-                  BN or default_bn(D), stages, bool(persistent))
+                  BN or default_bn(D), stages, _persistent(persistent, D))
     return k_(*_contiguous(q, k, v))
 
 
 def attention(q, k, v, causal=False, scale=None, *, schedule=None, BN=None, stages=2,
-              persistent=False):
+              persistent=None):
     """Flash attention ``softmax(scale * q k^T) v`` (torch tensors or JAX arrays):
     ``q (B, S, Hq, D)``, ``k, v (B, Sk, Hkv, D)`` with ``Hq % Hkv == 0``, bf16 or f16,
     ``D`` in 64/128/256. ``causal``: key ``j`` allowed for query ``i`` iff ``j <= i``.
@@ -697,7 +708,7 @@ def attention(q, k, v, causal=False, scale=None, *, schedule=None, BN=None, stag
     B, S, Hq, Hkv, D, Sk, name = _shapes(q, k, v)
     sc = 1.0 / math.sqrt(D) if scale is None else float(scale)
     fn = _differentiable(B, S, Hq, Hkv, D, Sk, name, bool(causal), sc, _schedule(schedule),
-                         BN or default_bn(D), stages, bool(persistent))
+                         BN or default_bn(D), stages, _persistent(persistent, D))
     return fn(*_contiguous(q, k, v))[0]
 
 
@@ -831,7 +842,7 @@ def main(argv=None) -> int:
             v = torch.randn(B, Sk, Hkv, D, device="cuda", dtype=dt[dname])
             try:
                 o, lse = attention_forward(q, k, v, causal=causal, schedule=schedule,
-                                           persistent=persistent and D <= 128)
+                                           persistent=True if persistent and D <= 128 else None)
                 torch.cuda.synchronize()
                 ok, eo, el = check(o, lse, *reference(q, k, v, causal), dname)
             except Exception as e:  # report and go on: one line per case

@@ -316,6 +316,16 @@ def test_pingpong_kernel_emits_that_protocol():
         assert body[1::2] == [body[1]] * (len(body) // 2)
 
 
+def test_env_var_selects_persistence(monkeypatch):
+    monkeypatch.setenv("PYPTX_ATTN_PERSISTENT", "1")
+    assert fa._persistent(None, 128) and not fa._persistent(None, 256)
+    assert not fa._persistent(False, 128)
+    monkeypatch.setenv("PYPTX_ATTN_PERSISTENT", "0")
+    assert not fa._persistent(None, 64) and fa._persistent(True, 64)
+    monkeypatch.delenv("PYPTX_ATTN_PERSISTENT")
+    assert fa._persistent(None, 128) == fa.DEFAULT_PERSISTENT
+
+
 def test_env_var_selects_the_schedule(monkeypatch):
     monkeypatch.setenv("PYPTX_ATTN_SCHEDULE", "simple")
     assert "simple" in fa.build_attention(1, 128, 1, 1, 64).name
