@@ -5,6 +5,8 @@
 # kernel (a barrier that never completes) costs minutes, not the whole lease.
 #   run(command="bash tools/device_attention.sh", carry=[".whl"])
 #   knobs: STEPS="example tests jax bench sanitize", SCHEDULES="simple overlap pingpong",
+#          PERSISTENT=" " (skip the example's persistent pass),
+#          SAN_TOOLS="memcheck", SAN_TIMEOUT=180 (per tool),
 #          BENCH_ARGS="--dims 128 --seqs 8192" (default: the default call and the persistent
 #          kernel as two columns), INSTALL=0 (skip tools/device_install.sh)
 set -uo pipefail
@@ -20,10 +22,11 @@ for s in $STEPS; do
   echo "=== $s"
   case $s in
     example)
-      for sch in $SCHEDULES; do
-        timeout ${EXAMPLE_TIMEOUT:-150} python3 examples/hopper/flash_attention.py $sch 2>&1 \
+      for sch in $SCHEDULES ${PERSISTENT:-persistent}; do
+        args=$sch; [ "$sch" = persistent ] && args="pingpong persistent"
+        timeout ${EXAMPLE_TIMEOUT:-90} python3 examples/hopper/flash_attention.py $args 2>&1 \
           | tee "$OUT/attention_example_$sch.log" | grep -E "PASS|FAIL|Error" | tail -20
-        echo "exit $? ($sch)"
+        echo "exit ${PIPESTATUS[0]} ($args)"
       done ;;
     tests) timeout ${TEST_TIMEOUT:-400} python3 -m pytest -m gpu -q -x -rs ${PYTEST_K:+-k "$PYTEST_K"} \
              packages/pyptx-torch/tests/test_flash_attention_gpu.py 2>&1 | tee "$OUT/attention-tests.log" | tail -25 ;;
@@ -34,8 +37,8 @@ for s in $STEPS; do
       timeout ${BENCH_TIMEOUT:-500} python3 benchmarks/attention.py "${bench_args[@]}" \
         --out "$OUT/attention.md" 2>&1 | tee "$OUT/attention-bench.log" ;;
     sanitize)
-      for tool in memcheck racecheck synccheck; do
-        timeout 300 compute-sanitizer --tool $tool --report-api-errors no \
+      for tool in ${SAN_TOOLS:-memcheck racecheck synccheck}; do
+        timeout ${SAN_TIMEOUT:-180} compute-sanitizer --tool $tool --report-api-errors no \
           python3 tools/attention_sanitize.py 2>&1 | tee "$OUT/attention-sanitize-$tool.log" | tail -4
       done ;;
   esac
