@@ -87,3 +87,37 @@ def test_cluster_dims_on_a_device_reached_through_set_device_function(poisoned):
     for d in (1, 0, 1, 0):
         x = torch.randint(-10**6, 10**6, (128 * 16,), dtype=torch.int32, device=f"cuda:{d}")
         assert torch.equal(k(x), expected(x, 16)), f"cuda:{d}"
+
+
+def test_a_record_is_registered_with_the_shim_once_and_released_with_its_kernels(poisoned,
+                                                                                 monkeypatch):
+    """Item 1: two kernels of the same content share one record, registered with the shim once
+    (on its first load); when both kernels are garbage-collected the shim forgets it."""
+    import gc
+
+    import pyptx.launch as launch
+    from pyptx_shim import native
+
+    if not sm90_devices():
+        pytest.skip("needs an sm_90 GPU (the kernel targets sm_90a)")
+    registered = []
+    real = launch.register_launch_config
+
+    def counting(handle, *args, **kwargs):
+        registered.append(handle)
+        return real(handle, *args, **kwargs)
+
+    monkeypatch.setattr(launch, "register_launch_config", counting)
+    a, b = build_cluster_rank(2), build_cluster_rank(2)
+    g = 2 * 83  # a size no other test uses: a record of its own
+    assert a.specialize(G=g).record is b.specialize(G=g).record
+    handle = a.specialize(G=g).record.handle
+    d = sm90_devices()[0]
+    for k in (a, b, a):
+        x = torch.randint(-10**6, 10**6, (g,), dtype=torch.int32, device=f"cuda:{d}")
+        assert torch.equal(k(x), expected(x, 2))
+    assert registered == [handle]
+    assert native.is_registered(handle)
+    del a, b, k
+    gc.collect()
+    assert not native.is_registered(handle)
