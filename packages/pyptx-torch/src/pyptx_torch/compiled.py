@@ -171,7 +171,8 @@ def _bind(kernel: str, kwargs: str, plan: Plan, fast: Any) -> None:
     kept = _bound_records.setdefault((kernel, kwargs), {})
     kept.pop((plan.handle, plan.index), None)
     kept[(plan.handle, plan.index)] = plan.record
-    while len(kept) > FASTPATH.PLANS_PER_VARIANT:  # the plans the extension dropped
+    # the plans the extension dropped (a build older than per-signature plans keeps one)
+    while len(kept) > getattr(FASTPATH, "PLANS_PER_VARIANT", 1):
         del kept[next(iter(kept))]
 
 
