@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# One device run of everything correctness-related, in parallel lanes (correctness does not
+# care that kernels share the GPU), then the benchmarks named in BENCH one after another
+# (timing does care). Every lane is time-boxed; logs under $OUT, one summary at the end.
+#   run(command="cd .snap && bash tools/device_all.sh", carry=[".snap"])
+# Knobs: LANES="core jax kernels attention sanitize examples" (a subset to skip lanes),
+#        BENCH="gemm" (benchmarks/<name>.py --out $OUT/<name>.md, after the lanes),
+#        LANES_BUDGET=420 (seconds from the start by which every lane is cut off)
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYPTX_CACHE_DIR=/tmp/pyptx-cache XLA_PYTHON_CLIENT_PREALLOCATE=false
+t0=$(date +%s)
+bash tools/device_install.sh > "$OUT/install.log" 2>&1
+python3 -c "from pyptx_torch.fastpath import fastpath_status as s; print('C++ fast path:', s())" | tee "$OUT/fastpath.txt"
+grep -q active "$OUT/fastpath.txt" || python3 -m pyptx_torch.fastpath_build 2>&1 | tail -30
+export PYPTX_REQUIRE_FASTPATH=1
+T=packages/pyptx-torch/tests J=packages/pyptx-jax/tests C=packages/pyptx-core/tests
+NEW="$T/test_grouped_gemm_gpu.py $T/test_fp8_gemm_gpu.py $T/test_flash_attention_gpu.py $T/test_flash_attention_bwd_gpu.py"
+DEADLINE=$(( t0 + ${LANES_BUDGET:-420} ))  # every lane stops by then
+left() { echo $(( DEADLINE - $(date +%s) > 5 ? DEADLINE - $(date +%s) : 5 )); }
+py() { timeout $(left) python3 -m pytest -m gpu -q -rs -p no:cacheprovider "$@"; }
+lane() {  # lane NAME: runs in the background, output to $OUT/lane-NAME.log
+  case $1 in
+    core) py $C $(ls $T/test_*.py | grep -v -e grouped -e fp8 -e flash_attention) ;;
+    jax) py $J ;;
+    kernels) PYPTX_AUTOTUNE=0 py $T/test_grouped_gemm_gpu.py $T/test_fp8_gemm_gpu.py ;;
+    attention) py $T/test_flash_attention_gpu.py $T/test_flash_attention_bwd_gpu.py ;;
+    sanitize)
+      for tool in memcheck racecheck synccheck; do (
+        for s in gemm grouped fp8 attention attention_bwd; do
+          echo "== $tool $s"
+          PYPTX_AUTOTUNE=0 timeout $(left) compute-sanitizer --tool $tool --report-api-errors no \
+            python3 tools/${s}_sanitize.py 2>&1 | tail -3
+        done > "$OUT/sanitize-$tool.log" 2>&1 ) &
+      done; wait ;;
+    examples)
+      for ex in flash_attention flash_attention_bwd grouped_gemm fp8_gemm gemm wgmma_tile; do
+        echo "== $ex"; PYPTX_AUTOTUNE=0 timeout $(left) python3 examples/hopper/$ex.py 2>&1 | grep -E "PASS|FAIL|Error|error" | tail -40
+      done ;;
+  esac > "$OUT/lane-$1.log" 2>&1
+}
+for l in ${LANES:-core jax kernels attention sanitize examples}; do lane $l & done
+wait
+echo "lanes took $(( $(date +%s) - t0 )) s"
+for l in ${LANES:-core jax kernels attention examples}; do
+  echo "=== lane $l"; grep -E "passed|failed|^FAILED|^ERROR|FAIL|Error" "$OUT/lane-$l.log" | tail -25
+done
+for f in "$OUT"/sanitize-*.log; do [ -f "$f" ] && { echo "=== $(basename $f)"; grep -E "^==|ERROR SUMMARY|Error" "$f" | tail -20; }; done
+for b in ${BENCH:-}; do
+  echo "=== bench $b"
+  timeout ${BENCH_TIMEOUT:-400} python3 benchmarks/$b.py --out "$OUT/$b.md" > "$OUT/bench-$b.log" 2>&1
+  tail -${TAIL:-30} "$OUT/bench-$b.log"
+done
+echo "whole run $(( $(date +%s) - t0 )) s"
