@@ -813,6 +813,8 @@ def attention_backward(q, k, v, o, lse, do, causal=False, scale=None, *, safe=No
     bwd = build_attention_backward(B, S, Hq, Hkv, D, Sk=Sk, dtype=name, causal=causal,
                                    scale=None if scale is None else float(scale), safe=safe,
                                    atomic_dq=atomic_dq)
+    if type(q).__module__.startswith("torch"):  # the kernels take dense tensors
+        q, k, v, o, lse, do = (x.contiguous() for x in (q, k, v, o, lse, do))
     return bwd(q, k, v, o, lse, do)
 
 
@@ -911,7 +913,7 @@ def _reference(torch, q, k, v, do, causal, scale):
     p = torch.exp(s - lse[..., None])
     o = torch.einsum("bhij,bjhd->bihd", p, vx)
     o.backward(do.double())
-    return o.detach(), lse.detach(), qd.grad, kd.grad, vd.grad
+    return o.detach().contiguous(), lse.detach().contiguous(), qd.grad, kd.grad, vd.grad
 
 
 CHECKS = [  # (B, S, Hq, Hkv, D, dtype, causal): ragged, GQA/MQA, both dtypes and head dims
