@@ -113,14 +113,16 @@ def _triton_rms_op() -> Any:
     import torch
     from torch.library import triton_op, wrap_triton
 
-    @triton_op("pyptx_bench::rms_norm", mutates_args=())
-    def rms(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    def rms(x, w):
         out = torch.empty_like(x)
         n = x.shape[1]
         wrap_triton(_triton_rms_kernel)[(x.shape[0],)](x, w, out, n, 1e-6,
                                                        BLOCK=triton.next_power_of_2(n))
         return out
 
+    # real types, not the strings this module's __future__ import makes: infer_schema reads them
+    rms.__annotations__ = {"x": torch.Tensor, "w": torch.Tensor, "return": torch.Tensor}
+    rms = triton_op("pyptx_bench::rms_norm", mutates_args=())(rms)
     _TRITON_OP.append(rms)
     return rms
 
