@@ -31,10 +31,10 @@ for s in a.shapes:
     x = torch.randn(M, K, device="cuda", dtype=dt)
     w = torch.randn(K, N, device="cuda", dtype=dt)
     fl = 2.0 * M * N * K
-    fns = {"cuBLAS": lambda: torch.matmul(x, w)}
+    fns = {"cuBLAS": lambda x=x, w=w: torch.matmul(x, w)}
     for c in configs:
-        fns[json.dumps(c)] = lambda c=c: gemm.matmul(x, w, config=c)
-    fns["default (tuned)"] = lambda: gemm.matmul(x, w)
+        fns[json.dumps(c)] = lambda c=c, x=x, w=w: gemm.matmul(x, w, config=c)
+    fns["default (tuned)"] = lambda x=x, w=w: gemm.matmul(x, w)
     ref = torch.matmul(x.float(), w.float())
     for name, fn in fns.items():
         err = ((fn().float() - ref).norm() / ref.norm()).item()
