@@ -102,9 +102,56 @@ def partial_columns(BN, fast_accum=False):
     return BN if fast_accum or BN <= 128 else BN // 2
 
 
+PINGPONG_DEPTH = 4
+"""Promotion units per ping-pong chain for ``pingpong=True``."""
+
+
+def check_variant(scale, BN, fast_accum, pingpong, promote_kb, scale_prefetch):
+    """Refuse main-loop options that do not apply (``ConfigError``); the chain length of
+    ``pingpong`` (0 when off)."""
+    if promote_kb not in (1, 2) or isinstance(promote_kb, bool):
+        raise ConfigError(f"build_fp8_gemm: promote_kb must be 1 or 2 (k-blocks of 128 per "
+                          f"promotion), got {promote_kb!r}")
+    if fast_accum and (pingpong or promote_kb != 1 or scale_prefetch):
+        raise ConfigError("build_fp8_gemm: pingpong, promote_kb and scale_prefetch change the "
+                          "promotion; fast_accum has none")
+    if promote_kb != 1 and scale == "block":
+        raise ConfigError("build_fp8_gemm: block scales change every 128 K, so they need "
+                          "promote_kb=1")
+    if pingpong is True:
+        pingpong = PINGPONG_DEPTH
+    if pingpong and (isinstance(pingpong, bool) or not isinstance(pingpong, int)
+                     or not 2 <= pingpong <= 16):
+        raise ConfigError(f"build_fp8_gemm: pingpong must be False, True or the promotion "
+                          f"units per chain (2 to 16), got {pingpong!r}")
+    if pingpong and partial_columns(BN) != BN:
+        raise ConfigError(f"build_fp8_gemm: pingpong keeps two partial accumulators of the "
+                          f"whole tile, so it needs BN <= 128, got {BN}")
+    if scale_prefetch and (scale != "block" or pingpong):
+        raise ConfigError("build_fp8_gemm: scale_prefetch is for block scales without "
+                          "pingpong (pingpong loads them a k-block ahead already)")
+    return int(pingpong or 0)
+
+
+def promotion_units(num_kb, promote_kb):
+    """k-blocks per promotion, in order: ``promote_kb`` each, the last one shorter."""
+    units = [promote_kb] * (num_kb // promote_kb)
+    return units + ([num_kb % promote_kb] if num_kb % promote_kb else [])
+
+
+def pingpong_plan(num_kb, promote_kb, depth):
+    """``(chains, tail)`` of the ping-pong main loop: ``chains`` device-loop iterations of
+    ``depth`` full promotion units each, then the k-block counts of the units left over
+    (run as one more chain, statically)."""
+    units = promotion_units(num_kb, promote_kb)
+    chains = (num_kb // promote_kb) // depth
+    return chains, units[chains * depth:]
+
+
 def build_fp8_gemm(M: int, N: int, K: int, *, scale="tensor", dtype="e4m3", dtype_b=None,
                    out_dtype="bf16", BM=128, BN=256, stages=None, cluster=2, group_m=8,
-                   num_sms=H100_SMS, fast_accum=False, ND=None):
+                   num_sms=H100_SMS, fast_accum=False, ND=None, pingpong=False, promote_kb=1,
+                   scale_prefetch=False):
     """The scaled FP8 GEMM kernel ``D[M, ND] = scale(A[M, K] @ W[N, K]^T)``.
 
     Tensor arguments: A ``(M, K)`` and W ``(N, K)`` fp8 (``dtype``, ``dtype_b``: 'e4m3' or
@@ -115,6 +162,14 @@ def build_fp8_gemm(M: int, N: int, K: int, *, scale="tensor", dtype="e4m3", dtyp
     block scales 64, 128 or 256), ``stages`` ring buffers (default: as many as fit),
     ``cluster`` 1 or 2 CTAs along M sharing B, ``group_m`` cluster rows per band,
     ``num_sms`` persistent CTAs at most. ``fast_accum``: no promotion (tensor/row only).
+
+    Opt-in main-loop variants (not yet measured on a GPU; docs/dev/fp8-gemm.md):
+    ``pingpong`` (BN <= 128) two partial accumulators, so the promotion of one k-block
+    runs while the next k-block's wgmma does, in chains of ``pingpong`` promotions
+    (``True``: ``PINGPONG_DEPTH``; block scales then load a k-block ahead);
+    ``promote_kb`` = 2 (tensor/row) promotes every 256 K instead of 128;
+    ``scale_prefetch`` (block, without pingpong) loads the next k-block's scales one
+    k-block ahead.
     """
     at = dtype
     dt_a = FP8.get(dtype)
@@ -146,6 +201,7 @@ def build_fp8_gemm(M: int, N: int, K: int, *, scale="tensor", dtype="e4m3", dtyp
                           "fast_accum is for 'tensor'/'row' scales")
     if cluster not in (1, 2):
         raise ConfigError(f"build_fp8_gemm: cluster must be 1 or 2, got {cluster!r}")
+    pingpong = check_variant(scale, BN, fast_accum, pingpong, promote_kb, scale_prefetch)
     consumers = BM // 64
     threads = 128 * (1 + consumers)
     if stages is None:
@@ -169,6 +225,7 @@ def build_fp8_gemm(M: int, N: int, K: int, *, scale="tensor", dtype="e4m3", dtyp
     promote = not fast_accum
     NH = partial_columns(BN, fast_accum)
     halves = BN // NH
+    variant = pingpong or promote_kb != 1 or scale_prefetch
 
     g = Geometry(M, N, K, BM, BN, cluster, group_m, num_sms)
     tiles, clusters, num_kb, KS, NS = g.tiles, g.clusters, g.num_kb, g.KS, g.NS
@@ -241,6 +298,7 @@ def build_fp8_gemm(M: int, N: int, K: int, *, scale="tensor", dtype="e4m3", dtyp
         bar_id = w + 1
         acc = Accumulator(BN)                       # the f32 register accumulator
         part = Accumulator(NH) if promote else acc  # one k-block's tensor-core sum
+        parts = (part, Accumulator(NH)) if pingpong else None
         row0, col0 = acc.thread_origin(t_wg)
         lane = tid & 31
         cbuf = base + ring_bytes + w * wg_out_bytes
@@ -278,10 +336,128 @@ def build_fp8_gemm(M: int, N: int, K: int, *, scale="tensor", dtype="e4m3", dtyp
                                     dtype_ab=ab, scale_d=first_scale_d if kk == 0 else 1)
             ptx.wgmma.commit_group()
 
+        def take_stage():
+            """Wait for the next ring stage; its A and B descriptors."""
+            pipe.wait(cons)
+            soff64 = reg.from_(reg.from_(cons.stage * (stage_bytes >> 4), u32), u64)
+            cons.advance()
+            return a_desc0 + soff64, b_desc0 + soff64
+
+        def issue(p, h, stages_or_count):
+            """One commit group: the k-blocks of a promotion unit into partial ``p`` (the
+            first wgmma overwrites it), column half ``h``. ``stages_or_count``: descriptors
+            already taken, or how many stages to take between the wgmma."""
+            ptx.wgmma.fence()
+            taken = isinstance(stages_or_count, list)
+            n = len(stages_or_count) if taken else stages_or_count
+            for kb in range(n):
+                da, db = stages_or_count[kb] if taken else take_stage()
+                for kk in range(a_tile.k_steps):
+                    ptx.wgmma.mma_async(p.regs, a_tile.advance(da, kk),
+                                        b_tile.advance(db, kk, mn_start=h * NH), n=NH,
+                                        dtype_ab=ab, scale_d=0 if kb == 0 and kk == 0 else 1)
+            ptx.wgmma.commit_group()
+
+        def release(n):
+            for _ in range(n):
+                pipe.release(rel, pred=leader, cta_ranks=release_ranks, sem="release.cta")
+                rel.advance()
+
+        def zero_scales():
+            return [reg.scalar(f32, init=0.0) for _ in range(2 + halves)]
+
+        def load_scales(regs, ra, nbs, kb, r0):
+            """Block scales of k-block ``kb`` into ``regs`` (sa rows r0, r0 + 8, then sb per
+            half); a predicate that fails leaves the register as it was (0 from
+            ``zero_scales``: the predicates hold or fail for the whole tile)."""
+            ptrs = [(psa, ra + kb, r0 < M), (psa, ra + kb + 8 * KS, r0 + 8 < M)]
+            ptrs += [(psb, nbk * KS + kb, nbk < NS) for nbk in nbs]
+            for v, (ptr, index, ok) in zip(regs, ptrs):
+                ptx.inst.ld.global_.nc.f32(v, ptx.addr(ptr + index * 4), pred=ok)
+
+        def promote_into(p, h, sc):
+            """``acc[half h] += p`` (times the block scales ``sc``)."""
+            if sc is not None:
+                s0 = sc[0] * sc[2 + h]
+                s1 = sc[1] * sc[2 + h]
+            for i in range(len(p)):
+                j = h * (NH // 2) + i
+                if sc is not None:
+                    ptx.inst.fma.rn.f32(acc[j], p[i], s1 if (i // 2) % 2 else s0, acc[j])
+                else:
+                    ptx.inst.add.f32(acc[j], acc[j], p[i])
+
+        def mainloop_variant(n0, r0):
+            """The opt-in main loops (``pingpong``, ``promote_kb``, ``scale_prefetch``)."""
+            block = scale == "block"
+            ra = r0 * KS
+            nbs = [(n0 + h * NH) >> 7 for h in range(halves)]
+            units = promotion_units(num_kb, promote_kb)
+            if pingpong:
+                sc = (zero_scales(), zero_scales()) if block else (None, None)
+
+                def chain(kb0, counts):
+                    # unit i into partial i % 2, then promote unit i - 1 while it runs;
+                    # nothing stays in flight past the chain (ptxas serialises every wgmma
+                    # when a group crosses a loop's back edge)
+                    for i, n in enumerate(counts):
+                        if block:
+                            load_scales(sc[i % 2], ra, nbs, kb0 + i * promote_kb, r0)
+                        issue(parts[i % 2], 0, n)
+                        if i > 0:
+                            ptx.wgmma.wait_group(1)
+                            release(counts[i - 1])
+                            promote_into(parts[(i - 1) % 2], 0, sc[(i - 1) % 2])
+                    last = len(counts) - 1
+                    ptx.wgmma.wait_group(0)
+                    release(counts[last])
+                    promote_into(parts[last % 2], 0, sc[last % 2])
+
+                chains, tail = pingpong_plan(num_kb, promote_kb, pingpong)
+                if chains:
+                    for c in ptx.loop(0, chains):
+                        chain(c * (pingpong * promote_kb), units[:pingpong])
+                if tail:
+                    chain(chains * pingpong * promote_kb, tail)
+                return
+
+            cur = nxt = None
+            if block:
+                cur = zero_scales()
+                load_scales(cur, ra, nbs, 0, r0)
+                if scale_prefetch:
+                    nxt = zero_scales()
+
+            def unit(kb, n):
+                if block and scale_prefetch:
+                    load_scales(nxt, ra, nbs, gemm.ptx_min(kb + 1, num_kb - 1), r0)
+                elif block:
+                    load_scales(cur, ra, nbs, kb, r0)
+                taken = [take_stage() for _ in range(n)] if halves > 1 else n
+                for h in range(halves):
+                    issue(part, h, taken)
+                    ptx.wgmma.wait_group(0)
+                    if h == halves - 1:
+                        release(n)
+                    promote_into(part, h, cur)
+                if block and scale_prefetch:
+                    for c, v in zip(cur, nxt):
+                        ptx.inst.mov.f32(c, v)
+
+            full = num_kb // promote_kb
+            if full:
+                for u in ptx.loop(0, full):
+                    unit(u * promote_kb if promote_kb > 1 else u, promote_kb)
+            if num_kb % promote_kb:
+                unit(full * promote_kb, num_kb % promote_kb)
+
         for t in ptx.loop(cid, tiles, clusters):
             m0, n0 = tile_coords(t)
             r0 = m0 + w * 64 + row0                 # this thread's rows r0 and r0 + 8
-            if promote:
+            if variant:
+                acc.zero()
+                mainloop_variant(n0, r0)
+            elif promote:
                 acc.zero()
 
                 if scale == "block":
@@ -380,7 +556,8 @@ def build_fp8_gemm(M: int, N: int, K: int, *, scale="tensor", dtype="e4m3", dtyp
         ptx.ret()
 
     name = (f"fp8_gemm_{scale}_{dt_a.name}{dt_b.name}_{ot.name}_{BM}x{BN}_s{stages}_c{cluster}"
-            f"{'_fast' if fast_accum else ''}")
+            f"{'_fast' if fast_accum else ''}{f'_pp{pingpong}' if pingpong else ''}"
+            f"{f'_k{promote_kb * BK}' if promote_kb != 1 else ''}{'_pf' if scale_prefetch else ''}")
     fp8_gemm.__name__ = name
     deco = kernel(in_specs=in_specs, out_specs=(Tile(M, ND, ot),), grid=(ctas, 1, 1),
                   block=(threads, 1, 1), cluster=(cluster, 1, 1), smem=smem_total,
