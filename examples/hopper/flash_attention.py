@@ -25,6 +25,14 @@ One CTA computes a block of ``BM = 128`` query rows of one (batch, head) with 38
   stores it with bulk tensor copies, which clip at the sequence end (packed batches
   store O with predicated ``st.global`` instead: a copy would spill into the next
   sequence);
+* opt-in tuning options (off by default; ``docs/dev/attention.md`` has the hypotheses and
+  the A/B command): ``pin_overlap=True`` puts a ``fence.acq_rel.cta`` between the softmax
+  and the wait for the previous ``P V``: ptxas otherwise hoists that wait above the
+  exponentials, so they never run under the warpgroup's own ``P V``;
+  ``rescale_threshold=t`` (log2 units, ``0 <= t <= 16``) keeps a row's running max until a
+  block raises it by more than ``t`` and skips the ``O`` rescale (``D/2`` multiplies) when no
+  row of the warp moved its max (``t = 0``: bit-identical results; ``t = 8``: P values up
+  to ``2**8``, the rescale almost never runs);
 * ``persistent=True``: one CTA per SM walks the query blocks; the next block's Q is
   loaded as soon as both consumers finished their ``Q K^T`` (an mbarrier), and O is
   staged in its own buffer, so the loads overlap the previous block's epilogue.
@@ -48,7 +56,7 @@ from pyptx.errors import ConfigError, PyptxError
 from pyptx.fragment import Accumulator
 from pyptx.operand import OperandTile
 from pyptx.pipeline import BarrierArray, Pipeline
-from pyptx.types import b32, f16, f32, s32, u32, u64
+from pyptx.types import b32, f16, f32, pred, s32, u32, u64
 from pyptx.types import bf16 as t_bf16
 
 LOG2E = 1.4426950408889634
@@ -61,6 +69,7 @@ DEFAULT_SCHEDULE = "pingpong"
 DEFAULT_PERSISTENT = False  # one CTA per query block (hardware-scheduled, longest first)
 SCHED_BAR = 3               # named barriers 3 and 4: the consumers' turns (1-2: epilogues)
 NEG_INF = float("-inf")
+MAX_RESCALE_THRESHOLD = 16  # log2 units: P values stay <= 2**16, sums far from f32 overflow
 
 
 def _fail(msg):
@@ -108,6 +117,26 @@ def _check(D, BN, stages, schedule, persistent=False):
                           f"{', persistent' if persistent else ''} need "
                           f"{smem_bytes(D, BN, stages, persistent)} bytes of shared memory, over "
                           f"{SMEM_LIMIT}")
+
+
+def _check_opts(pin_overlap, rescale_threshold):
+    """Validate the opt-in tuning options; returns ``(pin_overlap, rescale_threshold)``."""
+    if not isinstance(pin_overlap, bool):
+        raise _fail(f"flash attention: pin_overlap must be True or False, got {pin_overlap!r}")
+    t = rescale_threshold
+    if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float))
+                          or not 0 <= t <= MAX_RESCALE_THRESHOLD):
+        raise _fail(f"flash attention: rescale_threshold must be None or a number in "
+                    f"0..{MAX_RESCALE_THRESHOLD} (log2 units), got {t!r}")
+    return pin_overlap, None if t is None else float(t)
+
+
+def _opts_tag(pin_overlap, rescale_threshold):
+    """Kernel-name suffix of the tuning options (empty for the defaults)."""
+    tag = "_pin" if pin_overlap else ""
+    if rescale_threshold is not None:
+        tag += f"_rt{rescale_threshold:g}".replace(".", "p")
+    return tag
 
 
 def _schedule(schedule):
@@ -193,8 +222,9 @@ def _when_positive(value):
 
 
 # ------------------------------------------------------------------ the kernel
-def _body(Q, K, V, CUQ, CUK, Out, LSE, *, dims, varlen):
+def _body(Q, K, V, CUQ, CUK, Out, LSE, *, dims, varlen, pin_overlap=False, rescale_threshold=None):
     (B, S, Sk, Hq, Hkv, D, BN, stages, causal, scale, schedule, dt, Tq, ctas) = dims
+    lazy = rescale_threshold is not None
     persistent = ctas is not None
     group = Hq // Hkv
     slabs = D // 64
@@ -318,6 +348,7 @@ def _body(Q, K, V, CUQ, CUK, Out, LSE, *, dims, varlen):
     m_row = [reg.scalar(f32) for _ in range(2)]
     l_row = [reg.scalar(f32) for _ in range(2)]
     alpha = [reg.scalar(f32) for _ in range(2)]
+    moved_rows = [None, None]    # per block: did row hh move its max (rescale_threshold)
     row0, col0 = s_acc.thread_origin(t_wg)
     row0 = reg.from_(row0, s32)
     col0 = reg.from_(col0, s32)
@@ -393,6 +424,10 @@ def _body(Q, K, V, CUQ, CUK, Out, LSE, *, dims, varlen):
             m_new = reg.scalar(f32)
             ptx.inst.mul.f32(m_new, mx, sl2)          # -inf stays -inf
             ptx.inst.max.f32(m_new, m_new, m_row[hh])
+            if lazy:  # keep the old max unless this block raised it by more than the threshold
+                moved = m_new > m_row[hh] + rescale_threshold   # false for -inf, -inf
+                ptx.inst.selp.f32(m_new, m_new, m_row[hh], moved)
+                moved_rows[hh] = moved
             m_use = reg.scalar(f32)                   # a row with no key yet: exp2(x - 0)
             ptx.inst.selp.f32(m_use, 0.0, m_new, m_new == NEG_INF)
             ptx.inst.ex2.approx.ftz.f32(alpha[hh], m_row[hh] - m_use)
@@ -407,9 +442,18 @@ def _body(Q, K, V, CUQ, CUK, Out, LSE, *, dims, varlen):
             ptx.inst.fma.rn.f32(l_row[hh], l_row[hh], alpha[hh], vals[0])
             ptx.inst.mov.f32(m_row[hh], m_new)
 
-    def rescale_and_pack():
+    def rescale_o():
         for i in range(D // 2):
             ptx.inst.mul.f32(o_acc[i], o_acc[i], alpha[frag_half(i)])
+
+    def rescale_and_pack():
+        if lazy:  # alpha is exactly 1 on every row that kept its max: skip when the whole warp did
+            anyp = reg.scalar(pred)
+            ptx.inst.vote.sync.any.pred(anyp, moved_rows[0] | moved_rows[1], 0xFFFFFFFF)
+            with ptx.if_(anyp):
+                rescale_o()
+        else:
+            rescale_o()
         for kk in range(BN // 16):
             for q, (lo, hi) in enumerate(a_fragment(kk)):
                 ptx.inst(f"cvt.rn.{dt.name}x2.f32")(p_regs[4 * kk + q], s_acc[hi], s_acc[lo])
@@ -449,6 +493,8 @@ def _body(Q, K, V, CUQ, CUK, Out, LSE, *, dims, varlen):
         if masked:
             mask(j, lims)
         softmax()
+        if pin_overlap:             # ptxas does not move the exponentials past a fence
+            ptx.fence("cta", sem="acq_rel")
         ptx.wgmma.wait_group(0)
         release(vpipe, vst)
         rescale_and_pack()
@@ -554,15 +600,18 @@ def _body(Q, K, V, CUQ, CUK, Out, LSE, *, dims, varlen):
 
 
 def build_attention(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None,
-                    BN=None, stages=2, schedule=None, persistent=False, num_sms=H100_SMS):
+                    BN=None, stages=2, schedule=None, persistent=False, num_sms=H100_SMS,
+                    pin_overlap=False, rescale_threshold=None):
     """The forward kernel for ``q (B, S, Hq, D)``, ``k, v (B, Sk, Hkv, D)``: returns
     ``o (B, S, Hq, D)`` and ``lse (B, Hq, S)`` f32. ``scale`` defaults to ``1/sqrt(D)``;
     ``causal`` masks key ``j > i`` (top-left aligned). ``BN`` keys per block, ``stages``
     K and V buffers each, ``schedule`` one of ``SCHEDULES`` (default ``DEFAULT_SCHEDULE``
     or ``$PYPTX_ATTN_SCHEDULE``). ``persistent``: ``num_sms`` CTAs walk the query blocks
     (heads outermost, longest rows first), loading the next block's Q and K/V while the
-    current one's output is stored; otherwise one CTA per query block."""
+    current one's output is stored; otherwise one CTA per query block. ``pin_overlap``,
+    ``rescale_threshold``: opt-in tuning options (module docstring)."""
     dt = _dtype(dtype)
+    pin_overlap, rescale_threshold = _check_opts(pin_overlap, rescale_threshold)
     Sk = S if Sk is None else Sk
     BN = BN or default_bn(D)
     schedule = _schedule(schedule)
@@ -578,23 +627,27 @@ def build_attention(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, sc
            "V": dict(box=(1, BN, 1, 64), swizzle="128B"),
            "Out": dict(box=(1, 64, 1, 64), swizzle="128B")}
     name = (f"flash_fwd_{dt.name}_d{D}_bn{BN}_s{stages}_{schedule}"
-            f"{'_causal' if causal else ''}_g{Hq // Hkv}{'_persistent' if persistent else ''}")
+            f"{'_causal' if causal else ''}_g{Hq // Hkv}{'_persistent' if persistent else ''}"
+            f"{_opts_tag(pin_overlap, rescale_threshold)}")
     deco = kernel(in_specs=(Tile(B, S, Hq, D, dt), Tile(B, Sk, Hkv, D, dt), Tile(B, Sk, Hkv, D, dt)),
                   out_specs=(Tile(B, S, Hq, D, dt), Tile(B, Hq, S, f32)),
                   grid=(ctas, 1, 1) if persistent else (num_m, Hq, B), block=(384, 1, 1),
                   smem=smem_bytes(D, BN, stages, persistent), maxnreg=168, tma=tma, name=name)
 
     def flash_fwd(Q, K, V, Out, LSE):
-        _body(Q, K, V, None, None, Out, LSE, dims=dims, varlen=False)
+        _body(Q, K, V, None, None, Out, LSE, dims=dims, varlen=False, pin_overlap=pin_overlap,
+              rescale_threshold=rescale_threshold)
     return deco(flash_fwd)
 
 
 def build_attention_varlen(Tq, Tk, B, Hq, Hkv, D, max_seqlen_q, *, dtype="bf16", causal=False,
-                           scale=None, BN=None, stages=2, schedule=None):
+                           scale=None, BN=None, stages=2, schedule=None, pin_overlap=False,
+                           rescale_threshold=None):
     """The packed variable-length forward kernel: ``q (Tq, Hq, D)``, ``k, v (Tk, Hkv, D)``,
     ``cu_seqlens_q``/``cu_seqlens_k`` int32 ``(B + 1,)``; returns ``o (Tq, Hq, D)`` and
     ``lse (Hq, Tq)`` f32. The grid covers ``max_seqlen_q`` rows per sequence."""
     dt = _dtype(dtype)
+    pin_overlap, rescale_threshold = _check_opts(pin_overlap, rescale_threshold)
     BN = BN or default_bn(D)
     schedule = _schedule(schedule)
     _check(D, BN, stages, schedule)
@@ -606,7 +659,7 @@ def build_attention_varlen(Tq, Tk, B, Hq, Hkv, D, max_seqlen_q, *, dtype="bf16",
            "K": dict(box=(BN, 1, 64), swizzle="128B"),
            "V": dict(box=(BN, 1, 64), swizzle="128B")}
     name = (f"flash_fwd_varlen_{dt.name}_d{D}_bn{BN}_s{stages}_{schedule}"
-            f"{'_causal' if causal else ''}_g{Hq // Hkv}")
+            f"{'_causal' if causal else ''}_g{Hq // Hkv}{_opts_tag(pin_overlap, rescale_threshold)}")
     deco = kernel(in_specs=(Tile(Tq, Hq, D, dt), Tile(Tk, Hkv, D, dt), Tile(Tk, Hkv, D, dt),
                             Tile(B + 1, s32), Tile(B + 1, s32)),
                   out_specs=(Tile(Tq, Hq, D, dt), Tile(Hq, Tq, f32)),
@@ -614,7 +667,8 @@ def build_attention_varlen(Tq, Tk, B, Hq, Hkv, D, max_seqlen_q, *, dtype="bf16",
                   smem=smem_bytes(D, BN, stages), maxnreg=168, tma=tma, name=name)
 
     def flash_fwd_varlen(Q, K, V, CUQ, CUK, Out, LSE):
-        _body(Q, K, V, CUQ, CUK, Out, LSE, dims=dims, varlen=True)
+        _body(Q, K, V, CUQ, CUK, Out, LSE, dims=dims, varlen=True, pin_overlap=pin_overlap,
+              rescale_threshold=rescale_threshold)
     return deco(flash_fwd_varlen)
 
 
@@ -641,17 +695,20 @@ def _bwd_module():
 
 
 @functools.lru_cache(maxsize=128)
-def _forward(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, schedule, BN, stages, persistent=False):
+def _forward(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, schedule, BN, stages, persistent=False,
+             pin_overlap=False, rescale_threshold=None):
     return build_attention(B, S, Hq, Hkv, D, Sk=Sk, dtype=dtype, causal=causal, scale=scale,
-                           BN=BN, stages=stages, schedule=schedule, persistent=persistent)
+                           BN=BN, stages=stages, schedule=schedule, persistent=persistent,
+                           pin_overlap=pin_overlap, rescale_threshold=rescale_threshold)
 
 
 @functools.lru_cache(maxsize=128)
 def _differentiable(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, schedule, BN, stages,
-                    persistent=False):
+                    persistent=False, pin_overlap=False, rescale_threshold=None):
     """The forward kernel wrapped with the backward one, or the bare forward kernel when the
     backward example or ``differentiable_kernel(save_outputs=)`` is not available."""
-    fwd = _forward(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, schedule, BN, stages, persistent)
+    fwd = _forward(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, schedule, BN, stages, persistent,
+                   pin_overlap, rescale_threshold)
     bwd_mod = _bwd_module()
     if bwd_mod is None:
         return fwd
@@ -687,39 +744,44 @@ def _contiguous(*xs):
 
 
 def attention_forward(q, k, v, causal=False, scale=None, *, schedule=None, BN=None, stages=2,
-                      persistent=None):
+                      persistent=None, pin_overlap=False, rescale_threshold=None):
     """``(o, lse)`` of the forward kernel (no autograd): ``o (B, S, Hq, D)``, ``lse (B, Hq, S)``
     float32, natural log of each row's sum of ``exp(scale * q.k)``."""
     B, S, Hq, Hkv, D, Sk, name = _shapes(q, k, v)
     sc = 1.0 / math.sqrt(D) if scale is None else float(scale)
     k_ = _forward(B, S, Hq, Hkv, D, Sk, name, bool(causal), sc, _schedule(schedule),
-                  BN or default_bn(D), stages, _persistent(persistent, D))
+                  BN or default_bn(D), stages, _persistent(persistent, D),
+                  *_check_opts(pin_overlap, rescale_threshold))
     return k_(*_contiguous(q, k, v))
 
 
 def attention(q, k, v, causal=False, scale=None, *, schedule=None, BN=None, stages=2,
-              persistent=None):
+              persistent=None, pin_overlap=False, rescale_threshold=None):
     """Flash attention ``softmax(scale * q k^T) v`` (torch tensors or JAX arrays):
     ``q (B, S, Hq, D)``, ``k, v (B, Sk, Hkv, D)`` with ``Hq % Hkv == 0``, bf16 or f16,
     ``D`` in 64/128/256. ``causal``: key ``j`` allowed for query ``i`` iff ``j <= i``.
     ``scale`` defaults to ``1/sqrt(D)``. Differentiable in ``q, k, v`` when the backward
-    kernels are available. ``schedule``, ``BN``, ``stages``, ``persistent``: see
-    ``build_attention``."""
+    kernels are available. ``schedule``, ``BN``, ``stages``, ``persistent``, ``pin_overlap``,
+    ``rescale_threshold``: see ``build_attention``."""
     B, S, Hq, Hkv, D, Sk, name = _shapes(q, k, v)
     sc = 1.0 / math.sqrt(D) if scale is None else float(scale)
     fn = _differentiable(B, S, Hq, Hkv, D, Sk, name, bool(causal), sc, _schedule(schedule),
-                         BN or default_bn(D), stages, _persistent(persistent, D))
+                         BN or default_bn(D), stages, _persistent(persistent, D),
+                         *_check_opts(pin_overlap, rescale_threshold))
     return fn(*_contiguous(q, k, v))[0]
 
 
 @functools.lru_cache(maxsize=128)
-def _varlen(Tq, Tk, B, Hq, Hkv, D, max_q, dtype, causal, scale, schedule, BN, stages):
+def _varlen(Tq, Tk, B, Hq, Hkv, D, max_q, dtype, causal, scale, schedule, BN, stages,
+            pin_overlap=False, rescale_threshold=None):
     return build_attention_varlen(Tq, Tk, B, Hq, Hkv, D, max_q, dtype=dtype, causal=causal,
-                                  scale=scale, BN=BN, stages=stages, schedule=schedule)
+                                  scale=scale, BN=BN, stages=stages, schedule=schedule,
+                                  pin_overlap=pin_overlap, rescale_threshold=rescale_threshold)
 
 
 def attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                             causal=False, scale=None, *, schedule=None, BN=None, stages=2):
+                             causal=False, scale=None, *, schedule=None, BN=None, stages=2,
+                             pin_overlap=False, rescale_threshold=None):
     """``(o, lse)`` of the packed variable-length forward: ``o (Tq, Hq, D)``, ``lse (Hq, Tq)``."""
     if len(q.shape) != 3 or len(k.shape) != 3 or tuple(k.shape) != tuple(v.shape):
         raise _fail(f"attention_varlen expects q (Tq, Hq, D) and k, v (Tk, Hkv, D), got "
@@ -736,7 +798,8 @@ def attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
     name = _dtype_name(q)
     sc = 1.0 / math.sqrt(D) if scale is None else float(scale)
     k_ = _varlen(Tq, Tk, B, Hq, Hkv, D, int(max_seqlen_q), name, bool(causal), sc,
-                 _schedule(schedule), BN or default_bn(D), stages)
+                 _schedule(schedule), BN or default_bn(D), stages,
+                 *_check_opts(pin_overlap, rescale_threshold))
     return k_(*_contiguous(q, k, v, cu_seqlens_q, cu_seqlens_k))
 
 
