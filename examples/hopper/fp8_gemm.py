@@ -148,6 +148,58 @@ def pingpong_plan(num_kb, promote_kb, depth):
     return chains, units[chains * depth:]
 
 
+def chain_events(counts, promote_kb):
+    """One ping-pong chain of promotion units (k-block counts ``counts``): unit ``i`` goes
+    into partial ``i % 2`` while unit ``i - 1`` is promoted; nothing stays in flight after
+    the chain (ptxas serialises every wgmma when a group crosses a loop's back edge).
+
+    Events (``mainloop_plan``): ``("scales", set, kb offset, clamp)``, ``("take", n)``
+    ring stages, ``("issue", partial, half)`` one commit group over the stages taken,
+    ``("wait", n)`` groups left in flight, ``("release", n)`` oldest held stages,
+    ``("promote", partial, half, scale set)``, ``("rotate",)`` scale set 0 = set 1."""
+    ev = []
+    for i, n in enumerate(counts):
+        ev += [("scales", i % 2, i * promote_kb, False), ("take", n), ("issue", i % 2, 0)]
+        if i:
+            ev += [("wait", 1), ("release", counts[i - 1]), ("promote", (i - 1) % 2, 0, (i - 1) % 2)]
+    last = len(counts) - 1
+    return ev + [("wait", 0), ("release", counts[last]), ("promote", last % 2, 0, last % 2)]
+
+
+def unit_events(n, halves, prefetch):
+    """One promotion unit of ``n`` k-blocks without ping-pong: each column half's group
+    is waited for and promoted before the next; block scales of this unit (``prefetch``:
+    of the next one, into set 1, then rotated into set 0)."""
+    ev = [("scales", 1, 1, True)] if prefetch else [("scales", 0, 0, False)]
+    ev.append(("take", n))
+    for h in range(halves):
+        ev += [("issue", 0, h), ("wait", 0)]
+        if h == halves - 1:
+            ev.append(("release", n))
+        ev.append(("promote", 0, h, 0))
+    return ev + ([("rotate",)] if prefetch else [])
+
+
+def mainloop_plan(num_kb, promote_kb, pingpong, halves, prefetch):
+    """The opt-in main loop of one tile as segments ``(trips, kb step, kb base, events)``:
+    ``trips`` None runs the events once at k-block ``base``, else in a device loop at
+    k-block ``base + trip * step``; scale offsets are relative to that k-block."""
+    units = promotion_units(num_kb, promote_kb)
+    full = num_kb // promote_kb
+    if pingpong:
+        chains, tail = pingpong_plan(num_kb, promote_kb, pingpong)
+        plan = [(chains, pingpong * promote_kb, 0, chain_events(units[:pingpong], promote_kb))]
+        if tail:
+            plan.append((None, 0, chains * pingpong * promote_kb, chain_events(tail, promote_kb)))
+        return [seg for seg in plan if seg[0] != 0]
+    plan = [(None, 0, 0, [("scales", 0, 0, False)])] if prefetch else []
+    if full:
+        plan.append((full, promote_kb, 0, unit_events(promote_kb, halves, prefetch)))
+    if num_kb % promote_kb:
+        plan.append((None, 0, full * promote_kb, unit_events(num_kb % promote_kb, halves, prefetch)))
+    return plan
+
+
 def build_fp8_gemm(M: int, N: int, K: int, *, scale="tensor", dtype="e4m3", dtype_b=None,
                    out_dtype="bf16", BM=128, BN=256, stages=None, cluster=2, group_m=8,
                    num_sms=H100_SMS, fast_accum=False, ND=None, pingpong=False, promote_kb=1,
@@ -388,68 +440,46 @@ def build_fp8_gemm(M: int, N: int, K: int, *, scale="tensor", dtype="e4m3", dtyp
                     ptx.inst.add.f32(acc[j], acc[j], p[i])
 
         def mainloop_variant(n0, r0):
-            """The opt-in main loops (``pingpong``, ``promote_kb``, ``scale_prefetch``)."""
+            """The opt-in main loops (``pingpong``, ``promote_kb``, ``scale_prefetch``),
+            emitted from ``mainloop_plan``'s events."""
             block = scale == "block"
             ra = r0 * KS
             nbs = [(n0 + h * NH) >> 7 for h in range(halves)]
-            units = promotion_units(num_kb, promote_kb)
-            if pingpong:
-                sc = (zero_scales(), zero_scales()) if block else (None, None)
+            sets = (zero_scales(), zero_scales()) if block else (None, None)
+            ps = parts if pingpong else (part, part)
 
-                def chain(kb0, counts):
-                    # unit i into partial i % 2, then promote unit i - 1 while it runs;
-                    # nothing stays in flight past the chain (ptxas serialises every wgmma
-                    # when a group crosses a loop's back edge)
-                    for i, n in enumerate(counts):
-                        if block:
-                            load_scales(sc[i % 2], ra, nbs, kb0 + i * promote_kb, r0)
-                        issue(parts[i % 2], 0, n)
-                        if i > 0:
-                            ptx.wgmma.wait_group(1)
-                            release(counts[i - 1])
-                            promote_into(parts[(i - 1) % 2], 0, sc[(i - 1) % 2])
-                    last = len(counts) - 1
-                    ptx.wgmma.wait_group(0)
-                    release(counts[last])
-                    promote_into(parts[last % 2], 0, sc[last % 2])
+            def emit(kb, events):
+                taken = 0
+                for ev in events:
+                    op = ev[0]
+                    if op == "scales" and block:
+                        at = kb + ev[2] if ev[2] else kb
+                        if ev[3]:
+                            at = gemm.ptx_min(at, num_kb - 1) if not isinstance(at, int) \
+                                else min(at, num_kb - 1)
+                        load_scales(sets[ev[1]], ra, nbs, at, r0)
+                    elif op == "take":
+                        taken = [take_stage() for _ in range(ev[1])] if halves > 1 else ev[1]
+                    elif op == "issue":
+                        issue(ps[ev[1]], ev[2], taken)
+                    elif op == "wait":
+                        ptx.wgmma.wait_group(ev[1])
+                    elif op == "release":
+                        release(ev[1])
+                    elif op == "promote":
+                        promote_into(ps[ev[1]], ev[2], sets[ev[3]])
+                    elif op == "rotate" and block:
+                        for c, v in zip(*sets):
+                            ptx.inst.mov.f32(c, v)
 
-                chains, tail = pingpong_plan(num_kb, promote_kb, pingpong)
-                if chains:
-                    for c in ptx.loop(0, chains):
-                        chain(c * (pingpong * promote_kb), units[:pingpong])
-                if tail:
-                    chain(chains * pingpong * promote_kb, tail)
-                return
-
-            cur = nxt = None
-            if block:
-                cur = zero_scales()
-                load_scales(cur, ra, nbs, 0, r0)
-                if scale_prefetch:
-                    nxt = zero_scales()
-
-            def unit(kb, n):
-                if block and scale_prefetch:
-                    load_scales(nxt, ra, nbs, gemm.ptx_min(kb + 1, num_kb - 1), r0)
-                elif block:
-                    load_scales(cur, ra, nbs, kb, r0)
-                taken = [take_stage() for _ in range(n)] if halves > 1 else n
-                for h in range(halves):
-                    issue(part, h, taken)
-                    ptx.wgmma.wait_group(0)
-                    if h == halves - 1:
-                        release(n)
-                    promote_into(part, h, cur)
-                if block and scale_prefetch:
-                    for c, v in zip(cur, nxt):
-                        ptx.inst.mov.f32(c, v)
-
-            full = num_kb // promote_kb
-            if full:
-                for u in ptx.loop(0, full):
-                    unit(u * promote_kb if promote_kb > 1 else u, promote_kb)
-            if num_kb % promote_kb:
-                unit(full * promote_kb, num_kb % promote_kb)
+            for trips, step, base, events in mainloop_plan(num_kb, promote_kb, pingpong,
+                                                           halves, scale_prefetch):
+                if trips is None:
+                    emit(base, events)
+                    continue
+                for c in ptx.loop(0, trips):
+                    kb = c * step if step != 1 else c
+                    emit(kb + base if base else kb, events)
 
         for t in ptx.loop(cid, tiles, clusters):
             m0, n0 = tile_coords(t)

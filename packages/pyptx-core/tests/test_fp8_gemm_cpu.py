@@ -216,3 +216,145 @@ def test_reference_block_scales_match_the_definition():
         partial = a64[:, ks] @ w64[:, ks].T
         want += partial * sa[:, kb].double()[:, None] * sb[torch.arange(N) // 128, kb].double()[None, :]
     torch.testing.assert_close(ref, want, rtol=1e-12, atol=1e-12)
+
+
+# ---------------------------------------------------------------------- opt-in main loops
+VARIANTS = [
+    # scale, config
+    ("tensor", dict(BN=128, cluster=1, pingpong=True)),
+    ("tensor", dict(BN=128, cluster=1, pingpong=2)),
+    ("tensor", dict(BN=128, cluster=2, pingpong=4, promote_kb=2)),
+    ("tensor", dict(BN=256, cluster=2, promote_kb=2)),
+    ("tensor", dict(BN=128, cluster=1, promote_kb=2)),
+    ("row", dict(BN=128, cluster=1, pingpong=True)),
+    ("row", dict(BN=192, cluster=1, promote_kb=2)),
+    ("block", dict(BN=128, cluster=2, pingpong=True)),
+    ("block", dict(BN=64, cluster=2, pingpong=8)),
+    ("block", dict(BN=128, cluster=2, scale_prefetch=True)),
+    ("block", dict(BN=256, cluster=2, scale_prefetch=True)),
+]
+
+
+@pytest.mark.parametrize("scale,cfg", VARIANTS)
+@pytest.mark.parametrize("K", [4096, 400])
+def test_variants_assemble_without_spills_or_serialised_wgmma(scale, cfg, K, assemble):
+    """The opt-in main loops assemble with 0 spills, and ptxas keeps their wgmma
+    asynchronous (its C7514 'serialized' note would make the ping-pong pointless)."""
+    text = fp8.build_fp8_gemm(4096, 4096, K, scale=scale, **cfg).ptx()
+    report = assemble(text)
+    assert "0 bytes spill stores" in report, report
+    assert "serialized" not in report, report
+    if cfg.get("pingpong") and K == 4096:
+        assert "wgmma.wait_group.sync.aligned 1;" in text
+
+
+@pytest.mark.parametrize("scale", ["tensor", "row", "block"])
+def test_default_configs_keep_wgmma_asynchronous(scale, assemble):
+    for c in fp8.FP8_CONFIGS:
+        report = assemble(fp8.build_fp8_gemm(4096, 4096, 4096, scale=scale, **c.kwargs).ptx())
+        assert "serialized" not in report, (c, report)
+
+
+def test_variants_refuse_what_does_not_apply():
+    with pytest.raises(ConfigError, match="BN <= 128"):
+        fp8.build_fp8_gemm(256, 256, 256, BN=256, pingpong=True)
+    with pytest.raises(ConfigError, match="promote_kb=1"):
+        fp8.build_fp8_gemm(256, 256, 256, scale="block", promote_kb=2)
+    with pytest.raises(ConfigError, match="promote_kb must be"):
+        fp8.build_fp8_gemm(256, 256, 256, promote_kb=3)
+    with pytest.raises(ConfigError, match="fast_accum has none"):
+        fp8.build_fp8_gemm(256, 256, 256, fast_accum=True, pingpong=True)
+    with pytest.raises(ConfigError, match="scale_prefetch"):
+        fp8.build_fp8_gemm(256, 256, 256, scale="tensor", scale_prefetch=True)
+    with pytest.raises(ConfigError, match="scale_prefetch"):
+        fp8.build_fp8_gemm(256, 256, 256, scale="block", BN=128, pingpong=True,
+                           scale_prefetch=True)
+    with pytest.raises(ConfigError, match="2 to 16"):
+        fp8.build_fp8_gemm(256, 256, 256, BN=128, pingpong=1)
+    names = {fp8.build_fp8_gemm(256, 256, 256, BN=128, **kw).ptx().split(".entry ")[1][:60]
+             for kw in ({}, {"pingpong": 2}, {"promote_kb": 2}, {"pingpong": 4})}
+    assert len(names) == 4, "variants get distinct kernel names (caches)"
+
+
+def simulate(num_kb, promote_kb, pingpong, halves, prefetch, stages=4):
+    """Replay ``mainloop_plan``'s events with wgmma groups completing as late as the
+    waits allow; check every hazard the kernel relies on and return the promotions as
+    ``(half, k-blocks, k-block of the scales used)``."""
+    plan = fp8.mainloop_plan(num_kb, promote_kb, pingpong, halves, prefetch)
+    next_kb, held, inflight = 0, [], []          # held: ring k-blocks not yet released
+    partial = {}                                  # partial -> (half, kbs) not yet promoted
+    sets = [None, None]
+    promoted = []
+    for trips, step, base, events in plan:
+        for trip in range(trips if trips is not None else 1):
+            kb_iter = base + trip * step
+            assert not inflight, "a wgmma group crosses a segment (loop back edge)"
+            taken = []
+            for ev in events:
+                op = ev[0]
+                if op == "scales":
+                    at = kb_iter + ev[2]
+                    sets[ev[1]] = min(at, num_kb - 1) if ev[3] else at
+                    assert 0 <= sets[ev[1]] < num_kb
+                elif op == "take":
+                    taken = list(range(next_kb, next_kb + ev[1]))
+                    next_kb += ev[1]
+                    held += taken
+                    assert len(held) <= stages, "more stages held than the ring has"
+                elif op == "issue":
+                    p, h = ev[1], ev[2]
+                    assert all(g[0] != p for g in inflight), "partial written while in flight"
+                    assert p not in partial or h > 0 and pingpong == 0 and halves > 1, \
+                        "partial overwritten before its promotion"
+                    partial[p] = (h, tuple(taken))
+                    inflight.append((p, h, tuple(taken)))
+                elif op == "wait":
+                    del inflight[:max(0, len(inflight) - ev[1])]
+                elif op == "release":
+                    for _ in range(ev[1]):
+                        kb = held.pop(0)
+                        assert not any(kb in g[2] for g in inflight), \
+                            "stage released while a wgmma in flight reads it"
+                elif op == "promote":
+                    p, h, s = ev[1], ev[2], ev[3]
+                    assert all(g[0] != p for g in inflight), "partial read while in flight"
+                    ph, kbs = partial.pop(p)
+                    assert ph == h
+                    promoted.append((h, kbs, sets[s]))
+                elif op == "rotate":
+                    sets[0] = sets[1]
+    assert not inflight and not held and not partial and next_kb == num_kb
+    return promoted
+
+
+@pytest.mark.parametrize("num_kb", [1, 2, 3, 4, 5, 7, 8, 9, 32, 33])
+@pytest.mark.parametrize("promote_kb,pingpong,halves,prefetch", [
+    (1, 0, 1, False), (1, 0, 2, False), (2, 0, 1, False), (2, 0, 2, False),
+    (1, 0, 1, True), (1, 0, 2, True), (1, 2, 1, False), (1, 4, 1, False),
+    (2, 4, 1, False), (1, 16, 1, False), (2, 3, 1, False)])
+def test_main_loop_schedule(num_kb, promote_kb, pingpong, halves, prefetch):
+    """Every k-block is read by exactly one wgmma group, in order, into a partial that is
+    neither in flight nor holding an unpromoted sum; stages are released only after the
+    group reading them completed; no group is in flight across a device loop's back edge;
+    each column half is promoted once per unit, with the scales of the unit's k-block."""
+    promoted = simulate(num_kb, promote_kb, pingpong, halves, prefetch)
+    want = [(h, tuple(range(k, min(num_kb, k + promote_kb))))
+            for k in range(0, num_kb, promote_kb) for h in range(halves)]
+    assert [(h, kbs) for h, kbs, _ in promoted] == want
+    if promote_kb == 1:
+        assert all(s == kbs[0] for _, kbs, s in promoted), "block scales of another k-block"
+
+
+@pytest.mark.parametrize("mutate,msg", [
+    (lambda ev: [e for e in ev if e != ("wait", 1)], "in flight"),
+    (lambda ev: [("issue", 0, 0) if e[0] == "issue" else e for e in ev], "partial"),
+    (lambda ev: [e for e in ev if e != ("wait", 0)], "in flight|back edge"),
+    (lambda ev: [("scales", e[1], 0, False) if e[0] == "scales" else e for e in ev],
+     "scales of another"),
+])
+def test_schedule_simulator_catches_hazards(monkeypatch, mutate, msg):
+    """The schedule test can fail: broken chains are caught."""
+    good = fp8.chain_events
+    monkeypatch.setattr(fp8, "chain_events", lambda counts, pk: mutate(good(counts, pk)))
+    with pytest.raises(AssertionError, match=msg):
+        test_main_loop_schedule(9, 1, 4, 1, False)
