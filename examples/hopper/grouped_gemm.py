@@ -51,6 +51,7 @@ H100_SMS = 132
 SMEM_LIMIT = 227 * 1024 - 256  # less the static barriers
 EPI_BUFS = 2
 STORES = ("auto", "masked")
+MAX_SPLITS = 8
 
 
 def _error(msg):
@@ -161,6 +162,26 @@ def group_rows(p_offs, g, M):
     raw = reg.scalar(u32)
     ptx.inst.ld.global_.nc.u32(raw, ptx.addr(p_offs + reg.from_(g, u64) * 4))
     return start, _min_max(raw, start, M)
+
+
+def wgrad_unit(u, tiles, splits):
+    """``(tile, split)`` registers of the weight gradient's work unit ``u`` (split-major:
+    split ``u // tiles`` of tile ``u % tiles``); ``(u, None)`` when ``splits == 1``."""
+    if splits == 1:
+        return u, None
+    s = u // tiles
+    return u - s * tiles, s
+
+
+def split_blocks(s, start, end, splits, BK=64):
+    """``(kb_lo, kb_hi)``: split ``s``'s run of the ``nkb = ceil((end - start) / BK)`` row
+    blocks of a group, ``floor(nkb * s / splits)`` up to ``floor(nkb * (s + 1) / splits)``
+    (all of them, ``(0, nkb)``, when ``s`` is None). The runs of ``s = 0..splits-1`` tile
+    ``[0, nkb)`` in order; a run may be empty (then the split's partial sum is zero)."""
+    nkb = (end - start + (BK - 1)) >> (BK.bit_length() - 1)
+    if s is None:
+        return 0, nkb
+    return (nkb * s) // splits, (nkb * (s + 1)) // splits
 
 
 class _Consumer:
@@ -394,7 +415,7 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
 
 
 def build_grouped_wgrad(M: int, KX: int, NY: int, G: int, *, out_dtype="bf16", BM=128, BN=256,
-                        BK=64, stages=None, num_sms=H100_SMS):
+                        BK=64, stages=None, num_sms=H100_SMS, splits=1):
     """The weight-gradient kernel ``W[g] = X[rows of g]^T @ Y[rows of g]``.
 
     Tensor arguments: X ``(M, KX)`` bf16, Y ``(M, NY)`` bf16, offs ``(G,)`` int32; output W
@@ -402,11 +423,22 @@ def build_grouped_wgrad(M: int, KX: int, NY: int, G: int, *, out_dtype="bf16", B
     MN-major (rows are the reduction); tiles of W are ``BM x BN``; the reduction runs in
     ``BK``-row blocks over the group's rows, and the rows of the last block past the group
     end are zeroed in X's shared tile before the tensor cores read it.
+
+    ``splits=S > 1`` (opt-in, not tuned yet) splits each group's row blocks into ``S``
+    contiguous runs, one work unit each (``S`` times the tiles, for shapes with fewer tiles
+    than SMs); the output is then ``S`` f32 partial sums, ``(S * G, KX, NY)`` with split
+    ``s`` of group ``g`` at ``s * G + g`` (``out_dtype`` must be ``"f32"``), which
+    ``build_split_reduce`` adds in a fixed order (deterministic).
     """
     what = "build_grouped_wgrad"
     ot = _out_type(out_dtype)
     if KX % 8 or NY % 8:
         raise _error(f"{what}: KX and NY must be multiples of 8, got KX={KX}, NY={NY}")
+    if isinstance(splits, bool) or not isinstance(splits, int) or not 1 <= splits <= MAX_SPLITS:
+        raise _error(f"{what}: splits must be an int in 1..{MAX_SPLITS}, got {splits!r}")
+    if splits > 1 and ot is not f32:
+        raise _error(f"{what}: splits={splits} writes f32 partial sums: out_dtype must be "
+                     f"'f32', got {out_dtype!r}")
     stages, smem_total = _check_tile(BM, BN, BK, stages, what)
     consumers = BM // 64
     threads = 128 * (1 + consumers)
@@ -420,7 +452,8 @@ def build_grouped_wgrad(M: int, KX: int, NY: int, G: int, *, out_dtype="bf16", B
     num_n = -(-NY // BN)
     per_group = num_m * num_n
     tiles = G * per_group
-    ctas = max(1, min(num_sms, tiles))
+    units = tiles * splits  # split-major: unit u is split u // tiles of tile u % tiles
+    ctas = max(1, min(num_sms, units))
     prod_regs = 40
     cons_regs = min(240, (65536 - 128 * prod_regs) // (128 * consumers) // 8 * 8)
     maxnreg = min(255, (65536 // threads) // 8 * 8)
@@ -434,6 +467,12 @@ def build_grouped_wgrad(M: int, KX: int, NY: int, G: int, *, out_dtype="bf16", B
         mb = within % num_m
         nb = within // num_m
         return g, mb * BM, nb * BN
+
+    def unit(u):
+        return wgrad_unit(u, tiles, splits)
+
+    def block_run(s, start, end):
+        return split_blocks(s, start, end, splits)
 
     def wgrad(X, Y, Offs, W):
         base = (smem.dynamic(align=128, name="ring").addr() + 1023) & 0xFFFFFC00
@@ -450,11 +489,12 @@ def build_grouped_wgrad(M: int, KX: int, NY: int, G: int, *, out_dtype="bf16", B
             st = pipe.producer_state()
             x_map = ptx.tma.tensormap_ptr(X.tmap)
             y_map = ptx.tma.tensormap_ptr(Y.tmap)
-            for t in ptx.loop(cid, tiles, ctas):
+            for u in ptx.loop(cid, units, ctas):
+                t, split = unit(u)
                 g, m0, n0 = decode(t)
                 start, end = group_rows(p_offs, g, M)
-                nkb = (end - start + (BK - 1)) >> 6
-                for kb in ptx.loop(0, nkb):
+                lo, hi = block_run(split, start, end)
+                for kb in ptx.loop(lo, hi):
                     r0 = start + kb * BK
                     pipe.acquire(st)
                     bar = pipe.arm(st, stage_bytes)
@@ -479,14 +519,16 @@ def build_grouped_wgrad(M: int, KX: int, NY: int, G: int, *, out_dtype="bf16", B
         my_off = [(c.t_wg + 128 * i) << 4 for i in range(zero_iters)]
         slab_off = c.w * a_tile.slab_bytes if consumers > 1 else 0
 
-        for t in ptx.loop(cid, tiles, ctas):
+        for u in ptx.loop(cid, units, ctas):
+            t, split = unit(u)
             g, m0, n0 = decode(t)
             start, end = group_rows(p_offs, g, M)
-            nkb = (end - start + (BK - 1)) >> 6
+            lo, hi = block_run(split, start, end)
 
             def k_block(first, kb, start=start, end=end):
                 pipe.wait(cons)
-                left = end - start if first else end - (start + kb * BK)
+                # rows of the group left from this block on (kb is the absolute block index)
+                left = end - start if isinstance(kb, int) and kb == 0 else end - (start + kb * BK)
                 with ptx.if_(left < BK):  # the group ends inside this block: zero the rest
                     slab = cons.stage * stage_bytes + base + slab_off
                     for rows, off in zip(my_rows, my_off):
@@ -510,9 +552,9 @@ def build_grouped_wgrad(M: int, KX: int, NY: int, G: int, *, out_dtype="bf16", B
                     rel.advance()
                 cons.advance()
 
-            with ptx.if_(nkb != 0):
-                k_block(True, 0)
-                for kb in ptx.loop(1, nkb):
+            with ptx.if_(hi != lo):
+                k_block(True, lo)
+                for kb in ptx.loop(lo + 1 if splits > 1 else 1, hi):
                     k_block(False, kb)
                 ptx.wgmma.wait_group(0)
                 pipe.release(rel, pred=c.leader)
@@ -520,16 +562,95 @@ def build_grouped_wgrad(M: int, KX: int, NY: int, G: int, *, out_dtype="bf16", B
             with ptx.else_():
                 acc.zero()
             mrow = m0 + c.w * 64
-            c.store_tma(w_map, lambda j, n0=n0, mrow=mrow, g=g: (n0 + j * out_cols, mrow, g))
+            gz = g if split is None else split * G + g
+            c.store_tma(w_map, lambda j, n0=n0, mrow=mrow, gz=gz: (n0 + j * out_cols, mrow, gz))
         with ptx.if_(c.leader):
             ptx.tma.wait_group(0, read=False)
         ptx.place(done)
         ptx.ret()
 
-    name = f"grouped_wgrad_{ot.name}_{BM}x{BN}x{BK}_s{stages}"
+    name = f"grouped_wgrad_{ot.name}_{BM}x{BN}x{BK}_s{stages}" + (f"_split{splits}" if splits > 1 else "")
     return kernel(in_specs=(Tile(M, KX, bf16), Tile(M, NY, bf16), Tile(G, s32)),
-                  out_specs=(Tile(G, KX, NY, ot),), grid=(ctas, 1, 1), block=(threads, 1, 1),
+                  out_specs=(Tile(splits * G, KX, NY, ot),), grid=(ctas, 1, 1), block=(threads, 1, 1),
                   smem=smem_total, maxnreg=maxnreg, tma=tma, name=name)(wgrad)
+
+
+def build_split_reduce(G: int, KX: int, NY: int, splits: int, *, out_dtype="bf16"):
+    """The deterministic reduction of ``build_grouped_wgrad(..., splits=S)``'s partial sums:
+    ``W[g] = P[g] + P[G + g] + ... + P[(S - 1) * G + g]`` added in that order, in f32, then
+    rounded to ``out_dtype``. Tensor arguments: P ``(S * G, KX, NY)`` f32; output W
+    ``(G, KX, NY)``. One thread per 8 consecutive elements (``NY % 8 == 0``)."""
+    what = "build_split_reduce"
+    ot = _out_type(out_dtype)
+    if KX % 8 or NY % 8:
+        raise _error(f"{what}: KX and NY must be multiples of 8, got KX={KX}, NY={NY}")
+    if isinstance(splits, bool) or not isinstance(splits, int) or not 1 <= splits <= MAX_SPLITS:
+        raise _error(f"{what}: splits must be an int in 1..{MAX_SPLITS}, got {splits!r}")
+    n = G * KX * NY
+    if n // 8 >= 2**31:
+        raise _error(f"{what}: {n} elements are too many for 32-bit thread indices")
+    block = 256
+    blocks = max(1, -(-n // (block * 8)))
+
+    def reduce(P, W):
+        pp, pw = ptx.global_ptrs(P, W)
+        i = reg.from_(ptx.special.ctaid.x(), u32) * block + reg.from_(ptx.special.tid.x(), u32)
+        with ptx.if_(i < n // 8):
+            src = reg.from_(i, u64) * 32 + pp
+            acc = reg.array(f32, 8)
+            ptx.inst.ld.global_.nc.v4.f32(list(acc)[:4], ptx.addr(src))
+            ptx.inst.ld.global_.nc.v4.f32(list(acc)[4:], ptx.addr(src, 16))
+            for sp in range(1, splits):
+                part = reg.array(f32, 8)
+                at = src + sp * n * 4
+                ptx.inst.ld.global_.nc.v4.f32(list(part)[:4], ptx.addr(at))
+                ptx.inst.ld.global_.nc.v4.f32(list(part)[4:], ptx.addr(at, 16))
+                for e in range(8):
+                    ptx.inst.add.rn.f32(acc[e], acc[e], part[e])
+            if ot is f32:
+                dst = reg.from_(i, u64) * 32 + pw
+                ptx.inst.st.global_.v4.f32(ptx.addr(dst), list(acc)[:4])
+                ptx.inst.st.global_.v4.f32(ptx.addr(dst, 16), list(acc)[4:])
+            else:
+                dst = reg.from_(i, u64) * 16 + pw
+                packed = reg.array(b32, 4)
+                for m in range(4):
+                    ptx.inst("cvt.rn.bf16x2.f32")(packed[m], acc[2 * m + 1], acc[2 * m])
+                ptx.inst.st.global_.v4.b32(ptx.addr(dst), list(packed))
+        ptx.ret()
+
+    return kernel(in_specs=(Tile(splits * G, KX, NY, f32),), out_specs=(Tile(G, KX, NY, ot),),
+                  grid=(blocks, 1, 1), block=(block, 1, 1),
+                  name=f"grouped_split_reduce_{ot.name}_s{splits}")(reduce)
+
+
+class SplitWgrad:
+    """The split weight gradient as one kernel-like callable ``(X, Y, offs) -> W``: the
+    ``splits``-way ``build_grouped_wgrad`` (f32 partials), then ``build_split_reduce``."""
+
+    def __init__(self, wgrad, reduce):
+        self.wgrad, self.reduce = wgrad, reduce
+        self.in_specs = tuple(wgrad.in_specs)
+        self.out_specs = tuple(reduce.out_specs)
+        self.name = f"{wgrad.name}_reduced"
+        self.arg_names = ("X", "Y", "Offs", "W")
+        self.kernels = (wgrad, reduce)
+
+    def __call__(self, x, y, offs):
+        """``W`` (the reduced gradient)."""
+        return self.reduce(self.wgrad(x, y, offs))
+
+    def __repr__(self):
+        return f"<SplitWgrad {self.name}>"
+
+
+def build_wgrad_split(M: int, KX: int, NY: int, G: int, *, out_dtype="bf16", splits=2, **tile):
+    """``build_grouped_wgrad(..., splits=splits)`` followed by its reduction, as one
+    ``SplitWgrad`` (``splits=1``: the plain kernel). ``tile``: BM, BN, BK, stages, num_sms."""
+    if splits == 1:
+        return build_grouped_wgrad(M, KX, NY, G, out_dtype=out_dtype, **tile)
+    w = build_grouped_wgrad(M, KX, NY, G, out_dtype="f32", splits=splits, **tile)
+    return SplitWgrad(w, build_split_reduce(G, KX, NY, splits, out_dtype=out_dtype))
 
 
 # ------------------------------------------------------------------------ host side
@@ -541,6 +662,23 @@ GROUPED_CONFIGS = [
 ]
 """The tile configurations the tuner times per shape (forward, dA and dB kernels); the
 first is the default when ``PYPTX_AUTOTUNE=0``."""
+
+# Opt-in configurations not measured on a GPU yet, so NOT in GROUPED_CONFIGS (the tuner
+# times configs but does not check their results). tools/grouped_ab.py checks each against
+# float64, then times it beside the tuned default; see docs/dev/grouped-gemm.md.
+CANDIDATE_CONFIGS = {
+    # dB at few tiles: 4x2048x256x2048 has G x ceil(KX/BM) x ceil(NY/BN) = 128 tiles at the
+    # tuned 64x256 (one consumer warpgroup per SM, 168 MB read through L2). Two row splits
+    # of 128x256 tiles: 128 units with two consumer warpgroups each, 101 MB of L2 reads,
+    # + 16 MB of f32 partials written and read by the deterministic reduction.
+    "wgrad 128x256 split2": dict(kernel="wgrad", BM=128, BN=256, splits=2),
+    # the same with 128x128 tiles: 256 units (two waves), 134 MB
+    "wgrad 128x128 split2": dict(kernel="wgrad", BM=128, BN=128, splits=2),
+    # four splits of 128x256: 256 units of 8 row blocks, 32 MB of partials
+    "wgrad 128x256 split4": dict(kernel="wgrad", BM=128, BN=256, splits=4),
+}
+"""Opt-in tile configurations under evaluation: name -> ``kernel`` (``"fwd"``, ``"dgrad"``
+or ``"wgrad"``) and the builder keywords (``build_grouped`` or ``build_wgrad_split``)."""
 
 grouped_tuned = autotune(GROUPED_CONFIGS, key=["M", "N", "K", "G", "b_major", "out_dtype"])(
     build_grouped)
@@ -592,20 +730,24 @@ def _build(tuned, plain, config, *args, **kw):
 
 
 @functools.lru_cache(maxsize=128)
-def grouped_op(M, N, K, G, b_major="MN", out_dtype="bf16", config=None):
+def grouped_op(M, N, K, G, b_major="MN", out_dtype="bf16", config=None, wgrad_config=None):
     """The differentiable grouped GEMM for one shape: a ``DifferentiableKernel`` taking
     ``(A (M, K), B (G, K, N) or (G, N, K), offs (G,))``. ``config``: a tuple of
-    ``(name, value)`` build keywords (``None``: tuned)."""
+    ``(name, value)`` build keywords (``None``: tuned). ``wgrad_config``: the same for the
+    weight-gradient kernel alone (``build_wgrad_split`` keywords, e.g. ``splits``),
+    overriding ``config`` there."""
     fwd = _build(grouped_tuned, build_grouped, config, M, N, K, G, b_major=b_major,
                  out_dtype=out_dtype)
     flip = "K" if b_major == "MN" else "MN"
     cfg_b = None if config is None else tuple((k, v) for k, v in config if k != "store")
     dgrad = _build(grouped_tuned, build_grouped, cfg_b, M, K, N, G, b_major=flip,
                    out_dtype="bf16")
-    if b_major == "MN":
-        wgrad = _build(wgrad_tuned, build_grouped_wgrad, cfg_b, M, K, N, G, out_dtype="bf16")
+    kx, ny = (K, N) if b_major == "MN" else (N, K)
+    if wgrad_config is not None:
+        wgrad = build_wgrad_split(M, kx, ny, G, out_dtype="bf16",
+                                  **{"splits": 1, **dict(wgrad_config)})
     else:
-        wgrad = _build(wgrad_tuned, build_grouped_wgrad, cfg_b, M, N, K, G, out_dtype="bf16")
+        wgrad = _build(wgrad_tuned, build_grouped_wgrad, cfg_b, M, kx, ny, G, out_dtype="bf16")
     return differentiable_kernel(fwd, GroupedBackward(fwd, dgrad, wgrad, b_major),
                                  num_grad_inputs=2)
 
@@ -634,8 +776,11 @@ def grouped_mm(a, b, offs, *, out_dtype=None, trans_b=False, config=None):
     ``(G, N, K)`` tensor is read K-major without a copy; JAX: ``trans_b=True`` means ``b``
     is given as ``(G, N, K)``); ``offs``: ``(G,)`` int32 on the device. ``out_dtype``:
     ``"bf16"`` (default) or ``"f32"``. Differentiable in ``a`` and ``b`` (torch autograd,
-    ``jax.grad``). ``config``: a dict of ``build_grouped`` tile keywords (default: tuned).
-    Rows past ``offs[-1]`` are not written. K or N not a multiple of 8 is zero-padded.
+    ``jax.grad``). ``config``: a dict of ``build_grouped`` tile keywords (default: tuned);
+    its keys starting with ``wgrad_`` configure the weight-gradient kernel alone
+    (``build_wgrad_split`` keywords: ``{"wgrad_splits": 2, "wgrad_BM": 128}``, opt-in and
+    untuned). Rows past ``offs[-1]`` are not written. K or N not a multiple of 8 is
+    zero-padded.
     """
     lib = "torch" if type(a).__module__.startswith("torch") else "jax"
     if len(a.shape) != 2 or len(b.shape) != 3 or len(offs.shape) != 1:
@@ -661,8 +806,11 @@ def grouped_mm(a, b, offs, *, out_dtype=None, trans_b=False, config=None):
     a = _pad_last(a, 8, lib)
     b = _pad_last(_pad_last(b, 8, lib), 8, lib, dim=1)  # both of b's matrix dims
     Kp, Np = a.shape[1], (b.shape[1] if trans_b else b.shape[2])
+    cfg = dict(config or {})
+    wcfg = {k[len("wgrad_"):]: cfg.pop(k) for k in list(cfg) if k.startswith("wgrad_")}
     op = grouped_op(M, Np, Kp, G, "K" if trans_b else "MN", out,
-                    tuple(sorted(config.items())) if config else None)
+                    tuple(sorted(cfg.items())) if cfg else None,
+                    tuple(sorted(wcfg.items())) if wcfg else None)
     d = op(a, b, offs)
     return d[:, :N] if Np != N else d
 

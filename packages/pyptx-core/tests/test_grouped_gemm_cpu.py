@@ -238,3 +238,146 @@ def test_reference_model_of_the_backward():
         torch.testing.assert_close(b.grad[g], a[s:s + n].T @ dy[s:s + n])
         s += n
     assert not b.grad[1].any()
+
+
+# ------------------------------------------------------------ split weight gradient (opt-in)
+def model_units(sizes, M, tiles_per_group, splits, BK=64):
+    """Python model of the split weight gradient's units: unit u -> (tile, split, lo, hi)
+    with the group's row-block run [lo, hi) (split-major order)."""
+    G = len(sizes)
+    tiles = G * tiles_per_group
+    ends, start = [], 0
+    for s in sizes:
+        end = min(max(start + s, start), M)
+        ends.append((start, end))
+        start = end
+    out = []
+    for u in range(tiles * splits):
+        t, s = u % tiles, u // tiles
+        a, e = ends[t // tiles_per_group]
+        nkb = -(-(e - a) // BK)
+        out.append((t, s, nkb * s // splits, nkb * (s + 1) // splits))
+    return out
+
+
+@pytest.mark.parametrize("sizes,splits,ctas", [
+    ([0, 37, 130], 2, 3),
+    ([2048] * 4, 2, 5),
+    ([5, 0, 300, 1, 200, 0], 3, 4),
+    ([64, 65, 640], 4, 7),
+    ([0, 0], 8, 2),
+])
+def test_split_wgrad_units_match_the_model(sim, sizes, splits, ctas):
+    """The traced unit decode (``wgrad_unit``) and block runs (``split_blocks``) in the
+    simulator equal the model, and every group's runs tile its row blocks in split order."""
+    G, M = len(sizes), sum(sizes)
+    per_group = 3
+    tiles = G * per_group
+    units = tiles * splits
+    offs = np.cumsum(sizes).astype(np.int32)
+
+    @kernel(in_specs=(Tile(G, s32),), out_specs=(Tile(units, 4, u32),), grid=(ctas, 1, 1),
+            block=(32, 1, 1), name="unit_probe")
+    def probe(Offs, Out):
+        (p_offs,) = ptx.global_ptrs(Offs)
+        (p_out,) = ptx.global_ptrs(Out)
+        cid = reg.from_(ptx.special.ctaid.x(), u32)
+        lead = reg.from_(ptx.special.tid.x(), u32) == 0
+        for u in ptx.loop(cid, units, ctas):
+            t, s = gg.wgrad_unit(u, tiles, splits)
+            start, end = gg.group_rows(p_offs, t // per_group, M)
+            lo, hi = gg.split_blocks(s, start, end, splits)
+            ptx.inst.st.global_.v4.u32(ptx.addr(p_out + reg.from_(u, u64) * 16), [t, s, lo, hi],
+                                       pred=lead)
+        ptx.ret()
+
+    (got,) = sim.run(probe.specialize(), [offs])
+    want = model_units(sizes, M, per_group, splits)
+    assert [tuple(int(v) for v in r) for r in got] == want
+    for t in range(tiles):
+        runs = [(lo, hi) for tt, s, lo, hi in want if tt == t]
+        start = 0 if t < per_group else int(offs[t // per_group - 1])
+        nkb = -(-(int(offs[t // per_group]) - start) // 64)
+        assert runs[0][0] == 0 and runs[-1][1] == nkb
+        assert all(a[1] == b[0] for a, b in zip(runs, runs[1:]))
+
+
+def test_split_wgrad_numpy_model_equals_the_group_products():
+    """The split kernel's semantics as numpy: split s sums X_g^T Y_g over its row blocks
+    (rows past the group end zeroed in X, rows of the next group still read in Y), the
+    reduction adds the splits in order; the result is X_g^T Y_g for every group."""
+    rng = np.random.default_rng(0)
+    sizes, KX, NY, splits = [5, 0, 300, 1, 200, 130], 24, 16, 3
+    M = sum(sizes)
+    X = rng.standard_normal((M + 64, KX))  # + 64: a TMA box past M reads zeros
+    Y = rng.standard_normal((M + 64, NY))
+    X[M:] = Y[M:] = 0
+    parts = np.zeros((splits, len(sizes), KX, NY))
+    start = 0
+    for g, n in enumerate(sizes):
+        end = start + n
+        for s in range(splits):
+            lo, hi = gg.split_blocks(s, start, end, splits)
+            for kb in range(lo, hi):
+                r0 = start + kb * 64
+                x = X[r0:r0 + 64].copy()
+                x[max(0, end - r0):] = 0
+                parts[s, g] += x.T @ Y[r0:r0 + 64]
+        want = X[start:end].T @ Y[start:end]
+        np.testing.assert_allclose(parts[:, g].sum(0), want, atol=1e-9)
+        start = end
+
+
+@pytest.mark.parametrize("out", ["f32", "bf16"])
+def test_split_reduce_in_the_simulator(sim, out):
+    """``build_split_reduce`` adds the partials in split order, rounds once (bf16: round to
+    nearest even) and writes every element (outputs poisoned)."""
+    G, KX, NY, S = 2, 8, 16, 3
+    rng = np.random.default_rng(1)
+    p = rng.standard_normal((S * G, KX, NY)).astype(np.float32)
+    k = gg.build_split_reduce(G, KX, NY, S, out_dtype=out)
+    (got,) = sim.run(k.specialize(), [p])
+    acc = p[:G].copy()
+    for s in range(1, S):
+        acc = (acc + p[s * G:(s + 1) * G]).astype(np.float32)
+    if out == "f32":
+        np.testing.assert_array_equal(got.view(np.float32), acc)
+    else:
+        np.testing.assert_array_equal(got, sim._bf16_rne(acc))
+
+
+def test_split_wgrad_assembles_without_spills(assemble):
+    kernels = []
+    for c in gg.CANDIDATE_CONFIGS.values():
+        kw = {k: v for k, v in c.items() if k != "kernel"}
+        if c["kernel"] == "wgrad":
+            w = gg.build_wgrad_split(8192, 2048, 256, 4, **kw)
+            kernels += list(getattr(w, "kernels", (w,)))
+        else:
+            kernels.append(gg.build_grouped(8192, 256, 2048, 4, **kw))
+    kernels.append(gg.build_grouped_wgrad(167, 104, 72, 3, out_dtype="f32", BM=64, BN=64,
+                                          splits=3))
+    for k in kernels:
+        report = assemble(k.ptx())
+        assert "0 bytes spill stores" in report, (k.name, report)
+    w = gg.build_grouped_wgrad(8192, 2048, 256, 4, out_dtype="f32", splits=2)
+    assert tuple(w.out_specs[0].dims) == (8, 2048, 256)
+
+
+def test_split_wgrad_leaves_the_default_kernel_alone():
+    """splits=1 emits the measured kernel (no split decode: no division by the tile count)."""
+    a = gg.build_grouped_wgrad(8192, 2048, 256, 4, BM=64, BN=256).ptx()
+    b = gg.build_grouped_wgrad(8192, 2048, 256, 4, BM=64, BN=256, splits=1).ptx()
+    assert a == b and "_split" not in a
+    s2 = gg.build_grouped_wgrad(8192, 2048, 256, 4, out_dtype="f32", splits=2).ptx()
+    assert "div.u32" in s2 and "_split2" in s2
+
+
+def test_bad_split_configurations_raise_at_the_callers_line():
+    with pytest.raises(ConfigError, match="splits must be") as e:
+        gg.build_grouped_wgrad(256, 64, 64, 2, out_dtype="f32", splits=0)
+    assert str(e.value).startswith(f"{HERE}:")
+    with pytest.raises(ConfigError, match="out_dtype must be 'f32'"):
+        gg.build_grouped_wgrad(256, 64, 64, 2, splits=2)
+    with pytest.raises(ConfigError, match="splits must be"):
+        gg.build_split_reduce(2, 64, 64, 9)
