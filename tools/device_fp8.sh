@@ -7,6 +7,8 @@
 #          correctness steps use the first FP8_CONFIGS entry, PYPTX_AUTOTUNE=0, the bench tunes),
 #          SHAPES="4096 8192", SCALES="tensor row block", FAST=1 (also time fast_accum),
 #          FP8_CONFIG='{"BN": 128, "cluster": 1}' (fixes every call's tile), PYTEST_K
+#   opt-in main loops (docs/dev/fp8-gemm.md): STEPS="abtests ab" checks every variant on the
+#          GPU (pytest -k variant), then times them against their baseline tile (--ab)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -26,6 +28,10 @@ for s in $STEPS; do
         timeout 180 compute-sanitizer --tool $tool --report-api-errors no \
           python3 tools/fp8_sanitize.py 2>&1 | tee "$OUT/fp8-sanitize-$tool.log" | tail -4
       done ;;
+    abtests) timeout ${TEST_TIMEOUT:-300} python3 -m pytest -m gpu -q -rs -k variant \
+             packages/pyptx-torch/tests/test_fp8_gemm_gpu.py 2>&1 | tee "$OUT/fp8-abtests.log" | tail -25 ;;
+    ab) timeout ${AB_TIMEOUT:-420} python3 benchmarks/fp8_gemm.py --ab --shapes ${SHAPES:-4096 8192} \
+             --scales ${SCALES:-tensor row block} --out "$OUT/fp8_ab.md" 2>&1 | tee "$OUT/fp8-ab.log" ;;
     bench) timeout ${BENCH_TIMEOUT:-400} python3 benchmarks/fp8_gemm.py --shapes ${SHAPES:-4096 8192} \
              --scales ${SCALES:-tensor row block} ${FAST:+--fast-accum} --out "$OUT/fp8_gemm.md" 2>&1 \
              | tee "$OUT/fp8-bench.log" ;;

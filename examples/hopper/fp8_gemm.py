@@ -777,14 +777,15 @@ def rel_err(d, ref):
     return ((d.double() - ref).norm() / ref.norm()).item()
 
 
-def long_k_errors(M=256, N=256, K=16384, positive=False, seed=1):
-    """Errors against float64 at long K (per-tensor scales, f32 output): ours promoted,
-    ours without promotion, ``torch._scaled_mm`` (exact and fast accumulation)."""
+def long_k_errors(M=256, N=256, K=16384, positive=False, seed=1, config=None):
+    """Errors against float64 at long K (per-tensor scales, f32 output): ours promoted
+    (with ``config``, e.g. an opt-in main loop), ours without promotion,
+    ``torch._scaled_mm`` (exact and fast accumulation)."""
     import torch
 
     a, w, sa, sb = make_inputs(M, N, K, "tensor", seed=seed, positive=positive)
     ref = reference(a, w, sa, sb, "tensor")
-    out = {"pyptx (promoted)": scaled_mm(a, w.t(), sa, sb, out_dtype="f32"),
+    out = {"pyptx (promoted)": scaled_mm(a, w.t(), sa, sb, out_dtype="f32", config=config),
            "pyptx fast_accum": scaled_mm(a, w.t(), sa, sb, out_dtype="f32", fast_accum=True)}
     for fast in (False, True):
         try:

@@ -142,3 +142,45 @@ def test_jax_jit():
         ref = fp8.reference(a, w, sa, sb, kind).numpy()
         err = np.linalg.norm(np.asarray(d, np.float64) - ref) / np.linalg.norm(ref)
         assert d.shape == (300, 200) and err < TOL["f32"], (kind, err)
+
+
+VARIANTS = [
+    # scale kinds, config (opt-in main loops, docs/dev/fp8-gemm.md)
+    (("tensor", "row", "block"), dict(BN=128, cluster=1, pingpong=True)),
+    (("tensor", "row", "block"), dict(BN=128, cluster=2, pingpong=2)),
+    (("block",), dict(BN=64, cluster=2, pingpong=8)),
+    (("tensor", "row"), dict(BN=128, cluster=1, promote_kb=2)),
+    (("tensor", "row"), dict(BN=128, cluster=2, pingpong=4, promote_kb=2)),
+    (("tensor", "row"), dict(BN=256, cluster=2, promote_kb=2)),
+    (("tensor",), dict(BN=192, cluster=1, promote_kb=2)),
+    (("block",), dict(BN=128, cluster=2, scale_prefetch=True)),
+    (("block",), dict(BN=256, cluster=2, scale_prefetch=True)),
+]
+VARIANT_SHAPES = [(777, 1500, 1000, "bf16"), (129, 65, 16, "f32"), (300, 700, 1168, "f32"),
+                  (1000, 520, 2064, "bf16")]
+
+
+@pytest.mark.parametrize("kinds,config", VARIANTS)
+@pytest.mark.parametrize("M,N,K,out", VARIANT_SHAPES)
+def test_variant(kinds, config, M, N, K, out):
+    """Each opt-in main loop against float64 on ragged shapes (K giving 1, 8, 10 and 17
+    k-blocks: short, whole and partial ping-pong chains, an odd count for promote_kb=2),
+    with the module's tolerances (bf16 8e-3, f32 3e-3) and poisoned outputs."""
+    for kind in kinds:
+        a, w, sa, sb = fp8.make_inputs(M, N, K, kind, seed=M + K)
+        d = fp8.scaled_mm(a, w.t(), sa, sb, out_dtype=out, config=dict(config, num_sms=11))
+        assert rel_err(d, fp8.reference(a, w, sa, sb, kind)) < TOL[out], (kind, config)
+
+
+@pytest.mark.parametrize("config", [dict(BN=128, cluster=1, pingpong=True),
+                                    dict(BN=128, cluster=1, promote_kb=2),
+                                    dict(BN=256, cluster=2, promote_kb=2)])
+@pytest.mark.parametrize("positive", [False, True])
+def test_variant_long_k(config, positive):
+    """K = 16384, f32 out: an opt-in main loop stays within the f32 tolerance (3e-3) and,
+    with promote_kb=1, no worse than twice torch._scaled_mm's error."""
+    errs = fp8.long_k_errors(positive=positive, config=config)
+    print(config, errs)
+    assert errs["pyptx (promoted)"] < TOL["f32"]
+    if "torch._scaled_mm" in errs and config.get("promote_kb", 1) == 1:
+        assert errs["pyptx (promoted)"] <= 2 * errs["torch._scaled_mm"] + 1e-6
