@@ -8,7 +8,8 @@
 #          SHAPES="4096 8192", SCALES="tensor row block", FAST=1 (also time fast_accum),
 #          FP8_CONFIG='{"BN": 128, "cluster": 1}' (fixes every call's tile), PYTEST_K
 #   opt-in main loops (docs/dev/fp8-gemm.md): STEPS="abtests ab" checks every variant on the
-#          GPU (pytest -k variant), then times them against their baseline tile (--ab)
+#          GPU (pytest -k variant), then times them against their baseline tile (--ab);
+#          "absanitize" runs the sanitizers on them
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -23,10 +24,11 @@ for s in $STEPS; do
     example) PYPTX_AUTOTUNE=0 timeout 240 python3 examples/hopper/fp8_gemm.py 2>&1 | tee "$OUT/fp8_example.log" | tail -60 ;;
     tests) PYPTX_AUTOTUNE=0 timeout ${TEST_TIMEOUT:-300} python3 -m pytest -m gpu -q -x -rs ${PYTEST_K:+-k "$PYTEST_K"} \
              packages/pyptx-torch/tests/test_fp8_gemm_gpu.py 2>&1 | tee "$OUT/fp8-tests.log" | tail -25 ;;
-    sanitize)
+    sanitize|absanitize)
+      flag=; [ $s = absanitize ] && flag=--variants
       for tool in memcheck racecheck synccheck; do
         timeout 180 compute-sanitizer --tool $tool --report-api-errors no \
-          python3 tools/fp8_sanitize.py 2>&1 | tee "$OUT/fp8-sanitize-$tool.log" | tail -4
+          python3 tools/fp8_sanitize.py $flag 2>&1 | tee "$OUT/fp8-$s-$tool.log" | tail -4
       done ;;
     abtests) timeout ${TEST_TIMEOUT:-300} python3 -m pytest -m gpu -q -rs -k variant \
              packages/pyptx-torch/tests/test_fp8_gemm_gpu.py 2>&1 | tee "$OUT/fp8-abtests.log" | tail -25 ;;
