@@ -133,7 +133,7 @@ def _check_opts(pin_overlap, rescale_threshold):
 
 def _opts_tag(pin_overlap, rescale_threshold):
     """Kernel-name suffix of the tuning options (empty for the defaults)."""
-    tag = "_pin" if pin_overlap else ""
+    tag = "_pinned" if pin_overlap else ""
     if rescale_threshold is not None:
         tag += f"_rt{rescale_threshold:g}".replace(".", "p")
     return tag

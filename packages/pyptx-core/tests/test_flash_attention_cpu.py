@@ -121,8 +121,11 @@ def _round(x, dtype):
     return u.astype(np.uint32).view(np.float32)
 
 
-def model_forward(q, k, v, causal, scale, dtype, BN):
-    """The kernel's algorithm on one (batch, head): q (S, D), k/v (Sk, D), f32 state."""
+def model_forward(q, k, v, causal, scale, dtype, BN, rescale_threshold=None):
+    """The kernel's algorithm on one (batch, head): q (S, D), k/v (Sk, D), f32 state.
+    ``rescale_threshold`` models the opt-in lazy rescale: a row keeps its max unless the
+    block raises it by more than the threshold, and O is multiplied only for warps (16
+    rows) where some row moved its max."""
     S, D = q.shape
     Sk = k.shape[0]
     sl2 = np.float32(scale * fa.LOG2E)
@@ -148,12 +151,19 @@ def model_forward(q, k, v, causal, scale, dtype, BN):
             if j >= n_unm or j == 0:                      # the kernel masks these
                 s = np.where(cols[None, :] >= lim[:, None], -np.inf, s)
             m_new = np.maximum(s.max(axis=1) * sl2, m)
+            moved = np.ones(fa.BM, bool)
+            if rescale_threshold is not None:
+                moved = m_new > m + np.float32(rescale_threshold)
+                m_new = np.where(moved, m_new, m)
             m_use = np.where(m_new == -np.inf, np.float32(0), m_new)
             alpha = np.exp2(m - m_use)
             p = np.exp2(s * sl2 - m_use[:, None])
             ls = ls * alpha + p.sum(axis=1)
             m = m_new
-            o = o * alpha[:, None] + _round(p, dtype) @ vb
+            warp_moved = np.repeat(moved.reshape(-1, 16).any(axis=1), 16)
+            if rescale_threshold is not None:   # rows that kept their max have alpha == 1
+                assert (alpha[~moved & (m > -np.inf)] == 1).all()
+            o = np.where(warp_moved[:, None], o * alpha[:, None], o) + _round(p, dtype) @ vb
         inv = np.where(ls > 0, 1 / np.where(ls > 0, ls, 1), 0)
         with np.errstate(divide="ignore"):
             lse = np.where(ls > 0, (m + np.log2(np.where(ls > 0, ls, 1))) * fa.LN2, -np.inf)
@@ -191,6 +201,29 @@ def test_model_matches_float64(S, Sk, D, causal, dtype):
     tol = 2e-2 if dtype == "bf16" else 1e-2
     assert (np.abs(o - ro) / np.maximum(np.abs(ro), 1)).max() <= tol
     assert (np.abs(lse - rl) / np.maximum(np.abs(rl), 1)).max() <= 1e-3
+
+
+@pytest.mark.parametrize("S,Sk,D,causal,dtype", [
+    (77, 77, 64, True, "bf16"), (333, 333, 128, True, "f16"), (256, 333, 128, False, "bf16"),
+    (1, 1, 128, False, "bf16"), (128, 5, 64, False, "f16"),
+])
+def test_lazy_rescale_model(S, Sk, D, causal, dtype):
+    """rescale_threshold=0 is bit-identical to the default (alpha is exactly 1 where the
+    rescale is skipped); 8 and 16 stay within the same tolerances against float64 (P values
+    grow to at most 2**t, bf16/f16 rounding is relative). Inputs scaled by 4 so maxima keep
+    moving across blocks."""
+    rng = np.random.default_rng(S + Sk + D)
+    q, k, v = (_round(4 * rng.standard_normal((n, D)), dtype) for n in (S, Sk, Sk))
+    scale = 1 / math.sqrt(D)
+    base = model_forward(q, k, v, causal, scale, dtype, 128)
+    exact = model_forward(q, k, v, causal, scale, dtype, 128, rescale_threshold=0)
+    assert np.array_equal(base[0], exact[0]) and np.array_equal(base[1], exact[1])
+    ro, rl = reference64(q, k, v, causal, scale)
+    tol = 2e-2 if dtype == "bf16" else 1e-2
+    for t in (8, 16):
+        o, lse = model_forward(q, k, v, causal, scale, dtype, 128, rescale_threshold=t)
+        assert (np.abs(o - ro) / np.maximum(np.abs(ro), 1)).max() <= tol
+        assert (np.abs(lse - rl) / np.maximum(np.abs(rl), 1)).max() <= 1e-3
 
 
 def test_model_row_without_keys_gives_zero_and_minus_inf():
@@ -253,6 +286,43 @@ def test_block_shapes_assemble(assemble, D, BN, stages):
     k = fa.build_attention(1, 500, 2, 1, D, causal=True, BN=BN, stages=stages)
     assert f"m64n{BN}k16" in k.ptx()
     assert "0 bytes spill stores" in assemble(k.ptx())
+
+
+@pytest.mark.parametrize("schedule", fa.SCHEDULES)
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("opts", [dict(pin_overlap=True), dict(rescale_threshold=8),
+                                  dict(pin_overlap=True, rescale_threshold=0)])
+def test_tuning_options_assemble(assemble, schedule, D, causal, opts):
+    """The opt-in options trace, assemble without spills and emit what they promise: a
+    ``fence.acq_rel.cta`` before the P V wait (overlapped schedules only) and a warp vote
+    around the O rescale."""
+    k = fa.build_attention(2, 300, 4, 2, D, causal=causal, schedule=schedule, **opts)
+    text = k.ptx()
+    pinned = opts.get("pin_overlap", False) and schedule != "simple"
+    assert ("fence.acq_rel.cta" in text) == pinned
+    assert ("vote.sync.any.pred" in text) == ("rescale_threshold" in opts)
+    assert ("_pinned" in k.name) == opts.get("pin_overlap", False)
+    assert "0 bytes spill stores" in assemble(text)
+
+
+@pytest.mark.parametrize("kw", [dict(BN=176, stages=2), dict(BN=128, stages=3),
+                                dict(persistent=True)])
+def test_tuning_options_with_block_shapes_assemble(assemble, kw):
+    k = fa.build_attention(1, 500, 2, 1, 128, pin_overlap=True, rescale_threshold=8, **kw)
+    assert "0 bytes spill stores" in assemble(k.ptx())
+
+
+def test_tuning_options_varlen_assemble(assemble):
+    k = fa.build_attention_varlen(700, 900, 3, 4, 2, 128, 333, causal=True, pin_overlap=True,
+                                  rescale_threshold=8)
+    assert k.name.endswith("_pinned_rt8")
+    assert "0 bytes spill stores" in assemble(k.ptx())
+
+
+def test_default_kernel_has_no_tuning_instructions():
+    text = fa.build_attention(2, 300, 4, 2, 128).ptx()
+    assert "fence.acq_rel" not in text and "vote.sync" not in text
 
 
 # ------------------------------------------------------------------ the ping-pong protocol
@@ -336,7 +406,9 @@ def test_env_var_selects_the_schedule(monkeypatch):
 @pytest.mark.parametrize("kw", [dict(D=96), dict(D=128, BN=192), dict(D=256, BN=128),
                                 dict(D=64, BN=200), dict(D=64, schedule="fast"), dict(D=64, dtype="f32"),
                                 dict(D=64, Hkv=3), dict(D=128, stages=6),
-                                dict(D=256, persistent=True)])
+                                dict(D=256, persistent=True), dict(D=128, rescale_threshold=-1),
+                                dict(D=128, rescale_threshold=17), dict(D=128, rescale_threshold="8"),
+                                dict(D=128, rescale_threshold=True), dict(D=64, pin_overlap="yes")])
 def test_bad_configurations(kw):
     kw = dict(kw)
     D = kw.pop("D")
