@@ -7,7 +7,8 @@ the same (rounded) inputs. Tolerances (``check`` in the example): max |o - ref| 
 the output rounding, 2**-9 relative), 1e-2 for f16 (2**-11 each); lse relative error
 <= 1e-3 (f32 softmax state, ex2/lg2.approx ~2**-22).
 Both the default schedule and the simple one (``schedule="simple"``) are checked, so a
-failure of the overlapped schedules alone is visible.
+failure of the overlapped schedules alone is visible; the opt-in tuning options
+(``pin_overlap``, ``rescale_threshold``) are checked with the same tolerances.
 
     pytest -m gpu packages/pyptx-torch/tests/test_flash_attention_gpu.py
 """
@@ -110,6 +111,50 @@ def test_block_shapes(D, BN, stages):
     q, k, v = _inputs(1, 500, 500, 2, 1, D, "f16", seed=BN)
     o, lse = fa.attention_forward(q, k, v, causal=True, BN=BN, stages=stages)
     _assert_close(o, lse, fa.reference(q, k, v, True), "f16")
+
+
+TUNING = [dict(pin_overlap=True), dict(rescale_threshold=8), dict(rescale_threshold=0),
+          dict(pin_overlap=True, rescale_threshold=8)]
+
+
+@pytest.mark.parametrize("opts", TUNING, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
+@pytest.mark.parametrize("schedule", fa.SCHEDULES)
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_tuning_options(opts, schedule, D, causal):
+    """The opt-in options (``pin_overlap``, ``rescale_threshold``) give the same tolerances
+    as the default kernel; q and k scaled by 2 so row maxima keep moving across key blocks
+    (the lazy rescale's skipped and taken paths both run). ``rescale_threshold=0`` only
+    skips multiplications by exactly 1, so it must equal the default kernel bit for bit."""
+    q, k, v = _inputs(2, 700, 700, 4, 2, D, "bf16", seed=D + causal)
+    q, k = 2 * q, 2 * k                          # exact in bf16; scores of std ~4
+    o, lse = fa.attention_forward(q, k, v, causal=causal, schedule=schedule, **opts)
+    _assert_close(o, lse, fa.reference(q, k, v, causal), "bf16")
+    if opts == dict(rescale_threshold=0):
+        o0, lse0 = fa.attention_forward(q, k, v, causal=causal, schedule=schedule)
+        assert torch.equal(o, o0) and torch.equal(lse, lse0)
+
+
+@pytest.mark.parametrize("kw", [dict(BN=176), dict(stages=3), dict(persistent=True)])
+def test_tuning_options_with_block_shapes(kw):
+    q, k, v = _inputs(2, 1000, 1000, 4, 2, 128, "bf16", seed=11)
+    for causal in (False, True):
+        o, lse = fa.attention_forward(q, k, v, causal=causal, pin_overlap=True,
+                                      rescale_threshold=8, **kw)
+        _assert_close(o, lse, fa.reference(q, k, v, causal), "bf16")
+
+
+def test_tuning_options_varlen():
+    lens_q, lens_k = [77, 1, 200, 128, 300], [77, 5, 333, 128, 300]
+    cu_q = torch.tensor([0] + list(fa._cumsum(lens_q)), device="cuda", dtype=torch.int32)
+    cu_k = torch.tensor([0] + list(fa._cumsum(lens_k)), device="cuda", dtype=torch.int32)
+    g = torch.Generator(device="cuda").manual_seed(12)
+    q = torch.randn(sum(lens_q), 4, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    k = torch.randn(sum(lens_k), 2, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    v = torch.randn(sum(lens_k), 2, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    o, lse = fa.attention_varlen_forward(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k),
+                                         pin_overlap=True, rescale_threshold=8)
+    _assert_close(o, lse, fa.reference_varlen(q, k, v, cu_q, cu_k, False), "bf16")
 
 
 def test_scale():
