@@ -9,6 +9,10 @@
 #          SAN_TOOLS="memcheck", SAN_TIMEOUT=180 (per tool),
 #          BENCH_ARGS="--dims 128 --seqs 8192" (default: the default call and the persistent
 #          kernel as two columns), INSTALL=0 (skip tools/device_install.sh)
+#   step "ab" (issue 17, hd128 speed; docs/dev/attention.md): the example's checks with the
+#   opt-in options, then one interleaved benchmark of the default against pin_overlap,
+#   rescale_threshold, both, and both with BN=176 / stages=3 (forward only) -> $OUT/attention-ab.md
+#     STEPS=ab bash tools/device_attention.sh      knobs: AB_CONFIGS (JSON list), AB_ARGS
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -18,6 +22,7 @@ STEPS=${STEPS:-example tests jax bench sanitize}
 SCHEDULES=${SCHEDULES:-simple overlap pingpong}
 DEFAULT_BENCH='--configs [{},{"persistent":true}]'
 BENCH_ARGS=${BENCH_ARGS-$DEFAULT_BENCH}
+DEFAULT_AB='[{},{"pin_overlap":true},{"rescale_threshold":8},{"pin_overlap":true,"rescale_threshold":8},{"pin_overlap":true,"rescale_threshold":8,"BN":176},{"pin_overlap":true,"rescale_threshold":8,"stages":3},{"pin_overlap":true,"rescale_threshold":8,"persistent":true}]'
 for s in $STEPS; do
   echo "=== $s"
   case $s in
@@ -36,6 +41,17 @@ for s in $STEPS; do
       read -ra bench_args <<< "$BENCH_ARGS"
       timeout ${BENCH_TIMEOUT:-500} python3 benchmarks/attention.py "${bench_args[@]}" \
         --out "$OUT/attention.md" 2>&1 | tee "$OUT/attention-bench.log" ;;
+    ab)
+      for opts in "pin_overlap" "rescale_threshold=8" "pin_overlap rescale_threshold=8"; do
+        timeout ${EXAMPLE_TIMEOUT:-90} python3 examples/hopper/flash_attention.py pingpong $opts 2>&1 \
+          | tee -a "$OUT/attention-ab-example.log" | grep -E "FAIL|Error|all PASS" | tail -8
+        echo "exit ${PIPESTATUS[0]} ($opts)"
+      done
+      timeout ${TEST_TIMEOUT:-400} python3 -m pytest -m gpu -q -x -rs -k tuning \
+        packages/pyptx-torch/tests/test_flash_attention_gpu.py 2>&1 | tee "$OUT/attention-ab-tests.log" | tail -5
+      read -ra ab_args <<< "${AB_ARGS:---no-bwd --rounds 3}"
+      timeout ${BENCH_TIMEOUT:-500} python3 benchmarks/attention.py "${ab_args[@]}" \
+        --configs "${AB_CONFIGS:-$DEFAULT_AB}" --out "$OUT/attention-ab.md" 2>&1 | tee "$OUT/attention-ab-bench.log" ;;
     sanitize)
       for tool in ${SAN_TOOLS:-memcheck racecheck synccheck}; do
         timeout ${SAN_TIMEOUT:-180} compute-sanitizer --tool $tool --report-api-errors no \

@@ -889,7 +889,8 @@ MAIN_CASES = [
 
 def main(argv=None) -> int:
     """Correctness checks on the GPU, one PASS/FAIL line each; arguments: schedules to run
-    (default: the default schedule) and ``persistent`` for the persistent kernel."""
+    (default: the default schedule), ``persistent`` for the persistent kernel, and the
+    tuning options ``pin_overlap`` and ``rescale_threshold=T``."""
     import torch
 
     torch.manual_seed(0)
@@ -898,6 +899,11 @@ def main(argv=None) -> int:
     args = argv or sys.argv[1:]
     schedules = [s for s in args if s in SCHEDULES] or [_schedule(None)]
     persistent = "persistent" in args
+    opts = {"pin_overlap": True} if "pin_overlap" in args else {}
+    for a in args:
+        if a.startswith("rescale_threshold="):
+            opts["rescale_threshold"] = float(a.split("=", 1)[1])
+    otag = "".join(f" {k}={v}" for k, v in opts.items())
     for schedule in schedules:
         for (B, S, Sk, Hq, Hkv, D, causal, dname) in MAIN_CASES:
             q = torch.randn(B, S, Hq, D, device="cuda", dtype=dt[dname])
@@ -905,14 +911,15 @@ def main(argv=None) -> int:
             v = torch.randn(B, Sk, Hkv, D, device="cuda", dtype=dt[dname])
             try:
                 o, lse = attention_forward(q, k, v, causal=causal, schedule=schedule,
-                                           persistent=True if persistent and D <= 128 else None)
+                                           persistent=True if persistent and D <= 128 else None,
+                                           **opts)
                 torch.cuda.synchronize()
                 ok, eo, el = check(o, lse, *reference(q, k, v, causal), dname)
             except Exception as e:  # report and go on: one line per case
                 ok, eo, el = False, float("nan"), float("nan")
                 print(f"  {type(e).__name__}: {e}"[:400])
             fails += not ok
-            tag = " persistent" if persistent and D <= 128 else ""
+            tag = (" persistent" if persistent and D <= 128 else "") + otag
             print(f"{schedule}{tag} B{B} S{S} Sk{Sk} H{Hq}/{Hkv} D{D} {'causal' if causal else 'full'} "
                   f"{dname}: o err {eo:.2e} lse err {el:.2e} {'PASS' if ok else 'FAIL'}",
                   flush=True)
@@ -926,14 +933,14 @@ def main(argv=None) -> int:
             v = torch.randn(sum(lens_k), Hkv, D, device="cuda", dtype=torch.bfloat16)
             try:
                 o, lse = attention_varlen_forward(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k),
-                                                  causal=causal, schedule=schedule)
+                                                  causal=causal, schedule=schedule, **opts)
                 torch.cuda.synchronize()
                 ok, eo, el = check(o, lse, *reference_varlen(q, k, v, cu_q, cu_k, causal), "bf16")
             except Exception as e:
                 ok, eo, el = False, float("nan"), float("nan")
                 print(f"  {type(e).__name__}: {e}"[:400])
             fails += not ok
-            print(f"{schedule} varlen {lens_q}/{lens_k} H{Hq}/{Hkv} D{D} "
+            print(f"{schedule}{otag} varlen {lens_q}/{lens_k} H{Hq}/{Hkv} D{D} "
                   f"{'causal' if causal else 'full'}: o err {eo:.2e} lse err {el:.2e} "
                   f"{'PASS' if ok else 'FAIL'}", flush=True)
     print("all PASS" if not fails else f"{fails} FAIL")
