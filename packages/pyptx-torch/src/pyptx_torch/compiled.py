@@ -36,6 +36,7 @@ from pyptx.source import where
 from pyptx.specs import Dim, Tile
 from pyptx.types import from_name
 
+from . import direct as _direct
 from .dtypes import torch_dtype_of
 from .eager import Plan, _fast_launcher, describe, plan_for, run_plan
 from .fastpath import FASTPATH
@@ -229,6 +230,9 @@ for _n in range(1, MAX_FIXED + 1):
     _lib.impl(f"launch{_n}", _fixed_impl, "CPU")
     torch.library.register_fake(f"pyptx::launch{_n}", _fixed_fake, lib=_lib)
 _FIXED = (None, *(getattr(torch.ops.pyptx, f"launch{n}") for n in range(1, MAX_FIXED + 1)))
+_direct.expose()
+if _direct.ENABLED:  # opt-in (imports inductor): see pyptx_torch.direct
+    _direct.install_lowerings(MAX_FIXED)
 
 
 def compiled_call(kernel: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:

@@ -345,6 +345,55 @@ at::Tensor launch4_op(const at::Tensor& a, const at::Tensor& b, const at::Tensor
   return launch_single(t, 4, v);
 }
 
+// direct(t0, ..., variant) -> Tensor: what inductor's code calls for pyptx::launch<n> when
+// PYPTX_TORCH_DIRECT=1 (pyptx_torch/direct.py): the variant's bound plans without the op call
+// (no Python->op argument parsing, no dispatcher); anything they do not take goes to the
+// Python fallback set by set_direct_fallback (which calls the op).
+PyObject* g_direct_fallback = nullptr;  // owned
+
+PyObject* py_direct(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  constexpr Py_ssize_t kMaxFixed = 4;
+  if (nargs >= 2 && nargs - 1 <= kMaxFixed && PyUnicode_CheckExact(args[nargs - 1])) {
+    const size_t n = static_cast<size_t>(nargs - 1);
+    const at::Tensor* ins[kMaxFixed];
+    bool tensors = true;
+    for (size_t i = 0; i < n && tensors; ++i) {
+      tensors = THPVariable_CheckExact(args[i]);
+      if (tensors) ins[i] = &THPVariable_Unpack(args[i]);
+    }
+    Py_ssize_t len = 0;
+    const char* v = tensors ? PyUnicode_AsUTF8AndSize(args[nargs - 1], &len) : nullptr;
+    if (tensors && !v) return nullptr;
+    if (v) {
+      std::vector<at::Tensor> outs;
+      try {
+        if (run_bound(std::string(v, static_cast<size_t>(len)), n, [&](size_t i) { return ins[i]; },
+                      outs, 1))
+          return THPVariable_Wrap(std::move(outs[0]));
+      } catch (const std::exception&) {
+        // the op repeats the call below and reports the error properly
+      }
+    }
+  }
+  g_fallback_calls.fetch_add(1, std::memory_order_relaxed);
+  if (!g_direct_fallback) {
+    PyErr_SetString(PyExc_RuntimeError, "pyptx fast path: no direct fallback installed");
+    return nullptr;
+  }
+  return PyObject_Vectorcall(g_direct_fallback, args, static_cast<size_t>(nargs), nullptr);
+}
+
+// set_direct_fallback(fn): what direct() calls when no bound plan takes its arguments.
+PyObject* py_set_direct_fallback(PyObject*, PyObject* fn) {
+  if (!PyCallable_Check(fn)) {
+    PyErr_SetString(PyExc_TypeError, "set_direct_fallback: expected a callable");
+    return nullptr;
+  }
+  Py_INCREF(fn);
+  Py_XSETREF(g_direct_fallback, fn);
+  Py_RETURN_NONE;
+}
+
 // bind(uid, kwargs, plan): pyptx::launch runs that kernel variant through `plan` when the inputs
 // match it. It joins the variant's plans, replacing one built for the same inputs; past
 // kPlansPerVariant the oldest is dropped (freed once no launch in flight holds it).
@@ -420,6 +469,11 @@ PyMethodDef methods[] = {
      "configure(launch_raw_address): the shim's C launch entry point."},
     {"set_fallback", py_set_fallback, METH_O,
      "set_fallback(fn): the Python implementation pyptx::launch calls when no plan matches."},
+    {"direct", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(py_direct)),
+     METH_FASTCALL,
+     "direct(t0, ..., variant) -> Tensor: pyptx::launch<n> through the bound plans, no op call."},
+    {"set_direct_fallback", py_set_direct_fallback, METH_O,
+     "set_direct_fallback(fn): what direct() calls when no bound plan takes the arguments."},
     {"bind", py_bind, METH_VARARGS,
      "bind(uid, kwargs, plan): pyptx::launch runs that variant through plan when inputs match it."},
     {"bound_plans", py_bound_plans, METH_VARARGS,
