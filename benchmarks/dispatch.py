@@ -711,6 +711,8 @@ def _versions(torch: Any) -> str:
         from pyptx_torch.fastpath import fastpath_status
 
         parts.append(f"C++ fast path {fastpath_status()}")
+        if os.environ.get("PYPTX_TORCH_DIRECT") == "1":
+            parts.append("PYPTX_TORCH_DIRECT=1 (inductor calls the launcher directly)")
     except Exception:  # noqa: BLE001
         pass
     return ", ".join(parts)
