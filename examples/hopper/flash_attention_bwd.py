@@ -372,8 +372,15 @@ def _release_stage(pipe, state, lane0):
 
 
 def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None, BQ=64,
-               stages=None, sync=None, safe=None, atomic_dq=False):
+               stages=None, sync=None, safe=None, atomic_dq=False, overlap=None):
     """The dK/dV kernel: ``(Q, K, V, DO, STATS) -> (DK, DV)`` (STATS from ``build_dq``).
+
+    Opt-in speed options (issue 17; see docs/dev/attention-backward.md): ``BQ=32`` (q rows
+    per block: 32 fewer live registers, so ptxas keeps the wgmma asynchronous at D=128) and
+    ``overlap=False`` (wait for a block's dK product before the next block's, the stage
+    released right after; also ends the serialisation at D=128). The default (``BQ=64``,
+    ``overlap`` on) is the schedule measured correct; at D=128 ptxas serialises its wgmma
+    (C7512: every HGMMA followed by a wait).
 
     ``atomic_dq``: also ``(..., STATS, DQACC)``: every block adds ``scale * dS K`` into the
     f32 ``DQACC`` ``(B, S, Hq, D)`` in place with ``red.global.add`` (not deterministic;
@@ -395,9 +402,16 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     stats_bytes = BQ * 8                            # (lse2, delta) of the block's rows
     stage_bytes = 2 * q_tile.nbytes + 1024          # stats padded to keep tiles 1024-aligned
     head_bytes = 2 * kv_tile.nbytes
-    overlap = not safe and not atomic_dq
+    default_overlap = not safe and not atomic_dq
+    overlap = default_overlap if overlap is None else bool(overlap)
+    if overlap and (safe or atomic_dq):
+        raise ConfigError("build_dkdv: overlap=True needs the fast schedule (not safe, not atomic_dq)")
+    if atomic_dq and BQ != 64:
+        raise ConfigError(f"build_dkdv: atomic_dq needs BQ=64 (its dS tile), got BQ={BQ}")
+    if BQ not in (32, 64):
+        raise ConfigError(f"build_dkdv: BQ must be 32 or 64, got {BQ!r}")
     # atomic dQ: dS of the block (q x kv, q contiguous: an MN-major A) in two buffers
-    ds_tile = OperandTile(BQ, BM, dt, major="MN")
+    ds_tile = OperandTile(BQ, BM, dt, major="MN") if atomic_dq else None
     kv_mn = OperandTile(D, BM, dt, major="MN")      # K as B of dS K (the same bytes as K)
     ds_bytes = 2 * ds_tile.nbytes if atomic_dq else 0
     stages = _smem_fit(head_bytes + ds_bytes, stage_bytes) if stages is None else stages
@@ -643,7 +657,8 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         ptx.ret()
 
     name = (f"attn_bwd_dkdv_{dt.name}_d{D}_h{Hq}x{Hkv}{'_causal' if causal else ''}"
-            f"{'_safe' if safe else ''}{'_atomic' if atomic_dq else ''}")
+            f"{'_safe' if safe else ''}{'_atomic' if atomic_dq else ''}"
+            f"{f'_bq{BQ}' if BQ != 64 else ''}{'_serial' if overlap != default_overlap else ''}")
     ins = (qspec, kspec, kspec, qspec, Tile(B, Hq, Sp, 2, f32))
     if atomic_dq:
         ins += (Tile(B, S, Hq, D, f32),)
@@ -807,33 +822,56 @@ class AttentionBackward:
 
 
 def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None,
-                             safe=None, atomic_dq=False):
+                             safe=None, atomic_dq=False, dkdv_bq=64, dkdv_overlap=None):
     """The backward kernels for these sizes: ``bwd(q, k, v, o, lse, do, dlse) -> (dq, dk,
     dv)``. ``safe=True`` (or ``PYPTX_ATTN_BWD_SAFE=1``): the simplest schedule, for
     bisecting. ``atomic_dq=True``: dQ accumulated by the dK/dV kernel with f32 atomics (no
-    second pass over K and V; not deterministic; torch eager only)."""
+    second pass over K and V; not deterministic; torch eager only). ``dkdv_bq`` (64 or 32)
+    and ``dkdv_overlap`` (``None``: the schedule's default): the dK/dV kernel's opt-in
+    speed options (``build_dkdv``'s ``BQ`` and ``overlap``)."""
     safe = _env("PYPTX_ATTN_BWD_SAFE") if safe is None else bool(safe)
+    if dkdv_bq not in (32, 64):
+        raise ConfigError(f"build_attention_backward: dkdv_bq must be 32 or 64, got {dkdv_bq!r}")
+    overlap = None if dkdv_overlap is None else bool(dkdv_overlap)
     return _build(B, S, Hq, Hkv, D, S if Sk is None else Sk, dtype, causal, scale, safe,
-                  bool(atomic_dq))
+                  bool(atomic_dq), dkdv_bq, overlap)
+
+
+OPTIONS = ("dkdv_bq", "dkdv_overlap")   # the opt-in speed options of build_attention_backward
+
+
+def parse_options(text):
+    """``"dkdv_bq=32,dkdv_overlap=0"`` -> ``{"dkdv_bq": 32, "dkdv_overlap": False}`` (empty
+    text or ``default``: ``{}``), for the command lines of the example and its tools."""
+    out = {}
+    for item in filter(None, (text or "").replace("default", "").split(",")):
+        name, _, value = item.partition("=")
+        if name not in OPTIONS or not value.isdigit():
+            raise ConfigError(f"attention backward options: expected name=int with name in "
+                              f"{OPTIONS}, got {item!r}")
+        out[name] = int(value) if name == "dkdv_bq" else bool(int(value))
+    return out
 
 
 @functools.lru_cache(maxsize=64)
-def _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, safe, atomic_dq):
+def _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, safe, atomic_dq, dkdv_bq=64, overlap=None):
     kw = dict(Sk=Sk, dtype=dtype, causal=causal, scale=scale, safe=safe)
+    dkdv_kw = dict(kw, BQ=dkdv_bq, overlap=overlap)
     dt = _dtype(dtype)
     if atomic_dq:
         check_shapes(B, S, Hq, Hkv, D, Sk)
         kernels = (build_prep(B, S, Hq, D, dtype=dtype),   # the dK/dV kernel adds scaled dQ
-                   build_dkdv(B, S, Hq, Hkv, D, atomic_dq=True, **kw),
+                   build_dkdv(B, S, Hq, Hkv, D, atomic_dq=True, **dkdv_kw),
                    build_convert(B, S, Hq, D, dtype=dtype))
     else:
-        kernels = (build_dq(B, S, Hq, Hkv, D, **kw), build_dkdv(B, S, Hq, Hkv, D, **kw))
+        kernels = (build_dq(B, S, Hq, Hkv, D, **kw), build_dkdv(B, S, Hq, Hkv, D, **dkdv_kw))
     return AttentionBackward(kernels, B, S, Hq, Hkv, D, Sk, dt, atomic_dq)
 
 
 def attention_backward(q, k, v, o, lse, do, causal=False, scale=None, *, safe=None,
-                       atomic_dq=False):
-    """``(dq, dk, dv)`` of attention for torch tensors or JAX arrays (layouts as above)."""
+                       atomic_dq=False, **options):
+    """``(dq, dk, dv)`` of attention for torch tensors or JAX arrays (layouts as above);
+    ``options``: ``dkdv_bq`` / ``dkdv_overlap`` of ``build_attention_backward``."""
     if len(q.shape) != 4 or len(k.shape) != 4 or tuple(k.shape) != tuple(v.shape):
         raise ConfigError(f"attention_backward: q (B, S, Hq, D) and k, v (B, Sk, Hkv, D) expected, "
                           f"got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
@@ -844,7 +882,7 @@ def attention_backward(q, k, v, o, lse, do, causal=False, scale=None, *, safe=No
         raise ConfigError(f"attention_backward: q must be bfloat16 or float16, got {q.dtype}")
     bwd = build_attention_backward(B, S, Hq, Hkv, D, Sk=Sk, dtype=name, causal=causal,
                                    scale=None if scale is None else float(scale), safe=safe,
-                                   atomic_dq=atomic_dq)
+                                   atomic_dq=atomic_dq, **options)
     if type(q).__module__.startswith("torch"):  # the kernels take dense tensors
         q, k, v, o, lse, do = (x.contiguous() for x in (q, k, v, o, lse, do))
     return bwd(q, k, v, o, lse, do)
@@ -958,8 +996,9 @@ CHECKS = [  # (B, S, Hq, Hkv, D, dtype, causal): ragged, GQA/MQA, both dtypes an
 ]
 
 
-def check(cases=CHECKS, safe=False, atomic_dq=False) -> int:
-    """One PASS/FAIL line per gradient against float64 autograd; returns the failures."""
+def check(cases=CHECKS, safe=False, atomic_dq=False, **options) -> int:
+    """One PASS/FAIL line per gradient against float64 autograd; returns the failures.
+    ``options``: the opt-in ``dkdv_bq`` / ``dkdv_overlap`` (named in each line)."""
     import torch
 
     fails = 0
@@ -974,10 +1013,11 @@ def check(cases=CHECKS, safe=False, atomic_dq=False) -> int:
         do = torch.randn(B, S, Hq, D, device="cuda", dtype=dt)
         o, lse, rq, rk, rv = reference(q, k, v, do, causal)
         mode = "atomic" if atomic_dq else "safe" if safe else "fast"
+        mode += "".join(f" {n}={int(v)}" for n, v in sorted(options.items()))
         tag = f"{mode} B{B} S{S} H{Hq}/{Hkv} D{D} {dtn} {'causal' if causal else 'full'}"
         try:
             got = attention_backward(q, k, v, o.to(dt), lse.float(), do, causal=causal, safe=safe,
-                                     atomic_dq=atomic_dq)
+                                     atomic_dq=atomic_dq, **options)
             torch.cuda.synchronize()
         except Exception as e:  # noqa: BLE001 - report and go on to the next case
             print(f"{tag}: {type(e).__name__}: {str(e)[:300]} FAIL")
@@ -994,10 +1034,17 @@ def check(cases=CHECKS, safe=False, atomic_dq=False) -> int:
     return fails
 
 
-def bench(dims=(64, 128), seqs=(4096, 8192), tokens=32768, width=2048, dtn="bf16") -> None:
+def bench(dims=(64, 128), seqs=(4096, 8192), tokens=32768, width=2048, dtn="bf16",
+          configs=None, rounds=3) -> None:
     """Backward TFLOP/s (2.5 x 4*B*H*S^2*D, halved when causal) beside torch SDPA's backward
-    with each backend; do_bench medians (L2 flushed)."""
+    with each backend; do_bench medians (L2 flushed). ``configs``: instead, an A/B table of
+    option sets (``{"default": {}, "bq32": {"dkdv_bq": 32}}`` or ``"default;dkdv_bq=32"``):
+    each set's gradients are first compared with the first set's (rel. error, must be <
+    2e-2), then the sets are timed in ``rounds`` interleaved rounds (median of the rounds)."""
     import torch
+
+    if configs is not None:
+        return bench_ab(configs, dims, seqs, tokens, width, dtn, rounds)
 
     print(f"# attention backward TFLOP/s on {torch.cuda.get_device_name()} ({dtn})")
     print("| D | S | causal | pyptx | pyptx atomic dQ | cudnn | flash | efficient |")
@@ -1007,6 +1054,59 @@ def bench(dims=(64, 128), seqs=(4096, 8192), tokens=32768, width=2048, dtn="bf16
             for causal in (False, True):
                 print("| " + " | ".join(_bench_row(D, S, causal, tokens // S, width // D, dtn))
                       + " |", flush=True)
+
+
+def bench_ab(configs, dims=(128,), seqs=(4096, 8192), tokens=32768, width=2048, dtn="bf16",
+             rounds=3) -> None:
+    """The A/B table of ``bench(configs=...)``: TFLOP/s per option set, interleaved."""
+    import torch
+    from triton.testing import do_bench
+
+    if isinstance(configs, str):
+        configs = {c or "default": parse_options(c) for c in configs.split(";")}
+    names = list(configs)
+    print(f"# attention backward A/B, TFLOP/s on {torch.cuda.get_device_name()} ({dtn}); "
+          f"median of {rounds} interleaved do_bench medians")
+    print("| D | S | causal | " + " | ".join(names) + " | max rel err vs " + names[0] + " |")
+    print("|---" * (len(names) + 4) + "|")
+    dt = {"bf16": torch.bfloat16, "f16": torch.float16}[dtn]
+    for D in dims:
+        for S in seqs:
+            for causal in (False, True):
+                B, H = tokens // S, width // D
+                q, k, v, do = (torch.randn(B, S, H, D, device="cuda", dtype=dt) for _ in range(4))
+                o = torch.randn(B, S, H, D, device="cuda", dtype=dt)
+                lse = _lse(q, k, causal)
+                flops = 2.5 * 4 * B * H * S * S * D / (2 if causal else 1)
+                fns, worst, ref = {}, 0.0, None
+                for n in names:
+                    try:
+                        bwd = build_attention_backward(B, S, H, H, D, dtype=dtn, causal=causal,
+                                                       **configs[n])
+                        got = bwd(q, k, v, o, lse, do)
+                    except Exception as e:  # noqa: BLE001 - report the column anyway
+                        print(f"<!-- {n}: {type(e).__name__}: {str(e)[:200]} -->")
+                        continue
+                    if ref is None:
+                        ref = [g.double() for g in got]
+                    else:
+                        for g, r in zip(got, ref):
+                            worst = max(worst, ((g.double() - r).norm() / r.norm()).item())
+                    fns[n] = lambda bwd=bwd, a=(q, k, v, o, lse, do): bwd(*a)
+                times = {n: [] for n in fns}
+                for _ in range(rounds):
+                    for n, fn in fns.items():
+                        times[n].append(do_bench(fn, return_mode="median"))
+                cells = []
+                for n in names:
+                    if n in times:
+                        ms = sorted(times[n])[len(times[n]) // 2]
+                        cells.append(f"{flops / ms / 1e9:.0f}")
+                    else:
+                        cells.append("error")
+                flag = "" if worst < 2e-2 else " FAIL"
+                print(f"| {D} | {S} | {causal} | " + " | ".join(cells) + f" | {worst:.1e}{flag} |",
+                      flush=True)
 
 
 def _bench_row(D, S, causal, B, H, dtn):
@@ -1064,21 +1164,29 @@ def _lse(q, k, causal, chunk=512):
 
 
 def main(argv=None) -> int:
-    """``python flash_attention_bwd.py [--fast] [--safe] [--atomic] [--bench]``: the probe,
-    then PASS/FAIL per gradient of each schedule (all three by default); ``--bench`` also
-    prints the TFLOP/s table."""
+    """``python flash_attention_bwd.py [--fast] [--safe] [--atomic] [--options k=v,...]
+    [--bench] [--ab "default;dkdv_bq=32;dkdv_overlap=0"]``: the probe, then PASS/FAIL per
+    gradient of each schedule (all three by default; ``--options``: with the opt-in
+    options); ``--bench`` also prints the TFLOP/s table, ``--ab`` the A/B table of option
+    sets at D=128 (both head dims with ``--ab-dims 64,128``)."""
     argv = sys.argv[1:] if argv is None else argv
+    opts = parse_options(argv[argv.index("--options") + 1]) if "--options" in argv else {}
     fails = check_probe()
     # --fast / --safe / --atomic: only those schedules (safe: the simplest, to bisect a
     # failure; atomic: dQ added by the dK/dV kernel with f32 atomics, not deterministic)
     modes = [m for m in ("--fast", "--safe", "--atomic") if m in argv] or ["--fast", "--safe",
                                                                           "--atomic"]
     for m in modes:
-        n = check(safe=m == "--safe", atomic_dq=m == "--atomic")
+        n = check(safe=m == "--safe", atomic_dq=m == "--atomic", **opts)
         print(f"{m[2:]} schedule: {f'{n} FAIL' if n else 'all PASS'}")
         fails += n
     if "--bench" in argv:
         bench()
+    if "--ab" in argv:
+        dims = (128,)
+        if "--ab-dims" in argv:
+            dims = tuple(int(x) for x in argv[argv.index("--ab-dims") + 1].split(","))
+        bench(configs=argv[argv.index("--ab") + 1], dims=dims)
     return 1 if fails else 0
 
 

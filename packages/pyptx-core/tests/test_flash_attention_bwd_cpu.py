@@ -44,15 +44,17 @@ def test_ptxas_accepts_both_kernels(D, dtype, causal, Hq, Hkv, S, Sk, assemble):
             assert safe or "0 bytes spill stores" in log, log
 
 
+@pytest.mark.parametrize("BQ", [64, 32])
 @pytest.mark.parametrize("S,Sk", [(128, 128), (200, 200), (333, 190), (190, 333), (64, 1000)])
 @pytest.mark.parametrize("causal", [False, True])
-def test_blocks_the_fast_schedule_leaves_unmasked_need_no_mask(S, Sk, causal):
+def test_blocks_the_fast_schedule_leaves_unmasked_need_no_mask(S, Sk, causal, BQ):
     """The fast schedule masks a block only where ``need`` (the kernels' condition) holds;
-    every element of every other block must be allowed (kv < Sk, q < S, kv <= q if causal)."""
+    every element of every other block must be allowed (kv < Sk, q < S, kv <= q if causal);
+    for the dK/dV kernel's q blocks of 64 rows and of 32 (the ``dkdv_bq=32`` option)."""
     def allowed(q, kv):
         return q < S and kv < Sk and (not causal or kv <= q)
 
-    BKV, BQ, BM = 64, 64, fab.BM
+    BKV, BM = 64, fab.BM
     for qb in range(-(-S // BM)):          # dQ kernel: CTA rows q0..q0+127, kv block j
         q0 = qb * BM
         n_kv = min((q0 + BM - 1) // BKV + 1, -(-Sk // BKV)) if causal else -(-Sk // BKV)
@@ -248,12 +250,14 @@ def model_dkdv(q, k, v, lse, do, delta, causal, scale, dt, BQ=64):
     return dk, dv
 
 
-@pytest.mark.parametrize("B,S,Hq,Hkv,D,causal,dtn", [
-    (1, 200, 2, 1, 64, True, "bf16"),
-    (1, 150, 2, 2, 64, False, "f16"),
-    (1, 130, 2, 1, 128, True, "bf16"),
+@pytest.mark.parametrize("B,S,Hq,Hkv,D,causal,dtn,BQ", [
+    (1, 200, 2, 1, 64, True, "bf16", 64),
+    (1, 150, 2, 2, 64, False, "f16", 64),
+    (1, 130, 2, 1, 128, True, "bf16", 64),
+    (1, 170, 2, 1, 128, True, "bf16", 32),    # the dkdv_bq=32 option
+    (1, 99, 2, 2, 128, False, "f16", 32),
 ])
-def test_model_of_the_tiling_matches_float64_autograd(B, S, Hq, Hkv, D, causal, dtn):
+def test_model_of_the_tiling_matches_float64_autograd(B, S, Hq, Hkv, D, causal, dtn, BQ):
     """Every element written (no NaN left), and within the 16-bit rounding of P, dS and the
     outputs: rel. error < 1e-2 (measured ~3e-3 bf16, ~5e-4 f16)."""
     torch.manual_seed(0)
@@ -263,7 +267,7 @@ def test_model_of_the_tiling_matches_float64_autograd(B, S, Hq, Hkv, D, causal, 
     o, lse, rq, rk, rv = fab.reference(q, k, v, do, causal)
     scale = 1 / math.sqrt(D)
     dq, delta = model_dq(q, k, v, o.to(dt), lse.float(), do, causal, scale, dt)
-    dk, dv = model_dkdv(q, k, v, lse.float(), do, delta, causal, scale, dt)
+    dk, dv = model_dkdv(q, k, v, lse.float(), do, delta, causal, scale, dt, BQ=BQ)
     for name, got, ref in (("dq", dq, rq), ("dk", dk, rk), ("dv", dv, rv)):
         assert not torch.isnan(got).any(), f"{name}: unwritten elements"
         err = ((got - ref).norm() / ref.norm()).item()
@@ -316,3 +320,92 @@ def test_ds_tile_stores_fill_the_mn_major_swizzled_layout():
                     assert addr not in seen
                     seen[addr] = (kv, q)
     assert len(seen) == 128 * 64 // 2
+
+
+def _sass_counts(ptx, tmp_path):
+    """(HGMMA, WARPGROUP.DEPBAR) counts in the SASS of ``ptx`` and ptxas's log."""
+    import shutil
+    import subprocess
+
+    ptxas, cuobjdump = shutil.which("ptxas"), shutil.which("cuobjdump")
+    if not ptxas or not cuobjdump:
+        pytest.skip("ptxas and cuobjdump needed")
+    src, out = tmp_path / "k.ptx", tmp_path / "k.cubin"
+    src.write_text(ptx)
+    log = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", str(src), "-o", str(out)],
+                         capture_output=True, text=True, check=True).stderr
+    sass = subprocess.run([cuobjdump, "-sass", str(out)], capture_output=True, text=True,
+                          check=True).stdout
+    return sass.count("HGMMA"), sass.count("WARPGROUP.DEPBAR"), log
+
+
+@pytest.mark.parametrize("opts,serial", [
+    ({}, True),                                   # the default: ptxas serialises (C7512)
+    ({"dkdv_bq": 32}, False),
+    ({"dkdv_overlap": False}, False),
+])
+@pytest.mark.parametrize("causal", [False, True])
+def test_dkdv_d128_wgmma_serialisation(opts, serial, causal, tmp_path):
+    """At D=128 the default dK/dV kernel has too little register room for asynchronous
+    wgmma: ptxas reports C7512 and waits after every HGMMA (the 3x gap to D=64). Each opt-in
+    option removes that: 0 spills, no C7512, 3 waits per block loop."""
+    bwd = fab.build_attention_backward(2, 1024, 4, 4, 128, causal=causal, **opts)
+    hg, dep, log = _sass_counts(bwd.dkdv_kernel.ptx(), tmp_path)
+    assert "0 bytes spill stores" in log, log
+    assert ("C7512" in log) == serial, log
+    if serial:
+        assert dep >= hg
+    else:
+        assert dep <= 6 < hg, (hg, dep)
+
+
+def test_d64_kernels_and_dq_d128_are_not_serialised(tmp_path):
+    """The schedules measured at 0.8x cuDNN (D=64) and the dQ kernel keep their wgmma async."""
+    for D in (64, 128):
+        bwd = fab.build_attention_backward(2, 1024, 4, 4, D, causal=True)
+        for k in (bwd.dq_kernel, bwd.dkdv_kernel) if D == 64 else (bwd.dq_kernel,):
+            hg, dep, log = _sass_counts(k.ptx(), tmp_path)
+            assert "C7512" not in log and dep <= 6 < hg, (k.name, hg, dep)
+
+
+@pytest.mark.parametrize("opts", [{"dkdv_bq": 32}, {"dkdv_overlap": False},
+                                  {"dkdv_bq": 32, "dkdv_overlap": False}])
+@pytest.mark.parametrize("D,causal", [(64, True), (128, False)])
+def test_options_assemble_for_every_schedule(opts, D, causal, assemble):
+    """The options assemble with the fast, safe and atomic-dQ schedules; the fast one without
+    spills (safe and atomic spill a few bytes at D=128 without the options too) (atomic dQ with 32-row q blocks is a ConfigError: its dS tile needs 64)."""
+    for kw in ({}, {"safe": True}, {"atomic_dq": True}):
+        if "atomic_dq" in kw and opts.get("dkdv_bq") == 32:
+            with pytest.raises(ConfigError, match="BQ=64"):
+                fab.build_attention_backward(1, 300, 2, 1, D, causal=causal, **kw, **opts)
+            continue
+        bwd = fab.build_attention_backward(1, 300, 2, 1, D, causal=causal, **kw, **opts)
+        log = assemble(bwd.dkdv_kernel.ptx())
+        assert kw or "0 bytes spill stores" in log, log
+
+
+def test_overlap_needs_the_fast_schedule_and_options_parse():
+    """overlap=True with safe/atomic is a ConfigError; bad option text and sizes too."""
+    with pytest.raises(ConfigError, match="overlap"):
+        fab.build_dkdv(1, 128, 1, 1, 64, safe=True, overlap=True)
+    with pytest.raises(ConfigError, match="dkdv_bq"):
+        fab.build_attention_backward(1, 128, 1, 1, 64, dkdv_bq=48)
+    with pytest.raises(ConfigError, match="name=int"):
+        fab.parse_options("bq=32")
+    assert fab.parse_options("default") == {}
+    assert fab.parse_options("dkdv_bq=32,dkdv_overlap=0") == {"dkdv_bq": 32, "dkdv_overlap": False}
+
+
+def test_release_fences_the_stats_reads_before_the_next_fill():
+    """Every dK/dV release is preceded by ``fence.proxy.async.shared::cta`` and a warp sync,
+    and the empty barriers count one arrival per consumer warp (the racecheck fix)."""
+    for kw in ({}, {"atomic_dq": True}, {"dkdv_overlap": False}):
+        ptx = fab.build_attention_backward(1, 300, 2, 1, 64, causal=True, **kw).dkdv_kernel.ptx()
+        lines = [ln.strip() for ln in ptx.splitlines()]
+        arrives = [i for i, ln in enumerate(lines) if "mbarrier.arrive.shared::cta" in ln]
+        assert arrives, kw
+        for i in arrives:
+            window = lines[max(0, i - 6):i]
+            assert any(ln.startswith("fence.proxy.async.shared::cta") for ln in window), window
+            assert any(ln.startswith("bar.warp.sync") for ln in window), window
+        assert f"[empty_bar], {fab.RELEASE_ARRIVALS};" in ptx
