@@ -37,7 +37,9 @@ before the previous block's stage is released) and a *safe* one (``safe=True`` o
 ``PYPTX_ATTN_BWD_SAFE=1``: every block masked, stats read from global memory, each
 block's products waited for before its stage is released) to bisect a failure; with it,
 ``PYPTX_ATTN_BWD_SYNC=1`` also makes the producer wait for each stage's release before
-loading the next block.
+loading the next block. Opt-in speed options of the dK/dV kernel (``dkdv_bq=32``,
+``dkdv_overlap=False``; at D=128 the default schedule's wgmma are serialised by ptxas):
+``build_dkdv``, ``bench(configs=...)`` and docs/dev/attention-backward.md.
 """
 
 from __future__ import annotations
