@@ -3,7 +3,9 @@
 # (torch, jax), the sanitizers on a small ragged case, then benchmarks/grouped_gemm.py.
 # Each step is time-boxed so a hung kernel (a barrier that never completes) costs minutes.
 #   run(command="bash tools/device_grouped.sh", carry=[".whl"])
-#   knobs: STEPS="example tests jax sanitize bench", GROUPED_CONFIG="BM=64,BN=128,store=masked"
+#   A/B of the opt-in CANDIDATE_CONFIGS (check, per-kernel times, host time, graph vs autograd):
+#   run(command="STEPS=ab bash tools/device_grouped.sh", carry=[".whl"])  (AB_SHAPES, AB_STEPS)
+#   knobs: STEPS="example tests jax sanitize bench ab", GROUPED_CONFIG="BM=64,BN=128,store=masked"
 #          (the example's checks with one fixed config, to bisect), SHAPES="8x2048x4096x4096",
 #          SKIP_INSTALL=1 after tools/device_install.sh; example/tests run untuned (the first
 #          config) unless EXAMPLE_AUTOTUNE=1 / TEST_AUTOTUNE=1; the benchmark tunes.
@@ -26,6 +28,8 @@ for s in $STEPS; do
         timeout 300 compute-sanitizer --tool $tool --report-api-errors no \
           python3 tools/grouped_sanitize.py 2>&1 | tee "$OUT/grouped-sanitize-$tool.log" | tail -4
       done ;;
+    ab) timeout ${AB_TIMEOUT:-540} python3 tools/grouped_ab.py ${AB_SHAPES:+--shapes $AB_SHAPES} \
+             ${AB_STEPS:+--steps $AB_STEPS} --out "$OUT/grouped_ab.md" 2>&1 | tee "$OUT/grouped-ab.log" ;;
     bench) timeout ${BENCH_TIMEOUT:-500} python3 benchmarks/grouped_gemm.py ${SHAPES:+--shapes $SHAPES} \
              ${NO_BACKWARD:+--no-backward} --out "$OUT/grouped_gemm.md" 2>&1 | tee "$OUT/grouped-bench.log" ;;
   esac

@@ -1,6 +1,7 @@
 """A small ragged grouped GEMM for compute-sanitizer (memcheck, racecheck, synccheck):
 G=3 with sizes [0, 37, 130], N=72, K=100 (K padded to 104), forward (bf16 and f32 out,
-both B layouts, both epilogues) and backward (dA, dB), every output checked."""
+both B layouts, both epilogues) and backward (dA, dB, and dB split three ways: the opt-in
+``wgrad_splits``), every output checked. ``--defaults``: without the opt-in configuration."""
 import sys
 from pathlib import Path
 
@@ -26,7 +27,13 @@ sizes, N, K = [0, 37, 130], 72, 100
 torch.manual_seed(0)
 offs = gg.random_offsets(sizes)
 a = torch.randn(sum(sizes), K, device="cuda", dtype=torch.bfloat16)
-for cfg in (dict(BM=128, BN=128, num_sms=4), dict(BM=64, BN=64, num_sms=2, store="masked")):
+CONFIGS = [dict(BM=128, BN=128, num_sms=4), dict(BM=64, BN=64, num_sms=2, store="masked"),
+           # the opt-in split weight gradient (3 splits: some runs of the 37-row group empty)
+           dict(BM=128, BN=128, num_sms=4, wgrad_splits=3, wgrad_BM=64, wgrad_BN=64,
+                wgrad_num_sms=3)]
+if len(sys.argv) > 1 and sys.argv[1] == "--defaults":  # the configurations measured before
+    CONFIGS = CONFIGS[:2]
+for cfg in CONFIGS:
     for tb in (False, True):
         w = torch.randn(len(sizes), N, K, device="cuda", dtype=torch.bfloat16)
         b = w.transpose(-2, -1) if tb else w.transpose(-2, -1).contiguous()
