@@ -28,8 +28,8 @@ torch.manual_seed(0)
 offs = gg.random_offsets(sizes)
 a = torch.randn(sum(sizes), K, device="cuda", dtype=torch.bfloat16)
 CONFIGS = [dict(BM=128, BN=128, num_sms=4), dict(BM=64, BN=64, num_sms=2, store="masked"),
-           # the opt-in split weight gradient (3 splits: some runs of the 37-row group empty)
-           dict(BM=128, BN=128, num_sms=4, wgrad_splits=3, wgrad_BM=64, wgrad_BN=64,
+           # the opt-in L2 hints and split weight gradient (3 splits: runs of the 37-row group empty)
+           dict(BM=128, BN=128, num_sms=4, l2_hint="stream_b", wgrad_splits=3, wgrad_BM=64, wgrad_BN=64,
                 wgrad_num_sms=3)]
 if len(sys.argv) > 1 and sys.argv[1] == "--defaults":  # the configurations measured before
     CONFIGS = CONFIGS[:2]

@@ -381,3 +381,17 @@ def test_bad_split_configurations_raise_at_the_callers_line():
         gg.build_grouped_wgrad(256, 64, 64, 2, splits=2)
     with pytest.raises(ConfigError, match="splits must be"):
         gg.build_split_reduce(2, 64, 64, 9)
+
+
+def test_l2_hint_option():
+    """``l2_hint="stream_b"``: B's copies evict-first, A's evict-last; default unchanged."""
+    plain = gg.build_grouped(8192, 4096, 2048, 64).ptx()
+    assert "createpolicy" not in plain and "cache_hint" not in plain
+    text = gg.build_grouped(8192, 4096, 2048, 64, l2_hint="stream_b").ptx()
+    assert "createpolicy.fractional.L2::evict_first.b64" in text
+    assert "createpolicy.fractional.L2::evict_last.b64" in text
+    loads = [ln for ln in text.splitlines() if "cp.async.bulk.tensor" in ln and "global.mbarrier" in ln]
+    assert loads and all("L2::cache_hint" in ln for ln in loads)
+    with pytest.raises(ConfigError, match="l2_hint must be") as e:
+        gg.build_grouped(256, 64, 64, 2, l2_hint="first")
+    assert str(e.value).startswith(f"{HERE}:")

@@ -67,6 +67,8 @@ CASES = [
     ([0, 0, 65], 64, 64, dict(BM=64, BN=256)),
     ([2048] * 4, 256, 2048, None),
     ([129, 1, 63, 64, 191], 128, 4096, dict(store="masked")),
+    # opt-in L2 hints (CANDIDATE_CONFIGS): the values must not change
+    ([128] * 6 + [0, 77], 512, 320, dict(BM=128, BN=256, l2_hint="stream_b")),
 ]
 
 
