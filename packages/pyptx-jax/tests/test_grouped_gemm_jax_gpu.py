@@ -1,7 +1,8 @@
 """GPU tests of the grouped GEMM example from JAX: ``jax.jit`` forward and ``jax.grad``
 through ``differentiable_kernel``, against float64 numpy on fresh random bf16 inputs with
 ragged group sizes (an empty group included). Tolerance on ``||out - ref|| / ||ref||``:
-6e-3 (bf16 output and bf16 gradients)."""
+6e-3 (bf16 output and bf16 gradients). The split weight gradient (opt-in ``wgrad_splits``)
+runs through the same checks."""
 
 from __future__ import annotations
 
@@ -48,8 +49,10 @@ def _err(x, ref):
     return np.linalg.norm(x - ref) / np.linalg.norm(ref)
 
 
+@pytest.mark.parametrize("config", [None, {"wgrad_splits": 2, "wgrad_BM": 64, "wgrad_BN": 64}],
+                         ids=["tuned", "split-wgrad"])
 @pytest.mark.parametrize("trans_b", [False, True])
-def test_jit_forward_and_grad(trans_b):
+def test_jit_forward_and_grad(trans_b, config):
     rng = np.random.default_rng(0)
     M, K, N, G = sum(SIZES), 96, 136, len(SIZES)
     a = jnp.asarray(rng.standard_normal((M, K)), jnp.bfloat16)
@@ -57,14 +60,15 @@ def test_jit_forward_and_grad(trans_b):
     bt = jnp.swapaxes(b, 1, 2) if trans_b else b
     offs = jnp.asarray(np.cumsum(SIZES), jnp.int32)
     a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    f = jax.jit(lambda x, y, o: gg.grouped_mm(x, y, o, trans_b=trans_b))
+    f = jax.jit(lambda x, y, o: gg.grouped_mm(x, y, o, trans_b=trans_b, config=config))
     assert _err(f(a, bt, offs), _ref(a64, b64, SIZES)) < TOL
 
     dy = rng.standard_normal((M, N))
     dyj = jnp.asarray(dy, jnp.float32)
 
     def loss(x, y):
-        return jnp.sum(gg.grouped_mm(x, y, offs, trans_b=trans_b).astype(jnp.float32) * dyj)
+        return jnp.sum(gg.grouped_mm(x, y, offs, trans_b=trans_b, config=config)
+                       .astype(jnp.float32) * dyj)
 
     da, db = jax.jit(jax.grad(loss, argnums=(0, 1)))(a, bt)
     dy_b = np.asarray(jnp.asarray(dy, jnp.bfloat16), np.float64)  # the kernels see bf16 dY
