@@ -28,7 +28,7 @@ for s in $STEPS; do
         timeout 300 compute-sanitizer --tool $tool --report-api-errors no \
           python3 tools/grouped_sanitize.py 2>&1 | tee "$OUT/grouped-sanitize-$tool.log" | tail -4
       done ;;
-    ab) timeout ${AB_TIMEOUT:-540} python3 tools/grouped_ab.py ${AB_SHAPES:+--shapes $AB_SHAPES} \
+    ab) timeout ${AB_TIMEOUT:-480} python3 tools/grouped_ab.py ${AB_SHAPES:+--shapes $AB_SHAPES} \
              ${AB_STEPS:+--steps $AB_STEPS} --out "$OUT/grouped_ab.md" 2>&1 | tee "$OUT/grouped-ab.log" ;;
     bench) timeout ${BENCH_TIMEOUT:-500} python3 benchmarks/grouped_gemm.py ${SHAPES:+--shapes $SHAPES} \
              ${NO_BACKWARD:+--no-backward} --out "$OUT/grouped_gemm.md" 2>&1 | tee "$OUT/grouped-bench.log" ;;
