@@ -12,7 +12,7 @@ Not included: the launch itself (the C++ fast path's checks, allocation and
 ``cuLaunchKernel``, a few microseconds per kernel on the device) and the hand-off of
 ``.backward()`` to the autograd engine's CUDA worker thread.
 
-Steps per case (median of ``--rounds`` rounds of ``--iters`` calls, in microseconds per call):
+Steps per case (median and min of ``--rounds`` rounds of ``--iters`` calls, microseconds per call):
 
 * ``fwd``: the call without gradients;
 * ``fwd+bwd``: the benchmark's loop body: ``x.grad = None; f(x...).backward(dy)``;
@@ -39,11 +39,24 @@ ROOT = Path(__file__).resolve().parents[1]
 FAKE_DEVICE = "cpu (host_overhead no-op launches)"
 
 
-def install_noop_launches():
+class _Patch:
+    """Plain ``setattr``/``setenv`` (pytest's ``monkeypatch`` has the same two methods)."""
+
+    setattr = staticmethod(setattr)
+
+    @staticmethod
+    def setenv(name, value):
+        os.environ[name] = value
+
+
+def install_noop_launches(patch=None, record=None):
     """Replace every kernel launch of the torch runtime by a no-op returning outputs of the
     right shape/dtype, and let tuned kernels take their device fast path on CPU tensors.
+    ``patch``: pytest's ``monkeypatch`` (undone after the test); default: for good.
+    ``record``: a list that gets ``(kernel, args)`` of every launch.
     Returns the launch counter (a dict: kernel name -> calls)."""
-    os.environ["PYPTX_AUTOTUNE"] = "0"
+    patch = patch or _Patch()
+    patch.setenv("PYPTX_AUTOTUNE", "0")
     import torch
 
     from pyptx.autotune import TorchTimer
@@ -62,13 +75,15 @@ def install_noop_launches():
                           for s, o in zip(spec.out_shapes, kernel.out_specs))
             outs_by_sig[sig] = bases
         counts[kernel.name] = counts.get(kernel.name, 0) + 1
+        if record is not None:
+            record.append((kernel, args))
         outs = tuple(b.detach() for b in bases)
         return outs[0] if len(outs) == 1 else outs
 
     def launcher(self, runtime):
         return noop_launch
 
-    Kernel.launcher = launcher
+    patch.setattr(Kernel, "launcher", launcher)
     real_name = TorchTimer.device_name
 
     def device_name(self, args):
@@ -77,12 +92,13 @@ def install_noop_launches():
                 return FAKE_DEVICE if a.device.type == "cpu" else real_name(self, args)
         return None
 
-    TorchTimer.device_name = device_name
+    patch.setattr(TorchTimer, "device_name", device_name)
     return counts
 
 
 def timed(fn, iters, rounds):
-    """Median over ``rounds`` of the mean microseconds of ``iters`` calls of ``fn``."""
+    """(median, min) over ``rounds`` of the mean microseconds of ``iters`` calls of ``fn``
+    (the min is the steadier number on a shared machine)."""
     for _ in range(max(3, iters // 10)):
         fn()
     per = []
@@ -91,7 +107,7 @@ def timed(fn, iters, rounds):
         for _ in range(iters):
             fn()
         per.append((time.perf_counter() - t0) / iters * 1e6)
-    return statistics.median(per)
+    return statistics.median(per), min(per)
 
 
 def profile(fn, iters, top=18):
@@ -184,16 +200,16 @@ def main(argv=None) -> int:
     if "attention" in args.cases:
         cases += [attention_case(s) for s in args.attention_shapes]
     lines = [f"# host time per call, no-op launches (python {sys.version.split()[0]}, "
-             f"torch {torch.__version__})", "", "| case | step | host us / call |",
-             "|---|---|---:|"]
+             f"torch {torch.__version__})", "", "| case | step | host us / call (median) | min |",
+             "|---|---|---:|---:|"]
     profiles = []
     for name, steps in cases:
         for step, fn in steps.items():
             counts.clear()
             fn()
             launched = sum(counts.values())
-            us = timed(fn, args.iters, args.rounds)
-            lines.append(f"| {name} | {step} ({launched} launches) | {us:.1f} |")
+            med, low = timed(fn, args.iters, args.rounds)
+            lines.append(f"| {name} | {step} ({launched} launches) | {med:.1f} | {low:.1f} |")
             print(lines[-1], flush=True)
             if args.profile and step == "fwd+bwd":
                 profiles.append(f"## {name} {step}\n\n```\n{profile(fn, args.iters)}```")

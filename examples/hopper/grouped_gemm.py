@@ -784,6 +784,27 @@ def _pad_last(x, mult, lib, dim=-1):
     return jnp.pad(x, widths)
 
 
+_CALLS: dict = {}
+"""Torch call signatures ``grouped_mm`` has checked (no padding, tuned config) -> whether
+``b`` is read through its transpose, and the ``grouped_op`` arguments."""
+_CALLS_SIZE = 256
+
+
+def _call_key(a, b, offs, out_dtype, trans_b):
+    """The signature of a torch call that decides all of ``grouped_mm``'s checks and
+    arguments (types, shapes, dtypes, ``b``'s strides); None while torch.compile traces
+    (the traced path keeps the checks) or where a dim is symbolic."""
+    if sys.modules["torch"].compiler.is_compiling():
+        return None
+    try:
+        key = (a.__class__, a.shape, a.dtype, b.__class__, b.shape, b.stride(), b.dtype,
+               offs.__class__, offs.shape, offs.dtype, out_dtype, trans_b)
+        hash(key)
+    except (TypeError, RuntimeError):  # symbolic dims; a layout without strides
+        return None
+    return key
+
+
 def grouped_mm(a, b, offs, *, out_dtype=None, trans_b=False, config=None):
     """``out[offs[g-1]:offs[g]] = a[offs[g-1]:offs[g]] @ b[g]`` for torch tensors or JAX arrays.
 
@@ -798,13 +819,22 @@ def grouped_mm(a, b, offs, *, out_dtype=None, trans_b=False, config=None):
     zero-padded.
     """
     lib = "torch" if type(a).__module__.startswith("torch") else "jax"
+    key = _call_key(a, b, offs, out_dtype, trans_b) if lib == "torch" and config is None else None
+    if key is not None:
+        hit = _CALLS.get(key)
+        if hit is not None:  # a signature checked before: skip the checks and the padding
+            flip, op_args = hit
+            if flip:
+                b = b.transpose(-2, -1)
+            return grouped_op(*op_args)(a.contiguous(), b.contiguous(), offs)
+    flip = False
     if len(a.shape) != 2 or len(b.shape) != 3 or len(offs.shape) != 1:
         raise _error(f"grouped_mm expects a (M, K), b (G, K, N) and offs (G,), got "
                           f"{tuple(a.shape)}, {tuple(b.shape)} and {tuple(offs.shape)}")
     if lib == "torch":
         bt = b.transpose(-2, -1)
         if not b.is_contiguous() and bt.is_contiguous():
-            b, trans_b = bt, True
+            b, trans_b, flip = bt, True, True
         a, b = a.contiguous(), b.contiguous()
     M, K = a.shape
     G = b.shape[0]
@@ -823,9 +853,14 @@ def grouped_mm(a, b, offs, *, out_dtype=None, trans_b=False, config=None):
     Kp, Np = a.shape[1], (b.shape[1] if trans_b else b.shape[2])
     cfg = dict(config or {})
     wcfg = {k[len("wgrad_"):]: cfg.pop(k) for k in list(cfg) if k.startswith("wgrad_")}
-    op = grouped_op(M, Np, Kp, G, "K" if trans_b else "MN", out,
-                    tuple(sorted(cfg.items())) if cfg else None,
-                    tuple(sorted(wcfg.items())) if wcfg else None)
+    op_args = (M, Np, Kp, G, "K" if trans_b else "MN", out,
+               tuple(sorted(cfg.items())) if cfg else None,
+               tuple(sorted(wcfg.items())) if wcfg else None)
+    op = grouped_op(*op_args)
+    if key is not None and Np == N and Kp == K:
+        if len(_CALLS) >= _CALLS_SIZE:
+            _CALLS.clear()
+        _CALLS[key] = (flip, op_args)
     d = op(a, b, offs)
     return d[:, :N] if Np != N else d
 

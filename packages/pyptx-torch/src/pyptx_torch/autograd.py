@@ -28,20 +28,26 @@ def autograd_function(op: Any) -> Callable[..., Any]:
     saved_out = getattr(op, "saved_outputs", ())
     n_in = len(forward_kernel.in_specs)
     n_grad = op.num_grad_inputs
+    no_grads = (None,) * (n_in - n_grad)
+    # the common pairing saves every input in order and no output: saved as given
+    save_all = not saved_out and tuple(saved_idx) == tuple(range(n_in))
 
     class Op(torch.autograd.Function):
         @staticmethod
         def forward(ctx: Any, *inputs: torch.Tensor) -> Any:
             out = forward_kernel(*inputs)
-            outs = _as_tuple(out)
-            ctx.save_for_backward(*(inputs[i] for i in saved_idx), *(outs[i] for i in saved_out))
+            if save_all and len(inputs) == n_in:
+                ctx.save_for_backward(*inputs)
+            else:
+                outs = _as_tuple(out)
+                ctx.save_for_backward(*[inputs[i] for i in saved_idx],
+                                      *[outs[i] for i in saved_out])
             return out
 
         @staticmethod
         def backward(ctx: Any, *grads: torch.Tensor) -> Any:
-            grads = tuple(g.contiguous() for g in grads)
-            out = _as_tuple(backward_kernel(*ctx.saved_tensors, *grads))
-            return out + (None,) * (n_in - n_grad)
+            out = backward_kernel(*ctx.saved_tensors, *[g.contiguous() for g in grads])
+            return (*out, *no_grads) if isinstance(out, (tuple, list)) else (out, *no_grads)
 
     Op.__name__ = f"{forward_kernel.name}_autograd"
 
