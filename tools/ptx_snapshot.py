@@ -1,0 +1,182 @@
+"""Fingerprint the PTX of the tensor-core example kernels: name -> sha256 of the text.
+
+A refactor of the kernels' code that must not change what they emit is checked by
+writing a snapshot before it and comparing after::
+
+    python tools/ptx_snapshot.py --out /tmp/before.json
+    ...refactor...
+    python tools/ptx_snapshot.py --check /tmp/before.json
+
+The fixed list covers every tuned configuration of the GEMM, FP8 GEMM (x scale kinds)
+and grouped GEMM (forward, dgrad layout, weight gradient, split weight gradient), the
+attention forward schedules x head dims 64/128 x causal (plain, persistent, varlen)
+and the backward kernels (default, safe, atomic dQ) at a square and a ragged shape.
+Runs on the CPU (tracing only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from pyptx.testing import load_module
+
+ROOT = Path(__file__).resolve().parents[1]
+HOPPER = ROOT / "examples/hopper"
+
+
+def _mod(name):
+    return load_module(HOPPER / f"{name}.py", f"{name}_snapshot")
+
+
+def _gemm_cases():
+    cases = []
+    for (M, N, K) in [(4096, 4096, 4096), (1000, 520, 136)]:
+        for i, c in enumerate(_mod("gemm").GEMM_CONFIGS):
+            cases.append((f"gemm/{M}x{N}x{K}/cfg{i}", "gemm", "build_gemm", (M, N, K), c.kwargs))
+    extra = [dict(bias=True, activation="gelu_tanh", alpha=0.5), dict(a_major="MN", b_major="K"),
+             dict(epilogue="st", out_dtype="f16", dtype="f16"), dict(out_dtype="f32"),
+             dict(split="slabs"), dict(activation="silu", cluster=1, BN=128),
+             dict(activation="relu", bias=True, KB=152, NB=528)]
+    for i, kw in enumerate(extra):
+        cases.append((f"gemm/1000x520x136/extra{i}", "gemm", "build_gemm", (1000, 520, 136), kw))
+    return cases
+
+
+def _fp8_cases():
+    cases = []
+    for scale in ("tensor", "row", "block"):
+        for i, c in enumerate(_mod("fp8_gemm").FP8_CONFIGS):
+            cases.append((f"fp8/{scale}/4096/cfg{i}", "fp8_gemm", "build_fp8_gemm",
+                          (4096, 4096, 4096), dict(scale=scale, **c.kwargs)))
+            cases.append((f"fp8/{scale}/ragged/cfg{i}", "fp8_gemm", "build_fp8_gemm",
+                          (1000, 520, 400), dict(scale=scale, ND=520, **c.kwargs)))
+        cases.append((f"fp8/{scale}/mixed", "fp8_gemm", "build_fp8_gemm", (1000, 520, 400),
+                      dict(scale=scale, dtype="e5m2", dtype_b="e4m3", out_dtype="f32", BN=64,
+                           ND=520)))
+        if scale != "block":
+            cases.append((f"fp8/{scale}/fast", "fp8_gemm", "build_fp8_gemm", (300, 200, 160),
+                          dict(scale=scale, fast_accum=True, ND=200, BN=192, cluster=1)))
+            cases.append((f"fp8/{scale}/pingpong", "fp8_gemm", "build_fp8_gemm",
+                          (4096, 4096, 4096), dict(scale=scale, pingpong=True, BN=128)))
+    return cases
+
+
+def _grouped_cases():
+    cases = []
+    for i, c in enumerate(_mod("grouped_gemm").GROUPED_CONFIGS):
+        for (M, N, K, G) in [(8192, 2048, 1024, 8), (1000, 520, 136, 3)]:
+            tag = f"{M}x{N}x{K}x{G}/cfg{i}"
+            cases.append((f"grouped/fwd/{tag}", "grouped_gemm", "build_grouped", (M, N, K, G),
+                          c.kwargs))
+            cases.append((f"grouped/dgrad/{tag}", "grouped_gemm", "build_grouped", (M, K, N, G),
+                          dict(b_major="K", **c.kwargs)))
+            cases.append((f"grouped/wgrad/{tag}", "grouped_gemm", "build_grouped_wgrad",
+                          (M, K, N, G), c.kwargs))
+    for name, kw in _mod("grouped_gemm").CANDIDATE_CONFIGS.items():
+        kw = dict(kw)
+        which = kw.pop("kernel")
+        M, N, K, G = 4096, 2048, 2048, 4
+        if which == "wgrad":
+            cases.append((f"grouped/cand/{name}", "grouped_gemm", "build_wgrad_split",
+                          (M, K, N, G), kw))
+        else:
+            kw.update(b_major="K") if which == "dgrad" else None
+            cases.append((f"grouped/cand/{name}", "grouped_gemm", "build_grouped", (M, N, K, G),
+                          kw))
+    cases.append(("grouped/fwd/masked", "grouped_gemm", "build_grouped", (1000, 520, 136, 3),
+                  dict(store="masked", out_dtype="f32")))
+    return cases
+
+
+def _attention_cases():
+    cases = []
+    fa = _mod("flash_attention")
+    for schedule in fa.SCHEDULES:
+        for D in (64, 128):
+            for causal in (False, True):
+                for (B, S, Hq, Hkv) in [(2, 1024, 4, 4), (1, 1000, 4, 2)]:
+                    tag = f"{schedule}/d{D}/{'causal' if causal else 'full'}/{B}x{S}x{Hq}x{Hkv}"
+                    kw = dict(causal=causal, schedule=schedule)
+                    cases.append((f"attn/{tag}", "flash_attention", "build_attention",
+                                  (B, S, Hq, Hkv, D), kw))
+                cases.append((f"attn/{schedule}/d{D}/{causal}/persistent", "flash_attention",
+                              "build_attention", (2, 1000, 4, 2, D),
+                              dict(causal=causal, schedule=schedule, persistent=True)))
+                cases.append((f"attn/{schedule}/d{D}/{causal}/varlen", "flash_attention",
+                              "build_attention_varlen", (3000, 2800, 3, 4, 2, D, 1200),
+                              dict(causal=causal, schedule=schedule)))
+    for D in (64, 128):
+        for causal in (False, True):
+            for (B, S, Hq, Hkv, Sk) in [(2, 1024, 4, 4, 1024), (1, 1000, 4, 2, 1000)]:
+                for mode, kw in [("default", {}), ("safe", dict(safe=True)),
+                                 ("atomic", dict(atomic_dq=True)),
+                                 ("bq32", dict(dkdv_bq=32)), ("nooverlap", dict(dkdv_overlap=False))]:
+                    tag = f"{mode}/d{D}/{'causal' if causal else 'full'}/{B}x{S}x{Hq}x{Hkv}"
+                    cases.append((f"attn_bwd/{tag}", "flash_attention_bwd",
+                                  "build_attention_backward", (B, S, Hq, Hkv, D),
+                                  dict(Sk=Sk, causal=causal, **kw)))
+    return cases
+
+
+def cases():
+    """Every snapshot case: ``(name, module, builder, args, kwargs)``."""
+    return _gemm_cases() + _fp8_cases() + _grouped_cases() + _attention_cases()
+
+
+def _texts(k):
+    if hasattr(k, "kernels"):
+        return [t for sub in k.kernels for t in _texts(sub)]
+    return [k.ptx()]
+
+
+def _one(case):
+    name, module, builder, args, kw = case
+    try:
+        k = getattr(_mod(module), builder)(*args, **kw)
+    except Exception as e:
+        raise RuntimeError(f"{name}: {type(e).__name__}: {e}") from None
+    h = hashlib.sha256()
+    for text in _texts(k):
+        h.update(text.encode())
+        h.update(b"\0")
+    return name, h.hexdigest()
+
+
+def snapshot(jobs=None):
+    """name -> sha256 of the case's PTX (all kernels of a multi-kernel case, in order)."""
+    for var in ("PYPTX_ATTN_SCHEDULE", "PYPTX_ATTN_BWD_SAFE", "PYPTX_ATTN_BWD_SYNC",
+                "PYPTX_AUTOTUNE"):
+        os.environ.pop(var, None)
+    all_cases = cases()
+    with ProcessPoolExecutor(jobs or os.cpu_count()) as pool:
+        return dict(sorted(pool.map(_one, all_cases, chunksize=4)))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", help="write the snapshot JSON here")
+    p.add_argument("--check", help="compare with this snapshot JSON; exit 1 on a difference")
+    p.add_argument("--jobs", type=int, default=None)
+    a = p.parse_args(argv)
+    snap = snapshot(a.jobs)
+    print(f"{len(snap)} kernels fingerprinted")
+    if a.out:
+        Path(a.out).write_text(json.dumps(snap, indent=1) + "\n")
+    if a.check:
+        want = json.loads(Path(a.check).read_text())
+        diff = sorted(k for k in set(want) | set(snap) if want.get(k) != snap.get(k))
+        for k in diff:
+            print(f"DIFF {k}")
+        print("IDENTICAL" if not diff else f"{len(diff)} DIFFERENT")
+        return 1 if diff else 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
