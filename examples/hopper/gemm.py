@@ -31,13 +31,14 @@ from __future__ import annotations
 import functools
 import sys
 
-from pyptx import Tile, kernel, ptx, reg, smem
+from pyptx import Tile, kernel, ptx, reg
 from pyptx.autotune import Config, autotune
 from pyptx.errors import ConfigError
 from pyptx.fragment import Accumulator
 from pyptx.operand import OperandTile
 from pyptx.pipeline import Pipeline
 from pyptx.types import b32, bf16, f16, f32, u32, u64
+from pyptx.warpspec import Roles, grouped_tile_origin, min_u32, prologue, ring_base, thread_ids
 
 ACTIVATIONS = (None, "relu", "silu", "gelu_tanh")
 H100_SMS = 132
@@ -142,38 +143,18 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
            "D": {"box": d_box, "swizzle": "128B"}}
 
     def body(A, B, Bias, D):
-        # the 128-byte swizzle is anchored at 1024-byte boundaries: round the window up
-        base = (smem.dynamic(align=128, name="ring").addr() + 1023) & 0xFFFFFC00
+        base = ring_base()
         pipe = Pipeline(stages, consumer_arrivals=consumers * (cluster if multicast else 1))
-        tid = reg.from_(ptx.special.tid.x(), u32)
-        wg = tid >> 7
-        pipe.init(pred=tid == 0, cluster=cluster > 1)
-        if cluster > 1:
-            ptx.cluster_sync()
-            rank = ptx.cluster.ctarank()
-            cid = reg.from_(ptx.special.ctaid.x(), u32) >> 1
-        else:
-            ptx.bar_sync(0)
-            rank = 0
-            cid = reg.from_(ptx.special.ctaid.x(), u32)
+        tid, wg = thread_ids()
+        rank, cid = prologue(pipe, tid, cluster)
 
         def tile_coords(t):
             """(m0, n0) of cluster tile ``t``, grouped ``gm`` cluster rows per band."""
-            band = t // (gm * num_n)
-            first = band * gm
-            rows = reg.scalar(u32, init=num_mc) - first
-            rows = ptx_min(rows, gm)
-            within = t - band * (gm * num_n)
-            mc = first + within % rows
-            nb = within // rows
-            m0 = (mc * cluster + rank) * BM if cluster > 1 else mc * BM
-            return m0, nb * BN
+            return grouped_tile_origin(t, rank, num_mc=num_mc, num_n=num_n, gm=gm,
+                                       cluster=cluster, BM=BM, BN=BN)
 
-        consumer = ptx.label("consumer")
-        done = ptx.label("done")
-        ptx.bra(consumer, pred=wg != 0)
+        roles = Roles(wg, prod_regs)
         # ---------------------------------------------------------------- producer
-        ptx.setmaxnreg(prod_regs, inc=False)
         with ptx.if_(tid == 0):
             st = pipe.producer_state()
             mask = (1 << cluster) - 1
@@ -196,10 +177,8 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
                     else:
                         b_tile.load(sbase + a_bytes, B, n0, k0, bar, map_ptr=b_map)
                     st.advance()
-        ptx.bra(done)
         # ---------------------------------------------------------------- consumers
-        ptx.place(consumer)
-        ptx.setmaxnreg(cons_regs, inc=True)
+        roles.consumers(cons_regs)
         w = wg - 1
         t_wg = tid & 127
         leader = t_wg == 0
@@ -318,7 +297,7 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
                     ptx.tma.commit_group()
         with ptx.if_(leader):
             ptx.tma.wait_group(0, read=False)
-        ptx.place(done)
+        roles.end()
         if cluster > 1:
             ptx.cluster_sync()
         ptx.ret()
@@ -336,15 +315,8 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
     return deco(gemm)
 
 
-def ptx_min(r, v):
-    """``min.u32 d, r, v``."""
-    from pyptx.reg import Reg
-    from pyptx.trace import current
-
-    trace = current()
-    d = Reg(trace.new_reg_name(u32), u32, trace)
-    trace.inst("min.u32", (d.name, r.name, str(v)))
-    return d
+ptx_min = min_u32
+"""``min.u32 d, r, v`` (``pyptx.warpspec.min_u32``)."""
 
 
 def _activate(v, activation):

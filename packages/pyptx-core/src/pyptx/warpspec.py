@@ -1,0 +1,109 @@
+"""The skeleton of a warp-specialised, persistent tensor-core kernel.
+
+The Hopper GEMM-like kernels share one shape: a dynamic shared-memory window rounded up
+to 1024 bytes (the 128-byte swizzle's anchor), a barrier prologue (``Pipeline`` init
+then a CTA or cluster barrier, the CTA's cluster rank and cluster index), a role split
+(warpgroup 0 produces with few registers, the others consume with many) and a
+persistent walk of output tiles in grouped order (``gm`` cluster rows per band, so
+consecutive tiles reuse operands in L2). These functions emit exactly those pieces::
+
+    base = ring_base()
+    tid, wg = thread_ids()
+    rank, cid = prologue(pipe, tid, cluster)
+    roles = Roles(wg, producer_regs=40)
+    ...                                   # producer warpgroup
+    roles.consumers(232)
+    ...                                   # consumer warpgroups
+    roles.end()
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyptx import ptx, reg, smem
+from pyptx.types import u32
+
+__all__ = ["ring_base", "thread_ids", "prologue", "Roles", "min_u32", "grouped_tile_origin"]
+
+
+def ring_base(name: str = "ring") -> Any:
+    """The kernel's dynamic shared-memory window (named ``name``), its address rounded
+    up to a 1024-byte boundary: the anchor of 128-byte swizzled tiles. Reserve 1024
+    bytes of slack in the kernel's ``smem`` for the rounding."""
+    return (smem.dynamic(align=128, name=name).addr() + 1023) & 0xFFFFFC00
+
+
+def thread_ids() -> tuple[Any, Any]:
+    """``(tid, wg)``: the thread's index in the CTA (u32) and its warpgroup (``tid >> 7``)."""
+    tid = reg.from_(ptx.special.tid.x(), u32)
+    return tid, tid >> 7
+
+
+def prologue(pipe: Any, tid: Any, cluster: int = 1) -> tuple[Any, Any]:
+    """Initialise ``pipe``'s barriers (thread 0) and wait for every thread of the CTA, or
+    of the cluster when ``cluster > 1`` (a cluster along x). Returns ``(rank, cid)``: the
+    CTA's rank in its cluster (``0`` without one) and the cluster's index along x."""
+    pipe.init(pred=tid == 0, cluster=cluster > 1)
+    if cluster > 1:
+        ptx.cluster_sync()
+        rank = ptx.cluster.ctarank()
+        cid = reg.from_(ptx.special.ctaid.x(), u32) >> 1
+    else:
+        ptx.bar_sync(0)
+        rank = 0
+        cid = reg.from_(ptx.special.ctaid.x(), u32)
+    return rank, cid
+
+
+class Roles:
+    """The producer/consumer split of the warpgroups: constructing it branches warpgroups
+    other than ``wg == 0`` to the consumer code and lowers the producer's register limit
+    to ``producer_regs`` (``setmaxnreg.dec``); the code traced next is the producer's."""
+
+    def __init__(self, wg: Any, producer_regs: int):
+        self.consumer = ptx.label("consumer")
+        self.done = ptx.label("done")
+        ptx.bra(self.consumer, pred=wg != 0)
+        ptx.setmaxnreg(producer_regs, inc=False)
+
+    def consumers(self, regs: int) -> None:
+        """End the producer's code (it jumps to ``end``) and open the consumers', raising
+        their register limit to ``regs`` (``setmaxnreg.inc``)."""
+        ptx.bra(self.done)
+        ptx.place(self.consumer)
+        ptx.setmaxnreg(regs, inc=True)
+
+    def end(self) -> None:
+        """Where both roles meet again (the kernel's common exit)."""
+        ptx.place(self.done)
+
+
+def min_u32(r: Any, v: Any) -> Any:
+    """``min.u32 d, r, v`` into a new u32 register (``v`` a register or an int)."""
+    from pyptx.reg import Reg
+    from pyptx.trace import current
+
+    trace = current()
+    d = Reg(trace.new_reg_name(u32), u32, trace)
+    trace.inst("min.u32", (d.name, r.name, str(v)))
+    return d
+
+
+def grouped_tile_origin(t: Any, rank: Any, *, num_mc: int, num_n: int, gm: int, cluster: int,
+                        BM: int, BN: int) -> tuple[Any, Any]:
+    """``(m0, n0)`` of cluster tile ``t`` for cluster CTA ``rank``: ``num_mc`` cluster rows
+    (``cluster`` CTAs of ``BM`` rows each) by ``num_n`` columns of ``BN``, walked in bands
+    of ``gm`` cluster rows, column by column within a band. ``t`` a Python int (a CPU
+    model) or a u32 register (in a kernel)."""
+    band = t // (gm * num_n)
+    first = band * gm
+    if isinstance(t, int):
+        rows = min(num_mc - first, gm)
+    else:
+        rows = min_u32(reg.scalar(u32, init=num_mc) - first, gm)
+    within = t - band * (gm * num_n)
+    mc = first + within % rows
+    nb = within // rows
+    m0 = (mc * cluster + rank) * BM if cluster > 1 else mc * BM
+    return m0, nb * BN
