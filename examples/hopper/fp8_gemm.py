@@ -37,7 +37,7 @@ import os
 import sys
 from pathlib import Path
 
-from pyptx import Tile, kernel, ptx, reg, smem
+from pyptx import Tile, kernel, ptx, reg
 from pyptx.autotune import Config, autotune
 from pyptx.errors import ConfigError
 from pyptx.fragment import Accumulator
@@ -45,6 +45,7 @@ from pyptx.operand import OperandTile
 from pyptx.pipeline import Pipeline
 from pyptx.testing import load_module
 from pyptx.types import b32, bf16, e4m3, e5m2, f32, u32, u64
+from pyptx.warpspec import Roles, grouped_tile_origin, prologue, ring_base, thread_ids
 
 gemm = load_module(Path(__file__).with_name("gemm.py"), "gemm_example")
 
@@ -83,17 +84,8 @@ def tile_origin(t, rank, g):
     """``(m0, n0)`` of cluster tile ``t`` for cluster CTA ``rank``: ``g.gm`` cluster rows per
     band, walked column by column. Works on Python ints (the CPU model) and on u32
     registers (the kernel)."""
-    band = t // (g.gm * g.num_n)
-    first = band * g.gm
-    if isinstance(t, int):
-        rows = min(g.num_mc - first, g.gm)
-    else:
-        rows = gemm.ptx_min(reg.scalar(u32, init=g.num_mc) - first, g.gm)
-    within = t - band * (g.gm * g.num_n)
-    mc = first + within % rows
-    nb = within // rows
-    m0 = (mc * g.cluster + rank) * g.BM if g.cluster > 1 else mc * g.BM
-    return m0, nb * g.BN
+    return grouped_tile_origin(t, rank, num_mc=g.num_mc, num_n=g.num_n, gm=g.gm,
+                               cluster=g.cluster, BM=g.BM, BN=g.BN)
 
 
 def partial_columns(BN, fast_accum=False):
@@ -299,28 +291,16 @@ def build_fp8_gemm(M: int, N: int, K: int, *, scale="tensor", dtype="e4m3", dtyp
     ab = (dt_a.name, dt_b.name)
 
     def fp8_gemm(A, B, SA, SB, D):
-        base = (smem.dynamic(align=128, name="ring").addr() + 1023) & 0xFFFFFC00
+        base = ring_base()
         pipe = Pipeline(stages, consumer_arrivals=consumers * (cluster if multicast else 1))
-        tid = reg.from_(ptx.special.tid.x(), u32)
-        wg = tid >> 7
-        pipe.init(pred=tid == 0, cluster=cluster > 1)
-        if cluster > 1:
-            ptx.cluster_sync()
-            rank = ptx.cluster.ctarank()
-            cid = reg.from_(ptx.special.ctaid.x(), u32) >> 1
-        else:
-            ptx.bar_sync(0)
-            rank = 0
-            cid = reg.from_(ptx.special.ctaid.x(), u32)
+        tid, wg = thread_ids()
+        rank, cid = prologue(pipe, tid, cluster)
 
         def tile_coords(t):
             return tile_origin(t, rank, g)
 
-        consumer = ptx.label("consumer")
-        done = ptx.label("done")
-        ptx.bra(consumer, pred=wg != 0)
+        roles = Roles(wg, prod_regs)
         # ---------------------------------------------------------------- producer
-        ptx.setmaxnreg(prod_regs, inc=False)
         with ptx.if_(tid == 0):
             st = pipe.producer_state()
             mask = (1 << cluster) - 1
@@ -340,10 +320,8 @@ def build_fp8_gemm(M: int, N: int, K: int, *, scale="tensor", dtype="e4m3", dtyp
                     else:
                         b_tile.load(sbase + a_bytes, B, n0, k0, bar, map_ptr=b_map)
                     st.advance()
-        ptx.bra(done)
         # ---------------------------------------------------------------- consumers
-        ptx.place(consumer)
-        ptx.setmaxnreg(cons_regs, inc=True)
+        roles.consumers(cons_regs)
         w = wg - 1
         t_wg = tid & 127
         leader = t_wg == 0
@@ -580,7 +558,7 @@ def build_fp8_gemm(M: int, N: int, K: int, *, scale="tensor", dtype="e4m3", dtyp
                     ptx.tma.commit_group()
         with ptx.if_(leader):
             ptx.tma.wait_group(0, read=False)
-        ptx.place(done)
+        roles.end()
         if cluster > 1:
             ptx.cluster_sync()
         ptx.ret()
