@@ -38,7 +38,7 @@ import functools
 import os
 import sys
 
-from pyptx import Tile, kernel, ptx, reg, smem
+from pyptx import Tile, kernel, ptx, reg
 from pyptx.autodiff import differentiable_kernel
 from pyptx.autotune import Config, autotune
 from pyptx.errors import ConfigError
@@ -46,6 +46,7 @@ from pyptx.fragment import Accumulator
 from pyptx.operand import OperandTile
 from pyptx.pipeline import Pipeline
 from pyptx.types import b32, bf16, f32, s32, u32, u64
+from pyptx.warpspec import Roles, prologue, ring_base, thread_ids
 
 H100_SMS = 132
 SMEM_LIMIT = 227 * 1024 - 256  # less the static barriers
@@ -256,15 +257,6 @@ class _Consumer:
                 ptx.inst.st.global_.b32(a, v, pred=ok)
 
 
-def _prologue(pipe):
-    """Barrier init by thread 0 and a CTA barrier; returns the thread's index and warpgroup."""
-    tid = reg.from_(ptx.special.tid.x(), u32)
-    wg = tid >> 7
-    pipe.init(pred=tid == 0)
-    ptx.bar_sync(0)
-    return tid, wg
-
-
 def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf16", BM=128,
                   BN=256, BK=64, stages=None, num_sms=H100_SMS, store="auto", l2_hint=None):
     """The grouped GEMM kernel ``D[rows of g] = A[rows of g] @ B[g]``.
@@ -320,16 +312,13 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
         return (k0 + i * 64 if i else k0, n0, g)
 
     def grouped(A, B, Offs, D):
-        base = (smem.dynamic(align=128, name="ring").addr() + 1023) & 0xFFFFFC00
+        base = ring_base()
         pipe = Pipeline(stages, consumer_arrivals=consumers)
-        tid, wg = _prologue(pipe)
-        cid = reg.from_(ptx.special.ctaid.x(), u32)
+        tid, wg = thread_ids()
+        _, cid = prologue(pipe, tid)
         (p_offs,) = ptx.global_ptrs(Offs)
-        consumer = ptx.label("consumer")
-        done = ptx.label("done")
-        ptx.bra(consumer, pred=wg != 0)
+        roles = Roles(wg, prod_regs)
         # ---------------------------------------------------------------- producer
-        ptx.setmaxnreg(prod_regs, inc=False)
         with ptx.if_(tid == 0):
             st = pipe.producer_state()
             a_map = ptx.tma.tensormap_ptr(A.tmap)
@@ -357,10 +346,8 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
             t += ctas
             ptx.bra(top)
             ptx.place(out)
-        ptx.bra(done)
         # ---------------------------------------------------------------- consumers
-        ptx.place(consumer)
-        ptx.setmaxnreg(cons_regs, inc=True)
+        roles.consumers(cons_regs)
         c = _Consumer(base, ring_bytes, wg, tid, BN, ot, out_cols)
         acc = c.acc
         a_desc0 = a_tile.descriptor(base + c.w * a_tile.offset(0, 64) if consumers > 1 else base)
@@ -414,7 +401,7 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
         ptx.place(out)
         with ptx.if_(c.leader):
             ptx.tma.wait_group(0, read=False)
-        ptx.place(done)
+        roles.end()
         ptx.ret()
 
     name = (f"grouped_{ot.name}_{b_major}_{BM}x{BN}x{BK}_s{stages}"
@@ -485,16 +472,13 @@ def build_grouped_wgrad(M: int, KX: int, NY: int, G: int, *, out_dtype="bf16", B
         return split_blocks(s, start, end, splits)
 
     def wgrad(X, Y, Offs, W):
-        base = (smem.dynamic(align=128, name="ring").addr() + 1023) & 0xFFFFFC00
+        base = ring_base()
         pipe = Pipeline(stages, consumer_arrivals=consumers)
-        tid, wg = _prologue(pipe)
-        cid = reg.from_(ptx.special.ctaid.x(), u32)
+        tid, wg = thread_ids()
+        _, cid = prologue(pipe, tid)
         (p_offs,) = ptx.global_ptrs(Offs)
-        consumer = ptx.label("consumer")
-        done = ptx.label("done")
-        ptx.bra(consumer, pred=wg != 0)
+        roles = Roles(wg, prod_regs)
         # ---------------------------------------------------------------- producer
-        ptx.setmaxnreg(prod_regs, inc=False)
         with ptx.if_(tid == 0):
             st = pipe.producer_state()
             x_map = ptx.tma.tensormap_ptr(X.tmap)
@@ -512,10 +496,8 @@ def build_grouped_wgrad(M: int, KX: int, NY: int, G: int, *, out_dtype="bf16", B
                     a_tile.load(sbase, X, m0, r0, bar, map_ptr=x_map)
                     b_tile.load(sbase + a_bytes, Y, n0, r0, bar, map_ptr=y_map)
                     st.advance()
-        ptx.bra(done)
         # ---------------------------------------------------------------- consumers
-        ptx.place(consumer)
-        ptx.setmaxnreg(cons_regs, inc=True)
+        roles.consumers(cons_regs)
         c = _Consumer(base, ring_bytes, wg, tid, BN, ot, out_cols)
         acc = c.acc
         a_desc0 = a_tile.descriptor(base + c.w * a_tile.offset(0, 64) if consumers > 1 else base)
@@ -576,7 +558,7 @@ def build_grouped_wgrad(M: int, KX: int, NY: int, G: int, *, out_dtype="bf16", B
             c.store_tma(w_map, lambda j, n0=n0, mrow=mrow, gz=gz: (n0 + j * out_cols, mrow, gz))
         with ptx.if_(c.leader):
             ptx.tma.wait_group(0, read=False)
-        ptx.place(done)
+        roles.end()
         ptx.ret()
 
     name = f"grouped_wgrad_{ot.name}_{BM}x{BN}x{BK}_s{stages}" + (f"_split{splits}" if splits > 1 else "")
