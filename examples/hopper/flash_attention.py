@@ -51,13 +51,14 @@ import os
 import sys
 from pathlib import Path
 
-from pyptx import Tile, kernel, ptx, reg, smem
+from pyptx import Tile, kernel, ptx, reg
 from pyptx.errors import ConfigError, PyptxError
 from pyptx.fragment import Accumulator
 from pyptx.operand import OperandTile
 from pyptx.pipeline import BarrierArray, Pipeline
 from pyptx.types import b32, f16, f32, pred, s32, u32, u64
 from pyptx.types import bf16 as t_bf16
+from pyptx.warpspec import Roles, ring_base, thread_ids
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -238,8 +239,7 @@ def _body(Q, K, V, CUQ, CUK, Out, LSE, *, dims, varlen, pin_overlap=False, resca
     pingpong = schedule == "pingpong"
     num_m = -(-S // BM)
 
-    tid = reg.from_(ptx.special.tid.x(), u32)
-    wg = tid >> 7
+    tid, wg = thread_ids()
     cx = reg.from_(ptx.special.ctaid.x(), s32)
 
     def tile(t=None):
@@ -282,7 +282,7 @@ def _body(Q, K, V, CUQ, CUK, Out, LSE, *, dims, varlen, pin_overlap=False, resca
         for t in ptx.loop(cx, num_m * Hq * B, ctas, type=s32):
             yield tile(t)
 
-    base = (smem.dynamic(align=128, name="smem").addr() + 1023) & 0xFFFFFC00
+    base = ring_base("smem")
     q_base = base
     k_base = base + q_bytes
     v_base = k_base + stages * kv_bytes
@@ -302,11 +302,8 @@ def _body(Q, K, V, CUQ, CUK, Out, LSE, *, dims, varlen, pin_overlap=False, resca
             return (i * 64, head, row)
         return (i * 64, head, row, b)
 
-    consumer = ptx.label("consumer")
-    done = ptx.label("done")
-    ptx.bra(consumer, pred=wg != 0)
+    roles = Roles(wg, 24)
     # ------------------------------------------------------------------ producer
-    ptx.setmaxnreg(24, inc=False)
     with ptx.if_(tid == 0):
         qmap = ptx.tma.tensormap_ptr(Q.tmap)
         kmap = ptx.tma.tensormap_ptr(K.tmap)
@@ -334,10 +331,8 @@ def _body(Q, K, V, CUQ, CUK, Out, LSE, *, dims, varlen, pin_overlap=False, resca
                         ptx.tma.load_tile(dst + i * k_tile.slab_bytes if i else dst, tmap,
                                           tma_coords(i, krow, x["hk"], x["b"]), bar)
                     st.advance()
-    ptx.bra(done)
     # ------------------------------------------------------------------ consumers
-    ptx.place(consumer)
-    ptx.setmaxnreg(240, inc=True)
+    roles.consumers(240)
     w = wg - 1
     t_wg = tid & 127
     lane = tid & 31
@@ -595,7 +590,7 @@ def _body(Q, K, V, CUQ, CUK, Out, LSE, *, dims, varlen, pin_overlap=False, resca
         ptx.bar_sync(SCHED_BAR, 256, pred=first_wg)
     if not varlen:
         ptx.tma.wait_group(0, read=False, pred=leader)
-    ptx.place(done)
+    roles.end()
     ptx.ret()
 
 

@@ -55,6 +55,7 @@ from pyptx.fragment import Accumulator
 from pyptx.operand import OperandTile
 from pyptx.pipeline import BarrierArray, Pipeline
 from pyptx.types import b16, b32, bf16, f16, f32, pred, s32, u32, u64
+from pyptx.warpspec import Roles, ring_base, thread_ids
 
 LOG2E = 1.4426950408889634
 SMEM_LIMIT = 227 * 1024 - 256
@@ -182,11 +183,10 @@ def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=Non
     kspec = Tile(B, Sk, Hkv, D, dt)
 
     def dq_kernel(Q, K, V, OUT, LSE, DO, DQ, STATS):
-        base = (smem.dynamic(align=128, name="smem").addr() + 1023) & 0xFFFFFC00
+        base = ring_base("smem")
         pipe = Pipeline(stages, consumer_arrivals=2)
         head_bar = BarrierArray(1, name="head_bar")
-        tid = reg.from_(ptx.special.tid.x(), u32)
-        wg = tid >> 7
+        tid, wg = thread_ids()
         qb = reg.from_(ptx.special.ctaid.x(), u32)
         if causal:  # the longest rows (most kv blocks) first: a shorter tail
             qb = (-(-S // BM) - 1) - qb
@@ -201,11 +201,8 @@ def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=Non
             n_kv = _min_u32(reg.from_((q0 + (BM - 1)) // BKV + 1, u32), reg.scalar(u32, init=num_kv))
         else:
             n_kv = num_kv
-        consumer = ptx.label("consumer")
-        done = ptx.label("done")
-        ptx.bra(consumer, pred=wg != 0)
+        roles = Roles(wg, PROD_REGS)
         # ------------------------------------------------------------ producer
-        ptx.setmaxnreg(PROD_REGS, inc=False)
         with ptx.if_(tid == 0):
             hbar = head_bar.at(0)
             ptx.mbarrier.arrive_expect_tx(hbar, head_bytes)
@@ -225,10 +222,8 @@ def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=Non
                 if sync:  # bisecting aid: wait until the consumers released this stage
                     ptx.mbarrier.wait(pipe.empty.at(st.stage), st.phase ^ 1)
                 st.advance()
-        ptx.bra(done)
         # ------------------------------------------------------------ consumers
-        ptx.place(consumer)
-        ptx.setmaxnreg(CONS_REGS, inc=True)
+        roles.consumers(CONS_REGS)
         w = wg - 1
         t = tid & 127
         lane = tid & 31
@@ -317,7 +312,7 @@ def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=Non
             with ptx.if_(has_prev != 0):
                 pipe.release(rel, pred=leader)
         _store_rows(dq_acc, pdq, qrow, valid, Hq, D, hq, b, S, col0, scale, dt)
-        ptx.place(done)
+        roles.end()
         ptx.ret()
 
     name = (f"attn_bwd_dq_{dt.name}_d{D}_h{Hq}x{Hkv}{'_causal' if causal else ''}"
@@ -428,11 +423,10 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     kspec = Tile(B, Sk, Hkv, D, dt)
 
     def dkdv_kernel(Q, K, V, DO, STATS, DQACC, DK, DV):
-        base = (smem.dynamic(align=128, name="smem").addr() + 1023) & 0xFFFFFC00
+        base = ring_base("smem")
         pipe = Pipeline(stages, consumer_arrivals=RELEASE_ARRIVALS)
         head_bar = BarrierArray(1, name="head_bar")
-        tid = reg.from_(ptx.special.tid.x(), u32)
-        wg = tid >> 7
+        tid, wg = thread_ids()
         kb = reg.from_(ptx.special.ctaid.x(), u32)
         hk = reg.from_(ptx.special.ctaid.y(), u32)
         b = reg.from_(ptx.special.ctaid.z(), u32)
@@ -445,11 +439,8 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         pstats, pdk, pdv = ptx.global_ptrs(STATS, DK, DV)
         if atomic_dq:
             (pacc,) = ptx.global_ptrs(DQACC)
-        consumer = ptx.label("consumer")
-        done = ptx.label("done")
-        ptx.bra(consumer, pred=wg != 0)
+        roles = Roles(wg, PROD_REGS)
         # ------------------------------------------------------------ producer
-        ptx.setmaxnreg(PROD_REGS, inc=False)
         with ptx.if_(tid == 0):
             hbar = head_bar.at(0)
             ptx.mbarrier.arrive_expect_tx(hbar, head_bytes)
@@ -475,10 +466,8 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                     if sync:
                         ptx.mbarrier.wait(pipe.empty.at(st.stage), st.phase ^ 1)
                     st.advance()
-        ptx.bra(done)
         # ------------------------------------------------------------ consumers
-        ptx.place(consumer)
-        ptx.setmaxnreg(CONS_REGS, inc=True)
+        roles.consumers(CONS_REGS)
         w = wg - 1
         t = tid & 127
         lane0 = (tid & 31) == 0
@@ -655,7 +644,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                 _release_stage(pipe, rel, lane0)
         _store_rows(dk_acc, pdk, kvrow, valid, Hkv, D, hk, b, Sk, col0, scale, dt)
         _store_rows(dv_acc, pdv, kvrow, valid, Hkv, D, hk, b, Sk, col0, 1.0, dt)
-        ptx.place(done)
+        roles.end()
         ptx.ret()
 
     name = (f"attn_bwd_dkdv_{dt.name}_d{D}_h{Hq}x{Hkv}{'_causal' if causal else ''}"
@@ -905,7 +894,7 @@ def build_register_a_probe(N=128, K=64, dtype="bf16"):
             name=f"attn_bwd_probe_{dt.name}_n{N}_k{K}")
     def probe(A, Bm, Dm):
         pa, pd = ptx.global_ptrs(A, Dm)
-        buf = (smem.dynamic(align=128, name="tiles").addr() + 1023) & 0xFFFFFC00
+        buf = ring_base("tiles")
         bar = smem.alloc(b64, 1, align=8, name="bar")
         tid = reg.from_(ptx.special.tid.x(), u32)
         with ptx.if_(tid == 0):
