@@ -45,7 +45,16 @@ from pyptx.operand import OperandTile
 from pyptx.pipeline import Pipeline
 from pyptx.testing import load_module
 from pyptx.types import b32, bf16, e4m3, e5m2, f32, u32, u64
-from pyptx.warpspec import Roles, grouped_tile_origin, prologue, ring_base, thread_ids
+from pyptx.warpspec import (
+    Roles,
+    drain_stores,
+    grouped_tile_origin,
+    prologue,
+    ring_base,
+    store_slabs,
+    swizzled_rows,
+    thread_ids,
+)
 
 gemm = load_module(Path(__file__).with_name("gemm.py"), "gemm_example")
 
@@ -337,12 +346,7 @@ def build_fp8_gemm(M: int, N: int, K: int, *, scale="tensor", dtype="e4m3", dtyp
         cons = pipe.consumer_state()
         rel = pipe.consumer_state()
         release_ranks = range(cluster) if multicast else None
-        cbytes = 2 * e_out
-        colb = (lane & 3) * cbytes
-        xr = lane >> 2
-        rowbase = cbuf + row0 * 128 + (colb & 15)
-        chunk_hi = colb >> 4
-        sw = {q: ((chunk_hi + q) ^ xr) * 16 + rowbase for q in range(128 // 16)}
+        sw = swizzled_rows(cbuf, row0, lane, e_out)
         psa, psb = ptx.global_ptrs(SA, SB)
         d_map = ptx.tma.tensormap_ptr(D.tmap)
         if scale == "tensor":
@@ -519,15 +523,13 @@ def build_fp8_gemm(M: int, N: int, K: int, *, scale="tensor", dtype="e4m3", dtyp
                 rel.advance()
 
             # ------------------------------------------------------------ epilogue
+            sr = ncol = None
             if scale == "row":
                 sr = (load_f32(psa, r0, r0 < M), load_f32(psa, r0 + 8, r0 + 8 < M))
                 ncol = n0 + col0
             mrow = m0 + w * 64
-            for j in range(out_slabs):
-                buf = (j % EPI_BUFS) * out_slab_bytes
-                with ptx.if_(leader):
-                    ptx.tma.wait_group(EPI_BUFS - 1, read=True)
-                ptx.bar_sync(bar_id, 128)
+
+            def write(j, buf, sr=sr, ncol=ncol):
                 col_scale = {}
                 for i, dr, dc in acc.pairs():
                     if dc // out_cols != j:
@@ -551,13 +553,11 @@ def build_fp8_gemm(M: int, N: int, K: int, *, scale="tensor", dtype="e4m3", dtyp
                         packed = reg.scalar(b32)
                         ptx.inst("cvt.rn.bf16x2.f32")(packed, v1, v0)
                         ptx.inst.st.shared.b32(ptx.addr(sw[q], off), packed)
-                ptx.fence_proxy_async("shared::cta")
-                ptx.bar_sync(bar_id, 128)
-                with ptx.if_(leader):
-                    ptx.tma.store_tile(d_map, (n0 + j * out_cols, mrow), cbuf + buf)
-                    ptx.tma.commit_group()
-        with ptx.if_(leader):
-            ptx.tma.wait_group(0, read=False)
+
+            store_slabs(out_slabs, leader=leader, bar_id=bar_id, cbuf=cbuf, tmap=d_map,
+                        write=write, bufs=EPI_BUFS,
+                        coords=lambda j, n0=n0, mrow=mrow: (n0 + j * out_cols, mrow))
+        drain_stores(leader)
         roles.end()
         if cluster > 1:
             ptx.cluster_sync()

@@ -38,7 +38,17 @@ from pyptx.fragment import Accumulator
 from pyptx.operand import OperandTile
 from pyptx.pipeline import Pipeline
 from pyptx.types import b32, bf16, f16, f32, u32, u64
-from pyptx.warpspec import Roles, grouped_tile_origin, min_u32, prologue, ring_base, thread_ids
+from pyptx.warpspec import (
+    Roles,
+    drain_stores,
+    grouped_tile_origin,
+    min_u32,
+    prologue,
+    ring_base,
+    store_slabs,
+    swizzled_rows,
+    thread_ids,
+)
 
 ACTIVATIONS = (None, "relu", "silu", "gelu_tanh")
 H100_SMS = 132
@@ -193,14 +203,7 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
         cons = pipe.consumer_state()
         rel = pipe.consumer_state()
         release_ranks = range(cluster) if multicast else None
-        # epilogue addressing: row r of a 128-byte swizzled slab, this thread's 16-byte
-        # chunk XOR (r % 8); r % 8 is lane // 4 for every register of the fragment
-        cbytes = 2 * e_out  # bytes of one column pair
-        colb = (lane & 3) * cbytes
-        xr = lane >> 2
-        rowbase = cbuf + row0 * 128 + (colb & 15)
-        chunk_hi = colb >> 4
-        sw = {q: ((chunk_hi + q) ^ xr) * 16 + rowbase for q in range(128 // 16)}
+        sw = swizzled_rows(cbuf, row0, lane, e_out)
         use_stmatrix = epilogue == "stmatrix" and ot is not f32
         if use_stmatrix:
             # stmatrix.x4 of 8-column blocks (q, q+1), rows r and r+8: lane l gives row
@@ -247,14 +250,10 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
             # ------------------------------------------------------------ epilogue
             # one 64 x out_cols slab at a time through two buffers: the bulk store of
             # slab j-1 drains while slab j is written
-            if bias:
-                ncol = n0 + col0
+            ncol = n0 + col0 if bias else None
             mrow = m0 + w * 64
-            for j in range(out_slabs):
-                buf = (j % EPI_BUFS) * out_slab_bytes
-                with ptx.if_(leader):
-                    ptx.tma.wait_group(EPI_BUFS - 1, read=True)
-                ptx.bar_sync(bar_id, 128)
+
+            def write(j, buf, ncol=ncol):
                 packs = {}
                 for i, dr, dc in acc.pairs():
                     if dc // out_cols != j:
@@ -290,13 +289,11 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
                         ptx.stmatrix(ptx.addr(smx[blk - 1], buf),
                                      [packs[first], packs[first + 2], packs[first + 4],
                                       packs[first + 6]], num=4)
-                ptx.fence_proxy_async("shared::cta")
-                ptx.bar_sync(bar_id, 128)
-                with ptx.if_(leader):
-                    ptx.tma.store_tile(d_map, (n0 + j * out_cols, mrow), cbuf + buf)
-                    ptx.tma.commit_group()
-        with ptx.if_(leader):
-            ptx.tma.wait_group(0, read=False)
+
+            store_slabs(out_slabs, leader=leader, bar_id=bar_id, cbuf=cbuf, tmap=d_map,
+                        write=write, bufs=EPI_BUFS,
+                        coords=lambda j, n0=n0, mrow=mrow: (n0 + j * out_cols, mrow))
+        drain_stores(leader)
         roles.end()
         if cluster > 1:
             ptx.cluster_sync()

@@ -46,7 +46,16 @@ from pyptx.fragment import Accumulator
 from pyptx.operand import OperandTile
 from pyptx.pipeline import Pipeline
 from pyptx.types import b32, bf16, f32, s32, u32, u64
-from pyptx.warpspec import Roles, prologue, ring_base, thread_ids
+from pyptx.warpspec import (
+    SLAB_BYTES,
+    Roles,
+    drain_stores,
+    prologue,
+    ring_base,
+    store_slabs,
+    swizzled_rows,
+    thread_ids,
+)
 
 H100_SMS = 132
 SMEM_LIMIT = 227 * 1024 - 256  # less the static barriers
@@ -198,14 +207,8 @@ class _Consumer:
         self.row0, self.col0 = self.acc.thread_origin(self.t_wg)
         self.ot, self.out_cols, self.BN = ot, out_cols, BN
         lane = tid & 31
-        self.cbuf = base + ring_bytes + self.w * (EPI_BUFS * 64 * 128)
-        # row r of a 128-byte swizzled slab: the thread's 16-byte chunk XOR (r % 8), and
-        # r % 8 is lane // 4 for every register of the fragment
-        colb = (lane & 3) * (2 * ot.bytes)
-        xr = lane >> 2
-        rowbase = self.cbuf + self.row0 * 128 + (colb & 15)
-        chunk_hi = colb >> 4
-        self.sw = {q: ((chunk_hi + q) ^ xr) * 16 + rowbase for q in range(8)}
+        self.cbuf = base + ring_bytes + self.w * (EPI_BUFS * SLAB_BYTES)
+        self.sw = swizzled_rows(self.cbuf, self.row0, lane, ot.bytes)
 
     def _pack(self, i):
         v0, v1 = self.acc[i], self.acc[i + 1]
@@ -219,11 +222,8 @@ class _Consumer:
         """Bulk tensor stores of the 64 x BN tile, one 64 x ``out_cols`` slab at a time
         through two buffers; ``coords(j)`` gives slab ``j``'s tensor coordinates."""
         out_cols, e = self.out_cols, self.ot.bytes
-        for j in range(self.BN // out_cols):
-            buf = (j % EPI_BUFS) * 64 * 128
-            with ptx.if_(self.leader):
-                ptx.tma.wait_group(EPI_BUFS - 1, read=True)
-            ptx.bar_sync(self.bar_id, 128)
+
+        def write(j, buf):
             for i, dr, dc in self.acc.pairs():
                 if dc // out_cols != j:
                     continue
@@ -233,11 +233,9 @@ class _Consumer:
                     ptx.inst.st.shared.v2.f32(ptx.addr(self.sw[q], buf + dr * 128), v)
                 else:
                     ptx.inst.st.shared.b32(ptx.addr(self.sw[q], buf + dr * 128), v)
-            ptx.fence_proxy_async("shared::cta")
-            ptx.bar_sync(self.bar_id, 128)
-            with ptx.if_(self.leader):
-                ptx.tma.store_tile(d_map, coords(j), self.cbuf + buf)
-                ptx.tma.commit_group()
+
+        store_slabs(self.BN // out_cols, leader=self.leader, bar_id=self.bar_id, cbuf=self.cbuf,
+                    tmap=d_map, write=write, coords=coords, bufs=EPI_BUFS)
 
     def store_masked(self, p_out, N, mrow, n0, end):
         """Predicated ``st.global`` of every pair whose row is below ``end`` and column
@@ -399,8 +397,7 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
         t += ctas
         ptx.bra(top)
         ptx.place(out)
-        with ptx.if_(c.leader):
-            ptx.tma.wait_group(0, read=False)
+        drain_stores(c.leader)
         roles.end()
         ptx.ret()
 
@@ -556,8 +553,7 @@ def build_grouped_wgrad(M: int, KX: int, NY: int, G: int, *, out_dtype="bf16", B
             mrow = m0 + c.w * 64
             gz = g if split is None else split * G + g
             c.store_tma(w_map, lambda j, n0=n0, mrow=mrow, gz=gz: (n0 + j * out_cols, mrow, gz))
-        with ptx.if_(c.leader):
-            ptx.tma.wait_group(0, read=False)
+        drain_stores(c.leader)
         roles.end()
         ptx.ret()
 

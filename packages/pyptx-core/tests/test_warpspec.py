@@ -1,7 +1,8 @@
 """CPU checks of ``pyptx.warpspec``: the grouped tile order visits every output tile
-exactly once (Python-int model), and a kernel built from the skeleton (ring base,
-prologue, role split) emits the expected instructions in order and assembles for sm_90a
-with and without a cluster."""
+exactly once and the swizzled epilogue addresses put every byte of a slab where the
+128-byte swizzle wants it, exactly once (Python-int models of the same functions), and
+a kernel built from the skeleton (ring base, prologue, role split, slab stores) emits
+the expected instructions in order and assembles for sm_90a with and without a cluster."""
 
 from __future__ import annotations
 
@@ -13,7 +14,17 @@ import pyptx
 from pyptx import Tile, ptx
 from pyptx.pipeline import Pipeline
 from pyptx.types import f32
-from pyptx.warpspec import Roles, grouped_tile_origin, prologue, ring_base, thread_ids
+from pyptx.warpspec import (
+    SLAB_BYTES,
+    Roles,
+    drain_stores,
+    grouped_tile_origin,
+    prologue,
+    ring_base,
+    store_slabs,
+    swizzled_rows,
+    thread_ids,
+)
 
 
 @pytest.mark.parametrize("num_mc,num_n,gm,cluster", [(1, 1, 1, 1), (5, 3, 2, 1), (7, 4, 8, 2),
@@ -34,10 +45,31 @@ def test_grouped_order_walks_bands_column_by_column():
     assert order == [(0, 0), (1, 0), (0, 1), (1, 1), (2, 0), (3, 0), (2, 1), (3, 1)]
 
 
+@pytest.mark.parametrize("elem_bytes", [2, 4])
+def test_swizzled_rows_cover_a_slab_once_in_swizzled_order(elem_bytes):
+    cols = 128 // elem_bytes          # columns of one slab
+    cbuf = 4096
+    owner = {}
+    for tid in range(128):            # one consumer warpgroup: 4 warps x 16 rows
+        lane = tid & 31
+        row0, col0 = 16 * (tid >> 5) + lane // 4, 2 * (lane % 4)
+        sw = swizzled_rows(cbuf, row0, lane, elem_bytes)
+        for dr in (0, 8):
+            for dc in range(0, cols, 8):
+                addr = sw[dc * elem_bytes // 16] + dr * 128 - cbuf
+                r, byte = row0 + dr, (col0 + dc) * elem_bytes
+                assert addr == r * 128 + ((byte // 16) ^ (r % 8)) * 16 + byte % 16
+                for b in range(addr, addr + 2 * elem_bytes):
+                    assert b not in owner
+                    owner[b] = tid
+    assert sorted(owner) == list(range(SLAB_BYTES))
+
+
 def _skeleton(cluster):
-    @pyptx.kernel([Tile(16, f32)], block=(384, 1, 1), cluster=(cluster, 1, 1), smem=4096,
-                  name=f"skeleton_c{cluster}")
-    def k(X):
+    @pyptx.kernel([Tile(16, f32)], [Tile(64, 64, f32)], block=(384, 1, 1),
+                  cluster=(cluster, 1, 1), smem=4 * SLAB_BYTES + 1024, name=f"skeleton_c{cluster}",
+                  tma={"D": {"box": (64, 32), "swizzle": "128B"}})
+    def k(X, D):
         base = ring_base()
         pipe = Pipeline(2, consumer_arrivals=2)
         tid, wg = thread_ids()
@@ -46,7 +78,12 @@ def _skeleton(cluster):
         m0, n0 = grouped_tile_origin(cid, rank, num_mc=3, num_n=5, gm=2, cluster=cluster,
                                      BM=128, BN=64)
         roles.consumers(232)
-        ptx.bar_sync(1, 256, pred=base == m0 + n0)
+        leader = (tid & 127) == 0
+        d_map = ptx.tma.tensormap_ptr(D.tmap)
+        store_slabs(2, leader=leader, bar_id=1, cbuf=base, tmap=d_map,
+                    write=lambda j, buf: ptx.inst.st.shared.b32(ptx.addr(base, buf), m0 + n0),
+                    coords=lambda j: (j * 32, 0))
+        drain_stores(leader)
         roles.end()
         ptx.ret()
     return k
@@ -57,8 +94,12 @@ def test_skeleton_emits_the_split_in_order_and_assembles(cluster, assemble):
     text = _skeleton(cluster).ptx()
     sync = "barrier.cluster.arrive" if cluster > 1 else "bar.sync 0"
     marks = ["& -1024" if "& -1024" in text else "4294966272", "mbarrier.init", sync,
-             "setmaxnreg.dec.sync.aligned.u32 40", "min.u32", "setmaxnreg.inc.sync.aligned.u32 232"]
+             "setmaxnreg.dec.sync.aligned.u32 40", "min.u32", "setmaxnreg.inc.sync.aligned.u32 232",
+             "cp.async.bulk.wait_group.read 1", "fence.proxy.async.shared::cta",
+             "cp.async.bulk.tensor.2d.global.shared::cta", "cp.async.bulk.commit_group",
+             "cp.async.bulk.wait_group 0"]
     at = [text.find(m) for m in marks]
     assert -1 not in at and at == sorted(at), (marks, at)
     assert ("mapa" in text or "%cluster_ctarank" in text) == (cluster > 1)
+    assert text.count("cp.async.bulk.tensor.2d.global.shared::cta") == 2
     assemble(text)

@@ -14,6 +14,7 @@ consecutive tiles reuse operands in L2). These functions emit exactly those piec
     ...                                   # producer warpgroup
     roles.consumers(232)
     ...                                   # consumer warpgroups
+    ...                                   # epilogue: swizzled_rows, store_slabs
     roles.end()
 """
 
@@ -24,7 +25,11 @@ from typing import Any
 from pyptx import ptx, reg, smem
 from pyptx.types import u32
 
-__all__ = ["ring_base", "thread_ids", "prologue", "Roles", "min_u32", "grouped_tile_origin"]
+__all__ = ["ring_base", "thread_ids", "prologue", "Roles", "min_u32", "grouped_tile_origin",
+           "SLAB_BYTES", "swizzled_rows", "store_slabs", "drain_stores"]
+
+SLAB_BYTES = 64 * 128
+"""Bytes of one epilogue slab: a consumer warpgroup's 64 rows of 128 bytes."""
 
 
 def ring_base(name: str = "ring") -> Any:
@@ -107,3 +112,42 @@ def grouped_tile_origin(t: Any, rank: Any, *, num_mc: int, num_n: int, gm: int, 
     nb = within // rows
     m0 = (mc * cluster + rank) * BM if cluster > 1 else mc * BM
     return m0, nb * BN
+
+
+def swizzled_rows(cbuf: Any, row0: Any, lane: Any, elem_bytes: int) -> dict[int, Any]:
+    """Shared addresses of this thread's column pairs in a 128-byte swizzled epilogue slab
+    at ``cbuf``: ``{q: address}`` for each 16-byte chunk ``q`` (0..7) of an unswizzled row,
+    for row ``row0`` of the accumulator fragment (``Accumulator.thread_origin``); add
+    ``dr * 128`` (and the buffer's offset) for its other rows. Row ``r``'s chunk is XOR-ed
+    with ``r % 8``, which is ``lane // 4`` for every register of the fragment."""
+    colb = (lane & 3) * (2 * elem_bytes)
+    xr = lane >> 2
+    rowbase = cbuf + row0 * 128 + (colb & 15)
+    chunk_hi = colb >> 4
+    return {q: ((chunk_hi + q) ^ xr) * 16 + rowbase for q in range(128 // 16)}
+
+
+def store_slabs(slabs: int, *, leader: Any, bar_id: Any, cbuf: Any, tmap: Any,
+                write: Any, coords: Any, bufs: int = 2) -> None:
+    """A consumer warpgroup's epilogue through ``bufs`` slab buffers at ``cbuf``: for slab
+    ``j`` of ``slabs``, wait until the bulk store that last read its buffer is done,
+    ``write(j, buf)`` the slab into shared memory at byte offset ``buf`` from ``cbuf``, then
+    the leader thread stores it to ``tmap`` at ``coords(j)`` (a bulk tensor copy, which
+    clips at the tensor's edges). ``bar_id``: the warpgroup's named barrier (128 threads)."""
+    for j in range(slabs):
+        buf = (j % bufs) * SLAB_BYTES
+        with ptx.if_(leader):
+            ptx.tma.wait_group(bufs - 1, read=True)
+        ptx.bar_sync(bar_id, 128)
+        write(j, buf)
+        ptx.fence_proxy_async("shared::cta")
+        ptx.bar_sync(bar_id, 128)
+        with ptx.if_(leader):
+            ptx.tma.store_tile(tmap, coords(j), cbuf + buf)
+            ptx.tma.commit_group()
+
+
+def drain_stores(leader: Any) -> None:
+    """The leader thread waits until every bulk store it issued is complete."""
+    with ptx.if_(leader):
+        ptx.tma.wait_group(0, read=False)
