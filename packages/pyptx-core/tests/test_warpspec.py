@@ -12,19 +12,9 @@ import pytest
 
 import pyptx
 from pyptx import Tile, ptx
+from pyptx import warpspec as ws
 from pyptx.pipeline import Pipeline
 from pyptx.types import f32
-from pyptx.warpspec import (
-    SLAB_BYTES,
-    Roles,
-    drain_stores,
-    grouped_tile_origin,
-    prologue,
-    ring_base,
-    store_slabs,
-    swizzled_rows,
-    thread_ids,
-)
 
 
 @pytest.mark.parametrize("num_mc,num_n,gm,cluster", [(1, 1, 1, 1), (5, 3, 2, 1), (7, 4, 8, 2),
@@ -33,14 +23,14 @@ def test_grouped_order_covers_every_tile_once(num_mc, num_n, gm, cluster):
     BM, BN = 128, 64
     seen = []
     for t, rank in itertools.product(range(num_mc * num_n), range(cluster)):
-        seen.append(grouped_tile_origin(t, rank, num_mc=num_mc, num_n=num_n, gm=gm,
+        seen.append(ws.grouped_tile_origin(t, rank, num_mc=num_mc, num_n=num_n, gm=gm,
                                         cluster=cluster, BM=BM, BN=BN))
     want = {(m * BM, n * BN) for m in range(num_mc * cluster) for n in range(num_n)}
     assert len(seen) == len(want) and set(seen) == want
 
 
 def test_grouped_order_walks_bands_column_by_column():
-    order = [grouped_tile_origin(t, 0, num_mc=4, num_n=2, gm=2, cluster=1, BM=1, BN=1)
+    order = [ws.grouped_tile_origin(t, 0, num_mc=4, num_n=2, gm=2, cluster=1, BM=1, BN=1)
              for t in range(8)]
     assert order == [(0, 0), (1, 0), (0, 1), (1, 1), (2, 0), (3, 0), (2, 1), (3, 1)]
 
@@ -53,7 +43,7 @@ def test_swizzled_rows_cover_a_slab_once_in_swizzled_order(elem_bytes):
     for tid in range(128):            # one consumer warpgroup: 4 warps x 16 rows
         lane = tid & 31
         row0, col0 = 16 * (tid >> 5) + lane // 4, 2 * (lane % 4)
-        sw = swizzled_rows(cbuf, row0, lane, elem_bytes)
+        sw = ws.swizzled_rows(cbuf, row0, lane, elem_bytes)
         for dr in (0, 8):
             for dc in range(0, cols, 8):
                 addr = sw[dc * elem_bytes // 16] + dr * 128 - cbuf
@@ -62,28 +52,28 @@ def test_swizzled_rows_cover_a_slab_once_in_swizzled_order(elem_bytes):
                 for b in range(addr, addr + 2 * elem_bytes):
                     assert b not in owner
                     owner[b] = tid
-    assert sorted(owner) == list(range(SLAB_BYTES))
+    assert sorted(owner) == list(range(ws.SLAB_BYTES))
 
 
 def _skeleton(cluster):
     @pyptx.kernel([Tile(16, f32)], [Tile(64, 64, f32)], block=(384, 1, 1),
-                  cluster=(cluster, 1, 1), smem=4 * SLAB_BYTES + 1024, name=f"skeleton_c{cluster}",
+                  cluster=(cluster, 1, 1), smem=4 * ws.SLAB_BYTES + 1024, name=f"skeleton_c{cluster}",
                   tma={"D": {"box": (64, 32), "swizzle": "128B"}})
     def k(X, D):
-        base = ring_base()
+        base = ws.ring_base()
         pipe = Pipeline(2, consumer_arrivals=2)
-        tid, wg = thread_ids()
-        rank, cid = prologue(pipe, tid, cluster)
-        roles = Roles(wg, 40)
-        m0, n0 = grouped_tile_origin(cid, rank, num_mc=3, num_n=5, gm=2, cluster=cluster,
+        tid, wg = ws.thread_ids()
+        rank, cid = ws.prologue(pipe, tid, cluster)
+        roles = ws.Roles(wg, 40)
+        m0, n0 = ws.grouped_tile_origin(cid, rank, num_mc=3, num_n=5, gm=2, cluster=cluster,
                                      BM=128, BN=64)
         roles.consumers(232)
         leader = (tid & 127) == 0
         d_map = ptx.tma.tensormap_ptr(D.tmap)
-        store_slabs(2, leader=leader, bar_id=1, cbuf=base, tmap=d_map,
+        ws.store_slabs(2, leader=leader, bar_id=1, cbuf=base, tmap=d_map,
                     write=lambda j, buf: ptx.inst.st.shared.b32(ptx.addr(base, buf), m0 + n0),
                     coords=lambda j: (j * 32, 0))
-        drain_stores(leader)
+        ws.drain_stores(leader)
         roles.end()
         ptx.ret()
     return k
