@@ -37,8 +37,9 @@ from pyptx.errors import ConfigError
 from pyptx.fragment import Accumulator
 from pyptx.operand import OperandTile
 from pyptx.pipeline import Pipeline
-from pyptx.types import b32, bf16, f16, f32, u32, u64
+from pyptx.types import b32, bf16, f16, f32
 from pyptx.warpspec import (
+    RingMma,
     Roles,
     drain_stores,
     grouped_tile_origin,
@@ -200,9 +201,9 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
         # this warpgroup's 64 rows of A
         a_desc0 = a_tile.descriptor(base + w * a_tile.offset(0, 64) if consumers > 1 else base)
         b_desc0 = b_tile.descriptor(base, offset=a_bytes)
-        cons = pipe.consumer_state()
-        rel = pipe.consumer_state()
-        release_ranks = range(cluster) if multicast else None
+        mma = RingMma(pipe, acc, a_tile, b_tile, a_desc0, b_desc0, stage_bytes, n=BN,
+                      dtype=dt.name, leader=leader, wait_scope=wait_scope,
+                      cta_ranks=range(cluster) if multicast else None, sem=remote_sem)
         sw = swizzled_rows(cbuf, row0, lane, e_out)
         use_stmatrix = epilogue == "stmatrix" and ot is not f32
         if use_stmatrix:
@@ -220,32 +221,7 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
         for t in ptx.loop(cid, tiles, clusters):
             m0, n0 = tile_coords(t)
 
-            def k_block(first):
-                pipe.wait(cons, scope=wait_scope)
-                soff = reg.from_(cons.stage * (stage_bytes >> 4), u32)
-                soff64 = reg.from_(soff, u64)
-                da = a_desc0 + soff64
-                db = b_desc0 + soff64
-                ptx.wgmma.fence()
-                for kk in range(a_tile.k_steps):
-                    ptx.wgmma.mma_async(
-                        acc.regs, a_tile.advance(da, kk),
-                        b_tile.advance(db, kk), n=BN, dtype_ab=dt.name,
-                        scale_d=0 if first and kk == 0 else 1,
-                        trans_a=a_tile.trans, trans_b=b_tile.trans)
-                ptx.wgmma.commit_group()
-                if not first:
-                    ptx.wgmma.wait_group(1)
-                    pipe.release(rel, pred=leader, cta_ranks=release_ranks, sem=remote_sem)
-                    rel.advance()
-                cons.advance()
-
-            k_block(True)
-            for _kb in ptx.loop(1, num_kb):
-                k_block(False)
-            ptx.wgmma.wait_group(0)
-            pipe.release(rel, pred=leader, cta_ranks=release_ranks, sem=remote_sem)
-            rel.advance()
+            mma.run(num_kb)
 
             # ------------------------------------------------------------ epilogue
             # one 64 x out_cols slab at a time through two buffers: the bulk store of

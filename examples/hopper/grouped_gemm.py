@@ -48,6 +48,7 @@ from pyptx.pipeline import Pipeline
 from pyptx.types import b32, bf16, f32, s32, u32, u64
 from pyptx.warpspec import (
     SLAB_BYTES,
+    RingMma,
     Roles,
     drain_stores,
     prologue,
@@ -350,8 +351,8 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
         acc = c.acc
         a_desc0 = a_tile.descriptor(base + c.w * a_tile.offset(0, 64) if consumers > 1 else base)
         b_desc0 = b_tile.descriptor(base, offset=a_bytes)
-        cons = pipe.consumer_state()
-        rel = pipe.consumer_state()
+        mma = RingMma(pipe, acc, a_tile, b_tile, a_desc0, b_desc0, stage_bytes, n=BN,
+                      dtype="bf16", leader=c.leader)
         d_map = ptx.tma.tensormap_ptr(D.tmap)
         (p_d,) = ptx.global_ptrs(D)
         walk = RaggedTiles(p_offs, G, M, BM, num_n)
@@ -362,29 +363,7 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
         ptx.bra(out, pred=walk.done(t))
         _g, m0, n0 = walk.tile(t, BN)
 
-        def k_block(first):
-            pipe.wait(cons)
-            soff = reg.from_(reg.from_(cons.stage * (stage_bytes >> 4), u32), u64)
-            da = a_desc0 + soff
-            db = b_desc0 + soff
-            ptx.wgmma.fence()
-            for kk in range(a_tile.k_steps):
-                ptx.wgmma.mma_async(acc.regs, a_tile.advance(da, kk), b_tile.advance(db, kk),
-                                    n=BN, dtype_ab="bf16", scale_d=0 if first and kk == 0 else 1,
-                                    trans_a=a_tile.trans, trans_b=b_tile.trans)
-            ptx.wgmma.commit_group()
-            if not first:
-                ptx.wgmma.wait_group(1)
-                pipe.release(rel, pred=c.leader)
-                rel.advance()
-            cons.advance()
-
-        k_block(True)
-        for _kb in ptx.loop(1, num_kb):
-            k_block(False)
-        ptx.wgmma.wait_group(0)
-        pipe.release(rel, pred=c.leader)
-        rel.advance()
+        mma.run(num_kb)
 
         mrow = m0 + c.w * 64
         if store == "masked":
@@ -499,8 +478,8 @@ def build_grouped_wgrad(M: int, KX: int, NY: int, G: int, *, out_dtype="bf16", B
         acc = c.acc
         a_desc0 = a_tile.descriptor(base + c.w * a_tile.offset(0, 64) if consumers > 1 else base)
         b_desc0 = b_tile.descriptor(base, offset=a_bytes)
-        cons = pipe.consumer_state()
-        rel = pipe.consumer_state()
+        mma = RingMma(pipe, acc, a_tile, b_tile, a_desc0, b_desc0, stage_bytes, n=BN,
+                      dtype="bf16", leader=c.leader)
         w_map = ptx.tma.tensormap_ptr(W.tmap)
         zero = reg.scalar(b32, init=0)
         # this thread's 16-byte chunks of the warpgroup's slab: row idx >> 3 (idx = t_wg + 128 i)
@@ -515,39 +494,23 @@ def build_grouped_wgrad(M: int, KX: int, NY: int, G: int, *, out_dtype="bf16", B
             lo, hi = block_run(split, start, end)
 
             def k_block(first, kb, start=start, end=end):
-                pipe.wait(cons)
-                # rows of the group left from this block on (kb is the absolute block index)
-                left = end - start if isinstance(kb, int) and kb == 0 else end - (start + kb * BK)
-                with ptx.if_(left < BK):  # the group ends inside this block: zero the rest
-                    slab = cons.stage * stage_bytes + base + slab_off
-                    for rows, off in zip(my_rows, my_off):
-                        ptx.inst.st.shared.v4.b32(ptx.addr(slab + off), [zero] * 4,
-                                                  pred=rows >= left)
-                    ptx.fence_proxy_async("shared::cta")
-                    ptx.bar_sync(c.bar_id, 128)
-                soff = reg.from_(reg.from_(cons.stage * (stage_bytes >> 4), u32), u64)
-                da = a_desc0 + soff
-                db = b_desc0 + soff
-                ptx.wgmma.fence()
-                for kk in range(a_tile.k_steps):
-                    ptx.wgmma.mma_async(acc.regs, a_tile.advance(da, kk), b_tile.advance(db, kk),
-                                        n=BN, dtype_ab="bf16",
-                                        scale_d=0 if first and kk == 0 else 1,
-                                        trans_a=a_tile.trans, trans_b=b_tile.trans)
-                ptx.wgmma.commit_group()
-                if not first:
-                    ptx.wgmma.wait_group(1)
-                    pipe.release(rel, pred=c.leader)
-                    rel.advance()
-                cons.advance()
+                def zero_tail():
+                    # rows of the group left from this block on (kb: the absolute block index)
+                    left = end - start if isinstance(kb, int) and kb == 0 else end - (start + kb * BK)
+                    with ptx.if_(left < BK):  # the group ends inside this block: zero the rest
+                        slab = mma.cons.stage * stage_bytes + base + slab_off
+                        for rows, off in zip(my_rows, my_off):
+                            ptx.inst.st.shared.v4.b32(ptx.addr(slab + off), [zero] * 4,
+                                                      pred=rows >= left)
+                        ptx.fence_proxy_async("shared::cta")
+                        ptx.bar_sync(c.bar_id, 128)
+                mma.block(first, zero_tail)
 
             with ptx.if_(hi != lo):
                 k_block(True, lo)
                 for kb in ptx.loop(lo + 1 if splits > 1 else 1, hi):
                     k_block(False, kb)
-                ptx.wgmma.wait_group(0)
-                pipe.release(rel, pred=c.leader)
-                rel.advance()
+                mma.drain()
             with ptx.else_():
                 acc.zero()
             mrow = m0 + c.w * 64

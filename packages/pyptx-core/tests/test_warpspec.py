@@ -2,7 +2,8 @@
 exactly once and the swizzled epilogue addresses put every byte of a slab where the
 128-byte swizzle wants it, exactly once (Python-int models of the same functions), and
 a kernel built from the skeleton (ring base, prologue, role split, slab stores) emits
-the expected instructions in order and assembles for sm_90a with and without a cluster."""
+the expected instructions in order and assembles for sm_90a with and without a cluster,
+as does the consumers' ring k-loop (``RingMma``)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ import pytest
 import pyptx
 from pyptx import Tile, ptx
 from pyptx import warpspec as ws
+from pyptx.fragment import Accumulator
+from pyptx.operand import OperandTile
 from pyptx.pipeline import Pipeline
-from pyptx.types import f32
+from pyptx.types import bf16, f32
 
 
 @pytest.mark.parametrize("num_mc,num_n,gm,cluster", [(1, 1, 1, 1), (5, 3, 2, 1), (7, 4, 8, 2),
@@ -92,4 +95,35 @@ def test_skeleton_emits_the_split_in_order_and_assembles(cluster, assemble):
     assert -1 not in at and at == sorted(at), (marks, at)
     assert ("mapa" in text or "%cluster_ctarank" in text) == (cluster > 1)
     assert text.count("cp.async.bulk.tensor.2d.global.shared::cta") == 2
+    assemble(text)
+
+
+def test_ring_mma_keeps_one_group_in_flight_and_assembles(assemble):
+    a_tile = OperandTile(64, 64, bf16, major="K", swizzle=128)
+    b_tile = OperandTile(64, 64, bf16, major="MN", swizzle=128)
+    stage_bytes = a_tile.nbytes + b_tile.nbytes
+
+    @pyptx.kernel([Tile(16, f32)], block=(256, 1, 1), smem=2 * stage_bytes + 1024,
+                  name="ring_mma")
+    def k(X):
+        base = ws.ring_base()
+        pipe = Pipeline(2, consumer_arrivals=1)
+        tid, wg = ws.thread_ids()
+        ws.prologue(pipe, tid)
+        roles = ws.Roles(wg, 40)
+        roles.consumers(232)
+        acc = Accumulator(64)
+        mma = ws.RingMma(pipe, acc, a_tile, b_tile, a_tile.descriptor(base),
+                         b_tile.descriptor(base, offset=a_tile.nbytes), stage_bytes, n=64,
+                         dtype="bf16", leader=(tid & 127) == 0)
+        mma.run(3)
+        roles.end()
+        ptx.ret()
+
+    text = k.ptx()
+    # the first block outside the loop, one in its body, each a_tile.k_steps wgmma
+    assert text.count("wgmma.mma_async") == 2 * a_tile.k_steps
+    assert text.count("wgmma.wait_group.sync.aligned 1") == 1
+    assert text.count("wgmma.wait_group.sync.aligned 0") == 1
+    assert text.count("mbarrier.arrive") == 2  # a release in the loop body, one at the end
     assemble(text)

@@ -13,7 +13,9 @@ consecutive tiles reuse operands in L2). These functions emit exactly those piec
     roles = Roles(wg, producer_regs=40)
     ...                                   # producer warpgroup
     roles.consumers(232)
-    ...                                   # consumer warpgroups
+    mma = RingMma(pipe, acc, a_tile, b_tile, a_desc0, b_desc0, stage_bytes, n=BN,
+                  dtype="bf16", leader=leader)
+    mma.run(num_kb)                       # per output tile
     ...                                   # epilogue: swizzled_rows, store_slabs
     roles.end()
 """
@@ -23,10 +25,10 @@ from __future__ import annotations
 from typing import Any
 
 from pyptx import ptx, reg, smem
-from pyptx.types import u32
+from pyptx.types import u32, u64
 
 __all__ = ["ring_base", "thread_ids", "prologue", "Roles", "min_u32", "grouped_tile_origin",
-           "SLAB_BYTES", "swizzled_rows", "store_slabs", "drain_stores"]
+           "RingMma", "SLAB_BYTES", "swizzled_rows", "store_slabs", "drain_stores"]
 
 SLAB_BYTES = 64 * 128
 """Bytes of one epilogue slab: a consumer warpgroup's 64 rows of 128 bytes."""
@@ -151,3 +153,59 @@ def drain_stores(leader: Any) -> None:
     """The leader thread waits until every bulk store it issued is complete."""
     with ptx.if_(leader):
         ptx.tma.wait_group(0, read=False)
+
+
+class RingMma:
+    """A consumer warpgroup's side of the operand ring: each k-block waits for a stage,
+    issues its wgmma into ``acc`` (``n`` columns, ``dtype`` operands; descriptors
+    ``a_desc0``/``b_desc0`` of stage 0, stages ``stage_bytes`` apart) and keeps one group
+    in flight: the previous stage is released (by ``leader``) once this one is issued.
+    ``wait_scope``: the acquire scope of the stage waits; ``release``: ``Pipeline.release``
+    keywords (``cta_ranks``, ``sem``). Creates the consumer's two ring states."""
+
+    def __init__(self, pipe: Any, acc: Any, a_tile: Any, b_tile: Any, a_desc0: Any,
+                 b_desc0: Any, stage_bytes: int, *, n: int, dtype: str, leader: Any,
+                 wait_scope: str | None = None, **release: Any):
+        self.pipe, self.acc, self.a_tile, self.b_tile = pipe, acc, a_tile, b_tile
+        self.a_desc0, self.b_desc0, self.stage_bytes = a_desc0, b_desc0, stage_bytes
+        self.n, self.dtype, self.leader = n, dtype, leader
+        self.wait_scope, self.release_kw = wait_scope, release
+        self.cons = pipe.consumer_state()
+        self.rel = pipe.consumer_state()
+
+    def block(self, first: bool, before_mma: Any = None) -> None:
+        """One k-block (``first``: overwrite the accumulator); ``before_mma()`` runs once
+        the stage has landed, before its wgmma (e.g. to zero rows past an edge)."""
+        self.pipe.wait(self.cons, scope=self.wait_scope)
+        if before_mma is not None:
+            before_mma()
+        soff = reg.from_(reg.from_(self.cons.stage * (self.stage_bytes >> 4), u32), u64)
+        da = self.a_desc0 + soff
+        db = self.b_desc0 + soff
+        a, b = self.a_tile, self.b_tile
+        ptx.wgmma.fence()
+        for kk in range(a.k_steps):
+            ptx.wgmma.mma_async(self.acc.regs, a.advance(da, kk), b.advance(db, kk), n=self.n,
+                                dtype_ab=self.dtype, scale_d=0 if first and kk == 0 else 1,
+                                trans_a=a.trans, trans_b=b.trans)
+        ptx.wgmma.commit_group()
+        if not first:
+            ptx.wgmma.wait_group(1)
+            self._release()
+        self.cons.advance()
+
+    def drain(self) -> None:
+        """After the last k-block: wait for its wgmma and release its stage."""
+        ptx.wgmma.wait_group(0)
+        self._release()
+
+    def run(self, num_kb: Any) -> None:
+        """The k-loop of one output tile: ``num_kb`` (at least 1) k-blocks, then ``drain``."""
+        self.block(True)
+        for _kb in ptx.loop(1, num_kb):
+            self.block(False)
+        self.drain()
+
+    def _release(self) -> None:
+        self.pipe.release(self.rel, pred=self.leader, **self.release_kw)
+        self.rel.advance()
