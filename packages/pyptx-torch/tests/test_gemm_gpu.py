@@ -22,21 +22,12 @@ torch = pytest.importorskip("torch")
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.usefixtures("poison_outputs"),  # conftest.py: unwritten elements are NaN
 ]
 
 HOPPER = Path(__file__).resolve().parents[3] / "examples" / "hopper"
 TOL = {"bf16": 6e-3, "f16": 6e-3, "f32": 1e-4}
 DT = {"bf16": torch.bfloat16, "f16": torch.float16}
-
-
-@pytest.fixture(autouse=True)
-def poison_outputs():
-    import pyptx_torch.eager as eager
-
-    saved = eager.POISON
-    eager.set_poison(True)
-    yield
-    eager.set_poison(saved)
 
 
 def _load(name):
