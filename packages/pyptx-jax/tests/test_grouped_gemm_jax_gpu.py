@@ -19,14 +19,7 @@ jnp = pytest.importorskip("jax.numpy")
 np = pytest.importorskip("numpy")
 
 
-def _gpus():
-    try:
-        return jax.devices("gpu")
-    except RuntimeError:
-        return []
-
-
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _gpus(), reason="needs a GPU for JAX")]
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("jax_gpu")]  # conftest.py: skip without one
 
 gg = load_module(Path(__file__).resolve().parents[3] / "examples/hopper/grouped_gemm.py",
                  "grouped_gemm_jax")
