@@ -43,6 +43,7 @@ from pyptx.warpspec import (
     Roles,
     drain_stores,
     grouped_tile_origin,
+    load_ab_ring,
     min_u32,
     prologue,
     ring_base,
@@ -167,27 +168,9 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
         roles = Roles(wg, prod_regs)
         # ---------------------------------------------------------------- producer
         with ptx.if_(tid == 0):
-            st = pipe.producer_state()
-            mask = (1 << cluster) - 1
-            a_map = ptx.tma.tensormap_ptr(A.tmap)
-            b_map = ptx.tma.tensormap_ptr(B.tmap)
-            for t in ptx.loop(cid, tiles, clusters):
-                m0, n0 = tile_coords(t)
-                for kb in ptx.loop(0, num_kb):
-                    k0 = kb * BK
-                    pipe.acquire(st, scope=wait_scope)
-                    bar = pipe.arm(st, stage_bytes)
-                    sbase = st.stage * stage_bytes + base
-                    a_tile.load(sbase, A, m0, k0, bar, map_ptr=a_map)
-                    if multicast and split == "rows":
-                        b_tile.load(sbase + a_bytes, B, n0, k0, bar, multicast_mask=mask,
-                                    part=(rank, cluster), map_ptr=b_map)
-                    elif multicast:  # whole slabs, alternating between the CTAs
-                        b_tile.load(sbase + a_bytes, B, n0, k0, bar, multicast_mask=mask,
-                                    slabs=(rank, cluster), map_ptr=b_map)
-                    else:
-                        b_tile.load(sbase + a_bytes, B, n0, k0, bar, map_ptr=b_map)
-                    st.advance()
+            load_ab_ring(pipe, A, B, a_tile, b_tile, base=base, tile_range=(cid, tiles, clusters),
+                         coords=tile_coords, num_kb=num_kb, BK=BK, rank=rank, cluster=cluster,
+                         multicast=multicast, split=split, wait_scope=wait_scope)
         # ---------------------------------------------------------------- consumers
         roles.consumers(cons_regs)
         w = wg - 1

@@ -3,7 +3,7 @@ exactly once and the swizzled epilogue addresses put every byte of a slab where 
 128-byte swizzle wants it, exactly once (Python-int models of the same functions), and
 a kernel built from the skeleton (ring base, prologue, role split, slab stores) emits
 the expected instructions in order and assembles for sm_90a with and without a cluster,
-as does the consumers' ring k-loop (``RingMma``)."""
+as does a ring of A/B tiles (``load_ab_ring`` producer, ``RingMma`` consumers)."""
 
 from __future__ import annotations
 
@@ -98,25 +98,30 @@ def test_skeleton_emits_the_split_in_order_and_assembles(cluster, assemble):
     assemble(text)
 
 
-def test_ring_mma_keeps_one_group_in_flight_and_assembles(assemble):
+def test_ab_ring_loads_and_mma_keep_one_group_in_flight_and_assemble(assemble):
     a_tile = OperandTile(64, 64, bf16, major="K", swizzle=128)
     b_tile = OperandTile(64, 64, bf16, major="MN", swizzle=128)
     stage_bytes = a_tile.nbytes + b_tile.nbytes
 
-    @pyptx.kernel([Tile(16, f32)], block=(256, 1, 1), smem=2 * stage_bytes + 1024,
-                  name="ring_mma")
-    def k(X):
+    @pyptx.kernel([Tile(192, 192, bf16), Tile(192, 64, bf16)], block=(256, 1, 1),
+                  smem=2 * stage_bytes + 1024, name="ring_mma",
+                  tma={"A": a_tile.tma_options(), "B": b_tile.tma_options()})
+    def k(A, B):
         base = ws.ring_base()
         pipe = Pipeline(2, consumer_arrivals=1)
         tid, wg = ws.thread_ids()
-        ws.prologue(pipe, tid)
+        _, cid = ws.prologue(pipe, tid)
         roles = ws.Roles(wg, 40)
+        with ptx.if_(tid == 0):
+            ws.load_ab_ring(pipe, A, B, a_tile, b_tile, base=base, tile_range=(cid, 3, 1),
+                            coords=lambda t: (t * 64, 0), num_kb=3, BK=64)
         roles.consumers(232)
         acc = Accumulator(64)
         mma = ws.RingMma(pipe, acc, a_tile, b_tile, a_tile.descriptor(base),
                          b_tile.descriptor(base, offset=a_tile.nbytes), stage_bytes, n=64,
                          dtype="bf16", leader=(tid & 127) == 0)
-        mma.run(3)
+        for _t in ptx.loop(cid, 3, 1):
+            mma.run(3)
         roles.end()
         ptx.ret()
 
@@ -125,5 +130,6 @@ def test_ring_mma_keeps_one_group_in_flight_and_assembles(assemble):
     assert text.count("wgmma.mma_async") == 2 * a_tile.k_steps
     assert text.count("wgmma.wait_group.sync.aligned 1") == 1
     assert text.count("wgmma.wait_group.sync.aligned 0") == 1
-    assert text.count("mbarrier.arrive") == 2  # a release in the loop body, one at the end
+    assert text.count("mbarrier.arrive") >= 3  # releases: in the loop body, at the end; arm
+    assert text.count("cp.async.bulk.tensor.2d.shared::cluster.global") == 2  # A, B per stage
     assemble(text)

@@ -11,7 +11,9 @@ consecutive tiles reuse operands in L2). These functions emit exactly those piec
     tid, wg = thread_ids()
     rank, cid = prologue(pipe, tid, cluster)
     roles = Roles(wg, producer_regs=40)
-    ...                                   # producer warpgroup
+    with ptx.if_(tid == 0):               # producer warpgroup: one thread
+        load_ab_ring(pipe, A, B, a_tile, b_tile, base=base, tile_range=(cid, tiles, clusters),
+                     coords=tile_coords, num_kb=num_kb, BK=BK)
     roles.consumers(232)
     mma = RingMma(pipe, acc, a_tile, b_tile, a_desc0, b_desc0, stage_bytes, n=BN,
                   dtype="bf16", leader=leader)
@@ -28,7 +30,7 @@ from pyptx import ptx, reg, smem
 from pyptx.types import u32, u64
 
 __all__ = ["ring_base", "thread_ids", "prologue", "Roles", "min_u32", "grouped_tile_origin",
-           "RingMma", "SLAB_BYTES", "swizzled_rows", "store_slabs", "drain_stores"]
+           "load_ab_ring", "RingMma", "SLAB_BYTES", "swizzled_rows", "store_slabs", "drain_stores"]
 
 SLAB_BYTES = 64 * 128
 """Bytes of one epilogue slab: a consumer warpgroup's 64 rows of 128 bytes."""
@@ -209,3 +211,39 @@ class RingMma:
     def _release(self) -> None:
         self.pipe.release(self.rel, pred=self.leader, **self.release_kw)
         self.rel.advance()
+
+
+def load_ab_ring(pipe: Any, A: Any, B: Any, a_tile: Any, b_tile: Any, *, base: Any,
+                 tile_range: tuple, coords: Any, num_kb: Any, BK: int, rank: Any = 0,
+                 cluster: int = 1, multicast: bool = False, split: str = "rows",
+                 wait_scope: str | None = None) -> None:
+    """The producer thread of a GEMM ring: for each tile ``t`` of ``ptx.loop(*tile_range)``
+    at ``coords(t) = (m0, n0)`` and each of its ``num_kb`` k-blocks of ``BK``, acquire a
+    free stage (A's tile, then B's, from ``base``), arm its barrier with the stage's bytes
+    and copy ``a_tile``/``b_tile`` from tensors ``A``/``B`` into it. ``multicast``: the
+    ``cluster`` CTAs share B, each copying a part of it to all, ``split="rows"`` (a slice
+    of every slab) or ``"slabs"`` (whole slabs, alternating). ``wait_scope``: the acquire
+    scope of the stage waits."""
+    a_bytes = a_tile.nbytes
+    stage_bytes = a_bytes + b_tile.nbytes
+    st = pipe.producer_state()
+    mask = (1 << cluster) - 1
+    a_map = ptx.tma.tensormap_ptr(A.tmap)
+    b_map = ptx.tma.tensormap_ptr(B.tmap)
+    for t in ptx.loop(*tile_range):
+        m0, n0 = coords(t)
+        for kb in ptx.loop(0, num_kb):
+            k0 = kb * BK
+            pipe.acquire(st, scope=wait_scope)
+            bar = pipe.arm(st, stage_bytes)
+            sbase = st.stage * stage_bytes + base
+            a_tile.load(sbase, A, m0, k0, bar, map_ptr=a_map)
+            if multicast and split == "rows":
+                b_tile.load(sbase + a_bytes, B, n0, k0, bar, multicast_mask=mask,
+                            part=(rank, cluster), map_ptr=b_map)
+            elif multicast:
+                b_tile.load(sbase + a_bytes, B, n0, k0, bar, multicast_mask=mask,
+                            slabs=(rank, cluster), map_ptr=b_map)
+            else:
+                b_tile.load(sbase + a_bytes, B, n0, k0, bar, map_ptr=b_map)
+            st.advance()
