@@ -196,6 +196,18 @@ def split_blocks(s, start, end, splits, BK=64):
     return (nkb * s) // splits, (nkb * (s + 1)) // splits
 
 
+def _open(stages, consumers, offs, prod_regs):
+    """The grouped kernels' opening: ``(base, pipe, tid, wg, cid, p_offs, roles)``, the
+    ring base and its pipeline, the thread's ids, the CTA index, the group ends' pointer,
+    and the role split (the producer's code follows)."""
+    base = ring_base()
+    pipe = Pipeline(stages, consumer_arrivals=consumers)
+    tid, wg = thread_ids()
+    _, cid = prologue(pipe, tid)
+    (p_offs,) = ptx.global_ptrs(offs)
+    return base, pipe, tid, wg, cid, p_offs, Roles(wg, prod_regs)
+
+
 class _Consumer:
     """A consumer warpgroup's fixed registers and its epilogue (shared by both kernels)."""
 
@@ -210,6 +222,14 @@ class _Consumer:
         lane = tid & 31
         self.cbuf = base + ring_bytes + self.w * (EPI_BUFS * SLAB_BYTES)
         self.sw = swizzled_rows(self.cbuf, self.row0, lane, ot.bytes)
+
+    def ring_mma(self, pipe, a_tile, b_tile, base, stage_bytes, consumers):
+        """The warpgroup's ``RingMma`` over the ring at ``base``: its 64 rows of each A tile
+        (``consumers`` warpgroups split the tile), all of B."""
+        a_desc0 = a_tile.descriptor(base + self.w * a_tile.offset(0, 64) if consumers > 1 else base)
+        b_desc0 = b_tile.descriptor(base, offset=a_tile.nbytes)
+        return RingMma(pipe, self.acc, a_tile, b_tile, a_desc0, b_desc0, stage_bytes, n=self.BN,
+                       dtype="bf16", leader=self.leader)
 
     def _pack(self, i):
         v0, v1 = self.acc[i], self.acc[i + 1]
@@ -311,12 +331,7 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
         return (k0 + i * 64 if i else k0, n0, g)
 
     def grouped(A, B, Offs, D):
-        base = ring_base()
-        pipe = Pipeline(stages, consumer_arrivals=consumers)
-        tid, wg = thread_ids()
-        _, cid = prologue(pipe, tid)
-        (p_offs,) = ptx.global_ptrs(Offs)
-        roles = Roles(wg, prod_regs)
+        base, pipe, tid, wg, cid, p_offs, roles = _open(stages, consumers, Offs, prod_regs)
         # ---------------------------------------------------------------- producer
         with ptx.if_(tid == 0):
             st = pipe.producer_state()
@@ -348,11 +363,7 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
         # ---------------------------------------------------------------- consumers
         roles.consumers(cons_regs)
         c = _Consumer(base, ring_bytes, wg, tid, BN, ot, out_cols)
-        acc = c.acc
-        a_desc0 = a_tile.descriptor(base + c.w * a_tile.offset(0, 64) if consumers > 1 else base)
-        b_desc0 = b_tile.descriptor(base, offset=a_bytes)
-        mma = RingMma(pipe, acc, a_tile, b_tile, a_desc0, b_desc0, stage_bytes, n=BN,
-                      dtype="bf16", leader=c.leader)
+        mma = c.ring_mma(pipe, a_tile, b_tile, base, stage_bytes, consumers)
         d_map = ptx.tma.tensormap_ptr(D.tmap)
         (p_d,) = ptx.global_ptrs(D)
         walk = RaggedTiles(p_offs, G, M, BM, num_n)
@@ -448,12 +459,7 @@ def build_grouped_wgrad(M: int, KX: int, NY: int, G: int, *, out_dtype="bf16", B
         return split_blocks(s, start, end, splits)
 
     def wgrad(X, Y, Offs, W):
-        base = ring_base()
-        pipe = Pipeline(stages, consumer_arrivals=consumers)
-        tid, wg = thread_ids()
-        _, cid = prologue(pipe, tid)
-        (p_offs,) = ptx.global_ptrs(Offs)
-        roles = Roles(wg, prod_regs)
+        base, pipe, tid, wg, cid, p_offs, roles = _open(stages, consumers, Offs, prod_regs)
         # ---------------------------------------------------------------- producer
         with ptx.if_(tid == 0):
             st = pipe.producer_state()
@@ -476,10 +482,7 @@ def build_grouped_wgrad(M: int, KX: int, NY: int, G: int, *, out_dtype="bf16", B
         roles.consumers(cons_regs)
         c = _Consumer(base, ring_bytes, wg, tid, BN, ot, out_cols)
         acc = c.acc
-        a_desc0 = a_tile.descriptor(base + c.w * a_tile.offset(0, 64) if consumers > 1 else base)
-        b_desc0 = b_tile.descriptor(base, offset=a_bytes)
-        mma = RingMma(pipe, acc, a_tile, b_tile, a_desc0, b_desc0, stage_bytes, n=BN,
-                      dtype="bf16", leader=c.leader)
+        mma = c.ring_mma(pipe, a_tile, b_tile, base, stage_bytes, consumers)
         w_map = ptx.tma.tensormap_ptr(W.tmap)
         zero = reg.scalar(b32, init=0)
         # this thread's 16-byte chunks of the warpgroup's slab: row idx >> 3 (idx = t_wg + 128 i)
