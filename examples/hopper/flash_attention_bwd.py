@@ -123,6 +123,15 @@ def _load_slabs(dst, tmap, d_slabs, head, row0, batch, rows, bar):
         ptx.tma.load_tile(dst + i * rows * 128 if i else dst, tmap, (64 * i, head, row0, batch), bar)
 
 
+def _load_pair(dst, first, second, offset, d_slabs, head, row0, batch, rows, bar):
+    """``rows`` rows from ``row0`` of tensors ``first`` and ``second`` (head ``head`` of
+    batch ``batch``) into ``dst`` and ``dst + offset``, completing on ``bar``."""
+    first_map = ptx.tma.tensormap_ptr(first.tmap)
+    second_map = ptx.tma.tensormap_ptr(second.tmap)
+    _load_slabs(dst, first_map, d_slabs, head, row0, batch, rows, bar)
+    _load_slabs(dst + offset, second_map, d_slabs, head, row0, batch, rows, bar)
+
+
 def _store_rows(acc, ptr, row, valid, H, D, head, batch, S, col0, scale, dt):
     """Store a consumer's 64 x D f32 accumulator (times ``scale``) as 16-bit pairs into a
     ``(B, S, H, D)`` tensor: this thread's rows ``row`` and ``row + 8`` (``valid`` guards)."""
@@ -206,10 +215,7 @@ def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=Non
         with ptx.if_(tid == 0):
             hbar = head_bar.at(0)
             ptx.mbarrier.arrive_expect_tx(hbar, head_bytes)
-            q_map = ptx.tma.tensormap_ptr(Q.tmap)
-            do_map = ptx.tma.tensormap_ptr(DO.tmap)
-            _load_slabs(base, q_map, slabs, hq, q0, b, BM, hbar)
-            _load_slabs(base + q_tile.nbytes, do_map, slabs, hq, q0, b, BM, hbar)
+            _load_pair(base, Q, DO, q_tile.nbytes, slabs, hq, q0, b, BM, hbar)
             k_map = ptx.tma.tensormap_ptr(K.tmap)
             v_map = ptx.tma.tensormap_ptr(V.tmap)
             st = pipe.producer_state()
@@ -444,10 +450,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         with ptx.if_(tid == 0):
             hbar = head_bar.at(0)
             ptx.mbarrier.arrive_expect_tx(hbar, head_bytes)
-            k_map = ptx.tma.tensormap_ptr(K.tmap)
-            v_map = ptx.tma.tensormap_ptr(V.tmap)
-            _load_slabs(base, k_map, slabs, hk, k0, b, BM, hbar)
-            _load_slabs(base + kv_tile.nbytes, v_map, slabs, hk, k0, b, BM, hbar)
+            _load_pair(base, K, V, kv_tile.nbytes, slabs, hk, k0, b, BM, hbar)
             q_map = ptx.tma.tensormap_ptr(Q.tmap)
             do_map = ptx.tma.tensormap_ptr(DO.tmap)
             st = pipe.producer_state()
