@@ -19,7 +19,6 @@ import traceback
 from pathlib import Path
 
 import pytest
-from conftest import find_ptxas
 from docs_blocks import (
     ROOT,
     Block,
@@ -66,7 +65,7 @@ def _run_console(block: Block, where: str) -> None:
         argv = shlex.split(command)
         if argv[0] != "pyptx":
             continue
-        if argv[1:2] == ["check"] and find_ptxas() is None and not CI:
+        if argv[1:2] == ["check"] and ptxas_mod.find_ptxas() is None and not CI:
             pytest.skip(f"{where}: `{command}` needs ptxas")
         buf = io.StringIO()
         with contextlib.redirect_stdout(buf):
@@ -161,7 +160,7 @@ def run_page(path: Path, *, gpu: bool, assemble, monkeypatch, cache: Path) -> in
             missing = _missing_framework(e)
             if missing and not gpu:
                 pytest.skip(f"{where}: needs {missing}")
-            if isinstance(e, ToolchainError) and find_ptxas() is None and not CI:
+            if isinstance(e, ToolchainError) and ptxas_mod.find_ptxas() is None and not CI:
                 pytest.skip(f"{where}: needs ptxas")
             raise BlockFailed(f"{where}: the block raised\n{traceback.format_exc()}") from e
         executed += 1
