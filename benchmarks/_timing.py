@@ -14,10 +14,10 @@ from collections.abc import Callable
 from typing import Any
 
 
-def host_us_per_call(fn: Callable[[], Any], finish: Callable[[Any], Any],
-                     calls: int) -> tuple[float, float]:
-    """Host µs per call of ``calls`` back-to-back calls, the final wait included, and the
-    share of the loop spent in that final wait (large when the GPU, not the host, set the pace)."""
+def _timed_calls(fn: Callable[[], Any], finish: Callable[[Any], Any],
+                 calls: int) -> tuple[float, float, float]:
+    """``calls`` back-to-back calls of ``fn``, then ``finish`` of the last result, with the
+    collector off: the clock before the calls, after them, and after ``finish``."""
     gc.collect()
     gc.disable()
     try:
@@ -30,6 +30,14 @@ def host_us_per_call(fn: Callable[[], Any], finish: Callable[[Any], Any],
         t1 = time.perf_counter()
     finally:
         gc.enable()
+    return t0, t_loop, t1
+
+
+def host_us_per_call(fn: Callable[[], Any], finish: Callable[[Any], Any],
+                     calls: int) -> tuple[float, float]:
+    """Host µs per call of ``calls`` back-to-back calls, the final wait included, and the
+    share of the loop spent in that final wait (large when the GPU, not the host, set the pace)."""
+    t0, t_loop, t1 = _timed_calls(fn, finish, calls)
     return (t1 - t0) / calls * 1e6, (t1 - t_loop) / (t1 - t0)
 
 
@@ -37,18 +45,8 @@ def enqueue_us_per_call(fn: Callable[[], Any], finish: Callable[[Any], Any], cal
     """Host µs per call of a short burst from an idle device, the final wait excluded: the
     pure dispatch cost, even for a path whose kernel outlasts its dispatch (the burst stays
     under the launch queue's depth, so the host never waits for the GPU)."""
-    gc.collect()
-    gc.disable()
-    try:
-        r = None
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            r = fn()
-        t1 = time.perf_counter()
-        finish(r)
-    finally:
-        gc.enable()
-    return (t1 - t0) / calls * 1e6
+    t0, t_loop, _ = _timed_calls(fn, finish, calls)
+    return (t_loop - t0) / calls * 1e6
 
 
 def rotated(names: list, r: int) -> list:

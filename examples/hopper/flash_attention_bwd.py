@@ -158,21 +158,26 @@ def _smem_fit(fixed, per_stage, most=4):
     return max(2, min(most, (SMEM_LIMIT - fixed - 1024) // per_stage))
 
 
+def _common_options(B, S, Hq, Hkv, D, Sk, dtype, scale, safe, sync):
+    """The options both backward kernels resolve alike: ``(Sk, dt, scale, safe, sync, G, Sp)``
+    (shapes checked; ``safe``/``sync`` default from ``PYPTX_ATTN_BWD_SAFE``/``_SYNC``)."""
+    Sk = S if Sk is None else Sk
+    check_shapes(B, S, Hq, Hkv, D, Sk)
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    safe = _env("PYPTX_ATTN_BWD_SAFE") if safe is None else safe
+    # the fast schedule holds a stage until the next block: waiting for it would deadlock
+    sync = (_env("PYPTX_ATTN_BWD_SYNC") if sync is None else sync) and safe
+    return Sk, _dtype(dtype), scale, safe, sync, Hq // Hkv, padded(S)
+
+
 def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None, BKV=64,
              stages=None, sync=None, safe=None):
     """The dQ kernel: ``(Q, K, V, O, LSE, DO) -> (DQ, STATS)``. STATS ``(B, Hq, padded(S), 2)``
     f32 holds ``(lse * log2 e, delta = rowsum(do * o))`` per query row (zeros past ``S``),
     which the dK/dV kernel reads. ``safe``: mask every block and wait for each block's
     products before the next (the simplest schedule; default from ``PYPTX_ATTN_BWD_SAFE``)."""
-    Sk = S if Sk is None else Sk
-    check_shapes(B, S, Hq, Hkv, D, Sk)
-    dt = _dtype(dtype)
-    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    safe = _env("PYPTX_ATTN_BWD_SAFE") if safe is None else safe
-    # the fast schedule holds a stage until the next block: waiting for it would deadlock
-    sync = (_env("PYPTX_ATTN_BWD_SYNC") if sync is None else sync) and safe
-    G = Hq // Hkv
-    Sp = padded(S)
+    Sk, dt, scale, safe, sync, G, Sp = _common_options(B, S, Hq, Hkv, D, Sk, dtype, scale,
+                                                       safe, sync)
     q_tile = OperandTile(BM, D, dt, major="K")
     k_tile = OperandTile(BKV, D, dt, major="K")
     k_mn = OperandTile(D, BKV, dt, major="MN")      # the same bytes as B of dS K
@@ -388,15 +393,8 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     ``atomic_dq``: also ``(..., STATS, DQACC)``: every block adds ``scale * dS K`` into the
     f32 ``DQACC`` ``(B, S, Hq, D)`` in place with ``red.global.add`` (not deterministic;
     torch eager only: the buffer is an input the kernel writes)."""
-    Sk = S if Sk is None else Sk
-    check_shapes(B, S, Hq, Hkv, D, Sk)
-    dt = _dtype(dtype)
-    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    safe = _env("PYPTX_ATTN_BWD_SAFE") if safe is None else safe
-    # the fast schedule holds a stage until the next block: waiting for it would deadlock
-    sync = (_env("PYPTX_ATTN_BWD_SYNC") if sync is None else sync) and safe
-    G = Hq // Hkv
-    Sp = padded(S)
+    Sk, dt, scale, safe, sync, G, Sp = _common_options(B, S, Hq, Hkv, D, Sk, dtype, scale,
+                                                       safe, sync)
     kv_tile = OperandTile(BM, D, dt, major="K")
     q_tile = OperandTile(BQ, D, dt, major="K")
     q_mn = OperandTile(D, BQ, dt, major="MN")       # the same bytes as B of P^T dO / dS^T Q

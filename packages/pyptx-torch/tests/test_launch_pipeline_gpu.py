@@ -22,16 +22,6 @@ pytestmark = [
 ]
 
 
-@pytest.fixture
-def poisoned():
-    import pyptx_torch.eager as eager
-
-    saved = eager.POISON
-    eager.set_poison(True)
-    yield
-    eager.set_poison(saved)
-
-
 def build_cluster_rank(c: int):
     """Y[cta] = 1000 * %cluster_nctarank + %cluster_ctarank + X[cta], in clusters of ``c``."""
 
@@ -62,7 +52,7 @@ def sm90_devices() -> list[int]:
 
 
 @pytest.mark.parametrize("c", [2, 16])  # 16 is past the portable 8: needs the shim's opt-in
-def test_cluster_dims_apply_on_every_device(c, poisoned):
+def test_cluster_dims_apply_on_every_device(c, poison_outputs):
     """Each sm_90 GPU, in turn, runs the same record: the first through the shim's register,
     the others through set_device_function. Every CTA sees the cluster size and its rank."""
     devices = sm90_devices()
@@ -78,7 +68,7 @@ def test_cluster_dims_apply_on_every_device(c, poisoned):
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
-def test_cluster_dims_on_a_device_reached_through_set_device_function(poisoned):
+def test_cluster_dims_on_a_device_reached_through_set_device_function(poison_outputs):
     """The record is loaded on cuda:1 first (it registers there), then on cuda:0 (added with
     set_device_function): both launch in clusters of 16."""
     if len(sm90_devices()) < 2:
@@ -89,7 +79,7 @@ def test_cluster_dims_on_a_device_reached_through_set_device_function(poisoned):
         assert torch.equal(k(x), expected(x, 16)), f"cuda:{d}"
 
 
-def test_a_record_is_registered_with_the_shim_once_and_released_with_its_kernels(poisoned,
+def test_a_record_is_registered_with_the_shim_once_and_released_with_its_kernels(poison_outputs,
                                                                                  monkeypatch):
     """Item 1: two kernels of the same content share one record, registered with the shim once
     (on its first load); when both kernels are garbage-collected the shim forgets it."""
