@@ -2,6 +2,8 @@
 # Install this repo's packages on the device machine (no package index there).
 # Needs .whl/ holding the hatchling and editables wheels (pip download hatchling editables
 # -d .whl on a machine with an index), carried to the device with the call.
+# PYPTX_INSTALLED=1 (set by tools/device_batch.sh after its install) makes this a no-op.
+[ "${PYPTX_INSTALLED:-0}" = 1 ] && exit 0
 python3 -m pip install -q --no-index --find-links .whl hatchling editables 2>&1 | tail -2
 python3 -m pip install -q --no-index --no-build-isolation --no-deps \
     -e packages/pyptx-core -e packages/pyptx-shim -e packages/pyptx-torch -e packages/pyptx-jax \
