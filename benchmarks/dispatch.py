@@ -711,8 +711,10 @@ def _versions(torch: Any) -> str:
         from pyptx_torch.fastpath import fastpath_status
 
         parts.append(f"C++ fast path {fastpath_status()}")
-        if os.environ.get("PYPTX_TORCH_DIRECT") == "1":
-            parts.append("PYPTX_TORCH_DIRECT=1 (inductor calls the launcher directly)")
+        from pyptx_torch import direct
+
+        parts.append("inductor calls the launcher directly" if direct.ENABLED
+                     else "PYPTX_TORCH_DIRECT=0 (inductor calls the op)")
     except Exception:  # noqa: BLE001
         pass
     return ", ".join(parts)

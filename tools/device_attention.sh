@@ -10,8 +10,8 @@
 #          BENCH_ARGS="--dims 128 --seqs 8192" (default: the default call and the persistent
 #          kernel as two columns), INSTALL=0 (skip tools/device_install.sh)
 #   step "ab" (issue 17, hd128 speed; docs/dev/attention.md): the example's checks with the
-#   opt-in options, then one interleaved benchmark of the default against pin_overlap,
-#   rescale_threshold, both, and both with BN=176 / stages=3 (forward only) -> $OUT/attention-ab.md
+#   tuning options, then one interleaved benchmark of the default (rescale_threshold=8) against
+#   the exact rescale, pin_overlap and thresholds 4 / 12 (forward only) -> $OUT/attention-ab.md
 #     STEPS=ab bash tools/device_attention.sh      knobs: AB_CONFIGS (JSON list), AB_ARGS
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -22,7 +22,7 @@ STEPS=${STEPS:-example tests jax bench sanitize}
 SCHEDULES=${SCHEDULES:-simple overlap pingpong}
 DEFAULT_BENCH='--configs [{},{"persistent":true}]'
 BENCH_ARGS=${BENCH_ARGS-$DEFAULT_BENCH}
-DEFAULT_AB='[{},{"pin_overlap":true},{"rescale_threshold":8},{"pin_overlap":true,"rescale_threshold":8},{"pin_overlap":true,"rescale_threshold":8,"BN":176},{"pin_overlap":true,"rescale_threshold":8,"stages":3},{"pin_overlap":true,"rescale_threshold":8,"persistent":true}]'
+DEFAULT_AB='[{},{"rescale_threshold":null},{"pin_overlap":true},{"rescale_threshold":4},{"rescale_threshold":12}]'
 for s in $STEPS; do
   echo "=== $s"
   case $s in
@@ -42,7 +42,7 @@ for s in $STEPS; do
       timeout ${BENCH_TIMEOUT:-500} python3 benchmarks/attention.py "${bench_args[@]}" \
         --out "$OUT/attention.md" 2>&1 | tee "$OUT/attention-bench.log" ;;
     ab)
-      for opts in "pin_overlap" "rescale_threshold=8" "pin_overlap rescale_threshold=8"; do
+      for opts in "pin_overlap" "rescale_threshold=none" "pin_overlap rescale_threshold=4"; do
         timeout ${EXAMPLE_TIMEOUT:-90} python3 examples/hopper/flash_attention.py pingpong $opts 2>&1 \
           | tee -a "$OUT/attention-ab-example.log" | grep -E "FAIL|Error|all PASS" | tail -8
         echo "exit ${PIPESTATUS[0]} ($opts)"

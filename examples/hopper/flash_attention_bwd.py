@@ -37,8 +37,9 @@ before the previous block's stage is released) and a *safe* one (``safe=True`` o
 ``PYPTX_ATTN_BWD_SAFE=1``: every block masked, stats read from global memory, each
 block's products waited for before its stage is released) to bisect a failure; with it,
 ``PYPTX_ATTN_BWD_SYNC=1`` also makes the producer wait for each stage's release before
-loading the next block. Opt-in speed options of the dK/dV kernel (``dkdv_bq=32``,
-``dkdv_overlap=False``; at D=128 the default schedule's wgmma are serialised by ptxas):
+loading the next block. The dK/dV kernel takes q blocks of 32 rows by default
+(``dkdv_bq``: 64 rows serialise its wgmma at D=128, and 32 measured +3-10% at D=64 and
++33% at D=128); ``dkdv_bq=64`` and ``dkdv_overlap=False`` are the other options:
 ``build_dkdv``, ``bench(configs=...)`` and docs/dev/attention-backward.md.
 """
 
@@ -60,6 +61,7 @@ from pyptx.warpspec import Roles, ring_base, thread_ids
 LOG2E = 1.4426950408889634
 SMEM_LIMIT = 227 * 1024 - 256
 BM = 128          # rows a CTA owns (two consumer warpgroups of 64)
+DKDV_BQ = 32     # q rows per dK/dV block of the fast schedule (build_dkdv's default BQ)
 THREADS = 384     # producer warpgroup + two consumers
 PROD_REGS, CONS_REGS = 24, 240
 
@@ -379,22 +381,24 @@ def _release_stage(pipe, state, lane0):
     pipe.release(state, pred=lane0)
 
 
-def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None, BQ=64,
+def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None, BQ=None,
                stages=None, sync=None, safe=None, atomic_dq=False, overlap=None):
     """The dK/dV kernel: ``(Q, K, V, DO, STATS) -> (DK, DV)`` (STATS from ``build_dq``).
 
-    Opt-in speed options (issue 17; see docs/dev/attention-backward.md): ``BQ=32`` (q rows
-    per block: 32 fewer live registers, so ptxas keeps the wgmma asynchronous at D=128) and
-    ``overlap=False`` (wait for a block's dK product before the next block's, the stage
-    released right after; also ends the serialisation at D=128). The default (``BQ=64``,
-    ``overlap`` on) is the schedule measured correct; at D=128 ptxas serialises its wgmma
-    (C7512: every HGMMA followed by a wait).
+    ``BQ``: q rows per block, 32 or 64; ``None`` (default): 32 for the fast schedule (32
+    fewer live registers, so ptxas keeps the wgmma asynchronous at D=128, where 64 makes it
+    serialise them: C7512, every HGMMA followed by a wait), 64 for ``safe`` and
+    ``atomic_dq`` (its dS tile needs 64). ``overlap=False``: wait for a block's dK product
+    before the next block's, the stage released right after (also ends the serialisation at
+    D=128). See docs/dev/attention-backward.md for the measurements.
 
     ``atomic_dq``: also ``(..., STATS, DQACC)``: every block adds ``scale * dS K`` into the
     f32 ``DQACC`` ``(B, S, Hq, D)`` in place with ``red.global.add`` (not deterministic;
     torch eager only: the buffer is an input the kernel writes)."""
     Sk, dt, scale, safe, sync, G, Sp = _common_options(B, S, Hq, Hkv, D, Sk, dtype, scale,
                                                        safe, sync)
+    if BQ is None:
+        BQ = 64 if safe or atomic_dq else DKDV_BQ
     kv_tile = OperandTile(BM, D, dt, major="K")
     q_tile = OperandTile(BQ, D, dt, major="K")
     q_mn = OperandTile(D, BQ, dt, major="MN")       # the same bytes as B of P^T dO / dS^T Q
@@ -814,22 +818,22 @@ class AttentionBackward:
 
 
 def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None,
-                             safe=None, atomic_dq=False, dkdv_bq=64, dkdv_overlap=None):
+                             safe=None, atomic_dq=False, dkdv_bq=None, dkdv_overlap=None):
     """The backward kernels for these sizes: ``bwd(q, k, v, o, lse, do, dlse) -> (dq, dk,
     dv)``. ``safe=True`` (or ``PYPTX_ATTN_BWD_SAFE=1``): the simplest schedule, for
     bisecting. ``atomic_dq=True``: dQ accumulated by the dK/dV kernel with f32 atomics (no
-    second pass over K and V; not deterministic; torch eager only). ``dkdv_bq`` (64 or 32)
-    and ``dkdv_overlap`` (``None``: the schedule's default): the dK/dV kernel's opt-in
-    speed options (``build_dkdv``'s ``BQ`` and ``overlap``)."""
+    second pass over K and V; not deterministic; torch eager only). ``dkdv_bq`` (32 or 64)
+    and ``dkdv_overlap`` (``None``: the schedule's default, 32 rows for the fast schedule):
+    the dK/dV kernel's speed options (``build_dkdv``'s ``BQ`` and ``overlap``)."""
     safe = _env("PYPTX_ATTN_BWD_SAFE") if safe is None else bool(safe)
-    if dkdv_bq not in (32, 64):
+    if dkdv_bq not in (None, 32, 64):
         raise ConfigError(f"build_attention_backward: dkdv_bq must be 32 or 64, got {dkdv_bq!r}")
     overlap = None if dkdv_overlap is None else bool(dkdv_overlap)
     return _build(B, S, Hq, Hkv, D, S if Sk is None else Sk, dtype, causal, scale, safe,
                   bool(atomic_dq), dkdv_bq, overlap)
 
 
-OPTIONS = ("dkdv_bq", "dkdv_overlap")   # the opt-in speed options of build_attention_backward
+OPTIONS = ("dkdv_bq", "dkdv_overlap")   # the speed options of build_attention_backward
 
 
 def parse_options(text):
@@ -846,7 +850,7 @@ def parse_options(text):
 
 
 @functools.lru_cache(maxsize=64)
-def _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, safe, atomic_dq, dkdv_bq=64, overlap=None):
+def _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, safe, atomic_dq, dkdv_bq=None, overlap=None):
     kw = dict(Sk=Sk, dtype=dtype, causal=causal, scale=scale, safe=safe)
     dkdv_kw = dict(kw, BQ=dkdv_bq, overlap=overlap)
     dt = _dtype(dtype)
@@ -990,7 +994,7 @@ CHECKS = [  # (B, S, Hq, Hkv, D, dtype, causal): ragged, GQA/MQA, both dtypes an
 
 def check(cases=CHECKS, safe=False, atomic_dq=False, **options) -> int:
     """One PASS/FAIL line per gradient against float64 autograd; returns the failures.
-    ``options``: the opt-in ``dkdv_bq`` / ``dkdv_overlap`` (named in each line)."""
+    ``options``: ``dkdv_bq`` / ``dkdv_overlap`` (named in each line)."""
     import torch
 
     fails = 0

@@ -50,7 +50,7 @@ def test_ptxas_accepts_both_kernels(D, dtype, causal, Hq, Hkv, S, Sk, assemble):
 def test_blocks_the_fast_schedule_leaves_unmasked_need_no_mask(S, Sk, causal, BQ):
     """The fast schedule masks a block only where ``need`` (the kernels' condition) holds;
     every element of every other block must be allowed (kv < Sk, q < S, kv <= q if causal);
-    for the dK/dV kernel's q blocks of 64 rows and of 32 (the ``dkdv_bq=32`` option)."""
+    for the dK/dV kernel's q blocks of 64 rows and of 32 (the default)."""
     def allowed(q, kv):
         return q < S and kv < Sk and (not causal or kv <= q)
 
@@ -254,7 +254,7 @@ def model_dkdv(q, k, v, lse, do, delta, causal, scale, dt, BQ=64):
     (1, 200, 2, 1, 64, True, "bf16", 64),
     (1, 150, 2, 2, 64, False, "f16", 64),
     (1, 130, 2, 1, 128, True, "bf16", 64),
-    (1, 170, 2, 1, 128, True, "bf16", 32),    # the dkdv_bq=32 option
+    (1, 170, 2, 1, 128, True, "bf16", 32),    # the default 32-row q blocks
     (1, 99, 2, 2, 128, False, "f16", 32),
 ])
 def test_model_of_the_tiling_matches_float64_autograd(B, S, Hq, Hkv, D, causal, dtn, BQ):
@@ -340,15 +340,16 @@ def _sass_counts(ptx, tmp_path):
 
 
 @pytest.mark.parametrize("opts,serial", [
-    ({}, True),                                   # the default: ptxas serialises (C7512)
-    ({"dkdv_bq": 32}, False),
-    ({"dkdv_overlap": False}, False),
+    ({"dkdv_bq": 64}, True),                      # 64-row q blocks: ptxas serialises (C7512)
+    ({}, False),                                  # the default: 32-row q blocks
+    ({"dkdv_bq": 64, "dkdv_overlap": False}, False),
 ])
 @pytest.mark.parametrize("causal", [False, True])
 def test_dkdv_d128_wgmma_serialisation(opts, serial, causal, tmp_path):
-    """At D=128 the default dK/dV kernel has too little register room for asynchronous
-    wgmma: ptxas reports C7512 and waits after every HGMMA (the 3x gap to D=64). Each opt-in
-    option removes that: 0 spills, no C7512, 3 waits per block loop."""
+    """At D=128 a dK/dV kernel with 64-row q blocks has too little register room for
+    asynchronous wgmma: ptxas reports C7512 and waits after every HGMMA. The default 32-row
+    blocks, and ``dkdv_overlap=False``, remove that: 0 spills, no C7512, 3 waits per block
+    loop."""
     bwd = fab.build_attention_backward(2, 1024, 4, 4, 128, causal=causal, **opts)
     hg, dep, log = _sass_counts(bwd.dkdv_kernel.ptx(), tmp_path)
     assert "0 bytes spill stores" in log, log
@@ -368,7 +369,7 @@ def test_d64_kernels_and_dq_d128_are_not_serialised(tmp_path):
             assert "C7512" not in log and dep <= 6 < hg, (k.name, hg, dep)
 
 
-@pytest.mark.parametrize("opts", [{"dkdv_bq": 32}, {"dkdv_overlap": False},
+@pytest.mark.parametrize("opts", [{"dkdv_bq": 64}, {"dkdv_bq": 32}, {"dkdv_overlap": False},
                                   {"dkdv_bq": 32, "dkdv_overlap": False}])
 @pytest.mark.parametrize("D,causal", [(64, True), (128, False)])
 def test_options_assemble_for_every_schedule(opts, D, causal, assemble):

@@ -291,17 +291,17 @@ def test_block_shapes_assemble(assemble, D, BN, stages):
 @pytest.mark.parametrize("schedule", fa.SCHEDULES)
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("opts", [dict(pin_overlap=True), dict(rescale_threshold=8),
+@pytest.mark.parametrize("opts", [dict(pin_overlap=True), dict(rescale_threshold=None),
                                   dict(pin_overlap=True, rescale_threshold=0)])
 def test_tuning_options_assemble(assemble, schedule, D, causal, opts):
-    """The opt-in options trace, assemble without spills and emit what they promise: a
+    """The tuning options trace, assemble without spills and emit what they promise: a
     ``fence.acq_rel.cta`` before the P V wait (overlapped schedules only) and a warp vote
-    around the O rescale."""
+    around the O rescale unless ``rescale_threshold=None`` (the exact schedule)."""
     k = fa.build_attention(2, 300, 4, 2, D, causal=causal, schedule=schedule, **opts)
     text = k.ptx()
     pinned = opts.get("pin_overlap", False) and schedule != "simple"
     assert ("fence.acq_rel.cta" in text) == pinned
-    assert ("vote.sync.any.pred" in text) == ("rescale_threshold" in opts)
+    assert ("vote.sync.any.pred" in text) == (opts.get("rescale_threshold", 8) is not None)
     assert ("_pinned" in k.name) == opts.get("pin_overlap", False)
     assert "0 bytes spill stores" in assemble(text)
 
@@ -315,14 +315,19 @@ def test_tuning_options_with_block_shapes_assemble(assemble, kw):
 
 def test_tuning_options_varlen_assemble(assemble):
     k = fa.build_attention_varlen(700, 900, 3, 4, 2, 128, 333, causal=True, pin_overlap=True,
-                                  rescale_threshold=8)
-    assert k.name.endswith("_pinned_rt8")
+                                  rescale_threshold=4)
+    assert k.name.endswith("_pinned_rt4")
     assert "0 bytes spill stores" in assemble(k.ptx())
 
 
-def test_default_kernel_has_no_tuning_instructions():
-    text = fa.build_attention(2, 300, 4, 2, 128).ptx()
-    assert "fence.acq_rel" not in text and "vote.sync" not in text
+def test_default_kernel_rescales_lazily_and_exact_on_request():
+    """The default is ``rescale_threshold=8`` (a warp vote, no tag in the name); ``None``
+    builds the exact schedule (no vote, ``_exact`` in the name); neither pins the overlap."""
+    k = fa.build_attention(2, 300, 4, 2, 128)
+    assert fa.RESCALE_THRESHOLD == 8 and "vote.sync.any.pred" in k.ptx()
+    assert "fence.acq_rel" not in k.ptx() and "_rt" not in k.name and "_exact" not in k.name
+    exact = fa.build_attention(2, 300, 4, 2, 128, rescale_threshold=None)
+    assert "vote.sync" not in exact.ptx() and exact.name.endswith("_exact")
 
 
 # ------------------------------------------------------------------ the ping-pong protocol

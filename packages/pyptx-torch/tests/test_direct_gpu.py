@@ -1,4 +1,4 @@
-"""GPU test of the opt-in direct launch under inductor (``PYPTX_TORCH_DIRECT=1``,
+"""GPU test of the direct launch under inductor (the default; ``PYPTX_TORCH_DIRECT=0`` is off,
 ``pyptx_torch.direct``), in a fresh process with inductor's caches off: a compiled fn
 chaining a copy kernel with pointwise ops matches eager exactly (copies are exact) on fresh
 random inputs, with outputs poisoned (NaN) on the first calls; repeats stay in C++

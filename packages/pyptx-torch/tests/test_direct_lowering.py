@@ -1,6 +1,6 @@
-"""CPU tests of the opt-in direct launch under inductor (``PYPTX_TORCH_DIRECT=1``,
-``pyptx_torch.direct``): the generated code calls ``torch.ops.pyptx._direct`` instead of the
-op (no per-call size assert), the default generated code is unchanged, and the direct call of
+"""CPU tests of the direct launch under inductor (``pyptx_torch.direct``, the default;
+``PYPTX_TORCH_DIRECT=0`` turns it off): the generated code calls ``torch.ops.pyptx._direct``
+instead of the op (no per-call size assert), with the option off it calls the op, and the direct call of
 a CPU tensor still reaches the op (pyptx's SpecError). Each case runs in a fresh process (the
 option is read at import) with inductor's caches off (a cached graph would hide the lowering)."""
 
@@ -39,16 +39,20 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def _run(direct: bool) -> str:
-    env = dict(os.environ, TORCHINDUCTOR_FORCE_DISABLE_CACHES="1", TORCH_LOGS="output_code",
-               PYPTX_TORCH_DIRECT="1" if direct else "0")
+def _run(direct: bool | None) -> str:
+    """The script's output with the option on (True), off (False) or unset (None)."""
+    env = dict(os.environ, TORCHINDUCTOR_FORCE_DISABLE_CACHES="1", TORCH_LOGS="output_code")
+    env.pop("PYPTX_TORCH_DIRECT", None)
+    if direct is not None:
+        env["PYPTX_TORCH_DIRECT"] = "1" if direct else "0"
     p = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True,
                        timeout=300)
     return p.stdout + p.stderr
 
 
-def test_direct_option_calls_the_launcher_without_the_op_or_size_asserts():
-    out = _run(True)
+@pytest.mark.parametrize("direct", [None, True], ids=["default", "PYPTX_TORCH_DIRECT=1"])
+def test_direct_launch_calls_the_launcher_without_the_op_or_size_asserts(direct):
+    out = _run(direct)
     calls = [ln for ln in out.splitlines() if "= torch.ops.pyptx._direct(" in ln]
     assert len(calls) == 2, out[-3000:]
     assert "torch.ops.pyptx.launch2.default(" not in out
@@ -56,7 +60,7 @@ def test_direct_option_calls_the_launcher_without_the_op_or_size_asserts():
     assert "RAISED" in out and "True" in out.split("RAISED", 1)[1].splitlines()[0], out[-3000:]
 
 
-def test_default_generated_code_calls_the_op():
+def test_generated_code_calls_the_op_with_the_option_off():
     out = _run(False)
     assert out.count("= torch.ops.pyptx.launch2.default(") == 2, out[-3000:]
     assert "torch.ops.pyptx._direct(" not in out

@@ -7,7 +7,7 @@ the same (rounded) inputs. Tolerances (``check`` in the example): max |o - ref| 
 the output rounding, 2**-9 relative), 1e-2 for f16 (2**-11 each); lse relative error
 <= 1e-3 (f32 softmax state, ex2/lg2.approx ~2**-22).
 Both the default schedule and the simple one (``schedule="simple"``) are checked, so a
-failure of the overlapped schedules alone is visible; the opt-in tuning options
+failure of the overlapped schedules alone is visible; the tuning options
 (``pin_overlap``, ``rescale_threshold``) are checked with the same tolerances.
 
     pytest -m gpu packages/pyptx-torch/tests/test_flash_attention_gpu.py
@@ -104,8 +104,8 @@ def test_block_shapes(D, BN, stages):
     _assert_close(o, lse, fa.reference(q, k, v, True), "f16")
 
 
-TUNING = [dict(pin_overlap=True), dict(rescale_threshold=8), dict(rescale_threshold=0),
-          dict(pin_overlap=True, rescale_threshold=8)]
+TUNING = [dict(pin_overlap=True), dict(rescale_threshold=None), dict(rescale_threshold=0),
+          dict(rescale_threshold=16), dict(pin_overlap=True, rescale_threshold=None)]
 
 
 @pytest.mark.parametrize("opts", TUNING, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
@@ -113,16 +113,18 @@ TUNING = [dict(pin_overlap=True), dict(rescale_threshold=8), dict(rescale_thresh
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 def test_tuning_options(opts, schedule, D, causal):
-    """The opt-in options (``pin_overlap``, ``rescale_threshold``) give the same tolerances
-    as the default kernel; q and k scaled by 2 so row maxima keep moving across key blocks
-    (the lazy rescale's skipped and taken paths both run). ``rescale_threshold=0`` only
-    skips multiplications by exactly 1, so it must equal the default kernel bit for bit."""
+    """The tuning options (``pin_overlap``, ``rescale_threshold``; the default is the lazy
+    rescale at 8) give the same tolerances as the default kernel; q and k scaled by 2 so
+    row maxima keep moving across key blocks (the lazy rescale's skipped and taken paths
+    both run). ``rescale_threshold=0`` only skips multiplications by exactly 1, so it must
+    equal the exact schedule (``None``) bit for bit."""
     q, k, v = _inputs(2, 700, 700, 4, 2, D, "bf16", seed=D + causal)
     q, k = 2 * q, 2 * k                          # exact in bf16; scores of std ~4
     o, lse = fa.attention_forward(q, k, v, causal=causal, schedule=schedule, **opts)
     _assert_close(o, lse, fa.reference(q, k, v, causal), "bf16")
     if opts == dict(rescale_threshold=0):
-        o0, lse0 = fa.attention_forward(q, k, v, causal=causal, schedule=schedule)
+        o0, lse0 = fa.attention_forward(q, k, v, causal=causal, schedule=schedule,
+                                        rescale_threshold=None)
         assert torch.equal(o, o0) and torch.equal(lse, lse0)
 
 

@@ -1,13 +1,13 @@
-"""Opt-in: inductor calls a single-output kernel's launcher directly (``PYPTX_TORCH_DIRECT=1``).
+"""Inductor calls a single-output kernel's launcher directly (on unless ``PYPTX_TORCH_DIRECT=0``).
 
-By default inductor's generated code calls ``pyptx::launch<n>`` as a fallback kernel:
+Without this, inductor's generated code calls ``pyptx::launch<n>`` as a fallback kernel:
 ``buf1 = torch.ops.pyptx.launch2.default(buf0, arg1_1, 'uid')`` then
 ``assert_size_stride(buf1, ...)``. That line pays ``OpOverload.__call__``, torch's
 Python->op argument parsing (schema, boxing, a new string for the variant), the
 dispatcher (Autograd kernel, redispatch) and the size assert before our C++ plan runs.
 A ``torch.library.triton_op`` pays none of these: inductor inlines its Triton launch.
 
-With ``PYPTX_TORCH_DIRECT=1`` set when ``pyptx_torch.compiled`` is imported, a lowering
+Unless ``PYPTX_TORCH_DIRECT=0`` is set when ``pyptx_torch.compiled`` is imported, a lowering
 for ``pyptx::launch1`` .. ``launch4`` makes inductor write
 ``buf1 = torch.ops.pyptx._direct(buf0, arg1_1, 'uid')`` instead: one C call
 (``pyptx_torch._fastpath.direct``) that launches through the variant's bound plan,
@@ -29,8 +29,9 @@ import torch
 
 __all__ = ["ENABLED", "DIRECT_NAME", "direct_call", "expose", "install_lowerings"]
 
-#: Whether inductor should call kernels directly (read once, at import).
-ENABLED = os.environ.get("PYPTX_TORCH_DIRECT", "") == "1"
+#: Whether inductor should call kernels directly (read once, at import; measured 0.59x a
+#: ``triton_op`` call's marginal cost in a compiled fn against 1.14x without it, H100).
+ENABLED = os.environ.get("PYPTX_TORCH_DIRECT", "1") != "0"
 #: How inductor's generated code names the direct launcher.
 DIRECT_NAME = "torch.ops.pyptx._direct"
 
