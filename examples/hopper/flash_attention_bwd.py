@@ -349,36 +349,33 @@ def _maybe_if(p):
 
 
 # ------------------------------------------------------------------ dK/dV kernel
-RELEASE_ARRIVALS = 8    # dK/dV ring: one arrival per consumer warp (2 warpgroups x 4 warps)
+RELEASE_ARRIVALS = 256  # dK/dV ring: every consumer thread arrives (2 warpgroups x 128)
 
 
-def _release_stage(pipe, state, lane0):
+def _release_stage(pipe, state):
     """Hand a dK/dV ring stage back to the producer, after this thread's generic reads of it.
 
     Besides the wgmma (async-proxy) reads of Q and dO, every consumer thread reads its
     ``(lse2, delta)`` pairs out of the stage with ``ld.shared`` (generic proxy), and the
     producer's next fill of the stage writes it with ``cp.async.bulk`` (async proxy). In the
     PTX memory model accesses of different proxies to the same bytes are ordered only by a
-    causality chain that contains a proxy fence, and an mbarrier arrive only releases the
-    arriving thread's own accesses. Hence, for a write-after-read across proxies:
+    causality chain that contains a proxy fence, and an mbarrier arrive releases only the
+    arriving thread's own accesses. Hence, for this write-after-read across proxies, every
+    reading thread
 
-    1. every reading thread issues ``fence.proxy.async.shared::cta`` after its reads (the
-       values already sit in registers: the stats were consumed by this block's math);
-    2. ``bar.warp.sync`` orders the warp's 32 threads before lane 0;
-    3. lane 0 of each warp arrives on ``empty[stage]`` (``release.cta``; 8 arrivals per
-       round, ``RELEASE_ARRIVALS``), which the producer's ``acquire`` waits for before it
-       issues the bulk copies of the next fill.
+    1. issues ``fence.proxy.async.shared::cta`` after its reads (the values already sit in
+       registers: the stats were consumed by this block's math), then
+    2. arrives on ``empty[stage]`` itself (``release.cta``; 256 arrivals per round,
+       ``RELEASE_ARRIVALS``), which the producer's ``acquire`` waits for before it issues
+       the bulk copies of the next fill.
 
-    A fence in the producer after its ``acquire`` would be one instruction per stage instead
-    of one per consumer thread, but it would still need every reading thread in the chain
-    (the one-leader-per-warpgroup release left the other warps' reads unordered with the
-    arrive), and the fence at the reader is the form the ISA spells out for generic-then-async
-    accesses; compute-sanitizer's racecheck reported 1024 write-after-read hazards here
-    (``UBLKCP`` write against the consumers' ``LDS``) without it.
+    Two weaker forms left compute-sanitizer's racecheck reporting write-after-read hazards
+    (``UBLKCP`` write against the consumers' ``LDS``): one arrival per warpgroup (1024), and
+    one per warp after ``bar.warp.sync`` (the other 31 lanes' reads are not in the arriving
+    thread's release).
     """
     ptx.fence_proxy_async("shared::cta")
-    ptx.inst("bar.warp.sync")(-1)
-    pipe.release(state, pred=lane0)
+    pipe.release(state)
 
 
 def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None, BQ=None,
@@ -475,7 +472,6 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         roles.consumers(CONS_REGS)
         w = wg - 1
         t = tid & 127
-        lane0 = (tid & 31) == 0
         s_acc = Accumulator(BQ)
         dp_acc = Accumulator(BQ)
         dv_acc = Accumulator(D)
@@ -559,7 +555,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                 ptx.wgmma.wait_group(1)             # S^T (and the previous block's dK) done
                 if overlap:
                     with ptx.if_(has_prev != 0):
-                        _release_stage(pipe, rel, lane0)
+                        _release_stage(pipe, rel)
                         rel.advance()
                 for i in range(len(s_acc)):         # P^T = exp2(S^T * c1 - lse2), in place
                     dc = Accumulator.coord(i)[1]
@@ -639,14 +635,14 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                     _atomic_dq_block()
                 if not overlap:
                     ptx.wgmma.wait_group(0)
-                    _release_stage(pipe, cons, lane0)
+                    _release_stage(pipe, cons)
                 else:
                     ptx.inst.mov.u32(has_prev, 1)
                 cons.advance()
         if overlap:
             ptx.wgmma.wait_group(0)
             with ptx.if_(has_prev != 0):
-                _release_stage(pipe, rel, lane0)
+                _release_stage(pipe, rel)
         _store_rows(dk_acc, pdk, kvrow, valid, Hkv, D, hk, b, Sk, col0, scale, dt)
         _store_rows(dv_acc, pdv, kvrow, valid, Hkv, D, hk, b, Sk, col0, 1.0, dt)
         roles.end()

@@ -3,6 +3,8 @@
 
 #include <dlfcn.h>
 
+#include <mutex>
+
 #include "shim.h"
 
 namespace pyptx_shim {
@@ -31,6 +33,11 @@ Driver open_driver() {
   d.error_name = sym<PFN_cuGetErrorName>(d.lib, "cuGetErrorName");
   d.tmap_replace = sym<PFN_cuTensorMapReplaceAddress>(d.lib, "cuTensorMapReplaceAddress");
   d.ctx_device = sym<PFN_cuCtxGetDevice>(d.lib, "cuCtxGetDevice");
+  d.ctx_get = sym<PFN_cuCtxGetCurrent>(d.lib, "cuCtxGetCurrent");
+  d.ctx_set = sym<PFN_cuCtxSetCurrent>(d.lib, "cuCtxSetCurrent");
+  d.device_get = sym<PFN_cuDeviceGet>(d.lib, "cuDeviceGet");
+  d.primary_retain = sym<PFN_cuDevicePrimaryCtxRetain>(d.lib, "cuDevicePrimaryCtxRetain");
+  d.pointer_attr = sym<PFN_cuPointerGetAttribute>(d.lib, "cuPointerGetAttribute");
   if (!init || !d.launch || !d.set_attr) {
     d.error = "CUDA driver is too old: cuInit/cuLaunchKernel/cuFuncSetAttribute missing";
     d.lib = nullptr;
@@ -48,6 +55,29 @@ Driver open_driver() {
 Driver& driver() {
   static Driver d = open_driver();
   return d;
+}
+
+CUresult ensure_current_context(int device, uint64_t ptr) {
+  static std::mutex mutex;
+  static CUcontext primary[kMaxDevices] = {};  // retained once per process, never released
+  Driver& d = driver();
+  CUcontext current = nullptr;
+  if (!d.ctx_get || !d.ctx_set || !d.device_get || !d.primary_retain) return 0;  // the launch reports it
+  if (d.ctx_get(&current) == 0 && current) return 0;
+  if (device < 0 && ptr && d.pointer_attr) {
+    int ordinal = -1;
+    if (d.pointer_attr(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr) == 0) device = ordinal;
+  }
+  if (device < 0) device = 0;
+  if (device >= kMaxDevices) return 0;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (!primary[device]) {
+    int dev = 0;
+    CUresult r = d.device_get(&dev, device);
+    if (r == 0) r = d.primary_retain(&primary[device], dev);
+    if (r != 0) return r;
+  }
+  return d.ctx_set(primary[device]);
 }
 
 std::string cu_error(CUresult r) {

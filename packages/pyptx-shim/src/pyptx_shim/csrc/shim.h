@@ -56,6 +56,13 @@ using PFN_cuFuncSetAttribute = CUresult (*)(CUfunction, int, int);
 using PFN_cuGetErrorName = CUresult (*)(CUresult, const char**);
 using PFN_cuTensorMapReplaceAddress = CUresult (*)(void*, void*);
 using PFN_cuCtxGetDevice = CUresult (*)(int*);
+using CUcontext = void*;
+using PFN_cuCtxGetCurrent = CUresult (*)(CUcontext*);
+using PFN_cuCtxSetCurrent = CUresult (*)(CUcontext);
+using PFN_cuDeviceGet = CUresult (*)(int*, int);
+using PFN_cuDevicePrimaryCtxRetain = CUresult (*)(CUcontext*, int);
+using PFN_cuPointerGetAttribute = CUresult (*)(void*, int, uint64_t);
+constexpr int CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9;
 
 struct Driver {
   void* lib = nullptr;  // null when the driver cannot be used; `error` says why
@@ -66,10 +73,19 @@ struct Driver {
   PFN_cuGetErrorName error_name = nullptr;
   PFN_cuTensorMapReplaceAddress tmap_replace = nullptr;
   PFN_cuCtxGetDevice ctx_device = nullptr;
+  PFN_cuCtxGetCurrent ctx_get = nullptr;
+  PFN_cuCtxSetCurrent ctx_set = nullptr;
+  PFN_cuDeviceGet device_get = nullptr;
+  PFN_cuDevicePrimaryCtxRetain primary_retain = nullptr;
+  PFN_cuPointerGetAttribute pointer_attr = nullptr;
 };
 
 // The driver, opened (and cuInit'ed) on first use.
 Driver& driver();
+// Makes a context current on a thread that has none (a framework's worker thread, such as
+// torch's autograd engine, launching before anything made one current there): the primary
+// context of `device`, or else of the device that holds `ptr`. Returns a CUresult.
+CUresult ensure_current_context(int device, uint64_t ptr);
 // The driver's name for a CUresult ("CUDA_ERROR_INVALID_VALUE"), or its number.
 std::string cu_error(CUresult r);
 

@@ -86,6 +86,9 @@ int do_launch(const Config& c, CUstream stream, const uint64_t* ptrs, int n, int
   }
   Driver& d = driver();
   if (!d.lib) return fail(d.error);
+  if (CUresult r = ensure_current_context(device, n ? ptrs[0] : 0))
+    return fail("no CUDA context on this thread, and making the primary one current failed: " +
+                cu_error(r));
   void* args[kMaxParams];
   uint64_t vals[kMaxParams];
   alignas(64) unsigned char maps[kMaxTensorMaps][kTensorMapBytes];
