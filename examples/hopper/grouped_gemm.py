@@ -608,30 +608,34 @@ def build_wgrad_split(M: int, KX: int, NY: int, G: int, *, out_dtype="bf16", spl
 
 
 # ------------------------------------------------------------------------ host side
-GROUPED_CONFIGS = [
+WGRAD_CONFIGS = [
     Config(BM=128, BN=256),
     Config(BM=128, BN=128),
     Config(BM=64, BN=256),
     Config(BM=64, BN=128),
 ]
-"""The tile configurations the tuner times per shape (forward, dA and dB kernels); the
-first is the default when ``PYPTX_AUTOTUNE=0``."""
+"""The tile configurations the tuner times per shape for the dB kernel; the first is the
+default when ``PYPTX_AUTOTUNE=0``."""
 
-# Opt-in configurations not measured on a GPU yet, so NOT in GROUPED_CONFIGS (the tuner
-# times configs but does not check their results). tools/grouped_ab.py checks each against
-# float64, then times it beside the tuned default; see docs/dev/grouped-gemm.md.
+GROUPED_CONFIGS = WGRAD_CONFIGS + [Config(BM=128, BN=256, l2_hint="stream_b")]
+"""The forward and dA kernels' configurations: the dB kernel's, and 128x256 tiles loading B
+evict-first (64x128x4096x2048 streams each 16 MB ``B[g]`` once: 409 vs 414 us on the H100)."""
+
+# Opt-in configurations under evaluation, NOT in the tuned lists (the tuner times configs
+# but does not check their results). tools/grouped_ab.py checks each against float64, then
+# times it beside the tuned default; see docs/dev/grouped-gemm.md.
 CANDIDATE_CONFIGS = {
     # dB at few tiles: 4x2048x256x2048 has G x ceil(KX/BM) x ceil(NY/BN) = 128 tiles at the
     # tuned 64x256 (one consumer warpgroup per SM, 168 MB read through L2). Two row splits
     # of 128x256 tiles: 128 units with two consumer warpgroups each, 101 MB of L2 reads,
-    # + 16 MB of f32 partials written and read by the deterministic reduction.
+    # + 16 MB of f32 partials written and read by the deterministic reduction. Measured
+    # 0.75x of the default there (0.13x at 64x128x4096x2048).
     "wgrad 128x256 split2": dict(kernel="wgrad", BM=128, BN=256, splits=2),
-    # the same with 128x128 tiles: 256 units (two waves), 134 MB
+    # the same with 128x128 tiles: 256 units (two waves), 134 MB; 0.69x
     "wgrad 128x128 split2": dict(kernel="wgrad", BM=128, BN=128, splits=2),
-    # four splits of 128x256: 256 units of 8 row blocks, 32 MB of partials
+    # four splits of 128x256: 256 units of 8 row blocks, 32 MB of partials; slower still
     "wgrad 128x256 split4": dict(kernel="wgrad", BM=128, BN=256, splits=4),
-    # 64x128x4096x2048: each B[g] (16 MB) is read by one m-block's CTAs only, 1 GB streamed
-    # once from memory (2.65 TB/s at the measured 415 us): B evict-first, A evict-last
+    # the tuned list's stream_b config, alone (A/B against the tuner's pick)
     "fwd 128x256 stream_b": dict(kernel="fwd", BM=128, BN=256, l2_hint="stream_b"),
     "dgrad 128x256 stream_b": dict(kernel="dgrad", BM=128, BN=256, l2_hint="stream_b"),
 }
@@ -642,7 +646,7 @@ grouped_tuned = autotune(GROUPED_CONFIGS, key=["M", "N", "K", "G", "b_major", "o
     build_grouped)
 """``build_grouped`` with its tile configuration chosen on the device at the first launch."""
 
-wgrad_tuned = autotune(GROUPED_CONFIGS, key=["M", "KX", "NY", "G", "out_dtype"])(
+wgrad_tuned = autotune(WGRAD_CONFIGS, key=["M", "KX", "NY", "G", "out_dtype"])(
     build_grouped_wgrad)
 """``build_grouped_wgrad`` tuned the same way."""
 

@@ -170,8 +170,9 @@ def test_all_configurations_assemble_without_spills(assemble):
     kernels = []
     for c in gg.GROUPED_CONFIGS:
         kernels += [gg.build_grouped(16384, 4096, 4096, 16, **c.kwargs),
-                    gg.build_grouped(8192, 256, 2048, 4, b_major="K", out_dtype="f32", **c.kwargs),
-                    gg.build_grouped_wgrad(16384, 4096, 4096, 16, **c.kwargs)]
+                    gg.build_grouped(8192, 256, 2048, 4, b_major="K", out_dtype="f32", **c.kwargs)]
+    for c in gg.WGRAD_CONFIGS:
+        kernels.append(gg.build_grouped_wgrad(16384, 4096, 4096, 16, **c.kwargs))
     kernels += [gg.build_grouped(167, 72, 104, 3, store="masked"),
                 gg.build_grouped_wgrad(167, 104, 72, 3, out_dtype="f32", BM=64, BN=64)]
     for k in kernels:
