@@ -48,6 +48,7 @@ def sass_stats(cubin: bytes) -> tuple[int, int, str]:
 
 inject = sys.argv[sys.argv.index("--inject") + 1:] if "--inject" in sys.argv else []
 mod = driver.cuda()
+driver.ensure_context(0)
 print(f"driver {driver.driver_version()}, ptxas {ptxas.ptxas_version(ptxas.find_ptxas())}")
 print(f"| kernel | JIT STL/LDL | JIT resources | ptxas STL/LDL | ptxas resources |")
 print("|---|---|---|---|---|")
