@@ -9,7 +9,7 @@ reference (the output's memory was left full of NaN first); a wrong result fails
 the run. Measured:
 
   (a) empty disk cache: ``PYPTX_CACHE_DIR`` (and the driver's ``CUDA_CACHE_PATH``)
-      set to a fresh temp dir, so the PTX goes through the driver JIT;
+      set to a fresh temp dir, so the PTX is compiled (ptxas, or the driver where there is none);
   (b) warm disk cache: a new process, same dirs and size as an (a) run, so the
       cubin comes from the disk cache (the child reports whether the JIT ran);
   (c) the second call in the same process (call 2 alone, same shapes, new inputs,
@@ -70,9 +70,9 @@ PHASES = [
     ("trace", "trace (Kernel._trace)"),
     ("emit", "emit (Specialization.emit)"),
     ("driver_init", "CUDA driver init (cuda-python import + cuInit)"),
-    ("jit", "driver JIT PTX -> cubin"),
+    ("jit", "PTX -> cubin (ptxas)"),
     ("disk", "disk cache read/write"),
-    ("cubin_load", "cubin load + entry lookup"),
+    ("cubin_load", "module load + entry lookup (driver compile without ptxas)"),
     ("shim", "shim load + register"),
     ("launch", "launch (run_plan: allocate output + shim launch)"),
     ("call_rest", "rest of first call (checks, specialize, plan, device queries)"),
@@ -167,7 +167,7 @@ def child(B: int, N: int) -> int:
         import pyptx
     with prof.region("submodules"):  # what the first call would import anyway
         m: dict[str, Any] = {}
-        for name in ("cache", "driver", "jit", "launch", "runtimes", "kernel"):
+        for name in ("cache", "driver", "jit", "ptxas", "launch", "runtimes", "kernel"):
             try:
                 m[name] = importlib.import_module(f"pyptx.{name}")
             except Exception as e:  # noqa: BLE001 - instrumentation only; the run goes on
@@ -180,9 +180,9 @@ def child(B: int, N: int) -> int:
     # Instrument the first call's phases (removed again before call 2). Each entry is
     # (module, owner attribute or None, function, label).
     wanted = [("kernel", "Kernel", "_trace", "trace"), ("kernel", "Specialization", "emit", "emit"),
-              ("driver", None, "cuda", "driver_init"), ("jit", None, "_jit", "jit"),
+              ("driver", None, "cuda", "driver_init"), ("ptxas", None, "assemble", "jit"),
               ("cache", None, "load", "disk"), ("cache", None, "store", "disk"),
-              ("jit", None, "load_cubin", "cubin_load"),
+              ("jit", None, "load_image", "cubin_load"),
               ("launch", None, "shim", "shim"), ("launch", None, "register_launch_config", "shim"),
               ("launch", None, "add_scalar_param_to_shim", "shim")]
     for mname, cls, attr, label in wanted:
@@ -342,7 +342,7 @@ def parent(args: argparse.Namespace) -> int:
                 continue
             show(f"(a) empty cache, run {i}", res)
             if "error" not in res and not res["jit_calls"] and not res["not_instrumented"]:
-                print(f"  WARNING: (a) run {i} never called the driver JIT: its cubin came "
+                print(f"  WARNING: (a) run {i} never compiled the PTX: its cubin came "
                       "from somewhere other than an empty cache")
             empty.append(res)
             res = _run_child(B, N, d, args.timeout)

@@ -94,7 +94,8 @@ class CubinRecord:
 
         cubin = self.cubin_bytes if self.cubin_bytes is not None else jit.cubin_for(
             self.ptx_source, self.arch, self.kernel_name)
-        fn, module = jit.load_cubin(cubin, self.kernel_name, self.smem_bytes)
+        fn, module = jit.load_image(self.ptx_source if cubin is None else cubin,
+                                    self.kernel_name, self.smem_bytes)
         first = not self.functions
         if first:
             s = object.__setattr__  # the compiled artefacts of a frozen record, set once

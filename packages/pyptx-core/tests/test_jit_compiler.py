@@ -1,0 +1,48 @@
+"""``pyptx.jit.compiler``: which compiler turns PTX into a cubin (CPU, drivers faked)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pyptx import driver, jit, ptxas
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    """Set the driver's CUDA version and the found ptxas's release."""
+    state = {}
+    monkeypatch.setattr(driver, "driver_version", lambda: state["driver"])
+    monkeypatch.setattr(ptxas, "find_ptxas", lambda: state.get("path"))
+    monkeypatch.setattr(ptxas, "ptxas_version", lambda path: state["ptxas"])
+    monkeypatch.setattr(jit, "_compilers", {})
+
+    def set_(drv, path=None, version=None):
+        jit._compilers.clear()
+        state.update(driver=drv, path=path, ptxas=version)
+    return set_
+
+
+@pytest.mark.parametrize("drv,version,expected", [
+    (13000, "13.0.88", True),     # same release as the driver
+    (13010, "12.8.93", True),     # older ptxas: its cubins load on a newer driver
+    (12080, "13.0.88", False),    # newer ptxas: its cubin might not load; the driver compiles
+    (13000, "13.1.20", False),
+])
+def test_ptxas_is_used_when_no_newer_than_the_driver(fake, drv, version, expected):
+    fake(drv, "/opt/cuda/bin/ptxas", version)
+    assert (jit.compiler() == ("/opt/cuda/bin/ptxas", version)) is expected
+    if not expected:
+        assert jit.compiler() is None
+
+
+def test_no_ptxas_means_the_driver_compiles(fake):
+    fake(13000)
+    assert jit.compiler() is None
+
+
+def test_the_choice_follows_pyptx_ptxas(fake, monkeypatch):
+    fake(13000, "/opt/cuda/bin/ptxas", "13.0.88")
+    assert jit.compiler() is not None
+    monkeypatch.setenv("PYPTX_PTXAS", "/nowhere/ptxas")
+    monkeypatch.setattr(ptxas, "find_ptxas", lambda: None)
+    assert jit.compiler() is None
