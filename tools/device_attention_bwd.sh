@@ -12,7 +12,7 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYPTX_CACHE_DIR=/tmp/pyptx-cache
 [ "${INSTALL:-1}" = 1 ] && bash tools/device_install.sh
-AB=${AB:-"default;dkdv_bq=64;dkdv_overlap=0;dkdv_bq=64,dkdv_overlap=0"}
+AB=${AB:-"default;dkdv_bq=32;dkdv_overlap=1;dkdv_bq=32,dkdv_overlap=0"}
 for s in ${STEPS:-example options tests sanitize bench ab}; do
   echo "=== $s"
   case $s in
@@ -21,7 +21,7 @@ for s in ${STEPS:-example options tests sanitize bench ab}; do
       timeout 150 python3 examples/hopper/flash_attention_bwd.py --fast 2>&1 | tee "$OUT/attn_bwd_example_fast.log"
       timeout 150 python3 examples/hopper/flash_attention_bwd.py --atomic 2>&1 | tee "$OUT/attn_bwd_example_atomic.log" ;;
     options)  # the opt-in dK/dV options against float64 (fast schedule), one line per gradient
-      for o in dkdv_bq=64 dkdv_overlap=0 dkdv_bq=64,dkdv_overlap=0; do
+      for o in dkdv_bq=32 dkdv_overlap=1 dkdv_bq=32,dkdv_overlap=0; do
         timeout 150 python3 examples/hopper/flash_attention_bwd.py --fast --options "$o" 2>&1 | tee "$OUT/attn_bwd_example_$o.log"
       done ;;
     tests) timeout ${TEST_TIMEOUT:-300} python3 -m pytest -m gpu -q -x -rs ${PYTEST_K:+-k "$PYTEST_K"} \

@@ -37,10 +37,12 @@ before the previous block's stage is released) and a *safe* one (``safe=True`` o
 ``PYPTX_ATTN_BWD_SAFE=1``: every block masked, stats read from global memory, each
 block's products waited for before its stage is released) to bisect a failure; with it,
 ``PYPTX_ATTN_BWD_SYNC=1`` also makes the producer wait for each stage's release before
-loading the next block. The dK/dV kernel takes q blocks of 32 rows by default
-(``dkdv_bq``: 64 rows serialise its wgmma at D=128, and 32 measured +3-10% at D=64 and
-+33% at D=128); ``dkdv_bq=64`` and ``dkdv_overlap=False`` are the other options:
-``build_dkdv``, ``bench(configs=...)`` and docs/dev/attention-backward.md.
+loading the next block. The dK/dV kernel takes q blocks of 64 rows by default and, at
+D=128, waits for a block's dK product before the next block's (at D=128 the overlapped
+schedule has too few registers: ptxas serialises its wgmma, C7512). Measured on the H100
+(session 11, whole-program compile): 64 rows +5-10% over 32 at D=64; 64 rows without the
+overlap +5-10% over 32 with it at D=128. ``dkdv_bq=32`` and ``dkdv_overlap`` are the other
+options: ``build_dkdv``, ``bench(configs=...)`` and docs/dev/attention-backward.md.
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ from pyptx.warpspec import Roles, ring_base, thread_ids
 LOG2E = 1.4426950408889634
 SMEM_LIMIT = 227 * 1024 - 256
 BM = 128          # rows a CTA owns (two consumer warpgroups of 64)
-DKDV_BQ = 32     # q rows per dK/dV block of the fast schedule (build_dkdv's default BQ)
+DKDV_BQ = 64     # q rows per dK/dV block (build_dkdv's default BQ)
 THREADS = 384     # producer warpgroup + two consumers
 PROD_REGS, CONS_REGS = 24, 240
 
@@ -382,12 +384,12 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                stages=None, sync=None, safe=None, atomic_dq=False, overlap=None):
     """The dK/dV kernel: ``(Q, K, V, DO, STATS) -> (DK, DV)`` (STATS from ``build_dq``).
 
-    ``BQ``: q rows per block, 32 or 64; ``None`` (default): 32 for the fast schedule (32
-    fewer live registers, so ptxas keeps the wgmma asynchronous at D=128, where 64 makes it
-    serialise them: C7512, every HGMMA followed by a wait), 64 for ``safe`` and
-    ``atomic_dq`` (its dS tile needs 64). ``overlap=False``: wait for a block's dK product
-    before the next block's, the stage released right after (also ends the serialisation at
-    D=128). See docs/dev/attention-backward.md for the measurements.
+    ``BQ``: q rows per block, 32 or 64 (``None``: ``DKDV_BQ``, 64; ``atomic_dq`` needs 64,
+    its dS tile). ``overlap``: issue a block's products before the previous block's dK is
+    done (the fast schedule's, default where it keeps its wgmma asynchronous: 32-row blocks
+    or D=64; at D=128 with 64-row blocks ptxas serialises every wgmma, C7512); ``False``
+    waits for a block's dK product before the next block's, the stage released right after.
+    See docs/dev/attention-backward.md for the measurements.
 
     ``atomic_dq``: also ``(..., STATS, DQACC)``: every block adds ``scale * dS K`` into the
     f32 ``DQACC`` ``(B, S, Hq, D)`` in place with ``red.global.add`` (not deterministic;
@@ -395,7 +397,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     Sk, dt, scale, safe, sync, G, Sp = _common_options(B, S, Hq, Hkv, D, Sk, dtype, scale,
                                                        safe, sync)
     if BQ is None:
-        BQ = 64 if safe or atomic_dq else DKDV_BQ
+        BQ = DKDV_BQ
     kv_tile = OperandTile(BM, D, dt, major="K")
     q_tile = OperandTile(BQ, D, dt, major="K")
     q_mn = OperandTile(D, BQ, dt, major="MN")       # the same bytes as B of P^T dO / dS^T Q
@@ -404,7 +406,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     stats_bytes = BQ * 8                            # (lse2, delta) of the block's rows
     stage_bytes = 2 * q_tile.nbytes + 1024          # stats padded to keep tiles 1024-aligned
     head_bytes = 2 * kv_tile.nbytes
-    default_overlap = not safe and not atomic_dq
+    default_overlap = not safe and not atomic_dq and (BQ == 32 or D <= 64)
     overlap = default_overlap if overlap is None else bool(overlap)
     if overlap and (safe or atomic_dq):
         raise ConfigError("build_dkdv: overlap=True needs the fast schedule (not safe, not atomic_dq)")
@@ -819,8 +821,8 @@ def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=
     dv)``. ``safe=True`` (or ``PYPTX_ATTN_BWD_SAFE=1``): the simplest schedule, for
     bisecting. ``atomic_dq=True``: dQ accumulated by the dK/dV kernel with f32 atomics (no
     second pass over K and V; not deterministic; torch eager only). ``dkdv_bq`` (32 or 64)
-    and ``dkdv_overlap`` (``None``: the schedule's default, 32 rows for the fast schedule):
-    the dK/dV kernel's speed options (``build_dkdv``'s ``BQ`` and ``overlap``)."""
+    and ``dkdv_overlap`` (``None``: the defaults, 64 rows, overlapped at D=64 only): the
+    dK/dV kernel's speed options (``build_dkdv``'s ``BQ`` and ``overlap``)."""
     safe = _env("PYPTX_ATTN_BWD_SAFE") if safe is None else bool(safe)
     if dkdv_bq not in (None, 32, 64):
         raise ConfigError(f"build_attention_backward: dkdv_bq must be 32 or 64, got {dkdv_bq!r}")

@@ -340,15 +340,15 @@ def _sass_counts(ptx, tmp_path):
 
 
 @pytest.mark.parametrize("opts,serial", [
-    ({"dkdv_bq": 64}, True),                      # 64-row q blocks: ptxas serialises (C7512)
-    ({}, False),                                  # the default: 32-row q blocks
-    ({"dkdv_bq": 64, "dkdv_overlap": False}, False),
+    ({"dkdv_bq": 64, "dkdv_overlap": True}, True),  # 64 rows, overlapped: serialised (C7512)
+    ({}, False),                                    # the default: 64 rows, no overlap at D=128
+    ({"dkdv_bq": 32}, False),                       # 32 rows keep the overlap asynchronous
 ])
 @pytest.mark.parametrize("causal", [False, True])
 def test_dkdv_d128_wgmma_serialisation(opts, serial, causal, tmp_path):
-    """At D=128 a dK/dV kernel with 64-row q blocks has too little register room for
-    asynchronous wgmma: ptxas reports C7512 and waits after every HGMMA. The default 32-row
-    blocks, and ``dkdv_overlap=False``, remove that: 0 spills, no C7512, 3 waits per block
+    """At D=128 an overlapped dK/dV kernel with 64-row q blocks has too little register room
+    for asynchronous wgmma: ptxas reports C7512 and waits after every HGMMA. The default (no
+    overlap at D=128) and 32-row blocks remove that: 0 spills, no C7512, 3 waits per block
     loop."""
     bwd = fab.build_attention_backward(2, 1024, 4, 4, 128, causal=causal, **opts)
     hg, dep, log = _sass_counts(bwd.dkdv_kernel.ptx(), tmp_path)
