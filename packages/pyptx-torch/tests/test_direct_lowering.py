@@ -76,3 +76,19 @@ def test_direct_name_resolves_without_the_option():
 
     fn = eval(direct.DIRECT_NAME, {"torch": torch})  # noqa: S307 - the generated code's name
     assert callable(fn)
+
+
+def test_eager_use_does_not_import_inductor():
+    # importing torch._inductor costs seconds (9 s of a first call on the H100 in session
+    # 11): the lowerings are registered when a graph is traced, never before
+    code = textwrap.dedent("""
+        import sys
+        import torch
+        import pyptx_torch.compiled  # noqa: F401
+        import pyptx_torch.eager as eager
+        eager.make_launcher()
+        print("INDUCTOR", "torch._inductor.lowering" in sys.modules)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=dict(os.environ, PYPTX_TORCH_DIRECT="1"), timeout=300)
+    assert "INDUCTOR False" in out.stdout, out.stdout + out.stderr

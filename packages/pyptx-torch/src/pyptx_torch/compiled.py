@@ -218,6 +218,9 @@ def _fixed_impl(*args: Any) -> torch.Tensor:
 
 
 def _fixed_fake(*args: Any) -> torch.Tensor:
+    # a graph is being traced (dynamo runs fake kernels as plain Python): the time to
+    # register inductor's lowerings, which an eager process never pays for
+    _direct.ensure_lowerings(MAX_FIXED)
     *inputs, variant = args
     (out,) = _launch_fake(list(inputs), *_split(variant))
     return out
@@ -231,8 +234,6 @@ for _n in range(1, MAX_FIXED + 1):
     torch.library.register_fake(f"pyptx::launch{_n}", _fixed_fake, lib=_lib)
 _FIXED = (None, *(getattr(torch.ops.pyptx, f"launch{n}") for n in range(1, MAX_FIXED + 1)))
 _direct.expose()
-if _direct.ENABLED:  # opt-in (imports inductor): see pyptx_torch.direct
-    _direct.install_lowerings(MAX_FIXED)
 
 
 def compiled_call(kernel: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:

@@ -8,7 +8,9 @@ dispatcher (Autograd kernel, redispatch) and the size assert before our C++ plan
 A ``torch.library.triton_op`` pays none of these: inductor inlines its Triton launch.
 
 Unless ``PYPTX_TORCH_DIRECT=0`` is set when ``pyptx_torch.compiled`` is imported, a lowering
-for ``pyptx::launch1`` .. ``launch4`` makes inductor write
+for ``pyptx::launch1`` .. ``launch4``, registered when the first graph with a pyptx kernel is
+traced (importing inductor costs seconds: never at import or on an eager call), makes
+inductor write
 ``buf1 = torch.ops.pyptx._direct(buf0, arg1_1, 'uid')`` instead: one C call
 (``pyptx_torch._fastpath.direct``) that launches through the variant's bound plan,
 or, when none takes the inputs (first call, new shape, poisoning, no extension), calls
@@ -27,7 +29,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["ENABLED", "DIRECT_NAME", "direct_call", "expose", "install_lowerings"]
+__all__ = ["ENABLED", "DIRECT_NAME", "direct_call", "expose", "install_lowerings",
+           "ensure_lowerings"]
 
 #: Whether inductor should call kernels directly (read once, at import; measured 0.59x a
 #: ``triton_op`` call's marginal cost in a compiled fn against 1.14x without it, H100).
@@ -56,6 +59,13 @@ def expose() -> None:
         FASTPATH.set_direct_fallback(direct_call)
         launcher = FASTPATH.direct
     torch.ops.pyptx._direct = launcher
+
+
+def ensure_lowerings(max_fixed: int) -> None:
+    """Register the lowerings once, if ``ENABLED``: called by the ops' fake kernels, so
+    while a graph is traced."""
+    if ENABLED and not _installed:
+        install_lowerings(max_fixed)
 
 
 def install_lowerings(max_fixed: int) -> bool:
