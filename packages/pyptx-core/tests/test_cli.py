@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from pyptx import cli
+from pyptx import cli, jit
 from pyptx import ptxas as toolchain
 
 KERNELS = '''\
@@ -279,7 +279,7 @@ def test_doctor_reports_everything(capsys):
     for dist in ("pyptx-shim", "pyptx-torch", "pyptx-jax"):
         assert dist in found
     assert "runtimes" in found and "ptxas" in found
-    assert "cuda" in found and "gpus" in found
+    assert "cuda" in found and "gpus" in found and "compiler" in found
 
 
 def _fake_driver(monkeypatch, mod, why=None, version=0, names=()):
@@ -304,6 +304,7 @@ def test_doctor_without_driver_or_ptxas(capsys, monkeypatch):
     assert "unavailable (cuda-python is not installed" in found["cuda"]
     assert found["gpus"].split(None, 1)[1] == "none"
     assert 'pip install "pyptx-core[ptxas]"' in found["ptxas"]
+    assert "none (no CUDA driver)" in found["compiler"]
 
 
 def test_doctor_survives_a_failing_probe(capsys, monkeypatch):
@@ -328,6 +329,12 @@ def test_doctor_reports_gpus_from_a_driver(capsys, monkeypatch):
     found = rows(out)
     assert "CUDA 12.4 (cuda-python)" in found["cuda"]
     assert "0: NVIDIA H100, sm_90, 132 SMs, 80.0 GiB" in found["gpus"]
+    monkeypatch.setattr(toolchain, "find_ptxas", lambda: "/opt/cuda/bin/ptxas")
+    for release, expected in (("12.4.99", "ptxas 12.4.99 (cubins cached on disk)"),
+                              ("13.0.88", "the CUDA driver, when a module loads")):
+        monkeypatch.setattr(toolchain, "ptxas_version", lambda path, r=release: r)
+        monkeypatch.setattr(jit, "_compilers", {})
+        assert expected in rows(run(capsys, "doctor")[1])["compiler"]
 
 
 def test_doctor_reports_a_failing_cuinit(capsys, monkeypatch):

@@ -350,6 +350,18 @@ def _ptxas_rows() -> Rows:
     return [("ptxas", f"{exe} ({ptxas.ptxas_version(exe)})")]
 
 
+def _compiler_rows() -> Rows:
+    from . import driver, jit
+
+    if driver.cuda() is None:
+        return [("compiler", "none (no CUDA driver)")]
+    comp = jit.compiler()
+    if comp is not None:
+        return [("compiler", f"ptxas {comp[1]} (cubins cached on disk)")]
+    return [("compiler", "the CUDA driver, when a module loads (no ptxas no newer than the "
+                         "driver; pyptx caches no cubins)")]
+
+
 def _cmd_doctor(args: argparse.Namespace) -> int:
     probes: list[tuple[str, Callable[[], Rows]]] = [
         ("python", lambda: [("python", f"{platform.python_version()} ({sys.executable})"),
@@ -358,6 +370,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
         ("runtimes", _runtime_rows),
         ("ptxas", _ptxas_rows),
         ("cuda driver", _driver_rows),
+        ("compiler", _compiler_rows),
     ]
     rows: Rows = []
     for label, probe in probes:

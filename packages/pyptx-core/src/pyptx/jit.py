@@ -29,7 +29,7 @@ __all__ = ["compile_ptx_to_cubin", "cubin_for", "load_cubin", "load_image", "com
 _ENTRY = re.compile(r"\.entry\s+([A-Za-z_$][\w$]*)")
 _LINE = re.compile(r"line (\d+)")
 _LOG_BYTES = 1 << 16
-_compilers: dict[str | None, tuple[str, str] | None] = {}
+_compilers: dict[tuple[str | None, int], tuple[str, str] | None] = {}
 
 
 def entry_name(ptx: str) -> str:
@@ -82,8 +82,9 @@ def compiler() -> tuple[str, str] | None:
     """``(path, version)`` of the ptxas that compiles kernels, or None when the driver does:
     none found (``$PYPTX_PTXAS`` decides alone when set), or newer than the driver (its cubins
     might not load)."""
-    env = os.environ.get("PYPTX_PTXAS")
-    if env not in _compilers:
+    dv = driver.driver_version()
+    key = (os.environ.get("PYPTX_PTXAS"), dv)
+    if key not in _compilers:
         from . import ptxas
 
         found = None
@@ -94,11 +95,10 @@ def compiler() -> tuple[str, str] | None:
                 major, minor = (int(x) for x in version.split(".")[:2])
             except (ToolchainError, ValueError):
                 major = None
-            dv = driver.driver_version()
             if major is not None and (major, minor) <= (dv // 1000, dv % 1000 // 10):
                 found = (exe, version)
-        _compilers[env] = found
-    return _compilers[env]
+        _compilers[key] = found
+    return _compilers[key]
 
 
 def cubin_for(ptx_source: str, arch: str, name: str, *,
