@@ -46,3 +46,22 @@ def test_the_choice_follows_pyptx_ptxas(fake, monkeypatch):
     monkeypatch.setenv("PYPTX_PTXAS", "/nowhere/ptxas")
     monkeypatch.setattr(ptxas, "find_ptxas", lambda: None)
     assert jit.compiler() is None
+
+
+def test_a_ptxas_too_old_for_the_ptx_leaves_it_to_the_driver(fake, monkeypatch, tmp_path):
+    from pyptx import CompileError
+
+    monkeypatch.setenv("PYPTX_CACHE_DIR", str(tmp_path))
+    fake(13000, "/opt/cuda/bin/ptxas", "12.4.99")
+
+    def too_old(ptx, arch, locs=None):
+        raise CompileError("kernel.ptx, line 5; fatal   : Unsupported .version 8.7; "
+                           "current version is '8.4'")
+    monkeypatch.setattr(ptxas, "assemble", too_old)
+    assert jit.cubin_for(".version 8.7\n", "sm_90a", "k") is None
+
+    def wrong(ptx, arch, locs=None):
+        raise CompileError("kernel.ptx, line 9; error   : Unknown symbol 'x'")
+    monkeypatch.setattr(ptxas, "assemble", wrong)
+    with pytest.raises(CompileError, match="Unknown symbol"):
+        jit.cubin_for(".version 8.0\n", "sm_90a", "k")

@@ -29,6 +29,7 @@ __all__ = ["compile_ptx_to_cubin", "cubin_for", "load_cubin", "load_image", "com
 _ENTRY = re.compile(r"\.entry\s+([A-Za-z_$][\w$]*)")
 _LINE = re.compile(r"line (\d+)")
 _LOG_BYTES = 1 << 16
+_UNSUPPORTED_VERSION = re.compile(r"Unsupported \.version")
 _compilers: dict[tuple[str | None, int], tuple[str, str] | None] = {}
 
 
@@ -105,7 +106,8 @@ def cubin_for(ptx_source: str, arch: str, name: str, *,
               locs: list[Loc | None] | None = None) -> bytes | None:
     """The cubin of ``ptx_source`` for ``arch``: from the disk cache, else assembled by
     ptxas (``compiler()``) and stored there; None when no ptxas is usable (``load_image``
-    then gives the PTX to the driver). ``CompileError`` when ptxas rejects the PTX."""
+    then gives the PTX to the driver, as it does when this ptxas is too old for the PTX's
+    ``.version``). ``CompileError`` when ptxas rejects the PTX otherwise."""
     comp = compiler()
     if comp is None:
         return None
@@ -114,7 +116,12 @@ def cubin_for(ptx_source: str, arch: str, name: str, *,
     if cubin is None:
         from . import ptxas
 
-        cubin = ptxas.assemble(ptx_source, arch, locs=locs).cubin
+        try:
+            cubin = ptxas.assemble(ptx_source, arch, locs=locs).cubin
+        except CompileError as e:
+            if _UNSUPPORTED_VERSION.search(str(e)):
+                return None  # an older ptxas than the PTX needs: the driver may know it
+            raise
         cache.store(key, cubin)
     return cubin
 
