@@ -146,6 +146,12 @@ TEXT = [
     (lambda e: tma.store_tile(e.rd, (0, 0), ptx.addr(e.dyn, 128), cache_hint=e.bd),
      ["cp.async.bulk.tensor.2d.global.shared::cta.bulk_group.L2::cache_hint "
       "[%rd0, {0, 0}], [dyn_smem+128], %bd0;"]),
+    (lambda e: tma.reduce_tile(e.rd, (0, e.s), e.buf),
+     ["cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group [%rd0, {0, %ri0}], [buf];"]),
+    (lambda e: tma.reduce_tile(e.tmap, (e.s, 0, 0), ptx.addr(e.dyn, 128), op="max", cache_hint=e.bd),
+     ["mov.u64 %rd1, tmap;", "cvta.param.u64 %rd2, %rd1;",
+      "cp.reduce.async.bulk.tensor.3d.global.shared::cta.max.tile.bulk_group.L2::cache_hint "
+      "[%rd2, {%ri0, 0, 0}], [dyn_smem+128], %bd0;"]),
     (lambda e: tma.commit_group(), ["cp.async.bulk.commit_group;"]),
     (lambda e: tma.wait_group(0), ["cp.async.bulk.wait_group.read 0;"]),
     (lambda e: tma.wait_group(2, read=False), ["cp.async.bulk.wait_group 2;"]),
@@ -311,6 +317,7 @@ ERRORS = [
     (TypeMismatchError, "multicast_mask must be a 16-bit register (u16/b16) or an int, got .u32 register %r0", lambda e: tma.load_tile(e.buf, e.rd, (0,), e.bar, multicast_mask=e.r)),
     (TypeMismatchError, "cache_hint must be a 64-bit cache-policy register (ptx.tma.cache_policy), got .u32", lambda e: tma.store_tile(e.rd, (0,), e.buf, cache_hint=e.r)),
     (OperandError, "cache_hint must be a 64-bit cache-policy register (ptx.tma.cache_policy), got 1", lambda e: tma.load_tile(e.buf, e.rd, (0,), e.bar, cache_hint=1)),
+    (OperandError, "ptx.tma.reduce_tile op must be one of add, min, max, inc, dec, and, or, xor, got 'mul'", lambda e: tma.reduce_tile(e.rd, (0,), e.buf, op="mul")),
     (OperandError, "ptx.tma.wait_group n must be a non-negative int, got -1", lambda e: tma.wait_group(-1)),
     (OperandError, "ptx.tma.wait_group read must be True or False", lambda e: tma.wait_group(0, read=None)),
     (OperandError, "ptx.tma.copy_bulk size must be a multiple of 16 bytes, got 24", lambda e: tma.copy_bulk(e.buf, e.rd, 24, e.bar)),

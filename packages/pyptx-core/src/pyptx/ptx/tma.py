@@ -41,9 +41,10 @@ from ._operands import (
     u32_or_imm,
 )
 
-__all__ = ["load_tile", "store_tile", "commit_group", "wait_group", "prefetch_tensormap",
+__all__ = ["load_tile", "store_tile", "reduce_tile", "commit_group", "wait_group", "prefetch_tensormap",
            "tensormap_ptr", "copy_bulk", "store_bulk", "cache_policy"]
 
+REDUCE_OPS = ("add", "min", "max", "inc", "dec", "and", "or", "xor")
 TENSORMAP_BYTES = 128
 TILE_ALIGN = 128
 BULK_ALIGN = 16
@@ -186,6 +187,34 @@ def store_tile(tensor_map: Any, coords: Any, src_smem: Any, *, cache_hint: Reg |
     src = shared_addr(src_smem, "src_smem", fn, trace, align=TILE_ALIGN)
     ops = [f"[{tmap.name}, {vec}]", src]
     opcode = f"cp.async.bulk.tensor.{n}d.global.shared::cta.bulk_group"
+    if cache_hint is not None:
+        opcode += ".L2::cache_hint"
+        ops.append(_hint(cache_hint, fn, trace))
+    trace.inst(opcode, tuple(ops), g)
+
+
+def reduce_tile(tensor_map: Any, coords: Any, src_smem: Any, *, op: str = "add",
+                cache_hint: Reg | None = None, pred: Any = None) -> None:
+    """TMA tile reduction shared -> global: each element of the global box becomes
+    ``global op shared`` (atomically per element), tracked by the bulk group.
+
+    ``cp.reduce.async.bulk.tensor.{N}d.global.shared::cta.{op}.tile.bulk_group
+    [tmap, {coords}], [src];`` with ``op`` one of ``REDUCE_OPS``; the element type is the
+    tensor map's (``add`` on f32 accumulates partial sums, e.g. one dQ tile per block of an
+    attention backward). Same protocol as ``store_tile``: ``ptx.fence_proxy_async()``
+    before, ``commit_group()`` and ``wait_group`` before reusing ``src_smem``.
+    """
+    fn = "ptx.tma.reduce_tile"
+    trace = current()
+    require_arch(trace, fn)
+    if op not in REDUCE_OPS:
+        raise OperandError(f"{where()}: {fn} op must be one of {', '.join(REDUCE_OPS)}, got {op!r}")
+    g = guard(pred, fn, trace)
+    tmap = _tmap_reg(tensor_map, fn, trace, g)
+    n, vec = _coords(coords, fn, trace)
+    src = shared_addr(src_smem, "src_smem", fn, trace, align=TILE_ALIGN)
+    ops = [f"[{tmap.name}, {vec}]", src]
+    opcode = f"cp.reduce.async.bulk.tensor.{n}d.global.shared::cta.{op}.tile.bulk_group"
     if cache_hint is not None:
         opcode += ".L2::cache_hint"
         ops.append(_hint(cache_hint, fn, trace))
