@@ -41,8 +41,8 @@ from ._operands import (
     u32_or_imm,
 )
 
-__all__ = ["load_tile", "store_tile", "reduce_tile", "commit_group", "wait_group", "prefetch_tensormap",
-           "tensormap_ptr", "copy_bulk", "store_bulk", "cache_policy"]
+__all__ = ["load_tile", "store_tile", "reduce_tile", "commit_group", "wait_group",
+           "prefetch_tensormap", "tensormap_ptr", "copy_bulk", "store_bulk", "cache_policy"]
 
 REDUCE_OPS = ("add", "min", "max", "inc", "dec", "and", "or", "xor")
 TENSORMAP_BYTES = 128
@@ -178,19 +178,8 @@ def store_tile(tensor_map: Any, coords: Any, src_smem: Any, *, cache_hint: Reg |
     Make the shared writes visible first (``ptx.fence_proxy_async()``), then
     ``commit_group()`` and ``wait_group(0)`` before reusing ``src_smem``.
     """
-    fn = "ptx.tma.store_tile"
-    trace = current()
-    require_arch(trace, fn)
-    g = guard(pred, fn, trace)
-    tmap = _tmap_reg(tensor_map, fn, trace, g)
-    n, vec = _coords(coords, fn, trace)
-    src = shared_addr(src_smem, "src_smem", fn, trace, align=TILE_ALIGN)
-    ops = [f"[{tmap.name}, {vec}]", src]
-    opcode = f"cp.async.bulk.tensor.{n}d.global.shared::cta.bulk_group"
-    if cache_hint is not None:
-        opcode += ".L2::cache_hint"
-        ops.append(_hint(cache_hint, fn, trace))
-    trace.inst(opcode, tuple(ops), g)
+    _tile_to_global("ptx.tma.store_tile", "cp.async.bulk.tensor.{n}d.global.shared::cta.bulk_group",
+                    tensor_map, coords, src_smem, cache_hint, pred)
 
 
 def reduce_tile(tensor_map: Any, coords: Any, src_smem: Any, *, op: str = "add",
@@ -205,16 +194,24 @@ def reduce_tile(tensor_map: Any, coords: Any, src_smem: Any, *, op: str = "add",
     before, ``commit_group()`` and ``wait_group`` before reusing ``src_smem``.
     """
     fn = "ptx.tma.reduce_tile"
-    trace = current()
-    require_arch(trace, fn)
     if op not in REDUCE_OPS:
         raise OperandError(f"{where()}: {fn} op must be one of {', '.join(REDUCE_OPS)}, got {op!r}")
+    _tile_to_global(fn, f"cp.reduce.async.bulk.tensor.{{n}}d.global.shared::cta.{op}.tile.bulk_group",
+                    tensor_map, coords, src_smem, cache_hint, pred)
+
+
+def _tile_to_global(fn: str, opcode: str, tensor_map: Any, coords: Any, src_smem: Any,
+                    cache_hint: Reg | None, pred: Any) -> None:
+    """Emit a shared -> global tile instruction ``opcode`` (``{n}`` = the coordinate count):
+    ``[tmap, {coords}], [src]`` with the optional L2 hint."""
+    trace = current()
+    require_arch(trace, fn)
     g = guard(pred, fn, trace)
     tmap = _tmap_reg(tensor_map, fn, trace, g)
     n, vec = _coords(coords, fn, trace)
     src = shared_addr(src_smem, "src_smem", fn, trace, align=TILE_ALIGN)
     ops = [f"[{tmap.name}, {vec}]", src]
-    opcode = f"cp.reduce.async.bulk.tensor.{n}d.global.shared::cta.{op}.tile.bulk_group"
+    opcode = opcode.format(n=n)
     if cache_hint is not None:
         opcode += ".L2::cache_hint"
         ops.append(_hint(cache_hint, fn, trace))
