@@ -58,7 +58,7 @@ from pyptx.fragment import Accumulator
 from pyptx.operand import OperandTile
 from pyptx.pipeline import BarrierArray, Pipeline
 from pyptx.types import b16, b32, bf16, f16, f32, pred, s32, u32, u64
-from pyptx.warpspec import Roles, ring_base, thread_ids
+from pyptx.warpspec import SLAB_BYTES, Roles, ring_base, swizzled_rows, thread_ids
 
 LOG2E = 1.4426950408889634
 SMEM_LIMIT = 227 * 1024 - 256
@@ -381,7 +381,7 @@ def _release_stage(pipe, state):
 
 
 def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None, BQ=None,
-               stages=None, sync=None, safe=None, atomic_dq=False, overlap=None):
+               stages=None, sync=None, safe=None, atomic_dq=False, overlap=None, dq_bulk=False):
     """The dK/dV kernel: ``(Q, K, V, DO, STATS) -> (DK, DV)`` (STATS from ``build_dq``).
 
     ``BQ``: q rows per block, 32 or 64 (``None``: ``DKDV_BQ``, 64; ``atomic_dq`` needs 64,
@@ -393,7 +393,9 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
 
     ``atomic_dq``: also ``(..., STATS, DQACC)``: every block adds ``scale * dS K`` into the
     f32 ``DQACC`` ``(B, S, Hq, D)`` in place with ``red.global.add`` (not deterministic;
-    torch eager only: the buffer is an input the kernel writes)."""
+    torch eager only: the buffer is an input the kernel writes). ``dq_bulk``: the dQ tile
+    goes through shared memory and is added by two TMA tile reductions per warpgroup
+    (``cp.reduce.async.bulk.tensor``) instead of ``red.global.add`` per pair."""
     Sk, dt, scale, safe, sync, G, Sp = _common_options(B, S, Hq, Hkv, D, Sk, dtype, scale,
                                                        safe, sync)
     if BQ is None:
@@ -417,7 +419,11 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     # atomic dQ: dS of the block (q x kv, q contiguous: an MN-major A) in two buffers
     ds_tile = OperandTile(BQ, BM, dt, major="MN") if atomic_dq else None
     kv_mn = OperandTile(D, BM, dt, major="MN")      # K as B of dS K (the same bytes as K)
-    ds_bytes = 2 * ds_tile.nbytes if atomic_dq else 0
+    if dq_bulk and not atomic_dq:
+        raise ConfigError("build_dkdv: dq_bulk=True needs atomic_dq=True")
+    dq_cols = 64 if D == 128 else D                 # a consumer warpgroup's dQ columns
+    dq_bytes = (2 if D == 128 else 1) * (dq_cols // 32) * SLAB_BYTES if dq_bulk else 0
+    ds_bytes = 2 * ds_tile.nbytes + dq_bytes if atomic_dq else 0
     stages = _smem_fit(head_bytes + ds_bytes, stage_bytes) if stages is None else stages
     smem_total = head_bytes + ds_bytes + stages * stage_bytes + 1024
     if smem_total > SMEM_LIMIT:
@@ -504,12 +510,17 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             # columns in 16-byte chunk blk ^ (row % 8)
             ds_row = base + head_bytes + (w * 64 + row0) * 128 + (lane & 3) * 4
             ds_sw = {blk: ((xr ^ blk) << 4) + ds_row for blk in range(BQ // 8)}
-            dq_cols = 64 if D == 128 else D             # a warpgroup's dQ columns
             kmn_desc = kv_mn.descriptor(base)
             if D == 128:
                 kmn_desc = kmn_desc + reg.from_(w * (kv_mn.offset(0, 64) >> 4), u64)
             ds_desc0 = ds_tile.descriptor(base, offset=head_bytes)
             qcol = w * 64 + col0 if D == 128 else col0
+            if dq_bulk:
+                # this warpgroup's f32 dQ slabs (64 rows x 32 columns, 128-byte swizzled)
+                dq_buf = base + (head_bytes + 2 * ds_tile.nbytes) + w * (dq_bytes // 2)
+                dq_sw = swizzled_rows(dq_buf, row0, lane, 4)
+                dq_map = ptx.tma.tensormap_ptr(DQACC.tmap)
+                dq_leader = t == 0
         ptx.mbarrier.wait(head_bar.at(0), 0)
         for g in ptx.loop(0, G):
             hq = hk * G + g
@@ -594,6 +605,26 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                     ptx.inst.mul.f32(dp_acc[i], s_acc[i], x)
                 _pack(ds_pack, dp_acc.regs, dt)
 
+                def _bulk_dq(q0, hq):
+                    """This warpgroup's scaled dQ tile -> its shared slabs -> two TMA tile
+                    reductions into DQACC (rows past S clipped by the tensor map)."""
+                    with ptx.if_(dq_leader):     # the last block's reductions read the slabs
+                        ptx.tma.wait_group(0, read=True)
+                    ptx.bar_sync(2 + w, 128)
+                    for i, dr, dc in s_acc.pairs():
+                        v0 = s_acc[i] * float(scale)
+                        v1 = s_acc[i + 1] * float(scale)
+                        q = dc % 32 * 4 // 16
+                        ptx.inst.st.shared.v2.f32(ptx.addr(dq_sw[q], dc // 32 * SLAB_BYTES + dr * 128),
+                                                  [v0, v1])
+                    ptx.fence_proxy_async("shared::cta")
+                    ptx.bar_sync(2 + w, 128)
+                    with ptx.if_(dq_leader):
+                        for j in range(dq_cols // 32):
+                            ptx.tma.reduce_tile(dq_map, (w * dq_cols + 32 * j, hq, q0, b),
+                                                dq_buf + j * SLAB_BYTES if j else dq_buf)
+                        ptx.tma.commit_group()
+
                 def _atomic_dq_block(q0=q0, hq=hq):
                     """dQ[q0:q0+BQ] += scale * dS K through a swizzled shared dS (both
                     warpgroups' kv rows), one ``red.global.add.v2.f32`` per pair."""
@@ -613,18 +644,21 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                                                 trans_a=ds_tile.trans, trans_b=kv_mn.trans)
                         ptx.wgmma.commit_group()
                         ptx.wgmma.wait_group(0)
-                        qr = q0 + row0
-                        for r in (0, 8):
-                            elem = ((b * S + qr + r) * Hq + hq) * D + qcol
-                            addr = reg.from_(elem, u64) * 4 + pacc
-                            ok = qr + r < S
-                            for i, dr, dc in s_acc.pairs():
-                                if dr != r:
-                                    continue
-                                v0 = s_acc[i] * float(scale)
-                                v1 = s_acc[i + 1] * float(scale)
-                                ptx.inst("red.global.add.v2.f32")(ptx.addr(addr, dc * 4), [v0, v1],
-                                                                  pred=ok)
+                        if dq_bulk:
+                            _bulk_dq(q0, hq)
+                        else:
+                            qr = q0 + row0
+                            for r in (0, 8):
+                                elem = ((b * S + qr + r) * Hq + hq) * D + qcol
+                                addr = reg.from_(elem, u64) * 4 + pacc
+                                ok = qr + r < S
+                                for i, dr, dc in s_acc.pairs():
+                                    if dr != r:
+                                        continue
+                                    v0 = s_acc[i] * float(scale)
+                                    v1 = s_acc[i + 1] * float(scale)
+                                    ptx.inst("red.global.add.v2.f32")(ptx.addr(addr, dc * 4), [v0, v1],
+                                                                      pred=ok)
                     ptx.inst.add.u32(it, it, 1)
 
                 ptx.wgmma.fence()
@@ -645,13 +679,16 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             ptx.wgmma.wait_group(0)
             with ptx.if_(has_prev != 0):
                 _release_stage(pipe, rel)
+        if dq_bulk:
+            with ptx.if_(dq_leader):
+                ptx.tma.wait_group(0, read=True)
         _store_rows(dk_acc, pdk, kvrow, valid, Hkv, D, hk, b, Sk, col0, scale, dt)
         _store_rows(dv_acc, pdv, kvrow, valid, Hkv, D, hk, b, Sk, col0, 1.0, dt)
         roles.end()
         ptx.ret()
 
     name = (f"attn_bwd_dkdv_{dt.name}_d{D}_h{Hq}x{Hkv}{'_causal' if causal else ''}"
-            f"{'_safe' if safe else ''}{'_atomic' if atomic_dq else ''}"
+            f"{'_safe' if safe else ''}{'_atomic' if atomic_dq else ''}{'_bulk' if dq_bulk else ''}"
             f"{f'_bq{BQ}' if BQ != 64 else ''}{'_serial' if overlap != default_overlap else ''}")
     ins = (qspec, kspec, kspec, qspec, Tile(B, Hq, Sp, 2, f32))
     if atomic_dq:
@@ -661,10 +698,13 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         def fn(Q, K, V, DO, STATS, DK, DV):
             dkdv_kernel(Q, K, V, DO, STATS, None, DK, DV)
     fn.__name__ = "dkdv_kernel"
+    tma = {"Q": box_q, "DO": box_q, "K": box_kv, "V": box_kv}
+    if dq_bulk:
+        tma["DQACC"] = {"box": (1, 64, 1, 32), "swizzle": "128B"}
     return kernel(in_specs=ins, out_specs=(kspec, kspec), grid=(-(-Sk // BM), Hkv, B),
                   block=(THREADS, 1, 1), smem=smem_total, maxnreg=168,
                   version="8.3" if atomic_dq else None,      # red.global.add.v2.f32: ISA 8.1
-                  tma={"Q": box_q, "DO": box_q, "K": box_kv, "V": box_kv}, name=name)(fn)
+                  tma=tma, name=name)(fn)
 
 
 def build_prep(B, S, Hq, D, *, dtype="bf16"):
@@ -816,22 +856,26 @@ class AttentionBackward:
 
 
 def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None,
-                             safe=None, atomic_dq=False, dkdv_bq=None, dkdv_overlap=None):
+                             safe=None, atomic_dq=False, dkdv_bq=None, dkdv_overlap=None,
+                             dq_bulk=False):
     """The backward kernels for these sizes: ``bwd(q, k, v, o, lse, do, dlse) -> (dq, dk,
     dv)``. ``safe=True`` (or ``PYPTX_ATTN_BWD_SAFE=1``): the simplest schedule, for
     bisecting. ``atomic_dq=True``: dQ accumulated by the dK/dV kernel with f32 atomics (no
     second pass over K and V; not deterministic; torch eager only). ``dkdv_bq`` (32 or 64)
     and ``dkdv_overlap`` (``None``: the defaults, 64 rows, overlapped at D=64 only): the
-    dK/dV kernel's speed options (``build_dkdv``'s ``BQ`` and ``overlap``)."""
+    dK/dV kernel's speed options (``build_dkdv``'s ``BQ`` and ``overlap``). ``dq_bulk``
+    (with ``atomic_dq``): dQ tiles added by TMA tile reductions (``build_dkdv``)."""
     safe = _env("PYPTX_ATTN_BWD_SAFE") if safe is None else bool(safe)
     if dkdv_bq not in (None, 32, 64):
         raise ConfigError(f"build_attention_backward: dkdv_bq must be 32 or 64, got {dkdv_bq!r}")
     overlap = None if dkdv_overlap is None else bool(dkdv_overlap)
+    if dq_bulk and not atomic_dq:
+        raise ConfigError("build_attention_backward: dq_bulk=True needs atomic_dq=True")
     return _build(B, S, Hq, Hkv, D, S if Sk is None else Sk, dtype, causal, scale, safe,
-                  bool(atomic_dq), dkdv_bq, overlap)
+                  bool(atomic_dq), dkdv_bq, overlap, bool(dq_bulk))
 
 
-OPTIONS = ("dkdv_bq", "dkdv_overlap")   # the speed options of build_attention_backward
+OPTIONS = ("dkdv_bq", "dkdv_overlap", "atomic_dq", "dq_bulk")  # build_attention_backward's
 
 
 def parse_options(text):
@@ -848,14 +892,15 @@ def parse_options(text):
 
 
 @functools.lru_cache(maxsize=64)
-def _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, safe, atomic_dq, dkdv_bq=None, overlap=None):
+def _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, safe, atomic_dq, dkdv_bq=None, overlap=None,
+           dq_bulk=False):
     kw = dict(Sk=Sk, dtype=dtype, causal=causal, scale=scale, safe=safe)
     dkdv_kw = dict(kw, BQ=dkdv_bq, overlap=overlap)
     dt = _dtype(dtype)
     if atomic_dq:
         check_shapes(B, S, Hq, Hkv, D, Sk)
         kernels = (build_prep(B, S, Hq, D, dtype=dtype),   # the dK/dV kernel adds scaled dQ
-                   build_dkdv(B, S, Hq, Hkv, D, atomic_dq=True, **dkdv_kw),
+                   build_dkdv(B, S, Hq, Hkv, D, atomic_dq=True, dq_bulk=dq_bulk, **dkdv_kw),
                    build_convert(B, S, Hq, D, dtype=dtype))
     else:
         kernels = (build_dq(B, S, Hq, Hkv, D, **kw), build_dkdv(B, S, Hq, Hkv, D, **dkdv_kw))

@@ -283,11 +283,23 @@ def test_register_a_probe_assembles(assemble):
 
 
 @pytest.mark.parametrize("D,causal", [(64, True), (128, False)])
-def test_atomic_dq_kernels_assemble(D, causal, assemble):
-    bwd = fab.build_attention_backward(2, 200, 4, 2, D, causal=causal, atomic_dq=True)
+@pytest.mark.parametrize("dq_bulk", [False, True])
+def test_atomic_dq_kernels_assemble(D, causal, dq_bulk, assemble):
+    """Both dQ reductions assemble; the bulk one adds each warpgroup's tile with TMA tile
+    reductions (two 32-column f32 slabs) and waits for their reads before exit."""
+    bwd = fab.build_attention_backward(2, 200, 4, 2, D, causal=causal, atomic_dq=True,
+                                       dq_bulk=dq_bulk)
     assert bwd.dq_kernel is None and len(bwd.kernels) == 3
     for k in bwd.kernels:
         assemble(k.ptx())
+    text = bwd.dkdv_kernel.ptx()
+    assert (text.count("cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile") == 2) == dq_bulk
+    assert ("red.global.add.v2.f32" in text) != dq_bulk
+
+
+def test_dq_bulk_needs_atomic_dq():
+    with pytest.raises(ConfigError, match="dq_bulk=True needs atomic_dq=True"):
+        fab.build_attention_backward(1, 64, 1, 1, 64, dq_bulk=True)
 
 
 def test_atomic_dq_mode_is_torch_only():
