@@ -30,7 +30,8 @@ a = torch.randn(sum(sizes), K, device="cuda", dtype=torch.bfloat16)
 CONFIGS = [dict(BM=128, BN=128, num_sms=4), dict(BM=64, BN=64, num_sms=2, store="masked"),
            # the opt-in L2 hints and split weight gradient (3 splits: runs of the 37-row group empty)
            dict(BM=128, BN=128, num_sms=4, l2_hint="stream_b", wgrad_splits=3, wgrad_BM=64, wgrad_BN=64,
-                wgrad_num_sms=3)]
+                wgrad_num_sms=3),
+           dict(BM=128, BN=128, num_sms=4, cluster=2)]  # 2-CTA clusters sharing A
 if len(sys.argv) > 1 and sys.argv[1] == "--defaults":  # the configurations measured before
     CONFIGS = CONFIGS[:2]
 for cfg in CONFIGS:

@@ -196,14 +196,15 @@ def split_blocks(s, start, end, splits, BK=64):
     return (nkb * s) // splits, (nkb * (s + 1)) // splits
 
 
-def _open(stages, consumers, offs, prod_regs):
+def _open(stages, consumers, offs, prod_regs, cluster=1):
     """The grouped kernels' opening: ``(base, pipe, tid, wg, cid, p_offs, roles)``, the
-    ring base and its pipeline, the thread's ids, the CTA index, the group ends' pointer,
-    and the role split (the producer's code follows)."""
+    ring base and its pipeline (released by the consumers of every CTA of the cluster), the
+    thread's ids, the CTA's (cluster's) index, the group ends' pointer, and the role split
+    (the producer's code follows)."""
     base = ring_base()
-    pipe = Pipeline(stages, consumer_arrivals=consumers)
+    pipe = Pipeline(stages, consumer_arrivals=consumers * cluster)
     tid, wg = thread_ids()
-    _, cid = prologue(pipe, tid)
+    _, cid = prologue(pipe, tid, cluster)
     (p_offs,) = ptx.global_ptrs(offs)
     return base, pipe, tid, wg, cid, p_offs, Roles(wg, prod_regs)
 
@@ -223,13 +224,15 @@ class _Consumer:
         self.cbuf = base + ring_bytes + self.w * (EPI_BUFS * SLAB_BYTES)
         self.sw = swizzled_rows(self.cbuf, self.row0, lane, ot.bytes)
 
-    def ring_mma(self, pipe, a_tile, b_tile, base, stage_bytes, consumers):
+    def ring_mma(self, pipe, a_tile, b_tile, base, stage_bytes, consumers, cluster=1):
         """The warpgroup's ``RingMma`` over the ring at ``base``: its 64 rows of each A tile
-        (``consumers`` warpgroups split the tile), all of B."""
+        (``consumers`` warpgroups split the tile), all of B; with a cluster, a stage is
+        released in every CTA of it (their copies fill it)."""
         a_desc0 = a_tile.descriptor(base + self.w * a_tile.offset(0, 64) if consumers > 1 else base)
         b_desc0 = b_tile.descriptor(base, offset=a_tile.nbytes)
+        release = dict(cta_ranks=range(cluster), sem="release.cta") if cluster > 1 else {}
         return RingMma(pipe, self.acc, a_tile, b_tile, a_desc0, b_desc0, stage_bytes, n=self.BN,
-                       dtype="bf16", leader=self.leader)
+                       dtype="bf16", leader=self.leader, **release)
 
     def _pack(self, i):
         v0, v1 = self.acc[i], self.acc[i + 1]
@@ -277,7 +280,8 @@ class _Consumer:
 
 
 def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf16", BM=128,
-                  BN=256, BK=64, stages=None, num_sms=H100_SMS, store="auto", l2_hint=None):
+                  BN=256, BK=64, stages=None, num_sms=H100_SMS, store="auto", l2_hint=None,
+                  cluster=1):
     """The grouped GEMM kernel ``D[rows of g] = A[rows of g] @ B[g]``.
 
     Tensor arguments: A ``(M, K)`` bf16, B ``(G, K, N)`` (``b_major="MN"``) or
@@ -290,6 +294,10 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
     ``l2_hint="stream_b"`` (opt-in, not tuned yet) loads B with an L2 evict-first policy
     and A with evict-last, for shapes whose B tiles are each read by one CTA (few rows per
     group: B streams from memory once and should not push A's reused rows out of L2).
+    ``cluster=2``: two CTAs take the two neighbouring n-blocks of one m-block (always in the
+    same group, whatever the group sizes) and share its A tile, each copying half of it to
+    both (multicast); a CTA whose n-block lies past ``N`` computes on zeros and stores
+    nothing. The A tile then crosses L2 once per pair, for shapes with few n-blocks.
     """
     what = "build_grouped"
     ot = _out_type(out_dtype)
@@ -302,6 +310,8 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
     if N % 8 or K % 8:
         raise _error(f"{what}: N and K must be multiples of 8 (16-byte rows for the tensor "
                           f"copies), got N={N}, K={K}; pad them (grouped_mm does)")
+    if cluster not in (1, 2):
+        raise _error(f"{what}: cluster must be 1 or 2, got {cluster!r}")
     stages, smem_total = _check_tile(BM, BN, BK, stages, what)
     consumers = BM // 64
     threads = 128 * (1 + consumers)
@@ -311,17 +321,18 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
     stage_bytes = a_bytes + b_tile.nbytes
     ring_bytes = stages * stage_bytes
     out_cols = 128 // ot.bytes
-    num_n = -(-N // BN)
+    num_n = -(-N // (BN * cluster))               # n-blocks (pairs of them with a cluster)
     num_kb = -(-K // BK)
     max_tiles = (-(-M // BM) + G) * num_n
-    ctas = max(1, min(num_sms, max_tiles))
+    clusters = max(1, min(num_sms // cluster, max_tiles))
+    ctas = clusters * cluster
     prod_regs = 40
     cons_regs = min(240, (65536 - 128 * prod_regs) // (128 * consumers) // 8 * 8)
     maxnreg = min(255, (65536 // threads) // 8 * 8)
 
     b_spec = Tile(G, K, N, bf16) if b_major == "MN" else Tile(G, N, K, bf16)
     b_box = (1, BK, 64) if b_major == "MN" else (1, BN, 64)
-    tma = {"A": a_tile.tma_options(), "B": {"box": b_box, "swizzle": "128B"},
+    tma = {"A": a_tile.tma_options(cluster), "B": {"box": b_box, "swizzle": "128B"},
            "D": {"box": (64, out_cols), "swizzle": "128B"}}
 
     def b_coords(i, n0, k0, g):
@@ -331,7 +342,15 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
         return (k0 + i * 64 if i else k0, n0, g)
 
     def grouped(A, B, Offs, D):
-        base, pipe, tid, wg, cid, p_offs, roles = _open(stages, consumers, Offs, prod_regs)
+        base, pipe, tid, wg, cid, p_offs, roles = _open(stages, consumers, Offs, prod_regs,
+                                                        cluster)
+        rank = ptx.cluster.ctarank() if cluster > 1 else 0
+
+        def origin(walk, t):
+            """``(g, m0, n0)`` of this CTA's tile in unit ``t``."""
+            g, m0, n0 = walk.tile(t, BN * cluster)
+            return g, m0, (n0 + rank * BN if cluster > 1 else n0)
+
         # ---------------------------------------------------------------- producer
         with ptx.if_(tid == 0):
             st = pipe.producer_state()
@@ -346,24 +365,28 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
             ptx.place(top)
             walk.seek(t)
             ptx.bra(out, pred=walk.done(t))
-            g, m0, n0 = walk.tile(t, BN)
+            g, m0, n0 = origin(walk, t)
             for kb in ptx.loop(0, num_kb):
                 k0 = kb * BK
                 pipe.acquire(st)
                 bar = pipe.arm(st, stage_bytes)
                 sbase = st.stage * stage_bytes + base
-                a_tile.load(sbase, A, m0, k0, bar, map_ptr=a_map, cache_hint=hint_a)
+                if cluster > 1:
+                    a_tile.load(sbase, A, m0, k0, bar, map_ptr=a_map, cache_hint=hint_a,
+                                multicast_mask=(1 << cluster) - 1, part=(rank, cluster))
+                else:
+                    a_tile.load(sbase, A, m0, k0, bar, map_ptr=a_map, cache_hint=hint_a)
                 for i in range(b_tile.slabs):
                     ptx.tma.load_tile(ptx.addr(sbase, a_bytes + i * b_tile.slab_bytes), b_map,
                                       b_coords(i, n0, k0, g), bar, cache_hint=hint_b)
                 st.advance()
-            t += ctas
+            t += clusters
             ptx.bra(top)
             ptx.place(out)
         # ---------------------------------------------------------------- consumers
         roles.consumers(cons_regs)
         c = _Consumer(base, ring_bytes, wg, tid, BN, ot, out_cols)
-        mma = c.ring_mma(pipe, a_tile, b_tile, base, stage_bytes, consumers)
+        mma = c.ring_mma(pipe, a_tile, b_tile, base, stage_bytes, consumers, cluster)
         d_map = ptx.tma.tensormap_ptr(D.tmap)
         (p_d,) = ptx.global_ptrs(D)
         walk = RaggedTiles(p_offs, G, M, BM, num_n)
@@ -372,7 +395,7 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
         ptx.place(top)
         walk.seek(t)
         ptx.bra(out, pred=walk.done(t))
-        _g, m0, n0 = walk.tile(t, BN)
+        _g, m0, n0 = origin(walk, t)
 
         mma.run(num_kb)
 
@@ -384,18 +407,21 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
                 c.store_tma(d_map, lambda j: (n0 + j * out_cols, mrow))
             with ptx.else_():
                 c.store_masked(p_d, N, mrow, n0, walk.end)
-        t += ctas
+        t += clusters
         ptx.bra(top)
         ptx.place(out)
         drain_stores(c.leader)
         roles.end()
+        if cluster > 1:  # the peer may still arrive on this CTA's barriers
+            ptx.cluster_sync()
         ptx.ret()
 
     name = (f"grouped_{ot.name}_{b_major}_{BM}x{BN}x{BK}_s{stages}"
-            f"{'_masked' if store == 'masked' else ''}{'_l2' + l2_hint if l2_hint else ''}")
+            f"{'_masked' if store == 'masked' else ''}{'_l2' + l2_hint if l2_hint else ''}"
+            f"{f'_c{cluster}' if cluster > 1 else ''}")
     return kernel(in_specs=(Tile(M, K, bf16), b_spec, Tile(G, s32)), out_specs=(Tile(M, N, ot),),
-                  grid=(ctas, 1, 1), block=(threads, 1, 1), smem=smem_total, maxnreg=maxnreg,
-                  tma=tma, name=name)(grouped)
+                  grid=(ctas, 1, 1), block=(threads, 1, 1), cluster=(cluster, 1, 1),
+                  smem=smem_total, maxnreg=maxnreg, tma=tma, name=name)(grouped)
 
 
 def build_grouped_wgrad(M: int, KX: int, NY: int, G: int, *, out_dtype="bf16", BM=128, BN=256,
@@ -617,9 +643,12 @@ WGRAD_CONFIGS = [
 """The tile configurations the tuner times per shape for the dB kernel; the first is the
 default when ``PYPTX_AUTOTUNE=0``."""
 
-GROUPED_CONFIGS = WGRAD_CONFIGS + [Config(BM=128, BN=256, l2_hint="stream_b")]
-"""The forward and dA kernels' configurations: the dB kernel's, and 128x256 tiles loading B
-evict-first (64x128x4096x2048 streams each 16 MB ``B[g]`` once: 409 vs 414 us on the H100)."""
+GROUPED_CONFIGS = WGRAD_CONFIGS + [Config(BM=128, BN=256, l2_hint="stream_b"),
+                                   Config(BM=128, BN=128, cluster=2),
+                                   Config(BM=128, BN=256, cluster=2)]
+"""The forward and dA kernels' configurations: the dB kernel's, 128x256 tiles loading B
+evict-first (64x128x4096x2048 streams each 16 MB ``B[g]`` once: 409 vs 414 us on the H100),
+and pairs of n-blocks sharing A in a 2-CTA cluster (few n-blocks: N=256 has two of 128)."""
 
 # Opt-in configurations under evaluation, NOT in the tuned lists (the tuner times configs
 # but does not check their results). tools/grouped_ab.py checks each against float64, then
@@ -709,7 +738,8 @@ def grouped_op(M, N, K, G, b_major="MN", out_dtype="bf16", config=None, wgrad_co
         wgrad = build_wgrad_split(M, kx, ny, G, out_dtype="bf16",
                                   **{"splits": 1, **dict(wgrad_config)})
     else:
-        cfg_w = None if cfg_b is None else tuple((k, v) for k, v in cfg_b if k != "l2_hint")
+        cfg_w = None if cfg_b is None else tuple((k, v) for k, v in cfg_b
+                                                 if k not in ("l2_hint", "cluster"))
         wgrad = _build(wgrad_tuned, build_grouped_wgrad, cfg_w, M, kx, ny, G, out_dtype="bf16")
     return differentiable_kernel(fwd, GroupedBackward(fwd, dgrad, wgrad, b_major),
                                  num_grad_inputs=2)

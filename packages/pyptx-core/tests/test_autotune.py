@@ -291,3 +291,16 @@ def test_rounds_interleave_configs_and_take_the_median(capsys):
     assert timer.measured == ["hold8_r0", "hold16_r0", "hold32_r0"] * 3
     assert k.choice.us == 2.0 + 5  # its second-round time: the median of 2+2, 2+5, 2+8
     capsys.readouterr()
+
+
+def test_switch_reads_the_environment_at_every_call(monkeypatch):
+    """The cheap read of ``PYPTX_AUTOTUNE`` follows every change of the variable."""
+    from pyptx.autotune import _switched_off
+
+    monkeypatch.delenv("PYPTX_AUTOTUNE", raising=False)
+    assert _switched_off() is False
+    for value, off in ((" OFF ", True), ("1", False), ("no", True), ("", False), ("0", True)):
+        monkeypatch.setenv("PYPTX_AUTOTUNE", value)
+        assert _switched_off() is off, value
+    monkeypatch.delenv("PYPTX_AUTOTUNE")
+    assert _switched_off() is False

@@ -396,3 +396,21 @@ def test_l2_hint_option():
     with pytest.raises(ConfigError, match="l2_hint must be") as e:
         gg.build_grouped(256, 64, 64, 2, l2_hint="first")
     assert str(e.value).startswith(f"{HERE}:")
+
+
+def test_cluster_option_shares_a_between_n_block_pairs(assemble):
+    """``cluster=2``: A is copied in halves multicast to both CTAs of a (2, 1, 1) cluster,
+    B per CTA; stages are released in both CTAs; the cluster syncs before exit; the grid
+    holds whole clusters. Bad values raise at the caller's line."""
+    k = gg.build_grouped(8192, 256, 2048, 4, BM=128, BN=128, cluster=2)
+    text = k.ptx()
+    assert ".reqnctapercluster 2, 1, 1" in text
+    a_loads = [ln for ln in text.splitlines() if "multicast::cluster" in ln]
+    assert len(a_loads) == 1 and "cp.async.bulk.tensor.2d" in a_loads[0]   # A's half
+    assert "mapa.shared::cluster" in text and "barrier.cluster.wait" in text
+    assert k.grid[0] % 2 == 0 and k.grid[0] <= gg.H100_SMS
+    assert "0 bytes spill stores" in assemble(text)
+    assert "multicast" not in gg.build_grouped(8192, 256, 2048, 4).ptx()
+    with pytest.raises(ConfigError, match="cluster must be 1 or 2") as e:
+        gg.build_grouped(256, 64, 64, 2, cluster=4)
+    assert str(e.value).startswith(f"{HERE}:")

@@ -60,6 +60,10 @@ CASES = [
     ([129, 1, 63, 64, 191], 128, 4096, dict(store="masked")),
     # opt-in L2 hints (CANDIDATE_CONFIGS): the values must not change
     ([128] * 6 + [0, 77], 512, 320, dict(BM=128, BN=256, l2_hint="stream_b")),
+    # 2-CTA clusters sharing A: the second CTA's n-block wholly past N (72), partly (264)
+    ([0, 37, 130], 72, 100, dict(BM=128, BN=128, cluster=2)),
+    ([5, 0, 300, 1, 200, 0], 264, 200, dict(BM=64, BN=128, cluster=2)),
+    ([700, 333], 1000, 520, dict(BM=128, BN=256, cluster=2, num_sms=8)),
 ]
 
 
@@ -109,6 +113,7 @@ def _backward(sizes, N, K, trans_b, config=None):
     ([0, 37, 130], 72, 100, None),
     ([5, 0, 300, 1, 200, 0], 264, 200, dict(BM=64, BN=128)),
     ([1000, 24, 0, 512], 512, 384, None),
+    ([1000, 24, 0, 512], 512, 384, dict(BM=128, BN=128, cluster=2)),
 ])
 @pytest.mark.parametrize("trans_b", [False, True])
 def test_backward(sizes, N, K, config, trans_b):

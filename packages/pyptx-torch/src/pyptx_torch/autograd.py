@@ -50,9 +50,16 @@ def autograd_function(op: Any) -> Callable[..., Any]:
             return (*out, *no_grads) if isinstance(out, (tuple, list)) else (out, *no_grads)
 
     Op.__name__ = f"{forward_kernel.name}_autograd"
+    # Function.apply's Python wrapper only adds functorch handling; eager calls outside any
+    # functorch transform or graph trace take the C entry point directly (about 1 us less)
+    direct_apply = super(torch.autograd.Function, Op).apply
+    transforms_active = torch._C._are_functorch_transforms_active
+    compiling = torch.compiler.is_compiling
 
     def call(*inputs: torch.Tensor) -> Any:
-        return Op.apply(*inputs)
+        if transforms_active() or compiling():
+            return Op.apply(*inputs)
+        return direct_apply(*inputs)
 
     call.__name__ = forward_kernel.name
     return call
