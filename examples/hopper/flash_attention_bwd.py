@@ -351,6 +351,13 @@ def _maybe_if(p):
 
 
 # ------------------------------------------------------------------ dK/dV kernel
+def dq_accumulator_width(D, bulk):
+    """Columns per row of the atomic modes' f32 dQ accumulator: ``D``, or 128 for the bulk
+    reductions (D=64: the two consumer warpgroups' partial sums side by side, added by the
+    conversion kernel in a fixed order)."""
+    return 128 if bulk else D
+
+
 RELEASE_ARRIVALS = 256  # dK/dV ring: every consumer thread arrives (2 warpgroups x 128)
 
 
@@ -381,7 +388,8 @@ def _release_stage(pipe, state):
 
 
 def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None, BQ=None,
-               stages=None, sync=None, safe=None, atomic_dq=False, overlap=None, dq_bulk=False):
+               stages=None, sync=None, safe=None, atomic_dq=False, overlap=None, dq_bulk=False,
+               dq_ordered=False):
     """The dK/dV kernel: ``(Q, K, V, DO, STATS) -> (DK, DV)`` (STATS from ``build_dq``).
 
     ``BQ``: q rows per block, 32 or 64 (``None``: ``DKDV_BQ``, 64; ``atomic_dq`` needs 64,
@@ -394,8 +402,16 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     ``atomic_dq``: also ``(..., STATS, DQACC)``: every block adds ``scale * dS K`` into the
     f32 ``DQACC`` ``(B, S, Hq, D)`` in place with ``red.global.add`` (not deterministic;
     torch eager only: the buffer is an input the kernel writes). ``dq_bulk``: the dQ tile
-    goes through shared memory and is added by two TMA tile reductions per warpgroup
-    (``cp.reduce.async.bulk.tensor``) instead of ``red.global.add`` per pair."""
+    goes through shared memory and is added by TMA tile reductions
+    (``cp.reduce.async.bulk.tensor``, one per 32-column f32 slab) instead of
+    ``red.global.add`` per pair; its product runs asynchronously (into the dP registers,
+    stored while the next block's S^T product runs). ``dq_ordered`` (with ``dq_bulk``):
+    also ``(..., DQACC, SEM)``, an int32 ``(B, Hq, ceil(S/64), 2)`` zeroed counter per q block
+    and warpgroup: the kv blocks add each dQ tile in a fixed order (descending kv block when
+    causal; full attention: each kv block starts at its own q block, ``2 * kv_block``,
+    when ``ceil(S/64) == 2 * ceil(Sk/128)``, so the adds of a q block come one step apart;
+    ascending kv block otherwise), each waiting for its predecessor's count: the sums, and so
+    dQ, are the same bits at every run."""
     Sk, dt, scale, safe, sync, G, Sp = _common_options(B, S, Hq, Hkv, D, Sk, dtype, scale,
                                                        safe, sync)
     if BQ is None:
@@ -421,21 +437,38 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     kv_mn = OperandTile(D, BM, dt, major="MN")      # K as B of dS K (the same bytes as K)
     if dq_bulk and not atomic_dq:
         raise ConfigError("build_dkdv: dq_bulk=True needs atomic_dq=True")
-    dq_cols = 64 if D == 128 else D                 # a consumer warpgroup's dQ columns
-    dq_bytes = (2 if D == 128 else 1) * (dq_cols // 32) * SLAB_BYTES if dq_bulk else 0
+    if dq_ordered and not dq_bulk:
+        raise ConfigError("build_dkdv: dq_ordered=True needs dq_bulk=True")
+    # a consumer warpgroup's dQ columns: bulk: 64 (D=128: its half of D, all kv rows;
+    # D=64: all of D over its own 64 kv rows, a partial sum in columns 64w.. of DQACC)
+    dq_cols = 64 if D == 128 or dq_bulk else D
+    dq_bytes = 2 * (dq_cols // 32) * SLAB_BYTES if dq_bulk else 0
+    dq_width = dq_accumulator_width(D, dq_bulk)
     ds_bytes = 2 * ds_tile.nbytes + dq_bytes if atomic_dq else 0
     stages = _smem_fit(head_bytes + ds_bytes, stage_bytes) if stages is None else stages
     smem_total = head_bytes + ds_bytes + stages * stage_bytes + 1024
     if smem_total > SMEM_LIMIT:
         raise ConfigError(f"build_dkdv: {stages} stages of {BQ} rows need {smem_total} bytes")
     num_q = -(-S // BQ)
+    num_kv = -(-Sk // BM)
+    # full attention, ordered dQ: kv block j walks q blocks from (BM / BQ) * j, wrapping
+    rotate = dq_ordered and not causal and num_q == (BM // BQ) * num_kv
     c1 = scale * LOG2E
     box_kv = {"box": (1, BM, 1, 64), "swizzle": "128B"}
     box_q = {"box": (1, BQ, 1, 64), "swizzle": "128B"}
     qspec = Tile(B, S, Hq, D, dt)
     kspec = Tile(B, Sk, Hkv, D, dt)
 
-    def dkdv_kernel(Q, K, V, DO, STATS, DQACC, DK, DV):
+    def q_block(qb, kb):
+        """The q block of step ``qb`` of kv block ``kb`` (rotated under ``rotate``)."""
+        if not rotate:
+            return qb
+        r = qb + kb * (BM // BQ)
+        wrapped = reg.scalar(u32)
+        ptx.inst.selp.u32(wrapped, r - num_q, r, r >= num_q)
+        return wrapped
+
+    def dkdv_kernel(Q, K, V, DO, STATS, DQACC, SEM, DK, DV):
         base = ring_base("smem")
         pipe = Pipeline(stages, consumer_arrivals=RELEASE_ARRIVALS)
         head_bar = BarrierArray(1, name="head_bar")
@@ -464,7 +497,8 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             for g in ptx.loop(0, G):
                 hq = hk * G + g
                 srow = reg.from_((b * Hq + hq) * Sp, u64) * 8 + pstats
-                for qb in ptx.loop(qb0, num_q):
+                for qstep in ptx.loop(qb0, num_q):
+                    qb = q_block(qstep, kb)
                     pipe.acquire(st)
                     bar = pipe.arm(st, 2 * q_tile.nbytes + (0 if safe else stats_bytes))
                     sb = st.stage * stage_bytes + (base + (head_bytes + ds_bytes))
@@ -511,21 +545,99 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             ds_row = base + head_bytes + (w * 64 + row0) * 128 + (lane & 3) * 4
             ds_sw = {blk: ((xr ^ blk) << 4) + ds_row for blk in range(BQ // 8)}
             kmn_desc = kv_mn.descriptor(base)
+            ds_desc0 = ds_tile.descriptor(base, offset=head_bytes)
+            dq_steps = ds_tile.k_steps              # the kv rows (16 per step) of dS K
             if D == 128:
                 kmn_desc = kmn_desc + reg.from_(w * (kv_mn.offset(0, 64) >> 4), u64)
-            ds_desc0 = ds_tile.descriptor(base, offset=head_bytes)
+            elif dq_bulk:                           # D=64: this warpgroup's own 64 kv rows
+                dq_steps = 4
+                kmn_desc = kmn_desc + reg.from_(w * (kv_mn.offset(4) >> 4), u64)
+                ds_desc0 = ds_desc0 + reg.from_(w * (ds_tile.offset(4) >> 4), u64)
             qcol = w * 64 + col0 if D == 128 else col0
             if dq_bulk:
                 # this warpgroup's f32 dQ slabs (64 rows x 32 columns, 128-byte swizzled)
-                dq_buf = base + (head_bytes + 2 * ds_tile.nbytes) + w * (dq_bytes // 2)
+                dq_buf = base + (head_bytes + 2 * ds_tile.nbytes)
+                if D == 128:
+                    dq_buf = dq_buf + w * (dq_bytes // 2)
                 dq_sw = swizzled_rows(dq_buf, row0, lane, 4)
                 dq_map = ptx.tma.tensormap_ptr(DQACC.tmap)
                 dq_leader = t == 0
+                if dq_ordered:
+                    (psem_base,) = ptx.global_ptrs(SEM)
+                    sem_rel = reg.scalar(u32, init=0)   # a reduction waits for its count's add
+                    sem_addr = reg.scalar(u64, init=0)  # ... to this counter
+                    sem_now = reg.scalar(u32)
+
+                def _release_count():
+                    """The leader: wait until its last reduction is complete in global memory,
+                    then add one to that q block's counter (release: the next kv block's
+                    reduction sees the sum)."""
+                    ptx.tma.wait_group(0)
+                    ptx.fence_proxy_async("global")
+                    ptx.inst("red.release.gpu.global.add.u32")(ptx.addr(sem_addr), 1)
+
+                def _store_dq(q0r, hqr):
+                    """The finished dQ product (dp_acc, this warpgroup's ``dq_cols`` columns
+                    of q rows ``q0r..q0r+63`` of head ``hqr``), times ``scale``, into the
+                    warpgroup's shared slabs, then TMA tile reductions into DQACC (rows past
+                    S clipped by the tensor map); ``dq_ordered``: in this kv block's turn."""
+                    with ptx.if_(dq_leader):    # the slabs' last reductions have read them
+                        if dq_ordered:
+                            with ptx.if_(sem_rel != 0):
+                                _release_count()
+                        else:
+                            ptx.tma.wait_group(0, read=True)
+                    ptx.bar_sync(2 + w, 128)
+                    for i, dr, dc in dp_acc.pairs():
+                        if dc >= dq_cols:
+                            continue
+                        v0 = dp_acc[i] * float(scale)
+                        v1 = dp_acc[i + 1] * float(scale)
+                        q = dc % 32 * 4 // 16
+                        ptx.inst.st.shared.v2.f32(ptx.addr(dq_sw[q], dc // 32 * SLAB_BYTES + dr * 128),
+                                                  [v0, v1])
+                    ptx.fence_proxy_async("shared::cta")
+                    ptx.bar_sync(2 + w, 128)
+                    with ptx.if_(dq_leader):
+                        if dq_ordered:
+                            qi = q0r // BQ
+                            if causal:      # kv blocks jmax, jmax - 1, ..., 0 add in turn
+                                jmax = _min_u32((qi * BQ + (BQ - 1)) // BM, num_kv - 1)
+                                rank = jmax - kb
+                            elif rotate:    # kv block j reaches q block i at step (i - 2j) % n
+                                step = qi + num_q - kb * (BM // BQ)
+                                wrapped = reg.scalar(u32)
+                                ptx.inst.selp.u32(wrapped, step - num_q, step, step >= num_q)
+                                rank = wrapped // (BM // BQ)
+                            else:
+                                rank = kb
+                            cell = ((b * Hq + hqr) * num_q + qi) * 2 + w
+                            ptx.inst.mov.u64(sem_addr, reg.from_(cell, u64) * 4 + psem_base)
+
+                            def _not_my_turn():
+                                ptx.inst("ld.acquire.gpu.global.u32")(sem_now, ptx.addr(sem_addr))
+                                return sem_now != rank
+
+                            with ptx.while_(_not_my_turn):
+                                pass
+                            ptx.fence_proxy_async("global")
+                            ptx.inst.mov.u32(sem_rel, 1)
+                            first = rank == 0           # the first add writes the tile
+                        for j in range(dq_cols // 32):
+                            src = dq_buf + j * SLAB_BYTES if j else dq_buf
+                            at = (w * dq_cols + 32 * j, hqr, q0r, b)
+                            if dq_ordered:
+                                ptx.tma.store_tile(dq_map, at, src, pred=first)
+                                ptx.tma.reduce_tile(dq_map, at, src, pred=~first)
+                            else:
+                                ptx.tma.reduce_tile(dq_map, at, src)
+                        ptx.tma.commit_group()
         ptx.mbarrier.wait(head_bar.at(0), 0)
         for g in ptx.loop(0, G):
             hq = hk * G + g
             srow = reg.from_((b * Hq + hq) * Sp, u64) * 8 + pstats
-            for qb in ptx.loop(qb0, num_q):
+            for qstep in ptx.loop(qb0, num_q):
+                qb = q_block(qstep, kb)
                 q0 = qb * BQ
                 pipe.wait(cons)
                 sbase = cons.stage * stage_bytes
@@ -605,48 +717,30 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                     ptx.inst.mul.f32(dp_acc[i], s_acc[i], x)
                 _pack(ds_pack, dp_acc.regs, dt)
 
-                def _bulk_dq(q0, hq):
-                    """This warpgroup's scaled dQ tile -> its shared slabs -> two TMA tile
-                    reductions into DQACC (rows past S clipped by the tensor map)."""
-                    with ptx.if_(dq_leader):     # the last block's reductions read the slabs
-                        ptx.tma.wait_group(0, read=True)
-                    ptx.bar_sync(2 + w, 128)
-                    for i, dr, dc in s_acc.pairs():
-                        v0 = s_acc[i] * float(scale)
-                        v1 = s_acc[i + 1] * float(scale)
-                        q = dc % 32 * 4 // 16
-                        ptx.inst.st.shared.v2.f32(ptx.addr(dq_sw[q], dc // 32 * SLAB_BYTES + dr * 128),
-                                                  [v0, v1])
-                    ptx.fence_proxy_async("shared::cta")
-                    ptx.bar_sync(2 + w, 128)
-                    with ptx.if_(dq_leader):
-                        for j in range(dq_cols // 32):
-                            ptx.tma.reduce_tile(dq_map, (w * dq_cols + 32 * j, hq, q0, b),
-                                                dq_buf + j * SLAB_BYTES if j else dq_buf)
-                        ptx.tma.commit_group()
-
                 def _atomic_dq_block(q0=q0, hq=hq):
                     """dQ[q0:q0+BQ] += scale * dS K through a swizzled shared dS (both
                     warpgroups' kv rows), one ``red.global.add.v2.f32`` per pair."""
                     buf = (it & 1) * ds_tile.nbytes
+                    dq_regs = dp_acc.regs if dq_bulk else s_acc.regs
                     for m in range(len(ds_pack)):
                         dr, dc = Accumulator.coord(2 * m)
                         ptx.inst.st.shared.b32(ptx.addr(ds_sw[dc // 8] + buf, dr * 128), ds_pack[m])
                     ptx.fence_proxy_async("shared::cta")
-                    ptx.bar_sync(1, 256)            # both consumers' halves of dS written
-                    with _maybe_if(w == 0 if D == 64 else None):
+                    if dq_bulk and D == 64:         # its own half of dS written
+                        ptx.bar_sync(2 + w, 128)
+                    else:
+                        ptx.bar_sync(1, 256)        # both consumers' halves of dS written
+                    with _maybe_if(w == 0 if D == 64 and not dq_bulk else None):
                         da = ds_desc0 + reg.from_(reg.from_(buf >> 4, u32), u64)
                         ptx.wgmma.fence()
-                        for kk in range(ds_tile.k_steps):
-                            ptx.wgmma.mma_async(s_acc.regs, ds_tile.advance(da, kk),
+                        for kk in range(dq_steps):
+                            ptx.wgmma.mma_async(dq_regs, ds_tile.advance(da, kk),
                                                 kv_mn.advance(kmn_desc, kk), n=dq_cols,
                                                 dtype_ab=dt.name, scale_d=0 if kk == 0 else 1,
                                                 trans_a=ds_tile.trans, trans_b=kv_mn.trans)
                         ptx.wgmma.commit_group()
-                        ptx.wgmma.wait_group(0)
-                        if dq_bulk:
-                            _bulk_dq(q0, hq)
-                        else:
+                        if not dq_bulk:
+                            ptx.wgmma.wait_group(0)
                             qr = q0 + row0
                             for r in (0, 8):
                                 elem = ((b * S + qr + r) * Hq + hq) * D + qcol
@@ -661,13 +755,18 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                                                                       pred=ok)
                     ptx.inst.add.u32(it, it, 1)
 
+                if dq_bulk:     # dQ's product first: stored below while dK's runs
+                    _atomic_dq_block()
                 ptx.wgmma.fence()
                 for kk in range(BQ // 16):
                     ptx.wgmma.mma_async(dk_acc.regs, list(ds_pack)[4 * kk:4 * kk + 4],
                                         q_mn.advance(qmn, kk), n=D, dtype_ab=dt.name,
                                         trans_b=q_mn.trans)
                 ptx.wgmma.commit_group()
-                if atomic_dq:
+                if dq_bulk:
+                    ptx.wgmma.wait_group(1)             # dV and dQ done, dK may run on
+                    _store_dq(q0, hq)
+                elif atomic_dq:
                     _atomic_dq_block()
                 if not overlap:
                     ptx.wgmma.wait_group(0)
@@ -681,7 +780,11 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                 _release_stage(pipe, rel)
         if dq_bulk:
             with ptx.if_(dq_leader):
-                ptx.tma.wait_group(0, read=True)
+                if dq_ordered:
+                    with ptx.if_(sem_rel != 0):
+                        _release_count()
+                else:
+                    ptx.tma.wait_group(0, read=True)
         _store_rows(dk_acc, pdk, kvrow, valid, Hkv, D, hk, b, Sk, col0, scale, dt)
         _store_rows(dv_acc, pdv, kvrow, valid, Hkv, D, hk, b, Sk, col0, 1.0, dt)
         roles.end()
@@ -689,14 +792,20 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
 
     name = (f"attn_bwd_dkdv_{dt.name}_d{D}_h{Hq}x{Hkv}{'_causal' if causal else ''}"
             f"{'_safe' if safe else ''}{'_atomic' if atomic_dq else ''}{'_bulk' if dq_bulk else ''}"
+            f"{'_ordered' if dq_ordered else ''}"
             f"{f'_bq{BQ}' if BQ != 64 else ''}{'_serial' if overlap != default_overlap else ''}")
     ins = (qspec, kspec, kspec, qspec, Tile(B, Hq, Sp, 2, f32))
-    if atomic_dq:
-        ins += (Tile(B, S, Hq, D, f32),)
+    if dq_ordered:
+        ins += (Tile(B, S, Hq, dq_width, f32), Tile(B, Hq, num_q, 2, s32))
         fn = dkdv_kernel
+    elif atomic_dq:
+        ins += (Tile(B, S, Hq, dq_width, f32),)
+
+        def fn(Q, K, V, DO, STATS, DQACC, DK, DV):
+            dkdv_kernel(Q, K, V, DO, STATS, DQACC, None, DK, DV)
     else:
         def fn(Q, K, V, DO, STATS, DK, DV):
-            dkdv_kernel(Q, K, V, DO, STATS, None, DK, DV)
+            dkdv_kernel(Q, K, V, DO, STATS, None, None, DK, DV)
     fn.__name__ = "dkdv_kernel"
     tma = {"Q": box_q, "DO": box_q, "K": box_kv, "V": box_kv}
     if dq_bulk:
@@ -707,15 +816,20 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                   tma=tma, name=name)(fn)
 
 
-def build_prep(B, S, Hq, D, *, dtype="bf16"):
+def build_prep(B, S, Hq, D, *, dtype="bf16", counters=False, width=None):
     """The atomic-dQ mode's first kernel: ``(OUT, LSE, DO) -> (STATS, DQACC)``: the stats
     of ``build_dq`` and a zeroed f32 ``DQACC`` ``(B, S, Hq, D)`` for the dK/dV kernel to add
-    into. 256 threads per 128 rows, the same row split as the dQ kernel's consumers."""
+    into. 256 threads per 128 rows, the same row split as the dQ kernel's consumers.
+    ``counters``: also a zeroed int32 ``SEM`` ``(B, Hq, ceil(S/64), 2)``, the ordered dQ
+    mode's counters (``build_dkdv(dq_ordered=True)``), and DQACC is left unwritten (each
+    tile's first add stores it). ``width``: DQACC's columns (``dq_accumulator_width``)."""
+    width = D if width is None else width
     dt = _dtype(dtype)
     Sp = padded(S)
     qspec = Tile(B, S, Hq, D, dt)
+    nq = -(-S // 64)
 
-    def prep(OUT, LSE, DO, STATS, DQACC):
+    def prep(OUT, LSE, DO, STATS, DQACC, SEM):
         tid = reg.from_(ptx.special.tid.x(), u32)
         hq = reg.from_(ptx.special.ctaid.y(), u32)
         b = reg.from_(ptx.special.ctaid.z(), u32)
@@ -727,24 +841,42 @@ def build_prep(B, S, Hq, D, *, dtype="bf16"):
         valid = [qrow < S, qrow + 8 < S]
         po, pdo, plse, pstats, pacc = ptx.global_ptrs(OUT, DO, LSE, STATS, DQACC)
         _row_stats(po, pdo, plse, pstats, b, hq, qrow, valid, lane, S, Sp, Hq, D, dt)
-        quarter = D // 4
+        quarter = width // 4
         zero = reg.scalar(f32, init=0.0)
-        for r in (0, 8):
-            elem = ((b * S + qrow + r) * Hq + hq) * D + (lane & 3) * quarter
+        for r in (0, 8) if not counters else ():
+            elem = ((b * S + qrow + r) * Hq + hq) * width + (lane & 3) * quarter
             addr = reg.from_(elem, u64) * 4 + pacc
             for k4 in range(quarter // 4):
                 ptx.inst.st.global_.v4.f32(ptx.addr(addr, 16 * k4), [zero] * 4, pred=valid[r // 8])
+        if counters:  # this CTA's two q blocks of 64 rows, two counters each
+            (psem,) = ptx.global_ptrs(SEM)
+            qb = reg.from_(ptx.special.ctaid.x(), u32) * 2 + (tid >> 1)
+            cell = ((b * Hq + hq) * nq + qb) * 2 + (tid & 1)
+            ptx.inst.st.global_.u32(ptx.addr(reg.from_(cell, u64) * 4 + psem), 0,
+                                    pred=(tid < 4) & (qb < nq))
         ptx.ret()
 
-    return kernel(in_specs=(qspec, Tile(B, Hq, S, f32), qspec),
-                  out_specs=(Tile(B, Hq, Sp, 2, f32), Tile(B, S, Hq, D, f32)),
+    outs = (Tile(B, Hq, Sp, 2, f32), Tile(B, S, Hq, width, f32))
+    if counters:
+        outs += (Tile(B, Hq, nq, 2, s32),)
+        fn = prep
+    else:
+        def fn(OUT, LSE, DO, STATS, DQACC):
+            prep(OUT, LSE, DO, STATS, DQACC, None)
+    fn.__name__ = "prep"
+    return kernel(in_specs=(qspec, Tile(B, Hq, S, f32), qspec), out_specs=outs,
                   grid=(-(-S // BM), Hq, B), block=(256, 1, 1),
-                  name=f"attn_bwd_prep_{dt.name}_d{D}")(prep)
+                  name=f"attn_bwd_prep_{dt.name}_d{D}{'_sem' if counters else ''}"
+                       f"{f'_w{width}' if width != D else ''}")(fn)
 
 
-def build_convert(B, S, Hq, D, *, dtype="bf16", scale=1.0):
+def build_convert(B, S, Hq, D, *, dtype="bf16", scale=1.0, width=None):
     """The atomic-dQ mode's last kernel: ``DQACC`` f32 -> ``DQ`` (times ``scale``), eight
-    elements per thread."""
+    elements per thread. ``width`` (``dq_accumulator_width``) ``2 * D``: each row holds two
+    partial sums, added (first + second) before the conversion."""
+    width = D if width is None else width
+    if width not in (D, 2 * D):
+        raise ConfigError(f"build_convert: width must be {D} or {2 * D}, got {width}")
     dt = _dtype(dtype)
     n = B * S * Hq * D
     blocks = -(-n // (256 * 8))
@@ -753,11 +885,21 @@ def build_convert(B, S, Hq, D, *, dtype="bf16", scale=1.0):
         pa, pq = ptx.global_ptrs(DQACC, DQ)
         i = reg.from_(ptx.special.ctaid.x(), u32) * 256 + reg.from_(ptx.special.tid.x(), u32)
         ok = i < n // 8
-        src = reg.from_(i, u64) * 32 + pa
+        if width == D:
+            src = reg.from_(i, u64) * 32 + pa
+        else:   # eight columns c.. of row r: elements r * 2D + c (+ D for the second sum)
+            row = i // (D // 8)
+            src = (reg.from_(row, u64) * (2 * D) + reg.from_((i - row * (D // 8)) * 8, u64)) * 4 + pa
         dst = reg.from_(i, u64) * 16 + pq
         v = reg.array(f32, 8)
         ptx.inst.ld.global_.nc.v4.f32(list(v)[:4], ptx.addr(src), pred=ok)
         ptx.inst.ld.global_.nc.v4.f32(list(v)[4:], ptx.addr(src, 16), pred=ok)
+        if width != D:
+            u = reg.array(f32, 8)
+            ptx.inst.ld.global_.nc.v4.f32(list(u)[:4], ptx.addr(src, 4 * D), pred=ok)
+            ptx.inst.ld.global_.nc.v4.f32(list(u)[4:], ptx.addr(src, 4 * D + 16), pred=ok)
+            for m in range(8):
+                ptx.inst.add.f32(v[m], v[m], u[m])
         packed = reg.array(b32, 4)
         for m in range(4):
             ptx.inst(f"cvt.rn.{dt.name}x2.f32")(packed[m], v[2 * m + 1] * float(scale),
@@ -765,9 +907,9 @@ def build_convert(B, S, Hq, D, *, dtype="bf16", scale=1.0):
         ptx.inst.st.global_.v4.b32(ptx.addr(dst), packed, pred=ok)
         ptx.ret()
 
-    return kernel(in_specs=(Tile(B, S, Hq, D, f32),), out_specs=(Tile(B, S, Hq, D, dt),),
+    return kernel(in_specs=(Tile(B, S, Hq, width, f32),), out_specs=(Tile(B, S, Hq, D, dt),),
                   grid=(blocks, 1, 1), block=(256, 1, 1),
-                  name=f"attn_bwd_convert_{dt.name}_d{D}")(convert)
+                  name=f"attn_bwd_convert_{dt.name}_d{D}{f'_w{width}' if width != D else ''}")(convert)
 
 
 def _row_stats(po, pdo, plse, pstats, b, hq, qrow, valid, lane, S, Sp, Hq, D, dt):
@@ -847,8 +989,8 @@ class AttentionBackward:
             raise ConfigError(f"{where()}: attention backward with atomic_dq=True adds into a "
                               f"buffer in place: torch tensors only, got {type(q).__name__}")
         prep, dkdv, convert = self.kernels
-        stats, dqacc = prep(o, lse, do)
-        dk, dv = dkdv(q, k, v, do, stats, dqacc)
+        stats, dqacc, *sem = prep(o, lse, do)
+        dk, dv = dkdv(q, k, v, do, stats, dqacc, *sem)
         return convert(dqacc), dk, dv
 
     def __repr__(self):
@@ -857,25 +999,28 @@ class AttentionBackward:
 
 def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None,
                              safe=None, atomic_dq=False, dkdv_bq=None, dkdv_overlap=None,
-                             dq_bulk=False):
+                             dq_bulk=False, dq_ordered=False):
     """The backward kernels for these sizes: ``bwd(q, k, v, o, lse, do, dlse) -> (dq, dk,
     dv)``. ``safe=True`` (or ``PYPTX_ATTN_BWD_SAFE=1``): the simplest schedule, for
     bisecting. ``atomic_dq=True``: dQ accumulated by the dK/dV kernel with f32 atomics (no
     second pass over K and V; not deterministic; torch eager only). ``dkdv_bq`` (32 or 64)
     and ``dkdv_overlap`` (``None``: the defaults, 64 rows, overlapped at D=64 only): the
     dK/dV kernel's speed options (``build_dkdv``'s ``BQ`` and ``overlap``). ``dq_bulk``
-    (with ``atomic_dq``): dQ tiles added by TMA tile reductions (``build_dkdv``)."""
+    (with ``atomic_dq``): dQ tiles added by TMA tile reductions, ``dq_ordered`` (with
+    ``dq_bulk``) in a fixed order (``build_dkdv``)."""
     safe = _env("PYPTX_ATTN_BWD_SAFE") if safe is None else bool(safe)
     if dkdv_bq not in (None, 32, 64):
         raise ConfigError(f"build_attention_backward: dkdv_bq must be 32 or 64, got {dkdv_bq!r}")
     overlap = None if dkdv_overlap is None else bool(dkdv_overlap)
     if dq_bulk and not atomic_dq:
         raise ConfigError("build_attention_backward: dq_bulk=True needs atomic_dq=True")
+    if dq_ordered and not dq_bulk:
+        raise ConfigError("build_attention_backward: dq_ordered=True needs dq_bulk=True")
     return _build(B, S, Hq, Hkv, D, S if Sk is None else Sk, dtype, causal, scale, safe,
-                  bool(atomic_dq), dkdv_bq, overlap, bool(dq_bulk))
+                  bool(atomic_dq), dkdv_bq, overlap, bool(dq_bulk), bool(dq_ordered))
 
 
-OPTIONS = ("dkdv_bq", "dkdv_overlap", "atomic_dq", "dq_bulk")  # build_attention_backward's
+OPTIONS = ("dkdv_bq", "dkdv_overlap", "atomic_dq", "dq_bulk", "dq_ordered")  # build_attention_backward's
 
 
 def parse_options(text):
@@ -893,15 +1038,17 @@ def parse_options(text):
 
 @functools.lru_cache(maxsize=64)
 def _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, safe, atomic_dq, dkdv_bq=None, overlap=None,
-           dq_bulk=False):
+           dq_bulk=False, dq_ordered=False):
     kw = dict(Sk=Sk, dtype=dtype, causal=causal, scale=scale, safe=safe)
     dkdv_kw = dict(kw, BQ=dkdv_bq, overlap=overlap)
     dt = _dtype(dtype)
     if atomic_dq:
         check_shapes(B, S, Hq, Hkv, D, Sk)
-        kernels = (build_prep(B, S, Hq, D, dtype=dtype),   # the dK/dV kernel adds scaled dQ
-                   build_dkdv(B, S, Hq, Hkv, D, atomic_dq=True, dq_bulk=dq_bulk, **dkdv_kw),
-                   build_convert(B, S, Hq, D, dtype=dtype))
+        width = dq_accumulator_width(D, dq_bulk)
+        kernels = (build_prep(B, S, Hq, D, dtype=dtype, counters=dq_ordered, width=width),
+                   build_dkdv(B, S, Hq, Hkv, D, atomic_dq=True, dq_bulk=dq_bulk,
+                              dq_ordered=dq_ordered, **dkdv_kw),     # adds dQ into DQACC
+                   build_convert(B, S, Hq, D, dtype=dtype, width=width))
     else:
         kernels = (build_dq(B, S, Hq, Hkv, D, **kw), build_dkdv(B, S, Hq, Hkv, D, **dkdv_kw))
     return AttentionBackward(kernels, B, S, Hq, Hkv, D, Sk, dt, atomic_dq)
