@@ -468,6 +468,69 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         ptx.inst.selp.u32(wrapped, r - num_q, r, r >= num_q)
         return wrapped
 
+    def dq_rank(qb, kb):
+        """The place of kv block ``kb`` among the kv blocks adding into q block ``qb`` (the
+        ordered dQ mode): the adds of a q block come in rank order 0, 1, ..."""
+        if causal:      # kv blocks jmax, jmax - 1, ..., 0 (each one step behind the last)
+            return _min_u32((qb * BQ + (BQ - 1)) // BM, num_kv - 1) - kb
+        if rotate:      # kv block j reaches q block i at step (i - 2j) % num_q
+            step = qb + num_q - kb * (BM // BQ)
+            wrapped = reg.scalar(u32)
+            ptx.inst.selp.u32(wrapped, step - num_q, step, step >= num_q)
+            return wrapped // (BM // BQ)
+        return kb       # kv blocks 0, 1, ... (each a step behind: a wavefront)
+
+    def _dq_writer(DQACC, SEM, bufs, kb, hk, b, qb0, dq_full, dq_empty):
+        """The ordered dQ mode's writer (one thread of the producer warpgroup): for each
+        block, in the consumers' order, wait for this kv block's turn at the q block's
+        counter, for both warpgroups' slabs (``dq_full``), add them into DQACC (the first
+        rank stores), free the slabs once read (``dq_empty``), and once the previous
+        block's adds are complete in global memory, count them (a release add)."""
+        dq_map = ptx.tma.tensormap_ptr(DQACC.tmap)
+        (psem,) = ptx.global_ptrs(SEM)
+        n = reg.scalar(u32, init=0)
+        prev = reg.scalar(u64, init=0)       # the counter of the block before
+        now = reg.scalar(u32)
+
+        def count(cell):
+            ptx.fence_proxy_async("global")
+            ptx.inst("red.release.gpu.global.add.u32")(ptx.addr(cell), 1)
+
+        for g in ptx.loop(0, G):
+            hq = hk * G + g
+            for qstep in ptx.loop(qb0, num_q):
+                qb = q_block(qstep, kb)
+                rank = dq_rank(qb, kb)
+                cell = reg.from_(((b * Hq + hq) * num_q + qb) * 2, u64) * 4 + psem
+
+                def not_my_turn(cell=cell, rank=rank):
+                    ptx.inst("ld.acquire.gpu.global.u32")(now, ptx.addr(cell))
+                    return now != rank
+
+                with ptx.while_(not_my_turn):
+                    pass
+                ptx.fence_proxy_async("global")
+                first = rank == 0               # the first add writes the tile
+                for w in (0, 1):
+                    ptx.mbarrier.wait(dq_full.at(w), n & 1)
+                    for j in range(dq_cols // 32):
+                        src = bufs + (w * (dq_bytes // 2) + j * SLAB_BYTES)
+                        at = (w * dq_cols + 32 * j, hq, qb * BQ, b)
+                        ptx.tma.store_tile(dq_map, at, src, pred=first)
+                        ptx.tma.reduce_tile(dq_map, at, src, pred=~first)
+                ptx.tma.commit_group()
+                ptx.tma.wait_group(0, read=True)
+                for w in (0, 1):
+                    ptx.mbarrier.arrive(dq_empty.at(w))
+                with ptx.if_(n != 0):           # the block before: complete, then counted
+                    ptx.tma.wait_group(1)
+                    count(prev)
+                ptx.inst.mov.u64(prev, cell)
+                ptx.inst.add.u32(n, n, 1)
+        with ptx.if_(n != 0):
+            ptx.tma.wait_group(0)
+            count(prev)
+
     def dkdv_kernel(Q, K, V, DO, STATS, DQACC, SEM, DK, DV):
         base = ring_base("smem")
         pipe = Pipeline(stages, consumer_arrivals=RELEASE_ARRIVALS)
@@ -479,6 +542,11 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         k0 = kb * BM
         pipe.init(pred=tid == 0)
         head_bar.init(1, pred=tid == 0)
+        if dq_ordered:  # the consumers' dQ slabs <-> the dQ writer thread, per warpgroup
+            dq_full = BarrierArray(2, name="dq_full")
+            dq_empty = BarrierArray(2, name="dq_empty")
+            dq_full.init(128, pred=tid == 0)     # every thread of the warpgroup arrives
+            dq_empty.init(1, pred=tid == 0)
         ptx.bar_sync(0)
         # causal: q blocks wholly above the diagonal (every q < k0) are skipped
         qb0 = k0 // BQ if causal else 0
@@ -510,6 +578,10 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                     if sync:
                         ptx.mbarrier.wait(pipe.empty.at(st.stage), st.phase ^ 1)
                     st.advance()
+        if dq_ordered:
+            with ptx.if_(tid == 32):
+                _dq_writer(DQACC, SEM, base + (head_bytes + 2 * ds_tile.nbytes), kb, hk, b,
+                           qb0, dq_full, dq_empty)
         # ------------------------------------------------------------ consumers
         roles.consumers(CONS_REGS)
         w = wg - 1
@@ -556,81 +628,42 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             qcol = w * 64 + col0 if D == 128 else col0
             if dq_bulk:
                 # this warpgroup's f32 dQ slabs (64 rows x 32 columns, 128-byte swizzled)
-                dq_buf = base + (head_bytes + 2 * ds_tile.nbytes)
-                if D == 128:
-                    dq_buf = dq_buf + w * (dq_bytes // 2)
+                dq_buf = base + (head_bytes + 2 * ds_tile.nbytes) + w * (dq_bytes // 2)
                 dq_sw = swizzled_rows(dq_buf, row0, lane, 4)
-                dq_map = ptx.tma.tensormap_ptr(DQACC.tmap)
                 dq_leader = t == 0
                 if dq_ordered:
-                    (psem_base,) = ptx.global_ptrs(SEM)
-                    sem_rel = reg.scalar(u32, init=0)   # a reduction waits for its count's add
-                    sem_addr = reg.scalar(u64, init=0)  # ... to this counter
-                    sem_now = reg.scalar(u32)
-
-                def _release_count():
-                    """The leader: wait until its last reduction is complete in global memory,
-                    then add one to that q block's counter (release: the next kv block's
-                    reduction sees the sum)."""
-                    ptx.tma.wait_group(0)
-                    ptx.fence_proxy_async("global")
-                    ptx.inst("red.release.gpu.global.add.u32")(ptx.addr(sem_addr), 1)
+                    dq_n = reg.scalar(u32, init=0)      # dQ tiles handed to the writer
+                else:
+                    dq_map = ptx.tma.tensormap_ptr(DQACC.tmap)
 
                 def _store_dq(q0r, hqr):
                     """The finished dQ product (dp_acc, this warpgroup's ``dq_cols`` columns
                     of q rows ``q0r..q0r+63`` of head ``hqr``), times ``scale``, into the
-                    warpgroup's shared slabs, then TMA tile reductions into DQACC (rows past
-                    S clipped by the tensor map); ``dq_ordered``: in this kv block's turn."""
-                    with ptx.if_(dq_leader):    # the slabs' last reductions have read them
-                        if dq_ordered:
-                            with ptx.if_(sem_rel != 0):
-                                _release_count()
-                        else:
+                    warpgroup's shared slabs; then the leader adds them into DQACC with TMA
+                    tile reductions (rows past S clipped by the tensor map), or, ordered,
+                    every thread hands them to the dQ writer thread (``dq_full``)."""
+                    if dq_ordered:              # the writer has read the slabs
+                        ptx.mbarrier.wait(dq_empty.at(w), (dq_n & 1) ^ 1)
+                    else:                       # the last reductions have read the slabs
+                        with ptx.if_(dq_leader):
                             ptx.tma.wait_group(0, read=True)
-                    ptx.bar_sync(2 + w, 128)
+                        ptx.bar_sync(2 + w, 128)
                     for i, dr, dc in dp_acc.pairs():
-                        if dc >= dq_cols:
-                            continue
                         v0 = dp_acc[i] * float(scale)
                         v1 = dp_acc[i + 1] * float(scale)
                         q = dc % 32 * 4 // 16
                         ptx.inst.st.shared.v2.f32(ptx.addr(dq_sw[q], dc // 32 * SLAB_BYTES + dr * 128),
                                                   [v0, v1])
                     ptx.fence_proxy_async("shared::cta")
+                    if dq_ordered:
+                        ptx.mbarrier.arrive(dq_full.at(w))
+                        ptx.inst.add.u32(dq_n, dq_n, 1)
+                        return
                     ptx.bar_sync(2 + w, 128)
                     with ptx.if_(dq_leader):
-                        if dq_ordered:
-                            qi = q0r // BQ
-                            if causal:      # kv blocks jmax, jmax - 1, ..., 0 add in turn
-                                jmax = _min_u32((qi * BQ + (BQ - 1)) // BM, num_kv - 1)
-                                rank = jmax - kb
-                            elif rotate:    # kv block j reaches q block i at step (i - 2j) % n
-                                step = qi + num_q - kb * (BM // BQ)
-                                wrapped = reg.scalar(u32)
-                                ptx.inst.selp.u32(wrapped, step - num_q, step, step >= num_q)
-                                rank = wrapped // (BM // BQ)
-                            else:
-                                rank = kb
-                            cell = ((b * Hq + hqr) * num_q + qi) * 2 + w
-                            ptx.inst.mov.u64(sem_addr, reg.from_(cell, u64) * 4 + psem_base)
-
-                            def _not_my_turn():
-                                ptx.inst("ld.acquire.gpu.global.u32")(sem_now, ptx.addr(sem_addr))
-                                return sem_now != rank
-
-                            with ptx.while_(_not_my_turn):
-                                pass
-                            ptx.fence_proxy_async("global")
-                            ptx.inst.mov.u32(sem_rel, 1)
-                            first = rank == 0           # the first add writes the tile
                         for j in range(dq_cols // 32):
-                            src = dq_buf + j * SLAB_BYTES if j else dq_buf
-                            at = (w * dq_cols + 32 * j, hqr, q0r, b)
-                            if dq_ordered:
-                                ptx.tma.store_tile(dq_map, at, src, pred=first)
-                                ptx.tma.reduce_tile(dq_map, at, src, pred=~first)
-                            else:
-                                ptx.tma.reduce_tile(dq_map, at, src)
+                            ptx.tma.reduce_tile(dq_map, (w * dq_cols + 32 * j, hqr, q0r, b),
+                                                dq_buf + j * SLAB_BYTES if j else dq_buf)
                         ptx.tma.commit_group()
         ptx.mbarrier.wait(head_bar.at(0), 0)
         for g in ptx.loop(0, G):
@@ -778,13 +811,9 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             ptx.wgmma.wait_group(0)
             with ptx.if_(has_prev != 0):
                 _release_stage(pipe, rel)
-        if dq_bulk:
+        if dq_bulk and not dq_ordered:
             with ptx.if_(dq_leader):
-                if dq_ordered:
-                    with ptx.if_(sem_rel != 0):
-                        _release_count()
-                else:
-                    ptx.tma.wait_group(0, read=True)
+                ptx.tma.wait_group(0, read=True)
         _store_rows(dk_acc, pdk, kvrow, valid, Hkv, D, hk, b, Sk, col0, scale, dt)
         _store_rows(dv_acc, pdv, kvrow, valid, Hkv, D, hk, b, Sk, col0, 1.0, dt)
         roles.end()
