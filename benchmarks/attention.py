@@ -9,8 +9,8 @@ median of the per-round medians; the contenders of a row are timed interleaved, 
 rotated order, in one process; a pyptx variant whose output is off SDPA's by more than
 ``ERR_LIMIT`` prints FAIL and is not timed (n/a). "fwd ours/best" is the first pyptx column (the default
 call, or the first of ``--schedules`` x ``--configs``) over the best SDPA backend. A backend that errors prints n/a. The backward rows time
-``torch.autograd.grad`` of our ``attention()`` (n/a until the backward kernels are wired
-through ``differentiable_kernel``).
+``torch.autograd.grad`` of our ``attention()``: the default (deterministic) backward, and
+``deterministic=False`` (dQ added by the dK/dV kernel with TMA tile reductions) beside it.
 
     python benchmarks/attention.py [--dims 64 128] [--seqs 4096 8192] [--schedules pingpong simple]
                                    [--configs '[{}, {"persistent": true}]'] [--no-bwd] [--out t.md]
@@ -128,7 +128,9 @@ def main(argv=None) -> int:
         return "pyptx" + ("" if not parts else " " + " ".join(parts))
     ours = [label(s, c) for s, c in variants]
     head = (["D", "S", "mask"] + [f"fwd {n}" for n in ours + list(BACKENDS)] + ["fwd ours/best"]
-            + ([f"bwd {n}" for n in ["pyptx"] + list(BACKENDS)] + ["bwd ours/best"]
+            + ([f"bwd {n}" for n in ["pyptx"] + list(BACKENDS)] + ["bwd ours/best",
+                                                                   "bwd deterministic=False",
+                                                                   "its ratio"]
                if not args.no_bwd else []) + ["max |o err|"])
     print(f"# attention TFLOP/s on {dev}, bf16, do_bench median (L2 flushed)")
     print("| " + " | ".join(head) + " |", flush=True)
@@ -179,6 +181,12 @@ def main(argv=None) -> int:
                             lambda a, b_, c, cz=causal: fa.attention(a, b_, c, causal=cz), q, k, v)
                     except Exception as ex:  # noqa: BLE001
                         print(f"  pyptx bwd: {type(ex).__name__}: {str(ex)[:200]}", flush=True)
+                    try:  # the opt-in non-deterministic backward (five products, bulk dQ adds)
+                        bwd["nondet"] = backward_fn(
+                            lambda a, b_, c, cz=causal: fa.attention(a, b_, c, causal=cz,
+                                                                     deterministic=False), q, k, v)
+                    except Exception as ex:  # noqa: BLE001
+                        print(f"  pyptx nondet bwd: {type(ex).__name__}: {str(ex)[:200]}", flush=True)
                     for be in BACKENDS:
                         try:
                             bwd[be] = backward_fn(sdpa_call(be, causal), q, k, v)
@@ -189,6 +197,8 @@ def main(argv=None) -> int:
                     bbest = max((btf[b] for b in BACKENDS if b in btf), default=None)
                     cells += [_fmt(btf.get(n)) for n in ["pyptx"] + list(BACKENDS)]
                     cells.append(f"{btf['pyptx'] / bbest:.3f}" if "pyptx" in btf and bbest else "n/a")
+                    cells += [_fmt(btf.get("nondet")),
+                              f"{btf['nondet'] / bbest:.3f}" if "nondet" in btf and bbest else "n/a"]
                 cells.append("n/a" if err is None else f"{err:.1e}")
                 print("| " + " | ".join(cells) + " |", flush=True)
                 body.append(cells)

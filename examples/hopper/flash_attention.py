@@ -707,9 +707,12 @@ def _forward(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, schedule, BN, stages, p
 
 @functools.lru_cache(maxsize=128)
 def _differentiable(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, schedule, BN, stages,
-                    persistent=False, pin_overlap=False, rescale_threshold=RESCALE_THRESHOLD):
+                    persistent=False, pin_overlap=False, rescale_threshold=RESCALE_THRESHOLD,
+                    deterministic=True):
     """The forward kernel wrapped with the backward one, or the bare forward kernel when the
-    backward example or ``differentiable_kernel(save_outputs=)`` is not available."""
+    backward example or ``differentiable_kernel(save_outputs=)`` is not available.
+    ``deterministic=False``: the backward adds dQ with TMA tile reductions from the dK/dV
+    kernel (``atomic_dq``, ``dq_bulk``: five products, not seven; torch eager only)."""
     fwd = _forward(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, schedule, BN, stages, persistent,
                    pin_overlap, rescale_threshold)
     bwd_mod = _bwd_module()
@@ -718,8 +721,9 @@ def _differentiable(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, schedule, BN, st
     from pyptx.autodiff import differentiable_kernel
 
     try:
+        fast = {} if deterministic else dict(atomic_dq=True, dq_bulk=True)
         bwd = bwd_mod.build_attention_backward(B, S, Hq, Hkv, D, Sk=Sk, dtype=dtype,
-                                               causal=causal, scale=scale)
+                                               causal=causal, scale=scale, **fast)
         return differentiable_kernel(fwd, bwd, save_for_backward=[0, 1, 2], save_outputs=[0, 1],
                                      num_grad_inputs=3)
     except (TypeError, PyptxError):  # no save_outputs yet, or a size the backward refuses
@@ -759,18 +763,21 @@ def attention_forward(q, k, v, causal=False, scale=None, *, schedule=None, BN=No
 
 
 def attention(q, k, v, causal=False, scale=None, *, schedule=None, BN=None, stages=2,
-              persistent=None, pin_overlap=False, rescale_threshold=RESCALE_THRESHOLD):
+              persistent=None, pin_overlap=False, rescale_threshold=RESCALE_THRESHOLD,
+              deterministic=True):
     """Flash attention ``softmax(scale * q k^T) v`` (torch tensors or JAX arrays):
     ``q (B, S, Hq, D)``, ``k, v (B, Sk, Hkv, D)`` with ``Hq % Hkv == 0``, bf16 or f16,
     ``D`` in 64/128/256. ``causal``: key ``j`` allowed for query ``i`` iff ``j <= i``.
     ``scale`` defaults to ``1/sqrt(D)``. Differentiable in ``q, k, v`` when the backward
     kernels are available. ``schedule``, ``BN``, ``stages``, ``persistent``, ``pin_overlap``,
-    ``rescale_threshold``: see ``build_attention``."""
+    ``rescale_threshold``: see ``build_attention``. ``deterministic=False``: a faster
+    backward whose dQ sums come in run-dependent order (last bits vary between runs;
+    torch eager only: JAX and ``torch.compile`` raise ``ConfigError``)."""
     B, S, Hq, Hkv, D, Sk, name = _shapes(q, k, v)
     sc = 1.0 / math.sqrt(D) if scale is None else float(scale)
     fn = _differentiable(B, S, Hq, Hkv, D, Sk, name, bool(causal), sc, _schedule(schedule),
                          BN or default_bn(D), stages, _persistent(persistent, D),
-                         *_check_opts(pin_overlap, rescale_threshold))
+                         *_check_opts(pin_overlap, rescale_threshold), bool(deterministic))
     return fn(*_contiguous(q, k, v))[0]
 
 

@@ -1012,11 +1012,12 @@ class AttentionBackward:
             dq, stats = self.kernels[0](q, k, v, o, lse, do)
             dk, dv = self.kernels[1](q, k, v, do, stats)
             return dq, dk, dv
-        if not type(q).__module__.startswith("torch"):
+        if not type(q).__module__.startswith("torch") or sys.modules["torch"].compiler.is_compiling():
             from pyptx.source import where
 
             raise ConfigError(f"{where()}: attention backward with atomic_dq=True adds into a "
-                              f"buffer in place: torch tensors only, got {type(q).__name__}")
+                              f"buffer in place: torch eager tensors only (not JAX or "
+                              f"torch.compile), got {type(q).__name__}")
         prep, dkdv, convert = self.kernels
         stats, dqacc, *sem = prep(o, lse, do)
         dk, dv = dkdv(q, k, v, do, stats, dqacc, *sem)

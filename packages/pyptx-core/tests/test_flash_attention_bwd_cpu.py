@@ -424,3 +424,41 @@ def test_release_fences_the_stats_reads_before_the_next_fill():
             assert not lines[i].startswith("@"), lines[i]
         assert fab.RELEASE_ARRIVALS == 256
         assert f"[empty_bar], {fab.RELEASE_ARRIVALS};" in ptx
+
+
+def test_ordered_dq_ranks_are_a_fixed_order_one_step_apart():
+    """The ordered dQ mode's schedule (``dq_rank`` and the q-block rotation, modelled here
+    for the kernel's 64-row q blocks and 128-row kv blocks): the kv blocks adding into a q
+    block hold ranks 0..n-1, and rank r + 1 reaches the q block after rank r (causal: two
+    steps later; full attention with ``S == Sk``: two steps later, by the rotation), so a
+    kv block's turn never waits on one behind it."""
+    for S, causal in ((4096, True), (4096, False), (1000, True), (1000, False), (200, False)):
+        nq, nkv = -(-S // 64), -(-S // 128)
+        rotate = not causal and nq == 2 * nkv
+        visits = {}                     # q block -> [(step, kv block)]
+        for j in range(nkv):
+            for step in range(2 * j if causal else 0, nq):
+                i = (step + 2 * j) % nq if rotate else step
+                visits.setdefault(i, []).append((step - (2 * j if causal else 0), j))
+        for i, vs in visits.items():
+            if causal:
+                jmax = min((i * 64 + 63) // 128, nkv - 1)
+                ranks = {j: jmax - j for _, j in vs}
+            elif rotate:
+                ranks = {j: ((i + nq - 2 * j) % nq) // 2 for _, j in vs}
+            else:
+                ranks = {j: j for _, j in vs}
+            assert sorted(ranks.values()) == list(range(len(vs))), (S, causal, i)
+            if causal or rotate:
+                by_rank = sorted(vs, key=lambda v: ranks[v[1]])
+                when = [t for t, _ in by_rank]  # steps from the kernel's start
+                assert all(b - a == 2 for a, b in zip(when, when[1:])), (S, causal, i, when)
+
+
+def test_deterministic_false_builds_the_bulk_dq_backward():
+    """``attention(..., deterministic=False)``'s backward: prep, dK/dV with bulk dQ adds, convert."""
+    fa = load_module(EX.parent / "flash_attention.py", "flash_attention_cpu_det")
+    fwd = fa._differentiable(1, 256, 2, 2, 128, 256, "bf16", True, 0.125, fa._schedule(None),
+                             fa.default_bn(128), 2, False, False, fa.RESCALE_THRESHOLD, False)
+    names = [k.name for k in fwd.backward_kernel.kernels]
+    assert len(names) == 3 and "_atomic_bulk" in names[1], names

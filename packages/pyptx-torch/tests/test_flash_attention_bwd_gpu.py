@@ -90,6 +90,37 @@ def test_atomic_dq_mode(D, causal, Hkv):
     _check(got, refs, "bf16")
 
 
+@pytest.mark.parametrize("opts", [{"dq_bulk": True}, {"dq_bulk": True, "dq_ordered": True}])
+@pytest.mark.parametrize("B,S,Hq,Hkv,D,dtn,causal", [
+    (2, 513, 8, 2, 128, "bf16", True),
+    (1, 1000, 4, 4, 128, "f16", False),    # 16 q blocks = 2 x 8 kv blocks: rotated order
+    (2, 200, 4, 2, 64, "bf16", True),
+    (1, 333, 2, 1, 64, "bf16", False),     # ascending order (6 q blocks, 3 kv blocks: no)
+])
+def test_bulk_dq_modes(B, S, Hq, Hkv, D, dtn, causal, opts):
+    """dQ added by TMA tile reductions from the dK/dV kernel, unordered and ordered (a
+    fixed order of adds per q block): float64 autograd, same tolerances; ordered runs are
+    bitwise equal."""
+    q, k, v, do = _inputs(B, S, Hq, Hkv, D, dtn)
+    o, lse, *refs = fab.reference(q, k, v, do, causal)
+    args = (q, k, v, o.to(q.dtype), lse.float(), do)
+    got = fab.attention_backward(*args, causal=causal, atomic_dq=True, **opts)
+    _check(got, refs, dtn)
+    if opts.get("dq_ordered"):
+        again = fab.attention_backward(*args, causal=causal, atomic_dq=True, **opts)
+        assert all(torch.equal(x, y) for x, y in zip(got, again))
+
+
+def test_attention_deterministic_false_gradients():
+    """``attention(..., deterministic=False)`` through torch autograd: the bulk-dQ backward."""
+    fa = load_module(HOPPER / "flash_attention.py", "flash_attention_bwd_gpu_fwd")
+    q, k, v, do = _inputs(2, 300, 4, 2, 128, "bf16")
+    _, _, *refs = fab.reference(q, k, v, do, True)
+    q, k, v = (x.requires_grad_() for x in (q, k, v))
+    fa.attention(q, k, v, causal=True, deterministic=False).backward(do)
+    _check((q.grad, k.grad, v.grad), refs, "bf16")
+
+
 @pytest.mark.parametrize("opts", [{"dkdv_bq": 32}, {"dkdv_overlap": True},
                                   {"dkdv_overlap": False}, {"dkdv_bq": 32, "dkdv_overlap": False}])
 @pytest.mark.parametrize("B,S,Hq,Hkv,D,dtn,causal", [
