@@ -409,9 +409,11 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     also ``(..., DQACC, SEM)``, an int32 ``(B, Hq, ceil(S/64), 2)`` zeroed counter per q block
     and warpgroup: the kv blocks add each dQ tile in a fixed order (descending kv block when
     causal; full attention: each kv block starts at its own q block, ``2 * kv_block``,
-    when ``ceil(S/64) == 2 * ceil(Sk/128)``, so the adds of a q block come one step apart;
+    when ``ceil(S/64) == 2 * ceil(Sk/128)``, so the adds of a q block come two steps apart;
     ascending kv block otherwise), each waiting for its predecessor's count: the sums, and so
-    dQ, are the same bits at every run."""
+    dQ, are the same bits at every run. A writer thread of the producer warpgroup does the
+    waiting and the adds; where the predecessor is kv block ``kb + 1``, the grid runs the
+    kv blocks last first, so a waiting CTA's predecessor has always been launched."""
     Sk, dt, scale, safe, sync, G, Sp = _common_options(B, S, Hq, Hkv, D, Sk, dtype, scale,
                                                        safe, sync)
     if BQ is None:
@@ -453,6 +455,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     num_kv = -(-Sk // BM)
     # full attention, ordered dQ: kv block j walks q blocks from (BM / BQ) * j, wrapping
     rotate = dq_ordered and not causal and num_q == (BM // BQ) * num_kv
+    reverse = dq_ordered and (causal or rotate)     # the predecessor kv block is kb + 1
     c1 = scale * LOG2E
     box_kv = {"box": (1, BM, 1, 64), "swizzle": "128B"}
     box_q = {"box": (1, BQ, 1, 64), "swizzle": "128B"}
@@ -488,14 +491,13 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         block's adds are complete in global memory, count them (a release add)."""
         dq_map = ptx.tma.tensormap_ptr(DQACC.tmap)
         (psem,) = ptx.global_ptrs(SEM)
-        n = reg.scalar(u32, init=0)
-        prev = reg.scalar(u64, init=0)       # the counter of the block before
         now = reg.scalar(u32)
 
         def count(cell):
             ptx.fence_proxy_async("global")
             ptx.inst("red.release.gpu.global.add.u32")(ptx.addr(cell), 1)
 
+        phase = reg.scalar(u32, init=0)
         for g in ptx.loop(0, G):
             hq = hk * G + g
             for qstep in ptx.loop(qb0, num_q):
@@ -512,7 +514,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                 ptx.fence_proxy_async("global")
                 first = rank == 0               # the first add writes the tile
                 for w in (0, 1):
-                    ptx.mbarrier.wait(dq_full.at(w), n & 1)
+                    ptx.mbarrier.wait(dq_full.at(w), phase)
                     for j in range(dq_cols // 32):
                         src = bufs + (w * (dq_bytes // 2) + j * SLAB_BYTES)
                         at = (w * dq_cols + 32 * j, hq, qb * BQ, b)
@@ -522,14 +524,9 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                 ptx.tma.wait_group(0, read=True)
                 for w in (0, 1):
                     ptx.mbarrier.arrive(dq_empty.at(w))
-                with ptx.if_(n != 0):           # the block before: complete, then counted
-                    ptx.tma.wait_group(1)
-                    count(prev)
-                ptx.inst.mov.u64(prev, cell)
-                ptx.inst.add.u32(n, n, 1)
-        with ptx.if_(n != 0):
-            ptx.tma.wait_group(0)
-            count(prev)
+                ptx.tma.wait_group(0)           # complete in global memory: count it
+                count(cell)
+                ptx.inst.xor.b32(phase, phase, 1)
 
     def dkdv_kernel(Q, K, V, DO, STATS, DQACC, SEM, DK, DV):
         base = ring_base("smem")
@@ -537,6 +534,8 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         head_bar = BarrierArray(1, name="head_bar")
         tid, wg = thread_ids()
         kb = reg.from_(ptx.special.ctaid.x(), u32)
+        if reverse:     # launched last kv block first: a block's turn follows kb + 1's
+            kb = (num_kv - 1) - kb
         hk = reg.from_(ptx.special.ctaid.y(), u32)
         b = reg.from_(ptx.special.ctaid.z(), u32)
         k0 = kb * BM
