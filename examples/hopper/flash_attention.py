@@ -711,8 +711,10 @@ def _differentiable(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, schedule, BN, st
                     deterministic=True):
     """The forward kernel wrapped with the backward one, or the bare forward kernel when the
     backward example or ``differentiable_kernel(save_outputs=)`` is not available.
-    ``deterministic=False``: the backward adds dQ with TMA tile reductions from the dK/dV
-    kernel (``atomic_dq``, ``dq_bulk``: five products, not seven; torch eager only)."""
+    The backward for torch eager calls: at D=128, the dK/dV kernel also adds dQ, with TMA
+    tile reductions in a fixed order (``dq_ordered``: five products, not seven, still
+    deterministic); ``deterministic=False``: in any order, at every D. JAX and
+    ``torch.compile`` traces run the seven-product pair (``AttentionBackward.fallback``)."""
     fwd = _forward(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, schedule, BN, stages, persistent,
                    pin_overlap, rescale_threshold)
     bwd_mod = _bwd_module()
@@ -721,9 +723,17 @@ def _differentiable(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, schedule, BN, st
     from pyptx.autodiff import differentiable_kernel
 
     try:
-        fast = {} if deterministic else dict(atomic_dq=True, dq_bulk=True)
+        fast = {}
+        if not deterministic:
+            fast = dict(atomic_dq=True, dq_bulk=True)
+        elif D == 128 and not bwd_mod.safe_default():
+            fast = dict(atomic_dq=True, dq_bulk=True, dq_ordered=True)
         bwd = bwd_mod.build_attention_backward(B, S, Hq, Hkv, D, Sk=Sk, dtype=dtype,
-                                               causal=causal, scale=scale, **fast)
+                                               causal=causal, scale=scale)
+        if fast:
+            bwd = bwd_mod.build_attention_backward(
+                B, S, Hq, Hkv, D, Sk=Sk, dtype=dtype, causal=causal, scale=scale,
+                **fast).with_fallback(bwd)
         return differentiable_kernel(fwd, bwd, save_for_backward=[0, 1, 2], save_outputs=[0, 1],
                                      num_grad_inputs=3)
     except (TypeError, PyptxError):  # no save_outputs yet, or a size the backward refuses

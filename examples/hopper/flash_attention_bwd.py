@@ -978,6 +978,11 @@ def _env(name):
     return os.environ.get(name, "0") not in ("", "0")
 
 
+def safe_default():
+    """Whether ``PYPTX_ATTN_BWD_SAFE`` asks for the simplest schedule (a bisecting aid)."""
+    return _env("PYPTX_ATTN_BWD_SAFE")
+
+
 # ------------------------------------------------------------------ the pair as one object
 class AttentionBackward:
     """``bwd(q, k, v, o, lse, do, dlse=None) -> (dq, dk, dv)``: the dQ kernel (which also
@@ -986,8 +991,9 @@ class AttentionBackward:
     (``in_specs``, ``out_specs``, ``name``, ``arg_names``) so ``pyptx.differentiable_kernel``
     accepts it as a backward kernel."""
 
-    def __init__(self, kernels, B, S, Hq, Hkv, D, Sk, dt, atomic_dq=False):
-        self.kernels, self.atomic_dq = kernels, atomic_dq
+    def __init__(self, kernels, B, S, Hq, Hkv, D, Sk, dt, atomic_dq=False, fallback=None):
+        self.kernels, self.atomic_dq, self.fallback = kernels, atomic_dq, fallback
+        self._dims = (B, S, Hq, Hkv, D, Sk, dt)
         qspec, kspec = Tile(B, S, Hq, D, dt), Tile(B, Sk, Hkv, D, dt)
         lse = Tile(B, Hq, S, f32)
         self.in_specs = (qspec, kspec, kspec, qspec, lse, qspec, lse)
@@ -1012,6 +1018,8 @@ class AttentionBackward:
             dk, dv = self.kernels[1](q, k, v, do, stats)
             return dq, dk, dv
         if not type(q).__module__.startswith("torch") or sys.modules["torch"].compiler.is_compiling():
+            if self.fallback is not None:   # JAX or a graph trace: the out-of-place pair
+                return self.fallback(q, k, v, o, lse, do, dlse)
             from pyptx.source import where
 
             raise ConfigError(f"{where()}: attention backward with atomic_dq=True adds into a "
@@ -1021,6 +1029,14 @@ class AttentionBackward:
         stats, dqacc, *sem = prep(o, lse, do)
         dk, dv = dkdv(q, k, v, do, stats, dqacc, *sem)
         return convert(dqacc), dk, dv
+
+    def with_fallback(self, other):
+        """This backward, running ``other`` (same sizes) where an atomic-dQ mode cannot run
+        (JAX arrays, ``torch.compile`` traces)."""
+        if self._dims != other._dims:
+            raise ConfigError("AttentionBackward.with_fallback: the fallback is for other sizes")
+        return AttentionBackward(self.kernels, *self._dims, atomic_dq=self.atomic_dq,
+                                 fallback=other)
 
     def __repr__(self):
         return f"<AttentionBackward {' + '.join(k.name for k in self.kernels)}>"

@@ -462,3 +462,23 @@ def test_deterministic_false_builds_the_bulk_dq_backward():
                              fa.default_bn(128), 2, False, False, fa.RESCALE_THRESHOLD, False)
     names = [k.name for k in fwd.backward_kernel.kernels]
     assert len(names) == 3 and "_atomic_bulk" in names[1], names
+
+
+def test_attention_default_backward_per_head_dim():
+    """``attention()``'s torch-eager backward: D=128 the ordered bulk-dQ kernels (five
+    products, deterministic) with the seven-product pair as the fallback for JAX and graph
+    traces; D=64 the pair itself."""
+    fa = load_module(EX.parent / "flash_attention.py", "flash_attention_cpu_default")
+
+    def bwd_of(D):
+        return fa._differentiable(1, 256, 2, 2, D, 256, "bf16", False, 0.1, fa._schedule(None),
+                                  fa.default_bn(D), 2, False, False, fa.RESCALE_THRESHOLD,
+                                  True).backward_kernel
+
+    b128 = bwd_of(128)
+    assert "_ordered" in b128.kernels[1].name and b128.fallback is not None
+    assert b128.fallback.dq_kernel is not None and b128.fallback.in_specs == b128.in_specs
+    b64 = bwd_of(64)
+    assert b64.dq_kernel is not None and b64.fallback is None
+    with pytest.raises(ConfigError, match="other sizes"):
+        b128.with_fallback(fab.build_attention_backward(1, 128, 2, 2, 128))

@@ -111,6 +111,22 @@ def test_bulk_dq_modes(B, S, Hq, Hkv, D, dtn, causal, opts):
         assert all(torch.equal(x, y) for x, y in zip(got, again))
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_default_d128_backward_is_deterministic(causal):
+    """``attention()`` at D=128 (the ordered bulk-dQ backward): float64 autograd, and two
+    runs give bitwise-equal gradients."""
+    fa = load_module(HOPPER / "flash_attention.py", "flash_attention_bwd_gpu_det")
+    q0, k0, v0, do = _inputs(2, 700, 4, 2, 128, "bf16")
+    _, _, *refs = fab.reference(q0, k0, v0, do, causal)
+    grads = []
+    for _ in range(2):
+        q, k, v = (x.clone().requires_grad_() for x in (q0, k0, v0))
+        fa.attention(q, k, v, causal=causal).backward(do)
+        grads.append((q.grad, k.grad, v.grad))
+    _check(grads[0], refs, "bf16")
+    assert all(torch.equal(x, y) for x, y in zip(*grads))
+
+
 def test_attention_deterministic_false_gradients():
     """``attention(..., deterministic=False)`` through torch autograd: the bulk-dQ backward."""
     fa = load_module(HOPPER / "flash_attention.py", "flash_attention_bwd_gpu_fwd")
