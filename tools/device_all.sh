@@ -27,10 +27,11 @@ lane() {  # lane NAME: runs in the background, output to $OUT/lane-NAME.log
     attention) py $T/test_flash_attention_gpu.py $T/test_flash_attention_bwd_gpu.py ;;
     sanitize)
       for tool in memcheck racecheck synccheck; do (
-        for s in gemm grouped fp8 attention attention_bwd; do
+        for s in gemm grouped fp8 attention attention_bwd attention_bwd:atomic_dq=1,dq_bulk=1,dq_ordered=1; do
           echo "== $tool $s"
+          opts=(); [[ $s == *:* ]] && opts=(--options "${s#*:}")
           PYPTX_AUTOTUNE=0 timeout $(left) compute-sanitizer --tool $tool --report-api-errors no \
-            python3 tools/${s}_sanitize.py 2>&1 | tail -3
+            python3 tools/${s%%:*}_sanitize.py "${opts[@]}" 2>&1 | tail -3
         done > "$OUT/sanitize-$tool.log" 2>&1 ) &
       done; wait ;;
     examples)
