@@ -614,7 +614,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             # this thread's bytes of a dS buffer: kv row (64w + row0 + dr), its pair of q
             # columns in 16-byte chunk blk ^ (row % 8)
             ds_row = base + head_bytes + (w * 64 + row0) * 128 + (lane & 3) * 4
-            ds_sw = {blk: ((xr ^ blk) << 4) + ds_row for blk in range(BQ // 8)}
+            xr16 = xr << 4                          # chunk blk's address: ds_row + (xr16 ^ 16 blk)
             kmn_desc = kv_mn.descriptor(base)
             ds_desc0 = ds_tile.descriptor(base, offset=head_bytes)
             dq_steps = ds_tile.k_steps              # the kv rows (16 per step) of dS K
@@ -628,7 +628,11 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             if dq_bulk:
                 # this warpgroup's f32 dQ slabs (64 rows x 32 columns, 128-byte swizzled)
                 dq_buf = base + (head_bytes + 2 * ds_tile.nbytes) + w * (dq_bytes // 2)
-                dq_sw = swizzled_rows(dq_buf, row0, lane, 4)
+                # the pair (row, cols c, c+1) of a 128-byte swizzled f32 slab: 16-byte
+                # chunk c // 4 XOR-ed with row % 8 (= lane // 4): from two registers per
+                # store (an xor), not eight held addresses (registers are short here)
+                dq_row = dq_buf + row0 * 128 + (lane & 1) * 8
+                dq_x = ((lane >> 1) & 1 ^ (lane >> 2)) << 4
                 dq_leader = t == 0
                 if dq_ordered:
                     dq_n = reg.scalar(u32, init=0)      # dQ tiles handed to the writer
@@ -650,8 +654,9 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                     for i, dr, dc in dp_acc.pairs():
                         v0 = dp_acc[i] * float(scale)
                         v1 = dp_acc[i + 1] * float(scale)
-                        q = dc % 32 * 4 // 16
-                        ptx.inst.st.shared.v2.f32(ptx.addr(dq_sw[q], dc // 32 * SLAB_BYTES + dr * 128),
+                        q = dc % 32 * 4 // 16       # even: its chunk is q + (lane >> 1 & 1)
+                        at = dq_row + (dq_x ^ (q << 4))
+                        ptx.inst.st.shared.v2.f32(ptx.addr(at, dc // 32 * SLAB_BYTES + dr * 128),
                                                   [v0, v1])
                     ptx.fence_proxy_async("shared::cta")
                     if dq_ordered:
@@ -756,7 +761,8 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                     dq_regs = dp_acc.regs if dq_bulk else s_acc.regs
                     for m in range(len(ds_pack)):
                         dr, dc = Accumulator.coord(2 * m)
-                        ptx.inst.st.shared.b32(ptx.addr(ds_sw[dc // 8] + buf, dr * 128), ds_pack[m])
+                        at = ds_row + (xr16 ^ (dc // 8 << 4)) + buf
+                        ptx.inst.st.shared.b32(ptx.addr(at, dr * 128), ds_pack[m])
                     ptx.fence_proxy_async("shared::cta")
                     if dq_bulk and D == 64:         # its own half of dS written
                         ptx.bar_sync(2 + w, 128)

@@ -482,3 +482,18 @@ def test_attention_default_backward_per_head_dim():
     assert b64.dq_kernel is not None and b64.fallback is None
     with pytest.raises(ConfigError, match="other sizes"):
         b128.with_fallback(fab.build_attention_backward(1, 128, 2, 2, 128))
+
+
+def test_two_register_swizzle_addresses_equal_the_slab_layout():
+    """The bulk-dQ store's addresses (``dq_row + (dq_x ^ 16 q)``) and the dS store's
+    (``ds_row + (xr16 ^ 16 blk)``) equal the 128-byte swizzle ``swizzled_rows`` spells out
+    (chunk ``(chunk_hi + q) ^ (row % 8)``) for every lane and every chunk they use."""
+    for lane in range(32):
+        colb = (lane & 3) * 8                      # an f32 pair's byte offset in 32 bytes
+        chunk_hi, xr = colb >> 4, lane >> 2
+        for q in range(0, 8, 2):
+            want = ((chunk_hi + q) ^ xr) * 16 + (colb & 15)
+            dq_x = (((lane >> 1) & 1) ^ (lane >> 2)) << 4
+            assert (lane & 1) * 8 + (dq_x ^ (q << 4)) == want
+        for blk in range(8):
+            assert ((xr << 4) ^ (blk << 4)) == (xr ^ blk) << 4
