@@ -497,3 +497,21 @@ def test_two_register_swizzle_addresses_equal_the_slab_layout():
             assert (lane & 1) * 8 + (dq_x ^ (q << 4)) == want
         for blk in range(8):
             assert ((xr << 4) ^ (blk << 4)) == (xr ^ blk) << 4
+
+
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_dkdv_modes_keep_wgmma_asynchronous(D, causal, assemble):
+    """No dK/dV mode makes ptxas serialise its wgmma (C7510-C7519 "wgmma.mma_async
+    instructions are serialized", "warpgroup.wait is injected"): that happens silently when an
+    accumulator is read, or a wait is placed, where ptxas cannot prove the product done, and it
+    costs far more than any schedule change gains. The bulk-dQ modes also assemble without
+    spills at the benchmark's sizes."""
+    for kw in ({}, {"atomic_dq": True}, {"atomic_dq": True, "dq_bulk": True},
+               {"atomic_dq": True, "dq_bulk": True, "dq_ordered": True}):
+        k = fab.build_attention_backward(8, 4096, 2048 // D, 2048 // D, D, causal=causal,
+                                         **kw).dkdv_kernel
+        log = assemble(k.ptx())
+        assert "(C751" not in log, (kw, log)
+        if kw.get("dq_bulk"):
+            assert "0 bytes spill stores" in log, (kw, log)
