@@ -58,7 +58,7 @@ from pyptx.fragment import Accumulator
 from pyptx.operand import OperandTile
 from pyptx.pipeline import BarrierArray, Pipeline
 from pyptx.types import b16, b32, bf16, f16, f32, pred, s32, u32, u64
-from pyptx.warpspec import SLAB_BYTES, Roles, ring_base, swizzled_rows, thread_ids
+from pyptx.warpspec import SLAB_BYTES, Roles, ring_base, thread_ids
 
 LOG2E = 1.4426950408889634
 SMEM_LIMIT = 227 * 1024 - 256
