@@ -196,16 +196,21 @@ def split_blocks(s, start, end, splits, BK=64):
     return (nkb * s) // splits, (nkb * (s + 1)) // splits
 
 
-def _open(stages, consumers, offs, prod_regs, cluster=1):
+def _open(stages, consumers, offs, prod_regs, cluster=1, prefetch=()):
     """The grouped kernels' opening: ``(base, pipe, tid, wg, cid, p_offs, roles)``, the
     ring base and its pipeline (released by the consumers of every CTA of the cluster), the
     thread's ids, the CTA's (cluster's) index, the group ends' pointer, and the role split
-    (the producer's code follows)."""
+    (the producer's code follows). ``prefetch``: tensor maps thread 0 prefetches into the
+    descriptor cache (with the group ends into L2) before the barriers are set up."""
     base = ring_base()
     pipe = Pipeline(stages, consumer_arrivals=consumers * cluster)
     tid, wg = thread_ids()
-    _, cid = prologue(pipe, tid, cluster)
     (p_offs,) = ptx.global_ptrs(offs)
+    if prefetch:
+        for tmap in prefetch:
+            ptx.tma.prefetch_tensormap(tmap, pred=tid == 0)
+        ptx.inst("prefetch.global.L2")(ptx.addr(p_offs), pred=tid == 0)
+    _, cid = prologue(pipe, tid, cluster)
     return base, pipe, tid, wg, cid, p_offs, Roles(wg, prod_regs)
 
 
@@ -281,7 +286,7 @@ class _Consumer:
 
 def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf16", BM=128,
                   BN=256, BK=64, stages=None, num_sms=H100_SMS, store="auto", l2_hint=None,
-                  cluster=1):
+                  cluster=1, prefetch=False):
     """The grouped GEMM kernel ``D[rows of g] = A[rows of g] @ B[g]``.
 
     Tensor arguments: A ``(M, K)`` bf16, B ``(G, K, N)`` (``b_major="MN"``) or
@@ -298,6 +303,9 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
     same group, whatever the group sizes) and share its A tile, each copying half of it to
     both (multicast); a CTA whose n-block lies past ``N`` computes on zeros and stores
     nothing. The A tile then crosses L2 once per pair, for shapes with few n-blocks.
+    ``prefetch=True`` (opt-in, not measured yet): thread 0 prefetches the three tensor maps and
+    the group ends at the start, ahead of the barrier setup (for short kernels, where the
+    first copies' descriptor fetch is on the critical path).
     """
     what = "build_grouped"
     ot = _out_type(out_dtype)
@@ -342,8 +350,9 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
         return (k0 + i * 64 if i else k0, n0, g)
 
     def grouped(A, B, Offs, D):
-        base, pipe, tid, wg, cid, p_offs, roles = _open(stages, consumers, Offs, prod_regs,
-                                                        cluster)
+        base, pipe, tid, wg, cid, p_offs, roles = _open(
+            stages, consumers, Offs, prod_regs, cluster,
+            prefetch=(A.tmap, B.tmap, D.tmap) if prefetch else ())
         rank = ptx.cluster.ctarank() if cluster > 1 else 0
 
         def origin(walk, t):
@@ -418,7 +427,7 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
 
     name = (f"grouped_{ot.name}_{b_major}_{BM}x{BN}x{BK}_s{stages}"
             f"{'_masked' if store == 'masked' else ''}{'_l2' + l2_hint if l2_hint else ''}"
-            f"{f'_c{cluster}' if cluster > 1 else ''}")
+            f"{f'_c{cluster}' if cluster > 1 else ''}{'_pf' if prefetch else ''}")
     return kernel(in_specs=(Tile(M, K, bf16), b_spec, Tile(G, s32)), out_specs=(Tile(M, N, ot),),
                   grid=(ctas, 1, 1), block=(threads, 1, 1), cluster=(cluster, 1, 1),
                   smem=smem_total, maxnreg=maxnreg, tma=tma, name=name)(grouped)
@@ -667,6 +676,10 @@ CANDIDATE_CONFIGS = {
     # the tuned list's stream_b config, alone (A/B against the tuner's pick)
     "fwd 128x256 stream_b": dict(kernel="fwd", BM=128, BN=256, l2_hint="stream_b"),
     "dgrad 128x256 stream_b": dict(kernel="dgrad", BM=128, BN=256, l2_hint="stream_b"),
+    # short kernels (4x2048x256x2048 forward: 25 us): tensor maps and group ends prefetched
+    # at the start, with the tuner's pick there (128x128 in 2-CTA clusters) and without
+    "fwd 128x128 c2 prefetch": dict(kernel="fwd", BM=128, BN=128, cluster=2, prefetch=True),
+    "fwd 64x256 prefetch": dict(kernel="fwd", BM=64, BN=256, prefetch=True),
 }
 """Opt-in tile configurations under evaluation: name -> ``kernel`` (``"fwd"``, ``"dgrad"``
 or ``"wgrad"``) and the builder keywords (``build_grouped`` or ``build_wgrad_split``)."""
@@ -739,7 +752,7 @@ def grouped_op(M, N, K, G, b_major="MN", out_dtype="bf16", config=None, wgrad_co
                                   **{"splits": 1, **dict(wgrad_config)})
     else:
         cfg_w = None if cfg_b is None else tuple((k, v) for k, v in cfg_b
-                                                 if k not in ("l2_hint", "cluster"))
+                                                 if k not in ("l2_hint", "cluster", "prefetch"))
         wgrad = _build(wgrad_tuned, build_grouped_wgrad, cfg_w, M, kx, ny, G, out_dtype="bf16")
     return differentiable_kernel(fwd, GroupedBackward(fwd, dgrad, wgrad, b_major),
                                  num_grad_inputs=2)

@@ -414,3 +414,14 @@ def test_cluster_option_shares_a_between_n_block_pairs(assemble):
     with pytest.raises(ConfigError, match="cluster must be 1 or 2") as e:
         gg.build_grouped(256, 64, 64, 2, cluster=4)
     assert str(e.value).startswith(f"{HERE}:")
+
+
+def test_prefetch_option(assemble):
+    """``prefetch=True``: thread 0 prefetches the three tensor maps and the group ends before
+    the barrier setup; the default kernel has no prefetch."""
+    text = gg.build_grouped(8192, 256, 2048, 4, BM=128, BN=128, cluster=2, prefetch=True).ptx()
+    lines = [ln.strip() for ln in text.splitlines() if "prefetch" in ln]
+    assert [ln.split()[1] for ln in lines] == ["prefetch.param.tensormap"] * 3 + ["prefetch.global.L2"]
+    assert text.index("prefetch.param.tensormap") < text.index("mbarrier.init")
+    assert "0 bytes spill stores" in assemble(text)
+    assert "prefetch" not in gg.build_grouped(8192, 256, 2048, 4).ptx()

@@ -64,6 +64,9 @@ CASES = [
     ([0, 37, 130], 72, 100, dict(BM=128, BN=128, cluster=2)),
     ([5, 0, 300, 1, 200, 0], 264, 200, dict(BM=64, BN=128, cluster=2)),
     ([700, 333], 1000, 520, dict(BM=128, BN=256, cluster=2, num_sms=8)),
+    # opt-in prefetch of the tensor maps and group ends (CANDIDATE_CONFIGS)
+    ([0, 37, 130], 72, 100, dict(BM=128, BN=128, cluster=2, prefetch=True)),
+    ([5, 0, 300, 1, 200, 0], 264, 200, dict(BM=64, BN=256, prefetch=True)),
 ]
 
 
