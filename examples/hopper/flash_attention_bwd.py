@@ -168,7 +168,7 @@ def _common_options(B, S, Hq, Hkv, D, Sk, dtype, scale, safe, sync):
     Sk = S if Sk is None else Sk
     check_shapes(B, S, Hq, Hkv, D, Sk)
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    safe = _env("PYPTX_ATTN_BWD_SAFE") if safe is None else safe
+    safe = safe_default() if safe is None else safe
     # the fast schedule holds a stage until the next block: waiting for it would deadlock
     sync = (_env("PYPTX_ATTN_BWD_SYNC") if sync is None else sync) and safe
     return Sk, _dtype(dtype), scale, safe, sync, Hq // Hkv, padded(S)
@@ -387,6 +387,14 @@ def _release_stage(pipe, state):
     pipe.release(state)
 
 
+def _check_dq_modes(fn, atomic_dq, dq_bulk, dq_ordered):
+    """``ConfigError`` (naming ``fn``) for a dQ mode without the one it builds on."""
+    if dq_bulk and not atomic_dq:
+        raise ConfigError(f"{fn}: dq_bulk=True needs atomic_dq=True")
+    if dq_ordered and not dq_bulk:
+        raise ConfigError(f"{fn}: dq_ordered=True needs dq_bulk=True")
+
+
 def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None, BQ=None,
                stages=None, sync=None, safe=None, atomic_dq=False, overlap=None, dq_bulk=False,
                dq_ordered=False):
@@ -404,10 +412,10 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     torch eager only: the buffer is an input the kernel writes). ``dq_bulk``: the dQ tile
     goes through shared memory and is added by TMA tile reductions
     (``cp.reduce.async.bulk.tensor``, one per 32-column f32 slab) instead of
-    ``red.global.add`` per pair; its product runs asynchronously (into the dP registers,
-    stored while the next block's S^T product runs). ``dq_ordered`` (with ``dq_bulk``):
-    also ``(..., DQACC, SEM)``, an int32 ``(B, Hq, ceil(S/64), 2)`` zeroed counter per q block
-    and warpgroup: the kv blocks add each dQ tile in a fixed order (descending kv block when
+    ``red.global.add`` per pair; its product (into the dP registers) is issued before dK's
+    and stored while dK's runs. ``dq_ordered`` (with ``dq_bulk``): also ``(..., DQACC,
+    SEM)``, int32 ``(B, Hq, ceil(S/64), 2)`` zeroed counters (the first of each pair counts
+    the adds into that q block): the kv blocks add each dQ tile in a fixed order (descending kv block when
     causal; full attention: each kv block starts at its own q block, ``2 * kv_block``,
     when ``ceil(S/64) == 2 * ceil(Sk/128)``, so the adds of a q block come two steps apart;
     ascending kv block otherwise), each waiting for its predecessor's count: the sums, and so
@@ -437,10 +445,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     # atomic dQ: dS of the block (q x kv, q contiguous: an MN-major A) in two buffers
     ds_tile = OperandTile(BQ, BM, dt, major="MN") if atomic_dq else None
     kv_mn = OperandTile(D, BM, dt, major="MN")      # K as B of dS K (the same bytes as K)
-    if dq_bulk and not atomic_dq:
-        raise ConfigError("build_dkdv: dq_bulk=True needs atomic_dq=True")
-    if dq_ordered and not dq_bulk:
-        raise ConfigError("build_dkdv: dq_ordered=True needs dq_bulk=True")
+    _check_dq_modes("build_dkdv", atomic_dq, dq_bulk, dq_ordered)
     # a consumer warpgroup's dQ columns: bulk: 64 (D=128: its half of D, all kv rows;
     # D=64: all of D over its own 64 kv rows, a partial sum in columns 64w.. of DQACC)
     dq_cols = 64 if D == 128 or dq_bulk else D
@@ -754,9 +759,11 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                     ptx.inst.mul.f32(dp_acc[i], s_acc[i], x)
                 _pack(ds_pack, dp_acc.regs, dt)
 
-                def _atomic_dq_block(q0=q0, hq=hq):
-                    """dQ[q0:q0+BQ] += scale * dS K through a swizzled shared dS (both
-                    warpgroups' kv rows), one ``red.global.add.v2.f32`` per pair."""
+                def _dq_product(q0=q0, hq=hq):
+                    """The block's dQ product, dS K, from a swizzled shared dS (both
+                    warpgroups' kv rows; bulk at D=64: the warpgroup's own): bulk, issued into
+                    dp_acc and stored by ``_store_dq``; otherwise waited for and added with
+                    one ``red.global.add.v2.f32`` per pair (dQ[q0:q0+BQ] += scale * dS K)."""
                     buf = (it & 1) * ds_tile.nbytes
                     dq_regs = dp_acc.regs if dq_bulk else s_acc.regs
                     for m in range(len(ds_pack)):
@@ -794,7 +801,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                     ptx.inst.add.u32(it, it, 1)
 
                 if dq_bulk:     # dQ's product first: stored below while dK's runs
-                    _atomic_dq_block()
+                    _dq_product()
                 ptx.wgmma.fence()
                 for kk in range(BQ // 16):
                     ptx.wgmma.mma_async(dk_acc.regs, list(ds_pack)[4 * kk:4 * kk + 4],
@@ -805,7 +812,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                     ptx.wgmma.wait_group(1)             # dV and dQ done, dK may run on
                     _store_dq(q0, hq)
                 elif atomic_dq:
-                    _atomic_dq_block()
+                    _dq_product()
                 if not overlap:
                     ptx.wgmma.wait_group(0)
                     _release_stage(pipe, cons)
@@ -1059,14 +1066,11 @@ def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=
     dK/dV kernel's speed options (``build_dkdv``'s ``BQ`` and ``overlap``). ``dq_bulk``
     (with ``atomic_dq``): dQ tiles added by TMA tile reductions, ``dq_ordered`` (with
     ``dq_bulk``) in a fixed order (``build_dkdv``)."""
-    safe = _env("PYPTX_ATTN_BWD_SAFE") if safe is None else bool(safe)
+    safe = safe_default() if safe is None else bool(safe)
     if dkdv_bq not in (None, 32, 64):
         raise ConfigError(f"build_attention_backward: dkdv_bq must be 32 or 64, got {dkdv_bq!r}")
     overlap = None if dkdv_overlap is None else bool(dkdv_overlap)
-    if dq_bulk and not atomic_dq:
-        raise ConfigError("build_attention_backward: dq_bulk=True needs atomic_dq=True")
-    if dq_ordered and not dq_bulk:
-        raise ConfigError("build_attention_backward: dq_ordered=True needs dq_bulk=True")
+    _check_dq_modes("build_attention_backward", atomic_dq, dq_bulk, dq_ordered)
     return _build(B, S, Hq, Hkv, D, S if Sk is None else Sk, dtype, causal, scale, safe,
                   bool(atomic_dq), dkdv_bq, overlap, bool(dq_bulk), bool(dq_ordered))
 
