@@ -425,3 +425,42 @@ def test_prefetch_option(assemble):
     assert text.index("prefetch.param.tensormap") < text.index("mbarrier.init")
     assert "0 bytes spill stores" in assemble(text)
     assert "prefetch" not in gg.build_grouped(8192, 256, 2048, 4).ptx()
+
+
+@pytest.mark.parametrize("cluster,b_major", [(1, "MN"), (2, "MN"), (2, "K")])
+def test_warm_option_prefetches_the_guessed_tile(assemble, cluster, b_major):
+    """``warm=n``: before the barrier setup thread 0 issues L2 tensor prefetches of the first
+    ``n`` k-blocks of A (its cluster part) and of every B slab of the guessed tile, guarded
+    by ``g < G``; ``n`` past the k-blocks is clamped; bad values raise at the caller's line."""
+    k = gg.build_grouped(8192, 256, 2048, 4, BM=128, BN=128, cluster=cluster, b_major=b_major,
+                         warm=6)
+    text = k.ptx()
+    pre = [ln.strip() for ln in text.splitlines() if "prefetch.tensor" in ln]
+    slabs = 2 if b_major == "MN" else 1
+    assert len(pre) == 6 * (1 + slabs)
+    assert all(ln.startswith("@%p") for ln in pre)
+    assert sum(".2d.L2.global.tile" in ln for ln in pre) == 6     # A
+    assert sum(".3d.L2.global.tile" in ln for ln in pre) == 6 * slabs
+    assert text.index("prefetch.tensor") < text.index("mbarrier.init")
+    assert "_w6" in k.name
+    assert "0 bytes spill stores" in assemble(text)
+    short = gg.build_grouped(256, 64, 64, 2, warm=8).ptx()         # one k-block only
+    assert sum("prefetch.tensor" in ln for ln in short.splitlines()) == 1 + 4
+    assert "prefetch.tensor" not in gg.build_grouped(8192, 256, 2048, 4).ptx()
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ConfigError, match="warm must be an int") as e:
+            gg.build_grouped(256, 64, 64, 2, warm=bad)
+        assert str(e.value).startswith(f"{HERE}:")
+
+
+def test_warm_guess_matches_the_walk_for_uniform_groups():
+    """``uniform_guess`` (the tile ``warm`` prefetches) names, for every unit, the tile the
+    ``RaggedTiles`` order gives it when each group has ``M // G`` rows."""
+    for M, G, BM, BN, num_n in [(8192, 4, 128, 256, 1), (8192, 4, 128, 128, 2),
+                                (8192, 64, 128, 256, 16), (4096, 8, 64, 128, 3),
+                                (16384, 16, 128, 256, 32)]:
+        rows = M // G
+        walk = [(g, g * rows + mb * BM, nb * BN) for g in range(G) for nb in range(num_n)
+                for mb in range(-(-rows // BM))]
+        for t, want in enumerate(walk):
+            assert gg.uniform_guess(t, M=M, G=G, BM=BM, BN=BN, num_n=num_n) == want

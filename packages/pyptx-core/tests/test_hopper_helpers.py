@@ -141,6 +141,11 @@ TEXT = [
     (lambda e: tma.load_tile(e.r, e.rd, (e.s, e.r, 0, 0, -1), e.r, multicast_mask=e.h),
      ["cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes"
       ".multicast::cluster [%r0], [%rd0, {%ri0, %r0, 0, 0, -1}], [%r0], %us0;"]),
+    (lambda e: tma.prefetch_tile(e.rd, (e.s, 0)),
+     ["cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%rd0, {%ri0, 0}];"]),
+    (lambda e: tma.prefetch_tile(e.tmap, (1, e.s, 3), cache_hint=e.bd),
+     ["mov.u64 %rd1, tmap;", "cvta.param.u64 %rd2, %rd1;",
+      "cp.async.bulk.prefetch.tensor.3d.L2.global.tile.L2::cache_hint [%rd2, {1, %ri0, 3}], %bd0;"]),
     (lambda e: tma.store_tile(e.rd, (0, e.s), e.buf),
      ["cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%rd0, {0, %ri0}], [buf];"]),
     (lambda e: tma.store_tile(e.rd, (0, 0), ptx.addr(e.dyn, 128), cache_hint=e.bd),

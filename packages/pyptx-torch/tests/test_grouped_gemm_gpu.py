@@ -67,6 +67,10 @@ CASES = [
     # opt-in prefetch of the tensor maps and group ends (CANDIDATE_CONFIGS)
     ([0, 37, 130], 72, 100, dict(BM=128, BN=128, cluster=2, prefetch=True)),
     ([5, 0, 300, 1, 200, 0], 264, 200, dict(BM=64, BN=256, prefetch=True)),
+    # opt-in L2 prefetch of the guessed first tile (a hint: a wrong guess must not matter)
+    ([2048] * 4, 256, 2048, dict(BM=128, BN=128, cluster=2, prefetch=True, warm=32)),
+    ([5, 0, 300, 1, 200, 0], 264, 200, dict(BM=128, BN=128, cluster=2, warm=6)),
+    ([1000, 24, 0, 512], 512, 384, dict(BM=128, BN=128, warm=6)),
 ]
 
 

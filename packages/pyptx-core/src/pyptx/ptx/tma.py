@@ -41,7 +41,7 @@ from ._operands import (
     u32_or_imm,
 )
 
-__all__ = ["load_tile", "store_tile", "reduce_tile", "commit_group", "wait_group",
+__all__ = ["load_tile", "prefetch_tile", "store_tile", "reduce_tile", "commit_group", "wait_group",
            "prefetch_tensormap", "tensormap_ptr", "copy_bulk", "store_bulk", "cache_policy"]
 
 REDUCE_OPS = ("add", "min", "max", "inc", "dec", "and", "or", "xor")
@@ -164,6 +164,28 @@ def load_tile(dst_smem: Any, tensor_map: Any, coords: Any, bar: Any, *,
     if multicast_mask is not None:
         opcode += ".multicast::cluster"
         ops.append(_mask(multicast_mask, fn, trace))
+    if cache_hint is not None:
+        opcode += ".L2::cache_hint"
+        ops.append(_hint(cache_hint, fn, trace))
+    trace.inst(opcode, tuple(ops), g)
+
+
+def prefetch_tile(tensor_map: Any, coords: Any, *, cache_hint: Reg | None = None,
+                  pred: Any = None) -> None:
+    """Prefetch the tile a ``load_tile`` at ``coords`` would copy into L2 (a hint: no
+    shared memory, no mbarrier, nothing to wait for; out-of-bounds parts are skipped).
+
+    ``cp.async.bulk.prefetch.tensor.{N}d.L2.global.tile [tmap, {coords}];`` (N =
+    len(coords), 1..5); ``cache_hint`` adds ``.L2::cache_hint`` and its policy register.
+    """
+    fn = "ptx.tma.prefetch_tile"
+    trace = current()
+    require_arch(trace, fn)
+    g = guard(pred, fn, trace)
+    tmap = _tmap_reg(tensor_map, fn, trace, g)
+    n, vec = _coords(coords, fn, trace)
+    ops = [f"[{tmap.name}, {vec}]"]
+    opcode = f"cp.async.bulk.prefetch.tensor.{n}d.L2.global.tile"
     if cache_hint is not None:
         opcode += ".L2::cache_hint"
         ops.append(_hint(cache_hint, fn, trace))
