@@ -76,7 +76,7 @@ def _grouped_cases():
                           c.kwargs))
             cases.append((f"grouped/dgrad/{tag}", "grouped_gemm", "build_grouped", (M, K, N, G),
                           dict(b_major="K", **c.kwargs)))
-            if "l2_hint" not in c.kwargs:  # the dB kernel's list (WGRAD_CONFIGS) lacks it
+            if c in _mod("grouped_gemm").WGRAD_CONFIGS:  # the dB kernel's own list
                 cases.append((f"grouped/wgrad/{tag}", "grouped_gemm", "build_grouped_wgrad",
                               (M, K, N, G), c.kwargs))
     for name, kw in _mod("grouped_gemm").CANDIDATE_CONFIGS.items():
