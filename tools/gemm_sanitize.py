@@ -1,5 +1,7 @@
 """A small ragged GEMM for compute-sanitizer (memcheck, racecheck, synccheck): both
-cluster sizes, both B layouts, bias + activation, every output checked."""
+cluster sizes, both B layouts, bias + activation, every output checked; the opt-in ping-pong
+schedule too (several tiles per warpgroup on 4 SMs, so the hand-over and the ring's skips
+run)."""
 import sys
 from pathlib import Path
 
@@ -11,7 +13,9 @@ ROOT = Path(__file__).resolve().parents[1]
 gemm = load_module(ROOT / "examples/hopper/gemm.py", "gemm_example")
 
 bad = 0
-for cfg in (dict(cluster=1, BN=128), dict(cluster=2, BN=256)):
+for cfg in (dict(cluster=1, BN=128), dict(cluster=2, BN=256),
+            dict(cluster=2, BM=128, BN=128, schedule="pingpong"),
+            dict(cluster=1, BM=64, BN=256, schedule="pingpong", stages=3)):
     for tb in (False, True):
         M, N, K = 200, 328, 136
         a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)

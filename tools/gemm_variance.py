@@ -4,6 +4,7 @@ every round, so a configuration whose speed flips between runs (session 8: clust
 768 TFLOP/s at 8192^3 in one process and lost to cluster 1 in the tuner of another) shows it.
 
     python tools/gemm_variance.py 8192 8192x28672x8192 --dtype f16 --rounds 6
+    python tools/gemm_variance.py 4096 8192 --configs candidates   # CANDIDATE_CONFIGS
 """
 import argparse
 import json
@@ -25,15 +26,17 @@ p.add_argument("--configs", default='[{"cluster": 2}, {"cluster": 1}, {"cluster"
                '{"cluster": 1, "epilogue": "st"}]')
 a = p.parse_args()
 dt = {"bf16": torch.bfloat16, "f16": torch.float16}[a.dtype]
-configs = json.loads(a.configs)
+# "candidates": the example's CANDIDATE_CONFIGS (opt-in schedules under evaluation)
+configs = (dict(gemm.CANDIDATE_CONFIGS) if a.configs == "candidates"
+           else {json.dumps(c): c for c in json.loads(a.configs)})
 for s in a.shapes:
     M, N, K = (int(v) for v in s.split("x")) if "x" in s else (int(s),) * 3
     x = torch.randn(M, K, device="cuda", dtype=dt)
     w = torch.randn(K, N, device="cuda", dtype=dt)
     fl = 2.0 * M * N * K
     fns = {"cuBLAS": lambda x=x, w=w: torch.matmul(x, w)}
-    for c in configs:
-        fns[json.dumps(c)] = lambda c=c, x=x, w=w: gemm.matmul(x, w, config=c)
+    for name, c in configs.items():
+        fns[name] = lambda c=c, x=x, w=w: gemm.matmul(x, w, config=c)
     fns["default (tuned)"] = lambda x=x, w=w: gemm.matmul(x, w)
     ref = torch.matmul(x.float(), w.float())
     for name, fn in fns.items():

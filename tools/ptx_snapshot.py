@@ -45,6 +45,8 @@ def _gemm_cases():
              dict(activation="relu", bias=True, KB=152, NB=528)]
     for i, kw in enumerate(extra):
         cases.append((f"gemm/1000x520x136/extra{i}", "gemm", "build_gemm", (1000, 520, 136), kw))
+    for name, kw in _mod("gemm").CANDIDATE_CONFIGS.items():
+        cases.append((f"gemm/cand/{name}", "gemm", "build_gemm", (4096, 4096, 4096), kw))
     return cases
 
 

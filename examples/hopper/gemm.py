@@ -56,6 +56,8 @@ ACTIVATIONS = (None, "relu", "silu", "gelu_tanh")
 H100_SMS = 132
 SMEM_LIMIT = 227 * 1024 - 256  # less the static barriers
 EPI_BUFS = 2
+SCHEDULES = ("cooperative", "pingpong")
+ORDER_BAR = 3  # named barriers 3 and 4: the ping-pong hand-over (1, 2: the epilogues)
 
 
 def _dtype(name, what):
@@ -65,17 +67,19 @@ def _dtype(name, what):
     return table[name]
 
 
-def smem_bytes(BM, BN, BK, stages, out_bytes=2):
+def smem_bytes(BM, BN, BK, stages, out_bytes=2, consumers=None):
     """Dynamic shared memory of a configuration: the ring, the epilogue buffers (two
-    64-row by 128-byte slabs per consumer warpgroup) and 1024 bytes of alignment slack."""
-    return stages * (BM + BN) * BK * 2 + (BM // 64) * EPI_BUFS * 64 * 128 + 1024
+    64-row by 128-byte slabs per consumer warpgroup, ``BM // 64`` of them unless
+    ``consumers`` says otherwise) and 1024 bytes of alignment slack."""
+    consumers = BM // 64 if consumers is None else consumers
+    return stages * (BM + BN) * BK * 2 + consumers * EPI_BUFS * 64 * 128 + 1024
 
 
 def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_major="K",
                b_major="MN", BM=128, BN=256, BK=64, stages=None, cluster=2, group_m=8,
                num_sms=H100_SMS, bias=False, alpha=1.0, activation=None, KB=None, NB=None,
                multicast=True, split="rows", remote_sem="release.cta", wait_scope=None,
-               epilogue="stmatrix"):
+               epilogue="stmatrix", schedule="cooperative"):
     """The GEMM kernel for ``D[M, N] = A[M, K] @ B[K, N]``.
 
     Tensor arguments: A as ``(M, K)`` (``a_major="K"``) or ``(K, M)`` (``"MN"``), B as
@@ -94,6 +98,11 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
     ``epilogue``: how a 16-bit output tile reaches shared memory, ``"stmatrix"`` (one
     ``stmatrix.x4`` per four 8x8 blocks) or ``"st"`` (one ``st.shared.b32`` per column
     pair); an f32 output always uses ``st.shared.v2.f32``.
+    ``schedule``: ``"cooperative"`` (the consumer warpgroups split each ``BM x BN`` tile,
+    64 rows each) or ``"pingpong"`` (opt-in, not measured yet: two consumer warpgroups
+    take alternate ``BM x BN`` tiles, ``BM`` 64 or 128 with ``BM * BN <= 16384``, so one's
+    epilogue runs while the other's wgmma do; named barriers hand the main loop from one to
+    the other, which keeps every ring wait within one phase of its barrier).
     """
     dt = _dtype(dtype, "dtype")
     if dt is f32:
@@ -111,16 +120,26 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
         raise ConfigError(f"build_gemm: epilogue must be 'stmatrix' or 'st', got {epilogue!r}")
     if a_major not in ("K", "MN") or b_major not in ("K", "MN"):
         raise ConfigError("build_gemm: a_major and b_major must be 'K' or 'MN'")
+    if schedule not in SCHEDULES:
+        raise ConfigError(f"build_gemm: schedule must be one of {SCHEDULES}, got {schedule!r}")
+    pingpong = schedule == "pingpong"
+    if pingpong and (BM not in (64, 128) or BM * BN > 16384):
+        raise ConfigError(f"build_gemm: a ping-pong warpgroup holds a whole BM x BN tile: BM "
+                          f"64 or 128 and BM * BN <= 16384 (128 accumulator registers), got "
+                          f"{BM}x{BN}")
     KB = K if KB is None else KB
     multicast = multicast and cluster > 1
     NB = N if NB is None else NB
-    consumers = BM // 64
+    consumers = 2 if pingpong else BM // 64
+    bands = BM // 64 if pingpong else 1        # 64-row accumulators per consumer warpgroup
     threads = 128 * (1 + consumers)
     e_out = ot.bytes
     if stages is None:  # the deepest ring that fits beside the epilogue tiles
-        per_stage = smem_bytes(BM, BN, BK, 1) - smem_bytes(BM, BN, BK, 0)
-        stages = max(2, min(8, (SMEM_LIMIT - smem_bytes(BM, BN, BK, 0)) // per_stage))
-    smem_total = smem_bytes(BM, BN, BK, stages)
+        per_stage = smem_bytes(BM, BN, BK, 1, consumers=consumers) - \
+            smem_bytes(BM, BN, BK, 0, consumers=consumers)
+        stages = max(2, min(8, (SMEM_LIMIT - smem_bytes(BM, BN, BK, 0, consumers=consumers))
+                            // per_stage))
+    smem_total = smem_bytes(BM, BN, BK, stages, consumers=consumers)
     if smem_total > SMEM_LIMIT:
         raise ConfigError(f"build_gemm: {BM}x{BN}x{BK} with {stages} stages needs {smem_total} "
                           f"bytes of shared memory, over {SMEM_LIMIT}")
@@ -156,7 +175,8 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
 
     def body(A, B, Bias, D):
         base = ring_base()
-        pipe = Pipeline(stages, consumer_arrivals=consumers * (cluster if multicast else 1))
+        readers = 1 if pingpong else consumers    # warpgroups that read each stage
+        pipe = Pipeline(stages, consumer_arrivals=readers * (cluster if multicast else 1))
         tid, wg = thread_ids()
         rank, cid = prologue(pipe, tid, cluster)
 
@@ -177,14 +197,20 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
         t_wg = tid & 127
         leader = t_wg == 0
         bar_id = w + 1
-        acc = Accumulator(BN)
+        accs = [Accumulator(BN) for _ in range(bands)]
+        acc = accs[0]
         row0, col0 = acc.thread_origin(t_wg)
         lane = tid & 31
         cbuf = base + ring_bytes + w * wg_out_bytes
-        # this warpgroup's 64 rows of A
-        a_desc0 = a_tile.descriptor(base + w * a_tile.offset(0, 64) if consumers > 1 else base)
+        if pingpong:  # every 64-row band of the tile
+            a_descs = [a_tile.descriptor(base + h * a_tile.offset(0, 64) if h else base)
+                       for h in range(bands)]
+        else:  # this warpgroup's 64 rows of A
+            a_descs = [a_tile.descriptor(base + w * a_tile.offset(0, 64) if consumers > 1
+                                         else base)]
         b_desc0 = b_tile.descriptor(base, offset=a_bytes)
-        mma = RingMma(pipe, acc, a_tile, b_tile, a_desc0, b_desc0, stage_bytes, n=BN,
+        mma = RingMma(pipe, accs if bands > 1 else acc, a_tile, b_tile,
+                      a_descs if bands > 1 else a_descs[0], b_desc0, stage_bytes, n=BN,
                       dtype=dt.name, leader=leader, wait_scope=wait_scope,
                       cta_ranks=range(cluster) if multicast else None, sem=remote_sem)
         sw = swizzled_rows(cbuf, row0, lane, e_out)
@@ -201,19 +227,41 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
             (pbias,) = ptx.global_ptrs(Bias)
         d_map = ptx.tma.tensormap_ptr(D.tmap)
 
-        for t in ptx.loop(cid, tiles, clusters):
+        if pingpong:
+            # warpgroup w takes the CTA's tiles w, w + 2, ...: its ring position starts past
+            # the other's first tile, and it skips the other's k-blocks after each of its own
+            with ptx.if_(w == 1):
+                mma.cons.advance(num_kb)
+                mma.rel.advance(num_kb)
+            tile_loop = ptx.loop(cid + w * clusters, tiles, 2 * clusters)
+        else:
+            tile_loop = ptx.loop(cid, tiles, clusters)
+        for t in tile_loop:
             m0, n0 = tile_coords(t)
 
-            mma.run(num_kb)
+            if pingpong:
+                # the other warpgroup has issued its last k-block (not before the first tile)
+                ptx.bar_sync(ORDER_BAR + w, 256, pred=t >= cid + clusters)
+                mma.block(True)
+                for _kb in ptx.loop(1, num_kb):
+                    mma.block(False)
+                ptx.bar_arrive(ORDER_BAR + 1 - w, 256, pred=t + clusters < tiles)
+                mma.drain()
+                mma.cons.advance(num_kb)
+                mma.rel.advance(num_kb)
+            else:
+                mma.run(num_kb)
 
             # ------------------------------------------------------------ epilogue
             # one 64 x out_cols slab at a time through two buffers: the bulk store of
             # slab j-1 drains while slab j is written
             ncol = n0 + col0 if bias else None
-            mrow = m0 + w * 64
+            mrow = m0 if pingpong else m0 + w * 64
 
             def write(j, buf, ncol=ncol):
                 packs = {}
+                band, j = divmod(j, out_slabs)
+                acc = accs[band]
                 for i, dr, dc in acc.pairs():
                     if dc // out_cols != j:
                         continue
@@ -249,16 +297,20 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
                                      [packs[first], packs[first + 2], packs[first + 4],
                                       packs[first + 6]], num=4)
 
-            store_slabs(out_slabs, leader=leader, bar_id=bar_id, cbuf=cbuf, tmap=d_map,
-                        write=write, bufs=EPI_BUFS,
-                        coords=lambda j, n0=n0, mrow=mrow: (n0 + j * out_cols, mrow))
+            def coords(j, n0=n0, mrow=mrow):
+                band, j = divmod(j, out_slabs)
+                return n0 + j * out_cols, (mrow + band * 64 if band else mrow)
+
+            store_slabs(out_slabs * bands, leader=leader, bar_id=bar_id, cbuf=cbuf, tmap=d_map,
+                        write=write, bufs=EPI_BUFS, coords=coords)
         drain_stores(leader)
         roles.end()
         if cluster > 1:
             ptx.cluster_sync()
         ptx.ret()
 
-    name = f"gemm_{dt.name}_{ot.name}_{a_major}{b_major}_{BM}x{BN}x{BK}_s{stages}_c{cluster}"
+    name = (f"gemm_{dt.name}_{ot.name}_{a_major}{b_major}_{BM}x{BN}x{BK}_s{stages}_c{cluster}"
+            f"{'_pp' if pingpong else ''}")
     deco = kernel(in_specs=in_specs, out_specs=(Tile(M, N, ot),), grid=(ctas, 1, 1),
                   block=(threads, 1, 1), cluster=(cluster, 1, 1), smem=smem_total,
                   maxnreg=maxnreg, tma=tma, name=name)
@@ -308,6 +360,19 @@ GEMM_CONFIGS = [
 ]
 """The tile configurations the tuner times per shape; the first is the default when
 ``PYPTX_AUTOTUNE=0``."""
+
+# Opt-in configurations under evaluation, NOT in the tuned list (the tuner times configs but
+# does not check their results): tools/gemm_variance.py --configs candidates times them beside
+# the tuned default and cuBLAS after tests/test_gemm_gpu.py has checked the schedule.
+CANDIDATE_CONFIGS = {
+    # ping-pong: a warpgroup's epilogue runs under the other's main loop (the epilogue is
+    # ~4% of a 4096^3 tile); 128x128 tiles with B shared by a 2-CTA cluster, or without
+    "pingpong 128x128 c2": dict(schedule="pingpong", BM=128, BN=128, cluster=2),
+    "pingpong 128x128 c1": dict(schedule="pingpong", BM=128, BN=128, cluster=1),
+    # the cooperative 64x256 band per warpgroup, as ping-pong tiles
+    "pingpong 64x256 c2": dict(schedule="pingpong", BM=64, BN=256, cluster=2),
+}
+"""Opt-in ``build_gemm`` configurations under evaluation: name -> keywords."""
 
 gemm_tuned = autotune(GEMM_CONFIGS, key=["M", "N", "K", "dtype", "out_dtype", "a_major",
                                          "b_major", "bias", "activation", "KB", "NB"])(build_gemm)

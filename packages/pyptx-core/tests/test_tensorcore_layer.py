@@ -247,6 +247,38 @@ def test_pipeline_ring_in_the_simulator(sim, stages, rounds):
     np.testing.assert_allclose(y[64:], want, rtol=1e-5)
 
 
+@pytest.mark.parametrize("stages", [1, 2, 3, 5, 6])
+def test_pipeline_state_long_advance_matches_single_steps(sim, stages):
+    """``advance(n)`` for ``n > 1`` (closed form, at most seven instructions) lands on the
+    stage and phase of ``n`` single steps, from every start stage and phase (simulated)."""
+    steps = [2, 3, stages, stages + 1, 2 * stages, 2 * stages + 1, 64, 65, 127]
+    starts = [(s0, ph) for s0 in range(stages) for ph in (0, 1)]
+
+    @kernel(in_specs=(), out_specs=(Tile(len(starts) * len(steps) * 4, u32),), block=(32, 1, 1))
+    def k(Y):
+        (py,) = ptx.global_ptrs(Y)
+        tid = reg.from_(ptx.special.tid.x(), u32)
+        with ptx.if_(tid == 0):
+            from pyptx.pipeline import PipelineState
+
+            for i, ((s0, ph), n) in enumerate((st, n) for st in starts for n in steps):
+                fast, slow = PipelineState(stages, ph), PipelineState(stages, ph)
+                for st in (fast, slow):
+                    ptx.inst.mov.u32(st.stage, s0)
+                fast.advance(n)
+                for _ in range(n):
+                    slow.advance()
+                for j, r in enumerate((fast.stage, fast.phase, slow.stage, slow.phase)):
+                    ptx.inst.st.global_.u32(ptx.addr(py + (4 * i + j) * 4), r)
+        ptx.ret()
+
+    (y,) = sim.run(k.specialize(), [])
+    y = y.reshape(-1, 4)
+    np.testing.assert_array_equal(y[:, :2], y[:, 2:])
+    want = [((s0 + n) % stages, ph ^ ((s0 + n) // stages & 1)) for (s0, ph) in starts for n in steps]
+    np.testing.assert_array_equal(y[:, :2], np.array(want))
+
+
 def test_pipeline_wrong_phase_is_caught(sim):
     x = np.ones(2 * 64, np.float32)
     with pytest.raises(sim.SimError, match="deadlock|nothing wrote"):
@@ -292,6 +324,45 @@ def test_gemm_configs_assemble_without_spills(assemble):
         assert "wgmma.mma_async" in text and "setmaxnreg.inc" in text
         report = assemble(text)
         assert "0 bytes spill stores" in report, report
+
+
+@pytest.mark.parametrize("kw", [
+    dict(BM=128, BN=128, cluster=2), dict(BM=128, BN=128, cluster=1),
+    dict(BM=64, BN=256, cluster=2), dict(BM=128, BN=128, cluster=1, dtype="f16", out_dtype="f32",
+                                        bias=True, activation="silu"),
+])
+def test_gemm_pingpong_schedule(kw, assemble):
+    """``schedule="pingpong"``: two consumer warpgroups (384 threads), one wgmma per 64-row
+    band and k-step into its own accumulator, each stage released by one warpgroup, the
+    main loop handed over on named barriers 3/4 (a predicated ``bar.sync`` before it, a
+    predicated ``bar.arrive`` after the last k-block is issued and before the final wait),
+    the other warpgroup's k-blocks skipped in a few instructions; no spills, no wgmma
+    serialisation (C751x) at the default ring depth."""
+    gemm = _load("gemm")
+    k = gemm.build_gemm(4096, 4096, 4096, schedule="pingpong", **kw)
+    text = k.ptx()
+    assert k.block[0] == 384 and k.name.endswith("_pp")
+    bands = kw["BM"] // 64
+    n = kw["BN"]
+    body = text[text.index("setmaxnreg.inc"):]
+    assert body.count(f"wgmma.mma_async.sync.aligned.m64n{n}k16") == 2 * 4 * bands
+    lines = [ln.strip() for ln in body.splitlines()]
+    syncs = [i for i, ln in enumerate(lines) if ln.startswith("@") and " bar.sync" in ln]
+    arrives = [i for i, ln in enumerate(lines) if ln.startswith("@") and " bar.arrive" in ln]
+    waits0 = [i for i, ln in enumerate(lines) if ln == "wgmma.wait_group.sync.aligned 0;"]
+    assert len(syncs) == 1 and len(arrives) == 1 and syncs[0] < arrives[0] < waits0[0]
+    init = [ln for ln in text.splitlines() if "mbarrier.init" in ln]
+    assert any(ln.rstrip(";").endswith(f", {kw['cluster']}") for ln in init)  # one reader/CTA
+    log = assemble(text)
+    assert "0 bytes spill stores" in log and "(C751" not in log, log
+    stages = int(k.name.split("_s")[1].split("_")[0])
+    assert gemm.smem_bytes(kw["BM"], n, 64, stages, consumers=2) <= gemm.SMEM_LIMIT
+    from pyptx.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="ping-pong warpgroup holds a whole"):
+        gemm.build_gemm(4096, 4096, 4096, schedule="pingpong", BM=128, BN=256)
+    with pytest.raises(ConfigError, match="schedule must be one of"):
+        gemm.build_gemm(4096, 4096, 4096, schedule="stream-k")
 
 
 def test_gemm_builder_refuses_bad_configurations():

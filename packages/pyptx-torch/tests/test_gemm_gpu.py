@@ -77,6 +77,13 @@ CASES = [
     (4095, 4097, 4100, False, True, None),
     (128, 8192, 1024, False, True, None),
     (2048, 2048, 2048, False, False, dict(BM=64, BN=256, cluster=1)),
+    # opt-in ping-pong schedule (CANDIDATE_CONFIGS): few SMs, so each warpgroup takes
+    # several tiles (odd and even counts), hands the main loop over and skips ring stages
+    (777, 1500, 1000, False, False, dict(schedule="pingpong", BM=128, BN=128, num_sms=8)),
+    (4095, 4097, 4100, False, True, dict(schedule="pingpong", BM=128, BN=128, cluster=1)),
+    (1000, 520, 136, True, True, dict(schedule="pingpong", BM=128, BN=128, num_sms=6, stages=2)),
+    (300, 700, 200, False, False, dict(schedule="pingpong", BM=64, BN=256, cluster=1, num_sms=3)),
+    (129, 65, 1, False, False, dict(schedule="pingpong", BM=128, BN=128)),
 ]
 
 
@@ -102,6 +109,20 @@ def test_gemm_epilogue(activation, out):
     ref = gemm.reference(a, b, bias=bias, alpha=0.25, activation=activation)
     assert d.dtype == (torch.float32 if out == "f32" else torch.bfloat16)
     assert rel_err(d, ref) < (2e-3 if activation else TOL[out])
+
+
+def test_gemm_pingpong_epilogue():
+    """The ping-pong schedule's epilogue: both 64-row bands of a warpgroup's tile get bias,
+    scale and activation, f32 and 16-bit outputs."""
+    M, N, K = 333, 520, 272
+    a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(N, K, device="cuda", dtype=torch.bfloat16).T
+    bias = torch.randn(N, device="cuda", dtype=torch.float32)
+    ref = gemm.reference(a, b, bias=bias, alpha=0.25, activation="silu")
+    for out in ("f32", "bf16"):
+        d = gemm.matmul(a, b, bias=bias, alpha=0.25, activation="silu", out_dtype=out,
+                        config=dict(schedule="pingpong", BM=128, BN=128, num_sms=2))
+        assert rel_err(d, ref) < 2e-3
 
 
 def test_gemm_on_a_thread_with_no_current_context():

@@ -104,18 +104,32 @@ class PipelineState:
         self.phase = scalar(u32, init=phase)
 
     def advance(self, steps: int = 1) -> None:
-        """Move ``steps`` stages on, flipping the phase at each wrap."""
+        """Move ``steps`` stages on, flipping the phase at each wrap. One step is the five
+        instructions above; more steps (e.g. a ping-pong consumer skipping the other
+        warpgroup's k-blocks) cost at most seven, whatever ``steps`` is."""
         trace = current()
         _count(steps, "steps")
-        for _ in range(steps):
-            s, ph = self.stage.name, self.phase.name
-            p = Reg(trace.new_reg_name(pred), pred, trace)
-            t = Reg(trace.new_reg_name(u32), u32, trace)
+        s, ph = self.stage.name, self.phase.name
+        p = Reg(trace.new_reg_name(pred), pred, trace)
+        t = Reg(trace.new_reg_name(u32), u32, trace)
+        if steps == 1:
             trace.inst("add.u32", (s, s, "1"))
             trace.inst("setp.eq.u32", (p.name, s, str(self.stages)))
             trace.inst("selp.u32", (s, "0", s, p.name))
             trace.inst("selp.u32", (t.name, "1", "0", p.name))
             trace.inst("xor.b32", (ph, ph, t.name))
+            return
+        laps, rest = divmod(steps, self.stages)
+        if rest:  # stage + rest wraps at most once
+            w = Reg(trace.new_reg_name(u32), u32, trace)
+            trace.inst("add.u32", (s, s, str(rest)))
+            trace.inst("setp.ge.u32", (p.name, s, str(self.stages)))
+            trace.inst("sub.u32", (w.name, s, str(self.stages)))
+            trace.inst("selp.u32", (s, w.name, s, p.name))
+            trace.inst("selp.u32", (t.name, str(1 ^ (laps & 1)), str(laps & 1), p.name))
+            trace.inst("xor.b32", (ph, ph, t.name))
+        elif laps & 1:
+            trace.inst("xor.b32", (ph, ph, "1"))
 
     def __repr__(self) -> str:
         return f"PipelineState({self.stages} stages: {self.stage.name}, phase {self.phase.name})"

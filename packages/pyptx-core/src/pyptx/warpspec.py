@@ -27,6 +27,8 @@ from __future__ import annotations
 from typing import Any
 
 from pyptx import ptx, reg, smem
+from pyptx.errors import OperandError
+from pyptx.source import where
 from pyptx.types import u32, u64
 
 __all__ = ["ring_base", "thread_ids", "prologue", "Roles", "min_u32", "grouped_tile_origin",
@@ -162,14 +164,22 @@ class RingMma:
     issues its wgmma into ``acc`` (``n`` columns, ``dtype`` operands; descriptors
     ``a_desc0``/``b_desc0`` of stage 0, stages ``stage_bytes`` apart) and keeps one group
     in flight: the previous stage is released (by ``leader``) once this one is issued.
-    ``wait_scope``: the acquire scope of the stage waits; ``release``: ``Pipeline.release``
-    keywords (``cta_ranks``, ``sem``). Creates the consumer's two ring states."""
+    ``acc`` and ``a_desc0`` may also be equal-length sequences: one wgmma per accumulator
+    and k-step, each with its own A descriptor (a warpgroup that owns 64-row bands of a
+    taller tile). ``wait_scope``: the acquire scope of the stage waits; ``release``:
+    ``Pipeline.release`` keywords (``cta_ranks``, ``sem``). Creates the consumer's two
+    ring states."""
 
     def __init__(self, pipe: Any, acc: Any, a_tile: Any, b_tile: Any, a_desc0: Any,
                  b_desc0: Any, stage_bytes: int, *, n: int, dtype: str, leader: Any,
                  wait_scope: str | None = None, **release: Any):
         self.pipe, self.acc, self.a_tile, self.b_tile = pipe, acc, a_tile, b_tile
         self.a_desc0, self.b_desc0, self.stage_bytes = a_desc0, b_desc0, stage_bytes
+        many = isinstance(acc, (list, tuple))
+        self.bands = list(zip(acc, a_desc0)) if many else [(acc, a_desc0)]
+        if many and len(acc) != len(a_desc0):
+            raise OperandError(f"{where()}: RingMma takes one A descriptor per accumulator, got "
+                               f"{len(a_desc0)} for {len(acc)}")
         self.n, self.dtype, self.leader = n, dtype, leader
         self.wait_scope, self.release_kw = wait_scope, release
         self.cons = pipe.consumer_state()
@@ -182,14 +192,15 @@ class RingMma:
         if before_mma is not None:
             before_mma()
         soff = reg.from_(reg.from_(self.cons.stage * (self.stage_bytes >> 4), u32), u64)
-        da = self.a_desc0 + soff
+        das = [d0 + soff for _, d0 in self.bands]
         db = self.b_desc0 + soff
         a, b = self.a_tile, self.b_tile
         ptx.wgmma.fence()
         for kk in range(a.k_steps):
-            ptx.wgmma.mma_async(self.acc.regs, a.advance(da, kk), b.advance(db, kk), n=self.n,
-                                dtype_ab=self.dtype, scale_d=0 if first and kk == 0 else 1,
-                                trans_a=a.trans, trans_b=b.trans)
+            for (acc, _), da in zip(self.bands, das):
+                ptx.wgmma.mma_async(acc.regs, a.advance(da, kk), b.advance(db, kk), n=self.n,
+                                    dtype_ab=self.dtype, scale_d=0 if first and kk == 0 else 1,
+                                    trans_a=a.trans, trans_b=b.trans)
         ptx.wgmma.commit_group()
         if not first:
             ptx.wgmma.wait_group(1)
