@@ -31,7 +31,9 @@ CONFIGS = [dict(BM=128, BN=128, num_sms=4), dict(BM=64, BN=64, num_sms=2, store=
            # the opt-in L2 hints and split weight gradient (3 splits: runs of the 37-row group empty)
            dict(BM=128, BN=128, num_sms=4, l2_hint="stream_b", wgrad_splits=3, wgrad_BM=64, wgrad_BN=64,
                 wgrad_num_sms=3),
-           dict(BM=128, BN=128, num_sms=4, cluster=2)]  # 2-CTA clusters sharing A
+           dict(BM=128, BN=128, num_sms=4, cluster=2),  # 2-CTA clusters sharing A
+           # opt-in prefetches: tensor maps + group ends, L2 prefetch of a guessed first tile
+           dict(BM=128, BN=128, num_sms=4, cluster=2, prefetch=True, warm=4)]
 if len(sys.argv) > 1 and sys.argv[1] == "--defaults":  # the configurations measured before
     CONFIGS = CONFIGS[:2]
 for cfg in CONFIGS:
