@@ -58,6 +58,7 @@ from pyptx.errors import ConfigError, PyptxError
 from pyptx.fragment import Accumulator
 from pyptx.operand import OperandTile
 from pyptx.pipeline import BarrierArray, Pipeline
+from pyptx.source import where_outside
 from pyptx.types import b32, f16, f32, pred, s32, u32, u64
 from pyptx.types import bf16 as t_bf16
 from pyptx.warpspec import Roles, ring_base, thread_ids
@@ -80,13 +81,8 @@ RESCALE_THRESHOLD = 8.0
 
 def _fail(msg):
     """A ``ConfigError`` whose message starts with the ``file:line`` of the first caller
-    outside this example (the user's call)."""
-    f = sys._getframe(1)
-    here = os.path.abspath(__file__)
-    while f is not None and os.path.abspath(f.f_code.co_filename) == here:
-        f = f.f_back
-    at = f"{f.f_code.co_filename}:{f.f_lineno}" if f is not None else "<unknown>"
-    return ConfigError(f"{at}: {msg}")
+    outside this example and pyptx (the user's call)."""
+    return ConfigError(f"{where_outside(__file__)}: {msg}")
 
 
 def _dtype(name):

@@ -45,6 +45,7 @@ from pyptx.errors import ConfigError
 from pyptx.fragment import Accumulator
 from pyptx.operand import OperandTile
 from pyptx.pipeline import Pipeline
+from pyptx.source import where_outside
 from pyptx.types import b32, bf16, f32, s32, u32, u64
 from pyptx.warpspec import (
     SLAB_BYTES,
@@ -69,13 +70,7 @@ MAX_SPLITS = 8
 def _error(msg):
     """A ``ConfigError`` whose message starts with the ``file:line`` of the first caller
     outside this example and pyptx."""
-    from pyptx.source import _is_internal
-
-    f = sys._getframe(1)
-    while f is not None and (f.f_code.co_filename == __file__ or _is_internal(f.f_code.co_filename)):
-        f = f.f_back
-    at = f"{f.f_code.co_filename}:{f.f_lineno}" if f is not None else "<unknown>:0"
-    return ConfigError(f"{at}: {msg}")
+    return ConfigError(f"{where_outside(__file__)}: {msg}")
 
 
 def _out_type(name):

@@ -13,19 +13,25 @@ through ``pyptx.differentiable_kernel``. Shared machinery: ``pyptx.rows``.
 from pyptx import Tile, kernel, ptx, reg
 from pyptx import rows as rw
 from pyptx.autotune import Config, autotune
+from pyptx.errors import ConfigError
+from pyptx.source import where_outside
 from pyptx.types import f32, u32
 
 #: The variants ``build_layer_norm(B, N, dtype)`` chooses from, per shape and device
 #: (``pyptx.autotune``): the one-row kernel (the planner's shape first: the choice when
 #: tuning is off) and every other chunks per thread, each with and without PDL,
-#: persistent at two CTAs per SM of an H100 (264 CTAs; one per SM never won a cell), and the
-#: TMA ring at two CTAs per SM.
+#: persistent at two CTAs per SM of an H100 (264 CTAs; one per SM never won a cell), the
+#: TMA ring at two CTAs per SM, and the one-pass (``welford``) one-row kernel at the shapes
+#: short rows lose with two all-reduces (256 x 4096: 0.94x Triton in session 11; the tuner
+#: skips it where N leaves a partial chunk or it spills).
 LAYER_NORM_CONFIGS = [
     Config(), Config(chunks=1), Config(chunks=2), Config(chunks=8), Config(pdl=False),
     Config(chunks=1, pdl=False), Config(chunks=2, pdl=False), Config(chunks=8, pdl=False),
     Config(ctas=264, pdl=False),
     Config(ctas=264, stages=3), Config(ctas=264, stages=4),
     Config(ctas=264, stages=4, bulk_store=True),
+    Config(welford=True), Config(welford=True, pdl=False), Config(welford=True, chunks=8),
+    Config(welford=True, chunks=1, pdl=False),
 ]
 
 
@@ -33,7 +39,7 @@ LAYER_NORM_CONFIGS = [
 def build_layer_norm(B: int, N: int, dtype=f32, eps: float = 1e-5, *, chunks=None,
                      threads=None, rows=None, ctas=None, stages=None, bulk_store=False,
                      maxnreg=None, pdl=True, l2_load="", l2_store="", store_cache="",
-                     pdl_prefetch=True, load_cache=""):
+                     pdl_prefetch=True, load_cache="", welford=False):
     """LayerNorm over the last dim of ``X (B, N)`` with ``W (N,)``, ``Bias (N,)``, all in ``dtype``.
 
     f32 or bf16 storage, f32 arithmetic. Algorithm: load the row's chunks
@@ -43,8 +49,14 @@ def build_layer_norm(B: int, N: int, dtype=f32, eps: float = 1e-5, *, chunks=Non
     rsqrt.approx(var + eps)``, write ``d * rstd * w + b``. Launch shape from
     ``pyptx.rows.plan_rows`` (``chunks``/``threads``/``rows`` override it).
 
+    ``welford=True`` (one-row kernel, ``N`` a multiple of the row's threads times their
+    vector width): one all-reduce instead of two. Each thread takes the mean and the squared
+    deviations of its own values, and ``Rows.reduce_moments`` merges the (mean, m2) pairs
+    over the row (Chan et al.'s pairwise update: as stable as the second pass it replaces),
+    which takes one shuffle chain and one ``bar.sync`` off the critical path of short rows.
+
     Called without any of the variant keywords (``chunks``, ``ctas``, ``stages``,
-    ``bulk_store``, ``pdl``), it returns a ``pyptx.autotune.TunedKernel``: at its first
+    ``bulk_store``, ``pdl``, ``welford``), it returns a ``pyptx.autotune.TunedKernel``: at its first
     launch on a device it times the ``LAYER_NORM_CONFIGS`` that build, assemble and do
     not spill, on the call's arguments, and keeps the fastest (on disk too). With any of
     them it builds exactly that variant.
@@ -83,6 +95,9 @@ def build_layer_norm(B: int, N: int, dtype=f32, eps: float = 1e-5, *, chunks=Non
     dt = rw.dtype_of(dtype, who)
     hints = rw.Hints(l2_load=l2_load, l2_store=l2_store, store=store_cache,
                      pdl_prefetch=pdl_prefetch, load=load_cache)
+    if welford and (stages is not None or ctas is not None):
+        raise ConfigError(f"{where_outside(__file__)}: {who}: welford=True is a variant of the one-row kernel; "
+                          f"drop ctas/stages")
     if stages is not None:
         return _layer_norm_ring(B, N, dt, eps, ctas, stages, maxnreg, pdl, bulk_store, hints,
                                 chunks=chunks, threads=threads)
@@ -90,19 +105,24 @@ def build_layer_norm(B: int, N: int, dtype=f32, eps: float = 1e-5, *, chunks=Non
         return _layer_norm_persistent(B, N, dt, eps, ctas, maxnreg, hints, chunks=chunks,
                                       threads=threads, rows=rows, pdl=pdl)
     plan = rw.plan_rows(B, N, dt, who=who, chunks=chunks, threads=threads, rows=rows)
+    if welford and plan.tail_threads != plan.threads:
+        raise ConfigError(f"{where_outside(__file__)}: {who}: welford=True needs every thread to hold the same "
+                          f"number of values; N={N} leaves a partial last chunk "
+                          f"({plan.describe()})")
     prefetch = plan.elems <= 16
     if maxnreg is None and plan.threads >= 128:
         # With .maxnreg 64 ptxas keeps the w/b loads ahead of the second reduction; without
         # it, it settles on 40-48 registers and issues them after: 2483 -> 2829 GB/s (f32
         # 2048x8192, H100). Rows of fewer threads pack many rows per CTA and could spill.
-        maxnreg = 64
+        # The one-pass merge holds a few more values: 32 per thread spill 12-16 bytes at 64.
+        maxnreg = 72 if welford and plan.elems > 16 else 64
 
     @kernel(
         in_specs=(Tile(B, N, dt), Tile(N, dt), Tile(N, dt)),
         out_specs=(Tile(B, N, dt),),
         grid=plan.grid,
         block=plan.block,
-        name=f"layer_norm_{dt.name}",
+        name=f"layer_norm_{dt.name}{'_welford' if welford else ''}",
         maxnreg=maxnreg,
         pdl=pdl,
     )
@@ -121,13 +141,22 @@ def build_layer_norm(B: int, N: int, dtype=f32, eps: float = 1e-5, *, chunks=Non
             w = io.load(pwt, cache=rw.KEEP)
             b = io.load(pbt, cache=rw.KEEP)
         s = rw.tree(x, "add")
-        io.reduce([s])
-        nmean = reg.scalar(f32)
-        ptx.inst.mul.f32(nmean, s, -1.0 / N)
-        d = io.tail_mask([v + nmean for v in x])
-        v = rw.dot(d, d)
-        io.reduce([v])
-        rstd = rw.rstd(v, N, eps)
+        if welford:  # the thread's own mean and m2, then one merge over the row
+            mean = reg.scalar(f32)
+            ptx.inst.mul.f32(mean, s, 1.0 / plan.elems)
+            own = [v - mean for v in x]
+            m2 = rw.dot(own, own)
+            io.reduce_moments(mean, m2, plan.elems)
+            d = [v - mean for v in x]
+            rstd = rw.rstd(m2, N, eps)
+        else:
+            io.reduce([s])
+            nmean = reg.scalar(f32)
+            ptx.inst.mul.f32(nmean, s, -1.0 / N)
+            d = io.tail_mask([v + nmean for v in x])
+            v = rw.dot(d, d)
+            io.reduce([v])
+            rstd = rw.rstd(v, N, eps)
         y = []
         for j in range(plan.chunks):
             sl = slice(j * plan.vec, (j + 1) * plan.vec)

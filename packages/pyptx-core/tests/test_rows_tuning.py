@@ -101,7 +101,7 @@ def test_every_config_builds_and_assembles_without_spills(mods, op, dt):
             seen[ident] = c
             assert _ptxas_verdict(specs) is None, (op, dt, B, N, c)
         # the tuner times a handful per cell, not dozens: tuning stays a few seconds
-        assert 6 <= len(seen) <= 14, (op, dt, B, N, len(seen))
+        assert 6 <= len(seen) <= 16, (op, dt, B, N, len(seen))
 
 
 def test_lists_keep_the_planner_default_first(mods):

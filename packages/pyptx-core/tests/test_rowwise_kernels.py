@@ -245,6 +245,46 @@ def check_forward_in_simulator(sim, B, N, dt, **kw):
 
 
 @pytest.mark.parametrize("dt", DTS)
+@pytest.mark.parametrize("B,N,kw", [
+    (5, 4096, {}), (3, 4096, dict(chunks=1, pdl=False)), (2, 8192, dict(chunks=8)),
+    (130, 24, {}),             # 6 threads per row, many rows per CTA, ragged B
+    (9, 256, dict(chunks=2)),  # 32 threads per row: no shared-memory pass
+    (4, 96 * 8, {}),           # 24 threads per row (a non-power-of-two warp share)
+    (3, 1280, dict(threads=160, chunks=2)),  # 5 warps: an uneven merge tree
+])
+def test_layer_norm_welford_in_simulator(sim, B, N, kw, dt):
+    """``welford=True``: one all-reduce of (mean, m2) pairs gives the two-pass result, also
+    for rows offset far from zero (where a one-pass sum of squares would cancel)."""
+    rng = np.random.default_rng(B * 31 + N)
+    for offset in (0.3, 300.0):
+        x = to_dev(sim, rng.standard_normal((B, N)) * 2 + offset, dt)
+        w = to_dev(sim, rng.standard_normal(N) * 0.1 + 1, dt)
+        b = to_dev(sim, rng.standard_normal(N) * 0.1, dt)
+        x64, w64, b64 = (f64(a, dt) for a in (x, w, b))
+        k = forward_builders()["layer_norm"](B, N, dt, welford=True, **kw)
+        assert "_welford" in k.name
+        (y,) = sim.run(k.specialize(), [x, w, b])
+        mu = x64.mean(-1, keepdims=True)
+        ref = (x64 - mu) / np.sqrt(((x64 - mu) ** 2).mean(-1, keepdims=True) + 1e-5) * w64 + b64
+        tol = SIM_TOL[dt] if offset < 1 else {"f32": 2e-5, "bf16": 1e-2}[dt]
+        assert rel(f64(y, dt), ref) < tol, (offset, k.plan.describe())
+
+
+def test_layer_norm_welford_refusals():
+    """``welford=True`` needs equal values per thread and the one-row kernel: a partial last
+    chunk or a persistent / ring variant is refused at the caller's line."""
+    from pyptx.errors import ConfigError
+
+    ln = forward_builders()["layer_norm"]
+    with pytest.raises(ConfigError, match="same number of values") as e:
+        ln(2, 4097, "f32", welford=True)
+    assert str(e.value).startswith(f"{Path(__file__).resolve()}:"), str(e.value)
+    with pytest.raises(ConfigError, match="variant of the one-row kernel") as e:
+        ln(2, 4096, "f32", welford=True, ctas=2)
+    assert str(e.value).startswith(f"{Path(__file__).resolve()}:"), str(e.value)
+
+
+@pytest.mark.parametrize("dt", DTS)
 @pytest.mark.parametrize("B,N,ctas", [(5, 7, None), (4, 33, 2), (7, 1000, 2), (2, 4097, None),
                                       (9, 8192, 4), (300, 64, None)])
 def test_backward_numerics_in_simulator(sim, B, N, ctas, dt):

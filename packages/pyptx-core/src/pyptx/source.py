@@ -92,6 +92,20 @@ def fmt_loc(loc: Loc | None) -> str:
     return f"{loc[0]}:{loc[1]}"
 
 
+def where_outside(path: str) -> str:
+    """``file:line`` of the nearest caller outside pyptx and outside the file ``path`` (a
+    kernel library's own module, e.g. an example's ``__file__``): the user's call into a
+    kernel builder, for the library's error messages."""
+    import os
+
+    here = os.path.abspath(path)
+    f: FrameType | None = sys._getframe(1)
+    while f is not None and (os.path.abspath(f.f_code.co_filename) == here
+                             or _is_internal(f.f_code.co_filename)):
+        f = f.f_back
+    return "<unknown>:0" if f is None else f"{f.f_code.co_filename}:{f.f_lineno}"
+
+
 def where(skip: int = 2) -> str:
     """``file:line`` of the user's code that called into pyptx (for error messages)."""
     return fmt_loc(user_loc(skip))

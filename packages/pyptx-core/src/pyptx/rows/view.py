@@ -14,6 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from .. import ptx, reg, smem
+from ..errors import ConfigError
+from ..source import where
 from ..types import PtxType, f32, u32, u64
 from .access import KEEP, Hints, load_raw_vec, load_vec, store_vec, unpack
 from .arith import NEG_INF
@@ -259,6 +261,76 @@ class Rows:
                 ptx.inst(f"{op}.f32")(acc, acc, parts[i][w])
             ptx.inst.mov.f32(v, acc)
         return vals
+
+    def reduce_moments(self, mean: Any, m2: Any, count: int) -> tuple[Any, Any]:
+        """All-reduce a thread's moments over the row, in one pass: ``mean`` and ``m2`` (the
+        sum of squared deviations from ``mean``) of its ``count`` values become the row's.
+
+        Equal-weight groups merge as ``mean = (ma + mb) / 2``, ``m2 = m2a + m2b + d*d*c/2``
+        (``d = mb - ma``, ``c`` the values per side; Chan et al.'s pairwise update, stable
+        like a second pass over ``x - mean``): log2(min(G, 32)) rounds of two shuffles, then
+        for G > 32 one ``bar.sync`` and a merge tree over the warps' pairs in shared memory.
+        The row's threads must hold ``count`` values each (no masked tail: ``RowPlan``'s
+        ``tail_threads == threads``). Every thread computes the same bits."""
+        p = self.p
+        if p.tail_threads != p.threads:
+            raise ConfigError(
+                f"{where()}: reduce_moments needs every thread of a row to hold the same "
+                f"number of values; N={p.N} leaves a partial last chunk "
+                f"({p.tail_threads} of {p.threads} threads)")
+        width = min(p.threads, WARP)
+        clamp = ((WARP - width) << 8) | 0x1F
+        c, off = count, width // 2
+        while off:
+            om, o2 = reg.scalar(f32), reg.scalar(f32)
+            ptx.inst.shfl.sync.bfly.b32(om, mean, off, clamp, 0xFFFFFFFF)
+            ptx.inst.shfl.sync.bfly.b32(o2, m2, off, clamp, 0xFFFFFFFF)
+            self._merge(mean, m2, om, o2, c, c)
+            c, off = 2 * c, off // 2
+        if p.threads <= WARP:
+            return mean, m2
+        W = p.threads // WARP
+        buf = smem.alloc(f32, p.rows * W * 2, name="red")
+        base = buf.addr()
+        if p.rows > 1:
+            base = base + self.g * (W * 8)
+        slot = base + (self.t >> 5) * 8
+        first = (self.t & 31) == 0
+        ptx.inst.st.shared.f32(ptx.addr(slot, 0), mean, pred=first)
+        ptx.inst.st.shared.f32(ptx.addr(slot, 4), m2, pred=first)
+        ptx.bar_sync(0)
+        parts = []
+        for w in range(W):
+            pm, p2 = reg.scalar(f32), reg.scalar(f32)
+            ptx.inst.ld.shared.f32(pm, ptx.addr(base, w * 8))
+            ptx.inst.ld.shared.f32(p2, ptx.addr(base, w * 8 + 4))
+            parts.append((pm, p2, c))
+        while len(parts) > 1:  # a pairwise tree, the same in every thread
+            nxt = []
+            for i in range(0, len(parts) - 1, 2):
+                (am, a2, na), (bm, b2, nb) = parts[i], parts[i + 1]
+                self._merge(am, a2, bm, b2, na, nb)
+                nxt.append((am, a2, na + nb))
+            if len(parts) % 2:
+                nxt.append(parts[-1])
+            parts = nxt
+        ptx.inst.mov.f32(mean, parts[0][0])
+        ptx.inst.mov.f32(m2, parts[0][1])
+        return mean, m2
+
+    @staticmethod
+    def _merge(am: Any, a2: Any, bm: Any, b2: Any, na: int, nb: int) -> None:
+        """``(am, a2)`` becomes the moments of both groups (``na`` and ``nb`` values)."""
+        d, s2, dw = reg.scalar(f32), reg.scalar(f32), reg.scalar(f32)
+        ptx.inst.sub.f32(d, bm, am)
+        ptx.inst.add.f32(s2, a2, b2)
+        ptx.inst.mul.f32(dw, d, na * nb / (na + nb))
+        if na == nb:  # symmetric in a and b: both partners get the same bits
+            ptx.inst.add.f32(am, am, bm)
+            ptx.inst.mul.f32(am, am, 0.5)
+        else:
+            ptx.inst.fma.rn.f32(am, d, nb / (na + nb), am)
+        ptx.inst.fma.rn.f32(a2, d, dw, s2)
 
     def _combine_in_lanes(self, vals: list, op: str, base: Any, lane: Any, W: int) -> list:
         """``reduce(lanes=True)`` after the barrier: lane ``l`` loads partial ``l mod Wp``
