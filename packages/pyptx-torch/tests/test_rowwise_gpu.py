@@ -102,6 +102,19 @@ def test_rms_norm(B, N, dt):
 
 
 @pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("B,N,kw", [(256, 4096, {}), (256, 4096, dict(chunks=1, pdl=False)),
+                                    (2048, 8192, dict(chunks=8)), (130, 24, {}), (9, 256, {})])
+def test_layer_norm_welford(B, N, kw, dt):
+    """The one-pass variant (one all-reduce of (mean, m2) pairs) of the tuned list."""
+    k = load("layer_norm").build_layer_norm(B, N, dt, welford=True, **kw)
+    x = rand(B, N, dt=dt, scale=2, shift=40.0)
+    w, b = rand(N, dt=dt, scale=0.1, shift=1.0), rand(N, dt=dt, scale=0.1)
+    y = k(x, w, b)
+    ref = torch.nn.functional.layer_norm(x.double(), (N,), w.double(), b.double(), 1e-5)
+    assert rel_err(y, ref) < (2e-5 if dt == "f32" else TOL[dt])
+
+
+@pytest.mark.parametrize("dt", DTYPES)
 @pytest.mark.parametrize("B,N", SIZES)
 def test_layer_norm(B, N, dt):
     k = load("layer_norm").build_layer_norm(B, N, dt)
