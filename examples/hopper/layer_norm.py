@@ -30,8 +30,8 @@ LAYER_NORM_CONFIGS = [
     Config(ctas=264, pdl=False),
     Config(ctas=264, stages=3), Config(ctas=264, stages=4),
     Config(ctas=264, stages=4, bulk_store=True),
-    Config(welford=True), Config(welford=True, pdl=False), Config(welford=True, chunks=8),
-    Config(welford=True, chunks=1, pdl=False),
+    Config(welford=True), Config(welford=True, pdl=False),
+    Config(welford=True, chunks=1, pdl=False), Config(welford=True, ctas=264, pdl=False),
 ]
 
 
@@ -49,8 +49,8 @@ def build_layer_norm(B: int, N: int, dtype=f32, eps: float = 1e-5, *, chunks=Non
     rsqrt.approx(var + eps)``, write ``d * rstd * w + b``. Launch shape from
     ``pyptx.rows.plan_rows`` (``chunks``/``threads``/``rows`` override it).
 
-    ``welford=True`` (one-row kernel, ``N`` a multiple of the row's threads times their
-    vector width): one all-reduce instead of two. Each thread takes the mean and the squared
+    ``welford=True`` (one-row or persistent kernel, ``N`` a multiple of the row's threads
+    times their vector width): one all-reduce instead of two. Each thread takes the mean and the squared
     deviations of its own values, and ``Rows.reduce_moments`` merges the (mean, m2) pairs
     over the row (Chan et al.'s pairwise update: as stable as the second pass it replaces),
     which takes one shuffle chain and one ``bar.sync`` off the critical path of short rows.
@@ -95,15 +95,15 @@ def build_layer_norm(B: int, N: int, dtype=f32, eps: float = 1e-5, *, chunks=Non
     dt = rw.dtype_of(dtype, who)
     hints = rw.Hints(l2_load=l2_load, l2_store=l2_store, store=store_cache,
                      pdl_prefetch=pdl_prefetch, load=load_cache)
-    if welford and (stages is not None or ctas is not None):
-        raise ConfigError(f"{where_outside(__file__)}: {who}: welford=True is a variant of the one-row kernel; "
-                          f"drop ctas/stages")
+    if welford and stages is not None:
+        raise ConfigError(f"{where_outside(__file__)}: {who}: welford=True is a variant of the "
+                          f"one-row and persistent kernels; drop stages")
     if stages is not None:
         return _layer_norm_ring(B, N, dt, eps, ctas, stages, maxnreg, pdl, bulk_store, hints,
                                 chunks=chunks, threads=threads)
     if ctas is not None:
         return _layer_norm_persistent(B, N, dt, eps, ctas, maxnreg, hints, chunks=chunks,
-                                      threads=threads, rows=rows, pdl=pdl)
+                                      threads=threads, rows=rows, pdl=pdl, welford=welford)
     plan = rw.plan_rows(B, N, dt, who=who, chunks=chunks, threads=threads, rows=rows)
     if welford and plan.tail_threads != plan.threads:
         raise ConfigError(f"{where_outside(__file__)}: {who}: welford=True needs every thread to hold the same "
@@ -231,19 +231,24 @@ def _layer_norm_ring(B, N, dt, eps, ctas, stages, maxnreg, pdl, bulk_store, hint
     return layer_norm_ring
 
 
-def _layer_norm_persistent(B, N, dt, eps, ctas, maxnreg, hints, pdl=False, **shape):
+def _layer_norm_persistent(B, N, dt, eps, ctas, maxnreg, hints, pdl=False, welford=False,
+                           **shape):
     """``build_layer_norm(..., ctas=P)``: ``P`` CTAs walk the rows (``pyptx.rows.row_loop``),
     the next row's loads in flight while this row reduces and stores; ``w``, ``b`` read once."""
     who = f"build_layer_norm(ctas={ctas!r})"
     plan = rw.persistent_plan(B, N, dt, who=who, elems=8, **shape)
     P = rw.persistent_ctas(plan, ctas, who)
+    if welford and plan.tail_threads != plan.threads:
+        raise ConfigError(f"{where_outside(__file__)}: {who}: welford=True needs every thread to "
+                          f"hold the same number of values; N={N} leaves a partial last chunk "
+                          f"({plan.describe()})")
 
     @kernel(
         in_specs=(Tile(B, N, dt), Tile(N, dt), Tile(N, dt)),
         out_specs=(Tile(B, N, dt),),
         grid=(P, 1, 1),
         block=plan.block,
-        name=f"layer_norm_persist_{dt.name}",
+        name=f"layer_norm_persist_{dt.name}{'_welford' if welford else ''}",
         maxnreg=maxnreg,
         pdl=pdl,
     )
@@ -260,13 +265,22 @@ def _layer_norm_persistent(B, N, dt, eps, ctas, maxnreg, hints, pdl=False, **sha
         def body(raw, off, ok):
             x = io.unpack(raw)
             s = rw.tree(x, "add")
-            io.reduce([s], lanes=True)
-            nmean = reg.scalar(f32)
-            ptx.inst.mul.f32(nmean, s, -1.0 / N)
-            d = io.tail_mask([v + nmean for v in x])
-            v = rw.dot(d, d)
-            io.reduce([v], lanes=True)
-            rstd = rw.rstd(v, N, eps)
+            if welford:
+                mean = reg.scalar(f32)
+                ptx.inst.mul.f32(mean, s, 1.0 / plan.elems)
+                own = [v - mean for v in x]
+                m2 = rw.dot(own, own)
+                io.reduce_moments(mean, m2, plan.elems)
+                d = [v - mean for v in x]
+                rstd = rw.rstd(m2, N, eps)
+            else:
+                io.reduce([s], lanes=True)
+                nmean = reg.scalar(f32)
+                ptx.inst.mul.f32(nmean, s, -1.0 / N)
+                d = io.tail_mask([v + nmean for v in x])
+                v = rw.dot(d, d)
+                io.reduce([v], lanes=True)
+                rstd = rw.rstd(v, N, eps)
             y = []
             for dv, wv, bv in zip(rw.mul_all(d, rstd), io.unhold(w), io.unhold(b)):
                 r = reg.scalar(f32)

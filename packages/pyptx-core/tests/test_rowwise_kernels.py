@@ -251,6 +251,8 @@ def check_forward_in_simulator(sim, B, N, dt, **kw):
     (9, 256, dict(chunks=2)),  # 32 threads per row: no shared-memory pass
     (4, 96 * 8, {}),           # 24 threads per row (a non-power-of-two warp share)
     (3, 1280, dict(threads=160, chunks=2)),  # 5 warps: an uneven merge tree
+    (9, 4096, dict(ctas=4, pdl=False)),      # persistent: rows walked by 4 CTAs
+    (300, 64, dict(ctas=3, pdl=False)),
 ])
 def test_layer_norm_welford_in_simulator(sim, B, N, kw, dt):
     """``welford=True``: one all-reduce of (mean, m2) pairs gives the two-pass result, also
@@ -271,16 +273,16 @@ def test_layer_norm_welford_in_simulator(sim, B, N, kw, dt):
 
 
 def test_layer_norm_welford_refusals():
-    """``welford=True`` needs equal values per thread and the one-row kernel: a partial last
-    chunk or a persistent / ring variant is refused at the caller's line."""
+    """``welford=True`` needs equal values per thread and the one-row or persistent kernel: a
+    partial last chunk or the TMA ring variant is refused at the caller's line."""
     from pyptx.errors import ConfigError
 
     ln = forward_builders()["layer_norm"]
     with pytest.raises(ConfigError, match="same number of values") as e:
         ln(2, 4097, "f32", welford=True)
     assert str(e.value).startswith(f"{Path(__file__).resolve()}:"), str(e.value)
-    with pytest.raises(ConfigError, match="variant of the one-row kernel") as e:
-        ln(2, 4096, "f32", welford=True, ctas=2)
+    with pytest.raises(ConfigError, match="variant of the one-row and persistent") as e:
+        ln(2, 4096, "f32", welford=True, ctas=2, stages=2)
     assert str(e.value).startswith(f"{Path(__file__).resolve()}:"), str(e.value)
 
 

@@ -103,9 +103,12 @@ def test_rms_norm(B, N, dt):
 
 @pytest.mark.parametrize("dt", DTYPES)
 @pytest.mark.parametrize("B,N,kw", [(256, 4096, {}), (256, 4096, dict(chunks=1, pdl=False)),
-                                    (2048, 8192, dict(chunks=8)), (130, 24, {}), (9, 256, {})])
+                                    (2048, 8192, dict(chunks=8)), (130, 24, {}), (9, 256, {}),
+                                    (256, 4096, dict(ctas=264, pdl=False)),
+                                    (1000, 8192, dict(ctas=7, pdl=False))])
 def test_layer_norm_welford(B, N, kw, dt):
-    """The one-pass variant (one all-reduce of (mean, m2) pairs) of the tuned list."""
+    """The one-pass variants (one all-reduce of (mean, m2) pairs) of the tuned list,
+    one-row and persistent."""
     k = load("layer_norm").build_layer_norm(B, N, dt, welford=True, **kw)
     x = rand(B, N, dt=dt, scale=2, shift=40.0)
     w, b = rand(N, dt=dt, scale=0.1, shift=1.0), rand(N, dt=dt, scale=0.1)
