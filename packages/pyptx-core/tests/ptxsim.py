@@ -35,8 +35,21 @@ nothing overwrites a bulk store's source before its issuer's
 ``cp.async.bulk.wait_group{.read}`` retired the group, and no thread exits with
 bulk groups outstanding. Threads order their accesses only through ``bar.sync``
 (which also shares what each thread saw of the mbarriers) and mbarrier waits.
-Not a PTX model beyond that: no memory ordering of ordinary accesses, no tensor
-maps, no tensor cores, no clusters.
+Tensor-core kernels (one CTA at a time, so no clusters): tensor maps are the
+``Specialization``'s ``tma_maps`` (a ``.param .b8 X_tmap[128]`` names one); tile copies
+(``cp.async.bulk.tensor``) gather their box with zero fill past the tensor's edges and
+write it swizzled by shared address (128/64/32-byte modes: address bits 4.. XOR bits
+7..), tile stores scatter a box back, clipped at the edges, with the bulk stores' checks.
+``wgmma.mma_async`` runs at issue for the whole warpgroup: it decodes both matrix
+descriptors (start, LBO, SBO, swizzle) into the ISA's canonical K-major / MN-major
+layouts, reads shared memory (each byte a copy filled needs a wait of the reading thread
+that saw it complete) and updates the f32 accumulator fragment; ``wgmma.fence`` /
+``commit_group`` / ``wait_group`` are then no-ops. ``stmatrix`` (``.x1/.x2/.x4``,
+``.trans``) writes 8x8 b16 matrices from the fragment layout. Named barriers
+(``bar.sync id, n`` / ``bar.arrive id, n``) complete when ``n`` threads arrived; threads
+that wait park. ``setmaxnreg`` is a no-op.
+Not a PTX model beyond that: no memory ordering of ordinary accesses, no clusters, and
+wgmma's shared-memory reads do not order a ring's refills (the mbarriers do that on a GPU).
 """
 
 from __future__ import annotations
@@ -64,6 +77,11 @@ _SPECIAL = ("%tid.x", "%tid.y", "%tid.z", "%ctaid.x", "%ctaid.y", "%ctaid.z", "%
             "%ntid.y", "%ntid.z", "%nctaid.x", "%nctaid.y", "%nctaid.z", "%laneid")
 _GLOBAL_BASE = 1 << 40
 _GLOBAL_STRIDE = 1 << 36
+_TMAP_BASE = 1 << 32  # generic addresses of the tensor-map parameters (256 bytes apart)
+_TMAP_PARAM = re.compile(r"^\.param\s+\.align\s+\d+\s+\.b8\s+(\w+)\[128\],?$")
+_DTYPE_BYTES = {"UINT8": 1, "UINT16": 2, "UINT32": 4, "INT32": 4, "UINT64": 8, "INT64": 8,
+                "FLOAT16": 2, "FLOAT32": 4, "FLOAT64": 8, "BFLOAT16": 2, "FLOAT32_FTZ": 4,
+                "TFLOAT32": 4, "TFLOAT32_FTZ": 4}
 
 
 def _split_operands(text: str) -> list[str]:
@@ -92,6 +110,7 @@ class _Prog:
         self.shared_bytes = 0
         externs: list[tuple[str, int]] = []
         self.params: list[str] = []
+        self.tmaps: list[str] = []
         self.code: list[tuple] = []
         self.labels: dict[str, int] = {}
         in_params = False
@@ -107,6 +126,8 @@ class _Prog:
                     in_params = False
                 elif m := _PARAM.match(line):
                     self.params.append(m.group(2))
+                elif m := _TMAP_PARAM.match(line):
+                    self.tmaps.append(m.group(1))
                 continue
             if m := _REG_DECL.match(line):
                 self.regtype[m.group(2)] = m.group(1)
@@ -237,7 +258,10 @@ class _CTA:
         #: per mbarrier, per thread: phases the thread has seen complete in a wait
         self.seen: dict[int, np.ndarray] = {}
         self.parked = np.zeros(self.n, bool)
+        #: what a parked thread waits for: an mbarrier's address, or -(id + 2) for named barrier id
         self.parked_on = np.full(self.n, -1, np.int64)
+        #: per named barrier id: [threads arrived in the open round, their ids]
+        self.named: dict[int, list] = {}
         #: per thread: source ranges of bulk stores not yet committed / committed groups
         self.bulk_open: dict[int, list[tuple[int, int]]] = {}
         self.bulk_groups: dict[int, list[list[tuple[int, int]]]] = {}
@@ -254,6 +278,8 @@ class _CTA:
             return r
         if tok in self.p.shared:
             return np.full(self.n, self.p.shared[tok], np.uint32)
+        if tok in self.p.tmaps:
+            return np.full(self.n, _TMAP_BASE + 256 * self.p.tmaps.index(tok), np.uint64)
         return _imm(tok)
 
     def as_u(self, tok: str, m, bits: int = 32) -> np.ndarray:
@@ -332,12 +358,18 @@ class _CTA:
         if b.pending == 0 and b.tx == 0:
             b.phase += 1
             b.pending = b.count
-            self.parked[:] = False
-            self.parked_on[:] = -1
+            woken = self.parked & (self.parked_on >= 0)
+            self.parked[woken] = False
+            self.parked_on[woken] = -1
 
     def deadlock(self) -> str:
         out = []
         for a in np.unique(self.parked_on[self.parked]).tolist():
+            if a <= -2:
+                n, _ = self.named[-a - 2]
+                out.append(f"{int((self.parked_on == a).sum())} on named barrier {-a - 2} "
+                           f"({n} threads arrived)")
+                continue
             b = self.bars[a]
             out.append(f"{int((self.parked_on[self.parked] == a).sum())} on {self.shared_name(a)} (phase "
                        f"{b.phase} open: {b.pending} of {b.count} arrivals outstanding, tx count "
@@ -443,6 +475,278 @@ class _CTA:
         self.bulk_open.setdefault(t, []).append((src, src + n))
 
 
+def _tmap(c: _CTA, tok: str, m: np.ndarray, t: int):
+    """``(TmaParams, buffer index)`` of the tensor map whose address thread ``t`` holds."""
+    a = int(c.as_u(tok, m, 64)[t]) - _TMAP_BASE
+    k = a // 256
+    if a < 0 or a % 256 or k >= len(c.mem.tmaps):
+        raise SimError(f"{tok} does not hold a tensor map parameter's address")
+    return c.mem.tmaps[k]
+
+
+def _coords(c: _CTA, text: str, m: np.ndarray, t: int) -> list[int]:
+    out = []
+    for tok in text.strip("{}").split(","):
+        v = c.as_u(tok.strip(), m, 32)[t]
+        out.append(int(np.int64(v) - (1 << 32) if v >= 1 << 31 else v))
+    return out
+
+
+def _tile_smem(c: _CTA, params, start: int, e: int, n_elems: int, what: str) -> np.ndarray:
+    """Shared byte addresses (one row per element) of a box of ``n_elems`` placed at ``start``."""
+    width = _SWIZZLE_WIDTH[params.swizzle.value]
+    n = n_elems * e
+    if width is not None and params.box_dims[0] * e != width:
+        raise SimError(f"{what}: a {width}-byte swizzle with a {params.box_dims[0] * e}-byte "
+                       "inner box is not modelled")
+    if start % (8 * width if width else 128):
+        raise SimError(f"{what}: shared address {start:#x} is not aligned to the box's "
+                       f"{8 * width if width else 128}-byte swizzle period")
+    if c.p.shared_var(start, n) is None:
+        raise SimError(f"{what} of {n} bytes at shared {start:#x} runs outside its shared variable")
+    lin = start + np.arange(n, dtype=np.int64)
+    return _swizzle(lin, width).reshape(n_elems, e)
+
+
+def _tma_load(c: _CTA, dst: int, params, buf: int, coords: list[int], bar: int, t: int) -> None:
+    """``cp.async.bulk.tensor`` global -> shared at issue: the box (zeros outside the tensor)
+    written swizzled; its bytes complete on ``bar``."""
+    b = c.barrier(bar)
+    e, off, inside = _box(params, coords)
+    sa = _tile_smem(c, params, dst, e, off.size, "tile copy")
+    r = sa.reshape(-1)
+    c.check_store_sources(r, "tile copy overwrites")
+    wt = c.wr_tid[r]
+    if (c.rd_epoch[r] == c.epoch).any() or ((wt >= 0) & (wt != t) & (c.wr_epoch[r] == c.epoch)).any():
+        raise SimError(f"tile copy overwrites {c.shared_name(dst)}.. which threads accessed "
+                       "since the last bar.sync (they may not be done with it)")
+    data = np.zeros((off.size, e), np.uint8)
+    g = off[inside][:, None] + np.arange(e)[None, :]
+    data[inside] = c.mem.bufs[buf][g]
+    c.smem[sa] = data
+    c.smem_written[r] = True
+    c.wr_tid[r] = -1
+    c.wr_fenced[r] = True
+    c.fill_bar[r] = bar
+    c.fill_phase[r] = b.phase
+    b.tx -= off.size * e
+    c.settle(bar)
+
+
+def _tma_store(c: _CTA, params, buf: int, coords: list[int], src: int, t: int, op: str) -> None:
+    """``cp.async.bulk.tensor`` (or ``cp.reduce``) shared -> global at issue, clipped at the
+    tensor's edges, with the bulk store's checks on the shared side."""
+    e, off, inside = _box(params, coords)
+    sa = _tile_smem(c, params, src, e, off.size, "tile store")
+    r = sa.reshape(-1)
+    if not c.smem_written[r].all():
+        raise SimError("tile store reads shared memory nothing wrote")
+    c.check_filled(r[None, :], np.array([t]), "tile store reads")
+    wt = c.wr_tid[r]
+    if ((wt >= 0) & ~c.wr_fenced[r]).any():
+        raise SimError(f"tile store reads {c.shared_name(src)}.. written by st.shared with no "
+                       "fence.proxy.async by the writer since")
+    if ((wt >= 0) & (wt != t) & (c.wr_epoch[r] == c.epoch)).any():
+        raise SimError(f"tile store reads {c.shared_name(src)}.. which other threads wrote "
+                       "since the last bar.sync")
+    g = off[inside][:, None] + np.arange(e)[None, :]
+    vals = c.smem[sa[inside]]
+    if op == "store":
+        c.mem.bufs[buf][g] = vals
+    elif op == "add" and e == 4:
+        old = c.mem.bufs[buf][g].copy().view(np.float32)
+        c.mem.bufs[buf][g] = (old + vals.copy().view(np.float32)).view(np.uint8)
+    else:
+        raise SimError(f"unsupported tile reduction {op} on {e}-byte elements")
+    c.mem.written[buf][g] = True
+    lo = int(r.min())
+    c.bulk_open.setdefault(t, []).append((lo, int(r.max()) + 1))
+
+
+def _operand(c: _CTA, desc: int, rows: int, k: int, t: str, trans: int) -> tuple[np.ndarray, np.ndarray]:
+    """A wgmma operand read through a matrix descriptor: ``(rows x k)`` float64 values (row =
+    M for A, N for B) and the shared byte addresses read. Canonical layouts (bytes; ``w`` the
+    swizzle width, 16 without one): K-major ``(r // 8) * SBO + (r % 8) * w + k * e`` (without
+    a swizzle ``+ (k * e // 16) * LBO`` picks the K core matrix), MN-major
+    ``(r * e // w) * LBO + (k // 8) * SBO + (k % 8) * w + r * e % w`` (without a swizzle LBO
+    and SBO trade places); then the swizzle of the address."""
+    start = (desc & 0x3FFF) << 4
+    lbo = ((desc >> 16) & 0x3FFF) << 4
+    sbo = ((desc >> 32) & 0x3FFF) << 4
+    if (desc >> 49) & 7:
+        raise SimError("wgmma descriptor base offset != 0 is not modelled")
+    width = _DESC_WIDTH[desc >> 62]
+    w = width or 16
+    e = _ELEM[t]
+    r = np.arange(rows, dtype=np.int64)[:, None]
+    kk = np.arange(k, dtype=np.int64)[None, :]
+    if not trans:
+        kb = kk * e
+        if width is None:
+            off = (r // 8) * sbo + (r % 8) * 16 + (kb // 16) * lbo + kb % 16
+        else:
+            off = (r // 8) * sbo + (r % 8) * w + kb
+    else:
+        rb = r * e
+        if width is None:
+            off = (rb // 16) * sbo + (kk // 8) * lbo + (kk % 8) * 16 + rb % 16
+        else:
+            off = (rb // w) * lbo + (kk // 8) * sbo + (kk % 8) * w + rb % w
+    addr = _swizzle(start + off, width)
+    byte = addr[..., None] + np.arange(e)[None, None, :]
+    if (byte < 0).any() or (byte >= c.p.shared_bytes).any():
+        raise SimError("wgmma operand reads outside shared memory")
+    if not c.smem_written[byte].all():
+        raise SimError("wgmma reads shared memory nothing wrote")
+    raw = c.smem[byte].copy()
+    bits = {1: np.uint8, 2: np.uint16, 4: np.uint32}[e]
+    vals = raw.reshape(-1, e).view(bits).reshape(rows, k)
+    return _to_float(vals, t), byte.reshape(-1)
+
+
+def _frag(nregs: int) -> tuple[np.ndarray, np.ndarray]:
+    """(row, col) of accumulator register i of warpgroup thread t: arrays [t, i]."""
+    t = np.arange(128)[:, None]
+    i = np.arange(nregs)[None, :]
+    w, lane = t // 32, t % 32
+    row = 16 * w + lane // 4 + 8 * ((i % 4) // 2)
+    col = 8 * (i // 4) + 2 * (lane % 4) + i % 2
+    return row, col
+
+
+def _wgmma(c: _CTA, op: str, ops: list[str], m: np.ndarray) -> None:
+    """``wgmma.mma_async`` for each warpgroup of the active threads, computed at issue."""
+    parts = op.split(".")
+    shape, td, ta, tb = parts[4], parts[5], parts[6], parts[7]
+    n = int(shape[shape.index("n") + 1:shape.index("k")])
+    k = int(shape[shape.index("k") + 1:])
+    if not shape.startswith("m64") or td != "f32":
+        raise SimError(f"unsupported {op} (f32 accumulators of m64 shapes only)")
+    d = [x.strip() for x in ops[0].strip("{}").split(",")]
+    a_regs = ops[1].startswith("{")
+    rest = ops[3:]
+    trans_a = 0 if a_regs else int(_imm(rest[3]))
+    trans_b = int(_imm(rest[-1]))
+    neg_a, neg_b = int(_imm(rest[1])) == -1, int(_imm(rest[2])) == -1
+    row, col = _frag(len(d))
+    for g in np.unique(np.nonzero(m)[0] // 128).tolist():
+        ths = np.arange(g * 128, g * 128 + 128)
+        if not m[ths].all():
+            raise SimError(f"{op}: warpgroup {g} has {int(m[ths].sum())} of 128 threads here")
+        readers = ths[::32]
+        if rest[0].startswith(("%", "!")):
+            sd = c.as_p(rest[0], m)[ths]
+            if sd.min() != sd.max():
+                raise SimError(f"{op}: scale-d differs within warpgroup {g}")
+            scale_d = bool(sd[0])
+        else:
+            scale_d = bool(int(_imm(rest[0])))
+        bdesc = c.as_u(ops[2], m, 64)[ths]
+        if (bdesc != bdesc[0]).any():
+            raise SimError(f"{op}: B descriptor differs within warpgroup {g}")
+        bv, bbytes = _operand(c, int(bdesc[0]), n, k, tb, trans_b)
+        c.check_filled(np.broadcast_to(bbytes, (len(readers), bbytes.size)), readers, "wgmma reads")
+        if a_regs:
+            if ta not in ("bf16", "f16"):
+                raise SimError(f"unsupported {op}: register A of .{ta}")
+            regs = [x.strip() for x in ops[1].strip("{}").split(",")]
+            av = np.zeros((64, k))
+            tl = np.arange(128)
+            lane, w = tl % 32, tl // 32
+            for j, tok in enumerate(regs):
+                v = c.as_u(tok, m, 32)[ths]
+                r0 = 16 * w + lane // 4 + 8 * (j % 2)
+                k0 = 2 * (lane % 4) + 8 * (j // 2)
+                av[r0, k0] = _to_float(v & 0xFFFF, ta)
+                av[r0, k0 + 1] = _to_float(v >> 16, ta)
+        else:
+            adesc = c.as_u(ops[1], m, 64)[ths]
+            if (adesc != adesc[0]).any():
+                raise SimError(f"{op}: A descriptor differs within warpgroup {g}")
+            av, abytes = _operand(c, int(adesc[0]), 64, k, ta, trans_a)
+            c.check_filled(np.broadcast_to(abytes, (len(readers), abytes.size)), readers,
+                           "wgmma reads")
+        prod = (-av if neg_a else av) @ (-bv if neg_b else bv).T        # (64, n)
+        acc = np.zeros((128, len(d)))
+        if scale_d:
+            for i, tok in enumerate(d):
+                acc[:, i] = c.as_f(tok, m)[ths]
+        acc += prod[row, col]
+        mm = np.zeros(c.n, bool)
+        mm[ths] = True
+        for i, tok in enumerate(d):
+            full = np.zeros(c.n)
+            full[ths] = acc[:, i]
+            c.putf(tok, full, mm)
+
+
+def _stmatrix(c: _CTA, op: str, ops: list[str], m: np.ndarray) -> None:
+    """``stmatrix.sync.aligned.m8n8.x{1,2,4}{.trans}.shared.b16``: lanes ``8i..8i+7`` give the
+    row addresses of matrix ``i``, whose element pair ``(l // 4, 2 (l % 4) + {0, 1})`` is in
+    register ``i`` of lane ``l`` (``.trans``: stored at rows ``2 (l % 4) + {0, 1}``, column
+    ``l // 4``)."""
+    num = int(op.split(".x")[1].split(".")[0])
+    trans = ".trans" in op
+    regs = [x.strip() for x in ops[1].strip("{}").split(",")]
+    addr = c.address(ops[0], m).astype(np.int64)
+    for wp in np.unique(c.warp[m]).tolist():
+        lanes = np.arange(wp * 32, wp * 32 + 32)
+        if not m[lanes].all():
+            raise SimError(f"{op}: warp {wp} has {int(m[lanes].sum())} of 32 lanes here")
+        for i, tok in enumerate(regs[:num]):
+            rows = addr[lanes[8 * i:8 * i + 8]]
+            if (rows % 16).any():
+                raise SimError(f"{op}: row addresses must be 16-byte aligned")
+            v = c.as_u(tok, m, 32)[lanes]
+            lo, hi = (v & 0xFFFF).astype(np.uint16), (v >> 16).astype(np.uint16)
+            lr, lc = np.arange(32) // 4, 2 * (np.arange(32) % 4)
+            if trans:
+                dst = np.concatenate([rows[lc] + 2 * lr, rows[lc + 1] + 2 * lr])
+                val = np.concatenate([lo, hi])
+            else:
+                dst = np.concatenate([rows[lr] + 2 * lc, rows[lr] + 2 * lc + 2])
+                val = np.concatenate([lo, hi])
+            idx = dst[:, None] + np.arange(2)[None, :]
+            if (idx < 0).any() or (idx >= c.p.shared_bytes).any():
+                raise SimError(f"{op}: shared access out of bounds")
+            c.track_shared(True, idx, np.concatenate([lanes, lanes]))
+            c.smem[idx] = val.view(np.uint8).reshape(-1, 2)
+            c.smem_written[idx] = True
+
+
+def _named_barrier(c: _CTA, op: str, ops: list[str], m: np.ndarray, pcs: np.ndarray) -> None:
+    """``bar.sync id, n`` / ``bar.arrive id, n``: a round completes when ``n`` threads have
+    arrived; ``bar.sync`` threads wait (park) until then. A completed round orders the
+    participants' shared accesses like a ``bar.sync`` of the CTA."""
+    ids = c.as_u(ops[0], m, 32)
+    cnt = c.as_u(ops[1], m, 32)
+    wait = op.startswith("bar.sync")
+    for b in np.unique(ids[m]).tolist():
+        sel = m & (ids == b)
+        need = np.unique(cnt[sel])
+        if need.size != 1 or need[0] % 32:
+            raise SimError(f"{op}: thread count must be one multiple of 32 per barrier")
+        st = c.named.setdefault(b, [0, []])
+        st[0] += int(sel.sum())
+        st[1] += np.nonzero(sel)[0].tolist()
+        if st[0] > need[0]:
+            raise SimError(f"named barrier {b}: {st[0]} threads arrived for a count of {need[0]}")
+        if st[0] < need[0]:
+            if wait:
+                c.parked[sel] = True
+                c.parked_on[sel] = -(b + 2)
+                pcs[sel] += 1
+            continue
+        who = np.array(st[1])
+        c.named[b] = [0, []]
+        woken = c.parked & (c.parked_on == -(b + 2))
+        c.parked[woken] = False
+        c.parked_on[woken] = -1
+        c.epoch += 1
+        for seen in c.seen.values():
+            seen[who] = seen[who].max()
+
+
 def _mbarrier(c: _CTA, op: str, ops: list[str], m: np.ndarray, spin: bool) -> None:
     parts = op.split(".")
     if "shared::cluster" in parts or "multicast" in op:
@@ -503,11 +807,69 @@ def _mbarrier(c: _CTA, op: str, ops: list[str], m: np.ndarray, spin: bool) -> No
         raise SimError(f"unsupported {op}")
 
 
+# ---------------------------------------------------------------------- tensor cores
+_SWIZZLE_WIDTH = {0: None, 1: 32, 2: 64, 3: 128}   # CUtensorMapSwizzle -> bytes
+_DESC_WIDTH = {0: None, 1: 128, 2: 64, 3: 32}      # wgmma descriptor bits 62-63 -> bytes
+
+
+def _swizzle(addr: np.ndarray, width: int | None) -> np.ndarray:
+    """Shared byte addresses after a ``width``-byte swizzle: the 16-byte chunk index (bits 4..)
+    XOR-ed with the 128-byte row index (bits 7..), ``width / 16`` chunks wide."""
+    if width is None:
+        return addr
+    return addr ^ (((addr >> 7) & (width // 16 - 1)) << 4)
+
+
+def _box(params, coords: list[int]) -> tuple[int, np.ndarray, np.ndarray]:
+    """A tile copy's box: element bytes, each element's global byte offset (box order, dim 0
+    fastest) and whether it lies inside the tensor."""
+    if params.interleave.value or any(s != 1 for s in params.element_strides):
+        raise SimError("unsupported tensor map (interleave or element strides)")
+    e = _DTYPE_BYTES[params.data_type.name]
+    box, dims = params.box_dims, params.global_dims
+    strides = (e,) + tuple(params.global_strides)
+    grids = np.meshgrid(*[np.arange(b) for b in reversed(box)], indexing="ij")
+    idx = [g.reshape(-1) for g in reversed(grids)]   # idx[d]: index along dim d, dim 0 fastest
+    off = np.zeros(idx[0].size, np.int64)
+    inside = np.ones(idx[0].size, bool)
+    for d, i in enumerate(idx):
+        g = coords[d] + i
+        inside &= (g >= 0) & (g < dims[d])
+        off += g * strides[d]
+    return e, off, inside
+
+
+def _to_float(raw: np.ndarray, t: str) -> np.ndarray:
+    """float64 values of raw element bits of type ``t``."""
+    if t == "bf16":
+        return (raw.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    if t == "f16":
+        return raw.astype(np.uint16).view(np.float16).astype(np.float64)
+    if t == "tf32":
+        return (raw.astype(np.uint32) & 0xFFFFE000).view(np.float32).astype(np.float64)
+    if t in ("e4m3", "e5m2"):
+        m_bits = 3 if t == "e4m3" else 2
+        bias = 7 if t == "e4m3" else 15
+        r = raw.astype(np.int64)
+        sign = np.where(r & 0x80, -1.0, 1.0)
+        ex = (r >> m_bits) & ((1 << (7 - m_bits)) - 1)
+        man = r & ((1 << m_bits) - 1)
+        val = np.where(ex == 0, man / (1 << m_bits) * 2.0 ** (1 - bias),
+                       (1 + man / (1 << m_bits)) * 2.0 ** (ex.astype(np.float64) - bias))
+        return sign * val
+    raise SimError(f"unsupported wgmma operand type {t}")
+
+
+_ELEM = {"bf16": 2, "f16": 2, "tf32": 4, "e4m3": 1, "e5m2": 1}
+
+
 class _Memory:
     def __init__(self, arrays: list[np.ndarray]) -> None:
         self.bufs = [np.frombuffer(np.ascontiguousarray(a).tobytes(), np.uint8).copy()
                      for a in arrays]
         self.written = [np.zeros(len(b), bool) for b in self.bufs]
+        #: per tensor-map parameter: (TmaParams, index of the argument buffer it maps)
+        self.tmaps: list = []
 
     def locate(self, addr: np.ndarray, size: int, what: str) -> tuple[int, np.ndarray]:
         idx = (addr - np.uint64(_GLOBAL_BASE)) // np.uint64(_GLOBAL_STRIDE)
@@ -554,13 +916,21 @@ def _exec(c: _CTA, ins: tuple, m: np.ndarray, pcs: np.ndarray, done: np.ndarray,
                                    "cp.async.bulk.wait_group retired them)")
             done[m] = True
             return
+        if base == "bar" and (len(ops) > 1 or op.startswith("bar.arrive")):
+            if m.any():
+                _named_barrier(c, op, ops, m, pcs)
+            return
         if base == "bar":
             if op.startswith("bar.sync"):  # what any thread saw complete, all threads now see
                 c.epoch += 1
                 for seen in c.seen.values():
                     seen[:] = seen.max()
             return
-        if base == "griddepcontrol":  # one grid at a time: nothing to wait for
+        if base in ("griddepcontrol", "setmaxnreg"):  # one grid at a time; registers unmodelled
+            return
+        if base == "wgmma" and not op.startswith("wgmma.mma_async"):  # computed at issue
+            return
+        if base == "prefetch" or op.startswith("cp.async.bulk.prefetch.tensor"):  # hints
             return
         if not m.any():
             return
@@ -679,6 +1049,33 @@ def _exec(c: _CTA, ins: tuple, m: np.ndarray, pcs: np.ndarray, done: np.ndarray,
                 c.wr_fenced |= np.append(m, False)[c.wr_tid]
         elif base == "mbarrier":
             _mbarrier(c, op, ops, m, pc in c.p.spins)
+        elif base == "wgmma":
+            _wgmma(c, op, ops, m)
+        elif base == "stmatrix":
+            _stmatrix(c, op, ops, m)
+        elif base == "bfe" and t in ("u32", "s32"):
+            a = c.as_u(ops[1], m, 32).astype(np.uint64)
+            pos, ln = c.as_u(ops[2], m, 32).astype(np.uint64), c.as_u(ops[3], m, 32).astype(np.uint64)
+            if t == "s32":
+                raise SimError(f"unsupported {op}")
+            c.put(ops[0], (a >> pos) & ((np.uint64(1) << ln) - np.uint64(1)), m)
+        elif op.startswith("cp.async.bulk.tensor") and ".global.mbarrier::complete_tx" in op:
+            if "multicast" in op:
+                raise SimError(f"unsupported {op} (one CTA at a time: no clusters)")
+            dst = c.address(ops[0], m)
+            tm, crd = ops[1].strip("[]").split(",", 1)
+            bar = c.bar_addrs(ops[2], m)
+            for t in tids.tolist():
+                params, buf = _tmap(c, tm.strip(), m, t)
+                _tma_load(c, int(dst[t]), params, buf, _coords(c, crd.strip(), m, t), int(bar[t]), t)
+        elif op.startswith(("cp.async.bulk.tensor", "cp.reduce.async.bulk.tensor")) \
+                and ".global.shared::cta" in op:
+            tm, crd = ops[0].strip("[]").split(",", 1)
+            src = c.address(ops[1], m)
+            kind = "store" if op.startswith("cp.async") else op.split(".")[-3]
+            for t in tids.tolist():
+                params, buf = _tmap(c, tm.strip(), m, t)
+                _tma_store(c, params, buf, _coords(c, crd.strip(), m, t), int(src[t]), t, kind)
         elif base == "createpolicy":  # an opaque L2 hint: ld/st with .L2::cache_hint ignore it
             c.put(ops[0], np.zeros(c.n, np.uint64), m)
         elif op.startswith(("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes",
@@ -773,7 +1170,8 @@ def _run_cta(prog: _Prog, mem: _Memory, block, grid, cta, max_steps: int) -> Non
         if pc >= len(prog.code):
             raise SimError("ran off the end of the kernel without ret")
         ins = prog.code[pc]
-        if ins[1].startswith("bar.") and ins[0] is None and not sel[live].all():
+        if ins[1].startswith("bar.sync") and len(ins[2]) < 2 and ins[0] is None \
+                and not sel[live].all():
             why = f" ({c.deadlock()})" if c.parked.any() else ""
             raise SimError(f"PTX line {pc}: {ins[3]}: only {int(sel.sum())} of "
                            f"{int(live.sum())} live threads reach the barrier{why}")
@@ -803,6 +1201,9 @@ def run(spec, inputs: list[np.ndarray], *, poison: bool = True,
         outs.append(np.full(shape, fill, dt))
     arrays = [np.ascontiguousarray(a) for a in inputs] + outs
     mem = _Memory(arrays)
+    mem.tmaps = [(params, i) for i, params in spec.tma_maps]
+    if spec.cluster and tuple(spec.cluster) not in ((1, 1, 1), (0, 0, 0)):
+        raise SimError(f"clusters ({spec.cluster}) are not modelled: one CTA at a time")
     gx, gy, gz = spec.grid
     for z in range(gz):
         for y in range(gy):

@@ -139,11 +139,13 @@ def store_slabs(slabs: int, *, leader: Any, bar_id: Any, cbuf: Any, tmap: Any,
     ``j`` of ``slabs``, wait until the bulk store that last read its buffer is done,
     ``write(j, buf)`` the slab into shared memory at byte offset ``buf`` from ``cbuf``, then
     the leader thread stores it to ``tmap`` at ``coords(j)`` (a bulk tensor copy, which
-    clips at the tensor's edges). ``bar_id``: the warpgroup's named barrier (128 threads)."""
+    clips at the tensor's edges). ``bar_id``: the warpgroup's named barrier (128 threads).
+    Every call starts at buffer 0: when ``slabs`` is not a multiple of ``bufs`` the previous
+    call's last store may still read buffer 0, so its first slab waits for every store."""
     for j in range(slabs):
         buf = (j % bufs) * SLAB_BYTES
         with ptx.if_(leader):
-            ptx.tma.wait_group(bufs - 1, read=True)
+            ptx.tma.wait_group(bufs - 1 if j or slabs % bufs == 0 else 0, read=True)
         ptx.bar_sync(bar_id, 128)
         write(j, buf)
         ptx.fence_proxy_async("shared::cta")
