@@ -65,6 +65,11 @@ SMEM_LIMIT = 227 * 1024 - 256
 BM = 128          # rows a CTA owns (two consumer warpgroups of 64)
 DKDV_BQ = 64     # q rows per dK/dV block (build_dkdv's default BQ)
 THREADS = 384     # producer warpgroup + two consumers
+#: The ordered dQ mode's rotated order (full attention) makes the last kv block of a head wait
+#: for kv block 0, which the grid launches last: every kv block of a head must be resident at
+#: once, so it is used only up to this many kv blocks (half an H100's SMs at one CTA per SM);
+#: longer sequences take the ascending order, whose waits all point at earlier CTAs.
+ROTATE_MAX_KV = 64
 PROD_REGS, CONS_REGS = 24, 240
 
 
@@ -417,11 +422,13 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     SEM)``, int32 ``(B, Hq, ceil(S/64), 2)`` zeroed counters (the first of each pair counts
     the adds into that q block): the kv blocks add each dQ tile in a fixed order (descending kv block when
     causal; full attention: each kv block starts at its own q block, ``2 * kv_block``,
-    when ``ceil(S/64) == 2 * ceil(Sk/128)``, so the adds of a q block come two steps apart;
-    ascending kv block otherwise), each waiting for its predecessor's count: the sums, and so
-    dQ, are the same bits at every run. A writer thread of the producer warpgroup does the
-    waiting and the adds; where the predecessor is kv block ``kb + 1``, the grid runs the
-    kv blocks last first, so a waiting CTA's predecessor has always been launched."""
+    when ``ceil(S/64) == 2 * ceil(Sk/128)`` and there are at most ``ROTATE_MAX_KV`` kv blocks,
+    so the adds of a q block come two steps apart; ascending kv block otherwise), each waiting
+    for its predecessor's count: the sums, and so dQ, are the same bits at every run. A writer
+    thread of the producer warpgroup does the waiting and the adds; where the predecessor is
+    kv block ``kb + 1``, the grid runs the kv blocks last first, so a waiting CTA's
+    predecessor has been launched (the rotated order's one exception, the last kv block
+    waiting for block 0 of its head, needs the head's CTAs resident together: hence the cap)."""
     Sk, dt, scale, safe, sync, G, Sp = _common_options(B, S, Hq, Hkv, D, Sk, dtype, scale,
                                                        safe, sync)
     if BQ is None:
@@ -459,7 +466,8 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     num_q = -(-S // BQ)
     num_kv = -(-Sk // BM)
     # full attention, ordered dQ: kv block j walks q blocks from (BM / BQ) * j, wrapping
-    rotate = dq_ordered and not causal and num_q == (BM // BQ) * num_kv
+    rotate = (dq_ordered and not causal and num_q == (BM // BQ) * num_kv
+              and num_kv <= ROTATE_MAX_KV)
     reverse = dq_ordered and (causal or rotate)     # the predecessor kv block is kb + 1
     c1 = scale * LOG2E
     box_kv = {"box": (1, BM, 1, 64), "swizzle": "128B"}
@@ -932,20 +940,21 @@ def build_convert(B, S, Hq, D, *, dtype="bf16", scale=1.0, width=None):
             row = i // (D // 8)
             src = (reg.from_(row, u64) * (2 * D) + reg.from_((i - row * (D // 8)) * 8, u64)) * 4 + pa
         dst = reg.from_(i, u64) * 16 + pq
-        v = reg.array(f32, 8)
-        ptx.inst.ld.global_.nc.v4.f32(list(v)[:4], ptx.addr(src), pred=ok)
-        ptx.inst.ld.global_.nc.v4.f32(list(v)[4:], ptx.addr(src, 16), pred=ok)
-        if width != D:
-            u = reg.array(f32, 8)
-            ptx.inst.ld.global_.nc.v4.f32(list(u)[:4], ptx.addr(src, 4 * D), pred=ok)
-            ptx.inst.ld.global_.nc.v4.f32(list(u)[4:], ptx.addr(src, 4 * D + 16), pred=ok)
-            for m in range(8):
-                ptx.inst.add.f32(v[m], v[m], u[m])
-        packed = reg.array(b32, 4)
-        for m in range(4):
-            ptx.inst(f"cvt.rn.{dt.name}x2.f32")(packed[m], v[2 * m + 1] * float(scale),
-                                                v[2 * m] * float(scale))
-        ptx.inst.st.global_.v4.b32(ptx.addr(dst), packed, pred=ok)
+        with ptx.if_(ok):  # threads past the end compute nothing (no undefined registers)
+            v = reg.array(f32, 8)
+            ptx.inst.ld.global_.nc.v4.f32(list(v)[:4], ptx.addr(src))
+            ptx.inst.ld.global_.nc.v4.f32(list(v)[4:], ptx.addr(src, 16))
+            if width != D:
+                u = reg.array(f32, 8)
+                ptx.inst.ld.global_.nc.v4.f32(list(u)[:4], ptx.addr(src, 4 * D))
+                ptx.inst.ld.global_.nc.v4.f32(list(u)[4:], ptx.addr(src, 4 * D + 16))
+                for m in range(8):
+                    ptx.inst.add.f32(v[m], v[m], u[m])
+            packed = reg.array(b32, 4)
+            for m in range(4):
+                ptx.inst(f"cvt.rn.{dt.name}x2.f32")(packed[m], v[2 * m + 1] * float(scale),
+                                                    v[2 * m] * float(scale))
+            ptx.inst.st.global_.v4.b32(ptx.addr(dst), packed)
         ptx.ret()
 
     return kernel(in_specs=(Tile(B, S, Hq, width, f32),), out_specs=(Tile(B, S, Hq, D, dt),),

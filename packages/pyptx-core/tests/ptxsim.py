@@ -212,13 +212,15 @@ def _imm(tok: str) -> int | float:
 
 class _Bar:
     """One mbarrier: ``count`` arrivals per phase, ``pending`` of them still to come,
-    ``tx`` transaction bytes outstanding, ``phase`` phases completed so far."""
+    ``tx`` transaction bytes outstanding, ``phase`` phases completed so far, ``done_at`` the
+    simulation step at which the last one completed."""
 
     def __init__(self, count: int) -> None:
         self.count = count
         self.pending = count
         self.tx = 0
         self.phase = 0
+        self.done_at = -1
 
 
 class _CTA:
@@ -249,6 +251,13 @@ class _CTA:
         # copy that filled it (-1: none since the last ordinary write)
         self.epoch = 0
         self.rd_epoch = np.full(size, -1, np.int64)
+        #: the simulation step of each byte's last ordinary read; per thread, the step at which
+        #: the latest mbarrier phase it saw complete (in a wait) completed: a ring refill may
+        #: overwrite bytes read before a phase its issuer waited for (the readers' release)
+        self.step = 0
+        self.rd_step = np.full(size, -1, np.int64)
+        self.wr_step = np.full(size, -1, np.int64)
+        self.acq_step = np.full(self.n, -1, np.int64)
         self.wr_epoch = np.full(size, -1, np.int64)
         self.wr_tid = np.full(size, -1, np.int64)
         self.wr_fenced = np.ones(size, bool)
@@ -358,6 +367,7 @@ class _CTA:
         if b.pending == 0 and b.tx == 0:
             b.phase += 1
             b.pending = b.count
+            b.done_at = self.step
             woken = self.parked & (self.parked_on >= 0)
             self.parked[woken] = False
             self.parked_on[woken] = -1
@@ -412,12 +422,30 @@ class _CTA:
         self.check_filled(idx, tids, "overwrites" if write else "reads")
         if not write:
             self.rd_epoch[idx] = self.epoch
+            self.rd_step[idx] = self.step
             return
         self.check_store_sources(idx, "overwrites")
         self.wr_epoch[idx] = self.epoch
+        self.wr_step[idx] = self.step
         self.wr_tid[idx] = tids[:, None]
         self.wr_fenced[idx] = False
         self.fill_bar[idx] = -1
+
+    def unordered_writes(self, r: np.ndarray, t: int) -> np.ndarray:
+        """Bytes of ``r`` another thread wrote with no bar.sync since and no mbarrier phase
+        that thread ``t`` waited for completing after the write."""
+        wt = self.wr_tid[r]
+        return ((wt >= 0) & (wt != t) & (self.wr_epoch[r] == self.epoch)
+                & (self.wr_step[r] >= self.acq_step[t]))
+
+    def check_refill(self, r: np.ndarray, t: int, what: str, dst: int) -> None:
+        """A copy issued by thread ``t`` is about to fill bytes ``r``: no thread may have read
+        them since the last bar.sync unless ``t`` then waited for an mbarrier phase that
+        completed after the read, and no other thread may have written them since."""
+        read = (self.rd_epoch[r] == self.epoch) & (self.rd_step[r] >= self.acq_step[t])
+        if read.any() or self.unordered_writes(r, t).any():
+            raise SimError(f"{what} overwrites {self.shared_name(dst)}.. which threads accessed "
+                           "since the last bar.sync or mbarrier wait (they may not be done with it)")
 
     def bulk_ranges(self, what: str, shared: int, glob: int, n: int) -> tuple[int, int]:
         """Check a bulk copy's ``n`` bytes at shared ``shared`` and global ``glob`` (16-byte
@@ -442,11 +470,7 @@ class _CTA:
         i, off = self.bulk_ranges("bulk copy", dst, src, n)
         r = np.arange(dst, dst + n)
         self.check_store_sources(r, "bulk copy overwrites")
-        wt = self.wr_tid[r]
-        if (self.rd_epoch[r] == self.epoch).any() or (
-                (wt >= 0) & (wt != t) & (self.wr_epoch[r] == self.epoch)).any():
-            raise SimError(f"bulk copy overwrites {self.shared_name(dst)}.. which threads "
-                           "accessed since the last bar.sync (they may not be done with it)")
+        self.check_refill(r, t, "bulk copy", dst)
         self.smem[dst:dst + n] = self.mem.bufs[i][off:off + n]
         self.smem_written[dst:dst + n] = True
         self.wr_tid[dst:dst + n] = -1
@@ -467,9 +491,9 @@ class _CTA:
         if ((wt >= 0) & ~self.wr_fenced[r]).any():
             raise SimError(f"bulk store reads {self.shared_name(src)}.. written by st.shared "
                            "with no fence.proxy.async by the writer since")
-        if ((wt >= 0) & (wt != t) & (self.wr_epoch[r] == self.epoch)).any():
+        if self.unordered_writes(r, t).any():
             raise SimError(f"bulk store reads {self.shared_name(src)}.. which other threads "
-                           "wrote since the last bar.sync")
+                           "wrote since the last bar.sync or mbarrier wait")
         self.mem.bufs[i][off:off + n] = self.smem[src:src + n]
         self.mem.written[i][off:off + n] = True
         self.bulk_open.setdefault(t, []).append((src, src + n))
@@ -516,10 +540,7 @@ def _tma_load(c: _CTA, dst: int, params, buf: int, coords: list[int], bar: int, 
     sa = _tile_smem(c, params, dst, e, off.size, "tile copy")
     r = sa.reshape(-1)
     c.check_store_sources(r, "tile copy overwrites")
-    wt = c.wr_tid[r]
-    if (c.rd_epoch[r] == c.epoch).any() or ((wt >= 0) & (wt != t) & (c.wr_epoch[r] == c.epoch)).any():
-        raise SimError(f"tile copy overwrites {c.shared_name(dst)}.. which threads accessed "
-                       "since the last bar.sync (they may not be done with it)")
+    c.check_refill(r, t, "tile copy", dst)
     data = np.zeros((off.size, e), np.uint8)
     g = off[inside][:, None] + np.arange(e)[None, :]
     data[inside] = c.mem.bufs[buf][g]
@@ -546,9 +567,9 @@ def _tma_store(c: _CTA, params, buf: int, coords: list[int], src: int, t: int, o
     if ((wt >= 0) & ~c.wr_fenced[r]).any():
         raise SimError(f"tile store reads {c.shared_name(src)}.. written by st.shared with no "
                        "fence.proxy.async by the writer since")
-    if ((wt >= 0) & (wt != t) & (c.wr_epoch[r] == c.epoch)).any():
+    if c.unordered_writes(r, t).any():
         raise SimError(f"tile store reads {c.shared_name(src)}.. which other threads wrote "
-                       "since the last bar.sync")
+                       "since the last bar.sync or mbarrier wait")
     g = off[inside][:, None] + np.arange(e)[None, :]
     vals = c.smem[sa[inside]]
     if op == "store":
@@ -625,8 +646,9 @@ def _wgmma(c: _CTA, op: str, ops: list[str], m: np.ndarray) -> None:
     d = [x.strip() for x in ops[0].strip("{}").split(",")]
     a_regs = ops[1].startswith("{")
     rest = ops[3:]
-    trans_a = 0 if a_regs else int(_imm(rest[3]))
-    trans_b = int(_imm(rest[-1]))
+    # the transpose immediates exist for 16-bit types only (others are K-major)
+    trans_a = int(_imm(rest[3])) if not a_regs and len(rest) > 4 else 0
+    trans_b = int(_imm(rest[-1])) if len(rest) > (3 if a_regs else 4) else 0
     neg_a, neg_b = int(_imm(rest[1])) == -1, int(_imm(rest[2])) == -1
     row, col = _frag(len(d))
     for g in np.unique(np.nonzero(m)[0] // 128).tolist():
@@ -798,6 +820,7 @@ def _mbarrier(c: _CTA, op: str, ops: list[str], m: np.ndarray, spin: bool) -> No
             ok[sel] = ((b.phase & 1) != (want[sel] & 1)) if parity else (b.phase > want[sel])
             seen = c.seen.setdefault(a, np.zeros(c.n, np.int64))
             seen[sel & ok] = b.phase
+            c.acq_step[sel & ok] = np.maximum(c.acq_step[sel & ok], b.done_at)
             on[sel] = a
         c.put(ops[0], ok, m)
         if spin:  # a thread that would spin parks (does not advance) until a phase completes
@@ -941,6 +964,22 @@ def _exec(c: _CTA, ins: tuple, m: np.ndarray, pcs: np.ndarray, done: np.ndarray,
                                   np.uint64), m)
         elif base == "cvta":
             c.put(ops[0], c.as_u(ops[1], m, 64), m)
+        elif base == "mov" and (ops[0].startswith("{") or ops[1].startswith("{")):
+            # vector pack / unpack: mov.b32 {lo, hi}, r / mov.b32 r, {lo, hi} (.b64 too)
+            bits = int(op.split(".")[-1][1:])
+            vec, scalar = (ops[0], ops[1]) if ops[0].startswith("{") else (ops[1], ops[0])
+            parts = [x.strip() for x in vec.strip("{}").split(",")]
+            w = bits // len(parts)
+            if ops[0].startswith("{"):
+                v = c.as_u(scalar, m, bits).astype(np.uint64)
+                for i, tok in enumerate(parts):
+                    if tok != "_":
+                        c.put(tok, (v >> np.uint64(i * w)) & np.uint64((1 << w) - 1), m)
+            else:
+                v = np.zeros(c.n, np.uint64)
+                for i, tok in enumerate(parts):
+                    v |= c.as_u(tok, m, w).astype(np.uint64) << np.uint64(i * w)
+                c.put(scalar, v, m)
         elif base == "mov":
             src = c.get(ops[1], m)
             if isinstance(src, float):
@@ -961,12 +1000,28 @@ def _exec(c: _CTA, ins: tuple, m: np.ndarray, pcs: np.ndarray, done: np.ndarray,
         elif base == "fma":
             a, b, d = (c.as_f(o, m).astype(np.float64) for o in ops[1:4])
             c.putf(ops[0], a * b + d, m)
-        elif base in ("rsqrt", "ex2", "rcp"):
+        elif base in ("rsqrt", "ex2", "rcp", "lg2", "sqrt", "tanh") and t == "f32":
             a = c.as_f(ops[1], m).astype(np.float64)
             with np.errstate(all="ignore"):
                 r = {"rsqrt": lambda v: 1.0 / np.sqrt(v), "ex2": np.exp2,
-                     "rcp": lambda v: 1.0 / v}[base](a)
+                     "rcp": lambda v: 1.0 / v, "lg2": np.log2, "sqrt": np.sqrt,
+                     "tanh": np.tanh}[base](a)
             c.putf(ops[0], r, m)
+        elif base in ("div", "rem", "min", "max", "shr", "abs") and t in ("s32", "s64"):
+            bits = 64 if t == "s64" else 32
+            si = np.int64 if bits == 64 else np.int32
+            a = c.as_u(ops[1], m, bits).view(si).astype(np.int64)
+            if base == "abs":
+                r = np.abs(a)
+            elif base == "shr":  # arithmetic
+                r = a >> c.as_u(ops[2], m, 32).astype(np.int64)
+            else:
+                b = c.as_u(ops[2], m, bits).view(si).astype(np.int64)
+                bb = np.where(b == 0, 1, b)
+                q = np.trunc(a / bb).astype(np.int64)  # C division rounds toward zero
+                r = {"div": q, "rem": a - q * bb, "min": np.minimum(a, b),
+                     "max": np.maximum(a, b)}[base]
+            c.put(ops[0], r.astype(np.uint64), m)
         elif base in ("add", "sub", "mul", "mad", "shl", "shr", "and", "or", "xor", "min", "max") \
                 or (base in ("div", "rem") and t in ("u32", "u64")):
             if t == "pred":
@@ -1020,8 +1075,25 @@ def _exec(c: _CTA, ins: tuple, m: np.ndarray, pcs: np.ndarray, done: np.ndarray,
                 hi = _bf16_rne(clamp(c.as_f(ops[1], m))).astype(np.uint32)
                 lo = _bf16_rne(clamp(c.as_f(ops[2], m))).astype(np.uint32)
                 c.put(ops[0], (hi << np.uint32(16)) | lo, m)
-            elif parts[-2:] == ["u64", "u32"]:
-                c.put(ops[0], c.as_u(ops[1], m, 32).astype(np.uint64), m)
+            elif parts[-1][0] in "usb" and parts[-2][0] in "usb" and parts[-1][1:].isdigit() \
+                    and parts[-2][1:].isdigit():  # integer widen / narrow
+                sb = int(parts[-1][1:])
+                v = c.as_u(ops[1], m, sb).astype(np.uint64)
+                if parts[-1][0] == "s":
+                    v = v.view(np.int64) if sb == 64 else \
+                        (v.astype(np.int64) ^ (1 << (sb - 1))) - (1 << (sb - 1))
+                c.put(ops[0], np.asarray(v).astype(np.int64).astype(np.uint64), m)
+            elif parts[-2] == "f32" and parts[-1] in ("s32", "u32"):
+                v = c.as_u(ops[1], m, 32)
+                v = v.view(np.int32) if parts[-1] == "s32" else v
+                c.putf(ops[0], v.astype(np.float64), m)
+            elif parts[-2] in ("s32", "u32") and parts[-1] == "f32":
+                v = c.as_f(ops[1], m).astype(np.float64)
+                rnd = {"rzi": np.trunc, "rni": np.rint, "rmi": np.floor, "rpi": np.ceil}
+                mode = next((rnd[x] for x in parts if x in rnd), None)
+                if mode is None:
+                    raise SimError(f"unsupported {op}")
+                c.put(ops[0], mode(v).astype(np.int64).astype(np.uint64), m)
             else:
                 raise SimError(f"unsupported {op}")
         elif base == "shfl":
@@ -1049,6 +1121,45 @@ def _exec(c: _CTA, ins: tuple, m: np.ndarray, pcs: np.ndarray, done: np.ndarray,
                 c.wr_fenced |= np.append(m, False)[c.wr_tid]
         elif base == "mbarrier":
             _mbarrier(c, op, ops, m, pc in c.p.spins)
+        elif base in ("red", "atom") and ".global" in op:
+            # one thread after another, in thread order (any order is a valid schedule)
+            parts = op.split(".")
+            kind, et = parts[-2], parts[-1]
+            es = max(_BITS[et] // 8, 1)
+            dt = {"f32": np.float32, "u32": np.uint32, "s32": np.int32, "b32": np.uint32,
+                  "u64": np.uint64, "b64": np.uint64}.get(et)
+            ops2 = {"add": np.add, "min": np.minimum, "max": np.maximum, "and": np.bitwise_and,
+                    "or": np.bitwise_or, "exch": lambda cur, v: v}
+            if dt is None or (kind not in ops2 and kind != "cas"):
+                raise SimError(f"unsupported {op}")
+            addr = c.address(ops[0] if base == "red" else ops[1], m)
+            i, off = c.mem.locate(addr[m], es, raw)
+            cell = c.mem.bufs[i]
+            vals = c.as_u(ops[1] if base == "red" else ops[2], m, es * 8).view(dt)
+            swap = c.as_u(ops[3], m, es * 8).view(dt) if kind == "cas" else None
+            old = np.zeros(c.n, dt)
+            for k, t in enumerate(tids.tolist()):
+                word = cell[off[k]:off[k] + es].view(dt)
+                old[t] = word[0]
+                if kind == "cas":  # atom.cas d, [a], b, c: *a = (*a == b) ? c : *a
+                    word[0] = swap[t] if word[0] == vals[t] else word[0]
+                else:
+                    word[0] = ops2[kind](word[0], vals[t])
+                c.mem.written[i][off[k]:off[k] + es] = True
+            if base == "atom":
+                c.put(ops[0], old.view(_NP[es * 8]), m)
+        elif base == "vote":
+            kind = op.split(".")[2]
+            src = c.as_p(ops[1], m)
+            out = np.zeros(c.n, np.uint32 if kind == "ballot" else bool)
+            for wp in np.unique(c.warp[m]).tolist():
+                lanes = np.arange(wp * 32, wp * 32 + 32)
+                if not m[lanes].all():
+                    raise SimError(f"{op}: warp {wp} has {int(m[lanes].sum())} of 32 lanes here")
+                v = src[lanes]
+                out[lanes] = {"any": v.any(), "all": v.all(), "uni": v.all() or not v.any(),
+                              "ballot": int(sum(1 << i for i in range(32) if v[i]))}[kind]
+            c.put(ops[0], out, m)
         elif base == "wgmma":
             _wgmma(c, op, ops, m)
         elif base == "stmatrix":
@@ -1176,6 +1287,7 @@ def _run_cta(prog: _Prog, mem: _Memory, block, grid, cta, max_steps: int) -> Non
             raise SimError(f"PTX line {pc}: {ins[3]}: only {int(sel.sum())} of "
                            f"{int(live.sum())} live threads reach the barrier{why}")
         before = pcs.copy()
+        c.step = steps
         _exec(c, ins, sel, pcs, done, pc)
         adv = sel & (pcs == before) & ~done & ~c.parked
         pcs[adv] += 1
@@ -1185,12 +1297,13 @@ def _run_cta(prog: _Prog, mem: _Memory, block, grid, cta, max_steps: int) -> Non
 
 
 def run(spec, inputs: list[np.ndarray], *, poison: bool = True,
-        max_steps: int = 2_000_000) -> list[np.ndarray]:
+        max_steps: int = 2_000_000, inplace: bool = False) -> list[np.ndarray]:
     """Run a pyptx ``Specialization`` on numpy inputs; return its outputs as numpy arrays.
 
     Outputs are allocated from the spec's shapes and dtypes (bf16 as uint16
     bits); with ``poison`` they start as NaN bit patterns and every byte must be
-    written, else ``SimError``.
+    written, else ``SimError``. ``inplace``: ``inputs`` are written back too (a kernel that
+    adds into an input buffer, like an accumulator of tile reductions).
     """
     prog = _Prog(spec.ptx(), spec.smem)
     outs = []
@@ -1217,4 +1330,9 @@ def run(spec, inputs: list[np.ndarray], *, poison: bool = True,
             miss = int((~mem.written[i]).sum())
             raise SimError(f"output {k}: {miss} of {len(mem.written[i])} bytes never written")
         res.append(mem.bufs[i].view(o.dtype).reshape(o.shape).copy())
+    if inplace:
+        for k, a in enumerate(inputs):
+            if not (isinstance(a, np.ndarray) and a.flags.c_contiguous and a.flags.writeable):
+                raise SimError(f"inplace: input {k} must be a writeable C-contiguous array")
+            a.view(np.uint8).reshape(-1)[:] = mem.bufs[k]
     return res

@@ -133,3 +133,202 @@ def test_simulator_refuses_clusters():
     k = gemm.build_gemm(256, 256, 64, cluster=2)
     with pytest.raises(ptxsim.SimError, match="clusters"):
         ptxsim.run(k.specialize(), [np.zeros((256, 64), np.uint16), np.zeros((64, 256), np.uint16)])
+
+
+# ---------------------------------------------------------------------- grouped GEMM
+grouped = load_module(HERE.parents[3] / "examples" / "hopper" / "grouped_gemm.py", "tc_sim_grouped")
+
+
+@pytest.mark.parametrize("sizes,N,K,config", [
+    ([0, 37, 130], 72, 104, dict(BM=128, BN=128, num_sms=4)),
+    ([5, 0, 300, 1, 200, 0], 264, 200, dict(BM=64, BN=128, num_sms=3)),
+    ([0, 37, 130], 72, 104, dict(BM=128, BN=128, num_sms=4, b_major="K")),
+    ([129, 1, 63, 64, 191], 128, 136, dict(BM=64, BN=64, store="masked", num_sms=2)),
+    ([128] * 4, 256, 256, dict(BM=128, BN=128, num_sms=3, warm=2, prefetch=True)),   # opt-in
+    ([5, 0, 300, 1, 200, 0], 264, 200, dict(BM=128, BN=128, num_sms=3, warm=6)),     # opt-in
+])
+def test_grouped_gemm_forward(sizes, N, K, config):
+    """Ragged groups (empty ones too) against float64; the opt-in prefetches must not matter."""
+    rng = np.random.default_rng(len(sizes) * 7 + N)
+    G, M = len(sizes), sum(sizes)
+    b_major = config.get("b_major", "MN")
+    a = _dev(rng.standard_normal((M, K)), "bf16")
+    w = rng.standard_normal((G, K, N))
+    b = _dev(w if b_major == "MN" else w.transpose(0, 2, 1), "bf16")
+    offs = np.cumsum(sizes).astype(np.int32)
+    (d,) = ptxsim.run(grouped.build_grouped(M, N, K, G, **config).specialize(), [a, b, offs])
+    bb = _f64(b, "bf16") if b_major == "MN" else _f64(b, "bf16").transpose(0, 2, 1)
+    ref = np.concatenate([_f64(a, "bf16")[e - n:e] @ bb[g] for g, (n, e) in
+                          enumerate(zip(sizes, offs))])
+    err = np.linalg.norm(_f64(d, "bf16") - ref) / np.linalg.norm(ref)
+    assert err < TOL["bf16"], err
+
+
+def test_grouped_weight_gradient():
+    sizes, KX, NY = [0, 37, 130, 64], 72, 136
+    rng = np.random.default_rng(3)
+    M, G = sum(sizes), len(sizes)
+    x = _dev(rng.standard_normal((M, KX)), "bf16")
+    y = _dev(rng.standard_normal((M, NY)), "bf16")
+    offs = np.cumsum(sizes).astype(np.int32)
+    k = grouped.build_grouped_wgrad(M, KX, NY, G, BM=64, BN=128, num_sms=3)
+    (w,) = ptxsim.run(k.specialize(), [x, y, offs])
+    X, Y = _f64(x, "bf16"), _f64(y, "bf16")
+    ref = np.stack([X[e - n:e].T @ Y[e - n:e] for n, e in zip(sizes, offs)])
+    err = np.linalg.norm(_f64(w, "bf16") - ref) / np.linalg.norm(ref)
+    assert err < TOL["bf16"], err
+
+
+# ---------------------------------------------------------------------- FP8 GEMM
+fp8 = load_module(HERE.parents[3] / "examples" / "hopper" / "fp8_gemm.py", "tc_sim_fp8")
+_E4M3 = np.arange(256, dtype=np.uint8)
+_E4M3_VALUES = ptxsim._to_float(_E4M3, "e4m3")
+_E4M3_FINITE = (_E4M3 & 0x7F) != 0x7F
+
+
+def _e4m3(x):
+    """Nearest e4m3 codes of ``x`` (a table search: fine for test sizes)."""
+    tv, tc = _E4M3_VALUES[_E4M3_FINITE], _E4M3[_E4M3_FINITE]
+    return tc[np.abs(np.asarray(x)[..., None] - tv).argmin(-1)].astype(np.uint8)
+
+
+@pytest.mark.parametrize("scale,config", [
+    ("tensor", dict(BN=128)), ("row", dict(BN=128)), ("block", dict(BN=128)),
+    ("tensor", dict(BN=64, fast_accum=True)), ("block", dict(BN=128, pingpong=True)),
+])
+def test_fp8_gemm(scale, config):
+    M, N, K = 200, 264, 384
+    rng = np.random.default_rng(5)
+    a, w = _e4m3(rng.standard_normal((M, K))), _e4m3(rng.standard_normal((N, K)))
+    A, W = _E4M3_VALUES[a], _E4M3_VALUES[w]
+    nk = -(-K // 128)
+    if scale == "tensor":
+        sa, sb = np.array([0.5], np.float32), np.array([3.0], np.float32)
+        ref = (A @ W.T) * 1.5
+    elif scale == "row":
+        sa, sb = (rng.uniform(0.5, 2, n).astype(np.float32) for n in (M, N))
+        ref = (A @ W.T) * sa[:, None] * sb[None, :]
+    else:
+        sa = rng.uniform(0.5, 2, (M, nk)).astype(np.float32)
+        sb = rng.uniform(0.5, 2, (-(-N // 128), nk)).astype(np.float32)
+        ea = np.repeat(sa, 128, 1)[:, :K]
+        eb = np.repeat(np.repeat(sb, 128, 0), 128, 1)[:N, :K]
+        ref = (A * ea) @ (W * eb).T
+    k = fp8.build_fp8_gemm(M, N, K, scale=scale, cluster=1, num_sms=3, **config)
+    (d,) = ptxsim.run(k.specialize(), [a, w, sa, sb])
+    err = np.linalg.norm(_f64(d, "bf16") - ref) / np.linalg.norm(ref)
+    assert err < TOL["bf16"], err
+
+
+# ---------------------------------------------------------------------- flash attention
+fa = load_module(HERE.parents[3] / "examples" / "hopper" / "flash_attention.py", "tc_sim_fa")
+fab = load_module(HERE.parents[3] / "examples" / "hopper" / "flash_attention_bwd.py", "tc_sim_fab")
+
+
+def _attention_inputs(B, S, Hq, Hkv, D, seed):
+    rng = np.random.default_rng(seed)
+    q = _dev(rng.standard_normal((B, S, Hq, D)), "bf16")
+    k = _dev(rng.standard_normal((B, S, Hkv, D)), "bf16")
+    v = _dev(rng.standard_normal((B, S, Hkv, D)), "bf16")
+    do = _dev(rng.standard_normal((B, S, Hq, D)), "bf16")
+    return q, k, v, do
+
+
+def _attention_reference(q, k, v, do, causal):
+    """float64 ``o``, ``lse`` and ``(dq, dk, dv)``; KV heads shared by ``Hq // Hkv`` heads."""
+    Q, K, V, dO = (_f64(x, "bf16") for x in (q, k, v, do))
+    S, D, g = Q.shape[1], Q.shape[3], Q.shape[2] // K.shape[2]
+    Kr, Vr = np.repeat(K, g, 2), np.repeat(V, g, 2)
+    s = np.einsum("bqhd,bkhd->bhqk", Q, Kr) / np.sqrt(D)
+    if causal:
+        s = s + np.triu(np.full((S, S), -np.inf), 1)
+    mx = s.max(-1, keepdims=True)
+    e = np.exp(s - mx)
+    lse = (np.log(e.sum(-1, keepdims=True)) + mx)[..., 0]
+    p = e / e.sum(-1, keepdims=True)
+    o = np.einsum("bhqk,bkhd->bqhd", p, Vr)
+    dp = np.einsum("bqhd,bkhd->bhqk", dO, Vr)
+    delta = (dO * o).sum(-1).transpose(0, 2, 1)[..., None]
+    ds = p * (dp - delta) / np.sqrt(D)
+    dq = np.einsum("bhqk,bkhd->bqhd", ds, Kr)
+    split = (K.shape[0], S, K.shape[2], g, D)
+    dk = np.einsum("bhqk,bqhd->bkhd", ds, Q).reshape(split).sum(3)
+    dv = np.einsum("bhqk,bqhd->bkhd", p, dO).reshape(split).sum(3)
+    return o, lse, (dq, dk, dv)
+
+
+def _rel(got, ref):
+    return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+
+
+@pytest.mark.parametrize("D,causal,config", [
+    (64, True, {}), (64, False, dict(schedule="simple")), (128, True, dict(schedule="overlap")),
+    (128, False, {}), (64, True, dict(persistent=True, num_sms=3)),
+])
+def test_attention_forward(D, causal, config):
+    """A ragged length (200), grouped-query heads (2 per KV head); ``lse`` in natural log."""
+    B, S, Hq, Hkv = 1, 200, 2, 1
+    q, k, v, do = _attention_inputs(B, S, Hq, Hkv, D, D + causal)
+    o, lse = ptxsim.run(fa.build_attention(B, S, Hq, Hkv, D, causal=causal, **config).specialize(),
+                        [q, k, v])
+    ro, rlse, _ = _attention_reference(q, k, v, do, causal)
+    assert _rel(_f64(o, "bf16"), ro) < TOL["bf16"]
+    assert _rel(lse.view(np.float32).astype(np.float64), rlse) < 1e-5
+
+
+@pytest.mark.parametrize("D,causal,mode", [
+    (64, True, {}), (128, False, {}),
+    (64, True, dict(atomic_dq=True, dq_bulk=True)),
+    (128, True, dict(atomic_dq=True, dq_bulk=True, dq_ordered=True)),
+    (64, False, dict(atomic_dq=True, dq_bulk=True, dq_ordered=True)),
+])
+def test_attention_backward(D, causal, mode, S=300):
+    """The seven-product pair and the bulk-dQ modes, the ordered one's fixed order of adds
+    included (the simulator runs CTAs one after another in grid order: a CTA that waited for
+    a later one would spin until the step limit). S=300: five q blocks, three kv blocks."""
+    B, Hq, Hkv = 1, 2, 1
+    q, k, v, do = _attention_inputs(B, S, Hq, Hkv, D, 7 * D + causal)
+    o, lse = ptxsim.run(fa.build_attention(B, S, Hq, Hkv, D, causal=causal).specialize(), [q, k, v])
+    lse = lse.view(np.float32)
+    bwd = fab.build_attention_backward(B, S, Hq, Hkv, D, causal=causal, **mode)
+    if not mode:
+        dq, stats = ptxsim.run(bwd.kernels[0].specialize(), [q, k, v, o, lse, do])
+        dk, dv = ptxsim.run(bwd.kernels[1].specialize(), [q, k, v, do, stats])
+    else:
+        prep, dkdv, convert = bwd.kernels
+        stats, acc, *sem = ptxsim.run(prep.specialize(), [o, lse, do],
+                                      poison=not mode.get("dq_ordered"))
+        dk, dv = ptxsim.run(dkdv.specialize(), [q, k, v, do, stats, acc, *sem], inplace=True)
+        (dq,) = ptxsim.run(convert.specialize(), [acc])
+    _, _, grads = _attention_reference(q, k, v, do, causal)
+    for name, got, ref in zip(("dq", "dk", "dv"), (dq, dk, dv), grads):
+        assert _rel(_f64(got, "bf16"), ref) < TOL["bf16"], name
+
+
+def _ordered_full_backward(S, max_steps):
+    B, Hq, Hkv, D = 1, 2, 1, 64
+    q, k, v, do = _attention_inputs(B, S, Hq, Hkv, D, 11)
+    o, lse = ptxsim.run(fa.build_attention(B, S, Hq, Hkv, D).specialize(), [q, k, v])
+    bwd = fab.build_attention_backward(B, S, Hq, Hkv, D, atomic_dq=True, dq_bulk=True,
+                                       dq_ordered=True)
+    prep, dkdv, convert = bwd.kernels
+    stats, acc, sem = ptxsim.run(prep.specialize(), [o, lse.view(np.float32), do], poison=False)
+    ptxsim.run(dkdv.specialize(), [q, k, v, do, stats, acc, sem], inplace=True,
+               max_steps=max_steps)
+    (dq,) = ptxsim.run(convert.specialize(), [acc])
+    return _rel(_f64(dq, "bf16"), _attention_reference(q, k, v, do, False)[2][0])
+
+
+def test_ordered_dq_rotation_needs_a_resident_head(monkeypatch):
+    """Full attention with ``ceil(S/64) == 2 * ceil(S/128)`` takes the rotated order, in which
+    the last kv block of a head waits for block 0, launched last: run one CTA after another it
+    never finishes (on a GPU every kv block of the head must be resident together, hence
+    ``ROTATE_MAX_KV``); above the cap the ascending order runs in launch order."""
+    with pytest.raises(ptxsim.SimError, match="step limit"):
+        _ordered_full_backward(256, max_steps=150_000)
+    monkeypatch.setattr(fab, "ROTATE_MAX_KV", 1)
+    fab._build.cache_clear()
+    try:
+        assert _ordered_full_backward(256, max_steps=2_000_000) < TOL["bf16"]
+    finally:
+        fab._build.cache_clear()
