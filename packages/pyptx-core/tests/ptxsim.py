@@ -1070,6 +1070,15 @@ def _exec(c: _CTA, ins: tuple, m: np.ndarray, pcs: np.ndarray, done: np.ndarray,
                 c.put(ops[0], c.as_u(ops[1], m, 32) << np.uint32(16), m)
             elif parts[-2:] == ["bf16", "f32"]:
                 c.put(ops[0], _bf16_rne(c.as_f(ops[1], m)), m)
+            elif parts[-2:] == ["f32", "f16"]:
+                c.putf(ops[0], c.as_u(ops[1], m, 16).view(np.float16).astype(np.float64), m)
+            elif parts[-2:] == ["f16", "f32"]:
+                c.put(ops[0], c.as_f(ops[1], m).astype(np.float16).view(np.uint16), m)
+            elif parts[-2:] == ["f16x2", "f32"]:
+                clamp = (lambda v: np.maximum(v, np.float32(0))) if "relu" in parts else (lambda v: v)
+                hi = clamp(c.as_f(ops[1], m)).astype(np.float16).view(np.uint16).astype(np.uint32)
+                lo = clamp(c.as_f(ops[2], m)).astype(np.float16).view(np.uint16).astype(np.uint32)
+                c.put(ops[0], (hi << np.uint32(16)) | lo, m)
             elif parts[-2:] == ["bf16x2", "f32"]:
                 clamp = (lambda v: np.maximum(v, np.float32(0))) if "relu" in parts else (lambda v: v)
                 hi = _bf16_rne(clamp(c.as_f(ops[1], m))).astype(np.uint32)
@@ -1123,7 +1132,8 @@ def _exec(c: _CTA, ins: tuple, m: np.ndarray, pcs: np.ndarray, done: np.ndarray,
             _mbarrier(c, op, ops, m, pc in c.p.spins)
         elif base in ("red", "atom") and ".global" in op:
             # one thread after another, in thread order (any order is a valid schedule)
-            parts = op.split(".")
+            parts = [x for x in op.split(".") if x not in ("v2", "v4")]
+            nvec = 4 if ".v4." in op else 2 if ".v2." in op else 1
             kind, et = parts[-2], parts[-1]
             es = max(_BITS[et] // 8, 1)
             dt = {"f32": np.float32, "u32": np.uint32, "s32": np.int32, "b32": np.uint32,
@@ -1133,6 +1143,18 @@ def _exec(c: _CTA, ins: tuple, m: np.ndarray, pcs: np.ndarray, done: np.ndarray,
             if dt is None or (kind not in ops2 and kind != "cas"):
                 raise SimError(f"unsupported {op}")
             addr = c.address(ops[0] if base == "red" else ops[1], m)
+            if nvec > 1:  # red.global.add.v2.f32 [a], {x, y}: element-wise, one word at a time
+                if base != "red" or kind != "add":
+                    raise SimError(f"unsupported {op}")
+                words = [x.strip() for x in ops[1].strip("{}").split(",")]
+                i, off = c.mem.locate(addr[m], es * nvec, raw)
+                for j, tok in enumerate(words):
+                    v = c.as_u(tok, m, es * 8).view(dt)
+                    for k, t in enumerate(tids.tolist()):
+                        word = c.mem.bufs[i][off[k] + j * es:off[k] + (j + 1) * es].view(dt)
+                        word[0] = word[0] + v[t]
+                    c.mem.written[i][(off[:, None] + np.arange(j * es, (j + 1) * es)).reshape(-1)] = True
+                return
             i, off = c.mem.locate(addr[m], es, raw)
             cell = c.mem.bufs[i]
             vals = c.as_u(ops[1] if base == "red" else ops[2], m, es * 8).view(dt)
