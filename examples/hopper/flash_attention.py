@@ -54,6 +54,7 @@ import sys
 from pathlib import Path
 
 from pyptx import Tile, kernel, ptx, reg
+from pyptx.autotune import Config, autotune
 from pyptx.errors import ConfigError, PyptxError
 from pyptx.fragment import Accumulator
 from pyptx.operand import OperandTile
@@ -145,6 +146,12 @@ def _opts_tag(pin_overlap, rescale_threshold):
 
 def _schedule(schedule):
     return schedule or os.environ.get("PYPTX_ATTN_SCHEDULE") or DEFAULT_SCHEDULE
+
+
+def _tuning(schedule, BN, stages):
+    """``attention()``'s tile options as ``_forward`` takes them: each one given (or, for the
+    schedule, set by ``$PYPTX_ATTN_SCHEDULE``) or ``None``; all three ``None`` means tuned."""
+    return schedule or os.environ.get("PYPTX_ATTN_SCHEDULE") or None, BN, stages
 
 
 def _persistent(persistent, D):
@@ -693,12 +700,30 @@ def _bwd_module():
     return load_module(path, "flash_attention_bwd_example")
 
 
+ATTENTION_CONFIGS = [Config(), Config(stages=3), Config(BN=64), Config(BN=176), Config(BN=192),
+                     Config(schedule="overlap")]
+"""The forward tile options ``attention()`` times per shape when none is given (the first is
+the default with ``PYPTX_AUTOTUNE=0``): ``BN`` keys per block, ring ``stages`` and the
+overlap schedule; a head dim a config does not fit (``BN=192`` at 128, three stages at 256)
+is refused and skipped. Each one is checked against float64 in the CPU simulator
+(``test_tensorcore_sim.py``)."""
+
+attention_tuned = autotune(ATTENTION_CONFIGS, key=[
+    "B", "S", "Hq", "Hkv", "D", "Sk", "dtype", "causal", "scale", "persistent", "pin_overlap",
+    "rescale_threshold"])(build_attention)
+"""``build_attention`` with its tile options chosen on the device at the first launch."""
+
+
 @functools.lru_cache(maxsize=128)
 def _forward(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, schedule, BN, stages, persistent=False,
              pin_overlap=False, rescale_threshold=RESCALE_THRESHOLD):
-    return build_attention(B, S, Hq, Hkv, D, Sk=Sk, dtype=dtype, causal=causal, scale=scale,
-                           BN=BN, stages=stages, schedule=schedule, persistent=persistent,
-                           pin_overlap=pin_overlap, rescale_threshold=rescale_threshold)
+    kw = dict(Sk=Sk, dtype=dtype, causal=causal, scale=scale, persistent=persistent,
+              pin_overlap=pin_overlap, rescale_threshold=rescale_threshold)
+    given = {k: v for k, v in (("schedule", schedule), ("BN", BN), ("stages", stages))
+             if v is not None}
+    if not given:
+        return attention_tuned(B, S, Hq, Hkv, D, **kw)
+    return build_attention(B, S, Hq, Hkv, D, **kw, **given)
 
 
 @functools.lru_cache(maxsize=128)
@@ -756,19 +781,19 @@ def _contiguous(*xs):
     return tuple(x.contiguous() if _lib(x) == "torch" else x for x in xs)
 
 
-def attention_forward(q, k, v, causal=False, scale=None, *, schedule=None, BN=None, stages=2,
+def attention_forward(q, k, v, causal=False, scale=None, *, schedule=None, BN=None, stages=None,
                       persistent=None, pin_overlap=False, rescale_threshold=RESCALE_THRESHOLD):
     """``(o, lse)`` of the forward kernel (no autograd): ``o (B, S, Hq, D)``, ``lse (B, Hq, S)``
-    float32, natural log of each row's sum of ``exp(scale * q.k)``."""
+    float32, natural log of each row's sum of ``exp(scale * q.k)``. With none of
+    ``schedule``, ``BN``, ``stages`` given, they are tuned per shape (``ATTENTION_CONFIGS``)."""
     B, S, Hq, Hkv, D, Sk, name = _shapes(q, k, v)
     sc = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    k_ = _forward(B, S, Hq, Hkv, D, Sk, name, bool(causal), sc, _schedule(schedule),
-                  BN or default_bn(D), stages, _persistent(persistent, D),
-                  *_check_opts(pin_overlap, rescale_threshold))
+    k_ = _forward(B, S, Hq, Hkv, D, Sk, name, bool(causal), sc, *_tuning(schedule, BN, stages),
+                  _persistent(persistent, D), *_check_opts(pin_overlap, rescale_threshold))
     return k_(*_contiguous(q, k, v))
 
 
-def attention(q, k, v, causal=False, scale=None, *, schedule=None, BN=None, stages=2,
+def attention(q, k, v, causal=False, scale=None, *, schedule=None, BN=None, stages=None,
               persistent=None, pin_overlap=False, rescale_threshold=RESCALE_THRESHOLD,
               deterministic=True):
     """Flash attention ``softmax(scale * q k^T) v`` (torch tensors or JAX arrays):
@@ -776,13 +801,15 @@ def attention(q, k, v, causal=False, scale=None, *, schedule=None, BN=None, stag
     ``D`` in 64/128/256. ``causal``: key ``j`` allowed for query ``i`` iff ``j <= i``.
     ``scale`` defaults to ``1/sqrt(D)``. Differentiable in ``q, k, v`` when the backward
     kernels are available. ``schedule``, ``BN``, ``stages``, ``persistent``, ``pin_overlap``,
-    ``rescale_threshold``: see ``build_attention``. ``deterministic=False``: a faster
+    ``rescale_threshold``: see ``build_attention``; with none of the first three given, the
+    forward's tile options are tuned per shape on the device (``ATTENTION_CONFIGS``,
+    ``pyptx.autotune``; ``PYPTX_AUTOTUNE=0`` takes the defaults). ``deterministic=False``: a faster
     backward whose dQ sums come in run-dependent order (last bits vary between runs;
     torch eager only: JAX and ``torch.compile`` raise ``ConfigError``)."""
     B, S, Hq, Hkv, D, Sk, name = _shapes(q, k, v)
     sc = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    fn = _differentiable(B, S, Hq, Hkv, D, Sk, name, bool(causal), sc, _schedule(schedule),
-                         BN or default_bn(D), stages, _persistent(persistent, D),
+    fn = _differentiable(B, S, Hq, Hkv, D, Sk, name, bool(causal), sc,
+                         *_tuning(schedule, BN, stages), _persistent(persistent, D),
                          *_check_opts(pin_overlap, rescale_threshold), bool(deterministic))
     return fn(*_contiguous(q, k, v))[0]
 

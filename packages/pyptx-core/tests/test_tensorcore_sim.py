@@ -267,6 +267,9 @@ def _rel(got, ref):
 @pytest.mark.parametrize("D,causal,config", [
     (64, True, {}), (64, False, dict(schedule="simple")), (128, True, dict(schedule="overlap")),
     (128, False, {}), (64, True, dict(persistent=True, num_sms=3)),
+    # the tuned list's other candidates (ATTENTION_CONFIGS) that fit each head dim
+    (64, True, dict(BN=192)), (128, False, dict(BN=176)), (128, True, dict(stages=3)),
+    (64, False, dict(BN=64)),
 ])
 def test_attention_forward(D, causal, config):
     """A ragged length (200), grouped-query heads (2 per KV head); ``lse`` in natural log."""
@@ -337,3 +340,10 @@ def test_ordered_dq_rotation_needs_a_resident_head(monkeypatch):
         assert _ordered_full_backward(256, max_steps=2_000_000) < TOL["bf16"]
     finally:
         fab._build.cache_clear()
+
+
+def test_attention_tuned_configs_are_simulated():
+    """Every ``ATTENTION_CONFIGS`` entry is one of the simulated forward cases above."""
+    simulated = [c for _, _, c in test_attention_forward.pytestmark[0].args[1]]
+    for cfg in fa.ATTENTION_CONFIGS:
+        assert cfg.kwargs in simulated, cfg
