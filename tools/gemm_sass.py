@@ -1,5 +1,6 @@
-"""Assemble the default GEMM configurations with ptxas, dump their SASS with cuobjdump and
-count HGMMA / spills; writes OUT/gemm-sass.txt."""
+"""Assemble every tuned GEMM configuration with ptxas (8192^3; M = 128 too for the 128x64
+tile the tuner picks there), dump their SASS with cuobjdump and count HGMMA / spills; writes
+OUT/gemm-sass.txt."""
 import re
 import subprocess
 import sys
@@ -12,8 +13,9 @@ ROOT = Path(__file__).resolve().parents[1]
 gemm = load_module(ROOT / "examples/hopper/gemm.py", "gemm_example")
 out = Path(sys.argv[1] if len(sys.argv) > 1 else ".")
 lines = []
-for (M, N, K) in [(8192, 8192, 8192), (128, 8192, 8192)]:
-    cfg = gemm.GEMM_CONFIGS[0 if M > 128 else -1].kwargs
+cases = [((8192, 8192, 8192), c.kwargs) for c in gemm.GEMM_CONFIGS]
+cases += [((128, 8192, 8192), c.kwargs) for c in gemm.GEMM_CONFIGS if c.kwargs.get("BN") == 64]
+for (M, N, K), cfg in cases:
     k = gemm.build_gemm(M, N, K, **cfg)
     with tempfile.TemporaryDirectory() as d:
         src, cub = Path(d, "k.ptx"), Path(d, "k.cubin")
