@@ -1,7 +1,7 @@
 """A small ragged flash-attention forward for compute-sanitizer (memcheck, racecheck,
 synccheck): B=2, S=77, Hq=4, Hkv=2, head dims 64 and 128, causal and not, every schedule,
-the persistent kernel over 4 CTAs, plus a packed (varlen) batch; every output is checked
-against float64."""
+the persistent kernel over 4 CTAs, plus a packed (varlen) batch, and each candidate of the
+tuned list (``ATTENTION_CONFIGS``); every output is checked against float64."""
 import sys
 from pathlib import Path
 
@@ -45,6 +45,22 @@ for schedule in fa.SCHEDULES:
     ok, eo, el = fa.check(o, lse, *fa.reference_varlen(q, k, v, cu, cu, True), "bf16")
     bad += not ok
     print(schedule, "varlen", f"o err {eo:.1e} lse {el:.1e}", "PASS" if ok else "FAIL")
+# the tuned list's candidates (ATTENTION_CONFIGS) that fit each head dim, at a length that
+# leaves a partial key block for every BN
+for cfg in fa.ATTENTION_CONFIGS[1:]:
+    for D in (64, 128):
+        q = torch.randn(1, 300, 2, D, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(1, 300, 1, D, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(1, 300, 1, D, device="cuda", dtype=torch.bfloat16)
+        try:
+            kern = fa.build_attention(1, 300, 2, 1, D, causal=True, **cfg.kwargs)
+        except fa.ConfigError:
+            continue  # a config that does not fit this head dim
+        o, lse = kern(q, k, v)
+        ok, eo, el = fa.check(o, lse, *fa.reference(q, k, v, True), "bf16")
+        bad += not ok
+        print("tuned candidate", cfg.kwargs, D, f"o err {eo:.1e} lse {el:.1e}",
+              "PASS" if ok else "FAIL")
 torch.cuda.synchronize()
 print("FAIL" if bad else "all PASS")
 sys.exit(1 if bad else 0)

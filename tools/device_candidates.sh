@@ -15,6 +15,8 @@
 #             8192x28672x8192 (bf16), 3 interleaved rounds beside cuBLAS and the default
 #   rows      benchmarks/memory_bound.py under do_bench, layer norm at the four sizes (the
 #             tuned list now holds welford variants: see which the tuner picks)
+#   attention benchmarks/attention.py (its own call: ~130 s; the forward is tuned now) after the
+#             attention sanitizer (tools/attention_sanitize.py covers the tuned candidates)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYPTX_CACHE_DIR=/tmp/pyptx-cache
@@ -39,6 +41,13 @@ for s in ${STEPS:-tests sanitize grouped gemm rows}; do
                --out "$OUT/grouped_ab.md" 2>&1 | tee "$OUT/grouped_ab.log" | tail -30 ;;
     gemm) timeout 240 python3 tools/gemm_variance.py 4096 8192 8192x28672x8192 --configs candidates \
             --rounds 3 2>&1 | tee "$OUT/gemm_candidates.log" | tail -30 ;;
+    attention)
+      for tool in memcheck racecheck; do
+        echo "== $tool attention"
+        PYPTX_AUTOTUNE=0 timeout 200 compute-sanitizer --tool $tool --report-api-errors no \
+          python3 tools/attention_sanitize.py 2>&1 | tail -3
+      done
+      timeout 300 python3 benchmarks/attention.py --out "$OUT/attention.md" 2>&1 | tail -20 ;;
     rows) timeout 200 python3 benchmarks/memory_bound.py --timer do_bench --no-compile --rounds 3 \
             --ops layer_norm --out "$OUT/rows.md" 2>&1 | tail -30 ;;
   esac
