@@ -204,10 +204,11 @@ def split_blocks(s, start, end, splits, BK=64):
 
 
 def _open(stages, consumers, offs, prod_regs, cluster=1, prefetch=(), early=None):
-    """The grouped kernels' opening: ``(base, pipe, tid, wg, cid, p_offs, roles)``, the
+    """The grouped kernels' opening: ``(base, pipe, tid, wg, rank, cid, p_offs, roles)``, the
     ring base and its pipeline (released by the consumers of every CTA of the cluster), the
-    thread's ids, the CTA's (cluster's) index, the group ends' pointer, and the role split
-    (the producer's code follows). ``prefetch``: tensor maps thread 0 prefetches into the
+    thread's ids, the CTA's rank in its cluster (``0`` without one) and the cluster's index,
+    the group ends' pointer, and the role split (the producer's code follows: registers
+    both roles use are made before it). ``prefetch``: tensor maps thread 0 prefetches into the
     descriptor cache (with the group ends into L2) before the barriers are set up;
     ``early()``: more code thread 0 runs there (e.g. L2 prefetches of operand tiles)."""
     base = ring_base()
@@ -221,8 +222,8 @@ def _open(stages, consumers, offs, prod_regs, cluster=1, prefetch=(), early=None
     if early is not None:
         with ptx.if_(tid == 0):
             early()
-    _, cid = prologue(pipe, tid, cluster)
-    return base, pipe, tid, wg, cid, p_offs, Roles(wg, prod_regs)
+    rank, cid = prologue(pipe, tid, cluster)
+    return base, pipe, tid, wg, rank, cid, p_offs, Roles(wg, prod_regs)
 
 
 class _Consumer:
@@ -384,11 +385,11 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
                 ptx.tma.prefetch_tile(b_map, b_coords(i, n0, kb * BK, g), pred=ok)
 
     def grouped(A, B, Offs, D):
-        base, pipe, tid, wg, cid, p_offs, roles = _open(
+        # the rank comes from the opening, before the role split: the consumers use it too
+        base, pipe, tid, wg, rank, cid, p_offs, roles = _open(
             stages, consumers, Offs, prod_regs, cluster,
             prefetch=(A.tmap, B.tmap, D.tmap) if prefetch else (),
             early=(lambda: warm_guess(A, B)) if warm else None)
-        rank = ptx.cluster.ctarank() if cluster > 1 else 0
 
         def origin(walk, t):
             """``(g, m0, n0)`` of this CTA's tile in unit ``t``."""
@@ -530,7 +531,7 @@ def build_grouped_wgrad(M: int, KX: int, NY: int, G: int, *, out_dtype="bf16", B
         return split_blocks(s, start, end, splits)
 
     def wgrad(X, Y, Offs, W):
-        base, pipe, tid, wg, cid, p_offs, roles = _open(stages, consumers, Offs, prod_regs)
+        base, pipe, tid, wg, _, cid, p_offs, roles = _open(stages, consumers, Offs, prod_regs)
         # ---------------------------------------------------------------- producer
         with ptx.if_(tid == 0):
             st = pipe.producer_state()

@@ -35,7 +35,11 @@ nothing overwrites a bulk store's source before its issuer's
 ``cp.async.bulk.wait_group{.read}`` retired the group, and no thread exits with
 bulk groups outstanding. Threads order their accesses only through ``bar.sync``
 (which also shares what each thread saw of the mbarriers) and mbarrier waits.
-Tensor-core kernels (one CTA at a time, so no clusters): tensor maps are the
+Clusters (along x) run their CTAs together: each CTA has its own shared window, ``mapa``
+gives a cluster address into another's, multicast copies write every CTA of their mask and
+complete bytes on each one's mbarrier, ``barrier.cluster.wait`` needs every live thread of
+the cluster, ``bar.sync`` only the CTA's own.
+Tensor-core kernels: tensor maps are the
 ``Specialization``'s ``tma_maps`` (a ``.param .b8 X_tmap[128]`` names one); tile copies
 (``cp.async.bulk.tensor``) gather their box with zero fill past the tensor's edges and
 write it swizzled by shared address (128/64/32-byte modes: address bits 4.. XOR bits
@@ -48,8 +52,9 @@ that saw it complete) and updates the f32 accumulator fragment; ``wgmma.fence`` 
 ``.trans``) writes 8x8 b16 matrices from the fragment layout. Named barriers
 (``bar.sync id, n`` / ``bar.arrive id, n``) complete when ``n`` threads arrived; threads
 that wait park. ``setmaxnreg`` is a no-op.
-Not a PTX model beyond that: no memory ordering of ordinary accesses, no clusters, and
-wgmma's shared-memory reads do not order a ring's refills (the mbarriers do that on a GPU).
+Not a PTX model beyond that: no memory ordering of ordinary accesses, and a ring refill is
+ordered by "its issuer waited for an mbarrier phase that completed after the reads" (not a
+full happens-before); wgmma's shared-memory reads are not tracked for refills at all.
 """
 
 from __future__ import annotations
@@ -74,10 +79,12 @@ _BITS = {"pred": 0, "b16": 16, "u16": 16, "s16": 16, "f16": 16, "bf16": 16, "b32
          "u32": 32, "s32": 32, "f32": 32, "b64": 64, "u64": 64, "s64": 64, "f64": 64, "b8": 8}
 _NP = {16: np.uint16, 32: np.uint32, 64: np.uint64, 8: np.uint8}
 _SPECIAL = ("%tid.x", "%tid.y", "%tid.z", "%ctaid.x", "%ctaid.y", "%ctaid.z", "%ntid.x",
-            "%ntid.y", "%ntid.z", "%nctaid.x", "%nctaid.y", "%nctaid.z", "%laneid")
+            "%ntid.y", "%ntid.z", "%nctaid.x", "%nctaid.y", "%nctaid.z", "%laneid",
+            "%cluster_ctarank", "%cluster_nctarank", "%clusterid.x")
 _GLOBAL_BASE = 1 << 40
 _GLOBAL_STRIDE = 1 << 36
 _TMAP_BASE = 1 << 32  # generic addresses of the tensor-map parameters (256 bytes apart)
+_CLUSTER_TAG = 1 << 30  # a mapa result: the bits below are a cluster-wide (physical) address
 _TMAP_PARAM = re.compile(r"^\.param\s+\.align\s+\d+\s+\.b8\s+(\w+)\[128\],?$")
 _DTYPE_BYTES = {"UINT8": 1, "UINT16": 2, "UINT32": 4, "INT32": 4, "UINT64": 8, "INT64": 8,
                 "FLOAT16": 2, "FLOAT32": 4, "FLOAT64": 8, "BFLOAT16": 2, "FLOAT32_FTZ": 4,
@@ -224,25 +231,38 @@ class _Bar:
 
 
 class _CTA:
-    def __init__(self, prog: _Prog, mem: _Memory, block, grid, cta) -> None:
+    """The threads of one CTA, or of the ``csize`` CTAs of a cluster along x run together:
+    thread ``t`` belongs to CTA ``t // block threads``, whose shared window is ``[r * S, (r + 1)
+    * S)`` of ``smem`` (``S`` the program's shared bytes); a shared address in an instruction is
+    the thread's own CTA's unless ``mapa`` made it a cluster address (``_CLUSTER_TAG``)."""
+
+    def __init__(self, prog: _Prog, mem: _Memory, block, grid, cta, csize: int = 1) -> None:
         self.p = prog
         self.mem = mem
         bx, by, bz = block
-        self.n = bx * by * bz
+        self.per = bx * by * bz
+        self.csize = csize
+        self.n = self.per * csize
         lin = np.arange(self.n)
+        loc = lin % self.per
+        self.rank = lin // self.per
         self.special = {
-            "%tid.x": lin % bx, "%tid.y": (lin // bx) % by, "%tid.z": lin // (bx * by),
+            "%tid.x": loc % bx, "%tid.y": (loc // bx) % by, "%tid.z": loc // (bx * by),
             "%ntid.x": np.full(self.n, bx), "%ntid.y": np.full(self.n, by),
-            "%ntid.z": np.full(self.n, bz), "%ctaid.x": np.full(self.n, cta[0]),
+            "%ntid.z": np.full(self.n, bz), "%ctaid.x": cta[0] + self.rank,
             "%ctaid.y": np.full(self.n, cta[1]), "%ctaid.z": np.full(self.n, cta[2]),
             "%nctaid.x": np.full(self.n, grid[0]), "%nctaid.y": np.full(self.n, grid[1]),
-            "%nctaid.z": np.full(self.n, grid[2]), "%laneid": lin % 32,
+            "%nctaid.z": np.full(self.n, grid[2]), "%laneid": loc % 32,
+            "%cluster_ctarank": self.rank, "%cluster_nctarank": np.full(self.n, csize),
+            "%clusterid.x": np.full(self.n, cta[0] // csize),
         }
         self.lane = lin % 32
         self.warp = lin // 32
         self.regs: dict[str, np.ndarray] = {}
         self.written: dict[str, np.ndarray] = {}
-        size = max(prog.shared_bytes, 1)
+        # each CTA's window starts on a 1024-byte boundary, so swizzles see the same bits
+        self.S = -(-max(prog.shared_bytes, 1) // 1024) * 1024
+        size = self.S * csize
         self.smem = np.zeros(size, np.uint8)
         self.smem_written = np.zeros(size, bool)
         # async-proxy bookkeeping, per shared byte: the bar.sync count ("epoch") of its last
@@ -339,15 +359,32 @@ class _CTA:
         base = base.astype(np.uint64) if isinstance(base, np.ndarray) else np.full(self.n, base, np.uint64)
         return base + np.uint64(int(mm.group(2) or 0) & (2**64 - 1))
 
+    # -- shared addresses of a cluster
+    def phys(self, addr: np.ndarray) -> np.ndarray:
+        """Physical shared addresses (into ``smem``) of per-thread shared addresses."""
+        a = np.asarray(addr).astype(np.int64)
+        tagged = (a & _CLUSTER_TAG) != 0
+        return np.where(tagged, a & (_CLUSTER_TAG - 1), a + self.rank * self.S)
+
+    def local(self, ph: int) -> int:
+        """The CTA-relative offset of physical address ``ph``."""
+        return int(ph) % self.S
+
+    def shared_var(self, ph: int, size: int):
+        """The shared variable holding physical bytes ``[ph, ph + size)`` (within one CTA)."""
+        off = self.local(ph)
+        return self.p.shared_var(off, size) if off + size <= self.S else None
+
     # -- mbarriers and the async proxy
     def shared_name(self, off: int) -> str:
-        v = self.p.shared_var(off, 1)
-        return f"{v[2]}+{off - v[0]}" if v else f"shared {off:#x}"
+        v = self.shared_var(off, 1)
+        cta = f" (CTA {int(off) // self.S} of the cluster)" if self.csize > 1 else ""
+        return (f"{v[2]}+{self.local(off) - v[0]}" if v else f"shared {off:#x}") + cta
 
     def bar_addrs(self, tok: str, m: np.ndarray) -> np.ndarray:
-        addr = self.address(tok, m)
+        addr = self.phys(self.address(tok, m))
         for a in np.unique(addr[m]).tolist():
-            if a % 8 or self.p.shared_var(a, 8) is None:
+            if a % 8 or self.shared_var(a, 8) is None:
                 raise SimError(f"mbarrier address {a:#x} is not an 8-byte aligned slot of a "
                                "shared variable")
         return addr
@@ -454,7 +491,7 @@ class _CTA:
         if n <= 0 or n % 16 or shared % 16:
             raise SimError(f"{what} of {n} bytes at shared {shared:#x}: needs a 16-byte aligned "
                            "shared address and a positive multiple of 16 bytes")
-        if self.p.shared_var(shared, n) is None:
+        if self.shared_var(shared, n) is None:
             raise SimError(f"{what} of {n} bytes at shared {shared:#x} runs outside its shared "
                            "variable")
         i, off = self.mem.locate(np.array([glob], np.uint64), 16, f"{what} global address")
@@ -523,10 +560,10 @@ def _tile_smem(c: _CTA, params, start: int, e: int, n_elems: int, what: str) -> 
     if width is not None and params.box_dims[0] * e != width:
         raise SimError(f"{what}: a {width}-byte swizzle with a {params.box_dims[0] * e}-byte "
                        "inner box is not modelled")
-    if start % (8 * width if width else 128):
+    if c.local(start) % (8 * width if width else 128):
         raise SimError(f"{what}: shared address {start:#x} is not aligned to the box's "
                        f"{8 * width if width else 128}-byte swizzle period")
-    if c.p.shared_var(start, n) is None:
+    if c.shared_var(start, n) is None:
         raise SimError(f"{what} of {n} bytes at shared {start:#x} runs outside its shared variable")
     lin = start + np.arange(n, dtype=np.int64)
     return _swizzle(lin, width).reshape(n_elems, e)
@@ -584,7 +621,8 @@ def _tma_store(c: _CTA, params, buf: int, coords: list[int], src: int, t: int, o
     c.bulk_open.setdefault(t, []).append((lo, int(r.max()) + 1))
 
 
-def _operand(c: _CTA, desc: int, rows: int, k: int, t: str, trans: int) -> tuple[np.ndarray, np.ndarray]:
+def _operand(c: _CTA, desc: int, rows: int, k: int, t: str, trans: int,
+             window: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """A wgmma operand read through a matrix descriptor: ``(rows x k)`` float64 values (row =
     M for A, N for B) and the shared byte addresses read. Canonical layouts (bytes; ``w`` the
     swizzle width, 16 without one): K-major ``(r // 8) * SBO + (r % 8) * w + k * e`` (without
@@ -615,8 +653,9 @@ def _operand(c: _CTA, desc: int, rows: int, k: int, t: str, trans: int) -> tuple
             off = (rb // w) * lbo + (kk // 8) * sbo + (kk % 8) * w + rb % w
     addr = _swizzle(start + off, width)
     byte = addr[..., None] + np.arange(e)[None, None, :]
-    if (byte < 0).any() or (byte >= c.p.shared_bytes).any():
+    if (byte < 0).any() or (byte >= c.S).any():
         raise SimError("wgmma operand reads outside shared memory")
+    byte = byte + window
     if not c.smem_written[byte].all():
         raise SimError("wgmma reads shared memory nothing wrote")
     raw = c.smem[byte].copy()
@@ -666,7 +705,8 @@ def _wgmma(c: _CTA, op: str, ops: list[str], m: np.ndarray) -> None:
         bdesc = c.as_u(ops[2], m, 64)[ths]
         if (bdesc != bdesc[0]).any():
             raise SimError(f"{op}: B descriptor differs within warpgroup {g}")
-        bv, bbytes = _operand(c, int(bdesc[0]), n, k, tb, trans_b)
+        window = int(c.rank[ths[0]]) * c.S
+        bv, bbytes = _operand(c, int(bdesc[0]), n, k, tb, trans_b, window)
         c.check_filled(np.broadcast_to(bbytes, (len(readers), bbytes.size)), readers, "wgmma reads")
         if a_regs:
             if ta not in ("bf16", "f16"):
@@ -685,7 +725,7 @@ def _wgmma(c: _CTA, op: str, ops: list[str], m: np.ndarray) -> None:
             adesc = c.as_u(ops[1], m, 64)[ths]
             if (adesc != adesc[0]).any():
                 raise SimError(f"{op}: A descriptor differs within warpgroup {g}")
-            av, abytes = _operand(c, int(adesc[0]), 64, k, ta, trans_a)
+            av, abytes = _operand(c, int(adesc[0]), 64, k, ta, trans_a, window)
             c.check_filled(np.broadcast_to(abytes, (len(readers), abytes.size)), readers,
                            "wgmma reads")
         prod = (-av if neg_a else av) @ (-bv if neg_b else bv).T        # (64, n)
@@ -710,7 +750,7 @@ def _stmatrix(c: _CTA, op: str, ops: list[str], m: np.ndarray) -> None:
     num = int(op.split(".x")[1].split(".")[0])
     trans = ".trans" in op
     regs = [x.strip() for x in ops[1].strip("{}").split(",")]
-    addr = c.address(ops[0], m).astype(np.int64)
+    addr = c.phys(c.address(ops[0], m))
     for wp in np.unique(c.warp[m]).tolist():
         lanes = np.arange(wp * 32, wp * 32 + 32)
         if not m[lanes].all():
@@ -729,7 +769,7 @@ def _stmatrix(c: _CTA, op: str, ops: list[str], m: np.ndarray) -> None:
                 dst = np.concatenate([rows[lr] + 2 * lc, rows[lr] + 2 * lc + 2])
                 val = np.concatenate([lo, hi])
             idx = dst[:, None] + np.arange(2)[None, :]
-            if (idx < 0).any() or (idx >= c.p.shared_bytes).any():
+            if (idx < 0).any() or (idx >= c.S * c.csize).any():
                 raise SimError(f"{op}: shared access out of bounds")
             c.track_shared(True, idx, np.concatenate([lanes, lanes]))
             c.smem[idx] = val.view(np.uint8).reshape(-1, 2)
@@ -740,7 +780,7 @@ def _named_barrier(c: _CTA, op: str, ops: list[str], m: np.ndarray, pcs: np.ndar
     """``bar.sync id, n`` / ``bar.arrive id, n``: a round completes when ``n`` threads have
     arrived; ``bar.sync`` threads wait (park) until then. A completed round orders the
     participants' shared accesses like a ``bar.sync`` of the CTA."""
-    ids = c.as_u(ops[0], m, 32)
+    ids = c.as_u(ops[0], m, 32).astype(np.int64) + 16 * c.rank   # 16 barriers per CTA
     cnt = c.as_u(ops[1], m, 32)
     wait = op.startswith("bar.sync")
     for b in np.unique(ids[m]).tolist():
@@ -771,8 +811,8 @@ def _named_barrier(c: _CTA, op: str, ops: list[str], m: np.ndarray, pcs: np.ndar
 
 def _mbarrier(c: _CTA, op: str, ops: list[str], m: np.ndarray, spin: bool) -> None:
     parts = op.split(".")
-    if "shared::cluster" in parts or "multicast" in op:
-        raise SimError(f"unsupported {op} (one CTA at a time: no cluster barriers)")
+    if "multicast" in op:
+        raise SimError(f"unsupported {op}")
     kind = parts[1]
     tids = np.nonzero(m)[0]
     if kind == "init":
@@ -950,6 +990,14 @@ def _exec(c: _CTA, ins: tuple, m: np.ndarray, pcs: np.ndarray, done: np.ndarray,
                     seen[:] = seen.max()
             return
         if base in ("griddepcontrol", "setmaxnreg"):  # one grid at a time; registers unmodelled
+            return
+        if base == "barrier" and ".cluster." in op + ".":
+            # arrive: nothing to do here; wait: every live thread of the cluster is here (the
+            # scheduler checks), so what any thread saw complete, all threads now see
+            if op.startswith("barrier.cluster.wait"):
+                c.epoch += 1
+                for seen in c.seen.values():
+                    seen[:] = seen.max()
             return
         if base == "wgmma" and not op.startswith("wgmma.mma_async"):  # computed at issue
             return
@@ -1170,6 +1218,12 @@ def _exec(c: _CTA, ins: tuple, m: np.ndarray, pcs: np.ndarray, done: np.ndarray,
                 c.mem.written[i][off[k]:off[k] + es] = True
             if base == "atom":
                 c.put(ops[0], old.view(_NP[es * 8]), m)
+        elif base == "mapa":  # mapa.shared::cluster.u32 d, a, rank: a in CTA ``rank``'s window
+            a = c.phys(c.address(ops[1], m)) % c.S
+            r = c.as_u(ops[2], m, 32).astype(np.int64)
+            if (r[m] >= c.csize).any():
+                raise SimError(f"{op}: CTA rank past the {c.csize}-CTA cluster")
+            c.put(ops[0], (_CLUSTER_TAG | (r * c.S + a)).astype(np.uint64), m)
         elif base == "vote":
             kind = op.split(".")[2]
             src = c.as_p(ops[1], m)
@@ -1193,18 +1247,26 @@ def _exec(c: _CTA, ins: tuple, m: np.ndarray, pcs: np.ndarray, done: np.ndarray,
                 raise SimError(f"unsupported {op}")
             c.put(ops[0], (a >> pos) & ((np.uint64(1) << ln) - np.uint64(1)), m)
         elif op.startswith("cp.async.bulk.tensor") and ".global.mbarrier::complete_tx" in op:
-            if "multicast" in op:
-                raise SimError(f"unsupported {op} (one CTA at a time: no clusters)")
-            dst = c.address(ops[0], m)
+            dst = c.phys(c.address(ops[0], m))
             tm, crd = ops[1].strip("[]").split(",", 1)
             bar = c.bar_addrs(ops[2], m)
+            mask = c.as_u(ops[3], m, 16) if "multicast" in op else None
             for t in tids.tolist():
                 params, buf = _tmap(c, tm.strip(), m, t)
-                _tma_load(c, int(dst[t]), params, buf, _coords(c, crd.strip(), m, t), int(bar[t]), t)
+                coords = _coords(c, crd.strip(), m, t)
+                # multicast: the same CTA-relative offsets in every CTA of the mask
+                ranks = [int(c.rank[t])] if mask is None else \
+                    [r for r in range(16) if int(mask[t]) >> r & 1]
+                for r in ranks:
+                    if r >= c.csize:
+                        raise SimError(f"{op}: multicast mask {int(mask[t]):#x} names CTA {r} "
+                                       f"of a {c.csize}-CTA cluster")
+                    shift = (r - int(c.rank[t])) * c.S
+                    _tma_load(c, int(dst[t]) + shift, params, buf, coords, int(bar[t]) + shift, t)
         elif op.startswith(("cp.async.bulk.tensor", "cp.reduce.async.bulk.tensor")) \
                 and ".global.shared::cta" in op:
             tm, crd = ops[0].strip("[]").split(",", 1)
-            src = c.address(ops[1], m)
+            src = c.phys(c.address(ops[1], m))
             kind = "store" if op.startswith("cp.async") else op.split(".")[-3]
             for t in tids.tolist():
                 params, buf = _tmap(c, tm.strip(), m, t)
@@ -1215,12 +1277,12 @@ def _exec(c: _CTA, ins: tuple, m: np.ndarray, pcs: np.ndarray, done: np.ndarray,
                             "cp.async.bulk.shared::cta.global.mbarrier::complete_tx::bytes")):
             if "multicast" in op:
                 raise SimError(f"unsupported {op}")
-            dst, src = c.address(ops[0], m), c.address(ops[1], m)
+            dst, src = c.phys(c.address(ops[0], m)), c.address(ops[1], m)
             n, bar = c.as_u(ops[2], m, 32), c.bar_addrs(ops[3], m)
             for t in tids.tolist():
                 c.bulk_load(int(dst[t]), int(src[t]), int(n[t]), int(bar[t]), t)
         elif op.startswith("cp.async.bulk.global.shared::cta.bulk_group"):
-            dst, src, n = c.address(ops[0], m), c.address(ops[1], m), c.as_u(ops[2], m, 32)
+            dst, src, n = c.address(ops[0], m), c.phys(c.address(ops[1], m)), c.as_u(ops[2], m, 32)
             for t in tids.tolist():
                 c.bulk_store(int(dst[t]), int(src[t]), int(n[t]), t)
         elif op == "cp.async.bulk.commit_group":
@@ -1255,8 +1317,9 @@ def _exec(c: _CTA, ins: tuple, m: np.ndarray, pcs: np.ndarray, done: np.ndarray,
                 addr = c.address(ops[0], m)
             am = addr[m]
             if ".shared" in op:
-                off = am.astype(np.int64)
-                if ((off < 0) | (off + size > c.p.shared_bytes)).any():
+                off = c.phys(addr)[m]
+                loc = off - c.rank[m] * c.S
+                if ((loc < 0) | (loc + size > c.S)).any():
                     raise SimError(f"{raw}: shared access out of bounds")
                 if (off % size).any():
                     raise SimError(f"{raw}: misaligned shared access")
@@ -1287,8 +1350,8 @@ def _exec(c: _CTA, ins: tuple, m: np.ndarray, pcs: np.ndarray, done: np.ndarray,
         raise SimError(f"PTX line {pc}: {raw}: {e}") from None
 
 
-def _run_cta(prog: _Prog, mem: _Memory, block, grid, cta, max_steps: int) -> None:
-    c = _CTA(prog, mem, block, grid, cta)
+def _run_cta(prog: _Prog, mem: _Memory, block, grid, cta, max_steps: int, csize: int = 1) -> None:
+    c = _CTA(prog, mem, block, grid, cta, csize)
     pcs = np.zeros(c.n, np.int64)
     done = np.zeros(c.n, bool)
     steps = 0
@@ -1303,11 +1366,13 @@ def _run_cta(prog: _Prog, mem: _Memory, block, grid, cta, max_steps: int) -> Non
         if pc >= len(prog.code):
             raise SimError("ran off the end of the kernel without ret")
         ins = prog.code[pc]
-        if ins[1].startswith("bar.sync") and len(ins[2]) < 2 and ins[0] is None \
-                and not sel[live].all():
-            why = f" ({c.deadlock()})" if c.parked.any() else ""
-            raise SimError(f"PTX line {pc}: {ins[3]}: only {int(sel.sum())} of "
-                           f"{int(live.sum())} live threads reach the barrier{why}")
+        cta_wide = ins[1].startswith("bar.sync") and len(ins[2]) < 2 and ins[0] is None
+        if cta_wide or ins[1].startswith("barrier.cluster.wait"):
+            scope = np.isin(c.rank, np.unique(c.rank[sel])) if cta_wide else np.ones(c.n, bool)
+            if not sel[live & scope].all():
+                why = f" ({c.deadlock()})" if c.parked.any() else ""
+                raise SimError(f"PTX line {pc}: {ins[3]}: only {int(sel.sum())} of "
+                               f"{int((live & scope).sum())} live threads reach the barrier{why}")
         before = pcs.copy()
         c.step = steps
         _exec(c, ins, sel, pcs, done, pc)
@@ -1337,13 +1402,15 @@ def run(spec, inputs: list[np.ndarray], *, poison: bool = True,
     arrays = [np.ascontiguousarray(a) for a in inputs] + outs
     mem = _Memory(arrays)
     mem.tmaps = [(params, i) for i, params in spec.tma_maps]
-    if spec.cluster and tuple(spec.cluster) not in ((1, 1, 1), (0, 0, 0)):
-        raise SimError(f"clusters ({spec.cluster}) are not modelled: one CTA at a time")
+    cl = tuple(spec.cluster) if spec.cluster else (1, 1, 1)
+    csize = max(cl[0], 1)
+    if max(cl[1], 1) != 1 or max(cl[2], 1) != 1 or spec.grid[0] % csize:
+        raise SimError(f"clusters {cl} are modelled along x only, over a grid of whole clusters")
     gx, gy, gz = spec.grid
     for z in range(gz):
         for y in range(gy):
-            for x in range(gx):
-                _run_cta(prog, mem, spec.block, spec.grid, (x, y, z), max_steps)
+            for x in range(0, gx, csize):  # a cluster's CTAs run together
+                _run_cta(prog, mem, spec.block, spec.grid, (x, y, z), max_steps, csize)
     res = []
     n_in = len(inputs)
     for k, o in enumerate(outs):

@@ -1,6 +1,7 @@
 """The tensor-core kernels' numerics on the CPU: ``ptxsim`` runs their PTX (tile copies into
 swizzled shared memory, ``wgmma`` through matrix descriptors, mbarrier rings, named barriers,
-``stmatrix`` epilogues, tile stores) one CTA at a time against a float64 reference.
+``stmatrix`` epilogues, tile stores; the CTAs of a cluster together, multicast included) one
+CTA or cluster at a time against a float64 reference.
 
 The cooperative GEMM's results on the GPU are known good, so it pins the simulator's layout
 model (every operand major order); the same model then checks schedules that have not run on
@@ -132,10 +133,14 @@ def test_pingpong_without_its_hand_over_reads_the_wrong_stages(monkeypatch):
     assert err > 0.1, err
 
 
-def test_simulator_refuses_clusters():
-    k = gemm.build_gemm(256, 256, 64, cluster=2)
-    with pytest.raises(ptxsim.SimError, match="clusters"):
-        ptxsim.run(k.specialize(), [np.zeros((256, 64), np.uint16), np.zeros((64, 256), np.uint16)])
+# 2-CTA clusters run together in the simulator: multicast copies, remote mbarrier arrives
+# (mapa), cluster barriers. The cooperative kernel's cluster form is known good on the GPU.
+@pytest.mark.parametrize("config", [
+    dict(BN=256, stages=3), dict(BN=128, a_major="MN", b_major="K"), dict(BN=256, split="slabs"),
+    dict(BM=128, BN=128, schedule="pingpong"), dict(BM=128, BN=128, schedule="pingpong", stages=2),
+])
+def test_gemm_in_2_cta_clusters(config):
+    assert run_gemm(512, 264, 200, cluster=2, num_sms=4, **config) < TOL["bf16"]
 
 
 # ---------------------------------------------------------------------- grouped GEMM
@@ -149,6 +154,10 @@ grouped = load_module(HERE.parents[3] / "examples" / "hopper" / "grouped_gemm.py
     ([129, 1, 63, 64, 191], 128, 136, dict(BM=64, BN=64, store="masked", num_sms=2)),
     ([128] * 4, 256, 256, dict(BM=128, BN=128, num_sms=3, warm=2, prefetch=True)),   # opt-in
     ([5, 0, 300, 1, 200, 0], 264, 200, dict(BM=128, BN=128, num_sms=3, warm=6)),     # opt-in
+    # 2-CTA clusters (neighbouring n-blocks share A): the consumers need the CTA's rank too
+    ([0, 37, 130], 72, 104, dict(BM=128, BN=128, num_sms=4, cluster=2)),
+    ([5, 0, 300, 1, 200, 0], 264, 200, dict(BM=128, BN=128, num_sms=4, cluster=2, warm=4,
+                                            prefetch=True)),
 ])
 def test_grouped_gemm_forward(sizes, N, K, config):
     """Ragged groups (empty ones too) against float64; the opt-in prefetches must not matter."""
@@ -198,6 +207,7 @@ def _e4m3(x):
 @pytest.mark.parametrize("scale,config", [
     ("tensor", dict(BN=128)), ("row", dict(BN=128)), ("block", dict(BN=128)),
     ("tensor", dict(BN=64, fast_accum=True)), ("block", dict(BN=128, pingpong=True)),
+    ("row", dict(BN=128, cluster=2)),
 ])
 def test_fp8_gemm(scale, config):
     M, N, K = 200, 264, 384
@@ -217,7 +227,7 @@ def test_fp8_gemm(scale, config):
         ea = np.repeat(sa, 128, 1)[:, :K]
         eb = np.repeat(np.repeat(sb, 128, 0), 128, 1)[:N, :K]
         ref = (A * ea) @ (W * eb).T
-    k = fp8.build_fp8_gemm(M, N, K, scale=scale, cluster=1, num_sms=3, **config)
+    k = fp8.build_fp8_gemm(M, N, K, scale=scale, **{"cluster": 1, "num_sms": 4, **config})
     (d,) = ptxsim.run(k.specialize(), [a, w, sa, sb])
     err = np.linalg.norm(_f64(d, "bf16") - ref) / np.linalg.norm(ref)
     assert err < TOL["bf16"], err
