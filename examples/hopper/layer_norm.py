@@ -140,23 +140,7 @@ def build_layer_norm(B: int, N: int, dtype=f32, eps: float = 1e-5, *, chunks=Non
         if prefetch:
             w = io.load(pwt, cache=rw.KEEP)
             b = io.load(pbt, cache=rw.KEEP)
-        s = rw.tree(x, "add")
-        if welford:  # the thread's own mean and m2, then one merge over the row
-            mean = reg.scalar(f32)
-            ptx.inst.mul.f32(mean, s, 1.0 / plan.elems)
-            own = [v - mean for v in x]
-            m2 = rw.dot(own, own)
-            io.reduce_moments(mean, m2, plan.elems)
-            d = [v - mean for v in x]
-            rstd = rw.rstd(m2, N, eps)
-        else:
-            io.reduce([s])
-            nmean = reg.scalar(f32)
-            ptx.inst.mul.f32(nmean, s, -1.0 / N)
-            d = io.tail_mask([v + nmean for v in x])
-            v = rw.dot(d, d)
-            io.reduce([v])
-            rstd = rw.rstd(v, N, eps)
+        d, rstd = _centre(io, x, N, eps, welford)
         y = []
         for j in range(plan.chunks):
             sl = slice(j * plan.vec, (j + 1) * plan.vec)
@@ -171,6 +155,28 @@ def build_layer_norm(B: int, N: int, dtype=f32, eps: float = 1e-5, *, chunks=Non
 
     layer_norm.plan = plan
     return layer_norm
+
+
+def _centre(io, x, N, eps, welford, lanes=False):
+    """``(d, rstd)`` of the row whose f32 registers are ``x``: ``d = x - mean`` (the masked
+    tail 0) and ``rsqrt(var + eps)``. ``welford``: each thread's own mean and m2, then one
+    all-reduce of the pairs (``Rows.reduce_moments``); otherwise the sum, then the sum of
+    squared deviations (two all-reduces; ``lanes``: ``Rows.reduce(lanes=True)``)."""
+    s = rw.tree(x, "add")
+    if welford:
+        mean = reg.scalar(f32)
+        ptx.inst.mul.f32(mean, s, 1.0 / io.p.elems)
+        own = [v - mean for v in x]
+        m2 = rw.dot(own, own)
+        io.reduce_moments(mean, m2, io.p.elems)
+        return [v - mean for v in x], rw.rstd(m2, N, eps)
+    io.reduce([s], lanes=lanes)
+    nmean = reg.scalar(f32)
+    ptx.inst.mul.f32(nmean, s, -1.0 / N)
+    d = io.tail_mask([v + nmean for v in x])
+    v = rw.dot(d, d)
+    io.reduce([v], lanes=lanes)
+    return d, rw.rstd(v, N, eps)
 
 
 def _layer_norm_ring(B, N, dt, eps, ctas, stages, maxnreg, pdl, bulk_store, hints, **shape):
@@ -263,24 +269,7 @@ def _layer_norm_persistent(B, N, dt, eps, ctas, maxnreg, hints, pdl=False, welfo
             return io.load_raw(px + off, guard=guard, dst=dst, cache=rw.PINNED)
 
         def body(raw, off, ok):
-            x = io.unpack(raw)
-            s = rw.tree(x, "add")
-            if welford:
-                mean = reg.scalar(f32)
-                ptx.inst.mul.f32(mean, s, 1.0 / plan.elems)
-                own = [v - mean for v in x]
-                m2 = rw.dot(own, own)
-                io.reduce_moments(mean, m2, plan.elems)
-                d = [v - mean for v in x]
-                rstd = rw.rstd(m2, N, eps)
-            else:
-                io.reduce([s], lanes=True)
-                nmean = reg.scalar(f32)
-                ptx.inst.mul.f32(nmean, s, -1.0 / N)
-                d = io.tail_mask([v + nmean for v in x])
-                v = rw.dot(d, d)
-                io.reduce([v], lanes=True)
-                rstd = rw.rstd(v, N, eps)
+            d, rstd = _centre(io, io.unpack(raw), N, eps, welford, lanes=True)
             y = []
             for dv, wv, bv in zip(rw.mul_all(d, rstd), io.unhold(w), io.unhold(b)):
                 r = reg.scalar(f32)
