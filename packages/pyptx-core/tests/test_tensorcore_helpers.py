@@ -451,6 +451,8 @@ ERRORS = [
     # pred=
     (TypeMismatchError, "ptx.mbarrier.init pred= must be a predicate register or ~p, got .u32 register %r0", lambda e: mbarrier.init(e.bar, 1, pred=e.r)),
     (OperandError, "ptx.tma.commit_group pred= must be a predicate register or ~p, got True", lambda e: tma.commit_group(pred=True)),
+    (OperandError, "ptx.tma.prefetch_tile takes 1 to 5 tensor coordinates, got 6", lambda e: tma.prefetch_tile(e.rd, (0,) * 6)),
+    (OperandError, "ptx.tma.prefetch_tile cache_hint must be a 64-bit cache-policy register", lambda e: tma.prefetch_tile(e.rd, (0, 0), cache_hint=3)),
     (OperandError, "ptx.wgmma.fence pred= must be a predicate register or ~p, got 1", lambda e: wgmma.fence(pred=1)),
     (TypeMismatchError, "ptx.ldmatrix pred= must be a predicate register or ~p, got .f32", lambda e: ptx.ldmatrix(e.b4, e.buf, pred=e.f)),
     (OperandError, "cluster_sync pred= must be a predicate register or ~p", lambda e: ptx.cluster_sync(pred="p")),
