@@ -336,7 +336,7 @@ def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=Non
         ptx.ret()
 
     name = (f"attn_bwd_dq_{dt.name}_d{D}_h{Hq}x{Hkv}{'_causal' if causal else ''}"
-            f"{'_safe' if safe else ''}")
+            f"{'_safe' if safe else ''}{f'_bkv{BKV}' if BKV != 64 else ''}")
     return kernel(in_specs=(qspec, kspec, kspec, qspec, Tile(B, Hq, S, f32), qspec),
                   out_specs=(qspec, Tile(B, Hq, Sp, 2, f32)), grid=(-(-S // BM), Hq, B),
                   block=(THREADS, 1, 1), smem=smem_total, maxnreg=168,
@@ -1066,7 +1066,7 @@ class AttentionBackward:
 
 def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None,
                              safe=None, atomic_dq=False, dkdv_bq=None, dkdv_overlap=None,
-                             dq_bulk=False, dq_ordered=False):
+                             dq_bulk=False, dq_ordered=False, dq_bkv=None):
     """The backward kernels for these sizes: ``bwd(q, k, v, o, lse, do, dlse) -> (dq, dk,
     dv)``. ``safe=True`` (or ``PYPTX_ATTN_BWD_SAFE=1``): the simplest schedule, for
     bisecting. ``atomic_dq=True``: dQ accumulated by the dK/dV kernel with f32 atomics (no
@@ -1074,17 +1074,23 @@ def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=
     and ``dkdv_overlap`` (``None``: the defaults, 64 rows, overlapped at D=64 only): the
     dK/dV kernel's speed options (``build_dkdv``'s ``BQ`` and ``overlap``). ``dq_bulk``
     (with ``atomic_dq``): dQ tiles added by TMA tile reductions, ``dq_ordered`` (with
-    ``dq_bulk``) in a fixed order (``build_dkdv``)."""
+    ``dq_bulk``) in a fixed order (``build_dkdv``). ``dq_bkv`` (32, 64 or 128; ``None``: 64):
+    keys per block of the pair's dQ kernel (``build_dq``'s ``BKV``; 128 at D=64 gives its
+    two products 128 columns, an A/B candidate not measured yet)."""
     safe = safe_default() if safe is None else bool(safe)
     if dkdv_bq not in (None, 32, 64):
         raise ConfigError(f"build_attention_backward: dkdv_bq must be 32 or 64, got {dkdv_bq!r}")
+    if dq_bkv not in (None, 32, 64, 128) or (dq_bkv is not None and atomic_dq):
+        raise ConfigError(f"build_attention_backward: dq_bkv must be 32, 64 or 128, and only "
+                          f"for the pair (not atomic_dq), got {dq_bkv!r}")
     overlap = None if dkdv_overlap is None else bool(dkdv_overlap)
     _check_dq_modes("build_attention_backward", atomic_dq, dq_bulk, dq_ordered)
     return _build(B, S, Hq, Hkv, D, S if Sk is None else Sk, dtype, causal, scale, safe,
-                  bool(atomic_dq), dkdv_bq, overlap, bool(dq_bulk), bool(dq_ordered))
+                  bool(atomic_dq), dkdv_bq, overlap, bool(dq_bulk), bool(dq_ordered), dq_bkv)
 
 
-OPTIONS = ("dkdv_bq", "dkdv_overlap", "atomic_dq", "dq_bulk", "dq_ordered")  # build_attention_backward's
+OPTIONS = ("dkdv_bq", "dkdv_overlap", "atomic_dq", "dq_bulk", "dq_ordered",
+           "dq_bkv")  # build_attention_backward's
 
 
 def parse_options(text):
@@ -1096,13 +1102,13 @@ def parse_options(text):
         if name not in OPTIONS or not value.isdigit():
             raise ConfigError(f"attention backward options: expected name=int with name in "
                               f"{OPTIONS}, got {item!r}")
-        out[name] = int(value) if name == "dkdv_bq" else bool(int(value))
+        out[name] = int(value) if name in ("dkdv_bq", "dq_bkv") else bool(int(value))
     return out
 
 
 @functools.lru_cache(maxsize=64)
 def _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, safe, atomic_dq, dkdv_bq=None, overlap=None,
-           dq_bulk=False, dq_ordered=False):
+           dq_bulk=False, dq_ordered=False, dq_bkv=None):
     kw = dict(Sk=Sk, dtype=dtype, causal=causal, scale=scale, safe=safe)
     dkdv_kw = dict(kw, BQ=dkdv_bq, overlap=overlap)
     dt = _dtype(dtype)
@@ -1114,7 +1120,8 @@ def _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, safe, atomic_dq, dkdv_bq=
                               dq_ordered=dq_ordered, **dkdv_kw),     # adds dQ into DQACC
                    build_convert(B, S, Hq, D, dtype=dtype, width=width))
     else:
-        kernels = (build_dq(B, S, Hq, Hkv, D, **kw), build_dkdv(B, S, Hq, Hkv, D, **dkdv_kw))
+        dq_kw = dict(kw, BKV=dq_bkv) if dq_bkv is not None else kw
+        kernels = (build_dq(B, S, Hq, Hkv, D, **dq_kw), build_dkdv(B, S, Hq, Hkv, D, **dkdv_kw))
     return AttentionBackward(kernels, B, S, Hq, Hkv, D, Sk, dt, atomic_dq)
 
 
