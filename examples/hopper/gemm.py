@@ -242,11 +242,8 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
             if pingpong:
                 # the other warpgroup has issued its last k-block (not before the first tile)
                 ptx.bar_sync(ORDER_BAR + w, 256, pred=t >= cid + clusters)
-                mma.block(True)
-                for _kb in ptx.loop(1, num_kb):
-                    mma.block(False)
-                ptx.bar_arrive(ORDER_BAR + 1 - w, 256, pred=t + clusters < tiles)
-                mma.drain()
+                mma.run(num_kb, issued=lambda t=t: ptx.bar_arrive(
+                    ORDER_BAR + 1 - w, 256, pred=t + clusters < tiles))
                 mma.cons.advance(num_kb)
                 mma.rel.advance(num_kb)
             else:

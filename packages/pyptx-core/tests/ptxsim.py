@@ -509,28 +509,38 @@ class _CTA:
         self.check_store_sources(r, "bulk copy overwrites")
         self.check_refill(r, t, "bulk copy", dst)
         self.smem[dst:dst + n] = self.mem.bufs[i][off:off + n]
-        self.smem_written[dst:dst + n] = True
-        self.wr_tid[dst:dst + n] = -1
-        self.wr_fenced[dst:dst + n] = True
-        self.fill_bar[dst:dst + n] = bar
-        self.fill_phase[dst:dst + n] = b.phase
-        b.tx -= n
+        self.landed(r, b, bar)
+
+    def landed(self, r: np.ndarray, b: _Bar, bar: int) -> None:
+        """A copy's bytes ``r`` are in shared memory: they complete on mbarrier ``b`` (at
+        ``bar``), and a reader must wait for that phase."""
+        self.smem_written[r] = True
+        self.wr_tid[r] = -1
+        self.wr_fenced[r] = True
+        self.fill_bar[r] = bar
+        self.fill_phase[r] = b.phase
+        b.tx -= r.size
         self.settle(bar)
+
+    def check_store_source(self, r: np.ndarray, t: int, what: str, src: int) -> None:
+        """A store thread ``t`` issues reads shared bytes ``r``: written, the copies that
+        filled them waited for, st.shared writes fenced, other threads' writes ordered."""
+        if not self.smem_written[r].all():
+            raise SimError(f"{what} reads shared memory nothing wrote")
+        self.check_filled(r[None, :], np.array([t]), f"{what} reads")
+        wt = self.wr_tid[r]
+        if ((wt >= 0) & ~self.wr_fenced[r]).any():
+            raise SimError(f"{what} reads {self.shared_name(src)}.. written by st.shared "
+                           "with no fence.proxy.async by the writer since")
+        if self.unordered_writes(r, t).any():
+            raise SimError(f"{what} reads {self.shared_name(src)}.. which other threads "
+                           "wrote since the last bar.sync or mbarrier wait")
 
     def bulk_store(self, dst: int, src: int, n: int, t: int) -> None:
         """``cp.async.bulk`` shared -> global (bulk group), run at issue."""
         i, off = self.bulk_ranges("bulk store", src, dst, n)
         r = np.arange(src, src + n)
-        if not self.smem_written[r].all():
-            raise SimError("bulk store reads shared memory nothing wrote")
-        self.check_filled(r[None, :], np.array([t]), "bulk store reads")
-        wt = self.wr_tid[r]
-        if ((wt >= 0) & ~self.wr_fenced[r]).any():
-            raise SimError(f"bulk store reads {self.shared_name(src)}.. written by st.shared "
-                           "with no fence.proxy.async by the writer since")
-        if self.unordered_writes(r, t).any():
-            raise SimError(f"bulk store reads {self.shared_name(src)}.. which other threads "
-                           "wrote since the last bar.sync or mbarrier wait")
+        self.check_store_source(r, t, "bulk store", src)
         self.mem.bufs[i][off:off + n] = self.smem[src:src + n]
         self.mem.written[i][off:off + n] = True
         self.bulk_open.setdefault(t, []).append((src, src + n))
@@ -582,13 +592,7 @@ def _tma_load(c: _CTA, dst: int, params, buf: int, coords: list[int], bar: int, 
     g = off[inside][:, None] + np.arange(e)[None, :]
     data[inside] = c.mem.bufs[buf][g]
     c.smem[sa] = data
-    c.smem_written[r] = True
-    c.wr_tid[r] = -1
-    c.wr_fenced[r] = True
-    c.fill_bar[r] = bar
-    c.fill_phase[r] = b.phase
-    b.tx -= off.size * e
-    c.settle(bar)
+    c.landed(r, b, bar)
 
 
 def _tma_store(c: _CTA, params, buf: int, coords: list[int], src: int, t: int, op: str) -> None:
@@ -597,16 +601,7 @@ def _tma_store(c: _CTA, params, buf: int, coords: list[int], src: int, t: int, o
     e, off, inside = _box(params, coords)
     sa = _tile_smem(c, params, src, e, off.size, "tile store")
     r = sa.reshape(-1)
-    if not c.smem_written[r].all():
-        raise SimError("tile store reads shared memory nothing wrote")
-    c.check_filled(r[None, :], np.array([t]), "tile store reads")
-    wt = c.wr_tid[r]
-    if ((wt >= 0) & ~c.wr_fenced[r]).any():
-        raise SimError(f"tile store reads {c.shared_name(src)}.. written by st.shared with no "
-                       "fence.proxy.async by the writer since")
-    if c.unordered_writes(r, t).any():
-        raise SimError(f"tile store reads {c.shared_name(src)}.. which other threads wrote "
-                       "since the last bar.sync or mbarrier wait")
+    c.check_store_source(r, t, "tile store", src)
     g = off[inside][:, None] + np.arange(e)[None, :]
     vals = c.smem[sa[inside]]
     if op == "store":

@@ -214,11 +214,15 @@ class RingMma:
         ptx.wgmma.wait_group(0)
         self._release()
 
-    def run(self, num_kb: Any) -> None:
-        """The k-loop of one output tile: ``num_kb`` (at least 1) k-blocks, then ``drain``."""
+    def run(self, num_kb: Any, issued: Any = None) -> None:
+        """The k-loop of one output tile: ``num_kb`` (at least 1) k-blocks, then ``drain``;
+        ``issued()`` runs between the last k-block's issue and the drain (e.g. a warpgroup
+        handing the tensor cores to another while its last products finish)."""
         self.block(True)
         for _kb in ptx.loop(1, num_kb):
             self.block(False)
+        if issued is not None:
+            issued()
         self.drain()
 
     def _release(self) -> None:
