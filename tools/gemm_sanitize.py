@@ -15,7 +15,8 @@ gemm = load_module(ROOT / "examples/hopper/gemm.py", "gemm_example")
 bad = 0
 for cfg in (dict(cluster=1, BN=128), dict(cluster=2, BN=256),
             dict(cluster=2, BM=128, BN=128, schedule="pingpong"),
-            dict(cluster=1, BM=64, BN=256, schedule="pingpong", stages=3)):
+            dict(cluster=1, BM=64, BN=256, schedule="pingpong", stages=3),
+            dict(cluster=2, BM=128, BN=64, cluster_along="n")):
     for tb in (False, True):
         M, N, K = 200, 328, 136
         a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)

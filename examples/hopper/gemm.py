@@ -79,7 +79,7 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
                b_major="MN", BM=128, BN=256, BK=64, stages=None, cluster=2, group_m=8,
                num_sms=H100_SMS, bias=False, alpha=1.0, activation=None, KB=None, NB=None,
                multicast=True, split="rows", remote_sem="release.cta", wait_scope=None,
-               epilogue="stmatrix", schedule="cooperative"):
+               epilogue="stmatrix", schedule="cooperative", cluster_along="m"):
     """The GEMM kernel for ``D[M, N] = A[M, K] @ B[K, N]``.
 
     Tensor arguments: A as ``(M, K)`` (``a_major="K"``) or ``(K, M)`` (``"MN"``), B as
@@ -89,8 +89,11 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
     tensor's edge read zeros, so the k-loop runs over the larger K and D gets N columns.
 
     Tiles: ``BM`` (64 rows per consumer warpgroup) x ``BN`` x ``BK``, ``stages`` ring
-    buffers (default: as many as fit), ``cluster`` CTAs along M sharing B, ``group_m``
-    cluster rows per band of the persistent order over ``num_sms`` SMs. Epilogue: D =
+    buffers (default: as many as fit), ``cluster`` CTAs along ``cluster_along`` (``"m"``:
+    neighbouring m-blocks of one n-block, sharing its B tile; ``"n"``: neighbouring
+    n-blocks of one m-block, sharing its A tile: for few m-blocks, e.g. M = 128, where every
+    CTA would otherwise read all of A), ``group_m`` (cluster) rows per band of the
+    persistent order over ``num_sms`` SMs. Epilogue: D =
     ``activation(alpha * A@B + bias)`` in ``out_dtype``. Cluster switches (measured in
     ``docs/dev/tensor-cores.md``): ``multicast`` (B copied once per cluster),
     ``split`` ('rows' of every slab or whole 'slabs' per CTA), ``remote_sem`` (ordering of
@@ -112,6 +115,8 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
         raise ConfigError(f"build_gemm: activation must be one of {ACTIVATIONS}, got {activation!r}")
     if BM not in (64, 128, 192, 256) or BN % 64 or not 64 <= BN <= 256 or BK % 64 or BK > 128:
         raise ConfigError(f"build_gemm: unsupported tile {BM}x{BN}x{BK}")
+    if cluster_along not in ("m", "n"):
+        raise ConfigError(f"build_gemm: cluster_along must be 'm' or 'n', got {cluster_along!r}")
     if cluster not in (1, 2):
         raise ConfigError(f"build_gemm: cluster must be 1 or 2, got {cluster!r}")
     if split not in ("rows", "slabs"):
@@ -156,8 +161,10 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
 
     num_m = -(-M // BM)
     num_n = -(-N // BN)
-    num_mc = -(-num_m // cluster)              # cluster rows of tiles
-    tiles = num_mc * num_n
+    along_n = cluster_along == "n" and cluster > 1
+    num_mc = num_m if along_n else -(-num_m // cluster)   # cluster rows of tiles
+    num_nc = -(-num_n // cluster) if along_n else num_n   # cluster columns
+    tiles = num_mc * num_nc
     clusters = max(1, min(tiles, num_sms // cluster))
     ctas = clusters * cluster
     num_kb = -(-max(K, KB) // BK)
@@ -170,7 +177,9 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
     b_spec = Tile(KB, NB, dt) if b_major == "MN" else Tile(NB, KB, dt)
     in_specs = (a_spec, b_spec) + ((Tile(N, f32),) if bias else ())
     d_box = (64, out_cols)
-    tma = {"A": a_tile.tma_options(), "B": b_tile.tma_options(cluster if multicast and split == "rows" else 1),
+    parts = cluster if multicast and split == "rows" else 1
+    tma = {"A": a_tile.tma_options(parts if along_n else 1),
+           "B": b_tile.tma_options(1 if along_n else parts),
            "D": {"box": d_box, "swizzle": "128B"}}
 
     def body(A, B, Bias, D):
@@ -182,6 +191,10 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
 
         def tile_coords(t):
             """(m0, n0) of cluster tile ``t``, grouped ``gm`` cluster rows per band."""
+            if along_n:  # the cluster tile spans cluster * BN columns; this CTA's part
+                m0, n0 = grouped_tile_origin(t, 0, num_mc=num_mc, num_n=num_nc, gm=gm,
+                                             cluster=1, BM=BM, BN=BN * cluster)
+                return m0, n0 + rank * BN
             return grouped_tile_origin(t, rank, num_mc=num_mc, num_n=num_n, gm=gm,
                                        cluster=cluster, BM=BM, BN=BN)
 
@@ -190,7 +203,8 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
         with ptx.if_(tid == 0):
             load_ab_ring(pipe, A, B, a_tile, b_tile, base=base, tile_range=(cid, tiles, clusters),
                          coords=tile_coords, num_kb=num_kb, BK=BK, rank=rank, cluster=cluster,
-                         multicast=multicast, split=split, wait_scope=wait_scope)
+                         multicast=multicast, split=split, wait_scope=wait_scope,
+                         shared="A" if along_n else "B")
         # ---------------------------------------------------------------- consumers
         roles.consumers(cons_regs)
         w = wg - 1
@@ -307,7 +321,7 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
         ptx.ret()
 
     name = (f"gemm_{dt.name}_{ot.name}_{a_major}{b_major}_{BM}x{BN}x{BK}_s{stages}_c{cluster}"
-            f"{'_pp' if pingpong else ''}")
+            f"{'n' if along_n else ''}{'_pp' if pingpong else ''}")
     deco = kernel(in_specs=in_specs, out_specs=(Tile(M, N, ot),), grid=(ctas, 1, 1),
                   block=(threads, 1, 1), cluster=(cluster, 1, 1), smem=smem_total,
                   maxnreg=maxnreg, tma=tma, name=name)
@@ -354,6 +368,7 @@ GEMM_CONFIGS = [
     Config(BM=128, BN=128, cluster=1),
     Config(BM=64, BN=256, cluster=1),
     Config(BM=128, BN=64, cluster=1),
+    Config(BM=128, BN=64, cluster=2, cluster_along="n"),
 ]
 """The tile configurations the tuner times per shape; the first is the default when
 ``PYPTX_AUTOTUNE=0``. The ping-pong schedule is opt-in (``CANDIDATE_CONFIGS``): on the H100

@@ -143,6 +143,16 @@ def test_gemm_in_2_cta_clusters(config):
     assert run_gemm(512, 264, 200, cluster=2, num_sms=4, **config) < TOL["bf16"]
 
 
+# clusters along N share A: 5 n-blocks of 64 leave the last cluster's second CTA past N
+# (zeros in, nothing stored); one m-block like the M = 128 GEMM, and several
+@pytest.mark.parametrize("M,config", [
+    (128, dict(BN=64)), (128, dict(BN=64, a_major="MN", b_major="K")),
+    (200, dict(BN=64, stages=3)), (256, dict(BN=128, split="slabs", a_major="MN")),
+])
+def test_gemm_in_2_cta_clusters_along_n(M, config):
+    assert run_gemm(M, 264, 200, cluster=2, cluster_along="n", num_sms=4, **config) < TOL["bf16"]
+
+
 # ---------------------------------------------------------------------- grouped GEMM
 grouped = load_module(HERE.parents[3] / "examples" / "hopper" / "grouped_gemm.py", "tc_sim_grouped")
 

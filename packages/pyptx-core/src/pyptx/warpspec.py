@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import Any
 
 from pyptx import ptx, reg, smem
-from pyptx.errors import OperandError
+from pyptx.errors import ConfigError, OperandError
 from pyptx.source import where
 from pyptx.types import u32, u64
 
@@ -233,14 +233,17 @@ class RingMma:
 def load_ab_ring(pipe: Any, A: Any, B: Any, a_tile: Any, b_tile: Any, *, base: Any,
                  tile_range: tuple, coords: Any, num_kb: Any, BK: int, rank: Any = 0,
                  cluster: int = 1, multicast: bool = False, split: str = "rows",
-                 wait_scope: str | None = None) -> None:
+                 wait_scope: str | None = None, shared: str = "B") -> None:
     """The producer thread of a GEMM ring: for each tile ``t`` of ``ptx.loop(*tile_range)``
     at ``coords(t) = (m0, n0)`` and each of its ``num_kb`` k-blocks of ``BK``, acquire a
     free stage (A's tile, then B's, from ``base``), arm its barrier with the stage's bytes
     and copy ``a_tile``/``b_tile`` from tensors ``A``/``B`` into it. ``multicast``: the
-    ``cluster`` CTAs share B, each copying a part of it to all, ``split="rows"`` (a slice
-    of every slab) or ``"slabs"`` (whole slabs, alternating). ``wait_scope``: the acquire
-    scope of the stage waits."""
+    ``cluster`` CTAs share operand ``shared`` (``"B"``: CTAs along M; ``"A"``: along N),
+    each copying a part of it to all, ``split="rows"`` (a slice of every slab) or
+    ``"slabs"`` (whole slabs, alternating). ``wait_scope``: the acquire scope of the stage
+    waits."""
+    if shared not in ("A", "B"):
+        raise ConfigError(f"{where()}: load_ab_ring: shared must be 'A' or 'B', got {shared!r}")
     a_bytes = a_tile.nbytes
     stage_bytes = a_bytes + b_tile.nbytes
     st = pipe.producer_state()
@@ -254,13 +257,13 @@ def load_ab_ring(pipe: Any, A: Any, B: Any, a_tile: Any, b_tile: Any, *, base: A
             pipe.acquire(st, scope=wait_scope)
             bar = pipe.arm(st, stage_bytes)
             sbase = st.stage * stage_bytes + base
-            a_tile.load(sbase, A, m0, k0, bar, map_ptr=a_map)
-            if multicast and split == "rows":
-                b_tile.load(sbase + a_bytes, B, n0, k0, bar, multicast_mask=mask,
-                            part=(rank, cluster), map_ptr=b_map)
-            elif multicast:
-                b_tile.load(sbase + a_bytes, B, n0, k0, bar, multicast_mask=mask,
-                            slabs=(rank, cluster), map_ptr=b_map)
-            else:
-                b_tile.load(sbase + a_bytes, B, n0, k0, bar, map_ptr=b_map)
+            for name, tile, tensor, mn0, off, map_ptr in (("A", a_tile, A, m0, 0, a_map),
+                                                           ("B", b_tile, B, n0, a_bytes, b_map)):
+                dst = sbase + off if off else sbase
+                if multicast and name == shared:
+                    share = {"part" if split == "rows" else "slabs": (rank, cluster)}
+                    tile.load(dst, tensor, mn0, k0, bar, multicast_mask=mask, map_ptr=map_ptr,
+                              **share)
+                else:
+                    tile.load(dst, tensor, mn0, k0, bar, map_ptr=map_ptr)
             st.advance()
