@@ -90,6 +90,13 @@ def variants(mods: dict, op: str, B: int) -> list[tuple[str, str, dict]]:
             shape = {} if chunks is None else {"chunks": chunks}
             extra.append({**shape, "pdl": True, "pdl_prefetch": False})
             extra.append({**shape, "pdl": False, "store_cache": ".cs"})
+        if op == "layer_norm":  # one all-reduce of (mean, m2) pairs, at every chunking
+            for chunks in (1, 2, 4):
+                for pdl in (True, False):
+                    extra.append({"welford": True, "chunks": chunks, "pdl": pdl})
+            for threads in (128, 512):
+                extra.append({"welford": True, "threads": threads, "pdl": False})
+                extra.append({"threads": threads, "pdl": False})
         if B <= 512:  # few rows: two rows per CTA of 128-thread rows (half the CTAs)
             for pdl in (True, False):
                 extra.append({"threads": 128, "rows": 2, "pdl": pdl})
