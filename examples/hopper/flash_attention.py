@@ -706,7 +706,8 @@ ATTENTION_CONFIGS = [Config(), Config(stages=3), Config(BN=64), Config(BN=176), 
 the default with ``PYPTX_AUTOTUNE=0``): ``BN`` keys per block, ring ``stages`` and the
 overlap schedule; a head dim a config does not fit (``BN=192`` at 128, three stages at 256)
 is refused and skipped. Each one is checked against float64 in the CPU simulator
-(``test_tensorcore_sim.py``)."""
+(``test_tensorcore_sim.py``) and on the GPU (``tools/attention_sanitize.py``); the H100 tuner
+picked ``BN=192``, ``stages=3``, ``BN=176`` or the defaults across the benchmark's rows."""
 
 attention_tuned = autotune(ATTENTION_CONFIGS, key=[
     "B", "S", "Hq", "Hkv", "D", "Sk", "dtype", "causal", "scale", "persistent", "pin_overlap",
