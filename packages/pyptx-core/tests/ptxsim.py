@@ -48,7 +48,7 @@ write it swizzled by shared address (128/64/32-byte modes: address bits 4.. XOR 
 descriptors (start, LBO, SBO, swizzle) into the ISA's canonical K-major / MN-major
 layouts, reads shared memory (each byte a copy filled needs a wait of the reading thread
 that saw it complete) and updates the f32 accumulator fragment; ``wgmma.fence`` /
-``commit_group`` / ``wait_group`` are then no-ops. ``stmatrix`` (``.x1/.x2/.x4``,
+``commit_group`` / ``wait_group`` are then no-ops. ``ldmatrix`` / ``stmatrix`` (``.x1/.x2/.x4``,
 ``.trans``) writes 8x8 b16 matrices from the fragment layout. Named barriers
 (``bar.sync id, n`` / ``bar.arrive id, n``) complete when ``n`` threads arrived; threads
 that wait park. ``setmaxnreg`` is a no-op.
@@ -771,6 +771,43 @@ def _stmatrix(c: _CTA, op: str, ops: list[str], m: np.ndarray) -> None:
             c.smem_written[idx] = True
 
 
+def _ldmatrix(c: _CTA, op: str, ops: list[str], m: np.ndarray) -> None:
+    """``ldmatrix.sync.aligned.m8n8.x{1,2,4}{.trans}.shared.b16``, the mirror of ``stmatrix``:
+    lanes ``8i..8i+7`` give the row addresses of matrix ``i``; register ``i`` of lane ``l``
+    receives its element pair ``(l // 4, 2 (l % 4) + {0, 1})`` (``.trans``: the elements at
+    rows ``2 (l % 4) + {0, 1}``, column ``l // 4``)."""
+    num = int(op.split(".x")[1].split(".")[0])
+    trans = ".trans" in op
+    regs = [x.strip() for x in ops[0].strip("{}").split(",")]
+    addr = c.phys(c.address(ops[1], m))
+    for wp in np.unique(c.warp[m]).tolist():
+        lanes = np.arange(wp * 32, wp * 32 + 32)
+        if not m[lanes].all():
+            raise SimError(f"{op}: warp {wp} has {int(m[lanes].sum())} of 32 lanes here")
+        for i, tok in enumerate(regs[:num]):
+            rows = addr[lanes[8 * i:8 * i + 8]]
+            if (rows % 16).any():
+                raise SimError(f"{op}: row addresses must be 16-byte aligned")
+            lr, lc = np.arange(32) // 4, 2 * (np.arange(32) % 4)
+            if trans:
+                src = [rows[lc] + 2 * lr, rows[lc + 1] + 2 * lr]
+            else:
+                src = [rows[lr] + 2 * lc, rows[lr] + 2 * lc + 2]
+            idx = np.concatenate(src)[:, None] + np.arange(2)[None, :]
+            if (idx < 0).any() or (idx >= c.S * c.csize).any():
+                raise SimError(f"{op}: shared access out of bounds")
+            if not c.smem_written[idx].all():
+                raise SimError(f"{op}: reads shared memory nothing wrote")
+            c.track_shared(False, idx, np.concatenate([lanes, lanes]))
+            half = c.smem[idx].copy().reshape(-1).view(np.uint16).astype(np.uint32)
+            val = half[:32] | (half[32:] << np.uint32(16))
+            full = np.zeros(c.n, np.uint32)
+            full[lanes] = val
+            mm = np.zeros(c.n, bool)
+            mm[lanes] = True
+            c.put(tok, full, mm)
+
+
 def _named_barrier(c: _CTA, op: str, ops: list[str], m: np.ndarray, pcs: np.ndarray) -> None:
     """``bar.sync id, n`` / ``bar.arrive id, n``: a round completes when ``n`` threads have
     arrived; ``bar.sync`` threads wait (park) until then. A completed round orders the
@@ -1235,6 +1272,8 @@ def _exec(c: _CTA, ins: tuple, m: np.ndarray, pcs: np.ndarray, done: np.ndarray,
             _wgmma(c, op, ops, m)
         elif base == "stmatrix":
             _stmatrix(c, op, ops, m)
+        elif base == "ldmatrix":
+            _ldmatrix(c, op, ops, m)
         elif base == "bfe" and t in ("u32", "s32"):
             a = c.as_u(ops[1], m, 32).astype(np.uint64)
             pos, ln = c.as_u(ops[2], m, 32).astype(np.uint64), c.as_u(ops[3], m, 32).astype(np.uint64)
