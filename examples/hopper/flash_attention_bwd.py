@@ -180,14 +180,11 @@ def _common_options(B, S, Hq, Hkv, D, Sk, dtype, scale, safe, sync):
 
 
 def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None, BKV=64,
-             stages=None, sync=None, safe=None, a_regs=False):
+             stages=None, sync=None, safe=None):
     """The dQ kernel: ``(Q, K, V, O, LSE, DO) -> (DQ, STATS)``. STATS ``(B, Hq, padded(S), 2)``
     f32 holds ``(lse * log2 e, delta = rowsum(do * o))`` per query row (zeros past ``S``),
     which the dK/dV kernel reads. ``safe``: mask every block and wait for each block's
-    products before the next (the simplest schedule; default from ``PYPTX_ATTN_BWD_SAFE``).
-    ``a_regs``: the block's Q and dO tiles are loaded into registers once (``ldmatrix``) and
-    S = Q K^T, dP = dO V^T read them from there (wgmma A from registers): a third less shared
-    memory traffic per product, for ``D * 2 / 8`` more registers per thread."""
+    products before the next (the simplest schedule; default from ``PYPTX_ATTN_BWD_SAFE``)."""
     Sk, dt, scale, safe, sync, G, Sp = _common_options(B, S, Hq, Hkv, D, Sk, dtype, scale,
                                                        safe, sync)
     q_tile = OperandTile(BM, D, dt, major="K")
@@ -279,25 +276,17 @@ def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=Non
         rel = pipe.consumer_state()
         has_prev = reg.scalar(u32, init=0)
         ptx.mbarrier.wait(head_bar.at(0), 0)
-        if a_regs:  # this warpgroup's 64 rows of Q and dO as wgmma A fragments, kept
-            q_a = _a_fragments(q_tile, base, w * 64, t)
-            do_a = _a_fragments(q_tile, base + q_tile.nbytes, w * 64, t)
-            q_ops = [q_a[4 * kk:4 * kk + 4] for kk in range(q_tile.k_steps)]
-            do_ops = [do_a[4 * kk:4 * kk + 4] for kk in range(q_tile.k_steps)]
-        else:
-            q_ops = [q_tile.advance(q_desc, kk) for kk in range(q_tile.k_steps)]
-            do_ops = [q_tile.advance(do_desc, kk) for kk in range(q_tile.k_steps)]
         for j in ptx.loop(0, n_kv):
             pipe.wait(cons)
             soff = reg.from_(reg.from_(cons.stage * (stage_bytes >> 4), u32), u64)
             kd, vd, kmn = k_desc0 + soff, v_desc0 + soff, kmn_desc0 + soff
             ptx.wgmma.fence()
             for kk in range(q_tile.k_steps):
-                ptx.wgmma.mma_async(s_acc.regs, q_ops[kk], k_tile.advance(kd, kk),
+                ptx.wgmma.mma_async(s_acc.regs, q_tile.advance(q_desc, kk), k_tile.advance(kd, kk),
                                     n=BKV, dtype_ab=dt.name, scale_d=0 if kk == 0 else 1)
             ptx.wgmma.commit_group()
             for kk in range(q_tile.k_steps):
-                ptx.wgmma.mma_async(dp_acc.regs, do_ops[kk], k_tile.advance(vd, kk),
+                ptx.wgmma.mma_async(dp_acc.regs, q_tile.advance(do_desc, kk), k_tile.advance(vd, kk),
                                     n=BKV, dtype_ab=dt.name, scale_d=0 if kk == 0 else 1)
             ptx.wgmma.commit_group()
             ptx.wgmma.wait_group(1)                 # S (and the previous block's dQ) done
@@ -347,31 +336,11 @@ def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=Non
         ptx.ret()
 
     name = (f"attn_bwd_dq_{dt.name}_d{D}_h{Hq}x{Hkv}{'_causal' if causal else ''}"
-            f"{'_safe' if safe else ''}{f'_bkv{BKV}' if BKV != 64 else ''}{'_ra' if a_regs else ''}")
+            f"{'_safe' if safe else ''}{f'_bkv{BKV}' if BKV != 64 else ''}")
     return kernel(in_specs=(qspec, kspec, kspec, qspec, Tile(B, Hq, S, f32), qspec),
                   out_specs=(qspec, Tile(B, Hq, Sp, 2, f32)), grid=(-(-S // BM), Hq, B),
                   block=(THREADS, 1, 1), smem=smem_total, maxnreg=168,
                   tma={"Q": box_q, "DO": box_q, "K": box_k, "V": box_k}, name=name)(dq_kernel)
-
-
-def _a_fragments(tile, base, row0, t):
-    """Rows ``row0 .. row0 + 63`` of a K-major, 128-byte-swizzled 16-bit ``tile`` at shared
-    address ``base`` as the wgmma A operand of warpgroup thread ``t``: 4 registers per k-step
-    (``ldmatrix.x4``; warp ``t // 32`` holds rows ``16 (t // 32) ..``, the m16 x k16 layout of
-    ``mma``: lanes 0-15 address k columns 0-7 of rows 0-15, lanes 16-31 columns 8-15)."""
-    if tile.major != "K" or tile.swizzle != 128 or tile.elem != 2:
-        raise ConfigError(f"_a_fragments: a K-major 128-byte-swizzled 16-bit tile, got {tile!r}")
-    lane = t & 31
-    row = row0 + ((t >> 5) << 4) + (lane & 7) + (((lane >> 3) & 1) << 3)
-    rowbase = base + row * 128
-    y = (lane & 7) ^ (lane >> 4)               # row % 8 is lane % 8: the swizzle's XOR
-    frags = reg.array(b32, 4 * tile.k_steps)
-    per_slab = 128 // 32                       # k-steps of 16 elements per 128-byte row
-    for kk in range(tile.k_steps):
-        chunk = y ^ (2 * (kk % per_slab))      # this lane's 16-byte chunk, swizzled
-        addr = rowbase + (chunk << 4) + (kk // per_slab) * tile.slab_bytes
-        ptx.ldmatrix(list(frags)[4 * kk:4 * kk + 4], addr, num=4)
-    return list(frags)
 
 
 def _or(p, q):
@@ -1097,7 +1066,7 @@ class AttentionBackward:
 
 def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None,
                              safe=None, atomic_dq=False, dkdv_bq=None, dkdv_overlap=None,
-                             dq_bulk=False, dq_ordered=False, dq_bkv=None, dq_a_regs=False):
+                             dq_bulk=False, dq_ordered=False, dq_bkv=None):
     """The backward kernels for these sizes: ``bwd(q, k, v, o, lse, do, dlse) -> (dq, dk,
     dv)``. ``safe=True`` (or ``PYPTX_ATTN_BWD_SAFE=1``): the simplest schedule, for
     bisecting. ``atomic_dq=True``: dQ accumulated by the dK/dV kernel with f32 atomics (no
@@ -1106,22 +1075,17 @@ def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=
     dK/dV kernel's speed options (``build_dkdv``'s ``BQ`` and ``overlap``). ``dq_bulk``
     (with ``atomic_dq``): dQ tiles added by TMA tile reductions, ``dq_ordered`` (with
     ``dq_bulk``) in a fixed order (``build_dkdv``). ``dq_bkv`` (32, 64 or 128; ``None``:
-    ``default_dq_bkv(D)``): keys per block of the pair's dQ kernel (``build_dq``'s ``BKV``);
-    ``dq_a_regs``: its Q and dO operands from registers (``build_dq``'s ``a_regs``)."""
+    ``default_dq_bkv(D)``): keys per block of the pair's dQ kernel (``build_dq``'s ``BKV``)."""
     safe = safe_default() if safe is None else bool(safe)
     if dkdv_bq not in (None, 32, 64):
         raise ConfigError(f"build_attention_backward: dkdv_bq must be 32 or 64, got {dkdv_bq!r}")
     if dq_bkv not in (None, 32, 64, 128) or (dq_bkv is not None and atomic_dq):
         raise ConfigError(f"build_attention_backward: dq_bkv must be 32, 64 or 128, and only "
                           f"for the pair (not atomic_dq), got {dq_bkv!r}")
-    if dq_a_regs and atomic_dq:
-        raise ConfigError("build_attention_backward: dq_a_regs is an option of the pair's dQ "
-                          "kernel (not atomic_dq)")
     overlap = None if dkdv_overlap is None else bool(dkdv_overlap)
     _check_dq_modes("build_attention_backward", atomic_dq, dq_bulk, dq_ordered)
     return _build(B, S, Hq, Hkv, D, S if Sk is None else Sk, dtype, causal, scale, safe,
-                  bool(atomic_dq), dkdv_bq, overlap, bool(dq_bulk), bool(dq_ordered), dq_bkv,
-                  bool(dq_a_regs))
+                  bool(atomic_dq), dkdv_bq, overlap, bool(dq_bulk), bool(dq_ordered), dq_bkv)
 
 
 def default_dq_bkv(D):
@@ -1131,7 +1095,7 @@ def default_dq_bkv(D):
 
 
 OPTIONS = ("dkdv_bq", "dkdv_overlap", "atomic_dq", "dq_bulk", "dq_ordered",
-           "dq_bkv", "dq_a_regs")  # build_attention_backward's
+           "dq_bkv")  # build_attention_backward's
 
 
 def parse_options(text):
@@ -1149,7 +1113,7 @@ def parse_options(text):
 
 @functools.lru_cache(maxsize=64)
 def _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, safe, atomic_dq, dkdv_bq=None, overlap=None,
-           dq_bulk=False, dq_ordered=False, dq_bkv=None, dq_a_regs=False):
+           dq_bulk=False, dq_ordered=False, dq_bkv=None):
     kw = dict(Sk=Sk, dtype=dtype, causal=causal, scale=scale, safe=safe)
     dkdv_kw = dict(kw, BQ=dkdv_bq, overlap=overlap)
     dt = _dtype(dtype)
@@ -1161,7 +1125,7 @@ def _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, safe, atomic_dq, dkdv_bq=
                               dq_ordered=dq_ordered, **dkdv_kw),     # adds dQ into DQACC
                    build_convert(B, S, Hq, D, dtype=dtype, width=width))
     else:
-        dq_kw = dict(kw, BKV=default_dq_bkv(D) if dq_bkv is None else dq_bkv, a_regs=dq_a_regs)
+        dq_kw = dict(kw, BKV=default_dq_bkv(D) if dq_bkv is None else dq_bkv)
         kernels = (build_dq(B, S, Hq, Hkv, D, **dq_kw), build_dkdv(B, S, Hq, Hkv, D, **dkdv_kw))
     return AttentionBackward(kernels, B, S, Hq, Hkv, D, Sk, dt, atomic_dq)
 

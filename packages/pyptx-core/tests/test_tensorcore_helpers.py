@@ -20,7 +20,7 @@ from pyptx import OperandError, Tile, TraceError, TypeMismatchError, ptx, reg, s
 from pyptx.ir import Param
 from pyptx.ptx import async_copy, cluster, convert, matrix, mbarrier, mma, sync, tma, wgmma
 from pyptx.trace import current
-from pyptx.types import b8, b32, b64, bf16, bf16x2, f16x2, f32, pred, s32, u16, u32, u64
+from pyptx.types import b8, b16, b32, b64, bf16, bf16x2, f16x2, f32, pred, s32, u16, u32, u64
 
 TESTS = Path(__file__).resolve().parent
 
@@ -349,6 +349,52 @@ def test_pack_bf16x2_orders_and_rounds(sim, assemble, relu):
     back = (want.astype(np.uint32) << 16).view(np.float32)
     assert z.view(np.float32).tolist() == back.tolist()
     assert y[:4].tolist() == ([0x3F80, 0, 0x3F80, 0x3F82] if relu else [0x3F80, 0xC000, 0x3F80, 0x3F82])
+    assemble(k.ptx())
+
+
+def ldmatrix_kernel(trans: bool):
+    """One warp: thread t stores X[8t .. 8t+7] (row t // 2, columns 8 (t % 2) ..) of a 16 x 16
+    b16 matrix into shared memory, then ``ldmatrix.x4`` reads the four 8x8 quadrants (lanes
+    0-7: rows 0-7 at column 0, 8-15: rows 8-15, 16-23: rows 0-7 at column 8, 24-31: rows
+    8-15 at column 8, the m16 x k16 A layout of ``mma``); each thread stores its 4 registers."""
+
+    @pyptx.kernel([Tile(256, u16)], [Tile(128, u32)], block=(32, 1, 1), name="ldm")
+    def k(X, Y):
+        px, py = ptx.global_ptrs(X, Y)
+        buf = smem.alloc(b16, 256, align=16, name="buf")
+        tid = ptx.special.tid.x()
+        v = reg.array(b32, 4)
+        off = reg.scalar(u64)
+        ptx.inst.mul.wide.u32(off, tid, 16)
+        ptx.inst.ld.global_.v4.b32(v, ptx.addr(px + off))
+        ptx.inst.st.shared.v4.b32(ptx.addr(buf.addr() + tid * 16), v)
+        ptx.bar_sync(0)
+        lane = tid & 31
+        row = (lane & 7) + ((lane >> 3) & 1) * 8
+        col = (lane >> 4) * 8
+        d = reg.array(b32, 4)
+        ptx.ldmatrix(d, buf.addr() + row * 32 + col * 2, trans=trans)
+        ptx.inst.st.global_.v4.b32(ptx.addr(py + off), d)
+        ptx.ret()
+
+    return k
+
+
+@pytest.mark.parametrize("trans", [False, True])
+def test_ldmatrix_runs_in_the_simulator(sim, assemble, trans):
+    x = np.arange(256, dtype=np.uint16) * 3 + 1
+    k = ldmatrix_kernel(trans)
+    (y,) = sim.run(k.specialize(), [x])
+    got = y.reshape(32, 4)
+    m = x.reshape(16, 16).astype(np.uint32)
+    lane = np.arange(32)
+    g, c = lane // 4, 2 * (lane % 4)
+    for i, (r0, c0) in enumerate([(0, 0), (8, 0), (0, 8), (8, 8)]):
+        q = m[r0:r0 + 8, c0:c0 + 8]
+        if trans:
+            q = q.T
+        want = q[g, c] | (q[g, c + 1] << 16)
+        assert got[:, i].tolist() == want.tolist(), i
     assemble(k.ptx())
 
 

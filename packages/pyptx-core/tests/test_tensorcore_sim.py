@@ -308,7 +308,6 @@ def test_attention_forward(D, causal, config):
     (128, True, dict(atomic_dq=True, dq_bulk=True, dq_ordered=True)),
     (128, False, dict(atomic_dq=True)), (128, True, dict(dkdv_bq=32)),
     (64, True, dict(dkdv_overlap=True)), (64, True, dict(dq_bkv=128)), (64, False, dict(dq_bkv=128)),
-    (64, True, dict(dq_bkv=64, dq_a_regs=True)), (128, False, dict(dq_a_regs=True)),
     (64, False, dict(atomic_dq=True, dq_bulk=True, dq_ordered=True)),
 ])
 def test_attention_backward(D, causal, mode, S=300):
