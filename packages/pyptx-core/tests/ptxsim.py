@@ -737,15 +737,16 @@ def _wgmma(c: _CTA, op: str, ops: list[str], m: np.ndarray) -> None:
             c.putf(tok, full, mm)
 
 
-def _stmatrix(c: _CTA, op: str, ops: list[str], m: np.ndarray) -> None:
-    """``stmatrix.sync.aligned.m8n8.x{1,2,4}{.trans}.shared.b16``: lanes ``8i..8i+7`` give the
-    row addresses of matrix ``i``, whose element pair ``(l // 4, 2 (l % 4) + {0, 1})`` is in
-    register ``i`` of lane ``l`` (``.trans``: stored at rows ``2 (l % 4) + {0, 1}``, column
-    ``l // 4``)."""
+def _matrix_quads(c: _CTA, op: str, regs_op: str, addr_op: str, m: np.ndarray):
+    """The 8x8 matrices of an ``ldmatrix``/``stmatrix``: for each warp and matrix ``i``
+    (lanes ``8i..8i+7`` give its row addresses), ``(lanes, register token, byte indices)``:
+    the indices of the element pairs that register ``i`` of lane ``l`` holds, ``(l // 4,
+    2 (l % 4) + {0, 1})`` (``.trans``: rows ``2 (l % 4) + {0, 1}``, column ``l // 4``), as a
+    ``(64, 2)`` array: the 32 low halves' bytes, then the 32 high halves'."""
     num = int(op.split(".x")[1].split(".")[0])
-    trans = ".trans" in op
-    regs = [x.strip() for x in ops[1].strip("{}").split(",")]
-    addr = c.phys(c.address(ops[0], m))
+    regs = [x.strip() for x in regs_op.strip("{}").split(",")]
+    addr = c.phys(c.address(addr_op, m))
+    lr, lc = np.arange(32) // 4, 2 * (np.arange(32) % 4)
     for wp in np.unique(c.warp[m]).tolist():
         lanes = np.arange(wp * 32, wp * 32 + 32)
         if not m[lanes].all():
@@ -754,58 +755,38 @@ def _stmatrix(c: _CTA, op: str, ops: list[str], m: np.ndarray) -> None:
             rows = addr[lanes[8 * i:8 * i + 8]]
             if (rows % 16).any():
                 raise SimError(f"{op}: row addresses must be 16-byte aligned")
-            v = c.as_u(tok, m, 32)[lanes]
-            lo, hi = (v & 0xFFFF).astype(np.uint16), (v >> 16).astype(np.uint16)
-            lr, lc = np.arange(32) // 4, 2 * (np.arange(32) % 4)
-            if trans:
-                dst = np.concatenate([rows[lc] + 2 * lr, rows[lc + 1] + 2 * lr])
-                val = np.concatenate([lo, hi])
+            if ".trans" in op:
+                pos = np.concatenate([rows[lc] + 2 * lr, rows[lc + 1] + 2 * lr])
             else:
-                dst = np.concatenate([rows[lr] + 2 * lc, rows[lr] + 2 * lc + 2])
-                val = np.concatenate([lo, hi])
-            idx = dst[:, None] + np.arange(2)[None, :]
+                pos = np.concatenate([rows[lr] + 2 * lc, rows[lr] + 2 * lc + 2])
+            idx = pos[:, None] + np.arange(2)[None, :]
             if (idx < 0).any() or (idx >= c.S * c.csize).any():
                 raise SimError(f"{op}: shared access out of bounds")
-            c.track_shared(True, idx, np.concatenate([lanes, lanes]))
-            c.smem[idx] = val.view(np.uint8).reshape(-1, 2)
-            c.smem_written[idx] = True
+            yield lanes, tok, idx
+
+
+def _stmatrix(c: _CTA, op: str, ops: list[str], m: np.ndarray) -> None:
+    """``stmatrix.sync.aligned.m8n8.x{1,2,4}{.trans}.shared.b16`` (layout: ``_matrix_quads``)."""
+    for lanes, tok, idx in _matrix_quads(c, op, ops[1], ops[0], m):
+        v = c.as_u(tok, m, 32)[lanes]
+        val = np.concatenate([(v & 0xFFFF).astype(np.uint16), (v >> 16).astype(np.uint16)])
+        c.track_shared(True, idx, np.concatenate([lanes, lanes]))
+        c.smem[idx] = val.view(np.uint8).reshape(-1, 2)
+        c.smem_written[idx] = True
 
 
 def _ldmatrix(c: _CTA, op: str, ops: list[str], m: np.ndarray) -> None:
-    """``ldmatrix.sync.aligned.m8n8.x{1,2,4}{.trans}.shared.b16``, the mirror of ``stmatrix``:
-    lanes ``8i..8i+7`` give the row addresses of matrix ``i``; register ``i`` of lane ``l``
-    receives its element pair ``(l // 4, 2 (l % 4) + {0, 1})`` (``.trans``: the elements at
-    rows ``2 (l % 4) + {0, 1}``, column ``l // 4``)."""
-    num = int(op.split(".x")[1].split(".")[0])
-    trans = ".trans" in op
-    regs = [x.strip() for x in ops[0].strip("{}").split(",")]
-    addr = c.phys(c.address(ops[1], m))
-    for wp in np.unique(c.warp[m]).tolist():
-        lanes = np.arange(wp * 32, wp * 32 + 32)
-        if not m[lanes].all():
-            raise SimError(f"{op}: warp {wp} has {int(m[lanes].sum())} of 32 lanes here")
-        for i, tok in enumerate(regs[:num]):
-            rows = addr[lanes[8 * i:8 * i + 8]]
-            if (rows % 16).any():
-                raise SimError(f"{op}: row addresses must be 16-byte aligned")
-            lr, lc = np.arange(32) // 4, 2 * (np.arange(32) % 4)
-            if trans:
-                src = [rows[lc] + 2 * lr, rows[lc + 1] + 2 * lr]
-            else:
-                src = [rows[lr] + 2 * lc, rows[lr] + 2 * lc + 2]
-            idx = np.concatenate(src)[:, None] + np.arange(2)[None, :]
-            if (idx < 0).any() or (idx >= c.S * c.csize).any():
-                raise SimError(f"{op}: shared access out of bounds")
-            if not c.smem_written[idx].all():
-                raise SimError(f"{op}: reads shared memory nothing wrote")
-            c.track_shared(False, idx, np.concatenate([lanes, lanes]))
-            half = c.smem[idx].copy().reshape(-1).view(np.uint16).astype(np.uint32)
-            val = half[:32] | (half[32:] << np.uint32(16))
-            full = np.zeros(c.n, np.uint32)
-            full[lanes] = val
-            mm = np.zeros(c.n, bool)
-            mm[lanes] = True
-            c.put(tok, full, mm)
+    """``ldmatrix.sync.aligned.m8n8.x{1,2,4}{.trans}.shared.b16``, the mirror of ``stmatrix``."""
+    for lanes, tok, idx in _matrix_quads(c, op, ops[0], ops[1], m):
+        if not c.smem_written[idx].all():
+            raise SimError(f"{op}: reads shared memory nothing wrote")
+        c.track_shared(False, idx, np.concatenate([lanes, lanes]))
+        half = c.smem[idx].copy().reshape(-1).view(np.uint16).astype(np.uint32)
+        full = np.zeros(c.n, np.uint32)
+        full[lanes] = half[:32] | (half[32:] << np.uint32(16))
+        mm = np.zeros(c.n, bool)
+        mm[lanes] = True
+        c.put(tok, full, mm)
 
 
 def _named_barrier(c: _CTA, op: str, ops: list[str], m: np.ndarray, pcs: np.ndarray) -> None:
