@@ -144,14 +144,15 @@ def _opts_tag(pin_overlap, rescale_threshold):
     return tag
 
 
-def _schedule(schedule):
-    return schedule or os.environ.get("PYPTX_ATTN_SCHEDULE") or DEFAULT_SCHEDULE
+def _schedule(schedule, default=DEFAULT_SCHEDULE):
+    """``schedule`` as given, else ``$PYPTX_ATTN_SCHEDULE``, else ``default``."""
+    return schedule or os.environ.get("PYPTX_ATTN_SCHEDULE") or default
 
 
 def _tuning(schedule, BN, stages):
     """``attention()``'s tile options as ``_forward`` takes them: each one given (or, for the
     schedule, set by ``$PYPTX_ATTN_SCHEDULE``) or ``None``; all three ``None`` means tuned."""
-    return schedule or os.environ.get("PYPTX_ATTN_SCHEDULE") or None, BN, stages
+    return _schedule(schedule, None), BN, stages
 
 
 def _persistent(persistent, D):

@@ -93,8 +93,8 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
     neighbouring m-blocks of one n-block, sharing its B tile; ``"n"``: neighbouring
     n-blocks of one m-block, sharing its A tile: for few m-blocks, where every CTA would
     otherwise read all of A; opt-in: at 128 x 8192 x 8192 on the H100 it measured 282 vs 290
-    TFLOP/s for 128x64 tiles without a cluster, so that shape is not L2-bound), ``group_m`` (cluster) rows per band of the
-    persistent order over ``num_sms`` SMs. Epilogue: D =
+    TFLOP/s for 128x64 tiles without a cluster, so that shape is not L2-bound), ``group_m``
+    (cluster) rows per band of the persistent order over ``num_sms`` SMs. Epilogue: D =
     ``activation(alpha * A@B + bias)`` in ``out_dtype``. Cluster switches (measured in
     ``docs/dev/tensor-cores.md``): ``multicast`` (B copied once per cluster),
     ``split`` ('rows' of every slab or whole 'slabs' per CTA), ``remote_sem`` (ordering of
@@ -103,10 +103,10 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
     ``stmatrix.x4`` per four 8x8 blocks) or ``"st"`` (one ``st.shared.b32`` per column
     pair); an f32 output always uses ``st.shared.v2.f32``.
     ``schedule``: ``"cooperative"`` (the consumer warpgroups split each ``BM x BN`` tile,
-    64 rows each) or ``"pingpong"`` (opt-in, slower on the H100 where timed: two consumer warpgroups
-    take alternate ``BM x BN`` tiles, ``BM`` 64 or 128 with ``BM * BN <= 16384``, so one's
-    epilogue runs while the other's wgmma do; named barriers hand the main loop from one to
-    the other, which keeps every ring wait within one phase of its barrier).
+    64 rows each) or ``"pingpong"`` (opt-in, slower on the H100 where timed: two consumer
+    warpgroups take alternate ``BM x BN`` tiles, ``BM`` 64 or 128 with ``BM * BN <= 16384``,
+    so one's epilogue runs while the other's wgmma do; named barriers hand the main loop
+    from one to the other, which keeps every ring wait within one phase of its barrier).
     """
     dt = _dtype(dtype, "dtype")
     if dt is f32:

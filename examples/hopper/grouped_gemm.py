@@ -320,8 +320,8 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
     first copies' descriptor fetch is on the critical path: 4x2048x256x2048 forward 25.0 vs
     25.5 us on the H100).
     ``warm=n`` (opt-in; slower where measured: 4x2048x256x2048 forward with 32 k-blocks
-    33-35 vs 25.5 us, 6 k-blocks in a cluster 25.5): before anything else, thread 0 asks L2 for the
-    first ``n`` k-blocks of A and B of the tile this CTA would take first if the ``G``
+    33-35 vs 25.5 us, 6 k-blocks in a cluster 25.5): before anything else, thread 0 asks L2
+    for the first ``n`` k-blocks of A and B of the tile this CTA would take first if the ``G``
     groups had ``M // G`` rows each (``ptx.tma.prefetch_tile``, a hint): the copies then
     start while the group ends are still being read. A wrong guess costs only bandwidth.
     """
