@@ -98,6 +98,45 @@ def _ex2(x):
     return r
 
 
+#: 2**f on [-0.5, 0.5] (near-minimax in relative error, < 7.5e-5 after f32 rounding)
+EX2_POLY = (0.9999280571937561, 0.6932609677314758, 0.2426111251115799, 0.0551716648042202)
+ROUND_MAGIC = 12582912.0    # 1.5 * 2**23: x + it, rounded to nearest, holds round(x) in its low bits
+
+
+def _ex2_poly(x):
+    """``x <- 2**x`` on the FMA and integer pipes instead of the special-function unit (which
+    runs 16 results per clock per SM against 128 fused multiply-adds): ``x`` clamped to
+    [-126, 126], ``j = round(x)`` by the magic-number add, ``2**(x - j)`` by a degree-3
+    polynomial, ``j`` added to its exponent field. Relative error < 7.5e-5 (ex2.approx:
+    2**-22), well under the bf16 rounding every use here applies."""
+    ptx.inst.max.f32(x, x, -126.0)
+    ptx.inst.min.f32(x, x, 126.0)
+    t, j, p = reg.scalar(f32), reg.scalar(f32), reg.scalar(f32)
+    ptx.inst.add.rn.f32(t, x, ROUND_MAGIC)
+    ptx.inst.add.rn.f32(j, t, -ROUND_MAGIC)
+    ptx.inst.sub.rn.f32(x, x, j)                # f in [-0.5, 0.5]
+    c0, c1, c2, c3 = EX2_POLY
+    ptx.inst.fma.rn.f32(p, x, c3, c2)
+    ptx.inst.fma.rn.f32(p, p, x, c1)
+    ptx.inst.fma.rn.f32(p, p, x, c0)
+    e, pb = reg.scalar(b32), reg.scalar(b32)
+    ptx.inst.shl.b32(e, t, 23)                  # j << 23 (the magic's own bits shift out)
+    ptx.inst.mov.b32(pb, p)
+    ptx.inst.add.s32(pb, pb, e)
+    ptx.inst.mov.b32(x, pb)
+
+
+def _exp2_rows(acc, poly, scaled):
+    """``acc[i] = 2**(acc[i] * c1 - lse2)`` for every element (``scaled(i)`` emits the fma in
+    place); elements ``i`` with ``i % 8 < poly`` take ``_ex2_poly``, the rest ``ex2.approx``."""
+    for i in range(len(acc)):
+        scaled(i)
+        if i % 8 < poly:
+            _ex2_poly(acc[i])
+        else:
+            ptx.inst.ex2.approx.ftz.f32(acc[i], acc[i])
+
+
 def _selp(a, b, p):
     r = reg.scalar(f32)
     ptx.inst.selp.f32(r, a, b, p)
@@ -179,14 +218,22 @@ def _common_options(B, S, Hq, Hkv, D, Sk, dtype, scale, safe, sync):
     return Sk, _dtype(dtype), scale, safe, sync, Hq // Hkv, padded(S)
 
 
+def _check_poly(fn, poly):
+    if isinstance(poly, bool) or not isinstance(poly, int) or not 0 <= poly <= 8:
+        raise ConfigError(f"{fn}: poly must be an int from 0 to 8 (exponentials of every 8 "
+                          f"computed by polynomial), got {poly!r}")
+
+
 def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None, BKV=64,
-             stages=None, sync=None, safe=None):
+             stages=None, sync=None, safe=None, poly=0):
     """The dQ kernel: ``(Q, K, V, O, LSE, DO) -> (DQ, STATS)``. STATS ``(B, Hq, padded(S), 2)``
     f32 holds ``(lse * log2 e, delta = rowsum(do * o))`` per query row (zeros past ``S``),
     which the dK/dV kernel reads. ``safe``: mask every block and wait for each block's
-    products before the next (the simplest schedule; default from ``PYPTX_ATTN_BWD_SAFE``)."""
+    products before the next (the simplest schedule; default from ``PYPTX_ATTN_BWD_SAFE``).
+    ``poly`` (0-8): of every 8 exponentials, how many run as ``_ex2_poly`` on the FMA pipe."""
     Sk, dt, scale, safe, sync, G, Sp = _common_options(B, S, Hq, Hkv, D, Sk, dtype, scale,
                                                        safe, sync)
+    _check_poly("build_dq", poly)
     q_tile = OperandTile(BM, D, dt, major="K")
     k_tile = OperandTile(BKV, D, dt, major="K")
     k_mn = OperandTile(D, BKV, dt, major="MN")      # the same bytes as B of dS K
@@ -294,10 +341,8 @@ def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=Non
                 with ptx.if_(has_prev != 0):
                     pipe.release(rel, pred=leader)
                     rel.advance()
-            for i in range(len(s_acc)):             # P = exp2(S * c1 - lse2), in place
-                dr = Accumulator.coord(i)[0]
-                ptx.inst.fma.rn.f32(s_acc[i], s_acc[i], c1, nlse2[dr // 8])
-                ptx.inst.ex2.approx.ftz.f32(s_acc[i], s_acc[i])
+            _exp2_rows(s_acc, poly, lambda i: ptx.inst.fma.rn.f32(    # P = exp2(S c1 - lse2)
+                s_acc[i], s_acc[i], c1, nlse2[Accumulator.coord(i)[0] // 8]))
             kv0 = reg.from_(j * BKV + col0, s32)
             if safe:
                 need = None
@@ -336,7 +381,8 @@ def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=Non
         ptx.ret()
 
     name = (f"attn_bwd_dq_{dt.name}_d{D}_h{Hq}x{Hkv}{'_causal' if causal else ''}"
-            f"{'_safe' if safe else ''}{f'_bkv{BKV}' if BKV != 64 else ''}")
+            f"{'_safe' if safe else ''}{f'_bkv{BKV}' if BKV != 64 else ''}"
+            f"{f'_poly{poly}' if poly else ''}")
     return kernel(in_specs=(qspec, kspec, kspec, qspec, Tile(B, Hq, S, f32), qspec),
                   out_specs=(qspec, Tile(B, Hq, Sp, 2, f32)), grid=(-(-S // BM), Hq, B),
                   block=(THREADS, 1, 1), smem=smem_total, maxnreg=168,
@@ -402,7 +448,7 @@ def _check_dq_modes(fn, atomic_dq, dq_bulk, dq_ordered):
 
 def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None, BQ=None,
                stages=None, sync=None, safe=None, atomic_dq=False, overlap=None, dq_bulk=False,
-               dq_ordered=False):
+               dq_ordered=False, poly=0):
     """The dK/dV kernel: ``(Q, K, V, DO, STATS) -> (DK, DV)`` (STATS from ``build_dq``).
 
     ``BQ``: q rows per block, 32 or 64 (``None``: ``DKDV_BQ``, 64; ``atomic_dq`` needs 64,
@@ -428,7 +474,8 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     thread of the producer warpgroup does the waiting and the adds; where the predecessor is
     kv block ``kb + 1``, the grid runs the kv blocks last first, so a waiting CTA's
     predecessor has been launched (the rotated order's one exception, the last kv block
-    waiting for block 0 of its head, needs the head's CTAs resident together: hence the cap)."""
+    waiting for block 0 of its head, needs the head's CTAs resident together: hence the cap).
+    ``poly``: as ``build_dq``'s."""
     Sk, dt, scale, safe, sync, G, Sp = _common_options(B, S, Hq, Hkv, D, Sk, dtype, scale,
                                                        safe, sync)
     if BQ is None:
@@ -453,6 +500,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     ds_tile = OperandTile(BQ, BM, dt, major="MN") if atomic_dq else None
     kv_mn = OperandTile(D, BM, dt, major="MN")      # K as B of dS K (the same bytes as K)
     _check_dq_modes("build_dkdv", atomic_dq, dq_bulk, dq_ordered)
+    _check_poly("build_dkdv", poly)
     # a consumer warpgroup's dQ columns: bulk: 64 (D=128: its half of D, all kv rows;
     # D=64: all of D over its own 64 kv rows, a partial sum in columns 64w.. of DQACC)
     dq_cols = 64 if D == 128 or dq_bulk else D
@@ -732,10 +780,8 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                     with ptx.if_(has_prev != 0):
                         _release_stage(pipe, rel)
                         rel.advance()
-                for i in range(len(s_acc)):         # P^T = exp2(S^T * c1 - lse2), in place
-                    dc = Accumulator.coord(i)[1]
-                    ptx.inst.fma.rn.f32(s_acc[i], s_acc[i], c1, nl2[dc])
-                    ptx.inst.ex2.approx.ftz.f32(s_acc[i], s_acc[i])
+                _exp2_rows(s_acc, poly, lambda i, nl2=nl2: ptx.inst.fma.rn.f32(  # P^T, in place
+                    s_acc[i], s_acc[i], c1, nl2[Accumulator.coord(i)[1]]))
                 if safe:
                     need = None
                 elif causal:
@@ -842,7 +888,8 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     name = (f"attn_bwd_dkdv_{dt.name}_d{D}_h{Hq}x{Hkv}{'_causal' if causal else ''}"
             f"{'_safe' if safe else ''}{'_atomic' if atomic_dq else ''}{'_bulk' if dq_bulk else ''}"
             f"{'_ordered' if dq_ordered else ''}"
-            f"{f'_bq{BQ}' if BQ != 64 else ''}{'_serial' if overlap != default_overlap else ''}")
+            f"{f'_bq{BQ}' if BQ != 64 else ''}{'_serial' if overlap != default_overlap else ''}"
+            f"{f'_poly{poly}' if poly else ''}")
     ins = (qspec, kspec, kspec, qspec, Tile(B, Hq, Sp, 2, f32))
     if dq_ordered:
         ins += (Tile(B, S, Hq, dq_width, f32), Tile(B, Hq, num_q, 2, s32))
@@ -1066,7 +1113,7 @@ class AttentionBackward:
 
 def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None,
                              safe=None, atomic_dq=False, dkdv_bq=None, dkdv_overlap=None,
-                             dq_bulk=False, dq_ordered=False, dq_bkv=None):
+                             dq_bulk=False, dq_ordered=False, dq_bkv=None, ex2_poly=0):
     """The backward kernels for these sizes: ``bwd(q, k, v, o, lse, do, dlse) -> (dq, dk,
     dv)``. ``safe=True`` (or ``PYPTX_ATTN_BWD_SAFE=1``): the simplest schedule, for
     bisecting. ``atomic_dq=True``: dQ accumulated by the dK/dV kernel with f32 atomics (no
@@ -1075,7 +1122,9 @@ def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=
     dK/dV kernel's speed options (``build_dkdv``'s ``BQ`` and ``overlap``). ``dq_bulk``
     (with ``atomic_dq``): dQ tiles added by TMA tile reductions, ``dq_ordered`` (with
     ``dq_bulk``) in a fixed order (``build_dkdv``). ``dq_bkv`` (32, 64 or 128; ``None``:
-    ``default_dq_bkv(D)``): keys per block of the pair's dQ kernel (``build_dq``'s ``BKV``)."""
+    ``default_dq_bkv(D)``): keys per block of the pair's dQ kernel (``build_dq``'s ``BKV``).
+    ``ex2_poly`` (0-8): of every 8 softmax exponentials, how many both kernels compute by
+    polynomial on the FMA pipe (``build_dq``'s ``poly``)."""
     safe = safe_default() if safe is None else bool(safe)
     if dkdv_bq not in (None, 32, 64):
         raise ConfigError(f"build_attention_backward: dkdv_bq must be 32 or 64, got {dkdv_bq!r}")
@@ -1084,8 +1133,10 @@ def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=
                           f"for the pair (not atomic_dq), got {dq_bkv!r}")
     overlap = None if dkdv_overlap is None else bool(dkdv_overlap)
     _check_dq_modes("build_attention_backward", atomic_dq, dq_bulk, dq_ordered)
+    _check_poly("build_attention_backward", ex2_poly)
     return _build(B, S, Hq, Hkv, D, S if Sk is None else Sk, dtype, causal, scale, safe,
-                  bool(atomic_dq), dkdv_bq, overlap, bool(dq_bulk), bool(dq_ordered), dq_bkv)
+                  bool(atomic_dq), dkdv_bq, overlap, bool(dq_bulk), bool(dq_ordered), dq_bkv,
+                  ex2_poly)
 
 
 def default_dq_bkv(D):
@@ -1095,7 +1146,7 @@ def default_dq_bkv(D):
 
 
 OPTIONS = ("dkdv_bq", "dkdv_overlap", "atomic_dq", "dq_bulk", "dq_ordered",
-           "dq_bkv")  # build_attention_backward's
+           "dq_bkv", "ex2_poly")  # build_attention_backward's
 
 
 def parse_options(text):
@@ -1107,14 +1158,14 @@ def parse_options(text):
         if name not in OPTIONS or not value.isdigit():
             raise ConfigError(f"attention backward options: expected name=int with name in "
                               f"{OPTIONS}, got {item!r}")
-        out[name] = int(value) if name in ("dkdv_bq", "dq_bkv") else bool(int(value))
+        out[name] = int(value) if name in ("dkdv_bq", "dq_bkv", "ex2_poly") else bool(int(value))
     return out
 
 
 @functools.lru_cache(maxsize=64)
 def _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, safe, atomic_dq, dkdv_bq=None, overlap=None,
-           dq_bulk=False, dq_ordered=False, dq_bkv=None):
-    kw = dict(Sk=Sk, dtype=dtype, causal=causal, scale=scale, safe=safe)
+           dq_bulk=False, dq_ordered=False, dq_bkv=None, ex2_poly=0):
+    kw = dict(Sk=Sk, dtype=dtype, causal=causal, scale=scale, safe=safe, poly=ex2_poly)
     dkdv_kw = dict(kw, BQ=dkdv_bq, overlap=overlap)
     dt = _dtype(dtype)
     if atomic_dq:
