@@ -71,6 +71,7 @@ THREADS = 384     # producer warpgroup + two consumers
 #: longer sequences take the ascending order, whose waits all point at earlier CTAs.
 ROTATE_MAX_KV = 64
 PROD_REGS, CONS_REGS = 24, 240
+SCHED_BAR = 5     # named barriers 5 and 6: the consumers' ping-pong turns (``_Turns``)
 
 
 def _dtype(name):
@@ -225,15 +226,19 @@ def _check_poly(fn, poly):
 
 
 def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None, BKV=64,
-             stages=None, sync=None, safe=None, poly=0):
+             stages=None, sync=None, safe=None, poly=0, pingpong=False):
     """The dQ kernel: ``(Q, K, V, O, LSE, DO) -> (DQ, STATS)``. STATS ``(B, Hq, padded(S), 2)``
     f32 holds ``(lse * log2 e, delta = rowsum(do * o))`` per query row (zeros past ``S``),
     which the dK/dV kernel reads. ``safe``: mask every block and wait for each block's
     products before the next (the simplest schedule; default from ``PYPTX_ATTN_BWD_SAFE``).
-    ``poly`` (0-8): of every 8 exponentials, how many run as ``_ex2_poly`` on the FMA pipe."""
+    ``poly`` (0-8): of every 8 exponentials, how many run as ``_ex2_poly`` on the FMA pipe.
+    ``pingpong``: the consumers take turns at the tensor cores (``_Turns``), one turn per
+    block holding the previous block's dQ product and this block's S and dP (fast schedule)."""
     Sk, dt, scale, safe, sync, G, Sp = _common_options(B, S, Hq, Hkv, D, Sk, dtype, scale,
                                                        safe, sync)
     _check_poly("build_dq", poly)
+    if pingpong and safe:
+        raise ConfigError("build_dq: pingpong needs the fast schedule (not safe)")
     q_tile = OperandTile(BM, D, dt, major="K")
     k_tile = OperandTile(BKV, D, dt, major="K")
     k_mn = OperandTile(D, BKV, dt, major="MN")      # the same bytes as B of dS K
@@ -322,12 +327,27 @@ def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=Non
         cons = pipe.consumer_state()
         rel = pipe.consumer_state()
         has_prev = reg.scalar(u32, init=0)
+        turns = _Turns(w, pingpong)
+        kmn_prev = reg.scalar(u64, init=0)
+
+        def issue_dq(kmn):
+            for kk in range(BKV // 16):
+                ptx.wgmma.mma_async(dq_acc.regs, list(ds_pack)[4 * kk:4 * kk + 4],
+                                    k_mn.advance(kmn, kk), n=D, dtype_ab=dt.name, trans_b=k_mn.trans)
+
+        if pingpong:    # the first turn's "previous block" product adds 0 x K
+            for r in ds_pack:
+                ptx.inst.mov.b32(r, 0)
         ptx.mbarrier.wait(head_bar.at(0), 0)
+        turns.start()
         for j in ptx.loop(0, n_kv):
             pipe.wait(cons)
             soff = reg.from_(reg.from_(cons.stage * (stage_bytes >> 4), u32), u64)
             kd, vd, kmn = k_desc0 + soff, v_desc0 + soff, kmn_desc0 + soff
+            turns.take()
             ptx.wgmma.fence()
+            if pingpong:    # one turn: the previous block's dQ product, then this one's S, dP
+                issue_dq(_selp64(kmn_prev, kmn, has_prev != 0))
             for kk in range(q_tile.k_steps):
                 ptx.wgmma.mma_async(s_acc.regs, q_tile.advance(q_desc, kk), k_tile.advance(kd, kk),
                                     n=BKV, dtype_ab=dt.name, scale_d=0 if kk == 0 else 1)
@@ -336,6 +356,7 @@ def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=Non
                 ptx.wgmma.mma_async(dp_acc.regs, q_tile.advance(do_desc, kk), k_tile.advance(vd, kk),
                                     n=BKV, dtype_ab=dt.name, scale_d=0 if kk == 0 else 1)
             ptx.wgmma.commit_group()
+            turns.give()
             ptx.wgmma.wait_group(1)                 # S (and the previous block's dQ) done
             if not safe:
                 with ptx.if_(has_prev != 0):
@@ -361,17 +382,26 @@ def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=Non
                 x = dp_acc[i] - delta[dr // 8]
                 ptx.inst.mul.f32(dp_acc[i], s_acc[i], x)
             _pack(ds_pack, dp_acc.regs, dt)
-            ptx.wgmma.fence()
-            for kk in range(BKV // 16):
-                ptx.wgmma.mma_async(dq_acc.regs, list(ds_pack)[4 * kk:4 * kk + 4],
-                                    k_mn.advance(kmn, kk), n=D, dtype_ab=dt.name, trans_b=k_mn.trans)
-            ptx.wgmma.commit_group()
+            if pingpong:                            # its dQ product opens the next turn
+                ptx.inst.mov.b64(kmn_prev, kmn)
+            else:
+                ptx.wgmma.fence()
+                issue_dq(kmn)
+                ptx.wgmma.commit_group()
             if safe:
                 ptx.wgmma.wait_group(0)
                 pipe.release(cons, pred=leader)
             else:
                 ptx.inst.mov.u32(has_prev, 1)
             cons.advance()
+        if pingpong:                                # the last block's dQ product
+            turns.take()
+            with ptx.if_(has_prev != 0):
+                ptx.wgmma.fence()
+                issue_dq(kmn_prev)
+                ptx.wgmma.commit_group()
+            turns.give()
+            turns.end()
         if not safe:
             ptx.wgmma.wait_group(0)
             with ptx.if_(has_prev != 0):
@@ -382,11 +412,50 @@ def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=Non
 
     name = (f"attn_bwd_dq_{dt.name}_d{D}_h{Hq}x{Hkv}{'_causal' if causal else ''}"
             f"{'_safe' if safe else ''}{f'_bkv{BKV}' if BKV != 64 else ''}"
-            f"{f'_poly{poly}' if poly else ''}")
+            f"{f'_poly{poly}' if poly else ''}{'_pp' if pingpong else ''}")
     return kernel(in_specs=(qspec, kspec, kspec, qspec, Tile(B, Hq, S, f32), qspec),
                   out_specs=(qspec, Tile(B, Hq, Sp, 2, f32)), grid=(-(-S // BM), Hq, B),
                   block=(THREADS, 1, 1), smem=smem_total, maxnreg=168,
                   tma={"Q": box_q, "DO": box_q, "K": box_k, "V": box_k}, name=name)(dq_kernel)
+
+
+class _Turns:
+    """Ping-pong turns of the two consumer warpgroups at the tensor cores: a warpgroup takes
+    its turn (``bar.sync`` on its named barrier), issues one batch of products, and gives the
+    turn away (``bar.arrive`` on the other's), so one warpgroup's softmax runs while the
+    other's products do instead of both waiting for theirs at once. Warpgroup 1 gives the
+    first turn away (``start``) and warpgroup 0 takes the last one back (``end``), so both
+    take the same number of turns and every arrive meets one sync. Off: every method emits
+    nothing."""
+
+    def __init__(self, w, on):
+        self.on = on
+        if on:
+            self.mine = reg.from_(w, u32) + SCHED_BAR
+            self.other = (SCHED_BAR + 1) - reg.from_(w, u32)
+            self.first = w == 0
+
+    def start(self):
+        if self.on:
+            ptx.bar_arrive(SCHED_BAR, 256, pred=~self.first)
+
+    def take(self):
+        if self.on:
+            ptx.bar_sync(self.mine, 256)
+
+    def give(self):
+        if self.on:
+            ptx.bar_arrive(self.other, 256)
+
+    def end(self):
+        if self.on:
+            ptx.bar_sync(SCHED_BAR, 256, pred=self.first)
+
+
+def _selp64(a, b, p):
+    r = reg.scalar(u64)
+    ptx.inst.selp.b64(r, a, b, p)
+    return r
 
 
 def _or(p, q):
@@ -448,7 +517,7 @@ def _check_dq_modes(fn, atomic_dq, dq_bulk, dq_ordered):
 
 def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None, BQ=None,
                stages=None, sync=None, safe=None, atomic_dq=False, overlap=None, dq_bulk=False,
-               dq_ordered=False, poly=0):
+               dq_ordered=False, poly=0, pingpong=False):
     """The dK/dV kernel: ``(Q, K, V, DO, STATS) -> (DK, DV)`` (STATS from ``build_dq``).
 
     ``BQ``: q rows per block, 32 or 64 (``None``: ``DKDV_BQ``, 64; ``atomic_dq`` needs 64,
@@ -475,7 +544,9 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     kv block ``kb + 1``, the grid runs the kv blocks last first, so a waiting CTA's
     predecessor has been launched (the rotated order's one exception, the last kv block
     waiting for block 0 of its head, needs the head's CTAs resident together: hence the cap).
-    ``poly``: as ``build_dq``'s."""
+    ``poly``: as ``build_dq``'s. ``pingpong``: the consumers take turns at the tensor cores
+    (``_Turns``), one turn per block holding the previous block's dV and dK products and this
+    block's S^T and dP^T (the overlapped fast schedule of the seven-product pair only)."""
     Sk, dt, scale, safe, sync, G, Sp = _common_options(B, S, Hq, Hkv, D, Sk, dtype, scale,
                                                        safe, sync)
     if BQ is None:
@@ -489,7 +560,11 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     stage_bytes = 2 * q_tile.nbytes + 1024          # stats padded to keep tiles 1024-aligned
     head_bytes = 2 * kv_tile.nbytes
     default_overlap = not safe and not atomic_dq and (BQ == 32 or D <= 64)
+    if pingpong and (safe or atomic_dq or overlap is False):
+        raise ConfigError("build_dkdv: pingpong needs the overlapped fast schedule of the pair "
+                          "(not safe, atomic_dq or overlap=False)")
     overlap = default_overlap if overlap is None else bool(overlap)
+    overlap = overlap or bool(pingpong)
     if overlap and (safe or atomic_dq):
         raise ConfigError("build_dkdv: overlap=True needs the fast schedule (not safe, not atomic_dq)")
     if atomic_dq and BQ != 64:
@@ -730,7 +805,26 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                             ptx.tma.reduce_tile(dq_map, (w * dq_cols + 32 * j, hqr, q0r, b),
                                                 dq_buf + j * SLAB_BYTES if j else dq_buf)
                         ptx.tma.commit_group()
+        turns = _Turns(w, pingpong)
+        qmn_prev, domn_prev = reg.scalar(u64, init=0), reg.scalar(u64, init=0)
+
+        def issue_dv(domn):
+            for kk in range(BQ // 16):
+                ptx.wgmma.mma_async(dv_acc.regs, list(p_pack)[4 * kk:4 * kk + 4],
+                                    q_mn.advance(domn, kk), n=D, dtype_ab=dt.name,
+                                    trans_b=q_mn.trans)
+
+        def issue_dk(qmn):
+            for kk in range(BQ // 16):
+                ptx.wgmma.mma_async(dk_acc.regs, list(ds_pack)[4 * kk:4 * kk + 4],
+                                    q_mn.advance(qmn, kk), n=D, dtype_ab=dt.name,
+                                    trans_b=q_mn.trans)
+
+        if pingpong:    # the first turn's "previous block" products add 0 x Q and 0 x dO
+            for r in list(p_pack) + list(ds_pack):
+                ptx.inst.mov.b32(r, 0)
         ptx.mbarrier.wait(head_bar.at(0), 0)
+        turns.start()
         for g in ptx.loop(0, G):
             hq = hk * G + g
             srow = reg.from_((b * Hq + hq) * Sp, u64) * 8 + pstats
@@ -742,7 +836,12 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                 soff = reg.from_(reg.from_(sbase >> 4, u32), u64)
                 qd, dod = q_desc0 + soff, do_desc0 + soff
                 qmn, domn = qmn_desc0 + soff, domn_desc0 + soff
+                turns.take()
                 ptx.wgmma.fence()
+                if pingpong:    # one turn: the previous block's dV, dK, then this one's S^T, dP^T
+                    first = has_prev == 0
+                    issue_dv(_selp64(domn, domn_prev, first))
+                    issue_dk(_selp64(qmn, qmn_prev, first))
                 for kk in range(kv_tile.k_steps):
                     ptx.wgmma.mma_async(s_acc.regs, kv_tile.advance(k_desc, kk),
                                         q_tile.advance(qd, kk), n=BQ, dtype_ab=dt.name,
@@ -753,6 +852,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                                         q_tile.advance(dod, kk), n=BQ, dtype_ab=dt.name,
                                         scale_d=0 if kk == 0 else 1)
                 ptx.wgmma.commit_group()
+                turns.give()
                 # this thread's columns: q = q0 + col0 + 8 * blk + e (e = 0, 1); their
                 # (lse2, delta) pairs, from the stage (fast) or from global memory (safe)
                 if safe:
@@ -799,14 +899,12 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                         if causal:  # kv <= q  <=>  (kvrow + dr) - qc <= dc
                             ptx.inst.selp.f32(s_acc[i], s_acc[i], 0.0, lo[dr // 8] <= dc)
                 _pack(p_pack, s_acc.regs, dt)
-                ptx.wgmma.fence()
-                for kk in range(BQ // 16):
-                    ptx.wgmma.mma_async(dv_acc.regs, list(p_pack)[4 * kk:4 * kk + 4],
-                                        q_mn.advance(domn, kk), n=D, dtype_ab=dt.name,
-                                        trans_b=q_mn.trans)
-                ptx.wgmma.commit_group()
+                if not pingpong:
+                    ptx.wgmma.fence()
+                    issue_dv(domn)
+                    ptx.wgmma.commit_group()
                 dl = stats(1)
-                ptx.wgmma.wait_group(1)             # dP^T done
+                ptx.wgmma.wait_group(0 if pingpong else 1)  # dP^T done
                 for i in range(len(dp_acc)):        # dS^T = P^T * (dP^T - delta), in place
                     dc = Accumulator.coord(i)[1]
                     x = dp_acc[i] - dl[dc]
@@ -856,12 +954,13 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
 
                 if dq_bulk:     # dQ's product first: stored below while dK's runs
                     _dq_product()
-                ptx.wgmma.fence()
-                for kk in range(BQ // 16):
-                    ptx.wgmma.mma_async(dk_acc.regs, list(ds_pack)[4 * kk:4 * kk + 4],
-                                        q_mn.advance(qmn, kk), n=D, dtype_ab=dt.name,
-                                        trans_b=q_mn.trans)
-                ptx.wgmma.commit_group()
+                if pingpong:    # dV and dK open the next turn
+                    ptx.inst.mov.b64(qmn_prev, qmn)
+                    ptx.inst.mov.b64(domn_prev, domn)
+                else:
+                    ptx.wgmma.fence()
+                    issue_dk(qmn)
+                    ptx.wgmma.commit_group()
                 if dq_bulk:
                     ptx.wgmma.wait_group(1)             # dV and dQ done, dK may run on
                     _store_dq(q0, hq)
@@ -873,6 +972,15 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                 else:
                     ptx.inst.mov.u32(has_prev, 1)
                 cons.advance()
+        if pingpong:    # the last block's dV and dK
+            turns.take()
+            with ptx.if_(has_prev != 0):
+                ptx.wgmma.fence()
+                issue_dv(domn_prev)
+                issue_dk(qmn_prev)
+                ptx.wgmma.commit_group()
+            turns.give()
+            turns.end()
         if overlap:
             ptx.wgmma.wait_group(0)
             with ptx.if_(has_prev != 0):
@@ -889,7 +997,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             f"{'_safe' if safe else ''}{'_atomic' if atomic_dq else ''}{'_bulk' if dq_bulk else ''}"
             f"{'_ordered' if dq_ordered else ''}"
             f"{f'_bq{BQ}' if BQ != 64 else ''}{'_serial' if overlap != default_overlap else ''}"
-            f"{f'_poly{poly}' if poly else ''}")
+            f"{f'_poly{poly}' if poly else ''}{'_pp' if pingpong else ''}")
     ins = (qspec, kspec, kspec, qspec, Tile(B, Hq, Sp, 2, f32))
     if dq_ordered:
         ins += (Tile(B, S, Hq, dq_width, f32), Tile(B, Hq, num_q, 2, s32))
@@ -1113,7 +1221,8 @@ class AttentionBackward:
 
 def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None,
                              safe=None, atomic_dq=False, dkdv_bq=None, dkdv_overlap=None,
-                             dq_bulk=False, dq_ordered=False, dq_bkv=None, ex2_poly=0):
+                             dq_bulk=False, dq_ordered=False, dq_bkv=None, ex2_poly=0,
+                             dq_pingpong=False, dkdv_pingpong=False):
     """The backward kernels for these sizes: ``bwd(q, k, v, o, lse, do, dlse) -> (dq, dk,
     dv)``. ``safe=True`` (or ``PYPTX_ATTN_BWD_SAFE=1``): the simplest schedule, for
     bisecting. ``atomic_dq=True``: dQ accumulated by the dK/dV kernel with f32 atomics (no
@@ -1124,7 +1233,9 @@ def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=
     ``dq_bulk``) in a fixed order (``build_dkdv``). ``dq_bkv`` (32, 64 or 128; ``None``:
     ``default_dq_bkv(D)``): keys per block of the pair's dQ kernel (``build_dq``'s ``BKV``).
     ``ex2_poly`` (0-8): of every 8 softmax exponentials, how many both kernels compute by
-    polynomial on the FMA pipe (``build_dq``'s ``poly``)."""
+    polynomial on the FMA pipe (``build_dq``'s ``poly``). ``dq_pingpong``, ``dkdv_pingpong``:
+    the pair's kernels' consumers take ping-pong turns at the tensor cores (``build_dq``'s and
+    ``build_dkdv``'s ``pingpong``)."""
     safe = safe_default() if safe is None else bool(safe)
     if dkdv_bq not in (None, 32, 64):
         raise ConfigError(f"build_attention_backward: dkdv_bq must be 32 or 64, got {dkdv_bq!r}")
@@ -1134,9 +1245,12 @@ def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=
     overlap = None if dkdv_overlap is None else bool(dkdv_overlap)
     _check_dq_modes("build_attention_backward", atomic_dq, dq_bulk, dq_ordered)
     _check_poly("build_attention_backward", ex2_poly)
+    if (dq_pingpong or dkdv_pingpong) and atomic_dq:
+        raise ConfigError("build_attention_backward: dq_pingpong and dkdv_pingpong are schedules "
+                          "of the pair (not atomic_dq)")
     return _build(B, S, Hq, Hkv, D, S if Sk is None else Sk, dtype, causal, scale, safe,
                   bool(atomic_dq), dkdv_bq, overlap, bool(dq_bulk), bool(dq_ordered), dq_bkv,
-                  ex2_poly)
+                  ex2_poly, bool(dq_pingpong), bool(dkdv_pingpong))
 
 
 def default_dq_bkv(D):
@@ -1146,7 +1260,7 @@ def default_dq_bkv(D):
 
 
 OPTIONS = ("dkdv_bq", "dkdv_overlap", "atomic_dq", "dq_bulk", "dq_ordered",
-           "dq_bkv", "ex2_poly")  # build_attention_backward's
+           "dq_bkv", "ex2_poly", "dq_pingpong", "dkdv_pingpong")  # build_attention_backward's
 
 
 def parse_options(text):
@@ -1164,7 +1278,8 @@ def parse_options(text):
 
 @functools.lru_cache(maxsize=64)
 def _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, safe, atomic_dq, dkdv_bq=None, overlap=None,
-           dq_bulk=False, dq_ordered=False, dq_bkv=None, ex2_poly=0):
+           dq_bulk=False, dq_ordered=False, dq_bkv=None, ex2_poly=0, dq_pingpong=False,
+           dkdv_pingpong=False):
     kw = dict(Sk=Sk, dtype=dtype, causal=causal, scale=scale, safe=safe, poly=ex2_poly)
     dkdv_kw = dict(kw, BQ=dkdv_bq, overlap=overlap)
     dt = _dtype(dtype)
@@ -1176,8 +1291,9 @@ def _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, safe, atomic_dq, dkdv_bq=
                               dq_ordered=dq_ordered, **dkdv_kw),     # adds dQ into DQACC
                    build_convert(B, S, Hq, D, dtype=dtype, width=width))
     else:
-        dq_kw = dict(kw, BKV=default_dq_bkv(D) if dq_bkv is None else dq_bkv)
-        kernels = (build_dq(B, S, Hq, Hkv, D, **dq_kw), build_dkdv(B, S, Hq, Hkv, D, **dkdv_kw))
+        dq_kw = dict(kw, BKV=default_dq_bkv(D) if dq_bkv is None else dq_bkv, pingpong=dq_pingpong)
+        kernels = (build_dq(B, S, Hq, Hkv, D, **dq_kw),
+                   build_dkdv(B, S, Hq, Hkv, D, pingpong=dkdv_pingpong, **dkdv_kw))
     return AttentionBackward(kernels, B, S, Hq, Hkv, D, Sk, dt, atomic_dq)
 
 
