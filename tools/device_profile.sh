@@ -23,6 +23,17 @@ for c in $CASES; do
   ncu -i /tmp/prof/$tag.ncu-rep --page details > /tmp/prof/$tag.details.txt 2>&1
   ncu -i /tmp/prof/$tag.ncu-rep --page source --csv --print-source sass > /tmp/prof/$tag.source.csv 2>&1 \
     || ncu -i /tmp/prof/$tag.ncu-rep --page source --csv > /tmp/prof/$tag.source.csv 2>&1
+  ncu -i /tmp/prof/$tag.ncu-rep --page raw --csv > /tmp/prof/$tag.raw.csv 2>&1
+  python3 - /tmp/prof/$tag.raw.csv <<'PY'
+import csv, sys
+rows = list(csv.reader(open(sys.argv[1])))
+head, units = rows[0], rows[1]
+for r in rows[2:]:
+    name = next((r[i] for i, h in enumerate(head) if h == "Kernel Name"), "?")[:48]
+    cells = [f"{h.split('__')[-1][:40]}={v}" for h, v in zip(head, r)
+             if "pipe_" in h and "pct_of_peak_sustained_active" in h and v not in ("", "0")]
+    print(name, " ".join(cells))
+PY
   grep -E "^  [a-z_]+|Duration|Compute \(SM\) Throughput|Memory Throughput|Registers Per|Achieved Occupancy|L2 Hit Rate|Executed Ipc A|Issue Slots Busy|No Eligible|Active Warps Per|Eligible Warps|Warp Cycles Per Issued" /tmp/prof/$tag.details.txt | head -40
 done
 tar -czf "$OUT/prof.tgz" -C /tmp/prof $(cd /tmp/prof && ls *.txt *.csv *.log 2>/dev/null)
