@@ -517,7 +517,7 @@ def _check_dq_modes(fn, atomic_dq, dq_bulk, dq_ordered):
 
 def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None, BQ=None,
                stages=None, sync=None, safe=None, atomic_dq=False, overlap=None, dq_bulk=False,
-               dq_ordered=False, poly=0, pingpong=False):
+               dq_ordered=False, poly=0, pingpong=False, stats_global=False):
     """The dK/dV kernel: ``(Q, K, V, DO, STATS) -> (DK, DV)`` (STATS from ``build_dq``).
 
     ``BQ``: q rows per block, 32 or 64 (``None``: ``DKDV_BQ``, 64; ``atomic_dq`` needs 64,
@@ -546,7 +546,10 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     waiting for block 0 of its head, needs the head's CTAs resident together: hence the cap).
     ``poly``: as ``build_dq``'s. ``pingpong``: the consumers take turns at the tensor cores
     (``_Turns``), one turn per block holding the previous block's dV and dK products and this
-    block's S^T and dP^T (the overlapped fast schedule of the seven-product pair only)."""
+    block's S^T and dP^T (the overlapped fast schedule of the seven-product pair only).
+    ``stats_global``: each consumer thread loads its ``(lse2, delta)`` pairs from global memory
+    (L2) instead of out of the ring stage: the stage is then read by the tensor cores only,
+    so one thread per warpgroup releases it, with no proxy fence (``_release_stage``)."""
     Sk, dt, scale, safe, sync, G, Sp = _common_options(B, S, Hq, Hkv, D, Sk, dtype, scale,
                                                        safe, sync)
     if BQ is None:
@@ -666,7 +669,8 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
 
     def dkdv_kernel(Q, K, V, DO, STATS, DQACC, SEM, DK, DV):
         base = ring_base("smem")
-        pipe = Pipeline(stages, consumer_arrivals=RELEASE_ARRIVALS)
+        stats_from_stage = not (safe or stats_global)
+        pipe = Pipeline(stages, consumer_arrivals=RELEASE_ARRIVALS if stats_from_stage else 2)
         head_bar = BarrierArray(1, name="head_bar")
         tid, wg = thread_ids()
         kb = reg.from_(ptx.special.ctaid.x(), u32)
@@ -703,11 +707,11 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                 for qstep in ptx.loop(qb0, num_q):
                     qb = q_block(qstep, kb)
                     pipe.acquire(st)
-                    bar = pipe.arm(st, 2 * q_tile.nbytes + (0 if safe else stats_bytes))
+                    bar = pipe.arm(st, 2 * q_tile.nbytes + (stats_bytes if stats_from_stage else 0))
                     sb = st.stage * stage_bytes + (base + (head_bytes + ds_bytes))
                     _load_slabs(sb, q_map, slabs, hq, qb * BQ, b, BQ, bar)
                     _load_slabs(sb + q_tile.nbytes, do_map, slabs, hq, qb * BQ, b, BQ, bar)
-                    if not safe:
+                    if stats_from_stage:
                         ptx.tma.copy_bulk(sb + 2 * q_tile.nbytes,
                                           reg.from_(qb * (BQ * 8), u64) + srow, stats_bytes, bar)
                     if sync:
@@ -721,6 +725,12 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         roles.consumers(CONS_REGS)
         w = wg - 1
         t = tid & 127
+
+        def release(state):
+            if stats_from_stage:
+                _release_stage(pipe, state)
+            else:   # the stage was read by the tensor cores only: one arrival per warpgroup
+                pipe.release(state, pred=t == 0)
         s_acc = Accumulator(BQ)
         dp_acc = Accumulator(BQ)
         dv_acc = Accumulator(D)
@@ -854,8 +864,8 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                 ptx.wgmma.commit_group()
                 turns.give()
                 # this thread's columns: q = q0 + col0 + 8 * blk + e (e = 0, 1); their
-                # (lse2, delta) pairs, from the stage (fast) or from global memory (safe)
-                if safe:
+                # (lse2, delta) pairs, from the stage or from global memory (safe, stats_global)
+                if not stats_from_stage:
                     src = reg.from_(q0 * 8 + col0 * 8, u64) + srow
                 else:
                     src = sbase + (ring + stats_col)
@@ -866,7 +876,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                     out = {}
                     for blk in range(BQ // 8):
                         v4 = reg.array(f32, 4)
-                        if safe:
+                        if not stats_from_stage:
                             ptx.inst.ld.global_.nc.v4.f32(v4, ptx.addr(src, 64 * blk))
                         else:
                             ptx.inst.ld.shared.v4.f32(v4, ptx.addr(src, 64 * blk))
@@ -878,7 +888,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                 ptx.wgmma.wait_group(1)             # S^T (and the previous block's dK) done
                 if overlap:
                     with ptx.if_(has_prev != 0):
-                        _release_stage(pipe, rel)
+                        release(rel)
                         rel.advance()
                 _exp2_rows(s_acc, poly, lambda i, nl2=nl2: ptx.inst.fma.rn.f32(  # P^T, in place
                     s_acc[i], s_acc[i], c1, nl2[Accumulator.coord(i)[1]]))
@@ -968,7 +978,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                     _dq_product()
                 if not overlap:
                     ptx.wgmma.wait_group(0)
-                    _release_stage(pipe, cons)
+                    release(cons)
                 else:
                     ptx.inst.mov.u32(has_prev, 1)
                 cons.advance()
@@ -984,7 +994,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         if overlap:
             ptx.wgmma.wait_group(0)
             with ptx.if_(has_prev != 0):
-                _release_stage(pipe, rel)
+                release(rel)
         if dq_bulk and not dq_ordered:
             with ptx.if_(dq_leader):
                 ptx.tma.wait_group(0, read=True)
@@ -997,7 +1007,8 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             f"{'_safe' if safe else ''}{'_atomic' if atomic_dq else ''}{'_bulk' if dq_bulk else ''}"
             f"{'_ordered' if dq_ordered else ''}"
             f"{f'_bq{BQ}' if BQ != 64 else ''}{'_serial' if overlap != default_overlap else ''}"
-            f"{f'_poly{poly}' if poly else ''}{'_pp' if pingpong else ''}")
+            f"{f'_poly{poly}' if poly else ''}{'_pp' if pingpong else ''}"
+            f"{'_sg' if stats_global else ''}")
     ins = (qspec, kspec, kspec, qspec, Tile(B, Hq, Sp, 2, f32))
     if dq_ordered:
         ins += (Tile(B, S, Hq, dq_width, f32), Tile(B, Hq, num_q, 2, s32))
@@ -1222,7 +1233,7 @@ class AttentionBackward:
 def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None,
                              safe=None, atomic_dq=False, dkdv_bq=None, dkdv_overlap=None,
                              dq_bulk=False, dq_ordered=False, dq_bkv=None, ex2_poly=0,
-                             dq_pingpong=False, dkdv_pingpong=False):
+                             dq_pingpong=False, dkdv_pingpong=False, dkdv_stats_global=False):
     """The backward kernels for these sizes: ``bwd(q, k, v, o, lse, do, dlse) -> (dq, dk,
     dv)``. ``safe=True`` (or ``PYPTX_ATTN_BWD_SAFE=1``): the simplest schedule, for
     bisecting. ``atomic_dq=True``: dQ accumulated by the dK/dV kernel with f32 atomics (no
@@ -1235,7 +1246,7 @@ def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=
     ``ex2_poly`` (0-8): of every 8 softmax exponentials, how many both kernels compute by
     polynomial on the FMA pipe (``build_dq``'s ``poly``). ``dq_pingpong``, ``dkdv_pingpong``:
     the pair's kernels' consumers take ping-pong turns at the tensor cores (``build_dq``'s and
-    ``build_dkdv``'s ``pingpong``)."""
+    ``build_dkdv``'s ``pingpong``). ``dkdv_stats_global``: ``build_dkdv``'s ``stats_global``."""
     safe = safe_default() if safe is None else bool(safe)
     if dkdv_bq not in (None, 32, 64):
         raise ConfigError(f"build_attention_backward: dkdv_bq must be 32 or 64, got {dkdv_bq!r}")
@@ -1250,7 +1261,7 @@ def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=
                           "of the pair (not atomic_dq)")
     return _build(B, S, Hq, Hkv, D, S if Sk is None else Sk, dtype, causal, scale, safe,
                   bool(atomic_dq), dkdv_bq, overlap, bool(dq_bulk), bool(dq_ordered), dq_bkv,
-                  ex2_poly, bool(dq_pingpong), bool(dkdv_pingpong))
+                  ex2_poly, bool(dq_pingpong), bool(dkdv_pingpong), bool(dkdv_stats_global))
 
 
 def default_dq_bkv(D):
@@ -1260,7 +1271,8 @@ def default_dq_bkv(D):
 
 
 OPTIONS = ("dkdv_bq", "dkdv_overlap", "atomic_dq", "dq_bulk", "dq_ordered",
-           "dq_bkv", "ex2_poly", "dq_pingpong", "dkdv_pingpong")  # build_attention_backward's
+           "dq_bkv", "ex2_poly", "dq_pingpong", "dkdv_pingpong",
+           "dkdv_stats_global")  # build_attention_backward's
 
 
 def parse_options(text):
@@ -1279,9 +1291,9 @@ def parse_options(text):
 @functools.lru_cache(maxsize=64)
 def _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, safe, atomic_dq, dkdv_bq=None, overlap=None,
            dq_bulk=False, dq_ordered=False, dq_bkv=None, ex2_poly=0, dq_pingpong=False,
-           dkdv_pingpong=False):
+           dkdv_pingpong=False, dkdv_stats_global=False):
     kw = dict(Sk=Sk, dtype=dtype, causal=causal, scale=scale, safe=safe, poly=ex2_poly)
-    dkdv_kw = dict(kw, BQ=dkdv_bq, overlap=overlap)
+    dkdv_kw = dict(kw, BQ=dkdv_bq, overlap=overlap, stats_global=dkdv_stats_global)
     dt = _dtype(dtype)
     if atomic_dq:
         check_shapes(B, S, Hq, Hkv, D, Sk)
