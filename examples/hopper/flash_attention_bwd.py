@@ -226,19 +226,22 @@ def _check_poly(fn, poly):
 
 
 def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None, BKV=64,
-             stages=None, sync=None, safe=None, poly=0, pingpong=False):
+             stages=None, sync=None, safe=None, poly=0, pingpong=False, defer=False):
     """The dQ kernel: ``(Q, K, V, O, LSE, DO) -> (DQ, STATS)``. STATS ``(B, Hq, padded(S), 2)``
     f32 holds ``(lse * log2 e, delta = rowsum(do * o))`` per query row (zeros past ``S``),
     which the dK/dV kernel reads. ``safe``: mask every block and wait for each block's
     products before the next (the simplest schedule; default from ``PYPTX_ATTN_BWD_SAFE``).
     ``poly`` (0-8): of every 8 exponentials, how many run as ``_ex2_poly`` on the FMA pipe.
     ``pingpong``: the consumers take turns at the tensor cores (``_Turns``), one turn per
-    block holding the previous block's dQ product and this block's S and dP (fast schedule)."""
+    block holding the previous block's dQ product and this block's S and dP (fast schedule).
+    ``defer``: a block's dQ product is issued after the next block's S and dP products, so
+    the wait for S does not queue behind it (fast schedule; not with ``pingpong``)."""
     Sk, dt, scale, safe, sync, G, Sp = _common_options(B, S, Hq, Hkv, D, Sk, dtype, scale,
                                                        safe, sync)
     _check_poly("build_dq", poly)
-    if pingpong and safe:
-        raise ConfigError("build_dq: pingpong needs the fast schedule (not safe)")
+    if (pingpong or defer) and safe or pingpong and defer:
+        raise ConfigError("build_dq: pingpong and defer are fast schedules (not safe), one at a "
+                          "time")
     q_tile = OperandTile(BM, D, dt, major="K")
     k_tile = OperandTile(BKV, D, dt, major="K")
     k_mn = OperandTile(D, BKV, dt, major="MN")      # the same bytes as B of dS K
@@ -335,7 +338,7 @@ def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=Non
                 ptx.wgmma.mma_async(dq_acc.regs, list(ds_pack)[4 * kk:4 * kk + 4],
                                     k_mn.advance(kmn, kk), n=D, dtype_ab=dt.name, trans_b=k_mn.trans)
 
-        if pingpong:    # the first turn's "previous block" product adds 0 x K
+        if pingpong or defer:   # the first "previous block" product adds 0 x K
             for r in ds_pack:
                 ptx.inst.mov.b32(r, 0)
         ptx.mbarrier.wait(head_bar.at(0), 0)
@@ -356,9 +359,12 @@ def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=Non
                 ptx.wgmma.mma_async(dp_acc.regs, q_tile.advance(do_desc, kk), k_tile.advance(vd, kk),
                                     n=BKV, dtype_ab=dt.name, scale_d=0 if kk == 0 else 1)
             ptx.wgmma.commit_group()
+            if defer:       # the previous block's dQ product after this one's S and dP
+                issue_dq(_selp64(kmn_prev, kmn, has_prev != 0))
+                ptx.wgmma.commit_group()
             turns.give()
-            ptx.wgmma.wait_group(1)                 # S (and the previous block's dQ) done
-            if not safe:
+            ptx.wgmma.wait_group(2 if defer else 1)     # S (and the previous block's dQ) done
+            if not safe and not defer:
                 with ptx.if_(has_prev != 0):
                     pipe.release(rel, pred=leader)
                     rel.advance()
@@ -376,13 +382,18 @@ def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=Non
                 for i in range(len(s_acc)):
                     dr, dc = Accumulator.coord(i)
                     ptx.inst.selp.f32(s_acc[i], s_acc[i], 0.0, room[dr // 8] >= dc)
-            ptx.wgmma.wait_group(0)
+            ptx.wgmma.wait_group(1 if defer else 0)    # dP done
             for i in range(len(dp_acc)):            # dS = P * (dP - delta), in place
                 dr = Accumulator.coord(i)[0]
                 x = dp_acc[i] - delta[dr // 8]
                 ptx.inst.mul.f32(dp_acc[i], s_acc[i], x)
+            if defer:       # the previous dQ product is done: its dS registers and stage are free
+                ptx.wgmma.wait_group(0)
+                with ptx.if_(has_prev != 0):
+                    pipe.release(rel, pred=leader)
+                    rel.advance()
             _pack(ds_pack, dp_acc.regs, dt)
-            if pingpong:                            # its dQ product opens the next turn
+            if pingpong or defer:                   # its dQ product goes with the next block
                 ptx.inst.mov.b64(kmn_prev, kmn)
             else:
                 ptx.wgmma.fence()
@@ -402,6 +413,11 @@ def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=Non
                 ptx.wgmma.commit_group()
             turns.give()
             turns.end()
+        if defer:                                   # the last block's dQ product
+            with ptx.if_(has_prev != 0):
+                ptx.wgmma.fence()
+                issue_dq(kmn_prev)
+                ptx.wgmma.commit_group()
         if not safe:
             ptx.wgmma.wait_group(0)
             with ptx.if_(has_prev != 0):
@@ -412,7 +428,7 @@ def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=Non
 
     name = (f"attn_bwd_dq_{dt.name}_d{D}_h{Hq}x{Hkv}{'_causal' if causal else ''}"
             f"{'_safe' if safe else ''}{f'_bkv{BKV}' if BKV != 64 else ''}"
-            f"{f'_poly{poly}' if poly else ''}{'_pp' if pingpong else ''}")
+            f"{f'_poly{poly}' if poly else ''}{'_pp' if pingpong else ''}{'_defer' if defer else ''}")
     return kernel(in_specs=(qspec, kspec, kspec, qspec, Tile(B, Hq, S, f32), qspec),
                   out_specs=(qspec, Tile(B, Hq, Sp, 2, f32)), grid=(-(-S // BM), Hq, B),
                   block=(THREADS, 1, 1), smem=smem_total, maxnreg=168,
@@ -517,7 +533,7 @@ def _check_dq_modes(fn, atomic_dq, dq_bulk, dq_ordered):
 
 def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None, BQ=None,
                stages=None, sync=None, safe=None, atomic_dq=False, overlap=None, dq_bulk=False,
-               dq_ordered=False, poly=0, pingpong=False, stats_global=False):
+               dq_ordered=False, poly=0, pingpong=False, stats_global=False, defer=False):
     """The dK/dV kernel: ``(Q, K, V, DO, STATS) -> (DK, DV)`` (STATS from ``build_dq``).
 
     ``BQ``: q rows per block, 32 or 64 (``None``: ``DKDV_BQ``, 64; ``atomic_dq`` needs 64,
@@ -549,7 +565,10 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     block's S^T and dP^T (the overlapped fast schedule of the seven-product pair only).
     ``stats_global``: each consumer thread loads its ``(lse2, delta)`` pairs from global memory
     (L2) instead of out of the ring stage: the stage is then read by the tensor cores only,
-    so one thread per warpgroup releases it, with no proxy fence (``_release_stage``)."""
+    so one thread per warpgroup releases it, with no proxy fence (``_release_stage``).
+    ``defer``: a block's dK product is issued after the next block's S^T and dP^T, so the
+    wait for S^T does not queue behind it (the overlapped pair schedule; not with
+    ``pingpong``)."""
     Sk, dt, scale, safe, sync, G, Sp = _common_options(B, S, Hq, Hkv, D, Sk, dtype, scale,
                                                        safe, sync)
     if BQ is None:
@@ -563,11 +582,11 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     stage_bytes = 2 * q_tile.nbytes + 1024          # stats padded to keep tiles 1024-aligned
     head_bytes = 2 * kv_tile.nbytes
     default_overlap = not safe and not atomic_dq and (BQ == 32 or D <= 64)
-    if pingpong and (safe or atomic_dq or overlap is False):
-        raise ConfigError("build_dkdv: pingpong needs the overlapped fast schedule of the pair "
-                          "(not safe, atomic_dq or overlap=False)")
+    if (pingpong or defer) and (safe or atomic_dq or overlap is False) or pingpong and defer:
+        raise ConfigError("build_dkdv: pingpong and defer are overlapped fast schedules of the "
+                          "pair (not safe, atomic_dq or overlap=False), one at a time")
     overlap = default_overlap if overlap is None else bool(overlap)
-    overlap = overlap or bool(pingpong)
+    overlap = overlap or bool(pingpong) or bool(defer)
     if overlap and (safe or atomic_dq):
         raise ConfigError("build_dkdv: overlap=True needs the fast schedule (not safe, not atomic_dq)")
     if atomic_dq and BQ != 64:
@@ -830,7 +849,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                                     q_mn.advance(qmn, kk), n=D, dtype_ab=dt.name,
                                     trans_b=q_mn.trans)
 
-        if pingpong:    # the first turn's "previous block" products add 0 x Q and 0 x dO
+        if pingpong or defer:   # the first "previous block" products add 0 x Q and 0 x dO
             for r in list(p_pack) + list(ds_pack):
                 ptx.inst.mov.b32(r, 0)
         ptx.mbarrier.wait(head_bar.at(0), 0)
@@ -862,6 +881,9 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                                         q_tile.advance(dod, kk), n=BQ, dtype_ab=dt.name,
                                         scale_d=0 if kk == 0 else 1)
                 ptx.wgmma.commit_group()
+                if defer:       # the previous block's dK product after this one's S^T and dP^T
+                    issue_dk(_selp64(qmn, qmn_prev, has_prev == 0))
+                    ptx.wgmma.commit_group()
                 turns.give()
                 # this thread's columns: q = q0 + col0 + 8 * blk + e (e = 0, 1); their
                 # (lse2, delta) pairs, from the stage or from global memory (safe, stats_global)
@@ -885,8 +907,8 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                     return out
 
                 nl2 = stats(0)
-                ptx.wgmma.wait_group(1)             # S^T (and the previous block's dK) done
-                if overlap:
+                ptx.wgmma.wait_group(2 if defer else 1)     # S^T (and the previous dK) done
+                if overlap and not defer:
                     with ptx.if_(has_prev != 0):
                         release(rel)
                         rel.advance()
@@ -914,11 +936,16 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                     issue_dv(domn)
                     ptx.wgmma.commit_group()
                 dl = stats(1)
-                ptx.wgmma.wait_group(0 if pingpong else 1)  # dP^T done
+                ptx.wgmma.wait_group(0 if pingpong else 2 if defer else 1)  # dP^T done
                 for i in range(len(dp_acc)):        # dS^T = P^T * (dP^T - delta), in place
                     dc = Accumulator.coord(i)[1]
                     x = dp_acc[i] - dl[dc]
                     ptx.inst.mul.f32(dp_acc[i], s_acc[i], x)
+                if defer:       # the previous dK product is done: its dS registers and stage free
+                    ptx.wgmma.wait_group(1)
+                    with ptx.if_(has_prev != 0):
+                        release(rel)
+                        rel.advance()
                 _pack(ds_pack, dp_acc.regs, dt)
 
                 def _dq_product(q0=q0, hq=hq):
@@ -964,7 +991,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
 
                 if dq_bulk:     # dQ's product first: stored below while dK's runs
                     _dq_product()
-                if pingpong:    # dV and dK open the next turn
+                if pingpong or defer:   # dK (pingpong: and dV) go with the next block
                     ptx.inst.mov.b64(qmn_prev, qmn)
                     ptx.inst.mov.b64(domn_prev, domn)
                 else:
@@ -991,6 +1018,11 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                 ptx.wgmma.commit_group()
             turns.give()
             turns.end()
+        if defer:       # the last block's dK
+            with ptx.if_(has_prev != 0):
+                ptx.wgmma.fence()
+                issue_dk(qmn_prev)
+                ptx.wgmma.commit_group()
         if overlap:
             ptx.wgmma.wait_group(0)
             with ptx.if_(has_prev != 0):
@@ -1008,7 +1040,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             f"{'_ordered' if dq_ordered else ''}"
             f"{f'_bq{BQ}' if BQ != 64 else ''}{'_serial' if overlap != default_overlap else ''}"
             f"{f'_poly{poly}' if poly else ''}{'_pp' if pingpong else ''}"
-            f"{'_sg' if stats_global else ''}")
+            f"{'_sg' if stats_global else ''}{'_defer' if defer else ''}")
     ins = (qspec, kspec, kspec, qspec, Tile(B, Hq, Sp, 2, f32))
     if dq_ordered:
         ins += (Tile(B, S, Hq, dq_width, f32), Tile(B, Hq, num_q, 2, s32))
@@ -1233,7 +1265,8 @@ class AttentionBackward:
 def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None,
                              safe=None, atomic_dq=False, dkdv_bq=None, dkdv_overlap=None,
                              dq_bulk=False, dq_ordered=False, dq_bkv=None, ex2_poly=0,
-                             dq_pingpong=False, dkdv_pingpong=False, dkdv_stats_global=False):
+                             dq_pingpong=False, dkdv_pingpong=False, dkdv_stats_global=False,
+                             dq_defer=False, dkdv_defer=False):
     """The backward kernels for these sizes: ``bwd(q, k, v, o, lse, do, dlse) -> (dq, dk,
     dv)``. ``safe=True`` (or ``PYPTX_ATTN_BWD_SAFE=1``): the simplest schedule, for
     bisecting. ``atomic_dq=True``: dQ accumulated by the dK/dV kernel with f32 atomics (no
@@ -1246,7 +1279,8 @@ def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=
     ``ex2_poly`` (0-8): of every 8 softmax exponentials, how many both kernels compute by
     polynomial on the FMA pipe (``build_dq``'s ``poly``). ``dq_pingpong``, ``dkdv_pingpong``:
     the pair's kernels' consumers take ping-pong turns at the tensor cores (``build_dq``'s and
-    ``build_dkdv``'s ``pingpong``). ``dkdv_stats_global``: ``build_dkdv``'s ``stats_global``."""
+    ``build_dkdv``'s ``pingpong``). ``dkdv_stats_global``: ``build_dkdv``'s ``stats_global``.
+    ``dq_defer``, ``dkdv_defer``: ``build_dq``'s and ``build_dkdv``'s ``defer``."""
     safe = safe_default() if safe is None else bool(safe)
     if dkdv_bq not in (None, 32, 64):
         raise ConfigError(f"build_attention_backward: dkdv_bq must be 32 or 64, got {dkdv_bq!r}")
@@ -1256,12 +1290,13 @@ def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=
     overlap = None if dkdv_overlap is None else bool(dkdv_overlap)
     _check_dq_modes("build_attention_backward", atomic_dq, dq_bulk, dq_ordered)
     _check_poly("build_attention_backward", ex2_poly)
-    if (dq_pingpong or dkdv_pingpong) and atomic_dq:
-        raise ConfigError("build_attention_backward: dq_pingpong and dkdv_pingpong are schedules "
-                          "of the pair (not atomic_dq)")
+    if (dq_pingpong or dkdv_pingpong or dq_defer or dkdv_defer) and atomic_dq:
+        raise ConfigError("build_attention_backward: dq_pingpong, dkdv_pingpong, dq_defer and "
+                          "dkdv_defer are schedules of the pair (not atomic_dq)")
     return _build(B, S, Hq, Hkv, D, S if Sk is None else Sk, dtype, causal, scale, safe,
                   bool(atomic_dq), dkdv_bq, overlap, bool(dq_bulk), bool(dq_ordered), dq_bkv,
-                  ex2_poly, bool(dq_pingpong), bool(dkdv_pingpong), bool(dkdv_stats_global))
+                  ex2_poly, bool(dq_pingpong), bool(dkdv_pingpong), bool(dkdv_stats_global),
+                  bool(dq_defer), bool(dkdv_defer))
 
 
 def default_dq_bkv(D):
@@ -1272,7 +1307,7 @@ def default_dq_bkv(D):
 
 OPTIONS = ("dkdv_bq", "dkdv_overlap", "atomic_dq", "dq_bulk", "dq_ordered",
            "dq_bkv", "ex2_poly", "dq_pingpong", "dkdv_pingpong",
-           "dkdv_stats_global")  # build_attention_backward's
+           "dkdv_stats_global", "dq_defer", "dkdv_defer")  # build_attention_backward's
 
 
 def parse_options(text):
@@ -1291,9 +1326,10 @@ def parse_options(text):
 @functools.lru_cache(maxsize=64)
 def _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, safe, atomic_dq, dkdv_bq=None, overlap=None,
            dq_bulk=False, dq_ordered=False, dq_bkv=None, ex2_poly=0, dq_pingpong=False,
-           dkdv_pingpong=False, dkdv_stats_global=False):
+           dkdv_pingpong=False, dkdv_stats_global=False, dq_defer=False, dkdv_defer=False):
     kw = dict(Sk=Sk, dtype=dtype, causal=causal, scale=scale, safe=safe, poly=ex2_poly)
-    dkdv_kw = dict(kw, BQ=dkdv_bq, overlap=overlap, stats_global=dkdv_stats_global)
+    dkdv_kw = dict(kw, BQ=dkdv_bq, overlap=overlap, stats_global=dkdv_stats_global,
+                   defer=dkdv_defer)
     dt = _dtype(dtype)
     if atomic_dq:
         check_shapes(B, S, Hq, Hkv, D, Sk)
@@ -1303,7 +1339,8 @@ def _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, safe, atomic_dq, dkdv_bq=
                               dq_ordered=dq_ordered, **dkdv_kw),     # adds dQ into DQACC
                    build_convert(B, S, Hq, D, dtype=dtype, width=width))
     else:
-        dq_kw = dict(kw, BKV=default_dq_bkv(D) if dq_bkv is None else dq_bkv, pingpong=dq_pingpong)
+        dq_kw = dict(kw, BKV=default_dq_bkv(D) if dq_bkv is None else dq_bkv, pingpong=dq_pingpong,
+                     defer=dq_defer)
         kernels = (build_dq(B, S, Hq, Hkv, D, **dq_kw),
                    build_dkdv(B, S, Hq, Hkv, D, pingpong=dkdv_pingpong, **dkdv_kw))
     return AttentionBackward(kernels, B, S, Hq, Hkv, D, Sk, dt, atomic_dq)
