@@ -129,9 +129,14 @@ def _ex2_poly(x):
 
 def _exp2_rows(acc, poly, scaled):
     """``acc[i] = 2**(acc[i] * c1 - lse2)`` for every element (``scaled(i)`` emits the fma in
-    place); elements ``i`` with ``i % 8 < poly`` take ``_ex2_poly``, the rest ``ex2.approx``."""
+    place); elements ``i`` with ``i % 8 < poly`` take ``_ex2_poly``, the rest ``ex2.approx``.
+    ``PYPTX_ATTN_EXP_BATCH=1`` (experiment): every fma first, then every exponential."""
+    if _env("PYPTX_ATTN_EXP_BATCH"):
+        for i in range(len(acc)):
+            scaled(i)
     for i in range(len(acc)):
-        scaled(i)
+        if not _env("PYPTX_ATTN_EXP_BATCH"):
+            scaled(i)
         if i % 8 < poly:
             _ex2_poly(acc[i])
         else:
@@ -428,7 +433,8 @@ def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=Non
 
     name = (f"attn_bwd_dq_{dt.name}_d{D}_h{Hq}x{Hkv}{'_causal' if causal else ''}"
             f"{'_safe' if safe else ''}{f'_bkv{BKV}' if BKV != 64 else ''}"
-            f"{f'_poly{poly}' if poly else ''}{'_pp' if pingpong else ''}{'_defer' if defer else ''}")
+            f"{f'_poly{poly}' if poly else ''}{'_pp' if pingpong else ''}{'_defer' if defer else ''}"
+            f"{'_xb' if _env('PYPTX_ATTN_EXP_BATCH') else ''}")
     return kernel(in_specs=(qspec, kspec, kspec, qspec, Tile(B, Hq, S, f32), qspec),
                   out_specs=(qspec, Tile(B, Hq, Sp, 2, f32)), grid=(-(-S // BM), Hq, B),
                   block=(THREADS, 1, 1), smem=smem_total, maxnreg=168,
@@ -865,26 +871,6 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                 soff = reg.from_(reg.from_(sbase >> 4, u32), u64)
                 qd, dod = q_desc0 + soff, do_desc0 + soff
                 qmn, domn = qmn_desc0 + soff, domn_desc0 + soff
-                turns.take()
-                ptx.wgmma.fence()
-                if pingpong:    # one turn: the previous block's dV, dK, then this one's S^T, dP^T
-                    first = has_prev == 0
-                    issue_dv(_selp64(domn, domn_prev, first))
-                    issue_dk(_selp64(qmn, qmn_prev, first))
-                for kk in range(kv_tile.k_steps):
-                    ptx.wgmma.mma_async(s_acc.regs, kv_tile.advance(k_desc, kk),
-                                        q_tile.advance(qd, kk), n=BQ, dtype_ab=dt.name,
-                                        scale_d=0 if kk == 0 else 1)
-                ptx.wgmma.commit_group()
-                for kk in range(kv_tile.k_steps):
-                    ptx.wgmma.mma_async(dp_acc.regs, kv_tile.advance(v_desc, kk),
-                                        q_tile.advance(dod, kk), n=BQ, dtype_ab=dt.name,
-                                        scale_d=0 if kk == 0 else 1)
-                ptx.wgmma.commit_group()
-                if defer:       # the previous block's dK product after this one's S^T and dP^T
-                    issue_dk(_selp64(qmn, qmn_prev, has_prev == 0))
-                    ptx.wgmma.commit_group()
-                turns.give()
                 # this thread's columns: q = q0 + col0 + 8 * blk + e (e = 0, 1); their
                 # (lse2, delta) pairs, from the stage or from global memory (safe, stats_global)
                 if not stats_from_stage:
@@ -906,7 +892,31 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                             out[8 * blk + e] = -v4[2 * e] if which == 0 else v4[2 * e + 1]
                     return out
 
-                nl2 = stats(0)
+                early = _env("PYPTX_ATTN_STATS_EARLY")     # experiment: stats before the products
+                if early:
+                    nl2, dl = stats(0), stats(1)
+                turns.take()
+                ptx.wgmma.fence()
+                if pingpong:    # one turn: the previous block's dV, dK, then this one's S^T, dP^T
+                    first = has_prev == 0
+                    issue_dv(_selp64(domn, domn_prev, first))
+                    issue_dk(_selp64(qmn, qmn_prev, first))
+                for kk in range(kv_tile.k_steps):
+                    ptx.wgmma.mma_async(s_acc.regs, kv_tile.advance(k_desc, kk),
+                                        q_tile.advance(qd, kk), n=BQ, dtype_ab=dt.name,
+                                        scale_d=0 if kk == 0 else 1)
+                ptx.wgmma.commit_group()
+                for kk in range(kv_tile.k_steps):
+                    ptx.wgmma.mma_async(dp_acc.regs, kv_tile.advance(v_desc, kk),
+                                        q_tile.advance(dod, kk), n=BQ, dtype_ab=dt.name,
+                                        scale_d=0 if kk == 0 else 1)
+                ptx.wgmma.commit_group()
+                if defer:       # the previous block's dK product after this one's S^T and dP^T
+                    issue_dk(_selp64(qmn, qmn_prev, has_prev == 0))
+                    ptx.wgmma.commit_group()
+                turns.give()
+                if not early:
+                    nl2 = stats(0)
                 ptx.wgmma.wait_group(2 if defer else 1)     # S^T (and the previous dK) done
                 if overlap and not defer:
                     with ptx.if_(has_prev != 0):
@@ -935,7 +945,8 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                     ptx.wgmma.fence()
                     issue_dv(domn)
                     ptx.wgmma.commit_group()
-                dl = stats(1)
+                if not early:
+                    dl = stats(1)
                 ptx.wgmma.wait_group(0 if pingpong else 2 if defer else 1)  # dP^T done
                 for i in range(len(dp_acc)):        # dS^T = P^T * (dP^T - delta), in place
                     dc = Accumulator.coord(i)[1]
@@ -1040,7 +1051,9 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             f"{'_ordered' if dq_ordered else ''}"
             f"{f'_bq{BQ}' if BQ != 64 else ''}{'_serial' if overlap != default_overlap else ''}"
             f"{f'_poly{poly}' if poly else ''}{'_pp' if pingpong else ''}"
-            f"{'_sg' if stats_global else ''}{'_defer' if defer else ''}")
+            f"{'_sg' if stats_global else ''}{'_defer' if defer else ''}"
+            f"{'_xb' if _env('PYPTX_ATTN_EXP_BATCH') else ''}"
+            f"{'_se' if _env('PYPTX_ATTN_STATS_EARLY') else ''}")
     ins = (qspec, kspec, kspec, qspec, Tile(B, Hq, Sp, 2, f32))
     if dq_ordered:
         ins += (Tile(B, S, Hq, dq_width, f32), Tile(B, Hq, num_q, 2, s32))
