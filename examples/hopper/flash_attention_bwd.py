@@ -71,7 +71,6 @@ THREADS = 384     # producer warpgroup + two consumers
 #: longer sequences take the ascending order, whose waits all point at earlier CTAs.
 ROTATE_MAX_KV = 64
 PROD_REGS, CONS_REGS = 24, 240
-SCHED_BAR = 5     # named barriers 5 and 6: the consumers' ping-pong turns (``_Turns``)
 
 
 def _dtype(name):
@@ -97,50 +96,6 @@ def _ex2(x):
     r = reg.scalar(f32)
     ptx.inst.ex2.approx.ftz.f32(r, x)
     return r
-
-
-#: 2**f on [-0.5, 0.5] (near-minimax in relative error, < 7.5e-5 after f32 rounding)
-EX2_POLY = (0.9999280571937561, 0.6932609677314758, 0.2426111251115799, 0.0551716648042202)
-ROUND_MAGIC = 12582912.0    # 1.5 * 2**23: x + it, rounded to nearest, holds round(x) in its low bits
-
-
-def _ex2_poly(x):
-    """``x <- 2**x`` on the FMA and integer pipes instead of the special-function unit (which
-    runs 16 results per clock per SM against 128 fused multiply-adds): ``x`` clamped to
-    [-126, 126], ``j = round(x)`` by the magic-number add, ``2**(x - j)`` by a degree-3
-    polynomial, ``j`` added to its exponent field. Relative error < 7.5e-5 (ex2.approx:
-    2**-22), well under the bf16 rounding every use here applies."""
-    ptx.inst.max.f32(x, x, -126.0)
-    ptx.inst.min.f32(x, x, 126.0)
-    t, j, p = reg.scalar(f32), reg.scalar(f32), reg.scalar(f32)
-    ptx.inst.add.rn.f32(t, x, ROUND_MAGIC)
-    ptx.inst.add.rn.f32(j, t, -ROUND_MAGIC)
-    ptx.inst.sub.rn.f32(x, x, j)                # f in [-0.5, 0.5]
-    c0, c1, c2, c3 = EX2_POLY
-    ptx.inst.fma.rn.f32(p, x, c3, c2)
-    ptx.inst.fma.rn.f32(p, p, x, c1)
-    ptx.inst.fma.rn.f32(p, p, x, c0)
-    e, pb = reg.scalar(b32), reg.scalar(b32)
-    ptx.inst.shl.b32(e, t, 23)                  # j << 23 (the magic's own bits shift out)
-    ptx.inst.mov.b32(pb, p)
-    ptx.inst.add.s32(pb, pb, e)
-    ptx.inst.mov.b32(x, pb)
-
-
-def _exp2_rows(acc, poly, scaled):
-    """``acc[i] = 2**(acc[i] * c1 - lse2)`` for every element (``scaled(i)`` emits the fma in
-    place); elements ``i`` with ``i % 8 < poly`` take ``_ex2_poly``, the rest ``ex2.approx``.
-    ``PYPTX_ATTN_EXP_BATCH=1`` (experiment): every fma first, then every exponential."""
-    if _env("PYPTX_ATTN_EXP_BATCH"):
-        for i in range(len(acc)):
-            scaled(i)
-    for i in range(len(acc)):
-        if not _env("PYPTX_ATTN_EXP_BATCH"):
-            scaled(i)
-        if i % 8 < poly:
-            _ex2_poly(acc[i])
-        else:
-            ptx.inst.ex2.approx.ftz.f32(acc[i], acc[i])
 
 
 def _selp(a, b, p):
@@ -224,29 +179,14 @@ def _common_options(B, S, Hq, Hkv, D, Sk, dtype, scale, safe, sync):
     return Sk, _dtype(dtype), scale, safe, sync, Hq // Hkv, padded(S)
 
 
-def _check_poly(fn, poly):
-    if isinstance(poly, bool) or not isinstance(poly, int) or not 0 <= poly <= 8:
-        raise ConfigError(f"{fn}: poly must be an int from 0 to 8 (exponentials of every 8 "
-                          f"computed by polynomial), got {poly!r}")
-
-
 def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None, BKV=64,
-             stages=None, sync=None, safe=None, poly=0, pingpong=False, defer=False):
+             stages=None, sync=None, safe=None):
     """The dQ kernel: ``(Q, K, V, O, LSE, DO) -> (DQ, STATS)``. STATS ``(B, Hq, padded(S), 2)``
     f32 holds ``(lse * log2 e, delta = rowsum(do * o))`` per query row (zeros past ``S``),
     which the dK/dV kernel reads. ``safe``: mask every block and wait for each block's
-    products before the next (the simplest schedule; default from ``PYPTX_ATTN_BWD_SAFE``).
-    ``poly`` (0-8): of every 8 exponentials, how many run as ``_ex2_poly`` on the FMA pipe.
-    ``pingpong``: the consumers take turns at the tensor cores (``_Turns``), one turn per
-    block holding the previous block's dQ product and this block's S and dP (fast schedule).
-    ``defer``: a block's dQ product is issued after the next block's S and dP products, so
-    the wait for S does not queue behind it (fast schedule; not with ``pingpong``)."""
+    products before the next (the simplest schedule; default from ``PYPTX_ATTN_BWD_SAFE``)."""
     Sk, dt, scale, safe, sync, G, Sp = _common_options(B, S, Hq, Hkv, D, Sk, dtype, scale,
                                                        safe, sync)
-    _check_poly("build_dq", poly)
-    if (pingpong or defer) and safe or pingpong and defer:
-        raise ConfigError("build_dq: pingpong and defer are fast schedules (not safe), one at a "
-                          "time")
     q_tile = OperandTile(BM, D, dt, major="K")
     k_tile = OperandTile(BKV, D, dt, major="K")
     k_mn = OperandTile(D, BKV, dt, major="MN")      # the same bytes as B of dS K
@@ -335,27 +275,12 @@ def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=Non
         cons = pipe.consumer_state()
         rel = pipe.consumer_state()
         has_prev = reg.scalar(u32, init=0)
-        turns = _Turns(w, pingpong)
-        kmn_prev = reg.scalar(u64, init=0)
-
-        def issue_dq(kmn):
-            for kk in range(BKV // 16):
-                ptx.wgmma.mma_async(dq_acc.regs, list(ds_pack)[4 * kk:4 * kk + 4],
-                                    k_mn.advance(kmn, kk), n=D, dtype_ab=dt.name, trans_b=k_mn.trans)
-
-        if pingpong or defer:   # the first "previous block" product adds 0 x K
-            for r in ds_pack:
-                ptx.inst.mov.b32(r, 0)
         ptx.mbarrier.wait(head_bar.at(0), 0)
-        turns.start()
         for j in ptx.loop(0, n_kv):
             pipe.wait(cons)
             soff = reg.from_(reg.from_(cons.stage * (stage_bytes >> 4), u32), u64)
             kd, vd, kmn = k_desc0 + soff, v_desc0 + soff, kmn_desc0 + soff
-            turns.take()
             ptx.wgmma.fence()
-            if pingpong:    # one turn: the previous block's dQ product, then this one's S, dP
-                issue_dq(_selp64(kmn_prev, kmn, has_prev != 0))
             for kk in range(q_tile.k_steps):
                 ptx.wgmma.mma_async(s_acc.regs, q_tile.advance(q_desc, kk), k_tile.advance(kd, kk),
                                     n=BKV, dtype_ab=dt.name, scale_d=0 if kk == 0 else 1)
@@ -364,17 +289,15 @@ def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=Non
                 ptx.wgmma.mma_async(dp_acc.regs, q_tile.advance(do_desc, kk), k_tile.advance(vd, kk),
                                     n=BKV, dtype_ab=dt.name, scale_d=0 if kk == 0 else 1)
             ptx.wgmma.commit_group()
-            if defer:       # the previous block's dQ product after this one's S and dP
-                issue_dq(_selp64(kmn_prev, kmn, has_prev != 0))
-                ptx.wgmma.commit_group()
-            turns.give()
-            ptx.wgmma.wait_group(2 if defer else 1)     # S (and the previous block's dQ) done
-            if not safe and not defer:
+            ptx.wgmma.wait_group(1)                 # S (and the previous block's dQ) done
+            if not safe:
                 with ptx.if_(has_prev != 0):
                     pipe.release(rel, pred=leader)
                     rel.advance()
-            _exp2_rows(s_acc, poly, lambda i: ptx.inst.fma.rn.f32(    # P = exp2(S c1 - lse2)
-                s_acc[i], s_acc[i], c1, nlse2[Accumulator.coord(i)[0] // 8]))
+            for i in range(len(s_acc)):             # P = exp2(S * c1 - lse2), in place
+                dr = Accumulator.coord(i)[0]
+                ptx.inst.fma.rn.f32(s_acc[i], s_acc[i], c1, nlse2[dr // 8])
+                ptx.inst.ex2.approx.ftz.f32(s_acc[i], s_acc[i])
             kv0 = reg.from_(j * BKV + col0, s32)
             if safe:
                 need = None
@@ -387,42 +310,23 @@ def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=Non
                 for i in range(len(s_acc)):
                     dr, dc = Accumulator.coord(i)
                     ptx.inst.selp.f32(s_acc[i], s_acc[i], 0.0, room[dr // 8] >= dc)
-            ptx.wgmma.wait_group(1 if defer else 0)    # dP done
+            ptx.wgmma.wait_group(0)
             for i in range(len(dp_acc)):            # dS = P * (dP - delta), in place
                 dr = Accumulator.coord(i)[0]
                 x = dp_acc[i] - delta[dr // 8]
                 ptx.inst.mul.f32(dp_acc[i], s_acc[i], x)
-            if defer:       # the previous dQ product is done: its dS registers and stage are free
-                ptx.wgmma.wait_group(0)
-                with ptx.if_(has_prev != 0):
-                    pipe.release(rel, pred=leader)
-                    rel.advance()
             _pack(ds_pack, dp_acc.regs, dt)
-            if pingpong or defer:                   # its dQ product goes with the next block
-                ptx.inst.mov.b64(kmn_prev, kmn)
-            else:
-                ptx.wgmma.fence()
-                issue_dq(kmn)
-                ptx.wgmma.commit_group()
+            ptx.wgmma.fence()
+            for kk in range(BKV // 16):
+                ptx.wgmma.mma_async(dq_acc.regs, list(ds_pack)[4 * kk:4 * kk + 4],
+                                    k_mn.advance(kmn, kk), n=D, dtype_ab=dt.name, trans_b=k_mn.trans)
+            ptx.wgmma.commit_group()
             if safe:
                 ptx.wgmma.wait_group(0)
                 pipe.release(cons, pred=leader)
             else:
                 ptx.inst.mov.u32(has_prev, 1)
             cons.advance()
-        if pingpong:                                # the last block's dQ product
-            turns.take()
-            with ptx.if_(has_prev != 0):
-                ptx.wgmma.fence()
-                issue_dq(kmn_prev)
-                ptx.wgmma.commit_group()
-            turns.give()
-            turns.end()
-        if defer:                                   # the last block's dQ product
-            with ptx.if_(has_prev != 0):
-                ptx.wgmma.fence()
-                issue_dq(kmn_prev)
-                ptx.wgmma.commit_group()
         if not safe:
             ptx.wgmma.wait_group(0)
             with ptx.if_(has_prev != 0):
@@ -432,52 +336,11 @@ def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=Non
         ptx.ret()
 
     name = (f"attn_bwd_dq_{dt.name}_d{D}_h{Hq}x{Hkv}{'_causal' if causal else ''}"
-            f"{'_safe' if safe else ''}{f'_bkv{BKV}' if BKV != 64 else ''}"
-            f"{f'_poly{poly}' if poly else ''}{'_pp' if pingpong else ''}{'_defer' if defer else ''}"
-            f"{'_xb' if _env('PYPTX_ATTN_EXP_BATCH') else ''}")
+            f"{'_safe' if safe else ''}{f'_bkv{BKV}' if BKV != 64 else ''}")
     return kernel(in_specs=(qspec, kspec, kspec, qspec, Tile(B, Hq, S, f32), qspec),
                   out_specs=(qspec, Tile(B, Hq, Sp, 2, f32)), grid=(-(-S // BM), Hq, B),
                   block=(THREADS, 1, 1), smem=smem_total, maxnreg=168,
                   tma={"Q": box_q, "DO": box_q, "K": box_k, "V": box_k}, name=name)(dq_kernel)
-
-
-class _Turns:
-    """Ping-pong turns of the two consumer warpgroups at the tensor cores: a warpgroup takes
-    its turn (``bar.sync`` on its named barrier), issues one batch of products, and gives the
-    turn away (``bar.arrive`` on the other's), so one warpgroup's softmax runs while the
-    other's products do instead of both waiting for theirs at once. Warpgroup 1 gives the
-    first turn away (``start``) and warpgroup 0 takes the last one back (``end``), so both
-    take the same number of turns and every arrive meets one sync. Off: every method emits
-    nothing."""
-
-    def __init__(self, w, on):
-        self.on = on
-        if on:
-            self.mine = reg.from_(w, u32) + SCHED_BAR
-            self.other = (SCHED_BAR + 1) - reg.from_(w, u32)
-            self.first = w == 0
-
-    def start(self):
-        if self.on:
-            ptx.bar_arrive(SCHED_BAR, 256, pred=~self.first)
-
-    def take(self):
-        if self.on:
-            ptx.bar_sync(self.mine, 256)
-
-    def give(self):
-        if self.on:
-            ptx.bar_arrive(self.other, 256)
-
-    def end(self):
-        if self.on:
-            ptx.bar_sync(SCHED_BAR, 256, pred=self.first)
-
-
-def _selp64(a, b, p):
-    r = reg.scalar(u64)
-    ptx.inst.selp.b64(r, a, b, p)
-    return r
 
 
 def _or(p, q):
@@ -539,7 +402,7 @@ def _check_dq_modes(fn, atomic_dq, dq_bulk, dq_ordered):
 
 def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None, BQ=None,
                stages=None, sync=None, safe=None, atomic_dq=False, overlap=None, dq_bulk=False,
-               dq_ordered=False, poly=0, pingpong=False, stats_global=False, defer=False):
+               dq_ordered=False):
     """The dK/dV kernel: ``(Q, K, V, DO, STATS) -> (DK, DV)`` (STATS from ``build_dq``).
 
     ``BQ``: q rows per block, 32 or 64 (``None``: ``DKDV_BQ``, 64; ``atomic_dq`` needs 64,
@@ -565,16 +428,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     thread of the producer warpgroup does the waiting and the adds; where the predecessor is
     kv block ``kb + 1``, the grid runs the kv blocks last first, so a waiting CTA's
     predecessor has been launched (the rotated order's one exception, the last kv block
-    waiting for block 0 of its head, needs the head's CTAs resident together: hence the cap).
-    ``poly``: as ``build_dq``'s. ``pingpong``: the consumers take turns at the tensor cores
-    (``_Turns``), one turn per block holding the previous block's dV and dK products and this
-    block's S^T and dP^T (the overlapped fast schedule of the seven-product pair only).
-    ``stats_global``: each consumer thread loads its ``(lse2, delta)`` pairs from global memory
-    (L2) instead of out of the ring stage: the stage is then read by the tensor cores only,
-    so one thread per warpgroup releases it, with no proxy fence (``_release_stage``).
-    ``defer``: a block's dK product is issued after the next block's S^T and dP^T, so the
-    wait for S^T does not queue behind it (the overlapped pair schedule; not with
-    ``pingpong``)."""
+    waiting for block 0 of its head, needs the head's CTAs resident together: hence the cap)."""
     Sk, dt, scale, safe, sync, G, Sp = _common_options(B, S, Hq, Hkv, D, Sk, dtype, scale,
                                                        safe, sync)
     if BQ is None:
@@ -588,11 +442,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     stage_bytes = 2 * q_tile.nbytes + 1024          # stats padded to keep tiles 1024-aligned
     head_bytes = 2 * kv_tile.nbytes
     default_overlap = not safe and not atomic_dq and (BQ == 32 or D <= 64)
-    if (pingpong or defer) and (safe or atomic_dq or overlap is False) or pingpong and defer:
-        raise ConfigError("build_dkdv: pingpong and defer are overlapped fast schedules of the "
-                          "pair (not safe, atomic_dq or overlap=False), one at a time")
     overlap = default_overlap if overlap is None else bool(overlap)
-    overlap = overlap or bool(pingpong) or bool(defer)
     if overlap and (safe or atomic_dq):
         raise ConfigError("build_dkdv: overlap=True needs the fast schedule (not safe, not atomic_dq)")
     if atomic_dq and BQ != 64:
@@ -603,7 +453,6 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     ds_tile = OperandTile(BQ, BM, dt, major="MN") if atomic_dq else None
     kv_mn = OperandTile(D, BM, dt, major="MN")      # K as B of dS K (the same bytes as K)
     _check_dq_modes("build_dkdv", atomic_dq, dq_bulk, dq_ordered)
-    _check_poly("build_dkdv", poly)
     # a consumer warpgroup's dQ columns: bulk: 64 (D=128: its half of D, all kv rows;
     # D=64: all of D over its own 64 kv rows, a partial sum in columns 64w.. of DQACC)
     dq_cols = 64 if D == 128 or dq_bulk else D
@@ -694,8 +543,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
 
     def dkdv_kernel(Q, K, V, DO, STATS, DQACC, SEM, DK, DV):
         base = ring_base("smem")
-        stats_from_stage = not (safe or stats_global)
-        pipe = Pipeline(stages, consumer_arrivals=RELEASE_ARRIVALS if stats_from_stage else 2)
+        pipe = Pipeline(stages, consumer_arrivals=RELEASE_ARRIVALS)
         head_bar = BarrierArray(1, name="head_bar")
         tid, wg = thread_ids()
         kb = reg.from_(ptx.special.ctaid.x(), u32)
@@ -732,11 +580,11 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                 for qstep in ptx.loop(qb0, num_q):
                     qb = q_block(qstep, kb)
                     pipe.acquire(st)
-                    bar = pipe.arm(st, 2 * q_tile.nbytes + (stats_bytes if stats_from_stage else 0))
+                    bar = pipe.arm(st, 2 * q_tile.nbytes + (0 if safe else stats_bytes))
                     sb = st.stage * stage_bytes + (base + (head_bytes + ds_bytes))
                     _load_slabs(sb, q_map, slabs, hq, qb * BQ, b, BQ, bar)
                     _load_slabs(sb + q_tile.nbytes, do_map, slabs, hq, qb * BQ, b, BQ, bar)
-                    if stats_from_stage:
+                    if not safe:
                         ptx.tma.copy_bulk(sb + 2 * q_tile.nbytes,
                                           reg.from_(qb * (BQ * 8), u64) + srow, stats_bytes, bar)
                     if sync:
@@ -750,12 +598,6 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         roles.consumers(CONS_REGS)
         w = wg - 1
         t = tid & 127
-
-        def release(state):
-            if stats_from_stage:
-                _release_stage(pipe, state)
-            else:   # the stage was read by the tensor cores only: one arrival per warpgroup
-                pipe.release(state, pred=t == 0)
         s_acc = Accumulator(BQ)
         dp_acc = Accumulator(BQ)
         dv_acc = Accumulator(D)
@@ -840,26 +682,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                             ptx.tma.reduce_tile(dq_map, (w * dq_cols + 32 * j, hqr, q0r, b),
                                                 dq_buf + j * SLAB_BYTES if j else dq_buf)
                         ptx.tma.commit_group()
-        turns = _Turns(w, pingpong)
-        qmn_prev, domn_prev = reg.scalar(u64, init=0), reg.scalar(u64, init=0)
-
-        def issue_dv(domn):
-            for kk in range(BQ // 16):
-                ptx.wgmma.mma_async(dv_acc.regs, list(p_pack)[4 * kk:4 * kk + 4],
-                                    q_mn.advance(domn, kk), n=D, dtype_ab=dt.name,
-                                    trans_b=q_mn.trans)
-
-        def issue_dk(qmn):
-            for kk in range(BQ // 16):
-                ptx.wgmma.mma_async(dk_acc.regs, list(ds_pack)[4 * kk:4 * kk + 4],
-                                    q_mn.advance(qmn, kk), n=D, dtype_ab=dt.name,
-                                    trans_b=q_mn.trans)
-
-        if pingpong or defer:   # the first "previous block" products add 0 x Q and 0 x dO
-            for r in list(p_pack) + list(ds_pack):
-                ptx.inst.mov.b32(r, 0)
         ptx.mbarrier.wait(head_bar.at(0), 0)
-        turns.start()
         for g in ptx.loop(0, G):
             hq = hk * G + g
             srow = reg.from_((b * Hq + hq) * Sp, u64) * 8 + pstats
@@ -871,36 +694,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                 soff = reg.from_(reg.from_(sbase >> 4, u32), u64)
                 qd, dod = q_desc0 + soff, do_desc0 + soff
                 qmn, domn = qmn_desc0 + soff, domn_desc0 + soff
-                # this thread's columns: q = q0 + col0 + 8 * blk + e (e = 0, 1); their
-                # (lse2, delta) pairs, from the stage or from global memory (safe, stats_global)
-                if not stats_from_stage:
-                    src = reg.from_(q0 * 8 + col0 * 8, u64) + srow
-                else:
-                    src = sbase + (ring + stats_col)
-
-                def stats(which, src=src):
-                    """Column offset -> lse2 (which=0, negated) or delta (1) of this thread's
-                    columns (loaded when needed: fewer live registers)."""
-                    out = {}
-                    for blk in range(BQ // 8):
-                        v4 = reg.array(f32, 4)
-                        if not stats_from_stage:
-                            ptx.inst.ld.global_.nc.v4.f32(v4, ptx.addr(src, 64 * blk))
-                        else:
-                            ptx.inst.ld.shared.v4.f32(v4, ptx.addr(src, 64 * blk))
-                        for e in (0, 1):
-                            out[8 * blk + e] = -v4[2 * e] if which == 0 else v4[2 * e + 1]
-                    return out
-
-                early = _env("PYPTX_ATTN_STATS_EARLY")     # experiment: stats before the products
-                if early:
-                    nl2, dl = stats(0), stats(1)
-                turns.take()
                 ptx.wgmma.fence()
-                if pingpong:    # one turn: the previous block's dV, dK, then this one's S^T, dP^T
-                    first = has_prev == 0
-                    issue_dv(_selp64(domn, domn_prev, first))
-                    issue_dk(_selp64(qmn, qmn_prev, first))
                 for kk in range(kv_tile.k_steps):
                     ptx.wgmma.mma_async(s_acc.regs, kv_tile.advance(k_desc, kk),
                                         q_tile.advance(qd, kk), n=BQ, dtype_ab=dt.name,
@@ -911,19 +705,37 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                                         q_tile.advance(dod, kk), n=BQ, dtype_ab=dt.name,
                                         scale_d=0 if kk == 0 else 1)
                 ptx.wgmma.commit_group()
-                if defer:       # the previous block's dK product after this one's S^T and dP^T
-                    issue_dk(_selp64(qmn, qmn_prev, has_prev == 0))
-                    ptx.wgmma.commit_group()
-                turns.give()
-                if not early:
-                    nl2 = stats(0)
-                ptx.wgmma.wait_group(2 if defer else 1)     # S^T (and the previous dK) done
-                if overlap and not defer:
+                # this thread's columns: q = q0 + col0 + 8 * blk + e (e = 0, 1); their
+                # (lse2, delta) pairs, from the stage (fast) or from global memory (safe)
+                if safe:
+                    src = reg.from_(q0 * 8 + col0 * 8, u64) + srow
+                else:
+                    src = sbase + (ring + stats_col)
+
+                def stats(which, src=src):
+                    """Column offset -> lse2 (which=0, negated) or delta (1) of this thread's
+                    columns (loaded when needed: fewer live registers)."""
+                    out = {}
+                    for blk in range(BQ // 8):
+                        v4 = reg.array(f32, 4)
+                        if safe:
+                            ptx.inst.ld.global_.nc.v4.f32(v4, ptx.addr(src, 64 * blk))
+                        else:
+                            ptx.inst.ld.shared.v4.f32(v4, ptx.addr(src, 64 * blk))
+                        for e in (0, 1):
+                            out[8 * blk + e] = -v4[2 * e] if which == 0 else v4[2 * e + 1]
+                    return out
+
+                nl2 = stats(0)
+                ptx.wgmma.wait_group(1)             # S^T (and the previous block's dK) done
+                if overlap:
                     with ptx.if_(has_prev != 0):
-                        release(rel)
+                        _release_stage(pipe, rel)
                         rel.advance()
-                _exp2_rows(s_acc, poly, lambda i, nl2=nl2: ptx.inst.fma.rn.f32(  # P^T, in place
-                    s_acc[i], s_acc[i], c1, nl2[Accumulator.coord(i)[1]]))
+                for i in range(len(s_acc)):         # P^T = exp2(S^T * c1 - lse2), in place
+                    dc = Accumulator.coord(i)[1]
+                    ptx.inst.fma.rn.f32(s_acc[i], s_acc[i], c1, nl2[dc])
+                    ptx.inst.ex2.approx.ftz.f32(s_acc[i], s_acc[i])
                 if safe:
                     need = None
                 elif causal:
@@ -941,22 +753,18 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                         if causal:  # kv <= q  <=>  (kvrow + dr) - qc <= dc
                             ptx.inst.selp.f32(s_acc[i], s_acc[i], 0.0, lo[dr // 8] <= dc)
                 _pack(p_pack, s_acc.regs, dt)
-                if not pingpong:
-                    ptx.wgmma.fence()
-                    issue_dv(domn)
-                    ptx.wgmma.commit_group()
-                if not early:
-                    dl = stats(1)
-                ptx.wgmma.wait_group(0 if pingpong else 2 if defer else 1)  # dP^T done
+                ptx.wgmma.fence()
+                for kk in range(BQ // 16):
+                    ptx.wgmma.mma_async(dv_acc.regs, list(p_pack)[4 * kk:4 * kk + 4],
+                                        q_mn.advance(domn, kk), n=D, dtype_ab=dt.name,
+                                        trans_b=q_mn.trans)
+                ptx.wgmma.commit_group()
+                dl = stats(1)
+                ptx.wgmma.wait_group(1)             # dP^T done
                 for i in range(len(dp_acc)):        # dS^T = P^T * (dP^T - delta), in place
                     dc = Accumulator.coord(i)[1]
                     x = dp_acc[i] - dl[dc]
                     ptx.inst.mul.f32(dp_acc[i], s_acc[i], x)
-                if defer:       # the previous dK product is done: its dS registers and stage free
-                    ptx.wgmma.wait_group(1)
-                    with ptx.if_(has_prev != 0):
-                        release(rel)
-                        rel.advance()
                 _pack(ds_pack, dp_acc.regs, dt)
 
                 def _dq_product(q0=q0, hq=hq):
@@ -1002,13 +810,12 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
 
                 if dq_bulk:     # dQ's product first: stored below while dK's runs
                     _dq_product()
-                if pingpong or defer:   # dK (pingpong: and dV) go with the next block
-                    ptx.inst.mov.b64(qmn_prev, qmn)
-                    ptx.inst.mov.b64(domn_prev, domn)
-                else:
-                    ptx.wgmma.fence()
-                    issue_dk(qmn)
-                    ptx.wgmma.commit_group()
+                ptx.wgmma.fence()
+                for kk in range(BQ // 16):
+                    ptx.wgmma.mma_async(dk_acc.regs, list(ds_pack)[4 * kk:4 * kk + 4],
+                                        q_mn.advance(qmn, kk), n=D, dtype_ab=dt.name,
+                                        trans_b=q_mn.trans)
+                ptx.wgmma.commit_group()
                 if dq_bulk:
                     ptx.wgmma.wait_group(1)             # dV and dQ done, dK may run on
                     _store_dq(q0, hq)
@@ -1016,28 +823,14 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                     _dq_product()
                 if not overlap:
                     ptx.wgmma.wait_group(0)
-                    release(cons)
+                    _release_stage(pipe, cons)
                 else:
                     ptx.inst.mov.u32(has_prev, 1)
                 cons.advance()
-        if pingpong:    # the last block's dV and dK
-            turns.take()
-            with ptx.if_(has_prev != 0):
-                ptx.wgmma.fence()
-                issue_dv(domn_prev)
-                issue_dk(qmn_prev)
-                ptx.wgmma.commit_group()
-            turns.give()
-            turns.end()
-        if defer:       # the last block's dK
-            with ptx.if_(has_prev != 0):
-                ptx.wgmma.fence()
-                issue_dk(qmn_prev)
-                ptx.wgmma.commit_group()
         if overlap:
             ptx.wgmma.wait_group(0)
             with ptx.if_(has_prev != 0):
-                release(rel)
+                _release_stage(pipe, rel)
         if dq_bulk and not dq_ordered:
             with ptx.if_(dq_leader):
                 ptx.tma.wait_group(0, read=True)
@@ -1049,11 +842,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     name = (f"attn_bwd_dkdv_{dt.name}_d{D}_h{Hq}x{Hkv}{'_causal' if causal else ''}"
             f"{'_safe' if safe else ''}{'_atomic' if atomic_dq else ''}{'_bulk' if dq_bulk else ''}"
             f"{'_ordered' if dq_ordered else ''}"
-            f"{f'_bq{BQ}' if BQ != 64 else ''}{'_serial' if overlap != default_overlap else ''}"
-            f"{f'_poly{poly}' if poly else ''}{'_pp' if pingpong else ''}"
-            f"{'_sg' if stats_global else ''}{'_defer' if defer else ''}"
-            f"{'_xb' if _env('PYPTX_ATTN_EXP_BATCH') else ''}"
-            f"{'_se' if _env('PYPTX_ATTN_STATS_EARLY') else ''}")
+            f"{f'_bq{BQ}' if BQ != 64 else ''}{'_serial' if overlap != default_overlap else ''}")
     ins = (qspec, kspec, kspec, qspec, Tile(B, Hq, Sp, 2, f32))
     if dq_ordered:
         ins += (Tile(B, S, Hq, dq_width, f32), Tile(B, Hq, num_q, 2, s32))
@@ -1277,9 +1066,7 @@ class AttentionBackward:
 
 def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None,
                              safe=None, atomic_dq=False, dkdv_bq=None, dkdv_overlap=None,
-                             dq_bulk=False, dq_ordered=False, dq_bkv=None, ex2_poly=0,
-                             dq_pingpong=False, dkdv_pingpong=False, dkdv_stats_global=False,
-                             dq_defer=False, dkdv_defer=False):
+                             dq_bulk=False, dq_ordered=False, dq_bkv=None):
     """The backward kernels for these sizes: ``bwd(q, k, v, o, lse, do, dlse) -> (dq, dk,
     dv)``. ``safe=True`` (or ``PYPTX_ATTN_BWD_SAFE=1``): the simplest schedule, for
     bisecting. ``atomic_dq=True``: dQ accumulated by the dK/dV kernel with f32 atomics (no
@@ -1288,12 +1075,7 @@ def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=
     dK/dV kernel's speed options (``build_dkdv``'s ``BQ`` and ``overlap``). ``dq_bulk``
     (with ``atomic_dq``): dQ tiles added by TMA tile reductions, ``dq_ordered`` (with
     ``dq_bulk``) in a fixed order (``build_dkdv``). ``dq_bkv`` (32, 64 or 128; ``None``:
-    ``default_dq_bkv(D)``): keys per block of the pair's dQ kernel (``build_dq``'s ``BKV``).
-    ``ex2_poly`` (0-8): of every 8 softmax exponentials, how many both kernels compute by
-    polynomial on the FMA pipe (``build_dq``'s ``poly``). ``dq_pingpong``, ``dkdv_pingpong``:
-    the pair's kernels' consumers take ping-pong turns at the tensor cores (``build_dq``'s and
-    ``build_dkdv``'s ``pingpong``). ``dkdv_stats_global``: ``build_dkdv``'s ``stats_global``.
-    ``dq_defer``, ``dkdv_defer``: ``build_dq``'s and ``build_dkdv``'s ``defer``."""
+    ``default_dq_bkv(D)``): keys per block of the pair's dQ kernel (``build_dq``'s ``BKV``)."""
     safe = safe_default() if safe is None else bool(safe)
     if dkdv_bq not in (None, 32, 64):
         raise ConfigError(f"build_attention_backward: dkdv_bq must be 32 or 64, got {dkdv_bq!r}")
@@ -1302,14 +1084,8 @@ def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=
                           f"for the pair (not atomic_dq), got {dq_bkv!r}")
     overlap = None if dkdv_overlap is None else bool(dkdv_overlap)
     _check_dq_modes("build_attention_backward", atomic_dq, dq_bulk, dq_ordered)
-    _check_poly("build_attention_backward", ex2_poly)
-    if (dq_pingpong or dkdv_pingpong or dq_defer or dkdv_defer) and atomic_dq:
-        raise ConfigError("build_attention_backward: dq_pingpong, dkdv_pingpong, dq_defer and "
-                          "dkdv_defer are schedules of the pair (not atomic_dq)")
     return _build(B, S, Hq, Hkv, D, S if Sk is None else Sk, dtype, causal, scale, safe,
-                  bool(atomic_dq), dkdv_bq, overlap, bool(dq_bulk), bool(dq_ordered), dq_bkv,
-                  ex2_poly, bool(dq_pingpong), bool(dkdv_pingpong), bool(dkdv_stats_global),
-                  bool(dq_defer), bool(dkdv_defer))
+                  bool(atomic_dq), dkdv_bq, overlap, bool(dq_bulk), bool(dq_ordered), dq_bkv)
 
 
 def default_dq_bkv(D):
@@ -1319,8 +1095,7 @@ def default_dq_bkv(D):
 
 
 OPTIONS = ("dkdv_bq", "dkdv_overlap", "atomic_dq", "dq_bulk", "dq_ordered",
-           "dq_bkv", "ex2_poly", "dq_pingpong", "dkdv_pingpong",
-           "dkdv_stats_global", "dq_defer", "dkdv_defer")  # build_attention_backward's
+           "dq_bkv")  # build_attention_backward's
 
 
 def parse_options(text):
@@ -1332,17 +1107,15 @@ def parse_options(text):
         if name not in OPTIONS or not value.isdigit():
             raise ConfigError(f"attention backward options: expected name=int with name in "
                               f"{OPTIONS}, got {item!r}")
-        out[name] = int(value) if name in ("dkdv_bq", "dq_bkv", "ex2_poly") else bool(int(value))
+        out[name] = int(value) if name in ("dkdv_bq", "dq_bkv") else bool(int(value))
     return out
 
 
 @functools.lru_cache(maxsize=64)
 def _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, safe, atomic_dq, dkdv_bq=None, overlap=None,
-           dq_bulk=False, dq_ordered=False, dq_bkv=None, ex2_poly=0, dq_pingpong=False,
-           dkdv_pingpong=False, dkdv_stats_global=False, dq_defer=False, dkdv_defer=False):
-    kw = dict(Sk=Sk, dtype=dtype, causal=causal, scale=scale, safe=safe, poly=ex2_poly)
-    dkdv_kw = dict(kw, BQ=dkdv_bq, overlap=overlap, stats_global=dkdv_stats_global,
-                   defer=dkdv_defer)
+           dq_bulk=False, dq_ordered=False, dq_bkv=None):
+    kw = dict(Sk=Sk, dtype=dtype, causal=causal, scale=scale, safe=safe)
+    dkdv_kw = dict(kw, BQ=dkdv_bq, overlap=overlap)
     dt = _dtype(dtype)
     if atomic_dq:
         check_shapes(B, S, Hq, Hkv, D, Sk)
@@ -1352,10 +1125,8 @@ def _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, safe, atomic_dq, dkdv_bq=
                               dq_ordered=dq_ordered, **dkdv_kw),     # adds dQ into DQACC
                    build_convert(B, S, Hq, D, dtype=dtype, width=width))
     else:
-        dq_kw = dict(kw, BKV=default_dq_bkv(D) if dq_bkv is None else dq_bkv, pingpong=dq_pingpong,
-                     defer=dq_defer)
-        kernels = (build_dq(B, S, Hq, Hkv, D, **dq_kw),
-                   build_dkdv(B, S, Hq, Hkv, D, pingpong=dkdv_pingpong, **dkdv_kw))
+        dq_kw = dict(kw, BKV=default_dq_bkv(D) if dq_bkv is None else dq_bkv)
+        kernels = (build_dq(B, S, Hq, Hkv, D, **dq_kw), build_dkdv(B, S, Hq, Hkv, D, **dkdv_kw))
     return AttentionBackward(kernels, B, S, Hq, Hkv, D, Sk, dt, atomic_dq)
 
 

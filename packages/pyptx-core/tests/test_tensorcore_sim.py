@@ -309,12 +309,6 @@ def test_attention_forward(D, causal, config):
     (128, False, dict(atomic_dq=True)), (128, True, dict(dkdv_bq=32)),
     (64, True, dict(dkdv_overlap=True)), (64, True, dict(dq_bkv=128)), (64, False, dict(dq_bkv=128)),
     (64, False, dict(atomic_dq=True, dq_bulk=True, dq_ordered=True)),
-    (64, True, dict(ex2_poly=8)), (128, False, dict(ex2_poly=3)),
-    (64, True, dict(dq_pingpong=True, dkdv_pingpong=True)), (64, False, dict(dq_pingpong=True, dkdv_pingpong=True)),
-    (128, True, dict(dq_pingpong=True)), (64, True, dict(dkdv_stats_global=True)),
-    (128, False, dict(dkdv_stats_global=True)),
-    (64, True, dict(dq_defer=True, dkdv_defer=True)), (64, False, dict(dq_defer=True, dkdv_defer=True)),
-    (128, True, dict(dq_defer=True)),
 ])
 def test_attention_backward(D, causal, mode, S=300):
     """The seven-product pair and the bulk-dQ modes, the ordered one's fixed order of adds
