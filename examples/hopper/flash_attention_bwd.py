@@ -441,17 +441,14 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     stats_bytes = BQ * 8                            # (lse2, delta) of the block's rows
     stage_bytes = 2 * q_tile.nbytes + 1024          # stats padded to keep tiles 1024-aligned
     head_bytes = 2 * kv_tile.nbytes
-    default_overlap = not safe and not atomic_dq and (BQ == 32 or D <= 64) and BQ != 128
+    default_overlap = not safe and not atomic_dq and (BQ == 32 or D <= 64)
     overlap = default_overlap if overlap is None else bool(overlap)
     if overlap and (safe or atomic_dq):
         raise ConfigError("build_dkdv: overlap=True needs the fast schedule (not safe, not atomic_dq)")
     if atomic_dq and BQ != 64:
         raise ConfigError(f"build_dkdv: atomic_dq needs BQ=64 (its dS tile), got BQ={BQ}")
-    if BQ not in (32, 64, 128):
-        raise ConfigError(f"build_dkdv: BQ must be 32, 64 or 128, got {BQ!r}")
-    if BQ == 128 and (overlap or D != 64 or atomic_dq):
-        raise ConfigError("build_dkdv: BQ=128 is for D=64 without overlap or atomic_dq (its "
-                          "S^T and dP^T registers leave no room for a product in flight)")
+    if BQ not in (32, 64):
+        raise ConfigError(f"build_dkdv: BQ must be 32 or 64, got {BQ!r}")
     # atomic dQ: dS of the block (q x kv, q contiguous: an MN-major A) in two buffers
     ds_tile = OperandTile(BQ, BM, dt, major="MN") if atomic_dq else None
     kv_mn = OperandTile(D, BM, dt, major="MN")      # K as B of dS K (the same bytes as K)
@@ -767,12 +764,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                 for i in range(len(dp_acc)):        # dS^T = P^T * (dP^T - delta), in place
                     dc = Accumulator.coord(i)[1]
                     x = dp_acc[i] - dl[dc]
-                    if BQ == 128:   # P^T from its packed bf16 copy: the f32 one is dead by now
-                        if i % 2 == 0:
-                            p_lo, p_hi = _unpack(p_pack[i // 2], dt)
-                        ptx.inst.mul.f32(dp_acc[i], p_hi if i % 2 else p_lo, x)
-                    else:
-                        ptx.inst.mul.f32(dp_acc[i], s_acc[i], x)
+                    ptx.inst.mul.f32(dp_acc[i], s_acc[i], x)
                 _pack(ds_pack, dp_acc.regs, dt)
 
                 def _dq_product(q0=q0, hq=hq):
@@ -1085,9 +1077,8 @@ def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=
     ``dq_bulk``) in a fixed order (``build_dkdv``). ``dq_bkv`` (32, 64 or 128; ``None``:
     ``default_dq_bkv(D)``): keys per block of the pair's dQ kernel (``build_dq``'s ``BKV``)."""
     safe = safe_default() if safe is None else bool(safe)
-    if dkdv_bq not in (None, 32, 64, 128):
-        raise ConfigError(f"build_attention_backward: dkdv_bq must be 32, 64 or 128, got "
-                          f"{dkdv_bq!r}")
+    if dkdv_bq not in (None, 32, 64):
+        raise ConfigError(f"build_attention_backward: dkdv_bq must be 32 or 64, got {dkdv_bq!r}")
     if dq_bkv not in (None, 32, 64, 128) or (dq_bkv is not None and atomic_dq):
         raise ConfigError(f"build_attention_backward: dq_bkv must be 32, 64 or 128, and only "
                           f"for the pair (not atomic_dq), got {dq_bkv!r}")
