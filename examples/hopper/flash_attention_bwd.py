@@ -159,9 +159,8 @@ def _store_rows(acc, ptr, row, valid, H, D, head, batch, S, col0, scale, dt):
 
 # ------------------------------------------------------------------ dQ kernel (+ stats)
 def padded(S):
-    """Rows of the STATS scratch: ``S`` rounded up to 64, the q blocks the dK/dV kernel reads
-    (the kernels that write it cover at least that many rows and write no row past it)."""
-    return -(-S // 64) * 64
+    """Rows of the STATS scratch: ``S`` rounded up to the dQ kernel's 128-row tiles."""
+    return -(-S // BM) * BM
 
 
 def _smem_fit(fixed, per_stage, most=4):
@@ -181,23 +180,14 @@ def _common_options(B, S, Hq, Hkv, D, Sk, dtype, scale, safe, sync):
 
 
 def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None, BKV=64,
-             stages=None, sync=None, safe=None, consumers=2):
+             stages=None, sync=None, safe=None):
     """The dQ kernel: ``(Q, K, V, O, LSE, DO) -> (DQ, STATS)``. STATS ``(B, Hq, padded(S), 2)``
     f32 holds ``(lse * log2 e, delta = rowsum(do * o))`` per query row (zeros past ``S``),
     which the dK/dV kernel reads. ``safe``: mask every block and wait for each block's
-    products before the next (the simplest schedule; default from ``PYPTX_ATTN_BWD_SAFE``).
-    ``consumers``: consumer warpgroups of 64 query rows each per CTA, 2 or 3 (3: 160
-    registers each, so ``BKV`` at most 64 and D=64)."""
+    products before the next (the simplest schedule; default from ``PYPTX_ATTN_BWD_SAFE``)."""
     Sk, dt, scale, safe, sync, G, Sp = _common_options(B, S, Hq, Hkv, D, Sk, dtype, scale,
                                                        safe, sync)
-    if consumers not in (2, 3) or consumers == 3 and (BKV > 64 or D != 64):
-        raise ConfigError(f"build_dq: consumers must be 2, or 3 with BKV <= 64 and D=64 (the "
-                          f"registers of three warpgroups), got consumers={consumers!r}, "
-                          f"BKV={BKV}, D={D}")
-    BMq = 64 * consumers                            # query rows per CTA
-    threads = 128 * (1 + consumers)
-    cons_regs = CONS_REGS if consumers == 2 else 160
-    q_tile = OperandTile(BMq, D, dt, major="K")
+    q_tile = OperandTile(BM, D, dt, major="K")
     k_tile = OperandTile(BKV, D, dt, major="K")
     k_mn = OperandTile(D, BKV, dt, major="MN")      # the same bytes as B of dS K
     assert k_mn.nbytes == k_tile.nbytes
@@ -210,28 +200,28 @@ def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=Non
         raise ConfigError(f"build_dq: {stages} stages of {BKV} rows need {smem_total} bytes")
     num_kv = -(-Sk // BKV)
     c1 = scale * LOG2E
-    box_q = {"box": (1, BMq, 1, 64), "swizzle": "128B"}
+    box_q = {"box": (1, BM, 1, 64), "swizzle": "128B"}
     box_k = {"box": (1, BKV, 1, 64), "swizzle": "128B"}
     qspec = Tile(B, S, Hq, D, dt)
     kspec = Tile(B, Sk, Hkv, D, dt)
 
     def dq_kernel(Q, K, V, OUT, LSE, DO, DQ, STATS):
         base = ring_base("smem")
-        pipe = Pipeline(stages, consumer_arrivals=consumers)
+        pipe = Pipeline(stages, consumer_arrivals=2)
         head_bar = BarrierArray(1, name="head_bar")
         tid, wg = thread_ids()
         qb = reg.from_(ptx.special.ctaid.x(), u32)
         if causal:  # the longest rows (most kv blocks) first: a shorter tail
-            qb = (-(-S // BMq) - 1) - qb
+            qb = (-(-S // BM) - 1) - qb
         hq = reg.from_(ptx.special.ctaid.y(), u32)
         b = reg.from_(ptx.special.ctaid.z(), u32)
         hk = hq // G if G > 1 else hq
-        q0 = qb * BMq
+        q0 = qb * BM
         pipe.init(pred=tid == 0)
         head_bar.init(1, pred=tid == 0)
         ptx.bar_sync(0)
         if causal:  # blocks wholly above the diagonal are skipped
-            n_kv = _min_u32(reg.from_((q0 + (BMq - 1)) // BKV + 1, u32), reg.scalar(u32, init=num_kv))
+            n_kv = _min_u32(reg.from_((q0 + (BM - 1)) // BKV + 1, u32), reg.scalar(u32, init=num_kv))
         else:
             n_kv = num_kv
         roles = Roles(wg, PROD_REGS)
@@ -239,7 +229,7 @@ def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=Non
         with ptx.if_(tid == 0):
             hbar = head_bar.at(0)
             ptx.mbarrier.arrive_expect_tx(hbar, head_bytes)
-            _load_pair(base, Q, DO, q_tile.nbytes, slabs, hq, q0, b, BMq, hbar)
+            _load_pair(base, Q, DO, q_tile.nbytes, slabs, hq, q0, b, BM, hbar)
             k_map = ptx.tma.tensormap_ptr(K.tmap)
             v_map = ptx.tma.tensormap_ptr(V.tmap)
             st = pipe.producer_state()
@@ -253,7 +243,7 @@ def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=Non
                     ptx.mbarrier.wait(pipe.empty.at(st.stage), st.phase ^ 1)
                 st.advance()
         # ------------------------------------------------------------ consumers
-        roles.consumers(cons_regs)
+        roles.consumers(CONS_REGS)
         w = wg - 1
         t = tid & 127
         lane = tid & 31
@@ -346,11 +336,10 @@ def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=Non
         ptx.ret()
 
     name = (f"attn_bwd_dq_{dt.name}_d{D}_h{Hq}x{Hkv}{'_causal' if causal else ''}"
-            f"{'_safe' if safe else ''}{f'_bkv{BKV}' if BKV != 64 else ''}"
-            f"{f'_c{consumers}' if consumers != 2 else ''}")
+            f"{'_safe' if safe else ''}{f'_bkv{BKV}' if BKV != 64 else ''}")
     return kernel(in_specs=(qspec, kspec, kspec, qspec, Tile(B, Hq, S, f32), qspec),
-                  out_specs=(qspec, Tile(B, Hq, Sp, 2, f32)), grid=(-(-S // BMq), Hq, B),
-                  block=(threads, 1, 1), smem=smem_total, maxnreg=65536 // threads // 8 * 8,
+                  out_specs=(qspec, Tile(B, Hq, Sp, 2, f32)), grid=(-(-S // BM), Hq, B),
+                  block=(THREADS, 1, 1), smem=smem_total, maxnreg=168,
                   tma={"Q": box_q, "DO": box_q, "K": box_k, "V": box_k}, name=name)(dq_kernel)
 
 
@@ -1002,8 +991,7 @@ def _row_stats(po, pdo, plse, pstats, b, hq, qrow, valid, lane, S, Sp, Hq, D, dt
         ptx.inst.ld.global_.nc.f32(lv, ptx.addr(plse + loff), pred=valid[r // 8])
         l2 = lv * LOG2E
         soff = reg.from_((b * Hq + hq) * Sp + qrow + r, u64) * 8
-        ptx.inst.st.global_.v2.f32(ptx.addr(pstats + soff), [l2, acc],
-                                   pred=(c == 0) & (qrow + r < Sp))
+        ptx.inst.st.global_.v2.f32(ptx.addr(pstats + soff), [l2, acc], pred=c == 0)
         nlse2.append(-l2)
     return delta, nlse2
 
@@ -1078,7 +1066,7 @@ class AttentionBackward:
 
 def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None,
                              safe=None, atomic_dq=False, dkdv_bq=None, dkdv_overlap=None,
-                             dq_bulk=False, dq_ordered=False, dq_bkv=None, dq_consumers=2):
+                             dq_bulk=False, dq_ordered=False, dq_bkv=None):
     """The backward kernels for these sizes: ``bwd(q, k, v, o, lse, do, dlse) -> (dq, dk,
     dv)``. ``safe=True`` (or ``PYPTX_ATTN_BWD_SAFE=1``): the simplest schedule, for
     bisecting. ``atomic_dq=True``: dQ accumulated by the dK/dV kernel with f32 atomics (no
@@ -1087,23 +1075,17 @@ def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=
     dK/dV kernel's speed options (``build_dkdv``'s ``BQ`` and ``overlap``). ``dq_bulk``
     (with ``atomic_dq``): dQ tiles added by TMA tile reductions, ``dq_ordered`` (with
     ``dq_bulk``) in a fixed order (``build_dkdv``). ``dq_bkv`` (32, 64 or 128; ``None``:
-    ``default_dq_bkv(D)``): keys per block of the pair's dQ kernel (``build_dq``'s ``BKV``).
-    ``dq_consumers`` (2 or 3): the pair's dQ kernel's consumer warpgroups (``build_dq``'s
-    ``consumers``)."""
+    ``default_dq_bkv(D)``): keys per block of the pair's dQ kernel (``build_dq``'s ``BKV``)."""
     safe = safe_default() if safe is None else bool(safe)
     if dkdv_bq not in (None, 32, 64):
         raise ConfigError(f"build_attention_backward: dkdv_bq must be 32 or 64, got {dkdv_bq!r}")
-    if dq_consumers not in (2, 3) or dq_consumers == 3 and atomic_dq:
-        raise ConfigError(f"build_attention_backward: dq_consumers must be 2 or 3 (3 for the "
-                          f"pair only), got {dq_consumers!r}")
     if dq_bkv not in (None, 32, 64, 128) or (dq_bkv is not None and atomic_dq):
         raise ConfigError(f"build_attention_backward: dq_bkv must be 32, 64 or 128, and only "
                           f"for the pair (not atomic_dq), got {dq_bkv!r}")
     overlap = None if dkdv_overlap is None else bool(dkdv_overlap)
     _check_dq_modes("build_attention_backward", atomic_dq, dq_bulk, dq_ordered)
     return _build(B, S, Hq, Hkv, D, S if Sk is None else Sk, dtype, causal, scale, safe,
-                  bool(atomic_dq), dkdv_bq, overlap, bool(dq_bulk), bool(dq_ordered), dq_bkv,
-                  dq_consumers)
+                  bool(atomic_dq), dkdv_bq, overlap, bool(dq_bulk), bool(dq_ordered), dq_bkv)
 
 
 def default_dq_bkv(D):
@@ -1113,7 +1095,7 @@ def default_dq_bkv(D):
 
 
 OPTIONS = ("dkdv_bq", "dkdv_overlap", "atomic_dq", "dq_bulk", "dq_ordered",
-           "dq_bkv", "dq_consumers")  # build_attention_backward's
+           "dq_bkv")  # build_attention_backward's
 
 
 def parse_options(text):
@@ -1125,13 +1107,13 @@ def parse_options(text):
         if name not in OPTIONS or not value.isdigit():
             raise ConfigError(f"attention backward options: expected name=int with name in "
                               f"{OPTIONS}, got {item!r}")
-        out[name] = int(value) if name in ("dkdv_bq", "dq_bkv", "dq_consumers") else bool(int(value))
+        out[name] = int(value) if name in ("dkdv_bq", "dq_bkv") else bool(int(value))
     return out
 
 
 @functools.lru_cache(maxsize=64)
 def _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, safe, atomic_dq, dkdv_bq=None, overlap=None,
-           dq_bulk=False, dq_ordered=False, dq_bkv=None, dq_consumers=2):
+           dq_bulk=False, dq_ordered=False, dq_bkv=None):
     kw = dict(Sk=Sk, dtype=dtype, causal=causal, scale=scale, safe=safe)
     dkdv_kw = dict(kw, BQ=dkdv_bq, overlap=overlap)
     dt = _dtype(dtype)
@@ -1143,9 +1125,7 @@ def _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, safe, atomic_dq, dkdv_bq=
                               dq_ordered=dq_ordered, **dkdv_kw),     # adds dQ into DQACC
                    build_convert(B, S, Hq, D, dtype=dtype, width=width))
     else:
-        if dq_bkv is None:
-            dq_bkv = 64 if dq_consumers == 3 else default_dq_bkv(D)
-        dq_kw = dict(kw, BKV=dq_bkv, consumers=dq_consumers)
+        dq_kw = dict(kw, BKV=default_dq_bkv(D) if dq_bkv is None else dq_bkv)
         kernels = (build_dq(B, S, Hq, Hkv, D, **dq_kw), build_dkdv(B, S, Hq, Hkv, D, **dkdv_kw))
     return AttentionBackward(kernels, B, S, Hq, Hkv, D, Sk, dt, atomic_dq)
 

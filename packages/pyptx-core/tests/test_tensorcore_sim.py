@@ -309,7 +309,6 @@ def test_attention_forward(D, causal, config):
     (128, False, dict(atomic_dq=True)), (128, True, dict(dkdv_bq=32)),
     (64, True, dict(dkdv_overlap=True)), (64, True, dict(dq_bkv=128)), (64, False, dict(dq_bkv=128)),
     (64, False, dict(atomic_dq=True, dq_bulk=True, dq_ordered=True)),
-    (64, True, dict(dq_consumers=3)), (64, False, dict(dq_consumers=3)),
 ])
 def test_attention_backward(D, causal, mode, S=300):
     """The seven-product pair and the bulk-dQ modes, the ordered one's fixed order of adds
