@@ -33,7 +33,9 @@ CONFIGS = [dict(BM=128, BN=128, num_sms=4), dict(BM=64, BN=64, num_sms=2, store=
                 wgrad_num_sms=3),
            dict(BM=128, BN=128, num_sms=4, cluster=2),  # 2-CTA clusters sharing A
            # opt-in prefetches: tensor maps + group ends, L2 prefetch of a guessed first tile
-           dict(BM=128, BN=128, num_sms=4, cluster=2, prefetch=True, warm=4)]
+           dict(BM=128, BN=128, num_sms=4, cluster=2, prefetch=True, warm=4),
+           # speculative first tiles (every guess misses here: the stages go back unread)
+           dict(BM=64, BN=64, num_sms=5, prefetch=True, speculate=2)]
 if len(sys.argv) > 1 and sys.argv[1] == "--defaults":  # the configurations measured before
     CONFIGS = CONFIGS[:2]
 for cfg in CONFIGS:

@@ -298,7 +298,7 @@ class _Consumer:
 
 def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf16", BM=128,
                   BN=256, BK=64, stages=None, num_sms=H100_SMS, store="auto", l2_hint=None,
-                  cluster=1, prefetch=False, warm=0):
+                  cluster=1, prefetch=False, warm=0, speculate=0):
     """The grouped GEMM kernel ``D[rows of g] = A[rows of g] @ B[g]``.
 
     Tensor arguments: A ``(M, K)`` bf16, B ``(G, K, N)`` (``b_major="MN"``) or
@@ -324,6 +324,10 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
     for the first ``n`` k-blocks of A and B of the tile this CTA would take first if the ``G``
     groups had ``M // G`` rows each (``ptx.tma.prefetch_tile``, a hint): the copies then
     start while the group ends are still being read. A wrong guess costs only bandwidth.
+    ``speculate=n`` (cluster 1): the producer copies the first ``n`` k-blocks of that guessed
+    tile into the ring before it reads a group end; if the CTA's real first tile is the
+    guess, its k-loop starts at block ``n``, otherwise both sides agree the guess missed
+    (each computes it from the CTA index) and the consumers hand those stages back unread.
     """
     what = "build_grouped"
     ot = _out_type(out_dtype)
@@ -341,6 +345,10 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
     if isinstance(warm, bool) or not isinstance(warm, int) or warm < 0:
         raise _error(f"{what}: warm must be an int >= 0 (k-blocks to prefetch), got {warm!r}")
     stages, smem_total = _check_tile(BM, BN, BK, stages, what)
+    if (isinstance(speculate, bool) or not isinstance(speculate, int) or speculate < 0
+            or speculate > stages or speculate and cluster > 1):
+        raise _error(f"{what}: speculate must be an int from 0 to the {stages} stages, without "
+                     f"a cluster, got {speculate!r} (cluster={cluster})")
     consumers = BM // 64
     threads = 128 * (1 + consumers)
     a_tile = OperandTile(BM, BK, bf16, major="K", swizzle=128)
@@ -398,6 +406,20 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
             g, m0, n0 = walk.tile(t, BN * cluster)
             return g, m0, (n0 + rank * BN if cluster > 1 else n0)
 
+        spec = min(speculate, num_kb)
+
+        def guess():
+            """The guessed first tile ``(g, m0, n0)``, whether it is a tile at all, and a
+            first-tile flag: made on each side of the role split (the code before it is the
+            producer's), from the CTA index, so both sides agree."""
+            gs, ms, ns = uniform_guess(cid, M=M, G=G, BM=BM, BN=BN, num_n=num_n)
+            return (gs, ms, ns), gs < G, reg.scalar(u32, init=1)
+
+        def guessed(walk, t, tile, first):
+            """Predicate: this is the CTA's first tile and the guess named it."""
+            g, m0, n0 = origin(walk, t)
+            return (first != 0) & (g == tile[0]) & (m0 == tile[1]) & (n0 == tile[2])
+
         # ---------------------------------------------------------------- producer
         with ptx.if_(tid == 0):
             st = pipe.producer_state()
@@ -408,16 +430,8 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
                 hint_a, hint_b = ptx.tma.cache_policy("last"), ptx.tma.cache_policy("first")
             walk = RaggedTiles(p_offs, G, M, BM, num_n)
             t = reg.scalar(u32, init=cid)
-            top, out = ptx.label("ptile"), ptx.label("pend")
-            ptx.place(top)
-            walk.seek(t)
-            ptx.bra(out, pred=walk.done(t))
-            g, m0, n0 = origin(walk, t)
-            for kb in ptx.loop(0, num_kb):
-                k0 = kb * BK
-                pipe.acquire(st)
-                bar = pipe.arm(st, stage_bytes)
-                sbase = st.stage * stage_bytes + base
+
+            def load(sbase, g, m0, n0, k0, bar):
                 if cluster > 1:
                     a_tile.load(sbase, A, m0, k0, bar, map_ptr=a_map, cache_hint=hint_a,
                                 multicast_mask=(1 << cluster) - 1, part=(rank, cluster))
@@ -426,6 +440,29 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
                 for i in range(b_tile.slabs):
                     ptx.tma.load_tile(ptx.addr(sbase, a_bytes + i * b_tile.slab_bytes), b_map,
                                       b_coords(i, n0, k0, g), bar, cache_hint=hint_b)
+
+            if spec:    # before any group end is read
+                tile, spec_ok, first = guess()
+                with ptx.if_(spec_ok):
+                    for kb in range(spec):
+                        pipe.acquire(st)
+                        load(st.stage * stage_bytes + base, *tile, kb * BK,
+                             pipe.arm(st, stage_bytes))
+                        st.advance()
+            top, out = ptx.label("ptile"), ptx.label("pend")
+            ptx.place(top)
+            walk.seek(t)
+            ptx.bra(out, pred=walk.done(t))
+            g, m0, n0 = origin(walk, t)
+            kb0 = 0
+            if spec:    # a hit: the guessed k-blocks are this tile's first
+                kb0 = reg.scalar(u32)
+                ptx.inst.selp.u32(kb0, spec, 0, spec_ok & guessed(walk, t, tile, first))
+                ptx.inst.mov.u32(first, 0)
+            for kb in ptx.loop(kb0, num_kb):
+                k0 = kb * BK
+                pipe.acquire(st)
+                load(st.stage * stage_bytes + base, g, m0, n0, k0, pipe.arm(st, stage_bytes))
                 st.advance()
             t += clusters
             ptx.bra(top)
@@ -438,9 +475,19 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
         (p_d,) = ptx.global_ptrs(D)
         walk = RaggedTiles(p_offs, G, M, BM, num_n)
         t = reg.scalar(u32, init=cid)
+        if spec:
+            tile, spec_ok, first = guess()
         top, out = ptx.label("ctile"), ptx.label("cend")
         ptx.place(top)
         walk.seek(t)
+        if spec:    # a miss (or no tile at all): the guessed stages go back unread
+            hit = reg.scalar(u32, init=0)
+            with ptx.if_(~walk.done(t)):
+                ptx.inst.selp.u32(hit, 1, 0, guessed(walk, t, tile, first))
+            with ptx.if_(spec_ok & (first != 0) & (hit == 0)):
+                for _ in range(spec):
+                    mma.skip()
+            ptx.inst.mov.u32(first, 0)
         ptx.bra(out, pred=walk.done(t))
         _g, m0, n0 = origin(walk, t)
 
@@ -466,7 +513,7 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
     name = (f"grouped_{ot.name}_{b_major}_{BM}x{BN}x{BK}_s{stages}"
             f"{'_masked' if store == 'masked' else ''}{'_l2' + l2_hint if l2_hint else ''}"
             f"{f'_c{cluster}' if cluster > 1 else ''}{'_pf' if prefetch else ''}"
-            f"{f'_w{warm}' if warm else ''}")
+            f"{f'_w{warm}' if warm else ''}{f'_spec{speculate}' if speculate else ''}")
     return kernel(in_specs=(Tile(M, K, bf16), b_spec, Tile(G, s32)), out_specs=(Tile(M, N, ot),),
                   grid=(ctas, 1, 1), block=(threads, 1, 1), cluster=(cluster, 1, 1),
                   smem=smem_total, maxnreg=maxnreg, tma=tma, name=name)(grouped)
@@ -727,6 +774,11 @@ CANDIDATE_CONFIGS = {
     "fwd 128x128 c2 warm6": dict(kernel="fwd", BM=128, BN=128, cluster=2, prefetch=True, warm=6),
     "fwd 128x128 c2 warm32": dict(kernel="fwd", BM=128, BN=128, cluster=2, prefetch=True, warm=32),
     "fwd 128x128 warm32": dict(kernel="fwd", BM=128, BN=128, prefetch=True, warm=32),
+    # the first k-blocks of the guessed first tile copied into the ring before the group ends
+    # are read (a hit skips them in the k-loop, a miss hands them back unread)
+    "fwd 64x256 pf spec2": dict(kernel="fwd", BM=64, BN=256, prefetch=True, speculate=2),
+    "fwd 64x256 pf spec5": dict(kernel="fwd", BM=64, BN=256, prefetch=True, speculate=5),
+    "fwd 128x128 pf spec4": dict(kernel="fwd", BM=128, BN=128, prefetch=True, speculate=4),
 }
 """Opt-in tile configurations under evaluation: name -> ``kernel`` (``"fwd"``, ``"dgrad"``
 or ``"wgrad"``) and the builder keywords (``build_grouped`` or ``build_wgrad_split``)."""
@@ -799,7 +851,7 @@ def grouped_op(M, N, K, G, b_major="MN", out_dtype="bf16", config=None, wgrad_co
                                   **{"splits": 1, **dict(wgrad_config)})
     else:
         cfg_w = None if cfg_b is None else tuple((k, v) for k, v in cfg_b
-                                                 if k not in ("l2_hint", "cluster", "prefetch", "warm"))
+                                                 if k not in ("l2_hint", "cluster", "prefetch", "warm", "speculate"))
         wgrad = _build(wgrad_tuned, build_grouped_wgrad, cfg_w, M, kx, ny, G, out_dtype="bf16")
     return differentiable_kernel(fwd, GroupedBackward(fwd, dgrad, wgrad, b_major),
                                  num_grad_inputs=2)

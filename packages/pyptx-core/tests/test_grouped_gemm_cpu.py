@@ -464,3 +464,23 @@ def test_warm_guess_matches_the_walk_for_uniform_groups():
                 for mb in range(-(-rows // BM))]
         for t, want in enumerate(walk):
             assert gg.uniform_guess(t, M=M, G=G, BM=BM, BN=BN, num_n=num_n) == want
+
+
+def test_speculate_option_copies_the_guessed_tile_before_reading_a_group_end(assemble):
+    """``speculate=n``: the producer's first ``n`` tile copies (A and B of the guessed tile)
+    come before its first read of ``offs``, guarded by ``g < G``; a k-loop that starts at a
+    register (``n`` on a hit); the consumers' skip path waits for ``n`` stages. Values the
+    option cannot take raise at the caller's line (more than the stages, with a cluster)."""
+    k = gg.build_grouped(8192, 256, 2048, 4, BM=64, BN=256, prefetch=True, speculate=2)
+    text = k.ptx()
+    lines = [ln.strip() for ln in text.splitlines()]
+    loads = [i for i, ln in enumerate(lines) if "cp.async.bulk.tensor" in ln and ".global" in ln]
+    first_offs = next(i for i, ln in enumerate(lines) if ln.startswith("ld.global.nc.u32"))
+    assert len([i for i in loads if i < first_offs]) == 2 * (1 + 4)   # A + four B slabs, twice
+    assert "_spec2" in k.name
+    assert "0 bytes spill stores" in assemble(text)
+    assert "_spec" not in gg.build_grouped(8192, 256, 2048, 4).name
+    for bad, cfg in ((-1, {}), (1.5, {}), (True, {}), (99, {}), (2, {"cluster": 2})):
+        with pytest.raises(ConfigError, match="speculate must be an int") as e:
+            gg.build_grouped(8192, 256, 2048, 4, BM=128, BN=128, speculate=bad, **cfg)
+        assert str(e.value).startswith(f"{HERE}:")

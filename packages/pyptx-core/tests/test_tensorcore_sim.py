@@ -168,6 +168,11 @@ grouped = load_module(HERE.parents[3] / "examples" / "hopper" / "grouped_gemm.py
     ([0, 37, 130], 72, 104, dict(BM=128, BN=128, num_sms=4, cluster=2)),
     ([5, 0, 300, 1, 200, 0], 264, 200, dict(BM=128, BN=128, num_sms=4, cluster=2, warm=4,
                                             prefetch=True)),
+    # speculative first tiles (opt-in): every guess right, guesses wrong, and a CTA whose
+    # guess is a tile while it has none (it must still wait for the guessed copies)
+    ([128] * 4, 256, 256, dict(BM=128, BN=128, num_sms=3, speculate=2)),
+    ([5, 0, 300, 1, 200, 0], 264, 200, dict(BM=64, BN=128, num_sms=3, speculate=3)),
+    ([0, 0, 300, 0], 72, 104, dict(BM=128, BN=128, num_sms=5, speculate=2, prefetch=True)),
 ])
 def test_grouped_gemm_forward(sizes, N, K, config):
     """Ragged groups (empty ones too) against float64; the opt-in prefetches must not matter."""

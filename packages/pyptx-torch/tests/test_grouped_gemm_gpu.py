@@ -71,6 +71,11 @@ CASES = [
     ([2048] * 4, 256, 2048, dict(BM=128, BN=128, cluster=2, prefetch=True, warm=32)),
     ([5, 0, 300, 1, 200, 0], 264, 200, dict(BM=128, BN=128, cluster=2, warm=6)),
     ([1000, 24, 0, 512], 512, 384, dict(BM=128, BN=128, warm=6)),
+    # opt-in speculative first tiles: guesses right (uniform groups), wrong, and a guessed
+    # tile for a CTA that has none
+    ([2048] * 4, 256, 2048, dict(BM=64, BN=256, prefetch=True, speculate=5)),
+    ([5, 0, 300, 1, 200, 0], 264, 200, dict(BM=64, BN=128, speculate=3)),
+    ([0, 0, 300, 0], 72, 104, dict(BM=128, BN=128, num_sms=5, speculate=2)),
 ]
 
 

@@ -225,6 +225,13 @@ class RingMma:
             issued()
         self.drain()
 
+    def skip(self) -> None:
+        """Between tiles: wait for the next stage and hand it back unread (a stage the
+        producer filled on a guess that turned out wrong)."""
+        self.pipe.wait(self.cons, scope=self.wait_scope)
+        self.cons.advance()
+        self._release()
+
     def _release(self) -> None:
         self.pipe.release(self.rel, pred=self.leader, **self.release_kw)
         self.rel.advance()
