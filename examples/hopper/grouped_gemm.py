@@ -446,8 +446,8 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
                 with ptx.if_(spec_ok):
                     for kb in range(spec):
                         pipe.acquire(st)
-                        load(st.stage * stage_bytes + base, *tile, kb * BK,
-                             pipe.arm(st, stage_bytes))
+                        bar = pipe.arm(st, stage_bytes)
+                        load(st.stage * stage_bytes + base, *tile, kb * BK, bar)
                         st.advance()
             top, out = ptx.label("ptile"), ptx.label("pend")
             ptx.place(top)
@@ -462,7 +462,8 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
             for kb in ptx.loop(kb0, num_kb):
                 k0 = kb * BK
                 pipe.acquire(st)
-                load(st.stage * stage_bytes + base, g, m0, n0, k0, pipe.arm(st, stage_bytes))
+                bar = pipe.arm(st, stage_bytes)
+                load(st.stage * stage_bytes + base, g, m0, n0, k0, bar)
                 st.advance()
             t += clusters
             ptx.bra(top)
