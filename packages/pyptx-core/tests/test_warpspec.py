@@ -133,3 +133,43 @@ def test_ab_ring_loads_and_mma_keep_one_group_in_flight_and_assemble(assemble):
     assert text.count("mbarrier.arrive") >= 3  # releases: in the loop body, at the end; arm
     assert text.count("cp.async.bulk.tensor.2d.shared::cluster.global") == 2  # A, B per stage
     assemble(text)
+
+
+def test_ring_mma_skip_waits_for_a_stage_and_hands_it_back_unread(assemble):
+    """``RingMma.skip()`` (a stage filled on a wrong guess): one wait on the stage's full
+    barrier and one release arrival, no wgmma; the next tile then starts one stage later.
+    The grouped GEMM's ``speculate`` option runs it (numerics: ``test_tensorcore_sim.py``)."""
+    a_tile = OperandTile(64, 64, bf16, major="K", swizzle=128)
+    b_tile = OperandTile(64, 64, bf16, major="MN", swizzle=128)
+    stage_bytes = a_tile.nbytes + b_tile.nbytes
+
+    def build(skips):
+        @pyptx.kernel([Tile(64, 64, bf16), Tile(64, 64, bf16)], block=(256, 1, 1),
+                      smem=2 * stage_bytes + 1024, name=f"ring_skip{skips}",
+                      tma={"A": a_tile.tma_options(), "B": b_tile.tma_options()})
+        def k(A, B):
+            base = ws.ring_base()
+            pipe = Pipeline(2, consumer_arrivals=1)
+            tid, wg = ws.thread_ids()
+            ws.prologue(pipe, tid)
+            roles = ws.Roles(wg, 40)
+            with ptx.if_(tid == 0):
+                ws.load_ab_ring(pipe, A, B, a_tile, b_tile, base=base, tile_range=(0, 1 + skips, 1),
+                                coords=lambda t: (0, 0), num_kb=1, BK=64)
+            roles.consumers(232)
+            mma = ws.RingMma(pipe, Accumulator(64), a_tile, b_tile, a_tile.descriptor(base),
+                             b_tile.descriptor(base, offset=a_tile.nbytes), stage_bytes, n=64,
+                             dtype="bf16", leader=(tid & 127) == 0)
+            for _ in range(skips):
+                mma.skip()
+            mma.run(1)
+            roles.end()
+            ptx.ret()
+        return k.ptx()
+
+    plain, skipped = build(0), build(1)
+    count = lambda text, s: sum(s in ln for ln in text.splitlines())  # noqa: E731
+    assert count(skipped, "wgmma.mma_async") == count(plain, "wgmma.mma_async") > 0
+    assert count(skipped, "mbarrier.try_wait") == count(plain, "mbarrier.try_wait") + 1
+    assert count(skipped, "mbarrier.arrive.") == count(plain, "mbarrier.arrive.") + 1
+    assemble(skipped)
