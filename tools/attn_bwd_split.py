@@ -1,6 +1,6 @@
 """Where the attention backward's time goes: do_bench medians (L2 flushed) of the whole
 default backward and of each of its kernels alone, at the benchmark's rows (bf16, B*S = 32768
-tokens, H*D = 2048). ``python tools/attn_bwd_split.py [D ...] [--options ex2_poly=4]``."""
+tokens, H*D = 2048). ``python tools/attn_bwd_split.py [D ...] [--options dq_bkv=64]``."""
 import sys
 from pathlib import Path
 

@@ -27,7 +27,7 @@ for c in $CASES; do
   python3 - /tmp/prof/$tag.raw.csv <<'PY'
 import csv, sys
 rows = list(csv.reader(open(sys.argv[1])))
-head, units = rows[0], rows[1]
+head = rows[0]
 for r in rows[2:]:
     name = next((r[i] for i, h in enumerate(head) if h == "Kernel Name"), "?")[:48]
     cells = [f"{h.split('__')[-1][:40]}={v}" for h, v in zip(head, r)

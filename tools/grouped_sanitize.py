@@ -1,8 +1,8 @@
 """A small ragged grouped GEMM for compute-sanitizer (memcheck, racecheck, synccheck):
 G=3 with sizes [0, 37, 130], N=72, K=100 (K padded to 104), forward (bf16 and f32 out,
 both B layouts, both epilogues) and backward (dA, dB, and dB split three ways: the opt-in
-``wgrad_splits``), every output checked. ``--defaults``: without the opt-in configurations; ``--only i``:
-the i-th configuration of ``CONFIGS`` alone."""
+``wgrad_splits``), every output checked. ``--defaults``: without the opt-in
+configurations; ``--only i``: the i-th configuration of ``CONFIGS`` alone."""
 import sys
 from pathlib import Path
 
@@ -39,7 +39,7 @@ CONFIGS = [dict(BM=128, BN=128, num_sms=4), dict(BM=64, BN=64, num_sms=2, store=
            dict(BM=64, BN=64, num_sms=5, prefetch=True, speculate=2)]
 if len(sys.argv) > 1 and sys.argv[1] == "--defaults":  # the configurations measured before
     CONFIGS = CONFIGS[:2]
-elif len(sys.argv) > 2 and sys.argv[1] == "--only":    # --only 6: that configuration alone
+elif len(sys.argv) > 2 and sys.argv[1] == "--only":    # --only 5: that configuration alone
     CONFIGS = [CONFIGS[int(sys.argv[2])]]
 for cfg in CONFIGS:
     for tb in (False, True):
