@@ -167,6 +167,12 @@ def main(argv=None) -> int:
                 for name, cfg in cands.items():
                     if cfg["kernel"] == kind and ok.get(name):
                         fns[name] = lambda k=built[name], x=kargs: k(*x)
+                if kind == "fwd":   # the benchmark's peers, interleaved with the rest
+                    if peer is not None:
+                        fns["_grouped_mm"] = lambda: peer(a, b, offs)
+                    if len(set(sizes)) == 1:
+                        a3 = a.view(G, M // G, K)
+                        fns["bmm"] = lambda a3=a3: torch.bmm(a3, b)
                 ms = timed(fns)
                 ch = getattr(default, "choice", None)
                 say(f"kernels {label} {kind} (default {ch.config.describe() if ch else '?'}): "

@@ -65,6 +65,9 @@ EPI_BUFS = 2
 STORES = ("auto", "masked")
 L2_HINTS = (None, "stream_b")
 MAX_SPLITS = 8
+FORWARD_ONLY = ("l2_hint", "cluster", "cluster_along", "prefetch", "warm", "speculate")
+"""``build_grouped`` keywords the weight-gradient kernel does not take (a ``config`` given to
+``grouped_mm`` passes the rest to it)."""
 
 
 def _error(msg):
@@ -298,7 +301,7 @@ class _Consumer:
 
 def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf16", BM=128,
                   BN=256, BK=64, stages=None, num_sms=H100_SMS, store="auto", l2_hint=None,
-                  cluster=1, prefetch=False, warm=0, speculate=0):
+                  cluster=1, cluster_along="n", prefetch=False, warm=0, speculate=0):
     """The grouped GEMM kernel ``D[rows of g] = A[rows of g] @ B[g]``.
 
     Tensor arguments: A ``(M, K)`` bf16, B ``(G, K, N)`` (``b_major="MN"``) or
@@ -315,6 +318,12 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
     same group, whatever the group sizes) and share its A tile, each copying half of it to
     both (multicast); a CTA whose n-block lies past ``N`` computes on zeros and stores
     nothing. The A tile then crosses L2 once per pair, for shapes with few n-blocks.
+    ``cluster_along="m"`` (``cluster`` 2 or 4): the cluster's CTAs take neighbouring
+    m-blocks of one group instead and share the B tile, each copying a ``1/cluster`` part
+    of it to all (multicast): few n-blocks and many rows per group (4x2048x256x2048: every
+    CTA of a group reads all of ``B[g]``, so B's L2 traffic dominates); a CTA whose rows lie
+    past its group's end still consumes the ring (its peers' copies land in it) but
+    stores nothing.
     ``prefetch=True`` (tuned with 64x256 tiles): thread 0 prefetches the three tensor maps and
     the group ends at the start, ahead of the barrier setup (for short kernels, where the
     first copies' descriptor fetch is on the critical path: 4x2048x256x2048 forward 25.0 vs
@@ -340,8 +349,11 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
     if N % 8 or K % 8:
         raise _error(f"{what}: N and K must be multiples of 8 (16-byte rows for the tensor "
                           f"copies), got N={N}, K={K}; pad them (grouped_mm does)")
-    if cluster not in (1, 2):
-        raise _error(f"{what}: cluster must be 1 or 2, got {cluster!r}")
+    if cluster_along not in ("n", "m"):
+        raise _error(f"{what}: cluster_along must be 'n' or 'm', got {cluster_along!r}")
+    if cluster not in ((1, 2, 4) if cluster_along == "m" else (1, 2)):
+        raise _error(f"{what}: cluster must be 1 or 2 (or 4 along m), got {cluster!r} "
+                     f"(cluster_along={cluster_along!r})")
     if isinstance(warm, bool) or not isinstance(warm, int) or warm < 0:
         raise _error(f"{what}: warm must be an int >= 0 (k-blocks to prefetch), got {warm!r}")
     stages, smem_total = _check_tile(BM, BN, BK, stages, what)
@@ -357,9 +369,13 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
     stage_bytes = a_bytes + b_tile.nbytes
     ring_bytes = stages * stage_bytes
     out_cols = 128 // ot.bytes
-    num_n = -(-N // (BN * cluster))               # n-blocks (pairs of them with a cluster)
+    along_m = cluster > 1 and cluster_along == "m"
+    along_n = cluster > 1 and not along_m
+    unit_m = BM * cluster if along_m else BM     # rows of one scheduling unit
+    unit_n = BN * cluster if along_n else BN     # columns of one
+    num_n = -(-N // unit_n)
     num_kb = -(-K // BK)
-    max_tiles = (-(-M // BM) + G) * num_n
+    max_tiles = (-(-M // unit_m) + G) * num_n
     clusters = max(1, min(num_sms // cluster, max_tiles))
     ctas = clusters * cluster
     prod_regs = 40
@@ -367,8 +383,13 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
     maxnreg = min(255, (65536 // threads) // 8 * 8)
 
     b_spec = Tile(G, K, N, bf16) if b_major == "MN" else Tile(G, N, K, bf16)
-    b_box = (1, BK, 64) if b_major == "MN" else (1, BN, 64)
-    tma = {"A": a_tile.tma_options(cluster), "B": {"box": b_box, "swizzle": "128B"},
+    # along m, each CTA copies whole slabs of B (every cluster-th) or 1/cluster of each
+    # slab's rows, multicast to the cluster
+    b_slab_split = along_m and b_major == "MN" and b_tile.slabs % cluster == 0
+    b_rows = (BK if b_major == "MN" else BN) // (cluster if along_m and not b_slab_split else 1)
+    b_box = (1, b_rows, 64) if b_major == "MN" else (1, b_rows, 64)
+    tma = {"A": a_tile.tma_options(cluster if along_n else 1),
+           "B": {"box": b_box, "swizzle": "128B"},
            "D": {"box": (64, out_cols), "swizzle": "128B"}}
 
     def b_coords(i, n0, k0, g):
@@ -377,22 +398,38 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
             return (n0 + i * 64 if i else n0, k0, g)
         return (k0 + i * 64 if i else k0, n0, g)
 
+    def b_parts(rank, n0, k0, g):
+        """``(coords, byte offset in the B tile)`` of the boxes of B this CTA copies (lazily,
+        so each copy's address math stays beside it): every slab, or (along m) its
+        ``1/cluster`` share of them."""
+        if not along_m:
+            return ((b_coords(i, n0, k0, g), i * b_tile.slab_bytes) for i in range(b_tile.slabs))
+        if b_slab_split:
+            first = n0 + rank * 64
+            return ((b_coords(j * cluster, first, k0, g),
+                     rank * b_tile.slab_bytes + j * cluster * b_tile.slab_bytes)
+                    for j in range(b_tile.slabs // cluster))
+        row = rank * b_rows
+        if b_major == "MN":   # split the k rows of every slab
+            return ((b_coords(i, n0, k0 + row, g), i * b_tile.slab_bytes + row * 128)
+                    for i in range(b_tile.slabs))
+        return iter([(b_coords(0, n0 + row, k0, g), row * 128)])  # K-major: one slab of BN rows
+
     def warm_guess(A, B):
         """L2 prefetches of the first ``warm`` k-blocks of the CTA's first tile under the
         uniform-groups guess (``uniform_guess``)."""
         cta = reg.from_(ptx.special.ctaid.x(), u32)
         rank = cta & (cluster - 1) if cluster > 1 else 0
-        g, m0, n0 = uniform_guess(cta >> 1 if cluster > 1 else cta, M=M, G=G, BM=BM,
-                                  BN=BN * cluster, num_n=num_n)
-        n0 = n0 + rank * BN if cluster > 1 else n0
-        a_rows = a_tile.tma_box(cluster)[1]
-        a_m = m0 + rank * a_rows if cluster > 1 else m0
+        g, m0, n0 = uniform_guess(cta >> (cluster.bit_length() - 1) if cluster > 1 else cta,
+                                  M=M, G=G, BM=unit_m, BN=unit_n, num_n=num_n)
+        n0 = n0 + rank * BN if along_n else n0
+        a_m = m0 + rank * (a_tile.tma_box(cluster)[1] if along_n else BM) if cluster > 1 else m0
         ok = g < G
         a_map, b_map = ptx.tma.tensormap_ptr(A.tmap), ptx.tma.tensormap_ptr(B.tmap)
         for kb in range(min(warm, num_kb)):
             ptx.tma.prefetch_tile(a_map, (kb * BK, a_m), pred=ok)
-            for i in range(b_tile.slabs):
-                ptx.tma.prefetch_tile(b_map, b_coords(i, n0, kb * BK, g), pred=ok)
+            for coords, _ in b_parts(rank, n0, kb * BK, g):
+                ptx.tma.prefetch_tile(b_map, coords, pred=ok)
 
     def grouped(A, B, Offs, D):
         # the rank comes from the opening, before the role split: the consumers use it too
@@ -403,8 +440,10 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
 
         def origin(walk, t):
             """``(g, m0, n0)`` of this CTA's tile in unit ``t``."""
-            g, m0, n0 = walk.tile(t, BN * cluster)
-            return g, m0, (n0 + rank * BN if cluster > 1 else n0)
+            g, m0, n0 = walk.tile(t, unit_n)
+            if along_m:
+                return g, m0 + rank * BM, n0
+            return g, m0, (n0 + rank * BN if along_n else n0)
 
         spec = min(speculate, num_kb)
 
@@ -428,18 +467,20 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
             hint_a = hint_b = None
             if l2_hint == "stream_b":
                 hint_a, hint_b = ptx.tma.cache_policy("last"), ptx.tma.cache_policy("first")
-            walk = RaggedTiles(p_offs, G, M, BM, num_n)
+            walk = RaggedTiles(p_offs, G, M, unit_m, num_n)
             t = reg.scalar(u32, init=cid)
+            mask = (1 << cluster) - 1
 
             def load(sbase, g, m0, n0, k0, bar):
-                if cluster > 1:
+                if along_n:
                     a_tile.load(sbase, A, m0, k0, bar, map_ptr=a_map, cache_hint=hint_a,
-                                multicast_mask=(1 << cluster) - 1, part=(rank, cluster))
+                                multicast_mask=mask, part=(rank, cluster))
                 else:
                     a_tile.load(sbase, A, m0, k0, bar, map_ptr=a_map, cache_hint=hint_a)
-                for i in range(b_tile.slabs):
-                    ptx.tma.load_tile(ptx.addr(sbase, a_bytes + i * b_tile.slab_bytes), b_map,
-                                      b_coords(i, n0, k0, g), bar, cache_hint=hint_b)
+                for coords, off in b_parts(rank, n0, k0, g):
+                    ptx.tma.load_tile(ptx.addr(sbase + off, a_bytes) if type(off) is not int
+                                      else ptx.addr(sbase, a_bytes + off), b_map, coords, bar,
+                                      cache_hint=hint_b, multicast_mask=mask if along_m else None)
 
             if spec:    # before any group end is read
                 tile, spec_ok, first = guess()
@@ -474,7 +515,7 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
         mma = c.ring_mma(pipe, a_tile, b_tile, base, stage_bytes, consumers, cluster)
         d_map = ptx.tma.tensormap_ptr(D.tmap)
         (p_d,) = ptx.global_ptrs(D)
-        walk = RaggedTiles(p_offs, G, M, BM, num_n)
+        walk = RaggedTiles(p_offs, G, M, unit_m, num_n)
         t = reg.scalar(u32, init=cid)
         if spec:
             tile, spec_ok, first = guess()
@@ -513,7 +554,8 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
 
     name = (f"grouped_{ot.name}_{b_major}_{BM}x{BN}x{BK}_s{stages}"
             f"{'_masked' if store == 'masked' else ''}{'_l2' + l2_hint if l2_hint else ''}"
-            f"{f'_c{cluster}' if cluster > 1 else ''}{'_pf' if prefetch else ''}"
+            f"{f'_c{cluster}' if cluster > 1 else ''}{'m' if along_m else ''}"
+            f"{'_pf' if prefetch else ''}"
             f"{f'_w{warm}' if warm else ''}{f'_spec{speculate}' if speculate else ''}")
     return kernel(in_specs=(Tile(M, K, bf16), b_spec, Tile(G, s32)), out_specs=(Tile(M, N, ot),),
                   grid=(ctas, 1, 1), block=(threads, 1, 1), cluster=(cluster, 1, 1),
@@ -784,6 +826,15 @@ CANDIDATE_CONFIGS = {
     "fwd 64x256 pf spec2": dict(kernel="fwd", BM=64, BN=256, prefetch=True, speculate=2),
     "fwd 64x256 pf spec5": dict(kernel="fwd", BM=64, BN=256, prefetch=True, speculate=5),
     "fwd 128x128 pf spec4": dict(kernel="fwd", BM=128, BN=128, prefetch=True, speculate=4),
+    # clusters of neighbouring m-blocks sharing B (multicast): L2 reads of B per k-block at
+    # 4x2048x256x2048 (128 CTAs): 4 MB alone, 2 MB in pairs, 1 MB in fours (A: 1 MB)
+    "fwd 64x256 pf c2m": dict(kernel="fwd", BM=64, BN=256, prefetch=True, cluster=2,
+                              cluster_along="m"),
+    "fwd 64x256 pf c4m": dict(kernel="fwd", BM=64, BN=256, prefetch=True, cluster=4,
+                              cluster_along="m"),
+    "fwd 128x128 pf c2m": dict(kernel="fwd", BM=128, BN=128, prefetch=True, cluster=2,
+                               cluster_along="m"),
+    "fwd 128x256 c2m": dict(kernel="fwd", BM=128, BN=256, cluster=2, cluster_along="m"),
 }
 """Opt-in tile configurations under evaluation: name -> ``kernel`` (``"fwd"``, ``"dgrad"``
 or ``"wgrad"``) and the builder keywords (``build_grouped`` or ``build_wgrad_split``)."""
@@ -856,7 +907,7 @@ def grouped_op(M, N, K, G, b_major="MN", out_dtype="bf16", config=None, wgrad_co
                                   **{"splits": 1, **dict(wgrad_config)})
     else:
         cfg_w = None if cfg_b is None else tuple((k, v) for k, v in cfg_b
-                                                 if k not in ("l2_hint", "cluster", "prefetch", "warm", "speculate"))
+                                                 if k not in FORWARD_ONLY)
         wgrad = _build(wgrad_tuned, build_grouped_wgrad, cfg_w, M, kx, ny, G, out_dtype="bf16")
     return differentiable_kernel(fwd, GroupedBackward(fwd, dgrad, wgrad, b_major),
                                  num_grad_inputs=2)

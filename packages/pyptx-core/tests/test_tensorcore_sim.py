@@ -168,6 +168,16 @@ grouped = load_module(HERE.parents[3] / "examples" / "hopper" / "grouped_gemm.py
     ([0, 37, 130], 72, 104, dict(BM=128, BN=128, num_sms=4, cluster=2)),
     ([5, 0, 300, 1, 200, 0], 264, 200, dict(BM=128, BN=128, num_sms=4, cluster=2, warm=4,
                                             prefetch=True)),
+    # clusters along m share B (multicast parts): CTAs past their group's end, whole-slab
+    # and row splits of B, both B layouts, 4-CTA clusters
+    ([5, 0, 300, 1, 200, 0], 264, 200, dict(BM=64, BN=128, num_sms=4, cluster=2,
+                                            cluster_along="m")),
+    ([0, 37, 130], 72, 104, dict(BM=64, BN=64, num_sms=4, cluster=2, cluster_along="m",
+                                 b_major="K")),
+    ([129, 1, 63, 260], 256, 136, dict(BM=64, BN=256, num_sms=8, cluster=4, cluster_along="m",
+                                       prefetch=True, warm=2)),
+    ([129, 1, 63, 260], 136, 136, dict(BM=128, BN=128, num_sms=8, cluster=4, cluster_along="m",
+                                       b_major="K")),
     # speculative first tiles (opt-in): every guess right, guesses wrong, and a CTA whose
     # guess is a tile while it has none (it must still wait for the guessed copies)
     ([128] * 4, 256, 256, dict(BM=128, BN=128, num_sms=3, speculate=2)),

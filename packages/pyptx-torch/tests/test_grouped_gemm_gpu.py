@@ -76,6 +76,11 @@ CASES = [
     ([2048] * 4, 256, 2048, dict(BM=64, BN=256, prefetch=True, speculate=5)),
     ([5, 0, 300, 1, 200, 0], 264, 200, dict(BM=64, BN=128, speculate=3)),
     ([0, 0, 300, 0], 72, 104, dict(BM=128, BN=128, num_sms=5, speculate=2)),
+    # clusters along m sharing B: CTAs past their group's end, slab and row splits of B
+    ([2048] * 4, 256, 2048, dict(BM=64, BN=256, prefetch=True, cluster=2, cluster_along="m")),
+    ([2048] * 4, 256, 2048, dict(BM=64, BN=256, prefetch=True, cluster=4, cluster_along="m")),
+    ([5, 0, 300, 1, 200, 0], 264, 200, dict(BM=64, BN=128, cluster=2, cluster_along="m")),
+    ([129, 1, 63, 260], 136, 136, dict(BM=128, BN=128, cluster=4, cluster_along="m", num_sms=8)),
 ]
 
 
@@ -126,6 +131,7 @@ def _backward(sizes, N, K, trans_b, config=None):
     ([5, 0, 300, 1, 200, 0], 264, 200, dict(BM=64, BN=128)),
     ([1000, 24, 0, 512], 512, 384, None),
     ([1000, 24, 0, 512], 512, 384, dict(BM=128, BN=128, cluster=2)),
+    ([1000, 24, 0, 512], 512, 384, dict(BM=64, BN=256, cluster=2, cluster_along="m")),
 ])
 @pytest.mark.parametrize("trans_b", [False, True])
 def test_backward(sizes, N, K, config, trans_b):

@@ -53,13 +53,13 @@ def thread_ids() -> tuple[Any, Any]:
 
 def prologue(pipe: Any, tid: Any, cluster: int = 1) -> tuple[Any, Any]:
     """Initialise ``pipe``'s barriers (thread 0) and wait for every thread of the CTA, or
-    of the cluster when ``cluster > 1`` (a cluster along x). Returns ``(rank, cid)``: the
+    of the cluster when ``cluster > 1`` (a power of two, along x). Returns ``(rank, cid)``: the
     CTA's rank in its cluster (``0`` without one) and the cluster's index along x."""
     pipe.init(pred=tid == 0, cluster=cluster > 1)
     if cluster > 1:
         ptx.cluster_sync()
         rank = ptx.cluster.ctarank()
-        cid = reg.from_(ptx.special.ctaid.x(), u32) >> 1
+        cid = reg.from_(ptx.special.ctaid.x(), u32) >> (cluster.bit_length() - 1)
     else:
         ptx.bar_sync(0)
         rank = 0
