@@ -57,6 +57,7 @@ from pyptx.errors import ConfigError
 from pyptx.fragment import Accumulator
 from pyptx.operand import OperandTile
 from pyptx.pipeline import BarrierArray, Pipeline
+from pyptx.source import where_outside
 from pyptx.types import b16, b32, bf16, f16, f32, pred, s32, u32, u64
 from pyptx.warpspec import SLAB_BYTES, Roles, ring_base, thread_ids
 
@@ -71,6 +72,12 @@ THREADS = 384     # producer warpgroup + two consumers
 #: longer sequences take the ascending order, whose waits all point at earlier CTAs.
 ROTATE_MAX_KV = 64
 PROD_REGS, CONS_REGS = 24, 240
+
+
+def _fail(msg):
+    """A ``ConfigError`` whose message starts with the ``file:line`` of the first caller
+    outside this example and pyptx (the user's call)."""
+    return ConfigError(f"{where_outside(__file__)}: {msg}")
 
 
 def _dtype(name):
@@ -962,6 +969,382 @@ def build_convert(B, S, Hq, D, *, dtype="bf16", scale=1.0, width=None):
                   name=f"attn_bwd_convert_{dt.name}_d{D}{f'_w{width}' if width != D else ''}")(convert)
 
 
+# ------------------------------------------------------------------ fused kernel: dK, dV and dQ
+FUSED_BQ = 128      # q rows per block of the fused kernel (64 per consumer warpgroup)
+FUSED_BKV = 128     # kv rows per CTA of the fused kernel (64 of dK/dV per consumer warpgroup)
+# named barriers of the fused kernel's consumers: both warpgroups (256 threads) for the
+# shared P / dS tiles, one warpgroup (128) for its dQ slabs in the any-order mode
+FUSED_WRITTEN, FUSED_P_FREE, FUSED_SLABS = 1, 4, 2
+
+
+def _store_pairs(row_addr, xr16, acc, dst=None, dt=None):
+    """Pack ``acc`` (a 64 x 128 fragment: q rows x kv columns) into 16-bit pairs and store them
+    into a 128-byte swizzled tile of two 64-column slabs (row = q, kv contiguous): the MN-major
+    A of ``P^T dO`` / ``dS^T Q``. ``row_addr``: this thread's row (and pair) in slab 0;
+    ``xr16``: its swizzle phase. ``dst``: keep the packed pairs there (an A operand)."""
+    slab = FUSED_BQ * 128
+    for m in range(len(acc) // 2):
+        dr, dc = Accumulator.coord(2 * m)
+        word = dst[m] if dst is not None else reg.scalar(b32)
+        ptx.inst(f"cvt.rn.{dt.name}x2.f32")(word, acc[2 * m + 1], acc[2 * m])
+        at = row_addr + (xr16 ^ ((dc % 64) // 8 << 4))
+        ptx.inst.st.shared.b32(ptx.addr(at, dc // 64 * slab + dr * 128), word)
+
+
+def _stage_dq(acc, dq_row, dq_x, scale):
+    """``scale * acc`` (a 64 x 64 f32 dQ fragment) into two 128-byte swizzled 32-column f32
+    slabs (``SLAB_BYTES`` apart): the source of the bulk tile stores / reductions."""
+    for i, dr, dc in acc.pairs():
+        v0 = acc[i] * float(scale)
+        v1 = acc[i + 1] * float(scale)
+        q = dc % 32 * 4 // 16
+        at = dq_row + (dq_x ^ (q << 4))
+        ptx.inst.st.shared.v2.f32(ptx.addr(at, dc // 32 * SLAB_BYTES + dr * 128), [v0, v1])
+
+
+class _FusedPlan:
+    """What ``build_fused``'s kernel knows at trace time: its tiles, the shared-memory layout
+    and the order in which the kv blocks (CTAs) add into a q block's dQ."""
+
+    def __init__(self, B, S, Hq, Hkv, D, Sk, dt, causal, ordered, stages):
+        self.S, self.Hq, self.D, self.Sk, self.dt = S, Hq, D, Sk, dt
+        self.G = Hq // Hkv
+        self.causal, self.ordered = causal, ordered
+        self.kv_tile = OperandTile(FUSED_BKV, D, dt, major="K")      # K, V: B of S and dP
+        self.kv_mn = OperandTile(D, FUSED_BKV, dt, major="MN")       # K: B of dQ = dS K
+        self.q_tile = OperandTile(FUSED_BQ, D, dt, major="K")        # Q, dO: A of S and dP
+        self.q_mn = OperandTile(D, FUSED_BQ, dt, major="MN")         # Q, dO: B of dK and dV
+        self.pt_tile = OperandTile(FUSED_BKV, FUSED_BQ, dt, major="MN")  # P^T, dS^T: A
+        self.p_at = 2 * self.kv_tile.nbytes
+        self.ds_at = self.p_at + self.pt_tile.nbytes
+        self.dq_at = self.ds_at + self.pt_tile.nbytes
+        self.ring_at = self.dq_at + 2 * (D // 32) * SLAB_BYTES
+        self.stage_bytes = 2 * self.q_tile.nbytes
+        self.stages = _smem_fit(self.ring_at, self.stage_bytes) if stages is None else stages
+        self.smem = self.ring_at + self.stages * self.stage_bytes + 1024
+        self.num_q = -(-S // FUSED_BQ)
+        self.num_kv = -(-Sk // FUSED_BKV)
+        self.nq_sem = -(-S // 64)                   # counters per head (build_prep's SEM)
+        # full attention, ordered: kv block j walks q blocks from j on, wrapping, so a q
+        # block's adds come one step apart (kv blocks i, i - 1, ..., wrapping)
+        self.rotate = (ordered and not causal and self.num_q == self.num_kv
+                       and self.num_kv <= ROTATE_MAX_KV)
+        self.reverse = ordered and (causal or self.rotate)   # predecessor: kv block kb + 1
+
+    def q_block(self, step, kb):
+        """The q block of step ``step`` of kv block ``kb``."""
+        if not self.rotate:
+            return step
+        r = step + kb
+        wrapped = reg.scalar(u32)
+        ptx.inst.selp.u32(wrapped, r - self.num_q, r, r >= self.num_q)
+        return wrapped
+
+    def dq_rank(self, qb, kb):
+        """The place of kv block ``kb`` among those adding into q block ``qb``."""
+        if self.causal:     # kv blocks min(qb, last), ..., 0
+            return _min_u32(qb, self.num_kv - 1) - kb
+        if self.rotate:     # kv block kb reaches q block qb at step (qb - kb) % num_q
+            step = qb + self.num_q - kb
+            wrapped = reg.scalar(u32)
+            ptx.inst.selp.u32(wrapped, step - self.num_q, step, step >= self.num_q)
+            return wrapped
+        return kb           # ascending kv blocks (a wavefront)
+
+    def dq_writer(self, DQACC, SEM, base, kb, hk, b, qb0, dq_full, dq_empty):
+        """The ordered mode's writer thread: per block, in the consumers' order, wait for kv
+        block ``kb``'s turn at the q block's counter and for both warpgroups' dQ slabs, add
+        them (the first rank stores), free the slabs once read, and once the adds are
+        complete in global memory, count them (a release add)."""
+        dq_map = ptx.tma.tensormap_ptr(DQACC.tmap)
+        (psem,) = ptx.global_ptrs(SEM)
+        now = reg.scalar(u32)
+        phase = reg.scalar(u32, init=0)
+        for g in ptx.loop(0, self.G):
+            hq = hk * self.G + g
+            for step in ptx.loop(qb0, self.num_q):
+                qb = self.q_block(step, kb)
+                rank = self.dq_rank(qb, kb)
+                cell = reg.from_(((b * self.Hq + hq) * self.nq_sem + qb) * 2, u64) * 4 + psem
+
+                def not_my_turn(cell=cell, rank=rank):
+                    ptx.inst("ld.acquire.gpu.global.u32")(now, ptx.addr(cell))
+                    return now != rank
+
+                with ptx.while_(not_my_turn):
+                    pass
+                ptx.fence_proxy_async("global")
+                first = rank == 0
+                for w in (0, 1):
+                    ptx.mbarrier.wait(dq_full.at(w), phase)
+                    for j in range(self.D // 32):
+                        src = base + (self.dq_at + (w * self.D // 32 + j) * SLAB_BYTES)
+                        at = (32 * j, hq, qb * FUSED_BQ + 64 * w, b)
+                        ptx.tma.store_tile(dq_map, at, src, pred=first)
+                        ptx.tma.reduce_tile(dq_map, at, src, pred=~first)
+                ptx.tma.commit_group()
+                ptx.tma.wait_group(0, read=True)
+                for w in (0, 1):
+                    ptx.mbarrier.arrive(dq_empty.at(w))
+                ptx.tma.wait_group(0)
+                ptx.fence_proxy_async("global")
+                ptx.inst("red.release.gpu.global.add.u32")(ptx.addr(cell), 1)
+                ptx.inst.xor.b32(phase, phase, 1)
+
+
+def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None,
+                stages=None, ordered=False):
+    """One-kernel backward: ``(Q, K, V, DO, STATS, DQACC) -> (DK, DV)``, adding every
+    block's ``scale * dS K`` into the f32 ``DQACC`` ``(B, S, Hq, D)`` in place (STATS and
+    a zeroed DQACC from ``build_prep``; ``build_convert`` makes dQ of it).
+
+    One CTA per batch, kv head and 128 kv rows; the consumer warpgroups take 64 rows of each
+    128-row q block (of every q head of the group) and compute ``S = Q K^T`` and
+    ``dP = dO V^T`` (so the softmax stats are per row: two per thread), P and dS into shared
+    memory (q rows x kv, kv contiguous), then ``dV += P^T dO`` and ``dK += dS^T Q`` from
+    shared memory (each warpgroup its 64 kv rows over all 128 q rows) and ``dQ = dS K``
+    with dS from registers: five products per block pair. ``ordered``: also ``(..., DQACC,
+    SEM)`` (``build_prep(counters=True)``), and the dQ tiles are added in a fixed order by a
+    writer thread (as ``build_dkdv(dq_ordered=True)``): the same bits at every run.
+    Head dim 64 only (at D=128 the five accumulators do not fit 240 registers)."""
+    Sk, dt, scale, _, _, G, Sp = _common_options(B, S, Hq, Hkv, D, Sk, dtype, scale, False, False)
+    if D != 64:
+        raise _fail(f"build_fused: head dim D must be 64 (at D=128 its five accumulators "
+                    f"need more than {CONS_REGS} registers per thread), got {D}")
+    plan = _FusedPlan(B, S, Hq, Hkv, D, Sk, dt, causal, bool(ordered), stages)
+    if plan.smem > SMEM_LIMIT:
+        raise _fail(f"build_fused: {plan.stages} stages need {plan.smem} bytes of shared memory "
+                    f"(at most {SMEM_LIMIT})")
+    c1 = scale * LOG2E
+    kv_tile, q_tile, q_mn, kv_mn, pt_tile = (plan.kv_tile, plan.q_tile, plan.q_mn, plan.kv_mn,
+                                             plan.pt_tile)
+    stage_bytes = plan.stage_bytes
+    qspec = Tile(B, S, Hq, D, dt)
+    kspec = Tile(B, Sk, Hkv, D, dt)
+
+    def fused_kernel(Q, K, V, DO, STATS, DQACC, SEM, DK, DV):
+        base = ring_base("smem")
+        pipe = Pipeline(plan.stages, consumer_arrivals=2)
+        head_bar = BarrierArray(1, name="head_bar")
+        tid, wg = thread_ids()
+        kb = reg.from_(ptx.special.ctaid.x(), u32)
+        if plan.reverse:    # launched last kv block first: a block's turn follows kb + 1's
+            kb = (plan.num_kv - 1) - kb
+        hk = reg.from_(ptx.special.ctaid.y(), u32)
+        b = reg.from_(ptx.special.ctaid.z(), u32)
+        k0 = kb * FUSED_BKV
+        pipe.init(pred=tid == 0)
+        head_bar.init(1, pred=tid == 0)
+        if ordered:     # the consumers' dQ slabs <-> the writer thread, per warpgroup
+            dq_full = BarrierArray(2, name="dq_full")
+            dq_empty = BarrierArray(2, name="dq_empty")
+            dq_full.init(128, pred=tid == 0)
+            dq_empty.init(1, pred=tid == 0)
+        ptx.bar_sync(0)
+        qb0 = k0 // FUSED_BQ if causal else 0       # causal: q blocks above the diagonal skipped
+        roles = Roles(wg, PROD_REGS)
+        # ------------------------------------------------------------ producer
+        with ptx.if_(tid == 0):
+            hbar = head_bar.at(0)
+            ptx.mbarrier.arrive_expect_tx(hbar, 2 * kv_tile.nbytes)
+            _load_pair(base, K, V, kv_tile.nbytes, 1, hk, k0, b, FUSED_BKV, hbar)
+            q_map = ptx.tma.tensormap_ptr(Q.tmap)
+            do_map = ptx.tma.tensormap_ptr(DO.tmap)
+            st = pipe.producer_state()
+            for g in ptx.loop(0, G):
+                hq = hk * G + g
+                for step in ptx.loop(qb0, plan.num_q):
+                    qb = plan.q_block(step, kb)
+                    pipe.acquire(st)
+                    bar = pipe.arm(st, stage_bytes)
+                    sb = st.stage * stage_bytes + (base + plan.ring_at)
+                    _load_slabs(sb, q_map, 1, hq, qb * FUSED_BQ, b, FUSED_BQ, bar)
+                    _load_slabs(sb + q_tile.nbytes, do_map, 1, hq, qb * FUSED_BQ, b, FUSED_BQ, bar)
+                    st.advance()
+        if ordered:
+            with ptx.if_(tid == 32):
+                plan.dq_writer(DQACC, SEM, base, kb, hk, b, qb0, dq_full, dq_empty)
+        # ------------------------------------------------------------ consumers
+        roles.consumers(CONS_REGS)
+        w = wg - 1
+        t = tid & 127
+        lane = tid & 31
+        leader = t == 0
+        s_acc = Accumulator(FUSED_BKV)
+        dp_acc = Accumulator(FUSED_BKV)
+        dv_acc = Accumulator(D)
+        dk_acc = Accumulator(D)
+        dq_acc = Accumulator(D)
+        ds_pack = reg.array(b32, FUSED_BKV // 4)
+        row0, col0 = s_acc.thread_origin(t)
+        kvrow = k0 + w * 64 + row0                  # this thread's dK/dV rows: kvrow, kvrow + 8
+        valid = [kvrow < Sk, kvrow + 8 < Sk]
+        dv_acc.zero()
+        dk_acc.zero()
+        pstats, pdk, pdv = ptx.global_ptrs(STATS, DK, DV)
+        k_desc = kv_tile.descriptor(base)
+        v_desc = k_desc + (kv_tile.nbytes >> 4)
+        kmn_desc = kv_mn.descriptor(base)
+        wrow = reg.from_(w * (q_tile.offset(0, 64) >> 4), u64)   # this warpgroup's 64 q rows
+        q_desc0 = q_tile.descriptor(base, offset=plan.ring_at) + wrow
+        do_desc0 = q_desc0 + (q_tile.nbytes >> 4)
+        qmn_desc0 = q_mn.descriptor(base, offset=plan.ring_at)
+        domn_desc0 = qmn_desc0 + (q_tile.nbytes >> 4)
+        wslab = reg.from_(w * (pt_tile.offset(0, 64) >> 4), u64)  # its 64 kv rows of P^T, dS^T
+        pt_desc = pt_tile.descriptor(base, offset=plan.p_at) + wslab
+        dst_desc = pt_tile.descriptor(base, offset=plan.ds_at) + wslab
+        # this thread's q row in the P / dS tiles (its pair's bytes, swizzle phase row % 8)
+        xr16 = (lane >> 2) << 4
+        p_row = base + plan.p_at + (w * 64 + row0) * 128 + (lane & 3) * 4
+        ds_row = p_row + pt_tile.nbytes
+        # its f32 dQ pairs in the warpgroup's two slabs (see build_dkdv's _store_dq)
+        dq_buf = base + plan.dq_at + w * (2 * SLAB_BYTES)
+        dq_row = dq_buf + row0 * 128 + (lane & 1) * 8
+        dq_x = ((lane >> 1) & 1 ^ (lane >> 2)) << 4
+        if ordered:
+            dq_n = reg.scalar(u32, init=0)
+        else:
+            dq_map = ptx.tma.tensormap_ptr(DQACC.tmap)
+        # kv column c of this thread's rows is allowed iff c <= lim (causal: c <= q)
+        cons = pipe.consumer_state()
+        rel = pipe.consumer_state()
+        has_prev = reg.scalar(u32, init=0)
+        ptx.mbarrier.wait(head_bar.at(0), 0)
+        for g in ptx.loop(0, G):
+            hq = hk * G + g
+            for step in ptx.loop(qb0, plan.num_q):
+                qb = plan.q_block(step, kb)
+                q0 = qb * FUSED_BQ
+                qrow = q0 + w * 64 + row0           # this thread's q rows: qrow, qrow + 8
+                pipe.wait(cons)
+                soff = reg.from_(reg.from_(cons.stage * (stage_bytes >> 4), u32), u64)
+                qd, dod = q_desc0 + soff, do_desc0 + soff
+                qmn, domn = qmn_desc0 + soff, domn_desc0 + soff
+                ptx.wgmma.fence()
+                for kk in range(q_tile.k_steps):
+                    ptx.wgmma.mma_async(s_acc.regs, q_tile.advance(qd, kk), kv_tile.advance(k_desc, kk),
+                                        n=FUSED_BKV, dtype_ab=dt.name, scale_d=0 if kk == 0 else 1)
+                ptx.wgmma.commit_group()
+                for kk in range(q_tile.k_steps):
+                    ptx.wgmma.mma_async(dp_acc.regs, q_tile.advance(dod, kk), kv_tile.advance(v_desc, kk),
+                                        n=FUSED_BKV, dtype_ab=dt.name, scale_d=0 if kk == 0 else 1)
+                ptx.wgmma.commit_group()
+                srow = reg.from_((b * Hq + hq) * Sp + qrow, u64) * 8 + pstats
+                nl2, delta = [], []
+                for r in (0, 8):                    # (lse * log2 e, delta) of each row
+                    pair = reg.array(f32, 2)
+                    ptx.inst.ld.global_.nc.v2.f32(pair, ptx.addr(srow, 8 * r))
+                    nl2.append(-pair[0])
+                    delta.append(pair[1])
+                ptx.wgmma.wait_group(1)             # S (and the previous block's dK) done
+                with ptx.if_(has_prev != 0):        # the previous block's stage is read
+                    pipe.release(rel, pred=leader)
+                    rel.advance()
+                for i in range(len(s_acc)):         # P = exp2(S * c1 - lse2), in place
+                    dr = Accumulator.coord(i)[0]
+                    ptx.inst.fma.rn.f32(s_acc[i], s_acc[i], c1, nl2[dr // 8])
+                    ptx.inst.ex2.approx.ftz.f32(s_acc[i], s_acc[i])
+                _fused_mask(s_acc, causal, Sk, k0, q0, qrow, col0)
+                ptx.bar_sync(FUSED_P_FREE, 256)     # both warpgroups' dV of the last block done
+                _store_pairs(p_row, xr16, s_acc, dt=dt)
+                ptx.fence_proxy_async("shared::cta")
+                ptx.bar_sync(FUSED_WRITTEN, 256)    # both halves of P written
+                ptx.wgmma.fence()
+                for kk in range(pt_tile.k_steps):
+                    ptx.wgmma.mma_async(dv_acc.regs, pt_tile.advance(pt_desc, kk),
+                                        q_mn.advance(domn, kk), n=D, dtype_ab=dt.name,
+                                        trans_a=pt_tile.trans, trans_b=q_mn.trans)
+                ptx.wgmma.commit_group()
+                ptx.wgmma.wait_group(1)             # dP done
+                for i in range(len(dp_acc)):        # dS = P * (dP - delta), in place
+                    dr = Accumulator.coord(i)[0]
+                    x = dp_acc[i] - delta[dr // 8]
+                    ptx.inst.mul.f32(dp_acc[i], s_acc[i], x)
+                _store_pairs(ds_row, xr16, dp_acc, dst=ds_pack, dt=dt)
+                ptx.fence_proxy_async("shared::cta")
+                ptx.bar_sync(FUSED_WRITTEN, 256)    # both halves of dS written
+                ptx.wgmma.fence()
+                for kk in range(FUSED_BKV // 16):
+                    ptx.wgmma.mma_async(dq_acc.regs, list(ds_pack)[4 * kk:4 * kk + 4],
+                                        kv_mn.advance(kmn_desc, kk), n=D, dtype_ab=dt.name,
+                                        scale_d=0 if kk == 0 else 1, trans_b=kv_mn.trans)
+                ptx.wgmma.commit_group()
+                for kk in range(pt_tile.k_steps):
+                    ptx.wgmma.mma_async(dk_acc.regs, pt_tile.advance(dst_desc, kk),
+                                        q_mn.advance(qmn, kk), n=D, dtype_ab=dt.name,
+                                        trans_a=pt_tile.trans, trans_b=q_mn.trans)
+                ptx.wgmma.commit_group()
+                ptx.wgmma.wait_group(1)             # dV and dQ done, dK may run on
+                if ordered:                         # the writer has read the slabs
+                    ptx.mbarrier.wait(dq_empty.at(w), (dq_n & 1) ^ 1)
+                else:                               # the last reductions have read them
+                    with ptx.if_(leader):
+                        ptx.tma.wait_group(0, read=True)
+                    ptx.bar_sync(FUSED_SLABS + w, 128)
+                _stage_dq(dq_acc, dq_row, dq_x, scale)
+                ptx.fence_proxy_async("shared::cta")
+                if ordered:
+                    ptx.mbarrier.arrive(dq_full.at(w))
+                    ptx.inst.add.u32(dq_n, dq_n, 1)
+                else:
+                    ptx.bar_sync(FUSED_SLABS + w, 128)
+                    with ptx.if_(leader):
+                        for j in range(D // 32):
+                            ptx.tma.reduce_tile(dq_map, (32 * j, hq, q0 + w * 64, b),
+                                                dq_buf + j * SLAB_BYTES if j else dq_buf)
+                        ptx.tma.commit_group()
+                ptx.inst.mov.u32(has_prev, 1)
+                cons.advance()
+        ptx.wgmma.wait_group(0)
+        with ptx.if_(has_prev != 0):
+            pipe.release(rel, pred=leader)
+        if not ordered:
+            with ptx.if_(leader):
+                ptx.tma.wait_group(0, read=True)
+        _store_rows(dk_acc, pdk, kvrow, valid, Hkv, D, hk, b, Sk, col0, scale, dt)
+        _store_rows(dv_acc, pdv, kvrow, valid, Hkv, D, hk, b, Sk, col0, 1.0, dt)
+        roles.end()
+        ptx.ret()
+
+    name = (f"attn_bwd_fused_{dt.name}_d{D}_h{Hq}x{Hkv}{'_causal' if causal else ''}"
+            f"{'_ordered' if ordered else ''}")
+    ins = (qspec, kspec, kspec, qspec, Tile(B, Hq, Sp, 2, f32), Tile(B, S, Hq, D, f32))
+    if ordered:
+        ins += (Tile(B, Hq, plan.nq_sem, 2, s32),)
+        fn = fused_kernel
+    else:
+        def fn(Q, K, V, DO, STATS, DQACC, DK, DV):
+            fused_kernel(Q, K, V, DO, STATS, DQACC, None, DK, DV)
+    fn.__name__ = "fused_kernel"
+    box_kv = {"box": (1, FUSED_BKV, 1, 64), "swizzle": "128B"}
+    box_q = {"box": (1, FUSED_BQ, 1, 64), "swizzle": "128B"}
+    tma = {"Q": box_q, "DO": box_q, "K": box_kv, "V": box_kv,
+           "DQACC": {"box": (1, 64, 1, 32), "swizzle": "128B"}}
+    return kernel(in_specs=ins, out_specs=(kspec, kspec),
+                  grid=(plan.num_kv, Hkv, B), block=(THREADS, 1, 1), smem=plan.smem,
+                  maxnreg=168, tma=tma, name=name)(fn)
+
+
+def _fused_mask(s_acc, causal, Sk, k0, q0, qrow, col0):
+    """``P = 0`` where the kv column is past ``Sk`` or, causal, above the diagonal (kv > q);
+    only in the blocks that have such columns (the last kv block, the diagonal blocks)."""
+    need = k0 + FUSED_BKV > Sk
+    if causal:
+        need = _or(need, q0 < k0 + (FUSED_BKV - 1))
+    with ptx.if_(need):
+        kv0 = reg.from_(k0 + col0, s32)
+        room = []
+        for r in (0, 8):                    # column offset c allowed iff c <= room
+            if causal:
+                lim = reg.from_(_min_u32(qrow + r, reg.scalar(u32, init=Sk - 1)), s32)
+            else:
+                lim = reg.scalar(s32, init=Sk - 1)
+            room.append(lim - kv0)
+        for i in range(len(s_acc)):
+            dr, dc = Accumulator.coord(i)
+            ptx.inst.selp.f32(s_acc[i], s_acc[i], 0.0, room[dr // 8] >= dc)
+
+
 def _row_stats(po, pdo, plse, pstats, b, hq, qrow, valid, lane, S, Sp, Hq, D, dt):
     """Rows ``qrow`` and ``qrow + 8`` of this thread (its quad splits D): ``delta =
     rowsum(do * o)`` by a quad reduction, ``lse2 = lse * log2 e``, both written to STATS (by
@@ -1066,7 +1449,7 @@ class AttentionBackward:
 
 def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None,
                              safe=None, atomic_dq=False, dkdv_bq=None, dkdv_overlap=None,
-                             dq_bulk=False, dq_ordered=False, dq_bkv=None):
+                             dq_bulk=False, dq_ordered=False, dq_bkv=None, fused_bq=None):
     """The backward kernels for these sizes: ``bwd(q, k, v, o, lse, do, dlse) -> (dq, dk,
     dv)``. ``safe=True`` (or ``PYPTX_ATTN_BWD_SAFE=1``): the simplest schedule, for
     bisecting. ``atomic_dq=True``: dQ accumulated by the dK/dV kernel with f32 atomics (no
@@ -1075,8 +1458,16 @@ def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=
     dK/dV kernel's speed options (``build_dkdv``'s ``BQ`` and ``overlap``). ``dq_bulk``
     (with ``atomic_dq``): dQ tiles added by TMA tile reductions, ``dq_ordered`` (with
     ``dq_bulk``) in a fixed order (``build_dkdv``). ``dq_bkv`` (32, 64 or 128; ``None``:
-    ``default_dq_bkv(D)``): keys per block of the pair's dQ kernel (``build_dq``'s ``BKV``)."""
+    ``default_dq_bkv(D)``): keys per block of the pair's dQ kernel (``build_dq``'s ``BKV``).
+    ``fused_bq=128`` (D=64): one kernel instead of the pair, 128-row q blocks, dQ added by
+    bulk reductions in any order, or in a fixed order with ``dq_ordered`` (``build_fused``;
+    like ``atomic_dq``, torch eager only)."""
     safe = safe_default() if safe is None else bool(safe)
+    if fused_bq is not None:
+        _check_fused("build_attention_backward", fused_bq, safe, atomic_dq, dkdv_bq,
+                     dkdv_overlap, dq_bulk, dq_bkv)
+        return _build(B, S, Hq, Hkv, D, S if Sk is None else Sk, dtype, causal, scale, safe,
+                      True, dq_ordered=bool(dq_ordered), fused_bq=fused_bq)
     if dkdv_bq not in (None, 32, 64):
         raise ConfigError(f"build_attention_backward: dkdv_bq must be 32 or 64, got {dkdv_bq!r}")
     if dq_bkv not in (None, 32, 64, 128) or (dq_bkv is not None and atomic_dq):
@@ -1095,7 +1486,21 @@ def default_dq_bkv(D):
 
 
 OPTIONS = ("dkdv_bq", "dkdv_overlap", "atomic_dq", "dq_bulk", "dq_ordered",
-           "dq_bkv")  # build_attention_backward's
+           "dq_bkv", "fused_bq")  # build_attention_backward's
+INT_OPTIONS = ("dkdv_bq", "dq_bkv", "fused_bq")
+
+
+def _check_fused(fn, fused_bq, safe, atomic_dq, dkdv_bq, dkdv_overlap, dq_bulk, dq_bkv):
+    """``ConfigError`` (naming ``fn``) unless ``fused_bq`` comes alone (or with
+    ``dq_ordered``): the fused kernel replaces the pair and has one schedule."""
+    if fused_bq != FUSED_BQ:
+        raise _fail(f"{fn}: fused_bq must be {FUSED_BQ}, got {fused_bq!r}")
+    others = dict(safe=safe, atomic_dq=atomic_dq, dkdv_bq=dkdv_bq, dkdv_overlap=dkdv_overlap,
+                  dq_bulk=dq_bulk, dq_bkv=dq_bkv)
+    given = [n for n, v in others.items() if v not in (None, False)]
+    if given:
+        raise _fail(f"{fn}: fused_bq={fused_bq} is a kernel of its own; it takes dq_ordered "
+                    f"but not {', '.join(given)}")
 
 
 def parse_options(text):
@@ -1107,17 +1512,22 @@ def parse_options(text):
         if name not in OPTIONS or not value.isdigit():
             raise ConfigError(f"attention backward options: expected name=int with name in "
                               f"{OPTIONS}, got {item!r}")
-        out[name] = int(value) if name in ("dkdv_bq", "dq_bkv") else bool(int(value))
+        out[name] = int(value) if name in INT_OPTIONS else bool(int(value))
     return out
 
 
 @functools.lru_cache(maxsize=64)
 def _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, safe, atomic_dq, dkdv_bq=None, overlap=None,
-           dq_bulk=False, dq_ordered=False, dq_bkv=None):
+           dq_bulk=False, dq_ordered=False, dq_bkv=None, fused_bq=None):
     kw = dict(Sk=Sk, dtype=dtype, causal=causal, scale=scale, safe=safe)
     dkdv_kw = dict(kw, BQ=dkdv_bq, overlap=overlap)
     dt = _dtype(dtype)
-    if atomic_dq:
+    if fused_bq:
+        fused = build_fused(B, S, Hq, Hkv, D, Sk=Sk, dtype=dtype, causal=causal, scale=scale,
+                            ordered=dq_ordered)
+        kernels = (build_prep(B, S, Hq, D, dtype=dtype, counters=dq_ordered),
+                   fused, build_convert(B, S, Hq, D, dtype=dtype))
+    elif atomic_dq:
         check_shapes(B, S, Hq, Hkv, D, Sk)
         width = dq_accumulator_width(D, dq_bulk)
         kernels = (build_prep(B, S, Hq, D, dtype=dtype, counters=dq_ordered, width=width),
