@@ -5,6 +5,7 @@ PTX simulator), and the GEMM example's PTX (ptxas for every tuned configuration)
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -123,6 +124,31 @@ def test_tensor_map_that_disagrees_with_the_tile_is_refused():
         _tile_kernel({"box": (64, 32), "swizzle": "128B"}, tile).ptx()
     with pytest.raises(TmaError, match="use box=\\(64, 64\\)"):
         _tile_kernel({"box": (32, 64), "swizzle": "128B"}, tile).ptx()
+
+
+@pytest.mark.parametrize("major,part", [("K", None), ("MN", None), ("MN", (1, 2)), ("K", (1, 4))])
+def test_prefetch_asks_l2_for_the_boxes_load_copies(major, part, assemble):
+    tile = OperandTile(128, 64, bf16, major=major)
+    opts = tile.tma_options(part[1] if part else 1)
+
+    @kernel(in_specs=(Tile(256, 256, bf16),), out_specs=(Tile(1, f32),), block=(128, 1, 1),
+            smem=tile.nbytes + 1024, tma={"A": opts})
+    def k(A, Y):
+        buf = (smem.dynamic(align=128).addr() + 1023) & 0xFFFFFC00
+        bar = smem.alloc(b64, 1, align=8)
+        kw = {"part": part} if part else {}
+        tile.load(buf, A, 64, 64, bar, **kw)
+        tile.prefetch(A, 64, 64, **kw)
+        ptx.ret()
+
+    text = k.ptx()
+    loads = re.findall(r"cp\.async\.bulk\.tensor\.2d\S* \[[^]]+\], \[(\S+), (\{[^}]+\})\]", text)
+    fetches = re.findall(r"cp\.async\.bulk\.prefetch\.tensor\.2d\.L2\.global\.tile "
+                         r"\[(\S+), (\{[^}]+\})\]", text)
+    assert len(loads) == tile.slabs and len(fetches) == tile.slabs
+    # the same coordinate registers or constants, box by box
+    assert [c for _, c in loads] == [c for _, c in fetches]
+    assemble(text)
 
 
 def test_descriptor_and_advance_emit_the_documented_sequence():

@@ -247,6 +247,31 @@ class OperandTile:
         (``@kernel(tma={name: dict(view="3d", box=(mn, k))})``) is filled by one 3-D copy
         at coordinates ``(0, mn0, k0 / 64)``."""
         from .ptx import tma as ptma
+
+        kw = {} if pred is None else {"pred": pred}
+        tmap, boxes = self._boxes(dst, tensor, mn0, k0, part, slabs, map_ptr)
+        for a, coords in boxes:
+            ptma.load_tile(a, tmap, coords, bar, multicast_mask=multicast_mask,
+                           cache_hint=cache_hint, **kw)
+
+    def prefetch(self, tensor: Any, mn0: Reg | int, k0: Reg | int, *,
+                 part: tuple[Reg | int, int] | None = None,
+                 slabs: tuple[Reg | int, int] | None = None, map_ptr: Reg | None = None,
+                 pred: Any = None) -> None:
+        """Ask L2 for the boxes ``load`` with the same arguments would copy (one
+        ``cp.async.bulk.prefetch.tensor`` each: a hint, nothing to wait for), e.g. k-blocks
+        ahead of a ring whose stages are all in flight."""
+        from .ptx import tma as ptma
+
+        kw = {} if pred is None else {"pred": pred}
+        tmap, boxes = self._boxes(None, tensor, mn0, k0, part, slabs, map_ptr)
+        for _, coords in boxes:
+            ptma.prefetch_tile(tmap, coords, **kw)
+
+    def _boxes(self, dst, tensor, mn0, k0, part, slabs, map_ptr):
+        """``(tensor map, boxes)``: the map operand and, lazily (each box's address math
+        stays beside its copy), ``(shared address, coordinates)`` of every box a ``load``
+        copies; addresses are None when ``dst`` is."""
         from .ptx.memory import Addr
         from .reg import from_
 
@@ -263,17 +288,14 @@ class OperandTile:
         drow = index * (outer * self.width) if count > 1 else 0
         if type(dst) is SharedArray:
             dst = dst.addr()
-        if type(drow) is Reg or drow:
+        if dst is not None and (type(drow) is Reg or drow):
             dst = dst + drow
         mn0 = mn0 + row0 if self.major == "K" and count > 1 else mn0
         k0 = k0 + row0 if self.major == "MN" and count > 1 else k0
-        kw = {} if pred is None else {"pred": pred}
         params = getattr(tensor, "tmap_params", None)
         if params is not None and params.rank == 3:  # the 3-D view: every slab in one copy
             chunk = k0 >> 6 if type(k0) is Reg else k0 // 64
-            ptma.load_tile(dst, tmap, (0, mn0, chunk), bar, multicast_mask=multicast_mask,
-                           cache_hint=cache_hint, **kw)
-            return
+            return tmap, iter([(dst, (0, mn0, chunk))])
         if slabs is not None:  # slab i = index + j*count for j in range(slabs // count)
             first, step = slabs
             if self.slabs % step:
@@ -282,22 +304,24 @@ class OperandTile:
             if type(first) is Reg:
                 k0 = k0 + first * inner if self.major == "K" else k0
                 mn0 = mn0 + first * inner if self.major == "MN" else mn0
-                dst = dst + first * self.slab_bytes
+                dst = dst + first * self.slab_bytes if dst is not None else None
                 order = [j * step for j in range(self.slabs // step)]
             else:
                 order = list(range(first, self.slabs, step))
         else:
             order = list(range(self.slabs))
-        for i in order:
-            if self.major == "K":
-                coords = (k0 + i * inner if i else k0, mn0)
-            else:
-                coords = (mn0 + i * inner if i else mn0, k0)
-            coords = tuple(c if isinstance(c, int) or c.type.bits == 32 else from_(c, u32)
-                           for c in coords)
-            a = Addr(dst, i * self.slab_bytes) if i else dst
-            ptma.load_tile(a, tmap, coords, bar, multicast_mask=multicast_mask,
-                           cache_hint=cache_hint, **kw)
+
+        def boxes():
+            for i in order:
+                if self.major == "K":
+                    coords = (k0 + i * inner if i else k0, mn0)
+                else:
+                    coords = (mn0 + i * inner if i else mn0, k0)
+                coords = tuple(c if isinstance(c, int) or c.type.bits == 32 else from_(c, u32)
+                               for c in coords)
+                a = None if dst is None else (Addr(dst, i * self.slab_bytes) if i else dst)
+                yield a, coords
+        return tmap, boxes()
 
     def __repr__(self) -> str:
         return (f"OperandTile({self.mn}x{self.k} .{self.dtype.name}, {self.major}-major, "
