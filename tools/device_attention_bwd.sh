@@ -7,6 +7,8 @@
 #          installed); PYPTX_ATTN_BWD_SAFE=1 (simplest schedule by default);
 #          AB="default;dkdv_bq=32;dkdv_overlap=0;dkdv_bq=32,dkdv_overlap=0" AB_DIMS=128
 #          SAN_OPTIONS="dkdv_bq=32" (also sanitize the racecheck case with those options)
+#          CHECK_OPTIONS="fused_bq=128 fused_bq=128,dq_ordered=1" (the option sets that the
+#          options step checks against float64, space-separated)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -21,7 +23,7 @@ for s in ${STEPS:-example options tests sanitize bench ab}; do
       timeout 150 python3 examples/hopper/flash_attention_bwd.py --fast 2>&1 | tee "$OUT/attn_bwd_example_fast.log"
       timeout 150 python3 examples/hopper/flash_attention_bwd.py --atomic 2>&1 | tee "$OUT/attn_bwd_example_atomic.log" ;;
     options)  # the opt-in dK/dV options against float64 (fast schedule), one line per gradient
-      for o in dkdv_bq=32 dkdv_overlap=1 dkdv_bq=32,dkdv_overlap=0; do
+      for o in ${CHECK_OPTIONS:-dkdv_bq=32 dkdv_overlap=1 dkdv_bq=32,dkdv_overlap=0}; do
         timeout 150 python3 examples/hopper/flash_attention_bwd.py --fast --options "$o" 2>&1 | tee "$OUT/attn_bwd_example_$o.log"
       done ;;
     tests) timeout ${TEST_TIMEOUT:-300} python3 -m pytest -m gpu -q -x -rs ${PYTEST_K:+-k "$PYTEST_K"} \

@@ -1666,17 +1666,29 @@ CHECKS = [  # (B, S, Hq, Hkv, D, dtype, causal): ragged, GQA/MQA, both dtypes an
     (2, 256, 2, 2, 128, "bf16", False),
     (2, 513, 8, 2, 128, "bf16", True),
 ]
+FUSED_CHECKS = [  # fused_bq: f16, ring refills, chains of adds over many kv blocks, rotation
+    (1, 300, 4, 2, 64, "f16", True),
+    (2, 1000, 4, 2, 64, "bf16", False),
+    (2, 1000, 4, 2, 64, "bf16", True),
+    (1, 1024, 2, 2, 64, "bf16", False),
+]
 
 
 def check(cases=CHECKS, safe=False, atomic_dq=False, **options) -> int:
     """One PASS/FAIL line per gradient against float64 autograd; returns the failures.
-    ``options``: ``dkdv_bq`` / ``dkdv_overlap`` (named in each line)."""
+    ``options``: ``dkdv_bq`` / ``dkdv_overlap`` (named in each line); with ``fused_bq`` the
+    cases of other head dims than 64 are skipped (one line each) and ``FUSED_CHECKS`` added."""
     import torch
 
     fails = 0
     dts = {"bf16": torch.bfloat16, "f16": torch.float16}
     tol = {"bf16": 1e-2, "f16": 4e-3}
+    if options.get("fused_bq") and cases is CHECKS:
+        cases = CHECKS + FUSED_CHECKS
     for B, S, Hq, Hkv, D, dtn, causal in cases:
+        if options.get("fused_bq") and D != 64:
+            print(f"B{B} S{S} H{Hq}/{Hkv} D{D} {dtn}: skipped (fused_bq is for D=64)")
+            continue
         torch.manual_seed(0)
         dt = dts[dtn]
         q = torch.randn(B, S, Hq, D, device="cuda", dtype=dt)

@@ -26,13 +26,13 @@ fab = load_module(HERE.parents[3] / "examples" / "hopper" / "flash_attention_bwd
                   "sim_fused_fab")
 
 
-def _reference(B, S, Sk, Hq, Hkv, D, causal, seed):
-    """Random bf16 inputs, the forward's ``o`` (bf16) and ``lse`` (f32), and float64
+def _reference(B, S, Sk, Hq, Hkv, D, causal, seed, dt="bf16"):
+    """Random ``dt`` inputs, the forward's ``o`` (``dt``) and ``lse`` (f32), and float64
     ``(dq, dk, dv)`` of the same rounded inputs (top-left causal; kv head ``h // G``)."""
     rng = np.random.default_rng(seed)
-    q, do = (_dev(rng.standard_normal((B, S, Hq, D)), "bf16") for _ in range(2))
-    k, v = (_dev(rng.standard_normal((B, Sk, Hkv, D)), "bf16") for _ in range(2))
-    Q, K, V, dO = (_f64(x, "bf16") for x in (q, k, v, do))
+    q, do = (_dev(rng.standard_normal((B, S, Hq, D)), dt) for _ in range(2))
+    k, v = (_dev(rng.standard_normal((B, Sk, Hkv, D)), dt) for _ in range(2))
+    Q, K, V, dO = (_f64(x, dt) for x in (q, k, v, do))
     g = Hq // Hkv
     Kr, Vr = np.repeat(K, g, 2), np.repeat(V, g, 2)
     s = np.einsum("bqhd,bkhd->bhqk", Q, Kr) / np.sqrt(D)
@@ -43,9 +43,9 @@ def _reference(B, S, Sk, Hq, Hkv, D, causal, seed):
     lse = (np.log(e.sum(-1, keepdims=True)) + mx)[..., 0]
     p = e / e.sum(-1, keepdims=True)
     o = np.einsum("bhqk,bkhd->bqhd", p, Vr)
-    o_dev = _dev(o, "bf16")
+    o_dev = _dev(o, dt)
     dp = np.einsum("bqhd,bkhd->bhqk", dO, Vr)
-    delta = (dO * _f64(o_dev, "bf16")).sum(-1).transpose(0, 2, 1)[..., None]
+    delta = (dO * _f64(o_dev, dt)).sum(-1).transpose(0, 2, 1)[..., None]
     ds = p * (dp - delta) / np.sqrt(D)
     dq = np.einsum("bhqk,bkhd->bqhd", ds, Kr)
     split = (B, Sk, Hkv, g, D)
@@ -65,20 +65,23 @@ def _simulate(bwd, inputs, ordered):
     return dq, dk, dv
 
 
-@pytest.mark.parametrize("S,Sk,Hq,Hkv,causal,ordered", [
-    (300, 300, 2, 1, True, True),       # causal chain: kv blocks from the diagonal down
-    (300, 300, 2, 1, False, False),     # any order
-    (300, 200, 2, 1, False, True),      # ascending order (a wavefront), Sk < S
-    (200, 300, 3, 1, True, False),      # causal, kv blocks with no q block (Sk > S)
+@pytest.mark.parametrize("S,Sk,Hq,Hkv,causal,ordered,dt", [
+    (300, 300, 2, 1, True, True, "bf16"),       # causal chain: kv blocks from the diagonal down
+    (300, 300, 2, 1, False, False, "bf16"),     # any order
+    (300, 200, 2, 1, False, True, "bf16"),      # ascending order (a wavefront), Sk < S
+    (200, 300, 3, 1, True, False, "bf16"),      # causal, kv blocks with no q block (Sk > S)
+    (130, 130, 2, 2, True, True, "f16"),
 ])
-def test_fused_backward_matches_float64(S, Sk, Hq, Hkv, causal, ordered):
+def test_fused_backward_matches_float64(S, Sk, Hq, Hkv, causal, ordered, dt):
+    """Ring refills (3 stages; a CTA runs up to Hq / Hkv * 3 blocks), ordered chains over
+    several kv blocks, ragged ends on both sides."""
     B, D = 1, 64
-    inputs, grads = _reference(B, S, Sk, Hq, Hkv, D, causal, seed=S + Sk + causal)
-    bwd = fab.build_attention_backward(B, S, Hq, Hkv, D, Sk=Sk, causal=causal, fused_bq=128,
-                                       dq_ordered=ordered)
+    inputs, grads = _reference(B, S, Sk, Hq, Hkv, D, causal, S + Sk + causal, dt)
+    bwd = fab.build_attention_backward(B, S, Hq, Hkv, D, Sk=Sk, dtype=dt, causal=causal,
+                                       fused_bq=128, dq_ordered=ordered)
     for name, got, ref in zip(("dq", "dk", "dv"), _simulate(bwd, inputs, ordered), grads):
-        err = np.linalg.norm(_f64(got, "bf16") - ref) / np.linalg.norm(ref)
-        assert err < TOL["bf16"], (name, err)
+        err = np.linalg.norm(_f64(got, dt) - ref) / np.linalg.norm(ref)
+        assert err < TOL[dt], (name, err)
 
 
 def test_fused_rotated_order_is_a_chain_one_step_apart():
