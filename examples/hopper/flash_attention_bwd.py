@@ -991,6 +991,28 @@ def _store_pairs(row_addr, xr16, acc, dst=None, dt=None):
         ptx.inst.st.shared.b32(ptx.addr(at, dc // 64 * slab + dr * 128), word)
 
 
+def _zero_rows(row_addr, quarter, slabs, slab_bytes):
+    """Zero this thread's quarter (``quarter`` 0..3, 32 bytes) of its rows ``row_addr`` and
+    ``+ 8 * 128`` in every slab of a 128-byte-row tile (a warpgroup zeroes its 64 rows)."""
+    zero = reg.scalar(b32, init=0)
+    for sl in range(slabs):
+        for r in (0, 8):
+            for h in (0, 16):
+                at = sl * slab_bytes + r * 128 + h
+                ptx.inst.st.shared.v4.b32(ptx.addr(row_addr + quarter * 32, at), [zero] * 4)
+
+
+def _mma_steps(acc, a_tile, a, b_tile, b, n, dt, overwrite=False, commit=True):
+    """Every k-step of ``acc (+)= A B`` with both operands in shared memory (descriptors
+    ``a`` / ``b`` of k-step 0), then its commit group unless ``commit=False``."""
+    for kk in range(a_tile.k_steps):
+        ptx.wgmma.mma_async(acc.regs, a_tile.advance(a, kk), b_tile.advance(b, kk), n=n,
+                            dtype_ab=dt.name, scale_d=0 if overwrite and kk == 0 else 1,
+                            trans_a=a_tile.trans, trans_b=b_tile.trans)
+    if commit:
+        ptx.wgmma.commit_group()
+
+
 def _stage_dq(acc, dq_row, dq_x, scale):
     """``scale * acc`` (a 64 x 64 f32 dQ fragment) into two 128-byte swizzled 32-column f32
     slabs (``SLAB_BYTES`` apart): the source of the bulk tile stores / reductions."""
@@ -1093,7 +1115,7 @@ class _FusedPlan:
 
 
 def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None,
-                stages=None, ordered=False):
+                stages=None, ordered=False, defer=False):
     """One-kernel backward: ``(Q, K, V, DO, STATS, DQACC) -> (DK, DV)``, adding every
     block's ``scale * dS K`` into the f32 ``DQACC`` ``(B, S, Hq, D)`` in place (STATS and
     a zeroed DQACC from ``build_prep``; ``build_convert`` makes dQ of it).
@@ -1106,6 +1128,9 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
     with dS from registers: five products per block pair. ``ordered``: also ``(..., DQACC,
     SEM)`` (``build_prep(counters=True)``), and the dQ tiles are added in a fixed order by a
     writer thread (as ``build_dkdv(dq_ordered=True)``): the same bits at every run.
+    ``defer``: a block's dK product is issued after the next block's S and dP, so that
+    the tensor cores have it and dP to run during the next block's exponentials (otherwise
+    it runs beside the next S and dP, and only dP is left for the exponentials).
     Head dim 64 only (at D=128 the five accumulators do not fit 240 registers)."""
     Sk, dt, scale, _, _, G, Sp = _common_options(B, S, Hq, Hkv, D, Sk, dtype, scale, False, False)
     if D != 64:
@@ -1209,6 +1234,24 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
         cons = pipe.consumer_state()
         rel = pipe.consumer_state()
         has_prev = reg.scalar(u32, init=0)
+        # defer: the last block's Q (B of its dK); before the first block, a loaded stage
+        # against a zeroed dS (a product of zeros: no branch around the wgmma, which would
+        # make ptxas inject fences, C7519)
+        prev_qmn = reg.scalar(u64, init=qmn_desc0)
+        if defer:
+            _zero_rows(ds_row - (lane & 3) * 4, lane & 3, pt_tile.slabs, FUSED_BQ * 128)
+            ptx.fence_proxy_async("shared::cta")
+            ptx.bar_sync(FUSED_WRITTEN, 256)
+
+        def release_prev():
+            with ptx.if_(has_prev != 0):            # the previous block's stage is read
+                pipe.release(rel, pred=leader)
+                rel.advance()
+
+        def dk_product(qmn, commit=True):
+            _mma_steps(dk_acc, pt_tile, dst_desc, q_mn, qmn, D, dt, commit=commit)
+
+
         ptx.mbarrier.wait(head_bar.at(0), 0)
         for g in ptx.loop(0, G):
             hq = hk * G + g
@@ -1221,14 +1264,10 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
                 qd, dod = q_desc0 + soff, do_desc0 + soff
                 qmn, domn = qmn_desc0 + soff, domn_desc0 + soff
                 ptx.wgmma.fence()
-                for kk in range(q_tile.k_steps):
-                    ptx.wgmma.mma_async(s_acc.regs, q_tile.advance(qd, kk), kv_tile.advance(k_desc, kk),
-                                        n=FUSED_BKV, dtype_ab=dt.name, scale_d=0 if kk == 0 else 1)
-                ptx.wgmma.commit_group()
-                for kk in range(q_tile.k_steps):
-                    ptx.wgmma.mma_async(dp_acc.regs, q_tile.advance(dod, kk), kv_tile.advance(v_desc, kk),
-                                        n=FUSED_BKV, dtype_ab=dt.name, scale_d=0 if kk == 0 else 1)
-                ptx.wgmma.commit_group()
+                _mma_steps(s_acc, q_tile, qd, kv_tile, k_desc, FUSED_BKV, dt, overwrite=True)
+                _mma_steps(dp_acc, q_tile, dod, kv_tile, v_desc, FUSED_BKV, dt, overwrite=True)
+                if defer:                           # the last block's dK, under this softmax
+                    dk_product(prev_qmn)
                 srow = reg.from_((b * Hq + hq) * Sp + qrow, u64) * 8 + pstats
                 nl2, delta = [], []
                 for r in (0, 8):                    # (lse * log2 e, delta) of each row
@@ -1236,26 +1275,27 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
                     ptx.inst.ld.global_.nc.v2.f32(pair, ptx.addr(srow, 8 * r))
                     nl2.append(-pair[0])
                     delta.append(pair[1])
-                ptx.wgmma.wait_group(1)             # S (and the previous block's dK) done
-                with ptx.if_(has_prev != 0):        # the previous block's stage is read
-                    pipe.release(rel, pred=leader)
-                    rel.advance()
+                if defer:
+                    ptx.wgmma.wait_group(2)         # S done
+                else:
+                    ptx.wgmma.wait_group(1)         # S (and the previous block's dK) done
+                    release_prev()
                 for i in range(len(s_acc)):         # P = exp2(S * c1 - lse2), in place
                     dr = Accumulator.coord(i)[0]
                     ptx.inst.fma.rn.f32(s_acc[i], s_acc[i], c1, nl2[dr // 8])
                     ptx.inst.ex2.approx.ftz.f32(s_acc[i], s_acc[i])
                 _fused_mask(s_acc, causal, Sk, k0, q0, qrow, col0)
+                if defer:   # dP and the last dK done: dS is free once both consumers are here
+                    ptx.wgmma.wait_group(0)
+                    release_prev()
                 ptx.bar_sync(FUSED_P_FREE, 256)     # both warpgroups' dV of the last block done
                 _store_pairs(p_row, xr16, s_acc, dt=dt)
                 ptx.fence_proxy_async("shared::cta")
                 ptx.bar_sync(FUSED_WRITTEN, 256)    # both halves of P written
                 ptx.wgmma.fence()
-                for kk in range(pt_tile.k_steps):
-                    ptx.wgmma.mma_async(dv_acc.regs, pt_tile.advance(pt_desc, kk),
-                                        q_mn.advance(domn, kk), n=D, dtype_ab=dt.name,
-                                        trans_a=pt_tile.trans, trans_b=q_mn.trans)
-                ptx.wgmma.commit_group()
-                ptx.wgmma.wait_group(1)             # dP done
+                _mma_steps(dv_acc, pt_tile, pt_desc, q_mn, domn, D, dt)
+                if not defer:
+                    ptx.wgmma.wait_group(1)         # dP done
                 for i in range(len(dp_acc)):        # dS = P * (dP - delta), in place
                     dr = Accumulator.coord(i)[0]
                     x = dp_acc[i] - delta[dr // 8]
@@ -1264,17 +1304,17 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
                 ptx.fence_proxy_async("shared::cta")
                 ptx.bar_sync(FUSED_WRITTEN, 256)    # both halves of dS written
                 ptx.wgmma.fence()
-                for kk in range(FUSED_BKV // 16):
+                for kk in range(FUSED_BKV // 16):   # dQ = dS K, dS from registers
                     ptx.wgmma.mma_async(dq_acc.regs, list(ds_pack)[4 * kk:4 * kk + 4],
                                         kv_mn.advance(kmn_desc, kk), n=D, dtype_ab=dt.name,
                                         scale_d=0 if kk == 0 else 1, trans_b=kv_mn.trans)
                 ptx.wgmma.commit_group()
-                for kk in range(pt_tile.k_steps):
-                    ptx.wgmma.mma_async(dk_acc.regs, pt_tile.advance(dst_desc, kk),
-                                        q_mn.advance(qmn, kk), n=D, dtype_ab=dt.name,
-                                        trans_a=pt_tile.trans, trans_b=q_mn.trans)
-                ptx.wgmma.commit_group()
-                ptx.wgmma.wait_group(1)             # dV and dQ done, dK may run on
+                if defer:
+                    ptx.wgmma.wait_group(0)         # dV and dQ done
+                    ptx.inst.mov.b64(prev_qmn, qmn)
+                else:
+                    dk_product(qmn)
+                    ptx.wgmma.wait_group(1)         # dV and dQ done, dK may run on
                 if ordered:                         # the writer has read the slabs
                     ptx.mbarrier.wait(dq_empty.at(w), (dq_n & 1) ^ 1)
                 else:                               # the last reductions have read them
@@ -1295,6 +1335,11 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
                         ptx.tma.commit_group()
                 ptx.inst.mov.u32(has_prev, 1)
                 cons.advance()
+        if defer:                                   # the last block's dK
+            with ptx.if_(has_prev != 0):
+                ptx.wgmma.fence()
+                dk_product(prev_qmn)
+                ptx.wgmma.wait_group(0)
         ptx.wgmma.wait_group(0)
         with ptx.if_(has_prev != 0):
             pipe.release(rel, pred=leader)
@@ -1307,7 +1352,7 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
         ptx.ret()
 
     name = (f"attn_bwd_fused_{dt.name}_d{D}_h{Hq}x{Hkv}{'_causal' if causal else ''}"
-            f"{'_ordered' if ordered else ''}")
+            f"{'_ordered' if ordered else ''}{'_defer' if defer else ''}")
     ins = (qspec, kspec, kspec, qspec, Tile(B, Hq, Sp, 2, f32), Tile(B, S, Hq, D, f32))
     if ordered:
         ins += (Tile(B, Hq, plan.nq_sem, 2, s32),)
@@ -1449,7 +1494,8 @@ class AttentionBackward:
 
 def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None,
                              safe=None, atomic_dq=False, dkdv_bq=None, dkdv_overlap=None,
-                             dq_bulk=False, dq_ordered=False, dq_bkv=None, fused_bq=None):
+                             dq_bulk=False, dq_ordered=False, dq_bkv=None, fused_bq=None,
+                             fused_defer=False):
     """The backward kernels for these sizes: ``bwd(q, k, v, o, lse, do, dlse) -> (dq, dk,
     dv)``. ``safe=True`` (or ``PYPTX_ATTN_BWD_SAFE=1``): the simplest schedule, for
     bisecting. ``atomic_dq=True``: dQ accumulated by the dK/dV kernel with f32 atomics (no
@@ -1461,13 +1507,17 @@ def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=
     ``default_dq_bkv(D)``): keys per block of the pair's dQ kernel (``build_dq``'s ``BKV``).
     ``fused_bq=128`` (D=64): one kernel instead of the pair, 128-row q blocks, dQ added by
     bulk reductions in any order, or in a fixed order with ``dq_ordered`` (``build_fused``;
-    like ``atomic_dq``, torch eager only)."""
+    like ``atomic_dq``, torch eager only); ``fused_defer``: its schedule that issues a
+    block's dK product after the next block's S and dP (``build_fused``'s ``defer``)."""
     safe = safe_default() if safe is None else bool(safe)
+    if fused_defer and fused_bq is None:
+        raise _fail("build_attention_backward: fused_defer is a schedule of fused_bq=128")
     if fused_bq is not None:
         _check_fused("build_attention_backward", fused_bq, safe, atomic_dq, dkdv_bq,
                      dkdv_overlap, dq_bulk, dq_bkv)
         return _build(B, S, Hq, Hkv, D, S if Sk is None else Sk, dtype, causal, scale, safe,
-                      True, dq_ordered=bool(dq_ordered), fused_bq=fused_bq)
+                      True, dq_ordered=bool(dq_ordered), fused_bq=fused_bq,
+                      fused_defer=bool(fused_defer))
     if dkdv_bq not in (None, 32, 64):
         raise ConfigError(f"build_attention_backward: dkdv_bq must be 32 or 64, got {dkdv_bq!r}")
     if dq_bkv not in (None, 32, 64, 128) or (dq_bkv is not None and atomic_dq):
@@ -1486,7 +1536,7 @@ def default_dq_bkv(D):
 
 
 OPTIONS = ("dkdv_bq", "dkdv_overlap", "atomic_dq", "dq_bulk", "dq_ordered",
-           "dq_bkv", "fused_bq")  # build_attention_backward's
+           "dq_bkv", "fused_bq", "fused_defer")  # build_attention_backward's
 INT_OPTIONS = ("dkdv_bq", "dq_bkv", "fused_bq")
 
 
@@ -1518,13 +1568,13 @@ def parse_options(text):
 
 @functools.lru_cache(maxsize=64)
 def _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, safe, atomic_dq, dkdv_bq=None, overlap=None,
-           dq_bulk=False, dq_ordered=False, dq_bkv=None, fused_bq=None):
+           dq_bulk=False, dq_ordered=False, dq_bkv=None, fused_bq=None, fused_defer=False):
     kw = dict(Sk=Sk, dtype=dtype, causal=causal, scale=scale, safe=safe)
     dkdv_kw = dict(kw, BQ=dkdv_bq, overlap=overlap)
     dt = _dtype(dtype)
     if fused_bq:
         fused = build_fused(B, S, Hq, Hkv, D, Sk=Sk, dtype=dtype, causal=causal, scale=scale,
-                            ordered=dq_ordered)
+                            ordered=dq_ordered, defer=fused_defer)
         kernels = (build_prep(B, S, Hq, D, dtype=dtype, counters=dq_ordered),
                    fused, build_convert(B, S, Hq, D, dtype=dtype))
     elif atomic_dq:

@@ -65,20 +65,23 @@ def _simulate(bwd, inputs, ordered):
     return dq, dk, dv
 
 
-@pytest.mark.parametrize("S,Sk,Hq,Hkv,causal,ordered,dt", [
-    (300, 300, 2, 1, True, True, "bf16"),       # causal chain: kv blocks from the diagonal down
-    (300, 300, 2, 1, False, False, "bf16"),     # any order
-    (300, 200, 2, 1, False, True, "bf16"),      # ascending order (a wavefront), Sk < S
-    (200, 300, 3, 1, True, False, "bf16"),      # causal, kv blocks with no q block (Sk > S)
-    (130, 130, 2, 2, True, True, "f16"),
+@pytest.mark.parametrize("S,Sk,Hq,Hkv,causal,ordered,defer,dt", [
+    (300, 300, 2, 1, True, True, False, "bf16"),    # causal chain: from the diagonal down
+    (300, 300, 2, 1, False, False, False, "bf16"),  # any order
+    (300, 200, 2, 1, False, True, False, "bf16"),   # ascending order (a wavefront), Sk < S
+    (200, 300, 3, 1, True, False, False, "bf16"),   # causal, a kv block with no q block (Sk > S)
+    (130, 130, 2, 2, True, True, False, "f16"),
+    (300, 300, 2, 1, True, True, True, "bf16"),     # fused_defer: dK a block late
+    (200, 300, 3, 1, True, False, True, "bf16"),
+    (300, 300, 2, 1, False, False, True, "f16"),
 ])
-def test_fused_backward_matches_float64(S, Sk, Hq, Hkv, causal, ordered, dt):
+def test_fused_backward_matches_float64(S, Sk, Hq, Hkv, causal, ordered, defer, dt):
     """Ring refills (3 stages; a CTA runs up to Hq / Hkv * 3 blocks), ordered chains over
     several kv blocks, ragged ends on both sides."""
     B, D = 1, 64
     inputs, grads = _reference(B, S, Sk, Hq, Hkv, D, causal, S + Sk + causal, dt)
     bwd = fab.build_attention_backward(B, S, Hq, Hkv, D, Sk=Sk, dtype=dt, causal=causal,
-                                       fused_bq=128, dq_ordered=ordered)
+                                       fused_bq=128, dq_ordered=ordered, fused_defer=defer)
     for name, got, ref in zip(("dq", "dk", "dv"), _simulate(bwd, inputs, ordered), grads):
         err = np.linalg.norm(_f64(got, dt) - ref) / np.linalg.norm(ref)
         assert err < TOL[dt], (name, err)
@@ -106,11 +109,12 @@ def test_fused_rotated_order_is_a_chain_one_step_apart():
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("ordered", [False, True])
-def test_fused_keeps_wgmma_asynchronous(causal, ordered, assemble):
-    """At the benchmark's sizes ptxas neither serialises the fused kernel's wgmma (C751x
-    notes) nor spills."""
+@pytest.mark.parametrize("defer", [False, True])
+def test_fused_keeps_wgmma_asynchronous(causal, ordered, defer, assemble):
+    """At the benchmark's sizes ptxas neither serialises the fused kernel's wgmma nor
+    injects fences (C751x notes), nor spills."""
     k = fab.build_attention_backward(8, 4096, 32, 32, 64, causal=causal, fused_bq=128,
-                                     dq_ordered=ordered).dkdv_kernel
+                                     dq_ordered=ordered, fused_defer=defer).dkdv_kernel
     log = assemble(k.ptx())
     assert "(C751" not in log, log
     assert "0 bytes spill stores" in log, log
@@ -121,6 +125,7 @@ def test_fused_keeps_wgmma_asynchronous(causal, ordered, assemble):
     (dict(fused_bq=128, atomic_dq=True), "not atomic_dq"),
     (dict(fused_bq=128, dq_bkv=128), "not dq_bkv"),
     (dict(fused_bq=128, safe=True), "not safe"),
+    (dict(fused_defer=True), "a schedule of fused_bq"),
 ])
 def test_fused_bad_options_name_the_callers_line(kw, match):
     with pytest.raises(ConfigError, match=match) as e:
