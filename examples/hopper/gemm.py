@@ -79,7 +79,7 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
                b_major="MN", BM=128, BN=256, BK=64, stages=None, cluster=2, group_m=8,
                num_sms=H100_SMS, bias=False, alpha=1.0, activation=None, KB=None, NB=None,
                multicast=True, split="rows", remote_sem="release.cta", wait_scope=None,
-               epilogue="stmatrix", schedule="cooperative", cluster_along="m", l2_ahead=0):
+               epilogue="stmatrix", schedule="cooperative", cluster_along="m"):
     """The GEMM kernel for ``D[M, N] = A[M, K] @ B[K, N]``.
 
     Tensor arguments: A as ``(M, K)`` (``a_major="K"``) or ``(K, M)`` (``"MN"``), B as
@@ -107,10 +107,6 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
     warpgroups take alternate ``BM x BN`` tiles, ``BM`` 64 or 128 with ``BM * BN <= 16384``,
     so one's epilogue runs while the other's wgmma do; named barriers hand the main loop
     from one to the other, which keeps every ring wait within one phase of its barrier).
-    ``l2_ahead=d`` (opt-in; ``d`` above the ring's stages): the producer asks L2 for the
-    operand boxes of k-block ``kb + d`` before it waits for the stage of ``kb``, so memory
-    latency beyond what the ring's stages cover is paid early (one-wave and streaming
-    shapes).
     """
     dt = _dtype(dtype, "dtype")
     if dt is f32:
@@ -150,10 +146,6 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
         stages = max(2, min(8, (SMEM_LIMIT - smem_bytes(BM, BN, BK, 0, consumers=consumers))
                             // per_stage))
     smem_total = smem_bytes(BM, BN, BK, stages, consumers=consumers)
-    if isinstance(l2_ahead, bool) or not isinstance(l2_ahead, int) or 0 < l2_ahead <= stages \
-            or l2_ahead < 0:
-        raise ConfigError(f"build_gemm: l2_ahead must be 0 or an int above the {stages} stages "
-                          f"(k-blocks ahead of the ring), got {l2_ahead!r}")
     if smem_total > SMEM_LIMIT:
         raise ConfigError(f"build_gemm: {BM}x{BN}x{BK} with {stages} stages needs {smem_total} "
                           f"bytes of shared memory, over {SMEM_LIMIT}")
@@ -213,7 +205,7 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
             load_ab_ring(pipe, A, B, a_tile, b_tile, base=base, tile_range=(cid, tiles, clusters),
                          coords=tile_coords, num_kb=num_kb, BK=BK, rank=rank, cluster=cluster,
                          multicast=multicast, split=split, wait_scope=wait_scope,
-                         shared="A" if along_n else "B", l2_ahead=l2_ahead)
+                         shared="A" if along_n else "B")
         # ---------------------------------------------------------------- consumers
         roles.consumers(cons_regs)
         w = wg - 1
@@ -330,8 +322,7 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
         ptx.ret()
 
     name = (f"gemm_{dt.name}_{ot.name}_{a_major}{b_major}_{BM}x{BN}x{BK}_s{stages}_c{cluster}"
-            f"{'n' if along_n else ''}{'_pp' if pingpong else ''}"
-            f"{f'_ahead{l2_ahead}' if l2_ahead else ''}")
+            f"{'n' if along_n else ''}{'_pp' if pingpong else ''}")
     deco = kernel(in_specs=in_specs, out_specs=(Tile(M, N, ot),), grid=(ctas, 1, 1),
                   block=(threads, 1, 1), cluster=(cluster, 1, 1), smem=smem_total,
                   maxnreg=maxnreg, tma=tma, name=name)
@@ -396,11 +387,6 @@ CANDIDATE_CONFIGS = {
     "pingpong 64x256 c2": dict(schedule="pingpong", BM=64, BN=256, cluster=2),
     # 2-CTA clusters along N sharing A (one m-block: M = 128)
     "128x64 c2 along n": dict(BM=128, BN=64, cluster=2, cluster_along="n"),
-    # operand boxes requested from L2 k-blocks ahead of the ring (one-wave shapes such as
-    # 2048^3, and M = 128, which streams B from memory)
-    "128x256 c2 ahead8": dict(BM=128, BN=256, cluster=2, l2_ahead=8),
-    "128x64 ahead12": dict(BM=128, BN=64, cluster=1, l2_ahead=12),
-    "128x64 ahead24": dict(BM=128, BN=64, cluster=1, l2_ahead=24),
 }
 """Opt-in ``build_gemm`` configurations under evaluation: name -> keywords."""
 

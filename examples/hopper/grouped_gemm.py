@@ -65,8 +65,7 @@ EPI_BUFS = 2
 STORES = ("auto", "masked")
 L2_HINTS = (None, "stream_b")
 MAX_SPLITS = 8
-FORWARD_ONLY = ("l2_hint", "cluster", "cluster_along", "prefetch", "warm", "speculate",
-                "l2_ahead")
+FORWARD_ONLY = ("l2_hint", "cluster", "cluster_along", "prefetch", "warm", "speculate")
 """``build_grouped`` keywords the weight-gradient kernel does not take (a ``config`` given to
 ``grouped_mm`` passes the rest to it)."""
 
@@ -302,8 +301,7 @@ class _Consumer:
 
 def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf16", BM=128,
                   BN=256, BK=64, stages=None, num_sms=H100_SMS, store="auto", l2_hint=None,
-                  cluster=1, cluster_along="n", prefetch=False, warm=0, speculate=0,
-                  l2_ahead=0):
+                  cluster=1, cluster_along="n", prefetch=False, warm=0, speculate=0):
     """The grouped GEMM kernel ``D[rows of g] = A[rows of g] @ B[g]``.
 
     Tensor arguments: A ``(M, K)`` bf16, B ``(G, K, N)`` (``b_major="MN"``) or
@@ -325,7 +323,9 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
     of it to all (multicast): few n-blocks and many rows per group (4x2048x256x2048: every
     CTA of a group reads all of ``B[g]``, so B's L2 traffic dominates); a CTA whose rows lie
     past its group's end still consumes the ring (its peers' copies land in it) but
-    stores nothing.
+    stores nothing. Opt-in: slower where measured (H100, 4x2048x256x2048 forward, 64x256
+    tiles: 28.3 us in pairs, 38.6 in fours, 26.0 without a cluster; 128x128 pairs 28.5), so
+    that shape is not bound by B's L2 traffic.
     ``prefetch=True`` (tuned with 64x256 tiles): thread 0 prefetches the three tensor maps and
     the group ends at the start, ahead of the barrier setup (for short kernels, where the
     first copies' descriptor fetch is on the critical path: 4x2048x256x2048 forward 25.0 vs
@@ -339,11 +339,6 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
     tile into the ring before it reads a group end; if the CTA's real first tile is the
     guess, its k-loop starts at block ``n``, otherwise both sides agree the guess missed
     (each computes it from the CTA index) and the consumers hand those stages back unread.
-    ``l2_ahead=d`` (``d`` > ``stages``): the producer asks L2 for the A tile of k-block
-    ``kb + d`` each time it waits for a ring stage for k-block ``kb`` (and for blocks
-    ``stages .. d - 1`` when a tile starts), so A's memory latency is paid before a stage is
-    free: for latency-bound shapes (one wave, the ring's bytes in flight too few to cover
-    the memory latency).
     """
     what = "build_grouped"
     ot = _out_type(out_dtype)
@@ -364,10 +359,6 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
     if isinstance(warm, bool) or not isinstance(warm, int) or warm < 0:
         raise _error(f"{what}: warm must be an int >= 0 (k-blocks to prefetch), got {warm!r}")
     stages, smem_total = _check_tile(BM, BN, BK, stages, what)
-    if (isinstance(l2_ahead, bool) or not isinstance(l2_ahead, int)
-            or l2_ahead and l2_ahead <= stages):
-        raise _error(f"{what}: l2_ahead must be 0 or an int above the {stages} stages "
-                     f"(k-blocks ahead of the ring), got {l2_ahead!r}")
     if (isinstance(speculate, bool) or not isinstance(speculate, int) or speculate < 0
             or speculate > stages or speculate and cluster > 1):
         raise _error(f"{what}: speculate must be an int from 0 to the {stages} stages, without "
@@ -511,14 +502,8 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
                 kb0 = reg.scalar(u32)
                 ptx.inst.selp.u32(kb0, spec, 0, spec_ok & guessed(walk, t, tile, first))
                 ptx.inst.mov.u32(first, 0)
-            if l2_ahead:   # the blocks the first waits for stages will not reach
-                for kb in range(stages, min(l2_ahead, num_kb)):
-                    ptx.tma.prefetch_tile(a_map, (kb * BK, m0))
             for kb in ptx.loop(kb0, num_kb):
                 k0 = kb * BK
-                if l2_ahead:
-                    ptx.tma.prefetch_tile(a_map, (k0 + l2_ahead * BK, m0),
-                                          pred=kb < num_kb - l2_ahead)
                 pipe.acquire(st)
                 bar = pipe.arm(st, stage_bytes)
                 load(st.stage * stage_bytes + base, g, m0, n0, k0, bar)
@@ -573,8 +558,7 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
             f"{'_masked' if store == 'masked' else ''}{'_l2' + l2_hint if l2_hint else ''}"
             f"{f'_c{cluster}' if cluster > 1 else ''}{'m' if along_m else ''}"
             f"{'_pf' if prefetch else ''}"
-            f"{f'_w{warm}' if warm else ''}{f'_spec{speculate}' if speculate else ''}"
-            f"{f'_ahead{l2_ahead}' if l2_ahead else ''}")
+            f"{f'_w{warm}' if warm else ''}{f'_spec{speculate}' if speculate else ''}")
     return kernel(in_specs=(Tile(M, K, bf16), b_spec, Tile(G, s32)), out_specs=(Tile(M, N, ot),),
                   grid=(ctas, 1, 1), block=(threads, 1, 1), cluster=(cluster, 1, 1),
                   smem=smem_total, maxnreg=maxnreg, tma=tma, name=name)(grouped)
@@ -844,22 +828,6 @@ CANDIDATE_CONFIGS = {
     "fwd 64x256 pf spec2": dict(kernel="fwd", BM=64, BN=256, prefetch=True, speculate=2),
     "fwd 64x256 pf spec5": dict(kernel="fwd", BM=64, BN=256, prefetch=True, speculate=5),
     "fwd 128x128 pf spec4": dict(kernel="fwd", BM=128, BN=128, prefetch=True, speculate=4),
-    # clusters of neighbouring m-blocks sharing B (multicast): L2 reads of B per k-block at
-    # 4x2048x256x2048 (128 CTAs): 4 MB alone, 2 MB in pairs, 1 MB in fours (A: 1 MB)
-    "fwd 64x256 pf c2m": dict(kernel="fwd", BM=64, BN=256, prefetch=True, cluster=2,
-                              cluster_along="m"),
-    "fwd 64x256 pf c4m": dict(kernel="fwd", BM=64, BN=256, prefetch=True, cluster=4,
-                              cluster_along="m"),
-    "fwd 128x128 pf c2m": dict(kernel="fwd", BM=128, BN=128, prefetch=True, cluster=2,
-                               cluster_along="m"),
-    "fwd 128x256 c2m": dict(kernel="fwd", BM=128, BN=256, cluster=2, cluster_along="m"),
-    # A's k-blocks requested from L2 ahead of the ring (latency-bound one-wave shapes)
-    "fwd 64x256 pf spec5 ahead8": dict(kernel="fwd", BM=64, BN=256, prefetch=True, speculate=5,
-                                       l2_ahead=8),
-    "fwd 64x256 pf spec5 ahead12": dict(kernel="fwd", BM=64, BN=256, prefetch=True,
-                                        speculate=5, l2_ahead=12),
-    "fwd 64x256 pf ahead8": dict(kernel="fwd", BM=64, BN=256, prefetch=True, l2_ahead=8),
-    "fwd 128x256 ahead8": dict(kernel="fwd", BM=128, BN=256, l2_ahead=8),
 }
 """Opt-in tile configurations under evaluation: name -> ``kernel`` (``"fwd"``, ``"dgrad"``
 or ``"wgrad"``) and the builder keywords (``build_grouped`` or ``build_wgrad_split``)."""

@@ -153,17 +153,6 @@ def test_gemm_in_2_cta_clusters_along_n(M, config):
     assert run_gemm(M, 264, 200, cluster=2, cluster_along="n", num_sms=4, **config) < TOL["bf16"]
 
 
-# L2 prefetches k-blocks ahead of the ring (hints): shared parts, both layouts, a K whose
-# blocks run out before the prefetch distance
-@pytest.mark.parametrize("M,K,config", [
-    (512, 456, dict(BN=128, cluster=2, stages=2, l2_ahead=3)),
-    (256, 456, dict(BN=64, cluster=1, stages=2, l2_ahead=5, a_major="MN", b_major="K")),
-    (256, 200, dict(BN=128, cluster=2, stages=2, l2_ahead=6, cluster_along="n")),
-])
-def test_gemm_with_l2_prefetch_ahead(M, K, config):
-    assert run_gemm(M, 264, K, num_sms=4, **config) < TOL["bf16"]
-
-
 # ---------------------------------------------------------------------- grouped GEMM
 grouped = load_module(HERE.parents[3] / "examples" / "hopper" / "grouped_gemm.py", "tc_sim_grouped")
 
@@ -189,9 +178,6 @@ grouped = load_module(HERE.parents[3] / "examples" / "hopper" / "grouped_gemm.py
                                        prefetch=True, warm=2)),
     ([129, 1, 63, 260], 136, 136, dict(BM=128, BN=128, num_sms=8, cluster=4, cluster_along="m",
                                        b_major="K")),
-    # L2 prefetches of A ahead of the ring (hints: must not change a value)
-    ([5, 0, 300, 1, 200, 0], 264, 520, dict(BM=64, BN=128, num_sms=3, stages=2, l2_ahead=3,
-                                            speculate=2)),
     # speculative first tiles (opt-in): every guess right, guesses wrong, and a CTA whose
     # guess is a tile while it has none (it must still wait for the guessed copies)
     ([128] * 4, 256, 256, dict(BM=128, BN=128, num_sms=3, speculate=2)),

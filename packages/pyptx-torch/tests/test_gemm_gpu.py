@@ -79,10 +79,6 @@ CASES = [
     (2048, 2048, 2048, False, False, dict(BM=64, BN=256, cluster=1)),
     (128, 1000, 520, False, True, dict(BN=64, cluster=2, cluster_along="n")),
     (300, 700, 200, True, False, dict(BN=128, cluster=2, cluster_along="n")),
-    # opt-in L2 prefetches ahead of the ring (hints): shared parts, K running out first
-    (777, 1500, 1000, False, False, dict(cluster=2, BN=128, stages=3, l2_ahead=5)),
-    (128, 8192, 1024, False, True, dict(BN=64, cluster=1, l2_ahead=12)),
-    (300, 700, 200, True, True, dict(cluster=2, BN=256, l2_ahead=9)),
     # opt-in ping-pong schedule (CANDIDATE_CONFIGS): few SMs, so each warpgroup takes
     # several tiles (odd and even counts), hands the main loop over and skips ring stages
     (777, 1500, 1000, False, False, dict(schedule="pingpong", BM=128, BN=128, num_sms=8)),

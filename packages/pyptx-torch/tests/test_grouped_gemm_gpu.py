@@ -81,9 +81,6 @@ CASES = [
     ([2048] * 4, 256, 2048, dict(BM=64, BN=256, prefetch=True, cluster=4, cluster_along="m")),
     ([5, 0, 300, 1, 200, 0], 264, 200, dict(BM=64, BN=128, cluster=2, cluster_along="m")),
     ([129, 1, 63, 260], 136, 136, dict(BM=128, BN=128, cluster=4, cluster_along="m", num_sms=8)),
-    # L2 prefetches of A ahead of the ring
-    ([2048] * 4, 256, 2048, dict(BM=64, BN=256, prefetch=True, speculate=5, l2_ahead=8)),
-    ([5, 0, 300, 1, 200, 0], 264, 520, dict(BM=64, BN=128, stages=2, l2_ahead=3)),
 ]
 
 

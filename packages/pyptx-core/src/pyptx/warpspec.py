@@ -240,7 +240,7 @@ class RingMma:
 def load_ab_ring(pipe: Any, A: Any, B: Any, a_tile: Any, b_tile: Any, *, base: Any,
                  tile_range: tuple, coords: Any, num_kb: Any, BK: int, rank: Any = 0,
                  cluster: int = 1, multicast: bool = False, split: str = "rows",
-                 wait_scope: str | None = None, shared: str = "B", l2_ahead: int = 0) -> None:
+                 wait_scope: str | None = None, shared: str = "B") -> None:
     """The producer thread of a GEMM ring: for each tile ``t`` of ``ptx.loop(*tile_range)``
     at ``coords(t) = (m0, n0)`` and each of its ``num_kb`` k-blocks of ``BK``, acquire a
     free stage (A's tile, then B's, from ``base``), arm its barrier with the stage's bytes
@@ -248,10 +248,7 @@ def load_ab_ring(pipe: Any, A: Any, B: Any, a_tile: Any, b_tile: Any, *, base: A
     ``cluster`` CTAs share operand ``shared`` (``"B"``: CTAs along M; ``"A"``: along N),
     each copying a part of it to all, ``split="rows"`` (a slice of every slab) or
     ``"slabs"`` (whole slabs, alternating). ``wait_scope``: the acquire scope of the stage
-    waits. ``l2_ahead=d``: before waiting for the stage of k-block ``kb``, ask L2 for the
-    boxes of k-block ``kb + d`` of the same tile (``OperandTile.prefetch``; blocks
-    ``pipe.stages .. d - 1`` when a tile starts), so their memory latency is paid while the
-    ring is full."""
+    waits."""
     if shared not in ("A", "B"):
         raise ConfigError(f"{where()}: load_ab_ring: shared must be 'A' or 'B', got {shared!r}")
     a_bytes = a_tile.nbytes
@@ -260,34 +257,18 @@ def load_ab_ring(pipe: Any, A: Any, B: Any, a_tile: Any, b_tile: Any, *, base: A
     mask = (1 << cluster) - 1
     a_map = ptx.tma.tensormap_ptr(A.tmap)
     b_map = ptx.tma.tensormap_ptr(B.tmap)
-    def operands(m0, n0):
-        """(name, tile, tensor, mn0, offset in the stage, map, sharing keywords) of A, B."""
-        for name, tile, tensor, mn0, off, map_ptr in (("A", a_tile, A, m0, 0, a_map),
-                                                       ("B", b_tile, B, n0, a_bytes, b_map)):
-            share = ({"part" if split == "rows" else "slabs": (rank, cluster)}
-                     if multicast and name == shared else {})
-            yield name, tile, tensor, mn0, off, map_ptr, share
-
-    def prefetch(m0, n0, k0, pred=None):
-        for _, tile, tensor, mn0, _, map_ptr, share in operands(m0, n0):
-            tile.prefetch(tensor, mn0, k0, map_ptr=map_ptr, pred=pred, **share)
-
     for t in ptx.loop(*tile_range):
         m0, n0 = coords(t)
-        if l2_ahead:
-            for kb in range(pipe.stages, min(l2_ahead, num_kb) if isinstance(num_kb, int)
-                            else l2_ahead):
-                prefetch(m0, n0, kb * BK)
         for kb in ptx.loop(0, num_kb):
             k0 = kb * BK
-            if l2_ahead:
-                prefetch(m0, n0, k0 + l2_ahead * BK, pred=kb < num_kb - l2_ahead)
             pipe.acquire(st, scope=wait_scope)
             bar = pipe.arm(st, stage_bytes)
             sbase = st.stage * stage_bytes + base
-            for _, tile, tensor, mn0, off, map_ptr, share in operands(m0, n0):
+            for name, tile, tensor, mn0, off, map_ptr in (("A", a_tile, A, m0, 0, a_map),
+                                                           ("B", b_tile, B, n0, a_bytes, b_map)):
                 dst = sbase + off if off else sbase
-                if share:
+                if multicast and name == shared:
+                    share = {"part" if split == "rows" else "slabs": (rank, cluster)}
                     tile.load(dst, tensor, mn0, k0, bar, multicast_mask=mask, map_ptr=map_ptr,
                               **share)
                 else:
