@@ -1,0 +1,67 @@
+"""Fixed cost against per-k-block cost of the small-N grouped forward, beside ``bmm``: times
+``G x M x N x K`` for several K (do_bench, L2 flushed, interleaved rounds) so the intercept
+(launch, start-up, epilogue) and the slope (the k-loop) of each contender can be compared.
+
+    python tools/grouped_kscan.py [--shape 4x2048x256] [--ks 64 256 1024 2048]
+"""
+import argparse
+import statistics
+from pathlib import Path
+
+import torch
+from triton.testing import do_bench
+
+from pyptx.testing import load_module
+
+ROOT = Path(__file__).resolve().parents[1]
+gg = load_module(ROOT / "examples/hopper/grouped_gemm.py", "grouped_gemm_kscan")
+CONFIGS = {
+    "64x256 pf": dict(BM=64, BN=256, prefetch=True),
+    "64x256 pf spec5": dict(BM=64, BN=256, prefetch=True, speculate=5),
+    "128x128 c2 pf": dict(BM=128, BN=128, cluster=2, prefetch=True),
+    "128x256": dict(BM=128, BN=256),
+}
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--shape", default="4x2048x256")
+    p.add_argument("--ks", type=int, nargs="+", default=[64, 256, 1024, 2048])
+    p.add_argument("--rounds", type=int, default=3)
+    a = p.parse_args()
+    G, Mg, N = (int(v) for v in a.shape.split("x"))
+    M = G * Mg
+    rows = {}
+    for K in a.ks:
+        x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(G, K, N, device="cuda", dtype=torch.bfloat16)
+        offs = gg.random_offsets([Mg] * G)
+        x3 = x.view(G, Mg, K)
+        fns = {"bmm": lambda x3=x3, w=w: torch.bmm(x3, w)}
+        for name, cfg in CONFIGS.items():
+            k = gg.build_grouped(M, N, K, G, b_major="MN", **cfg)
+            fns[name] = lambda k=k, x=x, w=w, offs=offs: k(x, w, offs)
+        ref = torch.bmm(x3.float(), w.float()).view(M, N)
+        for name, fn in fns.items():
+            err = ((fn().float() - ref).norm() / ref.norm()).item()
+            assert err < 1e-2, f"K={K} {name}: rel err {err:.1e}"
+        t = {n: [] for n in fns}
+        keys = list(fns)
+        for r in range(a.rounds):
+            for n in keys[r % len(keys):] + keys[:r % len(keys)]:
+                t[n].append(do_bench(fns[n], rep=50, return_mode="median") * 1e3)
+        rows[K] = {n: statistics.median(v) for n, v in t.items()}
+    names = list(rows[a.ks[0]])
+    print(f"# {a.shape}: microseconds per call (do_bench median), K across")
+    print("| contender | " + " | ".join(f"K={k}" for k in a.ks) + " | slope us/k-block | intercept us |")
+    print("|---" * (len(a.ks) + 3) + "|")
+    for n in names:
+        ys = [rows[k][n] for k in a.ks]
+        xs = [k / 64 for k in a.ks]
+        mx, my = statistics.mean(xs), statistics.mean(ys)
+        slope = sum((u - mx) * (v - my) for u, v in zip(xs, ys)) / sum((u - mx) ** 2 for u in xs)
+        print(f"| {n} | " + " | ".join(f"{y:.1f}" for y in ys) + f" | {slope:.3f} | {my - slope * mx:.1f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,34 @@
+"""Launches for an ncu comparison of the small-N grouped forward and ``torch.bmm``: each
+contender twice after a warm-up (profile with ``--launch-skip`` past the warm-ups).
+
+    ncu --metrics ... python tools/grouped_ncu.py [--shape 4x2048x256x2048]
+"""
+import argparse
+from pathlib import Path
+
+import torch
+
+from pyptx.testing import load_module
+
+ROOT = Path(__file__).resolve().parents[1]
+gg = load_module(ROOT / "examples/hopper/grouped_gemm.py", "grouped_gemm_ncu")
+
+p = argparse.ArgumentParser()
+p.add_argument("--shape", default="4x2048x256x2048")
+a = p.parse_args()
+G, Mg, N, K = (int(v) for v in a.shape.split("x"))
+M = G * Mg
+x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+w = torch.randn(G, K, N, device="cuda", dtype=torch.bfloat16)
+offs = gg.random_offsets([Mg] * G)
+k = gg.build_grouped(M, N, K, G, b_major="MN", BM=64, BN=256, prefetch=True)
+x3 = x.view(G, Mg, K)
+for _ in range(2):          # warm-up (compile, cuBLAS heuristics)
+    k(x, w, offs)
+    torch.bmm(x3, w)
+torch.cuda.synchronize()
+for _ in range(2):
+    k(x, w, offs)
+    torch.bmm(x3, w)
+torch.cuda.synchronize()
+print("done")
