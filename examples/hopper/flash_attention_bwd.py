@@ -43,6 +43,9 @@ schedule has too few registers: ptxas serialises its wgmma, C7512). Measured on 
 (session 11, whole-program compile): 64 rows +5-10% over 32 at D=64; 64 rows without the
 overlap +5-10% over 32 with it at D=128. ``dkdv_bq=32`` and ``dkdv_overlap`` are the other
 options: ``build_dkdv``, ``bench(configs=...)`` and docs/dev/attention-backward.md.
+``fused_bq=128`` (D=64, opt-in): one kernel instead of the pair (``build_fused``: five
+products per block pair, dQ added by bulk tile reductions, in a fixed order with
+``dq_ordered``).
 """
 
 from __future__ import annotations
