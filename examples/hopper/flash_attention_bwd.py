@@ -980,7 +980,7 @@ FUSED_BKV = 128     # kv rows per CTA of the fused kernel (64 of dK/dV per consu
 FUSED_WRITTEN, FUSED_P_FREE, FUSED_SLABS = 1, 4, 2
 
 
-def _store_pairs(row_addr, xr16, acc, dst=None, dt=None):
+def _store_pairs(row_addr, xr16, acc, dt, dst=None):
     """Pack ``acc`` (a 64 x 128 fragment: q rows x kv columns) into 16-bit pairs and store them
     into a 128-byte swizzled tile of two 64-column slabs (row = q, kv contiguous): the MN-major
     A of ``P^T dO`` / ``dS^T Q``. ``row_addr``: this thread's row (and pair) in slab 0;
@@ -1031,7 +1031,7 @@ class _FusedPlan:
     """What ``build_fused``'s kernel knows at trace time: its tiles, the shared-memory layout
     and the order in which the kv blocks (CTAs) add into a q block's dQ."""
 
-    def __init__(self, B, S, Hq, Hkv, D, Sk, dt, causal, ordered, stages):
+    def __init__(self, S, Hq, Hkv, D, Sk, dt, causal, ordered, stages):
         self.S, self.Hq, self.D, self.Sk, self.dt = S, Hq, D, Sk, dt
         self.G = Hq // Hkv
         self.causal, self.ordered = causal, ordered
@@ -1139,7 +1139,7 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
     if D != 64:
         raise _fail(f"build_fused: head dim D must be 64 (at D=128 its five accumulators "
                     f"need more than {CONS_REGS} registers per thread), got {D}")
-    plan = _FusedPlan(B, S, Hq, Hkv, D, Sk, dt, causal, bool(ordered), stages)
+    plan = _FusedPlan(S, Hq, Hkv, D, Sk, dt, causal, bool(ordered), stages)
     if plan.smem > SMEM_LIMIT:
         raise _fail(f"build_fused: {plan.stages} stages need {plan.smem} bytes of shared memory "
                     f"(at most {SMEM_LIMIT})")
@@ -1233,7 +1233,6 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
             dq_n = reg.scalar(u32, init=0)
         else:
             dq_map = ptx.tma.tensormap_ptr(DQACC.tmap)
-        # kv column c of this thread's rows is allowed iff c <= lim (causal: c <= q)
         cons = pipe.consumer_state()
         rel = pipe.consumer_state()
         has_prev = reg.scalar(u32, init=0)
@@ -1292,7 +1291,7 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
                     ptx.wgmma.wait_group(0)
                     release_prev()
                 ptx.bar_sync(FUSED_P_FREE, 256)     # both warpgroups' dV of the last block done
-                _store_pairs(p_row, xr16, s_acc, dt=dt)
+                _store_pairs(p_row, xr16, s_acc, dt)
                 ptx.fence_proxy_async("shared::cta")
                 ptx.bar_sync(FUSED_WRITTEN, 256)    # both halves of P written
                 ptx.wgmma.fence()
@@ -1303,7 +1302,7 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
                     dr = Accumulator.coord(i)[0]
                     x = dp_acc[i] - delta[dr // 8]
                     ptx.inst.mul.f32(dp_acc[i], s_acc[i], x)
-                _store_pairs(ds_row, xr16, dp_acc, dst=ds_pack, dt=dt)
+                _store_pairs(ds_row, xr16, dp_acc, dt, dst=ds_pack)
                 ptx.fence_proxy_async("shared::cta")
                 ptx.bar_sync(FUSED_WRITTEN, 256)    # both halves of dS written
                 ptx.wgmma.fence()
