@@ -43,7 +43,7 @@ def main():
             fns[name] = lambda k=k, x=x, w=w, offs=offs: k(x, w, offs)
         ref = torch.bmm(x3.float(), w.float()).view(M, N)
         for name, fn in fns.items():
-            err = ((fn().float() - ref).norm() / ref.norm()).item()
+            err = ((fn().float().reshape(M, N) - ref).norm() / ref.norm()).item()
             assert err < 1e-2, f"K={K} {name}: rel err {err:.1e}"
         t = {n: [] for n in fns}
         keys = list(fns)
