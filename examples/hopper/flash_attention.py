@@ -736,8 +736,10 @@ def _differentiable(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, schedule, BN, st
     backward example or ``differentiable_kernel(save_outputs=)`` is not available.
     The backward for torch eager calls: at D=128, the dK/dV kernel also adds dQ, with TMA
     tile reductions in a fixed order (``dq_ordered``: five products, not seven, still
-    deterministic); ``deterministic=False``: in any order, at every D. JAX and
-    ``torch.compile`` traces run the seven-product pair (``AttentionBackward.fallback``)."""
+    deterministic); at D=64, the fused one-kernel backward (``fused_bq=128``, 128-row q
+    blocks) adds dQ the same way; ``deterministic=False``: in any order. JAX and
+    ``torch.compile`` traces run the seven-product pair (``AttentionBackward.fallback``), as
+    does a size the faster kernel refuses."""
     fwd = _forward(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, schedule, BN, stages, persistent,
                    pin_overlap, rescale_threshold)
     bwd_mod = _bwd_module()
@@ -746,20 +748,28 @@ def _differentiable(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, schedule, BN, st
     from pyptx.autodiff import differentiable_kernel
 
     try:
-        fast = {}
-        if not deterministic:
-            fast = dict(atomic_dq=True, dq_bulk=True)
-        elif D == 128 and not bwd_mod.safe_default():
-            fast = dict(atomic_dq=True, dq_bulk=True, dq_ordered=True)
         bwd = bwd_mod.build_attention_backward(B, S, Hq, Hkv, D, Sk=Sk, dtype=dtype,
                                                causal=causal, scale=scale)
-        if fast:
+    except PyptxError:  # a size the backward refuses
+        return fwd
+    fast = {}
+    if D == 64 and not bwd_mod.safe_default():
+        fast = dict(fused_bq=128, dq_ordered=deterministic)
+    elif not deterministic:
+        fast = dict(atomic_dq=True, dq_bulk=True)
+    elif D == 128 and not bwd_mod.safe_default():
+        fast = dict(atomic_dq=True, dq_bulk=True, dq_ordered=True)
+    if fast:
+        try:
             bwd = bwd_mod.build_attention_backward(
                 B, S, Hq, Hkv, D, Sk=Sk, dtype=dtype, causal=causal, scale=scale,
                 **fast).with_fallback(bwd)
+        except PyptxError:  # the pair alone
+            pass
+    try:
         return differentiable_kernel(fwd, bwd, save_for_backward=[0, 1, 2], save_outputs=[0, 1],
                                      num_grad_inputs=3)
-    except (TypeError, PyptxError):  # no save_outputs yet, or a size the backward refuses
+    except TypeError:  # no save_outputs yet
         return fwd
 
 

@@ -466,8 +466,8 @@ def test_deterministic_false_builds_the_bulk_dq_backward():
 
 def test_attention_default_backward_per_head_dim():
     """``attention()``'s torch-eager backward: D=128 the ordered bulk-dQ kernels (five
-    products, deterministic) with the seven-product pair as the fallback for JAX and graph
-    traces; D=64 the pair itself."""
+    products, deterministic) and D=64 the fused one-kernel backward (ordered), each with the
+    seven-product pair as the fallback for JAX and graph traces."""
     fa = load_module(EX.parent / "flash_attention.py", "flash_attention_cpu_default")
 
     def bwd_of(D):
@@ -479,7 +479,9 @@ def test_attention_default_backward_per_head_dim():
     assert "_ordered" in b128.kernels[1].name and b128.fallback is not None
     assert b128.fallback.dq_kernel is not None and b128.fallback.in_specs == b128.in_specs
     b64 = bwd_of(64)
-    assert b64.dq_kernel is not None and b64.fallback is None
+    assert any("fused" in k.name and "ordered" in k.name for k in b64.kernels), \
+        [k.name for k in b64.kernels]
+    assert b64.fallback is not None and b64.fallback.dq_kernel is not None
     with pytest.raises(ConfigError, match="other sizes"):
         b128.with_fallback(fab.build_attention_backward(1, 128, 2, 2, 128))
 

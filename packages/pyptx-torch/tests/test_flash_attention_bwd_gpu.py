@@ -112,11 +112,12 @@ def test_bulk_dq_modes(B, S, Hq, Hkv, D, dtn, causal, opts):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_attention_default_d128_backward_is_deterministic(causal):
-    """``attention()`` at D=128 (the ordered bulk-dQ backward): float64 autograd, and two
-    runs give bitwise-equal gradients."""
+@pytest.mark.parametrize("D", [128, 64])
+def test_attention_default_backward_is_deterministic(causal, D):
+    """``attention()``'s default backward (D=128: the ordered bulk-dQ dK/dV kernel; D=64: the
+    fused kernel, ordered): float64 autograd, and two runs give bitwise-equal gradients."""
     fa = load_module(HOPPER / "flash_attention.py", "flash_attention_bwd_gpu_det")
-    q0, k0, v0, do = _inputs(2, 700, 4, 2, 128, "bf16")
+    q0, k0, v0, do = _inputs(2, 700, 4, 2, D, "bf16")
     _, _, *refs = fab.reference(q0, k0, v0, do, causal)
     grads = []
     for _ in range(2):
@@ -127,10 +128,12 @@ def test_attention_default_d128_backward_is_deterministic(causal):
     assert all(torch.equal(x, y) for x, y in zip(*grads))
 
 
-def test_attention_deterministic_false_gradients():
-    """``attention(..., deterministic=False)`` through torch autograd: the bulk-dQ backward."""
+@pytest.mark.parametrize("D", [128, 64])
+def test_attention_deterministic_false_gradients(D):
+    """``attention(..., deterministic=False)`` through torch autograd: the bulk-dQ backward
+    (D=64: the fused kernel, any order)."""
     fa = load_module(HOPPER / "flash_attention.py", "flash_attention_bwd_gpu_fwd")
-    q, k, v, do = _inputs(2, 300, 4, 2, 128, "bf16")
+    q, k, v, do = _inputs(2, 300, 4, 2, D, "bf16")
     _, _, *refs = fab.reference(q, k, v, do, True)
     q, k, v = (x.requires_grad_() for x in (q, k, v))
     fa.attention(q, k, v, causal=True, deterministic=False).backward(do)
