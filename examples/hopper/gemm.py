@@ -387,6 +387,10 @@ CANDIDATE_CONFIGS = {
     "pingpong 64x256 c2": dict(schedule="pingpong", BM=64, BN=256, cluster=2),
     # 2-CTA clusters along N sharing A (one m-block: M = 128)
     "128x64 c2 along n": dict(BM=128, BN=64, cluster=2, cluster_along="n"),
+    # larger tiles, as cuBLAS picks for the large shapes (192x192 at 6144^3 and 8192 x 28672
+    # x 8192): three consumer warpgroups of 64 x 192, 3 stages
+    "192x192 c2": dict(BM=192, BN=192, cluster=2),
+    "192x192 c1": dict(BM=192, BN=192, cluster=1),
 }
 """Opt-in ``build_gemm`` configurations under evaluation: name -> keywords."""
 

@@ -153,6 +153,16 @@ def test_gemm_in_2_cta_clusters_along_n(M, config):
     assert run_gemm(M, 264, 200, cluster=2, cluster_along="n", num_sms=4, **config) < TOL["bf16"]
 
 
+# three consumer warpgroups on 192 x 192 tiles (the tile cuBLAS picks at 6144^3 and
+# 8192 x 28672 x 8192): odd slab counts, ragged edges, both layouts, a cluster
+@pytest.mark.parametrize("config", [
+    dict(BM=192, BN=192, cluster=2, num_sms=4),
+    dict(BM=192, BN=192, cluster=1, num_sms=3, a_major="MN", b_major="K"),
+])
+def test_gemm_192x192_tiles(config):
+    assert run_gemm(400, 264, 200, **config) < TOL["bf16"]
+
+
 # ---------------------------------------------------------------------- grouped GEMM
 grouped = load_module(HERE.parents[3] / "examples" / "hopper" / "grouped_gemm.py", "tc_sim_grouped")
 

@@ -79,6 +79,9 @@ CASES = [
     (2048, 2048, 2048, False, False, dict(BM=64, BN=256, cluster=1)),
     (128, 1000, 520, False, True, dict(BN=64, cluster=2, cluster_along="n")),
     (300, 700, 200, True, False, dict(BN=128, cluster=2, cluster_along="n")),
+    # 192 x 192 tiles (three consumer warpgroups): ragged edges, odd slab counts, a cluster
+    (777, 1500, 1000, False, False, dict(BM=192, BN=192, cluster=2)),
+    (4095, 4097, 4100, True, True, dict(BM=192, BN=192, cluster=1, num_sms=16)),
     # opt-in ping-pong schedule (CANDIDATE_CONFIGS): few SMs, so each warpgroup takes
     # several tiles (odd and even counts), hands the main loop over and skips ring stages
     (777, 1500, 1000, False, False, dict(schedule="pingpong", BM=128, BN=128, num_sms=8)),
