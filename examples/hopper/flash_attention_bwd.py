@@ -978,6 +978,10 @@ FUSED_BKV = 128     # kv rows per CTA of the fused kernel (64 of dK/dV per consu
 # named barriers of the fused kernel's consumers: both warpgroups (256 threads) for the
 # shared P / dS tiles, one warpgroup (128) for its dQ slabs in the any-order mode
 FUSED_WRITTEN, FUSED_P_FREE, FUSED_SLABS = 1, 4, 2
+# fused_pingpong: one-way signals between the warpgroups (bar.arrive by one, bar.sync by the
+# other, 256 threads), id + w for warpgroup w's: its half of P / dS written; its reads of the
+# other warpgroup's half of the last P / dS done
+PP_P_WRITTEN, PP_DS_WRITTEN, PP_P_READ, PP_DS_READ = 5, 7, 9, 11
 
 
 def _store_pairs(row_addr, xr16, acc, dt, dst=None):
@@ -1005,10 +1009,11 @@ def _zero_rows(row_addr, quarter, slabs, slab_bytes):
                 ptx.inst.st.shared.v4.b32(ptx.addr(row_addr + quarter * 32, at), [zero] * 4)
 
 
-def _mma_steps(acc, a_tile, a, b_tile, b, n, dt, overwrite=False, commit=True):
-    """Every k-step of ``acc (+)= A B`` with both operands in shared memory (descriptors
-    ``a`` / ``b`` of k-step 0), then its commit group unless ``commit=False``."""
-    for kk in range(a_tile.k_steps):
+def _mma_steps(acc, a_tile, a, b_tile, b, n, dt, overwrite=False, commit=True, steps=None):
+    """Every k-step (or those of ``steps``) of ``acc (+)= A B`` with both operands in shared
+    memory (descriptors ``a`` / ``b`` of k-step 0), then its commit group unless
+    ``commit=False``."""
+    for kk in range(a_tile.k_steps) if steps is None else steps:
         ptx.wgmma.mma_async(acc.regs, a_tile.advance(a, kk), b_tile.advance(b, kk), n=n,
                             dtype_ab=dt.name, scale_d=0 if overwrite and kk == 0 else 1,
                             trans_a=a_tile.trans, trans_b=b_tile.trans)
@@ -1118,7 +1123,7 @@ class _FusedPlan:
 
 
 def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None,
-                stages=None, ordered=False, defer=False):
+                stages=None, ordered=False, defer=False, pingpong=0):
     """One-kernel backward: ``(Q, K, V, DO, STATS, DQACC) -> (DK, DV)``, adding every
     block's ``scale * dS K`` into the f32 ``DQACC`` ``(B, S, Hq, D)`` in place (STATS and
     a zeroed DQACC from ``build_prep``; ``build_convert`` makes dQ of it).
@@ -1134,11 +1139,18 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
     ``defer``: a block's dK product is issued after the next block's S and dP, so that
     the tensor cores have it and dP to run during the next block's exponentials (otherwise
     it runs beside the next S and dP, and only dP is left for the exponentials).
+    ``pingpong`` (1 or 2): warpgroup 1 runs about half a block behind warpgroup 0 (one-way
+    barriers instead of the shared ones; see ``pingpong_loop``), the leader multiplying the
+    follower's half of a block's P and dS right after the next block's S and dP (1) or
+    after its own half of dV (2).
     Head dim 64 only (at D=128 the five accumulators do not fit 240 registers)."""
     Sk, dt, scale, _, _, G, Sp = _common_options(B, S, Hq, Hkv, D, Sk, dtype, scale, False, False)
     if D != 64:
         raise _fail(f"build_fused: head dim D must be 64 (at D=128 its five accumulators "
                     f"need more than {CONS_REGS} registers per thread), got {D}")
+    if pingpong not in (0, 1, 2) or (pingpong and defer):
+        raise _fail(f"build_fused: pingpong must be 0, 1 or 2 and not with defer, got "
+                    f"pingpong={pingpong!r}, defer={defer!r}")
     plan = _FusedPlan(S, Hq, Hkv, D, Sk, dt, causal, bool(ordered), stages)
     if plan.smem > SMEM_LIMIT:
         raise _fail(f"build_fused: {plan.stages} stages need {plan.smem} bytes of shared memory "
@@ -1240,6 +1252,8 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
         # against a zeroed dS (a product of zeros: no branch around the wgmma, which would
         # make ptxas inject fences, C7519)
         prev_qmn = reg.scalar(u64, init=qmn_desc0)
+        if pingpong:                                # and its dO (B of its dV)
+            prev_domn = reg.scalar(u64, init=domn_desc0)
         if defer:
             _zero_rows(ds_row - (lane & 3) * 4, lane & 3, pt_tile.slabs, FUSED_BQ * 128)
             ptx.fence_proxy_async("shared::cta")
@@ -1253,98 +1267,236 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
         def dk_product(qmn, commit=True):
             _mma_steps(dk_acc, pt_tile, dst_desc, q_mn, qmn, D, dt, commit=commit)
 
+        def block_start(step):
+            """Wait for the block's stage and issue ``S = Q K^T`` and ``dP = dO V^T``. Returns
+            its first row, this thread's first row and the B descriptors of its Q and dO."""
+            qb = plan.q_block(step, kb)
+            q0 = qb * FUSED_BQ
+            qrow = q0 + w * 64 + row0               # this thread's q rows: qrow, qrow + 8
+            pipe.wait(cons)
+            soff = reg.from_(reg.from_(cons.stage * (stage_bytes >> 4), u32), u64)
+            qd, dod = q_desc0 + soff, do_desc0 + soff
+            qmn, domn = qmn_desc0 + soff, domn_desc0 + soff
+            ptx.wgmma.fence()
+            _mma_steps(s_acc, q_tile, qd, kv_tile, k_desc, FUSED_BKV, dt, overwrite=True)
+            _mma_steps(dp_acc, q_tile, dod, kv_tile, v_desc, FUSED_BKV, dt, overwrite=True)
+            return q0, qrow, qmn, domn
+
+        def row_stats(hq, qrow):
+            """``(-lse * log2 e, delta)`` of this thread's two rows (lists of two)."""
+            srow = reg.from_((b * Hq + hq) * Sp + qrow, u64) * 8 + pstats
+            nl2, delta = [], []
+            for r in (0, 8):
+                pair = reg.array(f32, 2)
+                ptx.inst.ld.global_.nc.v2.f32(pair, ptx.addr(srow, 8 * r))
+                nl2.append(-pair[0])
+                delta.append(pair[1])
+            return nl2, delta
+
+        def softmax(nl2, q0, qrow):
+            """``P = exp2(S * c1 - lse2)`` in place, masked."""
+            for i in range(len(s_acc)):
+                dr = Accumulator.coord(i)[0]
+                ptx.inst.fma.rn.f32(s_acc[i], s_acc[i], c1, nl2[dr // 8])
+                ptx.inst.ex2.approx.ftz.f32(s_acc[i], s_acc[i])
+            _fused_mask(s_acc, causal, Sk, k0, q0, qrow, col0)
+
+        def ds_from_dp(delta):
+            """``dS = P * (dP - delta)`` in place of dP."""
+            for i in range(len(dp_acc)):
+                dr = Accumulator.coord(i)[0]
+                x = dp_acc[i] - delta[dr // 8]
+                ptx.inst.mul.f32(dp_acc[i], s_acc[i], x)
+
+        def dq_product():
+            """``dQ = dS K`` (its own group), dS from registers."""
+            for kk in range(FUSED_BKV // 16):
+                ptx.wgmma.mma_async(dq_acc.regs, list(ds_pack)[4 * kk:4 * kk + 4],
+                                    kv_mn.advance(kmn_desc, kk), n=D, dtype_ab=dt.name,
+                                    scale_d=0 if kk == 0 else 1, trans_b=kv_mn.trans)
+            ptx.wgmma.commit_group()
+
+        def hand_over_dq(hq, q0):
+            """Stage ``scale * dQ`` in the warpgroup's slabs once they are free, then hand
+            them to the writer thread (ordered) or reduce them into DQACC (the leader)."""
+            if ordered:                         # the writer has read the slabs
+                ptx.mbarrier.wait(dq_empty.at(w), (dq_n & 1) ^ 1)
+            else:                               # the last reductions have read them
+                with ptx.if_(leader):
+                    ptx.tma.wait_group(0, read=True)
+                ptx.bar_sync(FUSED_SLABS + w, 128)
+            _stage_dq(dq_acc, dq_row, dq_x, scale)
+            ptx.fence_proxy_async("shared::cta")
+            if ordered:
+                ptx.mbarrier.arrive(dq_full.at(w))
+                ptx.inst.add.u32(dq_n, dq_n, 1)
+            else:
+                ptx.bar_sync(FUSED_SLABS + w, 128)
+                with ptx.if_(leader):
+                    for j in range(D // 32):
+                        ptx.tma.reduce_tile(dq_map, (32 * j, hq, q0 + w * 64, b),
+                                            dq_buf + j * SLAB_BYTES if j else dq_buf)
+                    ptx.tma.commit_group()
+
+        def lockstep_loop():
+            """Both warpgroups through every block together (named barriers of 256 threads
+            around the shared P and dS)."""
+            for g in ptx.loop(0, G):
+                hq = hk * G + g
+                for step in ptx.loop(qb0, plan.num_q):
+                    q0, qrow, qmn, domn = block_start(step)
+                    if defer:                           # the last block's dK, under this softmax
+                        dk_product(prev_qmn)
+                    nl2, delta = row_stats(hq, qrow)
+                    if defer:
+                        ptx.wgmma.wait_group(2)         # S done
+                    else:
+                        ptx.wgmma.wait_group(1)         # S (and the previous block's dK) done
+                        release_prev()
+                    softmax(nl2, q0, qrow)
+                    if defer:   # dP and the last dK done: dS is free once both consumers are here
+                        ptx.wgmma.wait_group(0)
+                        release_prev()
+                    ptx.bar_sync(FUSED_P_FREE, 256)     # both warpgroups' dV of the last block done
+                    _store_pairs(p_row, xr16, s_acc, dt)
+                    ptx.fence_proxy_async("shared::cta")
+                    ptx.bar_sync(FUSED_WRITTEN, 256)    # both halves of P written
+                    ptx.wgmma.fence()
+                    _mma_steps(dv_acc, pt_tile, pt_desc, q_mn, domn, D, dt)
+                    if not defer:
+                        ptx.wgmma.wait_group(1)         # dP done
+                    ds_from_dp(delta)
+                    _store_pairs(ds_row, xr16, dp_acc, dt, dst=ds_pack)
+                    ptx.fence_proxy_async("shared::cta")
+                    ptx.bar_sync(FUSED_WRITTEN, 256)    # both halves of dS written
+                    ptx.wgmma.fence()
+                    dq_product()
+                    if defer:
+                        ptx.wgmma.wait_group(0)         # dV and dQ done
+                        ptx.inst.mov.b64(prev_qmn, qmn)
+                    else:
+                        dk_product(qmn)
+                        ptx.wgmma.wait_group(1)         # dV and dQ done, dK may run on
+                    hand_over_dq(hq, q0)
+                    ptx.inst.mov.u32(has_prev, 1)
+                    cons.advance()
+            if defer:                                   # the last block's dK
+                with ptx.if_(has_prev != 0):
+                    ptx.wgmma.fence()
+                    dk_product(prev_qmn)
+                    ptx.wgmma.wait_group(0)
+            ptx.wgmma.wait_group(0)
+            with ptx.if_(has_prev != 0):
+                pipe.release(rel, pred=leader)
+
+        def pingpong_loop(lead):
+            """Warpgroup 0 (``lead``) runs about half a block ahead of warpgroup 1, so that
+            one's exponentials run beside the other's products. Each multiplies its own half
+            of P / dS (its q rows) into dV / dK as soon as it is written; warpgroup 1 finds
+            the leader's half written and multiplies all 128 q rows at once, the leader the
+            follower's half of a block during the next block (``other_halves``). One-way
+            named barriers (``PP_*``) hand the halves over and free them; the counts of
+            arrivals and waits match per barrier, and each one's next arrival waits for
+            the previous round (so no round sees the same warpgroup twice)."""
+            me = 0 if lead else 1
+            own = range(4 * me, 4 * me + 4)         # the k-steps (16 q rows) of its rows
+            other = range(4 - 4 * me, 8 - 4 * me)
+
+            def other_halves():
+                """The last block's dV and dK over the follower's q rows (one group)."""
+                ptx.bar_sync(PP_P_WRITTEN + 1, 256)
+                _mma_steps(dv_acc, pt_tile, pt_desc, q_mn, prev_domn, D, dt, commit=False,
+                           steps=other)
+                ptx.bar_sync(PP_DS_WRITTEN + 1, 256)
+                _mma_steps(dk_acc, pt_tile, dst_desc, q_mn, prev_qmn, D, dt, steps=other)
+
+            def hand_over(row, data, written, read, pack=None):
+                """Store this warpgroup's half of P or dS once the other warpgroup has read
+                its last one, and signal it written (after the warpgroup's own barrier)."""
+                if lead:
+                    with ptx.if_(has_prev != 0):
+                        ptx.bar_sync(read + 1, 256)
+                else:   # the leader's first read multiplies the zeros written below
+                    ptx.bar_sync(read, 256)
+                _store_pairs(row, xr16, data, dt, dst=pack)
+                ptx.fence_proxy_async("shared::cta")
+                ptx.bar_sync(FUSED_SLABS + w, 128)
+                ptx.bar_arrive(written + me, 256)
+                if not lead:
+                    ptx.bar_sync(written, 256)      # the leader's half
+
+            if not lead:    # "block -1": zero halves for the leader's first other_halves
+                for row in (p_row, ds_row):
+                    _zero_rows(row - (lane & 3) * 4, lane & 3, pt_tile.slabs, FUSED_BQ * 128)
+                ptx.fence_proxy_async("shared::cta")
+                ptx.bar_sync(FUSED_SLABS + w, 128)
+                ptx.bar_arrive(PP_P_WRITTEN + 1, 256)
+                ptx.bar_arrive(PP_DS_WRITTEN + 1, 256)
+            early = lead and pingpong == 1          # other halves right after S and dP
+            for g in ptx.loop(0, G):
+                hq = hk * G + g
+                for step in ptx.loop(qb0, plan.num_q):
+                    q0, qrow, qmn, domn = block_start(step)
+                    if early:
+                        other_halves()
+                    nl2, delta = row_stats(hq, qrow)
+                    ptx.wgmma.wait_group(2 if early else 1)     # S done
+                    if not lead:                    # and the last dK: the leader's dS read
+                        with ptx.if_(has_prev != 0):
+                            ptx.bar_arrive(PP_DS_READ + 1, 256)
+                        release_prev()
+                    softmax(nl2, q0, qrow)
+                    hand_over(p_row, s_acc, PP_P_WRITTEN, PP_P_READ)
+                    ptx.wgmma.fence()
+                    _mma_steps(dv_acc, pt_tile, pt_desc, q_mn, domn, D, dt,
+                               steps=own if lead else None)
+                    if lead and not early:
+                        other_halves()
+                    ptx.wgmma.wait_group(2 if lead else 1)      # dP done
+                    ds_from_dp(delta)
+                    hand_over(ds_row, dp_acc, PP_DS_WRITTEN, PP_DS_READ, pack=ds_pack)
+                    ptx.wgmma.fence()
+                    dq_product()
+                    _mma_steps(dk_acc, pt_tile, dst_desc, q_mn, qmn, D, dt,
+                               steps=own if lead else None)
+                    ptx.wgmma.wait_group(1)     # dQ done, and all but this block's dK
+                    if lead:                    # the follower's last halves read
+                        ptx.bar_arrive(PP_P_READ, 256)
+                        ptx.bar_arrive(PP_DS_READ, 256)
+                        release_prev()
+                        ptx.inst.mov.b64(prev_qmn, qmn)
+                        ptx.inst.mov.b64(prev_domn, domn)
+                    else:                       # the leader's P read (by dV)
+                        ptx.bar_arrive(PP_P_READ + 1, 256)
+                    hand_over_dq(hq, q0)
+                    ptx.inst.mov.u32(has_prev, 1)
+                    cons.advance()
+            ptx.wgmma.wait_group(0)
+            if lead:                            # the follower's halves of the last block
+                ptx.bar_sync(PP_P_WRITTEN + 1, 256)
+                ptx.bar_sync(PP_DS_WRITTEN + 1, 256)
+                with ptx.if_(has_prev != 0):
+                    ptx.wgmma.fence()
+                    _mma_steps(dv_acc, pt_tile, pt_desc, q_mn, prev_domn, D, dt, commit=False,
+                               steps=other)
+                    _mma_steps(dk_acc, pt_tile, dst_desc, q_mn, prev_qmn, D, dt, steps=other)
+                    ptx.wgmma.wait_group(0)
+                    ptx.bar_sync(PP_P_READ + 1, 256)
+                    ptx.bar_sync(PP_DS_READ + 1, 256)
+            else:
+                with ptx.if_(has_prev != 0):
+                    ptx.bar_arrive(PP_DS_READ + 1, 256)
+            with ptx.if_(has_prev != 0):
+                pipe.release(rel, pred=leader)
 
         ptx.mbarrier.wait(head_bar.at(0), 0)
-        for g in ptx.loop(0, G):
-            hq = hk * G + g
-            for step in ptx.loop(qb0, plan.num_q):
-                qb = plan.q_block(step, kb)
-                q0 = qb * FUSED_BQ
-                qrow = q0 + w * 64 + row0           # this thread's q rows: qrow, qrow + 8
-                pipe.wait(cons)
-                soff = reg.from_(reg.from_(cons.stage * (stage_bytes >> 4), u32), u64)
-                qd, dod = q_desc0 + soff, do_desc0 + soff
-                qmn, domn = qmn_desc0 + soff, domn_desc0 + soff
-                ptx.wgmma.fence()
-                _mma_steps(s_acc, q_tile, qd, kv_tile, k_desc, FUSED_BKV, dt, overwrite=True)
-                _mma_steps(dp_acc, q_tile, dod, kv_tile, v_desc, FUSED_BKV, dt, overwrite=True)
-                if defer:                           # the last block's dK, under this softmax
-                    dk_product(prev_qmn)
-                srow = reg.from_((b * Hq + hq) * Sp + qrow, u64) * 8 + pstats
-                nl2, delta = [], []
-                for r in (0, 8):                    # (lse * log2 e, delta) of each row
-                    pair = reg.array(f32, 2)
-                    ptx.inst.ld.global_.nc.v2.f32(pair, ptx.addr(srow, 8 * r))
-                    nl2.append(-pair[0])
-                    delta.append(pair[1])
-                if defer:
-                    ptx.wgmma.wait_group(2)         # S done
-                else:
-                    ptx.wgmma.wait_group(1)         # S (and the previous block's dK) done
-                    release_prev()
-                for i in range(len(s_acc)):         # P = exp2(S * c1 - lse2), in place
-                    dr = Accumulator.coord(i)[0]
-                    ptx.inst.fma.rn.f32(s_acc[i], s_acc[i], c1, nl2[dr // 8])
-                    ptx.inst.ex2.approx.ftz.f32(s_acc[i], s_acc[i])
-                _fused_mask(s_acc, causal, Sk, k0, q0, qrow, col0)
-                if defer:   # dP and the last dK done: dS is free once both consumers are here
-                    ptx.wgmma.wait_group(0)
-                    release_prev()
-                ptx.bar_sync(FUSED_P_FREE, 256)     # both warpgroups' dV of the last block done
-                _store_pairs(p_row, xr16, s_acc, dt)
-                ptx.fence_proxy_async("shared::cta")
-                ptx.bar_sync(FUSED_WRITTEN, 256)    # both halves of P written
-                ptx.wgmma.fence()
-                _mma_steps(dv_acc, pt_tile, pt_desc, q_mn, domn, D, dt)
-                if not defer:
-                    ptx.wgmma.wait_group(1)         # dP done
-                for i in range(len(dp_acc)):        # dS = P * (dP - delta), in place
-                    dr = Accumulator.coord(i)[0]
-                    x = dp_acc[i] - delta[dr // 8]
-                    ptx.inst.mul.f32(dp_acc[i], s_acc[i], x)
-                _store_pairs(ds_row, xr16, dp_acc, dt, dst=ds_pack)
-                ptx.fence_proxy_async("shared::cta")
-                ptx.bar_sync(FUSED_WRITTEN, 256)    # both halves of dS written
-                ptx.wgmma.fence()
-                for kk in range(FUSED_BKV // 16):   # dQ = dS K, dS from registers
-                    ptx.wgmma.mma_async(dq_acc.regs, list(ds_pack)[4 * kk:4 * kk + 4],
-                                        kv_mn.advance(kmn_desc, kk), n=D, dtype_ab=dt.name,
-                                        scale_d=0 if kk == 0 else 1, trans_b=kv_mn.trans)
-                ptx.wgmma.commit_group()
-                if defer:
-                    ptx.wgmma.wait_group(0)         # dV and dQ done
-                    ptx.inst.mov.b64(prev_qmn, qmn)
-                else:
-                    dk_product(qmn)
-                    ptx.wgmma.wait_group(1)         # dV and dQ done, dK may run on
-                if ordered:                         # the writer has read the slabs
-                    ptx.mbarrier.wait(dq_empty.at(w), (dq_n & 1) ^ 1)
-                else:                               # the last reductions have read them
-                    with ptx.if_(leader):
-                        ptx.tma.wait_group(0, read=True)
-                    ptx.bar_sync(FUSED_SLABS + w, 128)
-                _stage_dq(dq_acc, dq_row, dq_x, scale)
-                ptx.fence_proxy_async("shared::cta")
-                if ordered:
-                    ptx.mbarrier.arrive(dq_full.at(w))
-                    ptx.inst.add.u32(dq_n, dq_n, 1)
-                else:
-                    ptx.bar_sync(FUSED_SLABS + w, 128)
-                    with ptx.if_(leader):
-                        for j in range(D // 32):
-                            ptx.tma.reduce_tile(dq_map, (32 * j, hq, q0 + w * 64, b),
-                                                dq_buf + j * SLAB_BYTES if j else dq_buf)
-                        ptx.tma.commit_group()
-                ptx.inst.mov.u32(has_prev, 1)
-                cons.advance()
-        if defer:                                   # the last block's dK
-            with ptx.if_(has_prev != 0):
-                ptx.wgmma.fence()
-                dk_product(prev_qmn)
-                ptx.wgmma.wait_group(0)
-        ptx.wgmma.wait_group(0)
-        with ptx.if_(has_prev != 0):
-            pipe.release(rel, pred=leader)
+        if pingpong:
+            with ptx.if_(w == 0):
+                pingpong_loop(True)
+            with ptx.else_():
+                pingpong_loop(False)
+        else:
+            lockstep_loop()
         if not ordered:
             with ptx.if_(leader):
                 ptx.tma.wait_group(0, read=True)
@@ -1354,7 +1506,8 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
         ptx.ret()
 
     name = (f"attn_bwd_fused_{dt.name}_d{D}_h{Hq}x{Hkv}{'_causal' if causal else ''}"
-            f"{'_ordered' if ordered else ''}{'_defer' if defer else ''}")
+            f"{'_ordered' if ordered else ''}{'_defer' if defer else ''}"
+            f"{f'_pp{pingpong}' if pingpong else ''}")
     ins = (qspec, kspec, kspec, qspec, Tile(B, Hq, Sp, 2, f32), Tile(B, S, Hq, D, f32))
     if ordered:
         ins += (Tile(B, Hq, plan.nq_sem, 2, s32),)
@@ -1497,7 +1650,7 @@ class AttentionBackward:
 def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None,
                              safe=None, atomic_dq=False, dkdv_bq=None, dkdv_overlap=None,
                              dq_bulk=False, dq_ordered=False, dq_bkv=None, fused_bq=None,
-                             fused_defer=False):
+                             fused_defer=False, fused_pingpong=0):
     """The backward kernels for these sizes: ``bwd(q, k, v, o, lse, do, dlse) -> (dq, dk,
     dv)``. ``safe=True`` (or ``PYPTX_ATTN_BWD_SAFE=1``): the simplest schedule, for
     bisecting. ``atomic_dq=True``: dQ accumulated by the dK/dV kernel with f32 atomics (no
@@ -1510,16 +1663,22 @@ def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=
     ``fused_bq=128`` (D=64): one kernel instead of the pair, 128-row q blocks, dQ added by
     bulk reductions in any order, or in a fixed order with ``dq_ordered`` (``build_fused``;
     like ``atomic_dq``, torch eager only); ``fused_defer``: its schedule that issues a
-    block's dK product after the next block's S and dP (``build_fused``'s ``defer``)."""
+    block's dK product after the next block's S and dP (``build_fused``'s ``defer``);
+    ``fused_pingpong`` (1 or 2): its schedule with warpgroup 1 half a block behind
+    warpgroup 0 (``build_fused``'s ``pingpong``)."""
     safe = safe_default() if safe is None else bool(safe)
-    if fused_defer and fused_bq is None:
-        raise _fail("build_attention_backward: fused_defer is a schedule of fused_bq=128")
+    if (fused_defer or fused_pingpong) and fused_bq is None:
+        raise _fail("build_attention_backward: fused_defer and fused_pingpong are schedules "
+                    "of fused_bq=128")
+    if fused_pingpong not in (0, 1, 2) or (fused_pingpong and fused_defer):
+        raise _fail(f"build_attention_backward: fused_pingpong must be 0, 1 or 2 and not "
+                    f"with fused_defer, got {fused_pingpong!r}")
     if fused_bq is not None:
         _check_fused("build_attention_backward", fused_bq, safe, atomic_dq, dkdv_bq,
                      dkdv_overlap, dq_bulk, dq_bkv)
         return _build(B, S, Hq, Hkv, D, S if Sk is None else Sk, dtype, causal, scale, safe,
                       True, dq_ordered=bool(dq_ordered), fused_bq=fused_bq,
-                      fused_defer=bool(fused_defer))
+                      fused_defer=bool(fused_defer), fused_pingpong=int(fused_pingpong))
     if dkdv_bq not in (None, 32, 64):
         raise ConfigError(f"build_attention_backward: dkdv_bq must be 32 or 64, got {dkdv_bq!r}")
     if dq_bkv not in (None, 32, 64, 128) or (dq_bkv is not None and atomic_dq):
@@ -1538,8 +1697,8 @@ def default_dq_bkv(D):
 
 
 OPTIONS = ("dkdv_bq", "dkdv_overlap", "atomic_dq", "dq_bulk", "dq_ordered",
-           "dq_bkv", "fused_bq", "fused_defer")  # build_attention_backward's
-INT_OPTIONS = ("dkdv_bq", "dq_bkv", "fused_bq")
+           "dq_bkv", "fused_bq", "fused_defer", "fused_pingpong")  # build_attention_backward's
+INT_OPTIONS = ("dkdv_bq", "dq_bkv", "fused_bq", "fused_pingpong")
 
 
 def _check_fused(fn, fused_bq, safe, atomic_dq, dkdv_bq, dkdv_overlap, dq_bulk, dq_bkv):
@@ -1570,13 +1729,14 @@ def parse_options(text):
 
 @functools.lru_cache(maxsize=64)
 def _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, safe, atomic_dq, dkdv_bq=None, overlap=None,
-           dq_bulk=False, dq_ordered=False, dq_bkv=None, fused_bq=None, fused_defer=False):
+           dq_bulk=False, dq_ordered=False, dq_bkv=None, fused_bq=None, fused_defer=False,
+           fused_pingpong=0):
     kw = dict(Sk=Sk, dtype=dtype, causal=causal, scale=scale, safe=safe)
     dkdv_kw = dict(kw, BQ=dkdv_bq, overlap=overlap)
     dt = _dtype(dtype)
     if fused_bq:
         fused = build_fused(B, S, Hq, Hkv, D, Sk=Sk, dtype=dtype, causal=causal, scale=scale,
-                            ordered=dq_ordered, defer=fused_defer)
+                            ordered=dq_ordered, defer=fused_defer, pingpong=fused_pingpong)
         kernels = (build_prep(B, S, Hq, D, dtype=dtype, counters=dq_ordered),
                    fused, build_convert(B, S, Hq, D, dtype=dtype))
     elif atomic_dq:

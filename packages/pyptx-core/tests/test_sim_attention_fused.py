@@ -65,23 +65,32 @@ def _simulate(bwd, inputs, ordered):
     return dq, dk, dv
 
 
-@pytest.mark.parametrize("S,Sk,Hq,Hkv,causal,ordered,defer,dt", [
-    (300, 300, 2, 1, True, True, False, "bf16"),    # causal chain: from the diagonal down
-    (300, 300, 2, 1, False, False, False, "bf16"),  # any order
-    (300, 200, 2, 1, False, True, False, "bf16"),   # ascending order (a wavefront), Sk < S
-    (200, 300, 3, 1, True, False, False, "bf16"),   # causal, a kv block with no q block (Sk > S)
-    (130, 130, 2, 2, True, True, False, "f16"),
-    (300, 300, 2, 1, True, True, True, "bf16"),     # fused_defer: dK a block late
-    (200, 300, 3, 1, True, False, True, "bf16"),
-    (300, 300, 2, 1, False, False, True, "f16"),
+@pytest.mark.parametrize("S,Sk,Hq,Hkv,causal,ordered,defer,dt,pingpong", [
+    (300, 300, 2, 1, True, True, False, "bf16", 0),    # causal chain: from the diagonal down
+    (300, 300, 2, 1, False, False, False, "bf16", 0),  # any order
+    (300, 200, 2, 1, False, True, False, "bf16", 0),   # ascending order (a wavefront), Sk < S
+    (200, 300, 3, 1, True, False, False, "bf16", 0),   # causal, a kv block with no q block (Sk > S)
+    (130, 130, 2, 2, True, True, False, "f16", 0),
+    (300, 300, 2, 1, True, True, True, "bf16", 0),     # fused_defer: dK a block late
+    (200, 300, 3, 1, True, False, True, "bf16", 0),
+    (300, 300, 2, 1, False, False, True, "f16", 0),
+    (300, 300, 2, 1, True, True, False, "bf16", 1),    # fused_pingpong: warpgroup 1 behind
+    (300, 300, 2, 1, False, False, False, "bf16", 1),
+    (300, 200, 2, 1, False, True, False, "bf16", 1),
+    (200, 300, 3, 1, True, False, False, "bf16", 1),   # a CTA with no block
+    (130, 130, 2, 2, True, True, False, "f16", 1),
+    (300, 300, 2, 1, True, True, False, "bf16", 2),
+    (200, 300, 3, 1, True, False, False, "bf16", 2),
+    (300, 200, 2, 1, False, False, False, "f16", 2),
 ])
-def test_fused_backward_matches_float64(S, Sk, Hq, Hkv, causal, ordered, defer, dt):
+def test_fused_backward_matches_float64(S, Sk, Hq, Hkv, causal, ordered, defer, dt, pingpong):
     """Ring refills (3 stages; a CTA runs up to Hq / Hkv * 3 blocks), ordered chains over
     several kv blocks, ragged ends on both sides."""
     B, D = 1, 64
     inputs, grads = _reference(B, S, Sk, Hq, Hkv, D, causal, S + Sk + causal, dt)
     bwd = fab.build_attention_backward(B, S, Hq, Hkv, D, Sk=Sk, dtype=dt, causal=causal,
-                                       fused_bq=128, dq_ordered=ordered, fused_defer=defer)
+                                       fused_bq=128, dq_ordered=ordered, fused_defer=defer,
+                                       fused_pingpong=pingpong)
     for name, got, ref in zip(("dq", "dk", "dv"), _simulate(bwd, inputs, ordered), grads):
         err = np.linalg.norm(_f64(got, dt) - ref) / np.linalg.norm(ref)
         assert err < TOL[dt], (name, err)
@@ -109,12 +118,13 @@ def test_fused_rotated_order_is_a_chain_one_step_apart():
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("ordered", [False, True])
-@pytest.mark.parametrize("defer", [False, True])
-def test_fused_keeps_wgmma_asynchronous(causal, ordered, defer, assemble):
+@pytest.mark.parametrize("schedule", [{}, dict(fused_defer=True), dict(fused_pingpong=1),
+                                      dict(fused_pingpong=2)])
+def test_fused_keeps_wgmma_asynchronous(causal, ordered, schedule, assemble):
     """At the benchmark's sizes ptxas neither serialises the fused kernel's wgmma nor
     injects fences (C751x notes), nor spills."""
     k = fab.build_attention_backward(8, 4096, 32, 32, 64, causal=causal, fused_bq=128,
-                                     dq_ordered=ordered, fused_defer=defer).dkdv_kernel
+                                     dq_ordered=ordered, **schedule).dkdv_kernel
     log = assemble(k.ptx())
     assert "(C751" not in log, log
     assert "0 bytes spill stores" in log, log
@@ -125,7 +135,10 @@ def test_fused_keeps_wgmma_asynchronous(causal, ordered, defer, assemble):
     (dict(fused_bq=128, atomic_dq=True), "not atomic_dq"),
     (dict(fused_bq=128, dq_bkv=128), "not dq_bkv"),
     (dict(fused_bq=128, safe=True), "not safe"),
-    (dict(fused_defer=True), "a schedule of fused_bq"),
+    (dict(fused_defer=True), "schedules of fused_bq"),
+    (dict(fused_pingpong=1), "schedules of fused_bq"),
+    (dict(fused_bq=128, fused_pingpong=3), "fused_pingpong must be 0, 1 or 2"),
+    (dict(fused_bq=128, fused_pingpong=1, fused_defer=True), "not with fused_defer"),
 ])
 def test_fused_bad_options_name_the_callers_line(kw, match):
     with pytest.raises(ConfigError, match=match) as e:
@@ -141,3 +154,5 @@ def test_fused_needs_head_dim_64():
 
 def test_fused_is_an_option_of_the_command_lines():
     assert fab.parse_options("fused_bq=128,dq_ordered=1") == {"fused_bq": 128, "dq_ordered": True}
+    assert fab.parse_options("fused_bq=128,fused_pingpong=2") == {"fused_bq": 128,
+                                                                  "fused_pingpong": 2}
