@@ -51,6 +51,7 @@ from pyptx.warpspec import (
     grouped_tile_origin,
     load_ab_ring,
     prologue,
+    register_budget,
     ring_base,
     store_slabs,
     swizzled_rows,
@@ -285,8 +286,7 @@ def build_fp8_gemm(M: int, N: int, K: int, *, scale="tensor", dtype="e4m3", dtyp
     tiles, clusters, num_kb, KS, NS = g.tiles, g.clusters, g.num_kb, g.KS, g.NS
     ctas = clusters * cluster
     prod_regs = 40
-    cons_regs = min(240, (65536 - 128 * prod_regs) // (128 * consumers) // 8 * 8)
-    maxnreg = min(255, (65536 // threads) // 8 * 8)
+    maxnreg, cons_regs = register_budget(consumers, prod_regs)
     multicast = cluster > 1
 
     if scale == "tensor":

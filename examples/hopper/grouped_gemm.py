@@ -53,6 +53,7 @@ from pyptx.warpspec import (
     Roles,
     drain_stores,
     prologue,
+    register_budget,
     ring_base,
     store_slabs,
     swizzled_rows,
@@ -381,8 +382,7 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
     clusters = max(1, min(num_sms // cluster, max_tiles))
     ctas = clusters * cluster
     prod_regs = 40
-    cons_regs = min(240, (65536 - 128 * prod_regs) // (128 * consumers) // 8 * 8)
-    maxnreg = min(255, (65536 // threads) // 8 * 8)
+    maxnreg, cons_regs = register_budget(consumers, prod_regs)
 
     b_spec = Tile(G, K, N, bf16) if b_major == "MN" else Tile(G, N, K, bf16)
     # along m, each CTA copies whole slabs of B (every cluster-th) or 1/cluster of each
@@ -605,8 +605,7 @@ def build_grouped_wgrad(M: int, KX: int, NY: int, G: int, *, out_dtype="bf16", B
     units = tiles * splits  # split-major: unit u is split u // tiles of tile u % tiles
     ctas = max(1, min(num_sms, units))
     prod_regs = 40
-    cons_regs = min(240, (65536 - 128 * prod_regs) // (128 * consumers) // 8 * 8)
-    maxnreg = min(255, (65536 // threads) // 8 * 8)
+    maxnreg, cons_regs = register_budget(consumers, prod_regs)
     tma = {"X": a_tile.tma_options(), "Y": b_tile.tma_options(),
            "W": {"box": (1, 64, out_cols), "swizzle": "128B"}}
     zero_iters = BK * 8 // 128  # 16-byte chunks of a slab's BK rows per thread

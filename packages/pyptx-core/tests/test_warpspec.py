@@ -173,3 +173,15 @@ def test_ring_mma_skip_waits_for_a_stage_and_hands_it_back_unread(assemble):
     assert count(skipped, "mbarrier.try_wait") == count(plain, "mbarrier.try_wait") + 1
     assert count(skipped, "mbarrier.arrive.") == count(plain, "mbarrier.arrive.") + 1
     assemble(skipped)
+
+
+@pytest.mark.parametrize("consumers,producer", [(1, 40), (2, 40), (3, 24), (4, 24)])
+def test_register_budget_fits_the_ctas_pool(consumers, producer):
+    """What ``setmaxnreg.inc`` asks for fits the registers the CTA was launched with (a larger
+    request waits forever: BM=256 GEMM tiles hung on the H100 before the pool was counted)."""
+    from pyptx.warpspec import register_budget
+
+    maxnreg, regs = register_budget(consumers, producer)
+    threads = 128 * (1 + consumers)
+    assert maxnreg * threads <= 65536 and regs % 8 == 0 and regs <= 240
+    assert 128 * producer + 128 * consumers * regs <= min(maxnreg + 7 & ~7, 256) * threads

@@ -67,6 +67,18 @@ def prologue(pipe: Any, tid: Any, cluster: int = 1) -> tuple[Any, Any]:
     return rank, cid
 
 
+def register_budget(consumers: int, producer_regs: int = 40, cap: int = 240) -> tuple[int, int]:
+    """``(maxnreg, consumer_regs)`` of a CTA of one producer and ``consumers`` consumer
+    warpgroups: the launch cap (the register file split evenly, a multiple of 8, at most
+    255) and the most registers per consumer thread that ``setmaxnreg.inc`` can take once
+    the producer went down to ``producer_regs``: the CTA's pool is ``maxnreg x threads``,
+    so a larger request would wait for registers no warp ever frees."""
+    threads = 128 * (1 + consumers)
+    maxnreg = min(255, 65536 // threads // 8 * 8)
+    pool = min(maxnreg, 256) * threads
+    return maxnreg, min(cap, (pool - 128 * producer_regs) // (128 * consumers) // 8 * 8)
+
+
 class Roles:
     """The producer/consumer split of the warpgroups: constructing it branches warpgroups
     other than ``wg == 0`` to the consumer code and lowers the producer's register limit
