@@ -737,7 +737,8 @@ def _differentiable(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, schedule, BN, st
     The backward for torch eager calls: at D=128, the dK/dV kernel also adds dQ, with TMA
     tile reductions in a fixed order (``dq_ordered``: five products, not seven, still
     deterministic); at D=64, the fused one-kernel backward (``fused_bq=128``, 128-row q
-    blocks) adds dQ the same way; ``deterministic=False``: in any order. JAX and
+    blocks, its consumer warpgroups half a block apart: ``fused_pingpong=1``) adds dQ the
+    same way; ``deterministic=False``: in any order. JAX and
     ``torch.compile`` traces run the seven-product pair (``AttentionBackward.fallback``), as
     does a size the faster kernel refuses."""
     fwd = _forward(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, schedule, BN, stages, persistent,
@@ -754,7 +755,7 @@ def _differentiable(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, schedule, BN, st
         return fwd
     fast = {}
     if D == 64 and not bwd_mod.safe_default():
-        fast = dict(fused_bq=128, dq_ordered=deterministic)
+        fast = dict(fused_bq=128, dq_ordered=deterministic, fused_pingpong=1)
     elif not deterministic:
         fast = dict(atomic_dq=True, dq_bulk=True)
     elif D == 128 and not bwd_mod.safe_default():
