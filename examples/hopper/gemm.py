@@ -80,7 +80,7 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
                b_major="MN", BM=128, BN=256, BK=64, stages=None, cluster=2, group_m=8,
                num_sms=H100_SMS, bias=False, alpha=1.0, activation=None, KB=None, NB=None,
                multicast=True, split="rows", remote_sem="release.cta", wait_scope=None,
-               epilogue="stmatrix", schedule="cooperative", cluster_along="m"):
+               epilogue="stmatrix", schedule="cooperative", cluster_along="m", wg_rows=64):
     """The GEMM kernel for ``D[M, N] = A[M, K] @ B[K, N]``.
 
     Tensor arguments: A as ``(M, K)`` (``a_major="K"``) or ``(K, M)`` (``"MN"``), B as
@@ -108,6 +108,9 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
     warpgroups take alternate ``BM x BN`` tiles, ``BM`` 64 or 128 with ``BM * BN <= 16384``,
     so one's epilogue runs while the other's wgmma do; named barriers hand the main loop
     from one to the other, which keeps every ring wait within one phase of its barrier).
+    ``wg_rows`` (cooperative): rows of the tile per consumer warpgroup, 64 (one ``m64``
+    accumulator each) or 128 (two, ``BN <= 128``: e.g. 256 x 128 tiles on two consumer
+    warpgroups instead of four, each B read from shared memory serving 128 rows).
     """
     dt = _dtype(dtype, "dtype")
     if dt is f32:
@@ -134,11 +137,15 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
         raise ConfigError(f"build_gemm: a ping-pong warpgroup holds a whole BM x BN tile: BM "
                           f"64 or 128 and BM * BN <= 16384 (128 accumulator registers), got "
                           f"{BM}x{BN}")
+    if wg_rows not in (64, 128) or BM % wg_rows or (wg_rows == 128 and (pingpong or BN > 128)):
+        raise ConfigError(f"build_gemm: wg_rows must be 64, or 128 with the cooperative schedule, "
+                          f"BM a multiple of it and BN <= 128 (two accumulators of BN columns "
+                          f"per thread), got wg_rows={wg_rows!r} for {BM}x{BN} ({schedule})")
     KB = K if KB is None else KB
     multicast = multicast and cluster > 1
     NB = N if NB is None else NB
-    consumers = 2 if pingpong else BM // 64
-    bands = BM // 64 if pingpong else 1        # 64-row accumulators per consumer warpgroup
+    consumers = 2 if pingpong else BM // wg_rows
+    bands = BM // 64 if pingpong else wg_rows // 64   # 64-row accumulators per warpgroup
     threads = 128 * (1 + consumers)
     e_out = ot.bytes
     if stages is None:  # the deepest ring that fits beside the epilogue tiles
@@ -220,6 +227,10 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
         if pingpong:  # every 64-row band of the tile
             a_descs = [a_tile.descriptor(base + h * a_tile.offset(0, 64) if h else base)
                        for h in range(bands)]
+        elif bands > 1:  # this warpgroup's bands of 64 rows of A
+            rows0 = base + w * a_tile.offset(0, 64 * bands) if consumers > 1 else base
+            a_descs = [a_tile.descriptor(rows0 + h * a_tile.offset(0, 64) if h else rows0)
+                       for h in range(bands)]
         else:  # this warpgroup's 64 rows of A
             a_descs = [a_tile.descriptor(base + w * a_tile.offset(0, 64) if consumers > 1
                                          else base)]
@@ -268,7 +279,7 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
             # one 64 x out_cols slab at a time through two buffers: the bulk store of
             # slab j-1 drains while slab j is written
             ncol = n0 + col0 if bias else None
-            mrow = m0 if pingpong else m0 + w * 64
+            mrow = m0 if pingpong else m0 + w * (64 * bands)
 
             def write(j, buf, ncol=ncol):
                 packs = {}
@@ -322,7 +333,8 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
         ptx.ret()
 
     name = (f"gemm_{dt.name}_{ot.name}_{a_major}{b_major}_{BM}x{BN}x{BK}_s{stages}_c{cluster}"
-            f"{'n' if along_n else ''}{'_pp' if pingpong else ''}")
+            f"{'n' if along_n else ''}{'_pp' if pingpong else ''}"
+            f"{'_w128' if wg_rows == 128 else ''}")
     deco = kernel(in_specs=in_specs, out_specs=(Tile(M, N, ot),), grid=(ctas, 1, 1),
                   block=(threads, 1, 1), cluster=(cluster, 1, 1), smem=smem_total,
                   maxnreg=maxnreg, tma=tma, name=name)
@@ -394,6 +406,9 @@ CANDIDATE_CONFIGS = {
     # four consumer warpgroups of 64 x 128 (cuBLAS runs 256x128 at 2048^3 and 4096^3)
     "256x128 c1": dict(BM=256, BN=128, cluster=1),
     "256x128 c2": dict(BM=256, BN=128, cluster=2),
+    # the same tiles on two consumer warpgroups of 128 rows (two accumulators each)
+    "256x128 w128 c1": dict(BM=256, BN=128, cluster=1, wg_rows=128),
+    "256x128 w128 c2": dict(BM=256, BN=128, cluster=2, wg_rows=128),
 }
 """Opt-in ``build_gemm`` configurations under evaluation: name -> keywords."""
 

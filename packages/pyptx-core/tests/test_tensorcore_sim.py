@@ -163,6 +163,17 @@ def test_gemm_192x192_tiles(config):
     assert run_gemm(400, 264, 200, **config) < TOL["bf16"]
 
 
+# two 64-row accumulators per consumer warpgroup (wg_rows=128): 256 x 128 tiles on two
+# warpgroups (in a cluster, both layouts), 128 x 64 on one
+@pytest.mark.parametrize("M,config", [
+    (600, dict(BM=256, BN=128, cluster=2, num_sms=4, wg_rows=128)),
+    (320, dict(BM=256, BN=128, cluster=1, num_sms=3, a_major="MN", b_major="K", wg_rows=128)),
+    (320, dict(BM=128, BN=64, cluster=1, num_sms=3, wg_rows=128)),
+])
+def test_gemm_two_bands_per_warpgroup(M, config):
+    assert run_gemm(M, 264, 200, **config) < TOL["bf16"]
+
+
 # ---------------------------------------------------------------------- grouped GEMM
 grouped = load_module(HERE.parents[3] / "examples" / "hopper" / "grouped_gemm.py", "tc_sim_grouped")
 
