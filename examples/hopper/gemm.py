@@ -383,11 +383,14 @@ GEMM_CONFIGS = [
     Config(BM=128, BN=64, cluster=1),
     Config(BM=192, BN=192, cluster=1),
     Config(BM=192, BN=192, cluster=2),
+    Config(BM=256, BN=128, cluster=1, wg_rows=128),
 ]
 """The tile configurations the tuner times per shape; the first is the default when
 ``PYPTX_AUTOTUNE=0``. 192x192 tiles (three consumer warpgroups, 3 stages; the tile cuBLAS
 picks at 6144^3 and 8192x28672x8192) measured on the H100: 8192x28672x8192 758 TFLOP/s
-(cuBLAS 724 beside it), 6144^3 713 (688) without a cluster. The ping-pong schedule is opt-in (``CANDIDATE_CONFIGS``): on the H100
+(cuBLAS 724 beside it), 6144^3 713 (688) without a cluster. 256x128 tiles on two consumer
+warpgroups of 128 rows (``wg_rows=128``, cuBLAS's tile at 2048^3 and 4096^3): 2048^3 627
+(cuBLAS 608; 128x256 in pairs 596 in the same call). The ping-pong schedule is opt-in (``CANDIDATE_CONFIGS``): on the H100
 it trailed the cooperative 128x256 tiles at every size it was timed (4096^3 670 vs 706,
 8192^3 662 vs 678, 8192x28672x8192 587 vs 698 TFLOP/s)."""
 
@@ -407,7 +410,6 @@ CANDIDATE_CONFIGS = {
     "256x128 c1": dict(BM=256, BN=128, cluster=1),
     "256x128 c2": dict(BM=256, BN=128, cluster=2),
     # the same tiles on two consumer warpgroups of 128 rows (two accumulators each)
-    "256x128 w128 c1": dict(BM=256, BN=128, cluster=1, wg_rows=128),
     "256x128 w128 c2": dict(BM=256, BN=128, cluster=2, wg_rows=128),
 }
 """Opt-in ``build_gemm`` configurations under evaluation: name -> keywords."""
