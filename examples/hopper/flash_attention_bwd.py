@@ -86,7 +86,7 @@ def _fail(msg):
 def _dtype(name):
     table = {"bf16": bf16, "f16": f16, bf16: bf16, f16: f16}
     if name not in table:
-        raise ConfigError(f"build_attention_backward: dtype must be 'bf16' or 'f16', got {name!r}")
+        raise _fail(f"build_attention_backward: dtype must be 'bf16' or 'f16', got {name!r}")
     return table[name]
 
 
@@ -94,11 +94,11 @@ def check_shapes(B, S, Hq, Hkv, D, Sk):
     """Raise ``ConfigError`` unless the sizes are ones the kernels handle."""
     for name, v in (("B", B), ("S", S), ("Hq", Hq), ("Hkv", Hkv), ("D", D), ("Sk", Sk)):
         if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-            raise ConfigError(f"build_attention_backward: {name} must be a positive int, got {v!r}")
+            raise _fail(f"build_attention_backward: {name} must be a positive int, got {v!r}")
     if D not in (64, 128):
-        raise ConfigError(f"build_attention_backward: head dim D must be 64 or 128, got {D}")
+        raise _fail(f"build_attention_backward: head dim D must be 64 or 128, got {D}")
     if Hq % Hkv:
-        raise ConfigError(f"build_attention_backward: Hq ({Hq}) must be a multiple of Hkv ({Hkv})")
+        raise _fail(f"build_attention_backward: Hq ({Hq}) must be a multiple of Hkv ({Hkv})")
 
 
 # ------------------------------------------------------------------ trace-time helpers
@@ -207,7 +207,7 @@ def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=Non
     stages = _smem_fit(head_bytes, stage_bytes) if stages is None else stages
     smem_total = head_bytes + stages * stage_bytes + 1024
     if smem_total > SMEM_LIMIT:
-        raise ConfigError(f"build_dq: {stages} stages of {BKV} rows need {smem_total} bytes")
+        raise _fail(f"build_dq: {stages} stages of {BKV} rows need {smem_total} bytes")
     num_kv = -(-Sk // BKV)
     c1 = scale * LOG2E
     box_q = {"box": (1, BM, 1, 64), "swizzle": "128B"}
@@ -405,9 +405,9 @@ def _release_stage(pipe, state):
 def _check_dq_modes(fn, atomic_dq, dq_bulk, dq_ordered):
     """``ConfigError`` (naming ``fn``) for a dQ mode without the one it builds on."""
     if dq_bulk and not atomic_dq:
-        raise ConfigError(f"{fn}: dq_bulk=True needs atomic_dq=True")
+        raise _fail(f"{fn}: dq_bulk=True needs atomic_dq=True")
     if dq_ordered and not dq_bulk:
-        raise ConfigError(f"{fn}: dq_ordered=True needs dq_bulk=True")
+        raise _fail(f"{fn}: dq_ordered=True needs dq_bulk=True")
 
 
 def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None, BQ=None,
@@ -454,11 +454,11 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     default_overlap = not safe and not atomic_dq and (BQ == 32 or D <= 64)
     overlap = default_overlap if overlap is None else bool(overlap)
     if overlap and (safe or atomic_dq):
-        raise ConfigError("build_dkdv: overlap=True needs the fast schedule (not safe, not atomic_dq)")
+        raise _fail("build_dkdv: overlap=True needs the fast schedule (not safe, not atomic_dq)")
     if atomic_dq and BQ != 64:
-        raise ConfigError(f"build_dkdv: atomic_dq needs BQ=64 (its dS tile), got BQ={BQ}")
+        raise _fail(f"build_dkdv: atomic_dq needs BQ=64 (its dS tile), got BQ={BQ}")
     if BQ not in (32, 64):
-        raise ConfigError(f"build_dkdv: BQ must be 32 or 64, got {BQ!r}")
+        raise _fail(f"build_dkdv: BQ must be 32 or 64, got {BQ!r}")
     # atomic dQ: dS of the block (q x kv, q contiguous: an MN-major A) in two buffers
     ds_tile = OperandTile(BQ, BM, dt, major="MN") if atomic_dq else None
     kv_mn = OperandTile(D, BM, dt, major="MN")      # K as B of dS K (the same bytes as K)
@@ -472,7 +472,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     stages = _smem_fit(head_bytes + ds_bytes, stage_bytes) if stages is None else stages
     smem_total = head_bytes + ds_bytes + stages * stage_bytes + 1024
     if smem_total > SMEM_LIMIT:
-        raise ConfigError(f"build_dkdv: {stages} stages of {BQ} rows need {smem_total} bytes")
+        raise _fail(f"build_dkdv: {stages} stages of {BQ} rows need {smem_total} bytes")
     num_q = -(-S // BQ)
     num_kv = -(-Sk // BM)
     # full attention, ordered dQ: kv block j walks q blocks from (BM / BQ) * j, wrapping
@@ -935,7 +935,7 @@ def build_convert(B, S, Hq, D, *, dtype="bf16", scale=1.0, width=None):
     partial sums, added (first + second) before the conversion."""
     width = D if width is None else width
     if width not in (D, 2 * D):
-        raise ConfigError(f"build_convert: width must be {D} or {2 * D}, got {width}")
+        raise _fail(f"build_convert: width must be {D} or {2 * D}, got {width}")
     dt = _dtype(dtype)
     n = B * S * Hq * D
     blocks = -(-n // (256 * 8))
@@ -1639,7 +1639,7 @@ class AttentionBackward:
         """This backward, running ``other`` (same sizes) where an atomic-dQ mode cannot run
         (JAX arrays, ``torch.compile`` traces)."""
         if self._dims != other._dims:
-            raise ConfigError("AttentionBackward.with_fallback: the fallback is for other sizes")
+            raise _fail("AttentionBackward.with_fallback: the fallback is for other sizes")
         return AttentionBackward(self.kernels, *self._dims, atomic_dq=self.atomic_dq,
                                  fallback=other)
 
@@ -1680,9 +1680,9 @@ def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=
                       True, dq_ordered=bool(dq_ordered), fused_bq=fused_bq,
                       fused_defer=bool(fused_defer), fused_pingpong=int(fused_pingpong))
     if dkdv_bq not in (None, 32, 64):
-        raise ConfigError(f"build_attention_backward: dkdv_bq must be 32 or 64, got {dkdv_bq!r}")
+        raise _fail(f"build_attention_backward: dkdv_bq must be 32 or 64, got {dkdv_bq!r}")
     if dq_bkv not in (None, 32, 64, 128) or (dq_bkv is not None and atomic_dq):
-        raise ConfigError(f"build_attention_backward: dq_bkv must be 32, 64 or 128, and only "
+        raise _fail(f"build_attention_backward: dq_bkv must be 32, 64 or 128, and only "
                           f"for the pair (not atomic_dq), got {dq_bkv!r}")
     overlap = None if dkdv_overlap is None else bool(dkdv_overlap)
     _check_dq_modes("build_attention_backward", atomic_dq, dq_bulk, dq_ordered)
@@ -1721,7 +1721,7 @@ def parse_options(text):
     for item in filter(None, (text or "").replace("default", "").split(",")):
         name, _, value = item.partition("=")
         if name not in OPTIONS or not value.isdigit():
-            raise ConfigError(f"attention backward options: expected name=int with name in "
+            raise _fail(f"attention backward options: expected name=int with name in "
                               f"{OPTIONS}, got {item!r}")
         out[name] = int(value) if name in INT_OPTIONS else bool(int(value))
     return out
@@ -1757,13 +1757,13 @@ def attention_backward(q, k, v, o, lse, do, causal=False, scale=None, *, safe=No
     """``(dq, dk, dv)`` of attention for torch tensors or JAX arrays (layouts as above);
     ``options``: ``dkdv_bq`` / ``dkdv_overlap`` of ``build_attention_backward``."""
     if len(q.shape) != 4 or len(k.shape) != 4 or tuple(k.shape) != tuple(v.shape):
-        raise ConfigError(f"attention_backward: q (B, S, Hq, D) and k, v (B, Sk, Hkv, D) expected, "
+        raise _fail(f"attention_backward: q (B, S, Hq, D) and k, v (B, Sk, Hkv, D) expected, "
                           f"got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     B, S, Hq, D = (int(x) for x in q.shape)
     Sk, Hkv = int(k.shape[1]), int(k.shape[2])
     name = {"bfloat16": "bf16", "float16": "f16"}.get(str(q.dtype).replace("torch.", ""))
     if name is None:
-        raise ConfigError(f"attention_backward: q must be bfloat16 or float16, got {q.dtype}")
+        raise _fail(f"attention_backward: q must be bfloat16 or float16, got {q.dtype}")
     bwd = build_attention_backward(B, S, Hq, Hkv, D, Sk=Sk, dtype=name, causal=causal,
                                    scale=None if scale is None else float(scale), safe=safe,
                                    atomic_dq=atomic_dq, **options)

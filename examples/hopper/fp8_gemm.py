@@ -43,6 +43,7 @@ from pyptx.errors import ConfigError
 from pyptx.fragment import Accumulator
 from pyptx.operand import OperandTile
 from pyptx.pipeline import Pipeline
+from pyptx.source import where_outside
 from pyptx.testing import load_module
 from pyptx.types import b32, bf16, e4m3, e5m2, f32, u32, u64
 from pyptx.warpspec import (
@@ -67,6 +68,12 @@ EPI_BUFS = 2
 BK = 128
 SCALE_BLOCK = 128
 FP8 = {"e4m3": e4m3, "e5m2": e5m2, e4m3: e4m3, e5m2: e5m2}
+
+
+def _fail(msg):
+    """A ``ConfigError`` whose message starts with the ``file:line`` of the first caller
+    outside this example and pyptx (the user's call)."""
+    return ConfigError(f"{where_outside(__file__)}: {msg}")
 
 
 def smem_bytes(BM, BN, stages):
@@ -113,25 +120,25 @@ def check_variant(scale, BN, fast_accum, pingpong, promote_kb, scale_prefetch):
     """Refuse main-loop options that do not apply (``ConfigError``); the chain length of
     ``pingpong`` (0 when off)."""
     if promote_kb not in (1, 2) or isinstance(promote_kb, bool):
-        raise ConfigError(f"build_fp8_gemm: promote_kb must be 1 or 2 (k-blocks of 128 per "
+        raise _fail(f"build_fp8_gemm: promote_kb must be 1 or 2 (k-blocks of 128 per "
                           f"promotion), got {promote_kb!r}")
     if fast_accum and (pingpong or promote_kb != 1 or scale_prefetch):
-        raise ConfigError("build_fp8_gemm: pingpong, promote_kb and scale_prefetch change the "
+        raise _fail("build_fp8_gemm: pingpong, promote_kb and scale_prefetch change the "
                           "promotion; fast_accum has none")
     if promote_kb != 1 and scale == "block":
-        raise ConfigError("build_fp8_gemm: block scales change every 128 K, so they need "
+        raise _fail("build_fp8_gemm: block scales change every 128 K, so they need "
                           "promote_kb=1")
     if pingpong is True:
         pingpong = PINGPONG_DEPTH
     if pingpong and (isinstance(pingpong, bool) or not isinstance(pingpong, int)
                      or not 2 <= pingpong <= 16):
-        raise ConfigError(f"build_fp8_gemm: pingpong must be False, True or the promotion "
+        raise _fail(f"build_fp8_gemm: pingpong must be False, True or the promotion "
                           f"units per chain (2 to 16), got {pingpong!r}")
     if pingpong and partial_columns(BN) != BN:
-        raise ConfigError(f"build_fp8_gemm: pingpong keeps two partial accumulators of the "
+        raise _fail(f"build_fp8_gemm: pingpong keeps two partial accumulators of the "
                           f"whole tile, so it needs BN <= 128, got {BN}")
     if scale_prefetch and (scale != "block" or pingpong):
-        raise ConfigError("build_fp8_gemm: scale_prefetch is for block scales without "
+        raise _fail("build_fp8_gemm: scale_prefetch is for block scales without "
                           "pingpong (pingpong loads them a k-block ahead already)")
     return int(pingpong or 0)
 
@@ -230,32 +237,32 @@ def build_fp8_gemm(M: int, N: int, K: int, *, scale="tensor", dtype="e4m3", dtyp
     dt_a = FP8.get(dtype)
     dt_b = FP8.get(dtype if dtype_b is None else dtype_b)
     if dt_a is None or dt_b is None:
-        raise ConfigError(f"build_fp8_gemm: dtype/dtype_b must be 'e4m3' or 'e5m2', got "
+        raise _fail(f"build_fp8_gemm: dtype/dtype_b must be 'e4m3' or 'e5m2', got "
                           f"{at!r}/{dtype_b!r}")
     if scale not in SCALES:
-        raise ConfigError(f"build_fp8_gemm: scale must be one of {SCALES}, got {scale!r}")
+        raise _fail(f"build_fp8_gemm: scale must be one of {SCALES}, got {scale!r}")
     ot = {"bf16": bf16, "f32": f32, bf16: bf16, f32: f32}.get(out_dtype)
     if ot is None:
-        raise ConfigError(f"build_fp8_gemm: out_dtype must be 'bf16' or 'f32', got {out_dtype!r}")
+        raise _fail(f"build_fp8_gemm: out_dtype must be 'bf16' or 'f32', got {out_dtype!r}")
     for name, v in (("M", M), ("N", N), ("K", K)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ConfigError(f"build_fp8_gemm: {name} must be a positive int, got {v!r}")
+            raise _fail(f"build_fp8_gemm: {name} must be a positive int, got {v!r}")
     if K % 16:
-        raise ConfigError(f"build_fp8_gemm: K must be a multiple of 16 (16-byte rows for the "
+        raise _fail(f"build_fp8_gemm: K must be a multiple of 16 (16-byte rows for the "
                           f"copy engine), got {K}; zero-pad A and W along K")
     ND = N if ND is None else ND
     if ND < N or ND * ot.bytes % 16:
-        raise ConfigError(f"build_fp8_gemm: ND must be >= N = {N} with 16-byte output rows, "
+        raise _fail(f"build_fp8_gemm: ND must be >= N = {N} with 16-byte output rows, "
                           f"got {ND}")
     if BM not in (64, 128) or BN not in (64, 128, 192, 256):
-        raise ConfigError(f"build_fp8_gemm: unsupported tile {BM}x{BN}")
+        raise _fail(f"build_fp8_gemm: unsupported tile {BM}x{BN}")
     if scale == "block" and BN not in (64, 128, 256):
-        raise ConfigError(f"build_fp8_gemm: block scales need BN in 64, 128, 256, got {BN}")
+        raise _fail(f"build_fp8_gemm: block scales need BN in 64, 128, 256, got {BN}")
     if fast_accum and scale == "block":
-        raise ConfigError("build_fp8_gemm: block scales are applied at each promotion; "
+        raise _fail("build_fp8_gemm: block scales are applied at each promotion; "
                           "fast_accum is for 'tensor'/'row' scales")
     if cluster not in (1, 2):
-        raise ConfigError(f"build_fp8_gemm: cluster must be 1 or 2, got {cluster!r}")
+        raise _fail(f"build_fp8_gemm: cluster must be 1 or 2, got {cluster!r}")
     pingpong = check_variant(scale, BN, fast_accum, pingpong, promote_kb, scale_prefetch)
     consumers = BM // 64
     threads = 128 * (1 + consumers)
@@ -264,7 +271,7 @@ def build_fp8_gemm(M: int, N: int, K: int, *, scale="tensor", dtype="e4m3", dtyp
         stages = max(2, min(8, (SMEM_LIMIT - smem_bytes(BM, BN, 0)) // per_stage))
     smem_total = smem_bytes(BM, BN, stages)
     if smem_total > SMEM_LIMIT:
-        raise ConfigError(f"build_fp8_gemm: {BM}x{BN} with {stages} stages needs {smem_total} "
+        raise _fail(f"build_fp8_gemm: {BM}x{BN} with {stages} stages needs {smem_total} "
                           f"bytes of shared memory, over {SMEM_LIMIT}")
 
     a_tile = OperandTile(BM, BK, dt_a, major="K", swizzle=128)
@@ -606,7 +613,7 @@ def scale_kind(sa_shape, sb_shape, M, N, K):
 def _fp8_name(x, what):
     name = _TORCH_FP8.get(str(x.dtype).replace("torch.", ""))
     if name is None:
-        raise ConfigError(f"scaled_mm: {what} must be float8_e4m3fn or float8_e5m2, got {x.dtype}")
+        raise _fail(f"scaled_mm: {what} must be float8_e4m3fn or float8_e5m2, got {x.dtype}")
     return name
 
 
@@ -625,7 +632,7 @@ def scaled_mm(a, b, scale_a, scale_b, *, out_dtype="bf16", scale=None, fast_accu
     """
     lib = "torch" if type(a).__module__.startswith("torch") else "jax"
     if len(a.shape) != 2 or len(b.shape) != 2:
-        raise ConfigError(f"scaled_mm expects 2-D operands, got {tuple(a.shape)} and "
+        raise _fail(f"scaled_mm expects 2-D operands, got {tuple(a.shape)} and "
                           f"{tuple(b.shape)}")
     M, K = tuple(a.shape)
     if lib == "torch":
@@ -640,14 +647,14 @@ def scaled_mm(a, b, scale_a, scale_b, *, out_dtype="bf16", scale=None, fast_accu
         w = b if trans_b else jnp.transpose(b)
     N, Kb = tuple(w.shape)
     if Kb != K:
-        raise ConfigError(f"scaled_mm: inner dimensions differ: a is {M}x{K}, b is {Kb}x{N}")
+        raise _fail(f"scaled_mm: inner dimensions differ: a is {M}x{K}, b is {Kb}x{N}")
     da, db = _fp8_name(a, "a"), _fp8_name(w, "b")
     if out_dtype not in ("bf16", "f32"):
-        raise ConfigError(f"scaled_mm: out_dtype must be 'bf16' or 'f32', got {out_dtype!r}")
+        raise _fail(f"scaled_mm: out_dtype must be 'bf16' or 'f32', got {out_dtype!r}")
     found = scale_kind(scale_a.shape, scale_b.shape, M, N, K)
     kind = scale or found
     if kind not in SCALES or found is None:
-        raise ConfigError(
+        raise _fail(
             f"scaled_mm: scale shapes {tuple(scale_a.shape)} and {tuple(scale_b.shape)} fit no "
             f"scale kind for {M}x{N}x{K}: want one element each, (M, 1) and (1, N), or "
             f"(M, ceil(K/128)) and (ceil(N/128), ceil(K/128))")

@@ -37,6 +37,7 @@ from pyptx.errors import ConfigError
 from pyptx.fragment import Accumulator
 from pyptx.operand import OperandTile
 from pyptx.pipeline import Pipeline
+from pyptx.source import where_outside
 from pyptx.types import b32, bf16, f16, f32
 from pyptx.warpspec import (
     RingMma,
@@ -61,10 +62,16 @@ SCHEDULES = ("cooperative", "pingpong")
 ORDER_BAR = 3  # named barriers 3 and 4: the ping-pong hand-over (1, 2: the epilogues)
 
 
+def _fail(msg):
+    """A ``ConfigError`` whose message starts with the ``file:line`` of the first caller
+    outside this example and pyptx (the user's call)."""
+    return ConfigError(f"{where_outside(__file__)}: {msg}")
+
+
 def _dtype(name, what):
     table = {"bf16": bf16, "f16": f16, "f32": f32, bf16: bf16, f16: f16, f32: f32}
     if name not in table:
-        raise ConfigError(f"build_gemm: {what} must be bf16, f16 or f32, got {name!r}")
+        raise _fail(f"build_gemm: {what} must be bf16, f16 or f32, got {name!r}")
     return table[name]
 
 
@@ -114,31 +121,31 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
     """
     dt = _dtype(dtype, "dtype")
     if dt is f32:
-        raise ConfigError("build_gemm: inputs must be bf16 or f16")
+        raise _fail("build_gemm: inputs must be bf16 or f16")
     ot = _dtype(out_dtype, "out_dtype")
     if activation not in ACTIVATIONS:
-        raise ConfigError(f"build_gemm: activation must be one of {ACTIVATIONS}, got {activation!r}")
+        raise _fail(f"build_gemm: activation must be one of {ACTIVATIONS}, got {activation!r}")
     if BM not in (64, 128, 192, 256) or BN % 64 or not 64 <= BN <= 256 or BK % 64 or BK > 128:
-        raise ConfigError(f"build_gemm: unsupported tile {BM}x{BN}x{BK}")
+        raise _fail(f"build_gemm: unsupported tile {BM}x{BN}x{BK}")
     if cluster_along not in ("m", "n"):
-        raise ConfigError(f"build_gemm: cluster_along must be 'm' or 'n', got {cluster_along!r}")
+        raise _fail(f"build_gemm: cluster_along must be 'm' or 'n', got {cluster_along!r}")
     if cluster not in (1, 2):
-        raise ConfigError(f"build_gemm: cluster must be 1 or 2, got {cluster!r}")
+        raise _fail(f"build_gemm: cluster must be 1 or 2, got {cluster!r}")
     if split not in ("rows", "slabs"):
-        raise ConfigError(f"build_gemm: split must be 'rows' or 'slabs', got {split!r}")
+        raise _fail(f"build_gemm: split must be 'rows' or 'slabs', got {split!r}")
     if epilogue not in ("stmatrix", "st"):
-        raise ConfigError(f"build_gemm: epilogue must be 'stmatrix' or 'st', got {epilogue!r}")
+        raise _fail(f"build_gemm: epilogue must be 'stmatrix' or 'st', got {epilogue!r}")
     if a_major not in ("K", "MN") or b_major not in ("K", "MN"):
-        raise ConfigError("build_gemm: a_major and b_major must be 'K' or 'MN'")
+        raise _fail("build_gemm: a_major and b_major must be 'K' or 'MN'")
     if schedule not in SCHEDULES:
-        raise ConfigError(f"build_gemm: schedule must be one of {SCHEDULES}, got {schedule!r}")
+        raise _fail(f"build_gemm: schedule must be one of {SCHEDULES}, got {schedule!r}")
     pingpong = schedule == "pingpong"
     if pingpong and (BM not in (64, 128) or BM * BN > 16384):
-        raise ConfigError(f"build_gemm: a ping-pong warpgroup holds a whole BM x BN tile: BM "
+        raise _fail(f"build_gemm: a ping-pong warpgroup holds a whole BM x BN tile: BM "
                           f"64 or 128 and BM * BN <= 16384 (128 accumulator registers), got "
                           f"{BM}x{BN}")
     if wg_rows not in (64, 128) or BM % wg_rows or (wg_rows == 128 and (pingpong or BN > 128)):
-        raise ConfigError(f"build_gemm: wg_rows must be 64, or 128 with the cooperative schedule, "
+        raise _fail(f"build_gemm: wg_rows must be 64, or 128 with the cooperative schedule, "
                           f"BM a multiple of it and BN <= 128 (two accumulators of BN columns "
                           f"per thread), got wg_rows={wg_rows!r} for {BM}x{BN} ({schedule})")
     KB = K if KB is None else KB
@@ -155,7 +162,7 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
                             // per_stage))
     smem_total = smem_bytes(BM, BN, BK, stages, consumers=consumers)
     if smem_total > SMEM_LIMIT:
-        raise ConfigError(f"build_gemm: {BM}x{BN}x{BK} with {stages} stages needs {smem_total} "
+        raise _fail(f"build_gemm: {BM}x{BN}x{BK} with {stages} stages needs {smem_total} "
                           f"bytes of shared memory, over {SMEM_LIMIT}")
 
     a_tile = OperandTile(BM, BK, dt, major=a_major, swizzle=128)
@@ -474,7 +481,7 @@ def matmul(a, b, *, bias=None, alpha=1.0, activation=None, out_dtype=None, trans
     """
     lib = "torch" if type(a).__module__.startswith("torch") else "jax"
     if len(a.shape) != 2 or len(b.shape) != 2:
-        raise ConfigError(f"matmul expects 2-D operands, got {tuple(a.shape)} and {tuple(b.shape)}")
+        raise _fail(f"matmul expects 2-D operands, got {tuple(a.shape)} and {tuple(b.shape)}")
     if lib == "torch":
         if not a.is_contiguous() and a.T.is_contiguous():
             a, trans_a = a.T, not trans_a
@@ -484,10 +491,10 @@ def matmul(a, b, *, bias=None, alpha=1.0, activation=None, out_dtype=None, trans
     M, K = (a.shape[1], a.shape[0]) if trans_a else tuple(a.shape)
     Kb, N = (b.shape[1], b.shape[0]) if trans_b else tuple(b.shape)
     if Kb != K:
-        raise ConfigError(f"matmul: inner dimensions differ: a is {M}x{K}, b is {Kb}x{N}")
+        raise _fail(f"matmul: inner dimensions differ: a is {M}x{K}, b is {Kb}x{N}")
     name = {"bfloat16": "bf16", "float16": "f16"}.get(str(a.dtype).replace("torch.", ""))
     if name is None or str(b.dtype) != str(a.dtype):
-        raise ConfigError(f"matmul: inputs must both be bfloat16 or float16, got {a.dtype} "
+        raise _fail(f"matmul: inputs must both be bfloat16 or float16, got {a.dtype} "
                           f"and {b.dtype}")
     out = out_dtype or name
     a = _pad_to(a, 1, 8, lib)   # the copy engine reads rows of 16-byte multiples

@@ -403,8 +403,9 @@ def test_gemm_builder_refuses_bad_configurations():
         gemm.build_gemm(64, 64, 64, dtype="f32")
     with pytest.raises(ConfigError, match="wg_rows=128 for 128x256"):
         gemm.build_gemm(64, 64, 64, BM=128, BN=256, wg_rows=128)
-    with pytest.raises(ConfigError, match="wg_rows=96"):
+    with pytest.raises(ConfigError, match="wg_rows=96") as e:
         gemm.build_gemm(64, 64, 64, wg_rows=96)
+    _here_line(e)   # the message starts at the caller's line, as every builder error
 
 
 def test_tma_3d_view_option_and_its_errors(assemble):
