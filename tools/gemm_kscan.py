@@ -45,12 +45,18 @@ def main():
             for n in keys[r % len(keys):] + keys[:r % len(keys)]:
                 t[n].append(do_bench(fns[n], rep=60, return_mode="median") * 1e3)
         rows[K] = {n: statistics.median(v) for n, v in t.items()}
-    print(f"# {M}x{N}xK bf16: microseconds per call (do_bench median)")
-    print("| contender | " + " | ".join(f"K={k}" for k in a.ks) + " | slope us/k-block | intercept us |")
-    print("|---" * (len(a.ks) + 3) + "|")
-    for n in rows[a.ks[0]]:
-        ys = [rows[k][n] for k in a.ks]
-        xs = [k / 64 for k in a.ks]
+    print_fit(f"{M}x{N}xK bf16", rows, a.ks)
+
+
+def print_fit(title, rows, ks):
+    """A markdown table of ``rows[K][contender]`` (microseconds) with each contender's
+    least-squares ``intercept + slope * K/64``."""
+    print(f"# {title}: microseconds per call (do_bench median)")
+    print("| contender | " + " | ".join(f"K={k}" for k in ks) + " | slope us/k-block | intercept us |")
+    print("|---" * (len(ks) + 3) + "|")
+    for n in rows[ks[0]]:
+        ys = [rows[k][n] for k in ks]
+        xs = [k / 64 for k in ks]
         mx, my = statistics.mean(xs), statistics.mean(ys)
         slope = sum((u - mx) * (v - my) for u, v in zip(xs, ys)) / sum((u - mx) ** 2 for u in xs)
         print(f"| {n} | " + " | ".join(f"{y:.1f}" for y in ys) + f" | {slope:.3f} | {my - slope * mx:.1f} |")

@@ -15,6 +15,7 @@ from pyptx.testing import load_module
 
 ROOT = Path(__file__).resolve().parents[1]
 gg = load_module(ROOT / "examples/hopper/grouped_gemm.py", "grouped_gemm_kscan")
+kscan = load_module(ROOT / "tools/gemm_kscan.py", "gemm_kscan_tool")   # its print_fit
 CONFIGS = {
     "64x256 pf": dict(BM=64, BN=256, prefetch=True),
     "64x256 pf spec5": dict(BM=64, BN=256, prefetch=True, speculate=5),
@@ -51,17 +52,7 @@ def main():
             for n in keys[r % len(keys):] + keys[:r % len(keys)]:
                 t[n].append(do_bench(fns[n], rep=50, return_mode="median") * 1e3)
         rows[K] = {n: statistics.median(v) for n, v in t.items()}
-    names = list(rows[a.ks[0]])
-    print(f"# {a.shape}: microseconds per call (do_bench median), K across")
-    print("| contender | " + " | ".join(f"K={k}" for k in a.ks) + " | slope us/k-block | intercept us |")
-    print("|---" * (len(a.ks) + 3) + "|")
-    for n in names:
-        ys = [rows[k][n] for k in a.ks]
-        xs = [k / 64 for k in a.ks]
-        mx, my = statistics.mean(xs), statistics.mean(ys)
-        slope = sum((u - mx) * (v - my) for u, v in zip(xs, ys)) / sum((u - mx) ** 2 for u in xs)
-        print(f"| {n} | " + " | ".join(f"{y:.1f}" for y in ys) + f" | {slope:.3f} | {my - slope * mx:.1f} |")
-
+    kscan.print_fit(a.shape, rows, a.ks)
 
 if __name__ == "__main__":
     main()
