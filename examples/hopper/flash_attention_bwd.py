@@ -45,7 +45,8 @@ overlap +5-10% over 32 with it at D=128. ``dkdv_bq=32`` and ``dkdv_overlap`` are
 options: ``build_dkdv``, ``bench(configs=...)`` and docs/dev/attention-backward.md.
 ``fused_bq=128`` (D=64, opt-in): one kernel instead of the pair (``build_fused``: five
 products per block pair, dQ added by bulk tile reductions, in a fixed order with
-``dq_ordered``).
+``dq_ordered``). ``dkdv_bq=128`` (D=128, opt-in, with ``atomic_dq``, ``dq_bulk`` and
+``dq_ordered``): the ordered bulk-dQ dK/dV kernel with 128-row q blocks.
 """
 
 from __future__ import annotations
@@ -416,7 +417,9 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     """The dK/dV kernel: ``(Q, K, V, DO, STATS) -> (DK, DV)`` (STATS from ``build_dq``).
 
     ``BQ``: q rows per block, 32 or 64 (``None``: ``DKDV_BQ``, 64; ``atomic_dq`` needs 64,
-    its dS tile). ``overlap``: issue a block's products before the previous block's dK is
+    its dS tile), or 128 for the D=128 ordered bulk-dQ mode only (S^T n=128, dP^T by n=64
+    halves; dS and the dQ slabs in the block's ring stage, which the dQ writer releases;
+    docs/dev/attention-backward.md, session 16). ``overlap``: issue a block's products before the previous block's dK is
     done (the fast schedule's, default where it keeps its wgmma asynchronous: 32-row blocks
     or D=64; at D=128 with 64-row blocks ptxas serialises every wgmma, C7512); ``False``
     waits for a block's dK product before the next block's, the stage released right after.
@@ -455,10 +458,14 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     overlap = default_overlap if overlap is None else bool(overlap)
     if overlap and (safe or atomic_dq):
         raise _fail("build_dkdv: overlap=True needs the fast schedule (not safe, not atomic_dq)")
-    if atomic_dq and BQ != 64:
+    if BQ not in (32, 64, 128):
+        raise _fail(f"build_dkdv: BQ must be 32, 64 or 128, got {BQ!r}")
+    wide = BQ == 128    # dS and the dQ slabs live in the block's own stage
+    if wide and (D != 128 or not dq_ordered or safe):
+        raise _fail("build_dkdv: BQ=128 is the D=128 ordered bulk-dQ schedule (atomic_dq, "
+                    "dq_bulk and dq_ordered; not safe)")
+    if atomic_dq and BQ == 32:
         raise _fail(f"build_dkdv: atomic_dq needs BQ=64 (its dS tile), got BQ={BQ}")
-    if BQ not in (32, 64):
-        raise _fail(f"build_dkdv: BQ must be 32 or 64, got {BQ!r}")
     # atomic dQ: dS of the block (q x kv, q contiguous: an MN-major A) in two buffers
     ds_tile = OperandTile(BQ, BM, dt, major="MN") if atomic_dq else None
     kv_mn = OperandTile(D, BM, dt, major="MN")      # K as B of dS K (the same bytes as K)
@@ -466,15 +473,18 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     # a consumer warpgroup's dQ columns: bulk: 64 (D=128: its half of D, all kv rows;
     # D=64: all of D over its own 64 kv rows, a partial sum in columns 64w.. of DQACC)
     dq_cols = 64 if D == 128 or dq_bulk else D
+    if wide:        # 64 q rows x all of D each, over Q and dO once both are read
+        dq_cols = D
     dq_bytes = 2 * (dq_cols // 32) * SLAB_BYTES if dq_bulk else 0
     dq_width = dq_accumulator_width(D, dq_bulk)
-    ds_bytes = 2 * ds_tile.nbytes + dq_bytes if atomic_dq else 0
+    ds_bytes = 2 * ds_tile.nbytes + dq_bytes if atomic_dq and not wide else 0
     stages = _smem_fit(head_bytes + ds_bytes, stage_bytes) if stages is None else stages
     smem_total = head_bytes + ds_bytes + stages * stage_bytes + 1024
     if smem_total > SMEM_LIMIT:
         raise _fail(f"build_dkdv: {stages} stages of {BQ} rows need {smem_total} bytes")
     num_q = -(-S // BQ)
     num_kv = -(-Sk // BM)
+    sem_q = -(-S // 64)     # SEM's rows per head (build_prep's; BQ=128 uses the first num_q)
     # full attention, ordered dQ: kv block j walks q blocks from (BM / BQ) * j, wrapping
     rotate = (dq_ordered and not causal and num_q == (BM // BQ) * num_kv
               and num_kv <= ROTATE_MAX_KV)
@@ -506,12 +516,13 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             return wrapped // (BM // BQ)
         return kb       # kv blocks 0, 1, ... (each a step behind: a wavefront)
 
-    def _dq_writer(DQACC, SEM, bufs, kb, hk, b, qb0, dq_full, dq_empty):
+    def _dq_writer(DQACC, SEM, bufs, kb, hk, b, qb0, dq_full, dq_empty, pipe=None):
         """The ordered dQ mode's writer (one thread of the producer warpgroup): for each
         block, in the consumers' order, wait for this kv block's turn at the q block's
         counter, for both warpgroups' slabs (``dq_full``), add them into DQACC (the first
-        rank stores), free the slabs once read (``dq_empty``), and once the previous
-        block's adds are complete in global memory, count them (a release add)."""
+        rank stores), free the slabs once read (``dq_empty``; BQ=128: the slabs are the
+        block's stage, released to ``pipe``), and once the previous block's adds are
+        complete in global memory, count them (a release add)."""
         dq_map = ptx.tma.tensormap_ptr(DQACC.tmap)
         (psem,) = ptx.global_ptrs(SEM)
         now = reg.scalar(u32)
@@ -521,12 +532,14 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             ptx.inst("red.release.gpu.global.add.u32")(ptx.addr(cell), 1)
 
         phase = reg.scalar(u32, init=0)
+        if wide:
+            wst = pipe.consumer_state()
         for g in ptx.loop(0, G):
             hq = hk * G + g
             for qstep in ptx.loop(qb0, num_q):
                 qb = q_block(qstep, kb)
                 rank = dq_rank(qb, kb)
-                cell = reg.from_(((b * Hq + hq) * num_q + qb) * 2, u64) * 4 + psem
+                cell = reg.from_(((b * Hq + hq) * sem_q + qb) * 2, u64) * 4 + psem
 
                 def not_my_turn(cell=cell, rank=rank):
                     ptx.inst("ld.acquire.gpu.global.u32")(now, ptx.addr(cell))
@@ -536,24 +549,37 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                     pass
                 ptx.fence_proxy_async("global")
                 first = rank == 0               # the first add writes the tile
+                if wide:
+                    sb = wst.stage * stage_bytes + bufs
                 for w in (0, 1):
-                    ptx.mbarrier.wait(dq_full.at(w), phase)
+                    if wide:
+                        ptx.mbarrier.wait(dq_full.at(wst.stage * 2 + w), wst.phase)
+                    else:
+                        ptx.mbarrier.wait(dq_full.at(w), phase)
                     for j in range(dq_cols // 32):
-                        src = bufs + (w * (dq_bytes // 2) + j * SLAB_BYTES)
-                        at = (w * dq_cols + 32 * j, hq, qb * BQ, b)
+                        if wide:    # warpgroup w: q rows 64w.. of the block, all of D
+                            src = sb + (w * (dq_bytes // 2) + j * SLAB_BYTES)
+                            at = (32 * j, hq, qb * BQ + 64 * w, b)
+                        else:
+                            src = bufs + (w * (dq_bytes // 2) + j * SLAB_BYTES)
+                            at = (w * dq_cols + 32 * j, hq, qb * BQ, b)
                         ptx.tma.store_tile(dq_map, at, src, pred=first)
                         ptx.tma.reduce_tile(dq_map, at, src, pred=~first)
                 ptx.tma.commit_group()
                 ptx.tma.wait_group(0, read=True)
-                for w in (0, 1):
-                    ptx.mbarrier.arrive(dq_empty.at(w))
+                if wide:                        # the stage's last reader: back to the producer
+                    pipe.release(wst)
+                    wst.advance()
+                else:
+                    for w in (0, 1):
+                        ptx.mbarrier.arrive(dq_empty.at(w))
                 ptx.tma.wait_group(0)           # complete in global memory: count it
                 count(cell)
                 ptx.inst.xor.b32(phase, phase, 1)
 
     def dkdv_kernel(Q, K, V, DO, STATS, DQACC, SEM, DK, DV):
         base = ring_base("smem")
-        pipe = Pipeline(stages, consumer_arrivals=RELEASE_ARRIVALS)
+        pipe = Pipeline(stages, consumer_arrivals=RELEASE_ARRIVALS + (1 if wide else 0))
         head_bar = BarrierArray(1, name="head_bar")
         tid, wg = thread_ids()
         kb = reg.from_(ptx.special.ctaid.x(), u32)
@@ -565,10 +591,13 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         pipe.init(pred=tid == 0)
         head_bar.init(1, pred=tid == 0)
         if dq_ordered:  # the consumers' dQ slabs <-> the dQ writer thread, per warpgroup
-            dq_full = BarrierArray(2, name="dq_full")
-            dq_empty = BarrierArray(2, name="dq_empty")
+            # BQ=128: one dq_full per (stage, warpgroup), since the consumers may run two
+            # blocks ahead of the writer; no dq_empty, the slabs are the block's stage
+            dq_full = BarrierArray(2 * stages if wide else 2, name="dq_full")
+            dq_empty = None if wide else BarrierArray(2, name="dq_empty")
             dq_full.init(128, pred=tid == 0)     # every thread of the warpgroup arrives
-            dq_empty.init(1, pred=tid == 0)
+            if not wide:
+                dq_empty.init(1, pred=tid == 0)
         ptx.bar_sync(0)
         # causal: q blocks wholly above the diagonal (every q < k0) are skipped
         qb0 = k0 // BQ if causal else 0
@@ -600,7 +629,11 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                     if sync:
                         ptx.mbarrier.wait(pipe.empty.at(st.stage), st.phase ^ 1)
                     st.advance()
-        if dq_ordered:
+        if dq_ordered and wide:
+            with ptx.if_(tid == 32):
+                _dq_writer(DQACC, SEM, base + head_bytes, kb, hk, b, qb0, dq_full, dq_empty,
+                           pipe)
+        elif dq_ordered:
             with ptx.if_(tid == 32):
                 _dq_writer(DQACC, SEM, base + (head_bytes + 2 * ds_tile.nbytes), kb, hk, b,
                            qb0, dq_full, dq_empty)
@@ -609,11 +642,14 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         w = wg - 1
         t = tid & 127
         s_acc = Accumulator(BQ)
-        dp_acc = Accumulator(BQ)
+        if wide:        # dP^T by halves (registers: dV, dK, S^T or dQ, P^T)
+            dp_acc = dp_half = Accumulator(64)
+        else:
+            dp_acc = Accumulator(BQ)
         dv_acc = Accumulator(D)
         dk_acc = Accumulator(D)
         p_pack = reg.array(b32, BQ // 4)
-        ds_pack = reg.array(b32, BQ // 4)
+        ds_pack = None if wide else reg.array(b32, BQ // 4)
         row0, col0 = s_acc.thread_origin(t)
         kvrow = k0 + w * 64 + row0                  # this thread's kv rows: kvrow, kvrow + 8
         valid = [kvrow < Sk, kvrow + 8 < Sk]
@@ -630,7 +666,22 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         rel = pipe.consumer_state()
         has_prev = reg.scalar(u32, init=0)
         stats_col = col0 * 8 + 2 * q_tile.nbytes    # this thread's first (lse2, delta) pair
-        if atomic_dq:
+        if wide:
+            def wide_addrs(sbase):
+                """This thread's dS and dQ-slab addresses in the stage at ``sbase`` (formed
+                per block from the thread id: no registers held over the loop): dS (q x kv,
+                MN-major) over the stage's dO, its kv row; the dQ slabs over the whole
+                stage, warpgroup w's 64 q rows at w * 32 KB."""
+                tx = reg.from_(ptx.special.tid.x(), u32)
+                lane, wq = tx & 31, (tx >> 7) - 1
+                r0, _ = s_acc.thread_origin(tx & 127)
+                at = sbase + ring + r0 * 128
+                ds_row = at + q_tile.nbytes + wq * (64 * 128) + (lane & 3) * 4
+                dq_row = at + wq * (dq_bytes // 2) + (lane & 1) * 8
+                ds_w = reg.from_(wq * (ds_tile.offset(0, 64) >> 4), u64)
+                dq_x = ((lane >> 1) & 1 ^ (lane >> 2)) << 4
+                return ds_row, (lane >> 2) << 4, dq_row, dq_x, ds_w
+        elif atomic_dq:
             it = reg.scalar(u32, init=0)
             lane = tid & 31
             xr = lane >> 2                          # the kv row's swizzle phase (row % 8)
@@ -692,6 +743,109 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                             ptx.tma.reduce_tile(dq_map, (w * dq_cols + 32 * j, hqr, q0r, b),
                                                 dq_buf + j * SLAB_BYTES if j else dq_buf)
                         ptx.tma.commit_group()
+
+        def _wide_block(q0, sbase, soff):
+            """One 128-row q block (BQ=128, registers: dV, dK, S^T or dQ, P^T): S^T, P^T
+            packed, dV; dP^T by 64-column halves, dS^T packed over P^T in place; dK; dS
+            over the stage's dO once both warpgroups' dV are done; dQ = dS K once dK is;
+            the dQ tile over the whole stage once both warpgroups' dQ are done, for the
+            writer thread (which releases the stage after reading it)."""
+            acc = s_acc
+            # every descriptor of the stage from one (they differ by constants)
+            qd = q_desc0 + soff
+            dod = qd + (q_tile.nbytes >> 4)
+            mn = (q_mn.descriptor_constant() - q_tile.descriptor_constant()) % (1 << 64)
+            qmn, domn = qd + mn, dod + mn
+            src = sbase + (ring + stats_col)
+            ptx.wgmma.fence()
+            for kk in range(kv_tile.k_steps):
+                ptx.wgmma.mma_async(acc.regs, kv_tile.advance(k_desc, kk),
+                                    q_tile.advance(qd, kk), n=BQ, dtype_ab=dt.name,
+                                    scale_d=0 if kk == 0 else 1)
+            ptx.wgmma.commit_group()
+            ptx.wgmma.wait_group(0)                 # S^T
+            for blk in range(BQ // 8):              # P^T = exp2(S^T * c1 - lse2), in place
+                v4 = reg.array(f32, 4)
+                ptx.inst.ld.shared.v4.f32(v4, ptx.addr(src, 64 * blk))
+                for i in range(4 * blk, 4 * blk + 4):
+                    ptx.inst.fma.rn.f32(acc[i], acc[i], c1, -v4[2 * (i % 2)])
+                    ptx.inst.ex2.approx.ftz.f32(acc[i], acc[i])
+            if causal:
+                need = _or(q0 + BQ > S, q0 < k0 + (BM - 1))
+            else:
+                need = q0 + BQ > S
+            with _maybe_if(need):
+                qc = q0 + col0
+                hi = reg.from_(S - qc, s32)         # column offset c valid iff c < hi
+                if causal:
+                    lo = [reg.from_(kvrow + r, s32) - reg.from_(qc, s32) for r in (0, 8)]
+                for i in range(len(acc)):
+                    dr, dc = Accumulator.coord(i)
+                    ptx.inst.selp.f32(acc[i], acc[i], 0.0, hi > dc)
+                    if causal:  # kv <= q  <=>  (kvrow + dr) - qc <= dc
+                        ptx.inst.selp.f32(acc[i], acc[i], 0.0, lo[dr // 8] <= dc)
+            _pack(p_pack, acc.regs, dt)
+            ptx.wgmma.fence()
+            for kk in range(BQ // 16):
+                ptx.wgmma.mma_async(dv_acc.regs, list(p_pack)[4 * kk:4 * kk + 4],
+                                    q_mn.advance(domn, kk), n=D, dtype_ab=dt.name,
+                                    trans_b=q_mn.trans)
+            ptx.wgmma.commit_group()
+            for h in (0, 1):    # dP^T by 64 q columns; dS^T over the packed P^T, in place
+                ptx.wgmma.fence()
+                for kk in range(kv_tile.k_steps):
+                    ptx.wgmma.mma_async(dp_half.regs, kv_tile.advance(v_desc, kk),
+                                        q_tile.advance(dod, kk, 64 * h), n=64,
+                                        dtype_ab=dt.name, scale_d=0 if kk == 0 else 1)
+                ptx.wgmma.commit_group()
+                ptx.wgmma.wait_group(0)             # (h = 0: dV too, the reader of P^T)
+                for blk in range(8):
+                    v4 = reg.array(f32, 4)
+                    ptx.inst.ld.shared.v4.f32(v4, ptx.addr(src, 64 * (8 * h + blk)))
+                    for m in (2 * blk, 2 * blk + 1):
+                        word = p_pack[16 * h + m]
+                        p_lo, p_hi = _unpack(word, dt)
+                        for i, p in ((2 * m, p_lo), (2 * m + 1, p_hi)):
+                            x = dp_half[i] - v4[2 * (i % 2) + 1]
+                            ptx.inst.mul.f32(dp_half[i], p, x)
+                        ptx.inst(f"cvt.rn.{dt.name}x2.f32")(word, dp_half[2 * m + 1],
+                                                            dp_half[2 * m])
+            ptx.wgmma.fence()
+            for kk in range(BQ // 16):
+                ptx.wgmma.mma_async(dk_acc.regs, list(p_pack)[4 * kk:4 * kk + 4],
+                                    q_mn.advance(qmn, kk), n=D, dtype_ab=dt.name,
+                                    trans_b=q_mn.trans)
+            ptx.wgmma.commit_group()
+            ptx.bar_sync(1, 256)                    # both warpgroups have read dO
+            dsr, xr16, dqr, dq_x, ds_w = wide_addrs(sbase)
+            for m in range(len(p_pack)):
+                dr, dc = Accumulator.coord(2 * m)
+                at = dsr + (xr16 ^ (dc % 64 // 8 << 4))
+                ptx.inst.st.shared.b32(
+                    ptx.addr(at, dc // 64 * ds_tile.slab_bytes + dr * 128), p_pack[m])
+            ptx.fence_proxy_async("shared::cta")
+            ptx.wgmma.wait_group(0)                 # dK (its P^T registers are dQ's room)
+            ptx.bar_sync(1, 256)                    # both halves of dS written
+            ds = (ds_tile.descriptor_constant() - q_tile.descriptor_constant()) % (1 << 64)
+            da = dod + ds + ds_w
+            kmn_desc = kv_mn.descriptor(base)
+            ptx.wgmma.fence()
+            for kk in range(ds_tile.k_steps):
+                ptx.wgmma.mma_async(acc.regs, ds_tile.advance(da, kk),
+                                    kv_mn.advance(kmn_desc, kk), n=D, dtype_ab=dt.name,
+                                    scale_d=0 if kk == 0 else 1, trans_a=ds_tile.trans,
+                                    trans_b=kv_mn.trans)
+            ptx.wgmma.commit_group()
+            ptx.wgmma.wait_group(0)                 # dQ
+            ptx.bar_sync(1, 256)                    # both warpgroups are done with Q and dS
+            for i, dr, dc in acc.pairs():
+                q = dc % 32 * 4 // 16
+                at = dqr + (dq_x ^ (q << 4))
+                ptx.inst.st.shared.v2.f32(ptx.addr(at, dc // 32 * SLAB_BYTES + dr * 128),
+                                          [acc[i] * float(scale), acc[i + 1] * float(scale)])
+            _release_stage(pipe, cons)              # the fence orders the slabs' writes too
+            ptx.mbarrier.arrive(dq_full.at(cons.stage * 2 + w))
+
         ptx.mbarrier.wait(head_bar.at(0), 0)
         for g in ptx.loop(0, G):
             hq = hk * G + g
@@ -702,6 +856,10 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                 pipe.wait(cons)
                 sbase = cons.stage * stage_bytes
                 soff = reg.from_(reg.from_(sbase >> 4, u32), u64)
+                if wide:
+                    _wide_block(q0, sbase, soff)
+                    cons.advance()
+                    continue
                 qd, dod = q_desc0 + soff, do_desc0 + soff
                 qmn, domn = qmn_desc0 + soff, domn_desc0 + soff
                 ptx.wgmma.fence()
@@ -844,6 +1002,8 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         if dq_bulk and not dq_ordered:
             with ptx.if_(dq_leader):
                 ptx.tma.wait_group(0, read=True)
+        if wide:        # read again here: no registers held over the loop
+            pdk, pdv = ptx.global_ptrs(DK, DV)
         _store_rows(dk_acc, pdk, kvrow, valid, Hkv, D, hk, b, Sk, col0, scale, dt)
         _store_rows(dv_acc, pdv, kvrow, valid, Hkv, D, hk, b, Sk, col0, 1.0, dt)
         roles.end()
@@ -855,7 +1015,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             f"{f'_bq{BQ}' if BQ != 64 else ''}{'_serial' if overlap != default_overlap else ''}")
     ins = (qspec, kspec, kspec, qspec, Tile(B, Hq, Sp, 2, f32))
     if dq_ordered:
-        ins += (Tile(B, S, Hq, dq_width, f32), Tile(B, Hq, num_q, 2, s32))
+        ins += (Tile(B, S, Hq, dq_width, f32), Tile(B, Hq, sem_q, 2, s32))
         fn = dkdv_kernel
     elif atomic_dq:
         ins += (Tile(B, S, Hq, dq_width, f32),)
@@ -1654,8 +1814,8 @@ def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=
     """The backward kernels for these sizes: ``bwd(q, k, v, o, lse, do, dlse) -> (dq, dk,
     dv)``. ``safe=True`` (or ``PYPTX_ATTN_BWD_SAFE=1``): the simplest schedule, for
     bisecting. ``atomic_dq=True``: dQ accumulated by the dK/dV kernel with f32 atomics (no
-    second pass over K and V; not deterministic; torch eager only). ``dkdv_bq`` (32 or 64)
-    and ``dkdv_overlap`` (``None``: the defaults, 64 rows, overlapped at D=64 only): the
+    second pass over K and V; not deterministic; torch eager only). ``dkdv_bq`` (32 or 64;
+    128 only at D=128 with ``atomic_dq``, ``dq_bulk`` and ``dq_ordered``) and ``dkdv_overlap`` (``None``: the defaults, 64 rows, overlapped at D=64 only): the
     dK/dV kernel's speed options (``build_dkdv``'s ``BQ`` and ``overlap``). ``dq_bulk``
     (with ``atomic_dq``): dQ tiles added by TMA tile reductions, ``dq_ordered`` (with
     ``dq_bulk``) in a fixed order (``build_dkdv``). ``dq_bkv`` (32, 64 or 128; ``None``:
@@ -1679,8 +1839,8 @@ def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=
         return _build(B, S, Hq, Hkv, D, S if Sk is None else Sk, dtype, causal, scale, safe,
                       True, dq_ordered=bool(dq_ordered), fused_bq=fused_bq,
                       fused_defer=bool(fused_defer), fused_pingpong=int(fused_pingpong))
-    if dkdv_bq not in (None, 32, 64):
-        raise _fail(f"build_attention_backward: dkdv_bq must be 32 or 64, got {dkdv_bq!r}")
+    if dkdv_bq not in (None, 32, 64, 128):
+        raise _fail(f"build_attention_backward: dkdv_bq must be 32, 64 or 128, got {dkdv_bq!r}")
     if dq_bkv not in (None, 32, 64, 128) or (dq_bkv is not None and atomic_dq):
         raise _fail(f"build_attention_backward: dq_bkv must be 32, 64 or 128, and only "
                           f"for the pair (not atomic_dq), got {dq_bkv!r}")
@@ -1884,22 +2044,31 @@ FUSED_CHECKS = [  # fused_bq: f16, ring refills, chains of adds over many kv blo
     (2, 1000, 4, 2, 64, "bf16", True),
     (1, 1024, 2, 2, 64, "bf16", False),
 ]
+BQ128_CHECKS = [  # dkdv_bq=128 (D=128): f16, refills, long chains, rotation (full, S = Sk)
+    (1, 300, 4, 2, 128, "f16", True),
+    (2, 1000, 4, 2, 128, "bf16", False),
+    (2, 1000, 4, 2, 128, "bf16", True),
+    (1, 1024, 2, 2, 128, "bf16", False),
+]
 
 
 def check(cases=CHECKS, safe=False, atomic_dq=False, **options) -> int:
     """One PASS/FAIL line per gradient against float64 autograd; returns the failures.
     ``options``: ``dkdv_bq`` / ``dkdv_overlap`` (named in each line); with ``fused_bq`` the
-    cases of other head dims than 64 are skipped (one line each) and ``FUSED_CHECKS`` added."""
+    cases of other head dims than 64 are skipped (one line each) and ``FUSED_CHECKS`` added,
+    with ``dkdv_bq=128`` those of D=64 and ``BQ128_CHECKS`` added."""
     import torch
 
     fails = 0
     dts = {"bf16": torch.bfloat16, "f16": torch.float16}
     tol = {"bf16": 1e-2, "f16": 4e-3}
-    if options.get("fused_bq") and cases is CHECKS:
-        cases = CHECKS + FUSED_CHECKS
+    only, why = ((64, "fused_bq") if options.get("fused_bq") else
+                 (128, "dkdv_bq=128") if options.get("dkdv_bq") == 128 else (None, None))
+    if only and cases is CHECKS:
+        cases = CHECKS + (FUSED_CHECKS if only == 64 else BQ128_CHECKS)
     for B, S, Hq, Hkv, D, dtn, causal in cases:
-        if options.get("fused_bq") and D != 64:
-            print(f"B{B} S{S} H{Hq}/{Hkv} D{D} {dtn}: skipped (fused_bq is for D=64)")
+        if only and D != only:
+            print(f"B{B} S{S} H{Hq}/{Hkv} D{D} {dtn}: skipped ({why} is for D={only})")
             continue
         torch.manual_seed(0)
         dt = dts[dtn]
@@ -2067,13 +2236,14 @@ def main(argv=None) -> int:
     sets at D=128 (both head dims with ``--ab-dims 64,128``)."""
     argv = sys.argv[1:] if argv is None else argv
     opts = parse_options(argv[argv.index("--options") + 1]) if "--options" in argv else {}
+    atomic = opts.pop("atomic_dq", False)   # --options atomic_dq=1,...: every mode adds dQ
     fails = check_probe()
     # --fast / --safe / --atomic: only those schedules (safe: the simplest, to bisect a
     # failure; atomic: dQ added by the dK/dV kernel with f32 atomics, not deterministic)
     modes = [m for m in ("--fast", "--safe", "--atomic") if m in argv] or ["--fast", "--safe",
                                                                           "--atomic"]
     for m in modes:
-        n = check(safe=m == "--safe", atomic_dq=m == "--atomic", **opts)
+        n = check(safe=m == "--safe", atomic_dq=m == "--atomic" or atomic, **opts)
         print(f"{m[2:]} schedule: {f'{n} FAIL' if n else 'all PASS'}")
         fails += n
     if "--bench" in argv:
