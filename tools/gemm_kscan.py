@@ -39,13 +39,19 @@ def main():
         for name, fn in fns.items():
             err = ((fn().float() - ref).norm() / ref.norm()).item()
             assert err < 1e-2, f"K={K} {name}: rel err {err:.1e}"
-        t = {n: [] for n in fns}
-        keys = list(fns)
-        for r in range(a.rounds):
-            for n in keys[r % len(keys):] + keys[:r % len(keys)]:
-                t[n].append(do_bench(fns[n], rep=60, return_mode="median") * 1e3)
-        rows[K] = {n: statistics.median(v) for n, v in t.items()}
+        rows[K] = interleaved_us(fns, a.rounds, rep=60)
     print_fit(f"{M}x{N}xK bf16", rows, a.ks)
+
+
+def interleaved_us(fns, rounds, rep):
+    """Median microseconds of each function: ``do_bench`` medians over ``rounds`` rounds,
+    the order rotating from round to round."""
+    t = {n: [] for n in fns}
+    keys = list(fns)
+    for r in range(rounds):
+        for n in keys[r % len(keys):] + keys[:r % len(keys)]:
+            t[n].append(do_bench(fns[n], rep=rep, return_mode="median") * 1e3)
+    return {n: statistics.median(v) for n, v in t.items()}
 
 
 def print_fit(title, rows, ks):

@@ -5,11 +5,9 @@
     python tools/grouped_kscan.py [--shape 4x2048x256] [--ks 64 256 1024 2048]
 """
 import argparse
-import statistics
 from pathlib import Path
 
 import torch
-from triton.testing import do_bench
 
 from pyptx.testing import load_module
 
@@ -46,12 +44,7 @@ def main():
         for name, fn in fns.items():
             err = ((fn().float().reshape(M, N) - ref).norm() / ref.norm()).item()
             assert err < 1e-2, f"K={K} {name}: rel err {err:.1e}"
-        t = {n: [] for n in fns}
-        keys = list(fns)
-        for r in range(a.rounds):
-            for n in keys[r % len(keys):] + keys[:r % len(keys)]:
-                t[n].append(do_bench(fns[n], rep=50, return_mode="median") * 1e3)
-        rows[K] = {n: statistics.median(v) for n, v in t.items()}
+        rows[K] = kscan.interleaved_us(fns, a.rounds, rep=50)
     kscan.print_fit(a.shape, rows, a.ks)
 
 if __name__ == "__main__":

@@ -745,6 +745,27 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                                                 dq_buf + j * SLAB_BYTES if j else dq_buf)
                         ptx.tma.commit_group()
 
+        def mask_pt(acc, q0):
+            """Zero the P^T entries of query columns past S and, when causal, those with key
+            > query (a branch skips it for blocks that need neither; the safe schedule
+            always masks)."""
+            if safe:
+                need = None
+            elif causal:
+                need = _or(q0 + BQ > S, q0 < k0 + (BM - 1))
+            else:
+                need = q0 + BQ > S
+            with _maybe_if(need):
+                qc = q0 + col0
+                hi = reg.from_(S - qc, s32)         # column offset c valid iff c < hi
+                if causal:
+                    lo = [reg.from_(kvrow + r, s32) - reg.from_(qc, s32) for r in (0, 8)]
+                for i in range(len(acc)):
+                    dr, dc = Accumulator.coord(i)
+                    ptx.inst.selp.f32(acc[i], acc[i], 0.0, hi > dc)
+                    if causal:  # kv <= q  <=>  (kvrow + dr) - qc <= dc
+                        ptx.inst.selp.f32(acc[i], acc[i], 0.0, lo[dr // 8] <= dc)
+
         def _wide_block(q0, sbase, soff):
             """One 128-row q block (BQ=128, registers: dV, dK, S^T or dQ, P^T): S^T, P^T
             packed, dV; dP^T by 64-column halves, dS^T packed over P^T in place; dK; dS
@@ -771,20 +792,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                 for i in range(4 * blk, 4 * blk + 4):
                     ptx.inst.fma.rn.f32(acc[i], acc[i], c1, -v4[2 * (i % 2)])
                     ptx.inst.ex2.approx.ftz.f32(acc[i], acc[i])
-            if causal:
-                need = _or(q0 + BQ > S, q0 < k0 + (BM - 1))
-            else:
-                need = q0 + BQ > S
-            with _maybe_if(need):
-                qc = q0 + col0
-                hi = reg.from_(S - qc, s32)         # column offset c valid iff c < hi
-                if causal:
-                    lo = [reg.from_(kvrow + r, s32) - reg.from_(qc, s32) for r in (0, 8)]
-                for i in range(len(acc)):
-                    dr, dc = Accumulator.coord(i)
-                    ptx.inst.selp.f32(acc[i], acc[i], 0.0, hi > dc)
-                    if causal:  # kv <= q  <=>  (kvrow + dr) - qc <= dc
-                        ptx.inst.selp.f32(acc[i], acc[i], 0.0, lo[dr // 8] <= dc)
+            mask_pt(acc, q0)
             _pack(p_pack, acc.regs, dt)
             ptx.wgmma.fence()
             for kk in range(BQ // 16):
@@ -905,22 +913,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                     dc = Accumulator.coord(i)[1]
                     ptx.inst.fma.rn.f32(s_acc[i], s_acc[i], c1, nl2[dc])
                     ptx.inst.ex2.approx.ftz.f32(s_acc[i], s_acc[i])
-                if safe:
-                    need = None
-                elif causal:
-                    need = _or(q0 + BQ > S, q0 < k0 + (BM - 1))
-                else:
-                    need = q0 + BQ > S
-                with _maybe_if(need):
-                    qc = q0 + col0
-                    hi = reg.from_(S - qc, s32)      # column offset c valid iff c < hi
-                    if causal:
-                        lo = [reg.from_(kvrow + r, s32) - reg.from_(qc, s32) for r in (0, 8)]
-                    for i in range(len(s_acc)):
-                        dr, dc = Accumulator.coord(i)
-                        ptx.inst.selp.f32(s_acc[i], s_acc[i], 0.0, hi > dc)
-                        if causal:  # kv <= q  <=>  (kvrow + dr) - qc <= dc
-                            ptx.inst.selp.f32(s_acc[i], s_acc[i], 0.0, lo[dr // 8] <= dc)
+                mask_pt(s_acc, q0)
                 _pack(p_pack, s_acc.regs, dt)
                 ptx.wgmma.fence()
                 for kk in range(BQ // 16):

@@ -389,7 +389,7 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
     # slab's rows, multicast to the cluster
     b_slab_split = along_m and b_major == "MN" and b_tile.slabs % cluster == 0
     b_rows = (BK if b_major == "MN" else BN) // (cluster if along_m and not b_slab_split else 1)
-    b_box = (1, b_rows, 64) if b_major == "MN" else (1, b_rows, 64)
+    b_box = (1, b_rows, 64)
     tma = {"A": a_tile.tma_options(cluster if along_n else 1),
            "B": {"box": b_box, "swizzle": "128B"},
            "D": {"box": (64, out_cols), "swizzle": "128B"}}
