@@ -36,10 +36,10 @@ One CTA computes a block of ``BM = 128`` query rows of one (batch, head) with 38
   wait for the previous ``P V``: ptxas otherwise hoists that wait above the exponentials,
   so they never run under the warpgroup's own ``P V`` (measured neutral to -10%);
 * opt-in ``ex2_poly=n`` (0-8): ``n`` of every 8 softmax exponentials of a thread's row run as a
-  degree-3 polynomial on the FMA pipe (``_ex2_poly``, relative error < 7.5e-5, 0 below
-  ``2**-125.5``) instead of
-  ``ex2.approx`` on the special-function unit, whose 16 results per clock per SM take as long as
-  the tensor-core work at head dim 64 (``docs/dev/attention.md``, session 17);
+  degree-3 polynomial on the FMA pipe (``_ex2_poly``: relative error < 7.5e-5, 0 below
+  ``2**-125.5``) instead of ``ex2.approx`` on the special-function unit, whose 16 results per
+  clock per SM take as long as the tensor-core work at head dim 64 (``docs/dev/attention.md``,
+  session 17);
 * ``persistent=True``: one CTA per SM walks the query blocks; the next block's Q is
   loaded as soon as both consumers finished their ``Q K^T`` (an mbarrier), and O is
   staged in its own buffer, so the loads overlap the previous block's epilogue.

@@ -144,14 +144,19 @@ def _reference(q, k, v, causal):
     return o, lse
 
 
-# D, causal, ex2_poly, S, Sk: each n at both head dims; ragged S (a masked last key block),
-# Sk != S (more keys than queries, and fewer)
-CASES = [(64, False, 2, 200, 200), (64, True, 4, 200, 333), (64, True, 8, 130, 130),
-         (128, True, 2, 200, 200), (128, False, 4, 200, 150), (128, False, 8, 77, 77)]
+# D, causal, ex2_poly, S, Sk, config: each n at both head dims; ragged S (a masked last key
+# block), Sk != S (more keys than queries, and fewer); the tuned list's other block sizes
+# (BN=64: 16 registers a row, BN=176: 44, not a multiple of 8), the simple schedule and the
+# persistent kernel
+CASES = [(64, False, 2, 200, 200, {}), (64, True, 4, 200, 333, {}), (64, True, 8, 130, 130, {}),
+         (128, True, 2, 200, 200, {}), (128, False, 4, 200, 150, {}), (128, False, 8, 77, 77, {}),
+         (64, False, 4, 200, 200, dict(BN=64)), (128, True, 2, 300, 300, dict(BN=176)),
+         (64, True, 2, 200, 200, dict(schedule="simple")),
+         (128, True, 4, 200, 200, dict(persistent=True, num_sms=3))]
 
 
-@pytest.mark.parametrize("D,causal,n,S,Sk", CASES)
-def test_forward_with_ex2_poly_against_float64(D, causal, n, S, Sk):
+@pytest.mark.parametrize("D,causal,n,S,Sk,config", CASES)
+def test_forward_with_ex2_poly_against_float64(D, causal, n, S, Sk, config):
     """Outputs poisoned (unwritten elements fail). Tolerances: O max |o - ref| / max(1, |ref|)
     <= 2e-2 and relative Frobenius error < 8e-3 (bf16: P and O rounded to 2**-9; the
     polynomial's 7.5e-5 is far below), lse max absolute error <= 2e-4 (natural log: the row
@@ -161,7 +166,7 @@ def test_forward_with_ex2_poly_against_float64(D, causal, n, S, Sk):
     q = _dev(rng.standard_normal((B, S, Hq, D)) * 1.5, "bf16")  # peaked rows: exps far below 1
     k = _dev(rng.standard_normal((B, Sk, Hkv, D)), "bf16")
     v = _dev(rng.standard_normal((B, Sk, Hkv, D)), "bf16")
-    kern = fa.build_attention(B, S, Hq, Hkv, D, Sk=Sk, causal=causal, ex2_poly=n)
+    kern = fa.build_attention(B, S, Hq, Hkv, D, Sk=Sk, causal=causal, ex2_poly=n, **config)
     assert kern.name.endswith(f"_poly{n}")
     o, lse = ptxsim.run(kern.specialize(), [q, k, v], poison=True)
     ro, rlse = _reference(q, k, v, causal)
