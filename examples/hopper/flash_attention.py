@@ -35,11 +35,6 @@ One CTA computes a block of ``BM = 128`` query rows of one (batch, head) with 38
 * opt-in ``pin_overlap=True`` puts a ``fence.acq_rel.cta`` between the softmax and the
   wait for the previous ``P V``: ptxas otherwise hoists that wait above the exponentials,
   so they never run under the warpgroup's own ``P V`` (measured neutral to -10%);
-* opt-in ``ex2_poly=n`` (0-8): ``n`` of every 8 softmax exponentials of a thread's row run as a
-  degree-3 polynomial on the FMA pipe (``_ex2_poly``: relative error < 7.5e-5, 0 below
-  ``2**-125.5``) instead of ``ex2.approx`` on the special-function unit, whose 16 results per
-  clock per SM take as long as the tensor-core work at head dim 64 (``docs/dev/attention.md``,
-  session 17);
 * ``persistent=True``: one CTA per SM walks the query blocks; the next block's Q is
   loaded as soon as both consumers finished their ``Q K^T`` (an mbarrier), and O is
   staged in its own buffer, so the loads overlap the previous block's epilogue.
@@ -83,11 +78,6 @@ MAX_RESCALE_THRESHOLD = 16  # log2 units: P values stay <= 2**16, sums far from 
 #: The default ``rescale_threshold`` (log2 units): +1-4% on the H100 at every benchmark row
 #: (docs/dev/attention.md); ``None`` rescales O whenever a row's max moves.
 RESCALE_THRESHOLD = 8.0
-#: 2**f on [-0.5, 0.5]: c0 + c1 f + c2 f^2 + c3 f^3, fitted for minimax relative error
-#: (7.48e-5; 7.5e-5 evaluated in f32 with fma)
-EX2_POLY = (0.9999280571937561, 0.6932609677314758, 0.2426111251115799, 0.0551716648042202)
-ROUND_MAGIC = 12582912.0    # 1.5 * 2**23: x + it (|x| < 2**22) is 1.5 * 2**23 + round(x), exactly
-EX2_POLY_MIN = -125.5       # _ex2_poly flushes x below it to 0 (2**x < 1.7e-38; ex2.approx.ftz: < 2**-126)
 
 
 def _fail(msg):
@@ -144,64 +134,14 @@ def _check_opts(pin_overlap, rescale_threshold):
     return pin_overlap, None if t is None else float(t)
 
 
-def _check_ex2_poly(ex2_poly):
-    """Validate ``ex2_poly`` (how many of every 8 exponentials run as ``_ex2_poly``)."""
-    if isinstance(ex2_poly, bool) or not isinstance(ex2_poly, int) or not 0 <= ex2_poly <= 8:
-        raise _fail(f"flash attention: ex2_poly must be an int in 0..8 (how many of every 8 "
-                    f"softmax exponentials run as a polynomial on the FMA pipe), got {ex2_poly!r}")
-    return ex2_poly
-
-
-def _opts_tag(pin_overlap, rescale_threshold, ex2_poly=0):
+def _opts_tag(pin_overlap, rescale_threshold):
     """Kernel-name suffix of the tuning options (empty for the defaults)."""
     tag = "_pinned" if pin_overlap else ""
     if rescale_threshold is None:
         tag += "_exact"
     elif rescale_threshold != RESCALE_THRESHOLD:
         tag += f"_rt{rescale_threshold:g}".replace(".", "p")
-    if ex2_poly:
-        tag += f"_poly{ex2_poly}"
     return tag
-
-
-def _ex2_poly(x):
-    """``x <- 2**x`` (f32 register, in place) on the FMA and integer pipes instead of the
-    special-function unit (``ex2.approx``: 16 results per clock per SM, against 128 FMAs):
-    ``j = round(x)`` by adding ``ROUND_MAGIC`` (``j`` lands in the sum's low mantissa bits),
-    ``2**(x - j)`` by the degree-3 polynomial ``EX2_POLY`` on ``[-0.5, 0.5]``, ``j`` added to the
-    result's exponent field by an integer add of ``j << 23``.
-
-    Error bound: relative error < 7.5e-5 (7.48e-5 measured) for ``-125.5 <= x <= 127``
-    (ex2.approx: ~2**-22; the bf16 rounding P gets before ``P V`` is 2**-9). ``x < -125.5``,
-    ``-inf`` included (masked keys), gives exactly +0 (absolute error < 2**-125.5 = 1.7e-38;
-    ``ex2.approx.ftz`` flushes below 2**-126): those lanes may go through NaN inside, and the
-    final ``selp`` replaces them, so no result is ever a subnormal, negative or NaN. In the
-    kernel ``x`` is at most ``rescale_threshold`` (<= 16). Ten instructions (ptxas: three
-    FADD and three FFMA on the FMA pipe, FSETP, LEA and FSEL) for one MUFU.EX2."""
-    under = reg.scalar(pred)
-    ptx.inst.setp.lt.f32(under, x, EX2_POLY_MIN)
-    t, j, p = reg.scalar(f32), reg.scalar(f32), reg.scalar(f32)
-    ptx.inst.add.rn.f32(t, x, ROUND_MAGIC)
-    ptx.inst.sub.rn.f32(j, t, ROUND_MAGIC)      # round(x), exactly
-    ptx.inst.sub.rn.f32(x, x, j)                # f = x - j in [-0.5, 0.5], exactly
-    c0, c1, c2, c3 = EX2_POLY
-    ptx.inst.fma.rn.f32(p, x, c3, c2)
-    ptx.inst.fma.rn.f32(p, p, x, c1)
-    ptx.inst.fma.rn.f32(p, p, x, c0)            # 2**f in [0.707, 1.415]
-    e, pb = reg.scalar(b32), reg.scalar(b32)
-    ptx.inst.shl.b32(e, t, 23)                  # j << 23 (the magic's own bits shift out)
-    ptx.inst.mov.b32(pb, p)
-    ptx.inst.add.s32(pb, pb, e)                 # 2**f * 2**j
-    ptx.inst.mov.b32(x, pb)
-    ptx.inst.selp.f32(x, 0.0, x, under)
-
-
-def poly_slot(k, ex2_poly):
-    """Whether the ``k``-th of a thread's registers of one row (in column order) takes
-    ``_ex2_poly``: ``ex2_poly`` of every 8 consecutive ones, spread evenly (2: the 4th and
-    8th, 4: every other one)."""
-    s = k % 8
-    return (s + 1) * ex2_poly // 8 > s * ex2_poly // 8
 
 
 def _schedule(schedule, default=DEFAULT_SCHEDULE):
@@ -295,7 +235,7 @@ def _when_positive(value):
 
 # ------------------------------------------------------------------ the kernel
 def _body(Q, K, V, CUQ, CUK, Out, LSE, *, dims, varlen, pin_overlap=False,
-          rescale_threshold=RESCALE_THRESHOLD, ex2_poly=0):
+          rescale_threshold=RESCALE_THRESHOLD):
     (B, S, Sk, Hq, Hkv, D, BN, stages, causal, scale, schedule, dt, Tq, ctas) = dims
     lazy = rescale_threshold is not None
     persistent = ctas is not None
@@ -500,12 +440,9 @@ def _body(Q, K, V, CUQ, CUK, Out, LSE, *, dims, varlen, pin_overlap=False,
             ptx.inst.ex2.approx.ftz.f32(alpha[hh], m_row[hh] - m_use)
             neg = reg.scalar(f32)
             ptx.inst.neg.f32(neg, m_use)
-            for k, i in enumerate(idx):
+            for i in idx:
                 ptx.inst.fma.rn.f32(s_acc[i], s_acc[i], sl2, neg)
-                if poly_slot(k, ex2_poly):
-                    _ex2_poly(s_acc[i])
-                else:
-                    ptx.inst.ex2.approx.ftz.f32(s_acc[i], s_acc[i])
+                ptx.inst.ex2.approx.ftz.f32(s_acc[i], s_acc[i])
             vals = [s_acc[i] for i in idx]
             while len(vals) > 1:
                 vals = [a + c for a, c in zip(vals[::2], vals[1::2])] + vals[len(vals) // 2 * 2:]
@@ -671,7 +608,7 @@ def _body(Q, K, V, CUQ, CUK, Out, LSE, *, dims, varlen, pin_overlap=False,
 
 def build_attention(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None,
                     BN=None, stages=2, schedule=None, persistent=False, num_sms=H100_SMS,
-                    pin_overlap=False, rescale_threshold=RESCALE_THRESHOLD, ex2_poly=0):
+                    pin_overlap=False, rescale_threshold=RESCALE_THRESHOLD):
     """The forward kernel for ``q (B, S, Hq, D)``, ``k, v (B, Sk, Hkv, D)``: returns
     ``o (B, S, Hq, D)`` and ``lse (B, Hq, S)`` f32. ``scale`` defaults to ``1/sqrt(D)``;
     ``causal`` masks key ``j > i`` (top-left aligned). ``BN`` keys per block, ``stages``
@@ -679,13 +616,9 @@ def build_attention(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, sc
     or ``$PYPTX_ATTN_SCHEDULE``). ``persistent``: ``num_sms`` CTAs walk the query blocks
     (heads outermost, longest rows first), loading the next block's Q and K/V while the
     current one's output is stored; otherwise one CTA per query block. ``pin_overlap``,
-    ``rescale_threshold``: opt-in tuning options (module docstring). ``ex2_poly`` (0-8, opt-in,
-    default 0): of every 8 softmax exponentials of a thread's row, how many are computed by the
-    degree-3 polynomial ``_ex2_poly`` on the FMA pipe (relative error < 7.5e-5) instead of
-    ``ex2.approx`` (the special-function unit, the bound at head dim 64); 0 is the plain kernel."""
+    ``rescale_threshold``: opt-in tuning options (module docstring)."""
     dt = _dtype(dtype)
     pin_overlap, rescale_threshold = _check_opts(pin_overlap, rescale_threshold)
-    ex2_poly = _check_ex2_poly(ex2_poly)
     Sk = S if Sk is None else Sk
     BN = BN or default_bn(D)
     schedule = _schedule(schedule)
@@ -702,7 +635,7 @@ def build_attention(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, sc
            "Out": dict(box=(1, 64, 1, 64), swizzle="128B")}
     name = (f"flash_fwd_{dt.name}_d{D}_bn{BN}_s{stages}_{schedule}"
             f"{'_causal' if causal else ''}_g{Hq // Hkv}{'_persistent' if persistent else ''}"
-            f"{_opts_tag(pin_overlap, rescale_threshold, ex2_poly)}")
+            f"{_opts_tag(pin_overlap, rescale_threshold)}")
     deco = kernel(in_specs=(Tile(B, S, Hq, D, dt), Tile(B, Sk, Hkv, D, dt), Tile(B, Sk, Hkv, D, dt)),
                   out_specs=(Tile(B, S, Hq, D, dt), Tile(B, Hq, S, f32)),
                   grid=(ctas, 1, 1) if persistent else (num_m, Hq, B), block=(384, 1, 1),
@@ -710,20 +643,18 @@ def build_attention(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, sc
 
     def flash_fwd(Q, K, V, Out, LSE):
         _body(Q, K, V, None, None, Out, LSE, dims=dims, varlen=False, pin_overlap=pin_overlap,
-              rescale_threshold=rescale_threshold, ex2_poly=ex2_poly)
+              rescale_threshold=rescale_threshold)
     return deco(flash_fwd)
 
 
 def build_attention_varlen(Tq, Tk, B, Hq, Hkv, D, max_seqlen_q, *, dtype="bf16", causal=False,
                            scale=None, BN=None, stages=2, schedule=None, pin_overlap=False,
-                           rescale_threshold=RESCALE_THRESHOLD, ex2_poly=0):
+                           rescale_threshold=RESCALE_THRESHOLD):
     """The packed variable-length forward kernel: ``q (Tq, Hq, D)``, ``k, v (Tk, Hkv, D)``,
     ``cu_seqlens_q``/``cu_seqlens_k`` int32 ``(B + 1,)``; returns ``o (Tq, Hq, D)`` and
-    ``lse (Hq, Tq)`` f32. The grid covers ``max_seqlen_q`` rows per sequence. Tuning options
-    as ``build_attention``'s."""
+    ``lse (Hq, Tq)`` f32. The grid covers ``max_seqlen_q`` rows per sequence."""
     dt = _dtype(dtype)
     pin_overlap, rescale_threshold = _check_opts(pin_overlap, rescale_threshold)
-    ex2_poly = _check_ex2_poly(ex2_poly)
     BN = BN or default_bn(D)
     schedule = _schedule(schedule)
     _check(D, BN, stages, schedule)
@@ -735,8 +666,7 @@ def build_attention_varlen(Tq, Tk, B, Hq, Hkv, D, max_seqlen_q, *, dtype="bf16",
            "K": dict(box=(BN, 1, 64), swizzle="128B"),
            "V": dict(box=(BN, 1, 64), swizzle="128B")}
     name = (f"flash_fwd_varlen_{dt.name}_d{D}_bn{BN}_s{stages}_{schedule}"
-            f"{'_causal' if causal else ''}_g{Hq // Hkv}"
-            f"{_opts_tag(pin_overlap, rescale_threshold, ex2_poly)}")
+            f"{'_causal' if causal else ''}_g{Hq // Hkv}{_opts_tag(pin_overlap, rescale_threshold)}")
     deco = kernel(in_specs=(Tile(Tq, Hq, D, dt), Tile(Tk, Hkv, D, dt), Tile(Tk, Hkv, D, dt),
                             Tile(B + 1, s32), Tile(B + 1, s32)),
                   out_specs=(Tile(Tq, Hq, D, dt), Tile(Hq, Tq, f32)),
@@ -745,7 +675,7 @@ def build_attention_varlen(Tq, Tk, B, Hq, Hkv, D, max_seqlen_q, *, dtype="bf16",
 
     def flash_fwd_varlen(Q, K, V, CUQ, CUK, Out, LSE):
         _body(Q, K, V, CUQ, CUK, Out, LSE, dims=dims, varlen=True, pin_overlap=pin_overlap,
-              rescale_threshold=rescale_threshold, ex2_poly=ex2_poly)
+              rescale_threshold=rescale_threshold)
     return deco(flash_fwd_varlen)
 
 
@@ -782,15 +712,15 @@ picked ``BN=192``, ``stages=3``, ``BN=176`` or the defaults across the benchmark
 
 attention_tuned = autotune(ATTENTION_CONFIGS, key=[
     "B", "S", "Hq", "Hkv", "D", "Sk", "dtype", "causal", "scale", "persistent", "pin_overlap",
-    "rescale_threshold", "ex2_poly"])(build_attention)
+    "rescale_threshold"])(build_attention)
 """``build_attention`` with its tile options chosen on the device at the first launch."""
 
 
 @functools.lru_cache(maxsize=128)
 def _forward(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, schedule, BN, stages, persistent=False,
-             pin_overlap=False, rescale_threshold=RESCALE_THRESHOLD, ex2_poly=0):
+             pin_overlap=False, rescale_threshold=RESCALE_THRESHOLD):
     kw = dict(Sk=Sk, dtype=dtype, causal=causal, scale=scale, persistent=persistent,
-              pin_overlap=pin_overlap, rescale_threshold=rescale_threshold, ex2_poly=ex2_poly)
+              pin_overlap=pin_overlap, rescale_threshold=rescale_threshold)
     given = {k: v for k, v in (("schedule", schedule), ("BN", BN), ("stages", stages))
              if v is not None}
     if not given:
@@ -801,7 +731,7 @@ def _forward(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, schedule, BN, stages, p
 @functools.lru_cache(maxsize=128)
 def _differentiable(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, schedule, BN, stages,
                     persistent=False, pin_overlap=False, rescale_threshold=RESCALE_THRESHOLD,
-                    deterministic=True, ex2_poly=0):
+                    deterministic=True):
     """The forward kernel wrapped with the backward one, or the bare forward kernel when the
     backward example or ``differentiable_kernel(save_outputs=)`` is not available.
     The backward for torch eager calls: at D=128, the dK/dV kernel also adds dQ, with TMA
@@ -812,7 +742,7 @@ def _differentiable(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, schedule, BN, st
     ``torch.compile`` traces run the seven-product pair (``AttentionBackward.fallback``), as
     does a size the faster kernel refuses."""
     fwd = _forward(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, schedule, BN, stages, persistent,
-                   pin_overlap, rescale_threshold, ex2_poly)
+                   pin_overlap, rescale_threshold)
     bwd_mod = _bwd_module()
     if bwd_mod is None:
         return fwd
@@ -865,28 +795,26 @@ def _contiguous(*xs):
 
 
 def attention_forward(q, k, v, causal=False, scale=None, *, schedule=None, BN=None, stages=None,
-                      persistent=None, pin_overlap=False, rescale_threshold=RESCALE_THRESHOLD,
-                      ex2_poly=0):
+                      persistent=None, pin_overlap=False, rescale_threshold=RESCALE_THRESHOLD):
     """``(o, lse)`` of the forward kernel (no autograd): ``o (B, S, Hq, D)``, ``lse (B, Hq, S)``
     float32, natural log of each row's sum of ``exp(scale * q.k)``. With none of
     ``schedule``, ``BN``, ``stages`` given, they are tuned per shape (``ATTENTION_CONFIGS``)."""
     B, S, Hq, Hkv, D, Sk, name = _shapes(q, k, v)
     sc = 1.0 / math.sqrt(D) if scale is None else float(scale)
     k_ = _forward(B, S, Hq, Hkv, D, Sk, name, bool(causal), sc, *_tuning(schedule, BN, stages),
-                  _persistent(persistent, D), *_check_opts(pin_overlap, rescale_threshold),
-                  _check_ex2_poly(ex2_poly))
+                  _persistent(persistent, D), *_check_opts(pin_overlap, rescale_threshold))
     return k_(*_contiguous(q, k, v))
 
 
 def attention(q, k, v, causal=False, scale=None, *, schedule=None, BN=None, stages=None,
               persistent=None, pin_overlap=False, rescale_threshold=RESCALE_THRESHOLD,
-              deterministic=True, ex2_poly=0):
+              deterministic=True):
     """Flash attention ``softmax(scale * q k^T) v`` (torch tensors or JAX arrays):
     ``q (B, S, Hq, D)``, ``k, v (B, Sk, Hkv, D)`` with ``Hq % Hkv == 0``, bf16 or f16,
     ``D`` in 64/128/256. ``causal``: key ``j`` allowed for query ``i`` iff ``j <= i``.
     ``scale`` defaults to ``1/sqrt(D)``. Differentiable in ``q, k, v`` when the backward
     kernels are available. ``schedule``, ``BN``, ``stages``, ``persistent``, ``pin_overlap``,
-    ``rescale_threshold``, ``ex2_poly`` (forward only): see ``build_attention``; with none of the first three given, the
+    ``rescale_threshold``: see ``build_attention``; with none of the first three given, the
     forward's tile options are tuned per shape on the device (``ATTENTION_CONFIGS``,
     ``pyptx.autotune``; ``PYPTX_AUTOTUNE=0`` takes the defaults). ``deterministic=False``: a faster
     backward whose dQ sums come in run-dependent order (last bits vary between runs;
@@ -895,23 +823,21 @@ def attention(q, k, v, causal=False, scale=None, *, schedule=None, BN=None, stag
     sc = 1.0 / math.sqrt(D) if scale is None else float(scale)
     fn = _differentiable(B, S, Hq, Hkv, D, Sk, name, bool(causal), sc,
                          *_tuning(schedule, BN, stages), _persistent(persistent, D),
-                         *_check_opts(pin_overlap, rescale_threshold), bool(deterministic),
-                         _check_ex2_poly(ex2_poly))
+                         *_check_opts(pin_overlap, rescale_threshold), bool(deterministic))
     return fn(*_contiguous(q, k, v))[0]
 
 
 @functools.lru_cache(maxsize=128)
 def _varlen(Tq, Tk, B, Hq, Hkv, D, max_q, dtype, causal, scale, schedule, BN, stages,
-            pin_overlap=False, rescale_threshold=RESCALE_THRESHOLD, ex2_poly=0):
+            pin_overlap=False, rescale_threshold=RESCALE_THRESHOLD):
     return build_attention_varlen(Tq, Tk, B, Hq, Hkv, D, max_q, dtype=dtype, causal=causal,
                                   scale=scale, BN=BN, stages=stages, schedule=schedule,
-                                  pin_overlap=pin_overlap, rescale_threshold=rescale_threshold,
-                                  ex2_poly=ex2_poly)
+                                  pin_overlap=pin_overlap, rescale_threshold=rescale_threshold)
 
 
 def attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                              causal=False, scale=None, *, schedule=None, BN=None, stages=2,
-                             pin_overlap=False, rescale_threshold=RESCALE_THRESHOLD, ex2_poly=0):
+                             pin_overlap=False, rescale_threshold=RESCALE_THRESHOLD):
     """``(o, lse)`` of the packed variable-length forward: ``o (Tq, Hq, D)``, ``lse (Hq, Tq)``."""
     if len(q.shape) != 3 or len(k.shape) != 3 or tuple(k.shape) != tuple(v.shape):
         raise _fail(f"attention_varlen expects q (Tq, Hq, D) and k, v (Tk, Hkv, D), got "
@@ -929,7 +855,7 @@ def attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
     sc = 1.0 / math.sqrt(D) if scale is None else float(scale)
     k_ = _varlen(Tq, Tk, B, Hq, Hkv, D, int(max_seqlen_q), name, bool(causal), sc,
                  _schedule(schedule), BN or default_bn(D), stages,
-                 *_check_opts(pin_overlap, rescale_threshold), _check_ex2_poly(ex2_poly))
+                 *_check_opts(pin_overlap, rescale_threshold))
     return k_(*_contiguous(q, k, v, cu_seqlens_q, cu_seqlens_k))
 
 
@@ -1020,7 +946,7 @@ MAIN_CASES = [
 def main(argv=None) -> int:
     """Correctness checks on the GPU, one PASS/FAIL line each; arguments: schedules to run
     (default: the default schedule), ``persistent`` for the persistent kernel, and the
-    tuning options ``pin_overlap``, ``rescale_threshold=T`` and ``ex2_poly=N``."""
+    tuning options ``pin_overlap`` and ``rescale_threshold=T``."""
     import torch
 
     torch.manual_seed(0)
@@ -1034,8 +960,6 @@ def main(argv=None) -> int:
         if a.startswith("rescale_threshold="):
             value = a.split("=", 1)[1]
             opts["rescale_threshold"] = None if value == "none" else float(value)
-        elif a.startswith("ex2_poly="):
-            opts["ex2_poly"] = int(a.split("=", 1)[1])
     otag = "".join(f" {k}={v}" for k, v in opts.items())
     for schedule in schedules:
         for (B, S, Sk, Hq, Hkv, D, causal, dname) in MAIN_CASES:

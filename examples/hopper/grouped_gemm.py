@@ -66,8 +66,7 @@ EPI_BUFS = 2
 STORES = ("auto", "masked")
 L2_HINTS = (None, "stream_b")
 MAX_SPLITS = 8
-FORWARD_ONLY = ("l2_hint", "cluster", "cluster_along", "prefetch", "warm", "speculate",
-                "kpairs")
+FORWARD_ONLY = ("l2_hint", "cluster", "cluster_along", "prefetch", "warm", "speculate")
 """``build_grouped`` keywords the weight-gradient kernel does not take (a ``config`` given to
 ``grouped_mm`` passes the rest to it)."""
 
@@ -303,8 +302,7 @@ class _Consumer:
 
 def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf16", BM=128,
                   BN=256, BK=64, stages=None, num_sms=H100_SMS, store="auto", l2_hint=None,
-                  cluster=1, cluster_along="n", prefetch=False, warm=0, speculate=0,
-                  kpairs=False):
+                  cluster=1, cluster_along="n", prefetch=False, warm=0, speculate=0):
     """The grouped GEMM kernel ``D[rows of g] = A[rows of g] @ B[g]``.
 
     Tensor arguments: A ``(M, K)`` bf16, B ``(G, K, N)`` (``b_major="MN"``) or
@@ -342,10 +340,6 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
     tile into the ring before it reads a group end; if the CTA's real first tile is the
     guess, its k-loop starts at block ``n``, otherwise both sides agree the guess missed
     (each computes it from the CTA index) and the consumers hand those stages back unread.
-    ``kpairs=True`` (opt-in, under evaluation): the producer takes two free stages at a time
-    and copies A's boxes of both k-blocks back to back, then B's, so each row of A is read
-    as 256 contiguous bytes within a short window (DRAM row locality for A, which streams
-    64- or 128-row boxes of 128-byte pieces at a row stride of ``2 * K`` bytes).
     """
     what = "build_grouped"
     ot = _out_type(out_dtype)
@@ -363,8 +357,6 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
     if cluster not in ((1, 2, 4) if cluster_along == "m" else (1, 2)):
         raise _error(f"{what}: cluster must be 1 or 2 (or 4 along m), got {cluster!r} "
                      f"(cluster_along={cluster_along!r})")
-    if not isinstance(kpairs, bool):
-        raise _error(f"{what}: kpairs must be True or False, got {kpairs!r}")
     if isinstance(warm, bool) or not isinstance(warm, int) or warm < 0:
         raise _error(f"{what}: warm must be an int >= 0 (k-blocks to prefetch), got {warm!r}")
     stages, smem_total = _check_tile(BM, BN, BK, stages, what)
@@ -481,16 +473,12 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
             t = reg.scalar(u32, init=cid)
             mask = (1 << cluster) - 1
 
-            def load_a(sbase, m0, k0, bar):
+            def load(sbase, g, m0, n0, k0, bar):
                 if along_n:
                     a_tile.load(sbase, A, m0, k0, bar, map_ptr=a_map, cache_hint=hint_a,
                                 multicast_mask=mask, part=(rank, cluster))
                 else:
                     a_tile.load(sbase, A, m0, k0, bar, map_ptr=a_map, cache_hint=hint_a)
-
-            def load(sbase, g, m0, n0, k0, bar, a=True):
-                if a:
-                    load_a(sbase, m0, k0, bar)
                 for coords, off in b_parts(rank, n0, k0, g):
                     ptx.tma.load_tile(ptx.addr(sbase + off, a_bytes) if type(off) is not int
                                       else ptx.addr(sbase, a_bytes + off), b_map, coords, bar,
@@ -514,36 +502,12 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
                 kb0 = reg.scalar(u32)
                 ptx.inst.selp.u32(kb0, spec, 0, spec_ok & guessed(walk, t, tile, first))
                 ptx.inst.mov.u32(first, 0)
-            if kpairs:  # k-blocks (kb, kb + 1): both A boxes back to back, then both B's
-                for kb in ptx.loop(kb0, num_kb - 1, 2):
-                    taken = []
-                    for _ in range(2):
-                        pipe.acquire(st)
-                        taken.append((st.stage * stage_bytes + base, pipe.arm(st, stage_bytes)))
-                        st.advance()
-                    for j, (sb, bar) in enumerate(taken):
-                        load_a(sb, m0, (kb + j) * BK if j else kb * BK, bar)
-                    for j, (sb, bar) in enumerate(taken):
-                        load(sb, g, m0, n0, (kb + j) * BK if j else kb * BK, bar, a=False)
-                def last_alone():
-                    pipe.acquire(st)
-                    bar = pipe.arm(st, stage_bytes)
-                    load(st.stage * stage_bytes + base, g, m0, n0, (num_kb - 1) * BK, bar)
-                    st.advance()
-
-                if isinstance(kb0, int):
-                    if (num_kb - kb0) % 2:
-                        last_alone()
-                else:
-                    with ptx.if_(((num_kb - kb0) & 1) == 1):     # an odd count: the last alone
-                        last_alone()
-            else:
-                for kb in ptx.loop(kb0, num_kb):
-                    k0 = kb * BK
-                    pipe.acquire(st)
-                    bar = pipe.arm(st, stage_bytes)
-                    load(st.stage * stage_bytes + base, g, m0, n0, k0, bar)
-                    st.advance()
+            for kb in ptx.loop(kb0, num_kb):
+                k0 = kb * BK
+                pipe.acquire(st)
+                bar = pipe.arm(st, stage_bytes)
+                load(st.stage * stage_bytes + base, g, m0, n0, k0, bar)
+                st.advance()
             t += clusters
             ptx.bra(top)
             ptx.place(out)
@@ -594,8 +558,7 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
             f"{'_masked' if store == 'masked' else ''}{'_l2' + l2_hint if l2_hint else ''}"
             f"{f'_c{cluster}' if cluster > 1 else ''}{'m' if along_m else ''}"
             f"{'_pf' if prefetch else ''}"
-            f"{f'_w{warm}' if warm else ''}{f'_spec{speculate}' if speculate else ''}"
-            f"{'_kpairs' if kpairs else ''}")
+            f"{f'_w{warm}' if warm else ''}{f'_spec{speculate}' if speculate else ''}")
     return kernel(in_specs=(Tile(M, K, bf16), b_spec, Tile(G, s32)), out_specs=(Tile(M, N, ot),),
                   grid=(ctas, 1, 1), block=(threads, 1, 1), cluster=(cluster, 1, 1),
                   smem=smem_total, maxnreg=maxnreg, tma=tma, name=name)(grouped)
@@ -864,11 +827,6 @@ CANDIDATE_CONFIGS = {
     "fwd 64x256 pf spec2": dict(kernel="fwd", BM=64, BN=256, prefetch=True, speculate=2),
     "fwd 64x256 pf spec5": dict(kernel="fwd", BM=64, BN=256, prefetch=True, speculate=5),
     "fwd 128x128 pf spec4": dict(kernel="fwd", BM=128, BN=128, prefetch=True, speculate=4),
-    # A's boxes of two k-blocks back to back (DRAM row locality: 256 contiguous bytes a row)
-    "fwd 64x256 pf spec5 kpairs": dict(kernel="fwd", BM=64, BN=256, prefetch=True, speculate=5,
-                                       kpairs=True),
-    "fwd 64x256 pf kpairs": dict(kernel="fwd", BM=64, BN=256, prefetch=True, kpairs=True),
-    "fwd 128x128 c2 kpairs": dict(kernel="fwd", BM=128, BN=128, cluster=2, kpairs=True),
 }
 """Opt-in tile configurations under evaluation: name -> ``kernel`` (``"fwd"``, ``"dgrad"``
 or ``"wgrad"``) and the builder keywords (``build_grouped`` or ``build_wgrad_split``)."""

@@ -451,10 +451,6 @@ def test_warm_option_prefetches_the_guessed_tile(assemble, cluster, b_major):
         with pytest.raises(ConfigError, match="warm must be an int") as e:
             gg.build_grouped(256, 64, 64, 2, warm=bad)
         assert str(e.value).startswith(f"{HERE}:")
-    for bad in (1, "yes", None):
-        with pytest.raises(ConfigError, match="kpairs must be True or False") as e:
-            gg.build_grouped(256, 64, 64, 2, kpairs=bad)
-        assert str(e.value).startswith(f"{HERE}:")
 
 
 def test_warm_guess_matches_the_walk_for_uniform_groups():

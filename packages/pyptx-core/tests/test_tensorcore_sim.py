@@ -204,13 +204,6 @@ grouped = load_module(HERE.parents[3] / "examples" / "hopper" / "grouped_gemm.py
     ([128] * 4, 256, 256, dict(BM=128, BN=128, num_sms=3, speculate=2)),
     ([5, 0, 300, 1, 200, 0], 264, 200, dict(BM=64, BN=128, num_sms=3, speculate=3)),
     ([0, 0, 300, 0], 72, 104, dict(BM=128, BN=128, num_sms=5, speculate=2, prefetch=True)),
-    # k-blocks copied in pairs (opt-in): odd and even block counts, a ring of odd length,
-    # with speculation (an odd count left after a hit), B K-major
-    ([5, 0, 300, 1, 200, 0], 264, 200, dict(BM=64, BN=128, num_sms=3, kpairs=True)),
-    ([129, 1, 63, 64], 128, 256, dict(BM=64, BN=64, num_sms=2, stages=3, kpairs=True)),
-    ([128] * 4, 256, 320, dict(BM=64, BN=128, num_sms=3, prefetch=True, speculate=3,
-                               kpairs=True)),
-    ([0, 37, 130], 72, 136, dict(BM=128, BN=64, num_sms=3, b_major="K", kpairs=True)),
 ])
 def test_grouped_gemm_forward(sizes, N, K, config):
     """Ragged groups (empty ones too) against float64; the opt-in prefetches must not matter."""
