@@ -304,36 +304,3 @@ def test_switch_reads_the_environment_at_every_call(monkeypatch):
         assert _switched_off() is off, value
     monkeypatch.delenv("PYPTX_AUTOTUNE")
     assert _switched_off() is False
-
-
-def test_a_timer_that_measures_together_gets_every_config_in_one_call(capsys):
-    class TogetherTimer(FakeTimer):
-        """Times all configs in one call, as ``TorchTimer.measure_together`` does."""
-
-        calls: list[list[str]] = []
-
-        def measure_together(self, kernels, args, kwargs):
-            self.calls.append([k.name for k in kernels])
-            return [self.times[k.name] for k in kernels]
-
-    timer = TogetherTimer({"hold8_r0": 5.0, "hold16_r0": 2.0, "hold32_r0": 4.0})
-    k = tuned(timer)(64)
-    assert k.choose(FakeArray()).name == "hold16_r0" and k.choice.us == 2.0
-    assert timer.calls == [["hold8_r0", "hold16_r0", "hold32_r0"]] and timer.measured == []
-    capsys.readouterr()
-
-
-def test_a_failed_launch_in_a_joint_timing_is_found_config_by_config(capsys):
-    class FailingTogether(FakeTimer):
-        def measure_together(self, kernels, args, kwargs):
-            raise PyptxError("hold16_r0: launch failed")
-
-        def measure(self, k, args, kwargs):
-            if k.name == "hold16_r0":
-                raise PyptxError("launch failed")
-            return super().measure(k, args, kwargs)
-
-    timer = FailingTogether({"hold8_r0": 5.0, "hold32_r0": 4.0})
-    k = tuned(timer)(64)
-    assert k.choose(FakeArray()).name == "hold32_r0"
-    assert "hold=16: launch failed" in capsys.readouterr().err

@@ -16,10 +16,9 @@ the builder refuses with a ``PyptxError`` is skipped, and so is one whose kernel
 same launch as an earlier config's), assembles each with ptxas and skips any that ptxas
 rejects or that spills registers, launches the rest on the
 call's own arguments and times them (``Timer``: CUDA events for torch, wall clock
-after ``block_until_ready`` for jax; warm-up, then the median; the torch timer launches
-the configs in turn, launch by launch, so a drift of the clocks shifts them all alike; a
-timer with only ``measure`` and ``rounds`` times every config once per round, interleaved,
-and the tuner takes the median of the rounds), and keeps the fastest. The tuner *re-runs the kernel* on the caller's arguments many times: the
+after ``block_until_ready`` for jax; warm-up, then the median; a timer with ``rounds``
+times every config once per round, interleaved, and the tuner takes the median of the
+rounds), and keeps the fastest. The tuner *re-runs the kernel* on the caller's arguments many times: the
 kernels it is meant for write fresh outputs and leave their inputs alone; a kernel
 that updates an input in place must not be tuned this way (pass its config
 explicitly). The winner is written beside the compiled-kernel cache
@@ -144,20 +143,28 @@ class Timer(Protocol):
     def measure(self, kernel: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> float:
         """Median microseconds of ``kernel(*args, **kwargs)``, after warm-up."""
 
-    # Optional: ``measure_together(kernels, args, kwargs) -> list[float]``, the medians of
-    # several kernels timed launch by launch in turn (``TorchTimer`` has it); the tuner then
-    # calls it once instead of ``measure`` per config and round.
+
+#: A launch at least this long (ms) gets ``TorchTimer.settle_ms`` of warm-up: see the class.
+LONG_LAUNCH_MS = 1.0
 
 
 class TorchTimer:
     """CUDA events around each launch, the L2 cleared before each (like ``triton.testing.do_bench``):
-    about ``warmup_ms`` of warm-up, then about ``rep_ms`` of timed launches, median."""
+    about ``warmup_ms`` of warm-up, then about ``rep_ms`` of timed launches, median.
 
-    def __init__(self, warmup_ms: float = 25.0, rep_ms: float = 100.0, rounds: int = 3) -> None:
+    Each config runs alone for its burst, as in ``do_bench``, not launch by launch beside the
+    others: long tensor-core kernels run at the H100's power cap, where the SM clock follows
+    each kernel's own draw (8192x28672x8192 bf16 GEMM, seconds back to back: 1365-1395 MHz
+    at 700 W; 192x192 tiles 720 TFLOP/s, 128x256 700, cuBLAS 701), so a config's speed there
+    is a property of the config alone. A launch of ``LONG_LAUNCH_MS`` or more is warmed up for
+    ``settle_ms`` so the clock has settled to that config's draw before the timing starts."""
+
+    def __init__(self, warmup_ms: float = 25.0, rep_ms: float = 100.0, rounds: int = 3,
+                 settle_ms: float = 100.0) -> None:
         self.warmup_ms = warmup_ms
+        self.settle_ms = settle_ms
         self.rep_ms = rep_ms
-        #: ``measure_together`` times each kernel for ``rounds * rep_ms``; a timer without it
-        #: is called once per config and round, interleaved, and the tuner takes the median.
+        #: The tuner times every config once per round, interleaved, and takes the median.
         self.rounds = rounds
         self._flush: dict[Any, Any] = {}
 
@@ -176,21 +183,11 @@ class TorchTimer:
 
     def measure(self, kernel: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> float:
         """Median microseconds of one launch, L2 cleared before each (see the class)."""
-        return self.measure_together([kernel], args, kwargs, rounds=1)[0]
-
-    def measure_together(self, kernels: Sequence[Any], args: Sequence[Any],
-                         kwargs: Mapping[str, Any], rounds: int | None = None) -> list[float]:
-        """Median microseconds of one launch of each of ``kernels``, timed launch by launch in
-        turn (flush, ``kernels[0]``, flush, ``kernels[1]``, ...), so a drift of the clocks
-        over the timing (heat, power) shifts every kernel alike. About ``rep_ms`` of timed
-        launches per kernel and round."""
         import torch
 
-        rounds = self.rounds if rounds is None else rounds
         dev = next(a.device for a in args if isinstance(a, torch.Tensor))
         with torch.cuda.device(dev):
-            for k in kernels:
-                k(*args, **kwargs)  # compile and load outside the timing
+            kernel(*args, **kwargs)  # compile and load outside the timing
             torch.cuda.synchronize()
             flush = self._flush.get(dev)
             if flush is None:
@@ -198,27 +195,24 @@ class TorchTimer:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             for _ in range(5):
-                for k in kernels:
-                    k(*args, **kwargs)
+                kernel(*args, **kwargs)
             end.record()
             torch.cuda.synchronize()
-            est_ms = max(start.elapsed_time(end) / 5, 1e-3)   # one launch of each
-            for _ in range(max(1, int(self.warmup_ms * len(kernels) / est_ms))):
-                for k in kernels:
-                    k(*args, **kwargs)
-            reps = max(10, min(1000 * max(1, rounds),
-                               int(self.rep_ms * max(1, rounds) * len(kernels) / est_ms)))
-            events = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                       for _ in kernels] for _ in range(reps)]
-            for row in events:
-                for k, (s, e) in zip(kernels, row):
-                    flush.zero_()
-                    s.record()
-                    k(*args, **kwargs)
-                    e.record()
+            est_ms = max(start.elapsed_time(end) / 5, 1e-3)
+            warmup_ms = self.warmup_ms if est_ms < LONG_LAUNCH_MS else max(self.warmup_ms,
+                                                                           self.settle_ms)
+            for _ in range(max(1, int(warmup_ms / est_ms))):
+                kernel(*args, **kwargs)
+            reps = max(10, min(1000, int(self.rep_ms / est_ms)))
+            events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                      for _ in range(reps)]
+            for s, e in events:
+                flush.zero_()
+                s.record()
+                kernel(*args, **kwargs)
+                e.record()
             torch.cuda.synchronize()
-            return [1e3 * statistics.median(row[i][0].elapsed_time(row[i][1]) for row in events)
-                    for i in range(len(kernels))]
+            return 1e3 * statistics.median(s.elapsed_time(e) for s, e in events)
 
 
 class JaxTimer:
@@ -561,27 +555,15 @@ class TunedKernel:
                     skipped.append((cfg, reason))
                     continue
             timed.append(([], i, cfg, k))
-        together = getattr(timer, "measure_together", None)
-        times = None
-        if together is not None and timed:
-            # Launch by launch in turn: a drift of the clocks over the tuning (heat, power)
-            # then biases no config against the others.
-            try:
-                times = together([e[3] for e in timed], args, kwargs)
-            except PyptxError:
-                times = None    # a launch failed: find which, config by config, below
-        if times is not None:
-            for entry, us in zip(timed, times):
-                entry[0].append(float(us))
-        else:
-            # Interleaved rounds, config by config, for the same reason.
-            for _ in range(max(1, int(getattr(timer, "rounds", 1)))):
-                for entry in list(timed):
-                    try:
-                        entry[0].append(float(timer.measure(entry[3], args, kwargs)))
-                    except PyptxError as e:
-                        skipped.append((entry[2], f"launch failed: {_first_line(e)}"))
-                        timed.remove(entry)
+        # Interleaved rounds: a drift of the clocks over the tuning (heat, power) then
+        # biases no config against the others.
+        for _ in range(max(1, int(getattr(timer, "rounds", 1)))):
+            for entry in list(timed):
+                try:
+                    entry[0].append(float(timer.measure(entry[3], args, kwargs)))
+                except PyptxError as e:
+                    skipped.append((entry[2], f"launch failed: {_first_line(e)}"))
+                    timed.remove(entry)
         timed = [(statistics.median(t), i, cfg, k) for t, i, cfg, k in timed]
         if not timed:
             why = "\n  ".join(f"{c.describe()}: {r}" for c, r in skipped)
