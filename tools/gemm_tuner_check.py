@@ -1,6 +1,6 @@
 """Does the tuner rank GEMM configs as do_bench does? For each shape: the tuner's own timings
-(from its disk record), then TorchTimer.measure_together over the same configs in two orders,
-TorchTimer.measure per config, and do_bench per config in interleaved rounds.
+(from its disk record), then TorchTimer.measure per config and do_bench per config, each in
+interleaved rounds.
 
     python tools/gemm_tuner_check.py 8192x8192x28672 --dtype f16
 """
@@ -40,17 +40,18 @@ for s in a.shapes:
             print(f"   {json.dumps(t['config']):>60} {fl / t['us'] / 1e6:7.1f} TFLOP/s")
     ks = [gemm.build_gemm(M, N, K, dtype=a.dtype, out_dtype=a.dtype, **c) for c in configs]
     timer = TorchTimer()
-    fwd = timer.measure_together(ks, (x, w), {})
-    rev = timer.measure_together(ks[::-1], (x, w), {})[::-1]
-    one = [timer.measure(k, (x, w), {}) for k in ks]
+    one = [[] for _ in ks]
+    for _ in range(3):
+        for i, k in enumerate(ks):
+            one[i].append(timer.measure(k, (x, w), {}))
     db = [[] for _ in ks]
     for _ in range(3):
         for i, k in enumerate(ks):
             db[i].append(do_bench(lambda k=k, x=x, w=w: k(x, w), rep=60, return_mode="median") * 1e3)
     cub = statistics.median(do_bench(lambda x=x, w=w: torch.matmul(x, w), rep=60, return_mode="median") * 1e3
                             for _ in range(3))
-    print(f"   TFLOP/s: together / together reversed / measure one by one / do_bench x3 "
+    print(f"   TFLOP/s: TorchTimer.measure x3 / do_bench x3 "
           f"(cuBLAS {fl / cub / 1e6:.1f})")
-    for c, f1, f2, f3, d in zip(configs, fwd, rev, one, db):
-        print(f"   {json.dumps(c):>60} {fl / f1 / 1e6:7.1f} {fl / f2 / 1e6:7.1f} "
-              f"{fl / f3 / 1e6:7.1f} {fl / statistics.median(d) / 1e6:7.1f}")
+    for c, m, d in zip(configs, one, db):
+        print(f"   {json.dumps(c):>60} {fl / statistics.median(m) / 1e6:7.1f} "
+              f"{fl / statistics.median(d) / 1e6:7.1f}")
