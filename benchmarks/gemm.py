@@ -1,23 +1,51 @@
 """GEMM TFLOP/s: pyptx (``examples/hopper/gemm.py``, default call) beside cuBLAS
 (``torch.matmul``) and an autotuned Triton matmul written here, bf16 and f16.
 
-Timing: ``triton.testing.do_bench`` (L2 flushed between calls), median; the three
-contenders of a row are timed interleaved in one process. ``--shapes`` narrows the
-set; ``--out FILE.md`` writes the table.
+Timing: ``triton.testing.do_bench`` (L2 flushed between calls), median of ``--rounds``
+per-round medians; the three contenders of a row are timed interleaved in one process, in
+rotated order (each leads once per cycle: under the H100's power cap a burst inherits the SM
+clock its predecessor left). ``--shapes`` narrows the set; ``--out FILE.md`` writes the table.
 
-    python benchmarks/gemm.py [--dtypes bf16 f16] [--shapes 4096 8192x28672x8192] [--out t.md]
+``--sustained`` adds a second table beside it for the shapes whose launch lasts 1 ms or more:
+each contender back to back for ``--seconds`` (no flush), two interleaved rounds, median
+TFLOP/s: the power-capped steady state that long training GEMMs run in, where each kernel's
+SM clock follows its own power draw.
+
+    python benchmarks/gemm.py [--dtypes bf16 f16] [--shapes 4096 8192x28672x8192] [--sustained]
+                              [--out t.md]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/_timing.py
+
+from _timing import rotated  # noqa: E402
+
 SHAPES = [(2048, 2048, 2048), (4096, 4096, 4096), (6144, 6144, 6144), (8192, 8192, 8192),
           (8192, 28672, 8192), (8192, 8192, 28672), (128, 8192, 8192), (4095, 4097, 4100)]
+
+
+def _back_to_back(fn, seconds):
+    """Launches per second of ``fn`` run back to back for about ``seconds``."""
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    t0, n = time.perf_counter(), 0
+    while time.perf_counter() - t0 < seconds:
+        for _ in range(10):
+            fn()
+        n += 10
+        torch.cuda.synchronize()
+    return n / (time.perf_counter() - t0)
 
 
 def load_gemm():
@@ -88,6 +116,10 @@ def main(argv=None) -> int:
     p.add_argument("--shapes", nargs="+", default=None,
                    help="MxNxK or N (cube); default: the issue's list")
     p.add_argument("--rep", type=int, default=200, help="do_bench rep (ms)")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved do_bench rounds")
+    p.add_argument("--sustained", action="store_true",
+                   help="also time launches of 1 ms or more back to back (power-capped)")
+    p.add_argument("--seconds", type=float, default=2.0, help="--sustained: seconds a burst")
     p.add_argument("--no-triton", action="store_true")
     p.add_argument("--config", default=None, help="JSON tile config override for ours")
     p.add_argument("--out", default=None)
@@ -106,6 +138,7 @@ def main(argv=None) -> int:
     print(head)
     print("|---|---|---|---|---|---|---|")
     lines = [head, "|---|---|---|---|---|---|---|"]
+    sustained = []
     for dname in args.dtypes:
         dt = {"bf16": torch.bfloat16, "f16": torch.float16}[dname]
         for M, N, K in shapes:
@@ -121,16 +154,32 @@ def main(argv=None) -> int:
                 fns["Triton"] = lambda a=a, b=b: tri(a, b)
             flops = 2.0 * M * N * K
             t = {k: [] for k in fns}
-            for _ in range(3):  # interleaved rounds
-                for k, fn in fns.items():
-                    t[k].append(do_bench(fn, rep=args.rep, return_mode="median"))
-            tf = {k: flops / (sorted(v)[1] * 1e-3) / 1e12 for k, v in t.items()}
+            for r in range(args.rounds):  # interleaved rounds, rotated order
+                for k in rotated(list(fns), r):
+                    t[k].append(do_bench(fns[k], rep=args.rep, return_mode="median"))
+            tf = {k: flops / (statistics.median(v) * 1e-3) / 1e12 for k, v in t.items()}
+            if args.sustained and min(statistics.median(v) for v in t.values()) >= 1.0:
+                st = {k: [] for k in fns}
+                for r in range(2):
+                    for k in rotated(list(fns), r):
+                        st[k].append(flops * _back_to_back(fns[k], args.seconds) / 1e12)
+                sustained.append(f"| {dname} | {M}x{N}x{K} | "
+                                 + " | ".join(f"{statistics.median(st[k]):.0f}" for k in fns)
+                                 + (" | -" if "Triton" not in fns else "")
+                                 + f" | {statistics.median(st['pyptx']) / statistics.median(st['cuBLAS']):.3f} |")
             tri_s = f"{tf['Triton']:.0f}" if "Triton" in tf else "-"
             line = (f"| {dname} | {M}x{N}x{K} | {tf['pyptx']:.0f} | {tf['cuBLAS']:.0f} | {tri_s} | "
                     f"{tf['pyptx'] / tf['cuBLAS']:.3f} | {err:.1e} |")
             print(line, flush=True)
             lines.append(line)
             rows.append(dict(dtype=dname, shape=(M, N, K), tflops=tf, err=err))
+    if sustained:
+        sustained = ["", f"Sustained (each contender back to back for {args.seconds:g} s, no L2 "
+                     "flush, median of 2 interleaved rounds; launches of 1 ms or more):", "",
+                     "| dtype | M x N x K | pyptx | cuBLAS | Triton | pyptx / cuBLAS |",
+                     "|---|---|---|---|---|---|"] + sustained
+        print("\n".join(sustained), flush=True)
+        lines += sustained
     if args.out:
         Path(args.out).write_text(f"GEMM TFLOP/s on {dev}\n\n" + "\n".join(lines) + "\n")
         Path(args.out).with_suffix(".json").write_text(json.dumps(rows, indent=1))
