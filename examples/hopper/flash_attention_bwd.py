@@ -766,6 +766,18 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                     if causal:  # kv <= q  <=>  (kvrow + dr) - qc <= dc
                         ptx.inst.selp.f32(acc[i], acc[i], 0.0, lo[dr // 8] <= dc)
 
+        def pt_dv(acc, q0, domn):
+            """``mask_pt``, pack P^T to 16 bits (``p_pack``) and issue dV += P^T dO with P^T
+            from registers and dO at descriptor ``domn`` (committed, not waited for)."""
+            mask_pt(acc, q0)
+            _pack(p_pack, acc.regs, dt)
+            ptx.wgmma.fence()
+            for kk in range(BQ // 16):
+                ptx.wgmma.mma_async(dv_acc.regs, list(p_pack)[4 * kk:4 * kk + 4],
+                                    q_mn.advance(domn, kk), n=D, dtype_ab=dt.name,
+                                    trans_b=q_mn.trans)
+            ptx.wgmma.commit_group()
+
         def _wide_block(q0, sbase, soff):
             """One 128-row q block (BQ=128, registers: dV, dK, S^T or dQ, P^T): S^T, P^T
             packed, dV; dP^T by 64-column halves, dS^T packed over P^T in place; dK; dS
@@ -792,14 +804,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                 for i in range(4 * blk, 4 * blk + 4):
                     ptx.inst.fma.rn.f32(acc[i], acc[i], c1, -v4[2 * (i % 2)])
                     ptx.inst.ex2.approx.ftz.f32(acc[i], acc[i])
-            mask_pt(acc, q0)
-            _pack(p_pack, acc.regs, dt)
-            ptx.wgmma.fence()
-            for kk in range(BQ // 16):
-                ptx.wgmma.mma_async(dv_acc.regs, list(p_pack)[4 * kk:4 * kk + 4],
-                                    q_mn.advance(domn, kk), n=D, dtype_ab=dt.name,
-                                    trans_b=q_mn.trans)
-            ptx.wgmma.commit_group()
+            pt_dv(acc, q0, domn)
             for h in (0, 1):    # dP^T by 64 q columns; dS^T over the packed P^T, in place
                 ptx.wgmma.fence()
                 for kk in range(kv_tile.k_steps):
@@ -913,14 +918,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                     dc = Accumulator.coord(i)[1]
                     ptx.inst.fma.rn.f32(s_acc[i], s_acc[i], c1, nl2[dc])
                     ptx.inst.ex2.approx.ftz.f32(s_acc[i], s_acc[i])
-                mask_pt(s_acc, q0)
-                _pack(p_pack, s_acc.regs, dt)
-                ptx.wgmma.fence()
-                for kk in range(BQ // 16):
-                    ptx.wgmma.mma_async(dv_acc.regs, list(p_pack)[4 * kk:4 * kk + 4],
-                                        q_mn.advance(domn, kk), n=D, dtype_ab=dt.name,
-                                        trans_b=q_mn.trans)
-                ptx.wgmma.commit_group()
+                pt_dv(s_acc, q0, domn)
                 dl = stats(1)
                 ptx.wgmma.wait_group(1)             # dP^T done
                 for i in range(len(dp_acc)):        # dS^T = P^T * (dP^T - delta), in place
