@@ -8,14 +8,15 @@ import argparse
 import json
 import statistics
 import subprocess
-import time
+import sys
 from pathlib import Path
 
 import torch
 
-from pyptx.testing import load_module
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from gemm import _back_to_back, load_gemm  # noqa: E402  (benchmarks/gemm.py)
 
-gemm = load_module(Path(__file__).resolve().parents[1] / "examples/hopper/gemm.py", "gemm_pw")
+gemm = load_gemm()
 p = argparse.ArgumentParser()
 p.add_argument("shapes", nargs="+")
 p.add_argument("--dtype", default="bf16", choices=["bf16", "f16"])
@@ -27,23 +28,15 @@ dt = {"bf16": torch.bfloat16, "f16": torch.float16}[a.dtype]
 
 def sampled(fn, seconds):
     """(launches per second, median SM clock MHz, median power W) of ``fn`` run back to back."""
-    fn()
-    torch.cuda.synchronize()
     smi = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
                             "-lms", "100"], stdout=subprocess.PIPE, text=True)
-    t0, n = time.perf_counter(), 0
-    while time.perf_counter() - t0 < seconds:
-        for _ in range(10):
-            fn()
-        n += 10
-        torch.cuda.synchronize()
-    dt_s = time.perf_counter() - t0
+    rate = _back_to_back(fn, seconds)
     smi.terminate()
     rows = [r.split(",") for r in smi.communicate()[0].strip().splitlines() if "," in r]
     rows = rows[len(rows) // 3:]            # the settled part
     clk = statistics.median(float(r[0]) for r in rows) if rows else float("nan")
     pw = statistics.median(float(r[1]) for r in rows) if rows else float("nan")
-    return n / dt_s, clk, pw
+    return rate, clk, pw
 
 
 extra = json.loads(a.configs) if a.configs else []
