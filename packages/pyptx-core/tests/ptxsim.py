@@ -1333,8 +1333,9 @@ def _exec(c: _CTA, ins: tuple, m: np.ndarray, pcs: np.ndarray, done: np.ndarray,
             am = addr[m]
             if ".shared" in op:
                 off = c.phys(addr)[m]
-                loc = off - c.rank[m] * c.S
-                if ((loc < 0) | (loc + size > c.S)).any():
+                # shared::cluster: any CTA's window of the cluster (a mapa address)
+                loc, top = (off, c.S * c.csize) if "::cluster" in op else (off - c.rank[m] * c.S, c.S)
+                if ((loc < 0) | (loc + size > top)).any():
                     raise SimError(f"{raw}: shared access out of bounds")
                 if (off % size).any():
                     raise SimError(f"{raw}: misaligned shared access")

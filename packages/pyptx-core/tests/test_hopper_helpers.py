@@ -126,6 +126,9 @@ TEXT = [
     (lambda e: cluster.rank_of(e.r), ["getctarank.shared::cluster.u32 %r1, %r0;"]),
     (lambda e: cluster.load(f32, e.r), ["ld.shared::cluster.f32 %f1, [%r0];"]),
     (lambda e: cluster.store(ptx.addr(e.r, 4), e.f), ["st.shared::cluster.f32 [%r0+4], %f0;"]),
+    (lambda e: cluster.store(ptx.addr(e.r, 16), [e.f] * 4),
+     ["st.shared::cluster.v4.f32 [%r0+16], {%f0, %f0, %f0, %f0};"]),
+    (lambda e: cluster.store(e.r, (e.rd, e.rd)), ["st.shared::cluster.v2.u64 [%r0], {%rd0, %rd0};"]),
     # TMA and bulk copies
     (lambda e: tma.load_tile(e.buf, e.rd, (e.s, 0), e.bar),
      ["cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes "
@@ -306,6 +309,9 @@ ERRORS = [
     (OperandError, "ptx.cluster.load type must be one of", lambda e: cluster.load(u8, e.r)),
     (OperandError, "ptx.cluster.store addr must be a shared::cluster address register", lambda e: cluster.store(e.bar, e.f)),
     (TypeMismatchError, "ptx.cluster.store value must be a 32/64-bit register", lambda e: cluster.store(e.r, e.p)),
+    (OperandError, "ptx.cluster.store value must be a register or a list of 2 or 4, got a list of 3", lambda e: cluster.store(e.r, [e.f] * 3)),
+    (TypeMismatchError, "ptx.cluster.store vector registers must share one type, got .f32 and .u32", lambda e: cluster.store(e.r, [e.f, e.r])),
+    (OperandError, "a vector of four holds 32-bit registers only, got four .u64", lambda e: cluster.store(e.r, [e.rd] * 4)),
     # TMA
     (OperandError, "ptx.tma.load_tile takes 1 to 5 tensor coordinates, got 6", lambda e: tma.load_tile(e.buf, e.rd, (0,) * 6, e.bar)),
     (OperandError, "ptx.tma.load_tile takes 1 to 5 tensor coordinates, got 0", lambda e: tma.load_tile(e.buf, e.rd, (), e.bar)),

@@ -122,20 +122,45 @@ def load(t: PtxType, addr: Any, *, pred: Any = None) -> Reg:
     return r
 
 
-def store(addr: Any, value: Reg, *, pred: Any = None) -> None:
-    """``st.shared::cluster.<type> [addr], value;``: write a peer CTA's shared memory."""
+def store(addr: Any, value: Reg | list | tuple, *, pred: Any = None) -> None:
+    """``st.shared::cluster.<type> [addr], value;``: write a peer CTA's shared memory.
+
+    ``value`` is a 32/64-bit register, or a list of 2 or 4 registers of one such type,
+    stored as one vector (``st.shared::cluster.v4.f32 [addr], {a, b, c, d};``, ``addr``
+    aligned to the vector's size).
+    """
+    fn = "ptx.cluster.store"
     trace = current()
-    require_arch(trace, "ptx.cluster.store")
-    a = _cluster_addr(addr, "ptx.cluster.store")
-    if type(value) is not Reg:
-        raise OperandError(f"{where()}: ptx.cluster.store value must be a register, got {value!r}")
-    if value.type.name not in _LDST_TYPES:
-        raise TypeMismatchError(
-            f"{where()}: ptx.cluster.store value must be a 32/64-bit register of {_LDST_TYPES}, "
-            f"got .{value.type.name} register {value.name}"
-        )
-    trace.inst(f"st.shared::cluster.{value.type.name}", (render(a, None, trace), value.name),
-               guard(pred, "ptx.cluster.store", trace))
+    require_arch(trace, fn)
+    a = _cluster_addr(addr, fn)
+    values = list(value) if isinstance(value, (list, tuple)) else [value]
+    if len(values) not in (1, 2, 4):
+        raise OperandError(f"{where()}: {fn} value must be a register or a list of 2 or 4, "
+                           f"got a list of {len(values)}")
+    for v in values:
+        if type(v) is not Reg:
+            raise OperandError(f"{where()}: {fn} value must be a register, got {v!r}")
+        if v.type.name not in _LDST_TYPES:
+            raise TypeMismatchError(
+                f"{where()}: {fn} value must be a 32/64-bit register of {_LDST_TYPES}, "
+                f"got .{v.type.name} register {v.name}"
+            )
+        if v.type is not values[0].type:
+            raise TypeMismatchError(
+                f"{where()}: {fn} vector registers must share one type, got "
+                f".{values[0].type.name} and .{v.type.name}"
+            )
+    t = values[0].type.name
+    if len(values) == 4 and values[0].type.bits == 64:
+        raise OperandError(f"{where()}: {fn}: a vector of four holds 32-bit registers only, got "
+                           f"four .{t}")
+    if len(values) == 1:
+        trace.inst(f"st.shared::cluster.{t}", (render(a, None, trace), values[0].name),
+                   guard(pred, fn, trace))
+        return
+    vec = "{" + ", ".join(v.name for v in values) + "}"
+    trace.inst(f"st.shared::cluster.v{len(values)}.{t}", (render(a, None, trace), vec),
+               guard(pred, fn, trace))
 
 
 _ARRIVE_REMOTE = "mbarrier.arrive.release.cluster.shared::cluster.b64"
