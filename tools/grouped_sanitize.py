@@ -38,11 +38,7 @@ CONFIGS = [dict(BM=128, BN=128, num_sms=4), dict(BM=64, BN=64, num_sms=2, store=
            # speculative first tiles (every guess misses here: the stages go back unread)
            dict(BM=64, BN=64, num_sms=5, prefetch=True, speculate=2),
            # clusters along m sharing B (4 CTAs: some past their group's end)
-           dict(BM=64, BN=64, num_sms=8, cluster=4, cluster_along="m"),
-           # split-K pairs swapping column halves through shared memory (one cluster: every
-           # tile in turn; three: one tile or none each)
-           dict(BM=64, BN=128, num_sms=2, split_k=2, prefetch=True),
-           dict(BM=128, BN=128, num_sms=6, split_k=2)]
+           dict(BM=64, BN=64, num_sms=8, cluster=4, cluster_along="m")]
 if len(sys.argv) > 1 and sys.argv[1] == "--defaults":  # the configurations measured before
     CONFIGS = CONFIGS[:2]
 elif len(sys.argv) > 2 and sys.argv[1] == "--only":    # --only 5: that configuration alone

@@ -44,7 +44,7 @@ from pyptx.autotune import Config, autotune
 from pyptx.errors import ConfigError
 from pyptx.fragment import Accumulator
 from pyptx.operand import OperandTile
-from pyptx.pipeline import BarrierArray, Pipeline
+from pyptx.pipeline import Pipeline
 from pyptx.source import where_outside
 from pyptx.types import b32, bf16, f32, s32, u32, u64
 from pyptx.warpspec import (
@@ -66,7 +66,7 @@ EPI_BUFS = 2
 STORES = ("auto", "masked")
 L2_HINTS = (None, "stream_b")
 MAX_SPLITS = 8
-FORWARD_ONLY = ("l2_hint", "cluster", "cluster_along", "prefetch", "warm", "speculate", "split_k")
+FORWARD_ONLY = ("l2_hint", "cluster", "cluster_along", "prefetch", "warm", "speculate")
 """``build_grouped`` keywords the weight-gradient kernel does not take (a ``config`` given to
 ``grouped_mm`` passes the rest to it)."""
 
@@ -84,29 +84,20 @@ def _out_type(name):
     return table[name]
 
 
-def smem_bytes(BM, BN, BK, stages, split_k=1):
-    """Dynamic shared memory of a configuration: the ring, each consumer warpgroup's epilogue
-    area (two 8 KiB slabs; with ``split_k=2`` at least the f32 half of its accumulator the
-    peer CTA sends, ``128 * BN`` bytes, which the slabs then reuse) and 1024 bytes of
-    alignment slack."""
-    return stages * (BM + BN) * BK * 2 + (BM // 64) * epilogue_area(BN, split_k) + 1024
+def smem_bytes(BM, BN, BK, stages):
+    """Dynamic shared memory of a configuration: the ring, two 8 KiB epilogue slabs per
+    consumer warpgroup and 1024 bytes of alignment slack."""
+    return stages * (BM + BN) * BK * 2 + (BM // 64) * EPI_BUFS * 64 * 128 + 1024
 
 
-def epilogue_area(BN, split_k=1):
-    """Bytes of shared memory a consumer warpgroup owns past the ring (see ``smem_bytes``)."""
-    slabs = EPI_BUFS * 64 * 128
-    return slabs if split_k == 1 else max(slabs, 64 * (BN // 2) * 4)
-
-
-def _check_tile(BM, BN, BK, stages, what, split_k=1):
+def _check_tile(BM, BN, BK, stages, what):
     if BM not in (64, 128) or BN % 64 or not 64 <= BN <= 256 or BK != 64:
         raise _error(f"{what}: unsupported tile {BM}x{BN}x{BK} (BM 64 or 128, BN a multiple "
                           f"of 64 up to 256, BK 64)")
     if stages is None:
         per_stage = smem_bytes(BM, BN, BK, 1) - smem_bytes(BM, BN, BK, 0)
-        fixed = smem_bytes(BM, BN, BK, 0, split_k)
-        stages = max(2, min(8, (SMEM_LIMIT - fixed) // per_stage))
-    total = smem_bytes(BM, BN, BK, stages, split_k)
+        stages = max(2, min(8, (SMEM_LIMIT - smem_bytes(BM, BN, BK, 0)) // per_stage))
+    total = smem_bytes(BM, BN, BK, stages)
     if total > SMEM_LIMIT:
         raise _error(f"{what}: {BM}x{BN}x{BK} with {stages} stages needs {total} bytes of "
                           f"shared memory, over {SMEM_LIMIT}")
@@ -216,19 +207,16 @@ def split_blocks(s, start, end, splits, BK=64):
     return (nkb * s) // splits, (nkb * (s + 1)) // splits
 
 
-def _open(stages, consumers, offs, prod_regs, cluster=1, prefetch=(), early=None,
-          ring_cluster=None):
+def _open(stages, consumers, offs, prod_regs, cluster=1, prefetch=(), early=None):
     """The grouped kernels' opening: ``(base, pipe, tid, wg, rank, cid, p_offs, roles)``, the
-    ring base and its pipeline (released by the consumers of every CTA of the cluster, or of
-    ``ring_cluster`` CTAs: 1 when the CTAs of a cluster fill their rings alone), the
+    ring base and its pipeline (released by the consumers of every CTA of the cluster), the
     thread's ids, the CTA's rank in its cluster (``0`` without one) and the cluster's index,
     the group ends' pointer, and the role split (the producer's code follows: registers
     both roles use are made before it). ``prefetch``: tensor maps thread 0 prefetches into the
     descriptor cache (with the group ends into L2) before the barriers are set up;
     ``early()``: more code thread 0 runs there (e.g. L2 prefetches of operand tiles)."""
     base = ring_base()
-    pipe = Pipeline(stages, consumer_arrivals=consumers * (cluster if ring_cluster is None
-                                                           else ring_cluster))
+    pipe = Pipeline(stages, consumer_arrivals=consumers * cluster)
     tid, wg = thread_ids()
     (p_offs,) = ptx.global_ptrs(offs)
     if prefetch:
@@ -245,7 +233,7 @@ def _open(stages, consumers, offs, prod_regs, cluster=1, prefetch=(), early=None
 class _Consumer:
     """A consumer warpgroup's fixed registers and its epilogue (shared by both kernels)."""
 
-    def __init__(self, base, ring_bytes, wg, tid, BN, ot, out_cols, area=EPI_BUFS * SLAB_BYTES):
+    def __init__(self, base, ring_bytes, wg, tid, BN, ot, out_cols):
         self.w = wg - 1
         self.t_wg = tid & 127
         self.leader = self.t_wg == 0
@@ -254,7 +242,7 @@ class _Consumer:
         self.row0, self.col0 = self.acc.thread_origin(self.t_wg)
         self.ot, self.out_cols, self.BN = ot, out_cols, BN
         lane = tid & 31
-        self.cbuf = base + ring_bytes + self.w * area
+        self.cbuf = base + ring_bytes + self.w * (EPI_BUFS * SLAB_BYTES)
         self.sw = swizzled_rows(self.cbuf, self.row0, lane, ot.bytes)
 
     def ring_mma(self, pipe, a_tile, b_tile, base, stage_bytes, consumers, cluster=1):
@@ -275,19 +263,10 @@ class _Consumer:
         ptx.inst("cvt.rn.bf16x2.f32")(packed, v1, v0)
         return packed
 
-    def half_regs(self, h):
-        """Accumulator indices of column half ``h`` (columns ``[h * BN/2, (h + 1) * BN/2)``):
-        a contiguous run, in ``pairs()`` order."""
-        n = len(self.acc) // 2
-        return range(h * n, (h + 1) * n)
-
-    def store_tma(self, d_map, coords, half=None):
-        """Bulk tensor stores of the 64 x BN tile (or of column half ``half``), one 64 x
-        ``out_cols`` slab at a time through two buffers; ``coords(j)`` gives slab ``j``'s
-        tensor coordinates (``j`` counts slabs of the whole tile)."""
+    def store_tma(self, d_map, coords):
+        """Bulk tensor stores of the 64 x BN tile, one 64 x ``out_cols`` slab at a time
+        through two buffers; ``coords(j)`` gives slab ``j``'s tensor coordinates."""
         out_cols, e = self.out_cols, self.ot.bytes
-        slabs = self.BN // out_cols
-        first, count = (0, slabs) if half is None else (half * slabs // 2, slabs // 2)
 
         def write(j, buf):
             for i, dr, dc in self.acc.pairs():
@@ -300,67 +279,18 @@ class _Consumer:
                 else:
                     ptx.inst.st.shared.b32(ptx.addr(self.sw[q], buf + dr * 128), v)
 
-        store_slabs(count, leader=self.leader, bar_id=self.bar_id, cbuf=self.cbuf, tmap=d_map,
-                    write=lambda j, buf: write(first + j, buf),
-                    coords=lambda j: coords(first + j), bufs=EPI_BUFS)
+        store_slabs(self.BN // out_cols, leader=self.leader, bar_id=self.bar_id, cbuf=self.cbuf,
+                    tmap=d_map, write=write, coords=coords, bufs=EPI_BUFS)
 
-    def reduce_pair(self, rank, xfull, xempty, phase):
-        """Split-K over a 2-CTA cluster: this warpgroup and the same warpgroup of the peer CTA
-        hold partial sums of one tile over the two halves of its k-blocks. Each keeps column
-        half ``rank``: it sends the other half, f32, into the peer's epilogue area (thread
-        ``t``'s ``q``-th four registers at byte ``(q * 128 + t) * 16``: both sides hold the
-        same fragment, so no layout math and no bank conflicts), then waits for the peer's
-        half of its own and adds it. ``xfull``/``xempty``: barrier arrays with one barrier
-        per warpgroup, for 128 arrivals (the peer's threads wrote, release) and one (the
-        peer's epilogue is done with its area, see ``release_area``); ``phase``: this tile's
-        parity of both. Emits one branch per rank (the halves are different registers)."""
-        peer = rank ^ 1
-        mine = self.cbuf + self.t_wg * 16
-        theirs = ptx.cluster.map_shared(mine, peer)
-        full, empty = xfull.at(self.w), xempty.at(self.w)
-        peer_full = ptx.cluster.map_shared(full, peer)
-
-        def swap(keep, send):
-            ptx.mbarrier.wait(empty, phase ^ 1, scope="cluster")   # the peer's area is free
-            for q in range(len(send) // 4):
-                ptx.cluster.store(ptx.addr(theirs, q * 2048),
-                                  [self.acc[i] for i in send[4 * q:4 * q + 4]])
-            ptx.mbarrier.arrive(peer_full, remote=True, sem="release.cluster")
-            ptx.mbarrier.wait(full, phase, scope="cluster")
-            for q in range(len(keep) // 4):
-                v4 = reg.array(f32, 4)
-                ptx.inst.ld.shared.v4.f32(v4, ptx.addr(mine, q * 2048))
-                for j in range(4):
-                    i = keep[4 * q + j]
-                    ptx.inst.add.f32(self.acc[i], self.acc[i], v4[j])
-
-        with ptx.if_(rank == 0):
-            swap(self.half_regs(0), self.half_regs(1))
-        with ptx.else_():
-            swap(self.half_regs(1), self.half_regs(0))
-
-    def release_area(self, rank, xempty):
-        """After this warpgroup's epilogue of a split-K tile: once every thread is past its
-        reads of the area and the bulk stores have read their slabs, the leader tells the
-        peer CTA (its ``xempty`` barrier) that it may write the next tile's half here."""
-        ptx.bar_sync(self.bar_id, 128)
-        with ptx.if_(self.leader):
-            ptx.tma.wait_group(0, read=True)
-            ptx.mbarrier.arrive(ptx.cluster.map_shared(xempty.at(self.w), rank ^ 1), remote=True,
-                                sem="release.cluster")
-
-    def store_masked(self, p_out, N, mrow, n0, end, half=None):
-        """Predicated ``st.global`` of every pair (of column half ``half``) whose row is below
-        ``end`` and column below ``N`` (the tile crosses a group end)."""
+    def store_masked(self, p_out, N, mrow, n0, end):
+        """Predicated ``st.global`` of every pair whose row is below ``end`` and column
+        below ``N`` (the tile crosses a group end)."""
         e = self.ot.bytes
         r0 = mrow + self.row0
         c0 = n0 + self.col0
         p0 = p_out + (reg.from_(r0, u64) * N + reg.from_(c0, u64)) * e
         row_ok = {dr: (r0 + dr) < end for dr in (0, 8)}
-        keep = range(len(self.acc)) if half is None else self.half_regs(half)
         for i, dr, dc in self.acc.pairs():
-            if i not in keep:
-                continue
             ok = row_ok[dr] & ((c0 + dc) < N)
             a = ptx.addr(p0, (dr * N + dc) * e)
             v = self._pack(i)
@@ -372,8 +302,7 @@ class _Consumer:
 
 def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf16", BM=128,
                   BN=256, BK=64, stages=None, num_sms=H100_SMS, store="auto", l2_hint=None,
-                  cluster=1, cluster_along="n", prefetch=False, warm=0, speculate=0,
-                  split_k=1):
+                  cluster=1, cluster_along="n", prefetch=False, warm=0, speculate=0):
     """The grouped GEMM kernel ``D[rows of g] = A[rows of g] @ B[g]``.
 
     Tensor arguments: A ``(M, K)`` bf16, B ``(G, K, N)`` (``b_major="MN"``) or
@@ -411,13 +340,6 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
     tile into the ring before it reads a group end; if the CTA's real first tile is the
     guess, its k-loop starts at block ``n``, otherwise both sides agree the guess missed
     (each computes it from the CTA index) and the consumers hand those stages back unread.
-    ``split_k=2``: the two CTAs of a cluster take the same tile and each reduces one half of
-    its k-blocks; then each CTA's warpgroups send the f32 column half they do not store to
-    the peer's shared memory and add the half they receive (``reduce_pair``), so each CTA
-    stores half of the tile. For shapes with fewer tiles than SMs (4x2048x256x2048: 64 tiles
-    of 128x256 become 128 CTAs of 16 k-blocks each). Needs ``cluster=1`` (the pair is the
-    cluster), at least two k-blocks, and ``BN`` a multiple of two output slabs (128 or 256
-    for bf16 output). Deterministic: each element is the sum of the same two halves.
     """
     what = "build_grouped"
     ot = _out_type(out_dtype)
@@ -437,16 +359,7 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
                      f"(cluster_along={cluster_along!r})")
     if isinstance(warm, bool) or not isinstance(warm, int) or warm < 0:
         raise _error(f"{what}: warm must be an int >= 0 (k-blocks to prefetch), got {warm!r}")
-    if split_k not in (1, 2):
-        raise _error(f"{what}: split_k must be 1 or 2, got {split_k!r}")
-    out_cols = 128 // ot.bytes
-    num_kb = -(-K // BK)
-    if split_k == 2 and (cluster > 1 or warm or speculate or num_kb < 2
-                         or BN % (2 * out_cols)):
-        raise _error(f"{what}: split_k=2 needs cluster=1, no warm/speculate, at least two "
-                     f"k-blocks and BN a multiple of {2 * out_cols}, got cluster={cluster}, "
-                     f"warm={warm}, speculate={speculate}, K={K} ({num_kb} k-blocks), BN={BN}")
-    stages, smem_total = _check_tile(BM, BN, BK, stages, what, split_k)
+    stages, smem_total = _check_tile(BM, BN, BK, stages, what)
     if (isinstance(speculate, bool) or not isinstance(speculate, int) or speculate < 0
             or speculate > stages or speculate and cluster > 1):
         raise _error(f"{what}: speculate must be an int from 0 to the {stages} stages, without "
@@ -458,16 +371,16 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
     a_bytes = a_tile.nbytes
     stage_bytes = a_bytes + b_tile.nbytes
     ring_bytes = stages * stage_bytes
+    out_cols = 128 // ot.bytes
     along_m = cluster > 1 and cluster_along == "m"
     along_n = cluster > 1 and not along_m
     unit_m = BM * cluster if along_m else BM     # rows of one scheduling unit
     unit_n = BN * cluster if along_n else BN     # columns of one
     num_n = -(-N // unit_n)
+    num_kb = -(-K // BK)
     max_tiles = (-(-M // unit_m) + G) * num_n
-    pair = split_k == 2
-    launch_cluster = 2 if pair else cluster
-    clusters = max(1, min(num_sms // launch_cluster, max_tiles))
-    ctas = clusters * launch_cluster
+    clusters = max(1, min(num_sms // cluster, max_tiles))
+    ctas = clusters * cluster
     prod_regs = 40
     maxnreg, cons_regs = register_budget(consumers, prod_regs)
 
@@ -521,20 +434,11 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
                 ptx.tma.prefetch_tile(b_map, coords, pred=ok)
 
     def grouped(A, B, Offs, D):
-        early = (lambda: warm_guess(A, B)) if warm else None
-        if pair:    # the split-K exchange's barriers, one of each per consumer warpgroup
-            xfull = BarrierArray(consumers, name="xfull")
-            xempty = BarrierArray(consumers, name="xempty")
-
-            def early():
-                xfull.init(128)
-                xempty.init(1)
         # the rank comes from the opening, before the role split: the consumers use it too
         base, pipe, tid, wg, rank, cid, p_offs, roles = _open(
-            stages, consumers, Offs, prod_regs, launch_cluster,
-            prefetch=(A.tmap, B.tmap, D.tmap) if prefetch else (), early=early,
-            ring_cluster=1 if pair else None)
-        half_kb = num_kb // 2   # split-K: rank 0 takes k-blocks [0, half_kb), rank 1 the rest
+            stages, consumers, Offs, prod_regs, cluster,
+            prefetch=(A.tmap, B.tmap, D.tmap) if prefetch else (),
+            early=(lambda: warm_guess(A, B)) if warm else None)
 
         def origin(walk, t):
             """``(g, m0, n0)`` of this CTA's tile in unit ``t``."""
@@ -593,14 +497,12 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
             walk.seek(t)
             ptx.bra(out, pred=walk.done(t))
             g, m0, n0 = origin(walk, t)
-            kb0, kb_end = 0, num_kb
-            if pair:
-                kb0, kb_end = rank * half_kb, rank * (num_kb - half_kb) + half_kb
+            kb0 = 0
             if spec:    # a hit: the guessed k-blocks are this tile's first
                 kb0 = reg.scalar(u32)
                 ptx.inst.selp.u32(kb0, spec, 0, spec_ok & guessed(walk, t, tile, first))
                 ptx.inst.mov.u32(first, 0)
-            for kb in ptx.loop(kb0, kb_end):
+            for kb in ptx.loop(kb0, num_kb):
                 k0 = kb * BK
                 pipe.acquire(st)
                 bar = pipe.arm(st, stage_bytes)
@@ -611,12 +513,8 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
             ptx.place(out)
         # ---------------------------------------------------------------- consumers
         roles.consumers(cons_regs)
-        c = _Consumer(base, ring_bytes, wg, tid, BN, ot, out_cols,
-                      area=epilogue_area(BN, split_k))
+        c = _Consumer(base, ring_bytes, wg, tid, BN, ot, out_cols)
         mma = c.ring_mma(pipe, a_tile, b_tile, base, stage_bytes, consumers, cluster)
-        if pair:
-            my_kb = rank * (num_kb - 2 * half_kb) + half_kb
-            xphase = reg.scalar(u32, init=0)
         d_map = ptx.tma.tensormap_ptr(D.tmap)
         (p_d,) = ptx.global_ptrs(D)
         walk = RaggedTiles(p_offs, G, M, unit_m, num_n)
@@ -637,35 +535,22 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
         ptx.bra(out, pred=walk.done(t))
         _g, m0, n0 = origin(walk, t)
 
-        mma.run(my_kb if pair else num_kb)
+        mma.run(num_kb)
 
         mrow = m0 + c.w * 64
-
-        def epilogue(half=None):
-            if store == "masked":
-                c.store_masked(p_d, N, mrow, n0, walk.end, half)
-                return
-            with ptx.if_(mrow + 64 <= walk.end):  # the warpgroup's 64 rows lie in the group
-                c.store_tma(d_map, lambda j: (n0 + j * out_cols, mrow), half)
-            with ptx.else_():
-                c.store_masked(p_d, N, mrow, n0, walk.end, half)
-
-        if pair:
-            c.reduce_pair(rank, xfull, xempty, xphase)
-            with ptx.if_(rank == 0):
-                epilogue(0)
-            with ptx.else_():
-                epilogue(1)
-            c.release_area(rank, xempty)
-            ptx.inst.xor.b32(xphase, xphase, 1)
+        if store == "masked":
+            c.store_masked(p_d, N, mrow, n0, walk.end)
         else:
-            epilogue()
+            with ptx.if_(mrow + 64 <= walk.end):  # the warpgroup's 64 rows lie in the group
+                c.store_tma(d_map, lambda j: (n0 + j * out_cols, mrow))
+            with ptx.else_():
+                c.store_masked(p_d, N, mrow, n0, walk.end)
         t += clusters
         ptx.bra(top)
         ptx.place(out)
         drain_stores(c.leader)
         roles.end()
-        if launch_cluster > 1:  # the peer may still arrive on this CTA's barriers
+        if cluster > 1:  # the peer may still arrive on this CTA's barriers
             ptx.cluster_sync()
         ptx.ret()
 
@@ -673,10 +558,9 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
             f"{'_masked' if store == 'masked' else ''}{'_l2' + l2_hint if l2_hint else ''}"
             f"{f'_c{cluster}' if cluster > 1 else ''}{'m' if along_m else ''}"
             f"{'_pf' if prefetch else ''}"
-            f"{f'_w{warm}' if warm else ''}{f'_spec{speculate}' if speculate else ''}"
-            f"{'_sk2' if pair else ''}")
+            f"{f'_w{warm}' if warm else ''}{f'_spec{speculate}' if speculate else ''}")
     return kernel(in_specs=(Tile(M, K, bf16), b_spec, Tile(G, s32)), out_specs=(Tile(M, N, ot),),
-                  grid=(ctas, 1, 1), block=(threads, 1, 1), cluster=(launch_cluster, 1, 1),
+                  grid=(ctas, 1, 1), block=(threads, 1, 1), cluster=(cluster, 1, 1),
                   smem=smem_total, maxnreg=maxnreg, tma=tma, name=name)(grouped)
 
 
@@ -902,16 +786,14 @@ GROUPED_CONFIGS = WGRAD_CONFIGS + [Config(BM=128, BN=256, l2_hint="stream_b"),
                                    Config(BM=128, BN=128, cluster=2),
                                    Config(BM=128, BN=256, cluster=2),
                                    Config(BM=64, BN=256, prefetch=True),
-                                   Config(BM=64, BN=256, prefetch=True, speculate=5),
-                                   Config(BM=128, BN=256, prefetch=True, split_k=2)]
+                                   Config(BM=64, BN=256, prefetch=True, speculate=5)]
 """The forward and dA kernels' configurations: the dB kernel's, 128x256 tiles loading B
 evict-first (64x128x4096x2048 streams each 16 MB ``B[g]`` once: 409 vs 414 us on the H100),
 pairs of n-blocks sharing A in a 2-CTA cluster (few n-blocks: N=256 has two of 128), and
 64x256 tiles whose thread 0 prefetches the tensor maps and group ends (short kernels), also
 with the whole ring filled from the guessed first tile before the group ends are read
 (``speculate=5``: 4x2048x256x2048 forward 24.5 vs 25.3 us for the same tiles without it on
-the H100, 5 interleaved rounds), and 128x256 tiles split along K over 2-CTA clusters (shapes
-with fewer tiles than SMs: 4x2048x256x2048 has 64 such tiles)."""
+the H100, 5 interleaved rounds)."""
 
 # Opt-in configurations under evaluation, NOT in the tuned lists (the tuner times configs
 # but does not check their results). tools/grouped_ab.py checks each against float64, then
@@ -945,11 +827,6 @@ CANDIDATE_CONFIGS = {
     "fwd 64x256 pf spec2": dict(kernel="fwd", BM=64, BN=256, prefetch=True, speculate=2),
     "fwd 64x256 pf spec5": dict(kernel="fwd", BM=64, BN=256, prefetch=True, speculate=5),
     "fwd 128x128 pf spec4": dict(kernel="fwd", BM=128, BN=128, prefetch=True, speculate=4),
-    # split-K pairs: the two CTAs of a cluster reduce halves of one tile's k-blocks and swap
-    # f32 column halves through shared memory (64 tiles of 128x256 -> 128 CTAs)
-    "fwd 128x256 sk2 pf": dict(kernel="fwd", BM=128, BN=256, prefetch=True, split_k=2),
-    "fwd 128x256 sk2": dict(kernel="fwd", BM=128, BN=256, split_k=2),
-    "fwd 128x128 sk2 pf": dict(kernel="fwd", BM=128, BN=128, prefetch=True, split_k=2),
 }
 """Opt-in tile configurations under evaluation: name -> ``kernel`` (``"fwd"``, ``"dgrad"``
 or ``"wgrad"``) and the builder keywords (``build_grouped`` or ``build_wgrad_split``)."""

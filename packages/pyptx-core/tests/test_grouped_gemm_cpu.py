@@ -205,25 +205,6 @@ def test_bad_configurations_raise_at_the_callers_line():
         gg.build_grouped(256, 64, 64, 2, store="tma")
     with pytest.raises(ConfigError, match="shared memory"):
         gg.build_grouped(256, 256, 256, 2, stages=8)
-    with pytest.raises(ConfigError, match="split_k must be 1 or 2, got 3"):
-        gg.build_grouped(256, 256, 256, 2, split_k=3)
-    for bad in (dict(cluster=2), dict(speculate=2), dict(BN=64)):
-        with pytest.raises(ConfigError, match="split_k=2 needs cluster=1") as e:
-            gg.build_grouped(256, 256, 256, 2, split_k=2, **bad)
-        assert str(e.value).startswith(f"{HERE}:")
-    with pytest.raises(ConfigError, match=r"K=64 \(1 k-blocks\)"):
-        gg.build_grouped(256, 256, 64, 2, split_k=2)
-
-
-def test_split_k_pairs_swap_halves_through_the_peer_cta():
-    """Each CTA of the pair stores half the tile: its k-loop is half as long, the other
-    column half goes to the peer as f32 vectors, and the ring stays CTA-local."""
-    text = gg.build_grouped(8192, 256, 2048, 4, BM=128, BN=256, split_k=2).ptx()
-    assert ".reqnctapercluster 2, 1, 1" in text and "multicast" not in text
-    assert text.count("st.shared::cluster.v4.f32") == 2 * 16   # both rank branches, 64 regs each
-    assert "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64" in text
-    smem = gg.smem_bytes(128, 256, 64, 3, split_k=2)
-    assert smem <= gg.SMEM_LIMIT < gg.smem_bytes(128, 256, 64, 4, split_k=2)
 
 
 def test_grouped_mm_checks_its_arguments():

@@ -478,3 +478,40 @@ def test_cli_checks_an_autotuned_builder(ptxas_path, capsys):
     assert main(["check", f"{HOPPER / 'gemm.py'}:gemm_tuned", "M=512", "N=512", "K=256"]) == 0
     out = capsys.readouterr().out
     assert "gemm_bf16_bf16_KMN_128x256x64_s4_c2" in out and "168" in out
+
+
+def test_cluster_vector_store_into_the_peer_cta(sim):
+    """``ptx.cluster.store`` of four registers writes the peer CTA's shared memory; the peer
+    reads it after a remote arrive (release) and its own cluster-scope wait (simulated)."""
+    from pyptx.ptx import cluster, mbarrier
+
+    @kernel(in_specs=(), out_specs=(Tile(2 * 32 * 4, f32),), grid=(2, 1, 1), block=(32, 1, 1),
+            cluster=(2, 1, 1))
+    def swap(Y):
+        (py,) = ptx.global_ptrs(Y)
+        slot = smem.alloc(f32, 32 * 4, align=16, name="slot")
+        bar = smem.alloc(b64, 1, align=8, name="bar")
+        tid = reg.from_(ptx.special.tid.x(), u32)
+        rank = cluster.ctarank()
+        with ptx.if_(tid == 0):
+            mbarrier.init(bar, 32)
+            ptx.fence_mbarrier_init()
+        ptx.cluster_sync()
+        base = reg.from_(rank * 1000 + tid * 4, f32)
+        vals = [base + float(j) for j in range(4)]
+        peer = rank ^ 1
+        cluster.store(cluster.map_shared(slot.addr() + tid * 16, peer), vals)
+        mbarrier.arrive(cluster.map_shared(bar, peer), remote=True)
+        mbarrier.wait(bar, 0, scope="cluster")
+        v4 = reg.array(f32, 4)
+        ptx.inst.ld.shared.v4.f32(v4, ptx.addr(slot.addr() + tid * 16))
+        out = py + (reg.from_(rank, u64) * 128 + reg.from_(tid, u64) * 4) * 4
+        ptx.inst.st.global_.v4.f32(ptx.addr(out), v4)
+        ptx.cluster_sync()
+        ptx.ret()
+
+    (y,) = sim.run(swap.specialize(), [])
+    y = np.asarray(y).view(np.float32).reshape(2, 32, 4)
+    for rank in (0, 1):   # each CTA holds what its peer wrote
+        want = (1 - rank) * 1000 + 4 * np.arange(32)[:, None] + np.arange(4)[None, :]
+        np.testing.assert_array_equal(y[rank], want)

@@ -204,14 +204,6 @@ grouped = load_module(HERE.parents[3] / "examples" / "hopper" / "grouped_gemm.py
     ([128] * 4, 256, 256, dict(BM=128, BN=128, num_sms=3, speculate=2)),
     ([5, 0, 300, 1, 200, 0], 264, 200, dict(BM=64, BN=128, num_sms=3, speculate=3)),
     ([0, 0, 300, 0], 72, 104, dict(BM=128, BN=128, num_sms=5, speculate=2, prefetch=True)),
-    # split-K pairs: several tiles per cluster (the exchange's phases), odd k-block counts
-    # (halves of 1 and 2), N past the last n-block, tiles crossing group ends, both layouts
-    ([5, 0, 300, 1, 200, 0], 264, 200, dict(BM=64, BN=128, num_sms=4, split_k=2)),
-    ([0, 37, 130], 72, 104, dict(BM=128, BN=128, num_sms=4, split_k=2, b_major="K",
-                                 prefetch=True)),
-    ([129, 1, 63, 64, 191], 128, 136, dict(BM=64, BN=128, store="masked", num_sms=2,
-                                           split_k=2)),
-    ([129, 1, 63, 64, 191], 256, 136, dict(BM=128, BN=256, num_sms=3, split_k=2)),
 ])
 def test_grouped_gemm_forward(sizes, N, K, config):
     """Ragged groups (empty ones too) against float64; the opt-in prefetches must not matter."""

@@ -81,12 +81,6 @@ CASES = [
     ([2048] * 4, 256, 2048, dict(BM=64, BN=256, prefetch=True, cluster=4, cluster_along="m")),
     ([5, 0, 300, 1, 200, 0], 264, 200, dict(BM=64, BN=128, cluster=2, cluster_along="m")),
     ([129, 1, 63, 260], 136, 136, dict(BM=128, BN=128, cluster=4, cluster_along="m", num_sms=8)),
-    # split-K pairs (column halves swapped through shared memory): one tile per cluster,
-    # several (the exchange's phases; 9 k-blocks: halves of 4 and 5), tiles crossing group ends
-    ([2048] * 4, 256, 2048, dict(BM=128, BN=256, prefetch=True, split_k=2)),
-    ([700, 333], 1000, 520, dict(BM=128, BN=256, split_k=2, num_sms=8)),
-    ([5, 0, 300, 1, 200, 0], 264, 200, dict(BM=64, BN=128, split_k=2)),
-    ([129, 1, 63, 64, 191], 128, 4096, dict(BM=128, BN=128, store="masked", split_k=2)),
 ]
 
 
@@ -138,7 +132,6 @@ def _backward(sizes, N, K, trans_b, config=None):
     ([1000, 24, 0, 512], 512, 384, None),
     ([1000, 24, 0, 512], 512, 384, dict(BM=128, BN=128, cluster=2)),
     ([1000, 24, 0, 512], 512, 384, dict(BM=64, BN=256, cluster=2, cluster_along="m")),
-    ([1000, 24, 0, 512], 512, 384, dict(BM=128, BN=256, split_k=2, num_sms=16)),
 ])
 @pytest.mark.parametrize("trans_b", [False, True])
 def test_backward(sizes, N, K, config, trans_b):
