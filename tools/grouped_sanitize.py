@@ -38,9 +38,7 @@ CONFIGS = [dict(BM=128, BN=128, num_sms=4), dict(BM=64, BN=64, num_sms=2, store=
            # speculative first tiles (every guess misses here: the stages go back unread)
            dict(BM=64, BN=64, num_sms=5, prefetch=True, speculate=2),
            # clusters along m sharing B (4 CTAs: some past their group's end)
-           dict(BM=64, BN=64, num_sms=8, cluster=4, cluster_along="m"),
-           # a warp following the ring, asking L2 for A's rows ahead
-           dict(BM=64, BN=64, num_sms=2, prefetch=True, a_ahead=3)]
+           dict(BM=64, BN=64, num_sms=8, cluster=4, cluster_along="m")]
 if len(sys.argv) > 1 and sys.argv[1] == "--defaults":  # the configurations measured before
     CONFIGS = CONFIGS[:2]
 elif len(sys.argv) > 2 and sys.argv[1] == "--only":    # --only 5: that configuration alone

@@ -66,7 +66,7 @@ EPI_BUFS = 2
 STORES = ("auto", "masked")
 L2_HINTS = (None, "stream_b")
 MAX_SPLITS = 8
-FORWARD_ONLY = ("l2_hint", "cluster", "cluster_along", "prefetch", "warm", "speculate", "a_ahead")
+FORWARD_ONLY = ("l2_hint", "cluster", "cluster_along", "prefetch", "warm", "speculate")
 """``build_grouped`` keywords the weight-gradient kernel does not take (a ``config`` given to
 ``grouped_mm`` passes the rest to it)."""
 
@@ -207,18 +207,16 @@ def split_blocks(s, start, end, splits, BK=64):
     return (nkb * s) // splits, (nkb * (s + 1)) // splits
 
 
-def _open(stages, consumers, offs, prod_regs, cluster=1, prefetch=(), early=None, watchers=0):
+def _open(stages, consumers, offs, prod_regs, cluster=1, prefetch=(), early=None):
     """The grouped kernels' opening: ``(base, pipe, tid, wg, rank, cid, p_offs, roles)``, the
     ring base and its pipeline (released by the consumers of every CTA of the cluster), the
     thread's ids, the CTA's rank in its cluster (``0`` without one) and the cluster's index,
-    (``watchers``: more arrivals each stage's release waits for, e.g. a warp that follows the
-    ring without reading it),
     the group ends' pointer, and the role split (the producer's code follows: registers
     both roles use are made before it). ``prefetch``: tensor maps thread 0 prefetches into the
     descriptor cache (with the group ends into L2) before the barriers are set up;
     ``early()``: more code thread 0 runs there (e.g. L2 prefetches of operand tiles)."""
     base = ring_base()
-    pipe = Pipeline(stages, consumer_arrivals=consumers * cluster + watchers)
+    pipe = Pipeline(stages, consumer_arrivals=consumers * cluster)
     tid, wg = thread_ids()
     (p_offs,) = ptx.global_ptrs(offs)
     if prefetch:
@@ -304,8 +302,7 @@ class _Consumer:
 
 def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf16", BM=128,
                   BN=256, BK=64, stages=None, num_sms=H100_SMS, store="auto", l2_hint=None,
-                  cluster=1, cluster_along="n", prefetch=False, warm=0, speculate=0,
-                  a_ahead=0):
+                  cluster=1, cluster_along="n", prefetch=False, warm=0, speculate=0):
     """The grouped GEMM kernel ``D[rows of g] = A[rows of g] @ B[g]``.
 
     Tensor arguments: A ``(M, K)`` bf16, B ``(G, K, N)`` (``b_major="MN"``) or
@@ -343,13 +340,6 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
     tile into the ring before it reads a group end; if the CTA's real first tile is the
     guess, its k-loop starts at block ``n``, otherwise both sides agree the guess missed
     (each computes it from the CTA index) and the consumers hand those stages back unread.
-    ``a_ahead=d`` (cluster 1, no speculation): warp 1 of the producer warpgroup follows the
-    ring (it waits for each stage to land and counts as one more release of it, so it never
-    falls a lap behind) and asks L2 for A's rows of the k-block ``d`` ahead of the one that
-    just landed (``prefetch.global.L2``, one 128-byte line per row, from the load/store
-    units: the tensor copies' queue is not used), so A, which streams from memory once, has
-    more bytes in flight per SM than the ring holds. The tile's first ``d`` k-blocks are asked
-    for when the tile starts.
     """
     what = "build_grouped"
     ot = _out_type(out_dtype)
@@ -370,10 +360,6 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
     if isinstance(warm, bool) or not isinstance(warm, int) or warm < 0:
         raise _error(f"{what}: warm must be an int >= 0 (k-blocks to prefetch), got {warm!r}")
     stages, smem_total = _check_tile(BM, BN, BK, stages, what)
-    if (isinstance(a_ahead, bool) or not isinstance(a_ahead, int) or a_ahead < 0
-            or a_ahead and (cluster > 1 or speculate)):
-        raise _error(f"{what}: a_ahead must be an int >= 0 (k-blocks), without a cluster or "
-                     f"speculation, got {a_ahead!r} (cluster={cluster}, speculate={speculate})")
     if (isinstance(speculate, bool) or not isinstance(speculate, int) or speculate < 0
             or speculate > stages or speculate and cluster > 1):
         raise _error(f"{what}: speculate must be an int from 0 to the {stages} stages, without "
@@ -447,61 +433,19 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
             for coords, _ in b_parts(rank, n0, kb * BK, g):
                 ptx.tma.prefetch_tile(b_map, coords, pred=ok)
 
-    def a_rows_ahead(A, pipe, lane, p_offs, cid):
-        """The ``a_ahead`` warp: the ring's stages in the consumers' order, and L2 prefetches
-        of A's rows ``d`` k-blocks ahead (``BM // 32`` rows per lane, rows past ``M`` skipped)."""
-        (p_a,) = ptx.global_ptrs(A)
-        st = pipe.consumer_state()
-        walk = RaggedTiles(p_offs, G, M, unit_m, num_n)
-        t = reg.scalar(u32, init=cid)
-        top, out = ptx.label("atile"), ptx.label("aend")
-        ptx.place(top)
-        walk.seek(t)
-        ptx.bra(out, pred=walk.done(t))
-        _g, m0, _n0 = origin_of(walk, t, 0)
-        rows = [m0 + lane + 32 * j for j in range(BM // 32)]
-        lines = [p_a + reg.from_(r, u64) * (K * 2) for r in rows]
-        inside = [r < M for r in rows]
-
-        def ask(kb, ok=None):
-            """L2 prefetches of k-block ``kb``'s row pieces (where ``ok`` holds)."""
-            off = kb * (BK * 2) if isinstance(kb, int) else reg.from_(kb, u64) * (BK * 2)
-            for line, row_ok in zip(lines, inside):
-                ptx.inst("prefetch.global.L2")(ptx.addr(line + off) if not isinstance(off, int)
-                                               else ptx.addr(line, off),
-                                               pred=row_ok if ok is None else row_ok & ok)
-
-        for kb in range(min(a_ahead, num_kb)):
-            ask(kb)
-        for kb in ptx.loop(0, num_kb):
-            pipe.wait(st)
-            ptx.inst("bar.warp.sync")(0xFFFFFFFF)
-            pipe.release(st, pred=lane == 0)
-            st.advance()
-            if a_ahead < num_kb:
-                ahead = kb + a_ahead
-                ask(ahead, ahead < num_kb)
-        t += clusters
-        ptx.bra(top)
-        ptx.place(out)
-
-    def origin_of(walk, t, rank):
-        """``(g, m0, n0)`` of a CTA's tile in unit ``t`` (``rank``: its rank in the cluster)."""
-        g, m0, n0 = walk.tile(t, unit_n)
-        if along_m:
-            return g, m0 + rank * BM, n0
-        return g, m0, (n0 + rank * BN if along_n else n0)
-
     def grouped(A, B, Offs, D):
         # the rank comes from the opening, before the role split: the consumers use it too
         base, pipe, tid, wg, rank, cid, p_offs, roles = _open(
             stages, consumers, Offs, prod_regs, cluster,
             prefetch=(A.tmap, B.tmap, D.tmap) if prefetch else (),
-            early=(lambda: warm_guess(A, B)) if warm else None, watchers=1 if a_ahead else 0)
+            early=(lambda: warm_guess(A, B)) if warm else None)
 
         def origin(walk, t):
             """``(g, m0, n0)`` of this CTA's tile in unit ``t``."""
-            return origin_of(walk, t, rank)
+            g, m0, n0 = walk.tile(t, unit_n)
+            if along_m:
+                return g, m0 + rank * BM, n0
+            return g, m0, (n0 + rank * BN if along_n else n0)
 
         spec = min(speculate, num_kb)
 
@@ -567,9 +511,6 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
             t += clusters
             ptx.bra(top)
             ptx.place(out)
-        if a_ahead:
-            with ptx.if_((tid >> 5) == 1):
-                a_rows_ahead(A, pipe, tid & 31, p_offs, cid)
         # ---------------------------------------------------------------- consumers
         roles.consumers(cons_regs)
         c = _Consumer(base, ring_bytes, wg, tid, BN, ot, out_cols)
@@ -617,8 +558,7 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
             f"{'_masked' if store == 'masked' else ''}{'_l2' + l2_hint if l2_hint else ''}"
             f"{f'_c{cluster}' if cluster > 1 else ''}{'m' if along_m else ''}"
             f"{'_pf' if prefetch else ''}"
-            f"{f'_w{warm}' if warm else ''}{f'_spec{speculate}' if speculate else ''}"
-            f"{f'_aa{a_ahead}' if a_ahead else ''}")
+            f"{f'_w{warm}' if warm else ''}{f'_spec{speculate}' if speculate else ''}")
     return kernel(in_specs=(Tile(M, K, bf16), b_spec, Tile(G, s32)), out_specs=(Tile(M, N, ot),),
                   grid=(ctas, 1, 1), block=(threads, 1, 1), cluster=(cluster, 1, 1),
                   smem=smem_total, maxnreg=maxnreg, tma=tma, name=name)(grouped)
@@ -887,11 +827,6 @@ CANDIDATE_CONFIGS = {
     "fwd 64x256 pf spec2": dict(kernel="fwd", BM=64, BN=256, prefetch=True, speculate=2),
     "fwd 64x256 pf spec5": dict(kernel="fwd", BM=64, BN=256, prefetch=True, speculate=5),
     "fwd 128x128 pf spec4": dict(kernel="fwd", BM=128, BN=128, prefetch=True, speculate=4),
-    # a producer warp asking L2 (load/store units, not the copy engine) for A's rows d
-    # k-blocks ahead of the stage that just landed
-    "fwd 64x256 pf aa4": dict(kernel="fwd", BM=64, BN=256, prefetch=True, a_ahead=4),
-    "fwd 64x256 pf aa8": dict(kernel="fwd", BM=64, BN=256, prefetch=True, a_ahead=8),
-    "fwd 64x256 pf aa16": dict(kernel="fwd", BM=64, BN=256, prefetch=True, a_ahead=16),
 }
 """Opt-in tile configurations under evaluation: name -> ``kernel`` (``"fwd"``, ``"dgrad"``
 or ``"wgrad"``) and the builder keywords (``build_grouped`` or ``build_wgrad_split``)."""

@@ -205,20 +205,6 @@ def test_bad_configurations_raise_at_the_callers_line():
         gg.build_grouped(256, 64, 64, 2, store="tma")
     with pytest.raises(ConfigError, match="shared memory"):
         gg.build_grouped(256, 256, 256, 2, stages=8)
-    for bad in (dict(a_ahead=-1), dict(a_ahead=2, cluster=2), dict(a_ahead=2, speculate=1)):
-        with pytest.raises(ConfigError, match="a_ahead must be an int >= 0") as e:
-            gg.build_grouped(256, 256, 256, 2, **bad)
-        assert str(e.value).startswith(f"{HERE}:")
-
-
-def test_a_ahead_warp_counts_as_one_more_release():
-    """The prefetching warp waits for every stage and releases it once more, so the ring's
-    empty barriers expect one arrival more than the consumer warpgroups give."""
-    plain = gg.build_grouped(8192, 256, 2048, 4, BM=64, BN=256).ptx()
-    ahead = gg.build_grouped(8192, 256, 2048, 4, BM=64, BN=256, a_ahead=8).ptx()
-    assert "prefetch.global.L2" not in plain
-    assert ahead.count("prefetch.global.L2") == 2 * (8 + 1)  # 2 rows a lane: 8 first, 1 a stage
-    assert "[empty_bar], 1;" in plain and "[empty_bar], 2;" in ahead
 
 
 def test_grouped_mm_checks_its_arguments():

@@ -81,10 +81,6 @@ CASES = [
     ([2048] * 4, 256, 2048, dict(BM=64, BN=256, prefetch=True, cluster=4, cluster_along="m")),
     ([5, 0, 300, 1, 200, 0], 264, 200, dict(BM=64, BN=128, cluster=2, cluster_along="m")),
     ([129, 1, 63, 260], 136, 136, dict(BM=128, BN=128, cluster=4, cluster_along="m", num_sms=8)),
-    # a warp asking L2 for A's rows ahead of the ring (one more release per stage)
-    ([2048] * 4, 256, 2048, dict(BM=64, BN=256, prefetch=True, a_ahead=8)),
-    ([5, 0, 300, 1, 200, 0], 264, 200, dict(BM=64, BN=128, a_ahead=3)),
-    ([700, 333], 1000, 520, dict(BM=128, BN=256, num_sms=8, a_ahead=4)),
 ]
 
 
