@@ -213,7 +213,7 @@ def mainloop_plan(num_kb, promote_kb, pingpong, halves, prefetch):
 def build_fp8_gemm(M: int, N: int, K: int, *, scale="tensor", dtype="e4m3", dtype_b=None,
                    out_dtype="bf16", BM=128, BN=256, stages=None, cluster=2, group_m=8,
                    num_sms=H100_SMS, fast_accum=False, ND=None, pingpong=False, promote_kb=1,
-                   scale_prefetch=False, tmap_prefetch=True):
+                   scale_prefetch=False):
     """The scaled FP8 GEMM kernel ``D[M, ND] = scale(A[M, K] @ W[N, K]^T)``.
 
     Tensor arguments: A ``(M, K)`` and W ``(N, K)`` fp8 (``dtype``, ``dtype_b``: 'e4m3' or
@@ -231,8 +231,7 @@ def build_fp8_gemm(M: int, N: int, K: int, *, scale="tensor", dtype="e4m3", dtyp
     (``True``: ``PINGPONG_DEPTH``; block scales then load a k-block ahead);
     ``promote_kb`` = 2 (tensor/row) promotes every 256 K instead of 128;
     ``scale_prefetch`` (block, without pingpong) loads the next k-block's scales one
-    k-block ahead. ``tmap_prefetch``: thread 0 asks the descriptor cache for the tensor maps
-    before the barrier setup (``warpspec.prologue``; ``False``: the kernel measured before).
+    k-block ahead.
     """
     at = dtype
     dt_a = FP8.get(dtype)
@@ -312,8 +311,7 @@ def build_fp8_gemm(M: int, N: int, K: int, *, scale="tensor", dtype="e4m3", dtyp
         base = ring_base()
         pipe = Pipeline(stages, consumer_arrivals=consumers * (cluster if multicast else 1))
         tid, wg = thread_ids()
-        rank, cid = prologue(pipe, tid, cluster,
-                             tensormaps=(A.tmap, B.tmap, D.tmap) if tmap_prefetch else ())
+        rank, cid = prologue(pipe, tid, cluster)
 
         def tile_coords(t):
             return tile_origin(t, rank, g)
@@ -560,8 +558,7 @@ def build_fp8_gemm(M: int, N: int, K: int, *, scale="tensor", dtype="e4m3", dtyp
 
     name = (f"fp8_gemm_{scale}_{dt_a.name}{dt_b.name}_{ot.name}_{BM}x{BN}_s{stages}_c{cluster}"
             f"{'_fast' if fast_accum else ''}{f'_pp{pingpong}' if pingpong else ''}"
-            f"{f'_k{promote_kb * BK}' if promote_kb != 1 else ''}{'_pf' if scale_prefetch else ''}"
-            f"{'' if tmap_prefetch else '_npf'}")
+            f"{f'_k{promote_kb * BK}' if promote_kb != 1 else ''}{'_pf' if scale_prefetch else ''}")
     fp8_gemm.__name__ = name
     deco = kernel(in_specs=in_specs, out_specs=(Tile(M, ND, ot),), grid=(ctas, 1, 1),
                   block=(threads, 1, 1), cluster=(cluster, 1, 1), smem=smem_total,

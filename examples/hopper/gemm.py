@@ -87,8 +87,7 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
                b_major="MN", BM=128, BN=256, BK=64, stages=None, cluster=2, group_m=8,
                num_sms=H100_SMS, bias=False, alpha=1.0, activation=None, KB=None, NB=None,
                multicast=True, split="rows", remote_sem="release.cta", wait_scope=None,
-               epilogue="stmatrix", schedule="cooperative", cluster_along="m", wg_rows=64,
-               prefetch=True):
+               epilogue="stmatrix", schedule="cooperative", cluster_along="m", wg_rows=64):
     """The GEMM kernel for ``D[M, N] = A[M, K] @ B[K, N]``.
 
     Tensor arguments: A as ``(M, K)`` (``a_major="K"``) or ``(K, M)`` (``"MN"``), B as
@@ -119,9 +118,6 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
     ``wg_rows`` (cooperative): rows of the tile per consumer warpgroup, 64 (one ``m64``
     accumulator each) or 128 (two, ``BN <= 128``: e.g. 256 x 128 tiles on two consumer
     warpgroups instead of four, each B read from shared memory serving 128 rows).
-    ``prefetch``: thread 0 asks the descriptor cache for the three tensor maps before the
-    barrier setup (``warpspec.prologue``), so the first copies and the first tile's stores
-    do not wait for a descriptor fetch (``False``: the kernel measured before, for A/B).
     """
     dt = _dtype(dtype, "dtype")
     if dt is f32:
@@ -206,8 +202,7 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
         readers = 1 if pingpong else consumers    # warpgroups that read each stage
         pipe = Pipeline(stages, consumer_arrivals=readers * (cluster if multicast else 1))
         tid, wg = thread_ids()
-        rank, cid = prologue(pipe, tid, cluster,
-                             tensormaps=(A.tmap, B.tmap, D.tmap) if prefetch else ())
+        rank, cid = prologue(pipe, tid, cluster)
 
         def tile_coords(t):
             """(m0, n0) of cluster tile ``t``, grouped ``gm`` cluster rows per band."""
@@ -346,7 +341,7 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
 
     name = (f"gemm_{dt.name}_{ot.name}_{a_major}{b_major}_{BM}x{BN}x{BK}_s{stages}_c{cluster}"
             f"{'n' if along_n else ''}{'_pp' if pingpong else ''}"
-            f"{'_w128' if wg_rows == 128 else ''}{'' if prefetch else '_npf'}")
+            f"{'_w128' if wg_rows == 128 else ''}")
     deco = kernel(in_specs=in_specs, out_specs=(Tile(M, N, ot),), grid=(ctas, 1, 1),
                   block=(threads, 1, 1), cluster=(cluster, 1, 1), smem=smem_total,
                   maxnreg=maxnreg, tma=tma, name=name)

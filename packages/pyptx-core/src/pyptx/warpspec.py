@@ -51,15 +51,10 @@ def thread_ids() -> tuple[Any, Any]:
     return tid, tid >> 7
 
 
-def prologue(pipe: Any, tid: Any, cluster: int = 1, tensormaps: Any = ()) -> tuple[Any, Any]:
+def prologue(pipe: Any, tid: Any, cluster: int = 1) -> tuple[Any, Any]:
     """Initialise ``pipe``'s barriers (thread 0) and wait for every thread of the CTA, or
     of the cluster when ``cluster > 1`` (a power of two, along x). Returns ``(rank, cid)``: the
-    CTA's rank in its cluster (``0`` without one) and the cluster's index along x.
-    ``tensormaps``: tensor-map parameters thread 0 first asks the descriptor cache for
-    (``prefetch.param.tensormap``), so neither the first copy nor the first store of the
-    epilogue waits for its descriptor."""
-    for tmap in tensormaps:
-        ptx.tma.prefetch_tensormap(tmap, pred=tid == 0)
+    CTA's rank in its cluster (``0`` without one) and the cluster's index along x."""
     pipe.init(pred=tid == 0, cluster=cluster > 1)
     if cluster > 1:
         ptx.cluster_sync()
