@@ -1,7 +1,10 @@
 """Launches for an ncu comparison of the small-N grouped forward and ``torch.bmm``: each
 contender twice after a warm-up (profile with ``--launch-skip`` past the warm-ups).
+``--flush``: a 256 MB zero fill before each launch, as do_bench does (profile with
+``--cache-control none`` and ``-k regex:'grouped|nvjet'`` to see the kernels in the state
+do_bench leaves L2 in: full of dirty lines).
 
-    ncu --metrics ... python tools/grouped_ncu.py [--shape 4x2048x256x2048]
+    ncu --metrics ... python tools/grouped_ncu.py [--shape 4x2048x256x2048] [--flush]
 """
 import argparse
 from pathlib import Path
@@ -15,6 +18,7 @@ gg = load_module(ROOT / "examples/hopper/grouped_gemm.py", "grouped_gemm_ncu")
 
 p = argparse.ArgumentParser()
 p.add_argument("--shape", default="4x2048x256x2048")
+p.add_argument("--flush", action="store_true")
 a = p.parse_args()
 G, Mg, N, K = (int(v) for v in a.shape.split("x"))
 M = G * Mg
@@ -23,12 +27,22 @@ w = torch.randn(G, K, N, device="cuda", dtype=torch.bfloat16)
 offs = gg.random_offsets([Mg] * G)
 k = gg.build_grouped(M, N, K, G, b_major="MN", BM=64, BN=256, prefetch=True)
 x3 = x.view(G, Mg, K)
+cache = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
+
+
+def flush():
+    if a.flush:
+        cache.zero_()
+
+
 for _ in range(2):          # warm-up (compile, cuBLAS heuristics)
     k(x, w, offs)
     torch.bmm(x3, w)
 torch.cuda.synchronize()
 for _ in range(2):
+    flush()
     k(x, w, offs)
+    flush()
     torch.bmm(x3, w)
 torch.cuda.synchronize()
 print("done")
