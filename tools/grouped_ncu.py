@@ -7,6 +7,7 @@ do_bench leaves L2 in: full of dirty lines).
     ncu --metrics ... python tools/grouped_ncu.py [--shape 4x2048x256x2048] [--flush]
 """
 import argparse
+import json
 from pathlib import Path
 
 import torch
@@ -19,13 +20,15 @@ gg = load_module(ROOT / "examples/hopper/grouped_gemm.py", "grouped_gemm_ncu")
 p = argparse.ArgumentParser()
 p.add_argument("--shape", default="4x2048x256x2048")
 p.add_argument("--flush", action="store_true")
+p.add_argument("--configs", default='[{"BM": 64, "BN": 256, "prefetch": true}]',
+               help="JSON list of build_grouped keywords, each profiled beside bmm")
 a = p.parse_args()
 G, Mg, N, K = (int(v) for v in a.shape.split("x"))
 M = G * Mg
 x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
 w = torch.randn(G, K, N, device="cuda", dtype=torch.bfloat16)
 offs = gg.random_offsets([Mg] * G)
-k = gg.build_grouped(M, N, K, G, b_major="MN", BM=64, BN=256, prefetch=True)
+ks = [gg.build_grouped(M, N, K, G, b_major="MN", **c) for c in json.loads(a.configs)]
 x3 = x.view(G, Mg, K)
 cache = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
 
@@ -36,12 +39,14 @@ def flush():
 
 
 for _ in range(2):          # warm-up (compile, cuBLAS heuristics)
-    k(x, w, offs)
+    for k in ks:
+        k(x, w, offs)
     torch.bmm(x3, w)
 torch.cuda.synchronize()
 for _ in range(2):
-    flush()
-    k(x, w, offs)
+    for k in ks:
+        flush()
+        k(x, w, offs)
     flush()
     torch.bmm(x3, w)
 torch.cuda.synchronize()
