@@ -66,7 +66,7 @@ EPI_BUFS = 2
 STORES = ("auto", "masked")
 L2_HINTS = (None, "stream_b")
 MAX_SPLITS = 8
-FORWARD_ONLY = ("l2_hint", "cluster", "cluster_along", "prefetch", "warm", "speculate", "k_skew")
+FORWARD_ONLY = ("l2_hint", "cluster", "cluster_along", "prefetch", "warm", "speculate")
 """``build_grouped`` keywords the weight-gradient kernel does not take (a ``config`` given to
 ``grouped_mm`` passes the rest to it)."""
 
@@ -302,8 +302,7 @@ class _Consumer:
 
 def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf16", BM=128,
                   BN=256, BK=64, stages=None, num_sms=H100_SMS, store="auto", l2_hint=None,
-                  cluster=1, cluster_along="n", prefetch=False, warm=0, speculate=0,
-                  k_skew=False):
+                  cluster=1, cluster_along="n", prefetch=False, warm=0, speculate=0):
     """The grouped GEMM kernel ``D[rows of g] = A[rows of g] @ B[g]``.
 
     Tensor arguments: A ``(M, K)`` bf16, B ``(G, K, N)`` (``b_major="MN"``) or
@@ -341,9 +340,6 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
     tile into the ring before it reads a group end; if the CTA's real first tile is the
     guess, its k-loop starts at block ``n``, otherwise both sides agree the guess missed
     (each computes it from the CTA index) and the consumers hand those stages back unread.
-    ``k_skew=True``: unit ``t`` runs its k-blocks from ``t % num_kb`` on, wrapping around (the
-    sum is the same; the rounding order differs), so the CTAs of one group, which all read
-    ``B[g]``, ask for different k-blocks of it at any moment instead of the same ones.
     """
     what = "build_grouped"
     ot = _out_type(out_dtype)
@@ -488,29 +484,13 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
                                       else ptx.addr(sbase, a_bytes + off), b_map, coords, bar,
                                       cache_hint=hint_b, multicast_mask=mask if along_m else None)
 
-            def k_start(t):
-                """The first k-block of unit ``t`` (``k_skew``), or None."""
-                if not k_skew:
-                    return None
-                return t - (t // num_kb) * num_kb
-
-            def k_offset(kb, rot):
-                """K offset of the unit's ``kb``-th k-block: block ``(kb + rot) % num_kb``."""
-                if rot is None:
-                    return kb * BK
-                k = kb + rot
-                wrapped = reg.scalar(u32)
-                ptx.inst.selp.u32(wrapped, k - num_kb, k, k >= num_kb)
-                return wrapped * BK
-
             if spec:    # before any group end is read
                 tile, spec_ok, first = guess()
-                rot0 = k_start(cid)
                 with ptx.if_(spec_ok):
                     for kb in range(spec):
                         pipe.acquire(st)
                         bar = pipe.arm(st, stage_bytes)
-                        load(st.stage * stage_bytes + base, *tile, k_offset(kb, rot0), bar)
+                        load(st.stage * stage_bytes + base, *tile, kb * BK, bar)
                         st.advance()
             top, out = ptx.label("ptile"), ptx.label("pend")
             ptx.place(top)
@@ -522,9 +502,8 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
                 kb0 = reg.scalar(u32)
                 ptx.inst.selp.u32(kb0, spec, 0, spec_ok & guessed(walk, t, tile, first))
                 ptx.inst.mov.u32(first, 0)
-            rot = k_start(t)
             for kb in ptx.loop(kb0, num_kb):
-                k0 = k_offset(kb, rot)
+                k0 = kb * BK
                 pipe.acquire(st)
                 bar = pipe.arm(st, stage_bytes)
                 load(st.stage * stage_bytes + base, g, m0, n0, k0, bar)
@@ -579,8 +558,7 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
             f"{'_masked' if store == 'masked' else ''}{'_l2' + l2_hint if l2_hint else ''}"
             f"{f'_c{cluster}' if cluster > 1 else ''}{'m' if along_m else ''}"
             f"{'_pf' if prefetch else ''}"
-            f"{f'_w{warm}' if warm else ''}{f'_spec{speculate}' if speculate else ''}"
-            f"{'_skew' if k_skew else ''}")
+            f"{f'_w{warm}' if warm else ''}{f'_spec{speculate}' if speculate else ''}")
     return kernel(in_specs=(Tile(M, K, bf16), b_spec, Tile(G, s32)), out_specs=(Tile(M, N, ot),),
                   grid=(ctas, 1, 1), block=(threads, 1, 1), cluster=(cluster, 1, 1),
                   smem=smem_total, maxnreg=maxnreg, tma=tma, name=name)(grouped)
@@ -849,13 +827,6 @@ CANDIDATE_CONFIGS = {
     "fwd 64x256 pf spec2": dict(kernel="fwd", BM=64, BN=256, prefetch=True, speculate=2),
     "fwd 64x256 pf spec5": dict(kernel="fwd", BM=64, BN=256, prefetch=True, speculate=5),
     "fwd 128x128 pf spec4": dict(kernel="fwd", BM=128, BN=128, prefetch=True, speculate=4),
-    # each unit starts its k-loop at k-block t % num_kb: the CTAs sharing B[g] read
-    # different k-blocks of it at a time
-    "fwd 64x256 pf skew": dict(kernel="fwd", BM=64, BN=256, prefetch=True, k_skew=True),
-    "fwd 64x256 pf spec5 skew": dict(kernel="fwd", BM=64, BN=256, prefetch=True, speculate=5,
-                                     k_skew=True),
-    "fwd 128x128 c2 pf skew": dict(kernel="fwd", BM=128, BN=128, cluster=2, prefetch=True,
-                                   k_skew=True),
 }
 """Opt-in tile configurations under evaluation: name -> ``kernel`` (``"fwd"``, ``"dgrad"``
 or ``"wgrad"``) and the builder keywords (``build_grouped`` or ``build_wgrad_split``)."""
