@@ -1,0 +1,31 @@
+"""SASS of the consumers' remote stage releases in a 2-CTA cluster: assembles the GEMM (128x256,
+cluster 2) and the grouped GEMM (128x128 pairs) with each ``remote_sem`` and prints the count
+of MEMBAR instructions and the lines around each remote arrive (needs ptxas and cuobjdump).
+
+    python tools/sem_sass.py
+"""
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+from pyptx.testing import load_module
+
+ROOT = Path(__file__).resolve().parents[1]
+gemm = load_module(ROOT / "examples/hopper/gemm.py", "gemm_sem")
+gg = load_module(ROOT / "examples/hopper/grouped_gemm.py", "grouped_sem")
+for sem in ("release.cta", "relaxed.cluster"):
+    for what, k in (("gemm 128x256 c2", gemm.build_gemm(4096, 4096, 4096, remote_sem=sem)),
+                    ("grouped 128x128 c2", gg.build_grouped(8192, 256, 2048, 4, BM=128, BN=128,
+                                                            cluster=2, remote_sem=sem))):
+        with tempfile.TemporaryDirectory() as d:
+            src, cub = Path(d, "k.ptx"), Path(d, "k.cubin")
+            src.write_text(k.ptx())
+            subprocess.run(["ptxas", "--gpu-name", "sm_90a", str(src), "-o", str(cub)], check=True)
+            sass = subprocess.run(["cuobjdump", "--dump-sass", str(cub)], capture_output=True,
+                                  text=True).stdout.splitlines()
+        body = [ln.split("*/", 1)[-1].strip() for ln in sass if re.search(r"/\*[0-9a-f]{4}\*/", ln)]
+        membars = [i for i, ln in enumerate(body) if "MEMBAR" in ln]
+        print(f"{what} {sem}: {len(body)} instructions, {len(membars)} MEMBAR")
+        for i in [i for i, ln in enumerate(body) if "SYNCS.ARRIVE" in ln and "RED" in ln][:2]:
+            print("   " + " | ".join(body[max(0, i - 3):i + 1]))
