@@ -65,10 +65,8 @@ SMEM_LIMIT = 227 * 1024 - 256  # less the static barriers
 EPI_BUFS = 2
 STORES = ("auto", "masked")
 L2_HINTS = (None, "stream_b")
-REMOTE_SEMS = ("release.cta", "relaxed.cluster", "release.cluster")
 MAX_SPLITS = 8
-FORWARD_ONLY = ("l2_hint", "cluster", "cluster_along", "prefetch", "warm", "speculate",
-                "remote_sem")
+FORWARD_ONLY = ("l2_hint", "cluster", "cluster_along", "prefetch", "warm", "speculate")
 """``build_grouped`` keywords the weight-gradient kernel does not take (a ``config`` given to
 ``grouped_mm`` passes the rest to it)."""
 
@@ -247,15 +245,13 @@ class _Consumer:
         self.cbuf = base + ring_bytes + self.w * (EPI_BUFS * SLAB_BYTES)
         self.sw = swizzled_rows(self.cbuf, self.row0, lane, ot.bytes)
 
-    def ring_mma(self, pipe, a_tile, b_tile, base, stage_bytes, consumers, cluster=1,
-                 remote_sem="release.cta"):
+    def ring_mma(self, pipe, a_tile, b_tile, base, stage_bytes, consumers, cluster=1):
         """The warpgroup's ``RingMma`` over the ring at ``base``: its 64 rows of each A tile
         (``consumers`` warpgroups split the tile), all of B; with a cluster, a stage is
-        released in every CTA of it (their copies fill it), each arrival ordered by
-        ``remote_sem``."""
+        released in every CTA of it (their copies fill it)."""
         a_desc0 = a_tile.descriptor(base + self.w * a_tile.offset(0, 64) if consumers > 1 else base)
         b_desc0 = b_tile.descriptor(base, offset=a_tile.nbytes)
-        release = dict(cta_ranks=range(cluster), sem=remote_sem) if cluster > 1 else {}
+        release = dict(cta_ranks=range(cluster), sem="release.cta") if cluster > 1 else {}
         return RingMma(pipe, self.acc, a_tile, b_tile, a_desc0, b_desc0, stage_bytes, n=self.BN,
                        dtype="bf16", leader=self.leader, **release)
 
@@ -306,8 +302,7 @@ class _Consumer:
 
 def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf16", BM=128,
                   BN=256, BK=64, stages=None, num_sms=H100_SMS, store="auto", l2_hint=None,
-                  cluster=1, cluster_along="n", prefetch=False, warm=0, speculate=0,
-                  remote_sem="release.cta"):
+                  cluster=1, cluster_along="n", prefetch=False, warm=0, speculate=0):
     """The grouped GEMM kernel ``D[rows of g] = A[rows of g] @ B[g]``.
 
     Tensor arguments: A ``(M, K)`` bf16, B ``(G, K, N)`` (``b_major="MN"``) or
@@ -345,9 +340,6 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
     tile into the ring before it reads a group end; if the CTA's real first tile is the
     guess, its k-loop starts at block ``n``, otherwise both sides agree the guess missed
     (each computes it from the CTA index) and the consumers hand those stages back unread.
-    ``remote_sem`` (cluster > 1): the ordering of the consumers' arrivals on the stages'
-    empty barriers in every CTA of the cluster (``ptx.mbarrier.arrive`` semantics;
-    ``"relaxed.cluster"`` orders nothing: the stage was read by wgmma, already waited for).
     """
     what = "build_grouped"
     ot = _out_type(out_dtype)
@@ -355,8 +347,6 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
         raise _error(f"{what}: b_major must be 'K' or 'MN', got {b_major!r}")
     if store not in STORES:
         raise _error(f"{what}: store must be one of {STORES}, got {store!r}")
-    if remote_sem not in REMOTE_SEMS:
-        raise _error(f"{what}: remote_sem must be one of {REMOTE_SEMS}, got {remote_sem!r}")
     if l2_hint not in L2_HINTS:
         raise _error(f"{what}: l2_hint must be one of {L2_HINTS}, got {l2_hint!r}")
     if N % 8 or K % 8:
@@ -524,8 +514,7 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
         # ---------------------------------------------------------------- consumers
         roles.consumers(cons_regs)
         c = _Consumer(base, ring_bytes, wg, tid, BN, ot, out_cols)
-        mma = c.ring_mma(pipe, a_tile, b_tile, base, stage_bytes, consumers, cluster,
-                         remote_sem)
+        mma = c.ring_mma(pipe, a_tile, b_tile, base, stage_bytes, consumers, cluster)
         d_map = ptx.tma.tensormap_ptr(D.tmap)
         (p_d,) = ptx.global_ptrs(D)
         walk = RaggedTiles(p_offs, G, M, unit_m, num_n)
@@ -569,8 +558,7 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
             f"{'_masked' if store == 'masked' else ''}{'_l2' + l2_hint if l2_hint else ''}"
             f"{f'_c{cluster}' if cluster > 1 else ''}{'m' if along_m else ''}"
             f"{'_pf' if prefetch else ''}"
-            f"{f'_w{warm}' if warm else ''}{f'_spec{speculate}' if speculate else ''}"
-            f"{'_rlx' if remote_sem == 'relaxed.cluster' else ''}")
+            f"{f'_w{warm}' if warm else ''}{f'_spec{speculate}' if speculate else ''}")
     return kernel(in_specs=(Tile(M, K, bf16), b_spec, Tile(G, s32)), out_specs=(Tile(M, N, ot),),
                   grid=(ctas, 1, 1), block=(threads, 1, 1), cluster=(cluster, 1, 1),
                   smem=smem_total, maxnreg=maxnreg, tma=tma, name=name)(grouped)
@@ -839,10 +827,6 @@ CANDIDATE_CONFIGS = {
     "fwd 64x256 pf spec2": dict(kernel="fwd", BM=64, BN=256, prefetch=True, speculate=2),
     "fwd 64x256 pf spec5": dict(kernel="fwd", BM=64, BN=256, prefetch=True, speculate=5),
     "fwd 128x128 pf spec4": dict(kernel="fwd", BM=128, BN=128, prefetch=True, speculate=4),
-    # pairs whose consumers release each stage in both CTAs with relaxed remote arrivals
-    "fwd 128x128 c2 pf": dict(kernel="fwd", BM=128, BN=128, cluster=2, prefetch=True),
-    "fwd 128x128 c2 pf relaxed": dict(kernel="fwd", BM=128, BN=128, cluster=2, prefetch=True,
-                                      remote_sem="relaxed.cluster"),
 }
 """Opt-in tile configurations under evaluation: name -> ``kernel`` (``"fwd"``, ``"dgrad"``
 or ``"wgrad"``) and the builder keywords (``build_grouped`` or ``build_wgrad_split``)."""

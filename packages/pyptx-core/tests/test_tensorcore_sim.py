@@ -204,9 +204,6 @@ grouped = load_module(HERE.parents[3] / "examples" / "hopper" / "grouped_gemm.py
     ([128] * 4, 256, 256, dict(BM=128, BN=128, num_sms=3, speculate=2)),
     ([5, 0, 300, 1, 200, 0], 264, 200, dict(BM=64, BN=128, num_sms=3, speculate=3)),
     ([0, 0, 300, 0], 72, 104, dict(BM=128, BN=128, num_sms=5, speculate=2, prefetch=True)),
-    # pairs releasing stages in both CTAs with relaxed remote arrivals
-    ([5, 0, 300, 1, 200, 0], 264, 200, dict(BM=128, BN=128, num_sms=4, cluster=2,
-                                            remote_sem="relaxed.cluster")),
 ])
 def test_grouped_gemm_forward(sizes, N, K, config):
     """Ragged groups (empty ones too) against float64; the opt-in prefetches must not matter."""
