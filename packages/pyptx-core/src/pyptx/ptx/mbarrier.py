@@ -78,7 +78,9 @@ def arrive(bar: Any, count: int | Reg | None = None, *, remote: bool = False,
     and nothing is returned (no state comes back from a remote barrier); ``sem`` picks the
     remote arrive's ordering: 'release.cluster' (default: the thread's earlier writes are
     visible cluster-wide first), 'release.cta' or 'relaxed.cluster' (no ordering of other
-    memory; enough when the arrival only hands back a buffer the async proxy read). ``count``
+    memory; enough when the arrival only hands back a buffer the async proxy read; needs PTX
+    ISA 8.6, ``@kernel(version="8.6")``, which ptxas otherwise refuses). On sm_90a a remote
+    'release.cta' arrive is one ``SYNCS.ARRIVE.TRANS64.RED`` with no ``MEMBAR``. ``count``
     and ``remote`` need sm_90. With ``pred=`` the returned state is undefined where it is false.
     """
     fn = "ptx.mbarrier.arrive"
