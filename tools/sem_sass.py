@@ -16,15 +16,15 @@ from pyptx.testing import load_module
 ROOT = Path(__file__).resolve().parents[1]
 gemm = load_module(ROOT / "examples/hopper/gemm.py", "gemm_sem")
 for sem in ("release.cta", "release.cluster"):
-    for what, k in (("gemm 128x256 c2", gemm.build_gemm(4096, 4096, 4096, remote_sem=sem)),):
-        with tempfile.TemporaryDirectory() as d:
-            src, cub = Path(d, "k.ptx"), Path(d, "k.cubin")
-            src.write_text(k.ptx())
-            subprocess.run(["ptxas", "--gpu-name", "sm_90a", str(src), "-o", str(cub)], check=True)
-            sass = subprocess.run(["cuobjdump", "--dump-sass", str(cub)], capture_output=True,
-                                  text=True).stdout.splitlines()
-        body = [ln.split("*/", 1)[-1].strip() for ln in sass if re.search(r"/\*[0-9a-f]{4}\*/", ln)]
-        membars = [i for i, ln in enumerate(body) if "MEMBAR" in ln]
-        print(f"{what} {sem}: {len(body)} instructions, {len(membars)} MEMBAR")
-        for i in [i for i, ln in enumerate(body) if "SYNCS.ARRIVE" in ln and "RED" in ln][:2]:
-            print("   " + " | ".join(body[max(0, i - 3):i + 1]))
+    k = gemm.build_gemm(4096, 4096, 4096, remote_sem=sem)
+    with tempfile.TemporaryDirectory() as d:
+        src, cub = Path(d, "k.ptx"), Path(d, "k.cubin")
+        src.write_text(k.ptx())
+        subprocess.run(["ptxas", "--gpu-name", "sm_90a", str(src), "-o", str(cub)], check=True)
+        sass = subprocess.run(["cuobjdump", "--dump-sass", str(cub)], capture_output=True,
+                              text=True).stdout.splitlines()
+    body = [ln.split("*/", 1)[-1].strip() for ln in sass if re.search(r"/\*[0-9a-f]{4}\*/", ln)]
+    membars = sum("MEMBAR" in ln for ln in body)
+    print(f"gemm 128x256 c2 {sem}: {len(body)} instructions, {membars} MEMBAR")
+    for i in [i for i, ln in enumerate(body) if "SYNCS.ARRIVE" in ln and "RED" in ln][:2]:
+        print("   " + " | ".join(body[max(0, i - 3):i + 1]))

@@ -154,12 +154,9 @@ def store(addr: Any, value: Reg | list | tuple, *, pred: Any = None) -> None:
     if len(values) == 4 and values[0].type.bits == 64:
         raise OperandError(f"{where()}: {fn}: a vector of four holds 32-bit registers only, got "
                            f"four .{t}")
-    if len(values) == 1:
-        trace.inst(f"st.shared::cluster.{t}", (render(a, None, trace), values[0].name),
-                   guard(pred, fn, trace))
-        return
-    vec = "{" + ", ".join(v.name for v in values) + "}"
-    trace.inst(f"st.shared::cluster.v{len(values)}.{t}", (render(a, None, trace), vec),
+    vec = "" if len(values) == 1 else f"v{len(values)}."
+    trace.inst(f"st.shared::cluster.{vec}{t}",
+               (render(a, None, trace), render(values[0] if len(values) == 1 else values, None, trace)),
                guard(pred, fn, trace))
 
 
