@@ -38,7 +38,7 @@ from pyptx.fragment import Accumulator
 from pyptx.operand import OperandTile
 from pyptx.pipeline import Pipeline
 from pyptx.source import where_outside
-from pyptx.types import b32, bf16, f16, f32
+from pyptx.types import b32, bf16, f16, f32, u32, u64
 from pyptx.warpspec import (
     RingMma,
     Roles,
@@ -60,6 +60,8 @@ SMEM_LIMIT = 227 * 1024 - 256  # less the static barriers
 EPI_BUFS = 2
 SCHEDULES = ("cooperative", "pingpong")
 ORDER_BAR = 3  # named barriers 3 and 4: the ping-pong hand-over (1, 2: the epilogues)
+FLAG_WORDS = 4096
+"""Length of a stream-K kernel's ``FLAGS`` input (u32 words, zero between launches)."""
 
 
 def _fail(msg):
@@ -83,11 +85,93 @@ def smem_bytes(BM, BN, BK, stages, out_bytes=2, consumers=None):
     return stages * (BM + BN) * BK * 2 + consumers * EPI_BUFS * 64 * 128 + 1024
 
 
+def stream_k_plan(tiles, clusters, num_kb):
+    """``(sk_tiles, whole)`` of a stream-K schedule, or None where the persistent walk
+    already fills every wave (or has less than one). The first ``sk_tiles = clusters +
+    tiles % clusters`` tiles (between one and two waves) are shared out by k-block:
+    cluster ``c`` takes blocks ``[c * W // clusters, (c + 1) * W // clusters)`` of the
+    ``W = sk_tiles * num_kb`` blocks numbered tile by tile, so every cluster gets at least
+    one tile's worth and a tile is split between at most two clusters; then each cluster
+    takes ``whole`` of the remaining tiles, one wave at a time."""
+    waves, extra = divmod(tiles, clusters)
+    if not waves or not extra or clusters * (clusters + extra) * num_kb >= 1 << 32:
+        return None
+    return clusters + extra, waves - 1
+
+
+def stream_k_segments(tiles, clusters, num_kb):
+    """The host model of ``stream_k_plan``'s schedule: per cluster, the ``(tile, kb0, kb1)``
+    items in the order the kernel runs them (its share of the split tiles, last segment
+    first, then its whole tiles), or None where the plan does not apply."""
+    plan = stream_k_plan(tiles, clusters, num_kb)
+    if plan is None:
+        return None
+    sk_tiles, whole = plan
+    work = sk_tiles * num_kb
+    out = []
+    for c in range(clusters):
+        s, e = c * work // clusters, (c + 1) * work // clusters
+        items = [(t, max(s, t * num_kb) - t * num_kb, min(e, (t + 1) * num_kb) - t * num_kb)
+                 for t in range((e - 1) // num_kb, s // num_kb - 1, -1)]
+        items += [(sk_tiles + i * clusters + c, 0, num_kb) for i in range(whole)]
+        out.append(items)
+    return out
+
+
+class StreamKGemm:
+    """A stream-K GEMM kernel behind the plain GEMM's call: ``gemm(a, b[, bias]) -> d``.
+
+    It passes the kernel a zeroed flag array (``zeroed_flags``: one per device and stream
+    for torch eager calls, which the kernel leaves zeroed; a fresh one in a CUDA-graph
+    capture, a ``torch.compile`` trace or JAX) and drops the partial sums' workspace from
+    the results. Kernel-like (``in_specs``, ``out_specs``, ``name``, ``kernels``) for the
+    tuner."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self.kernels = (kernel,)
+        self.in_specs = kernel.in_specs[:-1]
+        self.out_specs = kernel.out_specs[:1]
+        self.name = kernel.name
+
+    def __call__(self, *args):
+        d, _ = self.kernel(*args, zeroed_flags(args[0]))
+        return d
+
+    def __repr__(self):
+        return f"<StreamKGemm {self.name}>"
+
+
+_FLAGS = {}
+
+
+def zeroed_flags(like):
+    """``FLAG_WORDS`` zeroed u32 words on ``like``'s device for a stream-K launch: for torch
+    eager calls one array per (device, stream), reused (launches on one stream run in
+    order, and each leaves the flags zeroed); a fresh one while a CUDA graph is being
+    captured (the graph then zeroes it at each replay) or ``torch.compile`` traces; a fresh
+    ``jnp.zeros`` for JAX."""
+    if not type(like).__module__.startswith("torch"):
+        import jax.numpy as jnp
+
+        return jnp.zeros((FLAG_WORDS,), jnp.uint32)
+    import torch
+
+    if torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing():
+        return torch.zeros(FLAG_WORDS, dtype=torch.int32, device=like.device)
+    key = (like.device, torch.cuda.current_stream(like.device).cuda_stream)
+    flags = _FLAGS.get(key)
+    if flags is None:
+        flags = _FLAGS[key] = torch.zeros(FLAG_WORDS, dtype=torch.int32, device=like.device)
+    return flags
+
+
 def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_major="K",
                b_major="MN", BM=128, BN=256, BK=64, stages=None, cluster=2, group_m=8,
                num_sms=H100_SMS, bias=False, alpha=1.0, activation=None, KB=None, NB=None,
                multicast=True, split="rows", remote_sem="release.cta", wait_scope=None,
-               epilogue="stmatrix", schedule="cooperative", cluster_along="m", wg_rows=64):
+               epilogue="stmatrix", schedule="cooperative", cluster_along="m", wg_rows=64,
+               stream_k=False):
     """The GEMM kernel for ``D[M, N] = A[M, K] @ B[K, N]``.
 
     Tensor arguments: A as ``(M, K)`` (``a_major="K"``) or ``(K, M)`` (``"MN"``), B as
@@ -144,6 +228,8 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
         raise _fail(f"build_gemm: a ping-pong warpgroup holds a whole BM x BN tile: BM "
                           f"64 or 128 and BM * BN <= 16384 (128 accumulator registers), got "
                           f"{BM}x{BN}")
+    if stream_k and pingpong:
+        raise _fail("build_gemm: stream_k needs the cooperative schedule")
     if wg_rows not in (64, 128) or BM % wg_rows or (wg_rows == 128 and (pingpong or BN > 128)):
         raise _fail(f"build_gemm: wg_rows must be 64, or 128 with the cooperative schedule, "
                           f"BM a multiple of it and BN <= 128 (two accumulators of BN columns "
@@ -184,6 +270,7 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
     clusters = max(1, min(tiles, num_sms // cluster))
     ctas = clusters * cluster
     num_kb = -(-max(K, KB) // BK)
+    plan = stream_k_plan(tiles, clusters, num_kb) if stream_k else None
     gm = max(1, min(group_m, num_mc))
     prod_regs = 40 if consumers <= 2 else 24
     maxnreg, cons_regs = register_budget(consumers, prod_regs)
@@ -191,13 +278,21 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
     a_spec = Tile(M, K, dt) if a_major == "K" else Tile(K, M, dt)
     b_spec = Tile(KB, NB, dt) if b_major == "MN" else Tile(NB, KB, dt)
     in_specs = (a_spec, b_spec) + ((Tile(N, f32),) if bias else ())
+    out_specs = (Tile(M, N, ot),)
+    if plan:
+        slots = (clusters - 1) * cluster * consumers   # one per warpgroup of a split tile
+        if slots > FLAG_WORDS:
+            raise _fail(f"build_gemm: stream_k needs {slots} flags, over {FLAG_WORDS}")
+        part_bytes = bands * 64 * BN * 4               # a warpgroup's f32 partial tile
+        in_specs += (Tile(FLAG_WORDS, u32),)
+        out_specs += (Tile(slots * part_bytes // 4, f32),)
     d_box = (64, out_cols)
     parts = cluster if multicast and split == "rows" else 1
     tma = {"A": a_tile.tma_options(parts if along_n else 1),
            "B": b_tile.tma_options(1 if along_n else parts),
            "D": {"box": d_box, "swizzle": "128B"}}
 
-    def body(A, B, Bias, D):
+    def body(A, B, Bias, D, Flags=None, WS=None):
         base = ring_base()
         readers = 1 if pingpong else consumers    # warpgroups that read each stage
         pipe = Pipeline(stages, consumer_arrivals=readers * (cluster if multicast else 1))
@@ -213,13 +308,41 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
             return grouped_tile_origin(t, rank, num_mc=num_mc, num_n=num_n, gm=gm,
                                        cluster=cluster, BM=BM, BN=BN)
 
+        def schedule():
+            """``(loop range, items)`` of this cluster's work: the plain persistent walk
+            (``items`` None: the loop index is the tile), or with stream-K the segments of
+            its share of the first ``sk_tiles`` tiles, last first, then its whole tiles
+            (``items(j) = (t, kb0, kb1)``)."""
+            if not plan:
+                return (cid, tiles, clusters), None
+            sk_tiles, dp = plan
+            skw = sk_tiles * num_kb
+            s = cid * skw // clusters
+            e = (cid + 1) * skw // clusters
+            t_hi = (e - 1) // num_kb
+            n_sk = t_hi - s // num_kb + 1
+
+            def item(j):
+                is_sk = j < n_sk
+                t = reg.scalar(u32)
+                ptx.inst.selp.u32(t, t_hi - j, j * clusters + (cid + sk_tiles) - n_sk * clusters,
+                                  is_sk)
+                tb = t * num_kb
+                lo, end, hi = reg.scalar(u32), reg.scalar(u32), reg.scalar(u32)
+                ptx.inst.max.u32(lo, s, tb)
+                ptx.inst.selp.u32(end, e, 0xFFFFFFFF, is_sk)
+                ptx.inst.min.u32(hi, end, tb + num_kb)
+                return t, lo - tb, hi - tb
+            return (0, n_sk + dp), item
+
         roles = Roles(wg, prod_regs)
         # ---------------------------------------------------------------- producer
         with ptx.if_(tid == 0):
-            load_ab_ring(pipe, A, B, a_tile, b_tile, base=base, tile_range=(cid, tiles, clusters),
+            work, items = schedule()
+            load_ab_ring(pipe, A, B, a_tile, b_tile, base=base, tile_range=work,
                          coords=tile_coords, num_kb=num_kb, BK=BK, rank=rank, cluster=cluster,
                          multicast=multicast, split=split, wait_scope=wait_scope,
-                         shared="A" if along_n else "B")
+                         shared="A" if along_n else "B", items=items)
         # ---------------------------------------------------------------- consumers
         roles.consumers(cons_regs)
         w = wg - 1
@@ -260,29 +383,7 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
             (pbias,) = ptx.global_ptrs(Bias)
         d_map = ptx.tma.tensormap_ptr(D.tmap)
 
-        if pingpong:
-            # warpgroup w takes the CTA's tiles w, w + 2, ...: its ring position starts past
-            # the other's first tile, and it skips the other's k-blocks after each of its own
-            with ptx.if_(w == 1):
-                mma.cons.advance(num_kb)
-                mma.rel.advance(num_kb)
-            tile_loop = ptx.loop(cid + w * clusters, tiles, 2 * clusters)
-        else:
-            tile_loop = ptx.loop(cid, tiles, clusters)
-        for t in tile_loop:
-            m0, n0 = tile_coords(t)
-
-            if pingpong:
-                # the other warpgroup has issued its last k-block (not before the first tile)
-                ptx.bar_sync(ORDER_BAR + w, 256, pred=t >= cid + clusters)
-                mma.run(num_kb, issued=lambda t=t: ptx.bar_arrive(
-                    ORDER_BAR + 1 - w, 256, pred=t + clusters < tiles))
-                mma.cons.advance(num_kb)
-                mma.rel.advance(num_kb)
-            else:
-                mma.run(num_kb)
-
-            # ------------------------------------------------------------ epilogue
+        def tile_epilogue(m0, n0):
             # one 64 x out_cols slab at a time through two buffers: the bulk store of
             # slab j-1 drains while slab j is written
             ncol = n0 + col0 if bias else None
@@ -333,6 +434,82 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
 
             store_slabs(out_slabs * bands, leader=leader, bar_id=bar_id, cbuf=cbuf, tmap=d_map,
                         write=write, bufs=EPI_BUFS, coords=coords)
+
+        if pingpong:
+            # warpgroup w takes the CTA's tiles w, w + 2, ...: its ring position starts past
+            # the other's first tile, and it skips the other's k-blocks after each of its own
+            with ptx.if_(w == 1):
+                mma.cons.advance(num_kb)
+                mma.rel.advance(num_kb)
+            for t in ptx.loop(cid + w * clusters, tiles, 2 * clusters):
+                m0, n0 = tile_coords(t)
+                # the other warpgroup has issued its last k-block (not before the first tile)
+                ptx.bar_sync(ORDER_BAR + w, 256, pred=t >= cid + clusters)
+                mma.run(num_kb, issued=lambda t=t: ptx.bar_arrive(
+                    ORDER_BAR + 1 - w, 256, pred=t + clusters < tiles))
+                mma.cons.advance(num_kb)
+                mma.rel.advance(num_kb)
+                tile_epilogue(m0, n0)
+        elif not plan:
+            for t in ptx.loop(cid, tiles, clusters):
+                m0, n0 = tile_coords(t)
+                mma.run(num_kb)
+                tile_epilogue(m0, n0)
+        else:
+            # stream-K: a segment that ends before the tile's last k-block hands its partial
+            # sum to the next cluster (slot cid); one that starts past k-block 0 adds the
+            # previous cluster's (slot cid - 1) before the epilogue
+            (pflags, pws) = ptx.global_ptrs(Flags, WS)
+            mine = rank * consumers + w if cluster > 1 else w
+            chunks = BN // 8                      # 16-byte chunks per thread and accumulator
+            lane_off = reg.from_(t_wg, u64) * 16
+
+            def slot(k):
+                idx = reg.from_(k * (cluster * consumers) + mine, u64)
+                return idx * 4 + pflags, idx * part_bytes + pws + lane_off
+
+            def share(k):
+                flag, part = slot(k)
+                for b, a in enumerate(accs):
+                    for q in range(chunks):
+                        ptx.inst.st.global_.v4.f32(ptx.addr(part, (b * chunks + q) * 2048),
+                                                   [a[4 * q + i] for i in range(4)])
+                ptx.bar_sync(bar_id, 128)
+                with ptx.if_(leader):
+                    ptx.inst("red.release.gpu.global.add.u32")(ptx.addr(flag), 1)
+
+            def take(k):
+                flag, part = slot(k)
+                with ptx.if_(leader):
+                    now = reg.scalar(u32)
+
+                    def pending():
+                        ptx.inst("ld.acquire.gpu.global.u32")(now, ptx.addr(flag))
+                        return now == 0
+
+                    with ptx.while_(pending):
+                        pass
+                    ptx.inst("st.relaxed.gpu.global.u32")(ptx.addr(flag), 0)
+                ptx.bar_sync(bar_id, 128)
+                for b, a in enumerate(accs):
+                    for q in range(chunks):
+                        got = [reg.scalar(f32) for _ in range(4)]
+                        ptx.inst("ld.relaxed.gpu.global.v4.f32")(
+                            got, ptx.addr(part, (b * chunks + q) * 2048))
+                        for i in range(4):
+                            ptx.inst.add.f32(a[4 * q + i], a[4 * q + i], got[i])
+
+            work, items = schedule()
+            for j in ptx.loop(*work):
+                t, kb0, kb1 = items(j)
+                mma.run(kb1 - kb0)
+                with ptx.if_(kb1 != num_kb):
+                    share(cid)
+                with ptx.else_():
+                    with ptx.if_(kb0 != 0):
+                        take(cid - 1)
+                    m0, n0 = tile_coords(t)
+                    tile_epilogue(m0, n0)
         drain_stores(leader)
         roles.end()
         if cluster > 1:
@@ -341,10 +518,18 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
 
     name = (f"gemm_{dt.name}_{ot.name}_{a_major}{b_major}_{BM}x{BN}x{BK}_s{stages}_c{cluster}"
             f"{'n' if along_n else ''}{'_pp' if pingpong else ''}"
-            f"{'_w128' if wg_rows == 128 else ''}")
-    deco = kernel(in_specs=in_specs, out_specs=(Tile(M, N, ot),), grid=(ctas, 1, 1),
+            f"{'_w128' if wg_rows == 128 else ''}{'_sk' if plan else ''}")
+    deco = kernel(in_specs=in_specs, out_specs=out_specs, grid=(ctas, 1, 1),
                   block=(threads, 1, 1), cluster=(cluster, 1, 1), smem=smem_total,
                   maxnreg=maxnreg, tma=tma, name=name)
+    if plan and bias:
+        def gemm(A, B, Bias, Flags, D, WS):
+            body(A, B, Bias, D, Flags, WS)
+        return StreamKGemm(deco(gemm))
+    if plan:
+        def gemm(A, B, Flags, D, WS):
+            body(A, B, None, D, Flags, WS)
+        return StreamKGemm(deco(gemm))
     if bias:
         def gemm(A, B, Bias, D):
             body(A, B, Bias, D)

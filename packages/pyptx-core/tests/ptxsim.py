@@ -1400,13 +1400,15 @@ def _run_cta(prog: _Prog, mem: _Memory, block, grid, cta, max_steps: int, csize:
 
 
 def run(spec, inputs: list[np.ndarray], *, poison: bool = True,
-        max_steps: int = 2_000_000, inplace: bool = False) -> list[np.ndarray]:
+        max_steps: int = 2_000_000, inplace: bool = False,
+        scratch: tuple[int, ...] = ()) -> list[np.ndarray]:
     """Run a pyptx ``Specialization`` on numpy inputs; return its outputs as numpy arrays.
 
     Outputs are allocated from the spec's shapes and dtypes (bf16 as uint16
     bits); with ``poison`` they start as NaN bit patterns and every byte must be
     written, else ``SimError``. ``inplace``: ``inputs`` are written back too (a kernel that
-    adds into an input buffer, like an accumulator of tile reductions).
+    adds into an input buffer, like an accumulator of tile reductions). ``scratch``: indices
+    of outputs that are workspaces (poisoned, but not every byte need be written).
     """
     prog = _Prog(spec.ptx(), spec.smem)
     outs = []
@@ -1431,7 +1433,7 @@ def run(spec, inputs: list[np.ndarray], *, poison: bool = True,
     n_in = len(inputs)
     for k, o in enumerate(outs):
         i = n_in + k
-        if poison and not mem.written[i].all():
+        if poison and k not in scratch and not mem.written[i].all():
             miss = int((~mem.written[i]).sum())
             raise SimError(f"output {k}: {miss} of {len(mem.written[i])} bytes never written")
         res.append(mem.bufs[i].view(o.dtype).reshape(o.shape).copy())

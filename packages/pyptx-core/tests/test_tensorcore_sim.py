@@ -57,7 +57,13 @@ def run_gemm(M, N, K, *, dtype="bf16", out_dtype=None, bias=False, alpha=1.0, ac
     out_dtype = out_dtype or dtype
     k = gemm.build_gemm(M, N, K, dtype=dtype, out_dtype=out_dtype, bias=bias, alpha=alpha,
                         activation=activation, **config)
-    (d,) = ptxsim.run(k.specialize(), args)
+    if isinstance(k, gemm.StreamKGemm):  # zeroed flags in, left zeroed; the workspace out
+        flags = np.zeros(gemm.FLAG_WORDS, np.uint32)
+        args = [np.ascontiguousarray(x) for x in args] + [flags]
+        d, _ = ptxsim.run(k.kernel.specialize(), args, scratch=(1,), inplace=True)
+        assert not flags.any(), "the stream-K kernel left flags set"
+    else:
+        (d,) = ptxsim.run(k.specialize(), args)
     a64 = _f64(a, dtype) if a_major == "K" else _f64(a, dtype).T
     b64 = _f64(b, dtype) if b_major == "MN" else _f64(b, dtype).T
     ref = (a64 @ b64) * alpha
@@ -172,6 +178,69 @@ def test_gemm_192x192_tiles(config):
 ])
 def test_gemm_two_bands_per_warpgroup(M, config):
     assert run_gemm(M, 264, 200, **config) < TOL["bf16"]
+
+
+# stream-K: tiles that do not fill whole waves; the first clusters + tiles % clusters tiles
+# are split by k-block across the clusters, the owner of a tile's last k-block adds the
+# other's partial sum (simulated CTAs run in grid order: a wait on a later CTA would hang)
+@pytest.mark.parametrize("M,N,K,config", [
+    (640, 256, 200, dict(BM=128, BN=256, cluster=1, num_sms=3)),    # 5 tiles on 3: all split
+    (1024, 256, 136, dict(BM=128, BN=256, cluster=1, num_sms=3)),   # 8 on 3: + a whole wave
+    (1000, 264, 456, dict(BM=128, BN=128, cluster=2, num_sms=10, a_major="MN", b_major="K")),
+    (600, 264, 200, dict(BM=256, BN=128, cluster=1, num_sms=4, wg_rows=128)),
+    (130, 520, 72, dict(BM=128, BN=128, cluster=1, num_sms=3, dtype="f16", out_dtype="f32",
+                        bias=True, alpha=0.5, activation="silu")),
+])
+def test_gemm_stream_k(M, N, K, config):
+    config = dict(config, stream_k=True)
+    assert gemm.stream_k_plan(*_tiles(M, N, K, config)) is not None
+    dtype = config.get("dtype", "bf16")
+    assert run_gemm(M, N, K, **config) < TOL[config.get("out_dtype", dtype)]
+
+
+def _tiles(M, N, K, config):
+    BM, BN, c = config.get("BM", 128), config.get("BN", 256), config.get("cluster", 2)
+    m_blocks = -(-M // BM)
+    tiles = -(-m_blocks // c) * -(-N // BN)
+    return tiles, min(tiles, config["num_sms"] // c), -(-K // 64)
+
+
+def test_stream_k_schedule_covers_every_block_once():
+    for tiles, clusters, num_kb in [(5, 3, 4), (8, 3, 3), (200, 132, 128), (2048, 132, 128),
+                                    (133, 132, 1), (263, 132, 7), (7, 2, 1)]:
+        segs = gemm.stream_k_segments(tiles, clusters, num_kb)
+        seen = {}
+        for c, items in enumerate(segs):
+            for t, kb0, kb1 in items:
+                assert 0 <= kb0 < kb1 <= num_kb
+                for kb in range(kb0, kb1):
+                    assert (t, kb) not in seen
+                    seen[t, kb] = c
+        assert len(seen) == tiles * num_kb
+        for t in range(tiles):   # at most two clusters per tile, the owner after the other
+            owners = sorted({seen[t, kb] for kb in range(num_kb)})
+            assert len(owners) <= 2 and (len(owners) == 1 or owners[1] == owners[0] + 1)
+    assert gemm.stream_k_plan(264, 132, 64) is None   # whole waves
+    assert gemm.stream_k_plan(100, 132, 64) is None   # less than one
+
+
+def test_stream_k_without_the_partial_sums_is_wrong(monkeypatch):
+    """A mutant whose owners add zeros instead of the other cluster's partial sum: the split
+    tiles lose part of their k range."""
+    real_inst = ptx.inst
+
+    class ZeroPartials:
+        def __call__(self, op, *a, **k):
+            if op == "ld.relaxed.gpu.global.v4.f32":
+                return lambda dst, _addr: [real_inst.mov.f32(r, 0.0) for r in dst]
+            return real_inst(op, *a, **k)
+
+        def __getattr__(self, name):
+            return getattr(real_inst, name)
+
+    monkeypatch.setattr(ptx, "inst", ZeroPartials())
+    err = run_gemm(640, 256, 200, BM=128, BN=256, cluster=1, num_sms=3, stream_k=True)
+    assert err > 0.1, err
 
 
 # ---------------------------------------------------------------------- grouped GEMM

@@ -92,6 +92,14 @@ CASES = [
     (1000, 520, 136, True, True, dict(schedule="pingpong", BM=128, BN=128, num_sms=6, stages=2)),
     (300, 700, 200, False, False, dict(schedule="pingpong", BM=64, BN=256, cluster=1, num_sms=3)),
     (129, 65, 1, False, False, dict(schedule="pingpong", BM=128, BN=128)),
+    # stream-K (tiles past whole waves split by k-block; owners add the partial sums)
+    (4095, 4097, 4100, False, True, dict(stream_k=True)),
+    (777, 1500, 1000, False, False, dict(BN=256, cluster=2, num_sms=10, stream_k=True)),
+    (4095, 4097, 4100, True, True, dict(BM=256, BN=128, wg_rows=128, cluster=1, num_sms=100,
+                                        stream_k=True)),
+    (2048, 2048, 2048, False, False, dict(cluster=1, num_sms=100, stream_k=True)),
+    (1000, 520, 136, True, True, dict(BM=128, BN=128, cluster=1, num_sms=3, stream_k=True)),
+    (129, 65, 1, False, False, dict(BM=64, BN=64, cluster=1, num_sms=4, stream_k=True)),
 ]
 
 
@@ -131,6 +139,71 @@ def test_gemm_pingpong_epilogue():
         d = gemm.matmul(a, b, bias=bias, alpha=0.25, activation="silu", out_dtype=out,
                         config=dict(schedule="pingpong", BM=128, BN=128, num_sms=2))
         assert rel_err(d, ref) < 2e-3
+
+
+SK = dict(BM=128, BN=128, cluster=1, num_sms=6, stream_k=True)   # 512 x 640: 20 tiles on 6
+
+
+def test_gemm_stream_k_epilogue_and_repeats():
+    """Stream-K with bias, scale and activation; ten launches in a row on one stream reuse
+    its flags, which every launch leaves zeroed."""
+    M, N, K = 512, 640, 1000
+    a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(N, K, device="cuda", dtype=torch.bfloat16).T
+    bias = torch.randn(N, device="cuda", dtype=torch.float32)
+    ref = gemm.reference(a, b, bias=bias, alpha=0.5, activation="gelu_tanh")
+    for _ in range(10):
+        d = gemm.matmul(a, b, bias=bias, alpha=0.5, activation="gelu_tanh", out_dtype="f32",
+                        config=SK)
+    assert rel_err(d, ref) < 2e-3
+    torch.cuda.synchronize()
+    assert all(not f.any() for f in gemm._FLAGS.values())
+
+
+def test_gemm_stream_k_on_two_streams():
+    """Two streams at once: each has its own flags (a shared set would mix their partials)."""
+    streams = [torch.cuda.Stream() for _ in range(2)]
+    pairs = [(torch.randn(512, 1000, device="cuda", dtype=torch.bfloat16),
+              torch.randn(1000, 640, device="cuda", dtype=torch.bfloat16)) for _ in streams]
+    torch.cuda.synchronize()
+    outs = []
+    for s, (a, b) in zip(streams, pairs):
+        with torch.cuda.stream(s):
+            outs.append([gemm.matmul(a, b, config=SK) for _ in range(5)][-1])
+    torch.cuda.synchronize()
+    for d, (a, b) in zip(outs, pairs):
+        assert rel_err(d, gemm.reference(a, b)) < TOL["bf16"]
+
+
+def test_gemm_stream_k_torch_compile_graph_and_jax():
+    a = torch.randn(512, 1000, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(640, 1000, device="cuda", dtype=torch.bfloat16)
+    f = torch.compile(lambda x, y: gemm.matmul(x, y.T, config=SK))
+    assert rel_err(f(a, w), gemm.reference(a, w.T)) < TOL["bf16"]
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        gemm.matmul(a, w.T, config=SK)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = gemm.matmul(a, w.T, config=SK)
+    for _ in range(3):
+        a.copy_(torch.randn_like(a))
+        g.replay()
+        torch.cuda.synchronize()
+        assert rel_err(out, gemm.reference(a, w.T)) < TOL["bf16"]
+    jax = pytest.importorskip("jax")
+    if not any(d.platform == "gpu" for d in jax.devices()):
+        pytest.skip("jax has no GPU")
+    import numpy as np
+
+    jnp = jax.numpy
+    ja = jnp.asarray(a.float().cpu().numpy(), jnp.bfloat16)
+    jw = jnp.asarray(w.float().cpu().numpy(), jnp.bfloat16)
+    d = jax.jit(lambda x, y: gemm.matmul(x, y, trans_b=True, config=SK))(ja, jw)
+    ref = np.asarray(ja, np.float64) @ np.asarray(jw, np.float64).T
+    assert np.linalg.norm(np.asarray(d, np.float64) - ref) / np.linalg.norm(ref) < TOL["bf16"]
 
 
 def test_gemm_on_a_thread_with_no_current_context():

@@ -252,11 +252,13 @@ class RingMma:
 def load_ab_ring(pipe: Any, A: Any, B: Any, a_tile: Any, b_tile: Any, *, base: Any,
                  tile_range: tuple, coords: Any, num_kb: Any, BK: int, rank: Any = 0,
                  cluster: int = 1, multicast: bool = False, split: str = "rows",
-                 wait_scope: str | None = None, shared: str = "B") -> None:
+                 wait_scope: str | None = None, shared: str = "B", items: Any = None) -> None:
     """The producer thread of a GEMM ring: for each tile ``t`` of ``ptx.loop(*tile_range)``
     at ``coords(t) = (m0, n0)`` and each of its ``num_kb`` k-blocks of ``BK``, acquire a
     free stage (A's tile, then B's, from ``base``), arm its barrier with the stage's bytes
-    and copy ``a_tile``/``b_tile`` from tensors ``A``/``B`` into it. ``multicast``: the
+    and copy ``a_tile``/``b_tile`` from tensors ``A``/``B`` into it. ``items``: a function
+    of the loop index giving ``(t, kb0, kb1)``, the tile and its k-blocks ``kb0..kb1-1``
+    (a stream-K schedule's segments; default ``(i, 0, num_kb)``). ``multicast``: the
     ``cluster`` CTAs share operand ``shared`` (``"B"``: CTAs along M; ``"A"``: along N),
     each copying a part of it to all, ``split="rows"`` (a slice of every slab) or
     ``"slabs"`` (whole slabs, alternating). ``wait_scope``: the acquire scope of the stage
@@ -269,9 +271,10 @@ def load_ab_ring(pipe: Any, A: Any, B: Any, a_tile: Any, b_tile: Any, *, base: A
     mask = (1 << cluster) - 1
     a_map = ptx.tma.tensormap_ptr(A.tmap)
     b_map = ptx.tma.tensormap_ptr(B.tmap)
-    for t in ptx.loop(*tile_range):
+    for i in ptx.loop(*tile_range):
+        t, kb0, kb1 = (i, 0, num_kb) if items is None else items(i)
         m0, n0 = coords(t)
-        for kb in ptx.loop(0, num_kb):
+        for kb in ptx.loop(kb0, kb1):
             k0 = kb * BK
             pipe.acquire(st, scope=wait_scope)
             bar = pipe.arm(st, stage_bytes)
