@@ -61,7 +61,7 @@ EPI_BUFS = 2
 SCHEDULES = ("cooperative", "pingpong")
 ORDER_BAR = 3  # named barriers 3 and 4: the ping-pong hand-over (1, 2: the epilogues)
 FLAG_WORDS = 4096
-"""Length of a stream-K kernel's ``FLAGS`` input (u32 words, zero between launches)."""
+"""Length of a split-tail kernel's ``FLAGS`` input (u32 words, zero between launches)."""
 
 
 def _fail(msg):
@@ -85,41 +85,49 @@ def smem_bytes(BM, BN, BK, stages, out_bytes=2, consumers=None):
     return stages * (BM + BN) * BK * 2 + consumers * EPI_BUFS * 64 * 128 + 1024
 
 
-def stream_k_plan(tiles, clusters, num_kb):
-    """``(sk_tiles, whole)`` of a stream-K schedule, or None where the persistent walk
-    already fills every wave (or has less than one). The first ``sk_tiles = clusters +
-    tiles % clusters`` tiles (between one and two waves) are shared out by k-block:
-    cluster ``c`` takes blocks ``[c * W // clusters, (c + 1) * W // clusters)`` of the
-    ``W = sk_tiles * num_kb`` blocks numbered tile by tile, so every cluster gets at least
-    one tile's worth and a tile is split between at most two clusters; then each cluster
-    takes ``whole`` of the remaining tiles, one wave at a time."""
-    waves, extra = divmod(tiles, clusters)
-    if not waves or not extra or clusters * (clusters + extra) * num_kb >= 1 << 32:
+def split_tail_plan(tiles, clusters, num_kb, max_split=8, min_blocks=4):
+    """``(waves, rest, split)`` of a split-tail schedule, or None where it gains nothing.
+
+    The persistent walk runs ``waves = tiles // clusters`` whole waves; the ``rest`` tiles
+    of the partial wave after them are cut along K into ``split`` chunks of at least
+    ``min_blocks`` k-blocks (2..``max_split``, the count whose ``rest * split`` pieces fill
+    the clusters' last rounds best), handed out round-robin: piece ``p`` is chunk ``p //
+    rest`` of tile ``p % rest``, so the clusters of a round work on at most two chunks (their
+    operands shared in L2 as in a whole wave). The tail then takes ``ceil(rest * split /
+    clusters) / split`` of a tile's time instead of a whole one."""
+    waves, rest = divmod(tiles, clusters)
+    if not rest:
         return None
-    return clusters + extra, waves - 1
+    best, split = 1.0, 0
+    for s in range(2, max_split + 1):
+        if num_kb // s < min_blocks:
+            break
+        cost = -(-rest * s // clusters) / s
+        if cost < best - 1e-9:
+            best, split = cost, s
+    return (waves, rest, split) if split else None
 
 
-def stream_k_segments(tiles, clusters, num_kb):
-    """The host model of ``stream_k_plan``'s schedule: per cluster, the ``(tile, kb0, kb1)``
-    items in the order the kernel runs them (its share of the split tiles, last segment
-    first, then its whole tiles), or None where the plan does not apply."""
-    plan = stream_k_plan(tiles, clusters, num_kb)
+def split_tail_items(tiles, clusters, num_kb):
+    """The host model of ``split_tail_plan``'s schedule: per cluster, its ``(tile, kb0,
+    kb1)`` items in order (its whole tiles, then its pieces of the tail), or None."""
+    plan = split_tail_plan(tiles, clusters, num_kb)
     if plan is None:
         return None
-    sk_tiles, whole = plan
-    work = sk_tiles * num_kb
+    waves, rest, split = plan
     out = []
     for c in range(clusters):
-        s, e = c * work // clusters, (c + 1) * work // clusters
-        items = [(t, max(s, t * num_kb) - t * num_kb, min(e, (t + 1) * num_kb) - t * num_kb)
-                 for t in range((e - 1) // num_kb, s // num_kb - 1, -1)]
-        items += [(sk_tiles + i * clusters + c, 0, num_kb) for i in range(whole)]
+        items = [(c + i * clusters, 0, num_kb) for i in range(waves)]
+        for p in range(c, rest * split, clusters):
+            chunk = p // rest
+            items.append((waves * clusters + p % rest, chunk * num_kb // split,
+                          (chunk + 1) * num_kb // split))
         out.append(items)
     return out
 
 
-class StreamKGemm:
-    """A stream-K GEMM kernel behind the plain GEMM's call: ``gemm(a, b[, bias]) -> d``.
+class SplitTailGemm:
+    """A split-tail GEMM kernel behind the plain GEMM's call: ``gemm(a, b[, bias]) -> d``.
 
     It passes the kernel a zeroed flag array (``zeroed_flags``: one per device and stream
     for torch eager calls, which the kernel leaves zeroed; a fresh one in a CUDA-graph
@@ -139,14 +147,14 @@ class StreamKGemm:
         return d
 
     def __repr__(self):
-        return f"<StreamKGemm {self.name}>"
+        return f"<SplitTailGemm {self.name}>"
 
 
 _FLAGS = {}
 
 
 def zeroed_flags(like):
-    """``FLAG_WORDS`` zeroed u32 words on ``like``'s device for a stream-K launch: for torch
+    """``FLAG_WORDS`` zeroed u32 words on ``like``'s device for a split-tail launch: for torch
     eager calls one array per (device, stream), reused (launches on one stream run in
     order, and each leaves the flags zeroed); a fresh one while a CUDA graph is being
     captured (the graph then zeroes it at each replay) or ``torch.compile`` traces; a fresh
@@ -171,7 +179,7 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
                num_sms=H100_SMS, bias=False, alpha=1.0, activation=None, KB=None, NB=None,
                multicast=True, split="rows", remote_sem="release.cta", wait_scope=None,
                epilogue="stmatrix", schedule="cooperative", cluster_along="m", wg_rows=64,
-               stream_k=False):
+               split_tail=False):
     """The GEMM kernel for ``D[M, N] = A[M, K] @ B[K, N]``.
 
     Tensor arguments: A as ``(M, K)`` (``a_major="K"``) or ``(K, M)`` (``"MN"``), B as
@@ -228,8 +236,8 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
         raise _fail(f"build_gemm: a ping-pong warpgroup holds a whole BM x BN tile: BM "
                           f"64 or 128 and BM * BN <= 16384 (128 accumulator registers), got "
                           f"{BM}x{BN}")
-    if stream_k and pingpong:
-        raise _fail("build_gemm: stream_k needs the cooperative schedule")
+    if split_tail and pingpong:
+        raise _fail("build_gemm: split_tail needs the cooperative schedule")
     if wg_rows not in (64, 128) or BM % wg_rows or (wg_rows == 128 and (pingpong or BN > 128)):
         raise _fail(f"build_gemm: wg_rows must be 64, or 128 with the cooperative schedule, "
                           f"BM a multiple of it and BN <= 128 (two accumulators of BN columns "
@@ -267,10 +275,12 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
     num_mc = num_m if along_n else -(-num_m // cluster)   # cluster rows of tiles
     num_nc = -(-num_n // cluster) if along_n else num_n   # cluster columns
     tiles = num_mc * num_nc
-    clusters = max(1, min(tiles, num_sms // cluster))
-    ctas = clusters * cluster
     num_kb = -(-max(K, KB) // BK)
-    plan = stream_k_plan(tiles, clusters, num_kb) if stream_k else None
+    plan = split_tail_plan(tiles, max(1, num_sms // cluster), num_kb) if split_tail else None
+    # the persistent grid: a cluster per tile up to the SMs' worth (all of them with a split
+    # tail, whose pieces may outnumber the tiles)
+    clusters = max(1, num_sms // cluster if plan else min(tiles, num_sms // cluster))
+    ctas = clusters * cluster
     gm = max(1, min(group_m, num_mc))
     prod_regs = 40 if consumers <= 2 else 24
     maxnreg, cons_regs = register_budget(consumers, prod_regs)
@@ -280,12 +290,13 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
     in_specs = (a_spec, b_spec) + ((Tile(N, f32),) if bias else ())
     out_specs = (Tile(M, N, ot),)
     if plan:
-        slots = (clusters - 1) * cluster * consumers   # one per warpgroup of a split tile
-        if slots > FLAG_WORDS:
-            raise _fail(f"build_gemm: stream_k needs {slots} flags, over {FLAG_WORDS}")
+        per_tile = cluster * consumers                 # warpgroups of a cluster tile
+        flags = plan[1] * per_tile                     # one per warpgroup of a tail tile
+        if flags > FLAG_WORDS:
+            raise _fail(f"build_gemm: split_tail needs {flags} flags, over {FLAG_WORDS}")
         part_bytes = bands * 64 * BN * 4               # a warpgroup's f32 partial tile
         in_specs += (Tile(FLAG_WORDS, u32),)
-        out_specs += (Tile(slots * part_bytes // 4, f32),)
+        out_specs += (Tile(flags * (plan[2] - 1) * part_bytes // 4, f32),)
     d_box = (64, out_cols)
     parts = cluster if multicast and split == "rows" else 1
     tma = {"A": a_tile.tma_options(parts if along_n else 1),
@@ -310,30 +321,24 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
 
         def schedule():
             """``(loop range, items)`` of this cluster's work: the plain persistent walk
-            (``items`` None: the loop index is the tile), or with stream-K the segments of
-            its share of the first ``sk_tiles`` tiles, last first, then its whole tiles
-            (``items(j) = (t, kb0, kb1)``)."""
+            (``items`` None: the loop index is the tile), or with a split tail its whole
+            tiles then its pieces of the tail (``items(j) = (t, kb0, kb1, chunk)``, ``chunk``
+            ``nsplit`` for a whole tile)."""
             if not plan:
                 return (cid, tiles, clusters), None
-            sk_tiles, dp = plan
-            skw = sk_tiles * num_kb
-            s = cid * skw // clusters
-            e = (cid + 1) * skw // clusters
-            t_hi = (e - 1) // num_kb
-            n_sk = t_hi - s // num_kb + 1
+            waves, rest, nsplit = plan
+            pieces = (rest * nsplit + clusters - 1 - cid) // clusters
 
             def item(j):
-                is_sk = j < n_sk
-                t = reg.scalar(u32)
-                ptx.inst.selp.u32(t, t_hi - j, j * clusters + (cid + sk_tiles) - n_sk * clusters,
-                                  is_sk)
-                tb = t * num_kb
-                lo, end, hi = reg.scalar(u32), reg.scalar(u32), reg.scalar(u32)
-                ptx.inst.max.u32(lo, s, tb)
-                ptx.inst.selp.u32(end, e, 0xFFFFFFFF, is_sk)
-                ptx.inst.min.u32(hi, end, tb + num_kb)
-                return t, lo - tb, hi - tb
-            return (0, n_sk + dp), item
+                whole = j < waves
+                p = (j - waves) * clusters + cid
+                t, chunk, kb0, kb1 = (reg.scalar(u32) for _ in range(4))
+                ptx.inst.selp.u32(t, j * clusters + cid, p % rest + waves * clusters, whole)
+                ptx.inst.selp.u32(chunk, nsplit, p // rest, whole)
+                ptx.inst.selp.u32(kb0, 0, chunk * num_kb // nsplit, whole)
+                ptx.inst.selp.u32(kb1, num_kb, (chunk + 1) * num_kb // nsplit, whole)
+                return t, kb0, kb1, chunk
+            return (0, waves + pieces), item
 
         roles = Roles(wg, prod_regs)
         # ---------------------------------------------------------------- producer
@@ -342,7 +347,8 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
             load_ab_ring(pipe, A, B, a_tile, b_tile, base=base, tile_range=work,
                          coords=tile_coords, num_kb=num_kb, BK=BK, rank=rank, cluster=cluster,
                          multicast=multicast, split=split, wait_scope=wait_scope,
-                         shared="A" if along_n else "B", items=items)
+                         shared="A" if along_n else "B",
+                         items=items and (lambda j: items(j)[:3]))
         # ---------------------------------------------------------------- consumers
         roles.consumers(cons_regs)
         w = wg - 1
@@ -456,58 +462,67 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
                 mma.run(num_kb)
                 tile_epilogue(m0, n0)
         else:
-            # stream-K: a segment that ends before the tile's last k-block hands its partial
-            # sum to the next cluster (slot cid); one that starts past k-block 0 adds the
-            # previous cluster's (slot cid - 1) before the epilogue
+            # split tail: a piece other than a tile's last chunk leaves its partial sum in
+            # the workspace (slot: tail tile, chunk) and counts it on the tile's flag; the
+            # last chunk's cluster waits for nsplit - 1 counts, adds the sums, and stores
+            waves, rest, nsplit = plan
             (pflags, pws) = ptx.global_ptrs(Flags, WS)
             mine = rank * consumers + w if cluster > 1 else w
             chunks = BN // 8                      # 16-byte chunks per thread and accumulator
             lane_off = reg.from_(t_wg, u64) * 16
 
-            def slot(k):
-                idx = reg.from_(k * (cluster * consumers) + mine, u64)
-                return idx * 4 + pflags, idx * part_bytes + pws + lane_off
+            def flag_of(tail):
+                return reg.from_(tail * (cluster * consumers) + mine, u64) * 4 + pflags
 
-            def share(k):
-                flag, part = slot(k)
+            def part_of(tail, chunk):
+                idx = (tail * (nsplit - 1) + chunk) * (cluster * consumers) + mine
+                return reg.from_(idx, u64) * part_bytes + pws + lane_off
+
+            def share(tail, chunk):
+                part = part_of(tail, chunk)
                 for b, a in enumerate(accs):
                     for q in range(chunks):
                         ptx.inst.st.global_.v4.f32(ptx.addr(part, (b * chunks + q) * 2048),
                                                    [a[4 * q + i] for i in range(4)])
                 ptx.bar_sync(bar_id, 128)
                 with ptx.if_(leader):
-                    ptx.inst("red.release.gpu.global.add.u32")(ptx.addr(flag), 1)
+                    ptx.inst("red.release.gpu.global.add.u32")(ptx.addr(flag_of(tail)), 1)
 
-            def take(k):
-                flag, part = slot(k)
+            def take(tail):
                 with ptx.if_(leader):
+                    flag = flag_of(tail)
                     now = reg.scalar(u32)
 
                     def pending():
                         ptx.inst("ld.acquire.gpu.global.u32")(now, ptx.addr(flag))
-                        return now == 0
+                        return now != nsplit - 1
 
                     with ptx.while_(pending):
                         pass
                     ptx.inst("st.relaxed.gpu.global.u32")(ptx.addr(flag), 0)
                 ptx.bar_sync(bar_id, 128)
-                for b, a in enumerate(accs):
-                    for q in range(chunks):
-                        got = [reg.scalar(f32) for _ in range(4)]
-                        ptx.inst("ld.relaxed.gpu.global.v4.f32")(
-                            got, ptx.addr(part, (b * chunks + q) * 2048))
-                        for i in range(4):
-                            ptx.inst.add.f32(a[4 * q + i], a[4 * q + i], got[i])
+                # a device loop over the other chunks keeps one partial tile's loads in flight
+                # (unrolled, ptxas hoists them all and spills)
+                for chunk in ptx.loop(0, nsplit - 1):
+                    part = part_of(tail, chunk)
+                    for b, a in enumerate(accs):
+                        for q in range(chunks):
+                            got = [reg.scalar(f32) for _ in range(4)]
+                            ptx.inst("ld.relaxed.gpu.global.v4.f32")(
+                                got, ptx.addr(part, (b * chunks + q) * 2048))
+                            for i in range(4):
+                                ptx.inst.add.f32(a[4 * q + i], a[4 * q + i], got[i])
 
             work, items = schedule()
             for j in ptx.loop(*work):
-                t, kb0, kb1 = items(j)
+                t, kb0, kb1, chunk = items(j)
                 mma.run(kb1 - kb0)
-                with ptx.if_(kb1 != num_kb):
-                    share(cid)
+                tail = t - waves * clusters
+                with ptx.if_(chunk < nsplit - 1):
+                    share(tail, chunk)
                 with ptx.else_():
-                    with ptx.if_(kb0 != 0):
-                        take(cid - 1)
+                    with ptx.if_(chunk == nsplit - 1):
+                        take(tail)
                     m0, n0 = tile_coords(t)
                     tile_epilogue(m0, n0)
         drain_stores(leader)
@@ -518,18 +533,18 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
 
     name = (f"gemm_{dt.name}_{ot.name}_{a_major}{b_major}_{BM}x{BN}x{BK}_s{stages}_c{cluster}"
             f"{'n' if along_n else ''}{'_pp' if pingpong else ''}"
-            f"{'_w128' if wg_rows == 128 else ''}{'_sk' if plan else ''}")
+            f"{'_w128' if wg_rows == 128 else ''}{f'_st{plan[2]}' if plan else ''}")
     deco = kernel(in_specs=in_specs, out_specs=out_specs, grid=(ctas, 1, 1),
                   block=(threads, 1, 1), cluster=(cluster, 1, 1), smem=smem_total,
                   maxnreg=maxnreg, tma=tma, name=name)
     if plan and bias:
         def gemm(A, B, Bias, Flags, D, WS):
             body(A, B, Bias, D, Flags, WS)
-        return StreamKGemm(deco(gemm))
+        return SplitTailGemm(deco(gemm))
     if plan:
         def gemm(A, B, Flags, D, WS):
             body(A, B, None, D, Flags, WS)
-        return StreamKGemm(deco(gemm))
+        return SplitTailGemm(deco(gemm))
     if bias:
         def gemm(A, B, Bias, D):
             body(A, B, Bias, D)

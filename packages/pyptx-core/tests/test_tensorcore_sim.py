@@ -57,11 +57,11 @@ def run_gemm(M, N, K, *, dtype="bf16", out_dtype=None, bias=False, alpha=1.0, ac
     out_dtype = out_dtype or dtype
     k = gemm.build_gemm(M, N, K, dtype=dtype, out_dtype=out_dtype, bias=bias, alpha=alpha,
                         activation=activation, **config)
-    if isinstance(k, gemm.StreamKGemm):  # zeroed flags in, left zeroed; the workspace out
+    if isinstance(k, gemm.SplitTailGemm):  # zeroed flags in, left zeroed; the workspace out
         flags = np.zeros(gemm.FLAG_WORDS, np.uint32)
         args = [np.ascontiguousarray(x) for x in args] + [flags]
         d, _ = ptxsim.run(k.kernel.specialize(), args, scratch=(1,), inplace=True)
-        assert not flags.any(), "the stream-K kernel left flags set"
+        assert not flags.any(), "the split-tail kernel left flags set"
     else:
         (d,) = ptxsim.run(k.specialize(), args)
     a64 = _f64(a, dtype) if a_major == "K" else _f64(a, dtype).T
@@ -180,20 +180,23 @@ def test_gemm_two_bands_per_warpgroup(M, config):
     assert run_gemm(M, 264, 200, **config) < TOL["bf16"]
 
 
-# stream-K: tiles that do not fill whole waves; the first clusters + tiles % clusters tiles
-# are split by k-block across the clusters, the owner of a tile's last k-block adds the
-# other's partial sum (simulated CTAs run in grid order: a wait on a later CTA would hang)
+# split tail: the tiles past the last whole wave are cut along K into chunks spread over the
+# clusters; the cluster with a tile's last chunk adds the others' partial sums. Simulated
+# CTAs run in grid order, so these cases fit the pieces in one round (every chunk's cluster
+# comes before the last chunk's); several rounds are checked on the GPU and by the model.
 @pytest.mark.parametrize("M,N,K,config", [
-    (640, 256, 200, dict(BM=128, BN=256, cluster=1, num_sms=3)),    # 5 tiles on 3: all split
-    (1024, 256, 136, dict(BM=128, BN=256, cluster=1, num_sms=3)),   # 8 on 3: + a whole wave
-    (1000, 264, 456, dict(BM=128, BN=128, cluster=2, num_sms=10, a_major="MN", b_major="K")),
-    (600, 264, 200, dict(BM=256, BN=128, cluster=1, num_sms=4, wg_rows=128)),
-    (130, 520, 72, dict(BM=128, BN=128, cluster=1, num_sms=3, dtype="f16", out_dtype="f32",
-                        bias=True, alpha=0.5, activation="silu")),
+    (640, 256, 512, dict(BM=128, BN=256, cluster=1, num_sms=4)),    # 5 tiles on 4
+    (1024, 512, 768, dict(BM=128, BN=256, cluster=1, num_sms=13)),  # 16 on 13: thirds
+    (1000, 264, 512, dict(BM=128, BN=128, cluster=2, num_sms=10, a_major="MN", b_major="K")),
+    (600, 264, 512, dict(BM=256, BN=128, cluster=1, num_sms=8, wg_rows=128)),
+    (256, 512, 1024, dict(BM=128, BN=256, cluster=1, num_sms=8)),   # no whole wave
+    (130, 520, 600, dict(BM=128, BN=128, cluster=1, num_sms=8, dtype="f16", out_dtype="f32",
+                         bias=True, alpha=0.5, activation="silu")),
 ])
-def test_gemm_stream_k(M, N, K, config):
-    config = dict(config, stream_k=True)
-    assert gemm.stream_k_plan(*_tiles(M, N, K, config)) is not None
+def test_gemm_split_tail(M, N, K, config):
+    config = dict(config, split_tail=True)
+    plan = gemm.split_tail_plan(*_tiles(M, N, K, config))
+    assert plan is not None and plan[1] * plan[2] <= _tiles(M, N, K, config)[1]
     dtype = config.get("dtype", "bf16")
     assert run_gemm(M, N, K, **config) < TOL[config.get("out_dtype", dtype)]
 
@@ -202,31 +205,30 @@ def _tiles(M, N, K, config):
     BM, BN, c = config.get("BM", 128), config.get("BN", 256), config.get("cluster", 2)
     m_blocks = -(-M // BM)
     tiles = -(-m_blocks // c) * -(-N // BN)
-    return tiles, min(tiles, config["num_sms"] // c), -(-K // 64)
+    return tiles, config["num_sms"] // c, -(-K // 64)
 
 
-def test_stream_k_schedule_covers_every_block_once():
-    for tiles, clusters, num_kb in [(5, 3, 4), (8, 3, 3), (200, 132, 128), (2048, 132, 128),
-                                    (133, 132, 1), (263, 132, 7), (7, 2, 1)]:
-        segs = gemm.stream_k_segments(tiles, clusters, num_kb)
+def test_split_tail_schedule_covers_every_block_once():
+    for tiles, clusters, num_kb in [(5, 4, 8), (16, 13, 12), (2048, 132, 128), (1024, 66, 448),
+                                    (7168, 132, 128), (128, 100, 32), (1152, 132, 96), (4, 8, 16)]:
+        items = gemm.split_tail_items(tiles, clusters, num_kb)
+        waves, rest, split = gemm.split_tail_plan(tiles, clusters, num_kb)
         seen = {}
-        for c, items in enumerate(segs):
-            for t, kb0, kb1 in items:
-                assert 0 <= kb0 < kb1 <= num_kb
+        for c, its in enumerate(items):
+            for t, kb0, kb1 in its:
+                assert 0 <= kb0 < kb1 <= num_kb and kb1 - kb0 >= 4
                 for kb in range(kb0, kb1):
                     assert (t, kb) not in seen
                     seen[t, kb] = c
         assert len(seen) == tiles * num_kb
-        for t in range(tiles):   # at most two clusters per tile, the owner after the other
-            owners = sorted({seen[t, kb] for kb in range(num_kb)})
-            assert len(owners) <= 2 and (len(owners) == 1 or owners[1] == owners[0] + 1)
-    assert gemm.stream_k_plan(264, 132, 64) is None   # whole waves
-    assert gemm.stream_k_plan(100, 132, 64) is None   # less than one
+        rounds = max(len(its) for its in items) - waves
+        assert rounds == -(-rest * split // clusters) and rounds < split   # shorter than a tile
+    assert gemm.split_tail_plan(264, 132, 64) is None   # whole waves
+    assert gemm.split_tail_plan(200, 132, 4) is None    # chunks under 4 k-blocks
 
 
-def test_stream_k_without_the_partial_sums_is_wrong(monkeypatch):
-    """A mutant whose owners add zeros instead of the other cluster's partial sum: the split
-    tiles lose part of their k range."""
+def test_split_tail_without_the_partial_sums_is_wrong(monkeypatch):
+    """A mutant whose last chunks add zeros instead of the other chunks' partial sums."""
     real_inst = ptx.inst
 
     class ZeroPartials:
@@ -239,7 +241,7 @@ def test_stream_k_without_the_partial_sums_is_wrong(monkeypatch):
             return getattr(real_inst, name)
 
     monkeypatch.setattr(ptx, "inst", ZeroPartials())
-    err = run_gemm(640, 256, 200, BM=128, BN=256, cluster=1, num_sms=3, stream_k=True)
+    err = run_gemm(640, 256, 512, BM=128, BN=256, cluster=1, num_sms=4, split_tail=True)
     assert err > 0.1, err
 
 

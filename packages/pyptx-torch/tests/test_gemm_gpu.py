@@ -92,14 +92,16 @@ CASES = [
     (1000, 520, 136, True, True, dict(schedule="pingpong", BM=128, BN=128, num_sms=6, stages=2)),
     (300, 700, 200, False, False, dict(schedule="pingpong", BM=64, BN=256, cluster=1, num_sms=3)),
     (129, 65, 1, False, False, dict(schedule="pingpong", BM=128, BN=128)),
-    # stream-K (tiles past whole waves split by k-block; owners add the partial sums)
-    (4095, 4097, 4100, False, True, dict(stream_k=True)),
-    (777, 1500, 1000, False, False, dict(BN=256, cluster=2, num_sms=10, stream_k=True)),
+    # split tail (the partial wave's tiles cut along K; the last chunk adds the others'):
+    # one round of pieces, several rounds (2048^3 on 100 SMs: 7 chunks, 196 pieces), a
+    # cluster, two bands, and shapes where it does not apply (the plain kernel)
+    (4095, 4097, 4100, False, True, dict(split_tail=True)),
+    (777, 1500, 1000, False, False, dict(BN=256, cluster=2, num_sms=10, split_tail=True)),
     (4095, 4097, 4100, True, True, dict(BM=256, BN=128, wg_rows=128, cluster=1, num_sms=100,
-                                        stream_k=True)),
-    (2048, 2048, 2048, False, False, dict(cluster=1, num_sms=100, stream_k=True)),
-    (1000, 520, 136, True, True, dict(BM=128, BN=128, cluster=1, num_sms=3, stream_k=True)),
-    (129, 65, 1, False, False, dict(BM=64, BN=64, cluster=1, num_sms=4, stream_k=True)),
+                                        split_tail=True)),
+    (2048, 2048, 2048, False, False, dict(cluster=1, num_sms=100, split_tail=True)),
+    (1000, 520, 1000, True, True, dict(BM=128, BN=128, cluster=1, num_sms=3, split_tail=True)),
+    (129, 65, 1, False, False, dict(BM=64, BN=64, cluster=1, num_sms=4, split_tail=True)),
 ]
 
 
@@ -141,11 +143,11 @@ def test_gemm_pingpong_epilogue():
         assert rel_err(d, ref) < 2e-3
 
 
-SK = dict(BM=128, BN=128, cluster=1, num_sms=6, stream_k=True)   # 512 x 640: 20 tiles on 6
+SK = dict(BM=128, BN=128, cluster=1, num_sms=6, split_tail=True)   # 512 x 640: 20 tiles on 6
 
 
-def test_gemm_stream_k_epilogue_and_repeats():
-    """Stream-K with bias, scale and activation; ten launches in a row on one stream reuse
+def test_gemm_split_tail_epilogue_and_repeats():
+    """A split tail with bias, scale and activation; ten launches in a row on one stream reuse
     its flags, which every launch leaves zeroed."""
     M, N, K = 512, 640, 1000
     a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
@@ -160,7 +162,7 @@ def test_gemm_stream_k_epilogue_and_repeats():
     assert all(not f.any() for f in gemm._FLAGS.values())
 
 
-def test_gemm_stream_k_on_two_streams():
+def test_gemm_split_tail_on_two_streams():
     """Two streams at once: each has its own flags (a shared set would mix their partials)."""
     streams = [torch.cuda.Stream() for _ in range(2)]
     pairs = [(torch.randn(512, 1000, device="cuda", dtype=torch.bfloat16),
@@ -175,7 +177,7 @@ def test_gemm_stream_k_on_two_streams():
         assert rel_err(d, gemm.reference(a, b)) < TOL["bf16"]
 
 
-def test_gemm_stream_k_torch_compile_graph_and_jax():
+def test_gemm_split_tail_torch_compile_graph_and_jax():
     a = torch.randn(512, 1000, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(640, 1000, device="cuda", dtype=torch.bfloat16)
     f = torch.compile(lambda x, y: gemm.matmul(x, y.T, config=SK))
