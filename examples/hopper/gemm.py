@@ -389,6 +389,7 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
             (pbias,) = ptx.global_ptrs(Bias)
         d_map = ptx.tma.tensormap_ptr(D.tmap)
 
+        # ---------------------------------------------------------------- epilogue
         def tile_epilogue(m0, n0):
             # one 64 x out_cols slab at a time through two buffers: the bulk store of
             # slab j-1 drains while slab j is written
