@@ -146,6 +146,14 @@ class SplitTailGemm:
         d, _ = self.kernel(*args, zeroed_flags(args[0]))
         return d
 
+    def ptx(self):
+        """The kernel's PTX."""
+        return self.kernel.ptx()
+
+    def specialize(self, *args, **kwargs):
+        """The kernel's ``Specialization`` (``Kernel.specialize``)."""
+        return self.kernel.specialize(*args, **kwargs)
+
     def __repr__(self):
         return f"<SplitTailGemm {self.name}>"
 
@@ -592,13 +600,17 @@ GEMM_CONFIGS = [
     Config(BM=192, BN=192, cluster=1),
     Config(BM=192, BN=192, cluster=2),
     Config(BM=256, BN=128, cluster=1, wg_rows=128),
+    Config(BM=128, BN=128, cluster=1, split_tail=True),
 ]
 """The tile configurations the tuner times per shape; the first is the default when
 ``PYPTX_AUTOTUNE=0``. 192x192 tiles (three consumer warpgroups, 3 stages; the tile cuBLAS
 picks at 6144^3 and 8192x28672x8192) measured on the H100: 8192x28672x8192 758 TFLOP/s
 (cuBLAS 724 beside it), 6144^3 713 (688) without a cluster. 256x128 tiles on two consumer
 warpgroups of 128 rows (``wg_rows=128``, cuBLAS's tile at 2048^3 and 4096^3): 2048^3 627
-(cuBLAS 608; 128x256 in pairs 596 in the same call). The ping-pong schedule is opt-in (``CANDIDATE_CONFIGS``): on the H100
+(cuBLAS 608; 128x256 in pairs 596 in the same call). 128x128 tiles with a split tail (the
+partial wave's tiles cut along K over all SMs; a split-K where tiles are fewer than SMs):
+1024x1024x16384 614 TFLOP/s against 460 for the tuned list without it; where it does not
+apply it is the plain 128x128 kernel, which the tuner skips as a duplicate. The ping-pong schedule is opt-in (``CANDIDATE_CONFIGS``): on the H100
 it trailed the cooperative 128x256 tiles at every size it was timed (4096^3 670 vs 706,
 8192^3 662 vs 678, 8192x28672x8192 587 vs 698 TFLOP/s)."""
 
