@@ -135,16 +135,34 @@ class SplitTailGemm:
     the results. Kernel-like (``in_specs``, ``out_specs``, ``name``, ``kernels``) for the
     tuner."""
 
-    def __init__(self, kernel):
+    def __init__(self, kernel, ctas):
         self.kernel = kernel
         self.kernels = (kernel,)
         self.in_specs = kernel.in_specs[:-1]
         self.out_specs = kernel.out_specs[:1]
         self.name = kernel.name
+        self.ctas = ctas
+        self.resident = False
 
     def __call__(self, *args):
+        if not self.resident:
+            self._check_resident()
         d, _ = self.kernel(*args, zeroed_flags(args[0]))
         return d
+
+    def _check_resident(self):
+        """The last chunk of a tile waits for CTAs of the same grid: every CTA must be on an
+        SM at once (one per SM), so a GPU with fewer SMs than the grid is refused rather
+        than left to hang."""
+        from pyptx import driver
+
+        n = driver.device_count()
+        sms = min(driver.multiprocessor_count(i) for i in range(n)) if n else self.ctas
+        if self.ctas > sms:
+            raise _fail(f"{self.name}: a split tail runs {self.ctas} CTAs that wait for each "
+                        f"other, one per SM, but this GPU has {sms} SMs: build it with "
+                        f"num_sms={sms}")
+        self.resident = True
 
     def ptx(self):
         """The kernel's PTX."""
@@ -244,6 +262,8 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
         raise _fail(f"build_gemm: a ping-pong warpgroup holds a whole BM x BN tile: BM "
                           f"64 or 128 and BM * BN <= 16384 (128 accumulator registers), got "
                           f"{BM}x{BN}")
+    if not isinstance(split_tail, bool):
+        raise _fail(f"build_gemm: split_tail must be True or False, got {split_tail!r}")
     if split_tail and pingpong:
         raise _fail("build_gemm: split_tail needs the cooperative schedule")
     if wg_rows not in (64, 128) or BM % wg_rows or (wg_rows == 128 and (pingpong or BN > 128)):
@@ -549,11 +569,11 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
     if plan and bias:
         def gemm(A, B, Bias, Flags, D, WS):
             body(A, B, Bias, D, Flags, WS)
-        return SplitTailGemm(deco(gemm))
+        return SplitTailGemm(deco(gemm), ctas)
     if plan:
         def gemm(A, B, Flags, D, WS):
             body(A, B, None, D, Flags, WS)
-        return SplitTailGemm(deco(gemm))
+        return SplitTailGemm(deco(gemm), ctas)
     if bias:
         def gemm(A, B, Bias, D):
             body(A, B, Bias, D)

@@ -406,6 +406,11 @@ def test_gemm_builder_refuses_bad_configurations():
     with pytest.raises(ConfigError, match="wg_rows=96") as e:
         gemm.build_gemm(64, 64, 64, wg_rows=96)
     _here_line(e)   # the message starts at the caller's line, as every builder error
+    with pytest.raises(ConfigError, match="split_tail needs the cooperative schedule") as e:
+        gemm.build_gemm(4096, 4096, 4096, BM=128, BN=128, schedule="pingpong", split_tail=True)
+    _here_line(e)
+    with pytest.raises(ConfigError, match="split_tail must be True or False, got 'yes'"):
+        gemm.build_gemm(4096, 4096, 4096, split_tail="yes")
 
 
 def test_tma_3d_view_option_and_its_errors(assemble):

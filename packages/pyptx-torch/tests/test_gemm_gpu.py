@@ -162,6 +162,19 @@ def test_gemm_split_tail_epilogue_and_repeats():
     assert all(not f.any() for f in gemm._FLAGS.values())
 
 
+def test_gemm_split_tail_refuses_a_grid_larger_than_the_gpu():
+    """A split tail's CTAs wait for each other: a grid built for more SMs than the GPU has is
+    refused at the call (it could hang), and the tuner skips such a config."""
+    from pyptx.errors import ConfigError
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    a = torch.randn(1024, 4096, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(4096, 1024, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ConfigError, match=f"this GPU has {sms} SMs"):
+        gemm.matmul(a, b, config=dict(BM=128, BN=128, cluster=1, num_sms=2 * sms,
+                                      split_tail=True))
+
+
 def test_gemm_split_tail_on_two_streams():
     """Two streams at once: each has its own flags (a shared set would mix their partials)."""
     streams = [torch.cuda.Stream() for _ in range(2)]

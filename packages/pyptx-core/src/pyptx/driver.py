@@ -111,6 +111,14 @@ def max_shared_per_block(ordinal: int) -> int:
     return int(call("cuDeviceGetAttribute", attr, dev))
 
 
+def multiprocessor_count(ordinal: int) -> int:
+    """The number of SMs of device ``ordinal``."""
+    mod = cuda()
+    dev = call("cuDeviceGet", ordinal)
+    attr = mod.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
+    return int(call("cuDeviceGetAttribute", attr, dev))
+
+
 def ensure_context(ordinal: int) -> None:
     """Make device ``ordinal``'s primary context current on this thread (it is what
     PyTorch and JAX use), retaining it once per process."""
