@@ -16,7 +16,7 @@ _lock = threading.Lock()
 _state: dict[str, Any] = {}
 
 __all__ = ["cuda", "unavailable_reason", "call", "driver_version", "device_count",
-           "device_capability", "max_shared_per_block", "ensure_context"]
+           "device_capability", "max_shared_per_block", "multiprocessor_count", "ensure_context"]
 
 
 def cuda() -> Any | None:
