@@ -258,7 +258,7 @@ def load_ab_ring(pipe: Any, A: Any, B: Any, a_tile: Any, b_tile: Any, *, base: A
     free stage (A's tile, then B's, from ``base``), arm its barrier with the stage's bytes
     and copy ``a_tile``/``b_tile`` from tensors ``A``/``B`` into it. ``items``: a function
     of the loop index giving ``(t, kb0, kb1)``, the tile and its k-blocks ``kb0..kb1-1``
-    (a stream-K schedule's segments; default ``(i, 0, num_kb)``). ``multicast``: the
+    (a split tail's pieces; default ``(i, 0, num_kb)``). ``multicast``: the
     ``cluster`` CTAs share operand ``shared`` (``"B"``: CTAs along M; ``"A"``: along N),
     each copying a part of it to all, ``split="rows"`` (a slice of every slab) or
     ``"slabs"`` (whole slabs, alternating). ``wait_scope``: the acquire scope of the stage
