@@ -48,9 +48,6 @@ products per block pair, dQ added by bulk tile reductions, in a fixed order with
 ``dq_ordered``). ``dkdv_bq=128`` (D=128, opt-in, with ``atomic_dq``, ``dq_bulk`` and
 ``dq_ordered``): the ordered bulk-dQ dK/dV kernel with 128-row q blocks (right on the H100,
 but slower than the 64-row default there: 500/443/533/490 vs 520/460/540/510 TFLOP/s).
-``dkdv_dq_slabs=2`` (D=128, opt-in, not measured, with the same three): the 64-row ordered
-kernel with two sets of dQ slabs per warpgroup, the consumers a block further ahead of the
-dQ writer.
 """
 
 from __future__ import annotations
@@ -415,19 +412,9 @@ def _check_dq_modes(fn, atomic_dq, dq_bulk, dq_ordered):
         raise _fail(f"{fn}: dq_ordered=True needs dq_bulk=True")
 
 
-def _slab_set(n):
-    """``dq_slabs=2``: ``(set, parity)`` of the ``n``-th dQ tile (u32 register) a consumer
-    warpgroup hands to the writer: set ``n % 2`` of its slabs and barriers, in its ``u = n //
-    2``-th use, parity ``u & 1``. Use ``u`` completes phase ``u`` of the set's ``dq_full`` (the
-    writer waits for parity ``u & 1``); it first waits for the writer's ``u``-th release of the
-    set, which completes phase ``u - 1`` of the set's ``dq_empty``: parity ``(u & 1) ^ 1``
-    (``u = 0``: parity 1, which a barrier in its first phase reports complete, so no wait)."""
-    return n & 1, (n >> 1) & 1
-
-
 def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None, BQ=None,
                stages=None, sync=None, safe=None, atomic_dq=False, overlap=None, dq_bulk=False,
-               dq_ordered=False, dq_slabs=1):
+               dq_ordered=False):
     """The dK/dV kernel: ``(Q, K, V, DO, STATS) -> (DK, DV)`` (STATS from ``build_dq``).
 
     ``BQ``: q rows per block, 32 or 64 (``None``: ``DKDV_BQ``, 64; ``atomic_dq`` needs 64,
@@ -455,18 +442,11 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     thread of the producer warpgroup does the waiting and the adds; where the predecessor is
     kv block ``kb + 1``, the grid runs the kv blocks last first, so a waiting CTA's
     predecessor has been launched (the rotated order's one exception, the last kv block
-    waiting for block 0 of its head, needs the head's CTAs resident together: hence the cap).
-
-    ``dq_slabs=2`` (D=128 ordered bulk-dQ mode with 64-row q blocks only; opt-in, not
-    measured): two sets of dQ slabs per warpgroup, used alternately, so the consumers can
-    run a block further ahead of the writer thread. To make room, the blocks' ``(lse2,
-    delta)`` stats move out of the ring stages into one region after the last stage."""
+    waiting for block 0 of its head, needs the head's CTAs resident together: hence the cap)."""
     Sk, dt, scale, safe, sync, G, Sp = _common_options(B, S, Hq, Hkv, D, Sk, dtype, scale,
                                                        safe, sync)
     if BQ is None:
         BQ = DKDV_BQ
-    # dq_slabs=2: the stats in a region of their own (stages x stats_bytes after the ring)
-    split_stats = dq_slabs == 2
     kv_tile = OperandTile(BM, D, dt, major="K")
     q_tile = OperandTile(BQ, D, dt, major="K")
     q_mn = OperandTile(D, BQ, dt, major="MN")       # the same bytes as B of P^T dO / dS^T Q
@@ -474,8 +454,6 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     slabs = D // 64
     stats_bytes = BQ * 8                            # (lse2, delta) of the block's rows
     stage_bytes = 2 * q_tile.nbytes + 1024          # stats padded to keep tiles 1024-aligned
-    if split_stats:
-        stage_bytes = 2 * q_tile.nbytes
     head_bytes = 2 * kv_tile.nbytes
     default_overlap = not safe and not atomic_dq and (BQ == 32 or D <= 64)
     overlap = default_overlap if overlap is None else bool(overlap)
@@ -493,30 +471,16 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     ds_tile = OperandTile(BQ, BM, dt, major="MN") if atomic_dq else None
     kv_mn = OperandTile(D, BM, dt, major="MN")      # K as B of dS K (the same bytes as K)
     _check_dq_modes("build_dkdv", atomic_dq, dq_bulk, dq_ordered)
-    if isinstance(dq_slabs, bool) or dq_slabs not in (1, 2):
-        raise _fail(f"build_dkdv: dq_slabs must be 1 or 2, got {dq_slabs!r}")
-    if dq_slabs == 2 and not (dq_ordered and BQ == 64 and D == 128):
-        raise _fail(f"build_dkdv: dq_slabs=2 is a schedule of the D=128 ordered bulk-dQ kernel "
-                    f"with 64-row q blocks (atomic_dq, dq_bulk, dq_ordered, BQ=64), got "
-                    f"D={D}, BQ={BQ}, dq_ordered={bool(dq_ordered)}")
     # a consumer warpgroup's dQ columns: bulk: 64 (D=128: its half of D, all kv rows;
     # D=64: all of D over its own 64 kv rows, a partial sum in columns 64w.. of DQACC)
     dq_cols = 64 if D == 128 or dq_bulk else D
     if wide:        # 64 q rows x all of D each, over Q and dO once both are read
         dq_cols = D
-    dq_bytes = 2 * (dq_cols // 32) * SLAB_BYTES if dq_bulk else 0     # one set of slabs
+    dq_bytes = 2 * (dq_cols // 32) * SLAB_BYTES if dq_bulk else 0
     dq_width = dq_accumulator_width(D, dq_bulk)
     ds_bytes = 2 * ds_tile.nbytes + dq_bytes if atomic_dq and not wide else 0
-    if split_stats:     # the second set of slabs after the first
-        ds_bytes += dq_bytes
-    if stages is None:
-        stages = _smem_fit(head_bytes + ds_bytes,
-                           stage_bytes + (stats_bytes if split_stats else 0))
+    stages = _smem_fit(head_bytes + ds_bytes, stage_bytes) if stages is None else stages
     smem_total = head_bytes + ds_bytes + stages * stage_bytes + 1024
-    # the stats region (dq_slabs=2): stage s's pairs at stats_off + s * stats_bytes
-    stats_off = head_bytes + ds_bytes + stages * stage_bytes
-    if split_stats:
-        smem_total += stages * stats_bytes
     if smem_total > SMEM_LIMIT:
         raise _fail(f"build_dkdv: {stages} stages of {BQ} rows need {smem_total} bytes")
     num_q = -(-S // BQ)
@@ -559,9 +523,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         counter, for both warpgroups' slabs (``dq_full``), add them into DQACC (the first
         rank stores), free the slabs once read (``dq_empty``; BQ=128: the slabs are the
         block's stage, released to ``pipe``), and once the previous block's adds are
-        complete in global memory, count them (a release add). ``dq_slabs=2``: block ``n``
-        (``phase`` counts them) uses set ``n % 2`` of the slabs (at ``bufs + (n % 2) *
-        dq_bytes``) and of the barriers (``(n % 2) * 2 + w``), parity ``_slab_set``'s."""
+        complete in global memory, count them (a release add)."""
         dq_map = ptx.tma.tensormap_ptr(DQACC.tmap)
         (psem,) = ptx.global_ptrs(SEM)
         now = reg.scalar(u32)
@@ -570,7 +532,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             ptx.fence_proxy_async("global")
             ptx.inst("red.release.gpu.global.add.u32")(ptx.addr(cell), 1)
 
-        phase = reg.scalar(u32, init=0)     # dq_slabs=2: the count of blocks written
+        phase = reg.scalar(u32, init=0)
         if wide:
             wst = pipe.consumer_state()
         for g in ptx.loop(0, G):
@@ -590,14 +552,9 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                 first = rank == 0               # the first add writes the tile
                 if wide:
                     sb = wst.stage * stage_bytes + bufs
-                elif dq_slabs == 2:     # this block's set of slabs, its barriers, their phase
-                    sset, sph = _slab_set(phase)
-                    sb = sset * dq_bytes + bufs
                 for w in (0, 1):
                     if wide:
                         ptx.mbarrier.wait(dq_full.at(wst.stage * 2 + w), wst.phase)
-                    elif dq_slabs == 2:
-                        ptx.mbarrier.wait(dq_full.at(sset * 2 + w), sph)
                     else:
                         ptx.mbarrier.wait(dq_full.at(w), phase)
                     for j in range(dq_cols // 32):
@@ -605,8 +562,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                             src = sb + (w * (dq_bytes // 2) + j * SLAB_BYTES)
                             at = (32 * j, hq, qb * BQ + 64 * w, b)
                         else:
-                            src = ((sb if dq_slabs == 2 else bufs)
-                                   + (w * (dq_bytes // 2) + j * SLAB_BYTES))
+                            src = bufs + (w * (dq_bytes // 2) + j * SLAB_BYTES)
                             at = (w * dq_cols + 32 * j, hq, qb * BQ, b)
                         ptx.tma.store_tile(dq_map, at, src, pred=first)
                         ptx.tma.reduce_tile(dq_map, at, src, pred=~first)
@@ -617,13 +573,10 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                     wst.advance()
                 else:
                     for w in (0, 1):
-                        ptx.mbarrier.arrive(dq_empty.at(sset * 2 + w if dq_slabs == 2 else w))
+                        ptx.mbarrier.arrive(dq_empty.at(w))
                 ptx.tma.wait_group(0)           # complete in global memory: count it
                 count(cell)
-                if dq_slabs == 2:
-                    ptx.inst.add.u32(phase, phase, 1)
-                else:
-                    ptx.inst.xor.b32(phase, phase, 1)
+                ptx.inst.xor.b32(phase, phase, 1)
 
     def dkdv_kernel(Q, K, V, DO, STATS, DQACC, SEM, DK, DV):
         base = ring_base("smem")
@@ -641,9 +594,8 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         if dq_ordered:  # the consumers' dQ slabs <-> the dQ writer thread, per warpgroup
             # BQ=128: one dq_full per (stage, warpgroup), since the consumers may run two
             # blocks ahead of the writer; no dq_empty, the slabs are the block's stage
-            # dq_slabs=2: one per (set of slabs, warpgroup), index set * 2 + w
-            dq_full = BarrierArray(2 * stages if wide else 2 * dq_slabs, name="dq_full")
-            dq_empty = None if wide else BarrierArray(2 * dq_slabs, name="dq_empty")
+            dq_full = BarrierArray(2 * stages if wide else 2, name="dq_full")
+            dq_empty = None if wide else BarrierArray(2, name="dq_empty")
             dq_full.init(128, pred=tid == 0)     # every thread of the warpgroup arrives
             if not wide:
                 dq_empty.init(1, pred=tid == 0)
@@ -672,11 +624,9 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                     sb = st.stage * stage_bytes + (base + (head_bytes + ds_bytes))
                     _load_slabs(sb, q_map, slabs, hq, qb * BQ, b, BQ, bar)
                     _load_slabs(sb + q_tile.nbytes, do_map, slabs, hq, qb * BQ, b, BQ, bar)
-                    if not safe:        # dq_slabs=2: into the stats region
-                        dst = (st.stage * stats_bytes + (base + stats_off) if split_stats
-                               else sb + 2 * q_tile.nbytes)
-                        ptx.tma.copy_bulk(dst, reg.from_(qb * (BQ * 8), u64) + srow, stats_bytes,
-                                          bar)
+                    if not safe:
+                        ptx.tma.copy_bulk(sb + 2 * q_tile.nbytes,
+                                          reg.from_(qb * (BQ * 8), u64) + srow, stats_bytes, bar)
                     if sync:
                         ptx.mbarrier.wait(pipe.empty.at(st.stage), st.phase ^ 1)
                     st.advance()
@@ -716,10 +666,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         cons = pipe.consumer_state()
         rel = pipe.consumer_state()
         has_prev = reg.scalar(u32, init=0)
-        if split_stats:     # in the stats region: ring + stats_col + stage * stats_bytes
-            stats_col = col0 * 8 + stages * stage_bytes
-        else:
-            stats_col = col0 * 8 + 2 * q_tile.nbytes    # this thread's first (lse2, delta) pair
+        stats_col = col0 * 8 + 2 * q_tile.nbytes    # this thread's first (lse2, delta) pair
         if wide:
             def wide_addrs(sbase):
                 """This thread's dS and dQ-slab addresses in the stage at ``sbase`` (formed
@@ -773,13 +720,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                     warpgroup's shared slabs; then the leader adds them into DQACC with TMA
                     tile reductions (rows past S clipped by the tensor map), or, ordered,
                     every thread hands them to the dQ writer thread (``dq_full``)."""
-                    dq_at = dq_row
-                    if dq_ordered and dq_slabs == 2:
-                        # the writer has read this set's previous tile (parities: _slab_set)
-                        dq_set, dq_ph = _slab_set(dq_n)
-                        ptx.mbarrier.wait(dq_empty.at(dq_set * 2 + w), dq_ph ^ 1)
-                        dq_at = dq_row + dq_set * dq_bytes
-                    elif dq_ordered:            # the writer has read the slabs
+                    if dq_ordered:              # the writer has read the slabs
                         ptx.mbarrier.wait(dq_empty.at(w), (dq_n & 1) ^ 1)
                     else:                       # the last reductions have read the slabs
                         with ptx.if_(dq_leader):
@@ -789,12 +730,12 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                         v0 = dp_acc[i] * float(scale)
                         v1 = dp_acc[i + 1] * float(scale)
                         q = dc % 32 * 4 // 16       # even: its chunk is q + (lane >> 1 & 1)
-                        at = dq_at + (dq_x ^ (q << 4))
+                        at = dq_row + (dq_x ^ (q << 4))
                         ptx.inst.st.shared.v2.f32(ptx.addr(at, dc // 32 * SLAB_BYTES + dr * 128),
                                                   [v0, v1])
                     ptx.fence_proxy_async("shared::cta")
                     if dq_ordered:
-                        ptx.mbarrier.arrive(dq_full.at(dq_set * 2 + w if dq_slabs == 2 else w))
+                        ptx.mbarrier.arrive(dq_full.at(w))
                         ptx.inst.add.u32(dq_n, dq_n, 1)
                         return
                     ptx.bar_sync(2 + w, 128)
@@ -950,8 +891,6 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                 # (lse2, delta) pairs, from the stage (fast) or from global memory (safe)
                 if safe:
                     src = reg.from_(q0 * 8 + col0 * 8, u64) + srow
-                elif split_stats:
-                    src = cons.stage * stats_bytes + (ring + stats_col)
                 else:
                     src = sbase + (ring + stats_col)
 
@@ -1064,7 +1003,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
 
     name = (f"attn_bwd_dkdv_{dt.name}_d{D}_h{Hq}x{Hkv}{'_causal' if causal else ''}"
             f"{'_safe' if safe else ''}{'_atomic' if atomic_dq else ''}{'_bulk' if dq_bulk else ''}"
-            f"{'_ordered' if dq_ordered else ''}{'_slabs2' if dq_slabs == 2 else ''}"
+            f"{'_ordered' if dq_ordered else ''}"
             f"{f'_bq{BQ}' if BQ != 64 else ''}{'_serial' if overlap != default_overlap else ''}")
     ins = (qspec, kspec, kspec, qspec, Tile(B, Hq, Sp, 2, f32))
     if dq_ordered:
@@ -1863,7 +1802,7 @@ class AttentionBackward:
 def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None,
                              safe=None, atomic_dq=False, dkdv_bq=None, dkdv_overlap=None,
                              dq_bulk=False, dq_ordered=False, dq_bkv=None, fused_bq=None,
-                             fused_defer=False, fused_pingpong=0, dkdv_dq_slabs=1):
+                             fused_defer=False, fused_pingpong=0):
     """The backward kernels for these sizes: ``bwd(q, k, v, o, lse, do, dlse) -> (dq, dk,
     dv)``. ``safe=True`` (or ``PYPTX_ATTN_BWD_SAFE=1``): the simplest schedule, for
     bisecting. ``atomic_dq=True``: dQ accumulated by the dK/dV kernel with f32 atomics (no
@@ -1878,18 +1817,8 @@ def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=
     like ``atomic_dq``, torch eager only); ``fused_defer``: its schedule that issues a
     block's dK product after the next block's S and dP (``build_fused``'s ``defer``);
     ``fused_pingpong`` (1 or 2): its schedule with warpgroup 1 half a block behind
-    warpgroup 0 (``build_fused``'s ``pingpong``). ``dkdv_dq_slabs=2`` (D=128, with
-    ``atomic_dq``, ``dq_bulk`` and ``dq_ordered``, 64-row q blocks; opt-in, not measured):
-    two sets of dQ slabs per warpgroup in the dK/dV kernel (``build_dkdv``'s ``dq_slabs``)."""
+    warpgroup 0 (``build_fused``'s ``pingpong``)."""
     safe = safe_default() if safe is None else bool(safe)
-    if isinstance(dkdv_dq_slabs, bool) or dkdv_dq_slabs not in (1, 2):
-        raise _fail(f"build_attention_backward: dkdv_dq_slabs must be 1 or 2, got "
-                    f"{dkdv_dq_slabs!r}")
-    if dkdv_dq_slabs == 2 and not (atomic_dq and dq_bulk and dq_ordered and D == 128
-                                   and dkdv_bq in (None, 64) and fused_bq is None):
-        raise _fail("build_attention_backward: dkdv_dq_slabs=2 is a schedule of the D=128 "
-                    "ordered bulk-dQ dK/dV kernel (atomic_dq, dq_bulk and dq_ordered; "
-                    "dkdv_bq 64, not fused_bq)")
     if (fused_defer or fused_pingpong) and fused_bq is None:
         raise _fail("build_attention_backward: fused_defer and fused_pingpong are schedules "
                     "of fused_bq=128")
@@ -1910,8 +1839,7 @@ def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=
     overlap = None if dkdv_overlap is None else bool(dkdv_overlap)
     _check_dq_modes("build_attention_backward", atomic_dq, dq_bulk, dq_ordered)
     return _build(B, S, Hq, Hkv, D, S if Sk is None else Sk, dtype, causal, scale, safe,
-                  bool(atomic_dq), dkdv_bq, overlap, bool(dq_bulk), bool(dq_ordered), dq_bkv,
-                  dkdv_dq_slabs=int(dkdv_dq_slabs))
+                  bool(atomic_dq), dkdv_bq, overlap, bool(dq_bulk), bool(dq_ordered), dq_bkv)
 
 
 def default_dq_bkv(D):
@@ -1921,9 +1849,8 @@ def default_dq_bkv(D):
 
 
 OPTIONS = ("dkdv_bq", "dkdv_overlap", "atomic_dq", "dq_bulk", "dq_ordered",
-           "dq_bkv", "fused_bq", "fused_defer", "fused_pingpong",
-           "dkdv_dq_slabs")  # build_attention_backward's
-INT_OPTIONS = ("dkdv_bq", "dq_bkv", "fused_bq", "fused_pingpong", "dkdv_dq_slabs")
+           "dq_bkv", "fused_bq", "fused_defer", "fused_pingpong")  # build_attention_backward's
+INT_OPTIONS = ("dkdv_bq", "dq_bkv", "fused_bq", "fused_pingpong")
 
 
 def _check_fused(fn, fused_bq, safe, atomic_dq, dkdv_bq, dkdv_overlap, dq_bulk, dq_bkv):
@@ -1955,11 +1882,9 @@ def parse_options(text):
 @functools.lru_cache(maxsize=64)
 def _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, safe, atomic_dq, dkdv_bq=None, overlap=None,
            dq_bulk=False, dq_ordered=False, dq_bkv=None, fused_bq=None, fused_defer=False,
-           fused_pingpong=0, dkdv_dq_slabs=1):
+           fused_pingpong=0):
     kw = dict(Sk=Sk, dtype=dtype, causal=causal, scale=scale, safe=safe)
     dkdv_kw = dict(kw, BQ=dkdv_bq, overlap=overlap)
-    if dkdv_dq_slabs != 1:
-        dkdv_kw["dq_slabs"] = dkdv_dq_slabs
     dt = _dtype(dtype)
     if fused_bq:
         fused = build_fused(B, S, Hq, Hkv, D, Sk=Sk, dtype=dtype, causal=causal, scale=scale,
@@ -2123,15 +2048,14 @@ def check(cases=CHECKS, safe=False, atomic_dq=False, **options) -> int:
     """One PASS/FAIL line per gradient against float64 autograd; returns the failures.
     ``options``: ``dkdv_bq`` / ``dkdv_overlap`` (named in each line); with ``fused_bq`` the
     cases of other head dims than 64 are skipped (one line each) and ``FUSED_CHECKS`` added,
-    with ``dkdv_bq=128`` or ``dkdv_dq_slabs=2`` those of D=64 and ``BQ128_CHECKS`` added."""
+    with ``dkdv_bq=128`` those of D=64 and ``BQ128_CHECKS`` added."""
     import torch
 
     fails = 0
     dts = {"bf16": torch.bfloat16, "f16": torch.float16}
     tol = {"bf16": 1e-2, "f16": 4e-3}
     only, why = ((64, "fused_bq") if options.get("fused_bq") else
-                 (128, "dkdv_bq=128") if options.get("dkdv_bq") == 128 else
-                 (128, "dkdv_dq_slabs=2") if options.get("dkdv_dq_slabs") == 2 else (None, None))
+                 (128, "dkdv_bq=128") if options.get("dkdv_bq") == 128 else (None, None))
     if only and cases is CHECKS:
         cases = CHECKS + (FUSED_CHECKS if only == 64 else BQ128_CHECKS)
     for B, S, Hq, Hkv, D, dtn, causal in cases:

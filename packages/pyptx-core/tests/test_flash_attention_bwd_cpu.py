@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import math
-import re
 from pathlib import Path
 
 import pytest
@@ -518,57 +517,3 @@ def test_dkdv_modes_keep_wgmma_asynchronous(D, causal, assemble):
         assert "(C751" not in log, (kw, log)
         if kw.get("dq_bulk"):
             assert "0 bytes spill stores" in log, (kw, log)
-
-
-TWO_SETS = dict(atomic_dq=True, dq_bulk=True, dq_ordered=True, dkdv_dq_slabs=2)
-
-
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("B,S", [(8, 4096), (4, 8192)])
-def test_two_dq_slab_sets_assemble_clean_and_fit(B, S, causal, assemble):
-    """``dkdv_dq_slabs=2`` at the benchmark's sizes: no spills, no C751x note; its shared
-    memory (K and V 64 KB, two dS buffers 32 KB, two sets of dQ slabs 64 KB, two stages of Q
-    and dO 64 KB, the stats region 1 KB, alignment slack 1 KB) within ``SMEM_LIMIT``, and with
-    the static barriers within the 227 KB a CTA may have."""
-    k = fab.build_attention_backward(B, S, 16, 16, 128, causal=causal, **TWO_SETS).dkdv_kernel
-    assert k.name.endswith("_ordered_slabs2"), k.name
-    log = assemble(k.ptx())
-    assert "(C751" not in log, log
-    assert "0 bytes spill stores" in log, log
-    assert k.smem == 231_424 <= fab.SMEM_LIMIT
-    static = re.search(r"(\d+) bytes smem", log)
-    assert static and int(static.group(1)) + k.smem <= 227 * 1024, log
-
-
-@pytest.mark.parametrize("kw,D,match", [
-    (dict(TWO_SETS, dq_ordered=False), 128, "dkdv_dq_slabs=2 is a schedule of the D=128"),
-    (TWO_SETS, 64, "dkdv_dq_slabs=2 is a schedule of the D=128"),
-    (dict(TWO_SETS, dkdv_bq=128), 128, "dkdv_dq_slabs=2 is a schedule of the D=128"),
-    (dict(TWO_SETS, dkdv_bq=32), 128, "dkdv_dq_slabs=2 is a schedule of the D=128"),
-    (dict(dkdv_dq_slabs=2), 128, "dkdv_dq_slabs=2 is a schedule of the D=128"),
-    (dict(fused_bq=128, dq_ordered=True, dkdv_dq_slabs=2), 64, "dkdv_dq_slabs=2 is a sch"),
-    (dict(TWO_SETS, dkdv_dq_slabs=3), 128, "dkdv_dq_slabs must be 1 or 2"),
-    (dict(TWO_SETS, dkdv_dq_slabs=True), 128, "dkdv_dq_slabs must be 1 or 2"),
-])
-def test_two_dq_slab_sets_bad_options_name_the_callers_line(kw, D, match):
-    with pytest.raises(ConfigError, match=match) as e:
-        fab.build_attention_backward(1, 256, 2, 2, D, **kw)
-    assert str(e.value).startswith(f"{__file__}:")
-
-
-@pytest.mark.parametrize("kw,D,match", [
-    (dict(atomic_dq=True, dq_bulk=True, dq_slabs=2), 128, "dq_slabs=2 is a schedule of the D=128"),
-    (dict(atomic_dq=True, dq_bulk=True, dq_ordered=True, dq_slabs=2), 64, "dq_slabs=2 is a sch"),
-    (dict(atomic_dq=True, dq_bulk=True, dq_ordered=True, dq_slabs=2, BQ=128), 128,
-     "dq_slabs=2 is a schedule of the D=128"),
-    (dict(atomic_dq=True, dq_bulk=True, dq_ordered=True, dq_slabs=0), 128,
-     "dq_slabs must be 1 or 2"),
-])
-def test_build_dkdv_dq_slabs_bad_options_name_the_callers_line(kw, D, match):
-    with pytest.raises(ConfigError, match=match) as e:
-        fab.build_dkdv(1, 256, 2, 2, D, **kw)
-    assert str(e.value).startswith(f"{__file__}:")
-
-
-def test_two_dq_slab_sets_are_an_option_of_the_command_lines():
-    assert fab.parse_options("atomic_dq=1,dq_bulk=1,dq_ordered=1,dkdv_dq_slabs=2") == TWO_SETS

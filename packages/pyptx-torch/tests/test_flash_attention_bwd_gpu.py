@@ -90,8 +90,7 @@ def test_atomic_dq_mode(D, causal, Hkv):
     _check(got, refs, "bf16")
 
 
-@pytest.mark.parametrize("opts", [{"dq_bulk": True}, {"dq_bulk": True, "dq_ordered": True},
-                                  {"dq_bulk": True, "dq_ordered": True, "dkdv_dq_slabs": 2}])
+@pytest.mark.parametrize("opts", [{"dq_bulk": True}, {"dq_bulk": True, "dq_ordered": True}])
 @pytest.mark.parametrize("B,S,Hq,Hkv,D,dtn,causal", [
     (2, 513, 8, 2, 128, "bf16", True),
     (1, 1000, 4, 4, 128, "f16", False),    # 16 q blocks = 2 x 8 kv blocks: rotated order
@@ -101,10 +100,7 @@ def test_atomic_dq_mode(D, causal, Hkv):
 def test_bulk_dq_modes(B, S, Hq, Hkv, D, dtn, causal, opts):
     """dQ added by TMA tile reductions from the dK/dV kernel, unordered and ordered (a
     fixed order of adds per q block): float64 autograd, same tolerances; ordered runs are
-    bitwise equal. ``dkdv_dq_slabs=2`` (two sets of dQ slabs, D=128 only): the same bits as
-    the one-set ordered kernel (the same adds in the same order)."""
-    if opts.get("dkdv_dq_slabs") and D != 128:
-        pytest.skip("dkdv_dq_slabs=2 is a D=128 schedule")
+    bitwise equal."""
     q, k, v, do = _inputs(B, S, Hq, Hkv, D, dtn)
     o, lse, *refs = fab.reference(q, k, v, do, causal)
     args = (q, k, v, o.to(q.dtype), lse.float(), do)
@@ -113,10 +109,6 @@ def test_bulk_dq_modes(B, S, Hq, Hkv, D, dtn, causal, opts):
     if opts.get("dq_ordered"):
         again = fab.attention_backward(*args, causal=causal, atomic_dq=True, **opts)
         assert all(torch.equal(x, y) for x, y in zip(got, again))
-    if opts.get("dkdv_dq_slabs"):
-        one_set = fab.attention_backward(*args, causal=causal, atomic_dq=True, dq_bulk=True,
-                                         dq_ordered=True)
-        assert all(torch.equal(x, y) for x, y in zip(got, one_set))
 
 
 @pytest.mark.parametrize("causal", [False, True])
