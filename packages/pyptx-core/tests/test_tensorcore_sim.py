@@ -431,8 +431,9 @@ def test_attention_backward(D, causal, mode, S=300):
         dk, dv = ptxsim.run(bwd.kernels[1].specialize(), [q, k, v, do, stats])
     else:
         prep, dkdv, convert = bwd.kernels
+        # ordered: DQACC poisoned too (each tile's first add stores it, the prep leaves it)
         stats, acc, *sem = ptxsim.run(prep.specialize(), [o, lse, do],
-                                      poison=not mode.get("dq_ordered"))
+                                      scratch=(1,) if mode.get("dq_ordered") else ())
         dk, dv = ptxsim.run(dkdv.specialize(), [q, k, v, do, stats, acc, *sem], inplace=True)
         (dq,) = ptxsim.run(convert.specialize(), [acc])
     _, _, grads = _attention_reference(q, k, v, do, causal)
