@@ -48,6 +48,9 @@ products per block pair, dQ added by bulk tile reductions, in a fixed order with
 ``dq_ordered``). ``dkdv_bq=128`` (D=128, opt-in, with ``atomic_dq``, ``dq_bulk`` and
 ``dq_ordered``): the ordered bulk-dQ dK/dV kernel with 128-row q blocks (right on the H100,
 but slower than the 64-row default there: 500/443/533/490 vs 520/460/540/510 TFLOP/s).
+``tail_split=P`` (opt-in, with ``atomic_dq`` and ``dq_bulk``, not ``dq_ordered``): the dK/dV
+CTAs of the grid's last, partial wave (of ``num_sms``, 132) become P pieces each, their dK/dV
+partial sums reduced through an f32 workspace after the dQ accumulator (``build_dkdv``).
 """
 
 from __future__ import annotations
@@ -167,6 +170,16 @@ def _store_rows(acc, ptr, row, valid, H, D, head, batch, S, col0, scale, dt):
             v0, v1 = v0 * float(scale), v1 * float(scale)
         ptx.inst(f"cvt.rn.{dt.name}x2.f32")(packed, v1, v0)
         ptx.inst.st.global_.b32(ptx.addr(rbase[dr // 8], dc * 2), packed, pred=valid[dr // 8])
+
+
+def _add_rows(acc, ptr, row, valid, D, col0, col_off):
+    """Add a consumer's 64 x D f32 accumulator into rows ``row`` and ``row + 8`` (``valid``
+    guards) of a ``2D``-column f32 workspace at ``ptr``, columns from ``col_off``, with
+    ``red.global.add.v2.f32`` per pair (``tail_split``'s pieces)."""
+    rbase = [reg.from_((row + r) * (2 * D) + col0 + col_off, u64) * 4 + ptr for r in (0, 8)]
+    for i, dr, dc in acc.pairs():
+        ptx.inst("red.global.add.v2.f32")(ptx.addr(rbase[dr // 8], dc * 4), [acc[i], acc[i + 1]],
+                                          pred=valid[dr // 8])
 
 
 # ------------------------------------------------------------------ dQ kernel (+ stats)
@@ -412,9 +425,43 @@ def _check_dq_modes(fn, atomic_dq, dq_bulk, dq_ordered):
         raise _fail(f"{fn}: dq_ordered=True needs dq_bulk=True")
 
 
+def tail_plan(B, Sk, Hkv, tail_split, num_sms):
+    """``(first, count)`` of the dK/dV grid's last, partial wave that ``tail_split`` splits:
+    the CTAs ``first..first+count-1`` in launch order (x = kv block fastest, then kv head,
+    then batch) of ``C = ceil(Sk/128) * Hkv * B``, ``count = C % num_sms``; ``None`` without
+    ``tail_split`` or where the grid is whole waves (nothing to split)."""
+    if tail_split is None:
+        return None
+    C = -(-Sk // BM) * Hkv * B
+    count = C % num_sms
+    return (C - count, count) if count else None
+
+
+def tail_batches(count, S, Hq, D, width):
+    """Batches of ``(S, Hq, width)`` f32 added to DQACC for ``count`` split CTAs' dK/dV
+    workspace (each ``BM x 2D`` f32: dK's D columns then dV's, rows as the CTA's kv rows)."""
+    return -(-count * BM * 2 * D // (S * Hq * width))
+
+
+def _check_tail(fn, tail_split, num_sms, atomic_dq, dq_bulk, dq_ordered, fused_bq=None):
+    """``ConfigError`` (naming ``fn``) unless ``tail_split`` is ``None`` or an int >= 2 with
+    the any-order bulk-dQ mode (``atomic_dq`` and ``dq_bulk``, not ``dq_ordered``)."""
+    if isinstance(num_sms, bool) or not isinstance(num_sms, int) or num_sms < 1:
+        raise _fail(f"{fn}: num_sms must be a positive int, got {num_sms!r}")
+    if tail_split is None:
+        return
+    if isinstance(tail_split, bool) or not isinstance(tail_split, int) or tail_split < 2:
+        raise _fail(f"{fn}: tail_split must be an int >= 2 (pieces per tail CTA), got "
+                    f"{tail_split!r}")
+    if not (atomic_dq and dq_bulk) or dq_ordered or fused_bq is not None:
+        raise _fail(f"{fn}: tail_split is for the any-order bulk-dQ dK/dV kernel (atomic_dq "
+                    f"and dq_bulk, without dq_ordered or fused_bq), got atomic_dq={atomic_dq!r}, "
+                    f"dq_bulk={dq_bulk!r}, dq_ordered={dq_ordered!r}, fused_bq={fused_bq!r}")
+
+
 def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None, BQ=None,
                stages=None, sync=None, safe=None, atomic_dq=False, overlap=None, dq_bulk=False,
-               dq_ordered=False):
+               dq_ordered=False, tail_split=None, num_sms=132):
     """The dK/dV kernel: ``(Q, K, V, DO, STATS) -> (DK, DV)`` (STATS from ``build_dq``).
 
     ``BQ``: q rows per block, 32 or 64 (``None``: ``DKDV_BQ``, 64; ``atomic_dq`` needs 64,
@@ -442,9 +489,21 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     thread of the producer warpgroup does the waiting and the adds; where the predecessor is
     kv block ``kb + 1``, the grid runs the kv blocks last first, so a waiting CTA's
     predecessor has been launched (the rotated order's one exception, the last kv block
-    waiting for block 0 of its head, needs the head's CTAs resident together: hence the cap)."""
+    waiting for block 0 of its head, needs the head's CTAs resident together: hence the cap).
+
+    ``tail_split`` (P >= 2, any-order bulk-dQ mode only; ``num_sms``: the SMs of a wave,
+    132): the last ``C % num_sms`` CTAs of the ``C``-CTA grid (``tail_plan``), which would run
+    alone in a last, partial wave, become P pieces each, piece p taking the p-th contiguous
+    share ``[n p / P, n (p + 1) / P)`` of each q head's ``n`` visited q blocks; the grid is
+    1-D, ``C - count + count * P``, in the same order. A piece adds its dQ tiles as the CTA
+    would and its f32 dK/dV partial sums (dK unscaled) into a workspace with
+    ``red.global.add.v2.f32``: DQACC gets ``tail_batches`` extra batches (zeroed by
+    ``build_prep(extra=...)``), which ``build_convert(tail=...)`` turns into the pieces' rows
+    of DK and DV (written in place; rows past ``Sk`` are neither added nor written)."""
     Sk, dt, scale, safe, sync, G, Sp = _common_options(B, S, Hq, Hkv, D, Sk, dtype, scale,
                                                        safe, sync)
+    _check_tail("build_dkdv", tail_split, num_sms, atomic_dq, dq_bulk, dq_ordered)
+    tail = tail_plan(B, Sk, Hkv, tail_split, num_sms)
     if BQ is None:
         BQ = DKDV_BQ
     kv_tile = OperandTile(BM, D, dt, major="K")
@@ -583,11 +642,23 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         pipe = Pipeline(stages, consumer_arrivals=RELEASE_ARRIVALS + (1 if wide else 0))
         head_bar = BarrierArray(1, name="head_bar")
         tid, wg = thread_ids()
-        kb = reg.from_(ptx.special.ctaid.x(), u32)
-        if reverse:     # launched last kv block first: a block's turn follows kb + 1's
-            kb = (num_kv - 1) - kb
-        hk = reg.from_(ptx.special.ctaid.y(), u32)
-        b = reg.from_(ptx.special.ctaid.z(), u32)
+        if tail:        # 1-D grid: CTA `lin`, or piece `part` of tail CTA `first + tile`
+            lin = reg.from_(ptx.special.ctaid.x(), u32)
+            is_piece = lin >= tail[0]
+            tile = (lin - tail[0]) // tail_split
+            cta = reg.scalar(u32)
+            ptx.inst.selp.u32(cta, tile + tail[0], lin, is_piece)
+            part = reg.scalar(u32)
+            ptx.inst.selp.u32(part, (lin - tail[0]) - tile * tail_split, 0, is_piece)
+            kb = cta % num_kv
+            hk = (cta // num_kv) % Hkv
+            b = cta // (num_kv * Hkv)
+        else:
+            kb = reg.from_(ptx.special.ctaid.x(), u32)
+            if reverse:     # launched last kv block first: a block's turn follows kb + 1's
+                kb = (num_kv - 1) - kb
+            hk = reg.from_(ptx.special.ctaid.y(), u32)
+            b = reg.from_(ptx.special.ctaid.z(), u32)
         k0 = kb * BM
         pipe.init(pred=tid == 0)
         head_bar.init(1, pred=tid == 0)
@@ -602,6 +673,13 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         ptx.bar_sync(0)
         # causal: q blocks wholly above the diagonal (every q < k0) are skipped
         qb0 = k0 // BQ if causal else 0
+        qb1 = num_q
+        if tail:        # a piece: its share of the n = num_q - qb0 q blocks (whole CTA: all)
+            n = num_q - qb0
+            lo, hi = reg.scalar(u32), reg.scalar(u32)
+            ptx.inst.selp.u32(lo, qb0 + (part * n) // tail_split, qb0, is_piece)
+            ptx.inst.selp.u32(hi, qb0 + ((part + 1) * n) // tail_split, num_q, is_piece)
+            qb0, qb1 = lo, hi
         pstats, pdk, pdv = ptx.global_ptrs(STATS, DK, DV)
         if atomic_dq:
             (pacc,) = ptx.global_ptrs(DQACC)
@@ -617,7 +695,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             for g in ptx.loop(0, G):
                 hq = hk * G + g
                 srow = reg.from_((b * Hq + hq) * Sp, u64) * 8 + pstats
-                for qstep in ptx.loop(qb0, num_q):
+                for qstep in ptx.loop(qb0, qb1):
                     qb = q_block(qstep, kb)
                     pipe.acquire(st)
                     bar = pipe.arm(st, 2 * q_tile.nbytes + (0 if safe else stats_bytes))
@@ -864,7 +942,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         for g in ptx.loop(0, G):
             hq = hk * G + g
             srow = reg.from_((b * Hq + hq) * Sp, u64) * 8 + pstats
-            for qstep in ptx.loop(qb0, num_q):
+            for qstep in ptx.loop(qb0, qb1):
                 qb = q_block(qstep, kb)
                 q0 = qb * BQ
                 pipe.wait(cons)
@@ -996,21 +1074,37 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                 ptx.tma.wait_group(0, read=True)
         if wide:        # read again here: no registers held over the loop
             pdk, pdv = ptx.global_ptrs(DK, DV)
-        _store_rows(dk_acc, pdk, kvrow, valid, Hkv, D, hk, b, Sk, col0, scale, dt)
-        _store_rows(dv_acc, pdv, kvrow, valid, Hkv, D, hk, b, Sk, col0, 1.0, dt)
+        if tail:        # a piece adds its f32 rows into the workspace (read again: no
+            # registers held over the loop); rows past Sk are skipped as the stores skip them
+            lin = reg.from_(ptx.special.ctaid.x(), u32)
+            with ptx.if_(lin >= tail[0]):
+                (pws,) = ptx.global_ptrs(DQACC)
+                pws = pws + B * S * Hq * dq_width * 4
+                tile = (lin - tail[0]) // tail_split
+                _add_rows(dk_acc, pws, tile * BM + (w * 64 + row0), valid, D, col0, 0)
+                _add_rows(dv_acc, pws, tile * BM + (w * 64 + row0), valid, D, col0, D)
+            with ptx.else_():
+                _store_rows(dk_acc, pdk, kvrow, valid, Hkv, D, hk, b, Sk, col0, scale, dt)
+                _store_rows(dv_acc, pdv, kvrow, valid, Hkv, D, hk, b, Sk, col0, 1.0, dt)
+        else:
+            _store_rows(dk_acc, pdk, kvrow, valid, Hkv, D, hk, b, Sk, col0, scale, dt)
+            _store_rows(dv_acc, pdv, kvrow, valid, Hkv, D, hk, b, Sk, col0, 1.0, dt)
         roles.end()
         ptx.ret()
 
     name = (f"attn_bwd_dkdv_{dt.name}_d{D}_h{Hq}x{Hkv}{'_causal' if causal else ''}"
             f"{'_safe' if safe else ''}{'_atomic' if atomic_dq else ''}{'_bulk' if dq_bulk else ''}"
             f"{'_ordered' if dq_ordered else ''}"
-            f"{f'_bq{BQ}' if BQ != 64 else ''}{'_serial' if overlap != default_overlap else ''}")
+            f"{f'_bq{BQ}' if BQ != 64 else ''}{'_serial' if overlap != default_overlap else ''}"
+            f"{f'_tail{tail_split}of{num_sms}' if tail else ''}")
     ins = (qspec, kspec, kspec, qspec, Tile(B, Hq, Sp, 2, f32))
+    extra = tail_batches(tail[1], S, Hq, D, dq_width) if tail else 0
+    grid = (tail[0] + tail[1] * tail_split, 1, 1) if tail else (num_kv, Hkv, B)
     if dq_ordered:
         ins += (Tile(B, S, Hq, dq_width, f32), Tile(B, Hq, sem_q, 2, s32))
         fn = dkdv_kernel
     elif atomic_dq:
-        ins += (Tile(B, S, Hq, dq_width, f32),)
+        ins += (Tile(B + extra, S, Hq, dq_width, f32),)
 
         def fn(Q, K, V, DO, STATS, DQACC, DK, DV):
             dkdv_kernel(Q, K, V, DO, STATS, DQACC, None, DK, DV)
@@ -1021,24 +1115,27 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     tma = {"Q": box_q, "DO": box_q, "K": box_kv, "V": box_kv}
     if dq_bulk:
         tma["DQACC"] = {"box": (1, 64, 1, 32), "swizzle": "128B"}
-    return kernel(in_specs=ins, out_specs=(kspec, kspec), grid=(-(-Sk // BM), Hkv, B),
+    return kernel(in_specs=ins, out_specs=(kspec, kspec), grid=grid,
                   block=(THREADS, 1, 1), smem=smem_total, maxnreg=168,
                   version="8.3" if atomic_dq else None,      # red.global.add.v2.f32: ISA 8.1
                   tma=tma, name=name)(fn)
 
 
-def build_prep(B, S, Hq, D, *, dtype="bf16", counters=False, width=None):
+def build_prep(B, S, Hq, D, *, dtype="bf16", counters=False, width=None, extra=0):
     """The atomic-dQ mode's first kernel: ``(OUT, LSE, DO) -> (STATS, DQACC)``: the stats
     of ``build_dq`` and a zeroed f32 ``DQACC`` ``(B, S, Hq, D)`` for the dK/dV kernel to add
     into. 256 threads per 128 rows, the same row split as the dQ kernel's consumers.
     ``counters``: also a zeroed int32 ``SEM`` ``(B, Hq, ceil(S/64), 2)``, the ordered dQ
     mode's counters (``build_dkdv(dq_ordered=True)``), and DQACC is left unwritten (each
-    tile's first add stores it). ``width``: DQACC's columns (``dq_accumulator_width``)."""
+    tile's first add stores it). ``width``: DQACC's columns (``dq_accumulator_width``).
+    ``extra``: DQACC has ``extra`` more batches (``tail_split``'s dK/dV workspace, zeroed
+    too: the CTAs take its 16-byte chunks in turn)."""
     width = D if width is None else width
     dt = _dtype(dtype)
     Sp = padded(S)
     qspec = Tile(B, S, Hq, D, dt)
     nq = -(-S // 64)
+    ctas = -(-S // BM) * Hq * B
 
     def prep(OUT, LSE, DO, STATS, DQACC, SEM):
         tid = reg.from_(ptx.special.tid.x(), u32)
@@ -1059,6 +1156,14 @@ def build_prep(B, S, Hq, D, *, dtype="bf16", counters=False, width=None):
             addr = reg.from_(elem, u64) * 4 + pacc
             for k4 in range(quarter // 4):
                 ptx.inst.st.global_.v4.f32(ptx.addr(addr, 16 * k4), [zero] * 4, pred=valid[r // 8])
+        if extra:   # the workspace batches: chunk c zeroed by thread c % (256 ctas)
+            chunks, threads = extra * S * Hq * width // 4, 256 * ctas
+            lin = (b * Hq + hq) * (-(-S // BM)) + reg.from_(ptx.special.ctaid.x(), u32)
+            c = lin * 256 + tid
+            ws = reg.from_(c, u64) * 16 + (pacc + B * S * Hq * width * 4)
+            for k in range(-(-chunks // threads)):
+                ptx.inst.st.global_.v4.f32(ptx.addr(ws, 16 * threads * k), [zero] * 4,
+                                           pred=c < chunks - threads * k)
         if counters:  # this CTA's two q blocks of 64 rows, two counters each
             (psem,) = ptx.global_ptrs(SEM)
             qb = reg.from_(ptx.special.ctaid.x(), u32) * 2 + (tid >> 1)
@@ -1067,7 +1172,7 @@ def build_prep(B, S, Hq, D, *, dtype="bf16", counters=False, width=None):
                                     pred=(tid < 4) & (qb < nq))
         ptx.ret()
 
-    outs = (Tile(B, Hq, Sp, 2, f32), Tile(B, S, Hq, width, f32))
+    outs = (Tile(B, Hq, Sp, 2, f32), Tile(B + extra, S, Hq, width, f32))
     if counters:
         outs += (Tile(B, Hq, nq, 2, s32),)
         fn = prep
@@ -1078,21 +1183,64 @@ def build_prep(B, S, Hq, D, *, dtype="bf16", counters=False, width=None):
     return kernel(in_specs=(qspec, Tile(B, Hq, S, f32), qspec), out_specs=outs,
                   grid=(-(-S // BM), Hq, B), block=(256, 1, 1),
                   name=f"attn_bwd_prep_{dt.name}_d{D}{'_sem' if counters else ''}"
-                       f"{f'_w{width}' if width != D else ''}")(fn)
+                       f"{f'_w{width}' if width != D else ''}{f'_x{extra}' if extra else ''}")(fn)
 
 
-def build_convert(B, S, Hq, D, *, dtype="bf16", scale=1.0, width=None):
+def build_convert(B, S, Hq, D, *, dtype="bf16", scale=1.0, width=None, tail=None):
     """The atomic-dQ mode's last kernel: ``DQACC`` f32 -> ``DQ`` (times ``scale``), eight
     elements per thread. ``width`` (``dq_accumulator_width``) ``2 * D``: each row holds two
-    partial sums, added (first + second) before the conversion."""
+    partial sums, added (first + second) before the conversion. ``tail``: ``(Sk, Hkv, first,
+    count, dk_scale)`` of ``build_dkdv(tail_split=...)``: the kernel is ``(DQACC, DK, DV) ->
+    DQ`` and ``count * D / 8`` more CTAs turn the f32 dK/dV workspace after DQACC's ``B``
+    batches (``tail_batches`` of them) into those CTAs' rows of DK (times ``dk_scale``) and
+    DV, in place (rows past ``Sk`` unwritten)."""
     width = D if width is None else width
     if width not in (D, 2 * D):
         raise _fail(f"build_convert: width must be {D} or {2 * D}, got {width}")
     dt = _dtype(dtype)
     n = B * S * Hq * D
     blocks = -(-n // (256 * 8))
+    extra = tail_batches(tail[3], S, Hq, D, width) if tail else 0
 
-    def convert(DQACC, DQ):
+    def tail_rows(DQACC, DK, DV):
+        """CTAs ``blocks..``: D / 8 per split CTA (the first half dK's rows, the second
+        dV's: one output per CTA), eight columns of a row per thread."""
+        Sk, Hkv, first, _, dk_scale = tail
+        num_kv = -(-Sk // BM)
+        pa, pk, pv = ptx.global_ptrs(DQACC, DK, DV)
+        x = reg.from_(ptx.special.ctaid.x(), u32) - blocks
+        tile = x // (D // 8)
+        j = x - tile * (D // 8)
+        is_v = j >= D // 16
+        e = (j % (D // 16)) * 256 + reg.from_(ptx.special.tid.x(), u32)
+        r = e // (D // 8)                           # the CTA's kv row, 0..127
+        col = (e - r * (D // 8)) * 8                # the column of dK or dV
+        c8 = reg.scalar(u32)                        # the workspace column: dV's from D
+        ptx.inst.selp.u32(c8, col + D, col, is_v)
+        cta = tile + first
+        kb = cta % num_kv
+        hk = (cta // num_kv) % Hkv
+        b = cta // (num_kv * Hkv)
+        kvrow = kb * BM + r
+        base = reg.scalar(u64)
+        ptx.inst.selp.u64(base, pv, pk, is_v)
+        mul = _selp(reg.scalar(f32, init=1.0), reg.scalar(f32, init=float(dk_scale)), is_v)
+        src = reg.from_((tile * BM + r) * (2 * D) + c8, u64) * 4 + (pa + B * S * Hq * width * 4)
+        dst = reg.from_(((b * Sk + kvrow) * Hkv + hk) * D + col, u64) * 2 + base
+        with ptx.if_(kvrow < Sk):
+            v = reg.array(f32, 8)
+            ptx.inst.ld.global_.v4.f32(list(v)[:4], ptx.addr(src))
+            ptx.inst.ld.global_.v4.f32(list(v)[4:], ptx.addr(src, 16))
+            packed = reg.array(b32, 4)
+            for m in range(4):
+                ptx.inst(f"cvt.rn.{dt.name}x2.f32")(packed[m], v[2 * m + 1] * mul, v[2 * m] * mul)
+            ptx.inst.st.global_.v4.b32(ptx.addr(dst), packed)
+        ptx.ret()
+
+    def body(DQACC, DQ, DK, DV):
+        if tail:
+            with ptx.if_(reg.from_(ptx.special.ctaid.x(), u32) >= blocks):
+                tail_rows(DQACC, DK, DV)
         pa, pq = ptx.global_ptrs(DQACC, DQ)
         i = reg.from_(ptx.special.ctaid.x(), u32) * 256 + reg.from_(ptx.special.tid.x(), u32)
         ok = i < n // 8
@@ -1119,9 +1267,21 @@ def build_convert(B, S, Hq, D, *, dtype="bf16", scale=1.0, width=None):
             ptx.inst.st.global_.v4.b32(ptx.addr(dst), packed)
         ptx.ret()
 
-    return kernel(in_specs=(Tile(B, S, Hq, width, f32),), out_specs=(Tile(B, S, Hq, D, dt),),
-                  grid=(blocks, 1, 1), block=(256, 1, 1),
-                  name=f"attn_bwd_convert_{dt.name}_d{D}{f'_w{width}' if width != D else ''}")(convert)
+    if tail:
+        kspec = Tile(B, tail[0], tail[1], D, dt)
+        ins = (Tile(B + extra, S, Hq, width, f32), kspec, kspec)
+
+        def convert(DQACC, DK, DV, DQ):
+            body(DQACC, DQ, DK, DV)
+    else:
+        ins = (Tile(B, S, Hq, width, f32),)
+
+        def convert(DQACC, DQ):
+            body(DQACC, DQ, None, None)
+    return kernel(in_specs=ins, out_specs=(Tile(B, S, Hq, D, dt),),
+                  grid=(blocks + (tail[3] * (D // 8) if tail else 0), 1, 1), block=(256, 1, 1),
+                  name=f"attn_bwd_convert_{dt.name}_d{D}{f'_w{width}' if width != D else ''}"
+                       f"{f'_tail{tail[3]}' if tail else ''}")(convert)
 
 
 # ------------------------------------------------------------------ fused kernel: dK, dV and dQ
@@ -1785,6 +1945,8 @@ class AttentionBackward:
         prep, dkdv, convert = self.kernels
         stats, dqacc, *sem = prep(o, lse, do)
         dk, dv = dkdv(q, k, v, do, stats, dqacc, *sem)
+        if len(convert.in_specs) == 3:  # tail_split: the pieces' dK/dV rows written in place
+            return convert(dqacc, dk, dv), dk, dv
         return convert(dqacc), dk, dv
 
     def with_fallback(self, other):
@@ -1802,7 +1964,7 @@ class AttentionBackward:
 def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None,
                              safe=None, atomic_dq=False, dkdv_bq=None, dkdv_overlap=None,
                              dq_bulk=False, dq_ordered=False, dq_bkv=None, fused_bq=None,
-                             fused_defer=False, fused_pingpong=0):
+                             fused_defer=False, fused_pingpong=0, tail_split=None, num_sms=132):
     """The backward kernels for these sizes: ``bwd(q, k, v, o, lse, do, dlse) -> (dq, dk,
     dv)``. ``safe=True`` (or ``PYPTX_ATTN_BWD_SAFE=1``): the simplest schedule, for
     bisecting. ``atomic_dq=True``: dQ accumulated by the dK/dV kernel with f32 atomics (no
@@ -1817,8 +1979,12 @@ def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=
     like ``atomic_dq``, torch eager only); ``fused_defer``: its schedule that issues a
     block's dK product after the next block's S and dP (``build_fused``'s ``defer``);
     ``fused_pingpong`` (1 or 2): its schedule with warpgroup 1 half a block behind
-    warpgroup 0 (``build_fused``'s ``pingpong``)."""
+    warpgroup 0 (``build_fused``'s ``pingpong``). ``tail_split`` (an int >= 2, with
+    ``atomic_dq`` and ``dq_bulk`` only): the dK/dV grid's last partial wave of ``num_sms``
+    (132) CTAs split into that many pieces each (``build_dkdv``'s ``tail_split``)."""
     safe = safe_default() if safe is None else bool(safe)
+    _check_tail("build_attention_backward", tail_split, num_sms, atomic_dq, dq_bulk, dq_ordered,
+                fused_bq)
     if (fused_defer or fused_pingpong) and fused_bq is None:
         raise _fail("build_attention_backward: fused_defer and fused_pingpong are schedules "
                     "of fused_bq=128")
@@ -1839,7 +2005,8 @@ def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=
     overlap = None if dkdv_overlap is None else bool(dkdv_overlap)
     _check_dq_modes("build_attention_backward", atomic_dq, dq_bulk, dq_ordered)
     return _build(B, S, Hq, Hkv, D, S if Sk is None else Sk, dtype, causal, scale, safe,
-                  bool(atomic_dq), dkdv_bq, overlap, bool(dq_bulk), bool(dq_ordered), dq_bkv)
+                  bool(atomic_dq), dkdv_bq, overlap, bool(dq_bulk), bool(dq_ordered), dq_bkv,
+                  tail_split=tail_split, num_sms=num_sms)
 
 
 def default_dq_bkv(D):
@@ -1849,8 +2016,9 @@ def default_dq_bkv(D):
 
 
 OPTIONS = ("dkdv_bq", "dkdv_overlap", "atomic_dq", "dq_bulk", "dq_ordered",
-           "dq_bkv", "fused_bq", "fused_defer", "fused_pingpong")  # build_attention_backward's
-INT_OPTIONS = ("dkdv_bq", "dq_bkv", "fused_bq", "fused_pingpong")
+           "dq_bkv", "fused_bq", "fused_defer", "fused_pingpong",
+           "tail_split")  # build_attention_backward's
+INT_OPTIONS = ("dkdv_bq", "dq_bkv", "fused_bq", "fused_pingpong", "tail_split")
 
 
 def _check_fused(fn, fused_bq, safe, atomic_dq, dkdv_bq, dkdv_overlap, dq_bulk, dq_bkv):
@@ -1882,7 +2050,7 @@ def parse_options(text):
 @functools.lru_cache(maxsize=64)
 def _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, safe, atomic_dq, dkdv_bq=None, overlap=None,
            dq_bulk=False, dq_ordered=False, dq_bkv=None, fused_bq=None, fused_defer=False,
-           fused_pingpong=0):
+           fused_pingpong=0, tail_split=None, num_sms=132):
     kw = dict(Sk=Sk, dtype=dtype, causal=causal, scale=scale, safe=safe)
     dkdv_kw = dict(kw, BQ=dkdv_bq, overlap=overlap)
     dt = _dtype(dtype)
@@ -1894,10 +2062,16 @@ def _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, safe, atomic_dq, dkdv_bq=
     elif atomic_dq:
         check_shapes(B, S, Hq, Hkv, D, Sk)
         width = dq_accumulator_width(D, dq_bulk)
-        kernels = (build_prep(B, S, Hq, D, dtype=dtype, counters=dq_ordered, width=width),
+        tail = tail_plan(B, Sk, Hkv, tail_split, num_sms)   # None: nothing to split
+        extra = tail_batches(tail[1], S, Hq, D, width) if tail else 0
+        dk_scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+        kernels = (build_prep(B, S, Hq, D, dtype=dtype, counters=dq_ordered, width=width,
+                              extra=extra),
                    build_dkdv(B, S, Hq, Hkv, D, atomic_dq=True, dq_bulk=dq_bulk,
-                              dq_ordered=dq_ordered, **dkdv_kw),     # adds dQ into DQACC
-                   build_convert(B, S, Hq, D, dtype=dtype, width=width))
+                              dq_ordered=dq_ordered, tail_split=tail_split, num_sms=num_sms,
+                              **dkdv_kw),     # adds dQ into DQACC
+                   build_convert(B, S, Hq, D, dtype=dtype, width=width,
+                                 tail=tail and (Sk, Hkv, *tail, dk_scale)))
     else:
         dq_kw = dict(kw, BKV=default_dq_bkv(D) if dq_bkv is None else dq_bkv)
         kernels = (build_dq(B, S, Hq, Hkv, D, **dq_kw), build_dkdv(B, S, Hq, Hkv, D, **dkdv_kw))

@@ -297,6 +297,34 @@ def test_atomic_dq_kernels_assemble(D, causal, dq_bulk, assemble):
     assert ("red.global.add.v2.f32" in text) != dq_bulk
 
 
+@pytest.mark.parametrize("kw,given", [
+    (dict(), "atomic_dq=False, dq_bulk=False"),
+    (dict(atomic_dq=True), "atomic_dq=True, dq_bulk=False"),
+    (dict(atomic_dq=True, dq_bulk=True, dq_ordered=True), "dq_ordered=True"),
+    (dict(fused_bq=128), "fused_bq=128"),
+])
+def test_tail_split_is_for_the_any_order_bulk_mode(kw, given):
+    with pytest.raises(ConfigError, match="tail_split is for the any-order bulk-dQ") as e:
+        fab.build_attention_backward(1, 64, 1, 1, 64, tail_split=2, **kw)
+    assert given in str(e.value)
+
+
+@pytest.mark.parametrize("kw", [dict(tail_split=1), dict(tail_split=True),
+                                dict(tail_split=2, num_sms=0)])
+def test_tail_split_bad_values(kw):
+    with pytest.raises(ConfigError, match="tail_split must be an int >= 2|num_sms must be"):
+        fab.build_attention_backward(1, 64, 1, 1, 64, atomic_dq=True, dq_bulk=True, **kw)
+
+
+def test_tail_split_of_whole_waves_is_the_default_kernel():
+    """Nothing to split (C % num_sms == 0; here 2 CTAs on 2 SMs): the default kernels."""
+    base = fab.build_attention_backward(2, 128, 2, 1, 64, atomic_dq=True, dq_bulk=True)
+    same = fab.build_attention_backward(2, 128, 2, 1, 64, atomic_dq=True, dq_bulk=True,
+                                        tail_split=4, num_sms=2)
+    assert [k.ptx() for k in same.kernels] == [k.ptx() for k in base.kernels]
+    assert fab.parse_options("atomic_dq=1,dq_bulk=1,tail_split=33")["tail_split"] == 33
+
+
 def test_dq_bulk_needs_atomic_dq():
     with pytest.raises(ConfigError, match="dq_bulk=True needs atomic_dq=True"):
         fab.build_attention_backward(1, 64, 1, 1, 64, dq_bulk=True)
@@ -510,10 +538,16 @@ def test_dkdv_modes_keep_wgmma_asynchronous(D, causal, assemble):
     costs far more than any schedule change gains. The bulk-dQ modes also assemble without
     spills at the benchmark's sizes."""
     for kw in ({}, {"atomic_dq": True}, {"atomic_dq": True, "dq_bulk": True},
-               {"atomic_dq": True, "dq_bulk": True, "dq_ordered": True}):
-        k = fab.build_attention_backward(8, 4096, 2048 // D, 2048 // D, D, causal=causal,
-                                         **kw).dkdv_kernel
-        log = assemble(k.ptx())
+               {"atomic_dq": True, "dq_bulk": True, "dq_ordered": True},
+               {"atomic_dq": True, "dq_bulk": True, "tail_split": 33}):
+        bwd = fab.build_attention_backward(8, 4096, 2048 // D, 2048 // D, D, causal=causal,
+                                           **kw)
+        log = assemble(bwd.dkdv_kernel.ptx())
         assert "(C751" not in log, (kw, log)
         if kw.get("dq_bulk"):
             assert "0 bytes spill stores" in log, (kw, log)
+        if kw.get("tail_split"):    # D=128: 4096 CTAs, the last 4 of 132 become 33 pieces
+            C = 32 * (2048 // D) * 8
+            assert bwd.dkdv_kernel.specialize().grid == (C + (C % 132) * 32, 1, 1)
+            for k in (bwd.kernels[0], bwd.kernels[2]):
+                assert "0 bytes spill stores" in assemble(k.ptx())

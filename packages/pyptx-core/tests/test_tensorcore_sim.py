@@ -441,6 +441,33 @@ def test_attention_backward(D, causal, mode, S=300):
         assert _rel(_f64(got, "bf16"), ref) < TOL["bf16"], name
 
 
+@pytest.mark.parametrize("D,causal,split,num_sms", [
+    (128, False, 3, 2), (128, True, 2, 4), (64, True, 3, 2),
+])
+def test_attention_backward_tail_split(D, causal, split, num_sms, S=300):
+    """``tail_split`` (the any-order bulk-dQ mode): with a small ``num_sms`` the last
+    ``3 % num_sms`` of the three kv blocks' CTAs (all three at ``num_sms=4``) become pieces
+    that add their f32 dK/dV into the workspace after DQACC's batch (extra batches), which the conversion
+    writes into DK/DV in place. DK/DV start poisoned (scratch: the dK/dV kernel leaves the
+    pieces' rows to the conversion), so rows nobody writes fail; causal, the last kv block
+    has a single q block per head, so one of its pieces is empty. S=300: ragged rows."""
+    B, Hq, Hkv = 1, 2, 1
+    q, k, v, do = _attention_inputs(B, S, Hq, Hkv, D, 5 * D + causal)
+    o, lse = ptxsim.run(fa.build_attention(B, S, Hq, Hkv, D, causal=causal).specialize(), [q, k, v])
+    bwd = fab.build_attention_backward(B, S, Hq, Hkv, D, causal=causal, atomic_dq=True,
+                                       dq_bulk=True, tail_split=split, num_sms=num_sms)
+    prep, dkdv, convert = bwd.kernels
+    assert dkdv.specialize().grid == (3 - 3 % num_sms + (3 % num_sms) * split, 1, 1)
+    stats, acc = ptxsim.run(prep.specialize(), [o, lse.view(np.float32), do])
+    assert acc.shape[0] > 1 and not acc[1:].any()       # the workspace batches, zeroed
+    dk, dv = ptxsim.run(dkdv.specialize(), [q, k, v, do, stats, acc], inplace=True,
+                        scratch=(0, 1))
+    (dq,) = ptxsim.run(convert.specialize(), [acc, dk, dv], inplace=True)
+    _, _, grads = _attention_reference(q, k, v, do, causal)
+    for name, got, ref in zip(("dq", "dk", "dv"), (dq, dk, dv), grads):
+        assert _rel(_f64(got, "bf16"), ref) < TOL["bf16"], name
+
+
 def _ordered_full_backward(S, max_steps):
     B, Hq, Hkv, D = 1, 2, 1, 64
     q, k, v, do = _attention_inputs(B, S, Hq, Hkv, D, 11)
