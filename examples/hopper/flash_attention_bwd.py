@@ -48,9 +48,10 @@ products per block pair, dQ added by bulk tile reductions, in a fixed order with
 ``dq_ordered``). ``dkdv_bq=128`` (D=128, opt-in, with ``atomic_dq``, ``dq_bulk`` and
 ``dq_ordered``): the ordered bulk-dQ dK/dV kernel with 128-row q blocks (right on the H100,
 but slower than the 64-row default there: 500/443/533/490 vs 520/460/540/510 TFLOP/s).
-``tail_split=P`` (opt-in, with ``atomic_dq`` and ``dq_bulk``, not ``dq_ordered``): the dK/dV
-CTAs of the grid's last, partial wave (of ``num_sms``, 132) become P pieces each, their dK/dV
-partial sums reduced through an f32 workspace after the dQ accumulator (``build_dkdv``).
+``tail_split=P`` (opt-in, with ``atomic_dq`` and ``dq_bulk``, any order or ``dq_ordered``):
+the dK/dV CTAs of the grid's last, partial wave (of ``num_sms``, 132) become P pieces each,
+their dK/dV partial sums reduced through an f32 workspace after the dQ accumulator
+(``build_dkdv``; ordered: dQ the same bits as without it).
 """
 
 from __future__ import annotations
@@ -172,13 +173,14 @@ def _store_rows(acc, ptr, row, valid, H, D, head, batch, S, col0, scale, dt):
         ptx.inst.st.global_.b32(ptx.addr(rbase[dr // 8], dc * 2), packed, pred=valid[dr // 8])
 
 
-def _add_rows(acc, ptr, row, valid, D, col0, col_off):
+def _add_rows(acc, ptr, row, valid, D, col0, col_off, op="red.global.add.v2.f32"):
     """Add a consumer's 64 x D f32 accumulator into rows ``row`` and ``row + 8`` (``valid``
     guards) of a ``2D``-column f32 workspace at ``ptr``, columns from ``col_off``, with
-    ``red.global.add.v2.f32`` per pair (``tail_split``'s pieces)."""
+    ``red.global.add.v2.f32`` per pair (``tail_split``'s pieces; the ordered mode's store
+    them with ``op="st.global.v2.f32"`` into their own slots)."""
     rbase = [reg.from_((row + r) * (2 * D) + col0 + col_off, u64) * 4 + ptr for r in (0, 8)]
     for i, dr, dc in acc.pairs():
-        ptx.inst("red.global.add.v2.f32")(ptx.addr(rbase[dr // 8], dc * 4), [acc[i], acc[i + 1]],
+        ptx.inst(op)(ptx.addr(rbase[dr // 8], dc * 4), [acc[i], acc[i + 1]],
                                           pred=valid[dr // 8])
 
 
@@ -443,9 +445,53 @@ def tail_batches(count, S, Hq, D, width):
     return -(-count * BM * 2 * D // (S * Hq * width))
 
 
+def ordered_order(S, Sk, causal, BQ=DKDV_BQ):
+    """``(rotate, reverse)`` of the ordered dQ mode's dK/dV grid: full attention with
+    ``ceil(S/BQ) == (128/BQ) ceil(Sk/128)`` and at most ``ROTATE_MAX_KV`` kv blocks: kv block
+    j walks q blocks from ``(128/BQ) j``, wrapping; ``reverse`` (causal or rotated): the
+    predecessor kv block is ``kb + 1`` and the grid runs the kv blocks last first."""
+    num_q, num_kv = -(-S // BQ), -(-Sk // BM)
+    rotate = not causal and num_q == (BM // BQ) * num_kv and num_kv <= ROTATE_MAX_KV
+    return rotate, causal or rotate
+
+
+def tail_share(part, parts, num_q):
+    """The ordered mode's share ``[lo, hi)`` of piece ``part`` of ``parts``: absolute q blocks,
+    the same for every tail CTA (so the pieces adding into a q block are one share's)."""
+    return part * num_q // parts, (part + 1) * num_q // parts
+
+
+def rotated_walk(kb, lo, hi, num_q, per_kv=BM // DKDV_BQ):
+    """The steps of the rotated order (kv block ``kb`` at step ``i`` is at q block
+    ``(i + per_kv kb) % num_q``) whose q blocks lie in ``[lo, hi)``, in increasing step order:
+    ``(s, e, L)``, the ``L = hi - lo`` steps being ``[0, e)`` then ``[s, s + L - e)``, i.e.
+    step ``i < e ? i : i + s - e`` for ``i`` in ``[0, L)`` (``build_dkdv``'s formula, here on
+    ints for the host-side tests). ``[0, num_q)``: every step in order (``s == e``)."""
+    L = hi - lo
+    s = (lo + num_q - per_kv * kb) % num_q
+    e = s + L - num_q if s + L > num_q else 0
+    return s, e, L
+
+
+def _check_tail_residency(fn, tail, tail_split, num_kv, num_sms):
+    """The ordered mode's pieces: ``ConfigError`` unless every kv block of the heads the tail
+    touches fits in a wave beside each other (``heads_touched * num_kv <= num_sms``: those
+    heads' normal CTAs may spin on the pieces, whose ``count`` of a share must be resident
+    beside them) and ``count * tail_split <= 2 * num_sms`` (the workspace's slots)."""
+    first, count = tail
+    heads = (first + count - 1) // num_kv - first // num_kv + 1
+    if heads * num_kv > num_sms:
+        raise _fail(f"{fn}: tail_split with dq_ordered needs the {heads} head(s) of the tail's "
+                    f"{count} CTAs resident together: {heads} x {num_kv} kv blocks > num_sms="
+                    f"{num_sms}")
+    if count * tail_split > 2 * num_sms:
+        raise _fail(f"{fn}: tail_split={tail_split} with dq_ordered: {count} tail CTAs x "
+                    f"{tail_split} pieces > 2 x num_sms={num_sms} workspace slots")
+
+
 def _check_tail(fn, tail_split, num_sms, atomic_dq, dq_bulk, dq_ordered, fused_bq=None):
     """``ConfigError`` (naming ``fn``) unless ``tail_split`` is ``None`` or an int >= 2 with
-    the any-order bulk-dQ mode (``atomic_dq`` and ``dq_bulk``, not ``dq_ordered``)."""
+    the bulk-dQ mode (``atomic_dq`` and ``dq_bulk``, any order or ``dq_ordered``)."""
     if isinstance(num_sms, bool) or not isinstance(num_sms, int) or num_sms < 1:
         raise _fail(f"{fn}: num_sms must be a positive int, got {num_sms!r}")
     if tail_split is None:
@@ -453,9 +499,9 @@ def _check_tail(fn, tail_split, num_sms, atomic_dq, dq_bulk, dq_ordered, fused_b
     if isinstance(tail_split, bool) or not isinstance(tail_split, int) or tail_split < 2:
         raise _fail(f"{fn}: tail_split must be an int >= 2 (pieces per tail CTA), got "
                     f"{tail_split!r}")
-    if not (atomic_dq and dq_bulk) or dq_ordered or fused_bq is not None:
-        raise _fail(f"{fn}: tail_split is for the any-order bulk-dQ dK/dV kernel (atomic_dq "
-                    f"and dq_bulk, without dq_ordered or fused_bq), got atomic_dq={atomic_dq!r}, "
+    if not (atomic_dq and dq_bulk) or fused_bq is not None:
+        raise _fail(f"{fn}: tail_split is for the bulk-dQ dK/dV kernel (atomic_dq and "
+                    f"dq_bulk, without fused_bq), got atomic_dq={atomic_dq!r}, "
                     f"dq_bulk={dq_bulk!r}, dq_ordered={dq_ordered!r}, fused_bq={fused_bq!r}")
 
 
@@ -491,15 +537,25 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     predecessor has been launched (the rotated order's one exception, the last kv block
     waiting for block 0 of its head, needs the head's CTAs resident together: hence the cap).
 
-    ``tail_split`` (P >= 2, any-order bulk-dQ mode only; ``num_sms``: the SMs of a wave,
-    132): the last ``C % num_sms`` CTAs of the ``C``-CTA grid (``tail_plan``), which would run
+    ``tail_split`` (P >= 2, bulk-dQ modes; ``num_sms``: the SMs of a wave,
+    132), any order: the last ``C % num_sms`` CTAs of the ``C``-CTA grid (``tail_plan``), which would run
     alone in a last, partial wave, become P pieces each, piece p taking the p-th contiguous
     share ``[n p / P, n (p + 1) / P)`` of each q head's ``n`` visited q blocks; the grid is
     1-D, ``C - count + count * P``, in the same order. A piece adds its dQ tiles as the CTA
     would and its f32 dK/dV partial sums (dK unscaled) into a workspace with
     ``red.global.add.v2.f32``: DQACC gets ``tail_batches`` extra batches (zeroed by
     ``build_prep(extra=...)``), which ``build_convert(tail=...)`` turns into the pieces' rows
-    of DK and DV (written in place; rows past ``Sk`` are neither added nor written)."""
+    of DK and DV (written in place; rows past ``Sk`` are neither added nor written).
+    ``dq_ordered``: piece p of a tail CTA walks the q blocks of the absolute share
+    ``[num_q p / P, num_q (p + 1) / P)`` (``tail_share``) that the CTA visits, in the CTA's
+    step order (rotated: steps ``[0, e)`` then ``[s, num_q)``, ``rotated_walk``), with the
+    CTA's ranks and counters: the same dQ adds in the same order, dQ bit for bit the unsplit
+    kernel's. The pieces run after the normal CTAs share-major (piece ``p * count + t``), so
+    the pieces adding into a q block are one share's, launched together, each waiting only on
+    earlier CTAs; each stores (``st.global``, no zeroing) its f32 dK/dV into its own
+    workspace slot, which ``build_convert`` sums in the order p = 0, 1, ... Refused where the
+    heads the tail touches cannot be resident together (``heads * num_kv > num_sms``) or the
+    slots exceed ``2 * num_sms`` (``_check_tail_residency``), and with BQ=128."""
     Sk, dt, scale, safe, sync, G, Sp = _common_options(B, S, Hq, Hkv, D, Sk, dtype, scale,
                                                        safe, sync)
     _check_tail("build_dkdv", tail_split, num_sms, atomic_dq, dq_bulk, dq_ordered)
@@ -546,9 +602,13 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     num_kv = -(-Sk // BM)
     sem_q = -(-S // 64)     # SEM's rows per head (build_prep's; BQ=128 uses the first num_q)
     # full attention, ordered dQ: kv block j walks q blocks from (BM / BQ) * j, wrapping
-    rotate = (dq_ordered and not causal and num_q == (BM // BQ) * num_kv
-              and num_kv <= ROTATE_MAX_KV)
-    reverse = dq_ordered and (causal or rotate)     # the predecessor kv block is kb + 1
+    rotate, reverse = ordered_order(S, Sk, causal, BQ) if dq_ordered else (False, False)
+    otail = tail if dq_ordered else None            # the ordered mode's pieces
+    qb_slot = 2 * q_tile.nbytes + stats_bytes       # a stage's q block (otail), after stats
+    if otail:
+        if wide:
+            raise _fail("build_dkdv: tail_split is not built for BQ=128")
+        _check_tail_residency("build_dkdv", tail, tail_split, num_kv, num_sms)
     c1 = scale * LOG2E
     box_kv = {"box": (1, BM, 1, 64), "swizzle": "128B"}
     box_q = {"box": (1, BQ, 1, 64), "swizzle": "128B"}
@@ -576,13 +636,15 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             return wrapped // (BM // BQ)
         return kb       # kv blocks 0, 1, ... (each a step behind: a wavefront)
 
-    def _dq_writer(DQACC, SEM, bufs, kb, hk, b, qb0, dq_full, dq_empty, pipe=None):
+    def _dq_writer(DQACC, SEM, bufs, kb, hk, b, qb0, dq_full, dq_empty, pipe=None, qb1=num_q,
+                   walk=None):
         """The ordered dQ mode's writer (one thread of the producer warpgroup): for each
         block, in the consumers' order, wait for this kv block's turn at the q block's
         counter, for both warpgroups' slabs (``dq_full``), add them into DQACC (the first
         rank stores), free the slabs once read (``dq_empty``; BQ=128: the slabs are the
         block's stage, released to ``pipe``), and once the previous block's adds are
-        complete in global memory, count them (a release add)."""
+        complete in global memory, count them (a release add). ``qb1``, ``walk``: the
+        loop's end and its step map (``tail_split``'s pieces)."""
         dq_map = ptx.tma.tensormap_ptr(DQACC.tmap)
         (psem,) = ptx.global_ptrs(SEM)
         now = reg.scalar(u32)
@@ -596,8 +658,8 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             wst = pipe.consumer_state()
         for g in ptx.loop(0, G):
             hq = hk * G + g
-            for qstep in ptx.loop(qb0, num_q):
-                qb = q_block(qstep, kb)
+            for qstep in ptx.loop(qb0, qb1):
+                qb = q_block(walk(qstep) if walk else qstep, kb)
                 rank = dq_rank(qb, kb)
                 cell = reg.from_(((b * Hq + hq) * sem_q + qb) * 2, u64) * 4 + psem
 
@@ -641,8 +703,22 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         base = ring_base("smem")
         pipe = Pipeline(stages, consumer_arrivals=RELEASE_ARRIVALS + (1 if wide else 0))
         head_bar = BarrierArray(1, name="head_bar")
+        nsm = smem.alloc(u32, 1, align=4, name="tail_n") if otail else None
         tid, wg = thread_ids()
-        if tail:        # 1-D grid: CTA `lin`, or piece `part` of tail CTA `first + tile`
+        if otail:       # 1-D grid, share-major: piece j = part * count + tile
+            lin = reg.from_(ptx.special.ctaid.x(), u32)
+            is_piece = lin >= tail[0]
+            j = lin - tail[0]
+            part = reg.scalar(u32)
+            ptx.inst.selp.u32(part, j // tail[1], 0, is_piece)
+            cta = reg.scalar(u32)
+            ptx.inst.selp.u32(cta, j % tail[1] + tail[0], lin, is_piece)
+            kb = cta % num_kv
+            if reverse:     # launched last kv block first, as the 3-D grid
+                kb = (num_kv - 1) - kb
+            hk = (cta // num_kv) % Hkv
+            b = cta // (num_kv * Hkv)
+        elif tail:      # 1-D grid: CTA `lin`, or piece `part` of tail CTA `first + tile`
             lin = reg.from_(ptx.special.ctaid.x(), u32)
             is_piece = lin >= tail[0]
             tile = (lin - tail[0]) // tail_split
@@ -674,7 +750,35 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         # causal: q blocks wholly above the diagonal (every q < k0) are skipped
         qb0 = k0 // BQ if causal else 0
         qb1 = num_q
-        if tail:        # a piece: its share of the n = num_q - qb0 q blocks (whole CTA: all)
+        walk = None     # the loops' step map (the rotated pieces')
+        if otail and rotate:    # share [lo, hi) as steps: [0, e) then [s, s + L - e)
+            # (rotated_walk; a whole CTA: lo = 0, hi = num_q, every step in order)
+            lo, hi = reg.scalar(u32), reg.scalar(u32)
+            ptx.inst.selp.u32(lo, (part * num_q) // tail_split, 0, is_piece)
+            ptx.inst.selp.u32(hi, ((part + 1) * num_q) // tail_split, num_q, is_piece)
+            sh = reg.scalar(u32)    # s = (lo - 2 kb) mod num_q; e = max(s + L - num_q, 0)
+            ptx.inst.selp.u32(sh, lo + num_q - kb * (BM // BQ), lo - kb * (BM // BQ),
+                              lo < kb * (BM // BQ))
+            se = reg.scalar(u32)
+            ptx.inst.selp.u32(se, sh + (hi - lo) - num_q, 0, sh + (hi - lo) > num_q)
+            gap = sh - se
+
+            def walk(i):
+                step = reg.scalar(u32)
+                ptx.inst.selp.u32(step, i, i + gap, i < se)
+                return step
+            qb0, qb1 = 0, hi - lo
+            ncons = qb1
+        elif otail:     # a piece: the q blocks of its absolute share [lo, hi) it visits
+            lo, hi = reg.scalar(u32), reg.scalar(u32)
+            ptx.inst.selp.u32(lo, (part * num_q) // tail_split, 0, is_piece)
+            ptx.inst.selp.u32(hi, ((part + 1) * num_q) // tail_split, num_q, is_piece)
+            if causal:
+                ptx.inst.max.u32(lo, lo, qb0)
+            qb0, qb1 = lo, hi
+            ncons = reg.scalar(u32)
+            ptx.inst.selp.u32(ncons, hi - lo, 0, hi > lo)
+        elif tail:      # a piece: its share of the n = num_q - qb0 q blocks (whole CTA: all)
             n = num_q - qb0
             lo, hi = reg.scalar(u32), reg.scalar(u32)
             ptx.inst.selp.u32(lo, qb0 + (part * n) // tail_split, qb0, is_piece)
@@ -687,6 +791,8 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         # ------------------------------------------------------------ producer
         with ptx.if_(tid == 0):
             hbar = head_bar.at(0)
+            if otail:   # the consumers' block count, theirs once the head barrier completes
+                ptx.inst.st.shared.u32(ptx.addr(nsm), ncons)
             ptx.mbarrier.arrive_expect_tx(hbar, head_bytes)
             _load_pair(base, K, V, kv_tile.nbytes, slabs, hk, k0, b, BM, hbar)
             q_map = ptx.tma.tensormap_ptr(Q.tmap)
@@ -696,8 +802,12 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                 hq = hk * G + g
                 srow = reg.from_((b * Hq + hq) * Sp, u64) * 8 + pstats
                 for qstep in ptx.loop(qb0, qb1):
-                    qb = q_block(qstep, kb)
+                    qb = q_block(walk(qstep) if walk else qstep, kb)
                     pipe.acquire(st)
+                    if otail:   # the block's q block for the consumers (stats' padding;
+                        # the arm below releases it to them)
+                        ptx.inst.st.shared.u32(ptx.addr(st.stage * stage_bytes + (
+                            base + (head_bytes + ds_bytes + qb_slot))), qb)
                     bar = pipe.arm(st, 2 * q_tile.nbytes + (0 if safe else stats_bytes))
                     sb = st.stage * stage_bytes + (base + (head_bytes + ds_bytes))
                     _load_slabs(sb, q_map, slabs, hq, qb * BQ, b, BQ, bar)
@@ -715,7 +825,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         elif dq_ordered:
             with ptx.if_(tid == 32):
                 _dq_writer(DQACC, SEM, base + (head_bytes + 2 * ds_tile.nbytes), kb, hk, b,
-                           qb0, dq_full, dq_empty)
+                           qb0, dq_full, dq_empty, qb1=qb1, walk=walk)
         # ------------------------------------------------------------ consumers
         roles.consumers(CONS_REGS)
         w = wg - 1
@@ -938,14 +1048,39 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             _release_stage(pipe, cons)              # the fence orders the slabs' writes too
             ptx.mbarrier.arrive(dq_full.at(cons.stage * 2 + w))
 
+        def cons_steps():
+            """The consumers' blocks; the ordered pieces': ``ncons`` of them, the count read
+            from shared memory at each turn and each block's q block from the producer (no
+            registers held over the loop for them)."""
+            if not otail:
+                yield from ptx.loop(qb0, qb1)
+                return
+            i = reg.scalar(u32, init=0)
+
+            def more():
+                n = reg.scalar(u32)
+                ptx.inst.ld.shared.u32(n, ptx.addr(nsm))
+                return i < n
+
+            with ptx.while_(more):
+                yield i
+                ptx.inst.add.u32(i, i, 1)
+
         ptx.mbarrier.wait(head_bar.at(0), 0)
         for g in ptx.loop(0, G):
             hq = hk * G + g
             srow = reg.from_((b * Hq + hq) * Sp, u64) * 8 + pstats
-            for qstep in ptx.loop(qb0, qb1):
-                qb = q_block(qstep, kb)
+            for qstep in cons_steps():
+                if otail:
+                    pipe.wait(cons)
+                    qb = reg.scalar(u32)
+                    ptx.inst.ld.shared.u32(qb, ptx.addr(cons.stage * stage_bytes + (
+                        ring + qb_slot)))
+                else:
+                    qb = q_block(qstep, kb)
                 q0 = qb * BQ
-                pipe.wait(cons)
+                if not otail:
+                    pipe.wait(cons)
                 sbase = cons.stage * stage_bytes
                 soff = reg.from_(reg.from_(sbase >> 4, u32), u64)
                 if wide:
@@ -1074,7 +1209,19 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                 ptx.tma.wait_group(0, read=True)
         if wide:        # read again here: no registers held over the loop
             pdk, pdv = ptx.global_ptrs(DK, DV)
-        if tail:        # a piece adds its f32 rows into the workspace (read again: no
+        if otail:       # a piece stores its f32 rows into its slot (ctaid - first) of the
+            # workspace (no atomics: the conversion sums the slots in order)
+            lin = reg.from_(ptx.special.ctaid.x(), u32)
+            with ptx.if_(lin >= tail[0]):
+                (pws,) = ptx.global_ptrs(DQACC)
+                pws = pws + B * S * Hq * dq_width * 4
+                row = (lin - tail[0]) * BM + (w * 64 + row0)
+                _add_rows(dk_acc, pws, row, valid, D, col0, 0, op="st.global.v2.f32")
+                _add_rows(dv_acc, pws, row, valid, D, col0, D, op="st.global.v2.f32")
+            with ptx.else_():
+                _store_rows(dk_acc, pdk, kvrow, valid, Hkv, D, hk, b, Sk, col0, scale, dt)
+                _store_rows(dv_acc, pdv, kvrow, valid, Hkv, D, hk, b, Sk, col0, 1.0, dt)
+        elif tail:      # a piece adds its f32 rows into the workspace (read again: no
             # registers held over the loop); rows past Sk are skipped as the stores skip them
             lin = reg.from_(ptx.special.ctaid.x(), u32)
             with ptx.if_(lin >= tail[0]):
@@ -1098,10 +1245,11 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             f"{f'_bq{BQ}' if BQ != 64 else ''}{'_serial' if overlap != default_overlap else ''}"
             f"{f'_tail{tail_split}of{num_sms}' if tail else ''}")
     ins = (qspec, kspec, kspec, qspec, Tile(B, Hq, Sp, 2, f32))
-    extra = tail_batches(tail[1], S, Hq, D, dq_width) if tail else 0
+    # the workspace: one 128-row slot per split CTA (any order), per piece (ordered)
+    extra = tail_batches(tail[1] * (tail_split if otail else 1), S, Hq, D, dq_width) if tail else 0
     grid = (tail[0] + tail[1] * tail_split, 1, 1) if tail else (num_kv, Hkv, B)
     if dq_ordered:
-        ins += (Tile(B, S, Hq, dq_width, f32), Tile(B, Hq, sem_q, 2, s32))
+        ins += (Tile(B + extra, S, Hq, dq_width, f32), Tile(B, Hq, sem_q, 2, s32))
         fn = dkdv_kernel
     elif atomic_dq:
         ins += (Tile(B + extra, S, Hq, dq_width, f32),)
@@ -1129,7 +1277,8 @@ def build_prep(B, S, Hq, D, *, dtype="bf16", counters=False, width=None, extra=0
     mode's counters (``build_dkdv(dq_ordered=True)``), and DQACC is left unwritten (each
     tile's first add stores it). ``width``: DQACC's columns (``dq_accumulator_width``).
     ``extra``: DQACC has ``extra`` more batches (``tail_split``'s dK/dV workspace, zeroed
-    too: the CTAs take its 16-byte chunks in turn)."""
+    too: the CTAs take its 16-byte chunks in turn; with ``counters`` left unwritten, the
+    ordered pieces store their slots)."""
     width = D if width is None else width
     dt = _dtype(dtype)
     Sp = padded(S)
@@ -1156,7 +1305,8 @@ def build_prep(B, S, Hq, D, *, dtype="bf16", counters=False, width=None, extra=0
             addr = reg.from_(elem, u64) * 4 + pacc
             for k4 in range(quarter // 4):
                 ptx.inst.st.global_.v4.f32(ptx.addr(addr, 16 * k4), [zero] * 4, pred=valid[r // 8])
-        if extra:   # the workspace batches: chunk c zeroed by thread c % (256 ctas)
+        if extra and not counters:  # the workspace batches: chunk c zeroed by thread c % (256
+            # ctas); ordered: every slot row read is written, nothing zeroed
             chunks, threads = extra * S * Hq * width // 4, 256 * ctas
             lin = (b * Hq + hq) * (-(-S // BM)) + reg.from_(ptx.special.ctaid.x(), u32)
             c = lin * 256 + tid
@@ -1193,19 +1343,23 @@ def build_convert(B, S, Hq, D, *, dtype="bf16", scale=1.0, width=None, tail=None
     count, dk_scale)`` of ``build_dkdv(tail_split=...)``: the kernel is ``(DQACC, DK, DV) ->
     DQ`` and ``count * D / 8`` more CTAs turn the f32 dK/dV workspace after DQACC's ``B``
     batches (``tail_batches`` of them) into those CTAs' rows of DK (times ``dk_scale``) and
-    DV, in place (rows past ``Sk`` unwritten)."""
+    DV, in place (rows past ``Sk`` unwritten). The ordered mode's ``tail`` adds ``(parts,
+    reverse)``: the workspace holds ``count * parts`` slots, piece p of tail CTA t in slot
+    ``p * count + t``, summed in the order p = 0, 1, ... (deterministic); ``reverse``: the
+    dK/dV grid's kv blocks run last first (``build_dkdv``'s)."""
     width = D if width is None else width
     if width not in (D, 2 * D):
         raise _fail(f"build_convert: width must be {D} or {2 * D}, got {width}")
     dt = _dtype(dtype)
     n = B * S * Hq * D
     blocks = -(-n // (256 * 8))
-    extra = tail_batches(tail[3], S, Hq, D, width) if tail else 0
+    parts, reverse = tail[5:] if tail and len(tail) > 5 else (None, False)
+    extra = tail_batches(tail[3] * (parts or 1), S, Hq, D, width) if tail else 0
 
     def tail_rows(DQACC, DK, DV):
         """CTAs ``blocks..``: D / 8 per split CTA (the first half dK's rows, the second
         dV's: one output per CTA), eight columns of a row per thread."""
-        Sk, Hkv, first, _, dk_scale = tail
+        Sk, Hkv, first, count, dk_scale = tail[:5]
         num_kv = -(-Sk // BM)
         pa, pk, pv = ptx.global_ptrs(DQACC, DK, DV)
         x = reg.from_(ptx.special.ctaid.x(), u32) - blocks
@@ -1219,6 +1373,8 @@ def build_convert(B, S, Hq, D, *, dtype="bf16", scale=1.0, width=None, tail=None
         ptx.inst.selp.u32(c8, col + D, col, is_v)
         cta = tile + first
         kb = cta % num_kv
+        if reverse:
+            kb = (num_kv - 1) - kb
         hk = (cta // num_kv) % Hkv
         b = cta // (num_kv * Hkv)
         kvrow = kb * BM + r
@@ -1231,6 +1387,14 @@ def build_convert(B, S, Hq, D, *, dtype="bf16", scale=1.0, width=None, tail=None
             v = reg.array(f32, 8)
             ptx.inst.ld.global_.v4.f32(list(v)[:4], ptx.addr(src))
             ptx.inst.ld.global_.v4.f32(list(v)[4:], ptx.addr(src, 16))
+            if parts:       # slots p * count + tile, added in the order p = 1, 2, ...
+                for p in ptx.loop(1, parts):
+                    at = reg.from_(p, u64) * (count * BM * 2 * D * 4) + src
+                    u = reg.array(f32, 8)
+                    ptx.inst.ld.global_.v4.f32(list(u)[:4], ptx.addr(at))
+                    ptx.inst.ld.global_.v4.f32(list(u)[4:], ptx.addr(at, 16))
+                    for m in range(8):
+                        ptx.inst.add.f32(v[m], v[m], u[m])
             packed = reg.array(b32, 4)
             for m in range(4):
                 ptx.inst(f"cvt.rn.{dt.name}x2.f32")(packed[m], v[2 * m + 1] * mul, v[2 * m] * mul)
@@ -1281,7 +1445,8 @@ def build_convert(B, S, Hq, D, *, dtype="bf16", scale=1.0, width=None, tail=None
     return kernel(in_specs=ins, out_specs=(Tile(B, S, Hq, D, dt),),
                   grid=(blocks + (tail[3] * (D // 8) if tail else 0), 1, 1), block=(256, 1, 1),
                   name=f"attn_bwd_convert_{dt.name}_d{D}{f'_w{width}' if width != D else ''}"
-                       f"{f'_tail{tail[3]}' if tail else ''}")(convert)
+                       f"{f'_tail{tail[3]}' if tail else ''}"
+                       f"{f'_of{parts}' if parts else ''}{'_rev' if reverse else ''}")(convert)
 
 
 # ------------------------------------------------------------------ fused kernel: dK, dV and dQ
@@ -1980,7 +2145,7 @@ def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=
     block's dK product after the next block's S and dP (``build_fused``'s ``defer``);
     ``fused_pingpong`` (1 or 2): its schedule with warpgroup 1 half a block behind
     warpgroup 0 (``build_fused``'s ``pingpong``). ``tail_split`` (an int >= 2, with
-    ``atomic_dq`` and ``dq_bulk`` only): the dK/dV grid's last partial wave of ``num_sms``
+    ``atomic_dq`` and ``dq_bulk``, ``dq_ordered`` or not): the dK/dV grid's last partial wave of ``num_sms``
     (132) CTAs split into that many pieces each (``build_dkdv``'s ``tail_split``)."""
     safe = safe_default() if safe is None else bool(safe)
     _check_tail("build_attention_backward", tail_split, num_sms, atomic_dq, dq_bulk, dq_ordered,
@@ -2065,13 +2230,17 @@ def _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, safe, atomic_dq, dkdv_bq=
         tail = tail_plan(B, Sk, Hkv, tail_split, num_sms)   # None: nothing to split
         extra = tail_batches(tail[1], S, Hq, D, width) if tail else 0
         dk_scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+        ctail = tail and (Sk, Hkv, *tail, dk_scale)     # build_convert's tail
+        if tail and dq_ordered:     # a slot per piece, summed in order; kv blocks reversed?
+            extra = tail_batches(tail[1] * tail_split, S, Hq, D, width)
+            ctail += (tail_split, ordered_order(S, Sk, causal, dkdv_bq or DKDV_BQ)[1])
         kernels = (build_prep(B, S, Hq, D, dtype=dtype, counters=dq_ordered, width=width,
                               extra=extra),
                    build_dkdv(B, S, Hq, Hkv, D, atomic_dq=True, dq_bulk=dq_bulk,
                               dq_ordered=dq_ordered, tail_split=tail_split, num_sms=num_sms,
                               **dkdv_kw),     # adds dQ into DQACC
                    build_convert(B, S, Hq, D, dtype=dtype, width=width,
-                                 tail=tail and (Sk, Hkv, *tail, dk_scale)))
+                                 tail=ctail))
     else:
         dq_kw = dict(kw, BKV=default_dq_bkv(D) if dq_bkv is None else dq_bkv)
         kernels = (build_dq(B, S, Hq, Hkv, D, **dq_kw), build_dkdv(B, S, Hq, Hkv, D, **dkdv_kw))

@@ -468,6 +468,44 @@ def test_attention_backward_tail_split(D, causal, split, num_sms, S=300):
         assert _rel(_f64(got, "bf16"), ref) < TOL["bf16"], name
 
 
+@pytest.mark.parametrize("D,causal,split,num_sms,Hkv", [
+    (128, True, 2, 4, 1), (64, True, 3, 4, 2), (64, False, 3, 4, 2),
+])
+def test_attention_backward_ordered_tail_split(D, causal, split, num_sms, Hkv, S=300):
+    """``tail_split`` in the ordered (deterministic) mode: the pieces launched share-major
+    after the normal CTAs, each walking the q blocks of its absolute share with the CTA's
+    ranks, so every wait points at an earlier CTA (the simulator runs them one after
+    another). Causal (kv blocks last first): Hkv=1, all three CTAs split in two (the shares
+    [0, 2) and [2, 5): kv block 2's first piece and kv block 1's are empty); Hkv=2 (two q
+    heads each), ``6 % 4``: kv blocks 1 and 0 of the second head in three; full (S=300: five
+    q blocks, not 2 x 3: the ascending order), kv blocks 1 and 2. DQACC, its workspace slots
+    and DK/DV poisoned (no zeroing: every slot row read is stored); dQ's f32 sums must be
+    the unsplit ordered kernel's, bit for bit."""
+    B, Hq = 1, 2 * Hkv
+    q, k, v, do = _attention_inputs(B, S, Hq, Hkv, D, 9 * D + causal)
+    o, lse = ptxsim.run(fa.build_attention(B, S, Hq, Hkv, D, causal=causal).specialize(), [q, k, v])
+    lse = lse.view(np.float32)
+    mode = dict(causal=causal, atomic_dq=True, dq_bulk=True, dq_ordered=True)
+    bwd = fab.build_attention_backward(B, S, Hq, Hkv, D, tail_split=split, num_sms=num_sms,
+                                       **mode)
+    prep, dkdv, convert = bwd.kernels
+    count = 3 * Hkv % num_sms
+    assert dkdv.specialize().grid == (3 * Hkv - count + count * split, 1, 1)
+    stats, acc, sem = ptxsim.run(prep.specialize(), [o, lse, do], scratch=(1,))
+    assert acc.shape[0] > B and not sem.any()
+    dk, dv = ptxsim.run(dkdv.specialize(), [q, k, v, do, stats, acc, sem], inplace=True,
+                        scratch=(0, 1))
+    (dq,) = ptxsim.run(convert.specialize(), [acc, dk, dv], inplace=True)
+    _, _, grads = _attention_reference(q, k, v, do, causal)
+    for name, got, ref in zip(("dq", "dk", "dv"), (dq, dk, dv), grads):
+        assert _rel(_f64(got, "bf16"), ref) < TOL["bf16"], name
+    base = fab.build_attention_backward(B, S, Hq, Hkv, D, **mode).kernels
+    stats0, acc0, sem0 = ptxsim.run(base[0].specialize(), [o, lse, do], scratch=(1,))
+    ptxsim.run(base[1].specialize(), [q, k, v, do, stats0, acc0, sem0], inplace=True)
+    assert np.array_equal(acc[:B], acc0)            # the same adds in the same order
+    assert np.array_equal(sem, sem0)
+
+
 def _ordered_full_backward(S, max_steps):
     B, Hq, Hkv, D = 1, 2, 1, 64
     q, k, v, do = _attention_inputs(B, S, Hq, Hkv, D, 11)
