@@ -473,13 +473,20 @@ def rotated_walk(kb, lo, hi, num_q, per_kv=BM // DKDV_BQ):
     return s, e, L
 
 
+def tail_resident_ctas(tail, num_kv):
+    """CTAs that the ordered mode's split tail needs on the GPU at once: every kv block of
+    the heads that ``tail`` (``(first, count)`` of ``tail_plan``) touches."""
+    first, count = tail
+    return ((first + count - 1) // num_kv - first // num_kv + 1) * num_kv
+
+
 def _check_tail_residency(fn, tail, tail_split, num_kv, num_sms):
     """The ordered mode's pieces: ``ConfigError`` unless every kv block of the heads the tail
     touches fits in a wave beside each other (``heads_touched * num_kv <= num_sms``: those
     heads' normal CTAs may spin on the pieces, whose ``count`` of a share must be resident
     beside them) and ``count * tail_split <= 2 * num_sms`` (the workspace's slots)."""
     first, count = tail
-    heads = (first + count - 1) // num_kv - first // num_kv + 1
+    heads = tail_resident_ctas(tail, num_kv) // num_kv
     if heads * num_kv > num_sms:
         raise _fail(f"{fn}: tail_split with dq_ordered needs the {heads} head(s) of the tail's "
                     f"{count} CTAs resident together: {heads} x {num_kv} kv blocks > num_sms="
@@ -2073,8 +2080,12 @@ class AttentionBackward:
     (``in_specs``, ``out_specs``, ``name``, ``arg_names``) so ``pyptx.differentiable_kernel``
     accepts it as a backward kernel."""
 
-    def __init__(self, kernels, B, S, Hq, Hkv, D, Sk, dt, atomic_dq=False, fallback=None):
+    def __init__(self, kernels, B, S, Hq, Hkv, D, Sk, dt, atomic_dq=False, fallback=None,
+                 resident=None):
         self.kernels, self.atomic_dq, self.fallback = kernels, atomic_dq, fallback
+        #: CTAs that must be resident at once (the ordered split tail), checked at the
+        #: first call against the GPU's SMs; None once checked or where nothing waits.
+        self.resident = resident
         self._dims = (B, S, Hq, Hkv, D, Sk, dt)
         qspec, kspec = Tile(B, S, Hq, D, dt), Tile(B, Sk, Hkv, D, dt)
         lse = Tile(B, Hq, S, f32)
@@ -2107,6 +2118,8 @@ class AttentionBackward:
             raise ConfigError(f"{where()}: attention backward with atomic_dq=True adds into a "
                               f"buffer in place: torch eager tensors only (not JAX or "
                               f"torch.compile), got {type(q).__name__}")
+        if self.resident:
+            self._check_resident()
         prep, dkdv, convert = self.kernels
         stats, dqacc, *sem = prep(o, lse, do)
         dk, dv = dkdv(q, k, v, do, stats, dqacc, *sem)
@@ -2114,13 +2127,26 @@ class AttentionBackward:
             return convert(dqacc, dk, dv), dk, dv
         return convert(dqacc), dk, dv
 
+    def _check_resident(self):
+        """The ordered split tail's CTAs wait for each other, one per SM: a GPU with fewer
+        SMs than they need is refused rather than left to hang."""
+        from pyptx import driver
+
+        n = driver.device_count()
+        sms = min(driver.multiprocessor_count(i) for i in range(n)) if n else self.resident
+        if self.resident > sms:
+            raise _fail(f"{self.name}: tail_split with dq_ordered needs {self.resident} CTAs "
+                        f"resident at once, one per SM, but this GPU has {sms} SMs: build it "
+                        f"with num_sms={sms}")
+        self.resident = None
+
     def with_fallback(self, other):
         """This backward, running ``other`` (same sizes) where an atomic-dQ mode cannot run
         (JAX arrays, ``torch.compile`` traces)."""
         if self._dims != other._dims:
             raise _fail("AttentionBackward.with_fallback: the fallback is for other sizes")
         return AttentionBackward(self.kernels, *self._dims, atomic_dq=self.atomic_dq,
-                                 fallback=other)
+                                 fallback=other, resident=self.resident)
 
     def __repr__(self):
         return f"<AttentionBackward {' + '.join(k.name for k in self.kernels)}>"
@@ -2219,6 +2245,7 @@ def _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, safe, atomic_dq, dkdv_bq=
     kw = dict(Sk=Sk, dtype=dtype, causal=causal, scale=scale, safe=safe)
     dkdv_kw = dict(kw, BQ=dkdv_bq, overlap=overlap)
     dt = _dtype(dtype)
+    resident = None     # CTAs the ordered split tail needs on the GPU at once
     if fused_bq:
         fused = build_fused(B, S, Hq, Hkv, D, Sk=Sk, dtype=dtype, causal=causal, scale=scale,
                             ordered=dq_ordered, defer=fused_defer, pingpong=fused_pingpong)
@@ -2232,6 +2259,7 @@ def _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, safe, atomic_dq, dkdv_bq=
         dk_scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
         ctail = tail and (Sk, Hkv, *tail, dk_scale)     # build_convert's tail
         if tail and dq_ordered:     # a slot per piece, summed in order; kv blocks reversed?
+            resident = tail_resident_ctas(tail, -(-Sk // BM))
             extra = tail_batches(tail[1] * tail_split, S, Hq, D, width)
             ctail += (tail_split, ordered_order(S, Sk, causal, dkdv_bq or DKDV_BQ)[1])
         kernels = (build_prep(B, S, Hq, D, dtype=dtype, counters=dq_ordered, width=width,
@@ -2244,7 +2272,7 @@ def _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, safe, atomic_dq, dkdv_bq=
     else:
         dq_kw = dict(kw, BKV=default_dq_bkv(D) if dq_bkv is None else dq_bkv)
         kernels = (build_dq(B, S, Hq, Hkv, D, **dq_kw), build_dkdv(B, S, Hq, Hkv, D, **dkdv_kw))
-    return AttentionBackward(kernels, B, S, Hq, Hkv, D, Sk, dt, atomic_dq)
+    return AttentionBackward(kernels, B, S, Hq, Hkv, D, Sk, dt, atomic_dq, resident=resident)
 
 
 def attention_backward(q, k, v, o, lse, do, causal=False, scale=None, *, safe=None,

@@ -674,3 +674,25 @@ def test_dkdv_modes_keep_wgmma_asynchronous(D, causal, assemble):
                                        tail_split=33)
     log = assemble(bwd.dkdv_kernel.ptx())
     assert "(C751" not in log and ", 0 bytes spill stores" in log, log
+
+
+def test_ordered_tail_split_refuses_a_gpu_with_too_few_sms(monkeypatch):
+    """Built for 6 SMs, the ordered pieces' chain needs the tail head's 5 kv blocks resident;
+    a GPU of 4 SMs is refused at the first call (before any launch), one of 5 is taken."""
+    from pyptx import driver
+
+    bwd = fab.build_attention_backward(1, 640, 2, 2, 64, tail_split=2, num_sms=6, **ORDERED)
+    assert bwd.resident == 5
+    q = torch.zeros(1, 640, 2, 64, dtype=torch.bfloat16)
+    lse = torch.zeros(1, 2, 640)
+    monkeypatch.setattr(driver, "device_count", lambda: 1)
+    monkeypatch.setattr(driver, "multiprocessor_count", lambda i: 4)
+    with pytest.raises(ConfigError, match=r"test_flash_attention_bwd_cpu.py:\d+: .*needs 5 CTAs "
+                                          r"resident at once.*has 4 SMs: build it with num_sms=4"):
+        bwd(q, q, q, q, lse, q)
+    monkeypatch.setattr(driver, "multiprocessor_count", lambda i: 5)
+    bwd._check_resident()
+    assert bwd.resident is None
+    plain = fab.build_attention_backward(1, 640, 2, 2, 64, tail_split=2, num_sms=6,
+                                         atomic_dq=True, dq_bulk=True)
+    assert plain.resident is None
