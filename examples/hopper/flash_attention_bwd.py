@@ -173,15 +173,14 @@ def _store_rows(acc, ptr, row, valid, H, D, head, batch, S, col0, scale, dt):
         ptx.inst.st.global_.b32(ptx.addr(rbase[dr // 8], dc * 2), packed, pred=valid[dr // 8])
 
 
-def _add_rows(acc, ptr, row, valid, D, col0, col_off, op="red.global.add.v2.f32"):
-    """Add a consumer's 64 x D f32 accumulator into rows ``row`` and ``row + 8`` (``valid``
-    guards) of a ``2D``-column f32 workspace at ``ptr``, columns from ``col_off``, with
-    ``red.global.add.v2.f32`` per pair (``tail_split``'s pieces; the ordered mode's store
-    them with ``op="st.global.v2.f32"`` into their own slots)."""
+def _workspace_rows(acc, ptr, row, valid, D, col0, col_off, op):
+    """A consumer's 64 x D f32 accumulator into rows ``row`` and ``row + 8`` (``valid``
+    guards) of a ``2D``-column f32 workspace at ``ptr``, columns from ``col_off``, by ``op``
+    per pair: ``red.global.add.v2.f32`` (``tail_split``'s pieces adding into their tail CTA's
+    slot) or ``st.global.v2.f32`` (the ordered mode's pieces, each into its own slot)."""
     rbase = [reg.from_((row + r) * (2 * D) + col0 + col_off, u64) * 4 + ptr for r in (0, 8)]
     for i, dr, dc in acc.pairs():
-        ptx.inst(op)(ptx.addr(rbase[dr // 8], dc * 4), [acc[i], acc[i + 1]],
-                                          pred=valid[dr // 8])
+        ptx.inst(op)(ptx.addr(rbase[dr // 8], dc * 4), [acc[i], acc[i + 1]], pred=valid[dr // 8])
 
 
 # ------------------------------------------------------------------ dQ kernel (+ stats)
@@ -548,7 +547,8 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     132), any order: the last ``C % num_sms`` CTAs of the ``C``-CTA grid (``tail_plan``), which would run
     alone in a last, partial wave, become P pieces each, piece p taking the p-th contiguous
     share ``[n p / P, n (p + 1) / P)`` of each q head's ``n`` visited q blocks; the grid is
-    1-D, ``C - count + count * P``, in the same order. A piece adds its dQ tiles as the CTA
+    1-D, ``C - count + count * P``: the normal CTAs in the same order, then the pieces
+    share-major (piece ``p * count + t`` of tail CTA ``t``). A piece adds its dQ tiles as the CTA
     would and its f32 dK/dV partial sums (dK unscaled) into a workspace with
     ``red.global.add.v2.f32``: DQACC gets ``tail_batches`` extra batches (zeroed by
     ``build_prep(extra=...)``), which ``build_convert(tail=...)`` turns into the pieces' rows
@@ -712,7 +712,8 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         head_bar = BarrierArray(1, name="head_bar")
         nsm = smem.alloc(u32, 1, align=4, name="tail_n") if otail else None
         tid, wg = thread_ids()
-        if otail:       # 1-D grid, share-major: piece j = part * count + tile
+        if tail:        # 1-D grid: CTA `lin`, then the pieces share-major: piece
+            # j = part * count + tile of tail CTA `first + tile`
             lin = reg.from_(ptx.special.ctaid.x(), u32)
             is_piece = lin >= tail[0]
             j = lin - tail[0]
@@ -723,17 +724,6 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             kb = cta % num_kv
             if reverse:     # launched last kv block first, as the 3-D grid
                 kb = (num_kv - 1) - kb
-            hk = (cta // num_kv) % Hkv
-            b = cta // (num_kv * Hkv)
-        elif tail:      # 1-D grid: CTA `lin`, or piece `part` of tail CTA `first + tile`
-            lin = reg.from_(ptx.special.ctaid.x(), u32)
-            is_piece = lin >= tail[0]
-            tile = (lin - tail[0]) // tail_split
-            cta = reg.scalar(u32)
-            ptx.inst.selp.u32(cta, tile + tail[0], lin, is_piece)
-            part = reg.scalar(u32)
-            ptx.inst.selp.u32(part, (lin - tail[0]) - tile * tail_split, 0, is_piece)
-            kb = cta % num_kv
             hk = (cta // num_kv) % Hkv
             b = cta // (num_kv * Hkv)
         else:
@@ -1216,33 +1206,26 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                 ptx.tma.wait_group(0, read=True)
         if wide:        # read again here: no registers held over the loop
             pdk, pdv = ptx.global_ptrs(DK, DV)
-        if otail:       # a piece stores its f32 rows into its slot (ctaid - first) of the
-            # workspace (no atomics: the conversion sums the slots in order)
-            lin = reg.from_(ptx.special.ctaid.x(), u32)
-            with ptx.if_(lin >= tail[0]):
-                (pws,) = ptx.global_ptrs(DQACC)
-                pws = pws + B * S * Hq * dq_width * 4
-                row = (lin - tail[0]) * BM + (w * 64 + row0)
-                _add_rows(dk_acc, pws, row, valid, D, col0, 0, op="st.global.v2.f32")
-                _add_rows(dv_acc, pws, row, valid, D, col0, D, op="st.global.v2.f32")
-            with ptx.else_():
-                _store_rows(dk_acc, pdk, kvrow, valid, Hkv, D, hk, b, Sk, col0, scale, dt)
-                _store_rows(dv_acc, pdv, kvrow, valid, Hkv, D, hk, b, Sk, col0, 1.0, dt)
-        elif tail:      # a piece adds its f32 rows into the workspace (read again: no
-            # registers held over the loop); rows past Sk are skipped as the stores skip them
-            lin = reg.from_(ptx.special.ctaid.x(), u32)
-            with ptx.if_(lin >= tail[0]):
-                (pws,) = ptx.global_ptrs(DQACC)
-                pws = pws + B * S * Hq * dq_width * 4
-                tile = (lin - tail[0]) // tail_split
-                _add_rows(dk_acc, pws, tile * BM + (w * 64 + row0), valid, D, col0, 0)
-                _add_rows(dv_acc, pws, tile * BM + (w * 64 + row0), valid, D, col0, D)
-            with ptx.else_():
-                _store_rows(dk_acc, pdk, kvrow, valid, Hkv, D, hk, b, Sk, col0, scale, dt)
-                _store_rows(dv_acc, pdv, kvrow, valid, Hkv, D, hk, b, Sk, col0, 1.0, dt)
-        else:
+        def store_rows():
             _store_rows(dk_acc, pdk, kvrow, valid, Hkv, D, hk, b, Sk, col0, scale, dt)
             _store_rows(dv_acc, pdv, kvrow, valid, Hkv, D, hk, b, Sk, col0, 1.0, dt)
+
+        if tail:        # a piece's f32 rows (read again: no registers held over the loop)
+            # go to the workspace: ordered, stored into its own slot j (the conversion sums
+            # the slots in order); any order, added into its tail CTA's slot j % count
+            lin = reg.from_(ptx.special.ctaid.x(), u32)
+            with ptx.if_(lin >= tail[0]):
+                (pws,) = ptx.global_ptrs(DQACC)
+                pws = pws + B * S * Hq * dq_width * 4
+                j = lin - tail[0]
+                row = (j if otail else j % tail[1]) * BM + (w * 64 + row0)
+                op = "st.global.v2.f32" if otail else "red.global.add.v2.f32"
+                _workspace_rows(dk_acc, pws, row, valid, D, col0, 0, op)
+                _workspace_rows(dv_acc, pws, row, valid, D, col0, D, op)
+            with ptx.else_():
+                store_rows()
+        else:
+            store_rows()
         roles.end()
         ptx.ret()
 
@@ -2132,8 +2115,7 @@ class AttentionBackward:
         SMs than they need is refused rather than left to hang."""
         from pyptx import driver
 
-        n = driver.device_count()
-        sms = min(driver.multiprocessor_count(i) for i in range(n)) if n else self.resident
+        sms = driver.fewest_sms() or self.resident
         if self.resident > sms:
             raise _fail(f"{self.name}: tail_split with dq_ordered needs {self.resident} CTAs "
                         f"resident at once, one per SM, but this GPU has {sms} SMs: build it "
@@ -2255,12 +2237,13 @@ def _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, safe, atomic_dq, dkdv_bq=
         check_shapes(B, S, Hq, Hkv, D, Sk)
         width = dq_accumulator_width(D, dq_bulk)
         tail = tail_plan(B, Sk, Hkv, tail_split, num_sms)   # None: nothing to split
-        extra = tail_batches(tail[1], S, Hq, D, width) if tail else 0
+        # the workspace: a slot per split CTA (any order), per piece (ordered)
+        extra = tail_batches(tail[1] * (tail_split if dq_ordered else 1), S, Hq, D,
+                             width) if tail else 0
         dk_scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
         ctail = tail and (Sk, Hkv, *tail, dk_scale)     # build_convert's tail
         if tail and dq_ordered:     # a slot per piece, summed in order; kv blocks reversed?
             resident = tail_resident_ctas(tail, -(-Sk // BM))
-            extra = tail_batches(tail[1] * tail_split, S, Hq, D, width)
             ctail += (tail_split, ordered_order(S, Sk, causal, dkdv_bq or DKDV_BQ)[1])
         kernels = (build_prep(B, S, Hq, D, dtype=dtype, counters=dq_ordered, width=width,
                               extra=extra),
