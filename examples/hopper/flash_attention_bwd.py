@@ -2190,8 +2190,8 @@ def default_dq_bkv(D):
 
 OPTIONS = ("dkdv_bq", "dkdv_overlap", "atomic_dq", "dq_bulk", "dq_ordered",
            "dq_bkv", "fused_bq", "fused_defer", "fused_pingpong",
-           "tail_split")  # build_attention_backward's
-INT_OPTIONS = ("dkdv_bq", "dq_bkv", "fused_bq", "fused_pingpong", "tail_split")
+           "tail_split", "num_sms")  # build_attention_backward's
+INT_OPTIONS = ("dkdv_bq", "dq_bkv", "fused_bq", "fused_pingpong", "tail_split", "num_sms")
 
 
 def _check_fused(fn, fused_bq, safe, atomic_dq, dkdv_bq, dkdv_overlap, dq_bulk, dq_bkv):
