@@ -472,6 +472,12 @@ def rotated_walk(kb, lo, hi, num_q, per_kv=BM // DKDV_BQ):
     return s, e, L
 
 
+def convert_ctas(B, S, Hq, num_sms):
+    """``build_dkdv(dq_convert=True)``'s converter CTAs: one per SM, at most one per 64-row
+    q block."""
+    return min(B * Hq * -(-S // 64), num_sms)
+
+
 def tail_resident_ctas(tail, num_kv):
     """CTAs that the ordered mode's split tail needs on the GPU at once: every kv block of
     the heads that ``tail`` (``(first, count)`` of ``tail_plan``) touches."""
@@ -513,7 +519,7 @@ def _check_tail(fn, tail_split, num_sms, atomic_dq, dq_bulk, dq_ordered, fused_b
 
 def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None, BQ=None,
                stages=None, sync=None, safe=None, atomic_dq=False, overlap=None, dq_bulk=False,
-               dq_ordered=False, tail_split=None, num_sms=132):
+               dq_ordered=False, tail_split=None, num_sms=132, dq_convert=False):
     """The dK/dV kernel: ``(Q, K, V, DO, STATS) -> (DK, DV)`` (STATS from ``build_dq``).
 
     ``BQ``: q rows per block, 32 or 64 (``None``: ``DKDV_BQ``, 64; ``atomic_dq`` needs 64,
@@ -562,10 +568,21 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     earlier CTAs; each stores (``st.global``, no zeroing) its f32 dK/dV into its own
     workspace slot, which ``build_convert`` sums in the order p = 0, 1, ... Refused where the
     heads the tail touches cannot be resident together (``heads * num_kv > num_sms``) or the
-    slots exceed ``2 * num_sms`` (``_check_tail_residency``), and with BQ=128."""
+    slots exceed ``2 * num_sms`` (``_check_tail_residency``), and with BQ=128.
+
+    ``dq_convert`` (ordered bulk dQ, 64-row q blocks): the kernel also writes the 16-bit
+    ``DQ`` (a third output), so ``build_convert`` is not needed: ``convert_ctas`` more CTAs,
+    launched after all the others (the grid is 1-D), turn DQACC's 64-row q blocks into DQ,
+    each block once its counter says every add is in. They run where the grid's last,
+    partial wave leaves SMs idle."""
     Sk, dt, scale, safe, sync, G, Sp = _common_options(B, S, Hq, Hkv, D, Sk, dtype, scale,
                                                        safe, sync)
     _check_tail("build_dkdv", tail_split, num_sms, atomic_dq, dq_bulk, dq_ordered)
+    if dq_convert and not (atomic_dq and dq_bulk and dq_ordered) or dq_convert and BQ not in (
+            None, 64):
+        raise _fail(f"build_dkdv: dq_convert needs the ordered bulk-dQ mode (atomic_dq, "
+                    f"dq_bulk, dq_ordered) with 64-row q blocks, got atomic_dq={atomic_dq!r}, "
+                    f"dq_bulk={dq_bulk!r}, dq_ordered={dq_ordered!r}, BQ={BQ!r}")
     tail = tail_plan(B, Sk, Hkv, tail_split, num_sms)
     if BQ is None:
         BQ = DKDV_BQ
@@ -611,6 +628,9 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     # full attention, ordered dQ: kv block j walks q blocks from (BM / BQ) * j, wrapping
     rotate, reverse = ordered_order(S, Sk, causal, BQ) if dq_ordered else (False, False)
     otail = tail if dq_ordered else None            # the ordered mode's pieces
+    n_main = (tail[0] + tail[1] * tail_split) if tail else num_kv * Hkv * B
+    units = B * Hq * sem_q                          # dq_convert's 64-row q blocks
+    n_conv = convert_ctas(B, S, Hq, num_sms) if dq_convert else 0
     qb_slot = 2 * q_tile.nbytes + stats_bytes       # a stage's q block (otail), after stats
     if otail:
         if wide:
@@ -706,7 +726,58 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                 count(cell)
                 ptx.inst.xor.b32(phase, phase, 1)
 
-    def dkdv_kernel(Q, K, V, DO, STATS, DQACC, SEM, DK, DV):
+    def _converter(DQACC, SEM, DQ, c):
+        """Converter CTA ``c`` (``dq_convert``): the 64-row q blocks ``[c U / n, (c + 1) U /
+        n)`` of the ``U`` in (batch, q head, q block) order, 256 threads, ``D / 32``
+        eight-column pieces each per block; thread 0 waits (acquire) until the block's
+        counter holds every add (causal: kv blocks 0..min(qb / 2, num_kv - 1))."""
+        tid = reg.from_(ptx.special.tid.x(), u32)
+        pa, psem, pq = ptx.global_ptrs(DQACC, SEM, DQ)
+        now = reg.scalar(u32)
+        with ptx.if_(tid < 256):
+            for u in ptx.loop((c * units) // n_conv, ((c + 1) * units) // n_conv):
+                bh = u // sem_q
+                qb = u - bh * sem_q
+                adds = _min_u32(qb // 2, num_kv - 1) + 1 if causal else num_kv
+                with ptx.if_(tid == 0):
+                    cell = reg.from_(u, u64) * 8 + psem
+
+                    def not_done(cell=cell, adds=adds):
+                        ptx.inst("ld.acquire.gpu.global.u32")(now, ptx.addr(cell))
+                        return now != adds
+
+                    with ptx.while_(not_done):
+                        pass
+                ptx.bar_sync(1, 256)
+                b = bh // Hq
+                hq = bh - b * Hq
+                for i in range(D // 32):
+                    v = tid + 256 * i
+                    s = qb * 64 + v // (D // 8)
+                    col = (v % (D // 8)) * 8
+                    row = (b * S + s) * Hq + hq
+                    src = reg.from_(row, u64) * (dq_width * 4) + reg.from_(col * 4, u64) + pa
+                    dst = reg.from_(row, u64) * (D * 2) + reg.from_(col * 2, u64) + pq
+                    with ptx.if_(s < S):
+                        x = reg.array(f32, 8)
+                        ptx.inst.ld.global_.v4.f32(list(x)[:4], ptx.addr(src))
+                        ptx.inst.ld.global_.v4.f32(list(x)[4:], ptx.addr(src, 16))
+                        if dq_width != D:   # the second partial sum, D columns on
+                            y = reg.array(f32, 8)
+                            ptx.inst.ld.global_.v4.f32(list(y)[:4], ptx.addr(src, 4 * D))
+                            ptx.inst.ld.global_.v4.f32(list(y)[4:], ptx.addr(src, 4 * D + 16))
+                            for m in range(8):
+                                ptx.inst.add.f32(x[m], x[m], y[m])
+                        packed = reg.array(b32, 4)
+                        for m in range(4):
+                            ptx.inst(f"cvt.rn.{dt.name}x2.f32")(packed[m], x[2 * m + 1], x[2 * m])
+                        ptx.inst.st.global_.v4.b32(ptx.addr(dst), packed)
+        ptx.ret()
+
+    def dkdv_kernel(Q, K, V, DO, STATS, DQACC, SEM, DK, DV, DQ=None):
+        if n_conv:      # the last n_conv CTAs of the 1-D grid convert dQ
+            with ptx.if_(reg.from_(ptx.special.ctaid.x(), u32) >= n_main):
+                _converter(DQACC, SEM, DQ, reg.from_(ptx.special.ctaid.x(), u32) - n_main)
         base = ring_base("smem")
         pipe = Pipeline(stages, consumer_arrivals=RELEASE_ARRIVALS + (1 if wide else 0))
         head_bar = BarrierArray(1, name="head_bar")
@@ -723,6 +794,13 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             ptx.inst.selp.u32(cta, j % tail[1] + tail[0], lin, is_piece)
             kb = cta % num_kv
             if reverse:     # launched last kv block first, as the 3-D grid
+                kb = (num_kv - 1) - kb
+            hk = (cta // num_kv) % Hkv
+            b = cta // (num_kv * Hkv)
+        elif n_conv:    # 1-D grid, the 3-D grid's order
+            cta = reg.from_(ptx.special.ctaid.x(), u32)
+            kb = cta % num_kv
+            if reverse:
                 kb = (num_kv - 1) - kb
             hk = (cta // num_kv) % Hkv
             b = cta // (num_kv * Hkv)
@@ -1233,14 +1311,20 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             f"{'_safe' if safe else ''}{'_atomic' if atomic_dq else ''}{'_bulk' if dq_bulk else ''}"
             f"{'_ordered' if dq_ordered else ''}"
             f"{f'_bq{BQ}' if BQ != 64 else ''}{'_serial' if overlap != default_overlap else ''}"
-            f"{f'_tail{tail_split}of{num_sms}' if tail else ''}")
+            f"{f'_tail{tail_split}of{num_sms}' if tail else ''}{f'_cvt{n_conv}' if n_conv else ''}")
     ins = (qspec, kspec, kspec, qspec, Tile(B, Hq, Sp, 2, f32))
     # the workspace: one 128-row slot per split CTA (any order), per piece (ordered)
     extra = tail_batches(tail[1] * (tail_split if otail else 1), S, Hq, D, dq_width) if tail else 0
-    grid = (tail[0] + tail[1] * tail_split, 1, 1) if tail else (num_kv, Hkv, B)
+    grid = (n_main + n_conv, 1, 1) if tail or n_conv else (num_kv, Hkv, B)
+    outs = (kspec, kspec)
     if dq_ordered:
         ins += (Tile(B + extra, S, Hq, dq_width, f32), Tile(B, Hq, sem_q, 2, s32))
-        fn = dkdv_kernel
+        if n_conv:
+            outs += (qspec,)
+            fn = dkdv_kernel
+        else:
+            def fn(Q, K, V, DO, STATS, DQACC, SEM, DK, DV):
+                dkdv_kernel(Q, K, V, DO, STATS, DQACC, SEM, DK, DV)
     elif atomic_dq:
         ins += (Tile(B + extra, S, Hq, dq_width, f32),)
 
@@ -1253,7 +1337,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     tma = {"Q": box_q, "DO": box_q, "K": box_kv, "V": box_kv}
     if dq_bulk:
         tma["DQACC"] = {"box": (1, 64, 1, 32), "swizzle": "128B"}
-    return kernel(in_specs=ins, out_specs=(kspec, kspec), grid=grid,
+    return kernel(in_specs=ins, out_specs=outs, grid=grid,
                   block=(THREADS, 1, 1), smem=smem_total, maxnreg=168,
                   version="8.3" if atomic_dq else None,      # red.global.add.v2.f32: ISA 8.1
                   tma=tma, name=name)(fn)
@@ -2103,9 +2187,13 @@ class AttentionBackward:
                               f"torch.compile), got {type(q).__name__}")
         if self.resident:
             self._check_resident()
-        prep, dkdv, convert = self.kernels
+        prep, dkdv, *convert = self.kernels
         stats, dqacc, *sem = prep(o, lse, do)
+        if not convert:     # dq_convert: the dK/dV grid writes dQ too
+            dk, dv, dq = dkdv(q, k, v, do, stats, dqacc, *sem)
+            return dq, dk, dv
         dk, dv = dkdv(q, k, v, do, stats, dqacc, *sem)
+        (convert,) = convert
         if len(convert.in_specs) == 3:  # tail_split: the pieces' dK/dV rows written in place
             return convert(dqacc, dk, dv), dk, dv
         return convert(dqacc), dk, dv
@@ -2137,7 +2225,8 @@ class AttentionBackward:
 def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None,
                              safe=None, atomic_dq=False, dkdv_bq=None, dkdv_overlap=None,
                              dq_bulk=False, dq_ordered=False, dq_bkv=None, fused_bq=None,
-                             fused_defer=False, fused_pingpong=0, tail_split=None, num_sms=132):
+                             fused_defer=False, fused_pingpong=0, tail_split=None, num_sms=132,
+                             dq_convert=False):
     """The backward kernels for these sizes: ``bwd(q, k, v, o, lse, do, dlse) -> (dq, dk,
     dv)``. ``safe=True`` (or ``PYPTX_ATTN_BWD_SAFE=1``): the simplest schedule, for
     bisecting. ``atomic_dq=True``: dQ accumulated by the dK/dV kernel with f32 atomics (no
@@ -2154,8 +2243,18 @@ def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=
     ``fused_pingpong`` (1 or 2): its schedule with warpgroup 1 half a block behind
     warpgroup 0 (``build_fused``'s ``pingpong``). ``tail_split`` (an int >= 2, with
     ``atomic_dq`` and ``dq_bulk``, ``dq_ordered`` or not): the dK/dV grid's last partial wave of ``num_sms``
-    (132) CTAs split into that many pieces each (``build_dkdv``'s ``tail_split``)."""
+    (132) CTAs split into that many pieces each (``build_dkdv``'s ``tail_split``).
+    ``dq_convert`` (with ``atomic_dq``, ``dq_bulk`` and ``dq_ordered``, not ``tail_split``):
+    the dK/dV grid writes dQ itself, ``num_sms`` converter CTAs after its other CTAs, each
+    q block once its adds are in, instead of a conversion kernel after it."""
     safe = safe_default() if safe is None else bool(safe)
+    if dq_convert and (not (atomic_dq and dq_bulk and dq_ordered) or tail_split or fused_bq
+                       or dkdv_bq not in (None, 64)):
+        raise _fail(f"build_attention_backward: dq_convert is for the ordered bulk-dQ dK/dV "
+                    f"kernel (atomic_dq, dq_bulk and dq_ordered; 64-row q blocks; not "
+                    f"tail_split or fused_bq), got atomic_dq={atomic_dq!r}, dq_bulk={dq_bulk!r}, "
+                    f"dq_ordered={dq_ordered!r}, dkdv_bq={dkdv_bq!r}, tail_split={tail_split!r}, "
+                    f"fused_bq={fused_bq!r}")
     _check_tail("build_attention_backward", tail_split, num_sms, atomic_dq, dq_bulk, dq_ordered,
                 fused_bq)
     if (fused_defer or fused_pingpong) and fused_bq is None:
@@ -2179,7 +2278,7 @@ def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=
     _check_dq_modes("build_attention_backward", atomic_dq, dq_bulk, dq_ordered)
     return _build(B, S, Hq, Hkv, D, S if Sk is None else Sk, dtype, causal, scale, safe,
                   bool(atomic_dq), dkdv_bq, overlap, bool(dq_bulk), bool(dq_ordered), dq_bkv,
-                  tail_split=tail_split, num_sms=num_sms)
+                  tail_split=tail_split, num_sms=num_sms, dq_convert=bool(dq_convert))
 
 
 def default_dq_bkv(D):
@@ -2190,7 +2289,7 @@ def default_dq_bkv(D):
 
 OPTIONS = ("dkdv_bq", "dkdv_overlap", "atomic_dq", "dq_bulk", "dq_ordered",
            "dq_bkv", "fused_bq", "fused_defer", "fused_pingpong",
-           "tail_split", "num_sms")  # build_attention_backward's
+           "tail_split", "num_sms", "dq_convert")  # build_attention_backward's
 INT_OPTIONS = ("dkdv_bq", "dq_bkv", "fused_bq", "fused_pingpong", "tail_split", "num_sms")
 
 
@@ -2223,7 +2322,7 @@ def parse_options(text):
 @functools.lru_cache(maxsize=64)
 def _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, safe, atomic_dq, dkdv_bq=None, overlap=None,
            dq_bulk=False, dq_ordered=False, dq_bkv=None, fused_bq=None, fused_defer=False,
-           fused_pingpong=0, tail_split=None, num_sms=132):
+           fused_pingpong=0, tail_split=None, num_sms=132, dq_convert=False):
     kw = dict(Sk=Sk, dtype=dtype, causal=causal, scale=scale, safe=safe)
     dkdv_kw = dict(kw, BQ=dkdv_bq, overlap=overlap)
     dt = _dtype(dtype)
@@ -2249,9 +2348,11 @@ def _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, safe, atomic_dq, dkdv_bq=
                               extra=extra),
                    build_dkdv(B, S, Hq, Hkv, D, atomic_dq=True, dq_bulk=dq_bulk,
                               dq_ordered=dq_ordered, tail_split=tail_split, num_sms=num_sms,
-                              **dkdv_kw),     # adds dQ into DQACC
+                              dq_convert=dq_convert, **dkdv_kw),     # adds dQ into DQACC
                    build_convert(B, S, Hq, D, dtype=dtype, width=width,
                                  tail=ctail))
+        if dq_convert:      # the dK/dV grid converts dQ (not with tail_split: refused above)
+            kernels = kernels[:2]
     else:
         dq_kw = dict(kw, BKV=default_dq_bkv(D) if dq_bkv is None else dq_bkv)
         kernels = (build_dq(B, S, Hq, Hkv, D, **dq_kw), build_dkdv(B, S, Hq, Hkv, D, **dkdv_kw))

@@ -506,6 +506,30 @@ def test_attention_backward_ordered_tail_split(D, causal, split, num_sms, Hkv, S
     assert np.array_equal(sem, sem0)
 
 
+@pytest.mark.parametrize("D,causal,Hkv", [(128, True, 1), (64, False, 2), (64, True, 2)])
+def test_attention_backward_dq_convert(D, causal, Hkv, S=300):
+    """``dq_convert``: ``num_sms=3`` converter CTAs after the dK/dV grid turn DQACC's 64-row q
+    blocks (5 per q head, shared unevenly) into dQ, each once its counter holds all of its
+    adds (causal: fewer kv blocks per q block). dQ poisoned like DK/DV: every element must be
+    written; against float64, and bit for bit the conversion kernel's."""
+    B, Hq = 1, 2 * Hkv
+    q, k, v, do = _attention_inputs(B, S, Hq, Hkv, D, 13 * D + causal)
+    o, lse = ptxsim.run(fa.build_attention(B, S, Hq, Hkv, D, causal=causal).specialize(), [q, k, v])
+    lse = lse.view(np.float32)
+    mode = dict(causal=causal, atomic_dq=True, dq_bulk=True, dq_ordered=True)
+    prep, dkdv = fab.build_attention_backward(B, S, Hq, Hkv, D, dq_convert=True, num_sms=3,
+                                              **mode).kernels
+    assert dkdv.specialize().grid == (3 * Hkv + 3, 1, 1)
+    stats, acc, sem = ptxsim.run(prep.specialize(), [o, lse, do], scratch=(1,))
+    dk, dv, dq = ptxsim.run(dkdv.specialize(), [q, k, v, do, stats, acc, sem], inplace=True)
+    _, _, grads = _attention_reference(q, k, v, do, causal)
+    for name, got, ref in zip(("dq", "dk", "dv"), (dq, dk, dv), grads):
+        assert _rel(_f64(got, "bf16"), ref) < TOL["bf16"], name
+    (dq0,) = ptxsim.run(fab.build_attention_backward(B, S, Hq, Hkv, D, **mode).kernels[2]
+                        .specialize(), [acc[:B]])
+    assert np.array_equal(dq, dq0)
+
+
 def _ordered_full_backward(S, max_steps):
     B, Hq, Hkv, D = 1, 2, 1, 64
     q, k, v, do = _attention_inputs(B, S, Hq, Hkv, D, 11)

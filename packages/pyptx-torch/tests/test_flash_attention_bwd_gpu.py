@@ -257,3 +257,25 @@ def test_tail_split(B, S, Hq, Hkv, D, dtn, causal, split, num_sms, ordered):
         assert all(torch.equal(x, y) for x, y in zip(got, bwd(*args)))
         plain = fab.build_attention_backward(B, S, Hq, Hkv, D, dtype=dtn, **mode)(*args)
         assert torch.equal(got[0], plain[0])
+
+
+@pytest.mark.parametrize("B,S,Hq,Hkv,D,dtn,causal", [
+    (2, 513, 8, 2, 128, "bf16", True),
+    (2, 1000, 4, 4, 128, "f16", False),    # the rotated order
+    (1, 333, 4, 2, 64, "bf16", False),     # ascending order, GQA
+    (3, 200, 2, 1, 64, "bf16", True),
+])
+def test_dq_convert(B, S, Hq, Hkv, D, dtn, causal):
+    """``dq_convert``: the dK/dV grid's converter CTAs write dQ (poisoned), each q block once
+    its counter holds every add: float64 autograd, and dQ bitwise equal to the conversion
+    kernel's (the same ordered sums)."""
+    q, k, v, do = _inputs(B, S, Hq, Hkv, D, dtn, seed=S)
+    o, lse, *refs = fab.reference(q, k, v, do, causal)
+    args = (q, k, v, o.to(q.dtype), lse.float(), do)
+    mode = dict(causal=causal, atomic_dq=True, dq_bulk=True, dq_ordered=True)
+    bwd = fab.build_attention_backward(B, S, Hq, Hkv, D, dtype=dtn, dq_convert=True, **mode)
+    assert len(bwd.kernels) == 2
+    got = bwd(*args)
+    _check(got, refs, dtn)
+    plain = fab.build_attention_backward(B, S, Hq, Hkv, D, dtype=dtn, **mode)(*args)
+    assert all(torch.equal(x, y) for x, y in zip(got, plain))
