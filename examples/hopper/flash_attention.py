@@ -736,7 +736,7 @@ def _differentiable(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, schedule, BN, st
     backward example or ``differentiable_kernel(save_outputs=)`` is not available.
     The backward for torch eager calls: at D=128, the dK/dV kernel also adds dQ, with TMA
     tile reductions in a fixed order (``dq_ordered``: five products, not seven, still
-    deterministic); at D=64, the fused one-kernel backward (``fused_bq=128``, 128-row q
+    deterministic), and converts dQ in converter CTAs after its own (``dq_convert``); at D=64, the fused one-kernel backward (``fused_bq=128``, 128-row q
     blocks, its consumer warpgroups half a block apart: ``fused_pingpong=1``) adds dQ the
     same way; ``deterministic=False``: in any order. JAX and
     ``torch.compile`` traces run the seven-product pair (``AttentionBackward.fallback``), as
@@ -759,7 +759,7 @@ def _differentiable(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, schedule, BN, st
     elif not deterministic:
         fast = dict(atomic_dq=True, dq_bulk=True)
     elif D == 128 and not bwd_mod.safe_default():
-        fast = dict(atomic_dq=True, dq_bulk=True, dq_ordered=True)
+        fast = dict(atomic_dq=True, dq_bulk=True, dq_ordered=True, dq_convert=True)
     if fast:
         try:
             bwd = bwd_mod.build_attention_backward(

@@ -80,6 +80,8 @@ THREADS = 384     # producer warpgroup + two consumers
 #: once, so it is used only up to this many kv blocks (half an H100's SMs at one CTA per SM);
 #: longer sequences take the ascending order, whose waits all point at earlier CTAs.
 ROTATE_MAX_KV = 64
+#: dq_convert: 64-row q blocks a converter CTA takes per turn (their loads in flight together)
+CONVERT_BLOCKS = 2
 PROD_REGS, CONS_REGS = 24, 240
 
 
@@ -728,50 +730,60 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
 
     def _converter(DQACC, SEM, DQ, c):
         """Converter CTA ``c`` (``dq_convert``): the 64-row q blocks ``[c U / n, (c + 1) U /
-        n)`` of the ``U`` in (batch, q head, q block) order, 256 threads, ``D / 32``
-        eight-column pieces each per block; thread 0 waits (acquire) until the block's
+        n)`` of the ``U`` in (batch, q head, q block) order, ``CONVERT_BLOCKS`` at a time, by
+        256 threads, ``D / 32`` eight-column pieces each per block, every load of the turn
+        issued before the first conversion. Thread ``32 j`` waits (acquire) until block j's
         counter holds every add (causal: kv blocks 0..min(qb / 2, num_kv - 1))."""
         tid = reg.from_(ptx.special.tid.x(), u32)
         pa, psem, pq = ptx.global_ptrs(DQACC, SEM, DQ)
         now = reg.scalar(u32)
+        hi = ((c + 1) * units) // n_conv
         with ptx.if_(tid < 256):
-            for u in ptx.loop((c * units) // n_conv, ((c + 1) * units) // n_conv):
-                bh = u // sem_q
-                qb = u - bh * sem_q
-                adds = _min_u32(qb // 2, num_kv - 1) + 1 if causal else num_kv
-                with ptx.if_(tid == 0):
-                    cell = reg.from_(u, u64) * 8 + psem
+            for u0 in ptx.loop((c * units) // n_conv, hi, CONVERT_BLOCKS):
+                got = []
+                for j in range(CONVERT_BLOCKS):
+                    u = u0 + j
+                    bh = u // sem_q
+                    qb = u - bh * sem_q
+                    adds = _min_u32(qb // 2, num_kv - 1) + 1 if causal else num_kv
+                    with ptx.if_((tid == 32 * j) & (u < hi)):
+                        cell = reg.from_(u, u64) * 8 + psem
 
-                    def not_done(cell=cell, adds=adds):
-                        ptx.inst("ld.acquire.gpu.global.u32")(now, ptx.addr(cell))
-                        return now != adds
+                        def not_done(cell=cell, adds=adds):
+                            ptx.inst("ld.acquire.gpu.global.u32")(now, ptx.addr(cell))
+                            return now != adds
 
-                    with ptx.while_(not_done):
-                        pass
+                        with ptx.while_(not_done):
+                            pass
+                    got.append((u, bh, qb))
                 ptx.bar_sync(1, 256)
-                b = bh // Hq
-                hq = bh - b * Hq
-                for i in range(D // 32):
-                    v = tid + 256 * i
-                    s = qb * 64 + v // (D // 8)
-                    col = (v % (D // 8)) * 8
-                    row = (b * S + s) * Hq + hq
-                    src = reg.from_(row, u64) * (dq_width * 4) + reg.from_(col * 4, u64) + pa
-                    dst = reg.from_(row, u64) * (D * 2) + reg.from_(col * 2, u64) + pq
-                    with ptx.if_(s < S):
-                        x = reg.array(f32, 8)
-                        ptx.inst.ld.global_.v4.f32(list(x)[:4], ptx.addr(src))
-                        ptx.inst.ld.global_.v4.f32(list(x)[4:], ptx.addr(src, 16))
-                        if dq_width != D:   # the second partial sum, D columns on
-                            y = reg.array(f32, 8)
-                            ptx.inst.ld.global_.v4.f32(list(y)[:4], ptx.addr(src, 4 * D))
-                            ptx.inst.ld.global_.v4.f32(list(y)[4:], ptx.addr(src, 4 * D + 16))
-                            for m in range(8):
-                                ptx.inst.add.f32(x[m], x[m], y[m])
-                        packed = reg.array(b32, 4)
-                        for m in range(4):
-                            ptx.inst(f"cvt.rn.{dt.name}x2.f32")(packed[m], x[2 * m + 1], x[2 * m])
-                        ptx.inst.st.global_.v4.b32(ptx.addr(dst), packed)
+                loads = []
+                for u, bh, qb in got:
+                    b = bh // Hq
+                    hq = bh - b * Hq
+                    for i in range(D // 32):
+                        v = tid + 256 * i
+                        s = qb * 64 + v // (D // 8)
+                        col = (v % (D // 8)) * 8
+                        row = reg.from_((b * S + s) * Hq + hq, u64)
+                        src = row * (dq_width * 4) + reg.from_(col * 4, u64) + pa
+                        ok = (s < S) & (u < hi)
+                        x = reg.array(f32, 8 * dq_width // D)
+                        for r in x:     # rows not converted: defined, never stored
+                            ptx.inst.mov.f32(r, 0.0)
+                        for h in range(len(x) // 4):   # 8 columns; a second partial sum D on
+                            ptx.inst.ld.global_.v4.f32(
+                                list(x)[4 * h:4 * h + 4],
+                                ptx.addr(src, 16 * (h % 2) + 4 * D * (h // 2)), pred=ok)
+                        loads.append((x, row * (D * 2) + reg.from_(col * 2, u64) + pq, ok))
+                for x, dst, ok in loads:
+                    if dq_width != D:
+                        for m in range(8):
+                            ptx.inst.add.f32(x[m], x[m], x[m + 8])
+                    packed = reg.array(b32, 4)
+                    for m in range(4):
+                        ptx.inst(f"cvt.rn.{dt.name}x2.f32")(packed[m], x[2 * m + 1], x[2 * m])
+                    ptx.inst.st.global_.v4.b32(ptx.addr(dst), packed, pred=ok)
         ptx.ret()
 
     def dkdv_kernel(Q, K, V, DO, STATS, DQACC, SEM, DK, DV, DQ=None):
@@ -1365,20 +1377,17 @@ def build_prep(B, S, Hq, D, *, dtype="bf16", counters=False, width=None, extra=0
         hq = reg.from_(ptx.special.ctaid.y(), u32)
         b = reg.from_(ptx.special.ctaid.z(), u32)
         q0 = reg.from_(ptx.special.ctaid.x(), u32) * BM
-        w = tid >> 7
-        lane = tid & 31
-        row0, _ = Accumulator(8).thread_origin(tid & 127)
-        qrow = q0 + w * 64 + row0
-        valid = [qrow < S, qrow + 8 < S]
         po, pdo, plse, pstats, pacc = ptx.global_ptrs(OUT, DO, LSE, STATS, DQACC)
-        _row_stats(po, pdo, plse, pstats, b, hq, qrow, valid, lane, S, Sp, Hq, D, dt)
-        quarter = width // 4
-        zero = reg.scalar(f32, init=0.0)
-        for r in (0, 8) if not counters else ():
-            elem = ((b * S + qrow + r) * Hq + hq) * width + (lane & 3) * quarter
-            addr = reg.from_(elem, u64) * 4 + pacc
-            for k4 in range(quarter // 4):
-                ptx.inst.st.global_.v4.f32(ptx.addr(addr, 16 * k4), [zero] * 4, pred=valid[r // 8])
+        _prep_stats(po, pdo, plse, pstats, b, hq, q0, tid, S, Sp, Hq, D, dt)
+        if not counters:    # DQACC's 128 rows: a warp zeroes a row's 16-byte chunks per turn
+            zero = reg.scalar(f32, init=0.0)
+            per_row = width // 4
+            for k in range(BM * per_row // 256):
+                x = tid + 256 * k
+                r = x // per_row
+                elem = ((b * S + q0 + r) * Hq + hq) * width + (x % per_row) * 4
+                ptx.inst.st.global_.v4.f32(ptx.addr(reg.from_(elem, u64) * 4 + pacc),
+                                           [zero] * 4, pred=q0 + r < S)
         if extra and not counters:  # the workspace batches: chunk c zeroed by thread c % (256
             # ctas); ordered: every slot row read is written, nothing zeroed
             chunks, threads = extra * S * Hq * width // 4, 256 * ctas
@@ -2128,6 +2137,40 @@ def _row_stats(po, pdo, plse, pstats, b, hq, qrow, valid, lane, S, Sp, Hq, D, dt
         ptx.inst.st.global_.v2.f32(ptx.addr(pstats + soff), [l2, acc], pred=c == 0)
         nlse2.append(-l2)
     return delta, nlse2
+
+
+def _prep_stats(po, pdo, plse, pstats, b, hq, q0, tid, S, Sp, Hq, D, dt):
+    """``build_prep``'s stats of rows ``q0 .. q0 + 127`` by 256 threads: ``D / 8`` lanes per
+    row, 16 bytes of O and dO each (a warp reads whole rows), every load of the CTA's rows
+    issued before the first product; ``delta = rowsum(do * o)`` by a lane reduction and
+    ``(lse * log2 e, delta)`` written to STATS by the row's first lane (zeros past ``S``)."""
+    lanes = D // 8
+    per = 256 // lanes                      # rows per turn
+    got = []
+    for k in range(BM // per):
+        r = q0 + k * per + tid // lanes
+        ok = r < S
+        off = reg.from_(((b * S + r) * Hq + hq) * D + (tid % lanes) * 8, u64) * 2
+        wo, wd = reg.array(b32, 4), reg.array(b32, 4)
+        for x in list(wo) + list(wd):
+            ptx.inst.mov.b32(x, 0)
+        ptx.inst.ld.global_.nc.v4.b32(wo, ptx.addr(po + off), pred=ok)
+        ptx.inst.ld.global_.nc.v4.b32(wd, ptx.addr(pdo + off), pred=ok)
+        lv = reg.scalar(f32, init=0.0)
+        ptx.inst.ld.global_.nc.f32(lv, ptx.addr(reg.from_((b * Hq + hq) * S + r, u64) * 4 + plse),
+                                   pred=ok & (tid % lanes == 0))
+        got.append((r, wo, wd, lv))
+    for r, wo, wd, lv in got:
+        acc = reg.scalar(f32, init=0.0)
+        for x, y in zip(wo, wd):
+            o0, o1 = _unpack(x, dt)
+            d0, d1 = _unpack(y, dt)
+            ptx.inst.fma.rn.f32(acc, o0, d0, acc)
+            ptx.inst.fma.rn.f32(acc, o1, d1, acc)
+        ptx.warp.reduce_sum(acc, width=lanes)
+        soff = reg.from_((b * Hq + hq) * Sp + r, u64) * 8
+        ptx.inst.st.global_.v2.f32(ptx.addr(pstats + soff), [lv * LOG2E, acc],
+                                   pred=tid % lanes == 0)
 
 
 def _env(name):
