@@ -729,24 +729,26 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                 ptx.inst.xor.b32(phase, phase, 1)
 
     def _converter(DQACC, SEM, DQ, c):
-        """Converter CTA ``c`` (``dq_convert``): the 64-row q blocks ``[c U / n, (c + 1) U /
-        n)`` of the ``U`` in (batch, q head, q block) order, ``CONVERT_BLOCKS`` at a time, by
-        256 threads, ``D / 32`` eight-column pieces each per block, every load of the turn
+        """Converter CTA ``c`` (``dq_convert``): the 64-row q blocks ``c, c + n, c + 2n, ...``
+        of the ``U`` in (batch, q head, q block) order (strided: the blocks of the heads that
+        finish last are shared by all the converters), ``CONVERT_BLOCKS`` at a time, by 256
+        threads, ``D / 32`` eight-column pieces each per block, every load of the turn
         issued before the first conversion. Thread ``32 j`` waits (acquire) until block j's
         counter holds every add (causal: kv blocks 0..min(qb / 2, num_kv - 1))."""
         tid = reg.from_(ptx.special.tid.x(), u32)
         pa, psem, pq = ptx.global_ptrs(DQACC, SEM, DQ)
         now = reg.scalar(u32)
-        hi = ((c + 1) * units) // n_conv
+        mine = (units + (n_conv - 1) - c) // n_conv
         with ptx.if_(tid < 256):
-            for u0 in ptx.loop((c * units) // n_conv, hi, CONVERT_BLOCKS):
+            for j0 in ptx.loop(0, mine, CONVERT_BLOCKS):
                 got = []
                 for j in range(CONVERT_BLOCKS):
-                    u = u0 + j
+                    u = c + (j0 + j) * n_conv
+                    live = j0 + j < mine
                     bh = u // sem_q
                     qb = u - bh * sem_q
                     adds = _min_u32(qb // 2, num_kv - 1) + 1 if causal else num_kv
-                    with ptx.if_((tid == 32 * j) & (u < hi)):
+                    with ptx.if_((tid == 32 * j) & live):
                         cell = reg.from_(u, u64) * 8 + psem
 
                         def not_done(cell=cell, adds=adds):
@@ -755,10 +757,10 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
 
                         with ptx.while_(not_done):
                             pass
-                    got.append((u, bh, qb))
+                    got.append((live, bh, qb))
                 ptx.bar_sync(1, 256)
                 loads = []
-                for u, bh, qb in got:
+                for live, bh, qb in got:
                     b = bh // Hq
                     hq = bh - b * Hq
                     for i in range(D // 32):
@@ -767,7 +769,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                         col = (v % (D // 8)) * 8
                         row = reg.from_((b * S + s) * Hq + hq, u64)
                         src = row * (dq_width * 4) + reg.from_(col * 4, u64) + pa
-                        ok = (s < S) & (u < hi)
+                        ok = (s < S) & live
                         x = reg.array(f32, 8 * dq_width // D)
                         for r in x:     # rows not converted: defined, never stored
                             ptx.inst.mov.f32(r, 0.0)
