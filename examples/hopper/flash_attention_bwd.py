@@ -48,10 +48,6 @@ products per block pair, dQ added by bulk tile reductions, in a fixed order with
 ``dq_ordered``). ``dkdv_bq=128`` (D=128, opt-in, with ``atomic_dq``, ``dq_bulk`` and
 ``dq_ordered``): the ordered bulk-dQ dK/dV kernel with 128-row q blocks (right on the H100,
 but slower than the 64-row default there: 500/443/533/490 vs 520/460/540/510 TFLOP/s).
-``tail_split=P`` (opt-in, with ``atomic_dq`` and ``dq_bulk``, any order or ``dq_ordered``):
-the dK/dV CTAs of the grid's last, partial wave (of ``num_sms``, 132) become P pieces each,
-their dK/dV partial sums reduced through an f32 workspace after the dQ accumulator
-(``build_dkdv``; ordered: dQ the same bits as without it).
 """
 
 from __future__ import annotations
@@ -173,16 +169,6 @@ def _store_rows(acc, ptr, row, valid, H, D, head, batch, S, col0, scale, dt):
             v0, v1 = v0 * float(scale), v1 * float(scale)
         ptx.inst(f"cvt.rn.{dt.name}x2.f32")(packed, v1, v0)
         ptx.inst.st.global_.b32(ptx.addr(rbase[dr // 8], dc * 2), packed, pred=valid[dr // 8])
-
-
-def _workspace_rows(acc, ptr, row, valid, D, col0, col_off, op):
-    """A consumer's 64 x D f32 accumulator into rows ``row`` and ``row + 8`` (``valid``
-    guards) of a ``2D``-column f32 workspace at ``ptr``, columns from ``col_off``, by ``op``
-    per pair: ``red.global.add.v2.f32`` (``tail_split``'s pieces adding into their tail CTA's
-    slot) or ``st.global.v2.f32`` (the ordered mode's pieces, each into its own slot)."""
-    rbase = [reg.from_((row + r) * (2 * D) + col0 + col_off, u64) * 4 + ptr for r in (0, 8)]
-    for i, dr, dc in acc.pairs():
-        ptx.inst(op)(ptx.addr(rbase[dr // 8], dc * 4), [acc[i], acc[i + 1]], pred=valid[dr // 8])
 
 
 # ------------------------------------------------------------------ dQ kernel (+ stats)
@@ -428,24 +414,6 @@ def _check_dq_modes(fn, atomic_dq, dq_bulk, dq_ordered):
         raise _fail(f"{fn}: dq_ordered=True needs dq_bulk=True")
 
 
-def tail_plan(B, Sk, Hkv, tail_split, num_sms):
-    """``(first, count)`` of the dK/dV grid's last, partial wave that ``tail_split`` splits:
-    the CTAs ``first..first+count-1`` in launch order (x = kv block fastest, then kv head,
-    then batch) of ``C = ceil(Sk/128) * Hkv * B``, ``count = C % num_sms``; ``None`` without
-    ``tail_split`` or where the grid is whole waves (nothing to split)."""
-    if tail_split is None:
-        return None
-    C = -(-Sk // BM) * Hkv * B
-    count = C % num_sms
-    return (C - count, count) if count else None
-
-
-def tail_batches(count, S, Hq, D, width):
-    """Batches of ``(S, Hq, width)`` f32 added to DQACC for ``count`` split CTAs' dK/dV
-    workspace (each ``BM x 2D`` f32: dK's D columns then dV's, rows as the CTA's kv rows)."""
-    return -(-count * BM * 2 * D // (S * Hq * width))
-
-
 def ordered_order(S, Sk, causal, BQ=DKDV_BQ):
     """``(rotate, reverse)`` of the ordered dQ mode's dK/dV grid: full attention with
     ``ceil(S/BQ) == (128/BQ) ceil(Sk/128)`` and at most ``ROTATE_MAX_KV`` kv blocks: kv block
@@ -456,72 +424,21 @@ def ordered_order(S, Sk, causal, BQ=DKDV_BQ):
     return rotate, causal or rotate
 
 
-def tail_share(part, parts, num_q):
-    """The ordered mode's share ``[lo, hi)`` of piece ``part`` of ``parts``: absolute q blocks,
-    the same for every tail CTA (so the pieces adding into a q block are one share's)."""
-    return part * num_q // parts, (part + 1) * num_q // parts
-
-
-def rotated_walk(kb, lo, hi, num_q, per_kv=BM // DKDV_BQ):
-    """The steps of the rotated order (kv block ``kb`` at step ``i`` is at q block
-    ``(i + per_kv kb) % num_q``) whose q blocks lie in ``[lo, hi)``, in increasing step order:
-    ``(s, e, L)``, the ``L = hi - lo`` steps being ``[0, e)`` then ``[s, s + L - e)``, i.e.
-    step ``i < e ? i : i + s - e`` for ``i`` in ``[0, L)`` (``build_dkdv``'s formula, here on
-    ints for the host-side tests). ``[0, num_q)``: every step in order (``s == e``)."""
-    L = hi - lo
-    s = (lo + num_q - per_kv * kb) % num_q
-    e = s + L - num_q if s + L > num_q else 0
-    return s, e, L
-
-
 def convert_ctas(B, S, Hq, num_sms):
     """``build_dkdv(dq_convert=True)``'s converter CTAs: one per SM, at most one per 64-row
     q block."""
     return min(B * Hq * -(-S // 64), num_sms)
 
 
-def tail_resident_ctas(tail, num_kv):
-    """CTAs that the ordered mode's split tail needs on the GPU at once: every kv block of
-    the heads that ``tail`` (``(first, count)`` of ``tail_plan``) touches."""
-    first, count = tail
-    return ((first + count - 1) // num_kv - first // num_kv + 1) * num_kv
-
-
-def _check_tail_residency(fn, tail, tail_split, num_kv, num_sms):
-    """The ordered mode's pieces: ``ConfigError`` unless every kv block of the heads the tail
-    touches fits in a wave beside each other (``heads_touched * num_kv <= num_sms``: those
-    heads' normal CTAs may spin on the pieces, whose ``count`` of a share must be resident
-    beside them) and ``count * tail_split <= 2 * num_sms`` (the workspace's slots)."""
-    first, count = tail
-    heads = tail_resident_ctas(tail, num_kv) // num_kv
-    if heads * num_kv > num_sms:
-        raise _fail(f"{fn}: tail_split with dq_ordered needs the {heads} head(s) of the tail's "
-                    f"{count} CTAs resident together: {heads} x {num_kv} kv blocks > num_sms="
-                    f"{num_sms}")
-    if count * tail_split > 2 * num_sms:
-        raise _fail(f"{fn}: tail_split={tail_split} with dq_ordered: {count} tail CTAs x "
-                    f"{tail_split} pieces > 2 x num_sms={num_sms} workspace slots")
-
-
-def _check_tail(fn, tail_split, num_sms, atomic_dq, dq_bulk, dq_ordered, fused_bq=None):
-    """``ConfigError`` (naming ``fn``) unless ``tail_split`` is ``None`` or an int >= 2 with
-    the bulk-dQ mode (``atomic_dq`` and ``dq_bulk``, any order or ``dq_ordered``)."""
+def _check_num_sms(fn, num_sms):
+    """``ConfigError`` (naming ``fn``) unless ``num_sms`` is a positive int."""
     if isinstance(num_sms, bool) or not isinstance(num_sms, int) or num_sms < 1:
         raise _fail(f"{fn}: num_sms must be a positive int, got {num_sms!r}")
-    if tail_split is None:
-        return
-    if isinstance(tail_split, bool) or not isinstance(tail_split, int) or tail_split < 2:
-        raise _fail(f"{fn}: tail_split must be an int >= 2 (pieces per tail CTA), got "
-                    f"{tail_split!r}")
-    if not (atomic_dq and dq_bulk) or fused_bq is not None:
-        raise _fail(f"{fn}: tail_split is for the bulk-dQ dK/dV kernel (atomic_dq and "
-                    f"dq_bulk, without fused_bq), got atomic_dq={atomic_dq!r}, "
-                    f"dq_bulk={dq_bulk!r}, dq_ordered={dq_ordered!r}, fused_bq={fused_bq!r}")
 
 
 def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None, BQ=None,
                stages=None, sync=None, safe=None, atomic_dq=False, overlap=None, dq_bulk=False,
-               dq_ordered=False, tail_split=None, num_sms=132, dq_convert=False):
+               dq_ordered=False, num_sms=132, dq_convert=False):
     """The dK/dV kernel: ``(Q, K, V, DO, STATS) -> (DK, DV)`` (STATS from ``build_dq``).
 
     ``BQ``: q rows per block, 32 or 64 (``None``: ``DKDV_BQ``, 64; ``atomic_dq`` needs 64,
@@ -551,27 +468,6 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     predecessor has been launched (the rotated order's one exception, the last kv block
     waiting for block 0 of its head, needs the head's CTAs resident together: hence the cap).
 
-    ``tail_split`` (P >= 2, bulk-dQ modes; ``num_sms``: the SMs of a wave,
-    132), any order: the last ``C % num_sms`` CTAs of the ``C``-CTA grid (``tail_plan``), which would run
-    alone in a last, partial wave, become P pieces each, piece p taking the p-th contiguous
-    share ``[n p / P, n (p + 1) / P)`` of each q head's ``n`` visited q blocks; the grid is
-    1-D, ``C - count + count * P``: the normal CTAs in the same order, then the pieces
-    share-major (piece ``p * count + t`` of tail CTA ``t``). A piece adds its dQ tiles as the CTA
-    would and its f32 dK/dV partial sums (dK unscaled) into a workspace with
-    ``red.global.add.v2.f32``: DQACC gets ``tail_batches`` extra batches (zeroed by
-    ``build_prep(extra=...)``), which ``build_convert(tail=...)`` turns into the pieces' rows
-    of DK and DV (written in place; rows past ``Sk`` are neither added nor written).
-    ``dq_ordered``: piece p of a tail CTA walks the q blocks of the absolute share
-    ``[num_q p / P, num_q (p + 1) / P)`` (``tail_share``) that the CTA visits, in the CTA's
-    step order (rotated: steps ``[0, e)`` then ``[s, num_q)``, ``rotated_walk``), with the
-    CTA's ranks and counters: the same dQ adds in the same order, dQ bit for bit the unsplit
-    kernel's. The pieces run after the normal CTAs share-major (piece ``p * count + t``), so
-    the pieces adding into a q block are one share's, launched together, each waiting only on
-    earlier CTAs; each stores (``st.global``, no zeroing) its f32 dK/dV into its own
-    workspace slot, which ``build_convert`` sums in the order p = 0, 1, ... Refused where the
-    heads the tail touches cannot be resident together (``heads * num_kv > num_sms``) or the
-    slots exceed ``2 * num_sms`` (``_check_tail_residency``), and with BQ=128.
-
     ``dq_convert`` (ordered bulk dQ, 64-row q blocks): the kernel also writes the 16-bit
     ``DQ`` (a third output), so ``build_convert`` is not needed: ``convert_ctas`` more CTAs,
     launched after all the others (the grid is 1-D), turn DQACC's 64-row q blocks into DQ,
@@ -579,13 +475,12 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     partial wave leaves SMs idle."""
     Sk, dt, scale, safe, sync, G, Sp = _common_options(B, S, Hq, Hkv, D, Sk, dtype, scale,
                                                        safe, sync)
-    _check_tail("build_dkdv", tail_split, num_sms, atomic_dq, dq_bulk, dq_ordered)
+    _check_num_sms("build_dkdv", num_sms)
     if dq_convert and not (atomic_dq and dq_bulk and dq_ordered) or dq_convert and BQ not in (
             None, 64):
         raise _fail(f"build_dkdv: dq_convert needs the ordered bulk-dQ mode (atomic_dq, "
                     f"dq_bulk, dq_ordered) with 64-row q blocks, got atomic_dq={atomic_dq!r}, "
                     f"dq_bulk={dq_bulk!r}, dq_ordered={dq_ordered!r}, BQ={BQ!r}")
-    tail = tail_plan(B, Sk, Hkv, tail_split, num_sms)
     if BQ is None:
         BQ = DKDV_BQ
     kv_tile = OperandTile(BM, D, dt, major="K")
@@ -629,15 +524,9 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     sem_q = -(-S // 64)     # SEM's rows per head (build_prep's; BQ=128 uses the first num_q)
     # full attention, ordered dQ: kv block j walks q blocks from (BM / BQ) * j, wrapping
     rotate, reverse = ordered_order(S, Sk, causal, BQ) if dq_ordered else (False, False)
-    otail = tail if dq_ordered else None            # the ordered mode's pieces
-    n_main = (tail[0] + tail[1] * tail_split) if tail else num_kv * Hkv * B
+    n_main = num_kv * Hkv * B
     units = B * Hq * sem_q                          # dq_convert's 64-row q blocks
     n_conv = convert_ctas(B, S, Hq, num_sms) if dq_convert else 0
-    qb_slot = 2 * q_tile.nbytes + stats_bytes       # a stage's q block (otail), after stats
-    if otail:
-        if wide:
-            raise _fail("build_dkdv: tail_split is not built for BQ=128")
-        _check_tail_residency("build_dkdv", tail, tail_split, num_kv, num_sms)
     c1 = scale * LOG2E
     box_kv = {"box": (1, BM, 1, 64), "swizzle": "128B"}
     box_q = {"box": (1, BQ, 1, 64), "swizzle": "128B"}
@@ -665,15 +554,13 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             return wrapped // (BM // BQ)
         return kb       # kv blocks 0, 1, ... (each a step behind: a wavefront)
 
-    def _dq_writer(DQACC, SEM, bufs, kb, hk, b, qb0, dq_full, dq_empty, pipe=None, qb1=num_q,
-                   walk=None):
+    def _dq_writer(DQACC, SEM, bufs, kb, hk, b, qb0, dq_full, dq_empty, pipe=None):
         """The ordered dQ mode's writer (one thread of the producer warpgroup): for each
         block, in the consumers' order, wait for this kv block's turn at the q block's
         counter, for both warpgroups' slabs (``dq_full``), add them into DQACC (the first
         rank stores), free the slabs once read (``dq_empty``; BQ=128: the slabs are the
         block's stage, released to ``pipe``), and once the previous block's adds are
-        complete in global memory, count them (a release add). ``qb1``, ``walk``: the
-        loop's end and its step map (``tail_split``'s pieces)."""
+        complete in global memory, count them (a release add)."""
         dq_map = ptx.tma.tensormap_ptr(DQACC.tmap)
         (psem,) = ptx.global_ptrs(SEM)
         now = reg.scalar(u32)
@@ -687,8 +574,8 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             wst = pipe.consumer_state()
         for g in ptx.loop(0, G):
             hq = hk * G + g
-            for qstep in ptx.loop(qb0, qb1):
-                qb = q_block(walk(qstep) if walk else qstep, kb)
+            for qstep in ptx.loop(qb0, num_q):
+                qb = q_block(qstep, kb)
                 rank = dq_rank(qb, kb)
                 cell = reg.from_(((b * Hq + hq) * sem_q + qb) * 2, u64) * 4 + psem
 
@@ -795,23 +682,8 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         base = ring_base("smem")
         pipe = Pipeline(stages, consumer_arrivals=RELEASE_ARRIVALS + (1 if wide else 0))
         head_bar = BarrierArray(1, name="head_bar")
-        nsm = smem.alloc(u32, 1, align=4, name="tail_n") if otail else None
         tid, wg = thread_ids()
-        if tail:        # 1-D grid: CTA `lin`, then the pieces share-major: piece
-            # j = part * count + tile of tail CTA `first + tile`
-            lin = reg.from_(ptx.special.ctaid.x(), u32)
-            is_piece = lin >= tail[0]
-            j = lin - tail[0]
-            part = reg.scalar(u32)
-            ptx.inst.selp.u32(part, j // tail[1], 0, is_piece)
-            cta = reg.scalar(u32)
-            ptx.inst.selp.u32(cta, j % tail[1] + tail[0], lin, is_piece)
-            kb = cta % num_kv
-            if reverse:     # launched last kv block first, as the 3-D grid
-                kb = (num_kv - 1) - kb
-            hk = (cta // num_kv) % Hkv
-            b = cta // (num_kv * Hkv)
-        elif n_conv:    # 1-D grid, the 3-D grid's order
+        if n_conv:      # 1-D grid, the 3-D grid's order
             cta = reg.from_(ptx.special.ctaid.x(), u32)
             kb = cta % num_kv
             if reverse:
@@ -838,41 +710,6 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         ptx.bar_sync(0)
         # causal: q blocks wholly above the diagonal (every q < k0) are skipped
         qb0 = k0 // BQ if causal else 0
-        qb1 = num_q
-        walk = None     # the loops' step map (the rotated pieces')
-        if otail and rotate:    # share [lo, hi) as steps: [0, e) then [s, s + L - e)
-            # (rotated_walk; a whole CTA: lo = 0, hi = num_q, every step in order)
-            lo, hi = reg.scalar(u32), reg.scalar(u32)
-            ptx.inst.selp.u32(lo, (part * num_q) // tail_split, 0, is_piece)
-            ptx.inst.selp.u32(hi, ((part + 1) * num_q) // tail_split, num_q, is_piece)
-            sh = reg.scalar(u32)    # s = (lo - 2 kb) mod num_q; e = max(s + L - num_q, 0)
-            ptx.inst.selp.u32(sh, lo + num_q - kb * (BM // BQ), lo - kb * (BM // BQ),
-                              lo < kb * (BM // BQ))
-            se = reg.scalar(u32)
-            ptx.inst.selp.u32(se, sh + (hi - lo) - num_q, 0, sh + (hi - lo) > num_q)
-            gap = sh - se
-
-            def walk(i):
-                step = reg.scalar(u32)
-                ptx.inst.selp.u32(step, i, i + gap, i < se)
-                return step
-            qb0, qb1 = 0, hi - lo
-            ncons = qb1
-        elif otail:     # a piece: the q blocks of its absolute share [lo, hi) it visits
-            lo, hi = reg.scalar(u32), reg.scalar(u32)
-            ptx.inst.selp.u32(lo, (part * num_q) // tail_split, 0, is_piece)
-            ptx.inst.selp.u32(hi, ((part + 1) * num_q) // tail_split, num_q, is_piece)
-            if causal:
-                ptx.inst.max.u32(lo, lo, qb0)
-            qb0, qb1 = lo, hi
-            ncons = reg.scalar(u32)
-            ptx.inst.selp.u32(ncons, hi - lo, 0, hi > lo)
-        elif tail:      # a piece: its share of the n = num_q - qb0 q blocks (whole CTA: all)
-            n = num_q - qb0
-            lo, hi = reg.scalar(u32), reg.scalar(u32)
-            ptx.inst.selp.u32(lo, qb0 + (part * n) // tail_split, qb0, is_piece)
-            ptx.inst.selp.u32(hi, qb0 + ((part + 1) * n) // tail_split, num_q, is_piece)
-            qb0, qb1 = lo, hi
         pstats, pdk, pdv = ptx.global_ptrs(STATS, DK, DV)
         if atomic_dq:
             (pacc,) = ptx.global_ptrs(DQACC)
@@ -880,8 +717,6 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         # ------------------------------------------------------------ producer
         with ptx.if_(tid == 0):
             hbar = head_bar.at(0)
-            if otail:   # the consumers' block count, theirs once the head barrier completes
-                ptx.inst.st.shared.u32(ptx.addr(nsm), ncons)
             ptx.mbarrier.arrive_expect_tx(hbar, head_bytes)
             _load_pair(base, K, V, kv_tile.nbytes, slabs, hk, k0, b, BM, hbar)
             q_map = ptx.tma.tensormap_ptr(Q.tmap)
@@ -890,13 +725,9 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             for g in ptx.loop(0, G):
                 hq = hk * G + g
                 srow = reg.from_((b * Hq + hq) * Sp, u64) * 8 + pstats
-                for qstep in ptx.loop(qb0, qb1):
-                    qb = q_block(walk(qstep) if walk else qstep, kb)
+                for qstep in ptx.loop(qb0, num_q):
+                    qb = q_block(qstep, kb)
                     pipe.acquire(st)
-                    if otail:   # the block's q block for the consumers (stats' padding;
-                        # the arm below releases it to them)
-                        ptx.inst.st.shared.u32(ptx.addr(st.stage * stage_bytes + (
-                            base + (head_bytes + ds_bytes + qb_slot))), qb)
                     bar = pipe.arm(st, 2 * q_tile.nbytes + (0 if safe else stats_bytes))
                     sb = st.stage * stage_bytes + (base + (head_bytes + ds_bytes))
                     _load_slabs(sb, q_map, slabs, hq, qb * BQ, b, BQ, bar)
@@ -914,7 +745,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         elif dq_ordered:
             with ptx.if_(tid == 32):
                 _dq_writer(DQACC, SEM, base + (head_bytes + 2 * ds_tile.nbytes), kb, hk, b,
-                           qb0, dq_full, dq_empty, qb1=qb1, walk=walk)
+                           qb0, dq_full, dq_empty)
         # ------------------------------------------------------------ consumers
         roles.consumers(CONS_REGS)
         w = wg - 1
@@ -1137,39 +968,14 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             _release_stage(pipe, cons)              # the fence orders the slabs' writes too
             ptx.mbarrier.arrive(dq_full.at(cons.stage * 2 + w))
 
-        def cons_steps():
-            """The consumers' blocks; the ordered pieces': ``ncons`` of them, the count read
-            from shared memory at each turn and each block's q block from the producer (no
-            registers held over the loop for them)."""
-            if not otail:
-                yield from ptx.loop(qb0, qb1)
-                return
-            i = reg.scalar(u32, init=0)
-
-            def more():
-                n = reg.scalar(u32)
-                ptx.inst.ld.shared.u32(n, ptx.addr(nsm))
-                return i < n
-
-            with ptx.while_(more):
-                yield i
-                ptx.inst.add.u32(i, i, 1)
-
         ptx.mbarrier.wait(head_bar.at(0), 0)
         for g in ptx.loop(0, G):
             hq = hk * G + g
             srow = reg.from_((b * Hq + hq) * Sp, u64) * 8 + pstats
-            for qstep in cons_steps():
-                if otail:
-                    pipe.wait(cons)
-                    qb = reg.scalar(u32)
-                    ptx.inst.ld.shared.u32(qb, ptx.addr(cons.stage * stage_bytes + (
-                        ring + qb_slot)))
-                else:
-                    qb = q_block(qstep, kb)
+            for qstep in ptx.loop(qb0, num_q):
+                qb = q_block(qstep, kb)
                 q0 = qb * BQ
-                if not otail:
-                    pipe.wait(cons)
+                pipe.wait(cons)
                 sbase = cons.stage * stage_bytes
                 soff = reg.from_(reg.from_(sbase >> 4, u32), u64)
                 if wide:
@@ -1298,26 +1104,8 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                 ptx.tma.wait_group(0, read=True)
         if wide:        # read again here: no registers held over the loop
             pdk, pdv = ptx.global_ptrs(DK, DV)
-        def store_rows():
-            _store_rows(dk_acc, pdk, kvrow, valid, Hkv, D, hk, b, Sk, col0, scale, dt)
-            _store_rows(dv_acc, pdv, kvrow, valid, Hkv, D, hk, b, Sk, col0, 1.0, dt)
-
-        if tail:        # a piece's f32 rows (read again: no registers held over the loop)
-            # go to the workspace: ordered, stored into its own slot j (the conversion sums
-            # the slots in order); any order, added into its tail CTA's slot j % count
-            lin = reg.from_(ptx.special.ctaid.x(), u32)
-            with ptx.if_(lin >= tail[0]):
-                (pws,) = ptx.global_ptrs(DQACC)
-                pws = pws + B * S * Hq * dq_width * 4
-                j = lin - tail[0]
-                row = (j if otail else j % tail[1]) * BM + (w * 64 + row0)
-                op = "st.global.v2.f32" if otail else "red.global.add.v2.f32"
-                _workspace_rows(dk_acc, pws, row, valid, D, col0, 0, op)
-                _workspace_rows(dv_acc, pws, row, valid, D, col0, D, op)
-            with ptx.else_():
-                store_rows()
-        else:
-            store_rows()
+        _store_rows(dk_acc, pdk, kvrow, valid, Hkv, D, hk, b, Sk, col0, scale, dt)
+        _store_rows(dv_acc, pdv, kvrow, valid, Hkv, D, hk, b, Sk, col0, 1.0, dt)
         roles.end()
         ptx.ret()
 
@@ -1325,14 +1113,12 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             f"{'_safe' if safe else ''}{'_atomic' if atomic_dq else ''}{'_bulk' if dq_bulk else ''}"
             f"{'_ordered' if dq_ordered else ''}"
             f"{f'_bq{BQ}' if BQ != 64 else ''}{'_serial' if overlap != default_overlap else ''}"
-            f"{f'_tail{tail_split}of{num_sms}' if tail else ''}{f'_cvt{n_conv}' if n_conv else ''}")
+            f"{f'_cvt{n_conv}' if n_conv else ''}")
     ins = (qspec, kspec, kspec, qspec, Tile(B, Hq, Sp, 2, f32))
-    # the workspace: one 128-row slot per split CTA (any order), per piece (ordered)
-    extra = tail_batches(tail[1] * (tail_split if otail else 1), S, Hq, D, dq_width) if tail else 0
-    grid = (n_main + n_conv, 1, 1) if tail or n_conv else (num_kv, Hkv, B)
+    grid = (n_main + n_conv, 1, 1) if n_conv else (num_kv, Hkv, B)
     outs = (kspec, kspec)
     if dq_ordered:
-        ins += (Tile(B + extra, S, Hq, dq_width, f32), Tile(B, Hq, sem_q, 2, s32))
+        ins += (Tile(B, S, Hq, dq_width, f32), Tile(B, Hq, sem_q, 2, s32))
         if n_conv:
             outs += (qspec,)
             fn = dkdv_kernel
@@ -1340,7 +1126,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             def fn(Q, K, V, DO, STATS, DQACC, SEM, DK, DV):
                 dkdv_kernel(Q, K, V, DO, STATS, DQACC, SEM, DK, DV)
     elif atomic_dq:
-        ins += (Tile(B + extra, S, Hq, dq_width, f32),)
+        ins += (Tile(B, S, Hq, dq_width, f32),)
 
         def fn(Q, K, V, DO, STATS, DQACC, DK, DV):
             dkdv_kernel(Q, K, V, DO, STATS, DQACC, None, DK, DV)
@@ -1357,22 +1143,18 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                   tma=tma, name=name)(fn)
 
 
-def build_prep(B, S, Hq, D, *, dtype="bf16", counters=False, width=None, extra=0):
+def build_prep(B, S, Hq, D, *, dtype="bf16", counters=False, width=None):
     """The atomic-dQ mode's first kernel: ``(OUT, LSE, DO) -> (STATS, DQACC)``: the stats
     of ``build_dq`` and a zeroed f32 ``DQACC`` ``(B, S, Hq, D)`` for the dK/dV kernel to add
     into. 256 threads per 128 rows, the same row split as the dQ kernel's consumers.
     ``counters``: also a zeroed int32 ``SEM`` ``(B, Hq, ceil(S/64), 2)``, the ordered dQ
     mode's counters (``build_dkdv(dq_ordered=True)``), and DQACC is left unwritten (each
-    tile's first add stores it). ``width``: DQACC's columns (``dq_accumulator_width``).
-    ``extra``: DQACC has ``extra`` more batches (``tail_split``'s dK/dV workspace, zeroed
-    too: the CTAs take its 16-byte chunks in turn; with ``counters`` left unwritten, the
-    ordered pieces store their slots)."""
+    tile's first add stores it). ``width``: DQACC's columns (``dq_accumulator_width``)."""
     width = D if width is None else width
     dt = _dtype(dtype)
     Sp = padded(S)
     qspec = Tile(B, S, Hq, D, dt)
     nq = -(-S // 64)
-    ctas = -(-S // BM) * Hq * B
 
     def prep(OUT, LSE, DO, STATS, DQACC, SEM):
         tid = reg.from_(ptx.special.tid.x(), u32)
@@ -1390,15 +1172,6 @@ def build_prep(B, S, Hq, D, *, dtype="bf16", counters=False, width=None, extra=0
                 elem = ((b * S + q0 + r) * Hq + hq) * width + (x % per_row) * 4
                 ptx.inst.st.global_.v4.f32(ptx.addr(reg.from_(elem, u64) * 4 + pacc),
                                            [zero] * 4, pred=q0 + r < S)
-        if extra and not counters:  # the workspace batches: chunk c zeroed by thread c % (256
-            # ctas); ordered: every slot row read is written, nothing zeroed
-            chunks, threads = extra * S * Hq * width // 4, 256 * ctas
-            lin = (b * Hq + hq) * (-(-S // BM)) + reg.from_(ptx.special.ctaid.x(), u32)
-            c = lin * 256 + tid
-            ws = reg.from_(c, u64) * 16 + (pacc + B * S * Hq * width * 4)
-            for k in range(-(-chunks // threads)):
-                ptx.inst.st.global_.v4.f32(ptx.addr(ws, 16 * threads * k), [zero] * 4,
-                                           pred=c < chunks - threads * k)
         if counters:  # this CTA's two q blocks of 64 rows, two counters each
             (psem,) = ptx.global_ptrs(SEM)
             qb = reg.from_(ptx.special.ctaid.x(), u32) * 2 + (tid >> 1)
@@ -1407,7 +1180,7 @@ def build_prep(B, S, Hq, D, *, dtype="bf16", counters=False, width=None, extra=0
                                     pred=(tid < 4) & (qb < nq))
         ptx.ret()
 
-    outs = (Tile(B, Hq, Sp, 2, f32), Tile(B + extra, S, Hq, width, f32))
+    outs = (Tile(B, Hq, Sp, 2, f32), Tile(B, S, Hq, width, f32))
     if counters:
         outs += (Tile(B, Hq, nq, 2, s32),)
         fn = prep
@@ -1418,78 +1191,21 @@ def build_prep(B, S, Hq, D, *, dtype="bf16", counters=False, width=None, extra=0
     return kernel(in_specs=(qspec, Tile(B, Hq, S, f32), qspec), out_specs=outs,
                   grid=(-(-S // BM), Hq, B), block=(256, 1, 1),
                   name=f"attn_bwd_prep_{dt.name}_d{D}{'_sem' if counters else ''}"
-                       f"{f'_w{width}' if width != D else ''}{f'_x{extra}' if extra else ''}")(fn)
+                       f"{f'_w{width}' if width != D else ''}")(fn)
 
 
-def build_convert(B, S, Hq, D, *, dtype="bf16", scale=1.0, width=None, tail=None):
+def build_convert(B, S, Hq, D, *, dtype="bf16", scale=1.0, width=None):
     """The atomic-dQ mode's last kernel: ``DQACC`` f32 -> ``DQ`` (times ``scale``), eight
     elements per thread. ``width`` (``dq_accumulator_width``) ``2 * D``: each row holds two
-    partial sums, added (first + second) before the conversion. ``tail``: ``(Sk, Hkv, first,
-    count, dk_scale)`` of ``build_dkdv(tail_split=...)``: the kernel is ``(DQACC, DK, DV) ->
-    DQ`` and ``count * D / 8`` more CTAs turn the f32 dK/dV workspace after DQACC's ``B``
-    batches (``tail_batches`` of them) into those CTAs' rows of DK (times ``dk_scale``) and
-    DV, in place (rows past ``Sk`` unwritten). The ordered mode's ``tail`` adds ``(parts,
-    reverse)``: the workspace holds ``count * parts`` slots, piece p of tail CTA t in slot
-    ``p * count + t``, summed in the order p = 0, 1, ... (deterministic); ``reverse``: the
-    dK/dV grid's kv blocks run last first (``build_dkdv``'s)."""
+    partial sums, added (first + second) before the conversion."""
     width = D if width is None else width
     if width not in (D, 2 * D):
         raise _fail(f"build_convert: width must be {D} or {2 * D}, got {width}")
     dt = _dtype(dtype)
     n = B * S * Hq * D
     blocks = -(-n // (256 * 8))
-    parts, reverse = tail[5:] if tail and len(tail) > 5 else (None, False)
-    extra = tail_batches(tail[3] * (parts or 1), S, Hq, D, width) if tail else 0
 
-    def tail_rows(DQACC, DK, DV):
-        """CTAs ``blocks..``: D / 8 per split CTA (the first half dK's rows, the second
-        dV's: one output per CTA), eight columns of a row per thread."""
-        Sk, Hkv, first, count, dk_scale = tail[:5]
-        num_kv = -(-Sk // BM)
-        pa, pk, pv = ptx.global_ptrs(DQACC, DK, DV)
-        x = reg.from_(ptx.special.ctaid.x(), u32) - blocks
-        tile = x // (D // 8)
-        j = x - tile * (D // 8)
-        is_v = j >= D // 16
-        e = (j % (D // 16)) * 256 + reg.from_(ptx.special.tid.x(), u32)
-        r = e // (D // 8)                           # the CTA's kv row, 0..127
-        col = (e - r * (D // 8)) * 8                # the column of dK or dV
-        c8 = reg.scalar(u32)                        # the workspace column: dV's from D
-        ptx.inst.selp.u32(c8, col + D, col, is_v)
-        cta = tile + first
-        kb = cta % num_kv
-        if reverse:
-            kb = (num_kv - 1) - kb
-        hk = (cta // num_kv) % Hkv
-        b = cta // (num_kv * Hkv)
-        kvrow = kb * BM + r
-        base = reg.scalar(u64)
-        ptx.inst.selp.u64(base, pv, pk, is_v)
-        mul = _selp(reg.scalar(f32, init=1.0), reg.scalar(f32, init=float(dk_scale)), is_v)
-        src = reg.from_((tile * BM + r) * (2 * D) + c8, u64) * 4 + (pa + B * S * Hq * width * 4)
-        dst = reg.from_(((b * Sk + kvrow) * Hkv + hk) * D + col, u64) * 2 + base
-        with ptx.if_(kvrow < Sk):
-            v = reg.array(f32, 8)
-            ptx.inst.ld.global_.v4.f32(list(v)[:4], ptx.addr(src))
-            ptx.inst.ld.global_.v4.f32(list(v)[4:], ptx.addr(src, 16))
-            if parts:       # slots p * count + tile, added in the order p = 1, 2, ...
-                for p in ptx.loop(1, parts):
-                    at = reg.from_(p, u64) * (count * BM * 2 * D * 4) + src
-                    u = reg.array(f32, 8)
-                    ptx.inst.ld.global_.v4.f32(list(u)[:4], ptx.addr(at))
-                    ptx.inst.ld.global_.v4.f32(list(u)[4:], ptx.addr(at, 16))
-                    for m in range(8):
-                        ptx.inst.add.f32(v[m], v[m], u[m])
-            packed = reg.array(b32, 4)
-            for m in range(4):
-                ptx.inst(f"cvt.rn.{dt.name}x2.f32")(packed[m], v[2 * m + 1] * mul, v[2 * m] * mul)
-            ptx.inst.st.global_.v4.b32(ptx.addr(dst), packed)
-        ptx.ret()
-
-    def body(DQACC, DQ, DK, DV):
-        if tail:
-            with ptx.if_(reg.from_(ptx.special.ctaid.x(), u32) >= blocks):
-                tail_rows(DQACC, DK, DV)
+    def convert(DQACC, DQ):
         pa, pq = ptx.global_ptrs(DQACC, DQ)
         i = reg.from_(ptx.special.ctaid.x(), u32) * 256 + reg.from_(ptx.special.tid.x(), u32)
         ok = i < n // 8
@@ -1516,22 +1232,9 @@ def build_convert(B, S, Hq, D, *, dtype="bf16", scale=1.0, width=None, tail=None
             ptx.inst.st.global_.v4.b32(ptx.addr(dst), packed)
         ptx.ret()
 
-    if tail:
-        kspec = Tile(B, tail[0], tail[1], D, dt)
-        ins = (Tile(B + extra, S, Hq, width, f32), kspec, kspec)
-
-        def convert(DQACC, DK, DV, DQ):
-            body(DQACC, DQ, DK, DV)
-    else:
-        ins = (Tile(B, S, Hq, width, f32),)
-
-        def convert(DQACC, DQ):
-            body(DQACC, DQ, None, None)
-    return kernel(in_specs=ins, out_specs=(Tile(B, S, Hq, D, dt),),
-                  grid=(blocks + (tail[3] * (D // 8) if tail else 0), 1, 1), block=(256, 1, 1),
-                  name=f"attn_bwd_convert_{dt.name}_d{D}{f'_w{width}' if width != D else ''}"
-                       f"{f'_tail{tail[3]}' if tail else ''}"
-                       f"{f'_of{parts}' if parts else ''}{'_rev' if reverse else ''}")(convert)
+    return kernel(in_specs=(Tile(B, S, Hq, width, f32),), out_specs=(Tile(B, S, Hq, D, dt),),
+                  grid=(blocks, 1, 1), block=(256, 1, 1),
+                  name=f"attn_bwd_convert_{dt.name}_d{D}{f'_w{width}' if width != D else ''}")(convert)
 
 
 # ------------------------------------------------------------------ fused kernel: dK, dV and dQ
@@ -2192,12 +1895,8 @@ class AttentionBackward:
     (``in_specs``, ``out_specs``, ``name``, ``arg_names``) so ``pyptx.differentiable_kernel``
     accepts it as a backward kernel."""
 
-    def __init__(self, kernels, B, S, Hq, Hkv, D, Sk, dt, atomic_dq=False, fallback=None,
-                 resident=None):
+    def __init__(self, kernels, B, S, Hq, Hkv, D, Sk, dt, atomic_dq=False, fallback=None):
         self.kernels, self.atomic_dq, self.fallback = kernels, atomic_dq, fallback
-        #: CTAs that must be resident at once (the ordered split tail), checked at the
-        #: first call against the GPU's SMs; None once checked or where nothing waits.
-        self.resident = resident
         self._dims = (B, S, Hq, Hkv, D, Sk, dt)
         qspec, kspec = Tile(B, S, Hq, D, dt), Tile(B, Sk, Hkv, D, dt)
         lse = Tile(B, Hq, S, f32)
@@ -2230,8 +1929,6 @@ class AttentionBackward:
             raise ConfigError(f"{where()}: attention backward with atomic_dq=True adds into a "
                               f"buffer in place: torch eager tensors only (not JAX or "
                               f"torch.compile), got {type(q).__name__}")
-        if self.resident:
-            self._check_resident()
         prep, dkdv, *convert = self.kernels
         stats, dqacc, *sem = prep(o, lse, do)
         if not convert:     # dq_convert: the dK/dV grid writes dQ too
@@ -2239,21 +1936,7 @@ class AttentionBackward:
             return dq, dk, dv
         dk, dv = dkdv(q, k, v, do, stats, dqacc, *sem)
         (convert,) = convert
-        if len(convert.in_specs) == 3:  # tail_split: the pieces' dK/dV rows written in place
-            return convert(dqacc, dk, dv), dk, dv
         return convert(dqacc), dk, dv
-
-    def _check_resident(self):
-        """The ordered split tail's CTAs wait for each other, one per SM: a GPU with fewer
-        SMs than they need is refused rather than left to hang."""
-        from pyptx import driver
-
-        sms = driver.fewest_sms() or self.resident
-        if self.resident > sms:
-            raise _fail(f"{self.name}: tail_split with dq_ordered needs {self.resident} CTAs "
-                        f"resident at once, one per SM, but this GPU has {sms} SMs: build it "
-                        f"with num_sms={sms}")
-        self.resident = None
 
     def with_fallback(self, other):
         """This backward, running ``other`` (same sizes) where an atomic-dQ mode cannot run
@@ -2261,7 +1944,7 @@ class AttentionBackward:
         if self._dims != other._dims:
             raise _fail("AttentionBackward.with_fallback: the fallback is for other sizes")
         return AttentionBackward(self.kernels, *self._dims, atomic_dq=self.atomic_dq,
-                                 fallback=other, resident=self.resident)
+                                 fallback=other)
 
     def __repr__(self):
         return f"<AttentionBackward {' + '.join(k.name for k in self.kernels)}>"
@@ -2270,8 +1953,7 @@ class AttentionBackward:
 def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None,
                              safe=None, atomic_dq=False, dkdv_bq=None, dkdv_overlap=None,
                              dq_bulk=False, dq_ordered=False, dq_bkv=None, fused_bq=None,
-                             fused_defer=False, fused_pingpong=0, tail_split=None, num_sms=132,
-                             dq_convert=False):
+                             fused_defer=False, fused_pingpong=0, num_sms=132, dq_convert=False):
     """The backward kernels for these sizes: ``bwd(q, k, v, o, lse, do, dlse) -> (dq, dk,
     dv)``. ``safe=True`` (or ``PYPTX_ATTN_BWD_SAFE=1``): the simplest schedule, for
     bisecting. ``atomic_dq=True``: dQ accumulated by the dK/dV kernel with f32 atomics (no
@@ -2286,22 +1968,18 @@ def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=
     like ``atomic_dq``, torch eager only); ``fused_defer``: its schedule that issues a
     block's dK product after the next block's S and dP (``build_fused``'s ``defer``);
     ``fused_pingpong`` (1 or 2): its schedule with warpgroup 1 half a block behind
-    warpgroup 0 (``build_fused``'s ``pingpong``). ``tail_split`` (an int >= 2, with
-    ``atomic_dq`` and ``dq_bulk``, ``dq_ordered`` or not): the dK/dV grid's last partial wave of ``num_sms``
-    (132) CTAs split into that many pieces each (``build_dkdv``'s ``tail_split``).
-    ``dq_convert`` (with ``atomic_dq``, ``dq_bulk`` and ``dq_ordered``, not ``tail_split``):
-    the dK/dV grid writes dQ itself, ``num_sms`` converter CTAs after its other CTAs, each
-    q block once its adds are in, instead of a conversion kernel after it."""
+    warpgroup 0 (``build_fused``'s ``pingpong``). ``dq_convert`` (with ``atomic_dq``,
+    ``dq_bulk`` and ``dq_ordered``): the dK/dV grid writes dQ itself, ``num_sms`` (132)
+    converter CTAs after its other CTAs, each q block once its adds are in, instead of a
+    conversion kernel after it."""
     safe = safe_default() if safe is None else bool(safe)
-    if dq_convert and (not (atomic_dq and dq_bulk and dq_ordered) or tail_split or fused_bq
+    if dq_convert and (not (atomic_dq and dq_bulk and dq_ordered) or fused_bq
                        or dkdv_bq not in (None, 64)):
         raise _fail(f"build_attention_backward: dq_convert is for the ordered bulk-dQ dK/dV "
                     f"kernel (atomic_dq, dq_bulk and dq_ordered; 64-row q blocks; not "
-                    f"tail_split or fused_bq), got atomic_dq={atomic_dq!r}, dq_bulk={dq_bulk!r}, "
-                    f"dq_ordered={dq_ordered!r}, dkdv_bq={dkdv_bq!r}, tail_split={tail_split!r}, "
-                    f"fused_bq={fused_bq!r}")
-    _check_tail("build_attention_backward", tail_split, num_sms, atomic_dq, dq_bulk, dq_ordered,
-                fused_bq)
+                    f"fused_bq), got atomic_dq={atomic_dq!r}, dq_bulk={dq_bulk!r}, "
+                    f"dq_ordered={dq_ordered!r}, dkdv_bq={dkdv_bq!r}, fused_bq={fused_bq!r}")
+    _check_num_sms("build_attention_backward", num_sms)
     if (fused_defer or fused_pingpong) and fused_bq is None:
         raise _fail("build_attention_backward: fused_defer and fused_pingpong are schedules "
                     "of fused_bq=128")
@@ -2323,7 +2001,7 @@ def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=
     _check_dq_modes("build_attention_backward", atomic_dq, dq_bulk, dq_ordered)
     return _build(B, S, Hq, Hkv, D, S if Sk is None else Sk, dtype, causal, scale, safe,
                   bool(atomic_dq), dkdv_bq, overlap, bool(dq_bulk), bool(dq_ordered), dq_bkv,
-                  tail_split=tail_split, num_sms=num_sms, dq_convert=bool(dq_convert))
+                  num_sms=num_sms, dq_convert=bool(dq_convert))
 
 
 def default_dq_bkv(D):
@@ -2334,8 +2012,8 @@ def default_dq_bkv(D):
 
 OPTIONS = ("dkdv_bq", "dkdv_overlap", "atomic_dq", "dq_bulk", "dq_ordered",
            "dq_bkv", "fused_bq", "fused_defer", "fused_pingpong",
-           "tail_split", "num_sms", "dq_convert")  # build_attention_backward's
-INT_OPTIONS = ("dkdv_bq", "dq_bkv", "fused_bq", "fused_pingpong", "tail_split", "num_sms")
+           "num_sms", "dq_convert")  # build_attention_backward's
+INT_OPTIONS = ("dkdv_bq", "dq_bkv", "fused_bq", "fused_pingpong", "num_sms")
 
 
 def _check_fused(fn, fused_bq, safe, atomic_dq, dkdv_bq, dkdv_overlap, dq_bulk, dq_bkv):
@@ -2367,11 +2045,10 @@ def parse_options(text):
 @functools.lru_cache(maxsize=64)
 def _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, safe, atomic_dq, dkdv_bq=None, overlap=None,
            dq_bulk=False, dq_ordered=False, dq_bkv=None, fused_bq=None, fused_defer=False,
-           fused_pingpong=0, tail_split=None, num_sms=132, dq_convert=False):
+           fused_pingpong=0, num_sms=132, dq_convert=False):
     kw = dict(Sk=Sk, dtype=dtype, causal=causal, scale=scale, safe=safe)
     dkdv_kw = dict(kw, BQ=dkdv_bq, overlap=overlap)
     dt = _dtype(dtype)
-    resident = None     # CTAs the ordered split tail needs on the GPU at once
     if fused_bq:
         fused = build_fused(B, S, Hq, Hkv, D, Sk=Sk, dtype=dtype, causal=causal, scale=scale,
                             ordered=dq_ordered, defer=fused_defer, pingpong=fused_pingpong)
@@ -2380,28 +2057,17 @@ def _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, safe, atomic_dq, dkdv_bq=
     elif atomic_dq:
         check_shapes(B, S, Hq, Hkv, D, Sk)
         width = dq_accumulator_width(D, dq_bulk)
-        tail = tail_plan(B, Sk, Hkv, tail_split, num_sms)   # None: nothing to split
-        # the workspace: a slot per split CTA (any order), per piece (ordered)
-        extra = tail_batches(tail[1] * (tail_split if dq_ordered else 1), S, Hq, D,
-                             width) if tail else 0
-        dk_scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-        ctail = tail and (Sk, Hkv, *tail, dk_scale)     # build_convert's tail
-        if tail and dq_ordered:     # a slot per piece, summed in order; kv blocks reversed?
-            resident = tail_resident_ctas(tail, -(-Sk // BM))
-            ctail += (tail_split, ordered_order(S, Sk, causal, dkdv_bq or DKDV_BQ)[1])
-        kernels = (build_prep(B, S, Hq, D, dtype=dtype, counters=dq_ordered, width=width,
-                              extra=extra),
+        kernels = (build_prep(B, S, Hq, D, dtype=dtype, counters=dq_ordered, width=width),
                    build_dkdv(B, S, Hq, Hkv, D, atomic_dq=True, dq_bulk=dq_bulk,
-                              dq_ordered=dq_ordered, tail_split=tail_split, num_sms=num_sms,
-                              dq_convert=dq_convert, **dkdv_kw),     # adds dQ into DQACC
-                   build_convert(B, S, Hq, D, dtype=dtype, width=width,
-                                 tail=ctail))
-        if dq_convert:      # the dK/dV grid converts dQ (not with tail_split: refused above)
+                              dq_ordered=dq_ordered, num_sms=num_sms, dq_convert=dq_convert,
+                              **dkdv_kw),     # adds dQ into DQACC
+                   build_convert(B, S, Hq, D, dtype=dtype, width=width))
+        if dq_convert:      # the dK/dV grid converts dQ
             kernels = kernels[:2]
     else:
         dq_kw = dict(kw, BKV=default_dq_bkv(D) if dq_bkv is None else dq_bkv)
         kernels = (build_dq(B, S, Hq, Hkv, D, **dq_kw), build_dkdv(B, S, Hq, Hkv, D, **dkdv_kw))
-    return AttentionBackward(kernels, B, S, Hq, Hkv, D, Sk, dt, atomic_dq, resident=resident)
+    return AttentionBackward(kernels, B, S, Hq, Hkv, D, Sk, dt, atomic_dq)
 
 
 def attention_backward(q, k, v, o, lse, do, causal=False, scale=None, *, safe=None,

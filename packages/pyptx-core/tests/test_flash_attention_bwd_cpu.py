@@ -297,147 +297,11 @@ def test_atomic_dq_kernels_assemble(D, causal, dq_bulk, assemble):
     assert ("red.global.add.v2.f32" in text) != dq_bulk
 
 
-@pytest.mark.parametrize("kw,given", [
-    (dict(), "atomic_dq=False, dq_bulk=False"),
-    (dict(atomic_dq=True), "atomic_dq=True, dq_bulk=False"),
-    (dict(fused_bq=128), "fused_bq=128"),
-    (dict(fused_bq=128, dq_ordered=True), "fused_bq=128"),
-])
-def test_tail_split_is_for_the_bulk_mode(kw, given):
-    with pytest.raises(ConfigError, match="tail_split is for the bulk-dQ") as e:
-        fab.build_attention_backward(1, 64, 1, 1, 64, tail_split=2, **kw)
-    assert given in str(e.value)
-
-
-@pytest.mark.parametrize("kw", [dict(tail_split=1), dict(tail_split=True),
-                                dict(tail_split=2, num_sms=0)])
-def test_tail_split_bad_values(kw):
-    with pytest.raises(ConfigError, match="tail_split must be an int >= 2|num_sms must be"):
-        fab.build_attention_backward(1, 64, 1, 1, 64, atomic_dq=True, dq_bulk=True, **kw)
-
-
-def test_tail_split_of_whole_waves_is_the_default_kernel():
-    """Nothing to split (C % num_sms == 0; here 2 CTAs on 2 SMs): the default kernels."""
-    base = fab.build_attention_backward(2, 128, 2, 1, 64, atomic_dq=True, dq_bulk=True)
-    same = fab.build_attention_backward(2, 128, 2, 1, 64, atomic_dq=True, dq_bulk=True,
-                                        tail_split=4, num_sms=2)
-    assert [k.ptx() for k in same.kernels] == [k.ptx() for k in base.kernels]
-    assert fab.parse_options("atomic_dq=1,dq_bulk=1,tail_split=33")["tail_split"] == 33
-
-
-ORDERED = dict(atomic_dq=True, dq_bulk=True, dq_ordered=True)
-
-
-@pytest.mark.parametrize("shape,split,num_sms,match", [
-    # 5 kv blocks x 2 heads on 4 SMs: the tail (2 CTAs of head 1) needs its 5 resident
-    ((1, 640, 2, 2), 2, 4, r"1 head\(s\) of the tail's 2 CTAs resident together: 1 x 5 kv "
-                           r"blocks > num_sms=4"),
-    # 5 x 3 on 8 SMs: the tail's 7 CTAs touch heads 1 and 2
-    ((1, 640, 3, 3), 2, 8, r"2 head\(s\) of the tail's 7 CTAs .* 2 x 5 kv blocks > num_sms=8"),
-    # 5 x 2 on 6 SMs: 4 tail CTAs x 4 pieces > 12 slots
-    ((1, 640, 2, 2), 4, 6, r"4 tail CTAs x 4 pieces > 2 x num_sms=6"),
-])
-def test_ordered_tail_split_guards(shape, split, num_sms, match):
-    """The ordered pieces' residency guard (a chain whose CTAs cannot be resident together
-    would hang the GPU) and the workspace cap, with the numbers."""
-    for causal in (False, True):
-        with pytest.raises(ConfigError, match=match):
-            fab.build_attention_backward(*shape, 64, causal=causal, tail_split=split,
-                                         num_sms=num_sms, **ORDERED)
-
-
-def test_ordered_tail_split_builds():
-    """The guard passes the benchmark's shapes (S=4096, B=8 and S=8192, B=4, 16 x 128 or 32 x
-    64 heads: one head's 4 or 8 tail CTAs, 32 or 64 kv blocks, up to 264 slots) and the
-    neighbours of the refusals above; BQ=128 is not built; whole waves: the default."""
-    for D, H in ((128, 16), (64, 32)):
-        for B, S in ((8, 4096), (4, 8192)):
-            for causal in (False, True):
-                bwd = fab.build_attention_backward(B, S, H, H, D, causal=causal, tail_split=33,
-                                                   **ORDERED)
-                C = S // 128 * H * B
-                assert bwd.dkdv_kernel.specialize().grid == (C + (C % 132) * 32, 1, 1)
-    fab.build_attention_backward(1, 640, 2, 2, 64, tail_split=2, num_sms=6, **ORDERED)
-    fab.build_attention_backward(1, 640, 3, 3, 64, tail_split=2, num_sms=11, **ORDERED)
-    fab.build_attention_backward(1, 640, 2, 2, 64, tail_split=3, num_sms=6, **ORDERED)
-    with pytest.raises(ConfigError, match="tail_split is not built for BQ=128"):
-        fab.build_attention_backward(8, 4096, 16, 16, 128, dkdv_bq=128, tail_split=33,
-                                     **ORDERED)
-    base = fab.build_attention_backward(2, 128, 2, 1, 64, **ORDERED)
-    same = fab.build_attention_backward(2, 128, 2, 1, 64, tail_split=4, num_sms=2, **ORDERED)
-    assert [k.ptx() for k in same.kernels] == [k.ptx() for k in base.kernels]
-
-
-def _ordered_units(heads, num_kv, split, num_sms, causal, rotate):
-    """The ordered dK/dV grid of ``heads`` heads (one q head each), S = 128 num_kv, as the
-    kernel walks it: per CTA or piece, in launch order, its adds ``(head, q block, rank)``
-    in the order it makes them (ranks and steps as ``build_dkdv``'s, the pieces' q blocks
-    from ``tail_share`` / ``rotated_walk``)."""
-    num_q = 2 * num_kv
-    first, count = fab.tail_plan(heads, num_kv * 128, 1, split, num_sms) or (heads * num_kv, 0)
-    reverse = causal or rotate
-
-    def walk(cta, part):
-        x, h = cta % num_kv, cta // num_kv
-        kb = num_kv - 1 - x if reverse else x
-        lo, hi = (0, num_q) if part is None else fab.tail_share(part, split, num_q)
-        if rotate:
-            s, e, L = fab.rotated_walk(kb, lo, hi, num_q)
-            steps = [i if i < e else i + s - e for i in range(L)]
-            assert steps == sorted(steps) and len(set(steps)) == L
-            qbs = [(i + 2 * kb) % num_q for i in steps]
-            assert sorted(qbs) == list(range(lo, hi))
-            return [(h, qb, (qb - 2 * kb) % num_q // 2) for qb in qbs]
-        if causal:      # q blocks from 2 kb; rank: kv blocks jmax, jmax - 1, ...
-            return [(h, qb, qb // 2 - kb) for qb in range(max(lo, 2 * kb), hi)]
-        return [(h, qb, kb) for qb in range(lo, hi)]
-
-    units = [walk(c, None) for c in range(first)]
-    units += [walk(first + t, p) for p in range(split or 0) for t in range(count)]
-    return units
-
-
-def _runs_to_the_end(units, num_sms):
-    """Dispatch ``units`` in order onto ``num_sms`` slots; a resident unit makes its next
-    add once the q block's counter equals its rank. False where every resident unit waits
-    (a hang)."""
-    counters, resident, nxt = {}, [], 0
-    while nxt < len(units) or resident:
-        moved = False
-        while len(resident) < num_sms and nxt < len(units):
-            resident.append([units[nxt], 0])
-            nxt += 1
-            moved = True
-        for u in resident:
-            adds, i = u
-            while i < len(adds) and counters.get(adds[i][:2], 0) == adds[i][2]:
-                counters[adds[i][:2]] = adds[i][2] + 1
-                i += 1
-                moved = True
-            u[1] = i
-        resident = [u for u in resident if u[1] < len(u[0])]
-        if not moved:
-            return False
-    return True
-
-
-@pytest.mark.parametrize("heads,num_kv,split,num_sms", [(3, 8, 5, 10), (5, 8, 6, 12), (3, 4, 3, 5)])
-@pytest.mark.parametrize("causal,rotate", [(True, False), (False, True), (False, False)])
-def test_ordered_tail_split_schedule(heads, num_kv, split, num_sms, causal, rotate):
-    """A model of the ordered pieces on a GPU of ``num_sms`` one-CTA SMs (the simulator runs
-    one CTA at a time, so it cannot run the rotated order): every share of every piece is its
-    absolute q blocks in increasing step order, each q block's adds are the unsplit grid's
-    ranks exactly once, and the grid runs to the end at the guard's bound. Causal and
-    ascending full (waits on earlier CTAs or earlier pieces of the share) also run one CTA at
-    a time."""
-    units = _ordered_units(heads, num_kv, split, num_sms, causal, rotate)
-    whole = _ordered_units(heads, num_kv, None, 1, causal, rotate)
-    assert sorted(a for u in units for a in u) == sorted(a for u in whole for a in u)
-    assert _runs_to_the_end(units, num_sms)
-    if not rotate:
-        assert _runs_to_the_end(units, 1)
-    else:   # the rotated order's head must be resident: one CTA at a time hangs
-        assert not _runs_to_the_end(units, 1)
+@pytest.mark.parametrize("num_sms", [0, True, 2.0])
+def test_num_sms_must_be_a_positive_int(num_sms):
+    with pytest.raises(ConfigError, match="build_attention_backward: num_sms must be"):
+        fab.build_attention_backward(1, 64, 1, 1, 64, atomic_dq=True, dq_bulk=True,
+                                     dq_ordered=True, dq_convert=True, num_sms=num_sms)
 
 
 def test_dq_bulk_needs_atomic_dq():
@@ -653,46 +517,10 @@ def test_dkdv_modes_keep_wgmma_asynchronous(D, causal, assemble):
     costs far more than any schedule change gains. The bulk-dQ modes also assemble without
     spills at the benchmark's sizes."""
     for kw in ({}, {"atomic_dq": True}, {"atomic_dq": True, "dq_bulk": True},
-               {"atomic_dq": True, "dq_bulk": True, "dq_ordered": True},
-               {"atomic_dq": True, "dq_bulk": True, "tail_split": 33},
-               {"atomic_dq": True, "dq_bulk": True, "dq_ordered": True, "tail_split": 33}):
+               {"atomic_dq": True, "dq_bulk": True, "dq_ordered": True}):
         bwd = fab.build_attention_backward(8, 4096, 2048 // D, 2048 // D, D, causal=causal,
                                            **kw)
         log = assemble(bwd.dkdv_kernel.ptx())
         assert "(C751" not in log, (kw, log)
         if kw.get("dq_bulk"):       # ", 0": not "20 bytes spill stores"
             assert ", 0 bytes spill stores" in log, (kw, log)
-        if kw.get("tail_split"):    # D=128: 4096 CTAs, the last 4 of 132 become 33 pieces
-            # (ordered: the rotated full order or the causal one, kv blocks last first)
-            C = 32 * (2048 // D) * 8
-            assert bwd.dkdv_kernel.specialize().grid == (C + (C % 132) * 32, 1, 1)
-            for k in (bwd.kernels[0], bwd.kernels[2]):
-                assert ", 0 bytes spill stores" in assemble(k.ptx())
-    # the ordered pieces at S=8192 (B=4): 64 kv blocks, the rotated order's cap
-    bwd = fab.build_attention_backward(4, 8192, 2048 // D, 2048 // D, D, causal=causal,
-                                       atomic_dq=True, dq_bulk=True, dq_ordered=True,
-                                       tail_split=33)
-    log = assemble(bwd.dkdv_kernel.ptx())
-    assert "(C751" not in log and ", 0 bytes spill stores" in log, log
-
-
-def test_ordered_tail_split_refuses_a_gpu_with_too_few_sms(monkeypatch):
-    """Built for 6 SMs, the ordered pieces' chain needs the tail head's 5 kv blocks resident;
-    a GPU of 4 SMs is refused at the first call (before any launch), one of 5 is taken."""
-    from pyptx import driver
-
-    bwd = fab.build_attention_backward(1, 640, 2, 2, 64, tail_split=2, num_sms=6, **ORDERED)
-    assert bwd.resident == 5
-    q = torch.zeros(1, 640, 2, 64, dtype=torch.bfloat16)
-    lse = torch.zeros(1, 2, 640)
-    monkeypatch.setattr(driver, "device_count", lambda: 1)
-    monkeypatch.setattr(driver, "multiprocessor_count", lambda i: 4)
-    with pytest.raises(ConfigError, match=r"test_flash_attention_bwd_cpu.py:\d+: .*needs 5 CTAs "
-                                          r"resident at once.*has 4 SMs: build it with num_sms=4"):
-        bwd(q, q, q, q, lse, q)
-    monkeypatch.setattr(driver, "multiprocessor_count", lambda i: 5)
-    bwd._check_resident()
-    assert bwd.resident is None
-    plain = fab.build_attention_backward(1, 640, 2, 2, 64, tail_split=2, num_sms=6,
-                                         atomic_dq=True, dq_bulk=True)
-    assert plain.resident is None

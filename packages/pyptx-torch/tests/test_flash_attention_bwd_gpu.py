@@ -229,36 +229,6 @@ def test_jax_gradients_match():
     _check(got, refs, "bf16")
 
 
-TAIL_CASES = [   # (B, S, Hq, Hkv, D, dtn, causal, tail_split, num_sms), each with a tail
-    (1, 300, 4, 2, 128, "bf16", False, 3, 4),    # 6 CTAs: the last 2 in three pieces
-    (1, 300, 2, 1, 128, "bf16", True, 2, 4),     # every CTA split, empty pieces
-    (1, 300, 4, 2, 64, "bf16", True, 3, 4),
-    (1, 300, 4, 2, 64, "f16", False, 3, 4),
-    (2, 1000, 4, 4, 128, "f16", False, 5, 30),   # 64 CTAs, 4 split; ordered: rotated order
-]
-
-
-@pytest.mark.parametrize("ordered", [False, True])
-@pytest.mark.parametrize("B,S,Hq,Hkv,D,dtn,causal,split,num_sms", TAIL_CASES)
-def test_tail_split(B, S, Hq, Hkv, D, dtn, causal, split, num_sms, ordered):
-    """``tail_split``: a small ``num_sms`` makes the grid's last CTAs pieces whose dK/dV go
-    through the f32 workspace; float64 autograd, same tolerances, outputs poisoned. Ordered
-    (``dq_ordered``): dQ bitwise equal to the unsplit ordered kernel's, and two runs equal."""
-    q, k, v, do = _inputs(B, S, Hq, Hkv, D, dtn, seed=split + num_sms)
-    o, lse, *refs = fab.reference(q, k, v, do, causal)
-    args = (q, k, v, o.to(q.dtype), lse.float(), do)
-    mode = dict(causal=causal, atomic_dq=True, dq_bulk=True, dq_ordered=ordered)
-    bwd = fab.build_attention_backward(B, S, Hq, Hkv, D, dtype=dtn, tail_split=split,
-                                       num_sms=num_sms, **mode)
-    assert bwd.kernels[1].specialize().grid[0] > B * Hkv * math.ceil(S / 128)
-    got = bwd(*args)
-    _check(got, refs, dtn)
-    if ordered:
-        assert all(torch.equal(x, y) for x, y in zip(got, bwd(*args)))
-        plain = fab.build_attention_backward(B, S, Hq, Hkv, D, dtype=dtn, **mode)(*args)
-        assert torch.equal(got[0], plain[0])
-
-
 @pytest.mark.parametrize("B,S,Hq,Hkv,D,dtn,causal", [
     (2, 513, 8, 2, 128, "bf16", True),
     (2, 1000, 4, 4, 128, "f16", False),    # the rotated order
