@@ -3,7 +3,8 @@
 # tests, the sanitizers, the TFLOP/s table and the A/B of the opt-in dK/dV options
 # (docs/dev/attention-backward.md says how to read it). Each step is time-boxed.
 #   run(command="bash tools/device_attention_bwd.sh", carry=[".whl"])
-#   knobs: STEPS="example options tests sanitize bench ab"; INSTALL=0 (packages already
+#   knobs: STEPS="example options tests sanitize bench ab" (and "trace": per-CTA times and
+#          waits of the dK/dV grid, tools/attn_bwd_trace.py); INSTALL=0 (packages already
 #          installed); PYPTX_ATTN_BWD_SAFE=1 (simplest schedule by default);
 #          AB="default;dkdv_bq=32;dkdv_overlap=0;dkdv_bq=32,dkdv_overlap=0" AB_DIMS=128
 #          SAN_OPTIONS="dkdv_bq=32" (also sanitize the racecheck case with those options)
@@ -40,6 +41,7 @@ for s in ${STEPS:-example options tests sanitize bench ab}; do
     bench) timeout ${BENCH_TIMEOUT:-300} python3 -c "
 from pyptx.testing import load_module
 load_module('examples/hopper/flash_attention_bwd.py', 'fab').bench()" 2>&1 | tee "$OUT/attn_bwd_bench.md" ;;
+    trace) timeout ${TRACE_TIMEOUT:-200} python3 tools/attn_bwd_trace.py 2>&1 | tee "$OUT/attn_bwd_trace.md" ;;
     ab) timeout ${AB_TIMEOUT:-300} python3 -c "
 from pyptx.testing import load_module
 fab = load_module('examples/hopper/flash_attention_bwd.py', 'fab')

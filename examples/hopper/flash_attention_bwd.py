@@ -438,7 +438,7 @@ def _check_num_sms(fn, num_sms):
 
 def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None, BQ=None,
                stages=None, sync=None, safe=None, atomic_dq=False, overlap=None, dq_bulk=False,
-               dq_ordered=False, num_sms=132, dq_convert=False):
+               dq_ordered=False, num_sms=132, dq_convert=False, trace=False):
     """The dK/dV kernel: ``(Q, K, V, DO, STATS) -> (DK, DV)`` (STATS from ``build_dq``).
 
     ``BQ``: q rows per block, 32 or 64 (``None``: ``DKDV_BQ``, 64; ``atomic_dq`` needs 64,
@@ -472,10 +472,17 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     ``DQ`` (a third output), so ``build_convert`` is not needed: ``convert_ctas`` more CTAs,
     launched after all the others (the grid is 1-D), turn DQACC's 64-row q blocks into DQ,
     each block once its counter says every add is in. They run where the grid's last,
-    partial wave leaves SMs idle."""
+    partial wave leaves SMs idle.
+
+    ``trace`` (bulk dQ, a diagnostic): a last output ``TRACE``, int32 ``(CTAs, 4)`` in launch
+    order: ``%globaltimer_lo`` at the CTA's start and at its consumers' end (converters:
+    their end), ``%smid``, and the ns its dQ writer (converters: thread 0) spent waiting for
+    its turn (``tools/attn_bwd_trace.py`` reads it)."""
     Sk, dt, scale, safe, sync, G, Sp = _common_options(B, S, Hq, Hkv, D, Sk, dtype, scale,
                                                        safe, sync)
     _check_num_sms("build_dkdv", num_sms)
+    if trace and not (atomic_dq and dq_bulk):
+        raise _fail("build_dkdv: trace is for the bulk-dQ modes (atomic_dq and dq_bulk)")
     if dq_convert and not (atomic_dq and dq_bulk and dq_ordered) or dq_convert and BQ not in (
             None, 64):
         raise _fail(f"build_dkdv: dq_convert needs the ordered bulk-dQ mode (atomic_dq, "
@@ -554,7 +561,19 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             return wrapped // (BM // BQ)
         return kb       # kv blocks 0, 1, ... (each a step behind: a wavefront)
 
-    def _dq_writer(DQACC, SEM, bufs, kb, hk, b, qb0, dq_full, dq_empty, pipe=None):
+    def _now():
+        return reg.from_(ptx.special.globaltimer_lo(), u32)
+
+    def _trace_at(TRACE, col):
+        """The address of column ``col`` of this CTA's ``TRACE`` row (launch order)."""
+        (pt,) = ptx.global_ptrs(TRACE)
+        lin = reg.from_(ptx.special.ctaid.x(), u32)
+        if not n_conv:
+            lin = lin + num_kv * (reg.from_(ptx.special.ctaid.y(), u32)
+                                  + Hkv * reg.from_(ptx.special.ctaid.z(), u32))
+        return ptx.addr(reg.from_(lin * 4 + col, u64) * 4 + pt)
+
+    def _dq_writer(DQACC, SEM, bufs, kb, hk, b, qb0, dq_full, dq_empty, pipe=None, TRACE=None):
         """The ordered dQ mode's writer (one thread of the producer warpgroup): for each
         block, in the consumers' order, wait for this kv block's turn at the q block's
         counter, for both warpgroups' slabs (``dq_full``), add them into DQACC (the first
@@ -570,6 +589,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             ptx.inst("red.release.gpu.global.add.u32")(ptx.addr(cell), 1)
 
         phase = reg.scalar(u32, init=0)
+        waited = reg.scalar(u32, init=0) if TRACE is not None else None
         if wide:
             wst = pipe.consumer_state()
         for g in ptx.loop(0, G):
@@ -583,8 +603,12 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                     ptx.inst("ld.acquire.gpu.global.u32")(now, ptx.addr(cell))
                     return now != rank
 
+                if TRACE is not None:
+                    t0 = _now()
                 with ptx.while_(not_my_turn):
                     pass
+                if TRACE is not None:
+                    ptx.inst.add.u32(waited, waited, _now() - t0)
                 ptx.fence_proxy_async("global")
                 first = rank == 0               # the first add writes the tile
                 if wide:
@@ -614,8 +638,10 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                 ptx.tma.wait_group(0)           # complete in global memory: count it
                 count(cell)
                 ptx.inst.xor.b32(phase, phase, 1)
+        if TRACE is not None:
+            ptx.inst.st.global_.u32(_trace_at(TRACE, 3), waited)
 
-    def _converter(DQACC, SEM, DQ, c):
+    def _converter(DQACC, SEM, DQ, c, TRACE=None):
         """Converter CTA ``c`` (``dq_convert``): the 64-row q blocks ``c, c + n, c + 2n, ...``
         of the ``U`` in (batch, q head, q block) order (strided: the blocks of the heads that
         finish last are shared by all the converters), ``CONVERT_BLOCKS`` at a time, by 256
@@ -625,6 +651,9 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         tid = reg.from_(ptx.special.tid.x(), u32)
         pa, psem, pq = ptx.global_ptrs(DQACC, SEM, DQ)
         now = reg.scalar(u32)
+        if TRACE is not None:
+            started = _now()
+            waited = reg.scalar(u32, init=0)
         mine = (units + (n_conv - 1) - c) // n_conv
         with ptx.if_(tid < 256):
             for j0 in ptx.loop(0, mine, CONVERT_BLOCKS):
@@ -642,8 +671,12 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                             ptx.inst("ld.acquire.gpu.global.u32")(now, ptx.addr(cell))
                             return now != adds
 
+                        if TRACE is not None:
+                            t0 = _now()
                         with ptx.while_(not_done):
                             pass
+                        if TRACE is not None:
+                            ptx.inst.add.u32(waited, waited, _now() - t0)
                     got.append((live, bh, qb))
                 ptx.bar_sync(1, 256)
                 loads = []
@@ -673,12 +706,23 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                     for m in range(4):
                         ptx.inst(f"cvt.rn.{dt.name}x2.f32")(packed[m], x[2 * m + 1], x[2 * m])
                     ptx.inst.st.global_.v4.b32(ptx.addr(dst), packed, pred=ok)
+        if TRACE is not None:
+            with ptx.if_(tid == 0):
+                ptx.inst.st.global_.v4.b32(_trace_at(TRACE, 0), [
+                    started, _now(), reg.from_(ptx.special.smid(), u32), waited])
         ptx.ret()
 
-    def dkdv_kernel(Q, K, V, DO, STATS, DQACC, SEM, DK, DV, DQ=None):
+    def dkdv_kernel(Q, K, V, DO, STATS, DQACC, SEM, DK, DV, DQ=None, TRACE=None):
         if n_conv:      # the last n_conv CTAs of the 1-D grid convert dQ
             with ptx.if_(reg.from_(ptx.special.ctaid.x(), u32) >= n_main):
-                _converter(DQACC, SEM, DQ, reg.from_(ptx.special.ctaid.x(), u32) - n_main)
+                _converter(DQACC, SEM, DQ, reg.from_(ptx.special.ctaid.x(), u32) - n_main,
+                           TRACE)
+        if TRACE is not None:   # the start, the SM; no writer: no wait
+            with ptx.if_(reg.from_(ptx.special.tid.x(), u32) == 0):
+                ptx.inst.st.global_.u32(_trace_at(TRACE, 0), _now())
+                ptx.inst.st.global_.u32(_trace_at(TRACE, 2), reg.from_(ptx.special.smid(), u32))
+                if not dq_ordered:
+                    ptx.inst.st.global_.u32(_trace_at(TRACE, 3), 0)
         base = ring_base("smem")
         pipe = Pipeline(stages, consumer_arrivals=RELEASE_ARRIVALS + (1 if wide else 0))
         head_bar = BarrierArray(1, name="head_bar")
@@ -741,11 +785,11 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         if dq_ordered and wide:
             with ptx.if_(tid == 32):
                 _dq_writer(DQACC, SEM, base + head_bytes, kb, hk, b, qb0, dq_full, dq_empty,
-                           pipe)
+                           pipe, TRACE=TRACE)
         elif dq_ordered:
             with ptx.if_(tid == 32):
                 _dq_writer(DQACC, SEM, base + (head_bytes + 2 * ds_tile.nbytes), kb, hk, b,
-                           qb0, dq_full, dq_empty)
+                           qb0, dq_full, dq_empty, TRACE=TRACE)
         # ------------------------------------------------------------ consumers
         roles.consumers(CONS_REGS)
         w = wg - 1
@@ -1106,6 +1150,9 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             pdk, pdv = ptx.global_ptrs(DK, DV)
         _store_rows(dk_acc, pdk, kvrow, valid, Hkv, D, hk, b, Sk, col0, scale, dt)
         _store_rows(dv_acc, pdv, kvrow, valid, Hkv, D, hk, b, Sk, col0, 1.0, dt)
+        if TRACE is not None:   # the consumers' end
+            with ptx.if_(tid == 128):
+                ptx.inst.st.global_.u32(_trace_at(TRACE, 1), _now())
         roles.end()
         ptx.ret()
 
@@ -1113,18 +1160,32 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             f"{'_safe' if safe else ''}{'_atomic' if atomic_dq else ''}{'_bulk' if dq_bulk else ''}"
             f"{'_ordered' if dq_ordered else ''}"
             f"{f'_bq{BQ}' if BQ != 64 else ''}{'_serial' if overlap != default_overlap else ''}"
-            f"{f'_cvt{n_conv}' if n_conv else ''}")
+            f"{f'_cvt{n_conv}' if n_conv else ''}{'_trace' if trace else ''}")
     ins = (qspec, kspec, kspec, qspec, Tile(B, Hq, Sp, 2, f32))
     grid = (n_main + n_conv, 1, 1) if n_conv else (num_kv, Hkv, B)
     outs = (kspec, kspec)
+    traced = (Tile(n_main + n_conv, 4, s32),) if trace else ()
     if dq_ordered:
         ins += (Tile(B, S, Hq, dq_width, f32), Tile(B, Hq, sem_q, 2, s32))
-        if n_conv:
+        if n_conv and trace:
             outs += (qspec,)
             fn = dkdv_kernel
+        elif n_conv:
+            outs += (qspec,)
+
+            def fn(Q, K, V, DO, STATS, DQACC, SEM, DK, DV, DQ):
+                dkdv_kernel(Q, K, V, DO, STATS, DQACC, SEM, DK, DV, DQ)
+        elif trace:
+            def fn(Q, K, V, DO, STATS, DQACC, SEM, DK, DV, TRACE):
+                dkdv_kernel(Q, K, V, DO, STATS, DQACC, SEM, DK, DV, None, TRACE)
         else:
             def fn(Q, K, V, DO, STATS, DQACC, SEM, DK, DV):
                 dkdv_kernel(Q, K, V, DO, STATS, DQACC, SEM, DK, DV)
+    elif atomic_dq and trace:
+        ins += (Tile(B, S, Hq, dq_width, f32),)
+
+        def fn(Q, K, V, DO, STATS, DQACC, DK, DV, TRACE):
+            dkdv_kernel(Q, K, V, DO, STATS, DQACC, None, DK, DV, None, TRACE)
     elif atomic_dq:
         ins += (Tile(B, S, Hq, dq_width, f32),)
 
@@ -1137,7 +1198,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     tma = {"Q": box_q, "DO": box_q, "K": box_kv, "V": box_kv}
     if dq_bulk:
         tma["DQACC"] = {"box": (1, 64, 1, 32), "swizzle": "128B"}
-    return kernel(in_specs=ins, out_specs=outs, grid=grid,
+    return kernel(in_specs=ins, out_specs=outs + traced, grid=grid,
                   block=(THREADS, 1, 1), smem=smem_total, maxnreg=168,
                   version="8.3" if atomic_dq else None,      # red.global.add.v2.f32: ISA 8.1
                   tma=tma, name=name)(fn)

@@ -80,7 +80,8 @@ _BITS = {"pred": 0, "b16": 16, "u16": 16, "s16": 16, "f16": 16, "bf16": 16, "b32
 _NP = {16: np.uint16, 32: np.uint32, 64: np.uint64, 8: np.uint8}
 _SPECIAL = ("%tid.x", "%tid.y", "%tid.z", "%ctaid.x", "%ctaid.y", "%ctaid.z", "%ntid.x",
             "%ntid.y", "%ntid.z", "%nctaid.x", "%nctaid.y", "%nctaid.z", "%laneid",
-            "%cluster_ctarank", "%cluster_nctarank", "%clusterid.x")
+            "%cluster_ctarank", "%cluster_nctarank", "%clusterid.x", "%smid",
+            "%globaltimer_lo")  # the last two read 0 (one SM, no clock)
 _GLOBAL_BASE = 1 << 40
 _GLOBAL_STRIDE = 1 << 36
 _TMAP_BASE = 1 << 32  # generic addresses of the tensor-map parameters (256 bytes apart)
@@ -255,6 +256,7 @@ class _CTA:
             "%nctaid.z": np.full(self.n, grid[2]), "%laneid": loc % 32,
             "%cluster_ctarank": self.rank, "%cluster_nctarank": np.full(self.n, csize),
             "%clusterid.x": np.full(self.n, cta[0] // csize),
+            "%smid": np.zeros(self.n, np.int64), "%globaltimer_lo": np.zeros(self.n, np.int64),
         }
         self.lane = lin % 32
         self.warp = lin // 32

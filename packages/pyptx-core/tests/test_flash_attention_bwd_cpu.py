@@ -524,3 +524,11 @@ def test_dkdv_modes_keep_wgmma_asynchronous(D, causal, assemble):
         assert "(C751" not in log, (kw, log)
         if kw.get("dq_bulk"):       # ", 0": not "20 bytes spill stores"
             assert ", 0 bytes spill stores" in log, (kw, log)
+
+
+@pytest.mark.parametrize("kw", [{}, dict(atomic_dq=True)])
+def test_trace_is_for_the_bulk_modes(kw):
+    """``build_dkdv(trace=True)`` (``tools/attn_bwd_trace.py``) needs ``dq_bulk``."""
+    with pytest.raises(ConfigError, match="trace is for the bulk-dQ modes") as e:
+        fab.build_dkdv(1, 64, 1, 1, 64, trace=True, **kw)
+    assert Path(__file__).name in str(e.value)

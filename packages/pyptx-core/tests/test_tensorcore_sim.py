@@ -465,6 +465,34 @@ def test_attention_backward_dq_convert(D, causal, Hkv, S=300):
     assert np.array_equal(dq, dq0)
 
 
+@pytest.mark.parametrize("ordered,convert", [(False, False), (True, False), (True, True)])
+def test_dkdv_trace(ordered, convert, S=300):
+    """``build_dkdv(trace=True)``: the same gradients, bit for bit, plus a TRACE row per CTA
+    (converters included) whose every element is written (outputs poisoned); the simulator's
+    clock and SM read 0, so the row holds zeros."""
+    B, Hq, Hkv, D = 1, 4, 2, 64
+    q, k, v, do = _attention_inputs(B, S, Hq, Hkv, D, 17)
+    o, lse = ptxsim.run(fa.build_attention(B, S, Hq, Hkv, D, causal=True).specialize(), [q, k, v])
+    lse = lse.view(np.float32)
+    mode = dict(causal=True, atomic_dq=True, dq_bulk=True, dq_ordered=ordered,
+                dq_convert=convert, num_sms=3)
+    width = fab.dq_accumulator_width(D, True)
+    prep = fab.build_prep(B, S, Hq, D, counters=ordered, width=width).specialize()
+    sem = (1,) if ordered else ()
+    outs = []
+    for trace in (False, True):
+        stats, acc, *cnt = ptxsim.run(prep, [o, lse, do], scratch=sem)
+        dkdv = fab.build_dkdv(B, S, Hq, Hkv, D, trace=trace, **mode).specialize()
+        got = ptxsim.run(dkdv, [q, k, v, do, stats, acc, *cnt], inplace=True)
+        if not convert:
+            got = got[:2] + ptxsim.run(fab.build_convert(B, S, Hq, D, width=width).specialize(),
+                                       [acc]) + got[2:]
+        outs.append(got)
+    assert all(np.array_equal(x, y) for x, y in zip(outs[0], outs[1]))
+    trace = outs[1][-1]
+    assert trace.shape == (3 * Hkv + (3 if convert else 0), 4) and not trace.any()
+
+
 def _ordered_full_backward(S, max_steps):
     B, Hq, Hkv, D = 1, 2, 1, 64
     q, k, v, do = _attention_inputs(B, S, Hq, Hkv, D, 11)
