@@ -564,6 +564,19 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     def _now():
         return reg.from_(ptx.special.globaltimer_lo(), u32)
 
+    def _spin_until(cell, want, now, waited=None):
+        """Acquire-load the u32 at ``cell`` into ``now`` until it equals ``want``; with
+        ``waited`` (``trace``), add the ns spent to it."""
+        def not_yet():
+            ptx.inst("ld.acquire.gpu.global.u32")(now, ptx.addr(cell))
+            return now != want
+
+        t0 = _now() if waited is not None else None
+        with ptx.while_(not_yet):
+            pass
+        if waited is not None:
+            ptx.inst.add.u32(waited, waited, _now() - t0)
+
     def _trace_at(TRACE, col):
         """The address of column ``col`` of this CTA's ``TRACE`` row (launch order)."""
         (pt,) = ptx.global_ptrs(TRACE)
@@ -599,16 +612,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                 rank = dq_rank(qb, kb)
                 cell = reg.from_(((b * Hq + hq) * sem_q + qb) * 2, u64) * 4 + psem
 
-                def not_my_turn(cell=cell, rank=rank):
-                    ptx.inst("ld.acquire.gpu.global.u32")(now, ptx.addr(cell))
-                    return now != rank
-
-                if TRACE is not None:
-                    t0 = _now()
-                with ptx.while_(not_my_turn):
-                    pass
-                if TRACE is not None:
-                    ptx.inst.add.u32(waited, waited, _now() - t0)
+                _spin_until(cell, rank, now, waited)
                 ptx.fence_proxy_async("global")
                 first = rank == 0               # the first add writes the tile
                 if wide:
@@ -651,9 +655,8 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         tid = reg.from_(ptx.special.tid.x(), u32)
         pa, psem, pq = ptx.global_ptrs(DQACC, SEM, DQ)
         now = reg.scalar(u32)
-        if TRACE is not None:
-            started = _now()
-            waited = reg.scalar(u32, init=0)
+        started = _now() if TRACE is not None else None
+        waited = reg.scalar(u32, init=0) if TRACE is not None else None
         mine = (units + (n_conv - 1) - c) // n_conv
         with ptx.if_(tid < 256):
             for j0 in ptx.loop(0, mine, CONVERT_BLOCKS):
@@ -665,18 +668,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                     qb = u - bh * sem_q
                     adds = _min_u32(qb // 2, num_kv - 1) + 1 if causal else num_kv
                     with ptx.if_((tid == 32 * j) & live):
-                        cell = reg.from_(u, u64) * 8 + psem
-
-                        def not_done(cell=cell, adds=adds):
-                            ptx.inst("ld.acquire.gpu.global.u32")(now, ptx.addr(cell))
-                            return now != adds
-
-                        if TRACE is not None:
-                            t0 = _now()
-                        with ptx.while_(not_done):
-                            pass
-                        if TRACE is not None:
-                            ptx.inst.add.u32(waited, waited, _now() - t0)
+                        _spin_until(reg.from_(u, u64) * 8 + psem, adds, now, waited)
                     got.append((live, bh, qb))
                 ptx.bar_sync(1, 256)
                 loads = []
