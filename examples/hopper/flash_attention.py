@@ -736,9 +736,9 @@ def _differentiable(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, schedule, BN, st
     backward example or ``differentiable_kernel(save_outputs=)`` is not available.
     The backward for torch eager calls: at D=128, the dK/dV kernel also adds dQ, with TMA
     tile reductions in a fixed order (``dq_ordered``: five products, not seven, still
-    deterministic), and converts dQ in converter CTAs after its own (``dq_convert``); at D=64, the fused one-kernel backward (``fused_bq=128``, 128-row q
-    blocks, its consumer warpgroups half a block apart: ``fused_pingpong=1``) adds dQ the
-    same way; ``deterministic=False``: in any order. JAX and
+    deterministic), and converts dQ in converter CTAs after its own (``dq_convert``); at
+    D=64, the fused one-kernel backward (``fused_bq=128``, 128-row q blocks, its consumer
+    warpgroups half a block apart: ``fused_pingpong=1``) adds dQ the same way; ``deterministic=False``: in any order. JAX and
     ``torch.compile`` traces run the seven-product pair (``AttentionBackward.fallback``), as
     does a size the faster kernel refuses."""
     fwd = _forward(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, schedule, BN, stages, persistent,

@@ -414,22 +414,6 @@ def _check_dq_modes(fn, atomic_dq, dq_bulk, dq_ordered):
         raise _fail(f"{fn}: dq_ordered=True needs dq_bulk=True")
 
 
-def ordered_order(S, Sk, causal, BQ=DKDV_BQ):
-    """``(rotate, reverse)`` of the ordered dQ mode's dK/dV grid: full attention with
-    ``ceil(S/BQ) == (128/BQ) ceil(Sk/128)`` and at most ``ROTATE_MAX_KV`` kv blocks: kv block
-    j walks q blocks from ``(128/BQ) j``, wrapping; ``reverse`` (causal or rotated): the
-    predecessor kv block is ``kb + 1`` and the grid runs the kv blocks last first."""
-    num_q, num_kv = -(-S // BQ), -(-Sk // BM)
-    rotate = not causal and num_q == (BM // BQ) * num_kv and num_kv <= ROTATE_MAX_KV
-    return rotate, causal or rotate
-
-
-def convert_ctas(B, S, Hq, num_sms):
-    """``build_dkdv(dq_convert=True)``'s converter CTAs: one per SM, at most one per 64-row
-    q block."""
-    return min(B * Hq * -(-S // 64), num_sms)
-
-
 def _check_num_sms(fn, num_sms):
     """``ConfigError`` (naming ``fn``) unless ``num_sms`` is a positive int."""
     if isinstance(num_sms, bool) or not isinstance(num_sms, int) or num_sms < 1:
@@ -469,8 +453,8 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     waiting for block 0 of its head, needs the head's CTAs resident together: hence the cap).
 
     ``dq_convert`` (ordered bulk dQ, 64-row q blocks): the kernel also writes the 16-bit
-    ``DQ`` (a third output), so ``build_convert`` is not needed: ``convert_ctas`` more CTAs,
-    launched after all the others (the grid is 1-D), turn DQACC's 64-row q blocks into DQ,
+    ``DQ`` (a third output), so ``build_convert`` is not needed: ``num_sms`` more CTAs (at
+    most one per 64-row q block), launched after all the others (the grid is 1-D), turn DQACC's 64-row q blocks into DQ,
     each block once its counter says every add is in. They run where the grid's last,
     partial wave leaves SMs idle.
 
@@ -530,10 +514,12 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     num_kv = -(-Sk // BM)
     sem_q = -(-S // 64)     # SEM's rows per head (build_prep's; BQ=128 uses the first num_q)
     # full attention, ordered dQ: kv block j walks q blocks from (BM / BQ) * j, wrapping
-    rotate, reverse = ordered_order(S, Sk, causal, BQ) if dq_ordered else (False, False)
+    rotate = (dq_ordered and not causal and num_q == (BM // BQ) * num_kv
+              and num_kv <= ROTATE_MAX_KV)
+    reverse = dq_ordered and (causal or rotate)     # the predecessor kv block is kb + 1
     n_main = num_kv * Hkv * B
     units = B * Hq * sem_q                          # dq_convert's 64-row q blocks
-    n_conv = convert_ctas(B, S, Hq, num_sms) if dq_convert else 0
+    n_conv = min(units, num_sms) if dq_convert else 0
     c1 = scale * LOG2E
     box_kv = {"box": (1, BM, 1, 64), "swizzle": "128B"}
     box_q = {"box": (1, BQ, 1, 64), "swizzle": "128B"}

@@ -156,7 +156,8 @@ class SplitTailGemm:
         than left to hang."""
         from pyptx import driver
 
-        sms = driver.fewest_sms() or self.ctas
+        n = driver.device_count()
+        sms = min(driver.multiprocessor_count(i) for i in range(n)) if n else self.ctas
         if self.ctas > sms:
             raise _fail(f"{self.name}: a split tail runs {self.ctas} CTAs that wait for each "
                         f"other, one per SM, but this GPU has {sms} SMs: build it with "

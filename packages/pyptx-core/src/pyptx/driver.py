@@ -16,8 +16,7 @@ _lock = threading.Lock()
 _state: dict[str, Any] = {}
 
 __all__ = ["cuda", "unavailable_reason", "call", "driver_version", "device_count",
-           "device_capability", "max_shared_per_block", "multiprocessor_count", "fewest_sms",
-           "ensure_context"]
+           "device_capability", "max_shared_per_block", "multiprocessor_count", "ensure_context"]
 
 
 def cuda() -> Any | None:
@@ -118,13 +117,6 @@ def multiprocessor_count(ordinal: int) -> int:
     dev = call("cuDeviceGet", ordinal)
     attr = mod.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
     return int(call("cuDeviceGetAttribute", attr, dev))
-
-
-def fewest_sms() -> int | None:
-    """The smallest SM count of the GPUs the driver sees (what a grid whose CTAs must all be
-    resident at once can count on); None when it sees none."""
-    n = device_count()
-    return min(multiprocessor_count(i) for i in range(n)) if n else None
 
 
 def ensure_context(ordinal: int) -> None:
