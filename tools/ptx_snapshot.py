@@ -10,7 +10,9 @@ writing a snapshot before it and comparing after::
 The fixed list covers every tuned configuration of the GEMM, FP8 GEMM (x scale kinds)
 and grouped GEMM (forward, dgrad layout, weight gradient, split weight gradient), the
 attention forward schedules x head dims 64/128 x causal (plain, persistent, varlen)
-and the backward kernels (default, safe, atomic dQ) at a square and a ragged shape.
+and the backward kernels (default, safe, atomic dQ, and the ones `attention()` runs in torch
+eager: bulk dQ, ordered dQ converted in the grid, the fused D=64 kernel) at a square and a
+ragged shape.
 Runs on the CPU (tracing only).
 """
 
@@ -119,7 +121,14 @@ def _attention_cases():
             for (B, S, Hq, Hkv, Sk) in [(2, 1024, 4, 4, 1024), (1, 1000, 4, 2, 1000)]:
                 for mode, kw in [("default", {}), ("safe", dict(safe=True)),
                                  ("atomic", dict(atomic_dq=True)),
-                                 ("bq32", dict(dkdv_bq=32)), ("nooverlap", dict(dkdv_overlap=False))]:
+                                 ("bq32", dict(dkdv_bq=32)),
+                                 ("nooverlap", dict(dkdv_overlap=False)),
+                                 # attention()'s torch eager backwards (``_differentiable``)
+                                 ("bulk", dict(atomic_dq=True, dq_bulk=True)),
+                                 ("convert", dict(atomic_dq=True, dq_bulk=True, dq_ordered=True,
+                                                  dq_convert=True))] + (
+                        [("fused", dict(fused_bq=128, dq_ordered=True, fused_pingpong=1))]
+                        if D == 64 else []):
                     tag = f"{mode}/d{D}/{'causal' if causal else 'full'}/{B}x{S}x{Hq}x{Hkv}"
                     cases.append((f"attn_bwd/{tag}", "flash_attention_bwd",
                                   "build_attention_backward", (B, S, Hq, Hkv, D),

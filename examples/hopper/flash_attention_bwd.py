@@ -377,6 +377,18 @@ def dq_accumulator_width(D, bulk):
     return 128 if bulk else D
 
 
+def early_convert_share(S, Sk, Hq, Hkv):
+    """``convert_lag``: the 64-row q blocks each dK/dV CTA's producer warps convert (the kv
+    head's ``(Hq / Hkv) * ceil(S / 64)`` blocks over its ``ceil(Sk / 128)`` CTAs)."""
+    return -(-(Hq // Hkv) * -(-S // 64) // -(-Sk // BM))
+
+
+def default_convert_lag(Sk, num_sms=132):
+    """A ``convert_lag`` whose kv heads finished long before: two waves of them, counted in
+    kv heads of ``ceil(Sk / 128)`` CTAs."""
+    return -(-2 * num_sms // -(-Sk // BM))
+
+
 RELEASE_ARRIVALS = 256  # dK/dV ring: every consumer thread arrives (2 warpgroups x 128)
 
 
@@ -422,7 +434,7 @@ def _check_num_sms(fn, num_sms):
 
 def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None, BQ=None,
                stages=None, sync=None, safe=None, atomic_dq=False, overlap=None, dq_bulk=False,
-               dq_ordered=False, num_sms=132, dq_convert=False, trace=False):
+               dq_ordered=False, num_sms=132, dq_convert=False, convert_lag=0, trace=False):
     """The dK/dV kernel: ``(Q, K, V, DO, STATS) -> (DK, DV)`` (STATS from ``build_dq``).
 
     ``BQ``: q rows per block, 32 or 64 (``None``: ``DKDV_BQ``, 64; ``atomic_dq`` needs 64,
@@ -457,6 +469,13 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     most one per 64-row q block), launched after all the others (the grid is 1-D), turn DQACC's 64-row q blocks into DQ,
     each block once its counter says every add is in. They run where the grid's last,
     partial wave leaves SMs idle.
+
+    ``convert_lag`` (``dq_convert``, full attention, D=128, at most two q blocks per CTA:
+    ``early_convert_share``; ``"auto"``: ``default_convert_lag``): warps 2 and 3 of each dK/dV CTA's producer warpgroup, idle
+    otherwise, convert this CTA's share of the q blocks of the kv head ``convert_lag`` heads
+    earlier in launch order (long finished: ``default_convert_lag`` is two waves of heads)
+    while the consumers compute; the converter CTAs take only the last ``convert_lag`` kv
+    heads' blocks, so little conversion is left after the grid's last dK/dV CTA.
 
     ``trace`` (bulk dQ, a diagnostic): a last output ``TRACE``, int32 ``(CTAs, 4)`` in launch
     order: ``%globaltimer_lo`` at the CTA's start and at its consumers' end (converters:
@@ -519,7 +538,20 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     reverse = dq_ordered and (causal or rotate)     # the predecessor kv block is kb + 1
     n_main = num_kv * Hkv * B
     units = B * Hq * sem_q                          # dq_convert's 64-row q blocks
-    n_conv = min(units, num_sms) if dq_convert else 0
+    per_head = G * sem_q                            # ... of one kv head
+    share = early_convert_share(S, Sk, Hq, Hkv)     # convert_lag: q blocks per CTA
+    if convert_lag == "auto":
+        convert_lag = default_convert_lag(Sk, num_sms)
+    if convert_lag and not (isinstance(convert_lag, int) and convert_lag > 0 and dq_convert
+                            and not causal and dq_accumulator_width(D, dq_bulk) == D
+                            and share <= 2):
+        raise _fail(f"build_dkdv: convert_lag (a positive int) needs dq_convert, full "
+                    f"attention, a dQ accumulator of width D (D=128) and at most two q blocks "
+                    f"per dK/dV CTA, got convert_lag={convert_lag!r}, dq_convert={dq_convert!r}"
+                    f", causal={causal!r}, D={D}, {share} q blocks per CTA")
+    lag = int(convert_lag or 0)
+    conv0 = max(0, B * Hkv - lag) * per_head if lag else 0  # the converter CTAs' first block
+    n_conv = min(units - conv0, num_sms) if dq_convert else 0
     c1 = scale * LOG2E
     box_kv = {"box": (1, BM, 1, 64), "swizzle": "128B"}
     box_q = {"box": (1, BQ, 1, 64), "swizzle": "128B"}
@@ -643,12 +675,14 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         now = reg.scalar(u32)
         started = _now() if TRACE is not None else None
         waited = reg.scalar(u32, init=0) if TRACE is not None else None
-        mine = (units + (n_conv - 1) - c) // n_conv
+        mine = (units - conv0 + (n_conv - 1) - c) // n_conv
         with ptx.if_(tid < 256):
             for j0 in ptx.loop(0, mine, CONVERT_BLOCKS):
                 got = []
                 for j in range(CONVERT_BLOCKS):
                     u = c + (j0 + j) * n_conv
+                    if conv0:
+                        u = u + conv0
                     live = j0 + j < mine
                     bh = u // sem_q
                     qb = u - bh * sem_q
@@ -689,6 +723,43 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                 ptx.inst.st.global_.v4.b32(_trace_at(TRACE, 0), [
                     started, _now(), reg.from_(ptx.special.smid(), u32), waited])
         ptx.ret()
+
+    def _early_converter(DQACC, SEM, DQ, cta):
+        """Warps 2 and 3 of the producer warpgroup (``convert_lag``): the ``share`` q blocks
+        ``p * share ..`` of kv head ``H - lag``, for CTA ``p`` of kv head ``H`` (launch order);
+        thread 64 waits (acquire) until a block's counter holds all ``num_kv`` adds, then each
+        thread converts 4 columns of a row per step, one load in flight: the producer's 24
+        registers do not hold two (ptxas spills)."""
+        t = reg.from_(ptx.special.tid.x(), u32) - 64
+        head = cta // num_kv
+        pa, psem, pq = ptx.global_ptrs(DQACC, SEM, DQ)
+        now = reg.scalar(u32)
+        with ptx.if_(head >= lag):
+            for j in range(share):
+                within = (cta - head * num_kv) * share + j
+                u = (head - lag) * per_head + within
+                live = within < per_head
+                with ptx.if_((t == 0) & live):
+                    _spin_until(reg.from_(u, u64) * 8 + psem, num_kv, now)
+                ptx.bar_sync(4, 64)
+                bh = u // sem_q
+                b = bh // Hq
+                first = (b * S + (u - bh * sem_q) * 64) * Hq + (bh - b * Hq)    # (b, s, hq) row
+                for i in ptx.loop(0, D // 4):
+                    v = t + 64 * i
+                    ok = ((u - bh * sem_q) * 64 + v // (D // 4) < S) & live
+                    row = reg.from_(first + (v // (D // 4)) * Hq, u64)
+                    col = (v % (D // 4)) * 4
+                    x = reg.array(f32, 4)
+                    for r in x:     # rows past S: defined, never stored
+                        ptx.inst.mov.f32(r, 0.0)
+                    ptx.inst.ld.global_.v4.f32(list(x), ptx.addr(
+                        row * (D * 4) + reg.from_(col * 4, u64) + pa), pred=ok)
+                    packed = reg.array(b32, 2)
+                    for m in range(2):
+                        ptx.inst(f"cvt.rn.{dt.name}x2.f32")(packed[m], x[2 * m + 1], x[2 * m])
+                    ptx.inst.st.global_.v2.b32(
+                        ptx.addr(row * (D * 2) + reg.from_(col * 2, u64) + pq), packed, pred=ok)
 
     def dkdv_kernel(Q, K, V, DO, STATS, DQACC, SEM, DK, DV, DQ=None, TRACE=None):
         if n_conv:      # the last n_conv CTAs of the 1-D grid convert dQ
@@ -768,6 +839,9 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             with ptx.if_(tid == 32):
                 _dq_writer(DQACC, SEM, base + (head_bytes + 2 * ds_tile.nbytes), kb, hk, b,
                            qb0, dq_full, dq_empty, TRACE=TRACE)
+        if lag:
+            with ptx.if_(tid >= 64):
+                _early_converter(DQACC, SEM, DQ, cta)
         # ------------------------------------------------------------ consumers
         roles.consumers(CONS_REGS)
         w = wg - 1
@@ -1138,7 +1212,8 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             f"{'_safe' if safe else ''}{'_atomic' if atomic_dq else ''}{'_bulk' if dq_bulk else ''}"
             f"{'_ordered' if dq_ordered else ''}"
             f"{f'_bq{BQ}' if BQ != 64 else ''}{'_serial' if overlap != default_overlap else ''}"
-            f"{f'_cvt{n_conv}' if n_conv else ''}{'_trace' if trace else ''}")
+            f"{f'_cvt{n_conv}' if n_conv else ''}{f'_lag{lag}' if lag else ''}"
+            f"{'_trace' if trace else ''}")
     ins = (qspec, kspec, kspec, qspec, Tile(B, Hq, Sp, 2, f32))
     grid = (n_main + n_conv, 1, 1) if n_conv else (num_kv, Hkv, B)
     outs = (kspec, kspec)
@@ -1992,7 +2067,8 @@ class AttentionBackward:
 def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None,
                              safe=None, atomic_dq=False, dkdv_bq=None, dkdv_overlap=None,
                              dq_bulk=False, dq_ordered=False, dq_bkv=None, fused_bq=None,
-                             fused_defer=False, fused_pingpong=0, num_sms=132, dq_convert=False):
+                             fused_defer=False, fused_pingpong=0, num_sms=132, dq_convert=False,
+                             convert_lag=0):
     """The backward kernels for these sizes: ``bwd(q, k, v, o, lse, do, dlse) -> (dq, dk,
     dv)``. ``safe=True`` (or ``PYPTX_ATTN_BWD_SAFE=1``): the simplest schedule, for
     bisecting. ``atomic_dq=True``: dQ accumulated by the dK/dV kernel with f32 atomics (no
@@ -2010,8 +2086,14 @@ def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=
     warpgroup 0 (``build_fused``'s ``pingpong``). ``dq_convert`` (with ``atomic_dq``,
     ``dq_bulk`` and ``dq_ordered``): the dK/dV grid writes dQ itself, ``num_sms`` (132)
     converter CTAs after its other CTAs, each q block once its adds are in, instead of a
-    conversion kernel after it."""
+    conversion kernel after it; ``convert_lag`` (with ``dq_convert``; ``build_dkdv``'s):
+    the dK/dV CTAs' idle producer warps convert the q blocks of the kv head that many heads
+    earlier (``"auto"``: ``default_convert_lag``), leaving the converter CTAs the last heads'
+    only."""
     safe = safe_default() if safe is None else bool(safe)
+    if convert_lag and not dq_convert:
+        raise _fail(f"build_attention_backward: convert_lag needs dq_convert, got "
+                    f"convert_lag={convert_lag!r}, dq_convert={dq_convert!r}")
     if dq_convert and (not (atomic_dq and dq_bulk and dq_ordered) or fused_bq
                        or dkdv_bq not in (None, 64)):
         raise _fail(f"build_attention_backward: dq_convert is for the ordered bulk-dQ dK/dV "
@@ -2040,7 +2122,7 @@ def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=
     _check_dq_modes("build_attention_backward", atomic_dq, dq_bulk, dq_ordered)
     return _build(B, S, Hq, Hkv, D, S if Sk is None else Sk, dtype, causal, scale, safe,
                   bool(atomic_dq), dkdv_bq, overlap, bool(dq_bulk), bool(dq_ordered), dq_bkv,
-                  num_sms=num_sms, dq_convert=bool(dq_convert))
+                  num_sms=num_sms, dq_convert=bool(dq_convert), convert_lag=convert_lag)
 
 
 def default_dq_bkv(D):
@@ -2051,8 +2133,8 @@ def default_dq_bkv(D):
 
 OPTIONS = ("dkdv_bq", "dkdv_overlap", "atomic_dq", "dq_bulk", "dq_ordered",
            "dq_bkv", "fused_bq", "fused_defer", "fused_pingpong",
-           "num_sms", "dq_convert")  # build_attention_backward's
-INT_OPTIONS = ("dkdv_bq", "dq_bkv", "fused_bq", "fused_pingpong", "num_sms")
+           "num_sms", "dq_convert", "convert_lag")  # build_attention_backward's
+INT_OPTIONS = ("dkdv_bq", "dq_bkv", "fused_bq", "fused_pingpong", "num_sms", "convert_lag")
 
 
 def _check_fused(fn, fused_bq, safe, atomic_dq, dkdv_bq, dkdv_overlap, dq_bulk, dq_bkv):
@@ -2074,9 +2156,12 @@ def parse_options(text):
     out = {}
     for item in filter(None, (text or "").replace("default", "").split(",")):
         name, _, value = item.partition("=")
+        if name == "convert_lag" and value == "auto":
+            out[name] = value
+            continue
         if name not in OPTIONS or not value.isdigit():
             raise _fail(f"attention backward options: expected name=int with name in "
-                              f"{OPTIONS}, got {item!r}")
+                              f"{OPTIONS} (or convert_lag=auto), got {item!r}")
         out[name] = int(value) if name in INT_OPTIONS else bool(int(value))
     return out
 
@@ -2084,7 +2169,7 @@ def parse_options(text):
 @functools.lru_cache(maxsize=64)
 def _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, safe, atomic_dq, dkdv_bq=None, overlap=None,
            dq_bulk=False, dq_ordered=False, dq_bkv=None, fused_bq=None, fused_defer=False,
-           fused_pingpong=0, num_sms=132, dq_convert=False):
+           fused_pingpong=0, num_sms=132, dq_convert=False, convert_lag=0):
     kw = dict(Sk=Sk, dtype=dtype, causal=causal, scale=scale, safe=safe)
     dkdv_kw = dict(kw, BQ=dkdv_bq, overlap=overlap)
     dt = _dtype(dtype)
@@ -2099,7 +2184,7 @@ def _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, safe, atomic_dq, dkdv_bq=
         kernels = (build_prep(B, S, Hq, D, dtype=dtype, counters=dq_ordered, width=width),
                    build_dkdv(B, S, Hq, Hkv, D, atomic_dq=True, dq_bulk=dq_bulk,
                               dq_ordered=dq_ordered, num_sms=num_sms, dq_convert=dq_convert,
-                              **dkdv_kw),     # adds dQ into DQACC
+                              convert_lag=convert_lag, **dkdv_kw),     # adds dQ into DQACC
                    build_convert(B, S, Hq, D, dtype=dtype, width=width))
         if dq_convert:      # the dK/dV grid converts dQ
             kernels = kernels[:2]
@@ -2253,7 +2338,8 @@ def check(cases=CHECKS, safe=False, atomic_dq=False, **options) -> int:
     """One PASS/FAIL line per gradient against float64 autograd; returns the failures.
     ``options``: ``dkdv_bq`` / ``dkdv_overlap`` (named in each line); with ``fused_bq`` the
     cases of other head dims than 64 are skipped (one line each) and ``FUSED_CHECKS`` added,
-    with ``dkdv_bq=128`` those of D=64 and ``BQ128_CHECKS`` added."""
+    with ``dkdv_bq=128`` those of D=64 and ``BQ128_CHECKS`` added; with ``convert_lag`` the
+    causal and D=64 cases are skipped."""
     import torch
 
     fails = 0
@@ -2267,6 +2353,10 @@ def check(cases=CHECKS, safe=False, atomic_dq=False, **options) -> int:
         if only and D != only:
             print(f"B{B} S{S} H{Hq}/{Hkv} D{D} {dtn}: skipped ({why} is for D={only})")
             continue
+        if options.get("convert_lag") and (causal or D != 128):
+            print(f"B{B} S{S} H{Hq}/{Hkv} D{D} {dtn}: skipped (convert_lag is for full "
+                  f"attention at D=128)")
+            continue
         torch.manual_seed(0)
         dt = dts[dtn]
         q = torch.randn(B, S, Hq, D, device="cuda", dtype=dt)
@@ -2275,7 +2365,8 @@ def check(cases=CHECKS, safe=False, atomic_dq=False, **options) -> int:
         do = torch.randn(B, S, Hq, D, device="cuda", dtype=dt)
         o, lse, rq, rk, rv = reference(q, k, v, do, causal)
         mode = "atomic" if atomic_dq else "safe" if safe else "fast"
-        mode += "".join(f" {n}={int(v)}" for n, v in sorted(options.items()))
+        mode += "".join(f" {n}={v if isinstance(v, str) else int(v)}"
+                        for n, v in sorted(options.items()))
         tag = f"{mode} B{B} S{S} H{Hq}/{Hkv} D{D} {dtn} {'causal' if causal else 'full'}"
         try:
             got = attention_backward(q, k, v, o.to(dt), lse.float(), do, causal=causal, safe=safe,

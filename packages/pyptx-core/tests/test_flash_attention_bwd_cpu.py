@@ -304,6 +304,35 @@ def test_num_sms_must_be_a_positive_int(num_sms):
                                      dq_ordered=True, dq_convert=True, num_sms=num_sms)
 
 
+@pytest.mark.parametrize("S,lag", [(4096, 9), (8192, 5), (300, 1)])
+def test_convert_lag_assembles_without_spills(assemble, S, lag):
+    """The early converters (warps 2 and 3 of the producer, 24 registers) keep the dK/dV
+    kernel free of spills; the converter CTAs are left the last ``lag`` kv heads' q blocks."""
+    B, H = (32768 // S, 16) if S > 300 else (2, 2)
+    assert fab.default_convert_lag(S) == lag or S == 300
+    k = fab.build_dkdv(B, S, H, H, 128, atomic_dq=True, dq_bulk=True, dq_ordered=True,
+                       dq_convert=True, convert_lag=lag)
+    log = assemble(k.ptx())
+    assert "0 bytes spill stores" in log, log
+    per_head = -(-S // 64)
+    n_main = B * H * -(-S // 128)
+    assert k.specialize().grid == (n_main + min(lag * per_head, 132), 1, 1)
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(convert_lag=2), "convert_lag needs dq_convert"),
+    (dict(convert_lag=2, dq_convert=True, causal=True), "full attention"),
+    (dict(convert_lag=-1, dq_convert=True), "a positive int"),
+    (dict(convert_lag=2.0, dq_convert=True), "a positive int"),
+    (dict(convert_lag=1, dq_convert=True, Hkv=1), "4 q blocks per CTA"),
+])
+def test_convert_lag_refusals(kw, match):
+    kw = {"Hkv": 2, **kw}
+    with pytest.raises(ConfigError, match=match):
+        fab.build_attention_backward(1, 256, 2, kw.pop("Hkv"), 128, atomic_dq=True,
+                                     dq_bulk=True, dq_ordered=True, **kw)
+
+
 def test_dq_bulk_needs_atomic_dq():
     with pytest.raises(ConfigError, match="dq_bulk=True needs atomic_dq=True"):
         fab.build_attention_backward(1, 64, 1, 1, 64, dq_bulk=True)

@@ -465,6 +465,30 @@ def test_attention_backward_dq_convert(D, causal, Hkv, S=300):
     assert np.array_equal(dq, dq0)
 
 
+@pytest.mark.parametrize("lag", [1, 3])
+def test_attention_backward_convert_lag(lag, S=300):
+    """``convert_lag``: the producer's warps 2 and 3 of the CTAs of kv head ``h`` convert the
+    q blocks of head ``h - lag`` (two per CTA), the 3 converter CTAs the last ``lag`` heads'
+    blocks. Four kv heads (B=2, H=2), a ragged S; dQ poisoned, bit for bit the conversion
+    kernel's."""
+    B, H, D = 2, 2, 128
+    q, k, v, do = _attention_inputs(B, S, H, H, D, 19 + lag)
+    o, lse = ptxsim.run(fa.build_attention(B, S, H, H, D).specialize(), [q, k, v])
+    lse = lse.view(np.float32)
+    mode = dict(atomic_dq=True, dq_bulk=True, dq_ordered=True)
+    prep, dkdv = fab.build_attention_backward(B, S, H, H, D, dq_convert=True, num_sms=3,
+                                              convert_lag=lag, **mode).kernels
+    assert dkdv.specialize().grid == (4 * 3 + 3, 1, 1)
+    stats, acc, sem = ptxsim.run(prep.specialize(), [o, lse, do], scratch=(1,))
+    dk, dv, dq = ptxsim.run(dkdv.specialize(), [q, k, v, do, stats, acc, sem], inplace=True)
+    _, _, grads = _attention_reference(q, k, v, do, False)
+    for name, got, ref in zip(("dq", "dk", "dv"), (dq, dk, dv), grads):
+        assert _rel(_f64(got, "bf16"), ref) < TOL["bf16"], name
+    (dq0,) = ptxsim.run(fab.build_attention_backward(B, S, H, H, D, **mode).kernels[2]
+                        .specialize(), [acc[:B]])
+    assert np.array_equal(dq, dq0)
+
+
 @pytest.mark.parametrize("ordered,convert", [(False, False), (True, False), (True, True)])
 def test_dkdv_trace(ordered, convert, S=300):
     """``build_dkdv(trace=True)``: the same gradients, bit for bit, plus a TRACE row per CTA

@@ -249,3 +249,24 @@ def test_dq_convert(B, S, Hq, Hkv, D, dtn, causal):
     _check(got, refs, dtn)
     plain = fab.build_attention_backward(B, S, Hq, Hkv, D, dtype=dtn, **mode)(*args)
     assert all(torch.equal(x, y) for x, y in zip(got, plain))
+
+
+@pytest.mark.parametrize("B,S,H,dtn,lag", [
+    (2, 1000, 4, "bf16", 1),     # the rotated order: 8 kv heads of 8 CTAs, two q blocks each
+    (2, 1000, 4, "f16", 5),
+    (3, 700, 2, "bf16", 2),      # ascending order, a ragged last q block
+    (2, 1000, 4, "bf16", "auto"),  # two waves of heads: more than there are, no early blocks
+])
+def test_dq_convert_lag(B, S, H, dtn, lag):
+    """``convert_lag``: the producer's idle warps convert earlier heads' q blocks, the
+    converter CTAs the last ``lag`` heads': float64 autograd, dQ (poisoned) bitwise equal to
+    the conversion kernel's, dK and dV to the plain ordered kernel's."""
+    q, k, v, do = _inputs(B, S, H, H, 128, dtn, seed=S + 7)
+    o, lse, *refs = fab.reference(q, k, v, do, False)
+    args = (q, k, v, o.to(q.dtype), lse.float(), do)
+    mode = dict(atomic_dq=True, dq_bulk=True, dq_ordered=True)
+    got = fab.build_attention_backward(B, S, H, H, 128, dtype=dtn, dq_convert=True,
+                                       convert_lag=lag, **mode)(*args)
+    _check(got, refs, dtn)
+    plain = fab.build_attention_backward(B, S, H, H, 128, dtype=dtn, **mode)(*args)
+    assert all(torch.equal(x, y) for x, y in zip(got, plain))
