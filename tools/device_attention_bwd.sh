@@ -7,7 +7,7 @@
 #          waits of the dK/dV grid, tools/attn_bwd_trace.py); INSTALL=0 (packages already
 #          installed); PYPTX_ATTN_BWD_SAFE=1 (simplest schedule by default);
 #          AB="default;dkdv_bq=32;dkdv_overlap=0;dkdv_bq=32,dkdv_overlap=0" AB_DIMS=128
-#          SAN_OPTIONS="dkdv_bq=32" (also sanitize the racecheck case with those options)
+#          SAN_OPTIONS="dkdv_bq=32" (also run the three sanitizers with those options)
 #          CHECK_OPTIONS="fused_bq=128 fused_bq=128,dq_ordered=1" (the option sets that the
 #          options step checks against float64, space-separated)
 set -uo pipefail
@@ -35,8 +35,10 @@ for s in ${STEPS:-example options tests sanitize bench ab}; do
           python3 tools/attention_bwd_sanitize.py 2>&1 | tee "$OUT/attn_bwd_sanitize-$tool.log" | tail -4
       done
       if [ -n "${SAN_OPTIONS:-}" ]; then
-        timeout 240 compute-sanitizer --tool racecheck --report-api-errors no \
-          python3 tools/attention_bwd_sanitize.py --options "$SAN_OPTIONS" 2>&1 | tee "$OUT/attn_bwd_sanitize-racecheck-options.log" | tail -4
+        for tool in memcheck racecheck synccheck; do
+          timeout 240 compute-sanitizer --tool $tool --report-api-errors no \
+            python3 tools/attention_bwd_sanitize.py --options "$SAN_OPTIONS" 2>&1 | tee "$OUT/attn_bwd_sanitize-$tool-options.log" | tail -4
+        done
       fi ;;
     bench) timeout ${BENCH_TIMEOUT:-300} python3 -c "
 from pyptx.testing import load_module
