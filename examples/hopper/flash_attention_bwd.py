@@ -471,11 +471,12 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     partial wave leaves SMs idle.
 
     ``convert_lag`` (``dq_convert``, full attention, D=128, at most two q blocks per CTA:
-    ``early_convert_share``; ``"auto"``: ``default_convert_lag``): warps 2 and 3 of each dK/dV CTA's producer warpgroup, idle
-    otherwise, convert this CTA's share of the q blocks of the kv head ``convert_lag`` heads
-    earlier in launch order (long finished: ``default_convert_lag`` is two waves of heads)
-    while the consumers compute; the converter CTAs take only the last ``convert_lag`` kv
-    heads' blocks, so little conversion is left after the grid's last dK/dV CTA.
+    ``early_convert_share``; ``"auto"``: ``default_convert_lag``): warps 2 and 3 of each dK/dV
+    CTA's producer warpgroup, idle otherwise, convert this CTA's share of the q blocks of the
+    kv head ``convert_lag`` heads earlier in launch order (long finished:
+    ``default_convert_lag`` is two waves of heads) while the consumers compute; the converter
+    CTAs take only the last ``convert_lag`` kv heads' blocks, so little conversion is left
+    after the grid's last dK/dV CTA.
 
     ``trace`` (bulk dQ, a diagnostic): a last output ``TRACE``, int32 ``(CTAs, 4)`` in launch
     order: ``%globaltimer_lo`` at the CTA's start and at its consumers' end (converters:
@@ -715,8 +716,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                         for m in range(8):
                             ptx.inst.add.f32(x[m], x[m], x[m + 8])
                     packed = reg.array(b32, 4)
-                    for m in range(4):
-                        ptx.inst(f"cvt.rn.{dt.name}x2.f32")(packed[m], x[2 * m + 1], x[2 * m])
+                    _pack(packed, x, dt)
                     ptx.inst.st.global_.v4.b32(ptx.addr(dst), packed, pred=ok)
         if TRACE is not None:
             with ptx.if_(tid == 0):
@@ -756,8 +756,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                     ptx.inst.ld.global_.v4.f32(list(x), ptx.addr(
                         row * (D * 4) + reg.from_(col * 4, u64) + pa), pred=ok)
                     packed = reg.array(b32, 2)
-                    for m in range(2):
-                        ptx.inst(f"cvt.rn.{dt.name}x2.f32")(packed[m], x[2 * m + 1], x[2 * m])
+                    _pack(packed, x, dt)
                     ptx.inst.st.global_.v2.b32(
                         ptx.addr(row * (D * 2) + reg.from_(col * 2, u64) + pq), packed, pred=ok)
 
