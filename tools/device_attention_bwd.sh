@@ -7,7 +7,8 @@
 #          waits of the dK/dV grid, tools/attn_bwd_trace.py); INSTALL=0 (packages already
 #          installed); PYPTX_ATTN_BWD_SAFE=1 (simplest schedule by default);
 #          AB="default;dkdv_bq=32;dkdv_overlap=0;dkdv_bq=32,dkdv_overlap=0" AB_DIMS=128
-#          SAN_OPTIONS="dkdv_bq=32" (also run the three sanitizers with those options)
+#          SAN_OPTIONS="dkdv_bq=32" (also run the three sanitizers with those options),
+#          SAN_DEFAULT=0 (skip the default schedule's sanitizer runs), AB_ROUNDS=3
 #          CHECK_OPTIONS="fused_bq=128 fused_bq=128,dq_ordered=1" (the option sets that the
 #          options step checks against float64, space-separated)
 set -uo pipefail
@@ -29,8 +30,8 @@ for s in ${STEPS:-example options tests sanitize bench ab}; do
       done ;;
     tests) timeout ${TEST_TIMEOUT:-300} python3 -m pytest -m gpu -q -x -rs ${PYTEST_K:+-k "$PYTEST_K"} \
              packages/pyptx-torch/tests/test_flash_attention_bwd_gpu.py 2>&1 | tee "$OUT/attn_bwd_tests.log" | tail -25 ;;
-    sanitize)
-      for tool in memcheck racecheck synccheck; do
+    sanitize)  # SAN_DEFAULT=0 skips the default schedule's three runs
+      [ "${SAN_DEFAULT:-1}" = 1 ] && for tool in memcheck racecheck synccheck; do
         timeout 240 compute-sanitizer --tool $tool --report-api-errors no \
           python3 tools/attention_bwd_sanitize.py 2>&1 | tee "$OUT/attn_bwd_sanitize-$tool.log" | tail -4
       done
@@ -47,6 +48,7 @@ load_module('examples/hopper/flash_attention_bwd.py', 'fab').bench()" 2>&1 | tee
     ab) timeout ${AB_TIMEOUT:-300} python3 -c "
 from pyptx.testing import load_module
 fab = load_module('examples/hopper/flash_attention_bwd.py', 'fab')
-fab.bench(configs='$AB', dims=tuple(int(d) for d in '${AB_DIMS:-128}'.split(',')))" 2>&1 | tee "$OUT/attn_bwd_ab.md" ;;
+fab.bench(configs='$AB', dims=tuple(int(d) for d in '${AB_DIMS:-128}'.split(',')),
+          rounds=${AB_ROUNDS:-3})" 2>&1 | tee "$OUT/attn_bwd_ab.md" ;;
   esac
 done
