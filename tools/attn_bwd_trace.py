@@ -21,7 +21,8 @@ from pyptx.errors import PyptxError
 ROOT = Path(__file__).resolve().parents[1]
 OPTS = ("atomic_dq=1,dq_bulk=1", "atomic_dq=1,dq_bulk=1,dq_ordered=1",
         "atomic_dq=1,dq_bulk=1,dq_ordered=1,dq_convert=1",
-        "atomic_dq=1,dq_bulk=1,dq_ordered=1,dq_convert=1,convert_lag=auto")
+        "atomic_dq=1,dq_bulk=1,dq_ordered=1,dq_convert=1,convert_lag=auto",
+        "atomic_dq=1,dq_bulk=1,dq_ordered=1,dq_convert=1,convert_lag=auto,stats_lead=auto")
 
 
 def summarize(trace, n_main, per_head):
@@ -96,11 +97,15 @@ def run(S, causal, opts, D=128, tokens=32768, width=2048):
                       for _ in range(5))
     lse = fab._lse(q, k, causal)
     w = fab.dq_accumulator_width(D, True)
-    prep = fab.build_prep(B, S, H, D, counters=kw.get("dq_ordered", False), width=w)
+    ordered = kw.get("dq_ordered", False)
+    kw["stats_lead"] = fab.resolve_stats_lead("attn_bwd_trace", kw.get("stats_lead", 0), S,
+                                              132, ordered, False, None)
+    prep = fab.build_prep(B, S, H, D, counters=ordered, width=w, lead=kw["stats_lead"], Hkv=H)
     dkdv = fab.build_dkdv(B, S, H, H, D, causal=causal, trace=True, **kw)
+    extra = (o, lse) if kw["stats_lead"] else ()
     for _ in range(4):
         stats, acc, *sem = prep(o, lse, do)
-        *_, trace = dkdv(q, k, v, do, stats, acc, *sem)
+        *_, trace = dkdv(q, k, v, do, stats, acc, *sem, *extra)
     torch.cuda.synchronize()
     num_kv = -(-S // fab.BM)
     return summarize(trace.cpu().numpy(), B * H * num_kv, num_kv)

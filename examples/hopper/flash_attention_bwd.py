@@ -53,6 +53,7 @@ but slower than the 64-row default there: 500/443/533/490 vs 520/460/540/510 TFL
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 import os
 import sys
@@ -389,6 +390,28 @@ def default_convert_lag(Sk, num_sms=132):
     return -(-2 * num_sms // -(-Sk // BM))
 
 
+def default_stats_lead(Sk, num_sms=132):
+    """A ``stats_lead`` whose kv heads start a whole CTA time after the CTAs that compute their
+    stats: a wave of kv heads of ``ceil(Sk / 128)`` CTAs, plus one."""
+    return -(-num_sms // -(-Sk // BM)) + 1
+
+
+def resolve_stats_lead(fn, stats_lead, Sk, num_sms, dq_ordered, safe, BQ):
+    """``stats_lead`` as an int: ``"auto"`` is ``default_stats_lead`` where it applies (the
+    ordered bulk-dQ dK/dV kernel, 64-row q blocks, not safe) and 0 elsewhere; an int is
+    refused (``ConfigError``) where it does not apply."""
+    applies = dq_ordered and not safe and BQ in (None, 64)
+    if stats_lead == "auto":
+        return default_stats_lead(Sk, num_sms) if applies else 0
+    if stats_lead and not (isinstance(stats_lead, int) and not isinstance(stats_lead, bool)
+                           and stats_lead > 0 and applies):
+        raise _fail(f"{fn}: stats_lead (a positive int or 'auto') needs the ordered bulk-dQ dK/dV "
+                    f"kernel (atomic_dq, dq_bulk, dq_ordered) with 64-row q blocks, not safe; "
+                    f"got stats_lead={stats_lead!r}, dq_ordered={dq_ordered!r}, safe={safe!r}, "
+                    f"BQ={BQ!r}")
+    return int(stats_lead or 0)
+
+
 RELEASE_ARRIVALS = 256  # dK/dV ring: every consumer thread arrives (2 warpgroups x 128)
 
 
@@ -434,7 +457,8 @@ def _check_num_sms(fn, num_sms):
 
 def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None, BQ=None,
                stages=None, sync=None, safe=None, atomic_dq=False, overlap=None, dq_bulk=False,
-               dq_ordered=False, num_sms=132, dq_convert=False, convert_lag=0, trace=False):
+               dq_ordered=False, num_sms=132, dq_convert=False, convert_lag=0, stats_lead=0,
+               trace=False):
     """The dK/dV kernel: ``(Q, K, V, DO, STATS) -> (DK, DV)`` (STATS from ``build_dq``).
 
     ``BQ``: q rows per block, 32 or 64 (``None``: ``DKDV_BQ``, 64; ``atomic_dq`` needs 64,
@@ -476,7 +500,17 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     kv head ``convert_lag`` heads earlier in launch order (long finished:
     ``default_convert_lag`` is two waves of heads) while the consumers compute; the converter
     CTAs take only the last ``convert_lag`` kv heads' blocks, so little conversion is left
-    after the grid's last dK/dV CTA.
+    after the grid's last dK/dV CTA. ``"auto"`` where it does not apply: none.
+
+    ``stats_lead`` (the ordered bulk-dQ mode, 64-row q blocks; ``"auto"``:
+    ``default_stats_lead`` where it applies, else 0; ``resolve_stats_lead``): also ``(...,
+    SEM, OUT, LSE)``, and STATS is written in place: warps 2 and 3 of each CTA compute the
+    STATS rows of the kv head ``stats_lead`` heads later in launch order (its ``G * padded(S)``
+    rows split over its ``ceil(Sk / 128)`` CTAs), then add 1 to that head's flag (the second
+    SEM cell of its first q head's first q block; release); a CTA's producer waits (acquire)
+    until its own head's flag counts every CTA before it loads a stats block.
+    ``build_prep(lead=...)`` writes only the first ``stats_lead`` heads' stats, so the prep's
+    pass over O and dO runs inside the dK/dV grid, beside its tensor-core work.
 
     ``trace`` (bulk dQ, a diagnostic): a last output ``TRACE``, int32 ``(CTAs, 4)`` in launch
     order: ``%globaltimer_lo`` at the CTA's start and at its consumers' end (converters:
@@ -541,8 +575,9 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     units = B * Hq * sem_q                          # dq_convert's 64-row q blocks
     per_head = G * sem_q                            # ... of one kv head
     share = early_convert_share(S, Sk, Hq, Hkv)     # convert_lag: q blocks per CTA
-    if convert_lag == "auto":
-        convert_lag = default_convert_lag(Sk, num_sms)
+    if convert_lag == "auto":   # where it applies, none elsewhere
+        convert_lag = (default_convert_lag(Sk, num_sms) if dq_convert and not causal
+                       and dq_accumulator_width(D, dq_bulk) == D and share <= 2 else 0)
     if convert_lag and not (isinstance(convert_lag, int) and convert_lag > 0 and dq_convert
                             and not causal and dq_accumulator_width(D, dq_bulk) == D
                             and share <= 2):
@@ -551,6 +586,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                     f"per dK/dV CTA, got convert_lag={convert_lag!r}, dq_convert={dq_convert!r}"
                     f", causal={causal!r}, D={D}, {share} q blocks per CTA")
     lag = int(convert_lag or 0)
+    lead = resolve_stats_lead("build_dkdv", stats_lead, Sk, num_sms, dq_ordered, safe, BQ)
     conv0 = max(0, B * Hkv - lag) * per_head if lag else 0  # the converter CTAs' first block
     n_conv = min(units - conv0, num_sms) if dq_convert else 0
     c1 = scale * LOG2E
@@ -760,7 +796,59 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                     ptx.inst.st.global_.v2.b32(
                         ptx.addr(row * (D * 2) + reg.from_(col * 2, u64) + pq), packed, pred=ok)
 
-    def dkdv_kernel(Q, K, V, DO, STATS, DQACC, SEM, DK, DV, DQ=None, TRACE=None):
+    def _flag(psem, head):
+        """The ``stats_lead`` flag of kv head ``head`` (launch order): the spare second cell
+        of its first q head's first q block."""
+        return reg.from_(G * head * sem_q * 2 + 1, u64) * 4 + psem
+
+    def _lead_stats(OUT, DO, LSE, STATS, SEM, head, p):
+        """Warps 2 and 3 (``stats_lead``): CTA ``p`` of kv head ``head`` (launch order)
+        writes rows ``p * chunk ..`` of the ``G * Sp`` STATS rows of kv head ``head + lead``,
+        ``D / 8`` lanes per row, 16 bytes of O and dO each (``_prep_stats``'s math), then
+        counts itself on that head's flag (release, after a proxy fence: the producers read
+        STATS with bulk copies)."""
+        t = reg.from_(ptx.special.tid.x(), u32) - 64
+        lanes = D // 8
+        per = 64 // lanes                   # rows per turn
+        chunk = math.ceil(math.ceil(G * Sp / num_kv) / per) * per
+        target = head + lead
+        po, pdo, plse, pstats, psem = ptx.global_ptrs(OUT, DO, LSE, STATS, SEM)
+        with ptx.if_(target < B * Hkv):
+            bt = target // Hkv
+            for k in ptx.loop(0, chunk // per):
+                r = p * chunk + k * per + t // lanes
+                live = r < G * Sp
+                g = r // Sp
+                s = r - g * Sp
+                hq = (target - bt * Hkv) * G + g
+                ok = live & (s < S)
+                off = reg.from_(((bt * S + s) * Hq + hq) * D + (t % lanes) * 8, u64) * 2
+                wo, wd = reg.array(b32, 4), reg.array(b32, 4)
+                for x in list(wo) + list(wd):
+                    ptx.inst.mov.b32(x, 0)
+                ptx.inst.ld.global_.nc.v4.b32(wo, ptx.addr(po + off), pred=ok)
+                ptx.inst.ld.global_.nc.v4.b32(wd, ptx.addr(pdo + off), pred=ok)
+                lv = reg.scalar(f32, init=0.0)
+                row = reg.from_((bt * Hq + hq) * S + s, u64)
+                ptx.inst.ld.global_.nc.f32(lv, ptx.addr(row * 4 + plse),
+                                           pred=ok & (t % lanes == 0))
+                acc = reg.scalar(f32, init=0.0)
+                for x, y in zip(wo, wd):
+                    o0, o1 = _unpack(x, dt)
+                    d0, d1 = _unpack(y, dt)
+                    ptx.inst.fma.rn.f32(acc, o0, d0, acc)
+                    ptx.inst.fma.rn.f32(acc, o1, d1, acc)
+                ptx.warp.reduce_sum(acc, width=lanes)
+                soff = reg.from_((bt * Hq + hq) * Sp + s, u64) * 8
+                ptx.inst.st.global_.v2.f32(ptx.addr(pstats + soff), [lv * LOG2E, acc],
+                                           pred=live & (t % lanes == 0))
+            ptx.fence_proxy_async("global")
+        ptx.bar_sync(4, 64)
+        with ptx.if_((t == 0) & (target < B * Hkv)):
+            ptx.inst("red.release.gpu.global.add.u32")(ptx.addr(_flag(psem, target)), 1)
+
+    def dkdv_kernel(Q, K, V, DO, STATS, DQACC, SEM, DK, DV, DQ=None, TRACE=None, OUT=None,
+                    LSE=None):
         if n_conv:      # the last n_conv CTAs of the 1-D grid convert dQ
             with ptx.if_(reg.from_(ptx.special.ctaid.x(), u32) >= n_main):
                 _converter(DQACC, SEM, DQ, reg.from_(ptx.special.ctaid.x(), u32) - n_main,
@@ -788,6 +876,13 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                 kb = (num_kv - 1) - kb
             hk = reg.from_(ptx.special.ctaid.y(), u32)
             b = reg.from_(ptx.special.ctaid.z(), u32)
+        if lead:        # kv head and CTA within it, launch order
+            if n_conv:
+                head = cta // num_kv
+                pos = cta - head * num_kv
+            else:
+                head = hk + Hkv * b
+                pos = reg.from_(ptx.special.ctaid.x(), u32)
         k0 = kb * BM
         pipe.init(pred=tid == 0)
         head_bar.init(1, pred=tid == 0)
@@ -813,6 +908,11 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             _load_pair(base, K, V, kv_tile.nbytes, slabs, hk, k0, b, BM, hbar)
             q_map = ptx.tma.tensormap_ptr(Q.tmap)
             do_map = ptx.tma.tensormap_ptr(DO.tmap)
+            if lead:    # this head's stats are in once every CTA of head - lead counted
+                with ptx.if_(head >= lead):
+                    (psem,) = ptx.global_ptrs(SEM)
+                    _spin_until(_flag(psem, head), num_kv, reg.scalar(u32))
+                ptx.fence_proxy_async("global")
             st = pipe.producer_state()
             for g in ptx.loop(0, G):
                 hq = hk * G + g
@@ -838,9 +938,12 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             with ptx.if_(tid == 32):
                 _dq_writer(DQACC, SEM, base + (head_bytes + 2 * ds_tile.nbytes), kb, hk, b,
                            qb0, dq_full, dq_empty, TRACE=TRACE)
-        if lag:
+        if lag or lead:
             with ptx.if_(tid >= 64):
-                _early_converter(DQACC, SEM, DQ, cta)
+                if lead:
+                    _lead_stats(OUT, DO, LSE, STATS, SEM, head, pos)
+                if lag:
+                    _early_converter(DQACC, SEM, DQ, cta)
         # ------------------------------------------------------------ consumers
         roles.consumers(CONS_REGS)
         w = wg - 1
@@ -1212,27 +1315,28 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             f"{'_ordered' if dq_ordered else ''}"
             f"{f'_bq{BQ}' if BQ != 64 else ''}{'_serial' if overlap != default_overlap else ''}"
             f"{f'_cvt{n_conv}' if n_conv else ''}{f'_lag{lag}' if lag else ''}"
+            f"{f'_lead{lead}' if lead else ''}"
             f"{'_trace' if trace else ''}")
     ins = (qspec, kspec, kspec, qspec, Tile(B, Hq, Sp, 2, f32))
     grid = (n_main + n_conv, 1, 1) if n_conv else (num_kv, Hkv, B)
     outs = (kspec, kspec)
     traced = (Tile(n_main + n_conv, 4, s32),) if trace else ()
-    if dq_ordered:
+    if dq_ordered:  # tensor parameters by name: (..., SEM[, OUT, LSE], DK, DV[, DQ][, TRACE])
         ins += (Tile(B, S, Hq, dq_width, f32), Tile(B, Hq, sem_q, 2, s32))
-        if n_conv and trace:
+        names = ["Q", "K", "V", "DO", "STATS", "DQACC", "SEM", "DK", "DV"]
+        if lead:
+            ins += (qspec, Tile(B, Hq, S, f32))
+            names[7:7] = ["OUT", "LSE"]
+        if n_conv:
             outs += (qspec,)
-            fn = dkdv_kernel
-        elif n_conv:
-            outs += (qspec,)
+            names.append("DQ")
+        if trace:
+            names.append("TRACE")
 
-            def fn(Q, K, V, DO, STATS, DQACC, SEM, DK, DV, DQ):
-                dkdv_kernel(Q, K, V, DO, STATS, DQACC, SEM, DK, DV, DQ)
-        elif trace:
-            def fn(Q, K, V, DO, STATS, DQACC, SEM, DK, DV, TRACE):
-                dkdv_kernel(Q, K, V, DO, STATS, DQACC, SEM, DK, DV, None, TRACE)
-        else:
-            def fn(Q, K, V, DO, STATS, DQACC, SEM, DK, DV):
-                dkdv_kernel(Q, K, V, DO, STATS, DQACC, SEM, DK, DV)
+        def fn(*tensors):
+            dkdv_kernel(**dict(zip(names, tensors)))
+        fn.__signature__ = inspect.Signature(
+            [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in names])
     elif atomic_dq and trace:
         ins += (Tile(B, S, Hq, dq_width, f32),)
 
@@ -1256,13 +1360,19 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                   tma=tma, name=name)(fn)
 
 
-def build_prep(B, S, Hq, D, *, dtype="bf16", counters=False, width=None):
+def build_prep(B, S, Hq, D, *, dtype="bf16", counters=False, width=None, lead=0, Hkv=None):
     """The atomic-dQ mode's first kernel: ``(OUT, LSE, DO) -> (STATS, DQACC)``: the stats
     of ``build_dq`` and a zeroed f32 ``DQACC`` ``(B, S, Hq, D)`` for the dK/dV kernel to add
     into. 256 threads per 128 rows, the same row split as the dQ kernel's consumers.
     ``counters``: also a zeroed int32 ``SEM`` ``(B, Hq, ceil(S/64), 2)``, the ordered dQ
     mode's counters (``build_dkdv(dq_ordered=True)``), and DQACC is left unwritten (each
-    tile's first add stores it). ``width``: DQACC's columns (``dq_accumulator_width``)."""
+    tile's first add stores it). ``width``: DQACC's columns (``dq_accumulator_width``).
+    ``lead`` (with ``counters``; ``build_dkdv``'s ``stats_lead``): the stats of the first
+    ``lead`` kv heads (``Hkv`` of them per batch, in launch order) only; the dK/dV grid
+    writes the others'."""
+    if lead and not (counters and isinstance(Hkv, int) and Hkv > 0 and Hq % Hkv == 0):
+        raise _fail(f"build_prep: lead needs counters=True and Hkv (a divisor of Hq), got "
+                    f"lead={lead!r}, counters={counters!r}, Hkv={Hkv!r}")
     width = D if width is None else width
     dt = _dtype(dtype)
     Sp = padded(S)
@@ -1275,7 +1385,11 @@ def build_prep(B, S, Hq, D, *, dtype="bf16", counters=False, width=None):
         b = reg.from_(ptx.special.ctaid.z(), u32)
         q0 = reg.from_(ptx.special.ctaid.x(), u32) * BM
         po, pdo, plse, pstats, pacc = ptx.global_ptrs(OUT, DO, LSE, STATS, DQACC)
-        _prep_stats(po, pdo, plse, pstats, b, hq, q0, tid, S, Sp, Hq, D, dt)
+        if lead:
+            with ptx.if_(hq // (Hq // Hkv) + Hkv * b < lead):
+                _prep_stats(po, pdo, plse, pstats, b, hq, q0, tid, S, Sp, Hq, D, dt)
+        else:
+            _prep_stats(po, pdo, plse, pstats, b, hq, q0, tid, S, Sp, Hq, D, dt)
         if not counters:    # DQACC's 128 rows: a warp zeroes a row's 16-byte chunks per turn
             zero = reg.scalar(f32, init=0.0)
             per_row = width // 4
@@ -1304,7 +1418,7 @@ def build_prep(B, S, Hq, D, *, dtype="bf16", counters=False, width=None):
     return kernel(in_specs=(qspec, Tile(B, Hq, S, f32), qspec), out_specs=outs,
                   grid=(-(-S // BM), Hq, B), block=(256, 1, 1),
                   name=f"attn_bwd_prep_{dt.name}_d{D}{'_sem' if counters else ''}"
-                       f"{f'_w{width}' if width != D else ''}")(fn)
+                       f"{f'_w{width}' if width != D else ''}{f'_lead{lead}' if lead else ''}")(fn)
 
 
 def build_convert(B, S, Hq, D, *, dtype="bf16", scale=1.0, width=None):
@@ -2044,6 +2158,8 @@ class AttentionBackward:
                               f"torch.compile), got {type(q).__name__}")
         prep, dkdv, *convert = self.kernels
         stats, dqacc, *sem = prep(o, lse, do)
+        if "OUT" in dkdv.arg_names:     # stats_lead: the dK/dV grid writes most stats
+            sem += [o, lse]
         if not convert:     # dq_convert: the dK/dV grid writes dQ too
             dk, dv, dq = dkdv(q, k, v, do, stats, dqacc, *sem)
             return dq, dk, dv
@@ -2067,7 +2183,7 @@ def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=
                              safe=None, atomic_dq=False, dkdv_bq=None, dkdv_overlap=None,
                              dq_bulk=False, dq_ordered=False, dq_bkv=None, fused_bq=None,
                              fused_defer=False, fused_pingpong=0, num_sms=132, dq_convert=False,
-                             convert_lag=0):
+                             convert_lag=0, stats_lead=0):
     """The backward kernels for these sizes: ``bwd(q, k, v, o, lse, do, dlse) -> (dq, dk,
     dv)``. ``safe=True`` (or ``PYPTX_ATTN_BWD_SAFE=1``): the simplest schedule, for
     bisecting. ``atomic_dq=True``: dQ accumulated by the dK/dV kernel with f32 atomics (no
@@ -2087,10 +2203,13 @@ def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=
     converter CTAs after its other CTAs, each q block once its adds are in, instead of a
     conversion kernel after it; ``convert_lag`` (with ``dq_convert``; ``build_dkdv``'s):
     the dK/dV CTAs' idle producer warps convert the q blocks of the kv head that many heads
-    earlier (``"auto"``: ``default_convert_lag``), leaving the converter CTAs the last heads'
-    only."""
+    earlier (``"auto"``: ``default_convert_lag`` where it applies), leaving the converter CTAs
+    the last heads' only. ``stats_lead`` (the ordered bulk-dQ dK/dV kernel; ``build_dkdv``'s,
+    ``"auto"``: ``default_stats_lead`` where it applies): the dK/dV CTAs' idle producer warps
+    compute the stats of the kv head that many heads later, the prep kernel only the first
+    heads'."""
     safe = safe_default() if safe is None else bool(safe)
-    if convert_lag and not dq_convert:
+    if convert_lag and convert_lag != "auto" and not dq_convert:
         raise _fail(f"build_attention_backward: convert_lag needs dq_convert, got "
                     f"convert_lag={convert_lag!r}, dq_convert={dq_convert!r}")
     if dq_convert and (not (atomic_dq and dq_bulk and dq_ordered) or fused_bq
@@ -2119,9 +2238,12 @@ def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=
                           f"for the pair (not atomic_dq), got {dq_bkv!r}")
     overlap = None if dkdv_overlap is None else bool(dkdv_overlap)
     _check_dq_modes("build_attention_backward", atomic_dq, dq_bulk, dq_ordered)
+    lead = resolve_stats_lead("build_attention_backward", stats_lead, S if Sk is None else Sk,
+                              num_sms, bool(dq_ordered), safe, dkdv_bq)
     return _build(B, S, Hq, Hkv, D, S if Sk is None else Sk, dtype, causal, scale, safe,
                   bool(atomic_dq), dkdv_bq, overlap, bool(dq_bulk), bool(dq_ordered), dq_bkv,
-                  num_sms=num_sms, dq_convert=bool(dq_convert), convert_lag=convert_lag)
+                  num_sms=num_sms, dq_convert=bool(dq_convert), convert_lag=convert_lag,
+                  stats_lead=lead)
 
 
 def default_dq_bkv(D):
@@ -2132,8 +2254,10 @@ def default_dq_bkv(D):
 
 OPTIONS = ("dkdv_bq", "dkdv_overlap", "atomic_dq", "dq_bulk", "dq_ordered",
            "dq_bkv", "fused_bq", "fused_defer", "fused_pingpong",
-           "num_sms", "dq_convert", "convert_lag")  # build_attention_backward's
-INT_OPTIONS = ("dkdv_bq", "dq_bkv", "fused_bq", "fused_pingpong", "num_sms", "convert_lag")
+           "num_sms", "dq_convert", "convert_lag", "stats_lead")  # build_attention_backward's
+INT_OPTIONS = ("dkdv_bq", "dq_bkv", "fused_bq", "fused_pingpong", "num_sms", "convert_lag",
+               "stats_lead")
+AUTO_OPTIONS = ("convert_lag", "stats_lead")     # these also take "auto"
 
 
 def _check_fused(fn, fused_bq, safe, atomic_dq, dkdv_bq, dkdv_overlap, dq_bulk, dq_bkv):
@@ -2155,12 +2279,12 @@ def parse_options(text):
     out = {}
     for item in filter(None, (text or "").replace("default", "").split(",")):
         name, _, value = item.partition("=")
-        if name == "convert_lag" and value == "auto":
+        if name in AUTO_OPTIONS and value == "auto":
             out[name] = value
             continue
         if name not in OPTIONS or not value.isdigit():
             raise _fail(f"attention backward options: expected name=int with name in "
-                              f"{OPTIONS} (or convert_lag=auto), got {item!r}")
+                              f"{OPTIONS} (or {'/'.join(AUTO_OPTIONS)}=auto), got {item!r}")
         out[name] = int(value) if name in INT_OPTIONS else bool(int(value))
     return out
 
@@ -2168,7 +2292,7 @@ def parse_options(text):
 @functools.lru_cache(maxsize=64)
 def _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, safe, atomic_dq, dkdv_bq=None, overlap=None,
            dq_bulk=False, dq_ordered=False, dq_bkv=None, fused_bq=None, fused_defer=False,
-           fused_pingpong=0, num_sms=132, dq_convert=False, convert_lag=0):
+           fused_pingpong=0, num_sms=132, dq_convert=False, convert_lag=0, stats_lead=0):
     kw = dict(Sk=Sk, dtype=dtype, causal=causal, scale=scale, safe=safe)
     dkdv_kw = dict(kw, BQ=dkdv_bq, overlap=overlap)
     dt = _dtype(dtype)
@@ -2180,10 +2304,12 @@ def _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, safe, atomic_dq, dkdv_bq=
     elif atomic_dq:
         check_shapes(B, S, Hq, Hkv, D, Sk)
         width = dq_accumulator_width(D, dq_bulk)
-        kernels = (build_prep(B, S, Hq, D, dtype=dtype, counters=dq_ordered, width=width),
+        kernels = (build_prep(B, S, Hq, D, dtype=dtype, counters=dq_ordered, width=width,
+                              lead=stats_lead, Hkv=Hkv),
                    build_dkdv(B, S, Hq, Hkv, D, atomic_dq=True, dq_bulk=dq_bulk,
                               dq_ordered=dq_ordered, num_sms=num_sms, dq_convert=dq_convert,
-                              convert_lag=convert_lag, **dkdv_kw),     # adds dQ into DQACC
+                              convert_lag=convert_lag, stats_lead=stats_lead,
+                              **dkdv_kw),     # adds dQ into DQACC
                    build_convert(B, S, Hq, D, dtype=dtype, width=width))
         if dq_convert:      # the dK/dV grid converts dQ
             kernels = kernels[:2]

@@ -561,3 +561,52 @@ def test_trace_is_for_the_bulk_modes(kw):
     with pytest.raises(ConfigError, match="trace is for the bulk-dQ modes") as e:
         fab.build_dkdv(1, 64, 1, 1, 64, trace=True, **kw)
     assert Path(__file__).name in str(e.value)
+
+
+@pytest.mark.parametrize("S,causal,lead", [(4096, False, 6), (8192, False, 4), (8192, True, 4),
+                                           (4096, True, 6)])
+def test_stats_lead_assembles_without_spills(assemble, S, causal, lead):
+    """The stats writers (warps 2 and 3 of the producer, 24 registers; beside the early
+    converters at full attention) keep the dK/dV kernel free of spills and serialised
+    wgmma; ``"auto"`` is a wave of kv heads plus one."""
+    B, H = 32768 // S, 16
+    assert fab.default_stats_lead(S) == lead
+    k = fab.build_dkdv(B, S, H, H, 128, causal=causal, atomic_dq=True, dq_bulk=True,
+                       dq_ordered=True, dq_convert=True, stats_lead="auto",
+                       convert_lag="auto")
+    assert k.name.endswith(f"_lead{lead}") and ("_lag" in k.name) != causal
+    assert k.arg_names[7:9] == ("OUT", "LSE")
+    log = assemble(k.ptx())
+    assert ", 0 bytes spill stores" in log and "C75" not in log, log
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(stats_lead=2), "needs the ordered bulk-dQ"),
+    (dict(stats_lead=2, dq_ordered=True, safe=True), "safe=True"),
+    (dict(stats_lead=2, dq_ordered=True, dkdv_bq=128), "BQ=128"),
+    (dict(stats_lead=0.5, dq_ordered=True), "a positive int"),
+    (dict(stats_lead=True, dq_ordered=True), "a positive int"),
+    (dict(stats_lead=-3, dq_ordered=True), "a positive int"),
+])
+def test_stats_lead_refusals(kw, match):
+    kw = {"atomic_dq": True, "dq_bulk": True, **kw}
+    with pytest.raises(ConfigError, match="build_attention_backward: stats_lead.*" + match):
+        fab.build_attention_backward(1, 256, 2, 2, 128, **kw)
+
+
+def test_stats_lead_auto_applies_where_it_can():
+    """``"auto"`` resolves to ``default_stats_lead`` for the ordered bulk-dQ kernel and to
+    nothing elsewhere (the any-order kernel, safe), without an error; the prep then writes
+    the first heads' stats only."""
+    ordered = fab.build_attention_backward(2, 4096, 16, 16, 128, atomic_dq=True, dq_bulk=True,
+                                           dq_ordered=True, stats_lead="auto")
+    assert ordered.kernels[0].name.endswith("_lead6")
+    assert ordered.kernels[1].name.endswith("_lead6")
+    for kw in (dict(), dict(dq_ordered=True, safe=True)):
+        plain = fab.build_attention_backward(2, 4096, 16, 16, 128, atomic_dq=True,
+                                             dq_bulk=True, stats_lead="auto", **kw)
+        assert "lead" not in plain.kernels[1].name
+    assert fab.parse_options("stats_lead=auto,convert_lag=auto") == {
+        "stats_lead": "auto", "convert_lag": "auto"}
+    with pytest.raises(ConfigError, match="build_prep: lead needs counters=True and Hkv"):
+        fab.build_prep(1, 256, 2, 128, lead=1)

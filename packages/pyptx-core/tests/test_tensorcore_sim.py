@@ -489,6 +489,41 @@ def test_attention_backward_convert_lag(lag, S=300):
     assert np.array_equal(dq, dq0)
 
 
+@pytest.mark.parametrize("D,causal,Hq,Hkv,lead,extra", [
+    (128, False, 2, 2, 1, dict(dq_convert=True, num_sms=3, convert_lag=1)),
+    (128, True, 2, 2, 3, {}),
+    (64, True, 4, 2, 2, {}),          # two q heads per kv head: 2 * 384 rows over 3 CTAs
+])
+def test_attention_backward_stats_lead(D, causal, Hq, Hkv, lead, extra, S=300):
+    """``stats_lead``: the prep writes the stats of the first ``lead`` kv heads only (STATS
+    poisoned), warps 2 and 3 of kv head ``h``'s CTAs those of head ``h + lead``, and each
+    head's producer waits for its flag. Four kv heads (B=2), a ragged S; against float64 and
+    bit for bit the plain ordered kernel's gradients (the same stats)."""
+    B = 2
+    q, k, v, do = _attention_inputs(B, S, Hq, Hkv, D, 29 + lead)
+    o, lse = ptxsim.run(fa.build_attention(B, S, Hq, Hkv, D, causal=causal).specialize(),
+                        [q, k, v])
+    lse = lse.view(np.float32)
+    mode = dict(causal=causal, atomic_dq=True, dq_bulk=True, dq_ordered=True, **extra)
+    outs = []
+    for stats_lead in (lead, 0):
+        bwd = fab.build_attention_backward(B, S, Hq, Hkv, D, stats_lead=stats_lead, **mode)
+        prep, dkdv, *convert = bwd.kernels
+        assert ("OUT" in dkdv.arg_names) == bool(stats_lead)
+        stats, acc, sem = ptxsim.run(prep.specialize(), [o, lse, do], scratch=(0, 1))
+        got = ptxsim.run(dkdv.specialize(), [q, k, v, do, stats, acc, sem]
+                         + ([o, lse] if stats_lead else []), inplace=True)
+        if convert:
+            got = ptxsim.run(convert[0].specialize(), [acc]) + got
+        else:
+            got = got[2:] + got[:2]
+        outs.append((stats,) + tuple(got))
+    _, _, grads = _attention_reference(q, k, v, do, causal)
+    for name, got, ref in zip(("dq", "dk", "dv"), outs[0][1:], grads):
+        assert _rel(_f64(got, "bf16"), ref) < TOL["bf16"], name
+    assert all(np.array_equal(x, y) for x, y in zip(outs[0], outs[1]))
+
+
 @pytest.mark.parametrize("ordered,convert", [(False, False), (True, False), (True, True)])
 def test_dkdv_trace(ordered, convert, S=300):
     """``build_dkdv(trace=True)``: the same gradients, bit for bit, plus a TRACE row per CTA

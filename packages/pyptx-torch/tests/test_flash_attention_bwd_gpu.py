@@ -270,3 +270,27 @@ def test_dq_convert_lag(B, S, H, dtn, lag):
     _check(got, refs, dtn)
     plain = fab.build_attention_backward(B, S, H, H, 128, dtype=dtn, **mode)(*args)
     assert all(torch.equal(x, y) for x, y in zip(got, plain))
+
+
+@pytest.mark.parametrize("B,S,Hq,Hkv,D,dtn,causal,lead,extra", [
+    (2, 1000, 4, 4, 128, "bf16", False, 1, dict(dq_convert=True, convert_lag=1)),  # rotated
+    (3, 700, 2, 2, 128, "f16", True, 2, dict(dq_convert=True)),
+    (2, 1000, 4, 2, 64, "bf16", True, 3, {}),   # two q heads per kv head, the conversion kernel
+    (4, 1000, 4, 4, 128, "bf16", False, "auto", dict(dq_convert=True, convert_lag="auto")),
+])
+def test_stats_lead(B, S, Hq, Hkv, D, dtn, causal, lead, extra):
+    """``stats_lead``: the prep writes the first heads' stats, the dK/dV CTAs' idle producer
+    warps the rest, each head's producer waiting for its flag: float64 autograd, and the
+    gradients bitwise equal to the plain ordered kernel's (the same stats)."""
+    q, k, v, do = _inputs(B, S, Hq, Hkv, D, dtn, seed=S + 11)
+    o, lse, *refs = fab.reference(q, k, v, do, causal)
+    args = (q, k, v, o.to(q.dtype), lse.float(), do)
+    mode = dict(causal=causal, atomic_dq=True, dq_bulk=True, dq_ordered=True, **extra)
+    bwd = fab.build_attention_backward(B, S, Hq, Hkv, D, dtype=dtn, stats_lead=lead, **mode)
+    assert "OUT" in bwd.dkdv_kernel.arg_names
+    got = bwd(*args)
+    _check(got, refs, dtn)
+    plain = fab.build_attention_backward(B, S, Hq, Hkv, D, dtype=dtn, **mode)(*args)
+    assert all(torch.equal(x, y) for x, y in zip(got, plain))
+    again = bwd(*args)
+    assert all(torch.equal(x, y) for x, y in zip(got, again))
