@@ -610,3 +610,15 @@ def test_stats_lead_auto_applies_where_it_can():
         "stats_lead": "auto", "convert_lag": "auto"}
     with pytest.raises(ConfigError, match="build_prep: lead needs counters=True and Hkv"):
         fab.build_prep(1, 256, 2, 128, lead=1)
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(), "build_dkdv: defer_count is for the ordered bulk-dQ mode"),
+    (dict(dq_ordered=True, dkdv_bq=128), "BQ=128"),
+])
+def test_dq_defer_count_refusals(kw, match):
+    with pytest.raises(ConfigError, match=match):
+        fab.build_attention_backward(1, 256, 2, 2, 128, atomic_dq=True, dq_bulk=True,
+                                     dq_defer_count=True, **kw)
+    with pytest.raises(ConfigError, match="not of fused_bq"):
+        fab.build_attention_backward(1, 256, 2, 2, 64, fused_bq=128, dq_defer_count=True)

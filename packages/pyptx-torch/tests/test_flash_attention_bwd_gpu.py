@@ -277,17 +277,21 @@ def test_dq_convert_lag(B, S, H, dtn, lag):
     (3, 700, 2, 2, 128, "f16", True, 2, dict(dq_convert=True)),
     (2, 1000, 4, 2, 64, "bf16", True, 3, {}),   # two q heads per kv head, the conversion kernel
     (4, 1000, 4, 4, 128, "bf16", False, "auto", dict(dq_convert=True, convert_lag="auto")),
+    (2, 1000, 4, 4, 128, "bf16", False, 0, dict(dq_defer_count=True)),
+    (3, 700, 2, 2, 128, "bf16", True, 2, dict(dq_defer_count=True, dq_convert=True)),
 ])
 def test_stats_lead(B, S, Hq, Hkv, D, dtn, causal, lead, extra):
     """``stats_lead``: the prep writes the first heads' stats, the dK/dV CTAs' idle producer
-    warps the rest, each head's producer waiting for its flag: float64 autograd, and the
-    gradients bitwise equal to the plain ordered kernel's (the same stats)."""
+    warps the rest, each head's producer waiting for its flag (``dq_defer_count``: the writer
+    counts a block after issuing the next): float64 autograd, and the gradients bitwise
+    equal to the plain ordered kernel's (the same stats, the same order of adds)."""
     q, k, v, do = _inputs(B, S, Hq, Hkv, D, dtn, seed=S + 11)
     o, lse, *refs = fab.reference(q, k, v, do, causal)
     args = (q, k, v, o.to(q.dtype), lse.float(), do)
-    mode = dict(causal=causal, atomic_dq=True, dq_bulk=True, dq_ordered=True, **extra)
-    bwd = fab.build_attention_backward(B, S, Hq, Hkv, D, dtype=dtn, stats_lead=lead, **mode)
-    assert "OUT" in bwd.dkdv_kernel.arg_names
+    mode = dict(causal=causal, atomic_dq=True, dq_bulk=True, dq_ordered=True)
+    bwd = fab.build_attention_backward(B, S, Hq, Hkv, D, dtype=dtn, stats_lead=lead, **mode,
+                                       **extra)
+    assert ("OUT" in bwd.dkdv_kernel.arg_names) == bool(lead)
     got = bwd(*args)
     _check(got, refs, dtn)
     plain = fab.build_attention_backward(B, S, Hq, Hkv, D, dtype=dtn, **mode)(*args)
