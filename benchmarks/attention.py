@@ -11,6 +11,10 @@ rotated order, in one process; a pyptx variant whose output is off SDPA's by mor
 call, or the first of ``--schedules`` x ``--configs``) over the best SDPA backend. A backend that errors prints n/a. The backward rows time
 ``torch.autograd.grad`` of our ``attention()``: the default (deterministic) backward, and
 ``deterministic=False`` (dQ added by the dK/dV kernel with TMA tile reductions) beside it.
+"paired" columns: the same ratio (ours over the best backend by do_bench) from
+``pyptx.testing.paired_times`` (``--pairs`` rounds of one call each, interleaved, L2 flushed;
+median of the per-round ratios), which the GPU's clock drifts between do_bench bursts do
+not move.
 
     python benchmarks/attention.py [--dims 64 128] [--seqs 4096 8192] [--schedules pingpong simple]
                                    [--configs '[{}, {"persistent": true}]'] [--no-bwd] [--out t.md]
@@ -28,6 +32,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/_timing.py
 
 from _timing import markdown_table, rotated  # noqa: E402
+
+from pyptx.testing import paired_ratio, paired_times  # noqa: E402
 
 BACKENDS = ("cuDNN", "flash", "efficient")
 ERR_LIMIT = 0.05  # max |o - SDPA| (bf16, randn inputs: |o| < ~1.5); a variant over it prints FAIL
@@ -91,6 +97,15 @@ def _time(fns, rep, rounds):
     return {name: statistics.median(v) for name, v in t.items()}
 
 
+def _paired_cell(fns, ours, tflops, pairs):
+    """The paired ratio of ``ours`` over the backend with the best do_bench TFLOP/s."""
+    peers = [b for b in BACKENDS if b in tflops]
+    if not pairs or ours not in fns or not peers:
+        return "n/a"
+    best = max(peers, key=tflops.get)
+    return f"{paired_ratio(paired_times({ours: fns[ours], best: fns[best]}, pairs), best, ours)[0]:.3f}"
+
+
 def _fmt(x):
     return "n/a" if x is None else f"{x:.0f}"
 
@@ -108,6 +123,7 @@ def main(argv=None) -> int:
     p.add_argument("--width", type=int, default=2048, help="H * D")
     p.add_argument("--rep", type=int, default=100, help="do_bench rep (ms)")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--pairs", type=int, default=20, help="paired rounds (0: no paired column)")
     p.add_argument("--configs", default=None,
                    help='JSON list of keyword dicts for our forward, one column each, e.g. '
                         '[{}, {"persistent": true}, {"BN": 176}, {"pin_overlap": true}, '
@@ -129,8 +145,9 @@ def main(argv=None) -> int:
             if not (k == "persistent" and not v)]
         return "pyptx" + ("" if not parts else " " + " ".join(parts))
     ours = [label(s, c) for s, c in variants]
-    head = (["D", "S", "mask"] + [f"fwd {n}" for n in ours + list(BACKENDS)] + ["fwd ours/best"]
-            + ([f"bwd {n}" for n in ["pyptx"] + list(BACKENDS)] + ["bwd ours/best",
+    head = (["D", "S", "mask"] + [f"fwd {n}" for n in ours + list(BACKENDS)] + ["fwd ours/best",
+                                                                          "fwd paired"]
+            + ([f"bwd {n}" for n in ["pyptx"] + list(BACKENDS)] + ["bwd ours/best", "bwd paired",
                                                                    "bwd deterministic=False",
                                                                    "its ratio"]
                if not args.no_bwd else []) + ["max |o err|"])
@@ -175,6 +192,7 @@ def main(argv=None) -> int:
                 best_ours = tf.get(ours[0])            # the first variant: the default call
                 cells = [str(D), str(S), mask] + [_fmt(tf.get(n)) for n in ours + list(BACKENDS)]
                 cells.append(f"{best_ours / best_peer:.3f}" if best_ours and best_peer else "n/a")
+                cells.append(_paired_cell(fwd, ours[0], tf, args.pairs))
                 btf = {}
                 if not args.no_bwd:
                     bwd = {}
@@ -199,6 +217,7 @@ def main(argv=None) -> int:
                     bbest = max((btf[b] for b in BACKENDS if b in btf), default=None)
                     cells += [_fmt(btf.get(n)) for n in ["pyptx"] + list(BACKENDS)]
                     cells.append(f"{btf['pyptx'] / bbest:.3f}" if "pyptx" in btf and bbest else "n/a")
+                    cells.append(_paired_cell(bwd, "pyptx", btf, args.pairs))
                     cells += [_fmt(btf.get("nondet")),
                               f"{btf['nondet'] / bbest:.3f}" if "nondet" in btf and bbest else "n/a"]
                 cells.append("n/a" if err is None else f"{err:.1e}")

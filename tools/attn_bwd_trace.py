@@ -99,7 +99,7 @@ def run(S, causal, opts, D=128, tokens=32768, width=2048):
     w = fab.dq_accumulator_width(D, True)
     ordered = kw.get("dq_ordered", False)
     kw["stats_lead"] = fab.resolve_stats_lead("attn_bwd_trace", kw.get("stats_lead", 0), S,
-                                              132, ordered, False, None)
+                                              132, ordered, False, None, causal)
     prep = fab.build_prep(B, S, H, D, counters=ordered, width=w, lead=kw["stats_lead"], Hkv=H)
     dkdv = fab.build_dkdv(B, S, H, H, D, causal=causal, trace=True, **kw)
     extra = (o, lse) if kw["stats_lead"] else ()

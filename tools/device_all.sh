@@ -27,7 +27,7 @@ lane() {  # lane NAME: runs in the background, output to $OUT/lane-NAME.log
     attention) py $T/test_flash_attention_gpu.py $T/test_flash_attention_bwd_gpu.py ;;
     sanitize)
       for tool in memcheck racecheck synccheck; do (
-        for s in gemm grouped fp8 attention attention_bwd attention_bwd:atomic_dq=1,dq_bulk=1,dq_ordered=1,dq_convert=1 attention_bwd:fused_bq=128,dq_ordered=1,fused_pingpong=1; do
+        for s in gemm grouped fp8 attention attention_bwd attention_bwd:atomic_dq=1,dq_bulk=1,dq_ordered=1,dq_convert=1,convert_lag=1,stats_lead=1 attention_bwd:fused_bq=128,dq_ordered=1,fused_pingpong=1; do
           echo "== $tool $s"
           opts=(); [[ $s == *:* ]] && opts=(--options "${s#*:}")
           PYPTX_AUTOTUNE=0 timeout $(left) compute-sanitizer --tool $tool --report-api-errors no \

@@ -737,6 +737,8 @@ def _differentiable(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, schedule, BN, st
     The backward for torch eager calls: at D=128, the dK/dV kernel also adds dQ, with TMA
     tile reductions in a fixed order (``dq_ordered``: five products, not seven, still
     deterministic), and converts dQ in converter CTAs after its own (``dq_convert``); at
+    full attention its producer warpgroup's idle warps also convert earlier heads' dQ and
+    compute later heads' (lse, delta) stats (``convert_lag``, ``stats_lead``: "auto"); at
     D=64, the fused one-kernel backward (``fused_bq=128``, 128-row q blocks, its consumer
     warpgroups half a block apart: ``fused_pingpong=1``) adds dQ the same way; ``deterministic=False``: in any order. JAX and
     ``torch.compile`` traces run the seven-product pair (``AttentionBackward.fallback``), as
@@ -759,7 +761,8 @@ def _differentiable(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, schedule, BN, st
     elif not deterministic:
         fast = dict(atomic_dq=True, dq_bulk=True)
     elif D == 128 and not bwd_mod.safe_default():
-        fast = dict(atomic_dq=True, dq_bulk=True, dq_ordered=True, dq_convert=True)
+        fast = dict(atomic_dq=True, dq_bulk=True, dq_ordered=True, dq_convert=True,
+                    convert_lag="auto", stats_lead="auto")
     if fast:
         try:
             bwd = bwd_mod.build_attention_backward(

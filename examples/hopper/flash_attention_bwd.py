@@ -396,13 +396,15 @@ def default_stats_lead(Sk, num_sms=132):
     return -(-num_sms // -(-Sk // BM)) + 1
 
 
-def resolve_stats_lead(fn, stats_lead, Sk, num_sms, dq_ordered, safe, BQ):
+def resolve_stats_lead(fn, stats_lead, Sk, num_sms, dq_ordered, safe, BQ, causal):
     """``stats_lead`` as an int: ``"auto"`` is ``default_stats_lead`` where it applies (the
-    ordered bulk-dQ dK/dV kernel, 64-row q blocks, not safe) and 0 elsewhere; an int is
-    refused (``ConfigError``) where it does not apply."""
+    ordered bulk-dQ dK/dV kernel, 64-row q blocks, not safe) and pays (full attention: the
+    causal grid's short CTAs idle their SMs until their share of stats is done; H100,
+    paired A/B, 0.991x at S=4096) and 0 elsewhere; an int is refused (``ConfigError``)
+    where it does not apply."""
     applies = dq_ordered and not safe and BQ in (None, 64)
     if stats_lead == "auto":
-        return default_stats_lead(Sk, num_sms) if applies else 0
+        return default_stats_lead(Sk, num_sms) if applies and not causal else 0
     if stats_lead and not (isinstance(stats_lead, int) and not isinstance(stats_lead, bool)
                            and stats_lead > 0 and applies):
         raise _fail(f"{fn}: stats_lead (a positive int or 'auto') needs the ordered bulk-dQ dK/dV "
@@ -458,7 +460,7 @@ def _check_num_sms(fn, num_sms):
 def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None, BQ=None,
                stages=None, sync=None, safe=None, atomic_dq=False, overlap=None, dq_bulk=False,
                dq_ordered=False, num_sms=132, dq_convert=False, convert_lag=0, stats_lead=0,
-               defer_count=False, trace=False):
+               trace=False):
     """The dK/dV kernel: ``(Q, K, V, DO, STATS) -> (DK, DV)`` (STATS from ``build_dq``).
 
     ``BQ``: q rows per block, 32 or 64 (``None``: ``DKDV_BQ``, 64; ``atomic_dq`` needs 64,
@@ -503,7 +505,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     after the grid's last dK/dV CTA. ``"auto"`` where it does not apply: none.
 
     ``stats_lead`` (the ordered bulk-dQ mode, 64-row q blocks; ``"auto"``:
-    ``default_stats_lead`` where it applies, else 0; ``resolve_stats_lead``): also ``(...,
+    ``default_stats_lead`` at full attention, else 0; ``resolve_stats_lead``): also ``(...,
     SEM, OUT, LSE)``, and STATS is written in place: warps 2 and 3 of each CTA compute the
     STATS rows of the kv head ``stats_lead`` heads later in launch order (its ``G * padded(S)``
     rows split over its ``ceil(Sk / 128)`` CTAs), then add 1 to that head's flag (the second
@@ -511,10 +513,6 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     until its own head's flag counts every CTA before it loads a stats block.
     ``build_prep(lead=...)`` writes only the first ``stats_lead`` heads' stats, so the prep's
     pass over O and dO runs inside the dK/dV grid, beside its tensor-core work.
-
-    ``defer_count`` (the ordered mode, 64-row q blocks): the dQ writer counts a block's adds
-    after issuing the next block's (its ``tma.wait_group(1)``), not right after they complete;
-    a successor still finds the count a step before it needs it (``dq_rank``: two steps).
 
     ``trace`` (bulk dQ, a diagnostic): a last output ``TRACE``, int32 ``(CTAs, 4)`` in launch
     order: ``%globaltimer_lo`` at the CTA's start and at its consumers' end (converters:
@@ -590,10 +588,8 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                     f"per dK/dV CTA, got convert_lag={convert_lag!r}, dq_convert={dq_convert!r}"
                     f", causal={causal!r}, D={D}, {share} q blocks per CTA")
     lag = int(convert_lag or 0)
-    if defer_count and not (dq_ordered and not wide):
-        raise _fail(f"build_dkdv: defer_count is for the ordered bulk-dQ mode with 64-row q "
-                    f"blocks, got dq_ordered={dq_ordered!r}, BQ={BQ!r}")
-    lead = resolve_stats_lead("build_dkdv", stats_lead, Sk, num_sms, dq_ordered, safe, BQ)
+    lead = resolve_stats_lead("build_dkdv", stats_lead, Sk, num_sms, dq_ordered, safe, BQ,
+                              causal)
     conv0 = max(0, B * Hkv - lag) * per_head if lag else 0  # the converter CTAs' first block
     n_conv = min(units - conv0, num_sms) if dq_convert else 0
     c1 = scale * LOG2E
@@ -653,10 +649,8 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         block, in the consumers' order, wait for this kv block's turn at the q block's
         counter, for both warpgroups' slabs (``dq_full``), add them into DQACC (the first
         rank stores), free the slabs once read (``dq_empty``; BQ=128: the slabs are the
-        block's stage, released to ``pipe``), and once the block's adds are complete in
-        global memory, count them (a release add); ``defer_count``: a block's count waits
-        until the next block's adds are issued, so the writer does not idle while they
-        complete."""
+        block's stage, released to ``pipe``), and once the previous block's adds are
+        complete in global memory, count them (a release add)."""
         dq_map = ptx.tma.tensormap_ptr(DQACC.tmap)
         (psem,) = ptx.global_ptrs(SEM)
         now = reg.scalar(u32)
@@ -667,7 +661,6 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
 
         phase = reg.scalar(u32, init=0)
         waited = reg.scalar(u32, init=0) if TRACE is not None else None
-        prev = reg.scalar(u64, init=0) if defer_count else None    # 0: nothing left to count
         if wide:
             wst = pipe.consumer_state()
         for g in ptx.loop(0, G):
@@ -704,19 +697,9 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                 else:
                     for w in (0, 1):
                         ptx.mbarrier.arrive(dq_empty.at(w))
-                if defer_count:     # the previous block's adds are complete once one group is left
-                    with ptx.if_(prev != 0):
-                        ptx.tma.wait_group(1)
-                        count(prev)
-                    ptx.inst.mov.b64(prev, cell)
-                else:
-                    ptx.tma.wait_group(0)       # complete in global memory: count it
-                    count(cell)
+                ptx.tma.wait_group(0)           # complete in global memory: count it
+                count(cell)
                 ptx.inst.xor.b32(phase, phase, 1)
-        if defer_count:
-            with ptx.if_(prev != 0):
-                ptx.tma.wait_group(0)
-                count(prev)
         if TRACE is not None:
             ptx.inst.st.global_.u32(_trace_at(TRACE, 3), waited)
 
@@ -1335,7 +1318,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             f"{'_ordered' if dq_ordered else ''}"
             f"{f'_bq{BQ}' if BQ != 64 else ''}{'_serial' if overlap != default_overlap else ''}"
             f"{f'_cvt{n_conv}' if n_conv else ''}{f'_lag{lag}' if lag else ''}"
-            f"{f'_lead{lead}' if lead else ''}{'_defer' if defer_count else ''}"
+            f"{f'_lead{lead}' if lead else ''}"
             f"{'_trace' if trace else ''}")
     ins = (qspec, kspec, kspec, qspec, Tile(B, Hq, Sp, 2, f32))
     grid = (n_main + n_conv, 1, 1) if n_conv else (num_kv, Hkv, B)
@@ -2203,7 +2186,7 @@ def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=
                              safe=None, atomic_dq=False, dkdv_bq=None, dkdv_overlap=None,
                              dq_bulk=False, dq_ordered=False, dq_bkv=None, fused_bq=None,
                              fused_defer=False, fused_pingpong=0, num_sms=132, dq_convert=False,
-                             convert_lag=0, stats_lead=0, dq_defer_count=False):
+                             convert_lag=0, stats_lead=0):
     """The backward kernels for these sizes: ``bwd(q, k, v, o, lse, do, dlse) -> (dq, dk,
     dv)``. ``safe=True`` (or ``PYPTX_ATTN_BWD_SAFE=1``): the simplest schedule, for
     bisecting. ``atomic_dq=True``: dQ accumulated by the dK/dV kernel with f32 atomics (no
@@ -2227,8 +2210,7 @@ def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=
     the last heads' only. ``stats_lead`` (the ordered bulk-dQ dK/dV kernel; ``build_dkdv``'s,
     ``"auto"``: ``default_stats_lead`` where it applies): the dK/dV CTAs' idle producer warps
     compute the stats of the kv head that many heads later, the prep kernel only the first
-    heads'. ``dq_defer_count`` (the ordered mode; ``build_dkdv``'s ``defer_count``): the dQ
-    writer counts a block's adds once the next block's are issued."""
+    heads'."""
     safe = safe_default() if safe is None else bool(safe)
     if convert_lag and convert_lag != "auto" and not dq_convert:
         raise _fail(f"build_attention_backward: convert_lag needs dq_convert, got "
@@ -2246,9 +2228,6 @@ def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=
     if fused_pingpong not in (0, 1, 2) or (fused_pingpong and fused_defer):
         raise _fail(f"build_attention_backward: fused_pingpong must be 0, 1 or 2 and not "
                     f"with fused_defer, got {fused_pingpong!r}")
-    if fused_bq is not None and dq_defer_count:
-        raise _fail("build_attention_backward: dq_defer_count is an option of the dK/dV "
-                    "kernel's dQ writer, not of fused_bq")
     if fused_bq is not None:
         _check_fused("build_attention_backward", fused_bq, safe, atomic_dq, dkdv_bq,
                      dkdv_overlap, dq_bulk, dq_bkv)
@@ -2263,11 +2242,11 @@ def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=
     overlap = None if dkdv_overlap is None else bool(dkdv_overlap)
     _check_dq_modes("build_attention_backward", atomic_dq, dq_bulk, dq_ordered)
     lead = resolve_stats_lead("build_attention_backward", stats_lead, S if Sk is None else Sk,
-                              num_sms, bool(dq_ordered), safe, dkdv_bq)
+                              num_sms, bool(dq_ordered), safe, dkdv_bq, causal)
     return _build(B, S, Hq, Hkv, D, S if Sk is None else Sk, dtype, causal, scale, safe,
                   bool(atomic_dq), dkdv_bq, overlap, bool(dq_bulk), bool(dq_ordered), dq_bkv,
                   num_sms=num_sms, dq_convert=bool(dq_convert), convert_lag=convert_lag,
-                  stats_lead=lead, defer_count=bool(dq_defer_count))
+                  stats_lead=lead)
 
 
 def default_dq_bkv(D):
@@ -2278,8 +2257,7 @@ def default_dq_bkv(D):
 
 OPTIONS = ("dkdv_bq", "dkdv_overlap", "atomic_dq", "dq_bulk", "dq_ordered",
            "dq_bkv", "fused_bq", "fused_defer", "fused_pingpong",
-           "num_sms", "dq_convert", "convert_lag", "stats_lead",
-           "dq_defer_count")  # build_attention_backward's
+           "num_sms", "dq_convert", "convert_lag", "stats_lead")  # build_attention_backward's
 INT_OPTIONS = ("dkdv_bq", "dq_bkv", "fused_bq", "fused_pingpong", "num_sms", "convert_lag",
                "stats_lead")
 AUTO_OPTIONS = ("convert_lag", "stats_lead")     # these also take "auto"
@@ -2317,8 +2295,7 @@ def parse_options(text):
 @functools.lru_cache(maxsize=64)
 def _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, safe, atomic_dq, dkdv_bq=None, overlap=None,
            dq_bulk=False, dq_ordered=False, dq_bkv=None, fused_bq=None, fused_defer=False,
-           fused_pingpong=0, num_sms=132, dq_convert=False, convert_lag=0, stats_lead=0,
-           defer_count=False):
+           fused_pingpong=0, num_sms=132, dq_convert=False, convert_lag=0, stats_lead=0):
     kw = dict(Sk=Sk, dtype=dtype, causal=causal, scale=scale, safe=safe)
     dkdv_kw = dict(kw, BQ=dkdv_bq, overlap=overlap)
     dt = _dtype(dtype)
@@ -2335,7 +2312,7 @@ def _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, safe, atomic_dq, dkdv_bq=
                    build_dkdv(B, S, Hq, Hkv, D, atomic_dq=True, dq_bulk=dq_bulk,
                               dq_ordered=dq_ordered, num_sms=num_sms, dq_convert=dq_convert,
                               convert_lag=convert_lag, stats_lead=stats_lead,
-                              defer_count=defer_count, **dkdv_kw),     # adds dQ into DQACC
+                              **dkdv_kw),     # adds dQ into DQACC
                    build_convert(B, S, Hq, D, dtype=dtype, width=width))
         if dq_convert:      # the dK/dV grid converts dQ
             kernels = kernels[:2]
@@ -2504,7 +2481,7 @@ def check(cases=CHECKS, safe=False, atomic_dq=False, **options) -> int:
         if only and D != only:
             print(f"B{B} S{S} H{Hq}/{Hkv} D{D} {dtn}: skipped ({why} is for D={only})")
             continue
-        if options.get("convert_lag") and (causal or D != 128):
+        if options.get("convert_lag") not in (None, 0, "auto") and (causal or D != 128):
             print(f"B{B} S{S} H{Hq}/{Hkv} D{D} {dtn}: skipped (convert_lag is for full "
                   f"attention at D=128)")
             continue
@@ -2560,30 +2537,6 @@ def bench(dims=(64, 128), seqs=(4096, 8192), tokens=32768, width=2048, dtn="bf16
                       + " |", flush=True)
 
 
-def paired_times(fns, pairs):
-    """``{name: [ms per round]}``: ``pairs`` rounds, each one call of every function in
-    rotated order, each call timed alone (device events around it, L2 flushed before it).
-    Neighbouring calls share the GPU's clock level, so per-round ratios cancel the slow
-    drifts that move whole do_bench bursts by a few percent."""
-    import torch
-
-    flush = torch.empty(64 * 1024 * 1024, dtype=torch.int32, device="cuda")
-    names, timed = list(fns), []
-    for i in range(pairs):
-        for n in names[i % len(names):] + names[:i % len(names)]:
-            flush.zero_()
-            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
-            start.record()
-            fns[n]()
-            end.record()
-            timed.append((i, n, start, end))
-    torch.cuda.synchronize()
-    out = {n: [0.0] * pairs for n in names}
-    for i, n, start, end in timed:
-        out[n][i] = start.elapsed_time(end)
-    return out
-
-
 def bench_ab(configs, dims=(128,), seqs=(4096, 8192), tokens=32768, width=2048, dtn="bf16",
              rounds=3, pairs=30) -> None:
     """The A/B table of ``bench(configs=...)``: TFLOP/s per option set, interleaved; with
@@ -2591,6 +2544,8 @@ def bench_ab(configs, dims=(128,), seqs=(4096, 8192), tokens=32768, width=2048, 
     ``paired_times``' per-round ratios, with their quartiles."""
     import torch
     from triton.testing import do_bench
+
+    from pyptx.testing import paired_ratio, paired_times
 
     if isinstance(configs, str):
         configs = {c or "default": parse_options(c) for c in configs.split(";")}
@@ -2644,9 +2599,8 @@ def bench_ab(configs, dims=(128,), seqs=(4096, 8192), tokens=32768, width=2048, 
                         if n not in per:
                             cells.append("error")
                             continue
-                        r = sorted(a / b for a, b in zip(per[names[0]], per[n]))
-                        cells.append(f"{r[len(r) // 2]:.3f} [{r[len(r) // 4]:.3f}, "
-                                     f"{r[3 * len(r) // 4]:.3f}]")
+                        mid, lo, hi = paired_ratio(per, names[0], n)
+                        cells.append(f"{mid:.3f} [{lo:.3f}, {hi:.3f}]")
                     print(f"| {D} | {S} | {causal} paired | " + " | ".join(cells) + " | |",
                           flush=True)
 

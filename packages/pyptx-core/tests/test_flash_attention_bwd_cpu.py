@@ -568,11 +568,11 @@ def test_trace_is_for_the_bulk_modes(kw):
 def test_stats_lead_assembles_without_spills(assemble, S, causal, lead):
     """The stats writers (warps 2 and 3 of the producer, 24 registers; beside the early
     converters at full attention) keep the dK/dV kernel free of spills and serialised
-    wgmma; ``"auto"`` is a wave of kv heads plus one."""
+    wgmma; ``"auto"`` is a wave of kv heads plus one (causal: named, ``"auto"`` is none)."""
     B, H = 32768 // S, 16
     assert fab.default_stats_lead(S) == lead
     k = fab.build_dkdv(B, S, H, H, 128, causal=causal, atomic_dq=True, dq_bulk=True,
-                       dq_ordered=True, dq_convert=True, stats_lead="auto",
+                       dq_ordered=True, dq_convert=True, stats_lead=lead if causal else "auto",
                        convert_lag="auto")
     assert k.name.endswith(f"_lead{lead}") and ("_lag" in k.name) != causal
     assert k.arg_names[7:9] == ("OUT", "LSE")
@@ -596,13 +596,13 @@ def test_stats_lead_refusals(kw, match):
 
 def test_stats_lead_auto_applies_where_it_can():
     """``"auto"`` resolves to ``default_stats_lead`` for the ordered bulk-dQ kernel and to
-    nothing elsewhere (the any-order kernel, safe), without an error; the prep then writes
-    the first heads' stats only."""
+    nothing elsewhere (the any-order kernel, safe, causal attention), without an error; the
+    prep then writes the first heads' stats only."""
     ordered = fab.build_attention_backward(2, 4096, 16, 16, 128, atomic_dq=True, dq_bulk=True,
                                            dq_ordered=True, stats_lead="auto")
     assert ordered.kernels[0].name.endswith("_lead6")
     assert ordered.kernels[1].name.endswith("_lead6")
-    for kw in (dict(), dict(dq_ordered=True, safe=True)):
+    for kw in (dict(), dict(dq_ordered=True, safe=True), dict(dq_ordered=True, causal=True)):
         plain = fab.build_attention_backward(2, 4096, 16, 16, 128, atomic_dq=True,
                                              dq_bulk=True, stats_lead="auto", **kw)
         assert "lead" not in plain.kernels[1].name
@@ -611,14 +611,3 @@ def test_stats_lead_auto_applies_where_it_can():
     with pytest.raises(ConfigError, match="build_prep: lead needs counters=True and Hkv"):
         fab.build_prep(1, 256, 2, 128, lead=1)
 
-
-@pytest.mark.parametrize("kw,match", [
-    (dict(), "build_dkdv: defer_count is for the ordered bulk-dQ mode"),
-    (dict(dq_ordered=True, dkdv_bq=128), "BQ=128"),
-])
-def test_dq_defer_count_refusals(kw, match):
-    with pytest.raises(ConfigError, match=match):
-        fab.build_attention_backward(1, 256, 2, 2, 128, atomic_dq=True, dq_bulk=True,
-                                     dq_defer_count=True, **kw)
-    with pytest.raises(ConfigError, match="not of fused_bq"):
-        fab.build_attention_backward(1, 256, 2, 2, 64, fused_bq=128, dq_defer_count=True)

@@ -493,15 +493,12 @@ def test_attention_backward_convert_lag(lag, S=300):
     (128, False, 2, 2, 1, dict(dq_convert=True, num_sms=3, convert_lag=1)),
     (128, True, 2, 2, 3, {}),
     (64, True, 4, 2, 2, {}),          # two q heads per kv head: 2 * 384 rows over 3 CTAs
-    (128, False, 2, 2, 0, dict(dq_defer_count=True)),
-    (128, True, 2, 2, 2, dict(dq_defer_count=True, dq_convert=True, num_sms=3)),
 ])
 def test_attention_backward_stats_lead(D, causal, Hq, Hkv, lead, extra, S=300):
     """``stats_lead``: the prep writes the stats of the first ``lead`` kv heads only (STATS
     poisoned), warps 2 and 3 of kv head ``h``'s CTAs those of head ``h + lead``, and each
-    head's producer waits for its flag; ``dq_defer_count``: the writer counts a block's adds
-    after issuing the next block's. Four kv heads (B=2), a ragged S; against float64 and bit
-    for bit the plain ordered kernel's gradients (the same stats, the same order of adds)."""
+    head's producer waits for its flag. Four kv heads (B=2), a ragged S; against float64 and
+    bit for bit the plain ordered kernel's gradients (the same stats)."""
     B = 2
     q, k, v, do = _attention_inputs(B, S, Hq, Hkv, D, 29 + lead)
     o, lse = ptxsim.run(fa.build_attention(B, S, Hq, Hkv, D, causal=causal).specialize(),

@@ -128,6 +128,27 @@ def test_attention_default_backward_is_deterministic(causal, D):
     assert all(torch.equal(x, y) for x, y in zip(*grads))
 
 
+def test_attention_default_backward_with_lag_and_lead():
+    """At 48 kv heads of 8 CTAs (S=1024) the default D=128 full backward's early converters
+    (``convert_lag``: 33 heads back) and stats writers (``stats_lead``: 18 heads ahead) both
+    run: float64 autograd, bitwise-equal gradients over two runs."""
+    fa = load_module(HOPPER / "flash_attention.py", "flash_attention_bwd_gpu_lag_lead")
+    B, S, H = 3, 1024, 16
+    built = fab.build_attention_backward(B, S, H, H, 128, atomic_dq=True, dq_bulk=True,
+                                         dq_ordered=True, dq_convert=True, convert_lag="auto",
+                                         stats_lead="auto")
+    assert built.kernels[1].name.endswith("_lag33_lead18")
+    q0, k0, v0, do = _inputs(B, S, H, H, 128, "bf16", seed=5)
+    _, _, *refs = fab.reference(q0, k0, v0, do, False)
+    grads = []
+    for _ in range(2):
+        q, k, v = (x.clone().requires_grad_() for x in (q0, k0, v0))
+        fa.attention(q, k, v).backward(do)
+        grads.append((q.grad, k.grad, v.grad))
+    _check(grads[0], refs, "bf16")
+    assert all(torch.equal(x, y) for x, y in zip(*grads))
+
+
 @pytest.mark.parametrize("D", [128, 64])
 def test_attention_deterministic_false_gradients(D):
     """``attention(..., deterministic=False)`` through torch autograd: the bulk-dQ backward
@@ -277,14 +298,11 @@ def test_dq_convert_lag(B, S, H, dtn, lag):
     (3, 700, 2, 2, 128, "f16", True, 2, dict(dq_convert=True)),
     (2, 1000, 4, 2, 64, "bf16", True, 3, {}),   # two q heads per kv head, the conversion kernel
     (4, 1000, 4, 4, 128, "bf16", False, "auto", dict(dq_convert=True, convert_lag="auto")),
-    (2, 1000, 4, 4, 128, "bf16", False, 0, dict(dq_defer_count=True)),
-    (3, 700, 2, 2, 128, "bf16", True, 2, dict(dq_defer_count=True, dq_convert=True)),
 ])
 def test_stats_lead(B, S, Hq, Hkv, D, dtn, causal, lead, extra):
     """``stats_lead``: the prep writes the first heads' stats, the dK/dV CTAs' idle producer
-    warps the rest, each head's producer waiting for its flag (``dq_defer_count``: the writer
-    counts a block after issuing the next): float64 autograd, and the gradients bitwise
-    equal to the plain ordered kernel's (the same stats, the same order of adds)."""
+    warps the rest, each head's producer waiting for its flag: float64 autograd, and the
+    gradients bitwise equal to the plain ordered kernel's (the same stats)."""
     q, k, v, do = _inputs(B, S, Hq, Hkv, D, dtn, seed=S + 11)
     o, lse, *refs = fab.reference(q, k, v, do, causal)
     args = (q, k, v, o.to(q.dtype), lse.float(), do)

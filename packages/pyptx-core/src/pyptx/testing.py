@@ -7,6 +7,8 @@ a float64 reference when torch with CUDA and the pyptx-torch plugin are there;
 otherwise (or when this build cannot launch) it prints the kernel's launch
 geometry and what ptxas says about it for sm_90a. ``load_module`` imports a Python file
 by path (an example beside the caller) without touching ``sys.path``.
+``paired_times`` times contenders call by call, interleaved, for A/B ratios that the
+GPU's clock drifts do not move.
 """
 
 from __future__ import annotations
@@ -134,3 +136,35 @@ def load_module(path: str | Path, name: str | None = None) -> Any:
         sys.modules.pop(name, None)
         raise
     return mod
+
+
+def paired_times(fns: dict[str, Callable[[], Any]], pairs: int) -> dict[str, list[float]]:
+    """``{name: [ms per round]}`` for zero-argument GPU calls (torch): ``pairs`` rounds, each
+    one call of every function in rotated order, each call timed alone (CUDA events around
+    it, the L2 flushed before it). Neighbouring calls share the GPU's clock level, so the
+    per-round ratios of two contenders cancel the slow drifts that move whole
+    ``do_bench`` bursts by several percent; report their median beside ``do_bench``'s."""
+    import torch
+
+    flush = torch.empty(64 * 1024 * 1024, dtype=torch.int32, device="cuda")
+    names, timed = list(fns), []
+    for i in range(pairs):
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            flush.zero_()
+            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+            start.record()
+            fns[name]()
+            end.record()
+            timed.append((i, name, start, end))
+    torch.cuda.synchronize()
+    out = {name: [0.0] * pairs for name in names}
+    for i, name, start, end in timed:
+        out[name][i] = start.elapsed_time(end)
+    return out
+
+
+def paired_ratio(times: dict[str, list[float]], base: str, other: str) -> tuple[float, float, float]:
+    """``(median, lower quartile, upper quartile)`` of the per-round speed of ``other`` over
+    ``base`` (``base`` ms / ``other`` ms) in a ``paired_times`` result."""
+    r = sorted(a / b for a, b in zip(times[base], times[other]))
+    return r[len(r) // 2], r[len(r) // 4], r[3 * len(r) // 4]
