@@ -126,7 +126,10 @@ def _attention_cases():
                                  # attention()'s torch eager backwards (``_differentiable``)
                                  ("bulk", dict(atomic_dq=True, dq_bulk=True)),
                                  ("convert", dict(atomic_dq=True, dq_bulk=True, dq_ordered=True,
-                                                  dq_convert=True))] + (
+                                                  dq_convert=True)),
+                                 ("lag_lead", dict(atomic_dq=True, dq_bulk=True, dq_ordered=True,
+                                                   dq_convert=True, convert_lag="auto",
+                                                   stats_lead="auto"))] + (
                         [("fused", dict(fused_bq=128, dq_ordered=True, fused_pingpong=1))]
                         if D == 64 else []):
                     tag = f"{mode}/d{D}/{'causal' if causal else 'full'}/{B}x{S}x{Hq}x{Hkv}"
