@@ -6,6 +6,12 @@ per-round medians; the three contenders of a row are timed interleaved in one pr
 rotated order (each leads once per cycle: under the H100's power cap a burst inherits the SM
 clock its predecessor left). ``--shapes`` narrows the set; ``--out FILE.md`` writes the table.
 
+The "paired" column is pyptx over cuBLAS from ``pyptx.testing.paired_times``: ``--pairs``
+rounds of one call of each, interleaved, L2 flushed before each, the median of the
+per-round ratios. Neighbouring calls share the clock level, so it does not move with the
+few-percent drifts between do_bench bursts; at the power cap each kernel's own draw sets
+the clock only in do_bench's bursts and the sustained table.
+
 ``--sustained`` adds a second table beside it for the shapes whose launch lasts 1 ms or more:
 each contender back to back for ``--seconds`` (no flush), two interleaved rounds, median
 TFLOP/s: the power-capped steady state that long training GEMMs run in, where each kernel's
@@ -28,6 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/_timing.py
 
 from _timing import rotated  # noqa: E402
+
+from pyptx.testing import paired_ratio, paired_times  # noqa: E402
 
 SHAPES = [(2048, 2048, 2048), (4096, 4096, 4096), (6144, 6144, 6144), (8192, 8192, 8192),
           (8192, 28672, 8192), (8192, 8192, 28672), (128, 8192, 8192), (4095, 4097, 4100)]
@@ -117,6 +125,7 @@ def main(argv=None) -> int:
                    help="MxNxK or N (cube); default: the issue's list")
     p.add_argument("--rep", type=int, default=200, help="do_bench rep (ms)")
     p.add_argument("--rounds", type=int, default=5, help="interleaved do_bench rounds")
+    p.add_argument("--pairs", type=int, default=20, help="paired rounds (0: no paired column)")
     p.add_argument("--sustained", action="store_true",
                    help="also time launches of 1 ms or more back to back (power-capped)")
     p.add_argument("--seconds", type=float, default=2.0, help="--sustained: seconds a burst")
@@ -134,10 +143,10 @@ def main(argv=None) -> int:
     rows = []
     dev = torch.cuda.get_device_name()
     print(f"# GEMM TFLOP/s on {dev}, do_bench median (L2 flushed)")
-    head = "| dtype | M x N x K | pyptx | cuBLAS | Triton | pyptx / cuBLAS | rel err |"
+    head = "| dtype | M x N x K | pyptx | cuBLAS | Triton | pyptx / cuBLAS | paired | rel err |"
     print(head)
-    print("|---|---|---|---|---|---|---|")
-    lines = [head, "|---|---|---|---|---|---|---|"]
+    print("|---|---|---|---|---|---|---|---|")
+    lines = [head, "|---|---|---|---|---|---|---|---|"]
     sustained = []
     for dname in args.dtypes:
         dt = {"bf16": torch.bfloat16, "f16": torch.float16}[dname]
@@ -168,8 +177,12 @@ def main(argv=None) -> int:
                                  + (" | -" if "Triton" not in fns else "")
                                  + f" | {statistics.median(st['pyptx']) / statistics.median(st['cuBLAS']):.3f} |")
             tri_s = f"{tf['Triton']:.0f}" if "Triton" in tf else "-"
+            paired = "-"
+            if args.pairs:
+                per = paired_times({k: fns[k] for k in ("pyptx", "cuBLAS")}, args.pairs)
+                paired = f"{paired_ratio(per, 'cuBLAS', 'pyptx')[0]:.3f}"
             line = (f"| {dname} | {M}x{N}x{K} | {tf['pyptx']:.0f} | {tf['cuBLAS']:.0f} | {tri_s} | "
-                    f"{tf['pyptx'] / tf['cuBLAS']:.3f} | {err:.1e} |")
+                    f"{tf['pyptx'] / tf['cuBLAS']:.3f} | {paired} | {err:.1e} |")
             print(line, flush=True)
             lines.append(line)
             rows.append(dict(dtype=dname, shape=(M, N, K), tflops=tf, err=err))

@@ -54,3 +54,14 @@ def test_benchmarks_use_the_shared_helpers(timing):
         mod = _load(name)
         for fn in shared:
             assert getattr(mod, fn).__module__ == "_timing", (name, fn)
+
+
+def test_paired_ratio_is_the_median_of_per_round_ratios():
+    """``pyptx.testing.paired_ratio``: base ms over other ms per round, then the median and
+    quartiles: one slow round of both (a clock drop) does not move it."""
+    from pyptx.testing import paired_ratio
+
+    times = {"base": [2.0, 2.0, 2.2, 4.0, 2.0], "other": [1.0, 1.0, 1.0, 2.0, 1.0]}
+    mid, lo, hi = paired_ratio(times, "base", "other")
+    assert (mid, lo, hi) == (2.0, 2.0, 2.0)
+    assert paired_ratio(times, "other", "base")[0] == 0.5
