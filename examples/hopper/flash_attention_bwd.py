@@ -826,22 +826,12 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                 hq = (target - bt * Hkv) * G + g
                 ok = live & (s < S)
                 off = reg.from_(((bt * S + s) * Hq + hq) * D + (t % lanes) * 8, u64) * 2
-                wo, wd = reg.array(b32, 4), reg.array(b32, 4)
-                for x in list(wo) + list(wd):
-                    ptx.inst.mov.b32(x, 0)
-                ptx.inst.ld.global_.nc.v4.b32(wo, ptx.addr(po + off), pred=ok)
-                ptx.inst.ld.global_.nc.v4.b32(wd, ptx.addr(pdo + off), pred=ok)
+                wo, wd = _row_pieces(po, pdo, off, ok)
                 lv = reg.scalar(f32, init=0.0)
                 row = reg.from_((bt * Hq + hq) * S + s, u64)
                 ptx.inst.ld.global_.nc.f32(lv, ptx.addr(row * 4 + plse),
                                            pred=ok & (t % lanes == 0))
-                acc = reg.scalar(f32, init=0.0)
-                for x, y in zip(wo, wd):
-                    o0, o1 = _unpack(x, dt)
-                    d0, d1 = _unpack(y, dt)
-                    ptx.inst.fma.rn.f32(acc, o0, d0, acc)
-                    ptx.inst.fma.rn.f32(acc, o1, d1, acc)
-                ptx.warp.reduce_sum(acc, width=lanes)
+                acc = _row_delta(wo, wd, lanes, dt)
                 soff = reg.from_((bt * Hq + hq) * Sp + s, u64) * 8
                 ptx.inst.st.global_.v2.f32(ptx.addr(pstats + soff), [lv * LOG2E, acc],
                                            pred=live & (t % lanes == 0))
@@ -2086,26 +2076,39 @@ def _prep_stats(po, pdo, plse, pstats, b, hq, q0, tid, S, Sp, Hq, D, dt):
         r = q0 + k * per + tid // lanes
         ok = r < S
         off = reg.from_(((b * S + r) * Hq + hq) * D + (tid % lanes) * 8, u64) * 2
-        wo, wd = reg.array(b32, 4), reg.array(b32, 4)
-        for x in list(wo) + list(wd):
-            ptx.inst.mov.b32(x, 0)
-        ptx.inst.ld.global_.nc.v4.b32(wo, ptx.addr(po + off), pred=ok)
-        ptx.inst.ld.global_.nc.v4.b32(wd, ptx.addr(pdo + off), pred=ok)
+        wo, wd = _row_pieces(po, pdo, off, ok)
         lv = reg.scalar(f32, init=0.0)
         ptx.inst.ld.global_.nc.f32(lv, ptx.addr(reg.from_((b * Hq + hq) * S + r, u64) * 4 + plse),
                                    pred=ok & (tid % lanes == 0))
         got.append((r, wo, wd, lv))
     for r, wo, wd, lv in got:
-        acc = reg.scalar(f32, init=0.0)
-        for x, y in zip(wo, wd):
-            o0, o1 = _unpack(x, dt)
-            d0, d1 = _unpack(y, dt)
-            ptx.inst.fma.rn.f32(acc, o0, d0, acc)
-            ptx.inst.fma.rn.f32(acc, o1, d1, acc)
-        ptx.warp.reduce_sum(acc, width=lanes)
+        acc = _row_delta(wo, wd, lanes, dt)
         soff = reg.from_((b * Hq + hq) * Sp + r, u64) * 8
         ptx.inst.st.global_.v2.f32(ptx.addr(pstats + soff), [lv * LOG2E, acc],
                                    pred=tid % lanes == 0)
+
+
+def _row_pieces(po, pdo, off, ok):
+    """A lane's 16 bytes of O and of dO at byte offset ``off`` (zeros where ``ok`` is false)."""
+    wo, wd = reg.array(b32, 4), reg.array(b32, 4)
+    for x in list(wo) + list(wd):
+        ptx.inst.mov.b32(x, 0)
+    ptx.inst.ld.global_.nc.v4.b32(wo, ptx.addr(po + off), pred=ok)
+    ptx.inst.ld.global_.nc.v4.b32(wd, ptx.addr(pdo + off), pred=ok)
+    return wo, wd
+
+
+def _row_delta(wo, wd, lanes, dt):
+    """``delta = rowsum(do * o)`` of a row whose ``lanes`` lanes hold 16-byte pieces of O and
+    dO (``wo``, ``wd``): each lane's FMAs, then a reduction over the lanes."""
+    acc = reg.scalar(f32, init=0.0)
+    for x, y in zip(wo, wd):
+        o0, o1 = _unpack(x, dt)
+        d0, d1 = _unpack(y, dt)
+        ptx.inst.fma.rn.f32(acc, o0, d0, acc)
+        ptx.inst.fma.rn.f32(acc, o1, d1, acc)
+    ptx.warp.reduce_sum(acc, width=lanes)
+    return acc
 
 
 def _env(name):
