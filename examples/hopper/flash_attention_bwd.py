@@ -577,12 +577,11 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     units = B * Hq * sem_q                          # dq_convert's 64-row q blocks
     per_head = G * sem_q                            # ... of one kv head
     share = early_convert_share(S, Sk, Hq, Hkv)     # convert_lag: q blocks per CTA
+    lag_applies = (dq_convert and not causal and dq_accumulator_width(D, dq_bulk) == D
+                   and share <= 2)
     if convert_lag == "auto":   # where it applies, none elsewhere
-        convert_lag = (default_convert_lag(Sk, num_sms) if dq_convert and not causal
-                       and dq_accumulator_width(D, dq_bulk) == D and share <= 2 else 0)
-    if convert_lag and not (isinstance(convert_lag, int) and convert_lag > 0 and dq_convert
-                            and not causal and dq_accumulator_width(D, dq_bulk) == D
-                            and share <= 2):
+        convert_lag = default_convert_lag(Sk, num_sms) if lag_applies else 0
+    if convert_lag and not (isinstance(convert_lag, int) and convert_lag > 0 and lag_applies):
         raise _fail(f"build_dkdv: convert_lag (a positive int) needs dq_convert, full "
                     f"attention, a dQ accumulator of width D (D=128) and at most two q blocks "
                     f"per dK/dV CTA, got convert_lag={convert_lag!r}, dq_convert={dq_convert!r}"
@@ -1378,10 +1377,7 @@ def build_prep(B, S, Hq, D, *, dtype="bf16", counters=False, width=None, lead=0,
         b = reg.from_(ptx.special.ctaid.z(), u32)
         q0 = reg.from_(ptx.special.ctaid.x(), u32) * BM
         po, pdo, plse, pstats, pacc = ptx.global_ptrs(OUT, DO, LSE, STATS, DQACC)
-        if lead:
-            with ptx.if_(hq // (Hq // Hkv) + Hkv * b < lead):
-                _prep_stats(po, pdo, plse, pstats, b, hq, q0, tid, S, Sp, Hq, D, dt)
-        else:
+        with _maybe_if(hq // (Hq // Hkv) + Hkv * b < lead if lead else None):
             _prep_stats(po, pdo, plse, pstats, b, hq, q0, tid, S, Sp, Hq, D, dt)
         if not counters:    # DQACC's 128 rows: a warp zeroes a row's 16-byte chunks per turn
             zero = reg.scalar(f32, init=0.0)
