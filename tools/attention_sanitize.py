@@ -1,7 +1,9 @@
 """A small ragged flash-attention forward for compute-sanitizer (memcheck, racecheck,
 synccheck): B=2, S=77, Hq=4, Hkv=2, head dims 64 and 128, causal and not, every schedule,
-the persistent kernel over 4 CTAs, plus a packed (varlen) batch, and each candidate of the
-tuned list (``ATTENTION_CONFIGS``); every output is checked against float64."""
+the persistent kernel over 4 CTAs, plus a packed (varlen) batch, each candidate of the
+tuned list (``ATTENTION_CONFIGS``) and three consumer warpgroups (``consumers=3``); every
+output is checked against float64. ``python tools/attention_sanitize.py consumers=3``: the
+last part only."""
 import sys
 from pathlib import Path
 
@@ -13,54 +15,79 @@ ROOT = Path(__file__).resolve().parents[1]
 fa = load_module(ROOT / "examples/hopper/flash_attention.py", "flash_attention_example")
 
 bad = 0
-for schedule in fa.SCHEDULES:
-    for D in (64, 128):
+
+
+def two_consumer_cases():
+    """Every schedule, persistent, varlen and tuned candidate (two consumers)."""
+    bad = 0
+    for schedule in fa.SCHEDULES:
+        for D in (64, 128):
+            for causal in (False, True):
+                q = torch.randn(2, 77, 4, D, device="cuda", dtype=torch.bfloat16)
+                k = torch.randn(2, 77, 2, D, device="cuda", dtype=torch.bfloat16)
+                v = torch.randn(2, 77, 2, D, device="cuda", dtype=torch.bfloat16)
+                o, lse = fa.attention_forward(q, k, v, causal=causal, schedule=schedule)
+                ok, eo, el = fa.check(o, lse, *fa.reference(q, k, v, causal), "bf16")
+                bad += not ok
+                print(schedule, D, "causal" if causal else "full", f"o err {eo:.1e} lse {el:.1e}",
+                      "PASS" if ok else "FAIL")
         for causal in (False, True):
-            q = torch.randn(2, 77, 4, D, device="cuda", dtype=torch.bfloat16)
-            k = torch.randn(2, 77, 2, D, device="cuda", dtype=torch.bfloat16)
-            v = torch.randn(2, 77, 2, D, device="cuda", dtype=torch.bfloat16)
-            o, lse = fa.attention_forward(q, k, v, causal=causal, schedule=schedule)
+            q = torch.randn(2, 77, 4, 128, device="cuda", dtype=torch.bfloat16)
+            k = torch.randn(2, 77, 2, 128, device="cuda", dtype=torch.bfloat16)
+            v = torch.randn(2, 77, 2, 128, device="cuda", dtype=torch.bfloat16)
+            kern = fa.build_attention(2, 77, 4, 2, 128, causal=causal, schedule=schedule,
+                                      persistent=True, num_sms=4)
+            o, lse = kern(q, k, v)
             ok, eo, el = fa.check(o, lse, *fa.reference(q, k, v, causal), "bf16")
             bad += not ok
-            print(schedule, D, "causal" if causal else "full", f"o err {eo:.1e} lse {el:.1e}",
+            print(schedule, "persistent", "causal" if causal else "full",
+                  f"o err {eo:.1e} lse {el:.1e}", "PASS" if ok else "FAIL")
+        lens = [77, 1, 130]
+        cu = torch.tensor([0, 77, 78, 208], device="cuda", dtype=torch.int32)
+        q = torch.randn(208, 4, 128, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(208, 2, 128, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(208, 2, 128, device="cuda", dtype=torch.bfloat16)
+        o, lse = fa.attention_varlen_forward(q, k, v, cu, cu, max(lens), max(lens), causal=True,
+                                             schedule=schedule)
+        ok, eo, el = fa.check(o, lse, *fa.reference_varlen(q, k, v, cu, cu, True), "bf16")
+        bad += not ok
+        print(schedule, "varlen", f"o err {eo:.1e} lse {el:.1e}", "PASS" if ok else "FAIL")
+    # the tuned list's candidates (ATTENTION_CONFIGS) that fit each head dim, at a length that
+    # leaves a partial key block for every BN
+    for cfg in fa.ATTENTION_CONFIGS[1:]:
+        for D in (64, 128):
+            q = torch.randn(1, 300, 2, D, device="cuda", dtype=torch.bfloat16)
+            k = torch.randn(1, 300, 1, D, device="cuda", dtype=torch.bfloat16)
+            v = torch.randn(1, 300, 1, D, device="cuda", dtype=torch.bfloat16)
+            try:
+                kern = fa.build_attention(1, 300, 2, 1, D, causal=True, **cfg.kwargs)
+            except fa.ConfigError:
+                continue  # a config that does not fit this head dim
+            o, lse = kern(q, k, v)
+            ok, eo, el = fa.check(o, lse, *fa.reference(q, k, v, True), "bf16")
+            bad += not ok
+            print("tuned candidate", cfg.kwargs, D, f"o err {eo:.1e} lse {el:.1e}",
                   "PASS" if ok else "FAIL")
+    return bad
+
+
+if "consumers=3" not in sys.argv[1:]:
+    bad += two_consumer_cases()
+# three consumer warpgroups (192-row blocks): every schedule, dense and persistent over 4 CTAs
+for schedule in fa.SCHEDULES:
     for causal in (False, True):
-        q = torch.randn(2, 77, 4, 128, device="cuda", dtype=torch.bfloat16)
-        k = torch.randn(2, 77, 2, 128, device="cuda", dtype=torch.bfloat16)
-        v = torch.randn(2, 77, 2, 128, device="cuda", dtype=torch.bfloat16)
-        kern = fa.build_attention(2, 77, 4, 2, 128, causal=causal, schedule=schedule,
-                                  persistent=True, num_sms=4)
-        o, lse = kern(q, k, v)
-        ok, eo, el = fa.check(o, lse, *fa.reference(q, k, v, causal), "bf16")
-        bad += not ok
-        print(schedule, "persistent", "causal" if causal else "full",
-              f"o err {eo:.1e} lse {el:.1e}", "PASS" if ok else "FAIL")
-    lens = [77, 1, 130]
-    cu = torch.tensor([0, 77, 78, 208], device="cuda", dtype=torch.int32)
-    q = torch.randn(208, 4, 128, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(208, 2, 128, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn(208, 2, 128, device="cuda", dtype=torch.bfloat16)
-    o, lse = fa.attention_varlen_forward(q, k, v, cu, cu, max(lens), max(lens), causal=True,
-                                         schedule=schedule)
-    ok, eo, el = fa.check(o, lse, *fa.reference_varlen(q, k, v, cu, cu, True), "bf16")
-    bad += not ok
-    print(schedule, "varlen", f"o err {eo:.1e} lse {el:.1e}", "PASS" if ok else "FAIL")
-# the tuned list's candidates (ATTENTION_CONFIGS) that fit each head dim, at a length that
-# leaves a partial key block for every BN
-for cfg in fa.ATTENTION_CONFIGS[1:]:
-    for D in (64, 128):
-        q = torch.randn(1, 300, 2, D, device="cuda", dtype=torch.bfloat16)
-        k = torch.randn(1, 300, 1, D, device="cuda", dtype=torch.bfloat16)
-        v = torch.randn(1, 300, 1, D, device="cuda", dtype=torch.bfloat16)
-        try:
-            kern = fa.build_attention(1, 300, 2, 1, D, causal=True, **cfg.kwargs)
-        except fa.ConfigError:
-            continue  # a config that does not fit this head dim
-        o, lse = kern(q, k, v)
-        ok, eo, el = fa.check(o, lse, *fa.reference(q, k, v, True), "bf16")
-        bad += not ok
-        print("tuned candidate", cfg.kwargs, D, f"o err {eo:.1e} lse {el:.1e}",
-              "PASS" if ok else "FAIL")
+        q = torch.randn(2, 300, 4, 64, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(2, 300, 2, 64, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(2, 300, 2, 64, device="cuda", dtype=torch.bfloat16)
+        for persistent in (False, True):
+            kern = fa.build_attention(2, 300, 4, 2, 64, causal=causal, schedule=schedule,
+                                      consumers=3, persistent=persistent, num_sms=4)
+            o, lse = kern(q, k, v)
+            ok, eo, el = fa.check(o, lse, *fa.reference(q, k, v, causal), "bf16")
+            bad += not ok
+            print(schedule, "consumers=3", "persistent" if persistent else "",
+                  "causal" if causal else "full", f"o err {eo:.1e} lse {el:.1e}",
+                  "PASS" if ok else "FAIL")
 torch.cuda.synchronize()
 print("FAIL" if bad else "all PASS")
 sys.exit(1 if bad else 0)

@@ -6,10 +6,12 @@ median. Says whether the tuner's pick (chosen from do_bench bursts) is the faste
 in the paired measure.
 
     python tools/attn_fwd_paired.py [--dims 64] [--seqs 4096 8192] [--masks causal] [--pairs 15]
+                                    [--extra '[{"consumers": 3}]']   (more configs, JSON)
 """
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -30,6 +32,8 @@ def main(argv=None) -> int:
     p.add_argument("--seqs", nargs="+", type=int, default=[4096, 8192])
     p.add_argument("--masks", nargs="+", default=["causal", "full"])
     p.add_argument("--pairs", type=int, default=15)
+    p.add_argument("--extra", type=json.loads, default=[],
+                   help="a JSON list of further attention_forward keyword sets to time")
     a = p.parse_args(argv)
     fa = load_attention()
     print(f"# forward configs over cuDNN on {torch.cuda.get_device_name()}: paired median "
@@ -45,7 +49,8 @@ def main(argv=None) -> int:
                 flops = 4.0 * B * H * S * S * D * (0.5 if causal else 1.0)
                 args = (q, k, v)
                 fns = {"tuned default": lambda a=args, c=causal: fa.attention_forward(*a, causal=c)}
-                for cfg in fa.ATTENTION_CONFIGS + [fa.Config(persistent=True)]:
+                extra = [fa.Config(**kw) for kw in a.extra]
+                for cfg in fa.ATTENTION_CONFIGS + [fa.Config(persistent=True)] + extra:
                     kw = dict(cfg.kwargs)
                     kw.setdefault("schedule", fa.DEFAULT_SCHEDULE)
                     name = ",".join(f"{n}={v}" for n, v in kw.items())

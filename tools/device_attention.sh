@@ -6,7 +6,7 @@
 #   run(command="bash tools/device_attention.sh", carry=[".whl"])
 #   knobs: STEPS="example tests jax bench sanitize", SCHEDULES="simple overlap pingpong",
 #          PERSISTENT=" " (skip the example's persistent pass),
-#          SAN_TOOLS="memcheck", SAN_TIMEOUT=180 (per tool),
+#          SAN_TOOLS="memcheck", SAN_TIMEOUT=180 (per tool), SAN_ARGS="consumers=3" (that part only),
 #          BENCH_ARGS="--dims 128 --seqs 8192" (default: the default call and the persistent
 #          kernel as two columns), INSTALL=0 (skip tools/device_install.sh)
 #   step "ab" (issue 17, hd128 speed; docs/dev/attention.md): the example's checks with the
@@ -55,7 +55,7 @@ for s in $STEPS; do
     sanitize)
       for tool in ${SAN_TOOLS:-memcheck racecheck synccheck}; do
         timeout ${SAN_TIMEOUT:-180} compute-sanitizer --tool $tool --report-api-errors no \
-          python3 tools/attention_sanitize.py 2>&1 | tee "$OUT/attention-sanitize-$tool.log" | tail -4
+          python3 tools/attention_sanitize.py ${SAN_ARGS:-} 2>&1 | tee "$OUT/attention-sanitize-$tool.log" | tail -4
       done ;;
   esac
 done

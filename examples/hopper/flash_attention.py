@@ -62,17 +62,18 @@ from pyptx.pipeline import BarrierArray, Pipeline
 from pyptx.source import where_outside
 from pyptx.types import b32, f16, f32, pred, s32, u32, u64
 from pyptx.types import bf16 as t_bf16
-from pyptx.warpspec import Roles, ring_base, thread_ids
+from pyptx.warpspec import Roles, register_budget, ring_base, thread_ids
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
-BM = 128                    # query rows per CTA (64 per consumer warpgroup)
+BM = 128                    # query rows per CTA by default (64 per consumer warpgroup)
+CONSUMERS = (2, 3)          # consumer warpgroups per CTA (``consumers=``): 128 or 192 rows
 SMEM_LIMIT = 227 * 1024 - 256
 H100_SMS = 132
 SCHEDULES = ("simple", "overlap", "pingpong")
 DEFAULT_SCHEDULE = "pingpong"
 DEFAULT_PERSISTENT = False  # one CTA per query block (hardware-scheduled, longest first)
-SCHED_BAR = 3               # named barriers 3 and 4: the consumers' turns (1-2: epilogues)
+SCHED_BAR = 3               # two consumers: named barriers 3-4 take turns (1-2: epilogues)
 NEG_INF = float("-inf")
 MAX_RESCALE_THRESHOLD = 16  # log2 units: P values stay <= 2**16, sums far from f32 overflow
 #: The default ``rescale_threshold`` (log2 units): +1-4% on the H100 at every benchmark row
@@ -99,27 +100,44 @@ def default_bn(D):
     return 64 if D > 128 else 128
 
 
-def smem_bytes(D, BN, stages, persistent=False):
-    """Dynamic shared memory: the Q block, ``stages`` K and V buffers, an O staging block
-    when persistent (otherwise O is staged in Q's place), 1024 B of alignment."""
-    return BM * D * 2 * (2 if persistent else 1) + 2 * stages * BN * D * 2 + 1024
+def smem_bytes(D, BN, stages, persistent=False, consumers=2):
+    """Dynamic shared memory: the Q block (64 rows per consumer warpgroup), ``stages`` K and
+    V buffers, an O staging block when persistent (otherwise O is staged in Q's place),
+    1024 B of alignment."""
+    return 64 * consumers * D * 2 * (2 if persistent else 1) + 2 * stages * BN * D * 2 + 1024
 
 
-def _check(D, BN, stages, schedule, persistent=False):
+def consumer_regs(consumers):
+    """``(maxnreg, registers per consumer thread)`` of a CTA with ``consumers`` consumer
+    warpgroups and a 24-register producer (``pyptx.warpspec.register_budget``)."""
+    return register_budget(consumers, producer_regs=24)
+
+
+#: Per consumer count: the most of ``3*BN/4`` (S and P) plus ``D/2`` (O) registers a thread
+#: may hold, leaving the rest of ``consumer_regs`` for addresses and softmax state.
+FRAGMENT_ROOM = {2: 200, 3: 128}
+
+
+def _check(D, BN, stages, schedule, persistent=False, consumers=2):
     if D not in (64, 128, 256):
         raise _fail(f"flash attention: head dim must be 64, 128 or 256, got {D!r}")
+    if isinstance(consumers, bool) or consumers not in CONSUMERS:
+        raise _fail(f"flash attention: consumers must be one of {CONSUMERS} (consumer "
+                    f"warpgroups of 64 query rows each), got {consumers!r}")
+    room = FRAGMENT_ROOM[consumers]
     if isinstance(BN, bool) or not isinstance(BN, int) or BN % 16 or not 64 <= BN <= 256 \
-            or 3 * BN // 4 + D // 2 > 200:
-        raise _fail(f"flash attention: BN={BN!r} keys per block does not fit head dim {D}: "
-                          f"expected a multiple of 16 in 64..256 whose registers (3*BN/4 for S "
-                          f"and P, D/2 for O) stay under 200 per thread")
+            or 3 * BN // 4 + D // 2 > room:
+        raise _fail(f"flash attention: BN={BN!r} keys per block does not fit head dim {D} "
+                    f"with {consumers} consumer warpgroups: expected a multiple of 16 in "
+                    f"64..256 whose registers (3*BN/4 for S and P, D/2 for O) stay under "
+                    f"{room} per thread")
     if schedule not in SCHEDULES:
         raise _fail(f"flash attention: schedule must be one of {SCHEDULES}, got {schedule!r}")
-    if smem_bytes(D, BN, stages, persistent) > SMEM_LIMIT:
+    need = smem_bytes(D, BN, stages, persistent, consumers)
+    if need > SMEM_LIMIT:
         raise _fail(f"flash attention: D={D}, BN={BN}, {stages} stages"
-                          f"{', persistent' if persistent else ''} need "
-                          f"{smem_bytes(D, BN, stages, persistent)} bytes of shared memory, over "
-                          f"{SMEM_LIMIT}")
+                    f"{', persistent' if persistent else ''}, {consumers} consumers need "
+                    f"{need} bytes of shared memory, over {SMEM_LIMIT}")
 
 
 def _check_opts(pin_overlap, rescale_threshold):
@@ -142,6 +160,11 @@ def _opts_tag(pin_overlap, rescale_threshold):
     elif rescale_threshold != RESCALE_THRESHOLD:
         tag += f"_rt{rescale_threshold:g}".replace(".", "p")
     return tag
+
+
+def _consumers_tag(consumers):
+    """Kernel-name suffix of the consumer warpgroup count (empty for the default 2)."""
+    return "" if consumers == 2 else f"_c{consumers}"
 
 
 def _schedule(schedule, default=DEFAULT_SCHEDULE):
@@ -187,11 +210,11 @@ def _max(a, b):
     return d
 
 
-def block_plan(m0, seqlen_q, seqlen_k, BN, causal):
-    """``(n_blocks, n_unmasked)`` of the query block at row ``m0``: KV blocks ``0..n_blocks``
-    are visited, the first ``n_unmasked`` need no mask. Ints in, ints out (the CPU model);
-    registers in, registers out (the kernel) - one definition for both."""
-    last = _min(seqlen_k, _min(m0 + BM, seqlen_q)) if causal else seqlen_k  # keys visited
+def block_plan(m0, seqlen_q, seqlen_k, BN, causal, bm=BM):
+    """``(n_blocks, n_unmasked)`` of the ``bm``-row query block at row ``m0``: KV blocks
+    ``0..n_blocks`` are visited, the first ``n_unmasked`` need no mask. Ints in, ints out
+    (the CPU model); registers in, registers out (the kernel) - one definition for both."""
+    last = _min(seqlen_k, _min(m0 + bm, seqlen_q)) if causal else seqlen_k  # keys visited
     n_blocks = (last + (BN - 1)) // BN
     full = seqlen_k // BN                       # blocks with no key past the end
     if causal:                                  # and none past the diagonal of row m0
@@ -236,12 +259,13 @@ def _when_positive(value):
 # ------------------------------------------------------------------ the kernel
 def _body(Q, K, V, CUQ, CUK, Out, LSE, *, dims, varlen, pin_overlap=False,
           rescale_threshold=RESCALE_THRESHOLD):
-    (B, S, Sk, Hq, Hkv, D, BN, stages, causal, scale, schedule, dt, Tq, ctas) = dims
+    (B, S, Sk, Hq, Hkv, D, BN, stages, causal, scale, schedule, dt, Tq, ctas, wgs) = dims
+    bm = 64 * wgs
     lazy = rescale_threshold is not None
     persistent = ctas is not None
     group = Hq // Hkv
     slabs = D // 64
-    q_tile = OperandTile(BM, D, dt, major="K", swizzle=128)
+    q_tile = OperandTile(bm, D, dt, major="K", swizzle=128)
     k_tile = OperandTile(BN, D, dt, major="K", swizzle=128)
     v_tile = OperandTile(D, BN, dt, major="MN", swizzle=128)
     kv_bytes = k_tile.nbytes
@@ -249,7 +273,7 @@ def _body(Q, K, V, CUQ, CUK, Out, LSE, *, dims, varlen, pin_overlap=False,
     sl2 = float(scale) * LOG2E
     overlap = schedule in ("overlap", "pingpong")
     pingpong = schedule == "pingpong"
-    num_m = -(-S // BM)
+    num_m = -(-S // bm)
 
     tid, wg = thread_ids()
     cx = reg.from_(ptx.special.ctaid.x(), s32)
@@ -265,7 +289,7 @@ def _body(Q, K, V, CUQ, CUK, Out, LSE, *, dims, varlen, pin_overlap=False,
             b = bh // Hq
             h = bh - b * Hq
         mb = (num_m - 1) - mi if causal else mi   # causal: the longest rows first
-        x = dict(h=h, b=b, m0=mb * BM, hk=h // group if group > 1 else h, q_start=None,
+        x = dict(h=h, b=b, m0=mb * bm, hk=h // group if group > 1 else h, q_start=None,
                  k_start=None, seqlen_q=S, seqlen_k=Sk)
         if varlen:
             pq, pk = ptx.global_ptrs(CUQ, CUK)
@@ -276,12 +300,12 @@ def _body(Q, K, V, CUQ, CUK, Out, LSE, *, dims, varlen, pin_overlap=False,
             ptx.inst.ld.global_.nc.s32(k_end, ptx.addr(pk + b * 4 + 4))
             x.update(q_start=q_start, k_start=k_start, seqlen_q=q_end - q_start,
                      seqlen_k=k_end - k_start)
-            ptx.ret(pred=mi * BM >= x["seqlen_q"])  # the whole CTA leaves together
+            ptx.ret(pred=mi * bm >= x["seqlen_q"])  # the whole CTA leaves together
             if causal:  # the grid covers max_seqlen_q: reverse within this sequence's blocks
-                nq = (x["seqlen_q"] + (BM - 1)) // BM
-                x["m0"] = ((nq - 1) - mi) * BM
+                nq = (x["seqlen_q"] + (bm - 1)) // bm
+                x["m0"] = ((nq - 1) - mi) * bm
         x["n_blocks"], x["n_unmasked"] = block_plan(x["m0"], x["seqlen_q"], x["seqlen_k"], BN,
-                                                    causal)
+                                                    causal, bm)
         return x
 
     one = None if persistent else tile()
@@ -300,11 +324,11 @@ def _body(Q, K, V, CUQ, CUK, Out, LSE, *, dims, varlen, pin_overlap=False,
     v_base = k_base + stages * kv_bytes
     o_base = v_base + stages * kv_bytes if persistent else q_base  # O staged in Q otherwise
     q_bar = BarrierArray(2, name="q_bar")       # [0]: Q landed, [1]: Q free again
-    kpipe = Pipeline(stages, consumer_arrivals=2)
-    vpipe = Pipeline(stages, consumer_arrivals=2)
+    kpipe = Pipeline(stages, consumer_arrivals=wgs)
+    vpipe = Pipeline(stages, consumer_arrivals=wgs)
     with ptx.if_(tid == 0):
         ptx.mbarrier.init(q_bar.at(0), 1)
-        ptx.mbarrier.init(q_bar.at(1), 2)
+        ptx.mbarrier.init(q_bar.at(1), wgs)
     kpipe.init(pred=tid == 0)
     vpipe.init(pred=tid == 0)
     ptx.bar_sync(0)
@@ -344,7 +368,7 @@ def _body(Q, K, V, CUQ, CUK, Out, LSE, *, dims, varlen, pin_overlap=False,
                                           tma_coords(i, krow, x["hk"], x["b"]), bar)
                     st.advance()
     # ------------------------------------------------------------------ consumers
-    roles.consumers(240)
+    roles.consumers(consumer_regs(wgs)[1])
     w = wg - 1
     t_wg = tid & 127
     lane = tid & 31
@@ -365,9 +389,16 @@ def _body(Q, K, V, CUQ, CUK, Out, LSE, *, dims, varlen, pin_overlap=False,
     v_desc0 = v_tile.descriptor(v_base)
     kst = kpipe.consumer_state()
     vst = vpipe.consumer_state()
-    bar_mine = reg.from_(w, u32) + SCHED_BAR
-    bar_other = (SCHED_BAR + 1) - reg.from_(w, u32)
+    sched_bar = SCHED_BAR if wgs == 2 else wgs + 1   # past the epilogues' barriers 1..wgs
+    bar_mine = reg.from_(w, u32) + sched_bar
+    if wgs == 2:
+        bar_other = (sched_bar + 1) - reg.from_(w, u32)
+    else:                        # turns go round: warpgroup w passes to w + 1 (mod wgs)
+        nxt = reg.from_(w, u32) + 1
+        ptx.inst.selp.u32(nxt, 0, nxt, nxt == wgs)
+        bar_other = nxt + sched_bar
     first_wg = w == 0
+    last_wg = ~first_wg if wgs == 2 else w == wgs - 1
     bar_id = reg.from_(w, u32) + 1
     q_full = reg.scalar(u32, init=0)
     (plse,) = ptx.global_ptrs(LSE)
@@ -466,10 +497,10 @@ def _body(Q, K, V, CUQ, CUK, Out, LSE, *, dims, varlen, pin_overlap=False,
                 ptx.inst(f"cvt.rn.{dt.name}x2.f32")(p_regs[4 * kk + q], s_acc[hi], s_acc[lo])
 
     # ping-pong turns, one per batch of GEMMs: a warpgroup waits for its turn (bar.sync on
-    # its barrier), issues, and passes the turn (bar.arrive on the other's). Warpgroup 1
-    # gives the first turn away before its first batch and warpgroup 0 takes the last one
-    # back after its last, so every arrive meets one sync and two arrives on one barrier
-    # are always separated by the other side's sync.
+    # its barrier), issues, and passes the turn (bar.arrive on the next one's). The last
+    # warpgroup gives the first turn to warpgroup 0 before its first batch and warpgroup 0
+    # takes the last one back after its last, so every arrive meets one sync and two
+    # arrives on one barrier are always separated by its owner's sync.
     def sched_wait():
         if pingpong:
             ptx.bar_sync(bar_mine, 256)
@@ -507,7 +538,7 @@ def _body(Q, K, V, CUQ, CUK, Out, LSE, *, dims, varlen, pin_overlap=False,
         rescale_and_pack()
 
     if pingpong:
-        ptx.bar_arrive(SCHED_BAR, 256, pred=~first_wg)
+        ptx.bar_arrive(sched_bar, 256, pred=last_wg)
     for x in tiles():
         n_blocks, n_unmasked = x["n_blocks"], x["n_unmasked"]
         seqlen_q, h, b = x["seqlen_q"], x["h"], x["b"]
@@ -599,7 +630,7 @@ def _body(Q, K, V, CUQ, CUK, Out, LSE, *, dims, varlen, pin_overlap=False,
                 ptx.tma.store_tile(omap, (i * 64, h, wrow, b), obuf + i * q_tile.slab_bytes)
             ptx.tma.commit_group()
     if pingpong:
-        ptx.bar_sync(SCHED_BAR, 256, pred=first_wg)
+        ptx.bar_sync(sched_bar, 256, pred=first_wg)
     if not varlen:
         ptx.tma.wait_group(0, read=False, pred=leader)
     roles.end()
@@ -608,38 +639,43 @@ def _body(Q, K, V, CUQ, CUK, Out, LSE, *, dims, varlen, pin_overlap=False,
 
 def build_attention(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None,
                     BN=None, stages=2, schedule=None, persistent=False, num_sms=H100_SMS,
-                    pin_overlap=False, rescale_threshold=RESCALE_THRESHOLD):
+                    pin_overlap=False, rescale_threshold=RESCALE_THRESHOLD, consumers=2):
     """The forward kernel for ``q (B, S, Hq, D)``, ``k, v (B, Sk, Hkv, D)``: returns
     ``o (B, S, Hq, D)`` and ``lse (B, Hq, S)`` f32. ``scale`` defaults to ``1/sqrt(D)``;
     ``causal`` masks key ``j > i`` (top-left aligned). ``BN`` keys per block, ``stages``
     K and V buffers each, ``schedule`` one of ``SCHEDULES`` (default ``DEFAULT_SCHEDULE``
     or ``$PYPTX_ATTN_SCHEDULE``). ``persistent``: ``num_sms`` CTAs walk the query blocks
     (heads outermost, longest rows first), loading the next block's Q and K/V while the
-    current one's output is stored; otherwise one CTA per query block. ``pin_overlap``,
+    current one's output is stored; otherwise one CTA per query block. ``consumers``: 2
+    or 3 consumer warpgroups of 64 query rows each (3: 192-row blocks, 160 registers per
+    consumer thread instead of 240; ``FRAGMENT_ROOM``). ``pin_overlap``,
     ``rescale_threshold``: opt-in tuning options (module docstring)."""
     dt = _dtype(dtype)
     pin_overlap, rescale_threshold = _check_opts(pin_overlap, rescale_threshold)
     Sk = S if Sk is None else Sk
     BN = BN or default_bn(D)
     schedule = _schedule(schedule)
-    _check(D, BN, stages, schedule, persistent)
+    _check(D, BN, stages, schedule, persistent, consumers)
     if Hq % Hkv:
         raise _fail(f"flash attention: Hq={Hq} is not a multiple of Hkv={Hkv}")
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    num_m = -(-S // BM)
+    bm = 64 * consumers
+    num_m = -(-S // bm)
     ctas = min(num_m * Hq * B, num_sms) if persistent else None
-    dims = (B, S, Sk, Hq, Hkv, D, BN, stages, causal, scale, schedule, dt, None, ctas)
-    tma = {"Q": dict(box=(1, BM, 1, 64), swizzle="128B"),
+    dims = (B, S, Sk, Hq, Hkv, D, BN, stages, causal, scale, schedule, dt, None, ctas, consumers)
+    tma = {"Q": dict(box=(1, bm, 1, 64), swizzle="128B"),
            "K": dict(box=(1, BN, 1, 64), swizzle="128B"),
            "V": dict(box=(1, BN, 1, 64), swizzle="128B"),
            "Out": dict(box=(1, 64, 1, 64), swizzle="128B")}
     name = (f"flash_fwd_{dt.name}_d{D}_bn{BN}_s{stages}_{schedule}"
             f"{'_causal' if causal else ''}_g{Hq // Hkv}{'_persistent' if persistent else ''}"
-            f"{_opts_tag(pin_overlap, rescale_threshold)}")
+            f"{_opts_tag(pin_overlap, rescale_threshold)}{_consumers_tag(consumers)}")
     deco = kernel(in_specs=(Tile(B, S, Hq, D, dt), Tile(B, Sk, Hkv, D, dt), Tile(B, Sk, Hkv, D, dt)),
                   out_specs=(Tile(B, S, Hq, D, dt), Tile(B, Hq, S, f32)),
-                  grid=(ctas, 1, 1) if persistent else (num_m, Hq, B), block=(384, 1, 1),
-                  smem=smem_bytes(D, BN, stages, persistent), maxnreg=168, tma=tma, name=name)
+                  grid=(ctas, 1, 1) if persistent else (num_m, Hq, B),
+                  block=(128 * (1 + consumers), 1, 1),
+                  smem=smem_bytes(D, BN, stages, persistent, consumers),
+                  maxnreg=consumer_regs(consumers)[0], tma=tma, name=name)
 
     def flash_fwd(Q, K, V, Out, LSE):
         _body(Q, K, V, None, None, Out, LSE, dims=dims, varlen=False, pin_overlap=pin_overlap,
@@ -649,29 +685,34 @@ def build_attention(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, sc
 
 def build_attention_varlen(Tq, Tk, B, Hq, Hkv, D, max_seqlen_q, *, dtype="bf16", causal=False,
                            scale=None, BN=None, stages=2, schedule=None, pin_overlap=False,
-                           rescale_threshold=RESCALE_THRESHOLD):
+                           rescale_threshold=RESCALE_THRESHOLD, consumers=2):
     """The packed variable-length forward kernel: ``q (Tq, Hq, D)``, ``k, v (Tk, Hkv, D)``,
     ``cu_seqlens_q``/``cu_seqlens_k`` int32 ``(B + 1,)``; returns ``o (Tq, Hq, D)`` and
-    ``lse (Hq, Tq)`` f32. The grid covers ``max_seqlen_q`` rows per sequence."""
+    ``lse (Hq, Tq)`` f32. The grid covers ``max_seqlen_q`` rows per sequence; the options
+    are ``build_attention``'s."""
     dt = _dtype(dtype)
     pin_overlap, rescale_threshold = _check_opts(pin_overlap, rescale_threshold)
     BN = BN or default_bn(D)
     schedule = _schedule(schedule)
-    _check(D, BN, stages, schedule)
+    _check(D, BN, stages, schedule, consumers=consumers)
     if Hq % Hkv:
         raise _fail(f"flash attention: Hq={Hq} is not a multiple of Hkv={Hkv}")
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    dims = (B, max_seqlen_q, None, Hq, Hkv, D, BN, stages, causal, scale, schedule, dt, Tq, None)
-    tma = {"Q": dict(box=(BM, 1, 64), swizzle="128B"),
+    bm = 64 * consumers
+    dims = (B, max_seqlen_q, None, Hq, Hkv, D, BN, stages, causal, scale, schedule, dt, Tq, None,
+            consumers)
+    tma = {"Q": dict(box=(bm, 1, 64), swizzle="128B"),
            "K": dict(box=(BN, 1, 64), swizzle="128B"),
            "V": dict(box=(BN, 1, 64), swizzle="128B")}
     name = (f"flash_fwd_varlen_{dt.name}_d{D}_bn{BN}_s{stages}_{schedule}"
-            f"{'_causal' if causal else ''}_g{Hq // Hkv}{_opts_tag(pin_overlap, rescale_threshold)}")
+            f"{'_causal' if causal else ''}_g{Hq // Hkv}{_opts_tag(pin_overlap, rescale_threshold)}"
+            f"{_consumers_tag(consumers)}")
     deco = kernel(in_specs=(Tile(Tq, Hq, D, dt), Tile(Tk, Hkv, D, dt), Tile(Tk, Hkv, D, dt),
                             Tile(B + 1, s32), Tile(B + 1, s32)),
                   out_specs=(Tile(Tq, Hq, D, dt), Tile(Hq, Tq, f32)),
-                  grid=(-(-max_seqlen_q // BM), Hq, B), block=(384, 1, 1),
-                  smem=smem_bytes(D, BN, stages), maxnreg=168, tma=tma, name=name)
+                  grid=(-(-max_seqlen_q // bm), Hq, B), block=(128 * (1 + consumers), 1, 1),
+                  smem=smem_bytes(D, BN, stages, consumers=consumers),
+                  maxnreg=consumer_regs(consumers)[0], tma=tma, name=name)
 
     def flash_fwd_varlen(Q, K, V, CUQ, CUK, Out, LSE):
         _body(Q, K, V, CUQ, CUK, Out, LSE, dims=dims, varlen=True, pin_overlap=pin_overlap,
@@ -718,11 +759,11 @@ attention_tuned = autotune(ATTENTION_CONFIGS, key=[
 
 @functools.lru_cache(maxsize=128)
 def _forward(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, schedule, BN, stages, persistent=False,
-             pin_overlap=False, rescale_threshold=RESCALE_THRESHOLD):
+             pin_overlap=False, rescale_threshold=RESCALE_THRESHOLD, consumers=None):
     kw = dict(Sk=Sk, dtype=dtype, causal=causal, scale=scale, persistent=persistent,
               pin_overlap=pin_overlap, rescale_threshold=rescale_threshold)
-    given = {k: v for k, v in (("schedule", schedule), ("BN", BN), ("stages", stages))
-             if v is not None}
+    given = {k: v for k, v in (("schedule", schedule), ("BN", BN), ("stages", stages),
+                               ("consumers", consumers)) if v is not None}
     if not given:
         return attention_tuned(B, S, Hq, Hkv, D, **kw)
     return build_attention(B, S, Hq, Hkv, D, **kw, **given)
@@ -731,7 +772,7 @@ def _forward(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, schedule, BN, stages, p
 @functools.lru_cache(maxsize=128)
 def _differentiable(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, schedule, BN, stages,
                     persistent=False, pin_overlap=False, rescale_threshold=RESCALE_THRESHOLD,
-                    deterministic=True):
+                    deterministic=True, consumers=None):
     """The forward kernel wrapped with the backward one, or the bare forward kernel when the
     backward example or ``differentiable_kernel(save_outputs=)`` is not available.
     The backward for torch eager calls: at D=128, the dK/dV kernel also adds dQ, with TMA
@@ -744,7 +785,7 @@ def _differentiable(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, schedule, BN, st
     ``torch.compile`` traces run the seven-product pair (``AttentionBackward.fallback``), as
     does a size the faster kernel refuses."""
     fwd = _forward(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, schedule, BN, stages, persistent,
-                   pin_overlap, rescale_threshold)
+                   pin_overlap, rescale_threshold, consumers)
     bwd_mod = _bwd_module()
     if bwd_mod is None:
         return fwd
@@ -798,27 +839,30 @@ def _contiguous(*xs):
 
 
 def attention_forward(q, k, v, causal=False, scale=None, *, schedule=None, BN=None, stages=None,
-                      persistent=None, pin_overlap=False, rescale_threshold=RESCALE_THRESHOLD):
+                      persistent=None, pin_overlap=False, rescale_threshold=RESCALE_THRESHOLD,
+                      consumers=None):
     """``(o, lse)`` of the forward kernel (no autograd): ``o (B, S, Hq, D)``, ``lse (B, Hq, S)``
     float32, natural log of each row's sum of ``exp(scale * q.k)``. With none of
-    ``schedule``, ``BN``, ``stages`` given, they are tuned per shape (``ATTENTION_CONFIGS``)."""
+    ``schedule``, ``BN``, ``stages``, ``consumers`` given, they are tuned per shape
+    (``ATTENTION_CONFIGS``)."""
     B, S, Hq, Hkv, D, Sk, name = _shapes(q, k, v)
     sc = 1.0 / math.sqrt(D) if scale is None else float(scale)
     k_ = _forward(B, S, Hq, Hkv, D, Sk, name, bool(causal), sc, *_tuning(schedule, BN, stages),
-                  _persistent(persistent, D), *_check_opts(pin_overlap, rescale_threshold))
+                  _persistent(persistent, D), *_check_opts(pin_overlap, rescale_threshold),
+                  consumers)
     return k_(*_contiguous(q, k, v))
 
 
 def attention(q, k, v, causal=False, scale=None, *, schedule=None, BN=None, stages=None,
               persistent=None, pin_overlap=False, rescale_threshold=RESCALE_THRESHOLD,
-              deterministic=True):
+              deterministic=True, consumers=None):
     """Flash attention ``softmax(scale * q k^T) v`` (torch tensors or JAX arrays):
     ``q (B, S, Hq, D)``, ``k, v (B, Sk, Hkv, D)`` with ``Hq % Hkv == 0``, bf16 or f16,
     ``D`` in 64/128/256. ``causal``: key ``j`` allowed for query ``i`` iff ``j <= i``.
     ``scale`` defaults to ``1/sqrt(D)``. Differentiable in ``q, k, v`` when the backward
-    kernels are available. ``schedule``, ``BN``, ``stages``, ``persistent``, ``pin_overlap``,
-    ``rescale_threshold``: see ``build_attention``; with none of the first three given, the
-    forward's tile options are tuned per shape on the device (``ATTENTION_CONFIGS``,
+    kernels are available. ``schedule``, ``BN``, ``stages``, ``consumers``, ``persistent``,
+    ``pin_overlap``, ``rescale_threshold``: see ``build_attention``; with none of the first
+    four given, the forward's tile options are tuned per shape on the device (``ATTENTION_CONFIGS``,
     ``pyptx.autotune``; ``PYPTX_AUTOTUNE=0`` takes the defaults). ``deterministic=False``: a faster
     backward whose dQ sums come in run-dependent order (last bits vary between runs;
     torch eager only: JAX and ``torch.compile`` raise ``ConfigError``)."""
@@ -826,21 +870,23 @@ def attention(q, k, v, causal=False, scale=None, *, schedule=None, BN=None, stag
     sc = 1.0 / math.sqrt(D) if scale is None else float(scale)
     fn = _differentiable(B, S, Hq, Hkv, D, Sk, name, bool(causal), sc,
                          *_tuning(schedule, BN, stages), _persistent(persistent, D),
-                         *_check_opts(pin_overlap, rescale_threshold), bool(deterministic))
+                         *_check_opts(pin_overlap, rescale_threshold), bool(deterministic),
+                         consumers)
     return fn(*_contiguous(q, k, v))[0]
 
 
 @functools.lru_cache(maxsize=128)
 def _varlen(Tq, Tk, B, Hq, Hkv, D, max_q, dtype, causal, scale, schedule, BN, stages,
-            pin_overlap=False, rescale_threshold=RESCALE_THRESHOLD):
+            pin_overlap=False, rescale_threshold=RESCALE_THRESHOLD, consumers=2):
     return build_attention_varlen(Tq, Tk, B, Hq, Hkv, D, max_q, dtype=dtype, causal=causal,
                                   scale=scale, BN=BN, stages=stages, schedule=schedule,
-                                  pin_overlap=pin_overlap, rescale_threshold=rescale_threshold)
+                                  pin_overlap=pin_overlap, rescale_threshold=rescale_threshold,
+                                  consumers=consumers)
 
 
 def attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                              causal=False, scale=None, *, schedule=None, BN=None, stages=2,
-                             pin_overlap=False, rescale_threshold=RESCALE_THRESHOLD):
+                             pin_overlap=False, rescale_threshold=RESCALE_THRESHOLD, consumers=2):
     """``(o, lse)`` of the packed variable-length forward: ``o (Tq, Hq, D)``, ``lse (Hq, Tq)``."""
     if len(q.shape) != 3 or len(k.shape) != 3 or tuple(k.shape) != tuple(v.shape):
         raise _fail(f"attention_varlen expects q (Tq, Hq, D) and k, v (Tk, Hkv, D), got "
@@ -858,7 +904,7 @@ def attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
     sc = 1.0 / math.sqrt(D) if scale is None else float(scale)
     k_ = _varlen(Tq, Tk, B, Hq, Hkv, D, int(max_seqlen_q), name, bool(causal), sc,
                  _schedule(schedule), BN or default_bn(D), stages,
-                 *_check_opts(pin_overlap, rescale_threshold))
+                 *_check_opts(pin_overlap, rescale_threshold), consumers)
     return k_(*_contiguous(q, k, v, cu_seqlens_q, cu_seqlens_k))
 
 

@@ -331,26 +331,31 @@ def test_default_kernel_rescales_lazily_and_exact_on_request():
 
 
 # ------------------------------------------------------------------ the ping-pong protocol
-def _pingpong_programs(batches_per_tile):
-    """The consumers' named-barrier operations in the kernel's order: warpgroup 1 arrives on
-    barrier 3 once, then each warpgroup waits on its barrier (3 + w) before every batch of
-    GEMMs and arrives on the other's after it; warpgroup 0 waits on barrier 3 once at the end."""
+def _pingpong_programs(batches_per_tile, wgs=2):
+    """The consumers' named-barrier operations in the kernel's order (barriers ``base + w``,
+    ``base`` 3 for two warpgroups, ``wgs + 1`` otherwise): the last warpgroup arrives on
+    warpgroup 0's barrier once, then each warpgroup waits on its own barrier before every
+    batch of GEMMs and arrives on the next one's after it; warpgroup 0 waits on its barrier
+    once at the end."""
     n = sum(batches_per_tile)
-    wg0 = [("sync", 3), ("arrive", 4)] * n + [("sync", 3)]
-    wg1 = [("arrive", 3)] + [("sync", 4), ("arrive", 3)] * n
-    return [wg0, wg1]
+    base = 3 if wgs == 2 else wgs + 1
+    progs = [[("sync", base + w), ("arrive", base + (w + 1) % wgs)] * n for w in range(wgs)]
+    progs[-1].insert(0, ("arrive", base))
+    progs[0].append(("sync", base))
+    return progs
 
 
 def _run_named_barriers(programs, rng):
     """Random interleavings of hardware named barriers (bar.sync / bar.arrive, 128 threads a
     warpgroup, 256 expected): fails on a deadlock or a barrier completed by one warpgroup."""
-    pcs = [0, 0]
-    waiting = [None, None]
+    wgs = range(len(programs))
+    pcs = [0 for _ in wgs]
+    waiting = [None for _ in wgs]
     pending = {}                                   # barrier -> warpgroups arrived so far
     while True:
-        ready = [w for w in (0, 1) if pcs[w] < len(programs[w]) and waiting[w] is None]
+        ready = [w for w in wgs if pcs[w] < len(programs[w]) and waiting[w] is None]
         if not ready:
-            assert all(pcs[w] == len(programs[w]) for w in (0, 1)), f"deadlock at {pcs}"
+            assert all(pcs[w] == len(programs[w]) for w in wgs), f"deadlock at {pcs}"
             assert all(not v for v in pending.values()), f"unmatched arrivals {pending}"
             return
         w = ready[rng.integers(len(ready))]
@@ -363,18 +368,19 @@ def _run_named_barriers(programs, rng):
         if len(arrived) == 2:
             assert arrived[0] != arrived[1], f"barrier {bar} completed by warpgroup {w} alone"
             arrived.clear()
-            for v in (0, 1):
+            for v in wgs:
                 if waiting[v] == bar:
                     waiting[v] = None
 
 
+@pytest.mark.parametrize("wgs", fa.CONSUMERS)
 @pytest.mark.parametrize("tiles", [[0], [1], [2], [5], [3, 3, 3], [1, 4, 2, 7]])
-def test_pingpong_protocol_is_balanced_and_alternates(tiles):
+def test_pingpong_protocol_is_balanced_and_alternates(tiles, wgs):
     # per tile the overlapped schedule issues n_blocks + 1 batches (none for an empty tile)
     batches = [n + 1 if n else 0 for n in tiles]
     rng = np.random.default_rng(len(tiles))
     for _ in range(200):
-        _run_named_barriers(_pingpong_programs(batches), rng)
+        _run_named_barriers(_pingpong_programs(batches, wgs), rng)
 
 
 def test_pingpong_kernel_emits_that_protocol():
@@ -389,6 +395,35 @@ def test_pingpong_kernel_emits_that_protocol():
         assert body and all(op.startswith(("bar.sync %r", "bar.arrive %r")) for op in body)
         assert body[0::2] == [body[0]] * (len(body) // 2)                   # wait, signal, ...
         assert body[1::2] == [body[1]] * (len(body) // 2)
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_three_consumer_pingpong_kernel_emits_that_protocol(persistent):
+    """Three consumers: epilogue barriers 1-3, turns on 4-6; warpgroup 2 gives warpgroup 0
+    the first turn and warpgroup 0 takes the last one back."""
+    text = fa.build_attention(2, 300, 4, 2, 64, causal=True, schedule="pingpong",
+                              persistent=persistent, consumers=3).ptx()
+    named = [ln.strip() for ln in text.splitlines()
+             if re.search(r"\bbar\.(sync|arrive)", ln) and ln.strip().endswith(", 256;")]
+    assert re.fullmatch(r"@%p\d+ bar\.arrive 4, 256;", named[0])
+    assert re.fullmatch(r"@%p\d+ bar\.sync 4, 256;", named[-1])
+    assert ".maxnreg 128" in text and "setmaxnreg.inc.sync.aligned.u32 160" in text
+
+
+@pytest.mark.parametrize("schedule", fa.SCHEDULES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_three_consumers_assemble_without_spills(assemble, schedule, causal):
+    """192-row blocks: 512 threads, 160 registers per consumer thread, no spills."""
+    k = fa.build_attention(2, 500, 4, 2, 64, causal=causal, schedule=schedule, consumers=3)
+    assert k.name.endswith("_c3") and "0 bytes spill stores" in assemble(k.ptx())
+    v = fa.build_attention_varlen(700, 900, 3, 4, 2, 64, 333, causal=causal, schedule=schedule,
+                                  consumers=3)
+    assert "0 bytes spill stores" in assemble(v.ptx())
+
+
+def test_register_budget_of_each_consumer_count():
+    assert fa.consumer_regs(2) == (168, 240) and fa.consumer_regs(3) == (128, 160)
+    assert fa.smem_bytes(64, 128, 2, consumers=3) == 192 * 128 + 2 * 2 * 128 * 128 + 1024
 
 
 def test_env_var_selects_persistence(monkeypatch):
@@ -413,7 +448,9 @@ def test_env_var_selects_the_schedule(monkeypatch):
                                 dict(D=64, Hkv=3), dict(D=128, stages=6),
                                 dict(D=256, persistent=True), dict(D=128, rescale_threshold=-1),
                                 dict(D=128, rescale_threshold=17), dict(D=128, rescale_threshold="8"),
-                                dict(D=128, rescale_threshold=True), dict(D=64, pin_overlap="yes")])
+                                dict(D=128, rescale_threshold=True), dict(D=64, pin_overlap="yes"),
+                                dict(D=64, consumers=4), dict(D=64, consumers=True),
+                                dict(D=128, consumers=3), dict(D=64, BN=192, consumers=3)])
 def test_bad_configurations(kw):
     kw = dict(kw)
     D = kw.pop("D")

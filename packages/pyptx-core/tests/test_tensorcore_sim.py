@@ -397,6 +397,10 @@ def _rel(got, ref):
     # the tuned list's other candidates (ATTENTION_CONFIGS) that fit each head dim
     (64, True, dict(BN=192)), (128, False, dict(BN=176)), (128, True, dict(stages=3)),
     (64, False, dict(BN=64)),
+    # three consumer warpgroups (192-row blocks: one whole and one ragged at S = 200)
+    (64, True, dict(consumers=3)), (64, False, dict(consumers=3)),
+    (64, True, dict(consumers=3, schedule="overlap")), (64, False, dict(consumers=3, BN=64)),
+    (64, True, dict(consumers=3, persistent=True, num_sms=3)),
 ])
 def test_attention_forward(D, causal, config):
     """A ragged length (200), grouped-query heads (2 per KV head); ``lse`` in natural log."""

@@ -104,6 +104,32 @@ def test_block_shapes(D, BN, stages):
     _assert_close(o, lse, fa.reference(q, k, v, True), "f16")
 
 
+@pytest.mark.parametrize("schedule", fa.SCHEDULES)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("B,S,Sk,Hq,Hkv,D,kw", [
+    (2, 333, 333, 4, 2, 64, {}), (1, 1, 1, 1, 1, 64, {}), (1, 500, 700, 2, 1, 64, dict(BN=64)),
+    (3, 400, 400, 4, 2, 64, dict(persistent=True)), (1, 450, 450, 2, 2, 128, dict(BN=64)),
+])
+def test_three_consumers(B, S, Sk, Hq, Hkv, D, kw, causal, schedule):
+    """``consumers=3``: 192-row query blocks (a whole one and a ragged one at S=333, several
+    masked key blocks per block when causal), at 160 registers per consumer thread."""
+    q, k, v = _inputs(B, S, Sk, Hq, Hkv, D, "bf16", seed=S + causal)
+    o, lse = fa.attention_forward(q, k, v, causal=causal, schedule=schedule, consumers=3, **kw)
+    _assert_close(o, lse, fa.reference(q, k, v, causal), "bf16")
+
+
+def test_three_consumers_varlen():
+    lens = [77, 1, 200, 400]
+    cu = torch.tensor([0] + list(fa._cumsum(lens)), device="cuda", dtype=torch.int32)
+    g = torch.Generator(device="cuda").manual_seed(31)
+    q, k, v = (torch.randn(sum(lens), 4, 64, device="cuda", dtype=torch.bfloat16, generator=g)
+               for _ in range(3))
+    for causal in (False, True):
+        o, lse = fa.attention_varlen_forward(q, k, v, cu, cu, max(lens), max(lens),
+                                             causal=causal, consumers=3)
+        _assert_close(o, lse, fa.reference_varlen(q, k, v, cu, cu, causal), "bf16")
+
+
 TUNING = [dict(pin_overlap=True), dict(rescale_threshold=None), dict(rescale_threshold=0),
           dict(rescale_threshold=16), dict(pin_overlap=True, rescale_threshold=None)]
 
