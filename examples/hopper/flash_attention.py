@@ -1,14 +1,16 @@
 """Flash attention forward on Hopper tensor cores: ``o = softmax(scale * q k^T) v`` and its
 log-sum-exp, for dense ``(B, S, H, D)`` batches and packed variable-length batches.
 
-One CTA computes a block of ``BM = 128`` query rows of one (batch, head) with 384 threads:
+One CTA computes a block of 64 query rows per consumer warpgroup of one (batch, head):
+``BM = 128`` rows and 384 threads with two consumers, 192 rows and 512 threads with three
+(``consumers=3``, the default at head dim 64: ``default_consumers``):
 
 * warpgroup 0 produces (``setmaxnreg.dec``): one thread copies the Q block once, then the
   K and V blocks of ``BN`` keys into two ``stages``-deep rings (``pyptx.pipeline.Pipeline``)
   with bulk tensor copies through rank-4 tensor maps over ``(B, S, H, D)`` (rank 3 over
   ``(T, H, D)`` for packed batches): copies past a sequence's end read zeros;
-* warpgroups 1-2 consume (``setmaxnreg.inc``), 64 query rows each: ``S = Q K^T`` with
-  wgmma from shared memory (K is a K-major operand), the online softmax in registers
+* warpgroups 1.. consume (``setmaxnreg.inc``: 240 registers with two, 160 with three), 64
+  query rows each: ``S = Q K^T`` with wgmma from shared memory (K is a K-major operand), the online softmax in registers
   (row max and sum over the four threads of a row with shuffles, ``ex2.approx`` with
   ``scale * log2(e)`` folded in), then ``O += P V`` with P taken *from registers*: the
   f32 accumulator fragment of S, packed to bf16/f16 pairs, is the A fragment wgmma
@@ -19,7 +21,8 @@ One CTA computes a block of ``BM = 128`` query rows of one (batch, head) with 38
   ``"overlap"`` issues block j's ``Q K^T`` together with block j-1's ``P V`` so the
   softmax of block j runs while the tensor cores work on ``P V``; ``"pingpong"`` adds
   named barriers so the two consumer warpgroups take turns issuing GEMMs (one's softmax
-  runs under the other's GEMMs). ``PYPTX_ATTN_SCHEDULE`` overrides the default;
+  runs under the other's GEMMs; three take turns in a ring). ``PYPTX_ATTN_SCHEDULE``
+  overrides the default;
 * the epilogue divides by the row sums, writes ``lse = ln(sum_j exp(scale q.k_j))``,
   stages O through the Q tile's shared memory (128-byte swizzle, conflict free) and
   stores it with bulk tensor copies, which clip at the sequence end (packed batches
@@ -118,6 +121,18 @@ def consumer_regs(consumers):
 FRAGMENT_ROOM = {2: 200, 3: 128}
 
 
+def fits(D, BN, consumers):
+    """Whether ``BN`` keys per block leave room for S, P and O in ``consumers``' registers."""
+    return 3 * BN // 4 + D // 2 <= FRAGMENT_ROOM[consumers]
+
+
+def default_consumers(D, BN):
+    """The consumer warpgroups a kernel gets when ``consumers`` is not given: 3 at head dim
+    64 where the block fits (``BN <= 128``; measured 1.05-1.20x cuDNN's forward on an H200
+    against 0.95-1.05x with two, docs/dev/attention.md), else 2."""
+    return 3 if D == 64 and fits(D, BN, 3) else 2
+
+
 def _check(D, BN, stages, schedule, persistent=False, consumers=2):
     if D not in (64, 128, 256):
         raise _fail(f"flash attention: head dim must be 64, 128 or 256, got {D!r}")
@@ -126,7 +141,7 @@ def _check(D, BN, stages, schedule, persistent=False, consumers=2):
                     f"warpgroups of 64 query rows each), got {consumers!r}")
     room = FRAGMENT_ROOM[consumers]
     if isinstance(BN, bool) or not isinstance(BN, int) or BN % 16 or not 64 <= BN <= 256 \
-            or 3 * BN // 4 + D // 2 > room:
+            or not fits(D, BN, consumers):
         raise _fail(f"flash attention: BN={BN!r} keys per block does not fit head dim {D} "
                     f"with {consumers} consumer warpgroups: expected a multiple of 16 in "
                     f"64..256 whose registers (3*BN/4 for S and P, D/2 for O) stay under "
@@ -160,6 +175,13 @@ def _opts_tag(pin_overlap, rescale_threshold):
     elif rescale_threshold != RESCALE_THRESHOLD:
         tag += f"_rt{rescale_threshold:g}".replace(".", "p")
     return tag
+
+
+def _consumers(consumers, D, BN):
+    """``consumers`` as given, else ``default_consumers`` (a non-int BN is refused later)."""
+    if consumers is not None:
+        return consumers
+    return default_consumers(D, BN) if isinstance(BN, int) and not isinstance(BN, bool) else 2
 
 
 def _consumers_tag(consumers):
@@ -639,7 +661,7 @@ def _body(Q, K, V, CUQ, CUK, Out, LSE, *, dims, varlen, pin_overlap=False,
 
 def build_attention(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None,
                     BN=None, stages=2, schedule=None, persistent=False, num_sms=H100_SMS,
-                    pin_overlap=False, rescale_threshold=RESCALE_THRESHOLD, consumers=2):
+                    pin_overlap=False, rescale_threshold=RESCALE_THRESHOLD, consumers=None):
     """The forward kernel for ``q (B, S, Hq, D)``, ``k, v (B, Sk, Hkv, D)``: returns
     ``o (B, S, Hq, D)`` and ``lse (B, Hq, S)`` f32. ``scale`` defaults to ``1/sqrt(D)``;
     ``causal`` masks key ``j > i`` (top-left aligned). ``BN`` keys per block, ``stages``
@@ -648,13 +670,14 @@ def build_attention(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, sc
     (heads outermost, longest rows first), loading the next block's Q and K/V while the
     current one's output is stored; otherwise one CTA per query block. ``consumers``: 2
     or 3 consumer warpgroups of 64 query rows each (3: 192-row blocks, 160 registers per
-    consumer thread instead of 240; ``FRAGMENT_ROOM``). ``pin_overlap``,
+    consumer thread instead of 240; ``FRAGMENT_ROOM``); default ``default_consumers``. ``pin_overlap``,
     ``rescale_threshold``: opt-in tuning options (module docstring)."""
     dt = _dtype(dtype)
     pin_overlap, rescale_threshold = _check_opts(pin_overlap, rescale_threshold)
     Sk = S if Sk is None else Sk
     BN = BN or default_bn(D)
     schedule = _schedule(schedule)
+    consumers = _consumers(consumers, D, BN)
     _check(D, BN, stages, schedule, persistent, consumers)
     if Hq % Hkv:
         raise _fail(f"flash attention: Hq={Hq} is not a multiple of Hkv={Hkv}")
@@ -685,7 +708,7 @@ def build_attention(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, sc
 
 def build_attention_varlen(Tq, Tk, B, Hq, Hkv, D, max_seqlen_q, *, dtype="bf16", causal=False,
                            scale=None, BN=None, stages=2, schedule=None, pin_overlap=False,
-                           rescale_threshold=RESCALE_THRESHOLD, consumers=2):
+                           rescale_threshold=RESCALE_THRESHOLD, consumers=None):
     """The packed variable-length forward kernel: ``q (Tq, Hq, D)``, ``k, v (Tk, Hkv, D)``,
     ``cu_seqlens_q``/``cu_seqlens_k`` int32 ``(B + 1,)``; returns ``o (Tq, Hq, D)`` and
     ``lse (Hq, Tq)`` f32. The grid covers ``max_seqlen_q`` rows per sequence; the options
@@ -694,6 +717,7 @@ def build_attention_varlen(Tq, Tk, B, Hq, Hkv, D, max_seqlen_q, *, dtype="bf16",
     pin_overlap, rescale_threshold = _check_opts(pin_overlap, rescale_threshold)
     BN = BN or default_bn(D)
     schedule = _schedule(schedule)
+    consumers = _consumers(consumers, D, BN)
     _check(D, BN, stages, schedule, consumers=consumers)
     if Hq % Hkv:
         raise _fail(f"flash attention: Hq={Hq} is not a multiple of Hkv={Hkv}")
@@ -746,8 +770,9 @@ ATTENTION_CONFIGS = [Config(), Config(stages=3), Config(BN=64), Config(BN=176), 
                      Config(schedule="overlap")]
 """The forward tile options ``attention()`` times per shape when none is given (the first is
 the default with ``PYPTX_AUTOTUNE=0``): ``BN`` keys per block, ring ``stages`` and the
-overlap schedule; a head dim a config does not fit (``BN=192`` at 128, three stages at 256)
-is refused and skipped. Each one is checked against float64 in the CPU simulator
+overlap schedule, each with ``default_consumers`` (three consumer warpgroups at head dim 64
+where the block fits, so ``BN=176``/``192`` run with two there); a head dim a config does
+not fit (``BN=192`` at 128, three stages at 256) is refused and skipped. Each one is checked against float64 in the CPU simulator
 (``test_tensorcore_sim.py``) and on the GPU (``tools/attention_sanitize.py``); the H100 tuner
 picked ``BN=192``, ``stages=3``, ``BN=176`` or the defaults across the benchmark's rows."""
 
@@ -877,7 +902,7 @@ def attention(q, k, v, causal=False, scale=None, *, schedule=None, BN=None, stag
 
 @functools.lru_cache(maxsize=128)
 def _varlen(Tq, Tk, B, Hq, Hkv, D, max_q, dtype, causal, scale, schedule, BN, stages,
-            pin_overlap=False, rescale_threshold=RESCALE_THRESHOLD, consumers=2):
+            pin_overlap=False, rescale_threshold=RESCALE_THRESHOLD, consumers=None):
     return build_attention_varlen(Tq, Tk, B, Hq, Hkv, D, max_q, dtype=dtype, causal=causal,
                                   scale=scale, BN=BN, stages=stages, schedule=schedule,
                                   pin_overlap=pin_overlap, rescale_threshold=rescale_threshold,
@@ -886,7 +911,8 @@ def _varlen(Tq, Tk, B, Hq, Hkv, D, max_q, dtype, causal, scale, schedule, BN, st
 
 def attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                              causal=False, scale=None, *, schedule=None, BN=None, stages=2,
-                             pin_overlap=False, rescale_threshold=RESCALE_THRESHOLD, consumers=2):
+                             pin_overlap=False, rescale_threshold=RESCALE_THRESHOLD,
+                             consumers=None):
     """``(o, lse)`` of the packed variable-length forward: ``o (Tq, Hq, D)``, ``lse (Hq, Tq)``."""
     if len(q.shape) != 3 or len(k.shape) != 3 or tuple(k.shape) != tuple(v.shape):
         raise _fail(f"attention_varlen expects q (Tq, Hq, D) and k, v (Tk, Hkv, D), got "
