@@ -3,7 +3,7 @@ log-sum-exp, for dense ``(B, S, H, D)`` batches and packed variable-length batch
 
 One CTA computes a block of 64 query rows per consumer warpgroup of one (batch, head):
 ``BM = 128`` rows and 384 threads with two consumers, 192 rows and 512 threads with three
-(``consumers=3``, the default at head dim 64: ``default_consumers``):
+(``consumers=3``, the default at head dims 64 and 128: ``default_consumers``):
 
 * warpgroup 0 produces (``setmaxnreg.dec``): one thread copies the Q block once, then the
   K and V blocks of ``BN`` keys into two ``stages``-deep rings (``pyptx.pipeline.Pipeline``)
@@ -98,9 +98,13 @@ def _dtype(name):
     return table[key]
 
 
-def default_bn(D):
-    """Keys per KV block: 128, or 64 at head dim 256 (the registers of O)."""
-    return 64 if D > 128 else 128
+def default_bn(D, consumers=2):
+    """Keys per KV block by default: with two consumer warpgroups 128, or 64 at head dim 256
+    (the registers of O); with three the most that ``fits``, up to 128 (128 at head dim 64,
+    80 at 128)."""
+    if consumers == 2:
+        return 64 if D > 128 else 128
+    return max([bn for bn in range(64, 129, 16) if fits(D, bn, consumers)] or [64])
 
 
 def smem_bytes(D, BN, stages, persistent=False, consumers=2):
@@ -126,19 +130,17 @@ def fits(D, BN, consumers):
     return 3 * BN // 4 + D // 2 <= FRAGMENT_ROOM[consumers]
 
 
-def default_consumers(D, BN):
-    """The consumer warpgroups a kernel gets when ``consumers`` is not given: 3 at head dim
-    64 where the block fits (``BN <= 128``; measured 1.05-1.20x cuDNN's forward on an H200
-    against 0.95-1.05x with two, docs/dev/attention.md), else 2."""
-    return 3 if D == 64 and fits(D, BN, 3) else 2
+def default_consumers(D, BN=None):
+    """The consumer warpgroups a kernel gets when ``consumers`` is not given: 3 where a block
+    of ``BN`` keys (of at least 64 when ``BN`` is not given) fits their registers (head dims
+    64 and 128), else 2. Three measured 1.05-1.21x cuDNN's forward on an H200 in every row
+    of the benchmark, two 0.95-1.13x (docs/dev/attention.md)."""
+    return 3 if fits(D, 64 if BN is None else BN, 3) else 2
 
 
 def _check(D, BN, stages, schedule, persistent=False, consumers=2):
     if D not in (64, 128, 256):
         raise _fail(f"flash attention: head dim must be 64, 128 or 256, got {D!r}")
-    if isinstance(consumers, bool) or consumers not in CONSUMERS:
-        raise _fail(f"flash attention: consumers must be one of {CONSUMERS} (consumer "
-                    f"warpgroups of 64 query rows each), got {consumers!r}")
     room = FRAGMENT_ROOM[consumers]
     if isinstance(BN, bool) or not isinstance(BN, int) or BN % 16 or not 64 <= BN <= 256 \
             or not fits(D, BN, consumers):
@@ -178,10 +180,16 @@ def _opts_tag(pin_overlap, rescale_threshold):
 
 
 def _consumers(consumers, D, BN):
-    """``consumers`` as given, else ``default_consumers`` (a non-int BN is refused later)."""
+    """``consumers`` as given (checked), else ``default_consumers`` (a BN that is neither None
+    nor an int is refused later)."""
     if consumers is not None:
+        if isinstance(consumers, bool) or consumers not in CONSUMERS:
+            raise _fail(f"flash attention: consumers must be one of {CONSUMERS} (consumer "
+                        f"warpgroups of 64 query rows each), got {consumers!r}")
         return consumers
-    return default_consumers(D, BN) if isinstance(BN, int) and not isinstance(BN, bool) else 2
+    if BN is None or (isinstance(BN, int) and not isinstance(BN, bool)):
+        return default_consumers(D, BN or None)
+    return 2
 
 
 def _consumers_tag(consumers):
@@ -675,9 +683,9 @@ def build_attention(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, sc
     dt = _dtype(dtype)
     pin_overlap, rescale_threshold = _check_opts(pin_overlap, rescale_threshold)
     Sk = S if Sk is None else Sk
-    BN = BN or default_bn(D)
-    schedule = _schedule(schedule)
     consumers = _consumers(consumers, D, BN)
+    BN = BN or default_bn(D, consumers)
+    schedule = _schedule(schedule)
     _check(D, BN, stages, schedule, persistent, consumers)
     if Hq % Hkv:
         raise _fail(f"flash attention: Hq={Hq} is not a multiple of Hkv={Hkv}")
@@ -692,7 +700,7 @@ def build_attention(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, sc
            "Out": dict(box=(1, 64, 1, 64), swizzle="128B")}
     name = (f"flash_fwd_{dt.name}_d{D}_bn{BN}_s{stages}_{schedule}"
             f"{'_causal' if causal else ''}_g{Hq // Hkv}{'_persistent' if persistent else ''}"
-            f"{_opts_tag(pin_overlap, rescale_threshold)}{_consumers_tag(consumers)}")
+            f"{_consumers_tag(consumers)}{_opts_tag(pin_overlap, rescale_threshold)}")
     deco = kernel(in_specs=(Tile(B, S, Hq, D, dt), Tile(B, Sk, Hkv, D, dt), Tile(B, Sk, Hkv, D, dt)),
                   out_specs=(Tile(B, S, Hq, D, dt), Tile(B, Hq, S, f32)),
                   grid=(ctas, 1, 1) if persistent else (num_m, Hq, B),
@@ -715,9 +723,9 @@ def build_attention_varlen(Tq, Tk, B, Hq, Hkv, D, max_seqlen_q, *, dtype="bf16",
     are ``build_attention``'s."""
     dt = _dtype(dtype)
     pin_overlap, rescale_threshold = _check_opts(pin_overlap, rescale_threshold)
-    BN = BN or default_bn(D)
-    schedule = _schedule(schedule)
     consumers = _consumers(consumers, D, BN)
+    BN = BN or default_bn(D, consumers)
+    schedule = _schedule(schedule)
     _check(D, BN, stages, schedule, consumers=consumers)
     if Hq % Hkv:
         raise _fail(f"flash attention: Hq={Hq} is not a multiple of Hkv={Hkv}")
@@ -729,8 +737,8 @@ def build_attention_varlen(Tq, Tk, B, Hq, Hkv, D, max_seqlen_q, *, dtype="bf16",
            "K": dict(box=(BN, 1, 64), swizzle="128B"),
            "V": dict(box=(BN, 1, 64), swizzle="128B")}
     name = (f"flash_fwd_varlen_{dt.name}_d{D}_bn{BN}_s{stages}_{schedule}"
-            f"{'_causal' if causal else ''}_g{Hq // Hkv}{_opts_tag(pin_overlap, rescale_threshold)}"
-            f"{_consumers_tag(consumers)}")
+            f"{'_causal' if causal else ''}_g{Hq // Hkv}{_consumers_tag(consumers)}"
+            f"{_opts_tag(pin_overlap, rescale_threshold)}")
     deco = kernel(in_specs=(Tile(Tq, Hq, D, dt), Tile(Tk, Hkv, D, dt), Tile(Tk, Hkv, D, dt),
                             Tile(B + 1, s32), Tile(B + 1, s32)),
                   out_specs=(Tile(Tq, Hq, D, dt), Tile(Hq, Tq, f32)),
@@ -767,12 +775,12 @@ def _bwd_module():
 
 
 ATTENTION_CONFIGS = [Config(), Config(stages=3), Config(BN=64), Config(BN=176), Config(BN=192),
-                     Config(schedule="overlap")]
+                     Config(schedule="overlap"), Config(consumers=2)]
 """The forward tile options ``attention()`` times per shape when none is given (the first is
 the default with ``PYPTX_AUTOTUNE=0``): ``BN`` keys per block, ring ``stages`` and the
-overlap schedule, each with ``default_consumers`` (three consumer warpgroups at head dim 64
-where the block fits, so ``BN=176``/``192`` run with two there); a head dim a config does
-not fit (``BN=192`` at 128, three stages at 256) is refused and skipped. Each one is checked against float64 in the CPU simulator
+overlap schedule, each with ``default_consumers`` (three consumer warpgroups where the block
+fits, so ``BN=176``/``192`` run with two), and two consumers with their default block; a head
+dim a config does not fit (``BN=192`` at 128, three stages at 256) is refused and skipped. Each one is checked against float64 in the CPU simulator
 (``test_tensorcore_sim.py``) and on the GPU (``tools/attention_sanitize.py``); the H100 tuner
 picked ``BN=192``, ``stages=3``, ``BN=176`` or the defaults across the benchmark's rows."""
 
@@ -929,7 +937,7 @@ def attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
     name = _dtype_name(q)
     sc = 1.0 / math.sqrt(D) if scale is None else float(scale)
     k_ = _varlen(Tq, Tk, B, Hq, Hkv, D, int(max_seqlen_q), name, bool(causal), sc,
-                 _schedule(schedule), BN or default_bn(D), stages,
+                 _schedule(schedule), BN, stages,
                  *_check_opts(pin_overlap, rescale_threshold), consumers)
     return k_(*_contiguous(q, k, v, cu_seqlens_q, cu_seqlens_k))
 

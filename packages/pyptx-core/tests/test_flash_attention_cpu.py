@@ -256,7 +256,7 @@ def test_dense_kernel_assembles(assemble, schedule, D, causal):
 @pytest.mark.parametrize("causal", [False, True])
 def test_persistent_kernel_assembles(assemble, schedule, D, causal):
     k = fa.build_attention(2, 300, 4, 2, D, causal=causal, schedule=schedule, persistent=True)
-    bm = 64 * fa.default_consumers(D, fa.default_bn(D))
+    bm = 64 * fa.default_consumers(D)
     assert k.grid == (-(-300 // bm) * 8, 1, 1) and "persistent" in k.name
     assert "0 bytes spill stores" in assemble(k.ptx())
 
@@ -387,7 +387,7 @@ def test_pingpong_protocol_is_balanced_and_alternates(tiles, wgs):
 def test_pingpong_kernel_emits_that_protocol():
     for persistent in (False, True):
         text = fa.build_attention(2, 300, 4, 2, 128, causal=True, schedule="pingpong",
-                                  persistent=persistent).ptx()
+                                  persistent=persistent, consumers=2).ptx()
         ops = [ln.strip() for ln in text.splitlines() if re.search(r"\bbar\.(sync|arrive)", ln)]
         named = [op for op in ops if op.endswith(", 256;")]
         assert re.fullmatch(r"@!%p\d+ bar\.arrive 3, 256;", named[0])     # warpgroup 1, once
@@ -416,7 +416,7 @@ def test_three_consumer_pingpong_kernel_emits_that_protocol(persistent):
 def test_three_consumers_assemble_without_spills(assemble, schedule, causal):
     """192-row blocks: 512 threads, 160 registers per consumer thread, no spills."""
     k = fa.build_attention(2, 500, 4, 2, 64, causal=causal, schedule=schedule, consumers=3)
-    assert k.name.endswith("_c3") and "0 bytes spill stores" in assemble(k.ptx())
+    assert "_c3" in k.name and "0 bytes spill stores" in assemble(k.ptx())
     v = fa.build_attention_varlen(700, 900, 3, 4, 2, 64, 333, causal=causal, schedule=schedule,
                                   consumers=3)
     assert "0 bytes spill stores" in assemble(v.ptx())
@@ -451,7 +451,8 @@ def test_env_var_selects_the_schedule(monkeypatch):
                                 dict(D=128, rescale_threshold=17), dict(D=128, rescale_threshold="8"),
                                 dict(D=128, rescale_threshold=True), dict(D=64, pin_overlap="yes"),
                                 dict(D=64, consumers=4), dict(D=64, consumers=True),
-                                dict(D=128, consumers=3), dict(D=64, BN=192, consumers=3)])
+                                dict(D=128, BN=128, consumers=3), dict(D=64, BN=192, consumers=3),
+                                dict(D=256, consumers=3)])
 def test_bad_configurations(kw):
     kw = dict(kw)
     D = kw.pop("D")
@@ -477,3 +478,18 @@ def test_bad_host_calls_name_the_callers_line():
         with pytest.raises(ConfigError) as e:
             call()
         assert str(e.value).startswith(f"{__file__}:")
+
+
+def test_default_tiles_per_head_dim():
+    """Three consumers where the block fits (BN 128 at D=64, 80 at D=128), two at D=256; a
+    given BN that does not fit three gets two; a given consumer count gets its own BN."""
+    assert [(fa.default_consumers(D), fa.default_bn(D, fa.default_consumers(D)))
+            for D in (64, 128, 256)] == [(3, 128), (3, 80), (2, 64)]
+    assert fa.default_consumers(128, 128) == 2 and fa.default_consumers(64, 192) == 2
+    k = fa.build_attention(1, 300, 2, 1, 128)
+    assert "_c3" in k.name and "_bn80_" in k.name and k.block == (512, 1, 1)
+    k = fa.build_attention(1, 300, 2, 1, 128, BN=128)
+    assert "_c3" not in k.name and k.block == (384, 1, 1)
+    assert "_bn128_" in fa.build_attention(1, 300, 2, 1, 128, consumers=2).name
+    with pytest.raises(ConfigError):
+        fa.build_attention(1, 300, 2, 1, 256, consumers=3)

@@ -403,6 +403,9 @@ def _rel(got, ref):
     (64, True, dict(consumers=3, persistent=True, num_sms=3)),
     # two consumers at head dim 64 (the default there is three)
     (64, True, dict(consumers=2)), (64, False, dict(consumers=2, persistent=True, num_sms=3)),
+    # ... and at head dim 128 (the default there is three with BN = 80)
+    (128, True, dict(consumers=2)), (128, False, dict(consumers=2, schedule="overlap")),
+    (128, True, dict(persistent=True, num_sms=3)),
 ])
 def test_attention_forward(D, causal, config):
     """A ragged length (200), grouped-query heads (2 per KV head); ``lse`` in natural log."""

@@ -109,6 +109,7 @@ def test_block_shapes(D, BN, stages):
 @pytest.mark.parametrize("B,S,Sk,Hq,Hkv,D,kw", [
     (2, 333, 333, 4, 2, 64, {}), (1, 1, 1, 1, 1, 64, {}), (1, 500, 700, 2, 1, 64, dict(BN=64)),
     (3, 400, 400, 4, 2, 64, dict(persistent=True)), (1, 450, 450, 2, 2, 128, dict(BN=64)),
+    (2, 333, 333, 4, 1, 128, {}), (1, 700, 500, 2, 2, 128, dict(stages=3)),
 ])
 def test_three_consumers(B, S, Sk, Hq, Hkv, D, kw, causal, schedule):
     """``consumers=3``: 192-row query blocks (a whole one and a ragged one at S=333, several
@@ -116,6 +117,19 @@ def test_three_consumers(B, S, Sk, Hq, Hkv, D, kw, causal, schedule):
     q, k, v = _inputs(B, S, Sk, Hq, Hkv, D, "bf16", seed=S + causal)
     o, lse = fa.attention_forward(q, k, v, causal=causal, schedule=schedule, consumers=3, **kw)
     _assert_close(o, lse, fa.reference(q, k, v, causal), "bf16")
+
+
+@pytest.mark.parametrize("schedule", fa.SCHEDULES)
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("persistent", [False, True])
+def test_two_consumers(schedule, D, persistent):
+    """``consumers=2`` (128-row blocks; the default at head dim 256 and for a BN three cannot
+    hold) at the head dims whose default is three."""
+    q, k, v = _inputs(2, 333, 333, 4, 2, D, "bf16", seed=D + persistent)
+    for causal in (False, True):
+        o, lse = fa.attention_forward(q, k, v, causal=causal, schedule=schedule, consumers=2,
+                                      persistent=persistent)
+        _assert_close(o, lse, fa.reference(q, k, v, causal), "bf16")
 
 
 def test_three_consumers_varlen():
