@@ -133,8 +133,8 @@ def fits(D, BN, consumers):
 def default_consumers(D, BN=None):
     """The consumer warpgroups a kernel gets when ``consumers`` is not given: 3 where a block
     of ``BN`` keys (of at least 64 when ``BN`` is not given) fits their registers (head dims
-    64 and 128), else 2. Three measured 1.05-1.21x cuDNN's forward on an H200 in every row
-    of the benchmark, two 0.95-1.13x (docs/dev/attention.md)."""
+    64 and 128), else 2. On an H200 three measured 1.03-1.21x cuDNN's forward (paired) in
+    every row of ``benchmarks/attention.py``, two 0.95-1.13x (docs/dev/attention.md)."""
     return 3 if fits(D, 64 if BN is None else BN, 3) else 2
 
 
