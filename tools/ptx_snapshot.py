@@ -116,6 +116,10 @@ def _attention_cases():
                 cases.append((f"attn/{schedule}/d{D}/{causal}/varlen", "flash_attention",
                               "build_attention_varlen", (3000, 2800, 3, 4, 2, D, 1200),
                               dict(causal=causal, schedule=schedule)))
+                # two consumer warpgroups (the default is three at these head dims)
+                cases.append((f"attn/{schedule}/d{D}/{causal}/c2", "flash_attention",
+                              "build_attention", (1, 1000, 4, 2, D),
+                              dict(causal=causal, schedule=schedule, consumers=2)))
     for D in (64, 128):
         for causal in (False, True):
             for (B, S, Hq, Hkv, Sk) in [(2, 1024, 4, 4, 1024), (1, 1000, 4, 2, 1000)]:

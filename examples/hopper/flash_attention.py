@@ -10,18 +10,19 @@ One CTA computes a block of 64 query rows per consumer warpgroup of one (batch, 
   with bulk tensor copies through rank-4 tensor maps over ``(B, S, H, D)`` (rank 3 over
   ``(T, H, D)`` for packed batches): copies past a sequence's end read zeros;
 * warpgroups 1.. consume (``setmaxnreg.inc``: 240 registers with two, 160 with three), 64
-  query rows each: ``S = Q K^T`` with wgmma from shared memory (K is a K-major operand), the online softmax in registers
-  (row max and sum over the four threads of a row with shuffles, ``ex2.approx`` with
-  ``scale * log2(e)`` folded in), then ``O += P V`` with P taken *from registers*: the
-  f32 accumulator fragment of S, packed to bf16/f16 pairs, is the A fragment wgmma
-  reads (V is an MN-major operand: keys are the K dimension of PV, D is contiguous);
+  query rows each: ``S = Q K^T`` with wgmma from shared memory (K is a K-major operand),
+  the online softmax in registers (row max and sum over the four threads of a row with
+  shuffles, ``ex2.approx`` with ``scale * log2(e)`` folded in), then ``O += P V`` with P
+  taken *from registers*: the f32 accumulator fragment of S, packed to bf16/f16 pairs, is
+  the A fragment wgmma reads (V is an MN-major operand: keys are the K dimension of PV, D
+  is contiguous);
 * only the blocks that straddle the causal diagonal or the end of the keys are masked;
   causal CTAs skip the blocks above the diagonal and run longest first;
 * schedules (``schedule=``): ``"simple"`` waits for each GEMM before going on;
   ``"overlap"`` issues block j's ``Q K^T`` together with block j-1's ``P V`` so the
   softmax of block j runs while the tensor cores work on ``P V``; ``"pingpong"`` adds
-  named barriers so the two consumer warpgroups take turns issuing GEMMs (one's softmax
-  runs under the other's GEMMs; three take turns in a ring). ``PYPTX_ATTN_SCHEDULE``
+  named barriers so the consumer warpgroups take turns issuing GEMMs (one's softmax runs
+  under the other's GEMMs; three pass the turn round a ring). ``PYPTX_ATTN_SCHEDULE``
   overrides the default;
 * the epilogue divides by the row sums, writes ``lse = ln(sum_j exp(scale q.k_j))``,
   stages O through the Q tile's shared memory (128-byte swizzle, conflict free) and
@@ -678,8 +679,8 @@ def build_attention(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, sc
     (heads outermost, longest rows first), loading the next block's Q and K/V while the
     current one's output is stored; otherwise one CTA per query block. ``consumers``: 2
     or 3 consumer warpgroups of 64 query rows each (3: 192-row blocks, 160 registers per
-    consumer thread instead of 240; ``FRAGMENT_ROOM``); default ``default_consumers``. ``pin_overlap``,
-    ``rescale_threshold``: opt-in tuning options (module docstring)."""
+    consumer thread instead of 240; ``FRAGMENT_ROOM``), by default ``default_consumers``.
+    ``pin_overlap``, ``rescale_threshold``: opt-in tuning options (module docstring)."""
     dt = _dtype(dtype)
     pin_overlap, rescale_threshold = _check_opts(pin_overlap, rescale_threshold)
     Sk = S if Sk is None else Sk

@@ -471,6 +471,8 @@ def test_bad_host_calls_name_the_callers_line():
         lambda: fa.attention(q[0], q[0], q[0]),                         # rank
         lambda: fa.attention(q.float(), q.float(), q.float()),          # dtype
         lambda: fa.attention(q, q.half(), q.half()),                    # mixed dtypes
+        lambda: fa.attention(q, q, q, consumers=4),                     # consumer count
+        lambda: fa.attention_forward(q, q, q, BN=192, consumers=3),     # BN over 3's room
         lambda: fa.attention_varlen(q[0], q[0], q[0], torch.zeros(3, dtype=torch.int32),
                                     torch.zeros(2, dtype=torch.int32), 8, 8),
     ]
