@@ -17,8 +17,9 @@ fa = load_module(ROOT / "examples/hopper/flash_attention.py", "flash_attention_e
 bad = 0
 
 
-def two_consumer_cases():
-    """Every schedule, persistent, varlen and tuned candidate (two consumers)."""
+def default_cases():
+    """Every schedule, persistent, varlen and tuned candidate, each with its default
+    consumer count."""
     bad = 0
     for schedule in fa.SCHEDULES:
         for D in (64, 128):
@@ -72,7 +73,7 @@ def two_consumer_cases():
 
 
 if "consumers=3" not in sys.argv[1:]:
-    bad += two_consumer_cases()
+    bad += default_cases()
 # three consumer warpgroups (192-row blocks): every schedule, dense and persistent over 4 CTAs
 for schedule in fa.SCHEDULES:
     for causal in (False, True):
