@@ -13,7 +13,7 @@ import statistics
 import torch
 from triton.testing import do_bench
 
-from pyptx.testing import load_module
+from pyptx.testing import load_module, paired_ratio, paired_times
 
 gemm = load_module(__import__("pathlib").Path(__file__).resolve().parents[1]
                    / "examples/hopper/gemm.py", "gemm_example")
@@ -22,6 +22,7 @@ p.add_argument("shapes", nargs="+")
 p.add_argument("--dtype", default="bf16", choices=["bf16", "f16"])
 p.add_argument("--rounds", type=int, default=6)
 p.add_argument("--rep", type=int, default=60)
+p.add_argument("--pairs", type=int, default=0, help="paired rounds against cuBLAS (0: none)")
 p.add_argument("--no-default", action="store_true", help="skip the tuned default (no tuning)")
 p.add_argument("--configs", default='[{"cluster": 2}, {"cluster": 1}, {"cluster": 2, "epilogue": "st"}, '
                '{"cluster": 1, "epilogue": "st"}]')
@@ -51,3 +52,10 @@ for s in a.shapes:
     print(f"== {s} {a.dtype}: TFLOP/s per round, then the median")
     for n, v in tf.items():
         print(f"{n:>45}: " + " ".join(f"{t:6.1f}" for t in v) + f"   | {statistics.median(v):6.1f}")
+    if a.pairs:
+        per = paired_times(fns, a.pairs)
+        print(f"== {s} {a.dtype}: paired over cuBLAS (median [quartiles] of {a.pairs} rounds)")
+        for n in fns:
+            if n != "cuBLAS":
+                med, lo, hi = paired_ratio(per, "cuBLAS", n)
+                print(f"{n:>45}: {med:.3f} [{lo:.3f}, {hi:.3f}]")
