@@ -18,7 +18,8 @@ for cfg in (dict(cluster=1, BN=128), dict(cluster=2, BN=256),
             dict(cluster=1, BM=64, BN=256, schedule="pingpong", stages=3),
             dict(cluster=2, BM=128, BN=64, cluster_along="n"),
             dict(cluster=1, BN=128, split_tail=True),
-            dict(cluster=2, BN=64, split_tail=True, num_sms=8)):
+            dict(cluster=2, BN=64, split_tail=True, num_sms=8),
+            dict(cluster=1, BM=64, BN=128, epi_bufs=1)):
     for tb in (False, True):
         M, N, K = 200, 328, 136
         a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)

@@ -58,6 +58,7 @@ ACTIVATIONS = (None, "relu", "silu", "gelu_tanh")
 H100_SMS = 132
 SMEM_LIMIT = 227 * 1024 - 256  # less the static barriers
 EPI_BUFS = 2
+MAX_STAGES = 10
 SCHEDULES = ("cooperative", "pingpong")
 ORDER_BAR = 3  # named barriers 3 and 4: the ping-pong hand-over (1, 2: the epilogues)
 FLAG_WORDS = 4096
@@ -77,12 +78,12 @@ def _dtype(name, what):
     return table[name]
 
 
-def smem_bytes(BM, BN, BK, stages, out_bytes=2, consumers=None):
-    """Dynamic shared memory of a configuration: the ring, the epilogue buffers (two
-    64-row by 128-byte slabs per consumer warpgroup, ``BM // 64`` of them unless
-    ``consumers`` says otherwise) and 1024 bytes of alignment slack."""
+def smem_bytes(BM, BN, BK, stages, out_bytes=2, consumers=None, epi_bufs=EPI_BUFS):
+    """Dynamic shared memory of a configuration: the ring, the epilogue buffers
+    (``epi_bufs`` 64-row by 128-byte slabs per consumer warpgroup, ``BM // 64`` of them
+    unless ``consumers`` says otherwise) and 1024 bytes of alignment slack."""
     consumers = BM // 64 if consumers is None else consumers
-    return stages * (BM + BN) * BK * 2 + consumers * EPI_BUFS * 64 * 128 + 1024
+    return stages * (BM + BN) * BK * 2 + consumers * epi_bufs * 64 * 128 + 1024
 
 
 def split_tail_plan(tiles, clusters, num_kb, max_split=8, min_blocks=4):
@@ -205,7 +206,7 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
                num_sms=H100_SMS, bias=False, alpha=1.0, activation=None, KB=None, NB=None,
                multicast=True, split="rows", remote_sem="release.cta", wait_scope=None,
                epilogue="stmatrix", schedule="cooperative", cluster_along="m", wg_rows=64,
-               split_tail=False):
+               split_tail=False, epi_bufs=EPI_BUFS):
     """The GEMM kernel for ``D[M, N] = A[M, K] @ B[K, N]``.
 
     Tensor arguments: A as ``(M, K)`` (``a_major="K"``) or ``(K, M)`` (``"MN"``), B as
@@ -236,6 +237,9 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
     ``wg_rows`` (cooperative): rows of the tile per consumer warpgroup, 64 (one ``m64``
     accumulator each) or 128 (two, ``BN <= 128``: e.g. 256 x 128 tiles on two consumer
     warpgroups instead of four, each B read from shared memory serving 128 rows).
+    ``epi_bufs``: epilogue slab buffers per consumer warpgroup, 2 (a slab's bulk store
+    drains while the next is written) or 1 (the shared memory it frees goes to the ring:
+    64 x 128 tiles get 9 stages instead of 8, for skinny shapes that stream B from memory).
     """
     dt = _dtype(dtype, "dtype")
     if dt is f32:
@@ -262,6 +266,8 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
         raise _fail(f"build_gemm: a ping-pong warpgroup holds a whole BM x BN tile: BM "
                           f"64 or 128 and BM * BN <= 16384 (128 accumulator registers), got "
                           f"{BM}x{BN}")
+    if epi_bufs not in (1, 2):
+        raise _fail(f"build_gemm: epi_bufs must be 1 or 2, got {epi_bufs!r}")
     if not isinstance(split_tail, bool):
         raise _fail(f"build_gemm: split_tail must be True or False, got {split_tail!r}")
     if split_tail and pingpong:
@@ -278,11 +284,10 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
     threads = 128 * (1 + consumers)
     e_out = ot.bytes
     if stages is None:  # the deepest ring that fits beside the epilogue tiles
-        per_stage = smem_bytes(BM, BN, BK, 1, consumers=consumers) - \
-            smem_bytes(BM, BN, BK, 0, consumers=consumers)
-        stages = max(2, min(8, (SMEM_LIMIT - smem_bytes(BM, BN, BK, 0, consumers=consumers))
-                            // per_stage))
-    smem_total = smem_bytes(BM, BN, BK, stages, consumers=consumers)
+        fixed = smem_bytes(BM, BN, BK, 0, consumers=consumers, epi_bufs=epi_bufs)
+        per_stage = smem_bytes(BM, BN, BK, 1, consumers=consumers, epi_bufs=epi_bufs) - fixed
+        stages = max(2, min(MAX_STAGES, (SMEM_LIMIT - fixed) // per_stage))
+    smem_total = smem_bytes(BM, BN, BK, stages, consumers=consumers, epi_bufs=epi_bufs)
     if smem_total > SMEM_LIMIT:
         raise _fail(f"build_gemm: {BM}x{BN}x{BK} with {stages} stages needs {smem_total} "
                           f"bytes of shared memory, over {SMEM_LIMIT}")
@@ -295,7 +300,7 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
     out_cols = 128 // e_out                    # output columns per 128-byte swizzled slab
     out_slabs = BN // out_cols
     out_slab_bytes = 64 * 128                  # 64 rows x 128 bytes
-    wg_out_bytes = EPI_BUFS * out_slab_bytes   # one consumer's epilogue buffers
+    wg_out_bytes = epi_bufs * out_slab_bytes   # one consumer's epilogue buffers
 
     num_m = -(-M // BM)
     num_n = -(-N // BN)
@@ -468,7 +473,7 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
                 return n0 + j * out_cols, (mrow + band * 64 if band else mrow)
 
             store_slabs(out_slabs * bands, leader=leader, bar_id=bar_id, cbuf=cbuf, tmap=d_map,
-                        write=write, bufs=EPI_BUFS, coords=coords)
+                        write=write, bufs=epi_bufs, coords=coords)
 
         if pingpong:
             # warpgroup w takes the CTA's tiles w, w + 2, ...: its ring position starts past
@@ -621,6 +626,7 @@ GEMM_CONFIGS = [
     Config(BM=192, BN=192, cluster=2),
     Config(BM=256, BN=128, cluster=1, wg_rows=128),
     Config(BM=128, BN=128, cluster=1, split_tail=True),
+    Config(BM=64, BN=128, cluster=1, epi_bufs=1),
 ]
 """The tile configurations the tuner times per shape; the first is the default when
 ``PYPTX_AUTOTUNE=0``. 192x192 tiles (three consumer warpgroups, 3 stages; the tile cuBLAS
@@ -630,7 +636,11 @@ warpgroups of 128 rows (``wg_rows=128``, cuBLAS's tile at 2048^3 and 4096^3): 20
 (cuBLAS 608; 128x256 in pairs 596 in the same call). 128x128 tiles with a split tail (the
 partial wave's tiles cut along K over all SMs; a split-K where tiles are fewer than SMs):
 1024x1024x16384 614 TFLOP/s against 460 for the tuned list without it; where it does not
-apply it is the plain 128x128 kernel, which the tuner skips as a duplicate. The ping-pong schedule is opt-in (``CANDIDATE_CONFIGS``): on the H100
+apply it is the plain 128x128 kernel, which the tuner skips as a duplicate. 64x128 tiles
+with one epilogue buffer (9 stages) for skinny products, which stream B from memory and go
+as fast as the bytes of B in flight: 128x8192x8192 on the H200 386-390 TFLOP/s (cuBLAS
+390-392) against 376-380 for 128x64 tiles, whose stages hold half as much of B; 6 stages
+instead of 8 lost 5%. The ping-pong schedule is opt-in (``CANDIDATE_CONFIGS``): on the H100
 it trailed the cooperative 128x256 tiles at every size it was timed (4096^3 670 vs 706,
 8192^3 662 vs 678, 8192x28672x8192 587 vs 698 TFLOP/s)."""
 

@@ -100,6 +100,14 @@ def test_cooperative_gemm_tiles_ragged(config):
     assert run_gemm(200, 328, 136, cluster=1, num_sms=3, **config) < TOL[config.get("dtype", "bf16")]
 
 
+# one epilogue buffer per warpgroup (each slab waits for the previous slab's store) and the
+# 9-stage ring it makes room for, wrapped more than once
+@pytest.mark.parametrize("config", [dict(), dict(out_dtype="f32", bias=True)])
+def test_gemm_one_epilogue_buffer(config):
+    err = run_gemm(200, 328, 1224, BM=64, BN=128, cluster=1, epi_bufs=1, num_sms=3, **config)
+    assert err < TOL[config.get("out_dtype", "bf16")], err
+
+
 def test_cooperative_gemm_f16_epilogue_f32_out():
     err = run_gemm(130, 200, 72, dtype="f16", out_dtype="f32", bias=True, alpha=0.5,
                    activation="silu", cluster=1, BN=128, num_sms=2)

@@ -102,6 +102,9 @@ CASES = [
     (2048, 2048, 2048, False, False, dict(cluster=1, num_sms=100, split_tail=True)),
     (1000, 520, 1000, True, True, dict(BM=128, BN=128, cluster=1, num_sms=3, split_tail=True)),
     (129, 65, 1, False, False, dict(BM=64, BN=64, cluster=1, num_sms=4, split_tail=True)),
+    # one epilogue buffer per warpgroup, 9 stages (the skinny-product config)
+    (128, 8192, 1000, False, False, dict(BM=64, BN=128, cluster=1, epi_bufs=1)),
+    (777, 1500, 1000, True, True, dict(BM=64, BN=128, cluster=1, epi_bufs=1, num_sms=7)),
 ]
 
 
