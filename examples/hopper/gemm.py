@@ -639,8 +639,8 @@ partial wave's tiles cut along K over all SMs; a split-K where tiles are fewer t
 apply it is the plain 128x128 kernel, which the tuner skips as a duplicate. 64x128 tiles
 with one epilogue buffer (9 stages) for skinny products, which stream B from memory and go
 as fast as the bytes of B in flight: 128x8192x8192 on the H200 386-390 TFLOP/s (cuBLAS
-390-392) against 376-380 for 128x64 tiles, whose stages hold half as much of B; 6 stages
-instead of 8 lost 5%. The ping-pong schedule is opt-in (``CANDIDATE_CONFIGS``): on the H100
+389-392; paired 1.002-1.006x) against 376-380 for 128x64 tiles, whose stages hold half as
+much of B (0.978x paired); 6 stages instead of 8 lost 5%, 9 measured like 8. The ping-pong schedule is opt-in (``CANDIDATE_CONFIGS``): on the H100
 it trailed the cooperative 128x256 tiles at every size it was timed (4096^3 670 vs 706,
 8192^3 662 vs 678, 8192x28672x8192 587 vs 698 TFLOP/s)."""
 
