@@ -51,12 +51,17 @@ tuning pass and one sample of each peer instead. ``--no-tune`` times the default
 only (no hand-named variants); ``PYPTX_AUTOTUNE=0`` makes the default call the
 builder's first config (the planner's one-row kernel) instead of tuning it.
 
+Paired (``--pairs P``): ours over the best peer by ``pyptx.testing.paired_times``: ``P``
+rounds, one call of each per round in rotated order, each timed alone with the L2 flushed
+before it; the median of the per-round ratios (a ``paired`` column). Neighbouring calls share
+the GPU's clock level, so the ratio is steadier than two medians of separate bursts.
+
 Targets (issue 6): at every size and dtype ours >= 1.0x the best peer; at the two
 largest sizes ours >= 95% of the copy bandwidth. The last lines say which pass.
 
     python benchmarks/memory_bound.py [--out results.json] [--ops rms_norm,softmax]
         [--dtypes f32,bf16] [--sizes 256x4096,2048x8192] [--no-tune] [--no-compile]
-        [--timer graph|do_bench|events|both] [--rounds 5]
+        [--timer graph|do_bench|events|both] [--rounds 5] [--pairs 40]
 """
 
 from __future__ import annotations
@@ -491,10 +496,11 @@ def _cell(r: dict, key: str, primary: str) -> str:
 
 def op_table(rows: list[dict], op: str, primary: str) -> list[str]:
     """Markdown lines of one op's table; ``*`` marks rows timed another way (footnote)."""
+    paired = any("paired" in r for r in rows if r["op"] == op)
     md = [f"### {op}", "",
           "| dtype | B x N | ours | ours best variant | eager | inductor | triton | ours / best peer "
-          "| ours / copy | ours plan |",
-          "|---|---|---|---|---|---|---|---|---|---|"]
+          + ("| paired " if paired else "") + "| ours / copy | ours plan |",
+          "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if paired else "")]
     fell_back = set()
     for r in (r for r in rows if r["op"] == op):
         mixed = {m for m in r.get("methods", {}).values() if m not in (primary, "failed")}
@@ -503,7 +509,9 @@ def op_table(rows: list[dict], op: str, primary: str) -> list[str]:
         md.append(f"| {r['dtype']} | {r['B']}x{r['N']} | "
                   + " | ".join(_cell(r, k, primary) for k in
                                ("ours", "ours_best_variant", "eager", "inductor", "triton"))
-                  + f" | {r['vs_peer']:.3f}x{star} | {100 * r['vs_copy']:.1f}%{star} "
+                  + f" | {r['vs_peer']:.3f}x{star} | "
+                  + (f"{r['paired']:.3f}x | " if "paired" in r else "- | " if paired else "")
+                  + f"{100 * r['vs_copy']:.1f}%{star} "
                     f"| {r['ours_plan']} |")
     if fell_back:
         md += ["", f"\\* CUDA-graph capture failed: timed with {', '.join(sorted(fell_back))} "
@@ -551,9 +559,13 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=ROUNDS,
                     help="interleaved rounds of ours (tuned and default) and the peers after "
                          "tuning; the tables give medians (0: the tuning pass, one peer sample)")
+    ap.add_argument("--pairs", type=int, default=0,
+                    help="paired rounds of ours against the best peer (0: no paired column)")
     a = ap.parse_args(argv)
     if a.rounds < 0:
         ap.error(f"--rounds must be >= 0, got {a.rounds}")
+    if a.pairs < 0:
+        ap.error(f"--pairs must be >= 0, got {a.pairs}")
 
     import torch
 
@@ -695,6 +707,13 @@ def main(argv=None) -> int:
                 res["vs_peer_best_variant"] = (res["ours_best_variant"] / best_peer if best_peer
                                                else math.inf)
                 res["vs_copy"] = res["ours"] / copy_gbs
+                if a.pairs and default_k and best_peer:
+                    from pyptx.testing import paired_ratio, paired_times
+
+                    pname = res["best_peer_name"]
+                    per = paired_times({"ours": lambda k=default_k, x=inputs: k(*x),
+                                        pname: lambda f=peers[pname], x=inputs: f(*x)}, a.pairs)
+                    res["paired"] = paired_ratio(per, pname, "ours")[0]
                 if alt and default_k:  # the second methodology, ours and the best peer
                     try:
                         pname = res["best_peer_name"]
@@ -712,6 +731,7 @@ def main(argv=None) -> int:
                     f"{marks['eager']} inductor {res.get('inductor', 0):6.0f}"
                     f"{marks.get('inductor', '')} triton {res.get('triton', 0):6.0f}"
                     f"{marks.get('triton', '')}"
+                    + (f" paired {res['paired']:.3f}x" if "paired" in res else "")
                     + (f" | {alt}: ours {res['alt']['ours']:6.0f} {res['alt']['peer']} "
                        f"{res['alt']['peer_gbs']:6.0f}" if "alt" in res else "")
                     + f"  [{time.time() - t_start:5.0f} s]")

@@ -111,6 +111,15 @@ def test_table_marks_fallbacks(mb):
     assert "| - |" in line and "*" not in line
 
 
+def test_table_paired_column(mb):
+    md = mb.op_table([_row(paired=0.987), _row(dtype="bf16")], "rms_norm", "graph")
+    assert "| ours / best peer | paired | ours / copy |" in md[2]
+    assert md[3].count("|") == md[2].count("|")
+    assert "| 1.030x | 0.987x | 50.0% |" in next(s for s in md if s.startswith("| f32"))
+    assert "| 1.030x | - | 50.0% |" in next(s for s in md if s.startswith("| bf16"))
+    assert "paired" not in mb.op_table([_row()], "rms_norm", "graph")[2]
+
+
 def test_alt_table(mb):
     r = _row(alt={"method": "do_bench", "peer": "triton", "ours": 1000.0, "peer_gbs": 1100.0})
     md = mb.op_table([r], "rms_norm", "graph") + mb.alt_table(
