@@ -74,9 +74,16 @@ def _label(kw: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in kw.items()) or "defaults"
 
 
-def variants(mods: dict, op: str, B: int) -> list[tuple[str, str, dict]]:
+#: ``--hints``: L2 eviction priorities and store modifiers tried on a few launch shapes
+HINTS = [{"l2_load": "evict_first"}, {"l2_store": "evict_first"},
+         {"l2_load": "evict_first", "l2_store": "evict_first"}, {"store_cache": ".cs"},
+         {"l2_load": "evict_first", "store_cache": ".cs"}]
+
+
+def variants(mods: dict, op: str, B: int, hints: bool = False) -> list[tuple[str, str, dict]]:
     """``(kind, label, kwargs)`` of the candidates at a cell: ``cfg`` for every config of the
-    builder's autotune list (the tuner's choices), ``extra`` for shapes outside it."""
+    builder's autotune list (the tuner's choices), ``extra`` for shapes outside it (with
+    ``hints``, also ``HINTS`` on the default shape and two chunkings, with and without PDL)."""
     out = [("cfg", _label(c.kwargs), dict(c.kwargs)) for c in getattr(mods[op], BUILDERS[op][2])]
     extra: list[dict] = []
     if op == "swiglu":
@@ -100,6 +107,11 @@ def variants(mods: dict, op: str, B: int) -> list[tuple[str, str, dict]]:
         if B <= 512:  # few rows: two rows per CTA of 128-thread rows (half the CTAs)
             for pdl in (True, False):
                 extra.append({"threads": 128, "rows": 2, "pdl": pdl})
+    if hints:
+        shapes = [{"threads": 128}, {"threads": 128, "chunks": 2}] if op == "swiglu" else \
+            [{}, {"chunks": 2}, {"chunks": 8}]
+        extra += [{**shape, **h, "pdl": pdl} for shape in shapes for h in HINTS
+                  for pdl in (True, False)]
     have = {_label(kw) for _, _, kw in out}
     out += [("extra", _label(kw), kw) for kw in extra if _label(kw) not in have]
     return out
@@ -133,7 +145,7 @@ def _regs(k) -> str:
         return ""
 
 
-def probe_cell(torch, mb, mods, peers, cell: str, rounds: int, log) -> dict:
+def probe_cell(torch, mb, mods, peers, cell: str, rounds: int, log, hints: bool = False) -> dict:
     """Tune the default call, check and time every variant and the peers at one cell."""
     from pyptx.autotune import Config
 
@@ -167,7 +179,7 @@ def probe_cell(torch, mb, mods, peers, cell: str, rounds: int, log) -> dict:
     if not fns:
         log(f"  {cell} default call WRONG: rel err {res['default_err']:.2e}")
     seen: dict = {}
-    for kind, label, kw in variants(mods, op, B):
+    for kind, label, kw in variants(mods, op, B, hints):
         v = {"kind": kind, "label": label, "kwargs": kw}
         res["variants"].append(v)
         try:
@@ -253,6 +265,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--no-compile", action="store_true", help="no inductor peer")
     ap.add_argument("--out", help="write every number as JSON here")
+    ap.add_argument("--hints", action="store_true", help="also the HINTS variants")
     a = ap.parse_args(argv)
     cells = [c for c in a.cells.split(",") if c]
     for c in cells:
@@ -291,7 +304,7 @@ def main(argv=None) -> int:
             peers["inductor"] = torch.compile(eager[op], dynamic=False)
         if op in tri:
             peers["triton"] = tri[op]
-        out.append(probe_cell(torch, mb, mods, peers, cell, a.rounds, log))
+        out.append(probe_cell(torch, mb, mods, peers, cell, a.rounds, log, a.hints))
         log(f"  [{time.time() - t0:.0f} s]")
     log("\nSUMMARY (ratios to the best peer, do_bench medians)")
     for r in out:
