@@ -411,6 +411,9 @@ def test_gemm_builder_refuses_bad_configurations():
     _here_line(e)
     with pytest.raises(ConfigError, match="split_tail must be True or False, got 'yes'"):
         gemm.build_gemm(4096, 4096, 4096, split_tail="yes")
+    with pytest.raises(ConfigError, match="epi_bufs must be 1 or 2, got 3") as e:
+        gemm.build_gemm(128, 8192, 8192, BM=64, BN=128, epi_bufs=3)
+    _here_line(e)
 
 
 def test_tma_3d_view_option_and_its_errors(assemble):
