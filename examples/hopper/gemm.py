@@ -221,9 +221,9 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
     n-blocks of one m-block, sharing its A tile: for few m-blocks, where every CTA would
     otherwise read all of A; opt-in: at 128 x 8192 x 8192 on the H100 it measured 282 vs 290
     TFLOP/s for 128x64 tiles without a cluster: the two CTAs' independent streams of B wait
-    for each other), ``group_m``
-    (cluster) rows per band of the persistent order over ``num_sms`` SMs. Epilogue: D =
-    ``activation(alpha * A@B + bias)`` in ``out_dtype``. Cluster switches (measured in
+    for each other), ``group_m`` (cluster) rows per band of the persistent order over
+    ``num_sms`` SMs. Epilogue: D = ``activation(alpha * A@B + bias)`` in ``out_dtype``.
+    Cluster switches (measured in
     ``docs/dev/tensor-cores.md``): ``multicast`` (B copied once per cluster),
     ``split`` ('rows' of every slab or whole 'slabs' per CTA), ``remote_sem`` (ordering of
     the consumers' remote releases), ``wait_scope`` (acquire scope of barrier waits).
