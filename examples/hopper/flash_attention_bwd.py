@@ -2116,6 +2116,535 @@ def safe_default():
     return _env("PYPTX_ATTN_BWD_SAFE")
 
 
+# ------------------------------------------------------------------ packed variable length
+#: STATS rows per q head past the last sequence's, for the varlen dK/dV kernel's reads of
+#: its last q block (``padded_varlen``).
+VARLEN_PAD = 128
+#: ``build_attention_backward`` options the varlen pair does not have (its dK/dV kernel is
+#: the plain mode: dQ comes from the dQ kernel, out of place, deterministic).
+VARLEN_REFUSED = ("atomic_dq", "dq_bulk", "dq_ordered", "fused_bq", "fused_defer",
+                  "fused_pingpong", "dq_convert", "convert_lag", "stats_lead")
+
+
+def padded_varlen(Tq, B):
+    """Rows per q head of the varlen STATS scratch ``(Hq, padded_varlen(Tq, B), 2)``:
+    sequence ``b``'s rows start at the even row ``cu_q[b] + (cu_q[b] & 1) + 2 b``
+    (``_stats_base``: 16-byte aligned for the dK/dV kernel's bulk copies and vector loads,
+    and never overlapping the previous sequence's), ``Tq + 2 B`` rows for them all, plus
+    ``VARLEN_PAD`` so a q block read past the last sequence's end stays in bounds."""
+    return Tq + 2 * B + VARLEN_PAD
+
+
+def _stats_base(q_start, b):
+    """The first STATS row of sequence ``b`` (u32 registers in and out; ``padded_varlen``)."""
+    return q_start + (q_start & 1) + b * 2
+
+
+def check_varlen_shapes(fn, Tq, Tk, B, Hq, Hkv, D, max_seqlen):
+    """Raise ``ConfigError`` (naming ``fn``) unless the packed sizes are ones the varlen
+    kernels handle (D 64 or 128, ``Hq`` a multiple of ``Hkv``)."""
+    for name, v in (("Tq", Tq), ("Tk", Tk), ("B", B), ("Hq", Hq), ("Hkv", Hkv), ("D", D),
+                    ("max_seqlen", max_seqlen)):
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise _fail(f"{fn}: {name} must be a positive int, got {v!r}")
+    if D not in (64, 128):
+        raise _fail(f"{fn}: head dim D must be 64 or 128, got {D}")
+    if Hq % Hkv:
+        raise _fail(f"{fn}: Hq ({Hq}) must be a multiple of Hkv ({Hkv})")
+
+
+def _varlen_options(fn, Tq, Tk, B, Hq, Hkv, D, max_seqlen, dtype, scale, safe, sync):
+    check_varlen_shapes(fn, Tq, Tk, B, Hq, Hkv, D, max_seqlen)
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    safe = safe_default() if safe is None else bool(safe)
+    sync = (_env("PYPTX_ATTN_BWD_SYNC") if sync is None else sync) and safe
+    return _dtype(dtype), scale, safe, sync, Hq // Hkv, padded_varlen(Tq, B)
+
+
+def _seq_bounds(CUQ, CUK, b):
+    """``(q_start, seqlen_q, k_start, seqlen_k)`` of sequence ``b`` (u32 registers), read
+    from the device's ``cu_seqlens_q``/``cu_seqlens_k`` (no host sync: graph-capturable)."""
+    pq, pk = ptx.global_ptrs(CUQ, CUK)
+    off = reg.from_(b, u64) * 4
+    q_start, q_end, k_start, k_end = (reg.scalar(u32) for _ in range(4))
+    ptx.inst.ld.global_.nc.u32(q_start, ptx.addr(pq + off))
+    ptx.inst.ld.global_.nc.u32(q_end, ptx.addr(pq + off, 4))
+    ptx.inst.ld.global_.nc.u32(k_start, ptx.addr(pk + off))
+    ptx.inst.ld.global_.nc.u32(k_end, ptx.addr(pk + off, 4))
+    return q_start, q_end - q_start, k_start, k_end - k_start
+
+
+def _load_slabs3(dst, tmap, d_slabs, head, row, rows, bar):
+    """``_load_slabs`` through a rank-3 ``(T, H, D)`` map (``row``: a packed row)."""
+    for i in range(d_slabs):
+        ptx.tma.load_tile(dst + i * rows * 128 if i else dst, tmap, (64 * i, head, row), bar)
+
+
+def _store_rows_varlen(acc, ptr, start, row, valid, H, D, head, col0, scale, dt):
+    """``_store_rows`` into a packed ``(T, H, D)`` tensor: this thread's rows ``start + row``
+    and ``+ 8`` (``row`` within the sequence; ``valid`` guards: rows past the sequence's end
+    belong to the next one)."""
+    rbase = []
+    for r in (0, 8):
+        elem = ((start + row + r) * H + head) * D + col0
+        rbase.append(reg.from_(elem, u64) * 2 + ptr)
+    for i, dr, dc in acc.pairs():
+        packed = reg.scalar(b32)
+        v0, v1 = acc[i], acc[i + 1]
+        if scale != 1.0:
+            v0, v1 = v0 * float(scale), v1 * float(scale)
+        ptx.inst(f"cvt.rn.{dt.name}x2.f32")(packed, v1, v0)
+        ptx.inst.st.global_.b32(ptx.addr(rbase[dr // 8], dc * 2), packed, pred=valid[dr // 8])
+
+
+def _row_stats_varlen(po, pdo, plse, pstats, hq, q_start, sbase, qrow, valid, lane, Tq, Sp,
+                      Hq, D, dt):
+    """``_row_stats`` of a packed batch: rows ``q_start + qrow`` and ``+ 8``, loads and the
+    STATS store predicated on ``valid`` (a row past the sequence's end is the next
+    sequence's: its stats are that sequence's CTAs' to write)."""
+    quarter = D // 4
+    c = lane & 3
+    delta, nlse2 = [], []
+    for r in (0, 8):
+        acc = reg.scalar(f32, init=0.0)
+        elem = ((q_start + qrow + r) * Hq + hq) * D + c * quarter
+        off = reg.from_(elem, u64) * 2
+        for k8 in range(quarter // 8):
+            wo, wd = reg.array(b32, 4), reg.array(b32, 4)
+            for x in list(wo) + list(wd):
+                ptx.inst.mov.b32(x, 0)
+            ptx.inst.ld.global_.nc.v4.b32(wo, ptx.addr(po + off, 16 * k8), pred=valid[r // 8])
+            ptx.inst.ld.global_.nc.v4.b32(wd, ptx.addr(pdo + off, 16 * k8), pred=valid[r // 8])
+            for x, y in zip(wo, wd):
+                o0, o1 = _unpack(x, dt)
+                d0, d1 = _unpack(y, dt)
+                ptx.inst.fma.rn.f32(acc, o0, d0, acc)
+                ptx.inst.fma.rn.f32(acc, o1, d1, acc)
+        ptx.warp.reduce_sum(acc, width=4)
+        delta.append(acc)
+        lv = reg.scalar(f32, init=0.0)
+        loff = reg.from_(hq * Tq + q_start + qrow + r, u64) * 4
+        ptx.inst.ld.global_.nc.f32(lv, ptx.addr(plse + loff), pred=valid[r // 8])
+        l2 = lv * LOG2E
+        soff = reg.from_(hq * Sp + sbase + qrow + r, u64) * 8
+        ptx.inst.st.global_.v2.f32(ptx.addr(pstats + soff), [l2, acc], pred=valid[r // 8] & (c == 0))
+        nlse2.append(-l2)
+    return delta, nlse2
+
+
+def _min_s32(a, b):
+    r = reg.scalar(s32)
+    ptx.inst.min.s32(r, a, b)
+    return r
+
+
+def build_dq_varlen(Tq, Tk, B, Hq, Hkv, D, max_seqlen_q, *, dtype="bf16", causal=False,
+                    scale=None, BKV=None, stages=None, sync=None, safe=None):
+    """The varlen dQ kernel: ``(Q, K, V, CUQ, CUK, OUT, LSE, DO) -> (DQ, STATS)`` for packed
+    ``q/o/do (Tq, Hq, D)``, ``k/v (Tk, Hkv, D)``, ``cu_seqlens`` int32 ``(B + 1,)``, ``lse
+    (Hq, Tq)``; STATS ``(Hq, padded_varlen(Tq, B), 2)`` (``(lse2, delta)`` of every row of
+    every sequence, at ``_stats_base``; the rows between and after sequences unwritten).
+    ``build_dq``'s schedule on a grid of ``ceil(max_seqlen_q / 128)`` blocks per (q head,
+    sequence); a CTA past its sequence's end returns before any barrier. Every mask is the
+    sequence's (lengths read on the device): keys past its end (the next sequence's rows)
+    and, causal, above its top-left diagonal get ``P = 0`` by a select; the fast schedule
+    masks the blocks where that can happen (``j * BKV + BKV > seqlen_k``, the diagonal), the
+    safe one every block. dQ is stored for the sequence's rows only."""
+    dt, scale, safe, sync, G, Sp = _varlen_options("build_dq_varlen", Tq, Tk, B, Hq, Hkv, D,
+                                                   max_seqlen_q, dtype, scale, safe, sync)
+    BKV = default_dq_bkv(D) if BKV is None else BKV
+    if BKV not in (32, 64, 128):
+        raise _fail(f"build_dq_varlen: BKV must be 32, 64 or 128, got {BKV!r}")
+    q_tile = OperandTile(BM, D, dt, major="K")
+    k_tile = OperandTile(BKV, D, dt, major="K")
+    k_mn = OperandTile(D, BKV, dt, major="MN")
+    slabs = D // 64
+    stage_bytes = 2 * k_tile.nbytes
+    head_bytes = 2 * q_tile.nbytes
+    stages = _smem_fit(head_bytes, stage_bytes) if stages is None else stages
+    smem_total = head_bytes + stages * stage_bytes + 1024
+    if smem_total > SMEM_LIMIT:
+        raise _fail(f"build_dq_varlen: {stages} stages of {BKV} rows need {smem_total} bytes")
+    c1 = scale * LOG2E
+    qspec = Tile(Tq, Hq, D, dt)
+    kspec = Tile(Tk, Hkv, D, dt)
+    cu = Tile(B + 1, s32)
+
+    def dq_kernel(Q, K, V, CUQ, CUK, OUT, LSE, DO, DQ, STATS):
+        tid, wg = thread_ids()
+        mi = reg.from_(ptx.special.ctaid.x(), u32)
+        hq = reg.from_(ptx.special.ctaid.y(), u32)
+        b = reg.from_(ptx.special.ctaid.z(), u32)
+        q_start, seqlen_q, k_start, seqlen_k = _seq_bounds(CUQ, CUK, b)
+        ptx.ret(pred=mi * BM >= seqlen_q)       # past the sequence: the whole CTA, first
+        qb = mi
+        if causal:  # the longest rows first, within this sequence's blocks
+            qb = ((seqlen_q + (BM - 1)) // BM - 1) - mi
+        hk = hq // G if G > 1 else hq
+        q0 = qb * BM
+        base = ring_base("smem")
+        pipe = Pipeline(stages, consumer_arrivals=2)
+        head_bar = BarrierArray(1, name="head_bar")
+        pipe.init(pred=tid == 0)
+        head_bar.init(1, pred=tid == 0)
+        ptx.bar_sync(0)
+        n_kv = (seqlen_k + (BKV - 1)) // BKV
+        if causal:  # blocks wholly above the diagonal are skipped
+            n_kv = _min_u32((q0 + (BM - 1)) // BKV + 1, n_kv)
+        roles = Roles(wg, PROD_REGS)
+        # ------------------------------------------------------------ producer
+        with ptx.if_(tid == 0):
+            hbar = head_bar.at(0)
+            ptx.mbarrier.arrive_expect_tx(hbar, head_bytes)
+            q_map = ptx.tma.tensormap_ptr(Q.tmap)
+            do_map = ptx.tma.tensormap_ptr(DO.tmap)
+            _load_slabs3(base, q_map, slabs, hq, q_start + q0, BM, hbar)
+            _load_slabs3(base + q_tile.nbytes, do_map, slabs, hq, q_start + q0, BM, hbar)
+            k_map = ptx.tma.tensormap_ptr(K.tmap)
+            v_map = ptx.tma.tensormap_ptr(V.tmap)
+            st = pipe.producer_state()
+            for j in ptx.loop(0, n_kv):
+                pipe.acquire(st)
+                bar = pipe.arm(st, stage_bytes)
+                sb = st.stage * stage_bytes + (base + head_bytes)
+                krow = k_start + j * BKV
+                _load_slabs3(sb, k_map, slabs, hk, krow, BKV, bar)
+                _load_slabs3(sb + k_tile.nbytes, v_map, slabs, hk, krow, BKV, bar)
+                if sync:
+                    ptx.mbarrier.wait(pipe.empty.at(st.stage), st.phase ^ 1)
+                st.advance()
+        # ------------------------------------------------------------ consumers
+        roles.consumers(CONS_REGS)
+        w = wg - 1
+        t = tid & 127
+        lane = tid & 31
+        leader = t == 0
+        s_acc = Accumulator(BKV)
+        dp_acc = Accumulator(BKV)
+        dq_acc = Accumulator(D)
+        ds_pack = reg.array(b32, BKV // 4)
+        row0, col0 = s_acc.thread_origin(t)
+        qrow = q0 + w * 64 + row0                   # within the sequence: qrow, qrow + 8
+        valid = [qrow < seqlen_q, qrow + 8 < seqlen_q]
+        po, pdo, plse, pstats, pdq = ptx.global_ptrs(OUT, DO, LSE, STATS, DQ)
+        delta, nlse2 = _row_stats_varlen(po, pdo, plse, pstats, hq, q_start,
+                                         _stats_base(q_start, b), qrow, valid, lane, Tq, Sp,
+                                         Hq, D, dt)
+        last = reg.from_(seqlen_k, s32) - 1         # the sequence's last key
+        lim = []
+        for r in (0, 8):
+            lim.append(_min_s32(reg.from_(qrow + r, s32), last) if causal else last)
+        dq_acc.zero()
+        q_desc = q_tile.descriptor(base) + reg.from_(w * (q_tile.offset(0, 64) >> 4), u64)
+        do_desc = q_desc + (q_tile.nbytes >> 4)
+        ring = base + head_bytes
+        k_desc0 = k_tile.descriptor(ring)
+        v_desc0 = k_tile.descriptor(ring, offset=k_tile.nbytes)
+        kmn_desc0 = k_mn.descriptor(ring)
+        cons = pipe.consumer_state()
+        rel = pipe.consumer_state()
+        has_prev = reg.scalar(u32, init=0)
+        ptx.mbarrier.wait(head_bar.at(0), 0)
+        for j in ptx.loop(0, n_kv):
+            pipe.wait(cons)
+            soff = reg.from_(reg.from_(cons.stage * (stage_bytes >> 4), u32), u64)
+            kd, vd, kmn = k_desc0 + soff, v_desc0 + soff, kmn_desc0 + soff
+            ptx.wgmma.fence()
+            for kk in range(q_tile.k_steps):
+                ptx.wgmma.mma_async(s_acc.regs, q_tile.advance(q_desc, kk), k_tile.advance(kd, kk),
+                                    n=BKV, dtype_ab=dt.name, scale_d=0 if kk == 0 else 1)
+            ptx.wgmma.commit_group()
+            for kk in range(q_tile.k_steps):
+                ptx.wgmma.mma_async(dp_acc.regs, q_tile.advance(do_desc, kk), k_tile.advance(vd, kk),
+                                    n=BKV, dtype_ab=dt.name, scale_d=0 if kk == 0 else 1)
+            ptx.wgmma.commit_group()
+            ptx.wgmma.wait_group(1)
+            if not safe:
+                with ptx.if_(has_prev != 0):
+                    pipe.release(rel, pred=leader)
+                    rel.advance()
+            for i in range(len(s_acc)):             # P = exp2(S * c1 - lse2), in place
+                dr = Accumulator.coord(i)[0]
+                ptx.inst.fma.rn.f32(s_acc[i], s_acc[i], c1, nlse2[dr // 8])
+                ptx.inst.ex2.approx.ftz.f32(s_acc[i], s_acc[i])
+            kv0 = reg.from_(j * BKV + col0, s32)
+            if safe:
+                need = None
+            elif causal:    # the sequence's end or its diagonal crosses the block
+                need = _or(j * BKV + BKV > seqlen_k, j * BKV + (BKV - 1) > q0)
+            else:
+                need = j * BKV + BKV > seqlen_k
+            with _maybe_if(need):
+                room = [lim[0] - kv0, lim[1] - kv0]    # column offset c allowed iff c <= room
+                for i in range(len(s_acc)):
+                    dr, dc = Accumulator.coord(i)
+                    ptx.inst.selp.f32(s_acc[i], s_acc[i], 0.0, room[dr // 8] >= dc)
+            ptx.wgmma.wait_group(0)
+            for i in range(len(dp_acc)):            # dS = P * (dP - delta), in place
+                dr = Accumulator.coord(i)[0]
+                x = dp_acc[i] - delta[dr // 8]
+                ptx.inst.mul.f32(dp_acc[i], s_acc[i], x)
+            _pack(ds_pack, dp_acc.regs, dt)
+            ptx.wgmma.fence()
+            for kk in range(BKV // 16):
+                ptx.wgmma.mma_async(dq_acc.regs, list(ds_pack)[4 * kk:4 * kk + 4],
+                                    k_mn.advance(kmn, kk), n=D, dtype_ab=dt.name, trans_b=k_mn.trans)
+            ptx.wgmma.commit_group()
+            if safe:
+                ptx.wgmma.wait_group(0)
+                pipe.release(cons, pred=leader)
+            else:
+                ptx.inst.mov.u32(has_prev, 1)
+            cons.advance()
+        if not safe:
+            ptx.wgmma.wait_group(0)
+            with ptx.if_(has_prev != 0):
+                pipe.release(rel, pred=leader)
+        _store_rows_varlen(dq_acc, pdq, q_start, qrow, valid, Hq, D, hq, col0, scale, dt)
+        roles.end()
+        ptx.ret()
+
+    name = (f"attn_bwd_dq_varlen_{dt.name}_d{D}_h{Hq}x{Hkv}{'_causal' if causal else ''}"
+            f"{'_safe' if safe else ''}_bkv{BKV}")
+    box_q = {"box": (BM, 1, 64), "swizzle": "128B"}
+    box_k = {"box": (BKV, 1, 64), "swizzle": "128B"}
+    return kernel(in_specs=(qspec, kspec, kspec, cu, cu, qspec, Tile(Hq, Tq, f32), qspec),
+                  out_specs=(qspec, Tile(Hq, Sp, 2, f32)), grid=(-(-max_seqlen_q // BM), Hq, B),
+                  block=(THREADS, 1, 1), smem=smem_total, maxnreg=168,
+                  tma={"Q": box_q, "DO": box_q, "K": box_k, "V": box_k}, name=name)(dq_kernel)
+
+
+def build_dkdv_varlen(Tq, Tk, B, Hq, Hkv, D, max_seqlen_k, *, dtype="bf16", causal=False,
+                      scale=None, BQ=None, stages=None, sync=None, safe=None, overlap=None):
+    """The varlen dK/dV kernel: ``(Q, K, V, CUQ, CUK, DO, STATS) -> (DK, DV)`` (STATS from
+    ``build_dq_varlen``): ``build_dkdv``'s plain mode (``BQ`` 32 or 64, ``overlap`` as
+    there) on a grid of ``ceil(max_seqlen_k / 128)`` kv blocks per (kv head, sequence); a
+    CTA past its sequence's keys returns before any barrier. Query columns past the
+    sequence's end (the next sequence's rows, whose stats may be anything, or unwritten
+    STATS rows) get ``P^T = 0`` by a select, and their ``delta`` is selected to 0 so
+    ``dS^T = 0 * (dP^T - 0)`` stays 0 whatever the stats held; causal columns above the
+    sequence's diagonal get ``P^T = 0``. The fast schedule masks the blocks that reach past
+    ``seqlen_q`` or the diagonal (runtime lengths), the safe one every block. dK/dV are
+    stored for the sequence's keys only (zeros where no query attends)."""
+    dt, scale, safe, sync, G, Sp = _varlen_options("build_dkdv_varlen", Tq, Tk, B, Hq, Hkv, D,
+                                                   max_seqlen_k, dtype, scale, safe, sync)
+    BQ = DKDV_BQ if BQ is None else BQ
+    if BQ not in (32, 64):
+        raise _fail(f"build_dkdv_varlen: BQ must be 32 or 64, got {BQ!r}")
+    kv_tile = OperandTile(BM, D, dt, major="K")
+    q_tile = OperandTile(BQ, D, dt, major="K")
+    q_mn = OperandTile(D, BQ, dt, major="MN")
+    slabs = D // 64
+    stats_bytes = BQ * 8
+    stage_bytes = 2 * q_tile.nbytes + 1024
+    head_bytes = 2 * kv_tile.nbytes
+    default_overlap = not safe and (BQ == 32 or D <= 64)
+    overlap = default_overlap if overlap is None else bool(overlap)
+    if overlap and safe:
+        raise _fail("build_dkdv_varlen: overlap=True needs the fast schedule (not safe)")
+    stages = _smem_fit(head_bytes, stage_bytes) if stages is None else stages
+    smem_total = head_bytes + stages * stage_bytes + 1024
+    if smem_total > SMEM_LIMIT:
+        raise _fail(f"build_dkdv_varlen: {stages} stages of {BQ} rows need {smem_total} bytes")
+    c1 = scale * LOG2E
+    qspec = Tile(Tq, Hq, D, dt)
+    kspec = Tile(Tk, Hkv, D, dt)
+    cu = Tile(B + 1, s32)
+
+    def dkdv_kernel(Q, K, V, CUQ, CUK, DO, STATS, DK, DV):
+        tid, wg = thread_ids()
+        kb = reg.from_(ptx.special.ctaid.x(), u32)
+        hk = reg.from_(ptx.special.ctaid.y(), u32)
+        b = reg.from_(ptx.special.ctaid.z(), u32)
+        q_start, seqlen_q, k_start, seqlen_k = _seq_bounds(CUQ, CUK, b)
+        k0 = kb * BM
+        ptx.ret(pred=k0 >= seqlen_k)                # past the sequence: the whole CTA, first
+        base = ring_base("smem")
+        pipe = Pipeline(stages, consumer_arrivals=RELEASE_ARRIVALS)
+        head_bar = BarrierArray(1, name="head_bar")
+        pipe.init(pred=tid == 0)
+        head_bar.init(1, pred=tid == 0)
+        ptx.bar_sync(0)
+        num_q = (seqlen_q + (BQ - 1)) // BQ
+        qb0 = k0 // BQ if causal else 0             # causal: q blocks wholly above skipped
+        sbase = _stats_base(q_start, b)
+        pstats, pdk, pdv = ptx.global_ptrs(STATS, DK, DV)
+        roles = Roles(wg, PROD_REGS)
+        # ------------------------------------------------------------ producer
+        with ptx.if_(tid == 0):
+            hbar = head_bar.at(0)
+            ptx.mbarrier.arrive_expect_tx(hbar, head_bytes)
+            k_map = ptx.tma.tensormap_ptr(K.tmap)
+            v_map = ptx.tma.tensormap_ptr(V.tmap)
+            _load_slabs3(base, k_map, slabs, hk, k_start + k0, BM, hbar)
+            _load_slabs3(base + kv_tile.nbytes, v_map, slabs, hk, k_start + k0, BM, hbar)
+            q_map = ptx.tma.tensormap_ptr(Q.tmap)
+            do_map = ptx.tma.tensormap_ptr(DO.tmap)
+            st = pipe.producer_state()
+            for g in ptx.loop(0, G):
+                hq = hk * G + g
+                srow = reg.from_(hq * Sp + sbase, u64) * 8 + pstats
+                for qb in ptx.loop(qb0, num_q):
+                    pipe.acquire(st)
+                    bar = pipe.arm(st, 2 * q_tile.nbytes + (0 if safe else stats_bytes))
+                    sb = st.stage * stage_bytes + (base + head_bytes)
+                    qrow = q_start + qb * BQ
+                    _load_slabs3(sb, q_map, slabs, hq, qrow, BQ, bar)
+                    _load_slabs3(sb + q_tile.nbytes, do_map, slabs, hq, qrow, BQ, bar)
+                    if not safe:
+                        ptx.tma.copy_bulk(sb + 2 * q_tile.nbytes,
+                                          reg.from_(qb * (BQ * 8), u64) + srow, stats_bytes, bar)
+                    if sync:
+                        ptx.mbarrier.wait(pipe.empty.at(st.stage), st.phase ^ 1)
+                    st.advance()
+        # ------------------------------------------------------------ consumers
+        roles.consumers(CONS_REGS)
+        w = wg - 1
+        t = tid & 127
+        s_acc = Accumulator(BQ)
+        dp_acc = Accumulator(BQ)
+        dv_acc = Accumulator(D)
+        dk_acc = Accumulator(D)
+        p_pack = reg.array(b32, BQ // 4)
+        ds_pack = reg.array(b32, BQ // 4)
+        row0, col0 = s_acc.thread_origin(t)
+        kvrow = k0 + w * 64 + row0                  # within the sequence: kvrow, kvrow + 8
+        valid = [kvrow < seqlen_k, kvrow + 8 < seqlen_k]
+        dv_acc.zero()
+        dk_acc.zero()
+        k_desc = kv_tile.descriptor(base) + reg.from_(w * (kv_tile.offset(0, 64) >> 4), u64)
+        v_desc = k_desc + (kv_tile.nbytes >> 4)
+        ring = base + head_bytes
+        q_desc0 = q_tile.descriptor(ring)
+        do_desc0 = q_tile.descriptor(ring, offset=q_tile.nbytes)
+        qmn_desc0 = q_mn.descriptor(ring)
+        domn_desc0 = q_mn.descriptor(ring, offset=q_tile.nbytes)
+        cons = pipe.consumer_state()
+        rel = pipe.consumer_state()
+        has_prev = reg.scalar(u32, init=0)
+        stats_col = col0 * 8 + 2 * q_tile.nbytes
+        sq = reg.from_(seqlen_q, s32)
+
+        def mask_pt(acc, q0):
+            """``build_dkdv``'s mask with the sequence's length: P^T of query columns past
+            ``seqlen_q`` and, causal, of key > query set to 0 (a select)."""
+            if safe:
+                need = None
+            elif causal:
+                need = _or(q0 + BQ > seqlen_q, q0 < k0 + (BM - 1))
+            else:
+                need = q0 + BQ > seqlen_q
+            with _maybe_if(need):
+                qc = q0 + col0
+                hi = sq - reg.from_(qc, s32)        # column offset c valid iff c < hi
+                if causal:
+                    lo = [reg.from_(kvrow + r, s32) - reg.from_(qc, s32) for r in (0, 8)]
+                for i in range(len(acc)):
+                    dr, dc = Accumulator.coord(i)
+                    ptx.inst.selp.f32(acc[i], acc[i], 0.0, hi > dc)
+                    if causal:
+                        ptx.inst.selp.f32(acc[i], acc[i], 0.0, lo[dr // 8] <= dc)
+
+        ptx.mbarrier.wait(head_bar.at(0), 0)
+        for g in ptx.loop(0, G):
+            hq = hk * G + g
+            srow = reg.from_(hq * Sp + sbase, u64) * 8 + pstats
+            for qb in ptx.loop(qb0, num_q):
+                q0 = qb * BQ
+                pipe.wait(cons)
+                sbs = cons.stage * stage_bytes
+                soff = reg.from_(reg.from_(sbs >> 4, u32), u64)
+                qd, dod = q_desc0 + soff, do_desc0 + soff
+                qmn, domn = qmn_desc0 + soff, domn_desc0 + soff
+                ptx.wgmma.fence()
+                for kk in range(kv_tile.k_steps):
+                    ptx.wgmma.mma_async(s_acc.regs, kv_tile.advance(k_desc, kk),
+                                        q_tile.advance(qd, kk), n=BQ, dtype_ab=dt.name,
+                                        scale_d=0 if kk == 0 else 1)
+                ptx.wgmma.commit_group()
+                for kk in range(kv_tile.k_steps):
+                    ptx.wgmma.mma_async(dp_acc.regs, kv_tile.advance(v_desc, kk),
+                                        q_tile.advance(dod, kk), n=BQ, dtype_ab=dt.name,
+                                        scale_d=0 if kk == 0 else 1)
+                ptx.wgmma.commit_group()
+                if safe:
+                    src = reg.from_(q0 * 8 + col0 * 8, u64) + srow
+                else:
+                    src = sbs + (ring + stats_col)
+
+                def stats(which, src=src):
+                    out = {}
+                    for blk in range(BQ // 8):
+                        v4 = reg.array(f32, 4)
+                        if safe:
+                            ptx.inst.ld.global_.nc.v4.f32(v4, ptx.addr(src, 64 * blk))
+                        else:
+                            ptx.inst.ld.shared.v4.f32(v4, ptx.addr(src, 64 * blk))
+                        for e in (0, 1):
+                            out[8 * blk + e] = -v4[2 * e] if which == 0 else v4[2 * e + 1]
+                    return out
+
+                nl2 = stats(0)
+                ptx.wgmma.wait_group(1)             # S^T (and the previous block's dK) done
+                if overlap:
+                    with ptx.if_(has_prev != 0):
+                        _release_stage(pipe, rel)
+                        rel.advance()
+                for i in range(len(s_acc)):         # P^T = exp2(S^T * c1 - lse2), in place
+                    dc = Accumulator.coord(i)[1]
+                    ptx.inst.fma.rn.f32(s_acc[i], s_acc[i], c1, nl2[dc])
+                    ptx.inst.ex2.approx.ftz.f32(s_acc[i], s_acc[i])
+                mask_pt(s_acc, q0)
+                _pack(p_pack, s_acc.regs, dt)
+                ptx.wgmma.fence()
+                for kk in range(BQ // 16):
+                    ptx.wgmma.mma_async(dv_acc.regs, list(p_pack)[4 * kk:4 * kk + 4],
+                                        q_mn.advance(domn, kk), n=D, dtype_ab=dt.name,
+                                        trans_b=q_mn.trans)
+                ptx.wgmma.commit_group()
+                dl = stats(1)
+                hi = sq - reg.from_(q0 + col0, s32)
+                for c in dl:    # columns past the sequence: delta 0 (their stats: anything)
+                    dl[c] = _selp(dl[c], 0.0, hi > c)
+                ptx.wgmma.wait_group(1)             # dP^T done
+                for i in range(len(dp_acc)):        # dS^T = P^T * (dP^T - delta), in place
+                    dc = Accumulator.coord(i)[1]
+                    x = dp_acc[i] - dl[dc]
+                    ptx.inst.mul.f32(dp_acc[i], s_acc[i], x)
+                _pack(ds_pack, dp_acc.regs, dt)
+                ptx.wgmma.fence()
+                for kk in range(BQ // 16):
+                    ptx.wgmma.mma_async(dk_acc.regs, list(ds_pack)[4 * kk:4 * kk + 4],
+                                        q_mn.advance(qmn, kk), n=D, dtype_ab=dt.name,
+                                        trans_b=q_mn.trans)
+                ptx.wgmma.commit_group()
+                if not overlap:
+                    ptx.wgmma.wait_group(0)
+                    _release_stage(pipe, cons)
+                else:
+                    ptx.inst.mov.u32(has_prev, 1)
+                cons.advance()
+        if overlap:
+            ptx.wgmma.wait_group(0)
+            with ptx.if_(has_prev != 0):
+                _release_stage(pipe, rel)
+        _store_rows_varlen(dk_acc, pdk, k_start, kvrow, valid, Hkv, D, hk, col0, scale, dt)
+        _store_rows_varlen(dv_acc, pdv, k_start, kvrow, valid, Hkv, D, hk, col0, 1.0, dt)
+        roles.end()
+        ptx.ret()
+
+    name = (f"attn_bwd_dkdv_varlen_{dt.name}_d{D}_h{Hq}x{Hkv}{'_causal' if causal else ''}"
+            f"{'_safe' if safe else ''}{f'_bq{BQ}' if BQ != 64 else ''}"
+            f"{'_serial' if overlap != default_overlap else ''}")
+    box_kv = {"box": (BM, 1, 64), "swizzle": "128B"}
+    box_q = {"box": (BQ, 1, 64), "swizzle": "128B"}
+    return kernel(in_specs=(qspec, kspec, kspec, cu, cu, qspec, Tile(Hq, Sp, 2, f32)),
+                  out_specs=(kspec, kspec), grid=(-(-max_seqlen_k // BM), Hkv, B),
+                  block=(THREADS, 1, 1), smem=smem_total, maxnreg=168,
+                  tma={"Q": box_q, "DO": box_q, "K": box_kv, "V": box_kv},
+                  name=name)(dkdv_kernel)
+
+
 # ------------------------------------------------------------------ the pair as one object
 class AttentionBackward:
     """``bwd(q, k, v, o, lse, do, dlse=None) -> (dq, dk, dv)``: the dQ kernel (which also
@@ -2339,6 +2868,79 @@ def attention_backward(q, k, v, o, lse, do, causal=False, scale=None, *, safe=No
     if type(q).__module__.startswith("torch"):  # the kernels take dense tensors
         q, k, v, o, lse, do = (x.contiguous() for x in (q, k, v, o, lse, do))
     return bwd(q, k, v, o, lse, do)
+
+
+class AttentionBackwardVarlen:
+    """``bwd(q, k, v, cu_seqlens_q, cu_seqlens_k, o, lse, do, dlse=None) -> (dq, dk, dv)``
+    of packed variable-length attention: the varlen dQ kernel (which also writes the stats)
+    then the varlen dK/dV kernel, deterministic. Kernel-like (``in_specs``, ``out_specs``,
+    ``name``, ``arg_names``) so ``pyptx.differentiable_kernel`` accepts it as the backward
+    of the varlen forward (saved inputs ``q, k, v, cu_q, cu_k``, saved outputs ``o, lse``,
+    output gradients ``do, dlse``; ``num_grad_inputs=3``)."""
+
+    def __init__(self, kernels, Tq, Tk, B, Hq, Hkv, D, dt):
+        self.kernels = kernels
+        self._dims = (Tq, Tk, B, Hq, Hkv, D, dt)
+        qspec, kspec, cu = Tile(Tq, Hq, D, dt), Tile(Tk, Hkv, D, dt), Tile(B + 1, s32)
+        lse = Tile(Hq, Tq, f32)
+        self.in_specs = (qspec, kspec, kspec, cu, cu, qspec, lse, qspec, lse)
+        self.out_specs = (qspec, kspec, kspec)
+        self.arg_names = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "o", "lse", "do",
+                          "dlse", "dq", "dk", "dv")
+        self.name = kernels[1].name.replace("_dkdv_", "_")
+
+    @property
+    def dq_kernel(self):
+        """The varlen dQ kernel."""
+        return self.kernels[0]
+
+    @property
+    def dkdv_kernel(self):
+        """The varlen dK/dV kernel."""
+        return self.kernels[1]
+
+    def __call__(self, q, k, v, cu_seqlens_q, cu_seqlens_k, o, lse, do, dlse=None):
+        """Run both kernels; ``dlse`` is ignored (lse is an auxiliary output)."""
+        dq, stats = self.kernels[0](q, k, v, cu_seqlens_q, cu_seqlens_k, o, lse, do)
+        dk, dv = self.kernels[1](q, k, v, cu_seqlens_q, cu_seqlens_k, do, stats)
+        return dq, dk, dv
+
+    def __repr__(self):
+        return f"<AttentionBackwardVarlen {' + '.join(k.name for k in self.kernels)}>"
+
+
+def build_attention_backward_varlen(Tq, Tk, B, Hq, Hkv, D, max_seqlen_q, max_seqlen_k, *,
+                                    dtype="bf16", causal=False, scale=None, safe=None,
+                                    **options):
+    """The backward of packed variable-length attention (``attention_varlen``'s layout:
+    ``q/o/do (Tq, Hq, D)``, ``k/v (Tk, Hkv, D)``, ``cu_seqlens_q/k`` int32 ``(B + 1,)`` on
+    the device, ``lse (Hq, Tq)``; causal top-left aligned per sequence):
+    ``AttentionBackwardVarlen``, the dQ / dK-dV pair (``build_dq_varlen``,
+    ``build_dkdv_varlen``). ``options``: ``dq_bkv``, ``dkdv_bq`` (32 or 64) and
+    ``dkdv_overlap`` as in ``build_attention_backward``; its atomic, bulk, ordered, fused
+    and converting modes (``VARLEN_REFUSED``) are refused with ``ConfigError``."""
+    refused = [n for n in VARLEN_REFUSED if options.get(n) not in (None, False, 0)]
+    if refused:
+        raise _fail(f"build_attention_backward_varlen: {', '.join(refused)} not available with "
+                    f"packed variable-length batches (the varlen backward is the "
+                    f"deterministic dQ / dK-dV pair)")
+    unknown = sorted(set(options) - set(VARLEN_REFUSED) - {"dq_bkv", "dkdv_bq", "dkdv_overlap"})
+    if unknown:
+        raise _fail(f"build_attention_backward_varlen: unknown options {', '.join(unknown)}")
+    safe = safe_default() if safe is None else bool(safe)
+    return _build_varlen(Tq, Tk, B, Hq, Hkv, D, max_seqlen_q, max_seqlen_k, dtype, bool(causal),
+                         None if scale is None else float(scale), safe, options.get("dq_bkv"),
+                         options.get("dkdv_bq"), options.get("dkdv_overlap"))
+
+
+@functools.lru_cache(maxsize=64)
+def _build_varlen(Tq, Tk, B, Hq, Hkv, D, max_q, max_k, dtype, causal, scale, safe, dq_bkv,
+                  dkdv_bq, overlap):
+    kw = dict(dtype=dtype, causal=causal, scale=scale, safe=safe)
+    dq = build_dq_varlen(Tq, Tk, B, Hq, Hkv, D, max_q, BKV=dq_bkv, **kw)
+    dkdv = build_dkdv_varlen(Tq, Tk, B, Hq, Hkv, D, max_k, BQ=dkdv_bq,
+                             overlap=None if overlap is None else bool(overlap), **kw)
+    return AttentionBackwardVarlen((dq, dkdv), Tq, Tk, B, Hq, Hkv, D, _dtype(dtype))
 
 
 # ------------------------------------------------------------------ bisecting probe
