@@ -23,7 +23,8 @@ A and B may each be K-major or MN-major (``a_major``/``b_major``): a torch user'
 ``x @ w.T`` passes ``w`` as a K-major B, a plain row-major ``(K, N)`` B is MN-major.
 ``matmul(a, b)`` picks the layouts from the tensors' strides (torch) or the
 ``trans_*`` flags (JAX), pads a contiguous dimension whose rows are not 16-byte
-multiples (the tensor copy engine's rule), and launches the tuned kernel.
+multiples (the tensor copy engine's rule), and launches the tuned kernel; its gradients
+(``GemmBackward``) are the same kernel on the other layouts.
 """
 
 from __future__ import annotations
@@ -722,6 +723,10 @@ def matmul(a, b, *, bias=None, alpha=1.0, activation=None, out_dtype=None, trans
     device (``gemm_tuned``); ``config`` (a dict of ``build_gemm`` keywords) fixes it.
     The result is ``(M, N)``; a contiguous dimension whose rows are not a multiple of
     16 bytes is zero-padded first (and the result sliced back).
+
+    Differentiable without an activation (``GemmBackward``: two more GEMMs, and the bias
+    gradient): torch when grad mode is on and an operand requires grad (with an activation
+    that raises ``ConfigError``; under ``torch.no_grad()`` it runs), ``jax.grad`` always.
     """
     lib = "torch" if type(a).__module__.startswith("torch") else "jax"
     if len(a.shape) != 2 or len(b.shape) != 2:
@@ -750,14 +755,93 @@ def matmul(a, b, *, bias=None, alpha=1.0, activation=None, out_dtype=None, trans
     key = tuple(sorted(dict(dtype=name, out_dtype=out, a_major="MN" if trans_a else "K",
                             b_major="K" if trans_b else "MN", bias=bias is not None,
                             alpha=float(alpha), activation=activation, KB=KB, NB=NB).items()))
-    k = _cached(Mk, ND, Ka, key, tuple(sorted(config.items())) if config else None)
-    if bias is not None:
-        d = k(a, b, _pad_to(bias, 0, 8, lib))
+    cfg = tuple(sorted(config.items())) if config else None
+    args = (a, b) if bias is None else (a, b, _pad_to(bias, 0, 8, lib))
+    if _wants_grad(lib, args, activation):
+        k = _differentiable(Mk, ND, Ka, key, cfg, (M, N, K, trans_a, trans_b, float(alpha)))
     else:
-        d = k(a, b)
+        k = _cached(Mk, ND, Ka, key, cfg)
+    d = k(*args)
     if d.shape[0] != M or d.shape[1] != N:
         d = d[:M, :N]
     return d
+
+
+def _wants_grad(lib, args, activation):
+    """Whether to launch the differentiable kernel. torch: grad mode is on and an operand
+    requires grad (refused with an activation, which has no backward); JAX: whenever there
+    is no activation (``jax.custom_vjp`` costs nothing until differentiated; with one, JAX
+    itself refuses to differentiate the launch)."""
+    if lib != "torch":
+        return activation is None
+    import torch
+
+    if not (torch.is_grad_enabled() and any(x.requires_grad for x in args)):
+        return False
+    if activation is not None:
+        raise _fail(f"matmul: activation={activation!r} has no backward; apply the "
+                    f"activation outside matmul to differentiate, or call it under "
+                    f"torch.no_grad()")
+    return True
+
+
+def _fit(x, shape, lib):
+    """``x`` cut or zero-padded to ``shape`` (2-D or 1-D)."""
+    x = x[tuple(slice(0, n) for n in shape)]
+    for dim, n in enumerate(shape):
+        x = _pad_to(x, dim, n, lib) if x.shape[dim] < n else x
+    return x
+
+
+class GemmBackward:
+    """The backward of ``D = alpha * A @ B + bias`` as one kernel-like callable for
+    ``pyptx.differentiable_kernel``: ``(A, B[, bias], dD) -> (dA, dB[, dbias])``, each
+    gradient a pyptx GEMM in the layout its operand is stored in (``dA = alpha dD B^T``,
+    ``dB = alpha A^T dD``; a transposed operand gets the transposed product, so no copy
+    is transposed), ``dbias`` the column sums of ``dD``. ``dD`` is rounded to the inputs'
+    type first; the stored operands' zero padding gets zero gradient."""
+
+    def __init__(self, forward, true_shape):
+        self.M, self.N, self.K, self.trans_a, self.trans_b, self.alpha = true_shape
+        self.in_specs = tuple(forward.in_specs) + tuple(forward.out_specs)
+        self.out_specs = tuple(forward.in_specs)
+        self.name = f"{forward.name}_backward"
+        bias = len(forward.in_specs) == 3
+        self.arg_names = (("A", "B", "Bias", "dD", "dA", "dB", "dBias") if bias
+                          else ("A", "B", "dD", "dA", "dB"))
+
+    def __call__(self, a, *rest):
+        b, dd = rest[0], rest[-1]
+        lib = "torch" if type(a).__module__.startswith("torch") else "jax"
+        M, N, K, ta, tb, alpha = self.M, self.N, self.K, self.trans_a, self.trans_b, self.alpha
+        g = (dd.to(a.dtype) if lib == "torch" else dd.astype(a.dtype))[:M, :N]
+        a_t = a[:K, :M] if ta else a[:M, :K]
+        b_t = b[:N, :K] if tb else b[:K, :N]
+        if ta:   # A stored (K, M): dA^T = b @ dD^T
+            da = matmul(b_t, g, alpha=alpha, trans_a=tb, trans_b=True)
+        else:    # (M, K): dD @ b^T
+            da = matmul(g, b_t, alpha=alpha, trans_b=not tb)
+        if tb:   # stored (N, K): dD^T @ a
+            db = matmul(g, a_t, alpha=alpha, trans_a=True, trans_b=ta)
+        else:    # (K, N): a^T @ dD
+            db = matmul(a_t, g, alpha=alpha, trans_a=not ta)
+        grads = (_fit(da, a.shape, lib), _fit(db, b.shape, lib))
+        if len(rest) == 3:
+            bias = rest[1]
+            col = dd.float().sum(0) if lib == "torch" else dd.astype("float32").sum(0)
+            grads += (_fit(col, bias.shape, lib),)
+        return grads
+
+    def __repr__(self):
+        return f"<GemmBackward {self.name}>"
+
+
+@functools.lru_cache(maxsize=256)
+def _differentiable(M, N, K, key, config, true_shape):
+    from pyptx.autodiff import differentiable_kernel
+
+    fwd = _cached(M, N, K, key, config)
+    return differentiable_kernel(fwd, GemmBackward(fwd, true_shape))
 
 
 def main(argv=None) -> int:

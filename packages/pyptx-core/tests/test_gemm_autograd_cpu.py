@@ -1,0 +1,132 @@
+"""CPU tests of the dense GEMM's gradients (``examples/hopper/gemm.py``: ``matmul`` through
+``pyptx.differentiable_kernel`` and ``GemmBackward``).
+
+The kernel launch is replaced by a float64 model of what the traced kernel computes on its
+stored operands (``D = alpha * A @ B + bias`` over the logical ``M x N x K``; operand bytes
+past a stored extent read as zero, as the tensor copies' bounds give), so every layout,
+the 16-byte padding of ragged sizes and the bias gradient are checked against torch's own
+autograd in float64 without a GPU. The GPU tests run the real kernels
+(``packages/pyptx-torch/tests/test_gemm_autograd_gpu.py``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pyptx.errors import ConfigError
+from pyptx.testing import load_module
+
+torch = pytest.importorskip("torch")
+
+HERE = Path(__file__).resolve()
+gemm = load_module(HERE.parents[3] / "examples" / "hopper" / "gemm.py", "gemm_autograd_cpu")
+
+
+def _crop_pad(x, rows, cols):
+    out = torch.zeros(rows, cols, dtype=torch.float64)
+    r, c = min(rows, x.shape[0]), min(cols, x.shape[1])
+    out[:r, :c] = x[:r, :c].double()
+    return out
+
+
+class ModelKernel:
+    """Kernel-like stand-in for one GEMM build: the traced kernel's specs, a float64 model
+    of its result rounded to the output type. Counts its launches."""
+
+    calls = 0
+
+    def __init__(self, M, N, K, key):
+        self.M, self.N, self.K, self.kw = M, N, K, dict(key)
+        built = gemm.build_gemm(M, N, K, **self.kw)
+        self.in_specs, self.out_specs = built.in_specs, built.out_specs
+        self.name, self.arg_names = built.name, built.arg_names
+
+    def __call__(self, a, b, bias=None):
+        ModelKernel.calls += 1
+        kw = self.kw
+        al = a.T if kw["a_major"] == "MN" else a
+        bl = b.T if kw["b_major"] == "K" else b
+        d = kw["alpha"] * (_crop_pad(al, self.M, self.K) @ _crop_pad(bl, self.K, self.N))
+        if bias is not None:
+            d = d + bias.double()[:self.N]
+        out = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+        return d.to(out[kw["out_dtype"]])
+
+
+@pytest.fixture
+def model(monkeypatch):
+    made = {}
+
+    def cached(M, N, K, key, config):
+        return made.setdefault((M, N, K, key), ModelKernel(M, N, K, key))
+
+    monkeypatch.setattr(gemm, "_cached", cached)
+    gemm._differentiable.cache_clear()
+    yield made
+    gemm._differentiable.cache_clear()
+
+
+def _operands(M, N, K, ta, tb, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(K, M, generator=g) if ta else torch.randn(M, K, generator=g)
+    b = torch.randn(N, K, generator=g) if tb else torch.randn(K, N, generator=g)
+    a, b = a.to(dtype).requires_grad_(), b.to(dtype).requires_grad_()
+    return a, b, (a.T if ta else a), (b.T if tb else b)
+
+
+@pytest.mark.parametrize("ta", [False, True])
+@pytest.mark.parametrize("tb", [False, True])
+@pytest.mark.parametrize("M,N,K", [(16, 24, 32), (5, 13, 7), (9, 3, 17)])
+def test_gradients_match_float64_autograd(model, ta, tb, M, N, K):
+    """Every layout pair (``x @ w.T`` included), ragged sizes that ``matmul`` pads to 16-byte
+    rows, bias and alpha: dA, dB and dbias against torch autograd in float64."""
+    dtype = torch.bfloat16
+    a, b, a_l, b_l = _operands(M, N, K, ta, tb, dtype, 1000 * M + 10 * N + K + 2 * ta + tb)
+    bias = torch.randn(N, generator=torch.Generator().manual_seed(7)).requires_grad_()
+    dy = torch.randn(M, N, generator=torch.Generator().manual_seed(8)).to(dtype)
+    out = gemm.matmul(a_l, b_l, bias=bias, alpha=0.5)
+    assert out.shape == (M, N) and out.grad_fn is not None
+    out.backward(dy)
+    a64, b64 = a.detach().double().requires_grad_(), b.detach().double().requires_grad_()
+    bias64 = bias.detach().double().requires_grad_()
+    ref = 0.5 * ((a64.T if ta else a64) @ (b64.T if tb else b64)) + bias64
+    ref.backward(dy.double())
+    for got, want in ((a.grad, a64.grad), (b.grad, b64.grad), (bias.grad, bias64.grad)):
+        assert got.shape == want.shape
+        err = ((got.double() - want).norm() / want.norm()).item()
+        assert err < 1e-2, err
+
+
+def test_grad_without_bias_and_f32_output(model):
+    a, b, a_l, b_l = _operands(12, 40, 24, False, True, torch.float16, 3)
+    out = gemm.matmul(a_l, b_l, out_dtype="f32")
+    assert out.dtype == torch.float32
+    out.sum().backward()   # an expanded (stride 0) f32 gradient, rounded to f16 for the GEMMs
+    ones = torch.ones(12, 40, dtype=torch.float64)
+    assert torch.allclose(a.grad.double(), ones @ b.detach().double(), rtol=1e-2, atol=1e-2)
+    assert torch.allclose(b.grad.double(), (a.detach().double().T @ ones).T, rtol=1e-2,
+                          atol=1e-2)
+
+
+def test_no_grad_calls_skip_autograd(model):
+    a, b = torch.randn(8, 16).to(torch.bfloat16), torch.randn(16, 8).to(torch.bfloat16)
+    out = gemm.matmul(a, b)
+    assert out.grad_fn is None
+    assert gemm._differentiable.cache_info().currsize == 0
+    with torch.no_grad():
+        a.requires_grad_()
+        assert gemm.matmul(a, b).grad_fn is None
+    assert gemm._differentiable.cache_info().currsize == 0
+
+
+def test_activation_with_grad_raises_at_the_callers_line(model):
+    a = torch.randn(8, 16).to(torch.bfloat16).requires_grad_()
+    b = torch.randn(16, 8).to(torch.bfloat16)
+    with pytest.raises(ConfigError) as e:
+        gemm.matmul(a, b, activation="relu")
+    assert str(e.value).startswith(f"{HERE}:")
+    assert "activation='relu' has no backward" in str(e.value)
+    with torch.no_grad():
+        assert gemm.matmul(a, b, activation="relu").shape == (8, 8)
