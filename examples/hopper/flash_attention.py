@@ -802,6 +802,52 @@ def _forward(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, schedule, BN, stages, p
     return build_attention(B, S, Hq, Hkv, D, **kw, **given)
 
 
+BACKWARD_HEAD_DIMS = (64, 128)   # head dims the backward kernels support (check_shapes)
+
+
+def _no_backward_message(D):
+    return (f"no backward at head dim {D}: the attention backward kernels support head dims "
+            f"{' and '.join(map(str, BACKWARD_HEAD_DIMS))}; for inference call "
+            f"attention_forward (or attention_varlen_forward), or run under torch.no_grad()")
+
+
+class NoBackward:
+    """A kernel-like backward (``in_specs``, ``out_specs``, ``name``, ``arg_names``) for a
+    forward whose backward does not exist (head dim 256): ``differentiable_kernel`` accepts
+    it, and calling it (``loss.backward()``, ``jax.grad``) raises ``ConfigError`` naming the
+    head dim, prefixed with the ``file:line`` of the latest ``attention()`` /
+    ``attention_varlen()`` call that ran this forward (``where``)."""
+
+    def __init__(self, fwd, D, n_saved_in, n_grad=3):
+        n_out = len(fwd.out_specs)
+        self.in_specs = tuple(fwd.in_specs[:n_saved_in]) + tuple(fwd.out_specs) * 2
+        self.out_specs = tuple(fwd.in_specs[:n_grad])
+        self.arg_names = tuple(f"x{i}" for i in range(n_saved_in + 2 * n_out + n_grad))
+        self.name = f"{fwd.name}_no_backward"
+        self.D = D
+        self.where = "<unknown>:0"
+
+    def __call__(self, *args):
+        raise ConfigError(f"{self.where}: attention: {_no_backward_message(self.D)}")
+
+
+def _refuse_grad(fn, D, xs, op):
+    """``attention()``/``attention_varlen()`` at a head dim without backward: ``ConfigError``
+    now when torch will want gradients (``requires_grad`` and grad mode on); otherwise note
+    the call's ``file:line`` in ``op``'s ``NoBackward`` (a later ``jax.grad`` raises there)."""
+    if D in BACKWARD_HEAD_DIMS:
+        return
+    if _lib(xs[0]) == "torch":
+        import torch
+
+        if torch.is_grad_enabled() and any(x.requires_grad for x in xs):
+            raise _fail(f"{fn}: q, k or v requires grad, but there is "
+                        f"{_no_backward_message(D)}")
+    bwd = getattr(op, "backward_kernel", None)
+    if isinstance(bwd, NoBackward):
+        bwd.where = where_outside(__file__)
+
+
 @functools.lru_cache(maxsize=128)
 def _differentiable(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, schedule, BN, stages,
                     persistent=False, pin_overlap=False, rescale_threshold=RESCALE_THRESHOLD,
@@ -827,8 +873,12 @@ def _differentiable(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, schedule, BN, st
     try:
         bwd = bwd_mod.build_attention_backward(B, S, Hq, Hkv, D, Sk=Sk, dtype=dtype,
                                                causal=causal, scale=scale)
-    except PyptxError:  # a size the backward refuses
-        return fwd
+    except PyptxError:  # a size the backward refuses (head dim 256): gradients raise
+        try:
+            return differentiable_kernel(fwd, NoBackward(fwd, D, 3), save_for_backward=[0, 1, 2],
+                                         save_outputs=[0, 1], num_grad_inputs=3)
+        except TypeError:  # no save_outputs yet
+            return fwd
     fast = {}
     if D == 64 and not bwd_mod.safe_default():
         fast = dict(fused_bq=128, dq_ordered=deterministic, fused_pingpong=1)
@@ -905,6 +955,7 @@ def attention(q, k, v, causal=False, scale=None, *, schedule=None, BN=None, stag
                          *_tuning(schedule, BN, stages), _persistent(persistent, D),
                          *_check_opts(pin_overlap, rescale_threshold), bool(deterministic),
                          consumers)
+    _refuse_grad("attention", D, (q, k, v), fn)
     return fn(*_contiguous(q, k, v))[0]
 
 
@@ -917,39 +968,97 @@ def _varlen(Tq, Tk, B, Hq, Hkv, D, max_q, dtype, causal, scale, schedule, BN, st
                                   consumers=consumers)
 
 
+def _varlen_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+    """``(Tq, Tk, B, Hq, Hkv, D, max_q, max_k, dtype name)`` of a packed call, or
+    ``ConfigError`` at the user's line."""
+    if len(q.shape) != 3 or len(k.shape) != 3 or tuple(k.shape) != tuple(v.shape):
+        raise _fail(f"attention_varlen expects q (Tq, Hq, D) and k, v (Tk, Hkv, D), got "
+                    f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    Tq, Hq, D = (int(d) for d in q.shape)
+    Tk, Hkv, _ = (int(d) for d in k.shape)
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if len(cu.shape) != 1 or "int32" not in str(cu.dtype):
+            raise _fail(f"attention_varlen: {name} must be a 1-D int32 tensor (B + 1,), got "
+                        f"shape {tuple(cu.shape)} dtype {cu.dtype}")
+    B = int(cu_seqlens_q.shape[0]) - 1
+    if int(cu_seqlens_k.shape[0]) - 1 != B or B < 1:
+        raise _fail(f"attention_varlen: cu_seqlens_q and cu_seqlens_k must both have B + 1 "
+                    f"entries, got {cu_seqlens_q.shape[0]} and {cu_seqlens_k.shape[0]}")
+    if int(k.shape[2]) != D or Hq % Hkv:
+        raise _fail(f"attention_varlen: k/v {tuple(k.shape)} do not match q {tuple(q.shape)} "
+                    f"(same D, Hq a multiple of Hkv)")
+    for name, m in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+            raise _fail(f"attention_varlen: {name} must be a positive Python int (the "
+                        f"longest sequence), got {m!r}")
+    name = _dtype_name(q)
+    if _dtype_name(k) != name or _dtype_name(v) != name:
+        raise _fail(f"attention_varlen: q, k, v must share one dtype, got {q.dtype}, "
+                    f"{k.dtype}, {v.dtype}")
+    return Tq, Tk, B, Hq, Hkv, D, max_seqlen_q, max_seqlen_k, name
+
+
 def attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                              causal=False, scale=None, *, schedule=None, BN=None, stages=2,
                              pin_overlap=False, rescale_threshold=RESCALE_THRESHOLD,
                              consumers=None):
-    """``(o, lse)`` of the packed variable-length forward: ``o (Tq, Hq, D)``, ``lse (Hq, Tq)``."""
-    if len(q.shape) != 3 or len(k.shape) != 3 or tuple(k.shape) != tuple(v.shape):
-        raise _fail(f"attention_varlen expects q (Tq, Hq, D) and k, v (Tk, Hkv, D), got "
-                          f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    Tq, Hq, D = (int(d) for d in q.shape)
-    Tk, Hkv, _ = (int(d) for d in k.shape)
-    B = int(cu_seqlens_q.shape[0]) - 1
-    if int(cu_seqlens_k.shape[0]) - 1 != B or B < 1:
-        raise _fail(f"attention_varlen: cu_seqlens_q and cu_seqlens_k must both have B + 1 "
-                          f"entries, got {cu_seqlens_q.shape[0]} and {cu_seqlens_k.shape[0]}")
-    if int(k.shape[2]) != D or Hq % Hkv:
-        raise _fail(f"attention_varlen: k/v {tuple(k.shape)} do not match q {tuple(q.shape)}")
-    del max_seqlen_k  # the kernel reads each sequence's key count from cu_seqlens_k
-    name = _dtype_name(q)
+    """``(o, lse)`` of the packed variable-length forward (no autograd): ``o (Tq, Hq, D)``,
+    ``lse (Hq, Tq)`` float32 (``-inf`` for rows of a sequence without keys)."""
+    Tq, Tk, B, Hq, Hkv, D, max_q, _, name = _varlen_shapes(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     sc = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    k_ = _varlen(Tq, Tk, B, Hq, Hkv, D, int(max_seqlen_q), name, bool(causal), sc,
+    k_ = _varlen(Tq, Tk, B, Hq, Hkv, D, max_q, name, bool(causal), sc,
                  _schedule(schedule), BN, stages,
                  *_check_opts(pin_overlap, rescale_threshold), consumers)
     return k_(*_contiguous(q, k, v, cu_seqlens_q, cu_seqlens_k))
 
 
+@functools.lru_cache(maxsize=128)
+def _differentiable_varlen(Tq, Tk, B, Hq, Hkv, D, max_q, max_k, dtype, causal, scale, schedule,
+                           BN, stages, pin_overlap=False, rescale_threshold=RESCALE_THRESHOLD,
+                           consumers=None):
+    """The varlen forward wrapped with the varlen backward pair
+    (``build_attention_backward_varlen``: the deterministic dQ / dK-dV kernels) by
+    ``differentiable_kernel`` (saved ``q, k, v, cu_q, cu_k`` and ``o, lse``; gradients of
+    ``q, k, v``), or with ``NoBackward`` at a head dim the backward refuses (256)."""
+    fwd = _varlen(Tq, Tk, B, Hq, Hkv, D, max_q, dtype, causal, scale, schedule, BN, stages,
+                  pin_overlap, rescale_threshold, consumers)
+    bwd_mod = _bwd_module()
+    if bwd_mod is None:
+        return fwd
+    from pyptx.autodiff import differentiable_kernel
+
+    if D in BACKWARD_HEAD_DIMS:
+        bwd = bwd_mod.build_attention_backward_varlen(Tq, Tk, B, Hq, Hkv, D, max_q, max_k,
+                                                      dtype=dtype, causal=causal, scale=scale)
+    else:
+        bwd = NoBackward(fwd, D, 5)
+    return differentiable_kernel(fwd, bwd, save_for_backward=[0, 1, 2, 3, 4],
+                                 save_outputs=[0, 1], num_grad_inputs=3)
+
+
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                     causal=False, scale=None, **kw):
+                     causal=False, scale=None, *, schedule=None, BN=None, stages=2,
+                     pin_overlap=False, rescale_threshold=RESCALE_THRESHOLD, consumers=None):
     """Flash attention over packed sequences (the flash-attention packages' layout):
     ``q (Tq, Hq, D)``, ``k, v (Tk, Hkv, D)``, ``cu_seqlens_q/k`` int32 ``(B + 1,)`` on the
-    device (sequence ``b`` is rows ``cu[b]:cu[b+1]``), ``max_seqlen_q/k`` Python ints.
-    Returns ``o (Tq, Hq, D)`` (forward only)."""
-    return attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                    max_seqlen_k, causal, scale, **kw)[0]
+    device (sequence ``b`` is rows ``cu[b]:cu[b+1]``; empty sequences allowed),
+    ``max_seqlen_q/k`` Python ints (the grids' sizes: no host sync, so the call can be
+    captured in a CUDA graph). ``causal`` is top-left aligned per sequence. Returns ``o (Tq,
+    Hq, D)``, differentiable in ``q, k, v`` (torch autograd, ``jax.grad``) at head dims 64
+    and 128 through the deterministic varlen backward pair (flash_attention_bwd.py,
+    ``build_attention_backward_varlen``); at head dim 256 there is no backward: torch inputs
+    that require grad raise ``ConfigError`` here, and ``jax.grad`` raises ``ConfigError``
+    (use ``attention_varlen_forward`` for inference). The tile options are
+    ``attention_varlen_forward``'s."""
+    Tq, Tk, B, Hq, Hkv, D, max_q, max_k, name = _varlen_shapes(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    sc = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    fn = _differentiable_varlen(Tq, Tk, B, Hq, Hkv, D, max_q, max_k, name, bool(causal), sc,
+                                _schedule(schedule), BN, stages,
+                                *_check_opts(pin_overlap, rescale_threshold), consumers)
+    _refuse_grad("attention_varlen", D, (q, k, v), fn)
+    return fn(*_contiguous(q, k, v, cu_seqlens_q, cu_seqlens_k))[0]
 
 
 def reference(q, k, v, causal=False, scale=None):

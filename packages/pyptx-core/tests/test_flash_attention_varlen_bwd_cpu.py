@@ -228,3 +228,65 @@ def test_bad_inputs_raise_config_error_at_this_line():
             fn()
         msg = str(e.value)
         assert msg.startswith(here) and text in msg, msg
+
+
+def test_bad_attention_varlen_calls_name_this_line():
+    """``attention_varlen``'s checks (torch CPU tensors: they fail before any launch)."""
+    torch = pytest.importorskip("torch")
+    q = torch.zeros(20, 4, 64, dtype=torch.bfloat16)
+    k = torch.zeros(20, 3, 64, dtype=torch.bfloat16)
+    cu = torch.tensor([0, 5, 20], dtype=torch.int32)
+    cases = [
+        (lambda: fa.attention_varlen(q, q, q, cu, cu[:2], 15, 15), "B + 1 entries"),
+        (lambda: fa.attention_varlen(q, k, k, cu, cu, 15, 15), "do not match"),
+        (lambda: fa.attention_varlen(q, q, q, cu.long(), cu, 15, 15), "int32"),
+        (lambda: fa.attention_varlen(q, q, q, cu[None], cu, 15, 15), "1-D"),
+        (lambda: fa.attention_varlen(q, q, q, cu, cu, 15, 0), "max_seqlen_k"),
+        (lambda: fa.attention_varlen(q, q, q, cu, cu, 15, None), "max_seqlen_k"),
+        (lambda: fa.attention_varlen(q, q.half(), q.half(), cu, cu, 15, 15), "one dtype"),
+    ]
+    for fn, text in cases:
+        with pytest.raises(ConfigError) as e:
+            fn()
+        msg = str(e.value)
+        assert msg.startswith(f"{HERE}:") and text in msg, msg
+
+
+def test_head_dim_256_requires_grad_is_refused_at_the_call():
+    """No backward at D=256: torch inputs that require grad raise ``ConfigError`` at the
+    ``attention``/``attention_varlen`` call (this line), naming head dim 256, the supported
+    64 and 128, and the ways out; under ``torch.no_grad()`` the check passes (the launch
+    then needs a GPU). The backward attached to the D=256 forward raises the same error
+    when called (what ``jax.grad`` reaches), at the latest call's line."""
+    torch = pytest.importorskip("torch")
+    q = torch.zeros(1, 16, 2, 256, dtype=torch.bfloat16, requires_grad=True)
+    qv = torch.zeros(16, 2, 256, dtype=torch.bfloat16, requires_grad=True)
+    cu = torch.tensor([0, 16], dtype=torch.int32)
+    for fn in (lambda: fa.attention(q, q, q), lambda: fa.attention_varlen(qv, qv, qv, cu, cu, 16, 16)):
+        with pytest.raises(ConfigError) as e:
+            fn()
+        msg = str(e.value)
+        assert msg.startswith(f"{HERE}:"), msg
+        for text in ("head dim 256", "64 and 128", "attention_forward", "torch.no_grad()"):
+            assert text in msg, msg
+    sc = 1.0 / 16
+    op = fa._differentiable_varlen(16, 16, 1, 2, 2, 256, 16, 16, "bf16", False, sc,
+                                   fa._schedule(None), None, 2)
+    assert isinstance(op.backward_kernel, fa.NoBackward)
+    op.backward_kernel.where = f"{HERE}:1"
+    with pytest.raises(ConfigError, match="no backward at head dim 256"):
+        op.backward_kernel(*([None] * len(op.backward_kernel.in_specs)))
+    dense = fa._differentiable(1, 16, 2, 2, 256, 16, "bf16", False, sc, fa._schedule(None),
+                               None, None)
+    assert isinstance(dense.backward_kernel, fa.NoBackward)
+    assert len(dense.backward_kernel.in_specs) == 7 and len(op.backward_kernel.in_specs) == 9
+
+
+def test_attention_varlen_is_differentiable_at_64_and_128():
+    """``attention_varlen``'s wrapped kernel: the varlen forward, the varlen pair backward."""
+    for D in (64, 128):
+        op = fa._differentiable_varlen(300, 400, 3, 4, 2, D, 129, 200, "f16", True, 0.1,
+                                       fa._schedule(None), None, 2)
+        assert type(op.backward_kernel).__name__ == "AttentionBackwardVarlen"
+        assert op.saved == (0, 1, 2, 3, 4) and op.saved_outputs == (0, 1)
+        assert "_causal" in op.backward_kernel.name and f"_d{D}_" in op.backward_kernel.name
