@@ -45,8 +45,13 @@ One CTA computes a block of 64 query rows per consumer warpgroup of one (batch, 
 
 Grouped-query and multi-query attention (fewer KV heads) read KV head ``h // (Hq // Hkv)``.
 ``attention(q, k, v)`` (torch tensors or JAX arrays) returns ``o`` and is differentiable
-once the backward kernels (``flash_attention_bwd.py``) are present;
-``attention_varlen(...)`` takes packed batches in the flash-attention packages' layout.
+(torch autograd, ``jax.grad``) at head dims 64 and 128 through the backward kernels of
+``flash_attention_bwd.py``; ``attention_varlen(...)`` takes packed batches in the
+flash-attention packages' layout and is differentiable the same way (the varlen backward
+pair, ``build_attention_backward_varlen``). Head dim 256 has a forward only: a call whose
+torch inputs require grad raises ``ConfigError``, as does ``jax.grad`` through it
+(``NoBackward``); ``attention_forward`` / ``attention_varlen_forward`` are the calls
+without autograd.
 """
 
 from __future__ import annotations
@@ -942,8 +947,10 @@ def attention(q, k, v, causal=False, scale=None, *, schedule=None, BN=None, stag
     """Flash attention ``softmax(scale * q k^T) v`` (torch tensors or JAX arrays):
     ``q (B, S, Hq, D)``, ``k, v (B, Sk, Hkv, D)`` with ``Hq % Hkv == 0``, bf16 or f16,
     ``D`` in 64/128/256. ``causal``: key ``j`` allowed for query ``i`` iff ``j <= i``.
-    ``scale`` defaults to ``1/sqrt(D)``. Differentiable in ``q, k, v`` when the backward
-    kernels are available. ``schedule``, ``BN``, ``stages``, ``consumers``, ``persistent``,
+    ``scale`` defaults to ``1/sqrt(D)``. Differentiable in ``q, k, v`` at ``D`` 64 and 128;
+    at 256 there is no backward: torch inputs that require grad (grad mode on) raise
+    ``ConfigError`` here, ``jax.grad`` raises it when it reaches the backward (use
+    ``attention_forward`` or ``torch.no_grad()`` for inference). ``schedule``, ``BN``, ``stages``, ``consumers``, ``persistent``,
     ``pin_overlap``, ``rescale_threshold``: see ``build_attention``; with none of the first
     four given, the forward's tile options are tuned per shape on the device (``ATTENTION_CONFIGS``,
     ``pyptx.autotune``; ``PYPTX_AUTOTUNE=0`` takes the defaults). ``deterministic=False``: a faster
@@ -1122,6 +1129,25 @@ def check(o, lse, ref_o, ref_lse, dtype):
     return err_o <= tol and err_l <= 1e-3, err_o, err_l
 
 
+def check_varlen_backward(q, k, v, cu_q, cu_k, max_q, max_k, causal, tol=2e-2):
+    """``(ok, errors)``: ``(dq, dk, dv)`` of ``attention_varlen`` by torch autograd (a random
+    ``do``) against float64 autograd of ``reference_varlen``; each error is ``max |g - ref|
+    / max(1, max |ref|)`` (a tensor-wide scale, since single gradients can be tiny)."""
+    import torch
+
+    xs = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+    do = torch.randn_like(q)
+    attention_varlen(*xs, cu_q, cu_k, max_q, max_k, causal=causal).backward(do)
+    refs = [x.detach().double().requires_grad_() for x in (q, k, v)]
+    o_ref, _ = reference_varlen(*refs, cu_q, cu_k, causal)
+    o_ref.backward(do.double())
+    errs = {}
+    for name, x, r in zip(("dq", "dk", "dv"), xs, refs):
+        g, gr = x.grad.double(), r.grad
+        errs[name] = ((g - gr).abs().max() / gr.abs().max().clamp(min=1.0)).item()
+    return all(e <= tol for e in errs.values()), errs
+
+
 MAIN_CASES = [
     # B, S, Sk, Hq, Hkv, D, causal, dtype
     (1, 128, 128, 1, 1, 64, False, "bf16"),
@@ -1192,6 +1218,17 @@ def main(argv=None) -> int:
             print(f"{schedule}{otag} varlen {lens_q}/{lens_k} H{Hq}/{Hkv} D{D} "
                   f"{'causal' if causal else 'full'}: o err {eo:.2e} lse err {el:.2e} "
                   f"{'PASS' if ok else 'FAIL'}", flush=True)
+            try:    # the backward through autograd against float64 autograd
+                ok, errs = check_varlen_backward(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k),
+                                                 causal)
+            except Exception as e:
+                ok, errs = False, {}
+                print(f"  {type(e).__name__}: {e}"[:400])
+            fails += not ok
+            print(f"{schedule}{otag} varlen backward {lens_q}/{lens_k} H{Hq}/{Hkv} D{D} "
+                  f"{'causal' if causal else 'full'}: "
+                  + " ".join(f"{n} err {x:.2e}" for n, x in errs.items())
+                  + f" {'PASS' if ok else 'FAIL'}", flush=True)
     print("all PASS" if not fails else f"{fails} FAIL")
     return 1 if fails else 0
 

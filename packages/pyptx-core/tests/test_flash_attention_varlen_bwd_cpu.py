@@ -290,3 +290,18 @@ def test_attention_varlen_is_differentiable_at_64_and_128():
         assert type(op.backward_kernel).__name__ == "AttentionBackwardVarlen"
         assert op.saved == (0, 1, 2, 3, 4) and op.saved_outputs == (0, 1)
         assert "_causal" in op.backward_kernel.name and f"_d{D}_" in op.backward_kernel.name
+
+
+def test_jax_grad_at_head_dim_256_raises_config_error():
+    """``jax.grad`` reaches the D=256 forward's ``NoBackward`` while tracing (no launch:
+    ``make_jaxpr``): ``ConfigError`` at the ``attention`` call's line, naming head dim 256."""
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    q = jnp.zeros((1, 64, 2, 256), jnp.bfloat16)
+
+    def loss(a):
+        return fa.attention(a, a, a).astype(jnp.float32).sum()   # the line the error names
+
+    with pytest.raises(ConfigError) as e:
+        jax.make_jaxpr(jax.grad(loss))(q)
+    assert str(e.value).startswith(f"{HERE}:") and "head dim 256" in str(e.value), str(e.value)
