@@ -48,6 +48,18 @@ products per block pair, dQ added by bulk tile reductions, in a fixed order with
 ``dq_ordered``). ``dkdv_bq=128`` (D=128, opt-in, with ``atomic_dq``, ``dq_bulk`` and
 ``dq_ordered``): the ordered bulk-dQ dK/dV kernel with 128-row q blocks (right on the H100,
 but slower than the 64-row default there: 500/443/533/490 vs 520/460/540/510 TFLOP/s).
+
+Packed variable-length batches (``attention_varlen``'s layout: ``(T, H, D)`` tensors,
+``cu_seqlens`` int32 ``(B + 1,)`` on the device, ``lse (Hq, Tq)``):
+``build_attention_backward_varlen`` returns ``AttentionBackwardVarlen``, ``bwd(q, k, v,
+cu_q, cu_k, o, lse, do, dlse) -> (dq, dk, dv)``, the same deterministic pair
+(``build_dq_varlen``, ``build_dkdv_varlen``) through rank-3 tensor maps, with each CTA's
+sequence bounds read on the device, CTAs past their sequence's end returning before any
+barrier, every mask taken from the sequence's lengths (``P = 0`` by a select for rows of the
+next sequence; ``delta`` selected to 0 for query columns past the end, whose stats may be
+anything), stores predicated per row, and a STATS scratch whose per-sequence rows start
+16-byte aligned (``padded_varlen``). The atomic, bulk, ordered, fused and converting modes
+are refused there (``ConfigError``).
 """
 
 from __future__ import annotations
