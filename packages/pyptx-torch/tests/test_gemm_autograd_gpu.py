@@ -31,6 +31,13 @@ TOL = 1e-2
 DT = {"bf16": torch.bfloat16, "f16": torch.float16}
 
 
+@pytest.fixture(autouse=True)
+def _first_config(monkeypatch):
+    """The default tile configuration: every gradient shape here is new, and tuning each
+    would cost minutes; the tuned configurations' numerics are test_gemm_gpu.py's."""
+    monkeypatch.setenv("PYPTX_AUTOTUNE", "0")
+
+
 def _err(got, ref):
     assert got is not None and got.shape == ref.shape
     assert not torch.isnan(got).any(), "unwritten (NaN-poisoned) or NaN elements"
