@@ -724,9 +724,9 @@ def matmul(a, b, *, bias=None, alpha=1.0, activation=None, out_dtype=None, trans
     The result is ``(M, N)``; a contiguous dimension whose rows are not a multiple of
     16 bytes is zero-padded first (and the result sliced back).
 
-    Differentiable without an activation (``GemmBackward``: two more GEMMs, and the bias
-    gradient): torch when grad mode is on and an operand requires grad (with an activation
-    that raises ``ConfigError``; under ``torch.no_grad()`` it runs), ``jax.grad`` always.
+    Differentiable (``GemmBackward``: two more GEMMs, a third that recomputes the
+    pre-activation when there is an activation, and the bias gradient): in torch when grad
+    mode is on and an operand requires grad, and under ``jax.grad``.
     """
     lib = "torch" if type(a).__module__.startswith("torch") else "jax"
     if len(a.shape) != 2 or len(b.shape) != 2:
@@ -757,8 +757,9 @@ def matmul(a, b, *, bias=None, alpha=1.0, activation=None, out_dtype=None, trans
                             alpha=float(alpha), activation=activation, KB=KB, NB=NB).items()))
     cfg = tuple(sorted(config.items())) if config else None
     args = (a, b) if bias is None else (a, b, _pad_to(bias, 0, 8, lib))
-    if _wants_grad(lib, args, activation):
-        k = _differentiable(Mk, ND, Ka, key, cfg, (M, N, K, trans_a, trans_b, float(alpha)))
+    if _wants_grad(lib, args):
+        k = _differentiable(Mk, ND, Ka, key, cfg,
+                            (M, N, K, trans_a, trans_b, float(alpha), activation))
     else:
         k = _cached(Mk, ND, Ka, key, cfg)
     d = k(*args)
@@ -767,22 +768,26 @@ def matmul(a, b, *, bias=None, alpha=1.0, activation=None, out_dtype=None, trans
     return d
 
 
-def _wants_grad(lib, args, activation):
-    """Whether to launch the differentiable kernel. torch: grad mode is on and an operand
-    requires grad (refused with an activation, which has no backward); JAX: whenever there
-    is no activation (``jax.custom_vjp`` costs nothing until differentiated; with one, JAX
-    itself refuses to differentiate the launch)."""
+def _wants_grad(lib, args):
+    """Whether to launch the differentiable kernel: torch when grad mode is on and an operand
+    requires grad; JAX always (``jax.custom_vjp`` costs nothing until differentiated)."""
     if lib != "torch":
-        return activation is None
+        return True
     import torch
 
-    if not (torch.is_grad_enabled() and any(x.requires_grad for x in args)):
-        return False
-    if activation is not None:
-        raise _fail(f"matmul: activation={activation!r} has no backward; apply the "
-                    f"activation outside matmul to differentiate, or call it under "
-                    f"torch.no_grad()")
-    return True
+    return torch.is_grad_enabled() and any(x.requires_grad for x in args)
+
+
+def activation_grad(z, activation, xp):
+    """``act'(z)`` (f32 array ``z``, ``xp`` torch or jax.numpy) of ``_activate``'s forms."""
+    if activation == "relu":
+        return (z > 0).astype(z.dtype) if xp.__name__.startswith("jax") else (z > 0).to(z.dtype)
+    if activation == "silu":
+        sig = 1.0 / (1.0 + xp.exp(-z))
+        return sig * (1.0 + z * (1.0 - sig))
+    c = 0.7978845608028654   # gelu_tanh
+    th = xp.tanh(c * (z + 0.044715 * z * z * z))
+    return 0.5 * (1.0 + th) + 0.5 * z * (1.0 - th * th) * c * (1.0 + 3 * 0.044715 * z * z)
 
 
 def _fit(x, shape, lib):
@@ -794,15 +799,18 @@ def _fit(x, shape, lib):
 
 
 class GemmBackward:
-    """The backward of ``D = alpha * A @ B + bias`` as one kernel-like callable for
-    ``pyptx.differentiable_kernel``: ``(A, B[, bias], dD) -> (dA, dB[, dbias])``, each
-    gradient a pyptx GEMM in the layout its operand is stored in (``dA = alpha dD B^T``,
-    ``dB = alpha A^T dD``; a transposed operand gets the transposed product, so no copy
-    is transposed), ``dbias`` the column sums of ``dD``. ``dD`` is rounded to the inputs'
-    type first; the stored operands' zero padding gets zero gradient."""
+    """The backward of ``D = act(alpha * A @ B + bias)`` as one kernel-like callable for
+    ``pyptx.differentiable_kernel``: ``(A, B[, bias], dD) -> (dA, dB[, dbias])``. With an
+    activation, one more GEMM recomputes ``Z = alpha A B + bias`` in f32 and the gradient
+    becomes ``G = dD * act'(Z)``; without one ``G = dD``. ``dA = alpha G B^T`` and ``dB =
+    alpha A^T G`` are pyptx GEMMs in the layout each operand is stored in (a transposed
+    operand gets the transposed product, so no copy is transposed), ``dbias`` the column
+    sums of ``G`` in f32. ``G`` is rounded to the inputs' type for the GEMMs; the stored
+    operands' zero padding gets zero gradient."""
 
     def __init__(self, forward, true_shape):
-        self.M, self.N, self.K, self.trans_a, self.trans_b, self.alpha = true_shape
+        (self.M, self.N, self.K, self.trans_a, self.trans_b, self.alpha,
+         self.activation) = true_shape
         self.in_specs = tuple(forward.in_specs) + tuple(forward.out_specs)
         self.out_specs = tuple(forward.in_specs)
         self.name = f"{forward.name}_backward"
@@ -814,9 +822,22 @@ class GemmBackward:
         b, dd = rest[0], rest[-1]
         lib = "torch" if type(a).__module__.startswith("torch") else "jax"
         M, N, K, ta, tb, alpha = self.M, self.N, self.K, self.trans_a, self.trans_b, self.alpha
-        g = (dd.to(a.dtype) if lib == "torch" else dd.astype(a.dtype))[:M, :N]
         a_t = a[:K, :M] if ta else a[:M, :K]
         b_t = b[:N, :K] if tb else b[:K, :N]
+        bias = rest[1][:N] if len(rest) == 3 else None
+        if lib == "torch":
+            import torch as xp
+
+            g32 = dd[:M, :N].float()
+        else:
+            import jax.numpy as xp
+
+            g32 = dd[:M, :N].astype(xp.float32)
+        if self.activation is not None:
+            z = matmul(a_t, b_t, bias=bias, alpha=alpha, out_dtype="f32", trans_a=ta,
+                       trans_b=tb)
+            g32 = g32 * activation_grad(z, self.activation, xp)
+        g = g32.to(a.dtype) if lib == "torch" else g32.astype(a.dtype)
         if ta:   # A stored (K, M): dA^T = b @ dD^T
             da = matmul(b_t, g, alpha=alpha, trans_a=tb, trans_b=True)
         else:    # (M, K): dD @ b^T
@@ -826,10 +847,8 @@ class GemmBackward:
         else:    # (K, N): a^T @ dD
             db = matmul(a_t, g, alpha=alpha, trans_a=not ta)
         grads = (_fit(da, a.shape, lib), _fit(db, b.shape, lib))
-        if len(rest) == 3:
-            bias = rest[1]
-            col = dd.float().sum(0) if lib == "torch" else dd.astype("float32").sum(0)
-            grads += (_fit(col, bias.shape, lib),)
+        if bias is not None:
+            grads += (_fit(g32.sum(0), rest[1].shape, lib),)
         return grads
 
     def __repr__(self):

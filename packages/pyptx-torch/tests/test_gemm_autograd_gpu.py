@@ -1,7 +1,8 @@
 """GPU tests of the dense GEMM's gradients (``examples/hopper/gemm.py``: ``matmul`` with
 ``loss.backward()`` in torch and ``jax.grad``).
 
-Fresh random bf16/f16 operands in every layout (``x @ w.T`` included) and ragged sizes;
+Fresh random bf16/f16 operands in every layout (``x @ w.T`` included), ragged sizes, bias,
+alpha and the fused activations;
 outputs poisoned (NaN) before each launch. Gradients against float64 autograd on the same
 rounded inputs: ``||g - ref|| / ||ref|| < 1e-2`` (the incoming gradient is rounded to the
 input type and each gradient GEMM rounds its output, about 2**-9 per element each).
@@ -44,19 +45,24 @@ def _err(got, ref):
     return ((got.double() - ref).norm() / ref.norm()).item()
 
 
-def _case(M, N, K, ta, tb, dt, bias, alpha, out_dtype=None):
+ACT = {None: lambda z: z, "relu": torch.relu, "silu": torch.nn.functional.silu,
+       "gelu_tanh": lambda z: torch.nn.functional.gelu(z, approximate="tanh")}
+
+
+def _case(M, N, K, ta, tb, dt, bias, alpha, out_dtype=None, activation=None):
     a = torch.randn(*((K, M) if ta else (M, K)), device="cuda").to(DT[dt]).requires_grad_()
     b = torch.randn(*((N, K) if tb else (K, N)), device="cuda").to(DT[dt]).requires_grad_()
     c = torch.randn(N, device="cuda").requires_grad_() if bias else None
     dy = torch.randn(M, N, device="cuda")
     out = gemm.matmul(a.T if ta else a, b.T if tb else b, bias=c, alpha=alpha,
-                      out_dtype=out_dtype)
+                      out_dtype=out_dtype, activation=activation)
     out.backward(dy.to(out.dtype))
     a64, b64 = (x.detach().double().requires_grad_() for x in (a, b))
     c64 = c.detach().double().requires_grad_() if bias else None
     ref = alpha * ((a64.T if ta else a64) @ (b64.T if tb else b64))
     if bias:
         ref = ref + c64
+    ref = ACT[activation](ref)
     assert _err(out.detach(), ref.detach()) < TOL
     ref.backward(dy.to(out.dtype).double())
     for got, want in ((a.grad, a64.grad), (b.grad, b64.grad)) + (
@@ -75,6 +81,11 @@ def test_gradients_every_layout(M, N, K, ta, tb):
 def test_gradients_with_bias_alpha_and_f32_output(dt):
     _case(520, 264, 392, False, True, dt, bias=True, alpha=0.75)
     _case(200, 136, 96, True, False, dt, bias=True, alpha=-1.5, out_dtype="f32")
+
+
+@pytest.mark.parametrize("activation", ["relu", "silu", "gelu_tanh"])
+def test_gradients_through_the_fused_activation(activation):
+    _case(264, 200, 136, False, True, "bf16", bias=True, alpha=0.5, activation=activation)
 
 
 def test_gradients_deterministic_and_in_a_cuda_graph():
