@@ -722,15 +722,23 @@ def matmul(a, b, *, bias=None, alpha=1.0, activation=None, out_dtype=None, trans
     ``matmul(x, w, trans_b=True)``). The tile configuration is tuned per shape on the
     device (``gemm_tuned``); ``config`` (a dict of ``build_gemm`` keywords) fixes it.
     The result is ``(M, N)``; a contiguous dimension whose rows are not a multiple of
-    16 bytes is zero-padded first (and the result sliced back).
+    16 bytes is zero-padded first (and the result sliced back). An ``a`` of shape
+    ``(..., K)`` (activations of a batch of sequences) is one ``(prod(...), K)`` product,
+    returned as ``(..., N)``.
 
     Differentiable (``GemmBackward``: two more GEMMs, a third that recomputes the
     pre-activation when there is an activation, and the bias gradient): in torch when grad
     mode is on and an operand requires grad, and under ``jax.grad``.
     """
     lib = "torch" if type(a).__module__.startswith("torch") else "jax"
+    if len(a.shape) > 2 and len(b.shape) == 2 and not trans_a:   # (..., K) @ (K, N)
+        lead = tuple(a.shape[:-1])
+        d = matmul(a.reshape(-1, a.shape[-1]), b, bias=bias, alpha=alpha, activation=activation,
+                   out_dtype=out_dtype, trans_b=trans_b, config=config)
+        return d.reshape(*lead, d.shape[-1])
     if len(a.shape) != 2 or len(b.shape) != 2:
-        raise _fail(f"matmul expects 2-D operands, got {tuple(a.shape)} and {tuple(b.shape)}")
+        raise _fail(f"matmul expects a 2-D b and an a of shape (..., K) (2-D with trans_a), "
+                    f"got {tuple(a.shape)} and {tuple(b.shape)}")
     if lib == "torch":
         if not a.is_contiguous() and a.T.is_contiguous():
             a, trans_a = a.T, not trans_a

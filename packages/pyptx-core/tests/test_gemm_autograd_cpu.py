@@ -158,3 +158,22 @@ def test_bad_activation_still_raises_at_the_callers_line(model):
     with pytest.raises(ConfigError) as e:
         gemm.matmul(a, torch.randn(16, 8).to(torch.bfloat16), activation="tanh")
     assert str(e.value).startswith(f"{HERE}:")
+
+
+def test_leading_batch_dimensions(model):
+    """``(B, S, K) @ w.T`` is one ``(B*S, K)`` product, returned as ``(B, S, N)``, with
+    gradients back to the 3-D input."""
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(2, 5, 24, generator=g).to(torch.bfloat16).requires_grad_()
+    w = torch.randn(16, 24, generator=g).to(torch.bfloat16).requires_grad_()
+    out = gemm.matmul(x, w.T)
+    assert out.shape == (2, 5, 16)
+    ref = x.detach().double() @ w.detach().double().T
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2
+    out.float().sum().backward()
+    assert x.grad.shape == x.shape
+    want = torch.ones(2, 5, 16, dtype=torch.float64) @ w.detach().double()
+    assert ((x.grad.double() - want).norm() / want.norm()).item() < 1e-2
+    with pytest.raises(ConfigError) as e:
+        gemm.matmul(x, torch.randn(2, 24, 16).to(torch.bfloat16))
+    assert str(e.value).startswith(f"{HERE}:") and "2-D b" in str(e.value)

@@ -152,3 +152,20 @@ def test_jax_grad():
         got = np.asarray(got, np.float64)
         assert got.shape == ref.shape and not np.isnan(got).any()
         assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < TOL
+
+
+def test_batch_of_sequences_times_weight():
+    """``(B, S, K) @ w.T`` with a bias: one ``(B*S, K)`` product, gradients to all three."""
+    x = torch.randn(3, 100, 192, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(136, 192, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    c = torch.randn(136, device="cuda", requires_grad=True)
+    out = gemm.matmul(x, w.T, bias=c)
+    assert out.shape == (3, 100, 136)
+    dy = torch.randn(3, 100, 136, device="cuda").to(torch.bfloat16)
+    out.backward(dy)
+    x64, w64, c64 = (t.detach().double().requires_grad_() for t in (x, w, c))
+    ref = x64 @ w64.T + c64
+    assert _err(out.detach(), ref.detach()) < TOL
+    ref.backward(dy.double())
+    for got, want in ((x.grad, x64.grad), (w.grad, w64.grad), (c.grad, c64.grad)):
+        assert _err(got, want) < TOL
