@@ -2143,8 +2143,9 @@ def padded_varlen(Tq, B):
     sequence ``b``'s rows start at the even row ``cu_q[b] + (cu_q[b] & 1) + 2 b``
     (``_stats_base``: 16-byte aligned for the dK/dV kernel's bulk copies and vector loads,
     and never overlapping the previous sequence's), ``Tq + 2 B`` rows for them all, plus
-    ``VARLEN_PAD`` so a q block read past the last sequence's end stays in bounds."""
-    return Tq + 2 * B + VARLEN_PAD
+    ``VARLEN_PAD`` so a q block read past the last sequence's end stays in bounds; an even
+    count, so every q head's rows start 16-byte aligned too."""
+    return Tq + (Tq & 1) + 2 * B + VARLEN_PAD
 
 
 def _stats_base(q_start, b):

@@ -153,12 +153,31 @@ def test_varlen_pair_matches_float64(lens_q, lens_k, Hq, Hkv, D, causal, dtype):
     assert all(e < TOL[dtype] for e in errs.values()), errs
 
 
-@pytest.mark.parametrize("options", [dict(safe=True), dict(dkdv_bq=32, dq_bkv=64)])
-def test_varlen_pair_other_schedules(options):
-    """The safe schedule (every block masked, stats from global memory with 16-byte loads:
-    the per-sequence STATS base must be aligned) and 32-row dK/dV q blocks."""
-    errs, _ = run_pair([0, 70, 129, 5], [33, 0, 200, 64], 4, 2, 64, True, seed=3, **options)
+@pytest.mark.parametrize("lens_q,lens_k,options", [
+    ([0, 70, 129, 5], [33, 0, 200, 64], dict(safe=True)),
+    ([5, 300], [300, 5], dict(safe=True)),   # odd Tq: each q head's STATS rows 16-byte aligned
+    ([0, 70, 129, 5], [33, 0, 200, 64], dict(dkdv_bq=32, dq_bkv=64)),
+])
+def test_varlen_pair_other_schedules(lens_q, lens_k, options):
+    """The safe schedule (every block masked, stats from global memory with 16-byte loads,
+    which the simulator checks for alignment: the per-sequence STATS base and the per-head
+    row count must keep them aligned; the fast schedule's bulk copies need the same) and
+    32-row dK/dV q blocks."""
+    errs, _ = run_pair(lens_q, lens_k, 4, 2, 64, True, seed=3, **options)
     assert all(e < TOL["bf16"] for e in errs.values()), errs
+
+
+@pytest.mark.parametrize("Tq,B", [(305, 2), (204, 4), (1, 1), (700, 3)])
+def test_stats_rows_are_16_byte_aligned(Tq, B):
+    """Every (q head, sequence) STATS start is a multiple of two rows (16 bytes), for odd and
+    even starts and row counts: the bulk copies of the fast schedule need it and the
+    simulator does not check their alignment."""
+    Sp = fab.padded_varlen(Tq, B)
+    assert Sp % 2 == 0
+    starts = np.linspace(0, Tq, B + 1).astype(int)
+    for b, start in enumerate(starts[:-1]):
+        base = start + (start & 1) + 2 * b
+        assert base % 2 == 0 and base + (Tq - start) + 64 <= Sp
 
 
 def test_stats_written_only_inside_sequences():
