@@ -134,8 +134,8 @@ class SplitTailGemm:
     It passes the kernel a zeroed flag array (``zeroed_flags``: one per device and stream
     for torch eager calls, which the kernel leaves zeroed; a fresh one in a CUDA-graph
     capture, a ``torch.compile`` trace or JAX) and drops the partial sums' workspace from
-    the results. Kernel-like (``in_specs``, ``out_specs``, ``name``, ``kernels``) for the
-    tuner."""
+    the results. Kernel-like (``in_specs``, ``out_specs``, ``name``, ``arg_names``,
+    ``kernels``) for the tuner and ``differentiable_kernel``."""
 
     def __init__(self, kernel, ctas):
         self.kernel = kernel
@@ -143,6 +143,8 @@ class SplitTailGemm:
         self.in_specs = kernel.in_specs[:-1]
         self.out_specs = kernel.out_specs[:1]
         self.name = kernel.name
+        n_in = len(kernel.in_specs)
+        self.arg_names = kernel.arg_names[:n_in - 1] + kernel.arg_names[n_in:n_in + 1]
         self.ctas = ctas
         self.resident = False
 

@@ -177,3 +177,15 @@ def test_leading_batch_dimensions(model):
     with pytest.raises(ConfigError) as e:
         gemm.matmul(x, torch.randn(2, 24, 16).to(torch.bfloat16))
     assert str(e.value).startswith(f"{HERE}:") and "2-D b" in str(e.value)
+
+
+def test_split_tail_kernel_is_differentiable():
+    """A split-tail build (a ``SplitTailGemm``, which hides its flag input) is kernel-like
+    enough for ``differentiable_kernel``: JAX calls always go through it."""
+    key = tuple(sorted(dict(dtype="bf16", out_dtype="bf16", a_major="K", b_major="K",
+                            bias=False, alpha=1.0, activation=None, KB=1000, NB=640).items()))
+    cfg = tuple(sorted(dict(BM=128, BN=128, cluster=1, num_sms=6, split_tail=True).items()))
+    assert type(gemm._cached(512, 640, 1000, key, cfg)).__name__ == "SplitTailGemm"
+    op = gemm._differentiable(512, 640, 1000, key, cfg, (512, 640, 1000, False, True, 1.0, None))
+    assert op.backward_kernel.arg_names == ("A", "B", "dD", "dA", "dB")
+    assert op.forward_kernel.arg_names == ("A", "B", "D")
