@@ -24,14 +24,15 @@ lane() {  # lane NAME: runs in the background, output to $OUT/lane-NAME.log
     core) py $C $(ls $T/test_*.py | grep -v -e grouped -e fp8 -e flash_attention) ;;
     jax) py $J ;;
     kernels) PYPTX_AUTOTUNE=0 py $T/test_grouped_gemm_gpu.py $T/test_fp8_gemm_gpu.py ;;
-    attention) py $T/test_flash_attention_gpu.py $T/test_flash_attention_bwd_gpu.py ;;
+    attention) py $T/test_flash_attention_gpu.py $T/test_flash_attention_bwd_gpu.py \
+                  $T/test_flash_attention_varlen_bwd_gpu.py ;;
     sanitize)
       for tool in memcheck racecheck synccheck; do (
-        for s in gemm grouped fp8 attention attention_bwd attention_bwd:atomic_dq=1,dq_bulk=1,dq_ordered=1,dq_convert=1,convert_lag=1,stats_lead=1 attention_bwd:fused_bq=128,dq_ordered=1,fused_pingpong=1; do
+        for s in gemm grouped fp8 attention attention_bwd attention_bwd:atomic_dq=1,dq_bulk=1,dq_ordered=1,dq_convert=1,convert_lag=1,stats_lead=1 attention_bwd:fused_bq=128,dq_ordered=1,fused_pingpong=1 attention_bwd+varlen; do
           echo "== $tool $s"
-          opts=(); [[ $s == *:* ]] && opts=(--options "${s#*:}")
+          opts=(); [[ $s == *:* ]] && opts=(--options "${s#*:}"); [[ $s == *+varlen ]] && opts=(--varlen)
           PYPTX_AUTOTUNE=0 timeout $(left) compute-sanitizer --tool $tool --report-api-errors no \
-            python3 tools/${s%%:*}_sanitize.py "${opts[@]}" 2>&1 | tail -3
+            python3 tools/${s%%[:+]*}_sanitize.py "${opts[@]}" 2>&1 | tail -3
         done > "$OUT/sanitize-$tool.log" 2>&1 ) &
       done; wait ;;
     examples)
