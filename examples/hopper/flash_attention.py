@@ -1056,8 +1056,9 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     and 128 through the deterministic varlen backward pair (flash_attention_bwd.py,
     ``build_attention_backward_varlen``); at head dim 256 there is no backward: torch inputs
     that require grad raise ``ConfigError`` here, and ``jax.grad`` raises ``ConfigError``
-    (use ``attention_varlen_forward`` for inference). The tile options are
-    ``attention_varlen_forward``'s."""
+    (use ``attention_varlen_forward`` for inference). ``Tq``/``Tk`` should equal
+    ``cu_seqlens_q/k[-1]``: rows past the last sequence get no output and no gradient. The
+    tile options are ``attention_varlen_forward``'s."""
     Tq, Tk, B, Hq, Hkv, D, max_q, max_k, name = _varlen_shapes(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     sc = 1.0 / math.sqrt(D) if scale is None else float(scale)
