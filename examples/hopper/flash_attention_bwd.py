@@ -206,6 +206,128 @@ def _common_options(B, S, Hq, Hkv, D, Sk, dtype, scale, safe, sync):
     return Sk, _dtype(dtype), scale, safe, sync, Hq // Hkv, padded(S)
 
 
+def _fill_stage(pipe, st, nbytes, stage_bytes, base, ring_off, load, sync):
+    """The producer's step of every backward ring: acquire stage ``st``, arm it for
+    ``nbytes``, ``load(stage_address, bar)`` its copies, advance (``sync``, a bisecting aid:
+    first wait until the consumers released it)."""
+    pipe.acquire(st)
+    bar = pipe.arm(st, nbytes)
+    sb = st.stage * stage_bytes + (base + ring_off)
+    load(sb, bar)
+    if sync:
+        ptx.mbarrier.wait(pipe.empty.at(st.stage), st.phase ^ 1)
+    st.advance()
+
+
+def _dq_producer(tid, head_bar, head_bytes, pipe, n_kv, base, stage_bytes, K, V, sync,
+                 load_head, load_kv):
+    """The dQ kernels' producer (thread 0): the Q/dO head tile (``load_head(bar)``), then
+    the K/V blocks ``0..n_kv`` through the ring (``load_kv(stage, k_map, v_map, j, bar)``:
+    the dense kernel's 4-D copies or the packed kernel's 3-D ones)."""
+    with ptx.if_(tid == 0):
+        hbar = head_bar.at(0)
+        ptx.mbarrier.arrive_expect_tx(hbar, head_bytes)
+        load_head(hbar)
+        k_map = ptx.tma.tensormap_ptr(K.tmap)
+        v_map = ptx.tma.tensormap_ptr(V.tmap)
+        st = pipe.producer_state()
+        for j in ptx.loop(0, n_kv):
+            _fill_stage(pipe, st, stage_bytes, stage_bytes, base, head_bytes,
+                        lambda sb, bar, j=j: load_kv(sb, k_map, v_map, j, bar), sync)
+
+
+def _dq_consumer(tid, wg, q0, n_q, n_keys, n_kv, *, causal, safe, dt, D, BKV, c1, pipe,
+                 head_bar, base, head_bytes, stage_bytes, q_tile, k_tile, k_mn, stats, limits,
+                 store):
+    """A dQ consumer warpgroup (dense and packed): its 64 q rows from ``q0`` (valid below
+    ``n_q``), ``stats(qrow, valid, lane) -> (delta, nlse2, out)`` its rows' stats,
+    ``limits(qrow)`` the last allowed key of each of its two rows; then the k-loop over
+    ``n_kv`` K/V blocks (S and dP issued, P = exp2(S c1 - lse2), the mask by select where
+    a block reaches past ``n_keys`` keys (an int or a register) or the diagonal, dS,
+    dQ += dS K, the stage releases) and ``store(dq_acc, out, qrow, valid, col0)``."""
+    w = wg - 1
+    t = tid & 127
+    lane = tid & 31
+    leader = t == 0
+    s_acc = Accumulator(BKV)
+    dp_acc = Accumulator(BKV)
+    dq_acc = Accumulator(D)
+    ds_pack = reg.array(b32, BKV // 4)
+    row0, col0 = s_acc.thread_origin(t)
+    qrow = q0 + w * 64 + row0                   # this thread's rows: qrow, qrow + 8
+    valid = [qrow < n_q, qrow + 8 < n_q]
+    # delta = rowsum(do * o) and lse2 of this thread's rows, also written to STATS
+    delta, nlse2, out = stats(qrow, valid, lane)
+    lim = limits(qrow)      # the last allowed kv column per row: allowed iff kv <= lim
+    dq_acc.zero()
+    q_desc = q_tile.descriptor(base) + reg.from_(w * (q_tile.offset(0, 64) >> 4), u64)
+    do_desc = q_desc + (q_tile.nbytes >> 4)
+    ring = base + head_bytes
+    k_desc0 = k_tile.descriptor(ring)
+    v_desc0 = k_tile.descriptor(ring, offset=k_tile.nbytes)
+    kmn_desc0 = k_mn.descriptor(ring)
+    cons = pipe.consumer_state()
+    rel = pipe.consumer_state()
+    has_prev = reg.scalar(u32, init=0)
+    ptx.mbarrier.wait(head_bar.at(0), 0)
+    for j in ptx.loop(0, n_kv):
+        pipe.wait(cons)
+        soff = reg.from_(reg.from_(cons.stage * (stage_bytes >> 4), u32), u64)
+        kd, vd, kmn = k_desc0 + soff, v_desc0 + soff, kmn_desc0 + soff
+        ptx.wgmma.fence()
+        for kk in range(q_tile.k_steps):
+            ptx.wgmma.mma_async(s_acc.regs, q_tile.advance(q_desc, kk), k_tile.advance(kd, kk),
+                                n=BKV, dtype_ab=dt.name, scale_d=0 if kk == 0 else 1)
+        ptx.wgmma.commit_group()
+        for kk in range(q_tile.k_steps):
+            ptx.wgmma.mma_async(dp_acc.regs, q_tile.advance(do_desc, kk), k_tile.advance(vd, kk),
+                                n=BKV, dtype_ab=dt.name, scale_d=0 if kk == 0 else 1)
+        ptx.wgmma.commit_group()
+        ptx.wgmma.wait_group(1)                 # S (and the previous block's dQ) done
+        if not safe:
+            with ptx.if_(has_prev != 0):
+                pipe.release(rel, pred=leader)
+                rel.advance()
+        for i in range(len(s_acc)):             # P = exp2(S * c1 - lse2), in place
+            dr = Accumulator.coord(i)[0]
+            ptx.inst.fma.rn.f32(s_acc[i], s_acc[i], c1, nlse2[dr // 8])
+            ptx.inst.ex2.approx.ftz.f32(s_acc[i], s_acc[i])
+        kv0 = reg.from_(j * BKV + col0, s32)
+        if safe:
+            need = None
+        elif causal:    # the keys' end or the diagonal crosses the block
+            need = _or(j * BKV + BKV > n_keys, j * BKV + (BKV - 1) > q0)
+        else:
+            need = j * BKV + BKV > n_keys
+        with _maybe_if(need):
+            room = [lim[0] - kv0, lim[1] - kv0]    # column offset c allowed iff c <= room
+            for i in range(len(s_acc)):
+                dr, dc = Accumulator.coord(i)
+                ptx.inst.selp.f32(s_acc[i], s_acc[i], 0.0, room[dr // 8] >= dc)
+        ptx.wgmma.wait_group(0)
+        for i in range(len(dp_acc)):            # dS = P * (dP - delta), in place
+            dr = Accumulator.coord(i)[0]
+            x = dp_acc[i] - delta[dr // 8]
+            ptx.inst.mul.f32(dp_acc[i], s_acc[i], x)
+        _pack(ds_pack, dp_acc.regs, dt)
+        ptx.wgmma.fence()
+        for kk in range(BKV // 16):
+            ptx.wgmma.mma_async(dq_acc.regs, list(ds_pack)[4 * kk:4 * kk + 4],
+                                k_mn.advance(kmn, kk), n=D, dtype_ab=dt.name, trans_b=k_mn.trans)
+        ptx.wgmma.commit_group()
+        if safe:
+            ptx.wgmma.wait_group(0)
+            pipe.release(cons, pred=leader)
+        else:
+            ptx.inst.mov.u32(has_prev, 1)
+        cons.advance()
+    if not safe:
+        ptx.wgmma.wait_group(0)
+        with ptx.if_(has_prev != 0):
+            pipe.release(rel, pred=leader)
+    store(dq_acc, out, qrow, valid, col0)
+
+
 def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None, BKV=64,
              stages=None, sync=None, safe=None):
     """The dQ kernel: ``(Q, K, V, O, LSE, DO) -> (DQ, STATS)``. STATS ``(B, Hq, padded(S), 2)``
@@ -253,112 +375,33 @@ def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=Non
             n_kv = num_kv
         roles = Roles(wg, PROD_REGS)
         # ------------------------------------------------------------ producer
-        with ptx.if_(tid == 0):
-            hbar = head_bar.at(0)
-            ptx.mbarrier.arrive_expect_tx(hbar, head_bytes)
-            _load_pair(base, Q, DO, q_tile.nbytes, slabs, hq, q0, b, BM, hbar)
-            k_map = ptx.tma.tensormap_ptr(K.tmap)
-            v_map = ptx.tma.tensormap_ptr(V.tmap)
-            st = pipe.producer_state()
-            for j in ptx.loop(0, n_kv):
-                pipe.acquire(st)
-                bar = pipe.arm(st, stage_bytes)
-                sb = st.stage * stage_bytes + (base + head_bytes)
-                _load_slabs(sb, k_map, slabs, hk, j * BKV, b, BKV, bar)
-                _load_slabs(sb + k_tile.nbytes, v_map, slabs, hk, j * BKV, b, BKV, bar)
-                if sync:  # bisecting aid: wait until the consumers released this stage
-                    ptx.mbarrier.wait(pipe.empty.at(st.stage), st.phase ^ 1)
-                st.advance()
+        def load_kv(sb, k_map, v_map, j, bar):
+            _load_slabs(sb, k_map, slabs, hk, j * BKV, b, BKV, bar)
+            _load_slabs(sb + k_tile.nbytes, v_map, slabs, hk, j * BKV, b, BKV, bar)
+
+        _dq_producer(tid, head_bar, head_bytes, pipe, n_kv, base, stage_bytes, K, V, sync,
+                     lambda hbar: _load_pair(base, Q, DO, q_tile.nbytes, slabs, hq, q0, b, BM,
+                                             hbar), load_kv)
         # ------------------------------------------------------------ consumers
         roles.consumers(CONS_REGS)
-        w = wg - 1
-        t = tid & 127
-        lane = tid & 31
-        leader = t == 0
-        s_acc = Accumulator(BKV)
-        dp_acc = Accumulator(BKV)
-        dq_acc = Accumulator(D)
-        ds_pack = reg.array(b32, BKV // 4)
-        row0, col0 = s_acc.thread_origin(t)
-        qrow = q0 + w * 64 + row0                   # this thread's rows: qrow, qrow + 8
-        valid = [qrow < S, qrow + 8 < S]
-        # delta = rowsum(do * o) and lse2 of this thread's rows, also written to STATS
-        po, pdo, plse, pstats, pdq = ptx.global_ptrs(OUT, DO, LSE, STATS, DQ)
-        delta, nlse2 = _row_stats(po, pdo, plse, pstats, b, hq, qrow, valid, lane, S, Sp, Hq, D, dt)
-        # causal / ragged limit of the kv column per row: allowed iff kv <= lim
-        lim = []
-        for r in (0, 8):
+
+        def stats(qrow, valid, lane):
+            po, pdo, plse, pstats, pdq = ptx.global_ptrs(OUT, DO, LSE, STATS, DQ)
+            return (*_row_stats(po, pdo, plse, pstats, b, hq, qrow, valid, lane, S, Sp, Hq, D,
+                                dt), pdq)
+
+        def limits(qrow):   # causal / ragged
             if causal:
-                lim.append(reg.from_(_min_u32(qrow + r, reg.scalar(u32, init=Sk - 1)), s32))
-            else:
-                lim.append(reg.scalar(s32, init=Sk - 1))
-        dq_acc.zero()
-        q_desc = q_tile.descriptor(base) + reg.from_(w * (q_tile.offset(0, 64) >> 4), u64)
-        do_desc = q_desc + (q_tile.nbytes >> 4)
-        ring = base + head_bytes
-        k_desc0 = k_tile.descriptor(ring)
-        v_desc0 = k_tile.descriptor(ring, offset=k_tile.nbytes)
-        kmn_desc0 = k_mn.descriptor(ring)
-        cons = pipe.consumer_state()
-        rel = pipe.consumer_state()
-        has_prev = reg.scalar(u32, init=0)
-        ptx.mbarrier.wait(head_bar.at(0), 0)
-        for j in ptx.loop(0, n_kv):
-            pipe.wait(cons)
-            soff = reg.from_(reg.from_(cons.stage * (stage_bytes >> 4), u32), u64)
-            kd, vd, kmn = k_desc0 + soff, v_desc0 + soff, kmn_desc0 + soff
-            ptx.wgmma.fence()
-            for kk in range(q_tile.k_steps):
-                ptx.wgmma.mma_async(s_acc.regs, q_tile.advance(q_desc, kk), k_tile.advance(kd, kk),
-                                    n=BKV, dtype_ab=dt.name, scale_d=0 if kk == 0 else 1)
-            ptx.wgmma.commit_group()
-            for kk in range(q_tile.k_steps):
-                ptx.wgmma.mma_async(dp_acc.regs, q_tile.advance(do_desc, kk), k_tile.advance(vd, kk),
-                                    n=BKV, dtype_ab=dt.name, scale_d=0 if kk == 0 else 1)
-            ptx.wgmma.commit_group()
-            ptx.wgmma.wait_group(1)                 # S (and the previous block's dQ) done
-            if not safe:
-                with ptx.if_(has_prev != 0):
-                    pipe.release(rel, pred=leader)
-                    rel.advance()
-            for i in range(len(s_acc)):             # P = exp2(S * c1 - lse2), in place
-                dr = Accumulator.coord(i)[0]
-                ptx.inst.fma.rn.f32(s_acc[i], s_acc[i], c1, nlse2[dr // 8])
-                ptx.inst.ex2.approx.ftz.f32(s_acc[i], s_acc[i])
-            kv0 = reg.from_(j * BKV + col0, s32)
-            if safe:
-                need = None
-            elif causal:
-                need = _or(j * BKV + BKV > Sk, j * BKV + (BKV - 1) > q0)
-            else:
-                need = j * BKV + BKV > Sk
-            with _maybe_if(need):
-                room = [lim[0] - kv0, lim[1] - kv0]    # column offset c allowed iff c <= room
-                for i in range(len(s_acc)):
-                    dr, dc = Accumulator.coord(i)
-                    ptx.inst.selp.f32(s_acc[i], s_acc[i], 0.0, room[dr // 8] >= dc)
-            ptx.wgmma.wait_group(0)
-            for i in range(len(dp_acc)):            # dS = P * (dP - delta), in place
-                dr = Accumulator.coord(i)[0]
-                x = dp_acc[i] - delta[dr // 8]
-                ptx.inst.mul.f32(dp_acc[i], s_acc[i], x)
-            _pack(ds_pack, dp_acc.regs, dt)
-            ptx.wgmma.fence()
-            for kk in range(BKV // 16):
-                ptx.wgmma.mma_async(dq_acc.regs, list(ds_pack)[4 * kk:4 * kk + 4],
-                                    k_mn.advance(kmn, kk), n=D, dtype_ab=dt.name, trans_b=k_mn.trans)
-            ptx.wgmma.commit_group()
-            if safe:
-                ptx.wgmma.wait_group(0)
-                pipe.release(cons, pred=leader)
-            else:
-                ptx.inst.mov.u32(has_prev, 1)
-            cons.advance()
-        if not safe:
-            ptx.wgmma.wait_group(0)
-            with ptx.if_(has_prev != 0):
-                pipe.release(rel, pred=leader)
-        _store_rows(dq_acc, pdq, qrow, valid, Hq, D, hq, b, S, col0, scale, dt)
+                return [reg.from_(_min_u32(qrow + r, reg.scalar(u32, init=Sk - 1)), s32)
+                        for r in (0, 8)]
+            return [reg.scalar(s32, init=Sk - 1) for r in (0, 8)]
+
+        _dq_consumer(tid, wg, q0, S, Sk, n_kv, causal=causal, safe=safe, dt=dt, D=D, BKV=BKV,
+                     c1=c1, pipe=pipe, head_bar=head_bar, base=base, head_bytes=head_bytes,
+                     stage_bytes=stage_bytes, q_tile=q_tile, k_tile=k_tile, k_mn=k_mn,
+                     stats=stats, limits=limits,
+                     store=lambda acc, pdq, qrow, valid, col0: _store_rows(
+                         acc, pdq, qrow, valid, Hq, D, hq, b, S, col0, scale, dt))
         roles.end()
         ptx.ret()
 
@@ -2306,114 +2349,39 @@ def build_dq_varlen(Tq, Tk, B, Hq, Hkv, D, max_seqlen_q, *, dtype="bf16", causal
             n_kv = _min_u32((q0 + (BM - 1)) // BKV + 1, n_kv)
         roles = Roles(wg, PROD_REGS)
         # ------------------------------------------------------------ producer
-        with ptx.if_(tid == 0):
-            hbar = head_bar.at(0)
-            ptx.mbarrier.arrive_expect_tx(hbar, head_bytes)
+        def load_head(hbar):
             q_map = ptx.tma.tensormap_ptr(Q.tmap)
             do_map = ptx.tma.tensormap_ptr(DO.tmap)
             _load_slabs3(base, q_map, slabs, hq, q_start + q0, BM, hbar)
             _load_slabs3(base + q_tile.nbytes, do_map, slabs, hq, q_start + q0, BM, hbar)
-            k_map = ptx.tma.tensormap_ptr(K.tmap)
-            v_map = ptx.tma.tensormap_ptr(V.tmap)
-            st = pipe.producer_state()
-            for j in ptx.loop(0, n_kv):
-                pipe.acquire(st)
-                bar = pipe.arm(st, stage_bytes)
-                sb = st.stage * stage_bytes + (base + head_bytes)
-                krow = k_start + j * BKV
-                _load_slabs3(sb, k_map, slabs, hk, krow, BKV, bar)
-                _load_slabs3(sb + k_tile.nbytes, v_map, slabs, hk, krow, BKV, bar)
-                if sync:
-                    ptx.mbarrier.wait(pipe.empty.at(st.stage), st.phase ^ 1)
-                st.advance()
+
+        def load_kv(sb, k_map, v_map, j, bar):
+            krow = k_start + j * BKV
+            _load_slabs3(sb, k_map, slabs, hk, krow, BKV, bar)
+            _load_slabs3(sb + k_tile.nbytes, v_map, slabs, hk, krow, BKV, bar)
+
+        _dq_producer(tid, head_bar, head_bytes, pipe, n_kv, base, stage_bytes, K, V, sync,
+                     load_head, load_kv)
         # ------------------------------------------------------------ consumers
         roles.consumers(CONS_REGS)
-        w = wg - 1
-        t = tid & 127
-        lane = tid & 31
-        leader = t == 0
-        s_acc = Accumulator(BKV)
-        dp_acc = Accumulator(BKV)
-        dq_acc = Accumulator(D)
-        ds_pack = reg.array(b32, BKV // 4)
-        row0, col0 = s_acc.thread_origin(t)
-        qrow = q0 + w * 64 + row0                   # within the sequence: qrow, qrow + 8
-        valid = [qrow < seqlen_q, qrow + 8 < seqlen_q]
-        po, pdo, plse, pstats, pdq = ptx.global_ptrs(OUT, DO, LSE, STATS, DQ)
-        delta, nlse2 = _row_stats_varlen(po, pdo, plse, pstats, hq, q_start,
-                                         _stats_base(q_start, b), qrow, valid, lane, Tq, Sp,
-                                         Hq, D, dt)
-        last = reg.from_(seqlen_k, s32) - 1         # the sequence's last key
-        lim = []
-        for r in (0, 8):
-            lim.append(_min_s32(reg.from_(qrow + r, s32), last) if causal else last)
-        dq_acc.zero()
-        q_desc = q_tile.descriptor(base) + reg.from_(w * (q_tile.offset(0, 64) >> 4), u64)
-        do_desc = q_desc + (q_tile.nbytes >> 4)
-        ring = base + head_bytes
-        k_desc0 = k_tile.descriptor(ring)
-        v_desc0 = k_tile.descriptor(ring, offset=k_tile.nbytes)
-        kmn_desc0 = k_mn.descriptor(ring)
-        cons = pipe.consumer_state()
-        rel = pipe.consumer_state()
-        has_prev = reg.scalar(u32, init=0)
-        ptx.mbarrier.wait(head_bar.at(0), 0)
-        for j in ptx.loop(0, n_kv):
-            pipe.wait(cons)
-            soff = reg.from_(reg.from_(cons.stage * (stage_bytes >> 4), u32), u64)
-            kd, vd, kmn = k_desc0 + soff, v_desc0 + soff, kmn_desc0 + soff
-            ptx.wgmma.fence()
-            for kk in range(q_tile.k_steps):
-                ptx.wgmma.mma_async(s_acc.regs, q_tile.advance(q_desc, kk), k_tile.advance(kd, kk),
-                                    n=BKV, dtype_ab=dt.name, scale_d=0 if kk == 0 else 1)
-            ptx.wgmma.commit_group()
-            for kk in range(q_tile.k_steps):
-                ptx.wgmma.mma_async(dp_acc.regs, q_tile.advance(do_desc, kk), k_tile.advance(vd, kk),
-                                    n=BKV, dtype_ab=dt.name, scale_d=0 if kk == 0 else 1)
-            ptx.wgmma.commit_group()
-            ptx.wgmma.wait_group(1)
-            if not safe:
-                with ptx.if_(has_prev != 0):
-                    pipe.release(rel, pred=leader)
-                    rel.advance()
-            for i in range(len(s_acc)):             # P = exp2(S * c1 - lse2), in place
-                dr = Accumulator.coord(i)[0]
-                ptx.inst.fma.rn.f32(s_acc[i], s_acc[i], c1, nlse2[dr // 8])
-                ptx.inst.ex2.approx.ftz.f32(s_acc[i], s_acc[i])
-            kv0 = reg.from_(j * BKV + col0, s32)
-            if safe:
-                need = None
-            elif causal:    # the sequence's end or its diagonal crosses the block
-                need = _or(j * BKV + BKV > seqlen_k, j * BKV + (BKV - 1) > q0)
-            else:
-                need = j * BKV + BKV > seqlen_k
-            with _maybe_if(need):
-                room = [lim[0] - kv0, lim[1] - kv0]    # column offset c allowed iff c <= room
-                for i in range(len(s_acc)):
-                    dr, dc = Accumulator.coord(i)
-                    ptx.inst.selp.f32(s_acc[i], s_acc[i], 0.0, room[dr // 8] >= dc)
-            ptx.wgmma.wait_group(0)
-            for i in range(len(dp_acc)):            # dS = P * (dP - delta), in place
-                dr = Accumulator.coord(i)[0]
-                x = dp_acc[i] - delta[dr // 8]
-                ptx.inst.mul.f32(dp_acc[i], s_acc[i], x)
-            _pack(ds_pack, dp_acc.regs, dt)
-            ptx.wgmma.fence()
-            for kk in range(BKV // 16):
-                ptx.wgmma.mma_async(dq_acc.regs, list(ds_pack)[4 * kk:4 * kk + 4],
-                                    k_mn.advance(kmn, kk), n=D, dtype_ab=dt.name, trans_b=k_mn.trans)
-            ptx.wgmma.commit_group()
-            if safe:
-                ptx.wgmma.wait_group(0)
-                pipe.release(cons, pred=leader)
-            else:
-                ptx.inst.mov.u32(has_prev, 1)
-            cons.advance()
-        if not safe:
-            ptx.wgmma.wait_group(0)
-            with ptx.if_(has_prev != 0):
-                pipe.release(rel, pred=leader)
-        _store_rows_varlen(dq_acc, pdq, q_start, qrow, valid, Hq, D, hq, col0, scale, dt)
+
+        def stats(qrow, valid, lane):   # qrow within the sequence
+            po, pdo, plse, pstats, pdq = ptx.global_ptrs(OUT, DO, LSE, STATS, DQ)
+            return (*_row_stats_varlen(po, pdo, plse, pstats, hq, q_start,
+                                       _stats_base(q_start, b), qrow, valid, lane, Tq, Sp, Hq,
+                                       D, dt), pdq)
+
+        def limits(qrow):
+            last = reg.from_(seqlen_k, s32) - 1         # the sequence's last key
+            return [_min_s32(reg.from_(qrow + r, s32), last) if causal else last
+                    for r in (0, 8)]
+
+        _dq_consumer(tid, wg, q0, seqlen_q, seqlen_k, n_kv, causal=causal, safe=safe, dt=dt,
+                     D=D, BKV=BKV, c1=c1, pipe=pipe, head_bar=head_bar, base=base,
+                     head_bytes=head_bytes, stage_bytes=stage_bytes, q_tile=q_tile,
+                     k_tile=k_tile, k_mn=k_mn, stats=stats, limits=limits,
+                     store=lambda acc, pdq, qrow, valid, col0: _store_rows_varlen(
+                         acc, pdq, q_start, qrow, valid, Hq, D, hq, col0, scale, dt))
         roles.end()
         ptx.ret()
 
