@@ -69,6 +69,7 @@ import inspect
 import math
 import os
 import sys
+from types import SimpleNamespace
 
 from pyptx import Tile, kernel, ptx, reg, smem
 from pyptx.errors import ConfigError
@@ -496,6 +497,178 @@ def _release_stage(pipe, state):
     """
     ptx.fence_proxy_async("shared::cta")
     pipe.release(state)
+
+
+def _dkdv_producer(tid, head_bar, head_bytes, pipe, G, hk, qb0, num_q, base, ring_off,
+                   stage_bytes, q_bytes, stats_bytes, safe, sync, Q, DO, *, load_head,
+                   stats_row, q_block, load_q, before=None):
+    """The dK/dV kernels' producer (thread 0): the K/V head tile (``load_head(bar)``), then
+    for each q head ``hk * G + g`` of the kv head the Q/dO blocks ``qb0..num_q`` through the
+    ring (``q_block(step)`` the block of a step, ``load_q(stage, q_map, do_map, hq, qb, bar)``
+    the dense kernel's 4-D copies or the packed kernel's 3-D ones) with, fast schedule, the
+    block's ``(lse2, delta)`` rows from ``stats_row(hq)`` by a bulk copy. ``before()``: after
+    the maps, before the loop."""
+    with ptx.if_(tid == 0):
+        hbar = head_bar.at(0)
+        ptx.mbarrier.arrive_expect_tx(hbar, head_bytes)
+        load_head(hbar)
+        q_map = ptx.tma.tensormap_ptr(Q.tmap)
+        do_map = ptx.tma.tensormap_ptr(DO.tmap)
+        if before is not None:
+            before()
+        st = pipe.producer_state()
+        for g in ptx.loop(0, G):
+            hq = hk * G + g
+            srow = stats_row(hq)
+            for qstep in ptx.loop(qb0, num_q):
+                qb = q_block(qstep)
+
+                def load(sb, bar, hq=hq, qb=qb, srow=srow):
+                    load_q(sb, q_map, do_map, hq, qb, bar)
+                    if not safe:
+                        ptx.tma.copy_bulk(sb + 2 * q_bytes,
+                                          reg.from_(qb * stats_bytes, u64) + srow, stats_bytes,
+                                          bar)
+
+                _fill_stage(pipe, st, 2 * q_bytes + (0 if safe else stats_bytes), stage_bytes,
+                            base, ring_off, load, sync)
+
+
+def _dkdv_consumer_regs(tid, wg, k0, n_k, BQ, D, wide, base, ring_off, kv_tile, q_tile, q_mn,
+                        pipe):
+    """A dK/dV consumer warpgroup's registers and descriptors (dense and packed): its 64 kv
+    rows from ``k0`` (valid below ``n_k``), the accumulators (``wide``: dP^T by 64-column
+    halves, no dS registers), the stage descriptors, the ring states; a namespace."""
+    w = wg - 1
+    t = tid & 127
+    s_acc = Accumulator(BQ)
+    dp_acc = Accumulator(64) if wide else Accumulator(BQ)
+    dv_acc = Accumulator(D)
+    dk_acc = Accumulator(D)
+    p_pack = reg.array(b32, BQ // 4)
+    ds_pack = None if wide else reg.array(b32, BQ // 4)
+    row0, col0 = s_acc.thread_origin(t)
+    kvrow = k0 + w * 64 + row0                  # this thread's kv rows: kvrow, kvrow + 8
+    valid = [kvrow < n_k, kvrow + 8 < n_k]
+    dv_acc.zero()
+    dk_acc.zero()
+    k_desc = kv_tile.descriptor(base) + reg.from_(w * (kv_tile.offset(0, 64) >> 4), u64)
+    v_desc = k_desc + (kv_tile.nbytes >> 4)
+    ring = base + ring_off
+    q_desc0 = q_tile.descriptor(ring)
+    do_desc0 = q_tile.descriptor(ring, offset=q_tile.nbytes)
+    qmn_desc0 = q_mn.descriptor(ring)
+    domn_desc0 = q_mn.descriptor(ring, offset=q_tile.nbytes)
+    cons = pipe.consumer_state()
+    rel = pipe.consumer_state()
+    has_prev = reg.scalar(u32, init=0)
+    stats_col = col0 * 8 + 2 * q_tile.nbytes    # this thread's first (lse2, delta) pair
+    return SimpleNamespace(w=w, t=t, s_acc=s_acc, dp_acc=dp_acc, dv_acc=dv_acc, dk_acc=dk_acc,
+                           p_pack=p_pack, ds_pack=ds_pack, row0=row0, col0=col0, kvrow=kvrow,
+                           valid=valid, k_desc=k_desc, v_desc=v_desc, ring=ring,
+                           q_desc0=q_desc0, do_desc0=do_desc0, qmn_desc0=qmn_desc0,
+                           domn_desc0=domn_desc0, cons=cons, rel=rel, has_prev=has_prev,
+                           stats_col=stats_col)
+
+
+def _pt_dv(c, acc, q0, domn, mask, BQ, D, dt, q_mn):
+    """``mask(acc, q0)``, pack P^T to 16 bits (``c.p_pack``) and issue dV += P^T dO with P^T
+    from registers and dO at descriptor ``domn`` (committed, not waited for)."""
+    mask(acc, q0)
+    _pack(c.p_pack, acc.regs, dt)
+    ptx.wgmma.fence()
+    for kk in range(BQ // 16):
+        ptx.wgmma.mma_async(c.dv_acc.regs, list(c.p_pack)[4 * kk:4 * kk + 4],
+                            q_mn.advance(domn, kk), n=D, dtype_ab=dt.name, trans_b=q_mn.trans)
+    ptx.wgmma.commit_group()
+
+
+def _dkdv_block(c, q0, sbase, soff, srow, *, safe, overlap, BQ, D, dt, c1, kv_tile, q_tile,
+                q_mn, pipe, mask, fix_delta=None, after_ds=None, after_dk=None):
+    """One q block of a dK/dV consumer (the plain schedule, dense and packed): S^T and dP^T
+    issued, P^T = exp2(S^T c1 - lse2) masked (``mask``), dV += P^T dO, dS^T = P^T (dP^T -
+    delta) (``fix_delta(dl, q0)`` may select deltas first), dK += dS^T Q, the stage
+    released (``overlap``: the previous one, once this block's S^T is done). Hooks of the
+    dense kernel's dQ modes: ``after_ds()`` before dK's product, ``after_dk()`` after it."""
+    s_acc, dp_acc = c.s_acc, c.dp_acc
+    qd, dod = c.q_desc0 + soff, c.do_desc0 + soff
+    qmn, domn = c.qmn_desc0 + soff, c.domn_desc0 + soff
+    ptx.wgmma.fence()
+    for kk in range(kv_tile.k_steps):
+        ptx.wgmma.mma_async(s_acc.regs, kv_tile.advance(c.k_desc, kk),
+                            q_tile.advance(qd, kk), n=BQ, dtype_ab=dt.name,
+                            scale_d=0 if kk == 0 else 1)
+    ptx.wgmma.commit_group()
+    for kk in range(kv_tile.k_steps):
+        ptx.wgmma.mma_async(dp_acc.regs, kv_tile.advance(c.v_desc, kk),
+                            q_tile.advance(dod, kk), n=BQ, dtype_ab=dt.name,
+                            scale_d=0 if kk == 0 else 1)
+    ptx.wgmma.commit_group()
+    # this thread's columns: q = q0 + col0 + 8 * blk + e (e = 0, 1); their
+    # (lse2, delta) pairs, from the stage (fast) or from global memory (safe)
+    if safe:
+        src = reg.from_(q0 * 8 + c.col0 * 8, u64) + srow
+    else:
+        src = sbase + (c.ring + c.stats_col)
+
+    def stats(which):
+        """Column offset -> lse2 (which=0, negated) or delta (1) of this thread's
+        columns (loaded when needed: fewer live registers)."""
+        out = {}
+        for blk in range(BQ // 8):
+            v4 = reg.array(f32, 4)
+            if safe:
+                ptx.inst.ld.global_.nc.v4.f32(v4, ptx.addr(src, 64 * blk))
+            else:
+                ptx.inst.ld.shared.v4.f32(v4, ptx.addr(src, 64 * blk))
+            for e in (0, 1):
+                out[8 * blk + e] = -v4[2 * e] if which == 0 else v4[2 * e + 1]
+        return out
+
+    nl2 = stats(0)
+    ptx.wgmma.wait_group(1)             # S^T (and the previous block's dK) done
+    if overlap:
+        with ptx.if_(c.has_prev != 0):
+            _release_stage(pipe, c.rel)
+            c.rel.advance()
+    for i in range(len(s_acc)):         # P^T = exp2(S^T * c1 - lse2), in place
+        dc = Accumulator.coord(i)[1]
+        ptx.inst.fma.rn.f32(s_acc[i], s_acc[i], c1, nl2[dc])
+        ptx.inst.ex2.approx.ftz.f32(s_acc[i], s_acc[i])
+    _pt_dv(c, s_acc, q0, domn, mask, BQ, D, dt, q_mn)
+    dl = stats(1)
+    if fix_delta is not None:
+        fix_delta(dl, q0)
+    ptx.wgmma.wait_group(1)             # dP^T done
+    for i in range(len(dp_acc)):        # dS^T = P^T * (dP^T - delta), in place
+        dc = Accumulator.coord(i)[1]
+        x = dp_acc[i] - dl[dc]
+        ptx.inst.mul.f32(dp_acc[i], s_acc[i], x)
+    _pack(c.ds_pack, dp_acc.regs, dt)
+    if after_ds is not None:
+        after_ds()
+    ptx.wgmma.fence()
+    for kk in range(BQ // 16):
+        ptx.wgmma.mma_async(c.dk_acc.regs, list(c.ds_pack)[4 * kk:4 * kk + 4],
+                            q_mn.advance(qmn, kk), n=D, dtype_ab=dt.name,
+                            trans_b=q_mn.trans)
+    ptx.wgmma.commit_group()
+    if after_dk is not None:
+        after_dk()
+    if not overlap:
+        ptx.wgmma.wait_group(0)
+        _release_stage(pipe, c.cons)
+    else:
+        ptx.inst.mov.u32(c.has_prev, 1)
+    c.cons.advance()
+
+
+def _dkdv_drain(c, overlap, pipe):
+    """After the last block: the overlapped schedule's last held stage."""
+    if overlap:
+        ptx.wgmma.wait_group(0)
+        with ptx.if_(c.has_prev != 0):
+            _release_stage(pipe, c.rel)
 
 
 def _check_dq_modes(fn, atomic_dq, dq_bulk, dq_ordered):
@@ -949,34 +1122,24 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             (pacc,) = ptx.global_ptrs(DQACC)
         roles = Roles(wg, PROD_REGS)
         # ------------------------------------------------------------ producer
-        with ptx.if_(tid == 0):
-            hbar = head_bar.at(0)
-            ptx.mbarrier.arrive_expect_tx(hbar, head_bytes)
-            _load_pair(base, K, V, kv_tile.nbytes, slabs, hk, k0, b, BM, hbar)
-            q_map = ptx.tma.tensormap_ptr(Q.tmap)
-            do_map = ptx.tma.tensormap_ptr(DO.tmap)
-            if lead:    # this head's stats are in once every CTA of head - lead counted
-                with ptx.if_(head >= lead):
-                    (psem,) = ptx.global_ptrs(SEM)
-                    _spin_until(_flag(psem, head), num_kv, reg.scalar(u32))
-                ptx.fence_proxy_async("global")
-            st = pipe.producer_state()
-            for g in ptx.loop(0, G):
-                hq = hk * G + g
-                srow = reg.from_((b * Hq + hq) * Sp, u64) * 8 + pstats
-                for qstep in ptx.loop(qb0, num_q):
-                    qb = q_block(qstep, kb)
-                    pipe.acquire(st)
-                    bar = pipe.arm(st, 2 * q_tile.nbytes + (0 if safe else stats_bytes))
-                    sb = st.stage * stage_bytes + (base + (head_bytes + ds_bytes))
-                    _load_slabs(sb, q_map, slabs, hq, qb * BQ, b, BQ, bar)
-                    _load_slabs(sb + q_tile.nbytes, do_map, slabs, hq, qb * BQ, b, BQ, bar)
-                    if not safe:
-                        ptx.tma.copy_bulk(sb + 2 * q_tile.nbytes,
-                                          reg.from_(qb * (BQ * 8), u64) + srow, stats_bytes, bar)
-                    if sync:
-                        ptx.mbarrier.wait(pipe.empty.at(st.stage), st.phase ^ 1)
-                    st.advance()
+        def wait_stats():   # this head's stats are in once every CTA of head - lead counted
+            with ptx.if_(head >= lead):
+                (psem,) = ptx.global_ptrs(SEM)
+                _spin_until(_flag(psem, head), num_kv, reg.scalar(u32))
+            ptx.fence_proxy_async("global")
+
+        def load_q(sb, q_map, do_map, hq, qb, bar):
+            _load_slabs(sb, q_map, slabs, hq, qb * BQ, b, BQ, bar)
+            _load_slabs(sb + q_tile.nbytes, do_map, slabs, hq, qb * BQ, b, BQ, bar)
+
+        _dkdv_producer(
+            tid, head_bar, head_bytes, pipe, G, hk, qb0, num_q, base, head_bytes + ds_bytes,
+            stage_bytes, q_tile.nbytes, stats_bytes, safe, sync, Q, DO,
+            load_head=lambda hbar: _load_pair(base, K, V, kv_tile.nbytes, slabs, hk, k0, b, BM,
+                                              hbar),
+            stats_row=lambda hq: reg.from_((b * Hq + hq) * Sp, u64) * 8 + pstats,
+            q_block=lambda qstep: q_block(qstep, kb), load_q=load_q,
+            before=wait_stats if lead else None)
         if dq_ordered and wide:
             with ptx.if_(tid == 32):
                 _dq_writer(DQACC, SEM, base + head_bytes, kb, hk, b, qb0, dq_full, dq_empty,
@@ -993,33 +1156,14 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                     _early_converter(DQACC, SEM, DQ, cta)
         # ------------------------------------------------------------ consumers
         roles.consumers(CONS_REGS)
-        w = wg - 1
-        t = tid & 127
-        s_acc = Accumulator(BQ)
-        if wide:        # dP^T by halves (registers: dV, dK, S^T or dQ, P^T)
-            dp_acc = dp_half = Accumulator(64)
-        else:
-            dp_acc = Accumulator(BQ)
-        dv_acc = Accumulator(D)
-        dk_acc = Accumulator(D)
-        p_pack = reg.array(b32, BQ // 4)
-        ds_pack = None if wide else reg.array(b32, BQ // 4)
-        row0, col0 = s_acc.thread_origin(t)
-        kvrow = k0 + w * 64 + row0                  # this thread's kv rows: kvrow, kvrow + 8
-        valid = [kvrow < Sk, kvrow + 8 < Sk]
-        dv_acc.zero()
-        dk_acc.zero()
-        k_desc = kv_tile.descriptor(base) + reg.from_(w * (kv_tile.offset(0, 64) >> 4), u64)
-        v_desc = k_desc + (kv_tile.nbytes >> 4)
-        ring = base + (head_bytes + ds_bytes)
-        q_desc0 = q_tile.descriptor(ring)
-        do_desc0 = q_tile.descriptor(ring, offset=q_tile.nbytes)
-        qmn_desc0 = q_mn.descriptor(ring)
-        domn_desc0 = q_mn.descriptor(ring, offset=q_tile.nbytes)
-        cons = pipe.consumer_state()
-        rel = pipe.consumer_state()
-        has_prev = reg.scalar(u32, init=0)
-        stats_col = col0 * 8 + 2 * q_tile.nbytes    # this thread's first (lse2, delta) pair
+        c = _dkdv_consumer_regs(tid, wg, k0, Sk, BQ, D, wide, base, head_bytes + ds_bytes,
+                                kv_tile, q_tile, q_mn, pipe)
+        w, t, s_acc, dp_acc, dv_acc, dk_acc = c.w, c.t, c.s_acc, c.dp_acc, c.dv_acc, c.dk_acc
+        dp_half = dp_acc    # wide: dP^T by halves (registers: dV, dK, S^T or dQ, P^T)
+        p_pack, ds_pack, row0, col0, kvrow, valid = (c.p_pack, c.ds_pack, c.row0, c.col0,
+                                                     c.kvrow, c.valid)
+        k_desc, v_desc, ring, q_desc0 = c.k_desc, c.v_desc, c.ring, c.q_desc0
+        cons, stats_col = c.cons, c.stats_col
         if wide:
             def wide_addrs(sbase):
                 """This thread's dS and dQ-slab addresses in the stage at ``sbase`` (formed
@@ -1120,16 +1264,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                         ptx.inst.selp.f32(acc[i], acc[i], 0.0, lo[dr // 8] <= dc)
 
         def pt_dv(acc, q0, domn):
-            """``mask_pt``, pack P^T to 16 bits (``p_pack``) and issue dV += P^T dO with P^T
-            from registers and dO at descriptor ``domn`` (committed, not waited for)."""
-            mask_pt(acc, q0)
-            _pack(p_pack, acc.regs, dt)
-            ptx.wgmma.fence()
-            for kk in range(BQ // 16):
-                ptx.wgmma.mma_async(dv_acc.regs, list(p_pack)[4 * kk:4 * kk + 4],
-                                    q_mn.advance(domn, kk), n=D, dtype_ab=dt.name,
-                                    trans_b=q_mn.trans)
-            ptx.wgmma.commit_group()
+            _pt_dv(c, acc, q0, domn, mask_pt, BQ, D, dt, q_mn)
 
         def _wide_block(q0, sbase, soff):
             """One 128-row q block (BQ=128, registers: dV, dK, S^T or dQ, P^T): S^T, P^T
@@ -1227,59 +1362,6 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                     _wide_block(q0, sbase, soff)
                     cons.advance()
                     continue
-                qd, dod = q_desc0 + soff, do_desc0 + soff
-                qmn, domn = qmn_desc0 + soff, domn_desc0 + soff
-                ptx.wgmma.fence()
-                for kk in range(kv_tile.k_steps):
-                    ptx.wgmma.mma_async(s_acc.regs, kv_tile.advance(k_desc, kk),
-                                        q_tile.advance(qd, kk), n=BQ, dtype_ab=dt.name,
-                                        scale_d=0 if kk == 0 else 1)
-                ptx.wgmma.commit_group()
-                for kk in range(kv_tile.k_steps):
-                    ptx.wgmma.mma_async(dp_acc.regs, kv_tile.advance(v_desc, kk),
-                                        q_tile.advance(dod, kk), n=BQ, dtype_ab=dt.name,
-                                        scale_d=0 if kk == 0 else 1)
-                ptx.wgmma.commit_group()
-                # this thread's columns: q = q0 + col0 + 8 * blk + e (e = 0, 1); their
-                # (lse2, delta) pairs, from the stage (fast) or from global memory (safe)
-                if safe:
-                    src = reg.from_(q0 * 8 + col0 * 8, u64) + srow
-                else:
-                    src = sbase + (ring + stats_col)
-
-                def stats(which, src=src):
-                    """Column offset -> lse2 (which=0, negated) or delta (1) of this thread's
-                    columns (loaded when needed: fewer live registers)."""
-                    out = {}
-                    for blk in range(BQ // 8):
-                        v4 = reg.array(f32, 4)
-                        if safe:
-                            ptx.inst.ld.global_.nc.v4.f32(v4, ptx.addr(src, 64 * blk))
-                        else:
-                            ptx.inst.ld.shared.v4.f32(v4, ptx.addr(src, 64 * blk))
-                        for e in (0, 1):
-                            out[8 * blk + e] = -v4[2 * e] if which == 0 else v4[2 * e + 1]
-                    return out
-
-                nl2 = stats(0)
-                ptx.wgmma.wait_group(1)             # S^T (and the previous block's dK) done
-                if overlap:
-                    with ptx.if_(has_prev != 0):
-                        _release_stage(pipe, rel)
-                        rel.advance()
-                for i in range(len(s_acc)):         # P^T = exp2(S^T * c1 - lse2), in place
-                    dc = Accumulator.coord(i)[1]
-                    ptx.inst.fma.rn.f32(s_acc[i], s_acc[i], c1, nl2[dc])
-                    ptx.inst.ex2.approx.ftz.f32(s_acc[i], s_acc[i])
-                pt_dv(s_acc, q0, domn)
-                dl = stats(1)
-                ptx.wgmma.wait_group(1)             # dP^T done
-                for i in range(len(dp_acc)):        # dS^T = P^T * (dP^T - delta), in place
-                    dc = Accumulator.coord(i)[1]
-                    x = dp_acc[i] - dl[dc]
-                    ptx.inst.mul.f32(dp_acc[i], s_acc[i], x)
-                _pack(ds_pack, dp_acc.regs, dt)
-
                 def _dq_product(q0=q0, hq=hq):
                     """The block's dQ product, dS K, from a swizzled shared dS (both
                     warpgroups' kv rows; bulk at D=64: the warpgroup's own): bulk, issued into
@@ -1321,29 +1403,19 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                                                                       pred=ok)
                     ptx.inst.add.u32(it, it, 1)
 
-                if dq_bulk:     # dQ's product first: stored below while dK's runs
-                    _dq_product()
-                ptx.wgmma.fence()
-                for kk in range(BQ // 16):
-                    ptx.wgmma.mma_async(dk_acc.regs, list(ds_pack)[4 * kk:4 * kk + 4],
-                                        q_mn.advance(qmn, kk), n=D, dtype_ab=dt.name,
-                                        trans_b=q_mn.trans)
-                ptx.wgmma.commit_group()
-                if dq_bulk:
-                    ptx.wgmma.wait_group(1)             # dV and dQ done, dK may run on
-                    _store_dq(q0, hq)
-                elif atomic_dq:
-                    _dq_product()
-                if not overlap:
-                    ptx.wgmma.wait_group(0)
-                    _release_stage(pipe, cons)
-                else:
-                    ptx.inst.mov.u32(has_prev, 1)
-                cons.advance()
-        if overlap:
-            ptx.wgmma.wait_group(0)
-            with ptx.if_(has_prev != 0):
-                _release_stage(pipe, rel)
+                def after_dk(q0=q0, hq=hq):
+                    if dq_bulk:
+                        ptx.wgmma.wait_group(1)             # dV and dQ done, dK may run on
+                        _store_dq(q0, hq)
+                    elif atomic_dq:
+                        _dq_product()
+
+                # dq_bulk: dQ's product first, stored (after_dk) while dK's runs
+                _dkdv_block(c, q0, sbase, soff, srow, safe=safe, overlap=overlap, BQ=BQ, D=D,
+                            dt=dt, c1=c1, kv_tile=kv_tile, q_tile=q_tile, q_mn=q_mn, pipe=pipe,
+                            mask=mask_pt, after_ds=_dq_product if dq_bulk else None,
+                            after_dk=after_dk)
+        _dkdv_drain(c, overlap, pipe)
         if dq_bulk and not dq_ordered:
             with ptx.if_(dq_leader):
                 ptx.tma.wait_group(0, read=True)
@@ -2452,58 +2524,27 @@ def build_dkdv_varlen(Tq, Tk, B, Hq, Hkv, D, max_seqlen_k, *, dtype="bf16", caus
         pstats, pdk, pdv = ptx.global_ptrs(STATS, DK, DV)
         roles = Roles(wg, PROD_REGS)
         # ------------------------------------------------------------ producer
-        with ptx.if_(tid == 0):
-            hbar = head_bar.at(0)
-            ptx.mbarrier.arrive_expect_tx(hbar, head_bytes)
+        def load_head(hbar):
             k_map = ptx.tma.tensormap_ptr(K.tmap)
             v_map = ptx.tma.tensormap_ptr(V.tmap)
             _load_slabs3(base, k_map, slabs, hk, k_start + k0, BM, hbar)
             _load_slabs3(base + kv_tile.nbytes, v_map, slabs, hk, k_start + k0, BM, hbar)
-            q_map = ptx.tma.tensormap_ptr(Q.tmap)
-            do_map = ptx.tma.tensormap_ptr(DO.tmap)
-            st = pipe.producer_state()
-            for g in ptx.loop(0, G):
-                hq = hk * G + g
-                srow = reg.from_(hq * Sp + sbase, u64) * 8 + pstats
-                for qb in ptx.loop(qb0, num_q):
-                    pipe.acquire(st)
-                    bar = pipe.arm(st, 2 * q_tile.nbytes + (0 if safe else stats_bytes))
-                    sb = st.stage * stage_bytes + (base + head_bytes)
-                    qrow = q_start + qb * BQ
-                    _load_slabs3(sb, q_map, slabs, hq, qrow, BQ, bar)
-                    _load_slabs3(sb + q_tile.nbytes, do_map, slabs, hq, qrow, BQ, bar)
-                    if not safe:
-                        ptx.tma.copy_bulk(sb + 2 * q_tile.nbytes,
-                                          reg.from_(qb * (BQ * 8), u64) + srow, stats_bytes, bar)
-                    if sync:
-                        ptx.mbarrier.wait(pipe.empty.at(st.stage), st.phase ^ 1)
-                    st.advance()
+
+        def load_q(sb, q_map, do_map, hq, qb, bar):
+            qrow = q_start + qb * BQ
+            _load_slabs3(sb, q_map, slabs, hq, qrow, BQ, bar)
+            _load_slabs3(sb + q_tile.nbytes, do_map, slabs, hq, qrow, BQ, bar)
+
+        _dkdv_producer(
+            tid, head_bar, head_bytes, pipe, G, hk, qb0, num_q, base, head_bytes, stage_bytes,
+            q_tile.nbytes, stats_bytes, safe, sync, Q, DO, load_head=load_head,
+            stats_row=lambda hq: reg.from_(hq * Sp + sbase, u64) * 8 + pstats,
+            q_block=lambda qb: qb, load_q=load_q)
         # ------------------------------------------------------------ consumers
         roles.consumers(CONS_REGS)
-        w = wg - 1
-        t = tid & 127
-        s_acc = Accumulator(BQ)
-        dp_acc = Accumulator(BQ)
-        dv_acc = Accumulator(D)
-        dk_acc = Accumulator(D)
-        p_pack = reg.array(b32, BQ // 4)
-        ds_pack = reg.array(b32, BQ // 4)
-        row0, col0 = s_acc.thread_origin(t)
-        kvrow = k0 + w * 64 + row0                  # within the sequence: kvrow, kvrow + 8
-        valid = [kvrow < seqlen_k, kvrow + 8 < seqlen_k]
-        dv_acc.zero()
-        dk_acc.zero()
-        k_desc = kv_tile.descriptor(base) + reg.from_(w * (kv_tile.offset(0, 64) >> 4), u64)
-        v_desc = k_desc + (kv_tile.nbytes >> 4)
-        ring = base + head_bytes
-        q_desc0 = q_tile.descriptor(ring)
-        do_desc0 = q_tile.descriptor(ring, offset=q_tile.nbytes)
-        qmn_desc0 = q_mn.descriptor(ring)
-        domn_desc0 = q_mn.descriptor(ring, offset=q_tile.nbytes)
-        cons = pipe.consumer_state()
-        rel = pipe.consumer_state()
-        has_prev = reg.scalar(u32, init=0)
-        stats_col = col0 * 8 + 2 * q_tile.nbytes
+        c = _dkdv_consumer_regs(tid, wg, k0, seqlen_k, BQ, D, False, base, head_bytes, kv_tile,
+                                q_tile, q_mn, pipe)
+        col0, kvrow = c.col0, c.kvrow       # kvrow: within the sequence
         sq = reg.from_(seqlen_q, s32)
 
         def mask_pt(acc, q0):
@@ -2526,89 +2567,25 @@ def build_dkdv_varlen(Tq, Tk, B, Hq, Hkv, D, max_seqlen_k, *, dtype="bf16", caus
                     if causal:
                         ptx.inst.selp.f32(acc[i], acc[i], 0.0, lo[dr // 8] <= dc)
 
+        def fix_delta(dl, q0):
+            hi = sq - reg.from_(q0 + col0, s32)
+            for col in dl:  # columns past the sequence: delta 0 (their stats: anything)
+                dl[col] = _selp(dl[col], 0.0, hi > col)
+
         ptx.mbarrier.wait(head_bar.at(0), 0)
         for g in ptx.loop(0, G):
             hq = hk * G + g
             srow = reg.from_(hq * Sp + sbase, u64) * 8 + pstats
             for qb in ptx.loop(qb0, num_q):
                 q0 = qb * BQ
-                pipe.wait(cons)
-                sbs = cons.stage * stage_bytes
+                pipe.wait(c.cons)
+                sbs = c.cons.stage * stage_bytes
                 soff = reg.from_(reg.from_(sbs >> 4, u32), u64)
-                qd, dod = q_desc0 + soff, do_desc0 + soff
-                qmn, domn = qmn_desc0 + soff, domn_desc0 + soff
-                ptx.wgmma.fence()
-                for kk in range(kv_tile.k_steps):
-                    ptx.wgmma.mma_async(s_acc.regs, kv_tile.advance(k_desc, kk),
-                                        q_tile.advance(qd, kk), n=BQ, dtype_ab=dt.name,
-                                        scale_d=0 if kk == 0 else 1)
-                ptx.wgmma.commit_group()
-                for kk in range(kv_tile.k_steps):
-                    ptx.wgmma.mma_async(dp_acc.regs, kv_tile.advance(v_desc, kk),
-                                        q_tile.advance(dod, kk), n=BQ, dtype_ab=dt.name,
-                                        scale_d=0 if kk == 0 else 1)
-                ptx.wgmma.commit_group()
-                if safe:
-                    src = reg.from_(q0 * 8 + col0 * 8, u64) + srow
-                else:
-                    src = sbs + (ring + stats_col)
-
-                def stats(which, src=src):
-                    out = {}
-                    for blk in range(BQ // 8):
-                        v4 = reg.array(f32, 4)
-                        if safe:
-                            ptx.inst.ld.global_.nc.v4.f32(v4, ptx.addr(src, 64 * blk))
-                        else:
-                            ptx.inst.ld.shared.v4.f32(v4, ptx.addr(src, 64 * blk))
-                        for e in (0, 1):
-                            out[8 * blk + e] = -v4[2 * e] if which == 0 else v4[2 * e + 1]
-                    return out
-
-                nl2 = stats(0)
-                ptx.wgmma.wait_group(1)             # S^T (and the previous block's dK) done
-                if overlap:
-                    with ptx.if_(has_prev != 0):
-                        _release_stage(pipe, rel)
-                        rel.advance()
-                for i in range(len(s_acc)):         # P^T = exp2(S^T * c1 - lse2), in place
-                    dc = Accumulator.coord(i)[1]
-                    ptx.inst.fma.rn.f32(s_acc[i], s_acc[i], c1, nl2[dc])
-                    ptx.inst.ex2.approx.ftz.f32(s_acc[i], s_acc[i])
-                mask_pt(s_acc, q0)
-                _pack(p_pack, s_acc.regs, dt)
-                ptx.wgmma.fence()
-                for kk in range(BQ // 16):
-                    ptx.wgmma.mma_async(dv_acc.regs, list(p_pack)[4 * kk:4 * kk + 4],
-                                        q_mn.advance(domn, kk), n=D, dtype_ab=dt.name,
-                                        trans_b=q_mn.trans)
-                ptx.wgmma.commit_group()
-                dl = stats(1)
-                hi = sq - reg.from_(q0 + col0, s32)
-                for c in dl:    # columns past the sequence: delta 0 (their stats: anything)
-                    dl[c] = _selp(dl[c], 0.0, hi > c)
-                ptx.wgmma.wait_group(1)             # dP^T done
-                for i in range(len(dp_acc)):        # dS^T = P^T * (dP^T - delta), in place
-                    dc = Accumulator.coord(i)[1]
-                    x = dp_acc[i] - dl[dc]
-                    ptx.inst.mul.f32(dp_acc[i], s_acc[i], x)
-                _pack(ds_pack, dp_acc.regs, dt)
-                ptx.wgmma.fence()
-                for kk in range(BQ // 16):
-                    ptx.wgmma.mma_async(dk_acc.regs, list(ds_pack)[4 * kk:4 * kk + 4],
-                                        q_mn.advance(qmn, kk), n=D, dtype_ab=dt.name,
-                                        trans_b=q_mn.trans)
-                ptx.wgmma.commit_group()
-                if not overlap:
-                    ptx.wgmma.wait_group(0)
-                    _release_stage(pipe, cons)
-                else:
-                    ptx.inst.mov.u32(has_prev, 1)
-                cons.advance()
-        if overlap:
-            ptx.wgmma.wait_group(0)
-            with ptx.if_(has_prev != 0):
-                _release_stage(pipe, rel)
+                _dkdv_block(c, q0, sbs, soff, srow, safe=safe, overlap=overlap, BQ=BQ, D=D,
+                            dt=dt, c1=c1, kv_tile=kv_tile, q_tile=q_tile, q_mn=q_mn, pipe=pipe,
+                            mask=mask_pt, fix_delta=fix_delta)
+        _dkdv_drain(c, overlap, pipe)
+        dk_acc, dv_acc, valid = c.dk_acc, c.dv_acc, c.valid
         _store_rows_varlen(dk_acc, pdk, k_start, kvrow, valid, Hkv, D, hk, col0, scale, dt)
         _store_rows_varlen(dv_acc, pdv, k_start, kvrow, valid, Hkv, D, hk, col0, 1.0, dt)
         roles.end()
