@@ -172,9 +172,16 @@ def _load_pair(dst, first, second, offset, d_slabs, head, row0, batch, rows, bar
 def _store_rows(acc, ptr, row, valid, H, D, head, batch, S, col0, scale, dt):
     """Store a consumer's 64 x D f32 accumulator (times ``scale``) as 16-bit pairs into a
     ``(B, S, H, D)`` tensor: this thread's rows ``row`` and ``row + 8`` (``valid`` guards)."""
+    _store_tensor_rows(acc, ptr, lambda r: batch * S + row + r, valid, H, D, head, col0, scale,
+                       dt)
+
+
+def _store_tensor_rows(acc, ptr, tensor_row, valid, H, D, head, col0, scale, dt):
+    """``_store_rows`` with the thread's rows given as ``tensor_row(r)`` (``r`` 0 or 8), the
+    row index in the tensor flattened to ``(rows, H, D)``."""
     rbase = []
     for r in (0, 8):
-        elem = ((batch * S + row + r) * H + head) * D + col0
+        elem = (tensor_row(r) * H + head) * D + col0
         rbase.append(reg.from_(elem, u64) * 2 + ptr)
     for i, dr, dc in acc.pairs():
         packed = reg.scalar(b32)
@@ -2157,12 +2164,23 @@ def _row_stats(po, pdo, plse, pstats, b, hq, qrow, valid, lane, S, Sp, Hq, D, dt
     """Rows ``qrow`` and ``qrow + 8`` of this thread (its quad splits D): ``delta =
     rowsum(do * o)`` by a quad reduction, ``lse2 = lse * log2 e``, both written to STATS (by
     the quad's first lane; zeros past ``S``). Returns ``(delta, -lse2)`` per row."""
+    return _quad_row_stats(po, pdo, plse, pstats, hq, lambda r: b * S + qrow + r,
+                           lambda r: (b * Hq + hq) * S + qrow + r,
+                           lambda r: (b * Hq + hq) * Sp + qrow + r, valid, False, lane, Hq, D,
+                           dt)
+
+
+def _quad_row_stats(po, pdo, plse, pstats, hq, row, lse_row, stats_row, valid, guard_store,
+                    lane, Hq, D, dt):
+    """``_row_stats`` with the thread's row ``r`` (0 or 8) located by ``row(r)`` in the
+    ``(rows, Hq, D)`` O/dO tensors, ``lse_row(r)`` in LSE and ``stats_row(r)`` in STATS;
+    ``guard_store``: the STATS store is predicated on ``valid`` too."""
     quarter = D // 4
     c = lane & 3
     delta, nlse2 = [], []
     for r in (0, 8):
         acc = reg.scalar(f32, init=0.0)
-        elem = ((b * S + qrow + r) * Hq + hq) * D + c * quarter
+        elem = (row(r) * Hq + hq) * D + c * quarter
         off = reg.from_(elem, u64) * 2
         for k8 in range(quarter // 8):
             wo, wd = reg.array(b32, 4), reg.array(b32, 4)
@@ -2178,11 +2196,13 @@ def _row_stats(po, pdo, plse, pstats, b, hq, qrow, valid, lane, S, Sp, Hq, D, dt
         ptx.warp.reduce_sum(acc, width=4)
         delta.append(acc)
         lv = reg.scalar(f32, init=0.0)
-        loff = reg.from_((b * Hq + hq) * S + qrow + r, u64) * 4
+        loff = reg.from_(lse_row(r), u64) * 4
         ptx.inst.ld.global_.nc.f32(lv, ptx.addr(plse + loff), pred=valid[r // 8])
         l2 = lv * LOG2E
-        soff = reg.from_((b * Hq + hq) * Sp + qrow + r, u64) * 8
-        ptx.inst.st.global_.v2.f32(ptx.addr(pstats + soff), [l2, acc], pred=c == 0)
+        soff = reg.from_(stats_row(r), u64) * 8
+        dst = ptx.addr(pstats + soff)
+        ptx.inst.st.global_.v2.f32(dst, [l2, acc],
+                                   pred=valid[r // 8] & (c == 0) if guard_store else c == 0)
         nlse2.append(-l2)
     return delta, nlse2
 
@@ -2312,17 +2332,7 @@ def _store_rows_varlen(acc, ptr, start, row, valid, H, D, head, col0, scale, dt)
     """``_store_rows`` into a packed ``(T, H, D)`` tensor: this thread's rows ``start + row``
     and ``+ 8`` (``row`` within the sequence; ``valid`` guards: rows past the sequence's end
     belong to the next one)."""
-    rbase = []
-    for r in (0, 8):
-        elem = ((start + row + r) * H + head) * D + col0
-        rbase.append(reg.from_(elem, u64) * 2 + ptr)
-    for i, dr, dc in acc.pairs():
-        packed = reg.scalar(b32)
-        v0, v1 = acc[i], acc[i + 1]
-        if scale != 1.0:
-            v0, v1 = v0 * float(scale), v1 * float(scale)
-        ptx.inst(f"cvt.rn.{dt.name}x2.f32")(packed, v1, v0)
-        ptx.inst.st.global_.b32(ptx.addr(rbase[dr // 8], dc * 2), packed, pred=valid[dr // 8])
+    _store_tensor_rows(acc, ptr, lambda r: start + row + r, valid, H, D, head, col0, scale, dt)
 
 
 def _row_stats_varlen(po, pdo, plse, pstats, hq, q_start, sbase, qrow, valid, lane, Tq, Sp,
@@ -2330,34 +2340,9 @@ def _row_stats_varlen(po, pdo, plse, pstats, hq, q_start, sbase, qrow, valid, la
     """``_row_stats`` of a packed batch: rows ``q_start + qrow`` and ``+ 8``, loads and the
     STATS store predicated on ``valid`` (a row past the sequence's end is the next
     sequence's: its stats are that sequence's CTAs' to write)."""
-    quarter = D // 4
-    c = lane & 3
-    delta, nlse2 = [], []
-    for r in (0, 8):
-        acc = reg.scalar(f32, init=0.0)
-        elem = ((q_start + qrow + r) * Hq + hq) * D + c * quarter
-        off = reg.from_(elem, u64) * 2
-        for k8 in range(quarter // 8):
-            wo, wd = reg.array(b32, 4), reg.array(b32, 4)
-            for x in list(wo) + list(wd):
-                ptx.inst.mov.b32(x, 0)
-            ptx.inst.ld.global_.nc.v4.b32(wo, ptx.addr(po + off, 16 * k8), pred=valid[r // 8])
-            ptx.inst.ld.global_.nc.v4.b32(wd, ptx.addr(pdo + off, 16 * k8), pred=valid[r // 8])
-            for x, y in zip(wo, wd):
-                o0, o1 = _unpack(x, dt)
-                d0, d1 = _unpack(y, dt)
-                ptx.inst.fma.rn.f32(acc, o0, d0, acc)
-                ptx.inst.fma.rn.f32(acc, o1, d1, acc)
-        ptx.warp.reduce_sum(acc, width=4)
-        delta.append(acc)
-        lv = reg.scalar(f32, init=0.0)
-        loff = reg.from_(hq * Tq + q_start + qrow + r, u64) * 4
-        ptx.inst.ld.global_.nc.f32(lv, ptx.addr(plse + loff), pred=valid[r // 8])
-        l2 = lv * LOG2E
-        soff = reg.from_(hq * Sp + sbase + qrow + r, u64) * 8
-        ptx.inst.st.global_.v2.f32(ptx.addr(pstats + soff), [l2, acc], pred=valid[r // 8] & (c == 0))
-        nlse2.append(-l2)
-    return delta, nlse2
+    return _quad_row_stats(po, pdo, plse, pstats, hq, lambda r: q_start + qrow + r,
+                           lambda r: hq * Tq + q_start + qrow + r,
+                           lambda r: hq * Sp + sbase + qrow + r, valid, True, lane, Hq, D, dt)
 
 
 def _min_s32(a, b):
