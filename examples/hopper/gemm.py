@@ -838,16 +838,20 @@ class GemmBackward:
         if lib == "torch":
             import torch as xp
 
-            g32 = dd[:M, :N].float()
+            f32 = xp.float32
+            cast = lambda x, dt: x if x.dtype == dt else x.to(dt)  # noqa: E731
         else:
             import jax.numpy as xp
 
-            g32 = dd[:M, :N].astype(xp.float32)
+            f32 = xp.float32
+            cast = lambda x, dt: x if x.dtype == dt else x.astype(dt)  # noqa: E731
+        g = dd[:M, :N]
         if self.activation is not None:
             z = matmul(a_t, b_t, bias=bias, alpha=alpha, out_dtype="f32", trans_a=ta,
                        trans_b=tb)
-            g32 = g32 * activation_grad(z, self.activation, xp)
-        g = g32.to(a.dtype) if lib == "torch" else g32.astype(a.dtype)
+            g = cast(g, f32) * activation_grad(z, self.activation, xp)
+        col = None if bias is None else xp.sum(g, 0, dtype=f32)   # dbias, summed in f32
+        g = cast(g, a.dtype)     # a pass over G only where its type is not the inputs'
         if ta:   # A stored (K, M): dA^T = b @ dD^T
             da = matmul(b_t, g, alpha=alpha, trans_a=tb, trans_b=True)
         else:    # (M, K): dD @ b^T
@@ -857,8 +861,8 @@ class GemmBackward:
         else:    # (K, N): a^T @ dD
             db = matmul(a_t, g, alpha=alpha, trans_a=not ta)
         grads = (_fit(da, a.shape, lib), _fit(db, b.shape, lib))
-        if bias is not None:
-            grads += (_fit(g32.sum(0), rest[1].shape, lib),)
+        if col is not None:
+            grads += (_fit(col, rest[1].shape, lib),)
         return grads
 
     def __repr__(self):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from pyptx.errors import ConfigError
@@ -189,3 +190,41 @@ def test_split_tail_kernel_is_differentiable():
     op = gemm._differentiable(512, 640, 1000, key, cfg, (512, 640, 1000, False, True, 1.0, None))
     assert op.backward_kernel.arg_names == ("A", "B", "dD", "dA", "dB")
     assert op.forward_kernel.arg_names == ("A", "B", "D")
+
+
+@pytest.mark.parametrize("activation", [None, "silu"])
+def test_jax_branch_of_the_backward(monkeypatch, activation):
+    """``GemmBackward`` on JAX arrays (what ``jax.grad`` hands it), the GEMMs it launches
+    swapped for a jnp model: the gradients of ``act(alpha * x @ w.T + bias)`` against
+    ``jax.vjp`` of the same math in f32."""
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+
+    def model_matmul(a, b, *, bias=None, alpha=1.0, activation=None, out_dtype=None,
+                     trans_a=False, trans_b=False, config=None):
+        A = (a.T if trans_a else a).astype(jnp.float32)
+        B = (b.T if trans_b else b).astype(jnp.float32)
+        d = alpha * (A @ B) + (0 if bias is None else bias)
+        return d.astype({"f32": jnp.float32, None: a.dtype}[out_dtype])
+
+    monkeypatch.setattr(gemm, "matmul", model_matmul)
+    M, N, K = 24, 16, 32
+    key = tuple(sorted(dict(dtype="bf16", out_dtype="bf16", a_major="K", b_major="K",
+                            bias=True, alpha=0.5, activation=activation, KB=K, NB=N).items()))
+    fwd = gemm.build_gemm(M, N, K, **dict(key))
+    bwd = gemm.GemmBackward(fwd, (M, N, K, False, True, 0.5, activation))
+    rng = np.random.default_rng(3)
+    x, w = (jnp.asarray(rng.standard_normal(s), jnp.bfloat16) for s in ((M, K), (N, K)))
+    c = jnp.asarray(rng.standard_normal(N), jnp.float32)
+    dy = jnp.asarray(rng.standard_normal((M, N)), jnp.bfloat16)
+    dx, dw, dc = bwd(x, w, c, dy)
+    act = (lambda z: z) if activation is None else jax.nn.silu
+
+    def f(x, w, c):
+        return act(0.5 * x.astype(jnp.float32) @ w.astype(jnp.float32).T + c)
+
+    _, vjp = jax.vjp(f, x, w, c)
+    for got, want in zip((dx, dw, dc), vjp(dy.astype(jnp.float32))):
+        got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+        assert got.shape == want.shape
+        assert np.linalg.norm(got - want) / np.linalg.norm(want) < 2e-2
