@@ -79,3 +79,21 @@ def markdown_table(head: list[str], body: list[list[str]]) -> list[str]:
         return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"
 
     return [line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [line(b) for b in body]
+
+
+def gpu_missing(script: str, triton: bool = True) -> str | None:
+    """Why ``script`` cannot time anything on this machine (no CUDA torch, no visible GPU,
+    or, with ``triton``, no Triton for ``do_bench``), or None when it can. Imports torch."""
+    try:
+        import torch
+    except ImportError:
+        return f"{script} needs torch built with CUDA (torch is not installed)"
+    if not torch.cuda.is_available():
+        return (f"{script} times GPU kernels and needs a CUDA GPU: torch.cuda.is_available() "
+                f"is False (torch {torch.__version__})")
+    if triton:
+        try:
+            import triton.testing  # noqa: F401
+        except ImportError:
+            return f"{script} needs Triton: triton.testing.do_bench times every contender"
+    return None

@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/_timing.py
 
-from _timing import markdown_table, rotated  # noqa: E402
+from _timing import gpu_missing, markdown_table, rotated  # noqa: E402
 
 from pyptx.testing import paired_ratio, paired_times  # noqa: E402
 
@@ -111,8 +111,6 @@ def _fmt(x):
 
 
 def main(argv=None) -> int:
-    import torch
-
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dims", nargs="+", type=int, default=[64, 128])
     p.add_argument("--seqs", nargs="+", type=int, default=[4096, 8192])
@@ -131,6 +129,11 @@ def main(argv=None) -> int:
     p.add_argument("--no-bwd", action="store_true")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
+    why = gpu_missing("attention.py")
+    if why:
+        print(why, file=sys.stderr)
+        return 2
+    import torch
     fa = load_attention()
     # no --schedules: schedule=None, the default call (its tile options tuned per shape, as
     # a user's attention_forward(q, k, v) is); a named schedule fixes the tiles

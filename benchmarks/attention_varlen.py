@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/_timing.py
 
-from _timing import markdown_table, rotated  # noqa: E402
+from _timing import gpu_missing, markdown_table, rotated  # noqa: E402
 
 from pyptx.testing import load_module, paired_ratio, paired_times  # noqa: E402
 
@@ -173,6 +173,10 @@ def main(argv=None) -> int:
     p.add_argument("--pairs", type=int, default=20, help="paired rounds (0: no paired column)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
+    why = gpu_missing("attention_varlen.py")
+    if why:
+        print(why, file=sys.stderr)
+        return 2
     import torch
 
     fa = load_module(ROOT / "examples/hopper/flash_attention.py", "attention_varlen_bench")

@@ -23,6 +23,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))  # benchmarks/_timing.py
+
+from _timing import gpu_missing  # noqa: E402
 
 
 def load_fp8():
@@ -123,9 +126,6 @@ def ab(fp8, args, shapes):
 
 
 def main(argv=None) -> int:
-    import torch
-    from triton.testing import do_bench
-
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", nargs="+", default=["4096", "8192"],
                    help="MxNxK or N (cube)")
@@ -138,6 +138,12 @@ def main(argv=None) -> int:
                    help="time the opt-in main loops (AB) against their baseline tile")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
+    why = gpu_missing("fp8_gemm.py")
+    if why:
+        print(why, file=sys.stderr)
+        return 2
+    import torch
+    from triton.testing import do_bench
     shapes = [tuple(int(v) for v in s.split("x")) if "x" in s else (int(s),) * 3
               for s in args.shapes]
     fp8 = load_fp8()

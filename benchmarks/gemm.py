@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/_timing.py
 
-from _timing import rotated  # noqa: E402
+from _timing import gpu_missing, rotated  # noqa: E402
 
 from pyptx.testing import paired_ratio, paired_times  # noqa: E402
 
@@ -116,9 +116,6 @@ def triton_matmul():
 
 
 def main(argv=None) -> int:
-    import torch
-    from triton.testing import do_bench
-
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dtypes", nargs="+", default=["bf16", "f16"])
     p.add_argument("--shapes", nargs="+", default=None,
@@ -133,6 +130,12 @@ def main(argv=None) -> int:
     p.add_argument("--config", default=None, help="JSON tile config override for ours")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
+    why = gpu_missing("gemm.py")
+    if why:
+        print(why, file=sys.stderr)
+        return 2
+    import torch
+    from triton.testing import do_bench
     shapes = SHAPES
     if args.shapes:
         shapes = [tuple(int(v) for v in s.split("x")) if "x" in s else (int(s),) * 3

@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/_timing.py
 
-from _timing import rotated  # noqa: E402
+from _timing import gpu_missing, rotated  # noqa: E402
 
 from pyptx.testing import load_module, paired_ratio, paired_times  # noqa: E402
 
@@ -45,6 +45,10 @@ def main(argv=None) -> int:
     p.add_argument("--pairs", type=int, default=20)
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
+    why = gpu_missing("gemm_backward.py")
+    if why:
+        print(why, file=sys.stderr)
+        return 2
     import torch
     from triton.testing import do_bench
 

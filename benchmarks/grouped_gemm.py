@@ -20,7 +20,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from _timing import markdown_table  # noqa: E402
+from _timing import gpu_missing, markdown_table  # noqa: E402
 
 SHAPES = ["8x2048x4096x4096", "4x2048x256x2048", "64x128x4096x2048", "uneven"]
 UNEVEN_TOTAL, UNEVEN_G, UNEVEN_NK = 16384, 16, 4096
@@ -69,9 +69,6 @@ def peer_grouped_mm(torch):
 
 
 def main(argv=None) -> int:
-    import torch
-    from triton.testing import do_bench
-
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", nargs="+", default=SHAPES)
     p.add_argument("--rep", type=int, default=200, help="do_bench rep (ms)")
@@ -80,6 +77,12 @@ def main(argv=None) -> int:
     p.add_argument("--no-backward", action="store_true")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
+    why = gpu_missing("grouped_gemm.py")
+    if why:
+        print(why, file=sys.stderr)
+        return 2
+    import torch
+    from triton.testing import do_bench
     gg = load_grouped()
     cfg = json.loads(args.config) if args.config else None
     peer, why = peer_grouped_mm(torch)

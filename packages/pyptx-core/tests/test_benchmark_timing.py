@@ -65,3 +65,35 @@ def test_paired_ratio_is_the_median_of_per_round_ratios():
     mid, lo, hi = paired_ratio(times, "base", "other")
     assert (mid, lo, hi) == (2.0, 2.0, 2.0)
     assert paired_ratio(times, "other", "base")[0] == 0.5
+
+
+TENSOR_CORE_BENCHMARKS = ["gemm", "gemm_backward", "grouped_gemm", "fp8_gemm", "attention",
+                          "attention_varlen"]
+
+
+@pytest.mark.parametrize("name", TENSOR_CORE_BENCHMARKS)
+def test_gpu_benchmarks_explain_a_missing_gpu(name, capsys):
+    """Without a GPU each tensor-core benchmark says why in one line and exits 2 (not a
+    traceback); its --help works anywhere."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is present")
+    mod = _load(name)
+    try:
+        assert mod.main([]) == 2
+        err = capsys.readouterr().err
+        assert f"{name}.py" in err and "needs a CUDA GPU" in err and len(err.splitlines()) == 1
+        with pytest.raises(SystemExit) as e:
+            mod.main(["--help"])
+        assert e.value.code == 0 and "usage" in capsys.readouterr().out
+    finally:
+        sys.modules.pop(f"bench_{name}", None)
+
+
+def test_gpu_missing_names_triton(timing, monkeypatch):
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setitem(sys.modules, "triton", None)  # import triton fails
+    monkeypatch.setitem(sys.modules, "triton.testing", None)
+    assert "needs Triton" in timing.gpu_missing("x.py")
+    assert timing.gpu_missing("x.py", triton=False) is None
