@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import typing
 
 from pyptx import Tile, kernel, ptx, reg
 from pyptx.autotune import Config, autotune
@@ -741,12 +742,73 @@ def matmul(a, b, *, bias=None, alpha=1.0, activation=None, out_dtype=None, trans
     if len(a.shape) != 2 or len(b.shape) != 2:
         raise _fail(f"matmul expects a 2-D b and an a of shape (..., K) (2-D with trans_a), "
                     f"got {tuple(a.shape)} and {tuple(b.shape)}")
+    cfg = tuple(sorted(config.items())) if config else None
+    if lib == "torch":
+        seen = (a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype,
+                None if bias is None else bias.shape, float(alpha), activation, out_dtype,
+                trans_a, trans_b, cfg)
+        plan = _TORCH_PLANS.get(seen)
+        if plan is None:
+            plan = _plan(a, b, bias, alpha, activation, out_dtype, trans_a, trans_b, cfg, lib)
+            if len(_TORCH_PLANS) >= 1024:
+                _TORCH_PLANS.clear()
+            _TORCH_PLANS[seen] = plan
+    else:
+        plan = _plan(a, b, bias, alpha, activation, out_dtype, trans_a, trans_b, cfg, lib)
+    if plan.swap_a:
+        a = a.T
+    if plan.swap_b:
+        b = b.T
+    if plan.copy_a:
+        a = a.contiguous()
+    if plan.copy_b:
+        b = b.contiguous()
+    if plan.pad_a:
+        a = _pad_to(a, 1, 8, lib)   # the copy engine reads rows of 16-byte multiples
+    if plan.pad_b:
+        b = _pad_to(b, 1, 8, lib)
+    args = (a, b) if bias is None else (a, b, _pad_to(bias, 0, 8, lib) if plan.pad_bias else bias)
+    if _wants_grad(lib, args):
+        k = _differentiable(*plan.build, plan.true_shape)
+    else:
+        k = _cached(*plan.build)
+    d = k(*args)
+    return d[:plan.M, :plan.N] if plan.crop else d
+
+
+class _MatmulPlan(typing.NamedTuple):
+    """What ``matmul`` does to operands of one layout: views to transpose (``swap_*``),
+    copies to make (``copy_*``), 16-byte row paddings (``pad_*``), the kernel's build
+    arguments ``(M, N, K, key, config)``, the logical sizes and whether to crop the result.
+    Torch plans are kept per shape, strides, dtypes and options (``_TORCH_PLANS``), so a
+    repeated call skips the checks."""
+
+    swap_a: bool
+    swap_b: bool
+    copy_a: bool
+    copy_b: bool
+    pad_a: bool
+    pad_b: bool
+    pad_bias: bool
+    build: tuple
+    true_shape: tuple
+    M: int
+    N: int
+    crop: bool
+
+
+_TORCH_PLANS: dict = {}
+
+
+def _plan(a, b, bias, alpha, activation, out_dtype, trans_a, trans_b, cfg, lib):
+    """``matmul``'s checks and layout decisions for these 2-D operands (a ``_MatmulPlan``)."""
+    swap_a = swap_b = copy_a = copy_b = False
     if lib == "torch":
         if not a.is_contiguous() and a.T.is_contiguous():
-            a, trans_a = a.T, not trans_a
+            a, trans_a, swap_a = a.T, not trans_a, True
         if not b.is_contiguous() and b.T.is_contiguous():
-            b, trans_b = b.T, not trans_b
-        a, b = a.contiguous(), b.contiguous()
+            b, trans_b, swap_b = b.T, not trans_b, True
+        copy_a, copy_b = not a.is_contiguous(), not b.is_contiguous()
     M, K = (a.shape[1], a.shape[0]) if trans_a else tuple(a.shape)
     Kb, N = (b.shape[1], b.shape[0]) if trans_b else tuple(b.shape)
     if Kb != K:
@@ -754,28 +816,21 @@ def matmul(a, b, *, bias=None, alpha=1.0, activation=None, out_dtype=None, trans
     name = {"bfloat16": "bf16", "float16": "f16"}.get(str(a.dtype).replace("torch.", ""))
     if name is None or str(b.dtype) != str(a.dtype):
         raise _fail(f"matmul: inputs must both be bfloat16 or float16, got {a.dtype} "
-                          f"and {b.dtype}")
+                    f"and {b.dtype}")
     out = out_dtype or name
-    a = _pad_to(a, 1, 8, lib)   # the copy engine reads rows of 16-byte multiples
-    b = _pad_to(b, 1, 8, lib)
-    Mk = a.shape[1] if trans_a else M
-    Ka = a.shape[0] if trans_a else a.shape[1]
-    NB, KB = (b.shape[0], b.shape[1]) if trans_b else (b.shape[1], b.shape[0])
+    pad_a, pad_b = a.shape[1] % 8 != 0, b.shape[1] % 8 != 0
+    a_cols, b_cols = a.shape[1] + (-a.shape[1] % 8), b.shape[1] + (-b.shape[1] % 8)
+    Mk = a_cols if trans_a else M
+    Ka = a.shape[0] if trans_a else a_cols
+    NB, KB = (b.shape[0], b_cols) if trans_b else (b_cols, b.shape[0])
     ND = N + (-N % 8)
     key = tuple(sorted(dict(dtype=name, out_dtype=out, a_major="MN" if trans_a else "K",
                             b_major="K" if trans_b else "MN", bias=bias is not None,
                             alpha=float(alpha), activation=activation, KB=KB, NB=NB).items()))
-    cfg = tuple(sorted(config.items())) if config else None
-    args = (a, b) if bias is None else (a, b, _pad_to(bias, 0, 8, lib))
-    if _wants_grad(lib, args):
-        k = _differentiable(Mk, ND, Ka, key, cfg,
-                            (M, N, K, trans_a, trans_b, float(alpha), activation))
-    else:
-        k = _cached(Mk, ND, Ka, key, cfg)
-    d = k(*args)
-    if d.shape[0] != M or d.shape[1] != N:
-        d = d[:M, :N]
-    return d
+    return _MatmulPlan(swap_a, swap_b, copy_a, copy_b, pad_a, pad_b,
+                       bias is not None and bias.shape[0] % 8 != 0, (Mk, ND, Ka, key, cfg),
+                       (M, N, K, trans_a, trans_b, float(alpha), activation), M, N,
+                       ND != N or Mk != M)
 
 
 def _wants_grad(lib, args):
@@ -800,8 +855,15 @@ def activation_grad(z, activation, xp):
     return 0.5 * (1.0 + th) + 0.5 * z * (1.0 - th * th) * c * (1.0 + 3 * 0.044715 * z * z)
 
 
+def _crop(x, shape):
+    """The leading ``shape`` block of 2-D ``x`` (``x`` itself when it is that shape)."""
+    return x if x.shape == shape else x[:shape[0], :shape[1]]
+
+
 def _fit(x, shape, lib):
     """``x`` cut or zero-padded to ``shape`` (2-D or 1-D)."""
+    if x.shape == tuple(shape):
+        return x
     x = x[tuple(slice(0, n) for n in shape)]
     for dim, n in enumerate(shape):
         x = _pad_to(x, dim, n, lib) if x.shape[dim] < n else x
@@ -832,8 +894,8 @@ class GemmBackward:
         b, dd = rest[0], rest[-1]
         lib = "torch" if type(a).__module__.startswith("torch") else "jax"
         M, N, K, ta, tb, alpha = self.M, self.N, self.K, self.trans_a, self.trans_b, self.alpha
-        a_t = a[:K, :M] if ta else a[:M, :K]
-        b_t = b[:N, :K] if tb else b[:K, :N]
+        a_t = _crop(a, (K, M) if ta else (M, K))
+        b_t = _crop(b, (N, K) if tb else (K, N))
         bias = rest[1][:N] if len(rest) == 3 else None
         if lib == "torch":
             import torch as xp
@@ -845,7 +907,7 @@ class GemmBackward:
 
             f32 = xp.float32
             cast = lambda x, dt: x if x.dtype == dt else x.astype(dt)  # noqa: E731
-        g = dd[:M, :N]
+        g = _crop(dd, (M, N))
         if self.activation is not None:
             z = matmul(a_t, b_t, bias=bias, alpha=alpha, out_dtype="f32", trans_a=ta,
                        trans_b=tb)

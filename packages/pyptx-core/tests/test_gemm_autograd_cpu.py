@@ -46,6 +46,8 @@ class ModelKernel:
 
     def __call__(self, a, b, bias=None):
         ModelKernel.calls += 1
+        # the kernel reads raw storage: matmul must hand it each operand stored in its layout
+        assert a.is_contiguous() and b.is_contiguous(), "an operand reached the kernel as a view"
         kw = self.kw
         al = a.T if kw["a_major"] == "MN" else a
         bl = b.T if kw["b_major"] == "K" else b
@@ -228,3 +230,36 @@ def test_jax_branch_of_the_backward(monkeypatch, activation):
         got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
         assert got.shape == want.shape
         assert np.linalg.norm(got - want) / np.linalg.norm(want) < 2e-2
+
+
+def test_one_shape_in_every_layout_reuses_no_wrong_plan(model):
+    """``matmul`` keeps a plan per shape, strides and options: operands of one shape given
+    contiguous, as transposed views, and as strided slices that need a copy each get the
+    right product, in any order, twice."""
+    g = torch.Generator().manual_seed(11)
+    base = torch.randn(24, 48, generator=g).to(torch.bfloat16)
+    w = torch.randn(24, 24, generator=g).to(torch.bfloat16)
+    forms = {"contiguous": base[:, :24].contiguous(), "transposed view": base[:, :24].T.contiguous().T,
+             "strided slice": base[:, ::2], "offset slice": base[:, 24:]}
+    for _ in range(2):
+        for name, a in forms.items():
+            want = a.double() @ w.double()
+            got = gemm.matmul(a, w).double()
+            assert ((got - want).norm() / want.norm()).item() < 1e-2, name
+            got_t = gemm.matmul(w, a).double()
+            want_t = w.double() @ a.double()
+            assert ((got_t - want_t).norm() / want_t.norm()).item() < 1e-2, name
+
+
+@pytest.mark.parametrize("a_shape,b_shape,dtypes,message", [
+    ((8, 16), (24, 8), (torch.bfloat16, torch.bfloat16), "inner dimensions differ"),
+    ((8, 16), (16, 8), (torch.bfloat16, torch.float16), "must both be bfloat16 or float16"),
+    ((8, 16), (16, 8), (torch.float32, torch.float32), "must both be bfloat16 or float16"),
+])
+def test_bad_operands_raise_at_the_callers_line_every_time(model, a_shape, b_shape, dtypes,
+                                                           message):
+    a, b = torch.zeros(a_shape, dtype=dtypes[0]), torch.zeros(b_shape, dtype=dtypes[1])
+    for _ in range(2):   # a refused layout leaves no plan behind
+        with pytest.raises(ConfigError, match=message) as e:
+            gemm.matmul(a, b)
+        assert str(e.value).startswith(f"{__file__}:")
