@@ -22,14 +22,14 @@ from __future__ import annotations
 import argparse
 import inspect
 import random
-import statistics
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/_timing.py
 
-from _timing import gpu_missing, markdown_table, rotated  # noqa: E402
+from _timing import gpu_missing, markdown_table  # noqa: E402
+from attention import _time, backward_fn  # noqa: E402
 
 from pyptx.testing import load_module, paired_ratio, paired_times  # noqa: E402
 
@@ -75,32 +75,6 @@ def reference(q, k, v, causal: bool):
     return (s.softmax(-1) @ vd).transpose(0, 1)
 
 
-def backward_fn(forward, q, k, v):
-    """The backward alone: one forward with grad, then ``autograd.grad`` of its output."""
-    import torch
-
-    qs, ks, vs = (x.detach().clone().requires_grad_() for x in (q, k, v))
-    o = forward(qs, ks, vs)
-    do = torch.randn_like(o)
-
-    def run():
-        return torch.autograd.grad(o, (qs, ks, vs), do, retain_graph=True)
-    run()
-    torch.cuda.synchronize()
-    return run
-
-
-def timed(fns: dict, rep: int, rounds: int) -> dict:
-    """Median over rounds of each contender's do_bench median (ms), rotated order."""
-    from triton.testing import do_bench
-
-    t = {name: [] for name in fns}
-    for r in range(rounds):
-        for name in rotated(list(fns), r):
-            t[name].append(do_bench(fns[name], rep=rep, return_mode="median"))
-    return {name: statistics.median(v) for name, v in t.items()}
-
-
 def run_case(fa, D: int, H: int, kind: str, lengths: list[int], causal: bool, args) -> list[str]:
     """One table row: check every contender against float64, then time forward and backward."""
     import torch
@@ -135,14 +109,14 @@ def run_case(fa, D: int, H: int, kind: str, lengths: list[int], causal: bool, ar
         fwd[name] = f
     fwd_calls = {n: (lambda f=f: f(q, k, v)) for n, f in fwd.items()}
     with torch.no_grad():
-        ft = timed(fwd_calls, args.rep, args.rounds)
+        ft = _time(fwd_calls, args.rep, args.rounds)
     bwd = {}
     for name, f in fwd.items():
         try:
             bwd[name] = backward_fn(f, q, k, v)
         except Exception as ex:  # noqa: BLE001
             print(f"  bwd {name}: {type(ex).__name__}: {ex}"[:300], flush=True)
-    bt = timed(bwd, args.rep, args.rounds)
+    bt = _time(bwd, args.rep, args.rounds)
     fl = flops(lengths, H, D, causal)
     cells = [str(D), f"{kind} ({len(lengths)} seqs, max {max_s})", "causal" if causal else "full"]
     for times, mult, fns, grad in ((ft, 1.0, fwd_calls, False), (bt, 2.5, bwd, True)):

@@ -7,14 +7,13 @@ rotated rounds, L2 flushed), bf16.
 """
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from _timing import rotated  # noqa: E402
+from attention import _time  # noqa: E402
 from attention_varlen import flops, seq_lengths  # noqa: E402
 
 from pyptx.testing import load_module  # noqa: E402
@@ -30,7 +29,6 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3)
     a = p.parse_args()
     import torch
-    from triton.testing import do_bench
 
     fa = load_module(ROOT / "examples/hopper/flash_attention.py", "attn_varlen_ab")
     configs = json.loads(a.configs)
@@ -59,12 +57,9 @@ def main() -> int:
                     args = (q, k, v, cu, cu, m, m)
                     fns[name] = (lambda c=c, args=args, causal=causal:
                                  fa.attention_varlen_forward(*args, causal=causal, **c))
-                t = {n: [] for n in fns}
-                for r in range(a.rounds):
-                    for n in rotated(list(fns), r):
-                        t[n].append(do_bench(fns[n], rep=100, return_mode="median"))
                 fl = flops(lengths, H, D, causal)
-                cells = "  ".join(f"{n} {fl / statistics.median(v) / 1e9:.0f}" for n, v in t.items())
+                cells = "  ".join(f"{n} {fl / ms / 1e9:.0f}"
+                                  for n, ms in _time(fns, 100, a.rounds).items())
                 print(f"D={D} {kind} {'causal' if causal else 'full'}: {cells}", flush=True)
     return 0
 
