@@ -210,6 +210,21 @@ def _bf16_rne(f: np.ndarray) -> np.ndarray:
     return r.astype(np.uint16)
 
 
+def device_bits(x, dtype: str) -> np.ndarray:
+    """Host values as the device's 16-bit patterns: bf16 (round to nearest even) or f16."""
+    x = np.asarray(x, np.float32)
+    return _bf16_rne(x) if dtype == "bf16" else x.astype(np.float16).view(np.uint16)
+
+
+def host_f64(bits: np.ndarray, dtype: str) -> np.ndarray:
+    """Device bit patterns (``"bf16"``, ``"f16"`` or ``"f32"``) as float64 values."""
+    if dtype == "bf16":
+        return (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    if dtype == "f16":
+        return bits.view(np.float16).astype(np.float64)
+    return bits.view(np.float32).astype(np.float64)
+
+
 def _imm(tok: str) -> int | float:
     if tok.startswith("0f"):
         return struct.unpack("<f", struct.pack("<I", int(tok[2:], 16)))[0]

@@ -37,15 +37,7 @@ fa = load_module(EX / "flash_attention.py", "flash_attention_varlen_bwd_cpu_fwd"
 TOL = {"bf16": 8e-3, "f16": 2e-3}
 
 
-def _dev(x, dtype):
-    x = np.asarray(x, np.float32)
-    return ptxsim._bf16_rne(x) if dtype == "bf16" else x.astype(np.float16).view(np.uint16)
-
-
-def _f64(bits, dtype):
-    if dtype == "bf16":
-        return (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
-    return bits.view(np.float16).astype(np.float64)
+_dev, _f64 = ptxsim.device_bits, ptxsim.host_f64
 
 
 def _cu(lens):

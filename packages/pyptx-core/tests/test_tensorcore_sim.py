@@ -26,18 +26,7 @@ import ptxsim  # noqa: E402
 gemm = load_module(HERE.parents[3] / "examples" / "hopper" / "gemm.py", "tc_sim_gemm")
 
 
-def _dev(x, dtype):
-    """Host values as the device's bits: bf16 (round to nearest even) or f16."""
-    x = np.asarray(x, np.float32)
-    return ptxsim._bf16_rne(x) if dtype == "bf16" else x.astype(np.float16).view(np.uint16)
-
-
-def _f64(bits, dtype):
-    if dtype == "bf16":
-        return (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
-    if dtype == "f16":
-        return bits.view(np.float16).astype(np.float64)
-    return bits.view(np.float32).astype(np.float64)
+_dev, _f64 = ptxsim.device_bits, ptxsim.host_f64
 
 
 def run_gemm(M, N, K, *, dtype="bf16", out_dtype=None, bias=False, alpha=1.0, activation=None,
