@@ -1,0 +1,130 @@
+"""Device probe (issue 15): where a row kernel's do_bench time goes, beside its peers.
+
+do_bench times ``flush; record; fn(); record`` with CUDA events. This probe runs that loop
+under ``torch.profiler`` (CUPTI) and splits each contender's time into the kernel's own
+duration and the gap between the L2 flush's end and the kernel's start, for three flushes:
+
+* ``dirty``: do_bench's own, a 256 MB ``zero_`` (L2 left full of dirty lines);
+* ``clean``: a 256 MB read (``sum``; L2 left full of clean lines).
+
+Each loop is interleaved over the contenders (ours, Triton, inductor) in rotated order.
+Printed: per flush, median kernel µs, median gap µs and do_bench's own median, per contender.
+
+    python tools/rowwise_gap.py --cells layer_norm:f32:2048x8192 [--iters 60] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from pyptx.testing import load_module
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def profile_loop(torch, fns: dict, inputs, flush, iters: int, rounds: int) -> dict:
+    """``{who: (kernel µs list, gap µs list)}`` from CUPTI over ``rounds`` x ``iters`` calls."""
+    from torch.profiler import ProfilerActivity, profile
+
+    names = list(fns)
+    out: dict = defaultdict(lambda: ([], []))
+    for r in range(rounds):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for who in order:
+            fn = fns[who]
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(iters):
+                    flush()
+                    torch.cuda.nvtx.range_push("x")
+                    fn(*inputs)
+                    torch.cuda.nvtx.range_pop()
+                torch.cuda.synchronize()
+            kern = sorted((e for e in prof.events() if e.device_type.name == "CUDA"
+                           and e.name not in ("Memcpy DtoD (Device -> Device)",)),
+                          key=lambda e: e.time_range.start)
+            # the flush is the first kernel of each iteration; what follows until the next
+            # flush is the contender's (one kernel, or a few for eager)
+            prev_end = None
+            busy = 0.0
+            first_start = None
+            for e in kern:
+                is_flush = flush.tag in e.name
+                if is_flush:
+                    if first_start is not None:
+                        out[who][0].append(busy)
+                        out[who][1].append(first_start - prev_end)
+                    prev_end, busy, first_start = e.time_range.end, 0.0, None
+                elif prev_end is not None:
+                    first_start = e.time_range.start if first_start is None else first_start
+                    busy += e.time_range.end - e.time_range.start
+            if first_start is not None:
+                out[who][0].append(busy)
+                out[who][1].append(first_start - prev_end)
+    return out
+
+
+class Flush:
+    """A callable L2 flush with a name its kernels carry (to find them in the trace)."""
+
+    def __init__(self, torch, mode: str):
+        self.buf = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.float32, device="cuda")
+        self.mode = mode
+        self.sink = torch.empty((), device="cuda")
+        self.tag = {"dirty": "FillFunctor", "clean": "reduce_kernel"}[mode]
+
+    def __call__(self):
+        if self.mode == "dirty":
+            self.buf.zero_()
+        elif self.mode == "clean":
+            self.buf.sum(out=self.sink)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cells", default="layer_norm:f32:2048x8192")
+    ap.add_argument("--iters", type=int, default=60)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--flushes", default="dirty,clean")
+    a = ap.parse_args(argv)
+    import torch
+    from triton.testing import do_bench
+
+    mb = load_module(ROOT / "benchmarks" / "memory_bound.py", "gap_mb")
+    ncu = load_module(ROOT / "tools" / "rowwise_ncu.py", "gap_ncu")
+    for cell in a.cells.split(","):
+        inputs, fns = ncu.contenders(torch, mb, cell, True)
+        fns.pop("eager", None)
+        for fn in fns.values():
+            for _ in range(3):
+                fn(*inputs)
+        torch.cuda.synchronize()
+        k = fns["ours"]
+        print(f"\n## {cell} (ours: {k.choice.config.describe() if k.choice else '?'})")
+        db: dict = defaultdict(list)
+        names = list(fns)
+        for r in range(a.rounds):
+            for who in names[r % len(names):] + names[:r % len(names)]:
+                db[who].append(do_bench(lambda f=fns[who], xs=inputs: f(*xs)))
+        for mode in a.flushes.split(","):
+            flush = Flush(torch, mode)
+            res = profile_loop(torch, fns, inputs, flush, a.iters, a.rounds)
+            print(f"flush={mode}")
+            print("| who | kernel us | gap us | kernel/ours |")
+            print("|---|---:|---:|---:|")
+            base = statistics.median(res["ours"][0]) if res["ours"][0] else float("nan")
+            for who, (ks, gs) in res.items():
+                km = statistics.median(ks) if ks else float("nan")
+                gm = statistics.median(gs) if gs else float("nan")
+                print(f"| {who} | {km:.2f} | {gm:.2f} | {km / base:.3f} |")
+        print("do_bench medians (us): " + ", ".join(
+            f"{w} {statistics.median(v) * 1e3:.2f}" for w, v in db.items()) + "  (ours/best "
+            f"{min(statistics.median(v) for w, v in db.items() if w != 'ours') / statistics.median(db['ours']):.3f}x)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
