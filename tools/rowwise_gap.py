@@ -80,7 +80,17 @@ class Flush:
         if self.mode == "dirty":
             self.buf.zero_()
         elif self.mode == "clean":
-            self.buf.sum(out=self.sink)
+            self.sink = self.buf.sum()
+
+
+def dump_triton(torch, fn, cell: str, out: Path) -> None:
+    """Write the PTX Triton compiled for ``fn``'s kernel (at this cell's launch) to ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    for entry in getattr(fn.kernel, "device_caches", {}).values():
+        for compiled in (entry[0] if isinstance(entry, tuple) else entry).values():
+            (out / f"triton_{cell.replace(':', '_')}.ptx").write_text(compiled.asm["ptx"])
+            return
+    print(f"{cell}: no compiled Triton kernel found to dump")
 
 
 def main(argv=None) -> int:
@@ -89,6 +99,9 @@ def main(argv=None) -> int:
     ap.add_argument("--iters", type=int, default=60)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--flushes", default="dirty,clean")
+    ap.add_argument("--variants", default="",
+                    help="our other builds, ';'-separated keyword sets: 'pdl=False;chunks=8'")
+    ap.add_argument("--dump-triton", metavar="DIR", help="write the Triton peer's PTX here")
     a = ap.parse_args(argv)
     import torch
     from triton.testing import do_bench
@@ -98,10 +111,18 @@ def main(argv=None) -> int:
     for cell in a.cells.split(","):
         inputs, fns = ncu.contenders(torch, mb, cell, True)
         fns.pop("eager", None)
+        for spec in filter(None, a.variants.split(";")):
+            kw = {k: eval(v) for k, v in (kv.split("=") for kv in spec.split(","))}  # noqa: S307
+            try:
+                fns[f"ours[{spec}]"] = ncu.build(cell, **kw)
+            except Exception as e:  # noqa: BLE001 - a variant this cell refuses
+                print(f"{cell}: {spec}: {type(e).__name__}: {e}")
         for fn in fns.values():
             for _ in range(3):
                 fn(*inputs)
         torch.cuda.synchronize()
+        if a.dump_triton and "triton" in fns:
+            dump_triton(torch, fns["triton"], cell, Path(a.dump_triton))
         k = fns["ours"]
         print(f"\n## {cell} (ours: {k.choice.config.describe() if k.choice else '?'})")
         db: dict = defaultdict(list)

@@ -50,6 +50,14 @@ SCALE = {"gpu__time_duration.sum": 1e-3, "dram__bytes_read.sum": 1e-6,
          "smsp__inst_executed.sum": 1e-6}
 
 
+def build(cell: str, **kw):
+    """Our kernel at ``cell`` built with ``kw`` (a named variant: no tuning)."""
+    probe = load_module(ROOT / "tools" / "probe_rowwise.py", "ncu_probe")
+    op, dt, B, N = probe.parse_cell(cell)
+    shape_args = (B, N, dt) + ((probe.EPS[op],) if op in probe.EPS else ())
+    return probe.builder(probe.modules(), op).builder(*shape_args, **kw)
+
+
 def contenders(torch, mb, cell: str, compile_: bool):
     """``(inputs, {who: fn})`` at one cell: our default call, Triton, inductor, torch eager."""
     probe = load_module(ROOT / "tools" / "probe_rowwise.py", "ncu_probe")
