@@ -43,28 +43,34 @@ def profile_loop(torch, fns: dict, inputs, flush, iters: int, rounds: int) -> di
                     fn(*inputs)
                     torch.cuda.nvtx.range_pop()
                 torch.cuda.synchronize()
-            kern = sorted((e for e in prof.events() if e.device_type.name == "CUDA"
-                           and e.name not in ("Memcpy DtoD (Device -> Device)",)),
-                          key=lambda e: e.time_range.start)
-            # the flush is the first kernel of each iteration; what follows until the next
-            # flush is the contender's (one kernel, or a few for eager)
-            prev_end = None
-            busy = 0.0
-            first_start = None
-            for e in kern:
-                is_flush = flush.tag in e.name
-                if is_flush:
-                    if first_start is not None:
-                        out[who][0].append(busy)
-                        out[who][1].append(first_start - prev_end)
-                    prev_end, busy, first_start = e.time_range.end, 0.0, None
-                elif prev_end is not None:
-                    first_start = e.time_range.start if first_start is None else first_start
-                    busy += e.time_range.end - e.time_range.start
-            if first_start is not None:
-                out[who][0].append(busy)
-                out[who][1].append(first_start - prev_end)
+            spans = sorted(((e.name, e.time_range.start, e.time_range.end) for e in prof.events()
+                            if e.device_type.name == "CUDA"), key=lambda s: s[1])
+            ks, gs = split_trace(spans, lambda name: flush.tag in name)
+            out[who][0].extend(ks)
+            out[who][1].extend(gs)
     return out
+
+
+def split_trace(spans: list, is_flush) -> tuple[list, list]:
+    """``(busy, gaps)`` per iteration of a ``flush; fn()`` loop from its device spans
+    ``(name, start, end)`` in start order: ``busy`` sums the durations of the kernels after a
+    flush (up to the next flush), ``gaps`` is the first one's start minus the flush's end
+    (negative when a PDL launch began before the flush ended). Spans before the first flush
+    and flushes followed by nothing are left out."""
+    busy: list = []
+    gaps: list = []
+    prev_end = first = None
+    total = 0.0
+    for name, start, end in list(spans) + [(None, None, None)]:
+        if name is None or is_flush(name):
+            if first is not None:
+                busy.append(total)
+                gaps.append(first - prev_end)
+            prev_end, total, first = end, 0.0, None
+        elif prev_end is not None:
+            first = start if first is None else first
+            total += end - start
+    return busy, gaps
 
 
 class Flush:
