@@ -366,6 +366,22 @@ def test_wider_integer_wins(wide, narrow, cvt):
     assert len(lines) == 4
 
 
+@pytest.mark.parametrize("wide,narrow,cvt", [(u64, u32, "cvt.u64.u32"), (s64, s32, "cvt.s64.s32")])
+def test_wider_integer_wins_in_subtraction_both_ways(wide, narrow, cvt):
+    got = {}
+
+    def k():
+        w, n = reg.scalar(wide), reg.scalar(narrow)
+        got.update(w=w, n=n, d1=w - n, d2=n - w)
+
+    lines = body(k)
+    w, n = got["w"].name, got["n"].name
+    c1, c2 = lines[0].split()[1].rstrip(","), lines[2].split()[1].rstrip(",")
+    assert lines == [f"{cvt} {c1}, {n};", f"sub.{wide.name} {got['d1'].name}, {w}, {c1};",
+                     f"{cvt} {c2}, {n};", f"sub.{wide.name} {got['d2'].name}, {c2}, {w};"]
+    assert got["d1"].type is wide and got["d2"].type is wide
+
+
 def test_pointer_plus_offset_end_to_end(assemble):
     @pyptx.kernel([pyptx.Tile(64, f32)], [pyptx.Tile(64, f32)], block=(64, 1, 1))
     def copy(X, Y):

@@ -603,19 +603,23 @@ def _check_labels_placed(func: Function, kernel_name: str) -> None:
     from .ir import Instruction, Label, Raw
 
     placed = set()
+    branches = []
     for st in func.body:
-        if type(st) is Label:
+        cls = type(st)
+        if cls is Instruction:
+            if st.opcode[:3] == "bra" and st.operands:
+                branches.append(st)
+        elif cls is Label:
             placed.add(st.name)
-        elif type(st) is Raw and st.line.rstrip().endswith(":"):
+        elif cls is Raw and st.line.rstrip().endswith(":"):
             placed.add(st.line.strip()[:-1])
-    for st in func.body:
-        if type(st) is Instruction and st.opcode.startswith("bra") and st.operands:
-            target = st.operands[-1]
-            if target.startswith("$") and target not in placed:
-                raise TraceError(
-                    f"{fmt_loc(st.loc)}: ptx.bra to label {target} in kernel {kernel_name!r}, "
-                    "which is never placed; call ptx.place(label) where the branch should land"
-                )
+    for st in branches:
+        target = st.operands[-1]
+        if target.startswith("$") and target not in placed:
+            raise TraceError(
+                f"{fmt_loc(st.loc)}: ptx.bra to label {target} in kernel {kernel_name!r}, "
+                "which is never placed; call ptx.place(label) where the branch should land"
+            )
 
 
 def _innermost_user_loc(e: BaseException) -> Loc | None:

@@ -449,6 +449,23 @@ def _binary(op: str, a: Reg, o: Any, *, swap: bool = False, dst: Reg | None = No
         if t.bits == 64 and (op == "add" or op == "sub"):
             _carry_wide_pointer(trace, dst, a, o)
         return dst
+    if ((op == "add" or op == "sub") and co is Reg and not swap and dst is None
+            and o.trace is trace and t.is_int and o.type.is_int and o.type.bits != t.bits
+            and not getattr(trace, "wide_pointers", None)):
+        # Fast path for pointer + narrower offset: what _slow emits (cvt of the narrower
+        # operand to the wider type, then the op), without its frame walks.
+        site = user_site(3)
+        narrow, wide = (o, a) if o.type.bits < t.bits else (a, o)
+        wt, nt = wide.type, narrow.type
+        w = Reg(trace.new_reg_name(wt), wt, trace)
+        trace.body.append(Instruction(
+            f"cvt.{wt.kind if wt.kind != 'b' else 'u'}{wt.bits}.{'s' if nt.is_signed else 'u'}"
+            f"{nt.bits}", (w.name, narrow.name), None, site))
+        ra, rb = (a.name, w.name) if narrow is o else (w.name, o.name)
+        out = Reg(trace.new_reg_name(wt), wt, trace)
+        opcode = _OPCODES.get((op, wt)) or _opcode(op, wt)
+        trace.body.append(Instruction(opcode, (out.name, ra, rb), None, site))
+        return out
     return _slow(op, a, o, swap, dst)
 
 
