@@ -12,8 +12,6 @@ and the weight. ``N`` must be a multiple of 32; large ``N`` spills registers.
 from pyptx import Tile, kernel, ptx, reg
 from pyptx import rows as rw
 from pyptx.autotune import Config, autotune
-from pyptx.errors import ConfigError
-from pyptx.source import where_outside
 from pyptx.types import f32, u32
 
 WARP_SIZE = 32
@@ -98,7 +96,7 @@ RMS_NORM_CONFIGS = [
 def build_rms_norm_fast(B: int, N: int, dtype=f32, eps: float = 1e-6, *, chunks=None,
                         threads=None, rows=None, ctas=None, stages=None, bulk_store=False,
                         maxnreg=None, pdl=True, l2_load="", l2_store="", store_cache="",
-                        pdl_prefetch=True, load_cache="", reload=None):
+                        pdl_prefetch=True, load_cache=""):
     """RMSNorm at the bandwidth ceiling: ``y = x * rsqrt(mean(x**2) + eps) * w``.
 
     ``X (B, N)`` and ``W (N,)`` in ``dtype`` (f32 or bf16), ``Y (B, N)`` in ``dtype``;
@@ -142,12 +140,6 @@ def build_rms_norm_fast(B: int, N: int, dtype=f32, eps: float = 1e-6, *, chunks=
     ``pdl_prefetch`` (the L2 prefetch of a ``pdl`` kernel's inputs) go to
     ``pyptx.rows.Hints``: each changes the PTX, and the defaults are the measured best.
 
-    ``reload`` (one-row kernel; ``None``: off) reads the row twice, as inductor's kernel does:
-    the first pass only sums squares (its registers die before the reduction), the second
-    reads each chunk again after it (from L2) and writes it scaled; ``reload`` is the second
-    pass's L2 eviction priority ("" for none, or one of ``pyptx.rows.L2_PRIORITIES``), and
-    ``l2_load`` the first's.
-
     Supported: any ``B >= 1``, ``1 <= N <= 32768`` (persistent: ``N <= 16384``);
     ``N`` not a multiple of the vector width (4 f32 / 8 bf16) uses narrower
     accesses, and a last partial chunk is predicated. Tolerance against
@@ -155,10 +147,6 @@ def build_rms_norm_fast(B: int, N: int, dtype=f32, eps: float = 1e-6, *, chunks=
     rounding).
     """
     dt = rw.dtype_of(dtype, "build_rms_norm_fast")
-    if reload is not None and (reload not in ("",) + rw.L2_PRIORITIES or ctas is not None):
-        raise ConfigError(f"{where_outside(__file__)}: build_rms_norm_fast: reload is the one-row "
-                          f"kernel's second pass's L2 priority: None, '' or one of "
-                          f"{rw.L2_PRIORITIES} without ctas, got reload={reload!r}, ctas={ctas!r}")
     hints = rw.Hints(l2_load=l2_load, l2_store=l2_store, store=store_cache,
                      pdl_prefetch=pdl_prefetch, load=load_cache)
     if stages is not None:
@@ -188,25 +176,9 @@ def build_rms_norm_fast(B: int, N: int, dtype=f32, eps: float = 1e-6, *, chunks=
                 io.prefetch_rows(px)
         row, ok = io.locate(io.first_row())
         off = io.offset(row)
-        pxo = px + off
-        x = io.load(pxo)
+        x = io.load(px + off)
         pwt = pw + io.offset()
         ss = rw.dot(x, x)
-        if reload is not None:
-            w = io.load(pwt, cache=rw.KEEP) if prefetch_w else None
-            io.reduce([ss])
-            rstd = rw.rstd(ss, N, eps)
-            y = []
-            for j in range(plan.chunks):
-                sl = slice(j * plan.vec, (j + 1) * plan.vec)
-                xj = rw.load_vec(pxo, j * plan.threads * plan.vec * dt.bytes, dt, plan.vec,
-                                 pred=io.tail if j == plan.chunks - 1 else None,
-                                 cache=hints.load, policy=reload)
-                wj = w[sl] if prefetch_w else io.load_chunk(pwt, j)
-                y += [r * wv for r, wv in zip(rw.mul_all(xj, rstd), wj)]
-            io.store(py + off, y, ok)
-            ptx.ret()
-            return
         if prefetch_w:  # x * w before the reduction: the w loads overlap it, x dies early
             xw = [r * wv for r, wv in zip(x, io.load(pwt, cache=rw.KEEP))]
         io.reduce([ss])

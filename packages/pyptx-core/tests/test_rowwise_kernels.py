@@ -272,40 +272,6 @@ def test_layer_norm_welford_in_simulator(sim, B, N, kw, dt):
         assert rel(f64(y, dt), ref) < tol, (offset, k.plan.describe())
 
 
-@pytest.mark.parametrize("dt", DTS)
-@pytest.mark.parametrize("B,N,kw", [
-    (5, 4096, {}), (3, 8192, dict(chunks=2)), (130, 24, {}), (2, 4097, {}),  # ragged tail chunk
-    (4, 1000, dict(pdl=True, l2_load="evict_last")),
-])
-@pytest.mark.parametrize("reload", ["", "evict_first"])
-def test_rms_norm_reload_in_simulator(sim, B, N, kw, reload, dt):
-    """``reload``: the row read twice (sum of squares, then the scaled write from a second
-    read) gives the one-pass result; its second reads are real loads after the reduction."""
-    rng = np.random.default_rng(B * 17 + N)
-    x = to_dev(sim, rng.standard_normal((B, N)) * 2 + 0.3, dt)
-    w = to_dev(sim, rng.standard_normal(N) * 0.1 + 1, dt)
-    x64, w64 = f64(x, dt), f64(w, dt)
-    k = forward_builders()["rms_norm"](B, N, dt, reload=reload, **kw)
-    text = k.ptx()
-    assert text.count("ld.global") > forward_builders()["rms_norm"](B, N, dt, **kw).ptx().count(
-        "ld.global"), "the second pass must load the row again"
-    (y,) = sim.run(k.specialize(), [x, w])
-    ref = x64 / np.sqrt((x64 ** 2).mean(-1, keepdims=True) + 1e-6) * w64
-    assert rel(f64(y, dt), ref) < SIM_TOL[dt]
-
-
-def test_rms_norm_reload_refusals():
-    """An unknown priority, or ``reload`` with the persistent kernel, is refused at the
-    caller's line."""
-    from pyptx.errors import ConfigError
-
-    rms = forward_builders()["rms_norm"]
-    for kw in (dict(reload="evict_soon"), dict(reload="", ctas=4)):
-        with pytest.raises(ConfigError, match="reload") as e:
-            rms(4, 4096, "f32", **kw)
-        assert str(e.value).startswith(f"{Path(__file__).resolve()}:"), str(e.value)
-
-
 def test_layer_norm_welford_refusals():
     """``welford=True`` needs equal values per thread and the one-row or persistent kernel: a
     partial last chunk or the TMA ring variant is refused at the caller's line."""
