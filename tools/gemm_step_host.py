@@ -1,6 +1,6 @@
 """Host time of a GEMM training step (``matmul(x, w.T)`` + ``backward``) against torch
 autograd of ``x @ w.T``: back-to-back calls, synchronised at the end, median of rounds;
-the forward alone beside it; then a cProfile of ours (top entries by own time).
+the forward alone beside it; then a cProfile of ours (top entries by own time, then by cumulative time).
 
     python tools/gemm_step_host.py [--size 2048] [--calls 200]
 """
@@ -67,6 +67,7 @@ def main() -> int:
     torch.cuda.synchronize()
     prof.disable()
     pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+    pstats.Stats(prof).sort_stats("cumulative").print_stats(35)
     return 0
 
 
