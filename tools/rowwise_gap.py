@@ -2,7 +2,7 @@
 
 do_bench times ``flush; record; fn(); record`` with CUDA events. This probe runs that loop
 under ``torch.profiler`` (CUPTI) and splits each contender's time into the kernel's own
-duration and the gap between the L2 flush's end and the kernel's start, for three flushes:
+duration and the gap between the L2 flush's end and the kernel's start, for two flushes:
 
 * ``dirty``: do_bench's own, a 256 MB ``zero_`` (L2 left full of dirty lines);
 * ``clean``: a 256 MB read (``sum``; L2 left full of clean lines).
@@ -39,9 +39,7 @@ def profile_loop(torch, fns: dict, inputs, flush, iters: int, rounds: int) -> di
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
                 for _ in range(iters):
                     flush()
-                    torch.cuda.nvtx.range_push("x")
                     fn(*inputs)
-                    torch.cuda.nvtx.range_pop()
                 torch.cuda.synchronize()
             spans = sorted(((e.name, e.time_range.start, e.time_range.end) for e in prof.events()
                             if e.device_type.name == "CUDA"), key=lambda s: s[1])

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import re
 import statistics
 import sys
@@ -50,23 +51,33 @@ SCALE = {"gpu__time_duration.sum": 1e-3, "dram__bytes_read.sum": 1e-6,
          "smsp__inst_executed.sum": 1e-6}
 
 
+@functools.lru_cache(maxsize=1)
+def _probe():
+    """``tools/probe_rowwise.py`` and its example modules, loaded once."""
+    probe = load_module(ROOT / "tools" / "probe_rowwise.py", "ncu_probe")
+    return probe, probe.modules()
+
+
+def _tuned_builder(cell: str):
+    """``(op, dtype, builder args, the op's autotuned builder)`` of ``cell``."""
+    probe, mods = _probe()
+    op, dt, B, N = probe.parse_cell(cell)
+    return op, dt, (B, N, dt) + ((probe.EPS[op],) if op in probe.EPS else ()), \
+        probe.builder(mods, op)
+
+
 def build(cell: str, **kw):
     """Our kernel at ``cell`` built with ``kw`` (a named variant: no tuning)."""
-    probe = load_module(ROOT / "tools" / "probe_rowwise.py", "ncu_probe")
-    op, dt, B, N = probe.parse_cell(cell)
-    shape_args = (B, N, dt) + ((probe.EPS[op],) if op in probe.EPS else ())
-    return probe.builder(probe.modules(), op).builder(*shape_args, **kw)
+    _, _, args, tuned = _tuned_builder(cell)
+    return tuned.builder(*args, **kw)
 
 
 def contenders(torch, mb, cell: str, compile_: bool):
     """``(inputs, {who: fn})`` at one cell: our default call, Triton, inductor, torch eager."""
-    probe = load_module(ROOT / "tools" / "probe_rowwise.py", "ncu_probe")
-    mods = probe.modules()
-    op, dt, B, N = probe.parse_cell(cell)
-    tdt = torch.float32 if dt == "f32" else torch.bfloat16
-    inputs = mb.make_inputs(torch, op, B, N, tdt)
-    shape_args = (B, N, dt) + ((probe.EPS[op],) if op in probe.EPS else ())
-    fns = {"ours": probe.builder(mods, op)(*shape_args)}
+    op, dt, args, tuned = _tuned_builder(cell)
+    B, N = args[:2]
+    inputs = mb.make_inputs(torch, op, B, N, torch.float32 if dt == "f32" else torch.bfloat16)
+    fns = {"ours": tuned(*args)}
     triton = mb.make_triton(torch)
     if triton:
         fns["triton"] = triton[op]
@@ -148,7 +159,11 @@ def main(argv=None) -> int:
     ap.add_argument("--tune", action="store_true", help="only tune the default calls")
     ap.add_argument("--no-compile", action="store_true", help="no inductor peer")
     ap.add_argument("--summarize", metavar="CSV", help="print tables from ncu's raw CSV")
+    ap.add_argument("--metrics", action="store_true", help="print the metric names for ncu")
     a = ap.parse_args(argv)
+    if a.metrics:
+        print(",".join(METRICS))
+        return 0
     if a.summarize:
         return summarize(a.summarize)
     return run(a.cells.split(","), a.reps, a.tune, not a.no_compile)

@@ -8,7 +8,7 @@ OUT=${OUT:-/tmp/out}
 export PYTHONUNBUFFERED=1 PYPTX_CACHE_DIR=${PYPTX_CACHE_DIR:-/tmp/pyptx-cache}
 CELLS=${CELLS:-layer_norm:f32:2048x8192}
 python3 tools/rowwise_ncu.py --cells "$CELLS" --tune
-metrics=$(python3 -c "import importlib.util as u,sys; s=u.spec_from_file_location('m','tools/rowwise_ncu.py'); m=u.module_from_spec(s); s.loader.exec_module(m); print(','.join(m.METRICS))")
+metrics=$(python3 tools/rowwise_ncu.py --metrics)
 ncu --profile-from-start off --nvtx --cache-control none --clock-control none \
     --section SpeedOfLight --section LaunchStats --section Occupancy \
     --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats \

@@ -340,10 +340,14 @@ def _arith_type(t: PtxType) -> str:
     return f"u{t.bits}" if t.kind == "b" else t.name
 
 
+def _widen_opcode(to: PtxType, frm: PtxType) -> str:
+    """The ``cvt`` that widens integer type ``frm`` to ``to`` (bit types as unsigned)."""
+    return f"cvt.{to.kind if to.kind != 'b' else 'u'}{to.bits}.{'s' if frm.is_signed else 'u'}{frm.bits}"
+
+
 def _widen(r: Reg, to: PtxType) -> Reg:
     out = _new(r.trace, to)
-    src = "s" if r.type.is_signed else "u"
-    r.trace.inst(f"cvt.{to.kind if to.kind != 'b' else 'u'}{to.bits}.{src}{r.type.bits}", (out.name, r.name))
+    r.trace.inst(_widen_opcode(to, r.type), (out.name, r.name))
     return out
 
 
@@ -458,9 +462,7 @@ def _binary(op: str, a: Reg, o: Any, *, swap: bool = False, dst: Reg | None = No
         narrow, wide = (o, a) if o.type.bits < t.bits else (a, o)
         wt, nt = wide.type, narrow.type
         w = Reg(trace.new_reg_name(wt), wt, trace)
-        trace.body.append(Instruction(
-            f"cvt.{wt.kind if wt.kind != 'b' else 'u'}{wt.bits}.{'s' if nt.is_signed else 'u'}"
-            f"{nt.bits}", (w.name, narrow.name), None, site))
+        trace.body.append(Instruction(_widen_opcode(wt, nt), (w.name, narrow.name), None, site))
         ra, rb = (a.name, w.name) if narrow is o else (w.name, o.name)
         out = Reg(trace.new_reg_name(wt), wt, trace)
         opcode = _OPCODES.get((op, wt)) or _opcode(op, wt)
