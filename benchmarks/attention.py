@@ -23,6 +23,7 @@ not move.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import statistics
 import sys
@@ -41,9 +42,8 @@ ERR_LIMIT = 0.05  # max |o - SDPA| (bf16, randn inputs: |o| < ~1.5); a variant o
 
 def load_attention():
     """The flash-attention example as a module."""
-    from pyptx.testing import load_module
 
-    return load_module(ROOT / "examples/hopper/flash_attention.py", "flash_attention_example")
+    return importlib.import_module("pyptx_kernels.attention.forward")
 
 
 def sdpa_call(backend, causal):

@@ -20,6 +20,7 @@ not timed.
 from __future__ import annotations
 
 import argparse
+import importlib
 import inspect
 import random
 import sys
@@ -31,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/_timing.p
 from _timing import gpu_missing, markdown_table  # noqa: E402
 from attention import _time, backward_fn  # noqa: E402
 
-from pyptx.testing import load_module, paired_ratio, paired_times  # noqa: E402
+from pyptx.testing import paired_ratio, paired_times  # noqa: E402
 
 ERR_LIMIT = 0.05
 
@@ -153,7 +154,7 @@ def main(argv=None) -> int:
         return 2
     import torch
 
-    fa = load_module(ROOT / "examples/hopper/flash_attention.py", "attention_varlen_bench")
+    fa = importlib.import_module("pyptx_kernels.attention.forward")
     head = ["D", "lengths", "mask", "fwd pyptx", "fwd torch varlen", "fwd pyptx dense",
             "fwd ours/torch", "fwd paired", "bwd pyptx", "bwd torch varlen", "bwd pyptx dense",
             "bwd ours/torch", "bwd paired", "max |o err|"]

@@ -49,11 +49,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pyptx_kernels._modules import kernel_module
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/_timing.py
 from _timing import markdown_table, median_min_max  # noqa: E402
 
-EXAMPLE = ROOT / "examples" / "hopper" / "rms_norm.py"
 EPS = 1e-6
 TAG = "COLD_START_JSON "
 EXIT_NO_GPU = 2
@@ -194,10 +195,9 @@ def child(B: int, N: int) -> int:
     for attr, label in (("shim", "shim"), ("run_plan", "launch")):
         if not prof.patch(eager, attr, label):
             missing.append(f"pyptx_torch.eager.{attr}")
-    from pyptx.testing import load_module
 
     with prof.region("build"):
-        mod = load_module(EXAMPLE, "rms_norm_cold_start")
+        mod = kernel_module("rms_norm")
         k = mod.build_rms_norm(B, N, EPS)
     with prof.region("call_rest"):
         y = k(x, w)

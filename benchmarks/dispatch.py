@@ -60,6 +60,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pyptx_kernels._modules import kernel_module
+
 try:  # a Triton row for context; the rest of the script does not need Triton
     import triton
     import triton.language as tl
@@ -70,7 +72,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/_timing.py
 from _timing import enqueue_us_per_call, host_us_per_call, markdown_table  # noqa: E402
 
-EXAMPLE = ROOT / "examples" / "hopper" / "rms_norm.py"
 B, N, EPS = 32, 1024, 1e-6
 DEVICE = "cuda"
 ENQUEUE_BURST = 200  # calls per no-sync burst (well under CUDA's ~1000-launch queue)
@@ -163,9 +164,8 @@ def _builder(which: str):
 
 
 def _load_example():
-    from pyptx.testing import load_module
 
-    return load_module(EXAMPLE, "rms_norm_dispatch_bench")
+    return kernel_module("rms_norm")
 
 
 def _err(e: BaseException) -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -30,9 +31,8 @@ from _timing import gpu_missing  # noqa: E402
 
 def load_fp8():
     """The FP8 GEMM example as a module."""
-    from pyptx.testing import load_module
 
-    return load_module(ROOT / "examples/hopper/fp8_gemm.py", "fp8_gemm_example")
+    return importlib.import_module("pyptx_kernels.fp8_gemm.kernel")
 
 
 AB = {

@@ -24,6 +24,7 @@ SM clock follows its own power draw.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import statistics
 import sys
@@ -58,9 +59,8 @@ def _back_to_back(fn, seconds):
 
 def load_gemm():
     """The GEMM example as a module."""
-    from pyptx.testing import load_module
 
-    return load_module(ROOT / "examples/hopper/gemm.py", "gemm_example")
+    return importlib.import_module("pyptx_kernels.gemm.kernel")
 
 
 def triton_matmul():

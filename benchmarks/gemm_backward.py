@@ -13,6 +13,7 @@ interleaved rounds in rotated order; "paired" is ours over torch by
 from __future__ import annotations
 
 import argparse
+import importlib
 import statistics
 import sys
 from pathlib import Path
@@ -21,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/_timing.p
 
 from _timing import gpu_missing, rotated  # noqa: E402
 
-from pyptx.testing import load_module, paired_ratio, paired_times  # noqa: E402
+from pyptx.testing import paired_ratio, paired_times  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (8192, 28672, 8192), (16384, 4096, 4096)]
@@ -54,7 +55,7 @@ def main(argv=None) -> int:
 
     shapes = SHAPES if not args.shapes else [
         tuple(int(v) for v in s.split("x")) if "x" in s else (int(s),) * 3 for s in args.shapes]
-    gemm = load_module(ROOT / "examples/hopper/gemm.py", "gemm_backward_bench")
+    gemm = importlib.import_module("pyptx_kernels.gemm.kernel")
     dev = torch.cuda.get_device_name()
     head = ["| M x N x K (x @ w.T) | pyptx fwd+bwd | torch autograd (cuBLAS) | pyptx / torch "
             "| paired | rel diff to torch (dx, dw) |", "|---|---|---|---|---|---|"]

@@ -14,6 +14,7 @@ writes the table.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -28,9 +29,8 @@ UNEVEN_TOTAL, UNEVEN_G, UNEVEN_NK = 16384, 16, 4096
 
 def load_grouped():
     """The grouped GEMM example as a module."""
-    from pyptx.testing import load_module
 
-    return load_module(ROOT / "examples/hopper/grouped_gemm.py", "grouped_gemm_example")
+    return importlib.import_module("pyptx_kernels.grouped_gemm.kernel")
 
 
 def uneven_sizes(seed=0):

@@ -76,11 +76,12 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
+from pyptx_kernels._modules import kernel_module
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/_timing.py
 from _timing import interleaved, rotated  # noqa: E402, F401 - rotated: tests use it from here
 
-HOPPER = ROOT / "examples" / "hopper"
 SIZES = [(256, 4096), (1024, 8192), (2048, 8192), (8192, 8192)]
 OPS = ["rms_norm", "layer_norm", "softmax", "swiglu"]
 RMS_EPS, LN_EPS = 1e-6, 1e-5
@@ -92,9 +93,8 @@ def log(*a):
 
 
 def load(name: str):
-    from pyptx.testing import load_module
 
-    return load_module(HOPPER / f"{name}.py", f"bench_{name}")
+    return kernel_module(name)
 
 
 # ----------------------------------------------------------------------------- timing

@@ -6,21 +6,20 @@ the opt-in options (e.g. ``dkdv_bq=32``; see the example's ``parse_options``). `
 runs the packed variable-length pair instead (``attention_varlen``'s backward through torch
 autograd: empty q and k sequences, ragged lengths, GQA, both head dims, causal and full;
 dK/dV rings refilled: a 300-row sequence has 5 q blocks per q head, 2 q heads per kv head)."""
+import importlib
 import sys
 from pathlib import Path
 
 import torch
 
-from pyptx.testing import load_module
-
 ROOT = Path(__file__).resolve().parents[1]
-fab = load_module(ROOT / "examples/hopper/flash_attention_bwd.py", "flash_attention_bwd_example")
+fab = importlib.import_module("pyptx_kernels.attention.backward")
 
 
 
 def check_varlen():
     """The varlen cases against float64 autograd of ``reference_varlen``; failures counted."""
-    fa = load_module(ROOT / "examples/hopper/flash_attention.py", "flash_attention_example")
+    fa = importlib.import_module("pyptx_kernels.attention.forward")
     fails = 0
     for lens_q, lens_k, Hq, Hkv, D, dtn, causal in [
             ([0, 70, 300, 5], [33, 0, 300, 64], 4, 2, 64, "bf16", True),

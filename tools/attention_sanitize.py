@@ -4,15 +4,14 @@ the persistent kernel over 4 CTAs, plus a packed (varlen) batch, each candidate 
 tuned list (``ATTENTION_CONFIGS``) and three consumer warpgroups (``consumers=3``); every
 output is checked against float64. ``python tools/attention_sanitize.py consumers=3``: the
 last part only."""
+import importlib
 import sys
 from pathlib import Path
 
 import torch
 
-from pyptx.testing import load_module
-
 ROOT = Path(__file__).resolve().parents[1]
-fa = load_module(ROOT / "examples/hopper/flash_attention.py", "flash_attention_example")
+fa = importlib.import_module("pyptx_kernels.attention.forward")
 
 bad = 0
 

@@ -12,6 +12,7 @@ after each SM's last CTA, and the converters' timing (``dq_convert``).
 from __future__ import annotations
 
 import argparse
+import importlib
 from pathlib import Path
 
 import numpy as np
@@ -88,9 +89,8 @@ def run(S, causal, opts, D=128, tokens=32768, width=2048):
     """Trace one call (after three warm ones) of the backward with these options."""
     import torch
 
-    from pyptx.testing import load_module
 
-    fab = load_module(ROOT / "examples/hopper/flash_attention_bwd.py", "attn_bwd_trace")
+    fab = importlib.import_module("pyptx_kernels.attention.backward")
     B, H = tokens // S, width // D
     kw = fab.parse_options(opts)
     q, k, v, do, o = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16)

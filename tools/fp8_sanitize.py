@@ -1,15 +1,14 @@
 """Small ragged FP8 GEMMs for compute-sanitizer (memcheck, racecheck, synccheck): each
 scale kind, both cluster sizes, every output checked against float64. ``--variants``:
 the opt-in main loops instead (pingpong, promote_kb=2, scale_prefetch)."""
+import importlib
 import sys
 from pathlib import Path
 
 import torch
 
-from pyptx.testing import load_module
-
 ROOT = Path(__file__).resolve().parents[1]
-fp8 = load_module(ROOT / "examples/hopper/fp8_gemm.py", "fp8_gemm_example")
+fp8 = importlib.import_module("pyptx_kernels.fp8_gemm.kernel")
 
 bad = 0
 variants = "--variants" in sys.argv

@@ -2,15 +2,14 @@
 cluster sizes, both B layouts, bias + activation, every output checked; the opt-in ping-pong
 schedule too (several tiles per warpgroup on 4 SMs, so the hand-over and the ring's skips
 run); a split tail (on 4 and 8 SMs: partial sums through the workspace, flags)."""
+import importlib
 import sys
 from pathlib import Path
 
 import torch
 
-from pyptx.testing import load_module
-
 ROOT = Path(__file__).resolve().parents[1]
-gemm = load_module(ROOT / "examples/hopper/gemm.py", "gemm_example")
+gemm = importlib.import_module("pyptx_kernels.gemm.kernel")
 
 bad = 0
 for cfg in (dict(cluster=1, BN=128), dict(cluster=2, BN=256),

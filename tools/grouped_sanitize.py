@@ -3,15 +3,14 @@ G=3 with sizes [0, 37, 130], N=72, K=100 (K padded to 104), forward (bf16 and f3
 both B layouts, both epilogues) and backward (dA, dB, and dB split three ways: the opt-in
 ``wgrad_splits``), every output checked. ``--defaults``: without the opt-in
 configurations; ``--only i``: the i-th configuration of ``CONFIGS`` alone."""
+import importlib
 import sys
 from pathlib import Path
 
 import torch
 
-from pyptx.testing import load_module
-
 ROOT = Path(__file__).resolve().parents[1]
-gg = load_module(ROOT / "examples/hopper/grouped_gemm.py", "grouped_gemm_example")
+gg = importlib.import_module("pyptx_kernels.grouped_gemm.kernel")
 
 bad = 0
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import importlib
 import io
 import os
 import pstats
@@ -126,9 +127,8 @@ def grouped_case(shape):
     """Callables of the grouped GEMM steps at ``shape`` = ``"GxMxNxK"`` (CPU tensors)."""
     import torch
 
-    from pyptx.testing import load_module
 
-    gg = load_module(ROOT / "examples/hopper/grouped_gemm.py", "grouped_gemm_host")
+    gg = importlib.import_module("pyptx_kernels.grouped_gemm.kernel")
     G, Mg, N, K = (int(x) for x in shape.split("x"))
     M = G * Mg
     a = torch.randn(M, K).to(torch.bfloat16).requires_grad_(True)
@@ -160,9 +160,8 @@ def attention_case(shape, causal=False):
     """Callables of attention() at ``shape`` = ``"BxSxHxD"`` (CPU tensors)."""
     import torch
 
-    from pyptx.testing import load_module
 
-    fa = load_module(ROOT / "examples/hopper/flash_attention.py", "flash_attention_host")
+    fa = importlib.import_module("pyptx_kernels.attention.forward")
     B, S, H, D = (int(x) for x in shape.split("x"))
     q, k, v = (torch.randn(B, S, H, D).to(torch.bfloat16).requires_grad_(True)
                for _ in range(3))

@@ -34,10 +34,11 @@ import sys
 import time
 from pathlib import Path
 
+from pyptx_kernels._modules import kernel_module
+
 from pyptx.testing import load_module
 
 ROOT = Path(__file__).resolve().parents[1]
-HOPPER = ROOT / "examples" / "hopper"
 #: session 7's do_bench table: the cells where the default call was under 1.0x the best peer
 LOSING = ["rms_norm:f32:1024x8192", "rms_norm:f32:2048x8192", "rms_norm:bf16:256x4096",
           "rms_norm:bf16:8192x8192", "layer_norm:f32:256x4096", "layer_norm:bf16:256x4096",
@@ -53,7 +54,7 @@ EPS = {"rms_norm": 1e-6, "layer_norm": 1e-5}
 
 def modules() -> dict:
     """The example modules, by op."""
-    return {op: load_module(HOPPER / f"{f}.py", f"probe_{f}") for op, (f, _, _) in BUILDERS.items()}
+    return {op: kernel_module(f) for op, (f, _, _) in BUILDERS.items()}
 
 
 def builder(mods: dict, op: str):

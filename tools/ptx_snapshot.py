@@ -26,14 +26,13 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from pyptx.testing import load_module
+from pyptx_kernels._modules import kernel_module
 
 ROOT = Path(__file__).resolve().parents[1]
-HOPPER = ROOT / "examples/hopper"
 
 
 def _mod(name):
-    return load_module(HOPPER / f"{name}.py", f"{name}_snapshot")
+    return kernel_module(name)
 
 
 def _gemm_cases():

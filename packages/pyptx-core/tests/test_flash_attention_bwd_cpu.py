@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import importlib
 import math
 from pathlib import Path
 
@@ -20,12 +21,10 @@ import pytest
 
 from pyptx.errors import ConfigError
 from pyptx.fragment import accumulator_coord
-from pyptx.testing import load_module
 
 torch = pytest.importorskip("torch")
 
-EX = Path(__file__).resolve().parents[3] / "examples" / "hopper" / "flash_attention_bwd.py"
-fab = load_module(EX, "flash_attention_bwd_cpu")
+from pyptx_kernels.attention import backward as fab  # noqa: E402
 
 
 @pytest.mark.parametrize("D,dtype,causal,Hq,Hkv,S,Sk", [
@@ -493,7 +492,7 @@ def test_ordered_dq_ranks_are_a_fixed_order_one_step_apart():
 
 def test_deterministic_false_builds_the_bulk_dq_backward():
     """``attention(..., deterministic=False)``'s backward: prep, dK/dV with bulk dQ adds, convert."""
-    fa = load_module(EX.parent / "flash_attention.py", "flash_attention_cpu_det")
+    fa = importlib.import_module("pyptx_kernels.attention.forward")
     fwd = fa._differentiable(1, 256, 2, 2, 128, 256, "bf16", True, 0.125, fa._schedule(None),
                              fa.default_bn(128), 2, False, False, fa.RESCALE_THRESHOLD, False)
     names = [k.name for k in fwd.backward_kernel.kernels]
@@ -504,7 +503,7 @@ def test_attention_default_backward_per_head_dim():
     """``attention()``'s torch-eager backward: D=128 the ordered bulk-dQ kernels (five
     products, deterministic) and D=64 the fused one-kernel backward (ordered), each with the
     seven-product pair as the fallback for JAX and graph traces."""
-    fa = load_module(EX.parent / "flash_attention.py", "flash_attention_cpu_default")
+    fa = importlib.import_module("pyptx_kernels.attention.forward")
 
     def bwd_of(D):
         return fa._differentiable(1, 256, 2, 2, D, 256, "bf16", False, 0.1, fa._schedule(None),

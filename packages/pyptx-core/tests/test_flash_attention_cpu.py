@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import importlib
 import math
 import re
 from pathlib import Path
@@ -24,10 +25,9 @@ import numpy as np
 import pytest
 
 from pyptx.errors import ConfigError
-from pyptx.testing import load_module
 
 ROOT = Path(__file__).resolve().parents[3]
-fa = load_module(ROOT / "examples/hopper/flash_attention.py", "flash_attention_cpu_test")
+fa = importlib.import_module("pyptx_kernels.attention.forward")
 
 
 # ------------------------------------------------------------------ block plan

@@ -17,6 +17,7 @@ simulator tests' own (``test_tensorcore_sim.py``); the largest seen here is ~4e-
 
 from __future__ import annotations
 
+import importlib
 import sys
 from pathlib import Path
 
@@ -24,15 +25,13 @@ import numpy as np
 import pytest
 
 from pyptx.errors import ConfigError
-from pyptx.testing import load_module
 
 HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parent))
 import ptxsim  # noqa: E402
 
-EX = HERE.parents[3] / "examples" / "hopper"
-fab = load_module(EX / "flash_attention_bwd.py", "flash_attention_varlen_bwd_cpu")
-fa = load_module(EX / "flash_attention.py", "flash_attention_varlen_bwd_cpu_fwd")
+fab = importlib.import_module("pyptx_kernels.attention.backward")
+fa = importlib.import_module("pyptx_kernels.attention.forward")
 
 TOL = {"bf16": 8e-3, "f16": 2e-3}
 

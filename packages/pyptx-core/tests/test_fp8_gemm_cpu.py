@@ -9,6 +9,7 @@ reference to 1e-12 and writes every output element exactly once.
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 import numpy as np
@@ -16,12 +17,11 @@ import pytest
 
 from pyptx.errors import ConfigError
 from pyptx.fragment import accumulator_coord
-from pyptx.testing import load_module
 
 torch = pytest.importorskip("torch")
 
 ROOT = Path(__file__).resolve().parents[3]
-fp8 = load_module(ROOT / "examples/hopper/fp8_gemm.py", "fp8_gemm_example")
+fp8 = importlib.import_module("pyptx_kernels.fp8_gemm.kernel")
 
 
 # ---------------------------------------------------------------------- the PTX

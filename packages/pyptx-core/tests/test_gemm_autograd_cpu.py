@@ -11,18 +11,18 @@ autograd in float64 without a GPU. The GPU tests run the real kernels
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from pyptx.errors import ConfigError
-from pyptx.testing import load_module
 
 torch = pytest.importorskip("torch")
 
 HERE = Path(__file__).resolve()
-gemm = load_module(HERE.parents[3] / "examples" / "hopper" / "gemm.py", "gemm_autograd_cpu")
+gemm = importlib.import_module("pyptx_kernels.gemm.kernel")
 
 
 def _crop_pad(x, rows, cols):

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
 from pathlib import Path
 
@@ -19,12 +20,10 @@ import pytest
 from pyptx import Tile, kernel, ptx, reg
 from pyptx.errors import ConfigError
 from pyptx.fragment import Accumulator
-from pyptx.testing import load_module
 from pyptx.types import s32, u32, u64
 
 HERE = Path(__file__).resolve()
-HOPPER = HERE.parents[3] / "examples" / "hopper"
-gg = load_module(HOPPER / "grouped_gemm.py", "grouped_gemm_cpu")
+gg = importlib.import_module("pyptx_kernels.grouped_gemm.kernel")
 
 
 @pytest.fixture(scope="module")

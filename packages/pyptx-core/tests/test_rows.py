@@ -7,21 +7,18 @@ reaching the PTX of a builder's kernel through its keyword, and no module-level 
 
 from __future__ import annotations
 
+import importlib
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from pyptx import ConfigError
 from pyptx import rows as rw
-from pyptx.testing import load_module
-
-HOPPER = Path(__file__).resolve().parents[3] / "examples" / "hopper"
 
 
 def rms():
-    return load_module(HOPPER / "rms_norm.py", "rows_test_rms_norm")
+    return importlib.import_module("pyptx_kernels.rows.rms_norm")
 
 
 def test_hints_are_checked_where_they_are_made():

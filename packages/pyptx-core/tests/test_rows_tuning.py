@@ -14,12 +14,12 @@ import types
 from pathlib import Path
 
 import pytest
+from pyptx_kernels._modules import kernel_module
 
 from pyptx.autotune import Config
 from pyptx.testing import load_module
 
 ROOT = Path(__file__).resolve().parents[3]
-HOPPER = ROOT / "examples" / "hopper"
 BENCH = [(256, 4096), (1024, 8192), (2048, 8192), (8192, 8192)]
 LISTS = {"rms_norm": ("build_rms_norm_fast", "RMS_NORM_CONFIGS"),
          "layer_norm": ("build_layer_norm", "LAYER_NORM_CONFIGS"),
@@ -29,7 +29,7 @@ LISTS = {"rms_norm": ("build_rms_norm_fast", "RMS_NORM_CONFIGS"),
 
 @pytest.fixture(scope="module")
 def mods():
-    return {op: load_module(HOPPER / f"{op}.py", f"tuning_{op}") for op in LISTS}
+    return {op: kernel_module(op) for op in LISTS}
 
 
 def configs(mods, op):

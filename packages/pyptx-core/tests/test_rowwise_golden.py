@@ -10,16 +10,15 @@ case names a variant, through the builder as called with that variant.
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
 
 import pytest
 
 from pyptx.autotune import TunedKernel
-from pyptx.testing import load_module
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "rowwise"
-HOPPER = Path(__file__).resolve().parents[3] / "examples" / "hopper"
 CASES = json.loads((GOLDEN / "manifest.json").read_text())
 #: the old module switches -> the builders' keyword parameters
 SWITCHES = {"L2_LOAD": "l2_load", "L2_STORE": "l2_store", "STORE": "store_cache",
@@ -27,10 +26,10 @@ SWITCHES = {"L2_LOAD": "l2_load", "L2_STORE": "l2_store", "STORE": "store_cache"
 
 
 def builders():
-    rms = load_module(HOPPER / "rms_norm.py", "golden_rms_norm")
-    ln = load_module(HOPPER / "layer_norm.py", "golden_layer_norm")
-    sm = load_module(HOPPER / "softmax.py", "golden_softmax")
-    sw = load_module(HOPPER / "swiglu.py", "golden_swiglu")
+    rms = importlib.import_module("pyptx_kernels.rows.rms_norm")
+    ln = importlib.import_module("pyptx_kernels.rows.layer_norm")
+    sm = importlib.import_module("pyptx_kernels.rows.softmax")
+    sw = importlib.import_module("pyptx_kernels.rows.swiglu")
     return {"rms_norm": rms.build_rms_norm_fast, "layer_norm": ln.build_layer_norm,
             "softmax": sm.build_softmax_fast, "swiglu": sw.build_swiglu,
             "rms_norm_bwd": rms.build_rms_norm_bwd, "layer_norm_bwd": ln.build_layer_norm_bwd}

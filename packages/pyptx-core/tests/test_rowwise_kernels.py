@@ -23,13 +23,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from pyptx_kernels._modules import kernel_module
 
 from pyptx import ConfigError, SpecError
 from pyptx import rows as rw
-from pyptx.testing import load_module
 from pyptx.types import bf16, f32
 
-HOPPER = Path(__file__).resolve().parents[3] / "examples" / "hopper"
 TESTS = Path(__file__).resolve().parent
 DTS = ("f32", "bf16")
 RAGGED_N = (1, 7, 33, 1000, 4097, 8192)
@@ -41,7 +40,7 @@ _mods: dict[str, object] = {}
 def load(name: str):
     mod = _mods.get(name)
     if mod is None:
-        mod = _mods[name] = load_module(HOPPER / f"{name}.py", f"rowwise_{name}")
+        mod = _mods[name] = kernel_module(name)
     return mod
 
 

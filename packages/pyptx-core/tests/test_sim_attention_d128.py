@@ -8,6 +8,7 @@ asynchronous and does not spill, bad options fail at the caller's line.
 
 from __future__ import annotations
 
+import importlib
 import sys
 from pathlib import Path
 
@@ -15,7 +16,6 @@ import numpy as np
 import pytest
 
 from pyptx.errors import ConfigError
-from pyptx.testing import load_module
 
 HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parent))
@@ -23,8 +23,7 @@ import ptxsim  # noqa: E402
 from test_sim_attention_fused import _reference  # noqa: E402
 from test_tensorcore_sim import TOL, _f64  # noqa: E402
 
-fab = load_module(HERE.parents[3] / "examples" / "hopper" / "flash_attention_bwd.py",
-                  "sim_d128_fab")
+fab = importlib.import_module("pyptx_kernels.attention.backward")
 WIDE = dict(dkdv_bq=128, atomic_dq=True, dq_bulk=True, dq_ordered=True)
 
 

@@ -8,6 +8,7 @@ the caller's line.
 
 from __future__ import annotations
 
+import importlib
 import sys
 from pathlib import Path
 
@@ -15,15 +16,13 @@ import numpy as np
 import pytest
 
 from pyptx.errors import ConfigError
-from pyptx.testing import load_module
 
 HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parent))
 import ptxsim  # noqa: E402
 from test_tensorcore_sim import TOL, _dev, _f64  # noqa: E402
 
-fab = load_module(HERE.parents[3] / "examples" / "hopper" / "flash_attention_bwd.py",
-                  "sim_fused_fab")
+fab = importlib.import_module("pyptx_kernels.attention.backward")
 
 
 def _reference(B, S, Sk, Hq, Hkv, D, causal, seed, dt="bf16"):

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from pyptx_kernels._modules import kernel_module
 
 from pyptx import Tile, kernel, ptx, reg, smem
 from pyptx.errors import OperandError, TmaError
@@ -25,7 +26,10 @@ HOPPER = HERE.parents[3] / "examples" / "hopper"
 
 
 def _load(name):
-    return load_module(HOPPER / f"{name}.py", f"tc_layer_{name}")
+    """A library kernel module, or the teaching example of that name."""
+    if name == "wgmma_tile":
+        return load_module(HOPPER / "wgmma_tile.py", f"wgmma_tile_{__name__}")
+    return kernel_module(name)
 
 
 def _here_line(e) -> None:
@@ -483,7 +487,7 @@ def test_reflected_operators_vector_components_and_foreign_compares():
 def test_cli_checks_an_autotuned_builder(ptxas_path, capsys):
     from pyptx.cli import main
 
-    assert main(["check", f"{HOPPER / 'gemm.py'}:gemm_tuned", "M=512", "N=512", "K=256"]) == 0
+    assert main(["check", "pyptx_kernels.gemm.kernel:gemm_tuned", "M=512", "N=512", "K=256"]) == 0
     out = capsys.readouterr().out
     assert "gemm_bf16_bf16_KMN_128x256x64_s4_c2" in out and "168" in out
 

@@ -10,6 +10,7 @@ a GPU yet, such as the ping-pong one, whose hand-over a mutant without it shows 
 
 from __future__ import annotations
 
+import importlib
 import sys
 from pathlib import Path
 
@@ -17,13 +18,12 @@ import numpy as np
 import pytest
 
 from pyptx import ptx
-from pyptx.testing import load_module
 
 HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parent))
 import ptxsim  # noqa: E402
 
-gemm = load_module(HERE.parents[3] / "examples" / "hopper" / "gemm.py", "tc_sim_gemm")
+gemm = importlib.import_module("pyptx_kernels.gemm.kernel")
 
 
 _dev, _f64 = ptxsim.device_bits, ptxsim.host_f64
@@ -243,7 +243,7 @@ def test_split_tail_without_the_partial_sums_is_wrong(monkeypatch):
 
 
 # ---------------------------------------------------------------------- grouped GEMM
-grouped = load_module(HERE.parents[3] / "examples" / "hopper" / "grouped_gemm.py", "tc_sim_grouped")
+grouped = importlib.import_module("pyptx_kernels.grouped_gemm.kernel")
 
 
 @pytest.mark.parametrize("sizes,N,K,config", [
@@ -306,7 +306,7 @@ def test_grouped_weight_gradient():
 
 
 # ---------------------------------------------------------------------- FP8 GEMM
-fp8 = load_module(HERE.parents[3] / "examples" / "hopper" / "fp8_gemm.py", "tc_sim_fp8")
+fp8 = importlib.import_module("pyptx_kernels.fp8_gemm.kernel")
 _E4M3 = np.arange(256, dtype=np.uint8)
 _E4M3_VALUES = ptxsim._to_float(_E4M3, "e4m3")
 _E4M3_FINITE = (_E4M3 & 0x7F) != 0x7F
@@ -348,8 +348,8 @@ def test_fp8_gemm(scale, config):
 
 
 # ---------------------------------------------------------------------- flash attention
-fa = load_module(HERE.parents[3] / "examples" / "hopper" / "flash_attention.py", "tc_sim_fa")
-fab = load_module(HERE.parents[3] / "examples" / "hopper" / "flash_attention_bwd.py", "tc_sim_fab")
+fa = importlib.import_module("pyptx_kernels.attention.forward")
+fab = importlib.import_module("pyptx_kernels.attention.backward")
 
 
 def _attention_inputs(B, S, Hq, Hkv, D, seed):

@@ -5,13 +5,11 @@ random bf16 inputs with ragged lengths. Tolerances (``check`` in the example): m
 
 from __future__ import annotations
 
+import importlib
 import math
 import os
-from pathlib import Path
 
 import pytest
-
-from pyptx.testing import load_module
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 jax = pytest.importorskip("jax")
@@ -21,8 +19,7 @@ np = pytest.importorskip("numpy")
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("jax_gpu")]  # conftest.py: skip without one
 
-fa = load_module(Path(__file__).resolve().parents[3] / "examples/hopper/flash_attention.py",
-                 "flash_attention_jax")
+fa = importlib.import_module("pyptx_kernels.attention.forward")
 
 
 def _ref(q, k, v, causal):

@@ -6,12 +6,10 @@ runs through the same checks."""
 
 from __future__ import annotations
 
+import importlib
 import os
-from pathlib import Path
 
 import pytest
-
-from pyptx.testing import load_module
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 jax = pytest.importorskip("jax")
@@ -21,8 +19,7 @@ np = pytest.importorskip("numpy")
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("jax_gpu")]  # conftest.py: skip without one
 
-gg = load_module(Path(__file__).resolve().parents[3] / "examples/hopper/grouped_gemm.py",
-                 "grouped_gemm_jax")
+gg = importlib.import_module("pyptx_kernels.grouped_gemm.kernel")
 TOL = 6e-3
 SIZES = [0, 37, 130, 64]
 

@@ -9,16 +9,15 @@ allocator's free blocks are filled with NaN so an unwritten element shows.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
+from pyptx_kernels._modules import kernel_module
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
 np = pytest.importorskip("numpy")
 
-from pyptx.testing import load_module
 
 
 def _gpus():
@@ -30,7 +29,6 @@ def _gpus():
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _gpus(), reason="needs a GPU for JAX")]
 
-HOPPER = Path(__file__).resolve().parents[3] / "examples" / "hopper"
 DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16}
 TOL = {"f32": 1e-5, "bf16": 1e-2}
 SIZES = [(3, 7), (5, 1000), (3, 4097), (64, 8192)]
@@ -41,7 +39,7 @@ _mods: dict[str, object] = {}
 def load(name: str):
     mod = _mods.get(name)
     if mod is None:
-        mod = _mods[name] = load_module(HOPPER / f"{name}.py", f"rowwise_jax_{name}")
+        mod = _mods[name] = kernel_module(name)
     return mod
 
 

@@ -15,11 +15,9 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-
-from pyptx.testing import load_module
+from pyptx_kernels._modules import kernel_module
 
 torch = pytest.importorskip("torch")
 
@@ -28,7 +26,6 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 
-HOPPER = Path(__file__).resolve().parents[3] / "examples" / "hopper"
 F = torch.nn.functional
 
 
@@ -40,7 +37,7 @@ def cache(tmp_path, monkeypatch):
 
 
 def mod(name):
-    return load_module(HOPPER / f"{name}.py", f"autotune_gpu_{name}")
+    return kernel_module(name)
 
 
 def rel_err(out, ref) -> float:
@@ -101,8 +98,7 @@ def test_default_call_tunes_once_and_is_right(op, B, N, dt, cache, capsys):
 
 def test_a_new_process_reuses_the_winner_without_timing(cache):
     code = (
-        "import sys, torch; from pyptx.testing import load_module; "
-        f"m = load_module({str(HOPPER / 'rms_norm.py')!r}, 'p_rms'); "
+        "import sys, torch; import pyptx_kernels.rows.rms_norm as m; "
         "k = m.build_rms_norm_fast(512, 4096, torch.bfloat16); "
         "x = torch.randn(512, 4096, device='cuda', dtype=torch.bfloat16); "
         "w = torch.ones(4096, device='cuda', dtype=torch.bfloat16); k(x, w); "

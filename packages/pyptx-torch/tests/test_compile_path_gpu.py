@@ -9,12 +9,11 @@ stack per thread and 1.6x / 2.2x slower kernels on the H100.
 
 from __future__ import annotations
 
-from pathlib import Path
+import importlib
 
 import pytest
 
 from pyptx import driver, jit
-from pyptx.testing import load_module
 
 torch = pytest.importorskip("torch")
 
@@ -23,12 +22,11 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 
-HOPPER = Path(__file__).resolve().parents[3] / "examples/hopper"
 
 
 def _kernels():
-    fa = load_module(HOPPER / "flash_attention.py", "fa_compile_path")
-    fab = load_module(HOPPER / "flash_attention_bwd.py", "fab_compile_path")
+    fa = importlib.import_module("pyptx_kernels.attention.forward")
+    fab = importlib.import_module("pyptx_kernels.attention.backward")
     dkdv = [k for k in fab.build_attention_backward(2, 512, 4, 4, 128).kernels
             if "dkdv" in k.name]
     return [fa.build_attention(2, 512, 4, 4, 128), *dkdv]

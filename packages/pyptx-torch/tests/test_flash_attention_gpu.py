@@ -15,11 +15,9 @@ failure of the overlapped schedules alone is visible; the tuning options
 
 from __future__ import annotations
 
-from pathlib import Path
+import importlib
 
 import pytest
-
-from pyptx.testing import load_module
 
 torch = pytest.importorskip("torch")
 
@@ -29,8 +27,7 @@ pytestmark = [
     pytest.mark.usefixtures("poison_outputs"),  # conftest.py: unwritten elements are NaN
 ]
 
-fa = load_module(Path(__file__).resolve().parents[3] / "examples/hopper/flash_attention.py",
-                 "flash_attention_gpu_test")
+fa = importlib.import_module("pyptx_kernels.attention.forward")
 DT = {"bf16": torch.bfloat16, "f16": torch.float16}
 
 

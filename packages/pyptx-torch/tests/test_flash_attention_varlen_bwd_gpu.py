@@ -20,12 +20,11 @@ lengths are copied into the captured ``cu_seqlens``: no host sync), and head dim
 
 from __future__ import annotations
 
-from pathlib import Path
+import importlib
 
 import pytest
 
 from pyptx.errors import ConfigError
-from pyptx.testing import load_module
 
 torch = pytest.importorskip("torch")
 
@@ -35,8 +34,7 @@ pytestmark = [
     pytest.mark.usefixtures("poison_outputs"),  # conftest.py: unwritten elements are NaN
 ]
 
-HOPPER = Path(__file__).resolve().parents[3] / "examples" / "hopper"
-fa = load_module(HOPPER / "flash_attention.py", "flash_attention_varlen_bwd_gpu")
+fa = importlib.import_module("pyptx_kernels.attention.forward")
 DT = {"bf16": torch.bfloat16, "f16": torch.float16}
 TOL = {"bf16": 1e-2, "f16": 4e-3}
 

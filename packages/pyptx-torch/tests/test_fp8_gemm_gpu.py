@@ -13,11 +13,10 @@ at K = 16384; without promotion (``fast_accum``) 1e-2.
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 import pytest
-
-from pyptx.testing import load_module
 
 torch = pytest.importorskip("torch")
 
@@ -28,7 +27,7 @@ pytestmark = [
 ]
 
 ROOT = Path(__file__).resolve().parents[3]
-fp8 = load_module(ROOT / "examples/hopper/fp8_gemm.py", "fp8_gemm_example")
+fp8 = importlib.import_module("pyptx_kernels.fp8_gemm.kernel")
 TOL = fp8.TOL
 
 

@@ -12,11 +12,9 @@ input type and each gradient GEMM rounds its output, about 2**-9 per element eac
 
 from __future__ import annotations
 
-from pathlib import Path
+import importlib
 
 import pytest
-
-from pyptx.testing import load_module
 
 torch = pytest.importorskip("torch")
 
@@ -26,8 +24,7 @@ pytestmark = [
     pytest.mark.usefixtures("poison_outputs"),  # conftest.py: unwritten elements are NaN
 ]
 
-gemm = load_module(Path(__file__).resolve().parents[3] / "examples/hopper/gemm.py",
-                   "gemm_autograd_gpu")
+gemm = importlib.import_module("pyptx_kernels.gemm.kernel")
 TOL = 1e-2
 DT = {"bf16": torch.bfloat16, "f16": torch.float16}
 

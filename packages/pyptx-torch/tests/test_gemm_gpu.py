@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pyptx_kernels._modules import kernel_module
 
 from pyptx.testing import load_module
 
@@ -31,7 +32,10 @@ DT = {"bf16": torch.bfloat16, "f16": torch.float16}
 
 
 def _load(name):
-    return load_module(HOPPER / f"{name}.py", f"gemm_gpu_{name}")
+    """A library kernel module, or the teaching example of that name."""
+    if name == "wgmma_tile":
+        return load_module(HOPPER / "wgmma_tile.py", f"wgmma_tile_{__name__}")
+    return kernel_module(name)
 
 
 gemm = _load("gemm")

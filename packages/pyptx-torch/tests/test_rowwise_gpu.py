@@ -12,11 +12,8 @@ Backward kernels are compared with torch autograd in float64: 1e-5 (f32),
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-
-from pyptx.testing import load_module
+from pyptx_kernels._modules import kernel_module
 
 torch = pytest.importorskip("torch")
 
@@ -27,7 +24,6 @@ pytestmark = [
     pytest.mark.usefixtures("poison_outputs"),
 ]
 
-HOPPER = Path(__file__).resolve().parents[3] / "examples" / "hopper"
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
 TOL = {"f32": 1e-5, "bf16": 1e-2}
 BWD_TOL = {"f32": 1e-5, "bf16": 2e-2}
@@ -50,7 +46,7 @@ _mods: dict[str, object] = {}
 def load(name: str):
     mod = _mods.get(name)
     if mod is None:
-        mod = _mods[name] = load_module(HOPPER / f"{name}.py", f"rowwise_gpu_{name}")
+        mod = _mods[name] = kernel_module(name)
     return mod
 
 

@@ -16,15 +16,8 @@ their first launch (many timed launches per size: leave it out under the sanitiz
 """
 
 import argparse
-from pathlib import Path
 
-from pyptx.testing import load_module
-
-HERE = Path(__file__).resolve().parent
-layer_norm = load_module(HERE / "layer_norm.py")
-rms_norm = load_module(HERE / "rms_norm.py")
-softmax = load_module(HERE / "softmax.py")
-swiglu = load_module(HERE / "swiglu.py")
+from pyptx_kernels.rows import layer_norm, rms_norm, softmax, swiglu
 
 SIZES = "3x7,5x33,7x1000,3x4097,2x8192"
 CTAS = "2,264"

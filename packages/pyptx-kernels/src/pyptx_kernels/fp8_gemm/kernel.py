@@ -35,7 +35,8 @@ import functools
 import json
 import os
 import sys
-from pathlib import Path
+
+from pyptx_kernels.gemm import kernel as gemm  # noqa: E402
 
 from pyptx import Tile, kernel, ptx, reg
 from pyptx.autotune import Config, autotune
@@ -44,7 +45,6 @@ from pyptx.fragment import Accumulator
 from pyptx.operand import OperandTile
 from pyptx.pipeline import Pipeline
 from pyptx.source import where_outside
-from pyptx.testing import load_module
 from pyptx.types import b32, bf16, e4m3, e5m2, f32, u32, u64
 from pyptx.warpspec import (
     Roles,
@@ -58,8 +58,6 @@ from pyptx.warpspec import (
     swizzled_rows,
     thread_ids,
 )
-
-gemm = load_module(Path(__file__).with_name("gemm.py"), "gemm_example")
 
 SCALES = ("tensor", "row", "block")
 H100_SMS = 132

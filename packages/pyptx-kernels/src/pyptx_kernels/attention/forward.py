@@ -60,7 +60,6 @@ import functools
 import math
 import os
 import sys
-from pathlib import Path
 
 from pyptx import Tile, kernel, ptx, reg
 from pyptx.autotune import Config, autotune
@@ -770,13 +769,11 @@ def _dtype_name(x):
 
 
 def _bwd_module():
-    """The backward example (``flash_attention_bwd.py``) or None while it is not there."""
-    path = Path(__file__).with_name("flash_attention_bwd.py")
-    if not path.exists():
-        return None
-    from pyptx.testing import load_module
+    """The backward kernels' module (imported late: it is large and the forward needs it
+    only when gradients are asked for)."""
+    from pyptx_kernels.attention import backward
 
-    return load_module(path, "flash_attention_bwd_example")
+    return backward
 
 
 ATTENTION_CONFIGS = [Config(), Config(stages=3), Config(BN=64), Config(BN=176), Config(BN=192),

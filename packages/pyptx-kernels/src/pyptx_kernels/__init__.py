@@ -1,0 +1,1 @@
+"""pyptx-kernels: the pyptx kernel library."""

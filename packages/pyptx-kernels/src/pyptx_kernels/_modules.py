@@ -1,0 +1,20 @@
+"""The library's kernel modules by short name, for tests, tools and benchmarks that walk them."""
+
+KERNEL_MODULES = {
+    "gemm": "pyptx_kernels.gemm.kernel",
+    "grouped_gemm": "pyptx_kernels.grouped_gemm.kernel",
+    "fp8_gemm": "pyptx_kernels.fp8_gemm.kernel",
+    "flash_attention": "pyptx_kernels.attention.forward",
+    "flash_attention_bwd": "pyptx_kernels.attention.backward",
+    "rms_norm": "pyptx_kernels.rows.rms_norm",
+    "layer_norm": "pyptx_kernels.rows.layer_norm",
+    "softmax": "pyptx_kernels.rows.softmax",
+    "swiglu": "pyptx_kernels.rows.swiglu",
+}
+
+
+def kernel_module(name):
+    """The module of the library kernel file named ``name`` (a key of ``KERNEL_MODULES``)."""
+    import importlib
+
+    return importlib.import_module(KERNEL_MODULES[name])

@@ -1,0 +1,321 @@
+"""RMSNorm at the bandwidth ceiling, forward and backward: ``y = x * rsqrt(mean(x**2) + eps) * w``.
+
+The builders take the row count ``B`` and length ``N``; f32 or bf16 storage, f32 arithmetic.
+``build_rms_norm_fast`` is tuned over ``RMS_NORM_CONFIGS`` by ``pyptx.autotune`` unless a
+variant is named; ``build_rms_norm_bwd`` returns the dX kernel and the dW column sum.
+"""
+
+from pyptx import Tile, kernel, ptx, reg
+from pyptx import rows as rw
+from pyptx.autotune import Config, autotune
+from pyptx.types import f32, u32
+
+
+def reference(x, w, eps=1e-6):
+    """RMSNorm of nested lists of floats, in Python (float64) arithmetic."""
+    out = []
+    for row in x:
+        rstd = (sum(v * v for v in row) / len(row) + eps) ** -0.5
+        out.append([v * rstd * wv for v, wv in zip(row, w)])
+    return out
+
+
+# ----------------------------------------------------------------------------- fast kernels
+#: The variants ``build_rms_norm_fast(B, N, dtype)`` chooses from, per shape and device
+#: (``pyptx.autotune``): the one-row kernel (the planner's shape first: the choice when
+#: tuning is off) and every other chunks per thread, each with and without PDL,
+#: persistent at two CTAs per SM of an H100 (264 CTAs; one per SM never won a cell), and the
+#: TMA ring at two CTAs per SM.
+RMS_NORM_CONFIGS = [
+    Config(), Config(chunks=1), Config(chunks=2), Config(chunks=8), Config(pdl=False),
+    Config(chunks=1, pdl=False), Config(chunks=2, pdl=False), Config(chunks=8, pdl=False),
+    Config(ctas=264, pdl=False),
+    Config(ctas=264, stages=3), Config(ctas=264, stages=4),
+    Config(ctas=264, stages=4, bulk_store=True),
+]
+
+
+@autotune(configs=RMS_NORM_CONFIGS, key=["B", "N", "dtype"])
+def build_rms_norm_fast(B: int, N: int, dtype=f32, eps: float = 1e-6, *, chunks=None,
+                        threads=None, rows=None, ctas=None, stages=None, bulk_store=False,
+                        maxnreg=None, pdl=True, l2_load="", l2_store="", store_cache="",
+                        pdl_prefetch=True, load_cache=""):
+    """RMSNorm at the bandwidth ceiling: ``y = x * rsqrt(mean(x**2) + eps) * w``.
+
+    ``X (B, N)`` and ``W (N,)`` in ``dtype`` (f32 or bf16), ``Y (B, N)`` in ``dtype``;
+    arithmetic in f32. One pass: each thread loads its ``K`` 16-byte chunks of
+    the row (plain ``ld.global``, all in flight before first use)
+    and of ``W`` (``ld.global.nc``, kept in L1 for the other rows of the SM),
+    sums squares with four fma chains and forms ``x * w`` while the sums travel, all-reduces over the row's threads
+    (shuffles, then shared memory and one ``bar.sync`` when a row has several
+    warps), scales by ``rsqrt.approx`` and writes the row with 16-byte stores.
+    Short rows share a CTA. Launch shape from ``pyptx.rows.plan_rows``
+    (``chunks``/``threads``/``rows`` override it).
+
+    Called without any of the variant keywords (``chunks``, ``ctas``, ``stages``,
+    ``bulk_store``, ``pdl``), it returns a ``pyptx.autotune.TunedKernel``: at its first
+    launch on a device it times the ``RMS_NORM_CONFIGS`` that build, assemble and do not
+    spill, on the call's arguments, and keeps the fastest (on disk too). With any of them
+    it builds exactly that variant.
+
+    ``ctas=P`` builds the persistent variant instead: ``min(P, ceil(B/R))`` CTAs,
+    each walking rows ``cta*R, cta*R + P*R, ...`` in a device loop with the next
+    row's loads issued before this row's reduction, barrier and stores (two
+    register sets, ``pyptx.rows.row_loop``); ``w`` is loaded once per CTA and kept
+    in registers. Its launch shape aims at 16 values per thread (f32 2048x8192:
+    512 threads x 4 chunks, bf16: 512 x 2), 64 registers: two CTAs per SM, so
+    ``P`` = 2 x the SM count (264 on an H100) fills the GPU once. ``maxnreg``
+    adds ``.maxnreg`` (either variant).
+
+    ``ctas=P, stages=S`` builds the TMA-ring variant (``pyptx.rows.Ring``): ``P`` CTAs of one
+    row each step, thread 0 streaming whole rows into ``S`` shared-memory slots with
+    ``cp.async.bulk`` so ``S`` rows per CTA are in flight without registers to hold them;
+    ``w`` is read once per CTA; ``bulk_store=True`` writes ``y`` back through the slots with
+    ``cp.async.bulk`` too. Needs ``N * bytes`` a multiple of 16 and ``S >= 2``.
+
+    ``pdl`` (default True) launches with programmatic dependent launch: the kernel is
+    scheduled during the previous kernel's last wave, its address setup and an L2
+    prefetch of its rows (``cp.async.bulk.prefetch``) run before ``griddepcontrol.wait``,
+    and nothing is read or written before the previous grid has finished.
+
+    ``l2_load``/``l2_store`` (L2 eviction priorities of the streamed loads / the stores),
+    ``load_cache``/``store_cache`` (the ``ld.global``/``st.global`` modifiers) and
+    ``pdl_prefetch`` (the L2 prefetch of a ``pdl`` kernel's inputs) go to
+    ``pyptx.rows.Hints``: each changes the PTX, and the defaults are the measured best.
+
+    Supported: any ``B >= 1``, ``1 <= N <= 32768`` (persistent: ``N <= 16384``);
+    ``N`` not a multiple of the vector width (4 f32 / 8 bf16) uses narrower
+    accesses, and a last partial chunk is predicated. Tolerance against
+    float64: relative L2 error below 1e-5 for f32, 1e-2 for bf16 (output
+    rounding).
+    """
+    dt = rw.dtype_of(dtype, "build_rms_norm_fast")
+    hints = rw.Hints(l2_load=l2_load, l2_store=l2_store, store=store_cache,
+                     pdl_prefetch=pdl_prefetch, load=load_cache)
+    if stages is not None:
+        return _rms_norm_ring(B, N, dt, eps, ctas, stages, maxnreg, pdl, bulk_store, hints,
+                              chunks=chunks, threads=threads)
+    if ctas is not None:
+        return _rms_norm_persistent(B, N, dt, eps, ctas, maxnreg, hints, chunks=chunks,
+                                    threads=threads, rows=rows, pdl=pdl)
+    plan = rw.plan_rows(B, N, dt, who="build_rms_norm_fast", chunks=chunks, threads=threads,
+                        rows=rows)
+    prefetch_w = plan.elems <= 16
+
+    @kernel(
+        in_specs=(Tile(B, N, dt), Tile(N, dt)),
+        out_specs=(Tile(B, N, dt),),
+        grid=plan.grid,
+        block=plan.block,
+        name=f"rms_norm_{dt.name}",
+        maxnreg=maxnreg,
+        pdl=pdl,
+    )
+    def rms_norm_fast(X, W, Y):
+        with rw.entry(pdl):
+            px, pw, py = ptx.global_ptrs(X, W, Y)
+            io = rw.Rows(plan, hints)
+            if pdl:
+                io.prefetch_rows(px)
+        row, ok = io.locate(io.first_row())
+        off = io.offset(row)
+        x = io.load(px + off)
+        pwt = pw + io.offset()
+        ss = rw.dot(x, x)
+        if prefetch_w:  # x * w before the reduction: the w loads overlap it, x dies early
+            xw = [r * wv for r, wv in zip(x, io.load(pwt, cache=rw.KEEP))]
+        io.reduce([ss])
+        rstd = rw.rstd(ss, N, eps)
+        y = []
+        for j in range(plan.chunks):
+            sl = slice(j * plan.vec, (j + 1) * plan.vec)
+            if prefetch_w:
+                y += rw.mul_all(xw[sl], rstd)
+            else:
+                y += [r * wv for r, wv in zip(rw.mul_all(x[sl], rstd), io.load_chunk(pwt, j))]
+        io.store(py + off, y, ok)
+        ptx.ret()
+
+    rms_norm_fast.plan = plan
+    return rms_norm_fast
+
+
+def _rms_norm_persistent(B, N, dt, eps, ctas, maxnreg, hints, pdl=False, **shape):
+    """``build_rms_norm_fast(..., ctas=P)``: ``P`` CTAs walk the rows (``pyptx.rows.row_loop``),
+    the next row's loads in flight while this row reduces and stores; ``w`` read once."""
+    who = f"build_rms_norm_fast(ctas={ctas!r})"
+    plan = rw.persistent_plan(B, N, dt, who=who, elems=16, **shape)
+    P = rw.persistent_ctas(plan, ctas, who)
+
+    @kernel(
+        in_specs=(Tile(B, N, dt), Tile(N, dt)),
+        out_specs=(Tile(B, N, dt),),
+        grid=(P, 1, 1),
+        block=plan.block,
+        name=f"rms_norm_persist_{dt.name}",
+        maxnreg=maxnreg,
+        pdl=pdl,
+    )
+    def rms_norm_persist(X, W, Y):
+        px, pw, py = ptx.global_ptrs(X, W, Y)
+        io = rw.Rows(plan, hints)
+        w = io.hold(pw + io.offset())
+
+        def fetch(off, guard, dst):
+            return io.load_raw(px + off, guard=guard, dst=dst, cache=rw.PINNED)
+
+        def body(raw, off, ok):
+            x = io.unpack(raw)
+            ss = rw.dot(x, x)
+            xw = [r * wv for r, wv in zip(x, io.unhold(w))]
+            io.reduce([ss], lanes=True)
+            ms = reg.scalar(f32)  # not rw.rstd: keeps the measured PTX (rsqrt after the address)
+            ptx.inst.fma.rn.f32(ms, ss, 1.0 / N, eps)
+            io.store(py + off, rw.mul_all(xw, rw.rsqrt(ms)), ok)
+
+        rw.row_loop(io, P, fetch, body)
+        ptx.ret()
+
+    rms_norm_persist.plan = plan
+    rms_norm_persist.ctas = P
+    return rms_norm_persist
+
+
+def _rms_norm_ring(B, N, dt, eps, ctas, stages, maxnreg, pdl, bulk_store, hints, **shape):
+    """``build_rms_norm_fast(..., ctas=P, stages=S)``: rows streamed through a TMA ring."""
+    who = f"build_rms_norm_fast(ctas={ctas!r}, stages={stages!r})"
+    plan, P, S = rw.ring_plan(B, N, dt, who=who, ctas=ctas, stages=stages, **shape)
+    if maxnreg is None:
+        maxnreg = rw.ring_reg_cap(plan)
+
+    @kernel(
+        in_specs=(Tile(B, N, dt), Tile(N, dt)),
+        out_specs=(Tile(B, N, dt),),
+        grid=(P, 1, 1),
+        block=plan.block,
+        smem=S * N * dt.bytes,
+        name=f"rms_norm_ring_{dt.name}",
+        maxnreg=maxnreg,
+        pdl=pdl,
+    )
+    def rms_norm_ring(X, W, Y):
+        with rw.entry(pdl):
+            px, pw, py = ptx.global_ptrs(X, W, Y)
+            io = rw.Rows(plan, hints)
+            ring = rw.Ring(io, P, S, bulk_store=bulk_store)
+            if pdl:
+                ring.prefetch(px)
+        ring.start(px)
+        w = io.hold(pw + io.offset())
+
+        def first(raw):
+            x = io.unpack(raw)
+            ss = rw.dot(x, x)
+            xw = [r * wv for r, wv in zip(x, io.unhold(w))]
+            io.reduce([ss])
+            return ss, xw
+
+        def then(state):
+            ss, xw = state
+            return rw.mul_all(xw, rw.rstd(ss, N, eps))
+
+        ring.run(px, py, first, then)
+        ptx.ret()
+
+    rms_norm_ring.plan = plan
+    rms_norm_ring.ctas = P
+    return rms_norm_ring
+
+
+def build_rms_norm_bwd(B: int, N: int, dtype=f32, eps: float = 1e-6, *, chunks=None,
+                       threads=None, rows=None, ctas=None):
+    """Backward of ``build_rms_norm_fast``: ``(x, w, dy) -> (dx, dw)``, two launches.
+
+    With ``r = rsqrt(mean(x**2) + eps)`` and ``g = w * dy``:
+    ``dx = r * g - x * r**3 * mean(g * x)`` and ``dw = sum over rows of dy * x * r``.
+    Stage 1 runs ``P = ctas`` persistent CTAs (default ``min(ceil(B/R), max(264,
+    ceil(B/R/16)))``); each keeps ``w`` and its running ``dw`` slice in registers,
+    walks rows ``cta*R, cta*R + P*R, ...`` (one paired all-reduce of ``sum x**2`` and
+    ``sum g*x`` per row), writes ``dx`` and finally its partial ``dw`` row to an f32
+    ``(P*R, N)`` buffer; stage 2 (``pyptx.rows.build_colsum``) sums the partials into
+    ``dw`` in ``dtype``. Deterministic (no atomics).
+
+    Supported: ``B >= 1``, ``1 <= N <= 8192``, f32 or bf16. Tolerance against float64
+    autograd: relative L2 error below 1e-5 (f32) / 2e-2 (bf16) for dx and dw.
+    Returns a ``pyptx.rows.TwoStage`` (callable like a kernel, ``.kernels`` has both).
+    """
+    who = "build_rms_norm_bwd"
+    dt = rw.dtype_of(dtype, who)
+    plan = rw.plan_rows(B, N, dt, who=who, chunks=chunks, threads=threads, rows=rows,
+                        max_n=rw.MAX_N_BWD, max_elems=16, target_bytes=32)
+    P = rw.bwd_ctas(plan, ctas)
+    R = plan.rows
+    hold_w = plan.elems <= 8
+
+    @kernel(
+        in_specs=(Tile(B, N, dt), Tile(N, dt), Tile(B, N, dt)),
+        out_specs=(Tile(B, N, dt), Tile(P * R, N, f32)),
+        grid=(P, 1, 1),
+        block=plan.block,
+        name=f"rms_norm_bwd_{dt.name}",
+        maxnreg=rw.reg_cap(plan),
+    )
+    def rms_norm_bwd(X, W, DY, DX, PART):
+        px, pw, pdy, pdx, ppart = ptx.global_ptrs(X, W, DY, DX, PART)
+        io = rw.Rows(plan)
+        pwt = pw + io.offset()
+        w = io.load(pwt, cache=rw.KEEP) if hold_w else None
+        acc = [reg.scalar(f32, init=0.0) for _ in range(plan.elems)]
+        start = reg.scalar(u32)
+        ptx.inst.mul.lo.u32(start, ptx.special.ctaid.x(), R)
+        for it in ptx.loop(start, B, P * R, unroll=False):
+            row, ok = io.locate(it if R == 1 else it + io.g)
+            off = io.offset(row)
+            x = io.load(px + off)
+            dy = io.load(pdy + off)
+            wv = w if w is not None else io.load(pwt, cache=rw.KEEP)
+            g = [reg.scalar(f32) for _ in x]
+            for gi, a, b in zip(g, wv, dy):
+                ptx.inst.mul.f32(gi, a, b)
+            ss = rw.dot(x, x)
+            sg = rw.dot(g, x)
+            io.reduce([ss, sg])
+            r = rw.rstd(ss, N, eps)
+            c = reg.scalar(f32)  # r**3 * mean(g*x)
+            ptx.inst.mul.f32(c, r, r)
+            ptx.inst.mul.f32(c, c, r)
+            ptx.inst.mul.f32(c, c, sg)
+            ptx.inst.mul.f32(c, c, 1.0 / N)
+            nc = -c
+            dx = []
+            for gi, xi in zip(g, x):
+                t = reg.scalar(f32)
+                ptx.inst.mul.f32(t, gi, r)
+                ptx.inst.fma.rn.f32(t, xi, nc, t)
+                dx.append(t)
+            io.store(pdx + off, dx, ok)
+            xr = rw.mul_all(x, r)
+            for a, xi, di in zip(acc, xr, dy):
+                ptx.inst.fma.rn.f32(a, xi, di, a, pred=ok)
+            if plan.threads > 32:
+                ptx.bar_sync(0)  # next row's reduction reuses the shared slots
+        prow = reg.scalar(u32)
+        ptx.inst.mul.lo.u32(prow, ptx.special.ctaid.x(), R)
+        if R > 1:
+            prow = prow + io.g
+        io.store(ppart + io.offset(prow, es=4), acc, dtype=f32)
+        ptx.ret()
+
+    colsum = rw.build_colsum(P * R, 1, N, dt, name=f"rms_norm_dw_{dt.name}")
+    out = rw.TwoStage(rms_norm_bwd, colsum)
+    out.plan = plan
+    return out
+
+
+def rms_norm_op(B: int, N: int, dtype=f32, eps: float = 1e-6):
+    """RMSNorm ``(x, w) -> y`` with autograd (torch): forward and backward kernels above."""
+    import pyptx
+
+    return pyptx.differentiable_kernel(build_rms_norm_fast(B, N, dtype, eps),
+                                       build_rms_norm_bwd(B, N, dtype, eps),
+                                       save_for_backward=[0, 1])
