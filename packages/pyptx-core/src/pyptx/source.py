@@ -93,15 +93,19 @@ def fmt_loc(loc: Loc | None) -> str:
 
 
 def where_outside(path: str) -> str:
-    """``file:line`` of the nearest caller outside pyptx and outside the file ``path`` (a
-    kernel library's own module, e.g. an example's ``__file__``): the user's call into a
-    kernel builder, for the library's error messages."""
+    """``file:line`` of the nearest caller outside pyptx and outside ``path``: a kernel
+    library's module (its ``__file__``) or its package directory, whose every file is then
+    skipped. This is the user's call into a kernel builder, for the library's errors."""
     import os
 
     here = os.path.abspath(path)
+    prefix = here + os.sep if os.path.isdir(here) else None
     f: FrameType | None = sys._getframe(1)
-    while f is not None and (os.path.abspath(f.f_code.co_filename) == here
-                             or _is_internal(f.f_code.co_filename)):
+    while f is not None:
+        name = os.path.abspath(f.f_code.co_filename)
+        inside = name.startswith(prefix) if prefix else name == here
+        if not (inside or _is_internal(f.f_code.co_filename)):
+            break
         f = f.f_back
     return "<unknown>:0" if f is None else f"{f.f_code.co_filename}:{f.f_lineno}"
 

@@ -79,6 +79,7 @@ from pyptx.pipeline import BarrierArray, Pipeline
 from pyptx.source import where_outside
 from pyptx.types import b16, b32, bf16, f16, f32, pred, s32, u32, u64
 from pyptx.warpspec import SLAB_BYTES, Roles, ring_base, thread_ids
+from pyptx_kernels._common import PACKAGE_DIR
 
 LOG2E = 1.4426950408889634
 SMEM_LIMIT = 227 * 1024 - 256
@@ -98,7 +99,7 @@ PROD_REGS, CONS_REGS = 24, 240
 def _fail(msg):
     """A ``ConfigError`` whose message starts with the ``file:line`` of the first caller
     outside this example and pyptx (the user's call)."""
-    return ConfigError(f"{where_outside(__file__)}: {msg}")
+    return ConfigError(f"{where_outside(PACKAGE_DIR)}: {msg}")
 
 
 def _dtype(name):

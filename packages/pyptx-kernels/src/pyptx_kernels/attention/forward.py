@@ -71,6 +71,7 @@ from pyptx.source import where_outside
 from pyptx.types import b32, f16, f32, pred, s32, u32, u64
 from pyptx.types import bf16 as t_bf16
 from pyptx.warpspec import Roles, register_budget, ring_base, thread_ids
+from pyptx_kernels._common import PACKAGE_DIR
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -91,7 +92,7 @@ RESCALE_THRESHOLD = 8.0
 def _fail(msg):
     """A ``ConfigError`` whose message starts with the ``file:line`` of the first caller
     outside this example and pyptx (the user's call)."""
-    return ConfigError(f"{where_outside(__file__)}: {msg}")
+    return ConfigError(f"{where_outside(PACKAGE_DIR)}: {msg}")
 
 
 def _dtype(name):
@@ -847,7 +848,7 @@ def _refuse_grad(fn, D, xs, op):
                         f"{_no_backward_message(D)}")
     bwd = getattr(op, "backward_kernel", None)
     if isinstance(bwd, NoBackward):
-        bwd.where = where_outside(__file__)
+        bwd.where = where_outside(PACKAGE_DIR)
 
 
 @functools.lru_cache(maxsize=128)

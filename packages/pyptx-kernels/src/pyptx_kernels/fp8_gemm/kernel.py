@@ -36,8 +36,6 @@ import json
 import os
 import sys
 
-from pyptx_kernels.gemm import kernel as gemm  # noqa: E402
-
 from pyptx import Tile, kernel, ptx, reg
 from pyptx.autotune import Config, autotune
 from pyptx.errors import ConfigError
@@ -58,6 +56,8 @@ from pyptx.warpspec import (
     swizzled_rows,
     thread_ids,
 )
+from pyptx_kernels._common import PACKAGE_DIR
+from pyptx_kernels.gemm import kernel as gemm  # noqa: E402
 
 SCALES = ("tensor", "row", "block")
 H100_SMS = 132
@@ -71,7 +71,7 @@ FP8 = {"e4m3": e4m3, "e5m2": e5m2, e4m3: e4m3, e5m2: e5m2}
 def _fail(msg):
     """A ``ConfigError`` whose message starts with the ``file:line`` of the first caller
     outside this example and pyptx (the user's call)."""
-    return ConfigError(f"{where_outside(__file__)}: {msg}")
+    return ConfigError(f"{where_outside(PACKAGE_DIR)}: {msg}")
 
 
 def smem_bytes(BM, BN, stages):

@@ -55,6 +55,7 @@ from pyptx.warpspec import (
     swizzled_rows,
     thread_ids,
 )
+from pyptx_kernels._common import PACKAGE_DIR
 
 ACTIVATIONS = (None, "relu", "silu", "gelu_tanh")
 H100_SMS = 132
@@ -70,7 +71,7 @@ FLAG_WORDS = 4096
 def _fail(msg):
     """A ``ConfigError`` whose message starts with the ``file:line`` of the first caller
     outside this example and pyptx (the user's call)."""
-    return ConfigError(f"{where_outside(__file__)}: {msg}")
+    return ConfigError(f"{where_outside(PACKAGE_DIR)}: {msg}")
 
 
 def _dtype(name, what):

@@ -59,6 +59,7 @@ from pyptx.warpspec import (
     swizzled_rows,
     thread_ids,
 )
+from pyptx_kernels._common import PACKAGE_DIR
 
 H100_SMS = 132
 SMEM_LIMIT = 227 * 1024 - 256  # less the static barriers
@@ -74,7 +75,7 @@ FORWARD_ONLY = ("l2_hint", "cluster", "cluster_along", "prefetch", "warm", "spec
 def _error(msg):
     """A ``ConfigError`` whose message starts with the ``file:line`` of the first caller
     outside this example and pyptx."""
-    return ConfigError(f"{where_outside(__file__)}: {msg}")
+    return ConfigError(f"{where_outside(PACKAGE_DIR)}: {msg}")
 
 
 def _out_type(name):

@@ -16,6 +16,7 @@ from pyptx.autotune import Config, autotune
 from pyptx.errors import ConfigError
 from pyptx.source import where_outside
 from pyptx.types import f32, u32
+from pyptx_kernels._common import PACKAGE_DIR
 
 #: The variants ``build_layer_norm(B, N, dtype)`` chooses from, per shape and device
 #: (``pyptx.autotune``): the one-row kernel (the planner's shape first: the choice when
@@ -96,7 +97,7 @@ def build_layer_norm(B: int, N: int, dtype=f32, eps: float = 1e-5, *, chunks=Non
     hints = rw.Hints(l2_load=l2_load, l2_store=l2_store, store=store_cache,
                      pdl_prefetch=pdl_prefetch, load=load_cache)
     if welford and stages is not None:
-        raise ConfigError(f"{where_outside(__file__)}: {who}: welford=True is a variant of the "
+        raise ConfigError(f"{where_outside(PACKAGE_DIR)}: {who}: welford=True is a variant of the "
                           f"one-row and persistent kernels; drop stages")
     if stages is not None:
         return _layer_norm_ring(B, N, dt, eps, ctas, stages, maxnreg, pdl, bulk_store, hints,
@@ -106,7 +107,7 @@ def build_layer_norm(B: int, N: int, dtype=f32, eps: float = 1e-5, *, chunks=Non
                                       threads=threads, rows=rows, pdl=pdl, welford=welford)
     plan = rw.plan_rows(B, N, dt, who=who, chunks=chunks, threads=threads, rows=rows)
     if welford and plan.tail_threads != plan.threads:
-        raise ConfigError(f"{where_outside(__file__)}: {who}: welford=True needs every thread to hold the same "
+        raise ConfigError(f"{where_outside(PACKAGE_DIR)}: {who}: welford=True needs every thread to hold the same "
                           f"number of values; N={N} leaves a partial last chunk "
                           f"({plan.describe()})")
     prefetch = plan.elems <= 16
@@ -245,7 +246,7 @@ def _layer_norm_persistent(B, N, dt, eps, ctas, maxnreg, hints, pdl=False, welfo
     plan = rw.persistent_plan(B, N, dt, who=who, elems=8, **shape)
     P = rw.persistent_ctas(plan, ctas, who)
     if welford and plan.tail_threads != plan.threads:
-        raise ConfigError(f"{where_outside(__file__)}: {who}: welford=True needs every thread to "
+        raise ConfigError(f"{where_outside(PACKAGE_DIR)}: {who}: welford=True needs every thread to "
                           f"hold the same number of values; N={N} leaves a partial last chunk "
                           f"({plan.describe()})")
 
