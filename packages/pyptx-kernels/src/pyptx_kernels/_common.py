@@ -18,3 +18,93 @@ def where() -> str:
 def framework(x) -> str:
     """``"torch"`` or ``"jax"``: the framework an array (or tracer) belongs to."""
     return "torch" if type(x).__module__.startswith("torch") else "jax"
+
+
+def fail(cls, who: str, msg: str):
+    """A ``cls`` (a ``PyptxError`` subclass) saying ``file:line: who: msg`` of the user's call."""
+    return cls(f"{where()}: {who}: {msg}")
+
+
+#: dtype names of the library (the ``pyptx.types`` spelling) by torch/JAX/numpy dtype name
+_DTYPE_NAMES = {"bfloat16": "bf16", "float16": "f16", "float32": "f32", "float64": "f64",
+                "float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2", "int32": "s32",
+                "bf16": "bf16", "f16": "f16", "f32": "f32", "e4m3": "e4m3", "e5m2": "e5m2"}
+
+
+def dtype_name(dtype) -> str | None:
+    """``"bf16"``, ``"f16"``, ``"f32"``, ``"e4m3"``, ... for a torch/JAX/numpy dtype or a name;
+    None for a dtype the library has no name for."""
+    name = str(getattr(dtype, "name", dtype)).removeprefix("torch.")
+    return _DTYPE_NAMES.get(name)
+
+
+def torch_dtype(name: str):
+    """The torch dtype of a library dtype name (``"bf16"`` -> ``torch.bfloat16``)."""
+    import torch
+
+    return {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32,
+            "e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}[name]
+
+
+def rows_of(x):
+    """``(x2, lead)``: ``x`` as a 2-D ``(prod(lead), N)`` array and its leading shape."""
+    lead = tuple(x.shape[:-1])
+    return x.reshape(-1, x.shape[-1]), lead
+
+
+def symbolic(x) -> bool:
+    """Whether ``x`` has no real storage to check: a meta/fake torch tensor, a tensor under
+    ``torch.compile`` tracing, or a JAX tracer / shape struct."""
+    if framework(x) == "torch":
+        import torch
+
+        if torch.compiler.is_compiling() or x.device.type == "meta":
+            return True
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        return isinstance(x, FakeTensor)
+    return not hasattr(x, "devices")
+
+
+def check_devices(who: str, *xs) -> None:
+    """Raise ``ConfigError`` unless the torch tensors ``xs`` (None skipped) are all on one CUDA
+    device; meta, fake and traced tensors pass (nothing launches on them)."""
+    from pyptx.errors import ConfigError
+
+    xs = [x for x in xs if x is not None and framework(x) == "torch"]
+    if not xs:
+        return
+    devs = {str(x.device) for x in xs}
+    if len(devs) > 1:
+        raise fail(ConfigError, who, f"inputs are on different devices: {', '.join(sorted(devs))}")
+    if symbolic(xs[0]):
+        return
+    if xs[0].device.type != "cuda":
+        raise fail(ConfigError, who, f"inputs must be CUDA tensors (the kernels run on the GPU), "
+                   f"got {xs[0].device.type} tensors")
+
+
+def wants_grad(*xs) -> bool:
+    """Whether torch autograd would record an op on ``xs`` (None skipped)."""
+    import torch
+
+    return torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in xs)
+
+
+_TORCH_OPS: dict = {}
+
+
+def torch_op(name: str, schema: str, impl, fake, backward=None, setup_context=None):
+    """Define the torch custom op ``torch.ops.pyptx.<name>`` once (``torch.library.custom_op``
+    with ``schema``, the fake impl ``fake`` and, given ``backward``, ``register_autograd``).
+    Called at the first torch use of an op, before any ``torch.compile`` trace reaches it."""
+    if name in _TORCH_OPS:
+        return _TORCH_OPS[name]
+    import torch
+
+    op = torch.library.custom_op(f"pyptx::{name}", impl, mutates_args=(), schema=schema)
+    op.register_fake(fake)
+    if backward is not None:
+        op.register_autograd(backward, setup_context=setup_context)
+    _TORCH_OPS[name] = op
+    return op
