@@ -1,0 +1,295 @@
+"""``rms_norm``, ``layer_norm``, ``softmax`` and ``swiglu`` over the last dimension, for torch
+tensors (custom ops ``pyptx::<name>`` with autograd) and JAX arrays (forward kernels).
+
+The row kernels take ``(B, N)``: the leading dimensions are flattened into ``B`` and the
+result is shaped back. Backward: the library's ``build_rms_norm_bwd`` and
+``build_layer_norm_bwd`` kernels; softmax and SwiGLU have no backward kernel, so their
+backward ops are torch's elementwise ops in f32."""
+
+from __future__ import annotations
+
+import functools
+import sys
+
+from pyptx.errors import ConfigError, ShapeError, SpecError
+from pyptx_kernels import _common
+from pyptx_kernels._common import dtype_name, fail, framework
+
+MAX_N = 32768       # the forward kernels' longest row (pyptx.rows.MAX_N)
+MAX_N_BWD = 8192    # the norms' backward kernels' (pyptx.rows.MAX_N_BWD)
+
+
+def _check_x(who, x, *others, launch=True, grad=None):
+    """Validate ``x (..., N)`` f32/bf16 and same-dtype ``others`` (None skipped); return the
+    dtype name. ``grad``: the inputs whose gradient the norms' backward kernels would take."""
+    if len(x.shape) < 1 or x.shape[-1] < 1:
+        raise fail(ShapeError, who, f"x must have shape (..., N) with N >= 1, got {tuple(x.shape)}")
+    dt = dtype_name(x.dtype)
+    if dt not in ("f32", "bf16"):
+        raise fail(SpecError, who, f"x must be float32 or bfloat16, got {x.dtype}")
+    N = x.shape[-1]
+    if N > MAX_N:
+        raise fail(ConfigError, who, f"rows of at most {MAX_N} elements, got N = {N}")
+    for o in others:
+        if o is None:
+            continue
+        if framework(o) != framework(x):
+            raise fail(SpecError, who, "inputs must all be torch tensors or all JAX arrays")
+        if o.dtype != x.dtype:
+            raise fail(SpecError, who, f"inputs must share x's dtype {x.dtype}, got {o.dtype}")
+    if grad is not None and framework(x) == "torch" and N > MAX_N_BWD and _common.wants_grad(
+            *grad):
+        raise fail(ConfigError, who, f"the backward kernel takes rows of at most {MAX_N_BWD} "
+                   f"elements, got N = {N}")
+    if launch:
+        _common.check_devices(who, x, *others)
+    return dt
+
+
+def _check_weight(who, w, N, what="weight"):
+    if w is not None and tuple(w.shape) != (N,):
+        raise fail(ShapeError, who, f"{what} must have shape ({N},), got {tuple(w.shape)}")
+
+
+def _check_rms_norm(x, weight, eps, launch=True):
+    _check_weight("rms_norm", weight, x.shape[-1] if len(x.shape) else 0)
+    return _check_x("rms_norm", x, weight, launch=launch, grad=(x, weight))
+
+
+def _check_layer_norm(x, weight, bias, eps, launch=True):
+    N = x.shape[-1] if len(x.shape) else 0
+    _check_weight("layer_norm", weight, N)
+    _check_weight("layer_norm", bias, N, "bias")
+    return _check_x("layer_norm", x, weight, bias, launch=launch, grad=(x, weight, bias))
+
+
+def _check_softmax(x, dim, launch=True):
+    if dim not in (-1, len(x.shape) - 1):
+        raise fail(ConfigError, "softmax", f"dim must be the last dimension (-1), got {dim} for "
+                   f"shape {tuple(x.shape)}")
+    return _check_x("softmax", x, launch=launch)
+
+
+def _check_swiglu(gate, up, launch=True):
+    if tuple(gate.shape) != tuple(up.shape):
+        raise fail(ShapeError, "swiglu", f"gate and up must have the same shape, got "
+                   f"{tuple(gate.shape)} and {tuple(up.shape)}")
+    return _check_x("swiglu", gate, up, launch=launch)
+
+
+# ----------------------------------------------------------------------------- public
+def rms_norm(x, weight, eps=1e-6):
+    """RMSNorm over the last dimension: ``x * rsqrt(mean(x**2, -1) + eps) * weight``; ``x
+    (..., N)`` float32/bfloat16, ``weight (N,)`` of ``x``'s dtype; f32 arithmetic.
+    torch: ``torch.ops.pyptx.rms_norm``, differentiable in ``x`` and ``weight`` (N <= 8192)."""
+    _check_rms_norm(x, weight, eps)
+    return _rows(x, lambda x2: _op("rms_norm", x2, weight, float(eps)))
+
+
+def layer_norm(x, weight, bias=None, eps=1e-5):
+    """LayerNorm over the last dimension: ``(x - mean) * rsqrt(var + eps) * weight + bias``;
+    ``x (..., N)`` float32/bfloat16, ``weight``/``bias (N,)`` of ``x``'s dtype (no bias:
+    zero). torch: ``torch.ops.pyptx.layer_norm``, differentiable in all inputs (N <= 8192)."""
+    _check_layer_norm(x, weight, bias, eps)
+    return _rows(x, lambda x2: _op("layer_norm", x2, weight, bias, float(eps)))
+
+
+def softmax(x, dim=-1):
+    """Softmax over the last dimension (``dim`` must name it) of ``x (..., N)``
+    float32/bfloat16. torch: ``torch.ops.pyptx.softmax``, differentiable."""
+    _check_softmax(x, dim)
+    return _rows(x, lambda x2: _op("softmax", x2))
+
+
+def swiglu(gate, up):
+    """``silu(gate) * up`` of two same-shape float32/bfloat16 arrays. torch:
+    ``torch.ops.pyptx.swiglu``, differentiable in both."""
+    _check_swiglu(gate, up)
+    u2 = _common.rows_of(up)[0]
+    return _rows(gate, lambda g2: _op("swiglu", g2, u2))
+
+
+def _rows(x, run):
+    x2, lead = _common.rows_of(x)
+    return run(x2).reshape(*lead, x.shape[-1])
+
+
+def _op(name, *args):
+    if framework(args[0]) == "torch":
+        _define()
+        return getattr(sys.modules["torch"].ops.pyptx, name)(*args)
+    return _LAUNCH[name](*args)
+
+
+# ---------------------------------------------------------------------------- launches
+@functools.lru_cache(maxsize=256)
+def _build(module, builder, B, N, dtype, *extra):
+    import importlib
+
+    mod = importlib.import_module(f"pyptx_kernels.rows.{module}")
+    return getattr(mod, builder)(B, N, dtype, *extra)
+
+
+def _kernel(module, builder, x, *extra):
+    return _build(module, builder, x.shape[0], x.shape[1], dtype_name(x.dtype), *extra)
+
+
+def _no_grad():
+    import contextlib
+
+    if "torch" in sys.modules:
+        return sys.modules["torch"].no_grad()
+    return contextlib.nullcontext()
+
+
+def _rms_norm(x, weight, eps):
+    """The forward launch on 2-D ``x``."""
+    with _no_grad():
+        return _kernel("rms_norm", "build_rms_norm_fast", x, eps)(x, weight)
+
+
+def _rms_norm_backward(grad, x, weight, eps):
+    """``(dx, dweight)``: the ``build_rms_norm_bwd`` kernels."""
+    with _no_grad():
+        return tuple(_kernel("rms_norm", "build_rms_norm_bwd", x, eps)(x, weight, grad))
+
+
+def _layer_norm(x, weight, bias, eps):
+    if bias is None:
+        bias = _zeros_like(weight)
+    with _no_grad():
+        return _kernel("layer_norm", "build_layer_norm", x, eps)(x, weight, bias)
+
+
+def _layer_norm_backward(grad, x, weight, eps):
+    """``(dx, dweight, dbias)``: the ``build_layer_norm_bwd`` kernels."""
+    with _no_grad():
+        return tuple(_kernel("layer_norm", "build_layer_norm_bwd", x, eps)(x, weight, grad))
+
+
+def _softmax(x):
+    with _no_grad():
+        return _kernel("softmax", "build_softmax_fast", x)(x)
+
+
+def _swiglu(gate, up):
+    with _no_grad():
+        return _kernel("swiglu", "build_swiglu", gate)(gate, up)
+
+
+def _zeros_like(w):
+    if framework(w) == "torch":
+        return w.new_zeros(w.shape)
+    import jax.numpy as jnp
+
+    return jnp.zeros_like(w)
+
+
+_LAUNCH = {"rms_norm": lambda *a: _rms_norm(*a), "layer_norm": lambda *a: _layer_norm(*a),
+           "softmax": lambda *a: _softmax(*a), "swiglu": lambda *a: _swiglu(*a)}
+
+
+# ------------------------------------------------------------------------------ torch ops
+def _empty(x):
+    return x.new_empty(x.shape)
+
+
+def _save_all(ctx, inputs, output):
+    ctx.save_for_backward(*[t if hasattr(t, "shape") else None for t in inputs], output)
+    ctx.scalars = [t for t in inputs if not hasattr(t, "shape")]
+
+
+def _rms_norm_grad(ctx, grad):
+    import torch
+
+    x, w, _, _ = ctx.saved_tensors
+    dx, dw = torch.ops.pyptx.rms_norm_backward(grad.contiguous(), x, w, ctx.scalars[0])
+    return dx, dw, None
+
+
+def _layer_norm_grad(ctx, grad):
+    import torch
+
+    x, w, b, _, _ = ctx.saved_tensors
+    dx, dw, db = torch.ops.pyptx.layer_norm_backward(grad.contiguous(), x, w, ctx.scalars[0])
+    return dx, dw, db if b is not None else None
+
+
+def _softmax_grad(ctx, grad):
+    import torch
+
+    return torch.ops.pyptx.softmax_backward(grad, ctx.saved_tensors[1])
+
+
+def _softmax_backward(grad, y):
+    """``y * (grad - sum(grad * y, -1))`` in f32."""
+    g, yf = grad.float(), y.float()
+    return (yf * (g - (g * yf).sum(-1, keepdim=True))).to(y.dtype)
+
+
+def _swiglu_grad(ctx, grad):
+    import torch
+
+    gate, up, _ = ctx.saved_tensors
+    return torch.ops.pyptx.swiglu_backward(grad, gate, up)
+
+
+def _swiglu_backward(grad, gate, up):
+    """``(dgate, dup)`` of ``silu(gate) * up`` in f32."""
+    import torch
+
+    dy, g, u = grad.float(), gate.float(), up.float()
+    s = torch.sigmoid(g)
+    return (dy * u * s * (1 + g * (1 - s))).to(gate.dtype), (dy * g * s).to(up.dtype)
+
+
+def _define():
+    """Define the four forward ops and their ``pyptx::<name>_backward`` ops."""
+    op = _common.torch_op
+    op("rms_norm_backward", "(Tensor grad, Tensor x, Tensor weight, float eps) "
+       "-> (Tensor, Tensor)", lambda *a: _rms_norm_backward(*a),
+       lambda grad, x, w, eps: (_empty(x), _empty(w)))
+    op("rms_norm", "(Tensor x, Tensor weight, float eps) -> Tensor",
+       lambda *a: _rms_norm(*a), lambda x, w, eps: _empty(x), _rms_norm_grad, _save_all)
+    op("layer_norm_backward", "(Tensor grad, Tensor x, Tensor weight, float eps) "
+       "-> (Tensor, Tensor, Tensor)", lambda *a: _layer_norm_backward(*a),
+       lambda grad, x, w, eps: (_empty(x), _empty(w), _empty(w)))
+    op("layer_norm", "(Tensor x, Tensor weight, Tensor? bias, float eps) -> Tensor",
+       lambda *a: _layer_norm(*a), lambda x, w, b, eps: _empty(x), _layer_norm_grad, _save_all)
+    op("softmax_backward", "(Tensor grad, Tensor y) -> Tensor", _softmax_backward,
+       lambda grad, y: _empty(y))
+    op("softmax", "(Tensor x) -> Tensor", lambda x: _softmax(x), _empty, _softmax_grad,
+       _save_all)
+    op("swiglu_backward", "(Tensor grad, Tensor gate, Tensor up) -> (Tensor, Tensor)",
+       _swiglu_backward, lambda grad, g, u: (_empty(g), _empty(u)))
+    op("swiglu", "(Tensor gate, Tensor up) -> Tensor", lambda g, u: _swiglu(g, u),
+       lambda g, u: _empty(g), _swiglu_grad, _save_all)
+
+
+if "torch" in sys.modules:   # a torch user: define the ops before any trace reaches them
+    _define()
+
+
+# ------------------------------------------------------------------------ kernels (ptx())
+def _kernels_rms_norm(x, weight, eps=1e-6):
+    _check_rms_norm(x, weight, eps, launch=False)
+    return _kernel("rms_norm", "build_rms_norm_fast", _common.rows_of(x)[0], float(eps))
+
+
+def _kernels_layer_norm(x, weight, bias=None, eps=1e-5):
+    _check_layer_norm(x, weight, bias, eps, launch=False)
+    return _kernel("layer_norm", "build_layer_norm", _common.rows_of(x)[0], float(eps))
+
+
+def _kernels_softmax(x, dim=-1):
+    _check_softmax(x, dim, launch=False)
+    return _kernel("softmax", "build_softmax_fast", _common.rows_of(x)[0])
+
+
+def _kernels_swiglu(gate, up):
+    _check_swiglu(gate, up, launch=False)
+    return _kernel("swiglu", "build_swiglu", _common.rows_of(gate)[0])
+
+
+_kernels = {"rms_norm": _kernels_rms_norm, "layer_norm": _kernels_layer_norm,
+            "softmax": _kernels_softmax, "swiglu": _kernels_swiglu}
