@@ -35,7 +35,9 @@ CASES = [
     ("block_reduce.py", "build_block_sum", {"B": 4, "N": 100_000, "threads": 1024}),
     ("transpose.py", "build_transpose", {"M": 100, "N": 70}),
     ("transpose.py", "build_transpose", {"M": 64, "N": 48, "tile": 16, "rows": 4}),
-    ("hopper/softmax.py", "build_softmax", {"B": 16, "N": 256}),
+    ("hopper/tma_copy.py", "build_tma_copy", {"M": 100, "N": 72}),
+    ("hopper/wgmma_tile.py", "build_wgmma_tile", {"N": 64, "K": 64}),
+    ("hopper/grouped_gemm.py", "build_grouped_gemm", {"M": 300, "N": 136, "K": 200, "G": 4}),
 ]
 IDS = [Path(rel).stem + "_" + "_".join(f"{k}{v}" for k, v in p.items()) for rel, _, p in CASES]
 
@@ -117,7 +119,9 @@ def test_rms_norm_is_the_guide_seed():
     ("block_reduce.py", "build_block_sum", {"B": 1, "N": 10, "threads": 2048}, ConfigError),
     ("transpose.py", "build_transpose", {"M": 8, "N": 8, "tile": 32, "rows": 5}, ConfigError),
     ("transpose.py", "build_transpose", {"M": 1 << 16, "N": 1 << 16}, SpecError),
-    ("hopper/softmax.py", "build_softmax", {"B": 1, "N": 100}, SpecError),
+    ("hopper/tma_copy.py", "build_tma_copy", {"M": 64, "N": 64, "box": 128}, ConfigError),
+    ("hopper/grouped_gemm.py", "build_grouped_gemm", {"M": 64, "N": 64, "K": 64, "G": 2,
+                                                       "BN": 32}, ConfigError),
 ])
 def test_bad_parameters_are_refused(rel, builder, params, error):
     with pytest.raises(error, match=builder):
@@ -129,7 +133,9 @@ def test_bad_parameters_are_refused(rel, builder, params, error):
     ("vector_add.py", ["1000"]),
     ("block_reduce.py", ["2", "300", "--threads", "64"]),
     ("transpose.py", ["40", "--N", "50"]),
-    ("hopper/softmax.py", ["--B", "2", "--N", "64"]),
+    ("hopper/tma_copy.py", ["64", "--N", "40"]),
+    ("hopper/wgmma_tile.py", ["KK128", "MNK64"]),
+    ("hopper/grouped_gemm.py", ["--M", "100", "--N", "64", "--K", "64", "--G", "3"]),
 ])
 def test_main_runs(rel, argv, capsys):
     assert load(rel).main(argv) == 0
@@ -168,13 +174,11 @@ def test_harness_compares_with_reference(shift, status, verdict, monkeypatch, ca
 
 def test_examples_import_only_packages():
     """No example edits ``sys.path`` or imports a file beside it by name (issue 18): the row
-    library is ``pyptx.rows`` and the harness ``pyptx.testing``."""
-    names = ["vector_add.py", "block_reduce.py", "transpose.py", "hopper/rms_norm.py",
-             "hopper/layer_norm.py", "hopper/softmax.py", "hopper/swiglu.py",
-             "hopper/rowwise_check.py"]
-    for path in (EXAMPLES / n for n in names):
+    harness is ``pyptx.testing``."""
+    paths = sorted(EXAMPLES.rglob("*.py"))
+    assert {p.relative_to(EXAMPLES).as_posix() for p in paths} >= {rel for rel, _, _ in CASES}
+    for path in paths:
         text = path.read_text()
         assert "sys.path" not in text, path
         assert not re.search(r"^\s*(import|from) _(?!_future__)", text, re.M), path
-        assert "pyptx.testing" in text or "pyptx import rows" in text, path
-    assert not (EXAMPLES / "hopper" / "_rowwise.py").exists()
+        assert "pyptx.testing" in text or "def main" not in text, path
