@@ -46,8 +46,6 @@ def _gemm_cases():
              dict(activation="relu", bias=True, KB=152, NB=528)]
     for i, kw in enumerate(extra):
         cases.append((f"gemm/1000x520x136/extra{i}", "gemm", "build_gemm", (1000, 520, 136), kw))
-    for name, kw in _mod("gemm").CANDIDATE_CONFIGS.items():
-        cases.append((f"gemm/cand/{name}", "gemm", "build_gemm", (4096, 4096, 4096), kw))
     return cases
 
 
@@ -82,17 +80,6 @@ def _grouped_cases():
             if c in _mod("grouped_gemm").WGRAD_CONFIGS:  # the dB kernel's own list
                 cases.append((f"grouped/wgrad/{tag}", "grouped_gemm", "build_grouped_wgrad",
                               (M, K, N, G), c.kwargs))
-    for name, kw in _mod("grouped_gemm").CANDIDATE_CONFIGS.items():
-        kw = dict(kw)
-        which = kw.pop("kernel")
-        M, N, K, G = 4096, 2048, 2048, 4
-        if which == "wgrad":
-            cases.append((f"grouped/cand/{name}", "grouped_gemm", "build_wgrad_split",
-                          (M, K, N, G), kw))
-        else:
-            kw.update(b_major="K") if which == "dgrad" else None
-            cases.append((f"grouped/cand/{name}", "grouped_gemm", "build_grouped", (M, N, K, G),
-                          kw))
     cases.append(("grouped/fwd/masked", "grouped_gemm", "build_grouped", (1000, 520, 136, 3),
                   dict(store="masked", out_dtype="f32")))
     return cases
@@ -179,7 +166,8 @@ def snapshot(jobs=None):
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", help="write the snapshot JSON here")
-    p.add_argument("--check", help="compare with this snapshot JSON; exit 1 on a difference")
+    p.add_argument("--check", help="compare with this snapshot JSON; exit 1 when a case's PTX "
+                   "differs or a case is new (cases only in the old snapshot: REMOVED)")
     p.add_argument("--jobs", type=int, default=None)
     a = p.parse_args(argv)
     snap = snapshot(a.jobs)
@@ -188,10 +176,14 @@ def main(argv=None) -> int:
         Path(a.out).write_text(json.dumps(snap, indent=1) + "\n")
     if a.check:
         want = json.loads(Path(a.check).read_text())
-        diff = sorted(k for k in set(want) | set(snap) if want.get(k) != snap.get(k))
+        removed = sorted(set(want) - set(snap))   # cases dropped from the list: not a change
+        diff = sorted(k for k in snap if want.get(k) != snap[k])
+        for k in removed:
+            print(f"REMOVED {k}")
         for k in diff:
-            print(f"DIFF {k}")
-        print("IDENTICAL" if not diff else f"{len(diff)} DIFFERENT")
+            print(f"DIFF {k}" if k in want else f"DIFF {k} (new case)")
+        print("IDENTICAL" if not diff else f"{len(diff)} DIFFERENT",
+              f"({len(removed)} removed)" if removed else "")
         return 1 if diff else 0
     return 0
 

@@ -89,7 +89,7 @@ CASES = [
     # two 64-row accumulators per consumer warpgroup (opt-in wg_rows=128)
     (777, 1500, 1000, False, False, dict(BM=256, BN=128, cluster=2, wg_rows=128)),
     (300, 700, 200, True, True, dict(BM=256, BN=128, cluster=1, wg_rows=128, num_sms=3)),
-    # opt-in ping-pong schedule (CANDIDATE_CONFIGS): few SMs, so each warpgroup takes
+    # opt-in ping-pong schedule (schedule="pingpong"): few SMs, so each warpgroup takes
     # several tiles (odd and even counts), hands the main loop over and skips ring stages
     (777, 1500, 1000, False, False, dict(schedule="pingpong", BM=128, BN=128, num_sms=8)),
     (4095, 4097, 4100, False, True, dict(schedule="pingpong", BM=128, BN=128, cluster=1)),

@@ -55,13 +55,13 @@ CASES = [
     ([0, 0, 65], 64, 64, dict(BM=64, BN=256)),
     ([2048] * 4, 256, 2048, None),
     ([129, 1, 63, 64, 191], 128, 4096, dict(store="masked")),
-    # opt-in L2 hints (CANDIDATE_CONFIGS): the values must not change
+    # opt-in L2 hints: the values must not change
     ([128] * 6 + [0, 77], 512, 320, dict(BM=128, BN=256, l2_hint="stream_b")),
     # 2-CTA clusters sharing A: the second CTA's n-block wholly past N (72), partly (264)
     ([0, 37, 130], 72, 100, dict(BM=128, BN=128, cluster=2)),
     ([5, 0, 300, 1, 200, 0], 264, 200, dict(BM=64, BN=128, cluster=2)),
     ([700, 333], 1000, 520, dict(BM=128, BN=256, cluster=2, num_sms=8)),
-    # opt-in prefetch of the tensor maps and group ends (CANDIDATE_CONFIGS)
+    # opt-in prefetch of the tensor maps and group ends
     ([0, 37, 130], 72, 100, dict(BM=128, BN=128, cluster=2, prefetch=True)),
     ([5, 0, 300, 1, 200, 0], 264, 200, dict(BM=64, BN=256, prefetch=True)),
     # opt-in L2 prefetch of the guessed first tile (a hint: a wrong guess must not matter)

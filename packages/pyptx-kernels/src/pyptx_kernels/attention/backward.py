@@ -42,7 +42,7 @@ D=128, waits for a block's dK product before the next block's (at D=128 the over
 schedule has too few registers: ptxas serialises its wgmma, C7512). Measured on the H100
 (session 11, whole-program compile): 64 rows +5-10% over 32 at D=64; 64 rows without the
 overlap +5-10% over 32 with it at D=128. ``dkdv_bq=32`` and ``dkdv_overlap`` are the other
-options: ``build_dkdv``, ``bench(configs=...)`` and docs/dev/attention-backward.md.
+options: ``build_dkdv`` and docs/dev/attention-backward.md.
 ``fused_bq=128`` (D=64, opt-in): one kernel instead of the pair (``build_fused``: five
 products per block pair, dQ added by bulk tile reductions, in a fixed order with
 ``dq_ordered``). ``dkdv_bq=128`` (D=128, opt-in, with ``atomic_dq``, ``dq_bulk`` and
@@ -3060,134 +3060,6 @@ def check(cases=CHECKS, safe=False, atomic_dq=False, **options) -> int:
     return fails
 
 
-def bench(dims=(64, 128), seqs=(4096, 8192), tokens=32768, width=2048, dtn="bf16",
-          configs=None, rounds=3) -> None:
-    """Backward TFLOP/s (2.5 x 4*B*H*S^2*D, halved when causal) beside torch SDPA's backward
-    with each backend; do_bench medians (L2 flushed). ``configs``: instead, an A/B table of
-    option sets (``{"default": {}, "bq32": {"dkdv_bq": 32}}`` or ``"default;dkdv_bq=32"``):
-    each set's gradients are first compared with the first set's (rel. error, must be <
-    2e-2), then the sets are timed in ``rounds`` interleaved rounds (median of the rounds)."""
-    import torch
-
-    if configs is not None:
-        return bench_ab(configs, dims, seqs, tokens, width, dtn, rounds)
-
-    print(f"# attention backward TFLOP/s on {torch.cuda.get_device_name()} ({dtn})")
-    print("| D | S | causal | pyptx | pyptx atomic dQ | cudnn | flash | efficient |")
-    print("|---|---|---|---|---|---|---|---|")
-    for D in dims:
-        for S in seqs:
-            for causal in (False, True):
-                print("| " + " | ".join(_bench_row(D, S, causal, tokens // S, width // D, dtn))
-                      + " |", flush=True)
-
-
-def bench_ab(configs, dims=(128,), seqs=(4096, 8192), tokens=32768, width=2048, dtn="bf16",
-             rounds=3, pairs=30) -> None:
-    """The A/B table of ``bench(configs=...)``: TFLOP/s per option set, interleaved; with
-    ``pairs``, a second line per shape: each set's speed over the first's, the median of
-    ``paired_times``' per-round ratios, with their quartiles."""
-    import torch
-    from triton.testing import do_bench
-
-    from pyptx.testing import paired_ratio, paired_times
-
-    if isinstance(configs, str):
-        configs = {c or "default": parse_options(c) for c in configs.split(";")}
-    names = list(configs)
-    print(f"# attention backward A/B, TFLOP/s on {torch.cuda.get_device_name()} ({dtn}); "
-          f"median of {rounds} interleaved do_bench medians")
-    print("| D | S | causal | " + " | ".join(names) + " | max rel err vs " + names[0] + " |")
-    print("|---" * (len(names) + 4) + "|")
-    dt = {"bf16": torch.bfloat16, "f16": torch.float16}[dtn]
-    for D in dims:
-        for S in seqs:
-            for causal in (False, True):
-                B, H = tokens // S, width // D
-                q, k, v, do = (torch.randn(B, S, H, D, device="cuda", dtype=dt) for _ in range(4))
-                o = torch.randn(B, S, H, D, device="cuda", dtype=dt)
-                lse = _lse(q, k, causal)
-                flops = 2.5 * 4 * B * H * S * S * D / (2 if causal else 1)
-                fns, worst, ref = {}, 0.0, None
-                for n in names:
-                    try:
-                        bwd = build_attention_backward(B, S, H, H, D, dtype=dtn, causal=causal,
-                                                       **configs[n])
-                        got = bwd(q, k, v, o, lse, do)
-                    except Exception as e:  # noqa: BLE001 - report the column anyway
-                        print(f"<!-- {n}: {type(e).__name__}: {str(e)[:200]} -->")
-                        continue
-                    if ref is None:
-                        ref = [g.double() for g in got]
-                    else:
-                        for g, r in zip(got, ref):
-                            worst = max(worst, ((g.double() - r).norm() / r.norm()).item())
-                    fns[n] = lambda bwd=bwd, a=(q, k, v, o, lse, do): bwd(*a)
-                times = {n: [] for n in fns}
-                for _ in range(rounds):
-                    for n, fn in fns.items():
-                        times[n].append(do_bench(fn, return_mode="median"))
-                cells = []
-                for n in names:
-                    if n in times:
-                        ms = sorted(times[n])[len(times[n]) // 2]
-                        cells.append(f"{flops / ms / 1e9:.0f}")
-                    else:
-                        cells.append("error")
-                flag = "" if worst < 2e-2 else " FAIL"
-                print(f"| {D} | {S} | {causal} | " + " | ".join(cells) + f" | {worst:.1e}{flag} |",
-                      flush=True)
-                if pairs and len(fns) > 1 and names[0] in fns:
-                    per = paired_times(fns, pairs)
-                    cells = []
-                    for n in names:
-                        if n not in per:
-                            cells.append("error")
-                            continue
-                        mid, lo, hi = paired_ratio(per, names[0], n)
-                        cells.append(f"{mid:.3f} [{lo:.3f}, {hi:.3f}]")
-                    print(f"| {D} | {S} | {causal} paired | " + " | ".join(cells) + " | |",
-                          flush=True)
-
-
-def _bench_row(D, S, causal, B, H, dtn):
-    import torch
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    from triton.testing import do_bench
-
-    dt = {"bf16": torch.bfloat16, "f16": torch.float16}[dtn]
-    q, k, v, do = (torch.randn(B, S, H, D, device="cuda", dtype=dt) for _ in range(4))
-    flops = 2.5 * 4 * B * H * S * S * D / (2 if causal else 1)
-    with torch.no_grad(), sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
-                                           v.transpose(1, 2), is_causal=causal)
-    o = o.transpose(1, 2).contiguous()
-    lse = _lse(q, k, causal)
-    row = [f"{D}", f"{S}", f"{causal}"]
-    for atomic in (False, True):
-        try:
-            bwd = build_attention_backward(B, S, H, H, D, dtype=dtn, causal=causal,
-                                           atomic_dq=atomic)
-            ms = do_bench(lambda: bwd(q, k, v, o, lse, do), return_mode="median")  # noqa: B023
-            row.append(f"{flops / ms / 1e9:.0f}")
-        except Exception as e:  # noqa: BLE001 - report the row anyway
-            row.append(f"error {type(e).__name__}")
-    g = do.transpose(1, 2)
-    for be in (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION,
-               SDPBackend.EFFICIENT_ATTENTION):
-        try:
-            qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_() for x in (q, k, v))
-            with sdpa_kernel(be):
-                out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
-            ms = do_bench(lambda: torch.autograd.grad(out, (qt, kt, vt), g, retain_graph=True),  # noqa: B023
-                          return_mode="median")
-            row.append(f"{flops / ms / 1e9:.0f}")
-        except Exception:  # noqa: BLE001 - a backend may not take this shape
-            row.append("n/a")
-    return row
-
-
 def _lse(q, k, causal, chunk=512):
     """float32 log-sum-exp of scaled scores, (B, H, S), in query chunks."""
     import torch
@@ -3205,11 +3077,9 @@ def _lse(q, k, causal, chunk=512):
 
 
 def main(argv=None) -> int:
-    """``python flash_attention_bwd.py [--fast] [--safe] [--atomic] [--options k=v,...]
-    [--bench] [--ab "default;dkdv_bq=32;dkdv_overlap=0"]``: the probe, then PASS/FAIL per
-    gradient of each schedule (all three by default; ``--options``: with the opt-in
-    options); ``--bench`` also prints the TFLOP/s table, ``--ab`` the A/B table of option
-    sets at D=128 (both head dims with ``--ab-dims 64,128``)."""
+    """``python -m pyptx_kernels.attention.backward [--fast] [--safe] [--atomic] [--options
+    k=v,...]``: the probe, then PASS/FAIL per gradient of each schedule (all three by
+    default; ``--options``: with the opt-in options)."""
     argv = sys.argv[1:] if argv is None else argv
     opts = parse_options(argv[argv.index("--options") + 1]) if "--options" in argv else {}
     atomic = opts.pop("atomic_dq", False)   # --options atomic_dq=1,...: every mode adds dQ
@@ -3222,13 +3092,6 @@ def main(argv=None) -> int:
         n = check(safe=m == "--safe", atomic_dq=m == "--atomic" or atomic, **opts)
         print(f"{m[2:]} schedule: {f'{n} FAIL' if n else 'all PASS'}")
         fails += n
-    if "--bench" in argv:
-        bench()
-    if "--ab" in argv:
-        dims = (128,)
-        if "--ab-dims" in argv:
-            dims = tuple(int(x) for x in argv[argv.index("--ab-dims") + 1].split(","))
-        bench(configs=argv[argv.index("--ab") + 1], dims=dims)
     return 1 if fails else 0
 
 

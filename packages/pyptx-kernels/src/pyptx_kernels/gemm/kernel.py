@@ -646,29 +646,9 @@ apply it is the plain 128x128 kernel, which the tuner skips as a duplicate. 64x1
 with one epilogue buffer (9 stages) for skinny products, which stream B from memory and go
 as fast as the bytes of B in flight: 128x8192x8192 on the H200 386-390 TFLOP/s (cuBLAS
 389-392; paired 1.002-1.006x) against 376-380 for 128x64 tiles, whose stages hold half as
-much of B (0.978x paired); 6 stages instead of 8 lost 5%, 9 measured like 8. The ping-pong schedule is opt-in (``CANDIDATE_CONFIGS``): on the H100
+much of B (0.978x paired); 6 stages instead of 8 lost 5%, 9 measured like 8. The ping-pong schedule is opt-in (``schedule="pingpong"``): on the H100
 it trailed the cooperative 128x256 tiles at every size it was timed (4096^3 670 vs 706,
 8192^3 662 vs 678, 8192x28672x8192 587 vs 698 TFLOP/s)."""
-
-# Opt-in configurations under evaluation, NOT in the tuned list (the tuner times configs but
-# does not check their results): tools/gemm_variance.py --configs candidates times them beside
-# the tuned default and cuBLAS after tests/test_gemm_gpu.py has checked the schedule.
-CANDIDATE_CONFIGS = {
-    # ping-pong: a warpgroup's epilogue runs under the other's main loop (the epilogue is
-    # ~4% of a 4096^3 tile); 128x128 tiles with B shared by a 2-CTA cluster, or without
-    "pingpong 128x128 c2": dict(schedule="pingpong", BM=128, BN=128, cluster=2),
-    "pingpong 128x128 c1": dict(schedule="pingpong", BM=128, BN=128, cluster=1),
-    # the cooperative 64x256 band per warpgroup, as ping-pong tiles
-    "pingpong 64x256 c2": dict(schedule="pingpong", BM=64, BN=256, cluster=2),
-    # 2-CTA clusters along N sharing A (one m-block: M = 128)
-    "128x64 c2 along n": dict(BM=128, BN=64, cluster=2, cluster_along="n"),
-    # four consumer warpgroups of 64 x 128 (cuBLAS runs 256x128 at 2048^3 and 4096^3)
-    "256x128 c1": dict(BM=256, BN=128, cluster=1),
-    "256x128 c2": dict(BM=256, BN=128, cluster=2),
-    # the same tiles on two consumer warpgroups of 128 rows (two accumulators each)
-    "256x128 w128 c2": dict(BM=256, BN=128, cluster=2, wg_rows=128),
-}
-"""Opt-in ``build_gemm`` configurations under evaluation: name -> keywords."""
 
 gemm_tuned = autotune(GEMM_CONFIGS, key=["M", "N", "K", "dtype", "out_dtype", "a_major",
                                          "b_major", "bias", "activation", "KB", "NB"])(build_gemm)

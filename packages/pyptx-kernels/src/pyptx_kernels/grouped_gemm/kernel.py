@@ -796,42 +796,6 @@ with the whole ring filled from the guessed first tile before the group ends are
 (``speculate=5``: 4x2048x256x2048 forward 24.5 vs 25.3 us for the same tiles without it on
 the H100, 5 interleaved rounds)."""
 
-# Opt-in configurations under evaluation, NOT in the tuned lists (the tuner times configs
-# but does not check their results). tools/grouped_ab.py checks each against float64, then
-# times it beside the tuned default; see docs/dev/grouped-gemm.md.
-CANDIDATE_CONFIGS = {
-    # dB at few tiles: 4x2048x256x2048 has G x ceil(KX/BM) x ceil(NY/BN) = 128 tiles at the
-    # tuned 64x256 (one consumer warpgroup per SM, 168 MB read through L2). Two row splits
-    # of 128x256 tiles: 128 units with two consumer warpgroups each, 101 MB of L2 reads,
-    # + 16 MB of f32 partials written and read by the deterministic reduction. Measured
-    # 0.75x of the default there (0.13x at 64x128x4096x2048).
-    "wgrad 128x256 split2": dict(kernel="wgrad", BM=128, BN=256, splits=2),
-    # the same with 128x128 tiles: 256 units (two waves), 134 MB; 0.69x
-    "wgrad 128x128 split2": dict(kernel="wgrad", BM=128, BN=128, splits=2),
-    # four splits of 128x256: 256 units of 8 row blocks, 32 MB of partials; slower still
-    "wgrad 128x256 split4": dict(kernel="wgrad", BM=128, BN=256, splits=4),
-    # the tuned list's stream_b config, alone (A/B against the tuner's pick)
-    "fwd 128x256 stream_b": dict(kernel="fwd", BM=128, BN=256, l2_hint="stream_b"),
-    "dgrad 128x256 stream_b": dict(kernel="dgrad", BM=128, BN=256, l2_hint="stream_b"),
-    # short kernels (4x2048x256x2048 forward: 25 us): tensor maps and group ends prefetched
-    # at the start, with the tuner's pick there (128x128 in 2-CTA clusters) and without
-    "fwd 128x128 c2 prefetch": dict(kernel="fwd", BM=128, BN=128, cluster=2, prefetch=True),
-    "fwd 64x256 prefetch": dict(kernel="fwd", BM=64, BN=256, prefetch=True),
-    # the same short kernel with its first k-blocks requested from L2 before the group ends
-    # are read (uniform-groups guess; the benchmark's groups are uniform, so the guess hits):
-    # the ring's first stages, or the whole tile (32 k-blocks: 16 MB of A in flight at once)
-    "fwd 128x128 c2 warm6": dict(kernel="fwd", BM=128, BN=128, cluster=2, prefetch=True, warm=6),
-    "fwd 128x128 c2 warm32": dict(kernel="fwd", BM=128, BN=128, cluster=2, prefetch=True, warm=32),
-    "fwd 128x128 warm32": dict(kernel="fwd", BM=128, BN=128, prefetch=True, warm=32),
-    # the first k-blocks of the guessed first tile copied into the ring before the group ends
-    # are read (a hit skips them in the k-loop, a miss hands them back unread)
-    "fwd 64x256 pf spec2": dict(kernel="fwd", BM=64, BN=256, prefetch=True, speculate=2),
-    "fwd 64x256 pf spec5": dict(kernel="fwd", BM=64, BN=256, prefetch=True, speculate=5),
-    "fwd 128x128 pf spec4": dict(kernel="fwd", BM=128, BN=128, prefetch=True, speculate=4),
-}
-"""Opt-in tile configurations under evaluation: name -> ``kernel`` (``"fwd"``, ``"dgrad"``
-or ``"wgrad"``) and the builder keywords (``build_grouped`` or ``build_wgrad_split``)."""
-
 grouped_tuned = autotune(GROUPED_CONFIGS, key=["M", "N", "K", "G", "b_major", "out_dtype"])(
     build_grouped)
 """``build_grouped`` with its tile configuration chosen on the device at the first launch."""
