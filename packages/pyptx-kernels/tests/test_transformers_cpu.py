@@ -1,0 +1,200 @@
+"""CPU tests of ``pyptx_kernels.transformers``: ``apply`` and the ``"pyptx"`` attention
+implementation in tiny Llama, Mistral, Qwen2 and Qwen3 models.
+
+The functional ops are the float64 models of ``test_nn_cpu.py`` (``ops`` fixture), so a
+patched model must reproduce the unpatched one (a deep copy, SDPA attention) in float32:
+loss, logits and every gradient of a training step, decoding with a cache, padding masks
+(which fall back to SDPA). Module swaps are counted: every ``<Family>RMSNorm`` and every
+``nn.Linear``, ``lm_head`` included.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import inspect
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from pyptx.errors import ConfigError
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+ptf = importlib.import_module("pyptx_kernels.transformers")
+pnn = importlib.import_module("pyptx_kernels.nn")
+HERE = __file__
+
+_spec = importlib.util.spec_from_file_location("pyptx_nn_cpu_tests",
+                                               Path(__file__).with_name("test_nn_cpu.py"))
+_nn_tests = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_nn_tests)
+ops = _nn_tests.ops
+
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, vocab_size=128, max_position_embeddings=64)
+FAMILIES = {
+    "llama": lambda **kw: transformers.LlamaConfig(**TINY, **kw),
+    "mistral": lambda **kw: transformers.MistralConfig(**TINY, sliding_window=64, **kw),
+    "qwen2": lambda **kw: transformers.Qwen2Config(**TINY, **kw),
+    "qwen3": lambda **kw: transformers.Qwen3Config(**TINY, head_dim=16, **kw),
+}
+
+
+def _model(family, seed=0, **kw):
+    torch.manual_seed(seed)
+    cfg = FAMILIES[family](**kw)
+    return transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").float()
+
+
+def _ids(B=2, S=12, seed=1, vocab=128):
+    return torch.randint(0, vocab, (B, S), generator=torch.Generator().manual_seed(seed))
+
+
+def _step(model, ids, **kw):
+    model.zero_grad(set_to_none=True)
+    out = model(input_ids=ids, labels=ids, **kw)
+    out.loss.backward()
+    return out.loss.detach(), out.logits.detach(), {n: p.grad for n, p in model.named_parameters()}
+
+
+def _close(a, b, **kw):
+    torch.testing.assert_close(a, b, rtol=kw.get("rtol", 2e-5), atol=kw.get("atol", 2e-6))
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("tie", [False, True])
+def test_apply_training_step_matches_unpatched(ops, family, tie):
+    model = _model(family, tie_word_embeddings=tie)
+    model.train()
+    ref = copy.deepcopy(model)
+    norm_cls = ptf._norm_class(family)
+    n_norms = sum(type(m) is norm_cls for m in ref.modules())
+    n_linears = sum(type(m) is torch.nn.Linear for m in ref.modules())
+    params = dict(model.named_parameters())
+    keys = model.state_dict().keys()
+
+    assert ptf.apply(model) is model
+    assert model.config._attn_implementation == "pyptx"
+    kinds = [type(m) for m in model.modules()]
+    assert kinds.count(pnn.RMSNorm) == n_norms == 2 * 2 + 1 + (2 * 2 if family == "qwen3" else 0)
+    assert kinds.count(pnn.Linear) == n_linears == 2 * 7 + 1
+    assert norm_cls not in kinds and torch.nn.Linear not in kinds
+    assert isinstance(model.lm_head, pnn.Linear)
+    assert model.state_dict().keys() == keys
+    assert all(p is params[n] for n, p in model.named_parameters())
+    assert (model.lm_head.weight is model.model.embed_tokens.weight) == tie
+
+    ids = _ids()
+    loss, logits, grads = _step(model, ids)
+    assert ops.count == {"rms_norm": n_norms, "linear": n_linears, "attention": 2}
+    for name, args, kw in ops.calls:
+        if name == "attention":
+            q, k, v = args
+            assert q.shape == (2, 4, 12, 16) and k.shape == v.shape == (2, 2, 12, 16)
+            assert kw == {"causal": True, "scale": 16 ** -0.5, "layout": "bhsd"}
+    rloss, rlogits, rgrads = _step(ref, ids)
+    _close(loss, rloss)
+    _close(logits, rlogits)
+    assert grads.keys() == rgrads.keys()
+    for n in grads:
+        _close(grads[n], rgrads[n], rtol=1e-4, atol=1e-6)
+
+
+def test_apply_selects_what_to_swap(ops):
+    model = ptf.apply(_model("llama"), attention=False, linear=False)
+    kinds = [type(m) for m in model.modules()]
+    assert kinds.count(pnn.RMSNorm) == 5 and pnn.Linear not in kinds
+    assert model.config._attn_implementation == "sdpa"
+    ptf.apply(model, rms_norm=False)
+    kinds = [type(m) for m in model.modules()]
+    assert kinds.count(pnn.RMSNorm) == 5 and kinds.count(pnn.Linear) == 15
+    assert model.config._attn_implementation == "pyptx"
+    before = list(model.modules())
+    ptf.apply(model)
+    assert list(model.modules()) == before
+
+
+def test_from_config_with_registered_attention(ops):
+    ptf.register()
+    ref = _model("llama").eval()
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(ref.config),
+                                                          attn_implementation="pyptx").eval()
+    model.load_state_dict(ref.state_dict())
+    assert model.config._attn_implementation == "pyptx" != ref.config._attn_implementation
+    ids = _ids(S=9)
+    with torch.no_grad():
+        got, want = model(ids).logits, ref(ids).logits
+    assert ops.count == {"attention": 2}
+    _close(got, want)
+
+
+def test_decoding_with_cache(ops):
+    """The prefill is causal; each one-token step sees every cached key (causal=False)."""
+    ref = _model("qwen2").eval()
+    model = ptf.apply(copy.deepcopy(ref))
+    ids = _ids(S=10)
+    with torch.no_grad():
+        want = ref(ids).logits[:, -3:]
+        out = model(ids[:, :7], use_cache=True)
+        steps = []
+        name = "cache" if "cache" in inspect.signature(model.forward).parameters \
+            else "past_key_values"  # transformers < 5.2x
+        cache = out.past_key_values
+        for t in range(7, 10):
+            out = model(ids[:, t:t + 1], **{name: cache}, use_cache=True)
+            cache = out.past_key_values
+            steps.append(out.logits[:, -1])
+    attn = [kw["causal"] for name, _, kw in ops.calls if name == "attention"]
+    assert attn == [True] * 2 + [False] * 6
+    _close(torch.stack(steps, 1), want)
+
+
+def test_padding_mask_falls_back_to_sdpa(ops):
+    ref = _model("llama").eval()
+    model = ptf.apply(copy.deepcopy(ref))
+    ids = _ids(S=8)
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    with torch.no_grad():
+        got, want = model(ids, attention_mask=mask).logits, ref(ids, attention_mask=mask).logits
+        model(ids, attention_mask=torch.ones_like(ids))  # no padding: no mask, the kernel
+    assert ops.count["attention"] == 2
+    _close(got, want)
+
+
+def test_refuses_dropout_and_softcap(ops):
+    model = ptf.apply(_model("llama", attention_dropout=0.1)).train()
+    with pytest.raises(ConfigError, match=rf"^{HERE}:\d+: pyptx attention has no dropout, "
+                                          r"got dropout=0.1"):
+        model(_ids())
+    model.eval()
+    model(_ids())  # dropout is 0 in eval mode
+    q = torch.zeros(1, 2, 4, 16)
+    with pytest.raises(ConfigError, match=rf"^{HERE}:\d+: pyptx attention does not support "
+                                          "softcap"):
+        ptf.attention_forward(model.model.layers[0].self_attn, q, q, q, None, softcap=30.0)
+
+
+def test_refuses_other_families():
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_embd=32, n_layer=1, n_head=2,
+                                                                vocab_size=64))
+    with pytest.raises(ConfigError, match=rf"^{HERE}:\d+: pyptx_kernels.transformers.apply "
+                                          r"supports the model families \['llama', 'mistral', "
+                                          r"'qwen2', 'qwen3'\].*GPT2LMHeadModel.*'gpt2'"):
+        ptf.apply(gpt2)
+    with pytest.raises(ConfigError, match="got Linear with model_type=None"):
+        ptf.apply(torch.nn.Linear(2, 2))
+    assert not any(isinstance(m, (pnn.Linear, pnn.RMSNorm)) for m in gpt2.modules())
+
+
+def test_missing_transformers_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    with pytest.raises(ptf.TransformersMissingError,
+                       match=rf"^{HERE}:\d+: .*" + re.escape('pip install "pyptx-kernels'
+                                                             '[transformers]"')) as e:
+        ptf.register()
+    assert isinstance(e.value, ImportError)
