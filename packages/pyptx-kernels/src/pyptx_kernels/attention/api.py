@@ -1,0 +1,434 @@
+"""The public attention functions: ``attention`` and ``attention_varlen``.
+
+For torch tensors each is one custom op, ``torch.ops.pyptx.attention`` /
+``torch.ops.pyptx.attention_varlen`` returning ``(out, lse)``, with a fake implementation
+(shapes only) and autograd through ``torch.ops.pyptx.attention_backward`` /
+``torch.ops.pyptx.attention_varlen_backward``, so ``torch.compile(fullgraph=True)`` keeps a
+model using them in one graph. The ops are defined at the first torch call, never at import.
+JAX arrays go to the host functions of ``forward.py`` (differentiable with ``jax.grad``).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+from pyptx.errors import ConfigError
+from pyptx_kernels._common import framework, where
+
+LAYOUTS = ("bshd", "bhsd")
+FORWARD_HEAD_DIMS = (64, 128, 256)
+BACKWARD_HEAD_DIMS = (64, 128)
+#: device types the kernels run on (``_kernels`` builds for tensors on any device)
+DEVICE_TYPES = ("cuda",)
+_DTYPES = {"bfloat16": "bf16", "float16": "f16"}
+
+
+def _fail(fn, msg):
+    return ConfigError(f"{where()}: {fn}: {msg}")
+
+
+# ------------------------------------------------------------------ validation
+def _check_arrays(fn, named, ranks, any_device):
+    """Arrays ``named`` ((name, array) pairs) of the given ranks, of one framework; torch
+    ones on one device, of ``DEVICE_TYPES`` unless ``any_device``."""
+    for (name, x), rank in zip(named, ranks):
+        if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+            raise _fail(fn, f"{name} must be a torch tensor or a JAX array, got "
+                            f"{type(x).__name__}")
+        if len(x.shape) != rank:
+            raise _fail(fn, f"{name} must be {rank}-D, got shape {tuple(x.shape)}")
+    libs = {framework(x) for _, x in named}
+    if len(libs) != 1:
+        raise _fail(fn, "inputs mix torch tensors and JAX arrays")
+    if libs == {"torch"}:
+        devices = {x.device for _, x in named}
+        if len(devices) != 1:
+            raise _fail(fn, f"inputs on several devices: "
+                            f"{', '.join(f'{n} on {x.device}' for n, x in named)}")
+        (device,) = devices
+        if not any_device and device.type not in DEVICE_TYPES:
+            raise _fail(fn, f"inputs must be CUDA tensors (the kernels run on the GPU), got "
+                            f"{device}")
+
+
+def _dtype(fn, named):
+    dtypes = [str(x.dtype).replace("torch.", "") for _, x in named]
+    if dtypes[0] not in _DTYPES or len(set(dtypes)) != 1:
+        raise _fail(fn, f"{', '.join(n for n, _ in named)} must share one dtype, bfloat16 or "
+                        f"float16, got {', '.join(dtypes)}")
+    return _DTYPES[dtypes[0]]
+
+
+def _options(fn, causal, scale, D):
+    """``(causal, scale)`` checked, ``scale`` resolved to a float (``1/sqrt(D)`` for None)."""
+    if not isinstance(causal, bool):
+        raise _fail(fn, f"causal must be a bool, got {causal!r}")
+    if scale is None:
+        return causal, 1.0 / math.sqrt(D)
+    if type(scale).__name__ == "SymFloat":  # a float torch.compile traces symbolically
+        return causal, scale
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real) \
+            or not math.isfinite(float(scale)):
+        raise _fail(fn, f"scale must be None or a finite real number, got {scale!r}")
+    return causal, float(scale)
+
+
+def _head_dim(fn, D, xs):
+    if D not in FORWARD_HEAD_DIMS:
+        raise _fail(fn, f"head dim D must be one of {FORWARD_HEAD_DIMS}, got {D}")
+    if D not in BACKWARD_HEAD_DIMS and framework(xs[0]) == "torch":
+        import torch
+
+        if torch.is_grad_enabled() and any(x.requires_grad for x in xs):
+            raise _fail(fn, f"inputs require grad, but head dim {D} has a forward only "
+                            f"(backward head dims {BACKWARD_HEAD_DIMS}); run it under "
+                            f"torch.no_grad() for inference")
+
+
+def _check_dense(q, k, v, causal, scale, layout, any_device=False):
+    """``(B, S, Hq, Hkv, D, Sk, dtype, causal, scale)`` of a valid ``attention`` call."""
+    fn = "attention"
+    if not isinstance(layout, str) or layout not in LAYOUTS:
+        raise _fail(fn, f"layout must be one of {LAYOUTS}, got {layout!r}")
+    named = (("q", q), ("k", k), ("v", v))
+    _check_arrays(fn, named, (4, 4, 4), any_device)
+    (B, S, Hq, D), (Bk, Sk, Hkv, Dk) = (
+        tuple(int(d) for d in (x.shape if layout == "bshd" else
+                                (x.shape[0], x.shape[2], x.shape[1], x.shape[3])))
+        for x in (q, k))
+    names = "(B, S, H, D)" if layout == "bshd" else "(B, H, S, D)"
+    if tuple(k.shape) != tuple(v.shape):
+        raise _fail(fn, f"k and v must have one shape, got {tuple(k.shape)} and "
+                        f"{tuple(v.shape)}")
+    if Bk != B or Dk != D:
+        raise _fail(fn, f"q {tuple(q.shape)} and k/v {tuple(k.shape)} ({layout}: {names}) must "
+                        f"have the same batch B and head dim D")
+    if min(B, S, Hq, D, Sk, Hkv) < 1:
+        raise _fail(fn, f"empty input: q {tuple(q.shape)}, k/v {tuple(k.shape)}")
+    if Hq % Hkv:
+        raise _fail(fn, f"the query heads ({Hq}) must be a multiple of the key/value heads "
+                        f"({Hkv}) ({layout}: {names})")
+    dtype = _dtype(fn, named)
+    _head_dim(fn, D, (q, k, v))
+    return (B, S, Hq, Hkv, D, Sk, dtype, *_options(fn, causal, scale, D))
+
+
+def _check_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, any_device=False):
+    """``(Tq, Tk, B, Hq, Hkv, D, max_q, max_k, dtype, causal, scale)`` of a valid call."""
+    fn = "attention_varlen"
+    named = (("q", q), ("k", k), ("v", v), ("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k))
+    _check_arrays(fn, named, (3, 3, 3, 1, 1), any_device)
+    for name, cu in named[3:]:
+        if "int32" not in str(cu.dtype):
+            raise _fail(fn, f"{name} must be int32, got {cu.dtype}")
+    Tq, Hq, D = (int(d) for d in q.shape)
+    Tk, Hkv, Dk = (int(d) for d in k.shape)
+    B = int(cu_q.shape[0]) - 1
+    if tuple(k.shape) != tuple(v.shape):
+        raise _fail(fn, f"k and v must have one shape, got {tuple(k.shape)} and "
+                        f"{tuple(v.shape)}")
+    if Dk != D:
+        raise _fail(fn, f"q {tuple(q.shape)} and k/v {tuple(k.shape)} must have the same head "
+                        f"dim D")
+    if B < 1 or int(cu_k.shape[0]) != B + 1:
+        raise _fail(fn, f"cu_seqlens_q and cu_seqlens_k must both have B + 1 >= 2 entries, got "
+                        f"{int(cu_q.shape[0])} and {int(cu_k.shape[0])}")
+    if min(Tq, Tk, Hq, Hkv, D) < 1:
+        raise _fail(fn, f"empty input: q {tuple(q.shape)}, k/v {tuple(k.shape)}")
+    if Hq % Hkv:
+        raise _fail(fn, f"the query heads ({Hq}) must be a multiple of the key/value heads "
+                        f"({Hkv})")
+    for name, m in (("max_seqlen_q", max_q), ("max_seqlen_k", max_k)):
+        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+            raise _fail(fn, f"{name} must be a positive Python int (the longest sequence), "
+                            f"got {m!r}")
+    dtype = _dtype(fn, named[:3])
+    _head_dim(fn, D, (q, k, v))
+    return (Tq, Tk, B, Hq, Hkv, D, max_q, max_k, dtype, *_options(fn, causal, scale, D))
+
+
+# ------------------------------------------------------------------ kernels
+def _forward_kernel(B, S, Hq, Hkv, D, Sk, dtype, causal, scale):
+    """The dense forward ``attention_forward`` launches for these sizes (tuned per device)."""
+    from pyptx_kernels.attention import forward as fa
+
+    return fa._forward(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, *fa._tuning(None, None, None),
+                       fa._persistent(None, D), *fa._check_opts(False, fa.RESCALE_THRESHOLD),
+                       None)
+
+
+def _backward_options(D):
+    """The fastest deterministic backward per head dim, as ``forward._differentiable`` picks
+    for torch eager calls (none with ``PYPTX_ATTN_BWD_SAFE=1``)."""
+    from pyptx_kernels.attention import backward
+
+    if backward.safe_default():
+        return {}
+    if D == 64:
+        return dict(fused_bq=128, dq_ordered=True, fused_pingpong=1)
+    return dict(atomic_dq=True, dq_bulk=True, dq_ordered=True, dq_convert=True,
+                convert_lag="auto", stats_lead="auto")
+
+
+def _backward_kernel(B, S, Hq, Hkv, D, Sk, dtype, causal, scale):
+    """The dense backward (``AttentionBackward``): ``_backward_options``' kernels, or the
+    deterministic dQ / dK-dV pair at sizes they refuse."""
+    from pyptx.errors import PyptxError
+    from pyptx_kernels.attention import backward
+
+    kw = dict(Sk=Sk, dtype=dtype, causal=causal, scale=scale)
+    try:
+        return backward.build_attention_backward(B, S, Hq, Hkv, D, **kw, **_backward_options(D))
+    except PyptxError:
+        return backward.build_attention_backward(B, S, Hq, Hkv, D, **kw)
+
+
+def _varlen_forward_kernel(Tq, Tk, B, Hq, Hkv, D, max_q, dtype, causal, scale):
+    from pyptx_kernels.attention import forward as fa
+
+    return fa._varlen(Tq, Tk, B, Hq, Hkv, D, max_q, dtype, causal, scale, fa._schedule(None),
+                      None, 2, *fa._check_opts(False, fa.RESCALE_THRESHOLD), None)
+
+
+def _varlen_backward_kernel(Tq, Tk, B, Hq, Hkv, D, max_q, max_k, dtype, causal, scale):
+    from pyptx_kernels.attention import backward
+
+    return backward.build_attention_backward_varlen(Tq, Tk, B, Hq, Hkv, D, max_q, max_k,
+                                                    dtype=dtype, causal=causal, scale=scale)
+
+
+def _kernel_list(*objs):
+    """The pyptx Kernels of forward / backward objects: a tuned kernel's default config, a
+    backward's kernels (and its fallback's), each once."""
+    out = {}
+    for obj in objs:
+        for k in getattr(obj, "kernels", None) or (obj,):
+            k = getattr(k, "kernel", k)     # TunedKernel: its first config that builds
+            out.setdefault(k.name, k)
+        if getattr(obj, "fallback", None) is not None:
+            out.update({k.name: k for k in _kernel_list(obj.fallback)})
+    return list(out.values())
+
+
+def _kernels(name, *args, **kwargs):
+    """The pyptx Kernels (forward, then backward where the head dim has one) that the call
+    ``<name>(*args, **kwargs)`` of this module's public function ``name`` (``"attention"``
+    or ``"attention_varlen"``) builds; the inputs may be on any device (CPU and meta tensors
+    included): nothing is launched."""
+    if name not in ("attention", "attention_varlen"):
+        raise _fail("_kernels", f"no public function {name!r}: attention or attention_varlen")
+    if name == "attention":
+        dims = _dense_dims(*args, **kwargs)
+        D = dims[4]
+        fwd = _forward_kernel(*dims)
+        bwd = _backward_kernel(*dims) if D in BACKWARD_HEAD_DIMS else None
+    else:
+        dims = _varlen_dims(*args, **kwargs)
+        Tq, Tk, B, Hq, Hkv, D, max_q, max_k, dtype, causal, scale = dims
+        fwd = _varlen_forward_kernel(Tq, Tk, B, Hq, Hkv, D, max_q, dtype, causal, scale)
+        bwd = _varlen_backward_kernel(*dims) if D in BACKWARD_HEAD_DIMS else None
+    return _kernel_list(*(k for k in (fwd, bwd) if k is not None))
+
+
+def _dense_dims(q, k, v, *, causal=False, scale=None, layout="bshd"):
+    return _check_dense(q, k, v, causal, scale, layout, any_device=True)
+
+
+def _varlen_dims(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
+                 causal=False, scale=None):
+    return _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                         causal, scale, any_device=True)
+
+
+# ------------------------------------------------------------------ launches
+def _dims_of(q, k):
+    B, S, Hq, D = (int(d) for d in q.shape)
+    return B, S, Hq, int(k.shape[2]), D, int(k.shape[1]), _DTYPES[str(q.dtype)[6:]]
+
+
+def _launch_forward(q, k, v, causal, scale):
+    """``(o, lse)`` of the dense forward kernel (torch tensors, ``(B, S, H, D)``)."""
+    return _forward_kernel(*_dims_of(q, k), causal, scale)(q, k, v)
+
+
+def _launch_backward(q, k, v, o, lse, do, causal, scale):
+    """``(dq, dk, dv)`` of the dense backward kernels."""
+    return tuple(_backward_kernel(*_dims_of(q, k), causal, scale)(q, k, v, o, lse, do))
+
+
+def _launch_varlen_forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale):
+    Tq, Hq, D = (int(d) for d in q.shape)
+    Tk, Hkv, B = int(k.shape[0]), int(k.shape[1]), int(cu_q.shape[0]) - 1
+    kern = _varlen_forward_kernel(Tq, Tk, B, Hq, Hkv, D, max_q, _DTYPES[str(q.dtype)[6:]],
+                                  causal, scale)
+    return kern(q, k, v, cu_q, cu_k)
+
+
+def _launch_varlen_backward(q, k, v, cu_q, cu_k, o, lse, do, max_q, max_k, causal, scale):
+    Tq, Hq, D = (int(d) for d in q.shape)
+    Tk, Hkv, B = int(k.shape[0]), int(k.shape[1]), int(cu_q.shape[0]) - 1
+    kern = _varlen_backward_kernel(Tq, Tk, B, Hq, Hkv, D, max_q, max_k,
+                                   _DTYPES[str(q.dtype)[6:]], causal, scale)
+    return tuple(kern(q, k, v, cu_q, cu_k, o, lse, do))
+
+
+# ------------------------------------------------------------------ torch custom ops
+#: the ops' schemas (``pyptx::<name>``), given: this module's annotations are strings
+SCHEMAS = {
+    "attention": "(Tensor q, Tensor k, Tensor v, bool causal, float scale) -> (Tensor, Tensor)",
+    "attention_backward": "(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor do, "
+                          "bool causal, float scale) -> (Tensor, Tensor, Tensor)",
+    "attention_varlen": "(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
+                        "SymInt max_seqlen_q, SymInt max_seqlen_k, bool causal, float scale) "
+                        "-> (Tensor, Tensor)",
+    "attention_varlen_backward": "(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, "
+                                 "Tensor cu_seqlens_k, Tensor o, Tensor lse, Tensor do, "
+                                 "SymInt max_seqlen_q, SymInt max_seqlen_k, bool causal, "
+                                 "float scale) -> (Tensor, Tensor, Tensor)",
+}
+_REGISTERED = False
+
+
+def _register():
+    """Define the ``pyptx::attention*`` custom ops (once). Marked constant for dynamo
+    (what ``torch.compiler.assume_constant_result`` does), so a first call inside
+    ``torch.compile`` runs it at trace time instead of breaking the graph."""
+    global _REGISTERED
+    if _REGISTERED:
+        return True
+    import torch
+
+    def op(name):
+        return torch.library.custom_op(f"pyptx::{name}", mutates_args=(), schema=SCHEMAS[name])
+
+    def dense(*xs):
+        return tuple(x.contiguous() for x in xs)
+
+    @op("attention")
+    def attention_op(q, k, v, causal, scale):
+        with torch.no_grad():
+            return _launch_forward(*dense(q, k, v), causal, scale)
+
+    @attention_op.register_fake
+    def _(q, k, v, causal, scale):
+        B, S, H, _ = q.shape
+        return q.new_empty(q.shape), q.new_empty((B, H, S), dtype=torch.float32)
+
+    @op("attention_backward")
+    def attention_backward_op(q, k, v, o, lse, do, causal, scale):
+        with torch.no_grad():
+            return _launch_backward(*dense(q, k, v, o, lse, do), causal, scale)
+
+    @attention_backward_op.register_fake
+    def _(q, k, v, o, lse, do, causal, scale):
+        return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+    def setup(ctx, inputs, output):
+        q, k, v, ctx.causal, ctx.scale = inputs
+        ctx.save_for_backward(q, k, v, *output)
+
+    def grad(ctx, do, dlse):
+        q, k, v, o, lse = ctx.saved_tensors
+        return (*torch.ops.pyptx.attention_backward(q, k, v, o, lse, do, ctx.causal, ctx.scale),
+                None, None)
+
+    attention_op.register_autograd(grad, setup_context=setup)
+
+    @op("attention_varlen")
+    def varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale):
+        with torch.no_grad():
+            return _launch_varlen_forward(*dense(q, k, v, cu_seqlens_q, cu_seqlens_k),
+                                          max_seqlen_q, max_seqlen_k, causal, scale)
+
+    @varlen_op.register_fake
+    def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale):
+        T, H, _ = q.shape
+        return q.new_empty(q.shape), q.new_empty((H, T), dtype=torch.float32)
+
+    @op("attention_varlen_backward")
+    def varlen_backward_op(q, k, v, cu_seqlens_q, cu_seqlens_k, o, lse, do, max_seqlen_q,
+                           max_seqlen_k, causal, scale):
+        with torch.no_grad():
+            return _launch_varlen_backward(
+                *dense(q, k, v, cu_seqlens_q, cu_seqlens_k, o, lse, do), max_seqlen_q,
+                max_seqlen_k, causal, scale)
+
+    @varlen_backward_op.register_fake
+    def _(q, k, v, cu_seqlens_q, cu_seqlens_k, o, lse, do, max_seqlen_q, max_seqlen_k, causal,
+          scale):
+        return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+    def varlen_setup(ctx, inputs, output):
+        q, k, v, cu_q, cu_k, *ctx.options = inputs
+        ctx.save_for_backward(q, k, v, cu_q, cu_k, *output)
+
+    def varlen_grad(ctx, do, dlse):
+        q, k, v, cu_q, cu_k, o, lse = ctx.saved_tensors
+        grads = torch.ops.pyptx.attention_varlen_backward(q, k, v, cu_q, cu_k, o, lse, do,
+                                                          *ctx.options)
+        return (*grads, None, None, None, None, None, None)
+
+    varlen_op.register_autograd(varlen_grad, setup_context=varlen_setup)
+    _REGISTERED = True
+    return True
+
+
+_register._dynamo_marked_constant = True
+
+
+# ------------------------------------------------------------------ public functions
+def attention(q, k, v, *, causal=False, scale=None, layout="bshd"):
+    """Flash attention ``softmax(scale * q k^T) v`` on Hopper tensor cores.
+
+    ``layout="bshd"``: ``q (B, S, Hq, D)``, ``k, v (B, Sk, Hkv, D)``; ``layout="bhsd"``:
+    ``q (B, Hq, S, D)``, ``k, v (B, Hkv, Sk, D)`` (SDPA's and Hugging Face's), and the output
+    comes in that layout. ``Hq % Hkv == 0`` (query head ``h`` reads key/value head
+    ``h // (Hq // Hkv)``), bfloat16 or float16, head dim ``D`` 64, 128 or 256. ``causal``:
+    query ``i`` sees keys ``j <= i`` (top-left aligned). ``scale`` defaults to ``1/sqrt(D)``.
+    Returns ``out`` shaped like ``q``. Torch tensors (CUDA) go through
+    ``torch.ops.pyptx.attention``, differentiable at ``D`` 64 and 128 (deterministic
+    backward); JAX arrays through ``forward.attention`` (``jax.grad``). Bad input raises
+    ``ConfigError`` naming the caller's line."""
+    *dims, causal, scale = _check_dense(q, k, v, causal, scale, layout)
+    if framework(q) == "jax":
+        from pyptx_kernels.attention import forward
+
+        if layout == "bhsd":
+            import jax.numpy as jnp
+
+            q, k, v = (jnp.swapaxes(x, 1, 2) for x in (q, k, v))
+            return jnp.swapaxes(forward.attention(q, k, v, causal, scale), 1, 2)
+        return forward.attention(q, k, v, causal, scale)
+    import torch
+
+    _register()
+    if layout == "bhsd":   # a copy into (B, S, H, D); the kernels' tensor maps are dense
+        q, k, v = (x.transpose(1, 2).contiguous() for x in (q, k, v))
+        return torch.ops.pyptx.attention(q, k, v, causal, scale)[0].transpose(1, 2)
+    return torch.ops.pyptx.attention(q, k, v, causal, scale)[0]
+
+
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
+                     causal=False, scale=None):
+    """Flash attention over packed sequences (the flash-attention packages' layout).
+
+    ``q (Tq, Hq, D)``, ``k, v (Tk, Hkv, D)``; sequence ``b`` is rows
+    ``cu_seqlens_q[b]:cu_seqlens_q[b + 1]`` of q and ``cu_seqlens_k[b]:cu_seqlens_k[b + 1]``
+    of k, v (int32 ``(B + 1,)`` on q's device; empty sequences allowed); ``max_seqlen_q/k``
+    are Python ints bounding the sequence lengths (no host sync). Dtypes, head dims,
+    ``causal`` (top-left aligned per sequence) and ``scale`` as in ``attention``. Returns
+    ``out (Tq, Hq, D)``. Torch tensors go through ``torch.ops.pyptx.attention_varlen``,
+    differentiable at ``D`` 64 and 128; JAX arrays through ``forward.attention_varlen``."""
+    *_, causal, scale = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                      max_seqlen_k, causal, scale)
+    if framework(q) == "jax":
+        from pyptx_kernels.attention import forward
+
+        return forward.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                        max_seqlen_k, causal, scale)
+    import torch
+
+    _register()
+    return torch.ops.pyptx.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                            max_seqlen_k, causal, scale)[0]
