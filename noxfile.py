@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -13,10 +14,14 @@ nox.options.reuse_venv = "no"
 nox.options.sessions = ["tests", "lint"]
 
 ROOT = Path(__file__).resolve().parent
-PACKAGES = ["pyptx-core", "pyptx-shim", "pyptx-torch", "pyptx-jax"]
+PACKAGES = ["pyptx-core", "pyptx-shim", "pyptx-torch", "pyptx-jax", "pyptx-kernels"]
+#: The packages the CPU-only sessions (tests, matrix) install and test: no torch, no JAX
+#: (their tests importorskip or are GPU-marked).
+BASE = ["pyptx-core", "pyptx-shim", "pyptx-kernels"]
 PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
 CONSTRAINTS = ("-c", "constraints.txt")
 WHEELHOUSE = ROOT / "dist" / "wheelhouse"
+RUFF = "ruff==0.17.6"
 
 
 def _editable(*packages: str) -> list[str]:
@@ -29,39 +34,46 @@ def _test_dirs(*packages: str) -> list[str]:
     return [f"packages/{package}/tests" for package in packages]
 
 
-def _core_tests(session: nox.Session) -> None:
-    """Install core and the shim editable, then run their tests (CPU only)."""
-    session.install(*CONSTRAINTS, *_editable("pyptx-core[test]", "pyptx-shim"))
-    session.run("pytest", *_test_dirs("pyptx-core", "pyptx-shim"), "-q", "-rs", *session.posargs)
+def _base_tests(session: nox.Session, *selection: str) -> None:
+    """Install core, the shim and the kernel library editable, then run their tests (CPU
+    only; ``selection``: extra pytest arguments, e.g. ``-m "not slow"``)."""
+    session.install(*CONSTRAINTS, *_editable("pyptx-core[test]", "pyptx-shim",
+                                             "pyptx-kernels[test]"))
+    session.run("pytest", *_test_dirs(*BASE), "-q", "-rs", "-p", "no:cacheprovider",
+                *selection, *session.posargs)
 
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Core and shim tests on the interpreter that runs nox."""
-    _core_tests(session)
+    """Core, shim and kernel-library tests on the interpreter that runs nox, the long
+    simulator cases (marker ``slow``) included: the one session that runs those."""
+    _base_tests(session)
 
 
 @nox.session(python=PYTHONS)
 def matrix(session: nox.Session) -> None:
-    """Core and shim tests on every supported Python."""
-    _core_tests(session)
+    """Core, shim and kernel-library tests on every supported Python, less the ``slow``
+    simulator cases (the tests session runs them)."""
+    _base_tests(session, "-m", "not slow")
 
 
 @nox.session(python="3.11")
 def plugins(session: nox.Session) -> None:
-    """All four packages with CPU torch and CPU JAX: plugin discovery, the custom op under
-    fake tensors, JAX lowering, the error matrix (GPU tests skip here)."""
-    session.install(*CONSTRAINTS, "torch==2.13.0")
+    """All five packages with CPU torch and CPU JAX: plugin discovery, the custom ops under
+    fake tensors, JAX lowering, the error matrix, the kernel library's torch and JAX paths
+    (GPU tests skip here; the ``slow`` simulator cases run in the tests session)."""
+    session.install(*CONSTRAINTS, "torch")
     session.install(*CONSTRAINTS, *_editable("pyptx-core[test]", "pyptx-shim", "pyptx-torch",
-                                             "pyptx-jax"))
-    session.run("pytest", *_test_dirs(*PACKAGES), "-q", "-rs", *session.posargs)
+                                             "pyptx-jax", "pyptx-kernels[test]"))
+    session.run("pytest", *_test_dirs(*PACKAGES), "-q", "-rs", "-p", "no:cacheprovider",
+                "-m", "not slow", *session.posargs)
 
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """Ruff over the packages, examples, benchmarks and this file."""
-    session.install("ruff")
-    paths = ["packages", "examples", "benchmarks", "noxfile.py"]
+    """Ruff over the packages, examples, benchmarks, tools and this file."""
+    session.install(RUFF)
+    paths = ["packages", "examples", "benchmarks", "tools", "noxfile.py"]
     session.run("ruff", "check", *paths, *session.posargs)
 
 
@@ -81,24 +93,34 @@ def _build_wheels(session: nox.Session, wheelhouse: Path) -> None:
             session.run("hatch", "build", "-t", "wheel", str(wheelhouse))
 
 
+#: The user's installs the install session proves, each in a fresh virtualenv: the extras
+#: of pyptx-core, and the name tools/install_check.py checks them under.
+INSTALLS = {"torch": "pyptx-core[torch]", "jax": "pyptx-core[jax]",
+            "kernels": "pyptx-core[kernels,torch]"}
+
+
 @nox.session(python="3.11")
 def install(session: nox.Session) -> None:
-    """The user's install: wheels into a wheelhouse, then `pip install "pyptx-core[torch]"`
-    and `[jax]` in fresh virtualenvs, each checked to resolve its plugin."""
+    """The user's install: wheels into a wheelhouse, then `pip install "pyptx-core[torch]"`,
+    `[jax]` and `[kernels,torch]` in fresh virtualenvs, each checked by
+    tools/install_check.py from a directory outside the checkout."""
     tmp = Path(session.create_tmp()).resolve()
     wheelhouse = tmp / "wheelhouse"
     _build_wheels(session, wheelhouse)
     links = ["--find-links", str(wheelhouse)]
     if Path("/opt/wheels").is_dir():  # this workplace's local CPU torch wheel
         links += ["--find-links", "/opt/wheels"]
-    for extra in ("torch", "jax"):
-        venv = tmp / f"venv-{extra}"
+    outside = tmp / "cwd"
+    outside.mkdir(exist_ok=True)
+    for check, requirement in INSTALLS.items():
+        venv = tmp / f"venv-{check}"
         shutil.rmtree(venv, ignore_errors=True)
         session.run("python", "-m", "venv", str(venv))
         py = str(venv / "bin" / "python")
-        session.run(py, "-m", "pip", "install", "-q", *CONSTRAINTS, *links,
-                    f"pyptx-core[{extra}]", external=True)
-        session.run(py, str(ROOT / "tools" / "install_check.py"), extra, external=True)
+        session.run(py, "-m", "pip", "install", "-q", *CONSTRAINTS, *links, requirement,
+                    external=True)
+        with session.chdir(outside):
+            session.run(py, str(ROOT / "tools" / "install_check.py"), check, external=True)
 
 
 DEMO = "examples/hopper/rms_norm.py:build_rms_norm"
@@ -131,24 +153,31 @@ def fuzz(session: nox.Session) -> None:
     session.run("python", "tools/fuzz.py", *(session.posargs or ["--cases", "100000"]))
 
 
-CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
-
-
 @nox.session(venv_backend="none")
 def dev(session: nox.Session) -> None:
-    """Build .venv in the checkout: the four packages editable, CPU torch (the pin of
-    constraints.txt, from PyTorch's CPU index, so pip never pulls CUDA torch) and CPU JAX.
-    `nox -s dev -- cuda` takes torch from PyPI instead (CUDA build, for a GPU machine).
-    Then: `. .venv/bin/activate && pytest packages -q -rs`."""
+    """Build .venv in the checkout: the five packages editable, torch (the pin of
+    constraints.txt) and CPU JAX. torch comes from pip's configured index, or from the index
+    named by $PYPTX_TORCH_INDEX (e.g. https://download.pytorch.org/whl/cpu, where PyPI's
+    torch would be the CUDA build); the session says which build it got. `nox -s dev --
+    cuda` takes torch from pip's index (never $PYPTX_TORCH_INDEX) and fails unless that
+    build has CUDA (for a GPU machine). Then: `. .venv/bin/activate && pytest packages -q`."""
+    cuda = "cuda" in session.posargs
     venv = ROOT / ".venv"
     session.run(sys.executable, "-m", "venv", str(venv), external=True)
-    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
+    python = str(venv / "bin" / "python")
+    pip = [python, "-m", "pip", "install", "-q"]
     session.run(*pip, "--upgrade", "pip", external=True)
-    index = [] if "cuda" in session.posargs else ["--index-url", CPU_TORCH_INDEX]
-    session.run(*pip, *CONSTRAINTS, *index, "torch", external=True)
+    index = os.environ.get("PYPTX_TORCH_INDEX")
+    session.run(*pip, *CONSTRAINTS, *([] if cuda or not index else ["--index-url", index]),
+                "torch", external=True)
+    build = session.run(python, "-c", "import torch; print(torch.__version__, "
+                        "torch.version.cuda or 'cpu')", external=True, silent=True).strip()
+    session.log(f"torch {build}")
+    if cuda and build.endswith(" cpu"):
+        session.error(f"`dev -- cuda` asked for a CUDA torch, the index gave {build}")
     session.run(*pip, *CONSTRAINTS, "jax", "ruff", "nox",
-                *_editable("pyptx-core[test]", "pyptx-shim", "pyptx-torch", "pyptx-jax"),
-                external=True)
+                *_editable("pyptx-core[test]", "pyptx-shim", "pyptx-torch", "pyptx-jax",
+                           "pyptx-kernels[test]"), external=True)
     session.log(f"ready: . {venv.relative_to(ROOT)}/bin/activate")
 
 
@@ -164,7 +193,7 @@ def benchmarks(session: nox.Session) -> None:
 #: (griffe) reads the docstrings for the reference pages (ruff formats their signatures).
 DOCS_DEPS = ("mkdocs==1.6.1", "mkdocs-material==9.8.1", "mkdocstrings[python]==1.0.8",
              "mkdocstrings-python==2.0.11", "griffelib==2.4.1", "pymdown-extensions==13.1",
-             "ruff==0.17.6")
+             RUFF)
 
 
 @nox.session
@@ -173,7 +202,8 @@ def docs(session: nox.Session) -> None:
     `mkdocs build --strict`, after checking that every public name has a docstring and a
     reference entry. The pages' code blocks run in the tests sessions (test_docs.py)."""
     session.install(*CONSTRAINTS, *DOCS_DEPS, "pytest", *_editable("pyptx-core"))
-    session.install("--no-deps", *_editable("pyptx-torch", "pyptx-jax"))  # read, not run
+    # read, not run
+    session.install("--no-deps", *_editable("pyptx-torch", "pyptx-jax", "pyptx-kernels"))
     session.run("pytest", "packages/pyptx-core/tests/test_docs_reference.py", "-q")
     session.run("mkdocs", "build", "--strict", *session.posargs,
                 env={"NO_MKDOCS_2_WARNING": "1"})

@@ -15,17 +15,17 @@ python3 -c "from pyptx_torch.fastpath import fastpath_status as s; print('C++ fa
 grep -q active "$OUT/fastpath.txt" || python3 -m pyptx_torch.fastpath_build 2>&1 | tail -30
 export PYPTX_REQUIRE_FASTPATH=1
 T=packages/pyptx-torch/tests J=packages/pyptx-jax/tests C=packages/pyptx-core/tests
-NEW="$T/test_grouped_gemm_gpu.py $T/test_fp8_gemm_gpu.py $T/test_flash_attention_gpu.py $T/test_flash_attention_bwd_gpu.py"
+K=packages/pyptx-kernels/tests  # the kernel library's tests (torch ones, *_jax_gpu.py for JAX)
 DEADLINE=$(( t0 + ${LANES_BUDGET:-420} ))  # every lane stops by then
 left() { echo $(( DEADLINE - $(date +%s) > 5 ? DEADLINE - $(date +%s) : 5 )); }
 py() { timeout $(left) python3 -m pytest -m gpu -q -rs -p no:cacheprovider "$@"; }
 lane() {  # lane NAME: runs in the background, output to $OUT/lane-NAME.log
   case $1 in
-    core) py $C $(ls $T/test_*.py | grep -v -e grouped -e fp8 -e flash_attention) ;;
-    jax) py $J ;;
-    kernels) PYPTX_AUTOTUNE=0 py $T/test_grouped_gemm_gpu.py $T/test_fp8_gemm_gpu.py ;;
-    attention) py $T/test_flash_attention_gpu.py $T/test_flash_attention_bwd_gpu.py \
-                  $T/test_flash_attention_varlen_bwd_gpu.py ;;
+    core) py $C $T $(ls $K/test_*_gpu.py | grep -v -e grouped -e fp8 -e flash_attention -e _jax_gpu) ;;
+    jax) py $J $K/test_*_jax_gpu.py ;;
+    kernels) PYPTX_AUTOTUNE=0 py $K/test_grouped_gemm_gpu.py $K/test_fp8_gemm_gpu.py ;;
+    attention) py $K/test_flash_attention_gpu.py $K/test_flash_attention_bwd_gpu.py \
+                  $K/test_flash_attention_varlen_bwd_gpu.py ;;
     sanitize)
       for tool in memcheck racecheck synccheck; do (
         for s in gemm grouped fp8 attention attention_bwd attention_bwd:atomic_dq=1,dq_bulk=1,dq_ordered=1,dq_convert=1,convert_lag=1,stats_lead=1 attention_bwd:fused_bq=128,dq_ordered=1,fused_pingpong=1 attention_bwd+varlen; do
@@ -36,8 +36,12 @@ lane() {  # lane NAME: runs in the background, output to $OUT/lane-NAME.log
         done > "$OUT/sanitize-$tool.log" 2>&1 ) &
       done; wait ;;
     examples)
-      for ex in flash_attention flash_attention_bwd grouped_gemm fp8_gemm gemm wgmma_tile; do
-        echo "== $ex"; PYPTX_AUTOTUNE=0 timeout $(left) python3 examples/hopper/$ex.py 2>&1 | grep -E "PASS|FAIL|Error|error" | tail -40
+      # the library modules' own checks (their main()), then the example that remains
+      for ex in pyptx_kernels.attention.forward pyptx_kernels.attention.backward \
+                pyptx_kernels.grouped_gemm.kernel pyptx_kernels.fp8_gemm.kernel \
+                pyptx_kernels.gemm.kernel examples/hopper/wgmma_tile.py; do
+        [[ $ex == *.py ]] && run=("$ex") || run=(-m "$ex")
+        echo "== $ex"; PYPTX_AUTOTUNE=0 timeout $(left) python3 "${run[@]}" 2>&1 | grep -E "PASS|FAIL|Error|error" | tail -40
       done ;;
   esac > "$OUT/lane-$1.log" 2>&1
 }

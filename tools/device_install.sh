@@ -7,4 +7,5 @@
 python3 -m pip install -q --no-index --find-links .whl hatchling editables 2>&1 | tail -2
 python3 -m pip install -q --no-index --no-build-isolation --no-deps \
     -e packages/pyptx-core -e packages/pyptx-shim -e packages/pyptx-torch -e packages/pyptx-jax \
+    -e packages/pyptx-kernels \
     2>&1 | tail -3
