@@ -383,7 +383,8 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bshd"):
 
     ``layout="bshd"``: ``q (B, S, Hq, D)``, ``k, v (B, Sk, Hkv, D)``; ``layout="bhsd"``:
     ``q (B, Hq, S, D)``, ``k, v (B, Hkv, Sk, D)`` (SDPA's and Hugging Face's), and the output
-    comes in that layout. ``Hq % Hkv == 0`` (query head ``h`` reads key/value head
+    comes in that layout (for now q, k, v are copied into ``(B, S, H, D)`` and the output is
+    a transposed view of the kernel's). ``Hq % Hkv == 0`` (query head ``h`` reads key/value head
     ``h // (Hq // Hkv)``), bfloat16 or float16, head dim ``D`` 64, 128 or 256. ``causal``:
     query ``i`` sees keys ``j <= i`` (top-left aligned). ``scale`` defaults to ``1/sqrt(D)``.
     Returns ``out`` shaped like ``q``. Torch tensors (CUDA) go through
