@@ -117,14 +117,14 @@ def _backward_impl(grad, a, b, bias, need_a, need_b, need_bias, linear=False):
 
     name = dtype_name(a.dtype)
     g = grad.to(a.dtype)
-    empty = grad.new_empty((0,))
+    empty = lambda: grad.new_empty((0,))  # noqa: E731 (outputs may not alias each other)
     bl = b.T if linear else b
-    da = _mm(g, bl.T, None, name) if need_a else empty
+    da = _mm(g, bl.T, None, name) if need_a else empty()
     if need_b:
         db = _mm(g.T, a, None, name) if linear else _mm(a.T, g, None, name)
     else:
-        db = empty
-    dbias = grad.sum(0, dtype=torch.float32).to(bias.dtype) if need_bias else empty
+        db = empty()
+    dbias = grad.sum(0, dtype=torch.float32).to(bias.dtype) if need_bias else empty()
     return da, db, dbias
 
 
@@ -133,9 +133,12 @@ def _linear_backward_impl(grad, a, b, bias, need_a, need_b, need_bias):
 
 
 def _backward_fake(grad, a, b, bias, need_a, need_b, need_bias):
-    empty = grad.new_empty((0,))
-    return (a.new_empty(a.shape) if need_a else empty, b.new_empty(b.shape) if need_b else empty,
-            bias.new_empty(bias.shape) if need_bias else empty)
+    def empty():
+        return grad.new_empty((0,))
+
+    return (a.new_empty(a.shape) if need_a else empty(),
+            b.new_empty(b.shape) if need_b else empty(),
+            bias.new_empty(bias.shape) if need_bias else empty())
 
 
 def _setup(ctx, inputs, output):

@@ -63,11 +63,11 @@ def _grouped(a, b, offs, out):
 
 
 def _grouped_backward(grad, a, b, offs):
-    """``(da, db)`` with ``db`` in ``b``'s strides: ``GroupedBackward``'s two kernels (the
-    grouped GEMM on ``b`` in the other major order, then the weight gradient); where K or N
-    is not a multiple of 8 (the forward pads them), the library's own autograd through
-    ``grouped_gemm.kernel.grouped_mm`` (it runs the forward once more)."""
+    """``(da, db)``, ``db`` in ``b``'s strides: ``GroupedBackward``'s two kernels (the grouped
+    GEMM on ``b`` in the other major order, then the weight gradient) on the operands
+    zero-padded as the forward pads them (K and N to multiples of 8), cropped back."""
     import torch
+    import torch.nn.functional as F
 
     from pyptx_kernels.grouped_gemm import kernel
 
@@ -75,16 +75,16 @@ def _grouped_backward(grad, a, b, offs):
     G, _, N = b.shape
     bt = b.transpose(-2, -1)
     k_major = not b.is_contiguous() and bt.is_contiguous()
-    if K % 8 or N % 8:
-        with torch.enable_grad():
-            a_, b_ = a.detach().requires_grad_(), b.detach().requires_grad_()
-            d = kernel.grouped_mm(a_, b_, offs, out_dtype=dtype_name(grad.dtype))
-            da, db = torch.autograd.grad(d, (a_, b_), grad)
-        return da.contiguous(), db
-    stored = bt if k_major else b
-    op = kernel.grouped_op(M, N, K, G, "K" if k_major else "MN", dtype_name(grad.dtype))
+    pk, pn = -K % 8, -N % 8
+    stored = F.pad(bt, (0, pk, 0, pn)) if k_major else F.pad(b, (0, pn, 0, pk))
+    op = kernel.grouped_op(M, N + pn, K + pk, G, "K" if k_major else "MN",
+                           dtype_name(grad.dtype))
     with torch.no_grad():
-        da, db = op.backward_kernel(a.contiguous(), stored.contiguous(), offs, grad.contiguous())
+        da, db = op.backward_kernel(F.pad(a, (0, pk)).contiguous(), stored.contiguous(), offs,
+                                    F.pad(grad, (0, pn)).contiguous())
+    if pk or pn:
+        da = da[:, :K].contiguous()
+        db = (db[:, :N, :K] if k_major else db[:, :K, :N]).contiguous()
     return da, (db.transpose(-2, -1) if k_major else db)
 
 

@@ -196,7 +196,7 @@ def _empty(x):
 
 def _save_all(ctx, inputs, output):
     ctx.save_for_backward(*[t if hasattr(t, "shape") else None for t in inputs], output)
-    ctx.scalars = [t for t in inputs if not hasattr(t, "shape")]
+    ctx.scalars = [t for t in inputs if isinstance(t, float)]
 
 
 def _rms_norm_grad(ctx, grad):
@@ -212,7 +212,7 @@ def _layer_norm_grad(ctx, grad):
 
     x, w, b, _, _ = ctx.saved_tensors
     dx, dw, db = torch.ops.pyptx.layer_norm_backward(grad.contiguous(), x, w, ctx.scalars[0])
-    return dx, dw, db if b is not None else None
+    return dx, dw, (db if b is not None else None), None
 
 
 def _softmax_grad(ctx, grad):

@@ -1,0 +1,393 @@
+"""CPU tests of the public functional API (``pyptx_kernels.matmul`` ... ``swiglu``).
+
+* ``import pyptx_kernels`` imports neither torch, JAX nor a kernel module;
+* every function's bad input raises a ``PyptxError`` naming this file's calling line;
+* ``pyptx_kernels.ptx`` traces each function's kernels for CPU and meta tensors (no launch),
+  and one kernel per op assembles with ptxas;
+* the torch custom ops' autograd wiring: the launches (``gemm.api._mm``, ``rows.api._rms_norm``,
+  ...) are swapped for float64 models of what the kernels compute, so the flattening of
+  leading dims, the ops' dispatch and each backward op's layouts are checked against torch's
+  own ops in float64, forward and backward. Softmax's and SwiGLU's backward ops are torch
+  code (no backward kernel) and run as they are.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from pyptx.errors import PyptxError
+
+torch = pytest.importorskip("torch")
+
+import pyptx_kernels as pk  # noqa: E402
+from pyptx_kernels import _common  # noqa: E402
+from pyptx_kernels.gemm import api as gemm_api  # noqa: E402
+from pyptx_kernels.grouped_gemm import api as grouped_api  # noqa: E402
+from pyptx_kernels.rows import api as rows_api  # noqa: E402
+
+BF, F32 = torch.bfloat16, torch.float32
+E4M3 = torch.float8_e4m3fn
+FUNCTIONS = ["matmul", "linear", "grouped_mm", "scaled_mm", "scaled_mm_blockwise", "attention",
+             "attention_varlen", "rms_norm", "layer_norm", "softmax", "swiglu", "ptx"]
+
+
+def test_import_is_cheap():
+    code = ("import sys, pyptx_kernels as pk\n"
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'jax', 'cuda')\n"
+            "       or m.startswith('pyptx_kernels.')]\n"
+            "assert not bad, bad\n"
+            f"assert set({FUNCTIONS!r}) | {{'nn', 'transformers'}} == set(pk.__all__)\n"
+            "assert set(pk.__all__) <= set(dir(pk))\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_unknown_name():
+    with pytest.raises(AttributeError):
+        pk.no_such_function  # noqa: B018
+
+
+def meta(*shape, dtype=BF):
+    return torch.empty(*shape, dtype=dtype, device="meta")
+
+
+def cpu(*shape, dtype=BF):
+    return torch.randn(*shape).to(dtype)
+
+
+def expect_error(fn, *args, match="", **kwargs):
+    """``fn(*args, **kwargs)`` raises a PyptxError that names this file's calling line."""
+    with pytest.raises(PyptxError, match=match) as info:
+        line = sys._getframe().f_lineno + 1
+        fn(*args, **kwargs)
+    assert str(info.value).startswith(f"{__file__}:{line}: "), str(info.value)
+
+
+OFFS = torch.tensor([3, 8], dtype=torch.int32, device="meta")
+BAD = {
+    "matmul 1-d b": (pk.matmul, (meta(4, 8), meta(8)), {}, "b \\(K, N\\)"),
+    "matmul inner": (pk.matmul, (meta(2, 3, 8), meta(16, 32)), {}, "inner dimensions"),
+    "matmul f32": (pk.matmul, (meta(4, 8, dtype=F32), meta(8, 16, dtype=F32)), {}, "bfloat16"),
+    "matmul mixed": (pk.matmul, (meta(4, 8), meta(8, 16, dtype=torch.float16)), {}, "bfloat16"),
+    "matmul bias": (pk.matmul, (meta(4, 8), meta(8, 16)), {"bias": meta(8)}, "bias"),
+    "matmul out": (pk.matmul, (meta(4, 8), meta(8, 16)), {"out_dtype": "f64"}, "out_dtype"),
+    "matmul cpu": (pk.matmul, (cpu(4, 8), cpu(8, 16)), {}, "CUDA"),
+    "matmul devices": (pk.matmul, (cpu(4, 8), meta(8, 16)), {}, "different devices"),
+    "linear weight": (pk.linear, (meta(2, 5, 8), meta(16, 4)), {}, "inner dimensions"),
+    "linear bias": (pk.linear, (meta(5, 8), meta(16, 8), meta(8)), {}, "bias"),
+    "grouped rank": (pk.grouped_mm, (meta(2, 4, 8), meta(2, 8, 16), OFFS), {}, "a \\(M, K\\)"),
+    "grouped offs": (pk.grouped_mm, (meta(8, 8), meta(2, 8, 16), OFFS.long()), {}, "int32"),
+    "grouped groups": (pk.grouped_mm, (meta(8, 8), meta(3, 8, 16), OFFS), {}, "groups"),
+    "grouped dtype": (pk.grouped_mm, (meta(8, 8), meta(2, 8, 16, dtype=F32), OFFS), {}, "b must"),
+    "grouped cpu": (pk.grouped_mm, (cpu(8, 8), cpu(2, 8, 16), torch.tensor([3, 8], dtype=torch.int32)), {}, "CUDA"),
+    "scaled dtype": (pk.scaled_mm, (meta(4, 32), meta(32, 16, dtype=E4M3), meta(1, dtype=F32),
+                                    meta(1, dtype=F32)), {}, "float8"),
+    "scaled scales": (pk.scaled_mm, (meta(4, 32, dtype=E4M3), meta(32, 16, dtype=E4M3),
+                                     meta(4, 1, dtype=F32), meta(16, 1, dtype=F32)), {}, "row"),
+    "scaled scale dtype": (pk.scaled_mm, (meta(4, 32, dtype=E4M3), meta(32, 16, dtype=E4M3),
+                                          meta(1), meta(1)), {}, "float32"),
+    "scaled out": (pk.scaled_mm, (meta(4, 32, dtype=E4M3), meta(32, 16, dtype=E4M3),
+                                  meta(1, dtype=F32), meta(1, dtype=F32)),
+                   {"out_dtype": torch.float16}, "out_dtype"),
+    "scaled grad": (pk.scaled_mm, (meta(4, 32, dtype=E4M3), meta(32, 16, dtype=E4M3),
+                                   meta(1, dtype=F32).requires_grad_(), meta(1, dtype=F32)), {},
+                    "not differentiable"),
+    "blockwise scales": (pk.scaled_mm_blockwise, (meta(4, 256, dtype=E4M3),
+                                                  meta(256, 16, dtype=E4M3), meta(4, 1, dtype=F32),
+                                                  meta(1, 2, dtype=F32)), {}, "blocks"),
+    "rms_norm weight": (pk.rms_norm, (meta(2, 3, 64), meta(32)), {}, "\\(64,\\)"),
+    "rms_norm f16": (pk.rms_norm, (meta(2, 64, dtype=torch.float16), meta(64)), {}, "float32"),
+    "rms_norm mixed": (pk.rms_norm, (meta(2, 64), meta(64, dtype=F32)), {}, "dtype"),
+    "rms_norm long": (pk.rms_norm, (meta(2, 40000), meta(40000)), {}, "at most"),
+    "rms_norm grad long": (pk.rms_norm, (meta(2, 10000).requires_grad_(), meta(10000)), {},
+                           "backward"),
+    "rms_norm cpu": (pk.rms_norm, (cpu(2, 64), cpu(64)), {}, "CUDA"),
+    "layer_norm bias": (pk.layer_norm, (meta(2, 64), meta(64), meta(63)), {}, "bias"),
+    "softmax dim": (pk.softmax, (meta(2, 64),), {"dim": 0}, "last dimension"),
+    "swiglu shapes": (pk.swiglu, (meta(2, 64), meta(2, 32)), {}, "same shape"),
+    "swiglu cpu": (pk.swiglu, (cpu(2, 64), cpu(2, 64)), {}, "CUDA"),
+    "ptx not a kernel function": (pk.ptx, (len, meta(2)), {}, "not a pyptx_kernels"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_input(case):
+    fn, args, kwargs, match = BAD[case]
+    expect_error(fn, *args, match=match, **kwargs)
+
+
+def test_ptx_bad_input_names_the_caller():
+    expect_error(pk.ptx, pk.rms_norm, meta(2, 64), meta(32), match="weight")
+
+
+# ------------------------------------------------------------------------------ ptx()
+def _e4m3(*shape, device="meta"):
+    return torch.empty(*shape, dtype=E4M3, device=device)
+
+
+def traced_calls(device):
+    """(function, args, kwargs, the kernel-name prefix) of one call per function."""
+    t = lambda *s, dtype=BF: torch.empty(*s, dtype=dtype, device=device)  # noqa: E731
+    offs = torch.tensor([50, 100, 200, 300], dtype=torch.int32, device=device)
+    w = _e4m3(256, 512, device=device)
+    return [
+        (pk.matmul, (t(2, 37, 64), t(64, 128)), {}, "gemm_bf16_bf16_KMN"),
+        (pk.matmul, (t(2, 37, 64), t(128, 64).T), {"bias": t(128, dtype=F32),
+                                                   "out_dtype": "f32"}, "gemm_bf16_f32_KK"),
+        (pk.linear, (t(2, 37, 64), t(128, 64), t(128)), {}, "gemm_bf16_bf16_KK"),
+        (pk.grouped_mm, (t(300, 512), t(4, 512, 256), offs), {}, "grouped_bf16_MN"),
+        (pk.grouped_mm, (t(300, 512), t(4, 256, 512).transpose(1, 2), offs),
+         {"out_dtype": torch.float32}, "grouped_f32_K"),
+        (pk.scaled_mm, (_e4m3(300, 512, device=device), w.t(), t(1, dtype=F32),
+                        t(1, dtype=F32)), {}, "fp8_gemm_tensor"),
+        (pk.scaled_mm, (_e4m3(300, 512, device=device), w.t(), t(300, 1, dtype=F32),
+                        t(1, 256, dtype=F32)), {"use_fast_accum": True}, "fp8_gemm_row"),
+        (pk.scaled_mm_blockwise, (_e4m3(300, 512, device=device), w.t(), t(300, 4, dtype=F32),
+                                  t(2, 4, dtype=F32)), {}, "fp8_gemm_block"),
+        (pk.rms_norm, (t(2, 37, 1024), t(1024)), {}, "rms_norm_bf16"),
+        (pk.layer_norm, (t(2, 37, 1024, dtype=F32), t(1024, dtype=F32)), {}, "layer_norm_f32"),
+        (pk.softmax, (t(2, 37, 1000),), {"dim": 2}, "softmax_bf16"),
+        (pk.swiglu, (t(2, 37, 768), t(2, 37, 768)), {}, "swiglu_bf16"),
+    ]
+
+
+@pytest.mark.parametrize("device", ["meta", "cpu"])
+def test_ptx_traces_every_function(device):
+    for fn, args, kwargs, prefix in traced_calls(device):
+        texts = pk.ptx(fn, *args, **kwargs)
+        assert len(texts) == 1 and next(iter(texts)).startswith(prefix), (fn.__name__, texts)
+        text = next(iter(texts.values()))
+        assert ".target sm_90a" in text and ".entry " + next(iter(texts)) in text
+
+
+def test_ptx_shapes_follow_the_call():
+    a = pk.ptx(pk.rms_norm, meta(2, 37, 512), meta(512))
+    b = pk.ptx(pk.rms_norm, meta(74, 512), meta(512))
+    c = pk.ptx(pk.rms_norm, meta(74, 1024), meta(1024))
+    assert a == b and a != c
+
+
+@pytest.mark.parametrize("name", ["matmul", "grouped_mm", "scaled_mm", "scaled_mm_blockwise",
+                                  "rms_norm", "layer_norm", "softmax", "swiglu"])
+def test_ptx_assembles(name, assemble):
+    fn, args, kwargs, _ = next(c for c in traced_calls("meta") if c[0].__name__ == name)
+    for text in pk.ptx(fn, *args, **kwargs).values():
+        assemble(text)
+
+
+def test_fake_tensors_pass_the_device_check():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        x, w = torch.empty(2, 37, 64, dtype=BF), torch.empty(64, dtype=BF)
+        y = pk.rms_norm(x, w)
+        assert y.shape == (2, 37, 64) and y.device.type == "cpu"
+        assert pk.linear(x, torch.empty(32, 64, dtype=BF)).shape == (2, 37, 32)
+
+
+def test_meta_tensors_give_shapes():
+    x, w = meta(2, 37, 64), meta(128, 64)
+    assert pk.linear(x, w).shape == (2, 37, 128)
+    assert pk.matmul(x, w.T, out_dtype=F32).dtype == F32
+    assert pk.rms_norm(meta(2, 37, 64), meta(64)).shape == (2, 37, 64)
+    assert pk.grouped_mm(meta(300, 64), meta(4, 64, 32), OFFS[:1].expand(4).contiguous()
+                         ).shape == (300, 32)
+
+
+# ----------------------------------------------------------------- autograd, swapped launches
+def _round(x, dtype):
+    return x.to(dtype)
+
+
+def _mm_model(a, b, bias, out):
+    d = a.double() @ b.double()
+    if bias is not None:
+        d = d + bias.double()
+    return d.to(_common.torch_dtype(out))
+
+
+def _rms_norm_grads(dy, x, w, eps):
+    """float64 ``(dx, dw)`` of RMSNorm, the backward kernel's formulas (``build_rms_norm_bwd``);
+    a backward op's implementation runs below autograd, so the model cannot use it."""
+    dy, xd, wd = dy.double(), x.double(), w.double()
+    r = torch.rsqrt((xd * xd).mean(-1, keepdim=True) + eps)
+    g = wd * dy
+    dx = r * g - xd * r ** 3 * (g * xd).mean(-1, keepdim=True)
+    return dx.to(x.dtype), (dy * xd * r).sum(0).to(w.dtype)
+
+
+def _layer_norm_grads(dy, x, w, eps):
+    """float64 ``(dx, dw, db)`` of LayerNorm (``build_layer_norm_bwd``'s formulas)."""
+    dy, xd, wd = dy.double(), x.double(), w.double()
+    d = xd - xd.mean(-1, keepdim=True)
+    rstd = torch.rsqrt((d * d).mean(-1, keepdim=True) + eps)
+    xhat, g = d * rstd, wd * dy
+    dx = rstd * (g - g.mean(-1, keepdim=True) - xhat * (g * xhat).mean(-1, keepdim=True))
+    return dx.to(x.dtype), (dy * xhat).sum(0).to(w.dtype), dy.sum(0).to(w.dtype)
+
+
+def _grouped_grads(dd, a, b, offs):
+    """float64 ``(da, db)`` of the grouped GEMM, group by group."""
+    da, db, start = torch.zeros_like(a, dtype=torch.float64), [], 0
+    for g, end in enumerate(offs.tolist()):
+        da[start:end] = dd[start:end].double() @ b[g].double().T
+        db.append(a[start:end].double().T @ dd[start:end].double())
+        start = end
+    return da.to(a.dtype), torch.stack(db).to(b.dtype)
+
+
+def _rms64(x, w, eps):
+    return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps) * w
+
+
+def _ln64(x, w, b, eps):
+    return torch.nn.functional.layer_norm(x, (x.shape[-1],), w, b, eps)
+
+
+@pytest.fixture
+def models(monkeypatch):
+    """Swap the kernel launches for float64 models; count the launches by name."""
+    calls = []
+
+    def counted(name, fn):
+        def run(*args):
+            calls.append(name)
+            return fn(*args)
+        return run
+
+    monkeypatch.setattr(_common, "check_devices", lambda *a: None)
+    monkeypatch.setattr(gemm_api, "_mm", counted("mm", _mm_model))
+    monkeypatch.setattr(rows_api, "_rms_norm", counted(
+        "rms_norm", lambda x, w, eps: _rms64(x.double(), w.double(), eps).to(x.dtype)))
+    monkeypatch.setattr(rows_api, "_rms_norm_backward", counted(
+        "rms_norm_backward",
+        _rms_norm_grads))
+    monkeypatch.setattr(rows_api, "_layer_norm", counted(
+        "layer_norm", lambda x, w, b, eps: _ln64(
+            x.double(), w.double(), None if b is None else b.double(), eps).to(x.dtype)))
+    monkeypatch.setattr(rows_api, "_layer_norm_backward", counted(
+        "layer_norm_backward", _layer_norm_grads))
+    monkeypatch.setattr(rows_api, "_softmax", counted(
+        "softmax", lambda x: torch.softmax(x.double(), -1).to(x.dtype)))
+    monkeypatch.setattr(rows_api, "_swiglu", counted(
+        "swiglu", lambda g, u: (torch.nn.functional.silu(g.double()) * u.double()).to(g.dtype)))
+    monkeypatch.setattr(grouped_api, "_grouped", counted("grouped", _grouped_model))
+    monkeypatch.setattr(grouped_api, "_grouped_backward", counted(
+        "grouped_backward", _grouped_grads))
+    return calls
+
+
+def _grouped_ref(a, b, offs):
+    out, start = [], 0
+    for g, end in enumerate(offs.tolist()):
+        out.append(a[start:end] @ b[g])
+        start = end
+    return torch.cat(out)
+
+
+def _grouped_model(a, b, offs, out):
+    return _grouped_ref(a.double(), b.double(), offs).to(_common.torch_dtype(out))
+
+
+def rel(x, ref):
+    return ((x.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+def check(got, ref, tol):
+    assert got.shape == ref.shape and got.dtype != torch.float64
+    assert rel(got, ref) < tol, rel(got, ref)
+
+
+def _leaf(*shape, dtype=BF, seed=0):
+    g = torch.Generator().manual_seed(seed + sum(shape))
+    return torch.randn(*shape, generator=g).to(dtype).requires_grad_()
+
+
+def _reference(fn, inputs, grad):
+    """float64 torch forward of ``fn`` and the gradients of every input."""
+    xs = [x.detach().double().requires_grad_() for x in inputs]
+    y = fn(*xs)
+    return y, torch.autograd.grad(y, xs, grad.double())
+
+
+def _compare(ours, ref, inputs, tol, seed=7):
+    y = ours(*inputs)
+    grad = torch.randn(y.shape, generator=torch.Generator().manual_seed(seed)).to(y.dtype)
+    y_ref, g_ref = _reference(ref, inputs, grad)
+    check(y, y_ref, tol)
+    gs = torch.autograd.grad(y, inputs, grad)
+    for g, r, x in zip(gs, g_ref, inputs):
+        assert g.dtype == x.dtype and g.shape == x.shape
+        check(g, r, tol)
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_matmul_autograd(models, transposed):
+    """``b`` given as ``(K, N)`` or as the view ``w.T`` of a ``(N, K)`` weight."""
+    a, bias = _leaf(2, 37, 40), _leaf(24, dtype=F32)
+    w = _leaf(24, 40) if transposed else _leaf(40, 24)
+
+    def ours(a, w, bias):
+        return pk.matmul(a, w.T if transposed else w, bias=bias)
+
+    def ref(a, w, bias):
+        return a @ (w.T if transposed else w) + bias
+
+    _compare(ours, ref, [a, w, bias], 1e-2)
+    assert models.count("mm") == 3      # forward, dA, dB
+
+
+def test_matmul_out_dtype_and_no_grad(models):
+    a, b = _leaf(3, 40), _leaf(40, 24)
+    y = pk.matmul(a, b, out_dtype="f32")
+    assert y.dtype == F32 and rel(y, a.double() @ b.double()) < 1e-6
+    with torch.no_grad():
+        assert not pk.matmul(a, b).requires_grad
+    y.sum().backward()
+    check(a.grad, torch.ones(3, 24, dtype=torch.float64) @ b.double().T, 1e-2)
+
+
+def test_linear_autograd(models):
+    _compare(pk.linear, lambda x, w, b: torch.nn.functional.linear(x, w, b),
+             [_leaf(2, 37, 40), _leaf(24, 40), _leaf(24)], 1e-2)
+    _compare(lambda x, w: pk.linear(x, w), lambda x, w: x @ w.T,
+             [_leaf(5, 40), _leaf(24, 40)], 1e-2)
+
+
+def test_linear_grad_of_one_input(models):
+    x, w = _leaf(5, 40), _leaf(24, 40).detach()
+    pk.linear(x, w).sum().backward()
+    check(x.grad, torch.ones(5, 24, dtype=torch.float64) @ w.double(), 1e-2)
+    assert models.count("mm") == 2      # no weight gradient GEMM
+
+
+def test_grouped_mm_autograd(models):
+    offs = torch.tensor([5, 5, 20, 31], dtype=torch.int32)
+    _compare(lambda a, b: pk.grouped_mm(a, b, offs), lambda a, b: _grouped_ref(a, b, offs),
+             [_leaf(31, 16), _leaf(4, 16, 24)], 1e-2)
+
+
+@pytest.mark.parametrize("lead", [(), (2, 37), (3, 1, 5)])
+def test_rms_norm_autograd(models, lead):
+    _compare(lambda x, w: pk.rms_norm(x, w, eps=1e-5), lambda x, w: _rms64(x, w, 1e-5),
+             [_leaf(*lead, 96, dtype=F32), _leaf(96, dtype=F32)], 1e-6)
+    assert models[-2:] == ["rms_norm", "rms_norm_backward"]
+
+
+def test_layer_norm_autograd(models):
+    _compare(lambda x, w, b: pk.layer_norm(x, w, b), lambda x, w, b: _ln64(x, w, b, 1e-5),
+             [_leaf(2, 37, 96, dtype=F32), _leaf(96, dtype=F32), _leaf(96, dtype=F32)], 1e-6)
+    _compare(lambda x, w: pk.layer_norm(x, w, eps=1e-3), lambda x, w: _ln64(x, w, None, 1e-3),
+             [_leaf(2, 37, 96, dtype=F32), _leaf(96, dtype=F32)], 1e-6)
+
+
+def test_softmax_autograd(models):
+    _compare(pk.softmax, lambda x: torch.softmax(x, -1), [_leaf(2, 37, 80, dtype=F32)], 1e-6)
+    _compare(pk.softmax, lambda x: torch.softmax(x, -1), [_leaf(2, 37, 80)], 1e-2)
+
+
+def test_swiglu_autograd(models):
+    _compare(pk.swiglu, lambda g, u: torch.nn.functional.silu(g) * u,
+             [_leaf(2, 37, 80, dtype=F32), _leaf(2, 37, 80, dtype=F32, seed=1)], 1e-6)
