@@ -42,6 +42,7 @@ def _signature(record):
 @pytest.mark.parametrize("k_major", [False, True])
 def test_grouped_mm_cached_call_launches_the_same(launches, k_major):
     gg = importlib.import_module("pyptx_kernels.grouped_gemm.kernel")
+    gg._CALLS.clear()  # one module per process: start from an empty signature cache
     G, Mg, N, K = 3, 64, 32, 48
     a = torch.randn(G * Mg, K).to(torch.bfloat16).requires_grad_(True)
     if k_major:  # (G, N, K) storage read through its transpose
@@ -68,6 +69,7 @@ def test_grouped_mm_cached_call_launches_the_same(launches, k_major):
 
 def test_grouped_mm_errors_unchanged_after_cached_calls(launches):
     gg = importlib.import_module("pyptx_kernels.grouped_gemm.kernel")
+    gg._CALLS.clear()  # one module per process: start from an empty signature cache
     a = torch.randn(128, 64).to(torch.bfloat16)
     b = torch.randn(2, 64, 32).to(torch.bfloat16)
     offs = torch.tensor([64, 128], dtype=torch.int32)

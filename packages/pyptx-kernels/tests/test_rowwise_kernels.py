@@ -155,9 +155,9 @@ def test_unsupported_sizes_name_the_limit():
 
 
 def test_seed_builders_are_unchanged():
-    """The fast builders live beside the seeds; the seeds' PTX is the golden file's."""
+    """The one-warp softmax beside the fast builders emits its golden PTX (the RMSNorm seed is
+    the example's, checked by core's test_examples.py)."""
     golden = TESTS / "golden"
-    assert load("rms_norm").build_rms_norm(16, 512).ptx() == (golden / "rms_norm_B16_N512.ptx").read_text()
     assert load("softmax").build_softmax(16, 256).ptx() == (golden / "softmax_B16_N256.ptx").read_text()
 
 
