@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 #: The package directory: every frame inside it is the library's, not the user's.
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -18,6 +19,13 @@ def where() -> str:
 def framework(x) -> str:
     """``"torch"`` or ``"jax"``: the framework an array (or tracer) belongs to."""
     return "torch" if type(x).__module__.startswith("torch") else "jax"
+
+
+def lib(x) -> str:
+    """``"torch"`` or ``"jax"`` like ``framework``, in a form ``torch.compile`` traces (an
+    ``isinstance`` check; never imports torch)."""
+    torch = sys.modules.get("torch")
+    return "torch" if torch is not None and isinstance(x, torch.Tensor) else "jax"
 
 
 def fail(cls, who: str, msg: str):
@@ -55,7 +63,7 @@ def rows_of(x):
 def symbolic(x) -> bool:
     """Whether ``x`` has no real storage to check: a meta/fake torch tensor, a tensor under
     ``torch.compile`` tracing, or a JAX tracer / shape struct."""
-    if framework(x) == "torch":
+    if lib(x) == "torch":
         import torch
 
         if torch.compiler.is_compiling() or x.device.type == "meta":
@@ -71,7 +79,7 @@ def check_devices(who: str, *xs) -> None:
     device; meta, fake and traced tensors pass (nothing launches on them)."""
     from pyptx.errors import ConfigError
 
-    xs = [x for x in xs if x is not None and framework(x) == "torch"]
+    xs = [x for x in xs if x is not None and lib(x) == "torch"]
     if not xs:
         return
     devs = {str(x.device) for x in xs}

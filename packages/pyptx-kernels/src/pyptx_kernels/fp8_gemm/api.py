@@ -9,7 +9,8 @@ import sys
 
 from pyptx.errors import ConfigError, ShapeError, SpecError
 from pyptx_kernels import _common
-from pyptx_kernels._common import dtype_name, fail, framework
+from pyptx_kernels._common import dtype_name, fail
+from pyptx_kernels._common import lib as framework
 
 BLOCK = 128   # the block scales' K and N extent (fp8_gemm.kernel.SCALE_BLOCK)
 

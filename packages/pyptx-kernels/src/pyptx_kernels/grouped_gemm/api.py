@@ -7,7 +7,8 @@ import sys
 
 from pyptx.errors import ConfigError, ShapeError, SpecError
 from pyptx_kernels import _common
-from pyptx_kernels._common import dtype_name, fail, framework
+from pyptx_kernels._common import dtype_name, fail
+from pyptx_kernels._common import lib as framework
 
 
 def _check(a, b, offs, out_dtype, launch=True):
