@@ -239,3 +239,15 @@ def test_import_is_lazy():
     import subprocess
 
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_compiles_without_graph_break(ops):
+    """The op lookup is traceable: ``torch.compile(fullgraph=True)`` of the modules."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(nn.Linear(8, 12), torch.nn.Unflatten(-1, (3, 4)),
+                                nn.RMSNorm((3, 4)), torch.nn.Flatten(-2), nn.LayerNorm(12))
+    x = _x(5, 8)
+    want = model(x)
+    compiled = torch.compile(model, fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(x), want)
+    assert ops.count == {"linear": 2, "rms_norm": 2, "layer_norm": 2}

@@ -29,7 +29,7 @@ HERE = __file__
 
 _spec = importlib.util.spec_from_file_location("pyptx_nn_cpu_tests",
                                                Path(__file__).with_name("test_nn_cpu.py"))
-_nn_tests = importlib.util.module_from_spec(_spec)
+_nn_tests = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)  # for dynamo
 _spec.loader.exec_module(_nn_tests)
 ops = _nn_tests.ops
 
@@ -198,3 +198,14 @@ def test_missing_transformers_names_the_extra(monkeypatch):
                                                              '[transformers]"')) as e:
         ptf.register()
     assert isinstance(e.value, ImportError)
+
+
+def test_training_step_compiles_fullgraph(ops):
+    ref = _model("llama")
+    model = ptf.apply(copy.deepcopy(ref))
+    ids = _ids()
+    loss = torch.compile(model, fullgraph=True, backend="eager")(input_ids=ids, labels=ids).loss
+    loss.backward()
+    assert ops.count["attention"] == 2 and ops.count["linear"] == 15
+    _close(loss.detach(), ref(input_ids=ids, labels=ids).loss.detach())
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters())

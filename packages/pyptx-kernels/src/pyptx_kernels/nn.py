@@ -41,9 +41,22 @@ def where() -> str:
     return "<unknown>:0" if f is None else f"{f.f_code.co_filename}:{f.f_lineno}"
 
 
-def _op(module: str, name: str):
-    """The functional op, looked up at call time (so it can be swapped, e.g. in tests)."""
-    return getattr(importlib.import_module(f"pyptx_kernels.{module}.api"), name)
+def _op(area: str, name: str):
+    """``pyptx_kernels.<area>.api.<name>``, looked up at call time (so it can be swapped, e.g.
+    in tests) in ``sys.modules``, which ``torch.compile`` traces (``import_module`` it cannot)."""
+    module = f"pyptx_kernels.{area}.api"
+    return getattr(sys.modules.get(module) or importlib.import_module(module), name)
+
+
+def preload(area: str) -> None:
+    """Import ``pyptx_kernels.<area>.api`` now (when a module is built, before any compiled
+    forward needs it); an API module that does not exist yet waits for the first call."""
+    module = f"pyptx_kernels.{area}.api"
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name != module:
+            raise
 
 
 def _positive_int(what: str, v) -> int:
@@ -97,6 +110,7 @@ class RMSNorm(torch.nn.RMSNorm):
                  device=None, dtype=None) -> None:
         super().__init__(_shape("RMSNorm", normalized_shape), _eps("RMSNorm", eps, True),
                          bool(elementwise_affine), device=device, dtype=dtype)
+        preload("rows")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = tuple(self.normalized_shape)
@@ -123,6 +137,7 @@ class LayerNorm(torch.nn.LayerNorm):
                  bias: bool = True, device=None, dtype=None) -> None:
         super().__init__(_shape("LayerNorm", normalized_shape), _eps("LayerNorm", eps),
                          bool(elementwise_affine), bool(bias), device=device, dtype=dtype)
+        preload("rows")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = _rows(x, tuple(self.normalized_shape), "LayerNorm")
@@ -148,6 +163,7 @@ class Linear(torch.nn.Linear):
         super().__init__(_positive_int("Linear: in_features", in_features),
                          _positive_int("Linear: out_features", out_features), bool(bias),
                          device=device, dtype=dtype)
+        preload("gemm")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return _op("gemm", "linear")(x, self.weight, self.bias)

@@ -47,6 +47,7 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
     something the kernel cannot express: those calls fall back to transformers' SDPA
     attention, which gives the same result. ``dropout > 0``, ``softcap`` and attention sinks
     raise ``ConfigError`` (set ``config.attention_dropout = 0``)."""
+    from .nn import _op
     from .nn import where as user_where
 
     if dropout:
@@ -68,8 +69,7 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
         # no mask with more keys than queries: a prefill into an empty static cache, whose
         # keys past S are unwritten (transformers' SDPA path crops them the same way)
         key, value = key[:, :, :S], value[:, :, :S]
-    api = importlib.import_module("pyptx_kernels.attention.api")
-    out = api.attention(query, key, value, causal=causal, scale=scaling, layout="bhsd")
+    out = _op("attention", "attention")(query, key, value, causal=causal, scale=scaling, layout="bhsd")
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -79,6 +79,10 @@ def register() -> None:
     as ``None``). Idempotent."""
     tf = _transformers()
     from transformers.masking_utils import sdpa_mask
+
+    from .nn import preload
+
+    preload("attention")
 
     tf.AttentionInterface.register("pyptx", attention_forward)
     tf.AttentionMaskInterface.register("pyptx", sdpa_mask)
