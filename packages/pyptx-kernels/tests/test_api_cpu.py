@@ -391,3 +391,20 @@ def test_softmax_autograd(models):
 def test_swiglu_autograd(models):
     _compare(pk.swiglu, lambda g, u: torch.nn.functional.silu(g) * u,
              [_leaf(2, 37, 80, dtype=F32), _leaf(2, 37, 80, dtype=F32, seed=1)], 1e-6)
+
+
+# ---------------------------------------------------------------------------------- JAX
+def test_jax_shapes_trace_and_bad_input():
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    S = jax.ShapeDtypeStruct
+    x, w = S((2, 37, 64), jnp.bfloat16), S((128, 64), jnp.bfloat16)
+    assert list(pk.ptx(pk.linear, x, w)) == list(pk.ptx(pk.linear, meta(2, 37, 64), meta(128, 64)))
+    assert list(pk.ptx(pk.rms_norm, x, S((64,), jnp.bfloat16))) == ["rms_norm_bf16"]
+    assert list(pk.ptx(pk.grouped_mm, S((300, 64), jnp.bfloat16), S((4, 64, 32), jnp.bfloat16),
+                       S((4,), jnp.int32))) == ["grouped_bf16_MN_128x256x64_s4"]
+    expect_error(pk.rms_norm, jnp.ones((2, 64), jnp.float16), jnp.ones(64, jnp.float16),
+                 match="float32 or bfloat16")
+    expect_error(pk.matmul, jnp.ones((2, 64), jnp.bfloat16), jnp.ones((32, 64), jnp.bfloat16),
+                 match="inner dimensions")
+    expect_error(pk.matmul, jnp.ones((2, 64), jnp.bfloat16), meta(64, 32), match="all be torch")

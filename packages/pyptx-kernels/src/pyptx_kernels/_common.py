@@ -60,6 +60,16 @@ def rows_of(x):
     return x.reshape(-1, x.shape[-1]), lead
 
 
+def shaped(x, shape):
+    """``x`` reshaped to ``shape`` (torch, JAX arrays), or a ``jax.ShapeDtypeStruct`` of that
+    shape for one (for tracing kernels without arrays)."""
+    if lib(x) == "jax" and not hasattr(x, "reshape"):
+        import jax
+
+        return jax.ShapeDtypeStruct(tuple(shape), x.dtype)
+    return x.reshape(shape)
+
+
 def symbolic(x) -> bool:
     """Whether ``x`` has no real storage to check: a meta/fake torch tensor, a tensor under
     ``torch.compile`` tracing, or a JAX tracer / shape struct."""

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 
 from pyptx.errors import ConfigError, ShapeError, SpecError
@@ -71,20 +72,21 @@ def linear(x, weight, bias=None):
         _define()
         d = sys.modules["torch"].ops.pyptx.linear(x2, weight, bias)
     else:
-        d = _mm(x2, weight.T, bias, out)
+        d = _mm(x2, weight, bias, out, trans_b=True)
     return d.reshape(*lead, d.shape[-1])
 
 
-def _mm(a, b, bias, out):
+def _mm(a, b, bias, out, trans_b=False):
     """The launch: ``kernel.matmul`` of 2-D ``a (M, K)``, ``b (K, N)`` (a torch ``b`` of any
-    strides; a bias cast to the kernel's f32), autograd off."""
+    strides; JAX: ``trans_b`` for a ``b`` given as ``(N, K)``; a bias cast to the kernel's
+    f32), autograd off."""
     from pyptx_kernels.gemm import kernel
 
     if framework(a) != "torch":
         import jax.numpy as jnp
 
         bias = None if bias is None else bias.astype(jnp.float32)
-        return kernel.matmul(a, b, bias=bias, out_dtype=out)
+        return kernel.matmul(a, b, bias=bias, out_dtype=out, trans_b=trans_b)
     import torch
 
     with torch.no_grad():
@@ -184,12 +186,12 @@ if "torch" in sys.modules:   # a torch user: define the ops before any trace rea
 
 
 # ------------------------------------------------------------------------ kernels (ptx())
-def _kernels_mm(a, b, bias, out):
+def _kernels_mm(a, b, bias, out, trans_b=False):
     from pyptx_kernels.gemm import kernel
 
     lib = framework(a)
-    k = _common.rows_of(a)[0]
-    plan = kernel._plan(k, b, bias, 1.0, None, out, False, False, None, lib)
+    k = _common.shaped(a, (math.prod(a.shape[:-1]), a.shape[-1]))
+    plan = kernel._plan(k, b, bias, 1.0, None, out, False, trans_b, None, lib)
     return kernel._cached(*plan.build)
 
 
@@ -199,7 +201,9 @@ def _kernels_matmul(a, b, *, bias=None, out_dtype=None):
 
 def _kernels_linear(x, weight, bias=None):
     out = _check("linear", x, weight, bias, None, linear=True, launch=False)
-    return _kernels_mm(x, weight.T, bias, out)
+    if framework(x) == "torch":
+        return _kernels_mm(x, weight.T, bias, out)
+    return _kernels_mm(x, weight, bias, out, trans_b=True)
 
 
 _kernels = {"matmul": _kernels_matmul, "linear": _kernels_linear}

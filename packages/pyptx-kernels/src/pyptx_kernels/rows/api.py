@@ -132,7 +132,11 @@ def _build(module, builder, B, N, dtype, *extra):
 
 
 def _kernel(module, builder, x, *extra):
-    return _build(module, builder, x.shape[0], x.shape[1], dtype_name(x.dtype), *extra)
+    """The builder's kernel for 2-D ``x``; for ``x (..., N)`` of ``_kernels_*``, its rows."""
+    import math
+
+    B, N = math.prod(x.shape[:-1]), x.shape[-1]
+    return _build(module, builder, B, N, dtype_name(x.dtype), *extra)
 
 
 def _no_grad():
@@ -274,22 +278,22 @@ if "torch" in sys.modules:   # a torch user: define the ops before any trace rea
 # ------------------------------------------------------------------------ kernels (ptx())
 def _kernels_rms_norm(x, weight, eps=1e-6):
     _check_rms_norm(x, weight, eps, launch=False)
-    return _kernel("rms_norm", "build_rms_norm_fast", _common.rows_of(x)[0], float(eps))
+    return _kernel("rms_norm", "build_rms_norm_fast", x, float(eps))
 
 
 def _kernels_layer_norm(x, weight, bias=None, eps=1e-5):
     _check_layer_norm(x, weight, bias, eps, launch=False)
-    return _kernel("layer_norm", "build_layer_norm", _common.rows_of(x)[0], float(eps))
+    return _kernel("layer_norm", "build_layer_norm", x, float(eps))
 
 
 def _kernels_softmax(x, dim=-1):
     _check_softmax(x, dim, launch=False)
-    return _kernel("softmax", "build_softmax_fast", _common.rows_of(x)[0])
+    return _kernel("softmax", "build_softmax_fast", x)
 
 
 def _kernels_swiglu(gate, up):
     _check_swiglu(gate, up, launch=False)
-    return _kernel("swiglu", "build_swiglu", _common.rows_of(gate)[0])
+    return _kernel("swiglu", "build_swiglu", gate)
 
 
 _kernels = {"rms_norm": _kernels_rms_norm, "layer_norm": _kernels_layer_norm,
