@@ -408,3 +408,37 @@ def test_jax_shapes_trace_and_bad_input():
     expect_error(pk.matmul, jnp.ones((2, 64), jnp.bfloat16), jnp.ones((32, 64), jnp.bfloat16),
                  match="inner dimensions")
     expect_error(pk.matmul, jnp.ones((2, 64), jnp.bfloat16), meta(64, 32), match="all be torch")
+
+
+# ---------------------------------------------------------- grouped backward: padding, layout
+class _GroupedBackwardModel:
+    """``grouped_op(...).backward_kernel`` as float64 math on the stored (padded) operands;
+    checks that it gets them contiguous and padded to multiples of 8."""
+
+    def __init__(self, M, N, K, G, b_major, out):
+        self.N, self.K, self.b_major = N, K, b_major
+        self.backward_kernel = self
+
+    def __call__(self, a, b, offs, dd):
+        assert a.is_contiguous() and b.is_contiguous() and dd.is_contiguous()
+        assert a.shape[1] == self.K and dd.shape[1] == self.N and self.K % 8 == self.N % 8 == 0
+        bl = b.transpose(1, 2) if self.b_major == "K" else b
+        da, db = _grouped_grads(dd, a, bl, offs)
+        return da, (db.transpose(1, 2).contiguous() if self.b_major == "K" else db)
+
+
+@pytest.mark.parametrize("K,N", [(16, 24), (13, 21)])
+@pytest.mark.parametrize("k_major", [False, True])
+def test_grouped_backward_pads_and_keeps_layout(monkeypatch, K, N, k_major):
+    from pyptx_kernels.grouped_gemm import kernel
+
+    monkeypatch.setattr(kernel, "grouped_op", _GroupedBackwardModel)
+    offs = torch.tensor([5, 5, 20, 31], dtype=torch.int32)
+    a = cpu(31, K)
+    b = cpu(4, N, K).transpose(1, 2) if k_major else cpu(4, K, N)
+    dd = cpu(31, N)
+    da, db = grouped_api._grouped_backward(dd, a, b, offs)
+    ref_a, ref_b = _grouped_grads(dd, a, b, offs)
+    assert da.shape == a.shape and db.shape == b.shape and db.stride() == b.stride()
+    check(da, ref_a.double(), 1e-2)
+    check(db, ref_b.double(), 1e-2)

@@ -77,16 +77,27 @@ def _grouped_backward(grad, a, b, offs):
     bt = b.transpose(-2, -1)
     k_major = not b.is_contiguous() and bt.is_contiguous()
     pk, pn = -K % 8, -N % 8
-    stored = F.pad(bt, (0, pk, 0, pn)) if k_major else F.pad(b, (0, pn, 0, pk))
+
+    def pad(t, *widths):
+        return F.pad(t, widths) if any(widths) else t
+
+    stored = pad(bt, 0, pk, 0, pn) if k_major else pad(b, 0, pn, 0, pk)
     op = kernel.grouped_op(M, N + pn, K + pk, G, "K" if k_major else "MN",
                            dtype_name(grad.dtype))
     with torch.no_grad():
-        da, db = op.backward_kernel(F.pad(a, (0, pk)).contiguous(), stored.contiguous(), offs,
-                                    F.pad(grad, (0, pn)).contiguous())
+        da, db = op.backward_kernel(pad(a, 0, pk).contiguous(), stored.contiguous(), offs,
+                                    pad(grad, 0, pn).contiguous())
     if pk or pn:
         da = da[:, :K].contiguous()
         db = (db[:, :N, :K] if k_major else db[:, :K, :N]).contiguous()
     return da, (db.transpose(-2, -1) if k_major else db)
+
+
+def _empty_like(b):
+    """An empty tensor of ``b``'s shape and strides (the backward's ``db`` keeps them)."""
+    import torch
+
+    return torch.empty_like(b)
 
 
 def _fake(a, b, offs, out_dtype):
@@ -111,7 +122,7 @@ def _define():
     _common.torch_op("grouped_mm_backward",
                      "(Tensor grad, Tensor a, Tensor b, Tensor offs) -> (Tensor, Tensor)",
                      lambda *x: _grouped_backward(*x),
-                     lambda grad, a, b, offs: (a.new_empty(a.shape), b.new_empty(b.shape)))
+                     lambda grad, a, b, offs: (a.new_empty(a.shape), _empty_like(b)))
     _common.torch_op("grouped_mm", "(Tensor a, Tensor b, Tensor offs, str out_dtype) -> Tensor",
                      lambda *x: _grouped(*x), _fake, _grad, _setup)
 
