@@ -442,3 +442,65 @@ def test_grouped_backward_pads_and_keeps_layout(monkeypatch, K, N, k_major):
     assert da.shape == a.shape and db.shape == b.shape and db.stride() == b.stride()
     check(da, ref_a.double(), 1e-2)
     check(db, ref_b.double(), 1e-2)
+
+
+# ------------------------------------------------------------- rows launches: the real specs
+class _SpecChecked:
+    """A row kernel stand-in: the real builder's kernel (traced on the CPU) checks each
+    argument's shape and dtype against its ``in_specs``; ``model`` gives the result."""
+
+    def __init__(self, built, model):
+        self.built, self.model = built, model
+
+    def __call__(self, *args):
+        specs = self.built.in_specs
+        assert len(args) == len(specs), (self.built.name, len(args))
+        for x, spec in zip(args, specs):
+            assert tuple(x.shape) == tuple(spec.dims), (self.built.name, x.shape, spec)
+            assert _common.dtype_name(x.dtype) == spec.dtype.name, (self.built.name, x.dtype)
+        return self.model(*args)
+
+
+ROW_MODELS = {
+    "build_rms_norm_fast": lambda eps: lambda x, w: _rms64(x.double(), w.double(), eps).to(x.dtype),
+    "build_rms_norm_bwd": lambda eps: lambda x, w, dy: _rms_norm_grads(dy, x, w, eps),
+    "build_layer_norm": lambda eps: lambda x, w, b: _ln64(x.double(), w.double(), b.double(),
+                                                          eps).to(x.dtype),
+    "build_layer_norm_bwd": lambda eps: lambda x, w, dy: _layer_norm_grads(dy, x, w, eps),
+    "build_softmax_fast": lambda: lambda x: torch.softmax(x.double(), -1).to(x.dtype),
+    "build_swiglu": lambda: lambda g, u: (torch.nn.functional.silu(g.double())
+                                          * u.double()).to(g.dtype),
+}
+
+
+@pytest.fixture
+def spec_checked(monkeypatch):
+    """``rows.api``'s builders give spec-checking float64 models; only device checks are off."""
+    import importlib
+
+    built = []
+
+    def build(module, builder, B, N, dtype, *extra):
+        real = getattr(importlib.import_module(f"pyptx_kernels.rows.{module}"), builder)
+        kernel = real(B, N, dtype, *extra)
+        kernel = getattr(kernel, "stage1", None) or getattr(kernel, "kernel", kernel)
+        built.append((builder, B, N, dtype, *extra))
+        return _SpecChecked(kernel, ROW_MODELS[builder](*extra))
+
+    monkeypatch.setattr(_common, "check_devices", lambda *a: None)
+    monkeypatch.setattr(rows_api, "_build", build)
+    return built
+
+
+def test_rows_launch_the_builders_with_their_specs(spec_checked):
+    x, w, b = _leaf(2, 37, 96, dtype=F32), _leaf(96, dtype=F32), _leaf(96, dtype=F32, seed=1)
+    _compare(lambda x, w: pk.rms_norm(x, w, eps=1e-5), lambda x, w: _rms64(x, w, 1e-5),
+             [x, w], 1e-6)
+    _compare(lambda x, w, b: pk.layer_norm(x, w, b, eps=1e-4),
+             lambda x, w, b: _ln64(x, w, b, 1e-4), [x, w, b], 1e-6)
+    _compare(lambda x, w: pk.layer_norm(x, w), lambda x, w: _ln64(x, w, None, 1e-5), [x, w], 1e-6)
+    _compare(pk.softmax, lambda x: torch.softmax(x, -1), [x], 1e-6)
+    _compare(pk.swiglu, lambda g, u: torch.nn.functional.silu(g) * u, [x, _leaf(2, 37, 96,
+             dtype=F32, seed=2)], 1e-6)
+    assert {c[0] for c in spec_checked} == set(ROW_MODELS)
+    assert ("build_rms_norm_bwd", 74, 96, "f32", 1e-5) in spec_checked
