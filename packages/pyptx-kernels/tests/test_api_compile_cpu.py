@@ -119,3 +119,24 @@ def test_compiled_matches_eager_with_model_launches(monkeypatch):
         torch.testing.assert_close(compiled, eager, rtol=0, atol=0)
     assert results[0][1].abs().sum() > 0
     torch._dynamo.reset()
+
+
+def test_bad_input_under_compile():
+    """Without ``fullgraph`` dynamo falls back to eager and the ``PyptxError`` names the line;
+    with it, dynamo's error carries the message (a trace has no frames to name)."""
+    from pyptx.errors import ShapeError
+
+    x = torch.empty(2, 64, dtype=BF, device="meta")
+    w = torch.empty(32, dtype=BF, device="meta")
+
+    def f(x, w):
+        return pk.rms_norm(x, w)
+
+    with pytest.raises(ShapeError) as info:
+        torch.compile(f, backend="eager")(x, w)
+    line = f.__code__.co_firstlineno + 1       # f's call of rms_norm
+    assert str(info.value).startswith(f"{__file__}:{line}: rms_norm: weight")
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match=r"<torch.compile>: rms_norm: weight must have shape"):
+        torch.compile(f, fullgraph=True, backend="eager")(x, w)
+    torch._dynamo.reset()

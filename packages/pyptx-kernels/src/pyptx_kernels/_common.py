@@ -29,8 +29,12 @@ def lib(x) -> str:
 
 
 def fail(cls, who: str, msg: str):
-    """A ``cls`` (a ``PyptxError`` subclass) saying ``file:line: who: msg`` of the user's call."""
-    return cls(f"{where()}: {who}: {msg}")
+    """A ``cls`` (a ``PyptxError`` subclass) saying ``file:line: who: msg`` of the user's call.
+    While ``torch.compile`` traces, frames cannot be walked: the place is ``<torch.compile>``
+    (dynamo's error names the user's line)."""
+    torch = sys.modules.get("torch")
+    at = "<torch.compile>" if torch is not None and torch.compiler.is_compiling() else where()
+    return cls(f"{at}: {who}: {msg}")
 
 
 #: dtype names of the library (the ``pyptx.types`` spelling) by torch/JAX/numpy dtype name
