@@ -458,6 +458,7 @@ class _SpecChecked:
         for x, spec in zip(args, specs):
             assert tuple(x.shape) == tuple(spec.dims), (self.built.name, x.shape, spec)
             assert _common.dtype_name(x.dtype) == spec.dtype.name, (self.built.name, x.dtype)
+            assert x.is_contiguous(), (self.built.name, x.stride())   # the kernels read rows
         return self.model(*args)
 
 
@@ -502,5 +503,10 @@ def test_rows_launch_the_builders_with_their_specs(spec_checked):
     _compare(pk.softmax, lambda x: torch.softmax(x, -1), [x], 1e-6)
     _compare(pk.swiglu, lambda g, u: torch.nn.functional.silu(g) * u, [x, _leaf(2, 37, 96,
              dtype=F32, seed=2)], 1e-6)
+    h = _leaf(2, 37, 192, dtype=F32, seed=3)    # halves: views with a row stride of 192
+    _compare(lambda h: pk.swiglu(*h.chunk(2, -1)),
+             lambda h: torch.nn.functional.silu(h[..., :96]) * h[..., 96:], [h], 1e-6)
+    _compare(lambda h: pk.rms_norm(h[..., 96:], w), lambda h: _rms64(h[..., 96:], w.double(),
+             1e-6), [h], 1e-6)
     assert {c[0] for c in spec_checked} == set(ROW_MODELS)
     assert ("build_rms_norm_bwd", 74, 96, "f32", 1e-5) in spec_checked

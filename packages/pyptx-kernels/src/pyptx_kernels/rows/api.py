@@ -147,39 +147,45 @@ def _no_grad():
     return contextlib.nullcontext()
 
 
+def _dense(*xs):
+    """torch tensors made contiguous (the kernels read dense rows); JAX arrays as they are."""
+    return [x.contiguous() if framework(x) == "torch" else x for x in xs]
+
+
 def _rms_norm(x, weight, eps):
     """The forward launch on 2-D ``x``."""
     with _no_grad():
-        return _kernel("rms_norm", "build_rms_norm_fast", x, eps)(x, weight)
+        return _kernel("rms_norm", "build_rms_norm_fast", x, eps)(*_dense(x, weight))
 
 
 def _rms_norm_backward(grad, x, weight, eps):
     """``(dx, dweight)``: the ``build_rms_norm_bwd`` kernels."""
     with _no_grad():
-        return tuple(_kernel("rms_norm", "build_rms_norm_bwd", x, eps)(x, weight, grad))
+        return tuple(_kernel("rms_norm", "build_rms_norm_bwd", x, eps)(*_dense(x, weight, grad)))
 
 
 def _layer_norm(x, weight, bias, eps):
     if bias is None:
         bias = _zeros_like(weight)
     with _no_grad():
-        return _kernel("layer_norm", "build_layer_norm", x, eps)(x, weight, bias)
+        return _kernel("layer_norm", "build_layer_norm", x, eps)(*_dense(x, weight, bias))
 
 
 def _layer_norm_backward(grad, x, weight, eps):
     """``(dx, dweight, dbias)``: the ``build_layer_norm_bwd`` kernels."""
     with _no_grad():
-        return tuple(_kernel("layer_norm", "build_layer_norm_bwd", x, eps)(x, weight, grad))
+        k = _kernel("layer_norm", "build_layer_norm_bwd", x, eps)
+        return tuple(k(*_dense(x, weight, grad)))
 
 
 def _softmax(x):
     with _no_grad():
-        return _kernel("softmax", "build_softmax_fast", x)(x)
+        return _kernel("softmax", "build_softmax_fast", x)(*_dense(x))
 
 
 def _swiglu(gate, up):
     with _no_grad():
-        return _kernel("swiglu", "build_swiglu", gate)(gate, up)
+        return _kernel("swiglu", "build_swiglu", gate)(*_dense(gate, up))
 
 
 def _zeros_like(w):
@@ -208,7 +214,7 @@ def _rms_norm_grad(ctx, grad):
     import torch
 
     x, w, _, _ = ctx.saved_tensors
-    dx, dw = torch.ops.pyptx.rms_norm_backward(grad.contiguous(), x, w, ctx.scalars[0])
+    dx, dw = torch.ops.pyptx.rms_norm_backward(grad, x, w, ctx.scalars[0])
     return dx, dw, None
 
 
@@ -216,7 +222,7 @@ def _layer_norm_grad(ctx, grad):
     import torch
 
     x, w, b, _, _ = ctx.saved_tensors
-    dx, dw, db = torch.ops.pyptx.layer_norm_backward(grad.contiguous(), x, w, ctx.scalars[0])
+    dx, dw, db = torch.ops.pyptx.layer_norm_backward(grad, x, w, ctx.scalars[0])
     return dx, dw, (db if b is not None else None), None
 
 
