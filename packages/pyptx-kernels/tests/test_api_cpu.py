@@ -162,6 +162,20 @@ def test_ptx_traces_every_function(device):
         assert ".target sm_90a" in text and ".entry " + next(iter(texts)) in text
 
 
+def test_ptx_includes_the_backward_where_an_input_requires_grad():
+    x, w = meta(2, 37, 64).requires_grad_(), meta(128, 64)
+    assert list(pk.ptx(pk.linear, x, w)) == ["gemm_bf16_bf16_KK_128x256x64_s4_c2",   # x @ w.T
+                                             "gemm_bf16_bf16_KMN_128x256x64_s4_c2",  # g @ w
+                                             "gemm_bf16_bf16_MNMN_128x256x64_s4_c2"]  # g.T @ x
+    assert list(pk.ptx(pk.rms_norm, x[..., :1].expand(2, 37, 64), meta(64))) == [
+        "rms_norm_bf16", "rms_norm_bwd_bf16", "rms_norm_dw_bf16"]
+    offs = torch.empty(4, dtype=torch.int32, device="meta")
+    assert len(pk.ptx(pk.grouped_mm, meta(300, 64), meta(4, 64, 32).requires_grad_(), offs)) == 3
+    with torch.no_grad():
+        assert len(pk.ptx(pk.linear, x, w)) == 1
+    assert len(pk.ptx(pk.softmax, x)) == 1     # its backward is torch code
+
+
 def test_ptx_shapes_follow_the_call():
     a = pk.ptx(pk.rms_norm, meta(2, 37, 512), meta(512))
     b = pk.ptx(pk.rms_norm, meta(74, 512), meta(512))

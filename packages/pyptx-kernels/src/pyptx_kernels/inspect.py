@@ -8,19 +8,26 @@ from pyptx_kernels._common import fail
 
 
 def kernels(fn, *args, **kwargs) -> dict:
-    """``{name: kernel}`` of the kernels ``fn(*args, **kwargs)`` would launch, without launching:
-    ``fn``'s module holds ``_kernels``, a dict from public function names to functions taking
-    ``fn``'s arguments and returning kernels (a ``Kernel``, ``TunedKernel`` (its untuned
-    first config), a kernel-like object with ``.kernels``, or a tuple/list/dict of those)."""
+    """``{name: kernel}`` of the kernels ``fn(*args, **kwargs)`` would launch (with its
+    backward's where a torch input requires grad), without launching. ``fn``'s module holds
+    ``_kernels``: a dict from public function names to functions taking ``fn``'s arguments,
+    or one function taking the name first; either returns kernels (a ``Kernel``, a
+    ``TunedKernel`` (its untuned first config), a kernel-like object with ``.kernels``, or
+    a tuple/list/dict of those)."""
     from pyptx.errors import ConfigError
 
     name = getattr(fn, "__name__", None)
-    table = getattr(importlib.import_module(getattr(fn, "__module__", None) or "builtins"),
-                    "_kernels", None)
-    if not isinstance(table, dict) or name not in table:
+    module = getattr(fn, "__module__", None) or ""
+    table = getattr(importlib.import_module(module), "_kernels", None) \
+        if module.startswith("pyptx_kernels.") else None
+    if isinstance(table, dict) and name in table:
+        found = table[name](*args, **kwargs)
+    elif callable(table) and not isinstance(table, dict):
+        found = table(name, *args, **kwargs)
+    else:
         raise fail(ConfigError, "ptx", f"{fn!r} is not a pyptx_kernels function with kernels")
     out: dict = {}
-    _collect(table[name](*args, **kwargs), out)
+    _collect(found, out)
     return out
 
 
@@ -39,6 +46,8 @@ def _collect(value, out: dict) -> None:
     if isinstance(value, TunedKernel):
         value = value.kernel
     if isinstance(value, Kernel):
+        if any(k is value for k in out.values()):
+            return
         name = value.name
         out[name if name not in out else f"{name}#{len(out)}"] = value
     elif isinstance(value, dict):
@@ -47,6 +56,8 @@ def _collect(value, out: dict) -> None:
     elif isinstance(value, (tuple, list)):
         for v in value:
             _collect(v, out)
+    elif value is None:
+        return
     elif hasattr(value, "kernels"):
         _collect(tuple(value.kernels), out)
     elif hasattr(value, "forward_kernel"):   # a pyptx.differentiable_kernel

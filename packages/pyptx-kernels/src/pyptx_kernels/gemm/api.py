@@ -195,15 +195,30 @@ def _kernels_mm(a, b, bias, out, trans_b=False):
     return kernel._cached(*plan.build)
 
 
+def _kernels_backward(a, b, bias, out, linear):
+    """The backward's GEMMs (``_backward_impl``) where a torch input requires grad."""
+    if framework(a) != "torch" or not _common.wants_grad(a, b, bias):
+        return []
+    import torch
+
+    a2 = _common.rows_of(a)[0]
+    N = b.shape[0] if linear else b.shape[1]
+    g = torch.empty(a2.shape[0], N, dtype=a.dtype, device="meta")
+    bl, name = (b.T if linear else b), dtype_name(a.dtype)
+    dw = _kernels_mm(g.T, a2, None, name) if linear else _kernels_mm(a2.T, g, None, name)
+    return [_kernels_mm(g, bl.T, None, name), dw]
+
+
 def _kernels_matmul(a, b, *, bias=None, out_dtype=None):
-    return _kernels_mm(a, b, bias, _check("matmul", a, b, bias, out_dtype, launch=False))
+    out = _check("matmul", a, b, bias, out_dtype, launch=False)
+    return [_kernels_mm(a, b, bias, out), *_kernels_backward(a, b, bias, out, False)]
 
 
 def _kernels_linear(x, weight, bias=None):
     out = _check("linear", x, weight, bias, None, linear=True, launch=False)
-    if framework(x) == "torch":
-        return _kernels_mm(x, weight.T, bias, out)
-    return _kernels_mm(x, weight, bias, out, trans_b=True)
+    if framework(x) != "torch":
+        return _kernels_mm(x, weight, bias, out, trans_b=True)
+    return [_kernels_mm(x, weight.T, bias, out), *_kernels_backward(x, weight, bias, out, True)]
 
 
 _kernels = {"matmul": _kernels_matmul, "linear": _kernels_linear}

@@ -132,7 +132,8 @@ if "torch" in sys.modules:   # a torch user: define the ops before any trace rea
 
 
 def _kernels_grouped_mm(a, b, offs, *, out_dtype=None):
-    """The forward kernel (K and N padded to multiples of 8 as the launch does)."""
+    """The forward kernel (K and N padded to multiples of 8 as the launch does), and the
+    backward's where a torch input requires grad."""
     from pyptx_kernels.grouped_gemm import kernel
 
     out = _check(a, b, offs, out_dtype, launch=False)
@@ -141,6 +142,8 @@ def _kernels_grouped_mm(a, b, offs, *, out_dtype=None):
     k_major = framework(b) == "torch" and not b.is_contiguous() and \
         b.transpose(-2, -1).is_contiguous()
     op = kernel.grouped_op(M, N + -N % 8, K + -K % 8, G, "K" if k_major else "MN", out)
+    if framework(a) == "torch" and _common.wants_grad(a, b):
+        return [op.forward_kernel, op.backward_kernel]
     return op.forward_kernel
 
 

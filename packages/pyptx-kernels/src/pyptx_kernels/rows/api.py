@@ -282,14 +282,23 @@ if "torch" in sys.modules:   # a torch user: define the ops before any trace rea
 
 
 # ------------------------------------------------------------------------ kernels (ptx())
+def _grad_kernel(module, builder, x, eps, *inputs):
+    """The backward kernels where a torch input requires grad (else None)."""
+    if framework(x) == "torch" and _common.wants_grad(x, *inputs):
+        return _kernel(module, builder, x, eps)
+    return None
+
+
 def _kernels_rms_norm(x, weight, eps=1e-6):
     _check_rms_norm(x, weight, eps, launch=False)
-    return _kernel("rms_norm", "build_rms_norm_fast", x, float(eps))
+    return [_kernel("rms_norm", "build_rms_norm_fast", x, float(eps)),
+            _grad_kernel("rms_norm", "build_rms_norm_bwd", x, float(eps), weight)]
 
 
 def _kernels_layer_norm(x, weight, bias=None, eps=1e-5):
     _check_layer_norm(x, weight, bias, eps, launch=False)
-    return _kernel("layer_norm", "build_layer_norm", x, float(eps))
+    return [_kernel("layer_norm", "build_layer_norm", x, float(eps)),
+            _grad_kernel("layer_norm", "build_layer_norm_bwd", x, float(eps), weight, bias)]
 
 
 def _kernels_softmax(x, dim=-1):
