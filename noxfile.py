@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import nox
@@ -110,8 +111,7 @@ def install(session: nox.Session) -> None:
     links = ["--find-links", str(wheelhouse)]
     if Path("/opt/wheels").is_dir():  # this workplace's local CPU torch wheel
         links += ["--find-links", "/opt/wheels"]
-    outside = tmp / "cwd"
-    outside.mkdir(exist_ok=True)
+    outside = tempfile.mkdtemp(prefix="pyptx-install-check-")  # a cwd outside the checkout
     for check, requirement in INSTALLS.items():
         venv = tmp / f"venv-{check}"
         shutil.rmtree(venv, ignore_errors=True)
@@ -121,6 +121,7 @@ def install(session: nox.Session) -> None:
                     external=True)
         with session.chdir(outside):
             session.run(py, str(ROOT / "tools" / "install_check.py"), check, external=True)
+    shutil.rmtree(outside, ignore_errors=True)
 
 
 DEMO = "examples/hopper/rms_norm.py:build_rms_norm"
