@@ -44,6 +44,15 @@ def test_import_is_cheap():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def test_ops_are_defined_at_first_use():
+    code = ("import torch, pyptx_kernels as pk\n"
+            "assert not hasattr(torch.ops.pyptx, 'rms_norm')\n"
+            "x = torch.empty(4, 64, dtype=torch.bfloat16, device='meta')\n"
+            "assert pk.rms_norm(x, x[0]).shape == (4, 64)\n"
+            "assert hasattr(torch.ops.pyptx, 'rms_norm_backward')\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 def test_unknown_name():
     with pytest.raises(AttributeError):
         pk.no_such_function  # noqa: B018

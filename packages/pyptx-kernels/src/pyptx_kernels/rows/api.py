@@ -205,31 +205,40 @@ def _empty(x):
     return x.new_empty(x.shape)
 
 
-def _save_all(ctx, inputs, output):
-    ctx.save_for_backward(*[t if hasattr(t, "shape") else None for t in inputs], output)
-    ctx.scalars = [t for t in inputs if isinstance(t, float)]
+def _save_norm(ctx, inputs, output):
+    """rms_norm (x, weight, eps) and layer_norm (x, weight, bias, eps): the inputs, eps."""
+    ctx.save_for_backward(*inputs[:-1])
+    ctx.eps = inputs[-1]
+
+
+def _save_inputs(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _save_output(ctx, inputs, output):
+    ctx.save_for_backward(output)
 
 
 def _rms_norm_grad(ctx, grad):
     import torch
 
-    x, w, _, _ = ctx.saved_tensors
-    dx, dw = torch.ops.pyptx.rms_norm_backward(grad, x, w, ctx.scalars[0])
+    x, w = ctx.saved_tensors
+    dx, dw = torch.ops.pyptx.rms_norm_backward(grad, x, w, ctx.eps)
     return dx, dw, None
 
 
 def _layer_norm_grad(ctx, grad):
     import torch
 
-    x, w, b, _, _ = ctx.saved_tensors
-    dx, dw, db = torch.ops.pyptx.layer_norm_backward(grad, x, w, ctx.scalars[0])
+    x, w, b = ctx.saved_tensors
+    dx, dw, db = torch.ops.pyptx.layer_norm_backward(grad, x, w, ctx.eps)
     return dx, dw, (db if b is not None else None), None
 
 
 def _softmax_grad(ctx, grad):
     import torch
 
-    return torch.ops.pyptx.softmax_backward(grad, ctx.saved_tensors[1])
+    return torch.ops.pyptx.softmax_backward(grad, ctx.saved_tensors[0])
 
 
 def _softmax_backward(grad, y):
@@ -241,7 +250,7 @@ def _softmax_backward(grad, y):
 def _swiglu_grad(ctx, grad):
     import torch
 
-    gate, up, _ = ctx.saved_tensors
+    gate, up = ctx.saved_tensors
     return torch.ops.pyptx.swiglu_backward(grad, gate, up)
 
 
@@ -261,20 +270,20 @@ def _define():
        "-> (Tensor, Tensor)", lambda *a: _rms_norm_backward(*a),
        lambda grad, x, w, eps: (_empty(x), _empty(w)))
     op("rms_norm", "(Tensor x, Tensor weight, float eps) -> Tensor",
-       lambda *a: _rms_norm(*a), lambda x, w, eps: _empty(x), _rms_norm_grad, _save_all)
+       lambda *a: _rms_norm(*a), lambda x, w, eps: _empty(x), _rms_norm_grad, _save_norm)
     op("layer_norm_backward", "(Tensor grad, Tensor x, Tensor weight, float eps) "
        "-> (Tensor, Tensor, Tensor)", lambda *a: _layer_norm_backward(*a),
        lambda grad, x, w, eps: (_empty(x), _empty(w), _empty(w)))
     op("layer_norm", "(Tensor x, Tensor weight, Tensor? bias, float eps) -> Tensor",
-       lambda *a: _layer_norm(*a), lambda x, w, b, eps: _empty(x), _layer_norm_grad, _save_all)
+       lambda *a: _layer_norm(*a), lambda x, w, b, eps: _empty(x), _layer_norm_grad, _save_norm)
     op("softmax_backward", "(Tensor grad, Tensor y) -> Tensor", _softmax_backward,
        lambda grad, y: _empty(y))
     op("softmax", "(Tensor x) -> Tensor", lambda x: _softmax(x), _empty, _softmax_grad,
-       _save_all)
+       _save_output)
     op("swiglu_backward", "(Tensor grad, Tensor gate, Tensor up) -> (Tensor, Tensor)",
        _swiglu_backward, lambda grad, g, u: (_empty(g), _empty(u)))
     op("swiglu", "(Tensor gate, Tensor up) -> Tensor", lambda g, u: _swiglu(g, u),
-       lambda g, u: _empty(g), _swiglu_grad, _save_all)
+       lambda g, u: _empty(g), _swiglu_grad, _save_inputs)
 
 
 if "torch" in sys.modules:   # a torch user: define the ops before any trace reaches them
