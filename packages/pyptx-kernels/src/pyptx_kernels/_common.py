@@ -1,4 +1,5 @@
-"""Helpers shared by the whole library: where the user's call is, the framework of an array."""
+"""Helpers shared by the whole library: where the user's call is and its errors, the framework,
+dtype names and rows of an array, device checks, and the lazily defined torch custom ops."""
 
 from __future__ import annotations
 
