@@ -43,7 +43,7 @@ ERR_LIMIT = 0.05  # max |o - SDPA| (bf16, randn inputs: |o| < ~1.5); a variant o
 def load_attention():
     """The flash-attention example as a module."""
 
-    return importlib.import_module("pyptx_kernels.attention.forward")
+    return importlib.import_module("pyptx_kernels.flash_attention.forward")
 
 
 def sdpa_call(backend, causal):

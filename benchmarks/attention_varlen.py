@@ -154,7 +154,7 @@ def main(argv=None) -> int:
         return 2
     import torch
 
-    fa = importlib.import_module("pyptx_kernels.attention.forward")
+    fa = importlib.import_module("pyptx_kernels.flash_attention.forward")
     head = ["D", "lengths", "mask", "fwd pyptx", "fwd torch varlen", "fwd pyptx dense",
             "fwd ours/torch", "fwd paired", "bwd pyptx", "bwd torch varlen", "bwd pyptx dense",
             "bwd ours/torch", "bwd paired", "max |o err|"]

@@ -13,13 +13,13 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-fab = importlib.import_module("pyptx_kernels.attention.backward")
+fab = importlib.import_module("pyptx_kernels.flash_attention.backward")
 
 
 
 def check_varlen():
     """The varlen cases against float64 autograd of ``reference_varlen``; failures counted."""
-    fa = importlib.import_module("pyptx_kernels.attention.forward")
+    fa = importlib.import_module("pyptx_kernels.flash_attention.forward")
     fails = 0
     for lens_q, lens_k, Hq, Hkv, D, dtn, causal in [
             ([0, 70, 300, 5], [33, 0, 300, 64], 4, 2, 64, "bf16", True),

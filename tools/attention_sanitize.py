@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-fa = importlib.import_module("pyptx_kernels.attention.forward")
+fa = importlib.import_module("pyptx_kernels.flash_attention.forward")
 
 bad = 0
 

@@ -90,7 +90,7 @@ def run(S, causal, opts, D=128, tokens=32768, width=2048):
     import torch
 
 
-    fab = importlib.import_module("pyptx_kernels.attention.backward")
+    fab = importlib.import_module("pyptx_kernels.flash_attention.backward")
     B, H = tokens // S, width // D
     kw = fab.parse_options(opts)
     q, k, v, do, o = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16)

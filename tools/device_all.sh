@@ -37,7 +37,7 @@ lane() {  # lane NAME: runs in the background, output to $OUT/lane-NAME.log
       done; wait ;;
     examples)
       # the library modules' own checks (their main()), then the example that remains
-      for ex in pyptx_kernels.attention.forward pyptx_kernels.attention.backward \
+      for ex in pyptx_kernels.flash_attention.forward pyptx_kernels.flash_attention.backward \
                 pyptx_kernels.grouped_gemm.kernel pyptx_kernels.fp8_gemm.kernel \
                 pyptx_kernels.gemm.kernel examples/hopper/wgmma_tile.py; do
         [[ $ex == *.py ]] && run=("$ex") || run=(-m "$ex")

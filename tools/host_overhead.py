@@ -161,7 +161,7 @@ def attention_case(shape, causal=False):
     import torch
 
 
-    fa = importlib.import_module("pyptx_kernels.attention.forward")
+    fa = importlib.import_module("pyptx_kernels.flash_attention.forward")
     B, S, H, D = (int(x) for x in shape.split("x"))
     q, k, v = (torch.randn(B, S, H, D).to(torch.bfloat16).requires_grad_(True)
                for _ in range(3))

@@ -1,4 +1,4 @@
-"""CPU tests of the public attention API (``pyptx_kernels.attention.api``).
+"""CPU tests of the public attention API (``pyptx_kernels.flash_attention.api``).
 
 * Every refused input raises ``ConfigError`` whose message starts with this file's line of
   the call.
@@ -27,8 +27,8 @@ from pyptx.errors import ConfigError
 
 torch = pytest.importorskip("torch")
 
-api = importlib.import_module("pyptx_kernels.attention.api")
-fa = importlib.import_module("pyptx_kernels.attention.forward")
+api = importlib.import_module("pyptx_kernels.flash_attention.api")
+fa = importlib.import_module("pyptx_kernels.flash_attention.forward")
 BF16 = torch.bfloat16
 
 
@@ -401,7 +401,7 @@ def test_first_torch_call_inside_compile_registers_the_ops():
     code = (
         "import torch\n"
         "from torch._subclasses.fake_tensor import FakeTensorMode\n"
-        "import pyptx_kernels.attention.api as api\n"
+        "import pyptx_kernels.flash_attention.api as api\n"
         "with FakeTensorMode():\n"
         "    q = torch.empty(1, 64, 4, 64, dtype=torch.bfloat16, device='cuda')\n"
         "    k = torch.empty(1, 64, 2, 64, dtype=torch.bfloat16, device='cuda')\n"

@@ -1,4 +1,4 @@
-"""GPU tests of the public attention API (``pyptx_kernels.attention.api``): the real kernels
+"""GPU tests of the public attention API (``pyptx_kernels.flash_attention.api``): the real kernels
 through ``torch.ops.pyptx.attention`` / ``attention_varlen`` and their backward ops.
 
 Random bf16 inputs, outputs poisoned (NaN) before each launch; every output and gradient must
@@ -24,7 +24,7 @@ pytestmark = [
     pytest.mark.usefixtures("poison_outputs"),
 ]
 
-api = importlib.import_module("pyptx_kernels.attention.api")
+api = importlib.import_module("pyptx_kernels.flash_attention.api")
 
 
 def _rand(*shape, seed):

@@ -25,8 +25,8 @@ pytestmark = [
 
 
 def _kernels():
-    fa = importlib.import_module("pyptx_kernels.attention.forward")
-    fab = importlib.import_module("pyptx_kernels.attention.backward")
+    fa = importlib.import_module("pyptx_kernels.flash_attention.forward")
+    fab = importlib.import_module("pyptx_kernels.flash_attention.backward")
     dkdv = [k for k in fab.build_attention_backward(2, 512, 4, 4, 128).kernels
             if "dkdv" in k.name]
     return [fa.build_attention(2, 512, 4, 4, 128), *dkdv]

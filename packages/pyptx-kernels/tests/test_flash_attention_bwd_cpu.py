@@ -24,7 +24,7 @@ from pyptx.fragment import accumulator_coord
 
 torch = pytest.importorskip("torch")
 
-from pyptx_kernels.attention import backward as fab  # noqa: E402
+from pyptx_kernels.flash_attention import backward as fab  # noqa: E402
 
 
 @pytest.mark.parametrize("D,dtype,causal,Hq,Hkv,S,Sk", [
@@ -492,7 +492,7 @@ def test_ordered_dq_ranks_are_a_fixed_order_one_step_apart():
 
 def test_deterministic_false_builds_the_bulk_dq_backward():
     """``attention(..., deterministic=False)``'s backward: prep, dK/dV with bulk dQ adds, convert."""
-    fa = importlib.import_module("pyptx_kernels.attention.forward")
+    fa = importlib.import_module("pyptx_kernels.flash_attention.forward")
     fwd = fa._differentiable(1, 256, 2, 2, 128, 256, "bf16", True, 0.125, fa._schedule(None),
                              fa.default_bn(128), 2, False, False, fa.RESCALE_THRESHOLD, False)
     names = [k.name for k in fwd.backward_kernel.kernels]
@@ -503,7 +503,7 @@ def test_attention_default_backward_per_head_dim():
     """``attention()``'s torch-eager backward: D=128 the ordered bulk-dQ kernels (five
     products, deterministic) and D=64 the fused one-kernel backward (ordered), each with the
     seven-product pair as the fallback for JAX and graph traces."""
-    fa = importlib.import_module("pyptx_kernels.attention.forward")
+    fa = importlib.import_module("pyptx_kernels.flash_attention.forward")
 
     def bwd_of(D):
         return fa._differentiable(1, 256, 2, 2, D, 256, "bf16", False, 0.1, fa._schedule(None),

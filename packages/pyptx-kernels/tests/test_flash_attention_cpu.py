@@ -27,7 +27,7 @@ import pytest
 from pyptx.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[3]
-fa = importlib.import_module("pyptx_kernels.attention.forward")
+fa = importlib.import_module("pyptx_kernels.flash_attention.forward")
 
 
 # ------------------------------------------------------------------ block plan

@@ -19,7 +19,7 @@ np = pytest.importorskip("numpy")
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("jax_gpu")]  # conftest.py: skip without one
 
-fa = importlib.import_module("pyptx_kernels.attention.forward")
+fa = importlib.import_module("pyptx_kernels.flash_attention.forward")
 
 
 def _ref(q, k, v, causal):

@@ -30,8 +30,8 @@ HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parent))
 import ptxsim  # noqa: E402
 
-fab = importlib.import_module("pyptx_kernels.attention.backward")
-fa = importlib.import_module("pyptx_kernels.attention.forward")
+fab = importlib.import_module("pyptx_kernels.flash_attention.backward")
+fa = importlib.import_module("pyptx_kernels.flash_attention.forward")
 
 TOL = {"bf16": 8e-3, "f16": 2e-3}
 

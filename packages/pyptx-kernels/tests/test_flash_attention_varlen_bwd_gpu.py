@@ -34,7 +34,7 @@ pytestmark = [
     pytest.mark.usefixtures("poison_outputs"),  # conftest.py: unwritten elements are NaN
 ]
 
-fa = importlib.import_module("pyptx_kernels.attention.forward")
+fa = importlib.import_module("pyptx_kernels.flash_attention.forward")
 DT = {"bf16": torch.bfloat16, "f16": torch.float16}
 TOL = {"bf16": 1e-2, "f16": 4e-3}
 

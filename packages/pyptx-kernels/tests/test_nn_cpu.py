@@ -89,7 +89,7 @@ def ops(monkeypatch):
     for area, name, fn in [("rows", "rms_norm", ref_rms_norm),
                            ("rows", "layer_norm", ref_layer_norm),
                            ("gemm", "linear", ref_linear),
-                           ("attention", "attention", ref_attention)]:
+                           ("flash_attention", "attention", ref_attention)]:
         monkeypatch.setattr(_api(monkeypatch, area), name, rec.wrap(name, fn), raising=False)
     return rec
 

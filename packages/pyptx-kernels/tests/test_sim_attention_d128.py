@@ -23,7 +23,7 @@ import ptxsim  # noqa: E402
 from test_sim_attention_fused import _reference  # noqa: E402
 from test_tensorcore_sim import TOL, _f64  # noqa: E402
 
-fab = importlib.import_module("pyptx_kernels.attention.backward")
+fab = importlib.import_module("pyptx_kernels.flash_attention.backward")
 WIDE = dict(dkdv_bq=128, atomic_dq=True, dq_bulk=True, dq_ordered=True)
 
 

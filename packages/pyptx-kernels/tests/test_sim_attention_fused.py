@@ -22,7 +22,7 @@ sys.path.insert(0, str(HERE.parent))
 import ptxsim  # noqa: E402
 from test_tensorcore_sim import TOL, _dev, _f64  # noqa: E402
 
-fab = importlib.import_module("pyptx_kernels.attention.backward")
+fab = importlib.import_module("pyptx_kernels.flash_attention.backward")
 
 
 def _reference(B, S, Sk, Hq, Hkv, D, causal, seed, dt="bf16"):

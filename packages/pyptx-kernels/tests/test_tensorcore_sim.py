@@ -348,8 +348,8 @@ def test_fp8_gemm(scale, config):
 
 
 # ---------------------------------------------------------------------- flash attention
-fa = importlib.import_module("pyptx_kernels.attention.forward")
-fab = importlib.import_module("pyptx_kernels.attention.backward")
+fa = importlib.import_module("pyptx_kernels.flash_attention.forward")
+fab = importlib.import_module("pyptx_kernels.flash_attention.backward")
 
 
 def _attention_inputs(B, S, Hq, Hkv, D, seed):

@@ -18,13 +18,8 @@ def where() -> str:
 
 
 def framework(x) -> str:
-    """``"torch"`` or ``"jax"``: the framework an array (or tracer) belongs to."""
-    return "torch" if type(x).__module__.startswith("torch") else "jax"
-
-
-def lib(x) -> str:
-    """``"torch"`` or ``"jax"`` like ``framework``, in a form ``torch.compile`` traces (an
-    ``isinstance`` check; never imports torch)."""
+    """``"torch"`` or ``"jax"``: the framework an array (or tracer) belongs to. An
+    ``isinstance`` check that ``torch.compile`` traces; it never imports torch."""
     torch = sys.modules.get("torch")
     return "torch" if torch is not None and isinstance(x, torch.Tensor) else "jax"
 
@@ -68,7 +63,7 @@ def rows_of(x):
 def shaped(x, shape):
     """``x`` reshaped to ``shape`` (torch, JAX arrays), or a ``jax.ShapeDtypeStruct`` of that
     shape for one (for tracing kernels without arrays)."""
-    if lib(x) == "jax" and not hasattr(x, "reshape"):
+    if framework(x) == "jax" and not hasattr(x, "reshape"):
         import jax
 
         return jax.ShapeDtypeStruct(tuple(shape), x.dtype)
@@ -78,7 +73,7 @@ def shaped(x, shape):
 def symbolic(x) -> bool:
     """Whether ``x`` has no real storage to check: a meta/fake torch tensor, a tensor under
     ``torch.compile`` tracing, or a JAX tracer / shape struct."""
-    if lib(x) == "torch":
+    if framework(x) == "torch":
         import torch
 
         if torch.compiler.is_compiling() or x.device.type == "meta":
@@ -94,7 +89,7 @@ def check_devices(who: str, *xs) -> None:
     device; meta, fake and traced tensors pass (nothing launches on them)."""
     from pyptx.errors import ConfigError
 
-    xs = [x for x in xs if x is not None and lib(x) == "torch"]
+    xs = [x for x in xs if x is not None and framework(x) == "torch"]
     if not xs:
         return
     devs = {str(x.device) for x in xs}

@@ -69,7 +69,7 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
         # no mask with more keys than queries: a prefill into an empty static cache, whose
         # keys past S are unwritten (transformers' SDPA path crops them the same way)
         key, value = key[:, :, :S], value[:, :, :S]
-    out = _op("attention", "attention")(query, key, value, causal=causal, scale=scaling, layout="bhsd")
+    out = _op("flash_attention", "attention")(query, key, value, causal=causal, scale=scaling, layout="bhsd")
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -82,7 +82,7 @@ def register() -> None:
 
     from .nn import preload
 
-    preload("attention")
+    preload("flash_attention")
 
     tf.AttentionInterface.register("pyptx", attention_forward)
     tf.AttentionMaskInterface.register("pyptx", sdpa_mask)

@@ -9,8 +9,7 @@ import sys
 
 from pyptx.errors import ConfigError, ShapeError, SpecError
 from pyptx_kernels import _common
-from pyptx_kernels._common import dtype_name, fail
-from pyptx_kernels._common import lib as framework
+from pyptx_kernels._common import dtype_name, fail, framework
 
 BLOCK = 128   # the block scales' K and N extent (fp8_gemm.kernel.SCALE_BLOCK)
 

@@ -8,8 +8,7 @@ import sys
 
 from pyptx.errors import ConfigError, ShapeError, SpecError
 from pyptx_kernels import _common
-from pyptx_kernels._common import dtype_name, fail
-from pyptx_kernels._common import lib as framework
+from pyptx_kernels._common import dtype_name, fail, framework
 
 OUT_DTYPES = ("bf16", "f16", "f32")
 

@@ -7,8 +7,7 @@ import sys
 
 from pyptx.errors import ConfigError, ShapeError, SpecError
 from pyptx_kernels import _common
-from pyptx_kernels._common import dtype_name, fail
-from pyptx_kernels._common import lib as framework
+from pyptx_kernels._common import dtype_name, fail, framework
 
 
 def _check(a, b, offs, out_dtype, launch=True):

@@ -13,8 +13,7 @@ import sys
 
 from pyptx.errors import ConfigError, ShapeError, SpecError
 from pyptx_kernels import _common
-from pyptx_kernels._common import dtype_name, fail
-from pyptx_kernels._common import lib as framework
+from pyptx_kernels._common import dtype_name, fail, framework
 
 MAX_N = 32768       # the forward kernels' longest row (pyptx.rows.MAX_N)
 MAX_N_BWD = 8192    # the norms' backward kernels' (pyptx.rows.MAX_N_BWD)

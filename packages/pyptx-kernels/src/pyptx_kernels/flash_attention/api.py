@@ -151,7 +151,7 @@ def _check_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, any_device=F
 # ------------------------------------------------------------------ kernels
 def _forward_kernel(B, S, Hq, Hkv, D, Sk, dtype, causal, scale):
     """The dense forward ``attention_forward`` launches for these sizes (tuned per device)."""
-    from pyptx_kernels.attention import forward as fa
+    from pyptx_kernels.flash_attention import forward as fa
 
     return fa._forward(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, *fa._tuning(None, None, None),
                        fa._persistent(None, D), *fa._check_opts(False, fa.RESCALE_THRESHOLD),
@@ -161,7 +161,7 @@ def _forward_kernel(B, S, Hq, Hkv, D, Sk, dtype, causal, scale):
 def _backward_options(D):
     """The fastest deterministic backward per head dim, as ``forward._differentiable`` picks
     for torch eager calls (none with ``PYPTX_ATTN_BWD_SAFE=1``)."""
-    from pyptx_kernels.attention import backward
+    from pyptx_kernels.flash_attention import backward
 
     if backward.safe_default():
         return {}
@@ -175,7 +175,7 @@ def _backward_kernel(B, S, Hq, Hkv, D, Sk, dtype, causal, scale):
     """The dense backward (``AttentionBackward``): ``_backward_options``' kernels, or the
     deterministic dQ / dK-dV pair at sizes they refuse."""
     from pyptx.errors import PyptxError
-    from pyptx_kernels.attention import backward
+    from pyptx_kernels.flash_attention import backward
 
     kw = dict(Sk=Sk, dtype=dtype, causal=causal, scale=scale)
     try:
@@ -185,14 +185,14 @@ def _backward_kernel(B, S, Hq, Hkv, D, Sk, dtype, causal, scale):
 
 
 def _varlen_forward_kernel(Tq, Tk, B, Hq, Hkv, D, max_q, dtype, causal, scale):
-    from pyptx_kernels.attention import forward as fa
+    from pyptx_kernels.flash_attention import forward as fa
 
     return fa._varlen(Tq, Tk, B, Hq, Hkv, D, max_q, dtype, causal, scale, fa._schedule(None),
                       None, 2, *fa._check_opts(False, fa.RESCALE_THRESHOLD), None)
 
 
 def _varlen_backward_kernel(Tq, Tk, B, Hq, Hkv, D, max_q, max_k, dtype, causal, scale):
-    from pyptx_kernels.attention import backward
+    from pyptx_kernels.flash_attention import backward
 
     return backward.build_attention_backward_varlen(Tq, Tk, B, Hq, Hkv, D, max_q, max_k,
                                                     dtype=dtype, causal=causal, scale=scale)
@@ -393,7 +393,7 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bshd"):
     ``ConfigError`` naming the caller's line."""
     *dims, causal, scale = _check_dense(q, k, v, causal, scale, layout)
     if framework(q) == "jax":
-        from pyptx_kernels.attention import forward
+        from pyptx_kernels.flash_attention import forward
 
         if layout == "bhsd":
             import jax.numpy as jnp
@@ -424,7 +424,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     *_, causal, scale = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                       max_seqlen_k, causal, scale)
     if framework(q) == "jax":
-        from pyptx_kernels.attention import forward
+        from pyptx_kernels.flash_attention import forward
 
         return forward.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                         max_seqlen_k, causal, scale)

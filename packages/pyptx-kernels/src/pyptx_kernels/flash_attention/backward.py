@@ -3077,7 +3077,7 @@ def _lse(q, k, causal, chunk=512):
 
 
 def main(argv=None) -> int:
-    """``python -m pyptx_kernels.attention.backward [--fast] [--safe] [--atomic] [--options
+    """``python -m pyptx_kernels.flash_attention.backward [--fast] [--safe] [--atomic] [--options
     k=v,...]``: the probe, then PASS/FAIL per gradient of each schedule (all three by
     default; ``--options``: with the opt-in options)."""
     argv = sys.argv[1:] if argv is None else argv

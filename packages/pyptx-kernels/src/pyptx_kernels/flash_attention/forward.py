@@ -772,7 +772,7 @@ def _dtype_name(x):
 def _bwd_module():
     """The backward kernels' module (imported late: it is large and the forward needs it
     only when gradients are asked for)."""
-    from pyptx_kernels.attention import backward
+    from pyptx_kernels.flash_attention import backward
 
     return backward
 
