@@ -12,7 +12,9 @@ and grouped GEMM (forward, dgrad layout, weight gradient, split weight gradient)
 attention forward schedules x head dims 64/128 x causal (plain, persistent, varlen)
 and the backward kernels (default, safe, atomic dQ, and the ones `attention()` runs in torch
 eager: bulk dQ, ordered dQ converted in the grid, the fused D=64 kernel) at a square and a
-ragged shape.
+ragged shape, and every tuned configuration of the row kernels (RMSNorm, LayerNorm, softmax,
+SwiGLU; f32 and bf16) and the norms' backward kernels at 2048x8192 and 5x1000 (a config a
+shape refuses is fingerprinted as its error class).
 Runs on the CPU (tracing only).
 """
 
@@ -129,9 +131,33 @@ def _attention_cases():
     return cases
 
 
+_ROW_OPS = [("rms_norm", "build_rms_norm_fast", "RMS_NORM_CONFIGS", (1e-6,)),
+            ("layer_norm", "build_layer_norm", "LAYER_NORM_CONFIGS", (1e-5,)),
+            ("softmax", "build_softmax_fast", "SOFTMAX_CONFIGS", ()),
+            ("swiglu", "build_swiglu", "SWIGLU_CONFIGS", ())]
+
+
+def _row_cases():
+    cases = []
+    for (B, N) in [(2048, 8192), (5, 1000)]:
+        for dt in ("f32", "bf16"):
+            tag = f"{B}x{N}/{dt}"
+            for module, builder, table, extra in _ROW_OPS:
+                for i, c in enumerate(getattr(_mod(module), table)):
+                    # pdl=True (the default) names a variant: the builder, not the tuner
+                    cases.append((f"rows/{module}/{tag}/cfg{i}", module, builder,
+                                  (B, N, dt, *extra), c.kwargs or dict(pdl=True)))
+            for module, builder in [("rms_norm", "build_rms_norm_bwd"),
+                                    ("layer_norm", "build_layer_norm_bwd")]:
+                cases.append((f"rows/{module}/{tag}/bwd", module, builder, (B, N, dt), {}))
+    cases.append(("rows/softmax/warp", "softmax", "build_softmax", (64, 1024), {}))
+    return cases
+
+
 def cases():
     """Every snapshot case: ``(name, module, builder, args, kwargs)``."""
-    return _gemm_cases() + _fp8_cases() + _grouped_cases() + _attention_cases()
+    return (_gemm_cases() + _fp8_cases() + _grouped_cases() + _attention_cases()
+            + _row_cases())
 
 
 def _texts(k):
@@ -145,6 +171,11 @@ def _one(case):
     try:
         k = getattr(_mod(module), builder)(*args, **kw)
     except Exception as e:
+        from pyptx.errors import PyptxError
+
+        if name.startswith("rows/") and isinstance(e, PyptxError):
+            # a row config this shape refuses: the refusal is the fingerprint
+            return name, f"refused: {type(e).__name__}"
         raise RuntimeError(f"{name}: {type(e).__name__}: {e}") from None
     h = hashlib.sha256()
     for text in _texts(k):
