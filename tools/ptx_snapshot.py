@@ -41,10 +41,13 @@ def _gemm_cases():
     cases = []
     for (M, N, K) in [(4096, 4096, 4096), (1000, 520, 136)]:
         for i, c in enumerate(_mod("gemm").GEMM_CONFIGS):
-            cases.append((f"gemm/{M}x{N}x{K}/cfg{i}", "gemm", "build_gemm", (M, N, K), c.kwargs))
+            cases.append((f"gemm/{M}x{N}x{K}/cfg{i}", "gemm", "build_gemm", (M, N, K),
+                          dict(config=c)))
+    plan = _mod("gemm").GemmConfig
     extra = [dict(bias=True, activation="gelu_tanh", alpha=0.5), dict(a_major="MN", b_major="K"),
-             dict(epilogue="st", out_dtype="f16", dtype="f16"), dict(out_dtype="f32"),
-             dict(split="slabs"), dict(activation="silu", cluster=1, BN=128),
+             dict(config=plan(epilogue="st"), out_dtype="f16", dtype="f16"),
+             dict(out_dtype="f32"), dict(config=plan(split="slabs")),
+             dict(activation="silu", config=plan(cluster=1, BN=128)),
              dict(activation="relu", bias=True, KB=152, NB=528)]
     for i, kw in enumerate(extra):
         cases.append((f"gemm/1000x520x136/extra{i}", "gemm", "build_gemm", (1000, 520, 136), kw))
@@ -53,37 +56,38 @@ def _gemm_cases():
 
 def _fp8_cases():
     cases = []
+    fp8 = _mod("fp8_gemm")
     for scale in ("tensor", "row", "block"):
-        for i, c in enumerate(_mod("fp8_gemm").FP8_CONFIGS):
+        for i, c in enumerate(fp8.FP8_CONFIGS):
             cases.append((f"fp8/{scale}/4096/cfg{i}", "fp8_gemm", "build_fp8_gemm",
-                          (4096, 4096, 4096), dict(scale=scale, **c.kwargs)))
+                          (4096, 4096, 4096), dict(scale=scale, config=c)))
             cases.append((f"fp8/{scale}/ragged/cfg{i}", "fp8_gemm", "build_fp8_gemm",
-                          (1000, 520, 400), dict(scale=scale, ND=520, **c.kwargs)))
+                          (1000, 520, 400), dict(scale=scale, ND=520, config=c)))
         cases.append((f"fp8/{scale}/mixed", "fp8_gemm", "build_fp8_gemm", (1000, 520, 400),
-                      dict(scale=scale, dtype="e5m2", dtype_b="e4m3", out_dtype="f32", BN=64,
-                           ND=520)))
+                      dict(scale=scale, dtype="e5m2", dtype_b="e4m3", out_dtype="f32",
+                           config=fp8.Fp8GemmConfig(BN=64), ND=520)))
         if scale != "block":
             cases.append((f"fp8/{scale}/fast", "fp8_gemm", "build_fp8_gemm", (300, 200, 160),
-                          dict(scale=scale, fast_accum=True, ND=200, BN=192, cluster=1)))
-            cases.append((f"fp8/{scale}/pingpong", "fp8_gemm", "build_fp8_gemm",
-                          (4096, 4096, 4096), dict(scale=scale, pingpong=True, BN=128)))
+                          dict(scale=scale, fast_accum=True, ND=200,
+                               config=fp8.Fp8GemmConfig(BN=192, cluster=1))))
     return cases
 
 
 def _grouped_cases():
     cases = []
-    for i, c in enumerate(_mod("grouped_gemm").GROUPED_CONFIGS):
-        for (M, N, K, G) in [(8192, 2048, 1024, 8), (1000, 520, 136, 3)]:
+    gg = _mod("grouped_gemm")
+    for (M, N, K, G) in [(8192, 2048, 1024, 8), (1000, 520, 136, 3)]:
+        for i, c in enumerate(gg.GROUPED_CONFIGS):
             tag = f"{M}x{N}x{K}x{G}/cfg{i}"
             cases.append((f"grouped/fwd/{tag}", "grouped_gemm", "build_grouped", (M, N, K, G),
-                          c.kwargs))
+                          dict(config=c)))
             cases.append((f"grouped/dgrad/{tag}", "grouped_gemm", "build_grouped", (M, K, N, G),
-                          dict(b_major="K", **c.kwargs)))
-            if c in _mod("grouped_gemm").WGRAD_CONFIGS:  # the dB kernel's own list
-                cases.append((f"grouped/wgrad/{tag}", "grouped_gemm", "build_grouped_wgrad",
-                              (M, K, N, G), c.kwargs))
+                          dict(b_major="K", config=c)))
+        for i, w in enumerate(gg.WGRAD_CONFIGS):  # the dB kernel's own list: cfg0.. as above
+            cases.append((f"grouped/wgrad/{M}x{N}x{K}x{G}/cfg{i}", "grouped_gemm",
+                          "build_grouped_wgrad", (M, K, N, G), dict(config=w)))
     cases.append(("grouped/fwd/masked", "grouped_gemm", "build_grouped", (1000, 520, 136, 3),
-                  dict(store="masked", out_dtype="f32")))
+                  dict(config=gg.GroupedConfig(store="masked"), out_dtype="f32")))
     return cases
 
 
@@ -144,9 +148,8 @@ def _row_cases():
             tag = f"{B}x{N}/{dt}"
             for module, builder, table, extra in _ROW_OPS:
                 for i, c in enumerate(getattr(_mod(module), table)):
-                    # pdl=True (the default) names a variant: the builder, not the tuner
                     cases.append((f"rows/{module}/{tag}/cfg{i}", module, builder,
-                                  (B, N, dt, *extra), c.kwargs or dict(pdl=True)))
+                                  (B, N, dt, *extra), dict(config=c)))
             for module, builder in [("rms_norm", "build_rms_norm_bwd"),
                                     ("layer_norm", "build_layer_norm_bwd")]:
                 cases.append((f"rows/{module}/{tag}/bwd", module, builder, (B, N, dt), {}))

@@ -1,3 +1,30 @@
-"""Row kernels (RMSNorm, LayerNorm, softmax, SwiGLU): per-shape builders in the modules
-``rms_norm``, ``layer_norm``, ``softmax`` and ``swiglu``; the public functions of the same
-names are in ``api`` (not re-exported here: they would shadow those modules)."""
+"""Row kernels (RMSNorm, LayerNorm, softmax, SwiGLU), one module per op: ``rms_norm``,
+``layer_norm``, ``softmax``, ``swiglu`` (each op's kernels for every plan and its builders);
+``config`` (``RowConfig``, the tuned tables, the builders' shared tuning wiring); ``api``
+(the public functions, not re-exported here: they would shadow the op modules).
+
+This package re-exports ``RowConfig`` and the builders, each imported at its first use."""
+
+_NAMES = {
+    "RowConfig": "config",
+    "build_rms_norm_fast": "rms_norm", "build_rms_norm_bwd": "rms_norm",
+    "build_layer_norm": "layer_norm", "build_layer_norm_bwd": "layer_norm",
+    "build_softmax_fast": "softmax", "build_softmax": "softmax",
+    "build_swiglu": "swiglu",
+}
+
+__all__ = list(_NAMES)
+
+
+def __getattr__(name):
+    import importlib
+
+    if name not in _NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_NAMES[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

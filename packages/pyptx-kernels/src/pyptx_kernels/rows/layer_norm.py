@@ -12,35 +12,15 @@ through ``pyptx.differentiable_kernel``. Shared machinery: ``pyptx.rows``.
 
 from pyptx import Tile, kernel, ptx, reg
 from pyptx import rows as rw
-from pyptx.autotune import Config, autotune
 from pyptx.errors import ConfigError
-from pyptx.source import where_outside
 from pyptx.types import f32, u32
-from pyptx_kernels._common import PACKAGE_DIR
-
-#: The variants ``build_layer_norm(B, N, dtype)`` chooses from, per shape and device
-#: (``pyptx.autotune``): the one-row kernel (the planner's shape first: the choice when
-#: tuning is off) and every other chunks per thread, each with and without PDL,
-#: persistent at two CTAs per SM of an H100 (264 CTAs; one per SM never won a cell), the
-#: TMA ring at two CTAs per SM, and the one-pass (``welford``) one-row kernel at the shapes
-#: short rows lose with two all-reduces (256 x 4096: 0.94x Triton in session 11; the tuner
-#: skips it where N leaves a partial chunk or it spills).
-LAYER_NORM_CONFIGS = [
-    Config(), Config(chunks=1), Config(chunks=2), Config(chunks=8), Config(pdl=False),
-    Config(chunks=1, pdl=False), Config(chunks=2, pdl=False), Config(chunks=8, pdl=False),
-    Config(ctas=264, pdl=False),
-    Config(ctas=264, stages=3), Config(ctas=264, stages=4),
-    Config(ctas=264, stages=4, bulk_store=True),
-    Config(welford=True), Config(welford=True, pdl=False),
-    Config(welford=True, chunks=1, pdl=False), Config(welford=True, ctas=264, pdl=False),
-]
+from pyptx_kernels._common import where
+from pyptx_kernels.rows.config import DEFAULT, LAYER_NORM_CONFIGS, RowConfig, check, tuned
 
 
-@autotune(configs=LAYER_NORM_CONFIGS, key=["B", "N", "dtype"])
-def build_layer_norm(B: int, N: int, dtype=f32, eps: float = 1e-5, *, chunks=None,
-                     threads=None, rows=None, ctas=None, stages=None, bulk_store=False,
-                     maxnreg=None, pdl=True, l2_load="", l2_store="", store_cache="",
-                     pdl_prefetch=True, load_cache="", welford=False):
+@tuned("layer_norm", LAYER_NORM_CONFIGS)
+def build_layer_norm(B: int, N: int, dtype=f32, eps: float = 1e-5, *,
+                     config: RowConfig | None = None):
     """LayerNorm over the last dim of ``X (B, N)`` with ``W (N,)``, ``Bias (N,)``, all in ``dtype``.
 
     f32 or bf16 storage, f32 arithmetic. Algorithm: load the row's chunks
@@ -48,7 +28,7 @@ def build_layer_norm(B: int, N: int, dtype=f32, eps: float = 1e-5, *, chunks=Non
     (``ld.global.nc``), all-reduce ``sum(x)`` -> mean, form ``d = x - mean``
     (the masked tail set to 0), all-reduce ``sum(d*d)`` -> ``rstd =
     rsqrt.approx(var + eps)``, write ``d * rstd * w + b``. Launch shape from
-    ``pyptx.rows.plan_rows`` (``chunks``/``threads``/``rows`` override it).
+    ``pyptx.rows.plan_rows`` (the config's ``chunks``/``threads``/``rows`` override it).
 
     ``welford=True`` (one-row or persistent kernel, ``N`` a multiple of the row's threads
     times their vector width): one all-reduce instead of two. Each thread takes the mean and the squared
@@ -56,11 +36,10 @@ def build_layer_norm(B: int, N: int, dtype=f32, eps: float = 1e-5, *, chunks=Non
     over the row (Chan et al.'s pairwise update: as stable as the second pass it replaces),
     which takes one shuffle chain and one ``bar.sync`` off the critical path of short rows.
 
-    Called without any of the variant keywords (``chunks``, ``ctas``, ``stages``,
-    ``bulk_store``, ``pdl``, ``welford``), it returns a ``pyptx.autotune.TunedKernel``: at its first
+    Called without ``config``, it returns a ``pyptx.autotune.TunedKernel``: at its first
     launch on a device it times the ``LAYER_NORM_CONFIGS`` that build, assemble and do
-    not spill, on the call's arguments, and keeps the fastest (on disk too). With any of
-    them it builds exactly that variant.
+    not spill, on the call's arguments, and keeps the fastest (on disk too). With a
+    ``RowConfig`` it builds exactly that plan.
 
     ``ctas=P`` builds the persistent variant instead: ``min(P, ceil(B/R))`` CTAs,
     each walking rows ``cta*R, cta*R + P*R, ...`` in a device loop with the next
@@ -82,34 +61,31 @@ def build_layer_norm(B: int, N: int, dtype=f32, eps: float = 1e-5, *, chunks=Non
     prefetch of its rows (``cp.async.bulk.prefetch``) run before ``griddepcontrol.wait``,
     and nothing is read or written before the previous grid has finished.
 
-    ``l2_load``/``l2_store`` (L2 eviction priorities of the streamed loads / the stores),
-    ``load_cache``/``store_cache`` (the ``ld.global``/``st.global`` modifiers) and
-    ``pdl_prefetch`` (the L2 prefetch of a ``pdl`` kernel's inputs) go to
-    ``pyptx.rows.Hints``: each changes the PTX, and the defaults are the measured best.
+    The config's cache hints (``RowConfig.hints``) each change the PTX; the defaults are the
+    measured best.
 
     Supported: any ``B >= 1``, ``1 <= N <= 32768`` (persistent: ``N <= 8192``;
     ragged ``N`` uses narrower accesses and a predicated last chunk). Tolerance
     against float64 (same as ``torch.nn.functional.layer_norm`` with ``eps``):
     relative L2 error below 1e-5 for f32, 1e-2 for bf16.
     """
-    who = "build_layer_norm"
-    dt = rw.dtype_of(dtype, who)
-    hints = rw.Hints(l2_load=l2_load, l2_store=l2_store, store=store_cache,
-                     pdl_prefetch=pdl_prefetch, load=load_cache)
-    if welford and stages is not None:
-        raise ConfigError(f"{where_outside(PACKAGE_DIR)}: {who}: welford=True is a variant of the "
-                          f"one-row and persistent kernels; drop stages")
-    if stages is not None:
-        return _layer_norm_ring(B, N, dt, eps, ctas, stages, maxnreg, pdl, bulk_store, hints,
-                                chunks=chunks, threads=threads)
-    if ctas is not None:
-        return _layer_norm_persistent(B, N, dt, eps, ctas, maxnreg, hints, chunks=chunks,
-                                      threads=threads, rows=rows, pdl=pdl, welford=welford)
-    plan = rw.plan_rows(B, N, dt, who=who, chunks=chunks, threads=threads, rows=rows)
+    dt = rw.dtype_of(dtype, "build_layer_norm")
+    return _KERNELS[config.plan](B, N, dt, eps, config)
+
+
+def _check_welford(who, plan, N, welford):
     if welford and plan.tail_threads != plan.threads:
-        raise ConfigError(f"{where_outside(PACKAGE_DIR)}: {who}: welford=True needs every thread to hold the same "
+        raise ConfigError(f"{where()}: {who}: welford=True needs every thread to hold the same "
                           f"number of values; N={N} leaves a partial last chunk "
                           f"({plan.describe()})")
+
+
+def _layer_norm_row(B, N, dt, eps, c):
+    """The one-row kernel (``RowConfig`` plan ``"row"``)."""
+    who = "build_layer_norm"
+    plan = rw.plan_rows(B, N, dt, who=who, chunks=c.chunks, threads=c.threads, rows=c.rows)
+    _check_welford(who, plan, N, c.welford)
+    hints, pdl, welford, maxnreg = c.hints, c.pdl, c.welford, c.maxnreg
     prefetch = plan.elems <= 16
     if maxnreg is None and plan.threads >= 128:
         # With .maxnreg 64 ptxas keeps the w/b loads ahead of the second reduction; without
@@ -180,12 +156,13 @@ def _centre(io, x, N, eps, welford, lanes=False):
     return d, rw.rstd(v, N, eps)
 
 
-def _layer_norm_ring(B, N, dt, eps, ctas, stages, maxnreg, pdl, bulk_store, hints, **shape):
-    """``build_layer_norm(..., ctas=P, stages=S)``: rows streamed through a TMA ring."""
-    who = f"build_layer_norm(ctas={ctas!r}, stages={stages!r})"
-    plan, P, S = rw.ring_plan(B, N, dt, who=who, ctas=ctas, stages=stages, **shape)
-    if maxnreg is None:
-        maxnreg = rw.ring_reg_cap(plan)
+def _layer_norm_ring(B, N, dt, eps, c):
+    """Plan ``"ring"`` (``ctas=P, stages=S``): rows streamed through a TMA ring."""
+    who = f"build_layer_norm(ctas={c.ctas!r}, stages={c.stages!r})"
+    plan, P, S = rw.ring_plan(B, N, dt, who=who, ctas=c.ctas, stages=c.stages, chunks=c.chunks,
+                              threads=c.threads)
+    maxnreg = rw.ring_reg_cap(plan) if c.maxnreg is None else c.maxnreg
+    hints, pdl = c.hints, c.pdl
 
     @kernel(
         in_specs=(Tile(B, N, dt), Tile(N, dt), Tile(N, dt)),
@@ -201,7 +178,7 @@ def _layer_norm_ring(B, N, dt, eps, ctas, stages, maxnreg, pdl, bulk_store, hint
         with rw.entry(pdl):
             px, pw, pb, py = ptx.global_ptrs(X, W, Bias, Y)
             io = rw.Rows(plan, hints)
-            ring = rw.Ring(io, P, S, bulk_store=bulk_store)
+            ring = rw.Ring(io, P, S, bulk_store=c.bulk_store)
             if pdl:
                 ring.prefetch(px)
         ring.start(px)
@@ -238,17 +215,15 @@ def _layer_norm_ring(B, N, dt, eps, ctas, stages, maxnreg, pdl, bulk_store, hint
     return layer_norm_ring
 
 
-def _layer_norm_persistent(B, N, dt, eps, ctas, maxnreg, hints, pdl=False, welford=False,
-                           **shape):
-    """``build_layer_norm(..., ctas=P)``: ``P`` CTAs walk the rows (``pyptx.rows.row_loop``),
+def _layer_norm_persistent(B, N, dt, eps, c):
+    """Plan ``"persistent"`` (``ctas=P``): ``P`` CTAs walk the rows (``pyptx.rows.row_loop``),
     the next row's loads in flight while this row reduces and stores; ``w``, ``b`` read once."""
-    who = f"build_layer_norm(ctas={ctas!r})"
-    plan = rw.persistent_plan(B, N, dt, who=who, elems=8, **shape)
-    P = rw.persistent_ctas(plan, ctas, who)
-    if welford and plan.tail_threads != plan.threads:
-        raise ConfigError(f"{where_outside(PACKAGE_DIR)}: {who}: welford=True needs every thread to "
-                          f"hold the same number of values; N={N} leaves a partial last chunk "
-                          f"({plan.describe()})")
+    who = f"build_layer_norm(ctas={c.ctas!r})"
+    plan = rw.persistent_plan(B, N, dt, who=who, elems=8, chunks=c.chunks, threads=c.threads,
+                              rows=c.rows)
+    P = rw.persistent_ctas(plan, c.ctas, who)
+    _check_welford(who, plan, N, c.welford)
+    hints, welford = c.hints, c.welford
 
     @kernel(
         in_specs=(Tile(B, N, dt), Tile(N, dt), Tile(N, dt)),
@@ -256,8 +231,8 @@ def _layer_norm_persistent(B, N, dt, eps, ctas, maxnreg, hints, pdl=False, welfo
         grid=(P, 1, 1),
         block=plan.block,
         name=f"layer_norm_persist_{dt.name}{'_welford' if welford else ''}",
-        maxnreg=maxnreg,
-        pdl=pdl,
+        maxnreg=c.maxnreg,
+        pdl=c.pdl,
     )
     def layer_norm_persist(X, W, Bias, Y):
         px, pw, pb, py = ptx.global_ptrs(X, W, Bias, Y)
@@ -286,14 +261,19 @@ def _layer_norm_persistent(B, N, dt, eps, ctas, maxnreg, hints, pdl=False, welfo
     return layer_norm_persist
 
 
-def build_layer_norm_bwd(B: int, N: int, dtype=f32, eps: float = 1e-5, *, chunks=None,
-                         threads=None, rows=None, ctas=None):
+_KERNELS = {"row": _layer_norm_row, "persistent": _layer_norm_persistent,
+            "ring": _layer_norm_ring}
+
+
+def build_layer_norm_bwd(B: int, N: int, dtype=f32, eps: float = 1e-5, *,
+                         config: RowConfig = DEFAULT):
     """Backward of ``build_layer_norm``: ``(x, w, dy) -> (dx, dw, db)``, two launches.
 
     With ``xhat = (x - mean) * rstd`` and ``g = w * dy``:
     ``dx = rstd * (g - mean(g) - xhat * mean(g * xhat))``, ``dw = sum_rows dy * xhat``,
-    ``db = sum_rows dy``. Stage 1 runs ``P = ctas`` persistent CTAs (default
-    ``min(ceil(B/R), max(264, ceil(B/R/16)))``); each keeps its running ``dw``/``db``
+    ``db = sum_rows dy``. Stage 1 runs ``P = config.ctas`` persistent CTAs (default
+    ``min(ceil(B/R), max(264, ceil(B/R/16)))``; the config's ``chunks``/``threads``/``rows``
+    set the row shape); each keeps its running ``dw``/``db``
     slices (and ``w`` for short rows) in registers and walks rows ``cta*R, cta*R +
     P*R, ...``: three all-reduces per row (mean, variance, the pair ``sum g``,
     ``sum g*xhat``), ``dx`` written, then the partials go to an f32 ``(P*R*2, N)``
@@ -304,10 +284,11 @@ def build_layer_norm_bwd(B: int, N: int, dtype=f32, eps: float = 1e-5, *, chunks
     autograd: relative L2 error below 1e-5 (f32) / 2e-2 (bf16).
     """
     who = "build_layer_norm_bwd"
+    c = check(config, who, "backward")
     dt = rw.dtype_of(dtype, who)
-    plan = rw.plan_rows(B, N, dt, who=who, chunks=chunks, threads=threads, rows=rows,
+    plan = rw.plan_rows(B, N, dt, who=who, chunks=c.chunks, threads=c.threads, rows=c.rows,
                         max_n=rw.MAX_N_BWD, max_elems=16, target_bytes=32)
-    P = rw.bwd_ctas(plan, ctas)
+    P = rw.bwd_ctas(plan, c.ctas)
     R = plan.rows
     hold_w = plan.elems <= 8
 

@@ -2,13 +2,14 @@
 
 The builders take the row count ``B`` and length ``N``; f32 or bf16 storage, f32 arithmetic.
 ``build_rms_norm_fast`` is tuned over ``RMS_NORM_CONFIGS`` by ``pyptx.autotune`` unless a
-variant is named; ``build_rms_norm_bwd`` returns the dX kernel and the dW column sum.
+``config=RowConfig(...)`` names the plan; ``build_rms_norm_bwd`` returns the dX kernel and the
+dW column sum.
 """
 
 from pyptx import Tile, kernel, ptx, reg
 from pyptx import rows as rw
-from pyptx.autotune import Config, autotune
 from pyptx.types import f32, u32
+from pyptx_kernels.rows.config import DEFAULT, RMS_NORM_CONFIGS, RowConfig, check, tuned
 
 
 def reference(x, w, eps=1e-6):
@@ -21,25 +22,9 @@ def reference(x, w, eps=1e-6):
 
 
 # ----------------------------------------------------------------------------- fast kernels
-#: The variants ``build_rms_norm_fast(B, N, dtype)`` chooses from, per shape and device
-#: (``pyptx.autotune``): the one-row kernel (the planner's shape first: the choice when
-#: tuning is off) and every other chunks per thread, each with and without PDL,
-#: persistent at two CTAs per SM of an H100 (264 CTAs; one per SM never won a cell), and the
-#: TMA ring at two CTAs per SM.
-RMS_NORM_CONFIGS = [
-    Config(), Config(chunks=1), Config(chunks=2), Config(chunks=8), Config(pdl=False),
-    Config(chunks=1, pdl=False), Config(chunks=2, pdl=False), Config(chunks=8, pdl=False),
-    Config(ctas=264, pdl=False),
-    Config(ctas=264, stages=3), Config(ctas=264, stages=4),
-    Config(ctas=264, stages=4, bulk_store=True),
-]
-
-
-@autotune(configs=RMS_NORM_CONFIGS, key=["B", "N", "dtype"])
-def build_rms_norm_fast(B: int, N: int, dtype=f32, eps: float = 1e-6, *, chunks=None,
-                        threads=None, rows=None, ctas=None, stages=None, bulk_store=False,
-                        maxnreg=None, pdl=True, l2_load="", l2_store="", store_cache="",
-                        pdl_prefetch=True, load_cache=""):
+@tuned("rms_norm", RMS_NORM_CONFIGS)
+def build_rms_norm_fast(B: int, N: int, dtype=f32, eps: float = 1e-6, *,
+                        config: RowConfig | None = None):
     """RMSNorm at the bandwidth ceiling: ``y = x * rsqrt(mean(x**2) + eps) * w``.
 
     ``X (B, N)`` and ``W (N,)`` in ``dtype`` (f32 or bf16), ``Y (B, N)`` in ``dtype``;
@@ -49,14 +34,13 @@ def build_rms_norm_fast(B: int, N: int, dtype=f32, eps: float = 1e-6, *, chunks=
     sums squares with four fma chains and forms ``x * w`` while the sums travel, all-reduces over the row's threads
     (shuffles, then shared memory and one ``bar.sync`` when a row has several
     warps), scales by ``rsqrt.approx`` and writes the row with 16-byte stores.
-    Short rows share a CTA. Launch shape from ``pyptx.rows.plan_rows``
-    (``chunks``/``threads``/``rows`` override it).
+    Short rows share a CTA. Launch shape from ``pyptx.rows.plan_rows`` (the config's
+    ``chunks``/``threads``/``rows`` override it).
 
-    Called without any of the variant keywords (``chunks``, ``ctas``, ``stages``,
-    ``bulk_store``, ``pdl``), it returns a ``pyptx.autotune.TunedKernel``: at its first
+    Called without ``config``, it returns a ``pyptx.autotune.TunedKernel``: at its first
     launch on a device it times the ``RMS_NORM_CONFIGS`` that build, assemble and do not
-    spill, on the call's arguments, and keeps the fastest (on disk too). With any of them
-    it builds exactly that variant.
+    spill, on the call's arguments, and keeps the fastest (on disk too). With a
+    ``RowConfig`` it builds exactly that plan.
 
     ``ctas=P`` builds the persistent variant instead: ``min(P, ceil(B/R))`` CTAs,
     each walking rows ``cta*R, cta*R + P*R, ...`` in a device loop with the next
@@ -78,10 +62,8 @@ def build_rms_norm_fast(B: int, N: int, dtype=f32, eps: float = 1e-6, *, chunks=
     prefetch of its rows (``cp.async.bulk.prefetch``) run before ``griddepcontrol.wait``,
     and nothing is read or written before the previous grid has finished.
 
-    ``l2_load``/``l2_store`` (L2 eviction priorities of the streamed loads / the stores),
-    ``load_cache``/``store_cache`` (the ``ld.global``/``st.global`` modifiers) and
-    ``pdl_prefetch`` (the L2 prefetch of a ``pdl`` kernel's inputs) go to
-    ``pyptx.rows.Hints``: each changes the PTX, and the defaults are the measured best.
+    The config's cache hints (``RowConfig.hints``) each change the PTX; the defaults are the
+    measured best.
 
     Supported: any ``B >= 1``, ``1 <= N <= 32768`` (persistent: ``N <= 16384``);
     ``N`` not a multiple of the vector width (4 f32 / 8 bf16) uses narrower
@@ -90,16 +72,14 @@ def build_rms_norm_fast(B: int, N: int, dtype=f32, eps: float = 1e-6, *, chunks=
     rounding).
     """
     dt = rw.dtype_of(dtype, "build_rms_norm_fast")
-    hints = rw.Hints(l2_load=l2_load, l2_store=l2_store, store=store_cache,
-                     pdl_prefetch=pdl_prefetch, load=load_cache)
-    if stages is not None:
-        return _rms_norm_ring(B, N, dt, eps, ctas, stages, maxnreg, pdl, bulk_store, hints,
-                              chunks=chunks, threads=threads)
-    if ctas is not None:
-        return _rms_norm_persistent(B, N, dt, eps, ctas, maxnreg, hints, chunks=chunks,
-                                    threads=threads, rows=rows, pdl=pdl)
-    plan = rw.plan_rows(B, N, dt, who="build_rms_norm_fast", chunks=chunks, threads=threads,
-                        rows=rows)
+    return _KERNELS[config.plan](B, N, dt, eps, config)
+
+
+def _rms_norm_row(B, N, dt, eps, c):
+    """The one-row kernel (``RowConfig`` plan ``"row"``)."""
+    plan = rw.plan_rows(B, N, dt, who="build_rms_norm_fast", chunks=c.chunks, threads=c.threads,
+                        rows=c.rows)
+    hints, pdl = c.hints, c.pdl
     prefetch_w = plan.elems <= 16
 
     @kernel(
@@ -108,7 +88,7 @@ def build_rms_norm_fast(B: int, N: int, dtype=f32, eps: float = 1e-6, *, chunks=
         grid=plan.grid,
         block=plan.block,
         name=f"rms_norm_{dt.name}",
-        maxnreg=maxnreg,
+        maxnreg=c.maxnreg,
         pdl=pdl,
     )
     def rms_norm_fast(X, W, Y):
@@ -140,12 +120,14 @@ def build_rms_norm_fast(B: int, N: int, dtype=f32, eps: float = 1e-6, *, chunks=
     return rms_norm_fast
 
 
-def _rms_norm_persistent(B, N, dt, eps, ctas, maxnreg, hints, pdl=False, **shape):
-    """``build_rms_norm_fast(..., ctas=P)``: ``P`` CTAs walk the rows (``pyptx.rows.row_loop``),
+def _rms_norm_persistent(B, N, dt, eps, c):
+    """Plan ``"persistent"`` (``ctas=P``): ``P`` CTAs walk the rows (``pyptx.rows.row_loop``),
     the next row's loads in flight while this row reduces and stores; ``w`` read once."""
-    who = f"build_rms_norm_fast(ctas={ctas!r})"
-    plan = rw.persistent_plan(B, N, dt, who=who, elems=16, **shape)
-    P = rw.persistent_ctas(plan, ctas, who)
+    who = f"build_rms_norm_fast(ctas={c.ctas!r})"
+    plan = rw.persistent_plan(B, N, dt, who=who, elems=16, chunks=c.chunks, threads=c.threads,
+                              rows=c.rows)
+    P = rw.persistent_ctas(plan, c.ctas, who)
+    hints = c.hints
 
     @kernel(
         in_specs=(Tile(B, N, dt), Tile(N, dt)),
@@ -153,8 +135,8 @@ def _rms_norm_persistent(B, N, dt, eps, ctas, maxnreg, hints, pdl=False, **shape
         grid=(P, 1, 1),
         block=plan.block,
         name=f"rms_norm_persist_{dt.name}",
-        maxnreg=maxnreg,
-        pdl=pdl,
+        maxnreg=c.maxnreg,
+        pdl=c.pdl,
     )
     def rms_norm_persist(X, W, Y):
         px, pw, py = ptx.global_ptrs(X, W, Y)
@@ -181,12 +163,13 @@ def _rms_norm_persistent(B, N, dt, eps, ctas, maxnreg, hints, pdl=False, **shape
     return rms_norm_persist
 
 
-def _rms_norm_ring(B, N, dt, eps, ctas, stages, maxnreg, pdl, bulk_store, hints, **shape):
-    """``build_rms_norm_fast(..., ctas=P, stages=S)``: rows streamed through a TMA ring."""
-    who = f"build_rms_norm_fast(ctas={ctas!r}, stages={stages!r})"
-    plan, P, S = rw.ring_plan(B, N, dt, who=who, ctas=ctas, stages=stages, **shape)
-    if maxnreg is None:
-        maxnreg = rw.ring_reg_cap(plan)
+def _rms_norm_ring(B, N, dt, eps, c):
+    """Plan ``"ring"`` (``ctas=P, stages=S``): rows streamed through a TMA ring."""
+    who = f"build_rms_norm_fast(ctas={c.ctas!r}, stages={c.stages!r})"
+    plan, P, S = rw.ring_plan(B, N, dt, who=who, ctas=c.ctas, stages=c.stages, chunks=c.chunks,
+                              threads=c.threads)
+    maxnreg = rw.ring_reg_cap(plan) if c.maxnreg is None else c.maxnreg
+    hints, pdl = c.hints, c.pdl
 
     @kernel(
         in_specs=(Tile(B, N, dt), Tile(N, dt)),
@@ -202,7 +185,7 @@ def _rms_norm_ring(B, N, dt, eps, ctas, stages, maxnreg, pdl, bulk_store, hints,
         with rw.entry(pdl):
             px, pw, py = ptx.global_ptrs(X, W, Y)
             io = rw.Rows(plan, hints)
-            ring = rw.Ring(io, P, S, bulk_store=bulk_store)
+            ring = rw.Ring(io, P, S, bulk_store=c.bulk_store)
             if pdl:
                 ring.prefetch(px)
         ring.start(px)
@@ -227,14 +210,17 @@ def _rms_norm_ring(B, N, dt, eps, ctas, stages, maxnreg, pdl, bulk_store, hints,
     return rms_norm_ring
 
 
-def build_rms_norm_bwd(B: int, N: int, dtype=f32, eps: float = 1e-6, *, chunks=None,
-                       threads=None, rows=None, ctas=None):
+_KERNELS = {"row": _rms_norm_row, "persistent": _rms_norm_persistent, "ring": _rms_norm_ring}
+
+
+def build_rms_norm_bwd(B: int, N: int, dtype=f32, eps: float = 1e-6, *,
+                       config: RowConfig = DEFAULT):
     """Backward of ``build_rms_norm_fast``: ``(x, w, dy) -> (dx, dw)``, two launches.
 
     With ``r = rsqrt(mean(x**2) + eps)`` and ``g = w * dy``:
     ``dx = r * g - x * r**3 * mean(g * x)`` and ``dw = sum over rows of dy * x * r``.
-    Stage 1 runs ``P = ctas`` persistent CTAs (default ``min(ceil(B/R), max(264,
-    ceil(B/R/16)))``); each keeps ``w`` and its running ``dw`` slice in registers,
+    Stage 1 runs ``P = config.ctas`` persistent CTAs (default ``min(ceil(B/R), max(264,
+    ceil(B/R/16)))``; the config's ``chunks``/``threads``/``rows`` set the row shape); each keeps ``w`` and its running ``dw`` slice in registers,
     walks rows ``cta*R, cta*R + P*R, ...`` (one paired all-reduce of ``sum x**2`` and
     ``sum g*x`` per row), writes ``dx`` and finally its partial ``dw`` row to an f32
     ``(P*R, N)`` buffer; stage 2 (``pyptx.rows.build_colsum``) sums the partials into
@@ -245,10 +231,11 @@ def build_rms_norm_bwd(B: int, N: int, dtype=f32, eps: float = 1e-6, *, chunks=N
     Returns a ``pyptx.rows.TwoStage`` (callable like a kernel, ``.kernels`` has both).
     """
     who = "build_rms_norm_bwd"
+    c = check(config, who, "backward")
     dt = rw.dtype_of(dtype, who)
-    plan = rw.plan_rows(B, N, dt, who=who, chunks=chunks, threads=threads, rows=rows,
+    plan = rw.plan_rows(B, N, dt, who=who, chunks=c.chunks, threads=c.threads, rows=c.rows,
                         max_n=rw.MAX_N_BWD, max_elems=16, target_bytes=32)
-    P = rw.bwd_ctas(plan, ctas)
+    P = rw.bwd_ctas(plan, c.ctas)
     R = plan.rows
     hold_w = plan.elems <= 8
 

@@ -14,8 +14,8 @@ import math
 
 from pyptx import SpecError, Tile, kernel, ptx, reg
 from pyptx import rows as rw
-from pyptx.autotune import Config, autotune
 from pyptx.types import f32, u64
+from pyptx_kernels.rows.config import SOFTMAX_CONFIGS, RowConfig, tuned
 
 WARP_SIZE = 32
 LOG2E = 1.0 / math.log(2.0)
@@ -69,21 +69,8 @@ def build_softmax(B: int, N: int):
     return softmax
 
 
-#: The variants ``build_softmax_fast(B, N, dtype)`` chooses from, per shape and device
-#: (``pyptx.autotune``): the one-row kernel (the planner's shape first: the choice when
-#: tuning is off) and every other chunks per thread, each with and without PDL, and
-#: persistent at two CTAs per SM of an H100 (264 CTAs; one per SM never won a cell).
-SOFTMAX_CONFIGS = [
-    Config(), Config(chunks=1), Config(chunks=2), Config(chunks=8), Config(pdl=False),
-    Config(chunks=1, pdl=False), Config(chunks=2, pdl=False), Config(chunks=8, pdl=False),
-    Config(ctas=264, pdl=False),
-]
-
-
-@autotune(configs=SOFTMAX_CONFIGS, key=["B", "N", "dtype"])
-def build_softmax_fast(B: int, N: int, dtype=f32, *, chunks=None, threads=None, rows=None,
-                       ctas=None, maxnreg=None, pdl=True, l2_load="", l2_store="",
-                       store_cache="", pdl_prefetch=True, load_cache=""):
+@tuned("softmax", SOFTMAX_CONFIGS)
+def build_softmax_fast(B: int, N: int, dtype=f32, *, config: RowConfig | None = None):
     """Row softmax at the bandwidth ceiling, ``(B, N)`` f32 or bf16 in and out, f32 math.
 
     One pass: each thread loads its ``K`` 16-byte chunks of the row
@@ -93,13 +80,13 @@ def build_softmax_fast(B: int, N: int, dtype=f32, *, chunks=None, threads=None, 
     row has several warps), turns the registers into ``ex2.approx((x - m) *
     log2 e)`` with one ``fma`` each, all-reduces their sum the same way and
     writes ``e * rcp.approx(sum)`` with 16-byte stores. Nothing is re-read.
-    Short rows share a CTA; the launch shape comes from ``pyptx.rows.plan_rows``.
+    Short rows share a CTA; the launch shape comes from ``pyptx.rows.plan_rows`` (the
+    config's ``chunks``/``threads``/``rows`` override it).
 
-    Called without any of the variant keywords (``chunks``, ``ctas``, ``pdl``), it
-    returns a ``pyptx.autotune.TunedKernel``: at its first launch on a device it times
-    the ``SOFTMAX_CONFIGS`` that build, assemble and do not spill, on the call's
-    arguments, and keeps the fastest (on disk too). With any of them it builds exactly
-    that variant.
+    Called without ``config``, it returns a ``pyptx.autotune.TunedKernel``: at its first
+    launch on a device it times the ``SOFTMAX_CONFIGS`` that build, assemble and do not
+    spill, on the call's arguments, and keeps the fastest (on disk too). With a
+    ``RowConfig`` (plan ``"row"`` or ``"persistent"``) it builds exactly that plan.
 
     ``ctas=P`` builds the persistent variant instead: ``min(P, ceil(B/R))`` CTAs,
     each walking rows ``cta*R, cta*R + P*R, ...`` in a device loop with the next
@@ -114,23 +101,22 @@ def build_softmax_fast(B: int, N: int, dtype=f32, *, chunks=None, threads=None, 
     prefetch of its rows (``cp.async.bulk.prefetch``) run before ``griddepcontrol.wait``,
     and nothing is read or written before the previous grid has finished.
 
-    ``l2_load``/``l2_store`` (L2 eviction priorities of the streamed loads / the stores),
-    ``load_cache``/``store_cache`` (the ``ld.global``/``st.global`` modifiers) and
-    ``pdl_prefetch`` (the L2 prefetch of a ``pdl`` kernel's inputs) go to
-    ``pyptx.rows.Hints``: each changes the PTX, and the defaults are the measured best.
+    The config's cache hints (``RowConfig.hints``) each change the PTX; the defaults are the
+    measured best.
 
     Supported: any ``B >= 1``, ``1 <= N <= 32768`` (persistent: ``N <= 16384``).
     Tolerance against float64: relative L2 error below 1e-5 for f32, 1e-2 for
     bf16.
     """
     dt = rw.dtype_of(dtype, "build_softmax_fast")
-    hints = rw.Hints(l2_load=l2_load, l2_store=l2_store, store=store_cache,
-                     pdl_prefetch=pdl_prefetch, load=load_cache)
-    if ctas is not None:
-        return _softmax_persistent(B, N, dt, ctas, maxnreg, hints, chunks=chunks,
-                                   threads=threads, rows=rows, pdl=pdl)
-    plan = rw.plan_rows(B, N, dt, who="build_softmax_fast", chunks=chunks, threads=threads,
-                        rows=rows)
+    return _KERNELS[config.plan](B, N, dt, config)
+
+
+def _softmax_row(B, N, dt, c):
+    """The one-row kernel (``RowConfig`` plan ``"row"``)."""
+    plan = rw.plan_rows(B, N, dt, who="build_softmax_fast", chunks=c.chunks, threads=c.threads,
+                        rows=c.rows)
+    hints, pdl = c.hints, c.pdl
 
     @kernel(
         in_specs=(Tile(B, N, dt),),
@@ -138,7 +124,7 @@ def build_softmax_fast(B: int, N: int, dtype=f32, *, chunks=None, threads=None, 
         grid=plan.grid,
         block=plan.block,
         name=f"softmax_{dt.name}",
-        maxnreg=maxnreg,
+        maxnreg=c.maxnreg,
         pdl=pdl,
     )
     def softmax_fast(X, Y):
@@ -176,12 +162,14 @@ def _softmax_exp(io, x, *, lanes=False):
     return e, inv
 
 
-def _softmax_persistent(B, N, dt, ctas, maxnreg, hints, pdl=False, **shape):
-    """``build_softmax_fast(..., ctas=P)``: ``P`` CTAs walk the rows (``pyptx.rows.row_loop``),
+def _softmax_persistent(B, N, dt, c):
+    """Plan ``"persistent"`` (``ctas=P``): ``P`` CTAs walk the rows (``pyptx.rows.row_loop``),
     the next row's loads in flight while this row reduces and stores."""
-    who = f"build_softmax_fast(ctas={ctas!r})"
-    plan = rw.persistent_plan(B, N, dt, who=who, elems=16, **shape)
-    P = rw.persistent_ctas(plan, ctas, who)
+    who = f"build_softmax_fast(ctas={c.ctas!r})"
+    plan = rw.persistent_plan(B, N, dt, who=who, elems=16, chunks=c.chunks, threads=c.threads,
+                              rows=c.rows)
+    P = rw.persistent_ctas(plan, c.ctas, who)
+    hints = c.hints
 
     @kernel(
         in_specs=(Tile(B, N, dt),),
@@ -189,8 +177,8 @@ def _softmax_persistent(B, N, dt, ctas, maxnreg, hints, pdl=False, **shape):
         grid=(P, 1, 1),
         block=plan.block,
         name=f"softmax_persist_{dt.name}",
-        maxnreg=maxnreg,
-        pdl=pdl,
+        maxnreg=c.maxnreg,
+        pdl=c.pdl,
     )
     def softmax_persist(X, Y):
         px, py = ptx.global_ptrs(X, Y)
@@ -209,6 +197,9 @@ def _softmax_persistent(B, N, dt, ctas, maxnreg, hints, pdl=False, **shape):
     softmax_persist.plan = plan
     softmax_persist.ctas = P
     return softmax_persist
+
+
+_KERNELS = {"row": _softmax_row, "persistent": _softmax_persistent}
 
 
 def reference(x):

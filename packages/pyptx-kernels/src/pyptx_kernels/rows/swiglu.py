@@ -16,32 +16,20 @@ threads it is the fastest shape measured for f32 8192x8192 on the H100.
 
 from pyptx import SpecError, Tile, kernel, ptx, reg, smem
 from pyptx import rows as rw
-from pyptx.autotune import Config, autotune
 from pyptx.types import b64, f32, u32, u64
+from pyptx_kernels._common import where
+from pyptx_kernels.rows.config import SWIGLU_CONFIGS, RowConfig, tuned
 
-#: The variants ``build_swiglu(B, N, dtype)`` chooses from, per shape and device
-#: (``pyptx.autotune``): 256 threads x 1 vector (the default: the choice when tuning is
-#: off), more vectors or threads per CTA, with and without PDL (among them the Triton
-#: peer's launch shape, 256 threads x 16 elements, and inductor's usual 128 x 8), and the
-#: bulk-copy kernel at 512 and 1024 threads, loads only or stores too (sizes whose bytes
-#: are not a multiple of 16 skip it).
-SWIGLU_CONFIGS = [
-    Config(), Config(chunks=2), Config(chunks=4), Config(threads=512), Config(pdl=False),
-    Config(chunks=2, pdl=False), Config(chunks=4, pdl=False),
-    Config(threads=128), Config(threads=128, pdl=False), Config(threads=128, chunks=2),
-    Config(threads=128, chunks=2, pdl=False),
-    Config(bulk=True, threads=512), Config(bulk=True, threads=1024),
-    Config(bulk=True, threads=512, bulk_store=True),
-]
+#: threads per CTA when the config leaves ``threads`` to the builder
+THREADS = 256
 
 
-@autotune(configs=SWIGLU_CONFIGS, key=["B", "N", "dtype"])
-def build_swiglu(B: int, N: int, dtype=f32, *, threads: int = 256, chunks=None, pdl=True,
-                 bulk: bool = False, bulk_store: bool = False, l2_load="", l2_store="",
-                 store_cache="", pdl_prefetch=True, load_cache=""):
+@tuned("swiglu", SWIGLU_CONFIGS)
+def build_swiglu(B: int, N: int, dtype=f32, *, config: RowConfig | None = None):
     """``Y = silu(G) * U`` for ``G, U, Y`` of shape ``(B, N)`` in ``dtype`` (f32 or bf16).
 
-    ``threads`` per CTA and ``chunks`` (16-byte vectors per thread and input;
+    The config's ``threads`` per CTA (default 256) and ``chunks`` (16-byte vectors per thread
+    and input;
     default 1: with the L2 prefetch of PDL launches, many small CTAs beat fewer large
     ones on the H100 at every benchmark size) set the launch shape; grid = ceil(vectors /
     (threads * chunks)). Supported: any ``B, N >= 1`` with ``B * N < 2**32``.
@@ -54,35 +42,33 @@ def build_swiglu(B: int, N: int, dtype=f32, *, threads: int = 256, chunks=None, 
     ``griddepcontrol.wait``, and nothing is read or written before the previous grid
     has finished.
 
-    ``bulk=True`` moves each CTA's slices of ``G`` and ``U`` into shared memory with two
+    Plan ``"bulk"`` (``bulk=True``) moves each CTA's slices of ``G`` and ``U`` into shared memory with two
     ``cp.async.bulk`` copies issued by thread 0 (one mbarrier); threads read their vectors
     with ``ld.shared``. ``bulk_store=True`` (with ``bulk``) also writes the CTA's slice of
     ``Y`` back through shared memory with one bulk store. Both need ``B * N * bytes`` to be
     a multiple of 16.
 
-    ``l2_load``/``l2_store`` (L2 eviction priorities of the streamed loads / the stores),
-    ``load_cache``/``store_cache`` (the ``ld.global``/``st.global`` modifiers) and
-    ``pdl_prefetch`` (the L2 prefetch of a ``pdl`` kernel's inputs) go to
-    ``pyptx.rows.Hints``: each changes the PTX, and the defaults are the measured best.
+    The config's cache hints (``RowConfig.hints``) each change the PTX; the defaults are the
+    measured best.
 
-    Called without any of the variant keywords (``threads``, ``chunks``, ``pdl``, ``bulk``,
-    ``bulk_store``),
-    it returns a ``pyptx.autotune.TunedKernel``: at its first launch on a device it times
-    the ``SWIGLU_CONFIGS`` that build, assemble and do not spill, on the call's arguments,
-    and keeps the fastest (on disk too). With any of them it builds exactly that variant.
+    Called without ``config``, it returns a ``pyptx.autotune.TunedKernel``: at its first
+    launch on a device it times the ``SWIGLU_CONFIGS`` that build, assemble and do not spill,
+    on the call's arguments, and keeps the fastest (on disk too). With a ``RowConfig`` (plan
+    ``"row"`` or ``"bulk"``) it builds exactly that plan.
     """
     who = "build_swiglu"
     dt = rw.dtype_of(dtype, who)
-    hints = rw.Hints(l2_load=l2_load, l2_store=l2_store, store=store_cache,
-                     pdl_prefetch=pdl_prefetch, load=load_cache)
+    c = config
+    hints, pdl, bulk, bulk_store, chunks = c.hints, c.pdl, c.bulk, c.bulk_store, c.chunks
+    threads = THREADS if c.threads is None else c.threads
     for name, v in (("B", B), ("N", N), ("threads", threads)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise SpecError(f"{who}: {name} must be a positive int, got {v!r}")
+            raise SpecError(f"{where()}: {who}: {name} must be a positive int, got {v!r}")
     if threads % 32 or threads > 1024:
-        raise SpecError(f"{who}: threads must be a multiple of 32 up to 1024, got {threads}")
+        raise SpecError(f"{where()}: {who}: threads must be a multiple of 32 up to 1024, got {threads}")
     M = B * N
     if M >= 2**32:
-        raise SpecError(f"{who}: B * N must be below 2**32, got {M}")
+        raise SpecError(f"{where()}: {who}: B * N must be below 2**32, got {M}")
     es = dt.bytes
     vec = 16 // es
     while M % vec:
@@ -95,10 +81,8 @@ def build_swiglu(B: int, N: int, dtype=f32, *, threads: int = 256, chunks=None, 
     ragged = mv % per_cta != 0
     stride = threads * vec * es
     span = per_cta * vec * es  # bytes of one input per CTA
-    if bulk_store and not bulk:
-        raise SpecError(f"{who}: bulk_store=True needs bulk=True")
     if bulk and (M * es) % 16:
-        raise SpecError(f"{who}: bulk=True needs B * N * {es} bytes to be a multiple of 16, "
+        raise SpecError(f"{where()}: {who}: bulk=True needs B * N * {es} bytes to be a multiple of 16, "
                         f"got B={B}, N={N}")
     if bulk:
         return _swiglu_bulk(B, N, dt, threads, k, vec, grid, span, pdl, bulk_store, hints)

@@ -1,0 +1,250 @@
+"""The row kernels' configuration: ``RowConfig`` (a frozen, validated plan), each op's tuned
+table of them, and ``tuned``, the wiring shared by the four ops' builders (``config=None``: the
+table tuned by ``pyptx.autotune``; a ``RowConfig``: exactly that plan)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import os
+import sys
+from dataclasses import dataclass
+
+from pyptx.errors import ConfigError, SpecError
+from pyptx_kernels._common import PACKAGE_DIR
+
+_INTS = ("chunks", "threads", "rows", "ctas", "stages", "maxnreg")
+_BOOLS = ("bulk_store", "bulk", "welford", "pdl", "pdl_prefetch")
+_HINTS = {"l2_load": "l2_load", "l2_store": "l2_store", "store_cache": "store",
+          "pdl_prefetch": "pdl_prefetch", "load_cache": "load"}  # field -> pyptx.rows.Hints
+
+
+#: code objects that are the library's though outside its files (``RowConfig.__init__``)
+_GENERATED: set = set()
+
+
+def _at() -> str:
+    """``file:line`` of the user's line: the first frame outside the package, pyptx and the
+    dataclass-generated ``RowConfig.__init__``."""
+    from pyptx.source import _is_internal
+
+    f = sys._getframe(1)
+    while f is not None:
+        name = f.f_code.co_filename
+        if not (f.f_code in _GENERATED or _is_internal(name)
+                or os.path.abspath(name).startswith(PACKAGE_DIR + os.sep)):
+            return f"{name}:{f.f_lineno}"
+        f = f.f_back
+    return "<unknown>:0"
+
+
+@dataclass(frozen=True)
+class RowConfig:
+    """One plan of a row kernel; ``plan`` names it, and only valid plans can be made.
+
+    * ``"row"`` (the default): one row per thread group, all of it in registers; ``chunks``
+      (16-byte vectors per thread), ``threads`` (per row) and ``rows`` (per CTA) override the
+      shape ``pyptx.rows.plan_rows`` picks (SwiGLU: ``threads`` per CTA, default 256).
+    * ``"persistent"`` (``ctas=P``): ``P`` CTAs walk the rows, the next row's loads in flight.
+    * ``"ring"`` (``ctas=P, stages=S``, ``S >= 2``): rows streamed into ``S`` shared-memory
+      slots by ``cp.async.bulk`` (RMSNorm, LayerNorm); ``bulk_store`` writes back through them.
+    * ``"bulk"`` (``bulk=True``, SwiGLU): each CTA's slices copied in by ``cp.async.bulk``;
+      ``bulk_store`` writes its output slice back the same way.
+
+    ``welford`` (LayerNorm, row or persistent plan): one all-reduce of (mean, m2) pairs.
+    ``maxnreg`` adds ``.maxnreg``; ``pdl`` launches with programmatic dependent launch. The
+    cache hints ``l2_load``, ``l2_store``, ``store_cache``, ``load_cache`` and ``pdl_prefetch``
+    are ``hints`` (``pyptx.rows.Hints``). A bad value or combination raises a ``PyptxError``
+    at the caller's line; what a plan cannot do at a shape, the builder refuses.
+    """
+
+    chunks: int | None = None
+    threads: int | None = None
+    rows: int | None = None
+    ctas: int | None = None
+    stages: int | None = None
+    bulk_store: bool = False
+    bulk: bool = False
+    welford: bool = False
+    maxnreg: int | None = None
+    pdl: bool = True
+    l2_load: str = ""
+    l2_store: str = ""
+    store_cache: str = ""
+    pdl_prefetch: bool = True
+    load_cache: str = ""
+
+    def __post_init__(self) -> None:
+        for name in _INTS:
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise SpecError(f"{_at()}: RowConfig: {name} must be a positive int, got {v!r}")
+        for name in _BOOLS:
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{_at()}: RowConfig: {name} must be True or False, got "
+                                  f"{getattr(self, name)!r}")
+        if self.stages is not None:
+            if self.ctas is None:
+                self._refuse("stages=S is the TMA ring, which needs ctas=P too")
+            if self.stages < 2:  # each reduction slot is rewritten one step later
+                self._refuse(f"a TMA ring needs stages >= 2, got {self.stages}")
+            if self.welford:
+                self._refuse("welford=True is a variant of the one-row and persistent kernels; "
+                             "drop stages")
+            if self.rows is not None:
+                self._refuse("the TMA ring takes one row per CTA step; drop rows")
+        if self.bulk and (self.ctas is not None or self.rows is not None or self.welford):
+            self._refuse("bulk=True is SwiGLU's bulk-copy kernel; drop ctas, rows and welford")
+        if self.bulk_store and self.stages is None and not self.bulk:
+            self._refuse("bulk_store=True writes back through the TMA ring (ctas, stages) or "
+                         "SwiGLU's bulk copy (bulk=True)")
+        try:
+            self.hints  # noqa: B018 - checks the hint values
+        except ConfigError as e:
+            raise ConfigError(f"{_at()}: RowConfig: {str(e).split(': ', 1)[-1]}") from None
+
+    def _refuse(self, why: str):
+        raise ConfigError(f"{_at()}: {self!r}: {why}")
+
+    @property
+    def plan(self) -> str:
+        """``"row"``, ``"persistent"``, ``"ring"`` or ``"bulk"`` (see the class)."""
+        if self.stages is not None:
+            return "ring"
+        if self.ctas is not None:
+            return "persistent"
+        return "bulk" if self.bulk else "row"
+
+    @property
+    def hints(self):
+        """The cache hints as ``pyptx.rows.Hints``."""
+        from pyptx import rows as rw
+
+        return rw.Hints(**{h: getattr(self, f) for f, h in _HINTS.items()})
+
+    @property
+    def kwargs(self) -> dict:
+        """The fields that differ from the defaults, in field order (``RowConfig(**kwargs)``
+        is this config; a ``pyptx.autotune.Config`` of them names it to the tuner)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if getattr(self, f.name) != f.default}
+
+    def describe(self) -> str:
+        """``ctas=264 stages=4``, or ``defaults``."""
+        return " ".join(f"{k}={v}" for k, v in self.kwargs.items()) or "defaults"
+
+    def __repr__(self) -> str:
+        return "RowConfig(" + ", ".join(f"{k}={v!r}" for k, v in self.kwargs.items()) + ")"
+
+
+_GENERATED.add(RowConfig.__init__.__code__)
+
+#: The default plan: the planner's one-row kernel with PDL and no hints.
+DEFAULT = RowConfig()
+
+#: The fields each builder takes (the others must keep their defaults).
+_SHAPE = ("chunks", "threads", "rows")
+_HINT_FIELDS = tuple(_HINTS)
+FIELDS = {
+    "rms_norm": (*_SHAPE, "ctas", "stages", "bulk_store", "maxnreg", "pdl", *_HINT_FIELDS),
+    "layer_norm": (*_SHAPE, "ctas", "stages", "bulk_store", "maxnreg", "pdl", "welford",
+                   *_HINT_FIELDS),
+    "softmax": (*_SHAPE, "ctas", "maxnreg", "pdl", *_HINT_FIELDS),
+    "swiglu": ("chunks", "threads", "bulk", "bulk_store", "pdl", *_HINT_FIELDS),
+    "backward": (*_SHAPE, "ctas"),
+}
+
+
+def check(config, who: str, op: str) -> RowConfig:
+    """``config`` if it is a ``RowConfig`` whose fields ``op``'s builder takes (``FIELDS``)."""
+    if not isinstance(config, RowConfig):
+        raise ConfigError(f"{_at()}: {who}: config must be a RowConfig, got {config!r}")
+    extra = [k for k in config.kwargs if k not in FIELDS[op]]
+    if extra:
+        raise ConfigError(f"{_at()}: {who}: {config!r} sets {', '.join(extra)}, which this "
+                          f"kernel does not take (it takes {', '.join(FIELDS[op])})")
+    return config
+
+
+# ----------------------------------------------------------------------------- tuned tables
+def _table(*configs: dict) -> tuple[RowConfig, ...]:
+    return tuple(RowConfig(**c) for c in configs)
+
+
+#: The plans shared by the three row ops: the one-row kernel (the planner's shape first: the
+#: choice when tuning is off) and every other chunks per thread, each with and without PDL,
+#: and persistent at two CTAs per SM of an H100 (264 CTAs; one per SM never won a cell).
+_ROW_PLANS = (
+    {}, dict(chunks=1), dict(chunks=2), dict(chunks=8), dict(pdl=False),
+    dict(chunks=1, pdl=False), dict(chunks=2, pdl=False), dict(chunks=8, pdl=False),
+    dict(ctas=264, pdl=False),
+)
+#: ... and the norms' TMA ring at two CTAs per SM.
+_RING_PLANS = (dict(ctas=264, stages=3), dict(ctas=264, stages=4),
+               dict(ctas=264, stages=4, bulk_store=True))
+
+#: What ``build_rms_norm_fast(B, N, dtype)`` tunes over, per shape and device.
+RMS_NORM_CONFIGS = _table(*_ROW_PLANS, *_RING_PLANS)
+#: What ``build_layer_norm(B, N, dtype)`` tunes over: the norms' plans and the one-pass
+#: (``welford``) kernel, for short rows (the tuner skips it where N leaves a partial chunk).
+LAYER_NORM_CONFIGS = _table(
+    *_ROW_PLANS, *_RING_PLANS,
+    dict(welford=True), dict(welford=True, pdl=False), dict(welford=True, chunks=1, pdl=False),
+    dict(welford=True, ctas=264, pdl=False))
+#: What ``build_softmax_fast(B, N, dtype)`` tunes over.
+SOFTMAX_CONFIGS = _table(*_ROW_PLANS)
+#: What ``build_swiglu(B, N, dtype)`` tunes over: 256 threads x 1 vector first, more vectors
+#: or threads per CTA, with and without PDL (among them Triton's launch shape, 256 threads x
+#: 16 elements, and inductor's 128 x 8), and the bulk-copy kernel at 512 and 1024 threads,
+#: loads only or stores too (sizes whose bytes are not a multiple of 16 skip it).
+SWIGLU_CONFIGS = _table(
+    {}, dict(chunks=2), dict(chunks=4), dict(threads=512), dict(pdl=False),
+    dict(chunks=2, pdl=False), dict(chunks=4, pdl=False),
+    dict(threads=128), dict(threads=128, pdl=False), dict(threads=128, chunks=2),
+    dict(threads=128, chunks=2, pdl=False),
+    dict(bulk=True, threads=512), dict(bulk=True, threads=1024),
+    dict(bulk=True, threads=512, bulk_store=True))
+
+
+# ----------------------------------------------------------------------------- builders
+def tuned(op: str, table: tuple[RowConfig, ...]):
+    """Make ``build(B, N, dtype, *problem, config=None)`` a row builder.
+
+    ``config=None``: a ``pyptx.autotune.TunedKernel`` that times ``table`` at its first
+    launch on a device (key: ``B``, ``N``, ``dtype``) and keeps the fastest; a ``RowConfig``:
+    that plan, checked against the fields ``op`` takes (``FIELDS``), built directly."""
+    from pyptx.autotune import Config, autotune
+
+    def wrap(build):
+        sig = inspect.signature(build)
+        name = build.__name__
+
+        def variant(B, N, dtype, problem=(), **fields):
+            return build(B, N, dtype, *problem, config=RowConfig(**fields))
+
+        variant.__name__ = variant.__qualname__ = name
+        tuner = autotune([Config(**c.kwargs) for c in table], key=["B", "N", "dtype"])(variant)
+        tuner.ident = f"{build.__module__.rsplit('.', 1)[-1]}.{name}"  # the on-disk winners' key
+
+        @functools.wraps(build)
+        def builder(*args, config=None, **problem):
+            try:
+                bound = sig.bind(*args, **problem)
+            except TypeError as e:
+                raise ConfigError(f"{_at()}: {name}: {e}") from None
+            bound.apply_defaults()
+            B, N, dtype, *rest = (v for k, v in bound.arguments.items() if k != "config")
+            if config is None:
+                return tuner(B, N, dtype, tuple(rest))
+            return build(B, N, dtype, *rest, config=check(config, name, op))
+
+        builder.tuner = tuner
+        builder.configs = table
+        return builder
+
+    return wrap
+
+
+__all__ = ["RowConfig", "DEFAULT", "FIELDS", "check", "tuned", "RMS_NORM_CONFIGS", "LAYER_NORM_CONFIGS",
+           "SOFTMAX_CONFIGS", "SWIGLU_CONFIGS"]
