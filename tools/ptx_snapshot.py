@@ -99,19 +99,21 @@ def _attention_cases():
             for causal in (False, True):
                 for (B, S, Hq, Hkv) in [(2, 1024, 4, 4), (1, 1000, 4, 2)]:
                     tag = f"{schedule}/d{D}/{'causal' if causal else 'full'}/{B}x{S}x{Hq}x{Hkv}"
-                    kw = dict(causal=causal, schedule=schedule)
+                    kw = dict(causal=causal, config=fa.ForwardConfig(schedule=schedule))
                     cases.append((f"attn/{tag}", "flash_attention", "build_attention",
                                   (B, S, Hq, Hkv, D), kw))
                 cases.append((f"attn/{schedule}/d{D}/{causal}/persistent", "flash_attention",
                               "build_attention", (2, 1000, 4, 2, D),
-                              dict(causal=causal, schedule=schedule, persistent=True)))
+                              dict(causal=causal,
+                                   config=fa.ForwardConfig(schedule=schedule, persistent=True))))
                 cases.append((f"attn/{schedule}/d{D}/{causal}/varlen", "flash_attention",
                               "build_attention_varlen", (3000, 2800, 3, 4, 2, D, 1200),
-                              dict(causal=causal, schedule=schedule)))
+                              dict(causal=causal, config=fa.ForwardConfig(schedule=schedule))))
                 # two consumer warpgroups (the default is three at these head dims)
                 cases.append((f"attn/{schedule}/d{D}/{causal}/c2", "flash_attention",
                               "build_attention", (1, 1000, 4, 2, D),
-                              dict(causal=causal, schedule=schedule, consumers=2)))
+                              dict(causal=causal,
+                                   config=fa.ForwardConfig(schedule=schedule, consumers=2))))
     for D in (64, 128):
         for causal in (False, True):
             for (B, S, Hq, Hkv, Sk) in [(2, 1024, 4, 4, 1024), (1, 1000, 4, 2, 1000)]:

@@ -5,7 +5,7 @@ For torch tensors each is one custom op, ``torch.ops.pyptx.attention`` /
 (shapes only) and autograd through ``torch.ops.pyptx.attention_backward`` /
 ``torch.ops.pyptx.attention_varlen_backward``, so ``torch.compile(fullgraph=True)`` keeps a
 model using them in one graph. The ops are defined at the first torch call, never at import.
-JAX arrays go to the host functions of ``forward.py`` (differentiable with ``jax.grad``).
+JAX arrays go to the host functions of ``fwd_host.py`` (differentiable with ``jax.grad``).
 """
 
 from __future__ import annotations
@@ -151,15 +151,13 @@ def _check_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, any_device=F
 # ------------------------------------------------------------------ kernels
 def _forward_kernel(B, S, Hq, Hkv, D, Sk, dtype, causal, scale):
     """The dense forward ``attention_forward`` launches for these sizes (tuned per device)."""
-    from pyptx_kernels.flash_attention import forward as fa
+    from pyptx_kernels.flash_attention.fwd_host import forward_kernel
 
-    return fa._forward(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, *fa._tuning(None, None, None),
-                       fa._persistent(None, D), *fa._check_opts(False, fa.RESCALE_THRESHOLD),
-                       None)
+    return forward_kernel(B, S, Hq, Hkv, D, Sk, dtype, causal, scale)
 
 
 def _backward_options(D):
-    """The fastest deterministic backward per head dim, as ``forward._differentiable`` picks
+    """The fastest deterministic backward per head dim, as ``fwd_host._differentiable`` picks
     for torch eager calls (none with ``PYPTX_ATTN_BWD_SAFE=1``)."""
     from pyptx_kernels.flash_attention import backward
 
@@ -185,10 +183,9 @@ def _backward_kernel(B, S, Hq, Hkv, D, Sk, dtype, causal, scale):
 
 
 def _varlen_forward_kernel(Tq, Tk, B, Hq, Hkv, D, max_q, dtype, causal, scale):
-    from pyptx_kernels.flash_attention import forward as fa
+    from pyptx_kernels.flash_attention.fwd_host import varlen_kernel
 
-    return fa._varlen(Tq, Tk, B, Hq, Hkv, D, max_q, dtype, causal, scale, fa._schedule(None),
-                      None, 2, *fa._check_opts(False, fa.RESCALE_THRESHOLD), None)
+    return varlen_kernel(Tq, Tk, B, Hq, Hkv, D, max_q, dtype, causal, scale)
 
 
 def _varlen_backward_kernel(Tq, Tk, B, Hq, Hkv, D, max_q, max_k, dtype, causal, scale):
@@ -389,11 +386,11 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bshd"):
     query ``i`` sees keys ``j <= i`` (top-left aligned). ``scale`` defaults to ``1/sqrt(D)``.
     Returns ``out`` shaped like ``q``. Torch tensors (CUDA) go through
     ``torch.ops.pyptx.attention``, differentiable at ``D`` 64 and 128 (deterministic
-    backward); JAX arrays through ``forward.attention`` (``jax.grad``). Bad input raises
+    backward); JAX arrays through ``fwd_host.attention`` (``jax.grad``). Bad input raises
     ``ConfigError`` naming the caller's line."""
     *dims, causal, scale = _check_dense(q, k, v, causal, scale, layout)
     if framework(q) == "jax":
-        from pyptx_kernels.flash_attention import forward
+        from pyptx_kernels.flash_attention import fwd_host as forward
 
         if layout == "bhsd":
             import jax.numpy as jnp
@@ -420,11 +417,11 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     are Python ints bounding the sequence lengths (no host sync). Dtypes, head dims,
     ``causal`` (top-left aligned per sequence) and ``scale`` as in ``attention``. Returns
     ``out (Tq, Hq, D)``. Torch tensors go through ``torch.ops.pyptx.attention_varlen``,
-    differentiable at ``D`` 64 and 128; JAX arrays through ``forward.attention_varlen``."""
+    differentiable at ``D`` 64 and 128; JAX arrays through ``fwd_host.attention_varlen``."""
     *_, causal, scale = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                       max_seqlen_k, causal, scale)
     if framework(q) == "jax":
-        from pyptx_kernels.flash_attention import forward
+        from pyptx_kernels.flash_attention import fwd_host as forward
 
         return forward.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                         max_seqlen_k, causal, scale)

@@ -1,0 +1,343 @@
+"""The forward's host functions (torch tensors or JAX arrays): kernel caches per size and
+plan, the tuned default plan, and autograd through the backward kernels.
+
+``attention(q, k, v)`` returns ``o`` and is differentiable (torch autograd, ``jax.grad``) at
+head dims 64 and 128; ``attention_varlen(...)`` takes packed batches in the flash-attention
+packages' layout, differentiable the same way. Head dim 256 has a forward only: a call whose
+torch inputs require grad raises ``ConfigError``, as does ``jax.grad`` through it
+(``NoBackward``). ``attention_forward`` / ``attention_varlen_forward`` return ``(o, lse)``
+without autograd. ``config=None`` is the default plan: tuned per shape on the device among
+``ATTENTION_CONFIGS`` (dense; ``$PYPTX_ATTN_SCHEDULE`` fixes the schedule instead,
+``$PYPTX_ATTN_PERSISTENT=1`` makes it persistent), ``ForwardConfig()`` (packed).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+from dataclasses import dataclass
+
+from pyptx.autotune import Config, autotune
+from pyptx.errors import ConfigError, PyptxError
+from pyptx_kernels._common import framework
+from pyptx_kernels.flash_attention.fwd_config import (
+    ATTENTION_CONFIGS,
+    DEFAULT_PERSISTENT,
+    ForwardConfig,
+    _fail,
+    _where,
+)
+from pyptx_kernels.flash_attention.fwd_kernel import build_attention, build_attention_varlen
+
+BACKWARD_HEAD_DIMS = (64, 128)   # head dims the backward kernels support (check_shapes)
+
+
+def _persistent(persistent, D):
+    """``persistent`` as given, else ``$PYPTX_ATTN_PERSISTENT`` (0/1), else the default
+    (``DEFAULT_PERSISTENT``); never at head dim 256 (no room for the O staging buffer)."""
+    if persistent is None:
+        env = os.environ.get("PYPTX_ATTN_PERSISTENT")
+        persistent = DEFAULT_PERSISTENT if env is None else env not in ("", "0")
+        return bool(persistent) and D <= 128
+    return bool(persistent)
+
+
+@dataclass(frozen=True)
+class Tuned:
+    """The plan chosen on the device among ``ATTENTION_CONFIGS`` (``persistent`` or not)."""
+
+    persistent: bool = False
+
+
+def _plan(config, D):
+    """The plan a dense call runs: ``config``, or the default (``Tuned``, or the plan
+    ``$PYPTX_ATTN_SCHEDULE`` names)."""
+    if config is not None:
+        if not isinstance(config, ForwardConfig):
+            raise _fail(f"attention: config must be a ForwardConfig or None, got {config!r}")
+        return config
+    persistent = _persistent(None, D)
+    schedule = os.environ.get("PYPTX_ATTN_SCHEDULE")
+    return ForwardConfig(schedule=schedule, persistent=persistent) if schedule \
+        else Tuned(persistent)
+
+
+def _varlen_plan(config):
+    """The plan a packed call runs: ``config``, else the default with its schedule settled."""
+    if config is None:
+        return ForwardConfig(schedule=os.environ.get("PYPTX_ATTN_SCHEDULE") or None)
+    if not isinstance(config, ForwardConfig):
+        raise _fail(f"attention_varlen: config must be a ForwardConfig or None, got {config!r}")
+    return config
+
+
+def _build_with(B, S, Hq, Hkv, D, *, Sk, dtype, causal, scale, persistent=False,
+                schedule=None, BN=None, stages=2, consumers=None):
+    """``build_attention`` with one ``ATTENTION_CONFIGS`` plan given as keywords (the tuner's)."""
+    plan = ForwardConfig(schedule=schedule, BN=BN, stages=stages, consumers=consumers,
+                         persistent=persistent)
+    return build_attention(B, S, Hq, Hkv, D, Sk=Sk, dtype=dtype, causal=causal, scale=scale,
+                           config=plan)
+
+
+attention_tuned = autotune([Config(**c.changes()) for c in ATTENTION_CONFIGS], key=[
+    "B", "S", "Hq", "Hkv", "D", "Sk", "dtype", "causal", "scale", "persistent"])(_build_with)
+"""``build_attention`` with its plan chosen among ``ATTENTION_CONFIGS`` at the first launch."""
+
+
+@functools.lru_cache(maxsize=128)
+def _forward(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, plan):
+    """The dense forward kernel of a plan (``ForwardConfig`` or ``Tuned``)."""
+    kw = dict(Sk=Sk, dtype=dtype, causal=causal, scale=scale)
+    if isinstance(plan, Tuned):
+        return attention_tuned(B, S, Hq, Hkv, D, **kw, persistent=plan.persistent)
+    return build_attention(B, S, Hq, Hkv, D, **kw, config=plan)
+
+
+def forward_kernel(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, config=None):
+    """The dense forward kernel a call with these sizes launches (``config=None``: the
+    default plan, tuned per device)."""
+    return _forward(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, _plan(config, D))
+
+
+@functools.lru_cache(maxsize=128)
+def _varlen(Tq, Tk, B, Hq, Hkv, D, max_q, dtype, causal, scale, plan):
+    return build_attention_varlen(Tq, Tk, B, Hq, Hkv, D, max_q, dtype=dtype, causal=causal,
+                                  scale=scale, config=plan)
+
+
+def varlen_kernel(Tq, Tk, B, Hq, Hkv, D, max_q, dtype, causal, scale, config=None):
+    """The packed forward kernel a call with these sizes launches."""
+    return _varlen(Tq, Tk, B, Hq, Hkv, D, max_q, dtype, causal, scale, _varlen_plan(config))
+
+
+def _dtype_name(x):
+    name = {"bfloat16": "bf16", "float16": "f16"}.get(str(x.dtype).replace("torch.", ""))
+    if name is None:
+        raise _fail(f"flash attention: q, k, v must be bfloat16 or float16, got {x.dtype}")
+    return name
+
+
+def _bwd_module():
+    """The backward kernels' module (imported late: it is large and the forward needs it
+    only when gradients are asked for)."""
+    from pyptx_kernels.flash_attention import backward
+
+    return backward
+
+
+def _no_backward_message(D):
+    return (f"no backward at head dim {D}: the attention backward kernels support head dims "
+            f"{' and '.join(map(str, BACKWARD_HEAD_DIMS))}; for inference call "
+            f"attention_forward (or attention_varlen_forward), or run under torch.no_grad()")
+
+
+class NoBackward:
+    """A kernel-like backward (``in_specs``, ``out_specs``, ``name``, ``arg_names``) for a
+    forward whose backward does not exist (head dim 256): ``differentiable_kernel`` accepts
+    it, and calling it (``loss.backward()``, ``jax.grad``) raises ``ConfigError`` naming the
+    head dim, prefixed with the ``file:line`` of the latest ``attention()`` /
+    ``attention_varlen()`` call that ran this forward (``where``)."""
+
+    def __init__(self, fwd, D, n_saved_in, n_grad=3):
+        n_out = len(fwd.out_specs)
+        self.in_specs = tuple(fwd.in_specs[:n_saved_in]) + tuple(fwd.out_specs) * 2
+        self.out_specs = tuple(fwd.in_specs[:n_grad])
+        self.arg_names = tuple(f"x{i}" for i in range(n_saved_in + 2 * n_out + n_grad))
+        self.name = f"{fwd.name}_no_backward"
+        self.D = D
+        self.where = "<unknown>:0"
+
+    def __call__(self, *args):
+        raise ConfigError(f"{self.where}: attention: {_no_backward_message(self.D)}")
+
+
+def _refuse_grad(fn, D, xs, op):
+    """``attention()``/``attention_varlen()`` at a head dim without backward: ``ConfigError``
+    now when torch will want gradients (``requires_grad`` and grad mode on); otherwise note
+    the call's ``file:line`` in ``op``'s ``NoBackward`` (a later ``jax.grad`` raises there)."""
+    if D in BACKWARD_HEAD_DIMS:
+        return
+    if framework(xs[0]) == "torch":
+        import torch
+
+        if torch.is_grad_enabled() and any(x.requires_grad for x in xs):
+            raise _fail(f"{fn}: q, k or v requires grad, but there is "
+                        f"{_no_backward_message(D)}")
+    bwd = getattr(op, "backward_kernel", None)
+    if isinstance(bwd, NoBackward):
+        bwd.where = _where()
+
+
+def _fast_backward(bwd_mod, D, deterministic):
+    """The faster backward's options per head dim (none with ``PYPTX_ATTN_BWD_SAFE=1``):
+    at D=128 the dK/dV kernel also adds dQ with TMA tile reductions in a fixed order and
+    converts it in converter CTAs, its producer's idle warps converting earlier heads' dQ
+    and computing later heads' stats; at D=64 the fused one-kernel backward (128-row q
+    blocks, consumer warpgroups half a block apart); ``deterministic=False``: dQ added in
+    any order."""
+    if D == 64 and not bwd_mod.safe_default():
+        return dict(fused_bq=128, dq_ordered=deterministic, fused_pingpong=1)
+    if not deterministic:
+        return dict(atomic_dq=True, dq_bulk=True)
+    if D == 128 and not bwd_mod.safe_default():
+        return dict(atomic_dq=True, dq_bulk=True, dq_ordered=True, dq_convert=True,
+                    convert_lag="auto", stats_lead="auto")
+    return {}
+
+
+@functools.lru_cache(maxsize=128)
+def _differentiable(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, plan=None, deterministic=True):
+    """The forward kernel of ``plan`` (``ForwardConfig``, ``Tuned`` or None: the default)
+    wrapped with the backward (``_fast_backward``'s kernels falling back to the
+    deterministic dQ / dK-dV pair, which JAX and ``torch.compile`` traces run), or with
+    ``NoBackward`` at a head dim the backward refuses (256)."""
+    fwd = _forward(B, S, Hq, Hkv, D, Sk, dtype, causal, scale,
+                   _plan(None, D) if plan is None else plan)
+    bwd_mod = _bwd_module()
+    from pyptx.autodiff import differentiable_kernel
+
+    kw = dict(Sk=Sk, dtype=dtype, causal=causal, scale=scale)
+    try:
+        bwd = bwd_mod.build_attention_backward(B, S, Hq, Hkv, D, **kw)
+    except PyptxError:  # a size the backward refuses (head dim 256): gradients raise
+        return differentiable_kernel(fwd, NoBackward(fwd, D, 3), save_for_backward=[0, 1, 2],
+                                     save_outputs=[0, 1], num_grad_inputs=3)
+    fast = _fast_backward(bwd_mod, D, deterministic)
+    if fast:
+        try:
+            bwd = bwd_mod.build_attention_backward(B, S, Hq, Hkv, D, **kw,
+                                                   **fast).with_fallback(bwd)
+        except PyptxError:  # the pair alone
+            pass
+    return differentiable_kernel(fwd, bwd, save_for_backward=[0, 1, 2], save_outputs=[0, 1],
+                                 num_grad_inputs=3)
+
+
+def _shapes(q, k, v):
+    if len(q.shape) != 4 or len(k.shape) != 4 or tuple(k.shape) != tuple(v.shape):
+        raise _fail(f"attention expects q (B, S, Hq, D) and k, v (B, Sk, Hkv, D), got "
+                    f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    B, S, Hq, D = (int(d) for d in q.shape)
+    Bk, Sk, Hkv, Dk = (int(d) for d in k.shape)
+    if Bk != B or Dk != D or Hq % Hkv:
+        raise _fail(f"attention: k/v {tuple(k.shape)} do not match q {tuple(q.shape)} "
+                    f"(same B and D, Hq a multiple of Hkv)")
+    name = _dtype_name(q)
+    if _dtype_name(k) != name or _dtype_name(v) != name:
+        raise _fail(f"attention: q, k, v must share one dtype, got {q.dtype}, {k.dtype}, "
+                    f"{v.dtype}")
+    return B, S, Hq, Hkv, D, Sk, name
+
+
+def _contiguous(*xs):
+    return tuple(x.contiguous() if framework(x) == "torch" else x for x in xs)
+
+
+def _scale(scale, D):
+    return 1.0 / math.sqrt(D) if scale is None else float(scale)
+
+
+def attention_forward(q, k, v, causal=False, scale=None, *, config=None):
+    """``(o, lse)`` of the forward kernel (no autograd): ``o (B, S, Hq, D)``, ``lse (B, Hq, S)``
+    float32, natural log of each row's sum of ``exp(scale * q.k)``. ``config``: the plan
+    (``ForwardConfig``), by default tuned per shape (``ATTENTION_CONFIGS``)."""
+    B, S, Hq, Hkv, D, Sk, name = _shapes(q, k, v)
+    kern = forward_kernel(B, S, Hq, Hkv, D, Sk, name, bool(causal), _scale(scale, D), config)
+    return kern(*_contiguous(q, k, v))
+
+
+def attention(q, k, v, causal=False, scale=None, *, config=None, deterministic=True):
+    """Flash attention ``softmax(scale * q k^T) v`` (torch tensors or JAX arrays):
+    ``q (B, S, Hq, D)``, ``k, v (B, Sk, Hkv, D)`` with ``Hq % Hkv == 0``, bf16 or f16,
+    ``D`` in 64/128/256. ``causal``: key ``j`` allowed for query ``i`` iff ``j <= i``.
+    ``scale`` defaults to ``1/sqrt(D)``. Differentiable in ``q, k, v`` at ``D`` 64 and 128;
+    at 256 there is no backward: torch inputs that require grad (grad mode on) raise
+    ``ConfigError`` here, ``jax.grad`` raises it when it reaches the backward.
+    ``config``: as ``attention_forward``'s. ``deterministic=False``: a faster backward whose
+    dQ sums come in run-dependent order (torch eager only)."""
+    B, S, Hq, Hkv, D, Sk, name = _shapes(q, k, v)
+    fn = _differentiable(B, S, Hq, Hkv, D, Sk, name, bool(causal), _scale(scale, D),
+                         _plan(config, D), bool(deterministic))
+    _refuse_grad("attention", D, (q, k, v), fn)
+    return fn(*_contiguous(q, k, v))[0]
+
+
+def _varlen_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+    """``(Tq, Tk, B, Hq, Hkv, D, max_q, max_k, dtype name)`` of a packed call, or
+    ``ConfigError`` at the user's line."""
+    if len(q.shape) != 3 or len(k.shape) != 3 or tuple(k.shape) != tuple(v.shape):
+        raise _fail(f"attention_varlen expects q (Tq, Hq, D) and k, v (Tk, Hkv, D), got "
+                    f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    Tq, Hq, D = (int(d) for d in q.shape)
+    Tk, Hkv, _ = (int(d) for d in k.shape)
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if len(cu.shape) != 1 or "int32" not in str(cu.dtype):
+            raise _fail(f"attention_varlen: {name} must be a 1-D int32 tensor (B + 1,), got "
+                        f"shape {tuple(cu.shape)} dtype {cu.dtype}")
+    B = int(cu_seqlens_q.shape[0]) - 1
+    if int(cu_seqlens_k.shape[0]) - 1 != B or B < 1:
+        raise _fail(f"attention_varlen: cu_seqlens_q and cu_seqlens_k must both have B + 1 "
+                    f"entries, got {cu_seqlens_q.shape[0]} and {cu_seqlens_k.shape[0]}")
+    if int(k.shape[2]) != D or Hq % Hkv:
+        raise _fail(f"attention_varlen: k/v {tuple(k.shape)} do not match q {tuple(q.shape)} "
+                    f"(same D, Hq a multiple of Hkv)")
+    for name, m in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+            raise _fail(f"attention_varlen: {name} must be a positive Python int (the "
+                        f"longest sequence), got {m!r}")
+    name = _dtype_name(q)
+    if _dtype_name(k) != name or _dtype_name(v) != name:
+        raise _fail(f"attention_varlen: q, k, v must share one dtype, got {q.dtype}, "
+                    f"{k.dtype}, {v.dtype}")
+    return Tq, Tk, B, Hq, Hkv, D, max_seqlen_q, max_seqlen_k, name
+
+
+def attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                             causal=False, scale=None, *, config=None):
+    """``(o, lse)`` of the packed variable-length forward (no autograd): ``o (Tq, Hq, D)``,
+    ``lse (Hq, Tq)`` float32 (``-inf`` for rows of a sequence without keys)."""
+    Tq, Tk, B, Hq, Hkv, D, max_q, _, name = _varlen_shapes(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    kern = varlen_kernel(Tq, Tk, B, Hq, Hkv, D, max_q, name, bool(causal), _scale(scale, D),
+                         config)
+    return kern(*_contiguous(q, k, v, cu_seqlens_q, cu_seqlens_k))
+
+
+@functools.lru_cache(maxsize=128)
+def _differentiable_varlen(Tq, Tk, B, Hq, Hkv, D, max_q, max_k, dtype, causal, scale,
+                           plan=None):
+    """The varlen forward wrapped with the varlen backward pair
+    (``build_attention_backward_varlen``: the deterministic dQ / dK-dV kernels) by
+    ``differentiable_kernel`` (saved ``q, k, v, cu_q, cu_k`` and ``o, lse``; gradients of
+    ``q, k, v``), or with ``NoBackward`` at a head dim the backward refuses (256)."""
+    fwd = _varlen(Tq, Tk, B, Hq, Hkv, D, max_q, dtype, causal, scale, _varlen_plan(plan))
+    from pyptx.autodiff import differentiable_kernel
+
+    if D in BACKWARD_HEAD_DIMS:
+        bwd = _bwd_module().build_attention_backward_varlen(
+            Tq, Tk, B, Hq, Hkv, D, max_q, max_k, dtype=dtype, causal=causal, scale=scale)
+    else:
+        bwd = NoBackward(fwd, D, 5)
+    return differentiable_kernel(fwd, bwd, save_for_backward=[0, 1, 2, 3, 4],
+                                 save_outputs=[0, 1], num_grad_inputs=3)
+
+
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                     causal=False, scale=None, *, config=None):
+    """Flash attention over packed sequences (the flash-attention packages' layout):
+    ``q (Tq, Hq, D)``, ``k, v (Tk, Hkv, D)``, ``cu_seqlens_q/k`` int32 ``(B + 1,)`` on the
+    device (sequence ``b`` is rows ``cu[b]:cu[b+1]``; empty sequences allowed),
+    ``max_seqlen_q/k`` Python ints (the grids' sizes: no host sync, so the call can be
+    captured in a CUDA graph). ``causal`` is top-left aligned per sequence. Returns ``o (Tq,
+    Hq, D)``, differentiable in ``q, k, v`` at head dims 64 and 128 through the deterministic
+    varlen backward pair; at head dim 256 there is no backward (as ``attention``).
+    ``Tq``/``Tk`` should equal ``cu_seqlens_q/k[-1]``: rows past the last sequence get no
+    output and no gradient."""
+    Tq, Tk, B, Hq, Hkv, D, max_q, max_k, name = _varlen_shapes(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    fn = _differentiable_varlen(Tq, Tk, B, Hq, Hkv, D, max_q, max_k, name, bool(causal),
+                                _scale(scale, D), _varlen_plan(config))
+    _refuse_grad("attention_varlen", D, (q, k, v), fn)
+    return fn(*_contiguous(q, k, v, cu_seqlens_q, cu_seqlens_k))[0]
