@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import pyptx_kernels as pk  # noqa: E402
-from pyptx_kernels.fp8_gemm import kernel as fp8  # noqa: E402
+from pyptx_kernels.fp8_gemm import testing as fp8  # noqa: E402 (make_inputs, reference, TOL)
 
 pytestmark = [
     pytest.mark.gpu,

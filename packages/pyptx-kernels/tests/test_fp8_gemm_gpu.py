@@ -1,4 +1,4 @@
-"""GPU tests of the scaled FP8 GEMM (``examples/hopper/fp8_gemm.py``).
+"""GPU tests of the scaled FP8 GEMM (``pyptx_kernels.fp8_gemm``).
 
 Inputs: fresh random fp8 matrices (normal samples x 2, rounded to e4m3/e5m2) and
 random f32 scales in [0.5, 1.5); outputs are poisoned (NaN) before each launch, so an
@@ -8,13 +8,10 @@ fp8 inputs (``fp8_gemm.reference``). Tolerances on ``||D - ref|| / ||ref||``:
 tensor core's fp8 accumulation inside one 128-K block; promoted every 128 K), also
 at K = 16384; without promotion (``fast_accum``) 1e-2.
 
-    pytest -m gpu packages/pyptx-torch/tests/test_fp8_gemm_gpu.py
+    pytest -m gpu packages/pyptx-kernels/tests/test_fp8_gemm_gpu.py
 """
 
 from __future__ import annotations
-
-import importlib
-from pathlib import Path
 
 import pytest
 
@@ -26,9 +23,8 @@ pytestmark = [
     pytest.mark.usefixtures("poison_outputs"),  # conftest.py: unwritten elements are NaN
 ]
 
-ROOT = Path(__file__).resolve().parents[3]
-fp8 = importlib.import_module("pyptx_kernels.fp8_gemm.kernel")
-TOL = fp8.TOL
+from pyptx_kernels.fp8_gemm import Fp8GemmConfig, host, reference  # noqa: E402
+from pyptx_kernels.fp8_gemm.testing import TOL, long_k_errors, make_inputs  # noqa: E402
 
 
 def rel_err(d, ref):
@@ -40,12 +36,12 @@ CASES = [
     # M, N, K, dtype, dtype_b, out, config
     (256, 512, 384, "e4m3", "e4m3", "bf16", None),
     (1000, 520, 400, "e4m3", "e4m3", "f32", None),
-    (200, 328, 136, "e5m2", "e5m2", "bf16", dict(BN=128, cluster=1)),
+    (200, 328, 136, "e5m2", "e5m2", "bf16", Fp8GemmConfig(BN=128, cluster=1)),
     (129, 65, 16, "e4m3", "e5m2", "f32", None),
-    (1, 1, 32, "e4m3", "e4m3", "f32", dict(BN=128, cluster=1)),
-    (777, 1500, 1000, "e4m3", "e4m3", "bf16", dict(BN=256, cluster=2, num_sms=7)),
-    (777, 1500, 1000, "e4m3", "e4m3", "bf16", dict(BN=64, cluster=2, stages=3)),
-    (300, 700, 208, "e5m2", "e4m3", "bf16", dict(BN=128, cluster=2)),
+    (1, 1, 32, "e4m3", "e4m3", "f32", Fp8GemmConfig(BN=128, cluster=1)),
+    (777, 1500, 1000, "e4m3", "e4m3", "bf16", Fp8GemmConfig(BN=256, cluster=2, num_sms=7)),
+    (777, 1500, 1000, "e4m3", "e4m3", "bf16", Fp8GemmConfig(BN=64, cluster=2, stages=3)),
+    (300, 700, 208, "e5m2", "e4m3", "bf16", Fp8GemmConfig(BN=128, cluster=2)),
     (4095, 4097, 4112, "e4m3", "e4m3", "bf16", None),
 ]
 
@@ -53,26 +49,26 @@ CASES = [
 @pytest.mark.parametrize("M,N,K,da,db,out,config", CASES)
 @pytest.mark.parametrize("kind", ["tensor", "row", "block"])
 def test_scaled_mm(M, N, K, da, db, out, config, kind):
-    a, w, sa, sb = fp8.make_inputs(M, N, K, kind, da, db, seed=M + N + K)
-    d = fp8.scaled_mm(a, w.t(), sa, sb, out_dtype=out, config=config)
+    a, w, sa, sb = make_inputs(M, N, K, kind, da, db, seed=M + N + K)
+    d = host.scaled_mm(a, w.t(), sa, sb, out_dtype=out, config=config)
     assert d.shape == (M, N)
     assert d.dtype == (torch.bfloat16 if out == "bf16" else torch.float32)
-    assert rel_err(d, fp8.reference(a, w, sa, sb, kind)) < TOL[out]
+    assert rel_err(d, reference(a, w, sa, sb, kind)) < TOL[out]
 
 
 @pytest.mark.parametrize("kind", ["tensor", "row"])
-@pytest.mark.parametrize("config", [None, dict(BN=192, cluster=1)])
+@pytest.mark.parametrize("config", [None, Fp8GemmConfig(BN=192, cluster=1)])
 def test_fast_accum(kind, config):
-    a, w, sa, sb = fp8.make_inputs(500, 600, 1040, kind, seed=7)
-    d = fp8.scaled_mm(a, w.t(), sa, sb, out_dtype="f32", fast_accum=True, config=config)
-    assert rel_err(d, fp8.reference(a, w, sa, sb, kind)) < 1e-2
+    a, w, sa, sb = make_inputs(500, 600, 1040, kind, seed=7)
+    d = host.scaled_mm(a, w.t(), sa, sb, out_dtype="f32", fast_accum=True, config=config)
+    assert rel_err(d, reference(a, w, sa, sb, kind)) < 1e-2
 
 
 @pytest.mark.parametrize("positive", [False, True])
 def test_long_k_promotion(positive):
     """At K = 16384 the promoted result stays within the f32-output tolerance, and is no
     worse than twice torch._scaled_mm's (use_fast_accum=False) where torch runs it."""
-    errs = fp8.long_k_errors(positive=positive)
+    errs = long_k_errors(positive=positive)
     print(errs)
     assert errs["pyptx (promoted)"] < TOL["f32"]
     if "torch._scaled_mm" in errs:
@@ -80,39 +76,39 @@ def test_long_k_promotion(positive):
 
 
 def test_row_major_b_is_transposed_first():
-    a, w, sa, sb = fp8.make_inputs(200, 136, 256, "row", seed=11)
+    a, w, sa, sb = make_inputs(200, 136, 256, "row", seed=11)
     b = w.t().contiguous()  # row-major (K, N)
-    d = fp8.scaled_mm(a, b, sa, sb)
-    assert rel_err(d, fp8.reference(a, w, sa, sb, "row")) < TOL["bf16"]
+    d = host.scaled_mm(a, b, sa, sb)
+    assert rel_err(d, reference(a, w, sa, sb, "row")) < TOL["bf16"]
 
 
 def test_matches_torch_scaled_mm():
-    a, w, sa, sb = fp8.make_inputs(512, 768, 1024, "tensor", seed=12)
-    d = fp8.scaled_mm(a, w.t(), sa, sb)
+    a, w, sa, sb = make_inputs(512, 768, 1024, "tensor", seed=12)
+    d = host.scaled_mm(a, w.t(), sa, sb)
     t = torch._scaled_mm(a, w.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
     assert ((d.double() - t.double()).norm() / t.double().norm()).item() < TOL["bf16"]
 
 
 def test_torch_compile_and_cuda_graph():
-    a, w, sa, sb = fp8.make_inputs(512, 384, 640, "block", seed=13)
-    ref = fp8.reference(a, w, sa, sb, "block")
-    f = torch.compile(lambda x, y, s, t: fp8.scaled_mm(x, y.t(), s, t))
+    a, w, sa, sb = make_inputs(512, 384, 640, "block", seed=13)
+    ref = reference(a, w, sa, sb, "block")
+    f = torch.compile(lambda x, y, s, t: host.scaled_mm(x, y.t(), s, t))
     assert rel_err(f(a, w, sa, sb), ref) < TOL["bf16"]
-    out = fp8.scaled_mm(a, w.t(), sa, sb)
+    out = host.scaled_mm(a, w.t(), sa, sb)
     g = torch.cuda.CUDAGraph()
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        fp8.scaled_mm(a, w.t(), sa, sb)
+        host.scaled_mm(a, w.t(), sa, sb)
     torch.cuda.current_stream().wait_stream(s)
     with torch.cuda.graph(g):
-        out = fp8.scaled_mm(a, w.t(), sa, sb)
-    a2, w2, sa2, sb2 = fp8.make_inputs(512, 384, 640, "block", seed=14)
+        out = host.scaled_mm(a, w.t(), sa, sb)
+    a2, w2, sa2, sb2 = make_inputs(512, 384, 640, "block", seed=14)
     a.copy_(a2)
     sa.copy_(sa2)
     g.replay()
     torch.cuda.synchronize()
-    assert rel_err(out, fp8.reference(a, w, sa, sb, "block")) < TOL["bf16"]
+    assert rel_err(out, reference(a, w, sa, sb, "block")) < TOL["bf16"]
 
 
 def test_jax_jit():
@@ -123,54 +119,13 @@ def test_jax_jit():
     import numpy as np
 
     for kind in ("tensor", "row", "block"):
-        a, w, sa, sb = fp8.make_inputs(300, 200, 272, kind, device="cpu", seed=15)
+        a, w, sa, sb = make_inputs(300, 200, 272, kind, device="cpu", seed=15)
         ja = jnp.asarray(a.float().numpy()).astype(jnp.float8_e4m3fn)
         jw = jnp.asarray(w.float().numpy()).astype(jnp.float8_e4m3fn)
         jsa, jsb = jnp.asarray(sa.numpy()), jnp.asarray(sb.numpy())
-        d = jax.jit(lambda x, y, s, t: fp8.scaled_mm(x, y, s, t, trans_b=True, out_dtype="f32"))(
+        d = jax.jit(lambda x, y, s, t: host.scaled_mm(x, y, s, t, trans_b=True, out_dtype="f32"))(
             ja, jw, jsa, jsb)
-        ref = fp8.reference(a, w, sa, sb, kind).numpy()
+        ref = reference(a, w, sa, sb, kind).numpy()
         err = np.linalg.norm(np.asarray(d, np.float64) - ref) / np.linalg.norm(ref)
         assert d.shape == (300, 200) and err < TOL["f32"], (kind, err)
 
-
-VARIANTS = [
-    # scale kinds, config (opt-in main loops, docs/dev/fp8-gemm.md)
-    (("tensor", "row", "block"), dict(BN=128, cluster=1, pingpong=True)),
-    (("tensor", "row", "block"), dict(BN=128, cluster=2, pingpong=2)),
-    (("block",), dict(BN=64, cluster=2, pingpong=8)),
-    (("tensor", "row"), dict(BN=128, cluster=1, promote_kb=2)),
-    (("tensor", "row"), dict(BN=128, cluster=2, pingpong=4, promote_kb=2)),
-    (("tensor", "row"), dict(BN=256, cluster=2, promote_kb=2)),
-    (("tensor",), dict(BN=192, cluster=1, promote_kb=2)),
-    (("block",), dict(BN=128, cluster=2, scale_prefetch=True)),
-    (("block",), dict(BN=256, cluster=2, scale_prefetch=True)),
-]
-VARIANT_SHAPES = [(777, 1500, 1000, "bf16"), (129, 65, 16, "f32"), (300, 700, 1168, "f32"),
-                  (1000, 520, 2064, "bf16")]
-
-
-@pytest.mark.parametrize("kinds,config", VARIANTS)
-@pytest.mark.parametrize("M,N,K,out", VARIANT_SHAPES)
-def test_variant(kinds, config, M, N, K, out):
-    """Each opt-in main loop against float64 on ragged shapes (K giving 1, 8, 10 and 17
-    k-blocks: short, whole and partial ping-pong chains, an odd count for promote_kb=2),
-    with the module's tolerances (bf16 8e-3, f32 3e-3) and poisoned outputs."""
-    for kind in kinds:
-        a, w, sa, sb = fp8.make_inputs(M, N, K, kind, seed=M + K)
-        d = fp8.scaled_mm(a, w.t(), sa, sb, out_dtype=out, config=dict(config, num_sms=11))
-        assert rel_err(d, fp8.reference(a, w, sa, sb, kind)) < TOL[out], (kind, config)
-
-
-@pytest.mark.parametrize("config", [dict(BN=128, cluster=1, pingpong=True),
-                                    dict(BN=128, cluster=1, promote_kb=2),
-                                    dict(BN=256, cluster=2, promote_kb=2)])
-@pytest.mark.parametrize("positive", [False, True])
-def test_variant_long_k(config, positive):
-    """K = 16384, f32 out: an opt-in main loop stays within the f32 tolerance (3e-3) and,
-    with promote_kb=1, no worse than twice torch._scaled_mm's error."""
-    errs = fp8.long_k_errors(positive=positive, config=config)
-    print(config, errs)
-    assert errs["pyptx (promoted)"] < TOL["f32"]
-    if "torch._scaled_mm" in errs and config.get("promote_kb", 1) == 1:
-        assert errs["pyptx (promoted)"] <= 2 * errs["torch._scaled_mm"] + 1e-6

@@ -3,7 +3,7 @@
 KERNEL_MODULES = {
     "gemm": "pyptx_kernels.gemm.kernel",
     "grouped_gemm": "pyptx_kernels.grouped_gemm.kernel",
-    "fp8_gemm": "pyptx_kernels.fp8_gemm.kernel",
+    "fp8_gemm": "pyptx_kernels.fp8_gemm",
     "flash_attention": "pyptx_kernels.flash_attention.forward",
     "flash_attention_bwd": "pyptx_kernels.flash_attention.backward",
     "rms_norm": "pyptx_kernels.rows.rms_norm",

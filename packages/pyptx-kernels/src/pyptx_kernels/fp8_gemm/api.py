@@ -11,7 +11,7 @@ from pyptx.errors import ConfigError, ShapeError, SpecError
 from pyptx_kernels import _common
 from pyptx_kernels._common import dtype_name, fail, framework
 
-BLOCK = 128   # the block scales' K and N extent (fp8_gemm.kernel.SCALE_BLOCK)
+BLOCK = 128   # the block scales' K and N extent (fp8_gemm.scales.SCALE_BLOCK)
 
 
 def _check(who, a, b, scale_a, scale_b, out_dtype, blockwise, launch=True):
@@ -83,11 +83,11 @@ def scaled_mm_blockwise(a, b, scale_a, scale_b, *, out_dtype="bf16"):
 
 
 def _scaled(a, b, scale_a, scale_b, out, fast_accum, kind):
-    """The launch (``fp8_gemm.kernel.scaled_mm``)."""
-    from pyptx_kernels.fp8_gemm import kernel
+    """The launch (``fp8_gemm.host.scaled_mm``)."""
+    from pyptx_kernels.fp8_gemm import host
 
-    d = kernel.scaled_mm(a, b, scale_a, scale_b, out_dtype=out, scale=kind,
-                         fast_accum=fast_accum)
+    d = host.scaled_mm(a, b, scale_a, scale_b, out_dtype=out, scale=kind,
+                       fast_accum=fast_accum)
     if framework(d) == "torch" and not d.is_contiguous():
         d = d.contiguous()
     return d
@@ -118,14 +118,12 @@ if "torch" in sys.modules:   # a torch user: define the ops before any trace rea
 
 def _kernel(a, b, kind, out, fast_accum):
     """``scaled_mm``'s kernel for these operands (K padded to 16, N to the store's rows)."""
-    from pyptx_kernels.fp8_gemm import kernel
+    from pyptx_kernels.fp8_gemm import host
 
     (M, K), N = tuple(a.shape), b.shape[1]
-    ND = N + (-N % (8 if out == "bf16" else 4))
-    key = tuple(sorted(dict(scale=kind, dtype=dtype_name(a.dtype), dtype_b=dtype_name(b.dtype),
-                            out_dtype=out, fast_accum=bool(fast_accum), ND=ND).items()))
-    cfg = kernel._env_config()
-    return kernel._cached(M, N, K + -K % 16, key, tuple(sorted(cfg.items())) if cfg else None)
+    return host.kernel_for(M, N, K, scale=kind, dtype=dtype_name(a.dtype),
+                           dtype_b=dtype_name(b.dtype), out_dtype=out,
+                           fast_accum=fast_accum)[0]
 
 
 def _kernels_scaled_mm(a, b, scale_a, scale_b, *, out_dtype="bf16", use_fast_accum=False):
