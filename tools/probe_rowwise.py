@@ -58,7 +58,7 @@ def modules() -> dict:
 
 
 def builder(mods: dict, op: str):
-    """The op's autotuned builder (a ``TunedBuilder``)."""
+    """The op's builder (``config=None``: tuned; a ``RowConfig``: that plan)."""
     return getattr(mods[op], BUILDERS[op][1])
 
 
@@ -184,7 +184,7 @@ def probe_cell(torch, mb, mods, peers, cell: str, rounds: int, log, hints: bool 
         v = {"kind": kind, "label": label, "kwargs": kw}
         res["variants"].append(v)
         try:
-            k = tb.builder(*shape_args, **kw)
+            k = tb(*shape_args, config=mods[op].RowConfig(**kw))
             kk = getattr(k, "kernels", [k])
             ident = tuple((x.specialize().ptx(), x.specialize().grid, x.specialize().block,
                            x.specialize().pdl) for x in kk)

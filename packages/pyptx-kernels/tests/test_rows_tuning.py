@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from pyptx_kernels._modules import kernel_module
+from pyptx_kernels.rows import RowConfig
 
 from pyptx.autotune import Config
 from pyptx.testing import load_module
@@ -58,7 +59,7 @@ def test_row_lists_hold_the_triton_shape_with_and_without_pdl(mods, op, dt):
         for c in cfgs:
             if "ctas" in c.kwargs:
                 continue
-            k = tb.builder(B, N, dt, **c.kwargs)
+            k = tb(B, N, dt, config=c)
             p = k.plan
             if (p.threads, p.chunks, p.rows, p.vec * es) == (*want, 1, 16):
                 found.add(c.kwargs.get("pdl", True))
@@ -73,7 +74,7 @@ def test_swiglu_list_holds_the_peers_shapes_with_and_without_pdl(mods, dt):
     for c in cfgs:
         if c.kwargs.get("bulk"):
             continue
-        g = tb.builder(256, 4096, dt, **c.kwargs).geometry
+        g = tb(256, 4096, dt, config=c).geometry
         shapes.setdefault((g["threads"], g["chunks"] * g["vec"] * es), set()).add(
             c.kwargs.get("pdl", True))
     assert shapes[(256, 16 * es)] == {True, False}  # Triton: 256 threads x 16 elements
@@ -93,7 +94,7 @@ def test_every_config_builds_and_assembles_without_spills(mods, op, dt):
     for B, N in BENCH:
         seen = {}
         for c in cfgs:
-            k = tb.builder(B, N, dt, **c.kwargs)
+            k = tb(B, N, dt, config=c)
             specs = [x.specialize() for x in getattr(k, "kernels", [k])]
             ident = _identity(specs)
             if ident in seen:
@@ -106,7 +107,8 @@ def test_every_config_builds_and_assembles_without_spills(mods, op, dt):
 
 def test_lists_keep_the_planner_default_first(mods):
     for op in LISTS:
-        assert configs(mods, op)[1][0] == Config(), op
+        assert configs(mods, op)[1][0] == RowConfig(), op
+        assert all(isinstance(c, RowConfig) for c in configs(mods, op)[1]), op
 
 
 # ----------------------------------------------------------------------------- benchmark
@@ -152,7 +154,7 @@ def test_probe_variants_cover_the_list_and_build(probe, mods, cell):
     args = (B, N, dt) + ((probe.EPS[op],) if op in probe.EPS else ())
     ptx = set()
     for _, _, kw in vs:
-        k = tb.builder(*args, **kw)
+        k = tb(*args, config=RowConfig(**kw))
         ptx.add(tuple((x.ptx(), x.specialize().pdl) for x in getattr(k, "kernels", [k])))
     assert len(ptx) > len({c for c in cfgs}) // 2
 
@@ -191,14 +193,11 @@ def test_probe_cell_runs_end_to_end_with_fakes(probe, mb):
             return self.k(*a)
 
     class TB:
-        def __call__(self, *a, **kw):
-            return Tuned()
-
-        def builder(self, *a, **kw):
-            return Kernel(kw)
+        def __call__(self, *a, config=None):
+            return Tuned() if config is None else Kernel(config.kwargs)
 
     fake = types.SimpleNamespace(
-        build_rms_norm_fast=TB(),
+        build_rms_norm_fast=TB(), RowConfig=lambda **kw: types.SimpleNamespace(kwargs=kw),
         RMS_NORM_CONFIGS=[Config(), Config(chunks=2), Config(chunks=8),
                           Config(chunks=2, alias=1)])
     speed = {"default": 1.05, "eager": 0.5, "triton": 1.0}

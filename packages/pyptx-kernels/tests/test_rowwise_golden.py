@@ -3,9 +3,9 @@
 ``golden/rowwise/`` holds the PTX that ``examples/hopper`` produced with the old
 ``_rowwise.py`` (``manifest.json``: builder, shape, dtype, keywords, and the module
 switches that were set: ``L2_LOAD``, ``L2_STORE``, ``STORE``, ``PDL_PREFETCH``). Each case
-is rebuilt here with the switches as the builders' keyword parameters now, both through
-a plain call (the autotuned builder's first config stands for its default) and, where the
-case names a variant, through the builder as called with that variant.
+is rebuilt here with its keywords and switches as the fields of a ``RowConfig`` now: a case
+with none is a plain call (the autotuned builder's first config stands for its default), any
+other is the builder called with ``config=RowConfig(...)`` of them.
 """
 
 from __future__ import annotations
@@ -15,12 +15,13 @@ import json
 from pathlib import Path
 
 import pytest
+from pyptx_kernels.rows import RowConfig
 
 from pyptx.autotune import TunedKernel
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "rowwise"
 CASES = json.loads((GOLDEN / "manifest.json").read_text())
-#: the old module switches -> the builders' keyword parameters
+#: the old module switches -> the RowConfig fields
 SWITCHES = {"L2_LOAD": "l2_load", "L2_STORE": "l2_store", "STORE": "store_cache",
             "PDL_PREFETCH": "pdl_prefetch"}
 
@@ -55,12 +56,13 @@ def test_ptx_is_byte_identical(case):
     build = builders()[case["builder"]]
     kwargs = dict(case["kwargs"])
     kwargs.update({SWITCHES[k]: v for k, v in case["globals"].items()})
-    built = build(case["B"], case["N"], case["dtype"], **kwargs)
+    config = RowConfig(**kwargs) if kwargs else None
+    built = build(case["B"], case["N"], case["dtype"], config=config)
     kernels = list(built.kernels) if hasattr(built, "kernels") else [built]
     assert len(kernels) == len(case["files"])
     for k, name in zip(kernels, case["files"]):
         want = (GOLDEN / name).read_text()
         got = k.ptx()
         assert got == want, f"{name}: PTX differs from the golden file ({case_id(case)})"
-    if not case["kwargs"] and case["builder"] in ("rms_norm", "layer_norm", "softmax", "swiglu"):
+    if not kwargs and case["builder"] in ("rms_norm", "layer_norm", "softmax", "swiglu"):
         assert isinstance(built, TunedKernel)  # a default call is tuned; its first config is the old default

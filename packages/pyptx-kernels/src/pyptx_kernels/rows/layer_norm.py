@@ -266,7 +266,7 @@ _KERNELS = {"row": _layer_norm_row, "persistent": _layer_norm_persistent,
 
 
 def build_layer_norm_bwd(B: int, N: int, dtype=f32, eps: float = 1e-5, *,
-                         config: RowConfig = DEFAULT):
+                         config: RowConfig | None = None):
     """Backward of ``build_layer_norm``: ``(x, w, dy) -> (dx, dw, db)``, two launches.
 
     With ``xhat = (x - mean) * rstd`` and ``g = w * dy``:
@@ -284,7 +284,7 @@ def build_layer_norm_bwd(B: int, N: int, dtype=f32, eps: float = 1e-5, *,
     autograd: relative L2 error below 1e-5 (f32) / 2e-2 (bf16).
     """
     who = "build_layer_norm_bwd"
-    c = check(config, who, "backward")
+    c = DEFAULT if config is None else check(config, who, "backward")
     dt = rw.dtype_of(dtype, who)
     plan = rw.plan_rows(B, N, dt, who=who, chunks=c.chunks, threads=c.threads, rows=c.rows,
                         max_n=rw.MAX_N_BWD, max_elems=16, target_bytes=32)

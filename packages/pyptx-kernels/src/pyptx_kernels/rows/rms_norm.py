@@ -214,7 +214,7 @@ _KERNELS = {"row": _rms_norm_row, "persistent": _rms_norm_persistent, "ring": _r
 
 
 def build_rms_norm_bwd(B: int, N: int, dtype=f32, eps: float = 1e-6, *,
-                       config: RowConfig = DEFAULT):
+                       config: RowConfig | None = None):
     """Backward of ``build_rms_norm_fast``: ``(x, w, dy) -> (dx, dw)``, two launches.
 
     With ``r = rsqrt(mean(x**2) + eps)`` and ``g = w * dy``:
@@ -231,7 +231,7 @@ def build_rms_norm_bwd(B: int, N: int, dtype=f32, eps: float = 1e-6, *,
     Returns a ``pyptx.rows.TwoStage`` (callable like a kernel, ``.kernels`` has both).
     """
     who = "build_rms_norm_bwd"
-    c = check(config, who, "backward")
+    c = DEFAULT if config is None else check(config, who, "backward")
     dt = rw.dtype_of(dtype, who)
     plan = rw.plan_rows(B, N, dt, who=who, chunks=c.chunks, threads=c.threads, rows=c.rows,
                         max_n=rw.MAX_N_BWD, max_elems=16, target_bytes=32)
