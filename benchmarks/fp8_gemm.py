@@ -1,4 +1,4 @@
-"""FP8 GEMM TFLOP/s: pyptx (``examples/hopper/fp8_gemm.py``, autotuned default call) beside
+"""FP8 GEMM TFLOP/s: pyptx (``pyptx_kernels.fp8_gemm``, autotuned default call) beside
 ``torch._scaled_mm`` (cuBLASLt), per-tensor, per-row and block scales, bf16 output.
 
 Peers per row: per-tensor against ``_scaled_mm`` per-tensor; per-row against
@@ -9,9 +9,6 @@ interleaved rounds in one process. Then the long-K error table: errors against
 float64 at K = 16384 (f32 output) of ours and ``_scaled_mm``.
 
     python benchmarks/fp8_gemm.py [--shapes 4096 8192] [--scales tensor row block] [--out t.md]
-
-``--ab`` instead times opt-in main-loop configurations (``AB``, docs/dev/fp8-gemm.md)
-against their baseline tile, interleaved, after checking each against float64.
 """
 
 from __future__ import annotations
@@ -30,99 +27,9 @@ from _timing import gpu_missing  # noqa: E402
 
 
 def load_fp8():
-    """The FP8 GEMM example as a module."""
+    """The FP8 GEMM's test helpers (inputs, ``scaled_mm``, ``reference``, errors)."""
 
-    return importlib.import_module("pyptx_kernels.fp8_gemm.kernel")
-
-
-AB = {
-    "tensor": [{"BN": 128, "cluster": 1},
-               {"BN": 128, "cluster": 1, "pingpong": 4},
-               {"BN": 128, "cluster": 1, "pingpong": 8},
-               {"BN": 128, "cluster": 1, "promote_kb": 2},
-               {"BN": 128, "cluster": 1, "pingpong": 4, "promote_kb": 2},
-               {"BN": 128, "cluster": 2, "pingpong": 4},
-               {"BN": 256, "cluster": 2, "promote_kb": 2}],
-    "block": [{"BN": 128, "cluster": 2},
-              {"BN": 128, "cluster": 2, "scale_prefetch": True},
-              {"BN": 128, "cluster": 2, "pingpong": 4},
-              {"BN": 128, "cluster": 2, "pingpong": 8},
-              {"BN": 128, "cluster": 1, "pingpong": 4},
-              {"BN": 256, "cluster": 2, "scale_prefetch": True}],
-}
-"""Per scale kind: the baseline tile (the tuner's pick on the H100), then the variants."""
-AB["row"] = AB["tensor"]
-
-
-def label(cfg):
-    """A short column name for a configuration."""
-    return " ".join(f"{k}={v}" for k, v in cfg.items())
-
-
-def ab(fp8, args, shapes):
-    """Baseline tile vs its opt-in main loops: correctness against float64 first (a variant
-    that fails is not timed), then do_bench medians of three interleaved rounds, with
-    ``torch._scaled_mm`` per-tensor as the reference column."""
-    import torch
-    from triton.testing import do_bench
-
-    lines = [f"# FP8 GEMM main-loop A/B on {torch.cuda.get_device_name()}, TFLOP/s "
-             "(do_bench median, L2 flushed), bf16 out", ""]
-    bad = 0
-    for kind in args.scales:
-        cfgs = AB[kind]
-        head = ["scale", "M x N x K", "_scaled_mm tensor"] + [label(c) for c in cfgs]
-        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        print("\n".join(lines[-2:]), flush=True)
-        for M, N, K in shapes:
-            a, w, sa, sb = fp8.make_inputs(M, N, K, kind, seed=0)
-            b = w.t()
-            ta, tb = fp8.make_scales(M, N, K, "tensor")
-            ref = fp8.reference(a[:2048], w, sa[:2048] if kind != "tensor" else sa, sb, kind)
-            fns = {"peer": functools.partial(torch._scaled_mm, a, b, scale_a=ta, scale_b=tb,
-                                             out_dtype=torch.bfloat16)}
-            errs = {}
-            for i, c in enumerate(cfgs):
-                err = fp8.rel_err(fp8.scaled_mm(a, b, sa, sb, config=c)[:2048], ref)
-                errs[i] = err
-                ok = err < fp8.TOL["bf16"]
-                print(f"{kind} {M}x{N}x{K} {label(c)}: rel err {err:.1e} "
-                      f"{'PASS' if ok else 'FAIL'}", flush=True)
-                bad += not ok
-                if ok:
-                    fns[i] = functools.partial(fp8.scaled_mm, a, b, sa, sb, config=c)
-            t = {k: [] for k in fns}
-            for _ in range(3):
-                for k, fn in fns.items():
-                    t[k].append(do_bench(fn, rep=args.rep, return_mode="median"))
-            tf = {k: 2.0 * M * N * K / (sorted(v)[1] * 1e-3) / 1e12 for k, v in t.items()}
-            base = tf.get(0)
-            cells = [f"{tf['peer']:.0f}"]
-            for i in range(len(cfgs)):
-                if i not in tf:
-                    cells.append(f"FAIL ({errs[i]:.1e})")
-                elif i == 0 or base is None:
-                    cells.append(f"{tf[i]:.0f} ({tf[i] / tf['peer']:.3f}x peer)")
-                else:
-                    cells.append(f"{tf[i]:.0f} ({tf[i] / base:.3f}x base, "
-                                 f"{tf[i] / tf['peer']:.3f}x peer)")
-            lines.append(f"| {kind} | {M}x{N}x{K} | " + " | ".join(cells) + " |")
-            print(lines[-1], flush=True)
-        lines.append("")
-    lines += ["## Long-K error against float64 (K = 16384, per-tensor, f32 out; tol "
-              f"{fp8.TOL['f32']:.0e})", "", "| config | normal x 2 | uniform [0, 1) x 2 | check |",
-              "|---|---|---|---|"]
-    for c in AB["tensor"]:
-        e = [fp8.long_k_errors(positive=pos, config=c)["pyptx (promoted)"] for pos in (0, 1)]
-        ok = max(e) < fp8.TOL["f32"]
-        bad += not ok
-        lines.append(f"| {label(c)} | {e[0]:.2e} | {e[1]:.2e} | {'PASS' if ok else 'FAIL'} |")
-        print(lines[-1], flush=True)
-    lines.append("all PASS" if not bad else f"{bad} FAIL")
-    print(lines[-1], flush=True)
-    if args.out:
-        Path(args.out).write_text("\n".join(lines) + "\n")
-    return 1 if bad else 0
+    return importlib.import_module("pyptx_kernels.fp8_gemm.testing")
 
 
 def main(argv=None) -> int:
@@ -131,11 +38,10 @@ def main(argv=None) -> int:
                    help="MxNxK or N (cube)")
     p.add_argument("--scales", nargs="+", default=["tensor", "row", "block"])
     p.add_argument("--rep", type=int, default=200, help="do_bench rep (ms)")
-    p.add_argument("--config", default=None, help="JSON tile config override for ours")
+    p.add_argument("--config", default=None,
+                   help="JSON Fp8GemmConfig fields fixing our plan (default: tuned)")
     p.add_argument("--fast-accum", action="store_true", help="also time fast_accum=True")
     p.add_argument("--no-errors", action="store_true", help="skip the K=16384 error table")
-    p.add_argument("--ab", action="store_true",
-                   help="time the opt-in main loops (AB) against their baseline tile")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     why = gpu_missing("fp8_gemm.py")
@@ -147,9 +53,9 @@ def main(argv=None) -> int:
     shapes = [tuple(int(v) for v in s.split("x")) if "x" in s else (int(s),) * 3
               for s in args.shapes]
     fp8 = load_fp8()
-    if args.ab:
-        return ab(fp8, args, shapes)
-    cfg = json.loads(args.config) if args.config else None
+    from pyptx_kernels.fp8_gemm import Fp8GemmConfig
+
+    cfg = Fp8GemmConfig(**json.loads(args.config)) if args.config else None
     dev = torch.cuda.get_device_name()
     head = ("| scale | M x N x K | pyptx | _scaled_mm tensor | _scaled_mm rowwise | "
             "pyptx / peer | rel err |")
