@@ -1,0 +1,192 @@
+"""Pieces every attention-backward kernel shares: the CTA tile sizes, the ``ConfigError`` of a
+bad call and the shape checks, the options the kernels resolve alike (``safe``/``sync``, from
+``PYPTX_ATTN_BWD_SAFE``/``_SYNC``), and the trace-time helpers (exp2, 16-bit packing, bulk
+tensor loads of 64-column slabs, predicated row stores, the producer's ring step)."""
+
+from __future__ import annotations
+
+import math
+import os
+
+from pyptx import ptx, reg
+from pyptx.errors import ConfigError
+from pyptx.source import where_outside
+from pyptx.types import b16, b32, bf16, f16, f32, pred, u32, u64
+from pyptx_kernels._common import PACKAGE_DIR
+
+LOG2E = 1.4426950408889634
+SMEM_LIMIT = 227 * 1024 - 256
+BM = 128          # rows a CTA owns (two consumer warpgroups of 64)
+DKDV_BQ = 64     # q rows per dK/dV block (build_dkdv's default BQ)
+THREADS = 384     # producer warpgroup + two consumers
+FUSED_BQ = 128    # q rows per block of the fused kernel (64 per consumer warpgroup)
+#: The ordered dQ mode's rotated order (full attention) makes the last kv block of a head wait
+#: for kv block 0, which the grid launches last: every kv block of a head must be resident at
+#: once, so it is used only up to this many kv blocks (half an H100's SMs at one CTA per SM);
+#: longer sequences take the ascending order, whose waits all point at earlier CTAs.
+ROTATE_MAX_KV = 64
+#: dq_convert: 64-row q blocks a converter CTA takes per turn (their loads in flight together)
+CONVERT_BLOCKS = 2
+PROD_REGS, CONS_REGS = 24, 240
+
+
+def _fail(msg):
+    """A ``ConfigError`` whose message starts with the ``file:line`` of the first caller
+    outside this example and pyptx (the user's call)."""
+    return ConfigError(f"{where_outside(PACKAGE_DIR)}: {msg}")
+
+
+def _dtype(name):
+    table = {"bf16": bf16, "f16": f16, bf16: bf16, f16: f16}
+    if name not in table:
+        raise _fail(f"build_attention_backward: dtype must be 'bf16' or 'f16', got {name!r}")
+    return table[name]
+
+
+def check_shapes(B, S, Hq, Hkv, D, Sk):
+    """Raise ``ConfigError`` unless the sizes are ones the kernels handle."""
+    for name, v in (("B", B), ("S", S), ("Hq", Hq), ("Hkv", Hkv), ("D", D), ("Sk", Sk)):
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise _fail(f"build_attention_backward: {name} must be a positive int, got {v!r}")
+    if D not in (64, 128):
+        raise _fail(f"build_attention_backward: head dim D must be 64 or 128, got {D}")
+    if Hq % Hkv:
+        raise _fail(f"build_attention_backward: Hq ({Hq}) must be a multiple of Hkv ({Hkv})")
+
+
+# ------------------------------------------------------------------ trace-time helpers
+def _ex2(x):
+    r = reg.scalar(f32)
+    ptx.inst.ex2.approx.ftz.f32(r, x)
+    return r
+
+
+def _selp(a, b, p):
+    r = reg.scalar(f32)
+    ptx.inst.selp.f32(r, a, b, p)
+    return r
+
+
+def _pack(dst, src, dt):
+    """``dst[m]`` = the 16-bit pair ``(src[2m], src[2m+1])`` (low half first)."""
+    for m in range(len(dst)):
+        ptx.inst(f"cvt.rn.{dt.name}x2.f32")(dst[m], src[2 * m + 1], src[2 * m])
+
+
+def _unpack(word, dt):
+    """The two f32 values of a packed 16-bit pair (low half first)."""
+    lo, hi = reg.scalar(b16), reg.scalar(b16)
+    ptx.inst.mov.b32([lo, hi], word)
+    a, b = reg.scalar(f32), reg.scalar(f32)
+    ptx.inst(f"cvt.f32.{dt.name}")(a, lo)
+    ptx.inst(f"cvt.f32.{dt.name}")(b, hi)
+    return a, b
+
+
+def _min_u32(a, b):
+    r = reg.scalar(u32)
+    ptx.inst.min.u32(r, a, b)
+    return r
+
+
+def _load_slabs(dst, tmap, d_slabs, head, row0, batch, rows, bar):
+    """One bulk tensor copy per 64-column slab of a ``rows x D`` tile of a (B, S, H, D) tensor."""
+    for i in range(d_slabs):
+        ptx.tma.load_tile(dst + i * rows * 128 if i else dst, tmap, (64 * i, head, row0, batch), bar)
+
+
+def _load_pair(dst, first, second, offset, d_slabs, head, row0, batch, rows, bar):
+    """``rows`` rows from ``row0`` of tensors ``first`` and ``second`` (head ``head`` of
+    batch ``batch``) into ``dst`` and ``dst + offset``, completing on ``bar``."""
+    first_map = ptx.tma.tensormap_ptr(first.tmap)
+    second_map = ptx.tma.tensormap_ptr(second.tmap)
+    _load_slabs(dst, first_map, d_slabs, head, row0, batch, rows, bar)
+    _load_slabs(dst + offset, second_map, d_slabs, head, row0, batch, rows, bar)
+
+
+def _store_rows(acc, ptr, row, valid, H, D, head, batch, S, col0, scale, dt):
+    """Store a consumer's 64 x D f32 accumulator (times ``scale``) as 16-bit pairs into a
+    ``(B, S, H, D)`` tensor: this thread's rows ``row`` and ``row + 8`` (``valid`` guards)."""
+    _store_tensor_rows(acc, ptr, lambda r: batch * S + row + r, valid, H, D, head, col0, scale,
+                       dt)
+
+
+def _store_tensor_rows(acc, ptr, tensor_row, valid, H, D, head, col0, scale, dt):
+    """``_store_rows`` with the thread's rows given as ``tensor_row(r)`` (``r`` 0 or 8), the
+    row index in the tensor flattened to ``(rows, H, D)``."""
+    rbase = []
+    for r in (0, 8):
+        elem = (tensor_row(r) * H + head) * D + col0
+        rbase.append(reg.from_(elem, u64) * 2 + ptr)
+    for i, dr, dc in acc.pairs():
+        packed = reg.scalar(b32)
+        v0, v1 = acc[i], acc[i + 1]
+        if scale != 1.0:
+            v0, v1 = v0 * float(scale), v1 * float(scale)
+        ptx.inst(f"cvt.rn.{dt.name}x2.f32")(packed, v1, v0)
+        ptx.inst.st.global_.b32(ptx.addr(rbase[dr // 8], dc * 2), packed, pred=valid[dr // 8])
+
+
+def padded(S):
+    """Rows of the STATS scratch: ``S`` rounded up to the dQ kernel's 128-row tiles."""
+    return -(-S // BM) * BM
+
+
+def _smem_fit(fixed, per_stage, most=4):
+    return max(2, min(most, (SMEM_LIMIT - fixed - 1024) // per_stage))
+
+
+def _common_options(B, S, Hq, Hkv, D, Sk, dtype, scale, safe, sync):
+    """The options both backward kernels resolve alike: ``(Sk, dt, scale, safe, sync, G, Sp)``
+    (shapes checked; ``safe``/``sync`` default from ``PYPTX_ATTN_BWD_SAFE``/``_SYNC``)."""
+    Sk = S if Sk is None else Sk
+    check_shapes(B, S, Hq, Hkv, D, Sk)
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    safe = safe_default() if safe is None else safe
+    # the fast schedule holds a stage until the next block: waiting for it would deadlock
+    sync = (_env("PYPTX_ATTN_BWD_SYNC") if sync is None else sync) and safe
+    return Sk, _dtype(dtype), scale, safe, sync, Hq // Hkv, padded(S)
+
+
+def _fill_stage(pipe, st, nbytes, stage_bytes, base, ring_off, load, sync):
+    """The producer's step of every backward ring: acquire stage ``st``, arm it for
+    ``nbytes``, ``load(stage_address, bar)`` its copies, advance (``sync``, a bisecting aid:
+    first wait until the consumers released it)."""
+    pipe.acquire(st)
+    bar = pipe.arm(st, nbytes)
+    sb = st.stage * stage_bytes + (base + ring_off)
+    load(sb, bar)
+    if sync:
+        ptx.mbarrier.wait(pipe.empty.at(st.stage), st.phase ^ 1)
+    st.advance()
+
+
+def _or(p, q):
+    r = reg.scalar(pred)
+    ptx.inst("or.pred")(r, p, q)
+    return r
+
+
+def _maybe_if(p):
+    from contextlib import nullcontext
+
+    return nullcontext() if p is None else ptx.if_(p)
+
+
+def dq_accumulator_width(D, bulk):
+    """Columns per row of the atomic modes' f32 dQ accumulator: ``D``, or 128 for the bulk
+    reductions (D=64: the two consumer warpgroups' partial sums side by side, added by the
+    conversion kernel in a fixed order)."""
+    return 128 if bulk else D
+
+
+def _env(name):
+    return os.environ.get(name, "0") not in ("", "0")
+
+
+def safe_default():
+    """Whether ``PYPTX_ATTN_BWD_SAFE`` asks for the simplest schedule (a bisecting aid)."""
+    return _env("PYPTX_ATTN_BWD_SAFE")
+
+
+# ------------------------------------------------------------------ packed variable length

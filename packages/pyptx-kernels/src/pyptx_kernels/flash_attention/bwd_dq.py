@@ -1,0 +1,229 @@
+"""The dQ kernel of the deterministic pair (``build_dq``), one CTA per batch, q head and 128
+query rows: warpgroup 0 produces (Q and dO once, then K and V blocks of ``BKV`` rows through an
+mbarrier ring: ``_dq_producer``); warpgroups 1-2 own 64 query rows each (``_dq_consumer``):
+they write the stats, then per kv block recompute ``S = Q K^T`` and ``dP = dO V^T``,
+``P = exp2(S * scale * log2 e - lse * log2 e)``, ``dS = P * (dP - delta)`` and
+``dQ += dS K`` with dS from registers."""
+
+from __future__ import annotations
+
+from pyptx import Tile, kernel, ptx, reg
+from pyptx.fragment import Accumulator
+from pyptx.operand import OperandTile
+from pyptx.pipeline import BarrierArray, Pipeline
+from pyptx.types import b32, f32, s32, u32, u64
+from pyptx.warpspec import Roles, ring_base, thread_ids
+from pyptx_kernels.flash_attention.bwd_common import (
+    BM,
+    CONS_REGS,
+    LOG2E,
+    PROD_REGS,
+    SMEM_LIMIT,
+    THREADS,
+    _common_options,
+    _fail,
+    _fill_stage,
+    _load_pair,
+    _load_slabs,
+    _maybe_if,
+    _min_u32,
+    _or,
+    _pack,
+    _smem_fit,
+    _store_rows,
+)
+from pyptx_kernels.flash_attention.bwd_prep import _row_stats
+
+
+def _dq_producer(tid, head_bar, head_bytes, pipe, n_kv, base, stage_bytes, K, V, sync,
+                 load_head, load_kv):
+    """The dQ kernels' producer (thread 0): the Q/dO head tile (``load_head(bar)``), then
+    the K/V blocks ``0..n_kv`` through the ring (``load_kv(stage, k_map, v_map, j, bar)``:
+    the dense kernel's 4-D copies or the packed kernel's 3-D ones)."""
+    with ptx.if_(tid == 0):
+        hbar = head_bar.at(0)
+        ptx.mbarrier.arrive_expect_tx(hbar, head_bytes)
+        load_head(hbar)
+        k_map = ptx.tma.tensormap_ptr(K.tmap)
+        v_map = ptx.tma.tensormap_ptr(V.tmap)
+        st = pipe.producer_state()
+        for j in ptx.loop(0, n_kv):
+            _fill_stage(pipe, st, stage_bytes, stage_bytes, base, head_bytes,
+                        lambda sb, bar, j=j: load_kv(sb, k_map, v_map, j, bar), sync)
+
+
+def _dq_consumer(tid, wg, q0, n_q, n_keys, n_kv, *, causal, safe, dt, D, BKV, c1, pipe,
+                 head_bar, base, head_bytes, stage_bytes, q_tile, k_tile, k_mn, stats, limits,
+                 store):
+    """A dQ consumer warpgroup (dense and packed): its 64 q rows from ``q0`` (valid below
+    ``n_q``), ``stats(qrow, valid, lane) -> (delta, nlse2, out)`` its rows' stats,
+    ``limits(qrow)`` the last allowed key of each of its two rows; then the k-loop over
+    ``n_kv`` K/V blocks (S and dP issued, P = exp2(S c1 - lse2), the mask by select where
+    a block reaches past ``n_keys`` keys (an int or a register) or the diagonal, dS,
+    dQ += dS K, the stage releases) and ``store(dq_acc, out, qrow, valid, col0)``."""
+    w = wg - 1
+    t = tid & 127
+    lane = tid & 31
+    leader = t == 0
+    s_acc = Accumulator(BKV)
+    dp_acc = Accumulator(BKV)
+    dq_acc = Accumulator(D)
+    ds_pack = reg.array(b32, BKV // 4)
+    row0, col0 = s_acc.thread_origin(t)
+    qrow = q0 + w * 64 + row0                   # this thread's rows: qrow, qrow + 8
+    valid = [qrow < n_q, qrow + 8 < n_q]
+    # delta = rowsum(do * o) and lse2 of this thread's rows, also written to STATS
+    delta, nlse2, out = stats(qrow, valid, lane)
+    lim = limits(qrow)      # the last allowed kv column per row: allowed iff kv <= lim
+    dq_acc.zero()
+    q_desc = q_tile.descriptor(base) + reg.from_(w * (q_tile.offset(0, 64) >> 4), u64)
+    do_desc = q_desc + (q_tile.nbytes >> 4)
+    ring = base + head_bytes
+    k_desc0 = k_tile.descriptor(ring)
+    v_desc0 = k_tile.descriptor(ring, offset=k_tile.nbytes)
+    kmn_desc0 = k_mn.descriptor(ring)
+    cons = pipe.consumer_state()
+    rel = pipe.consumer_state()
+    has_prev = reg.scalar(u32, init=0)
+    ptx.mbarrier.wait(head_bar.at(0), 0)
+    for j in ptx.loop(0, n_kv):
+        pipe.wait(cons)
+        soff = reg.from_(reg.from_(cons.stage * (stage_bytes >> 4), u32), u64)
+        kd, vd, kmn = k_desc0 + soff, v_desc0 + soff, kmn_desc0 + soff
+        ptx.wgmma.fence()
+        for kk in range(q_tile.k_steps):
+            ptx.wgmma.mma_async(s_acc.regs, q_tile.advance(q_desc, kk), k_tile.advance(kd, kk),
+                                n=BKV, dtype_ab=dt.name, scale_d=0 if kk == 0 else 1)
+        ptx.wgmma.commit_group()
+        for kk in range(q_tile.k_steps):
+            ptx.wgmma.mma_async(dp_acc.regs, q_tile.advance(do_desc, kk), k_tile.advance(vd, kk),
+                                n=BKV, dtype_ab=dt.name, scale_d=0 if kk == 0 else 1)
+        ptx.wgmma.commit_group()
+        ptx.wgmma.wait_group(1)                 # S (and the previous block's dQ) done
+        if not safe:
+            with ptx.if_(has_prev != 0):
+                pipe.release(rel, pred=leader)
+                rel.advance()
+        for i in range(len(s_acc)):             # P = exp2(S * c1 - lse2), in place
+            dr = Accumulator.coord(i)[0]
+            ptx.inst.fma.rn.f32(s_acc[i], s_acc[i], c1, nlse2[dr // 8])
+            ptx.inst.ex2.approx.ftz.f32(s_acc[i], s_acc[i])
+        kv0 = reg.from_(j * BKV + col0, s32)
+        if safe:
+            need = None
+        elif causal:    # the keys' end or the diagonal crosses the block
+            need = _or(j * BKV + BKV > n_keys, j * BKV + (BKV - 1) > q0)
+        else:
+            need = j * BKV + BKV > n_keys
+        with _maybe_if(need):
+            room = [lim[0] - kv0, lim[1] - kv0]    # column offset c allowed iff c <= room
+            for i in range(len(s_acc)):
+                dr, dc = Accumulator.coord(i)
+                ptx.inst.selp.f32(s_acc[i], s_acc[i], 0.0, room[dr // 8] >= dc)
+        ptx.wgmma.wait_group(0)
+        for i in range(len(dp_acc)):            # dS = P * (dP - delta), in place
+            dr = Accumulator.coord(i)[0]
+            x = dp_acc[i] - delta[dr // 8]
+            ptx.inst.mul.f32(dp_acc[i], s_acc[i], x)
+        _pack(ds_pack, dp_acc.regs, dt)
+        ptx.wgmma.fence()
+        for kk in range(BKV // 16):
+            ptx.wgmma.mma_async(dq_acc.regs, list(ds_pack)[4 * kk:4 * kk + 4],
+                                k_mn.advance(kmn, kk), n=D, dtype_ab=dt.name, trans_b=k_mn.trans)
+        ptx.wgmma.commit_group()
+        if safe:
+            ptx.wgmma.wait_group(0)
+            pipe.release(cons, pred=leader)
+        else:
+            ptx.inst.mov.u32(has_prev, 1)
+        cons.advance()
+    if not safe:
+        ptx.wgmma.wait_group(0)
+        with ptx.if_(has_prev != 0):
+            pipe.release(rel, pred=leader)
+    store(dq_acc, out, qrow, valid, col0)
+
+
+def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None, BKV=64,
+             stages=None, sync=None, safe=None):
+    """The dQ kernel: ``(Q, K, V, O, LSE, DO) -> (DQ, STATS)``. STATS ``(B, Hq, padded(S), 2)``
+    f32 holds ``(lse * log2 e, delta = rowsum(do * o))`` per query row (zeros past ``S``),
+    which the dK/dV kernel reads. ``safe``: mask every block and wait for each block's
+    products before the next (the simplest schedule; default from ``PYPTX_ATTN_BWD_SAFE``)."""
+    Sk, dt, scale, safe, sync, G, Sp = _common_options(B, S, Hq, Hkv, D, Sk, dtype, scale,
+                                                       safe, sync)
+    q_tile = OperandTile(BM, D, dt, major="K")
+    k_tile = OperandTile(BKV, D, dt, major="K")
+    k_mn = OperandTile(D, BKV, dt, major="MN")      # the same bytes as B of dS K
+    assert k_mn.nbytes == k_tile.nbytes
+    slabs = D // 64
+    stage_bytes = 2 * k_tile.nbytes
+    head_bytes = 2 * q_tile.nbytes
+    stages = _smem_fit(head_bytes, stage_bytes) if stages is None else stages
+    smem_total = head_bytes + stages * stage_bytes + 1024
+    if smem_total > SMEM_LIMIT:
+        raise _fail(f"build_dq: {stages} stages of {BKV} rows need {smem_total} bytes")
+    num_kv = -(-Sk // BKV)
+    c1 = scale * LOG2E
+    box_q = {"box": (1, BM, 1, 64), "swizzle": "128B"}
+    box_k = {"box": (1, BKV, 1, 64), "swizzle": "128B"}
+    qspec = Tile(B, S, Hq, D, dt)
+    kspec = Tile(B, Sk, Hkv, D, dt)
+
+    def dq_kernel(Q, K, V, OUT, LSE, DO, DQ, STATS):
+        base = ring_base("smem")
+        pipe = Pipeline(stages, consumer_arrivals=2)
+        head_bar = BarrierArray(1, name="head_bar")
+        tid, wg = thread_ids()
+        qb = reg.from_(ptx.special.ctaid.x(), u32)
+        if causal:  # the longest rows (most kv blocks) first: a shorter tail
+            qb = (-(-S // BM) - 1) - qb
+        hq = reg.from_(ptx.special.ctaid.y(), u32)
+        b = reg.from_(ptx.special.ctaid.z(), u32)
+        hk = hq // G if G > 1 else hq
+        q0 = qb * BM
+        pipe.init(pred=tid == 0)
+        head_bar.init(1, pred=tid == 0)
+        ptx.bar_sync(0)
+        if causal:  # blocks wholly above the diagonal are skipped
+            n_kv = _min_u32(reg.from_((q0 + (BM - 1)) // BKV + 1, u32), reg.scalar(u32, init=num_kv))
+        else:
+            n_kv = num_kv
+        roles = Roles(wg, PROD_REGS)
+        # ------------------------------------------------------------ producer
+        def load_kv(sb, k_map, v_map, j, bar):
+            _load_slabs(sb, k_map, slabs, hk, j * BKV, b, BKV, bar)
+            _load_slabs(sb + k_tile.nbytes, v_map, slabs, hk, j * BKV, b, BKV, bar)
+
+        _dq_producer(tid, head_bar, head_bytes, pipe, n_kv, base, stage_bytes, K, V, sync,
+                     lambda hbar: _load_pair(base, Q, DO, q_tile.nbytes, slabs, hq, q0, b, BM,
+                                             hbar), load_kv)
+        # ------------------------------------------------------------ consumers
+        roles.consumers(CONS_REGS)
+
+        def stats(qrow, valid, lane):
+            po, pdo, plse, pstats, pdq = ptx.global_ptrs(OUT, DO, LSE, STATS, DQ)
+            return (*_row_stats(po, pdo, plse, pstats, b, hq, qrow, valid, lane, S, Sp, Hq, D,
+                                dt), pdq)
+
+        def limits(qrow):   # causal / ragged
+            if causal:
+                return [reg.from_(_min_u32(qrow + r, reg.scalar(u32, init=Sk - 1)), s32)
+                        for r in (0, 8)]
+            return [reg.scalar(s32, init=Sk - 1) for r in (0, 8)]
+
+        _dq_consumer(tid, wg, q0, S, Sk, n_kv, causal=causal, safe=safe, dt=dt, D=D, BKV=BKV,
+                     c1=c1, pipe=pipe, head_bar=head_bar, base=base, head_bytes=head_bytes,
+                     stage_bytes=stage_bytes, q_tile=q_tile, k_tile=k_tile, k_mn=k_mn,
+                     stats=stats, limits=limits,
+                     store=lambda acc, pdq, qrow, valid, col0: _store_rows(
+                         acc, pdq, qrow, valid, Hq, D, hq, b, S, col0, scale, dt))
+        roles.end()
+        ptx.ret()
+
+    name = (f"attn_bwd_dq_{dt.name}_d{D}_h{Hq}x{Hkv}{'_causal' if causal else ''}"
+            f"{'_safe' if safe else ''}{f'_bkv{BKV}' if BKV != 64 else ''}")
+    return kernel(in_specs=(qspec, kspec, kspec, qspec, Tile(B, Hq, S, f32), qspec),
+                  out_specs=(qspec, Tile(B, Hq, Sp, 2, f32)), grid=(-(-S // BM), Hq, B),
+                  block=(THREADS, 1, 1), smem=smem_total, maxnreg=168,
+                  tma={"Q": box_q, "DO": box_q, "K": box_k, "V": box_k}, name=name)(dq_kernel)

@@ -1,0 +1,301 @@
+"""The plan of the dense attention backward: which kernels run and how they add dQ.
+
+A ``BackwardPlan`` is a frozen, validated choice among the valid plans (its named
+constructors), replacing a bag of keywords whose combinations depend on each other:
+
+* ``default()``: the deterministic pair, the dQ kernel (which also writes the stats) then the
+  dK/dV kernel; ``safe_pair()``: the same with the simplest schedule, to bisect a failure;
+* ``atomic()``: a prep kernel (stats, zeroed f32 dQ), the dK/dV kernel adding dQ with f32
+  atomics, a conversion kernel (not deterministic; torch eager only);
+* ``bulk()``: dQ tiles added by TMA tile reductions; ``ordered()``: in a fixed order
+  (deterministic; ``dkdv_bq=128`` at D=128, ``stats_lead``);
+* ``converted()``: ordered, with dQ converted inside the dK/dV grid (``convert_lag``,
+  ``stats_lead``); ``lagged()``: converted with both ``"auto"`` (attention()'s D=128 plan);
+* ``fused()``: one kernel at D=64 (``ordered``, ``pingpong``, ``defer``).
+
+``for_eager(D, deterministic)`` is the plan attention() runs for torch eager calls.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, fields, replace
+
+from pyptx.errors import ConfigError
+from pyptx_kernels._common import PACKAGE_DIR
+from pyptx_kernels.flash_attention.bwd_common import BM, FUSED_BQ, _fail, safe_default
+
+
+def early_convert_share(S, Sk, Hq, Hkv):
+    """``convert_lag``: the 64-row q blocks each dK/dV CTA's producer warps convert (the kv
+    head's ``(Hq / Hkv) * ceil(S / 64)`` blocks over its ``ceil(Sk / 128)`` CTAs)."""
+    return -(-(Hq // Hkv) * -(-S // 64) // -(-Sk // BM))
+
+
+def default_convert_lag(Sk, num_sms=132):
+    """A ``convert_lag`` whose kv heads finished long before: two waves of them, counted in
+    kv heads of ``ceil(Sk / 128)`` CTAs."""
+    return -(-2 * num_sms // -(-Sk // BM))
+
+
+def default_stats_lead(Sk, num_sms=132):
+    """A ``stats_lead`` whose kv heads start a whole CTA time after the CTAs that compute their
+    stats: a wave of kv heads of ``ceil(Sk / 128)`` CTAs, plus one."""
+    return -(-num_sms // -(-Sk // BM)) + 1
+
+
+def resolve_stats_lead(fn, stats_lead, Sk, num_sms, dq_ordered, safe, BQ, causal,
+                       fail=None):
+    """``stats_lead`` as an int: ``"auto"`` is ``default_stats_lead`` where it applies (the
+    ordered bulk-dQ dK/dV kernel, 64-row q blocks, not safe) and pays (full attention: the
+    causal grid's short CTAs idle their SMs until their share of stats is done; H100,
+    paired A/B, 0.991x at S=4096) and 0 elsewhere; an int is refused (``ConfigError``)
+    where it does not apply."""
+    applies = dq_ordered and not safe and BQ in (None, 64)
+    if stats_lead == "auto":
+        return default_stats_lead(Sk, num_sms) if applies and not causal else 0
+    if stats_lead and not (isinstance(stats_lead, int) and not isinstance(stats_lead, bool)
+                           and stats_lead > 0 and applies):
+        raise (fail or _fail)(
+            f"{fn}: stats_lead (a positive int or 'auto') needs the ordered bulk-dQ dK/dV "
+            f"kernel (atomic_dq, dq_bulk, dq_ordered) with 64-row q blocks, not safe; got "
+            f"stats_lead={stats_lead!r}, dq_ordered={dq_ordered!r}, safe={safe!r}, BQ={BQ!r}")
+    return int(stats_lead or 0)
+
+
+def _check_dq_modes(fn, atomic_dq, dq_bulk, dq_ordered, fail=None):
+    """``ConfigError`` (naming ``fn``) for a dQ mode without the one it builds on."""
+    if dq_bulk and not atomic_dq:
+        raise (fail or _fail)(f"{fn}: dq_bulk=True needs atomic_dq=True")
+    if dq_ordered and not dq_bulk:
+        raise (fail or _fail)(f"{fn}: dq_ordered=True needs dq_bulk=True")
+
+
+def _check_num_sms(fn, num_sms, fail=None):
+    """``ConfigError`` (naming ``fn``) unless ``num_sms`` is a positive int."""
+    if isinstance(num_sms, bool) or not isinstance(num_sms, int) or num_sms < 1:
+        raise (fail or _fail)(f"{fn}: num_sms must be a positive int, got {num_sms!r}")
+
+
+def default_dq_bkv(D):
+    """The pair's dQ kernel's keys per block: 128 at D=64 (its two products get 128 columns;
+    H100 A/B over the four benchmark shapes: +1 to +4%, identical results), 64 otherwise."""
+    return 128 if D == 64 else 64
+
+
+OPTIONS = ("dkdv_bq", "dkdv_overlap", "atomic_dq", "dq_bulk", "dq_ordered",
+           "dq_bkv", "fused_bq", "fused_defer", "fused_pingpong",
+           "num_sms", "dq_convert", "convert_lag", "stats_lead")  # BackwardPlan's, parse_options'
+INT_OPTIONS = ("dkdv_bq", "dq_bkv", "fused_bq", "fused_pingpong", "num_sms", "convert_lag",
+               "stats_lead")
+AUTO_OPTIONS = ("convert_lag", "stats_lead")     # these also take "auto"
+
+
+def parse_options(text):
+    """``"dkdv_bq=32,dkdv_overlap=0"`` -> ``{"dkdv_bq": 32, "dkdv_overlap": False}`` (empty
+    text or ``default``: ``{}``), for the command lines of the example and its tools."""
+    out = {}
+    for item in filter(None, (text or "").replace("default", "").split(",")):
+        name, _, value = item.partition("=")
+        if name in AUTO_OPTIONS and value == "auto":
+            out[name] = value
+            continue
+        if name not in OPTIONS or not value.isdigit():
+            raise _fail(f"attention backward options: expected name=int with name in "
+                              f"{OPTIONS} (or {'/'.join(AUTO_OPTIONS)}=auto), got {item!r}")
+        out[name] = int(value) if name in INT_OPTIONS else bool(int(value))
+    return out
+
+
+def _plan_fail(msg):
+    """``_fail`` for ``BackwardPlan``'s checks: also skips the dataclass ``__init__``
+    (compiled from a string) between the user's call and ``__post_init__``."""
+    f = sys._getframe(1)
+    while f is not None and ((f.f_code.co_filename == "<string>" and f.f_code.co_name == "__init__")
+                             or os.path.abspath(f.f_code.co_filename).startswith(PACKAGE_DIR)):
+        f = f.f_back
+    at = "<unknown>:0" if f is None else f"{f.f_code.co_filename}:{f.f_lineno}"
+    return ConfigError(f"{at}: {msg}")
+
+
+@dataclass(frozen=True)
+class BackwardPlan:
+    """A valid plan of the dense backward (see the module docstring; build it with a named
+    constructor). Fields, each the option of the same name:
+
+    ``safe`` (``None``: ``PYPTX_ATTN_BWD_SAFE``): every block masked and waited for.
+    ``atomic_dq``: dQ added by the dK/dV kernel; ``dq_bulk`` (with it): by TMA tile
+    reductions; ``dq_ordered`` (with ``dq_bulk``, or ``fused_bq``): in a fixed order;
+    ``dq_convert`` (ordered, 64-row q blocks): converted by ``num_sms`` converter CTAs of the
+    dK/dV grid; ``convert_lag`` (with ``dq_convert``; int or ``"auto"``): the dK/dV CTAs'
+    idle producer warps convert the kv head that many heads earlier; ``stats_lead`` (ordered,
+    64-row q blocks, not safe; int or ``"auto"``): they compute the stats of the kv head
+    that many heads later. ``dq_bkv`` (32, 64 or 128, the pair only; ``None``:
+    ``default_dq_bkv``): keys per block of the dQ kernel. ``dkdv_bq`` (32 or 64; 128 for the
+    ordered kernel at D=128) and ``dkdv_overlap`` (``None``: per head dim): the dK/dV
+    kernel's q rows per block and overlapped schedule. ``fused_bq=128`` (D=64): the fused
+    kernel, with its schedules ``fused_defer`` or ``fused_pingpong`` (1 or 2).
+
+    ``__post_init__`` raises ``ConfigError`` at the user's line for a combination outside
+    the valid plans; checks that need the sizes (head dim, sequence lengths) are the
+    kernels' builders'."""
+
+    safe: bool | None = None
+    atomic_dq: bool = False
+    dq_bulk: bool = False
+    dq_ordered: bool = False
+    dq_convert: bool = False
+    convert_lag: int | str = 0
+    stats_lead: int | str = 0
+    num_sms: int = 132
+    dq_bkv: int | None = None
+    dkdv_bq: int | None = None
+    dkdv_overlap: bool | None = None
+    fused_bq: int | None = None
+    fused_defer: bool = False
+    fused_pingpong: int = 0
+
+    def __post_init__(self):
+        for name in ("atomic_dq", "dq_bulk", "dq_ordered", "dq_convert", "fused_defer"):
+            object.__setattr__(self, name, bool(getattr(self, name)))
+        for name in ("safe", "dkdv_overlap"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, bool(getattr(self, name)))
+        if self.convert_lag and self.convert_lag != "auto" and not self.dq_convert:
+            raise _plan_fail(f"BackwardPlan: convert_lag needs dq_convert, got convert_lag="
+                             f"{self.convert_lag!r}, dq_convert={self.dq_convert!r}")
+        if self.dq_convert and (not (self.atomic_dq and self.dq_bulk and self.dq_ordered)
+                                or self.fused_bq or self.dkdv_bq not in (None, 64)):
+            raise _plan_fail(f"BackwardPlan: dq_convert is for the ordered bulk-dQ dK/dV kernel (atomic_dq, "
+                             f"dq_bulk and dq_ordered; 64-row q blocks; not fused_bq), got "
+                             f"atomic_dq={self.atomic_dq!r}, dq_bulk={self.dq_bulk!r}, "
+                             f"dq_ordered={self.dq_ordered!r}, dkdv_bq={self.dkdv_bq!r}, "
+                             f"fused_bq={self.fused_bq!r}")
+        _check_num_sms("BackwardPlan", self.num_sms, _plan_fail)
+        if (self.fused_defer or self.fused_pingpong) and self.fused_bq is None:
+            raise _plan_fail("BackwardPlan: fused_defer and fused_pingpong are schedules of fused_bq=128")
+        if self.fused_pingpong not in (0, 1, 2) or (self.fused_pingpong and self.fused_defer):
+            raise _plan_fail(f"BackwardPlan: fused_pingpong must be 0, 1 or 2 and not with fused_defer, got "
+                             f"{self.fused_pingpong!r}")
+        if self.fused_bq is not None:
+            self._check_fused()
+            return
+        if self.dkdv_bq not in (None, 32, 64, 128):
+            raise _plan_fail(f"BackwardPlan: dkdv_bq must be 32, 64 or 128, got {self.dkdv_bq!r}")
+        if self.dq_bkv not in (None, 32, 64, 128) or (self.dq_bkv is not None
+                                                      and self.atomic_dq):
+            raise _plan_fail(f"BackwardPlan: dq_bkv must be 32, 64 or 128, and only for the pair (not "
+                             f"atomic_dq), got {self.dq_bkv!r}")
+        _check_dq_modes("BackwardPlan", self.atomic_dq, self.dq_bulk, self.dq_ordered,
+                        _plan_fail)
+        if self.stats_lead != "auto":
+            resolve_stats_lead("BackwardPlan", self.stats_lead, 1, self.num_sms,
+                               self.dq_ordered, bool(self.safe), self.dkdv_bq, False, _plan_fail)
+
+    def _check_fused(self):
+        """The fused kernel replaces the pair and has one schedule: ``fused_bq`` comes alone
+        (or with ``dq_ordered`` and its schedules)."""
+        if self.fused_bq != FUSED_BQ:
+            raise _plan_fail(f"BackwardPlan: fused_bq must be {FUSED_BQ}, got {self.fused_bq!r}")
+        given = [n for n in ("safe", "atomic_dq", "dkdv_bq", "dkdv_overlap", "dq_bulk",
+                             "dq_bkv") if getattr(self, n) not in (None, False)]
+        given += [n for n in ("convert_lag", "stats_lead") if getattr(self, n) not in (0, "auto")]
+        if given:
+            raise _plan_fail(f"BackwardPlan: fused_bq={self.fused_bq} is a kernel of its own; it takes "
+                             f"dq_ordered but not {', '.join(given)}")
+
+    # ---------------------------------------------------------------- the valid plans
+    @classmethod
+    def default(cls, *, dq_bkv=None, dkdv_bq=None, dkdv_overlap=None, safe=None):
+        """The deterministic dQ / dK-dV pair (``BackwardPlan()``)."""
+        return cls(safe=safe, dq_bkv=dq_bkv, dkdv_bq=dkdv_bq, dkdv_overlap=dkdv_overlap)
+
+    @classmethod
+    def safe_pair(cls, *, dq_bkv=None, dkdv_bq=None, dkdv_overlap=None):
+        """The pair with the simplest schedule (every block masked, stats read from global
+        memory, each block's products waited for): a bisecting aid."""
+        return cls.default(dq_bkv=dq_bkv, dkdv_bq=dkdv_bq, dkdv_overlap=dkdv_overlap, safe=True)
+
+    @classmethod
+    def atomic(cls, *, dkdv_bq=None, dkdv_overlap=None, safe=None):
+        """Prep, the dK/dV kernel adding dQ with ``red.global.add``, conversion: no second pass
+        over K and V; not deterministic; torch eager only."""
+        return cls(safe=safe, atomic_dq=True, dkdv_bq=dkdv_bq, dkdv_overlap=dkdv_overlap)
+
+    @classmethod
+    def bulk(cls, *, dkdv_overlap=None, safe=None):
+        """``atomic()`` with dQ tiles added by TMA tile reductions (in any order)."""
+        return cls(safe=safe, atomic_dq=True, dq_bulk=True, dkdv_overlap=dkdv_overlap)
+
+    @classmethod
+    def ordered(cls, *, dkdv_bq=None, dkdv_overlap=None, safe=None, stats_lead=0, num_sms=132):
+        """``bulk()`` adding each dQ tile in a fixed order: deterministic. ``dkdv_bq=128``:
+        128-row q blocks (D=128)."""
+        return cls(safe=safe, atomic_dq=True, dq_bulk=True, dq_ordered=True, dkdv_bq=dkdv_bq,
+                   dkdv_overlap=dkdv_overlap, stats_lead=stats_lead, num_sms=num_sms)
+
+    @classmethod
+    def converted(cls, *, convert_lag=0, stats_lead=0, num_sms=132, dkdv_overlap=None):
+        """``ordered()`` with dQ converted by the dK/dV grid itself (``num_sms`` converter
+        CTAs; ``convert_lag``: earlier heads converted by its CTAs' idle producer warps)."""
+        return cls(atomic_dq=True, dq_bulk=True, dq_ordered=True, dq_convert=True,
+                   convert_lag=convert_lag, stats_lead=stats_lead, num_sms=num_sms,
+                   dkdv_overlap=dkdv_overlap)
+
+    @classmethod
+    def lagged(cls, *, num_sms=132):
+        """``converted()`` with ``convert_lag`` and ``stats_lead`` ``"auto"``."""
+        return cls.converted(convert_lag="auto", stats_lead="auto", num_sms=num_sms)
+
+    @classmethod
+    def fused(cls, *, ordered=True, pingpong=0, defer=False):
+        """The one-kernel backward at D=64 (128-row q blocks, dQ by bulk reductions, in a fixed
+        order with ``ordered``); ``pingpong`` 1 or 2: warpgroup 1 half a block behind
+        warpgroup 0; ``defer``: a block's dK product issued after the next block's S and dP."""
+        return cls(fused_bq=FUSED_BQ, dq_ordered=ordered, fused_pingpong=pingpong,
+                   fused_defer=defer)
+
+    @classmethod
+    def for_eager(cls, D, deterministic=True):
+        """The fastest plan for torch eager calls at head dim ``D``: ``fused(pingpong=1)`` at 64
+        (any order unless ``deterministic``), ``lagged()`` at 128, ``bulk()`` when not
+        ``deterministic``; the pair with ``PYPTX_ATTN_BWD_SAFE=1``. A size it refuses runs the
+        pair (``AttentionBackward.with_fallback``)."""
+        safe = safe_default()
+        if D == 64 and not safe:
+            return cls.fused(ordered=deterministic, pingpong=1)
+        if not deterministic:
+            return cls.bulk()
+        if D == 128 and not safe:
+            return cls.lagged()
+        return cls()
+
+    @classmethod
+    def from_options(cls, **options):
+        """The plan of ``build_attention_backward``'s option keywords (``parse_options``'
+        dict): ``ConfigError`` for a name that is not a field."""
+        unknown = sorted(set(options) - {f.name for f in fields(cls)})
+        if unknown:
+            raise _plan_fail(f"BackwardPlan: unknown options {', '.join(unknown)}")
+        return cls(**options)
+
+    @property
+    def name(self) -> str:
+        """The plan's name: ``fused``, ``converted``, ``ordered``, ``bulk``, ``atomic``,
+        ``safe`` or ``pair``."""
+        return ("fused" if self.fused_bq else "converted" if self.dq_convert
+                else "ordered" if self.dq_ordered else "bulk" if self.dq_bulk
+                else "atomic" if self.atomic_dq else "safe" if self.safe else "pair")
+
+    def resolved(self) -> BackwardPlan:
+        """This plan with ``safe`` taken from ``PYPTX_ATTN_BWD_SAFE`` where it is ``None``
+        (checked again)."""
+        return self if self.safe is not None else replace(self, safe=safe_default())
+
+    def options(self) -> dict:
+        """The fields that differ from ``BackwardPlan()``'s, as option keywords."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if getattr(self, f.name) != f.default}
+
+
