@@ -61,6 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from pyptx_kernels._modules import kernel_module
+from pyptx_kernels.rows import RowConfig
 
 try:  # a Triton row for context; the rest of the script does not need Triton
     import triton
@@ -160,7 +161,7 @@ def _builder(which: str):
     if which == "seed":
         return mod.build_rms_norm
     # the first tuning config, named: the bare kernel (a default call adds the tuner's wrapper)
-    return lambda B, N, eps: mod.build_rms_norm_fast(B, N, eps=eps, pdl=True)
+    return lambda B, N, eps: mod.build_rms_norm_fast(B, N, eps=eps, config=RowConfig())
 
 
 def _load_example():

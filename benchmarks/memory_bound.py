@@ -77,6 +77,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pyptx_kernels._modules import kernel_module
+from pyptx_kernels.rows import RowConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/_timing.py
@@ -401,14 +402,13 @@ def our_variants(mods, op, B, N, dt, tune, sms=132):
     """(label, kernel) for the default call (first: ``pyptx.autotune`` picks its variant at the
     first launch) and, with ``tune``, the hand-named variants: other launch shapes, without
     PDL, the persistent kernels (``ctas`` = 1 and 2 CTAs per SM of ``sms``) and the rings."""
-    if op == "rms_norm":
-        build = lambda **kw: mods["rms_norm"].build_rms_norm_fast(B, N, dt, RMS_EPS, **kw)  # noqa: E731
-    elif op == "layer_norm":
-        build = lambda **kw: mods["layer_norm"].build_layer_norm(B, N, dt, LN_EPS, **kw)  # noqa: E731
-    elif op == "softmax":
-        build = lambda **kw: mods["softmax"].build_softmax_fast(B, N, dt, **kw)  # noqa: E731
-    else:
-        build = lambda **kw: mods["swiglu"].build_swiglu(B, N, dt, **kw)  # noqa: E731
+    builder, problem = {"rms_norm": ("build_rms_norm_fast", (RMS_EPS,)),
+                        "layer_norm": ("build_layer_norm", (LN_EPS,)),
+                        "softmax": ("build_softmax_fast", ()), "swiglu": ("build_swiglu", ())}[op]
+
+    def build(**kw):  # the keywords name a RowConfig; none: the tuned default call
+        return getattr(mods[op], builder)(B, N, dt, *problem,
+                                          config=RowConfig(**kw) if kw else None)
     out = [("default", build())]
     if not tune:
         return out

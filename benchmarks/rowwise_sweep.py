@@ -17,6 +17,7 @@ import argparse
 from pathlib import Path
 
 import torch
+from pyptx_kernels.rows import RowConfig
 
 from pyptx.testing import load_module
 
@@ -61,9 +62,9 @@ def main(argv=None) -> None:
                 rows.append(("triton", ms(tri["rms_norm"])))
             for lname, lmod in loads.items():
                 for threads in (None, 128, 256, 1024):
-                    try:  # pdl=True names the variant: the builder does not autotune
-                        k = rms.build_rms_norm_fast(B, N, dt, threads=threads, load_cache=lmod,
-                                                    pdl=True)
+                    try:  # a config names the variant: the builder does not autotune
+                        k = rms.build_rms_norm_fast(B, N, dt, config=RowConfig(
+                            threads=threads, load_cache=lmod))
                     except Exception as e:  # noqa: BLE001 - a shape the planner refuses
                         print(f"  skip {lname} threads={threads}: {type(e).__name__}")
                         continue

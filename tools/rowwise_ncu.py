@@ -22,6 +22,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from pyptx_kernels.rows import RowConfig
+
 from pyptx.testing import load_module
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,7 +71,7 @@ def _tuned_builder(cell: str):
 def build(cell: str, **kw):
     """Our kernel at ``cell`` built with ``kw`` (a named variant: no tuning)."""
     _, _, args, tuned = _tuned_builder(cell)
-    return tuned.builder(*args, **kw)
+    return tuned(*args, config=RowConfig(**kw))
 
 
 def contenders(torch, mb, cell: str, compile_: bool):

@@ -17,7 +17,7 @@ their first launch (many timed launches per size: leave it out under the sanitiz
 
 import argparse
 
-from pyptx_kernels.rows import layer_norm, rms_norm, softmax, swiglu
+from pyptx_kernels.rows import RowConfig, layer_norm, rms_norm, softmax, swiglu
 
 SIZES = "3x7,5x33,7x1000,3x4097,2x8192"
 CTAS = "2,264"
@@ -66,23 +66,23 @@ def main(argv=None) -> int:
                 r(B, N), r(B, N)
             x64, w64, b64, u64, dy64 = (t.double() for t in (x, w, b, u, dy))
             tag = f"{dt} {B}x{N}"
-            nopdl = dict(pdl=False)
-            check(f"rms_norm {tag}", rms_norm.build_rms_norm_fast(B, N, dt, **nopdl)(x, w),
+            nopdl = RowConfig(pdl=False)
+            check(f"rms_norm {tag}", rms_norm.build_rms_norm_fast(B, N, dt, config=nopdl)(x, w),
                   F.rms_norm(x64, (N,), w64, 1e-6), tol)
-            check(f"layer_norm {tag}", layer_norm.build_layer_norm(B, N, dt, **nopdl)(x, w, b),
+            check(f"layer_norm {tag}", layer_norm.build_layer_norm(B, N, dt, config=nopdl)(x, w, b),
                   F.layer_norm(x64, (N,), w64, b64, 1e-5), tol)
-            check(f"softmax {tag}", softmax.build_softmax_fast(B, N, dt, **nopdl)(x),
+            check(f"softmax {tag}", softmax.build_softmax_fast(B, N, dt, config=nopdl)(x),
                   torch.softmax(x64, -1), tol)
-            check(f"swiglu {tag}", swiglu.build_swiglu(B, N, dt, **nopdl)(x, u), F.silu(x64) * u64, tol)
+            check(f"swiglu {tag}", swiglu.build_swiglu(B, N, dt, config=nopdl)(x, u), F.silu(x64) * u64, tol)
             # programmatic dependent launch (the builders' default): back to back, each reading
             # the previous output; the L2 prefetch before griddepcontrol.wait included
-            y = rms_norm.build_rms_norm_fast(B, N, dt, pdl=True)(x, w)
-            z = softmax.build_softmax_fast(B, N, dt, pdl=True)(y)
+            y = rms_norm.build_rms_norm_fast(B, N, dt, config=RowConfig())(x, w)
+            z = softmax.build_softmax_fast(B, N, dt, config=RowConfig())(y)
             check(f"rms_norm pdl {tag}", y, F.rms_norm(x64, (N,), w64, 1e-6), tol)
             check(f"rms_norm -> softmax pdl {tag}", z, torch.softmax(y.double(), -1), tol)
-            check(f"swiglu pdl {tag}", swiglu.build_swiglu(B, N, dt, pdl=True)(x, u),
+            check(f"swiglu pdl {tag}", swiglu.build_swiglu(B, N, dt, config=RowConfig())(x, u),
                   F.silu(x64) * u64, tol)
-            check(f"layer_norm pdl {tag}", layer_norm.build_layer_norm(B, N, dt, pdl=True)(x, w, b),
+            check(f"layer_norm pdl {tag}", layer_norm.build_layer_norm(B, N, dt, config=RowConfig())(x, w, b),
                   F.layer_norm(x64, (N,), w64, b64, 1e-5), tol)
             if a.tuned:  # the variant pyptx.autotune picks for this shape on this device
                 check(f"rms_norm tuned {tag}", rms_norm.build_rms_norm_fast(B, N, dt)(x, w),
@@ -95,7 +95,8 @@ def main(argv=None) -> int:
                       F.silu(x64) * u64, tol)
             if B * N * x.element_size() % 16 == 0:  # slices by bulk copy, chained under PDL
                 for st in (False, True):
-                    sw = swiglu.build_swiglu(B, N, dt, bulk=True, bulk_store=st, threads=128)
+                    sw = swiglu.build_swiglu(B, N, dt, config=RowConfig(bulk=True, bulk_store=st,
+                                                                      threads=128))
                     y = sw(x, u)
                     z = sw(y, u)
                     what = f"swiglu bulk{' bulk_store' if st else ''} {tag}"
@@ -104,23 +105,23 @@ def main(argv=None) -> int:
             for P in (int(v) for v in a.ctas.split(",") if v):
                 if N <= 16384:
                     check(f"rms_norm ctas={P} {tag}",
-                          rms_norm.build_rms_norm_fast(B, N, dt, ctas=P)(x, w),
+                          rms_norm.build_rms_norm_fast(B, N, dt, config=RowConfig(ctas=P))(x, w),
                           F.rms_norm(x64, (N,), w64, 1e-6), tol)
-                    check(f"softmax ctas={P} {tag}", softmax.build_softmax_fast(B, N, dt, ctas=P)(x),
+                    check(f"softmax ctas={P} {tag}", softmax.build_softmax_fast(B, N, dt, config=RowConfig(ctas=P))(x),
                           torch.softmax(x64, -1), tol)
                 if N <= 8192:
                     check(f"layer_norm ctas={P} {tag}",
-                          layer_norm.build_layer_norm(B, N, dt, ctas=P)(x, w, b),
+                          layer_norm.build_layer_norm(B, N, dt, config=RowConfig(ctas=P))(x, w, b),
                           F.layer_norm(x64, (N,), w64, b64, 1e-5), tol)
                 if N * x.element_size() % 16:
                     continue  # the ring copies rows in 16-byte granules
                 for S in (int(v) for v in a.stages.split(",") if v):
                     for bulk in (False, True):
                         ring = f"ring ctas={P} stages={S}{' bulk_store' if bulk else ''} {tag}"
-                        y = rms_norm.build_rms_norm_fast(B, N, dt, ctas=P, stages=S,
-                                                         bulk_store=bulk)(x, w)
-                        z = layer_norm.build_layer_norm(B, N, dt, ctas=P, stages=S,
-                                                        bulk_store=bulk)(y, w, b)
+                        y = rms_norm.build_rms_norm_fast(B, N, dt, config=RowConfig(
+                            ctas=P, stages=S, bulk_store=bulk))(x, w)
+                        z = layer_norm.build_layer_norm(B, N, dt, config=RowConfig(
+                            ctas=P, stages=S, bulk_store=bulk))(y, w, b)
                         check(f"rms_norm {ring}", y, F.rms_norm(x64, (N,), w64, 1e-6), tol)
                         check(f"rms_norm -> layer_norm {ring}", z,
                               F.layer_norm(y.double(), (N,), w64, b64, 1e-5), tol)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import pytest
 from pyptx_kernels._modules import kernel_module
+from pyptx_kernels.rows import RowConfig
 
 torch = pytest.importorskip("torch")
 
@@ -73,11 +74,11 @@ RING_CASES = [(B, N, ctas, stages, dt)
 @pytest.mark.parametrize("bulk_store", [False, True])
 @pytest.mark.parametrize("B,N,ctas,stages,dt", RING_CASES)
 def test_ring_rms_norm_then_layer_norm(B, N, ctas, stages, dt, bulk_store):
-    ring = dict(ctas=ctas, stages=stages, bulk_store=bulk_store)
+    ring = RowConfig(ctas=ctas, stages=stages, bulk_store=bulk_store)
     x, w = rand(B, N, dt=dt, scale=2, shift=0.3), rand(N, dt=dt, scale=0.1, shift=1.0)
     b = rand(N, dt=dt, scale=0.1)
-    y = load("rms_norm").build_rms_norm_fast(B, N, dt, **ring)(x, w)
-    z = load("layer_norm").build_layer_norm(B, N, dt, **ring)(y, w, b)  # PDL: reads y
+    y = load("rms_norm").build_rms_norm_fast(B, N, dt, config=ring)(x, w)
+    z = load("layer_norm").build_layer_norm(B, N, dt, config=ring)(y, w, b)  # PDL: reads y
     x64, w64 = x.double(), w.double()
     ref = x64 * torch.rsqrt((x64 * x64).mean(-1, keepdim=True) + 1e-6) * w64
     assert rel_err(y, ref) < TOL[dt]
@@ -105,7 +106,7 @@ def test_rms_norm(B, N, dt):
 def test_layer_norm_welford(B, N, kw, dt):
     """The one-pass variants (one all-reduce of (mean, m2) pairs) of the tuned list,
     one-row and persistent."""
-    k = load("layer_norm").build_layer_norm(B, N, dt, welford=True, **kw)
+    k = load("layer_norm").build_layer_norm(B, N, dt, config=RowConfig(welford=True, **kw))
     x = rand(B, N, dt=dt, scale=2, shift=40.0)
     w, b = rand(N, dt=dt, scale=0.1, shift=1.0), rand(N, dt=dt, scale=0.1)
     y = k(x, w, b)
@@ -154,7 +155,8 @@ def test_swiglu(B, N, dt):
 @pytest.mark.parametrize("B,N,threads", [(3, 1000, 256), (8192, 8192, 512), (7, 4104, 128)])
 def test_swiglu_bulk(B, N, threads, dt, bulk_store):
     """Slices by bulk copy (and Y by bulk store): ragged last CTA, benchmark size."""
-    k = load("swiglu").build_swiglu(B, N, dt, bulk=True, bulk_store=bulk_store, threads=threads)
+    k = load("swiglu").build_swiglu(B, N, dt, config=RowConfig(bulk=True, bulk_store=bulk_store,
+                                                              threads=threads))
     g, u = rand(B, N, dt=dt, scale=3), rand(B, N, dt=dt)
     y = k(g, u)
     assert rel_err(y, torch.nn.functional.silu(g.double()) * u.double()) < TOL[dt]
@@ -164,9 +166,9 @@ def test_swiglu_bulk(B, N, threads, dt, bulk_store):
 def test_l2_eviction_policies(dt):
     """Streamed loads evict_first, stores evict_last: same results."""
     x, w, u = rand(33, 4096, dt=dt), rand(4096, dt=dt, shift=1.0), rand(33, 4096, dt=dt)
-    hints = dict(l2_load="evict_first", l2_store="evict_last")
-    k = load("rms_norm").build_rms_norm_fast(33, 4096, dt, **hints)
-    s = load("swiglu").build_swiglu(33, 4096, dt, **hints)
+    hints = RowConfig(l2_load="evict_first", l2_store="evict_last")
+    k = load("rms_norm").build_rms_norm_fast(33, 4096, dt, config=hints)
+    s = load("swiglu").build_swiglu(33, 4096, dt, config=hints)
     assert "cache_hint" in k.ptx() and "cache_hint" in s.ptx()
     y, z = k(x, w), s(x, u)
     x64 = x.double()
@@ -180,11 +182,12 @@ def test_other_launch_shapes(chunks):
     """The plans the benchmark may pick beside the default."""
     B, N = 33, 8192
     x, w = rand(B, N, dt="f32"), rand(N, dt="f32", shift=1.0)
-    y = load("rms_norm").build_rms_norm_fast(B, N, "f32", chunks=chunks)(x, w)
+    y = load("rms_norm").build_rms_norm_fast(B, N, "f32", config=RowConfig(chunks=chunks))(x, w)
     x64 = x.double()
     ref = x64 * torch.rsqrt((x64 * x64).mean(-1, keepdim=True) + 1e-6) * w.double()
     assert rel_err(y, ref) < 1e-5
-    y = load("softmax").build_softmax_fast(B, N, "bf16", chunks=chunks)(x.bfloat16())
+    y = load("softmax").build_softmax_fast(B, N, "bf16", config=RowConfig(chunks=chunks))(
+        x.bfloat16())
     assert rel_err(y, torch.softmax(x.bfloat16().double(), -1)) < 1e-2
 
 
@@ -230,7 +233,7 @@ def test_layer_norm_backward(B, N, dt):
 @pytest.mark.parametrize("ctas", [1, 3, 1000])
 def test_backward_any_number_of_persistent_ctas(ctas):
     B, N = 50, 1000
-    bwd = load("rms_norm").build_rms_norm_bwd(B, N, "f32", ctas=ctas)
+    bwd = load("rms_norm").build_rms_norm_bwd(B, N, "f32", config=RowConfig(ctas=ctas))
     x, w, dy = rand(B, N, dt="f32"), rand(N, dt="f32", shift=1.0), rand(B, N, dt="f32")
     dx, dw = bwd(x, w, dy)
     x64 = x.double().requires_grad_()

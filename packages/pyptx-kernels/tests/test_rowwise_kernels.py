@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 from pyptx_kernels._modules import kernel_module
+from pyptx_kernels.rows import RowConfig
 
 from pyptx import ConfigError, SpecError
 from pyptx import rows as rw
@@ -44,19 +45,28 @@ def load(name: str):
     return mod
 
 
+def planned(build):
+    """``build(B, N, dtype, *problem, **fields)``: the fields name its ``config=RowConfig(...)``
+    (none: the plain, tuned call)."""
+    def call(B, N, dt="f32", *problem, **fields):
+        return build(B, N, dt, *problem, config=RowConfig(**fields) if fields else None)
+
+    return call
+
+
 def forward_builders():
     return {
-        "rms_norm": load("rms_norm").build_rms_norm_fast,
-        "layer_norm": load("layer_norm").build_layer_norm,
-        "softmax": load("softmax").build_softmax_fast,
-        "swiglu": load("swiglu").build_swiglu,
+        "rms_norm": planned(load("rms_norm").build_rms_norm_fast),
+        "layer_norm": planned(load("layer_norm").build_layer_norm),
+        "softmax": planned(load("softmax").build_softmax_fast),
+        "swiglu": planned(load("swiglu").build_swiglu),
     }
 
 
 def backward_builders():
     return {
-        "rms_norm_bwd": load("rms_norm").build_rms_norm_bwd,
-        "layer_norm_bwd": load("layer_norm").build_layer_norm_bwd,
+        "rms_norm_bwd": planned(load("rms_norm").build_rms_norm_bwd),
+        "layer_norm_bwd": planned(load("layer_norm").build_layer_norm_bwd),
     }
 
 
@@ -582,8 +592,8 @@ def test_persistent_results_match_the_one_row_kernels(sim):
 # ----------------------------------------------------------------------------- TMA ring (ctas=P, stages=S)
 def ring_builders():
     """RMSNorm and LayerNorm with rows streamed into shared memory by cp.async.bulk."""
-    return {"rms_norm": load("rms_norm").build_rms_norm_fast,
-            "layer_norm": load("layer_norm").build_layer_norm}
+    return {"rms_norm": planned(load("rms_norm").build_rms_norm_fast),
+            "layer_norm": planned(load("layer_norm").build_layer_norm)}
 
 
 DT_BYTES = {"f32": 4, "bf16": 2}
@@ -821,7 +831,7 @@ def test_swiglu_bulk_errors_name_the_limit():
     build = forward_builders()["swiglu"]
     with pytest.raises(SpecError, match="multiple of 16.*B=3, N=5"):
         build(3, 5, "f32", bulk=True)
-    with pytest.raises(SpecError, match="bulk_store=True needs bulk=True"):
+    with pytest.raises(ConfigError, match=r"bulk_store=True writes back .*\(bulk=True\)"):
         build(4, 64, "f32", bulk_store=True)
 
 
