@@ -117,23 +117,18 @@ def _attention_cases():
     for D in (64, 128):
         for causal in (False, True):
             for (B, S, Hq, Hkv, Sk) in [(2, 1024, 4, 4, 1024), (1, 1000, 4, 2, 1000)]:
-                for mode, kw in [("default", {}), ("safe", dict(safe=True)),
-                                 ("atomic", dict(atomic_dq=True)),
-                                 ("bq32", dict(dkdv_bq=32)),
-                                 ("nooverlap", dict(dkdv_overlap=False)),
-                                 # attention()'s torch eager backwards (``_differentiable``)
-                                 ("bulk", dict(atomic_dq=True, dq_bulk=True)),
-                                 ("convert", dict(atomic_dq=True, dq_bulk=True, dq_ordered=True,
-                                                  dq_convert=True)),
-                                 ("lag_lead", dict(atomic_dq=True, dq_bulk=True, dq_ordered=True,
-                                                   dq_convert=True, convert_lag="auto",
-                                                   stats_lead="auto"))] + (
-                        [("fused", dict(fused_bq=128, dq_ordered=True, fused_pingpong=1))]
-                        if D == 64 else []):
+                plan = _mod("flash_attention_bwd").BackwardPlan
+                for mode, p in [("default", plan.default()), ("safe", plan.safe_pair()),
+                                ("atomic", plan.atomic()), ("bq32", plan.default(dkdv_bq=32)),
+                                ("nooverlap", plan.default(dkdv_overlap=False)),
+                                # attention()'s torch eager backwards (``for_eager``)
+                                ("bulk", plan.bulk()), ("convert", plan.converted()),
+                                ("lag_lead", plan.lagged())] + (
+                        [("fused", plan.fused(pingpong=1))] if D == 64 else []):
                     tag = f"{mode}/d{D}/{'causal' if causal else 'full'}/{B}x{S}x{Hq}x{Hkv}"
                     cases.append((f"attn_bwd/{tag}", "flash_attention_bwd",
                                   "build_attention_backward", (B, S, Hq, Hkv, D),
-                                  dict(Sk=Sk, causal=causal, **kw)))
+                                  dict(Sk=Sk, causal=causal, plan=p)))
     return cases
 
 
