@@ -1,4 +1,4 @@
-"""CPU tests of the dense GEMM's gradients (``examples/hopper/gemm.py``: ``matmul`` through
+"""CPU tests of the dense GEMM's gradients (``pyptx_kernels.gemm.host``: ``matmul`` through
 ``pyptx.differentiable_kernel`` and ``GemmBackward``).
 
 The kernel launch is replaced by a float64 model of what the traced kernel computes on its
@@ -16,13 +16,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from pyptx_kernels.gemm.config import GemmConfig
 
 from pyptx.errors import ConfigError
 
 torch = pytest.importorskip("torch")
 
 HERE = Path(__file__).resolve()
-gemm = importlib.import_module("pyptx_kernels.gemm.kernel")
+gemm = importlib.import_module("pyptx_kernels.gemm.host")
 
 
 def _crop_pad(x, rows, cols):
@@ -187,7 +188,7 @@ def test_split_tail_kernel_is_differentiable():
     enough for ``differentiable_kernel``: JAX calls always go through it."""
     key = tuple(sorted(dict(dtype="bf16", out_dtype="bf16", a_major="K", b_major="K",
                             bias=False, alpha=1.0, activation=None, KB=1000, NB=640).items()))
-    cfg = tuple(sorted(dict(BM=128, BN=128, cluster=1, num_sms=6, split_tail=True).items()))
+    cfg = GemmConfig(BM=128, BN=128, cluster=1, num_sms=6, split_tail=True)
     assert type(gemm._cached(512, 640, 1000, key, cfg)).__name__ == "SplitTailGemm"
     op = gemm._differentiable(512, 640, 1000, key, cfg, (512, 640, 1000, False, True, 1.0, None))
     assert op.backward_kernel.arg_names == ("A", "B", "dD", "dA", "dB")

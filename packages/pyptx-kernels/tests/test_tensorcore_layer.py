@@ -342,12 +342,12 @@ def test_wgmma_tile_example_assembles_for_every_layout(assemble):
 
 def test_gemm_configs_assemble_without_spills(assemble):
     gemm = _load("gemm")
-    kernels = [gemm.build_gemm(4096, 4096, 4096, **c.kwargs) for c in gemm.GEMM_CONFIGS]
+    kernels = [gemm.build_gemm(4096, 4096, 4096, config=c) for c in gemm.GEMM_CONFIGS]
     kernels += [
         gemm.build_gemm(1000, 520, 136, a_major="MN", b_major="K", out_dtype="f32", bias=True,
                         activation="gelu_tanh", alpha=0.5),
         gemm.build_gemm(333, 520, 272, dtype="f16", out_dtype="f16", activation="silu",
-                        cluster=1, BN=128),
+                        config=gemm.GemmConfig(cluster=1, BN=128)),
     ]
     for k in kernels:
         text = k.ptx()
@@ -356,12 +356,13 @@ def test_gemm_configs_assemble_without_spills(assemble):
         assert "0 bytes spill stores" in report, report
 
 
-@pytest.mark.parametrize("kw", [
-    dict(BM=128, BN=128, cluster=2), dict(BM=128, BN=128, cluster=1),
-    dict(BM=64, BN=256, cluster=2), dict(BM=128, BN=128, cluster=1, dtype="f16", out_dtype="f32",
-                                        bias=True, activation="silu"),
+@pytest.mark.parametrize("kw,problem", [
+    (dict(BM=128, BN=128, cluster=2), {}), (dict(BM=128, BN=128, cluster=1), {}),
+    (dict(BM=64, BN=256, cluster=2), {}),
+    (dict(BM=128, BN=128, cluster=1), dict(dtype="f16", out_dtype="f32", bias=True,
+                                           activation="silu")),
 ])
-def test_gemm_pingpong_schedule(kw, assemble):
+def test_gemm_pingpong_schedule(kw, problem, assemble):
     """``schedule="pingpong"``: two consumer warpgroups (384 threads), one wgmma per 64-row
     band and k-step into its own accumulator, each stage released by one warpgroup, the
     main loop handed over on named barriers 3/4 (a predicated ``bar.sync`` before it, a
@@ -369,7 +370,8 @@ def test_gemm_pingpong_schedule(kw, assemble):
     the other warpgroup's k-blocks skipped in a few instructions; no spills, no wgmma
     serialisation (C751x) at the default ring depth."""
     gemm = _load("gemm")
-    k = gemm.build_gemm(4096, 4096, 4096, schedule="pingpong", **kw)
+    k = gemm.build_gemm(4096, 4096, 4096, config=gemm.GemmConfig(schedule="pingpong", **kw),
+                        **problem)
     text = k.ptx()
     assert k.block[0] == 384 and k.name.endswith("_pp")
     bands = kw["BM"] // 64
@@ -386,13 +388,15 @@ def test_gemm_pingpong_schedule(kw, assemble):
     log = assemble(text)
     assert "0 bytes spill stores" in log and "(C751" not in log, log
     stages = int(k.name.split("_s")[1].split("_")[0])
-    assert gemm.smem_bytes(kw["BM"], n, 64, stages, consumers=2) <= gemm.SMEM_LIMIT
+    from pyptx_kernels.gemm.config import SMEM_LIMIT, smem_bytes
+
+    assert smem_bytes(kw["BM"], n, 64, stages, consumers=2) <= SMEM_LIMIT
     from pyptx.errors import ConfigError
 
     with pytest.raises(ConfigError, match="ping-pong warpgroup holds a whole"):
-        gemm.build_gemm(4096, 4096, 4096, schedule="pingpong", BM=128, BN=256)
+        gemm.GemmConfig(schedule="pingpong", BM=128, BN=256)
     with pytest.raises(ConfigError, match="schedule must be one of"):
-        gemm.build_gemm(4096, 4096, 4096, schedule="stream-k")
+        gemm.GemmConfig(schedule="stream-k")
 
 
 def test_gemm_builder_refuses_bad_configurations():
@@ -400,24 +404,54 @@ def test_gemm_builder_refuses_bad_configurations():
     from pyptx.errors import ConfigError
 
     with pytest.raises(ConfigError, match="needs .* bytes of shared memory"):
-        gemm.build_gemm(4096, 4096, 4096, BN=256, stages=6)
+        gemm.GemmConfig(BN=256, stages=6)
     with pytest.raises(ConfigError, match="activation"):
         gemm.build_gemm(64, 64, 64, activation="tanh")
     with pytest.raises(ConfigError, match="inputs must be bf16 or f16"):
         gemm.build_gemm(64, 64, 64, dtype="f32")
     with pytest.raises(ConfigError, match="wg_rows=128 for 128x256"):
-        gemm.build_gemm(64, 64, 64, BM=128, BN=256, wg_rows=128)
+        gemm.GemmConfig(BM=128, BN=256, wg_rows=128)
     with pytest.raises(ConfigError, match="wg_rows=96") as e:
-        gemm.build_gemm(64, 64, 64, wg_rows=96)
+        gemm.GemmConfig(wg_rows=96)
     _here_line(e)   # the message starts at the caller's line, as every builder error
     with pytest.raises(ConfigError, match="split_tail needs the cooperative schedule") as e:
-        gemm.build_gemm(4096, 4096, 4096, BM=128, BN=128, schedule="pingpong", split_tail=True)
+        gemm.GemmConfig(BM=128, BN=128, schedule="pingpong", split_tail=True)
     _here_line(e)
     with pytest.raises(ConfigError, match="split_tail must be True or False, got 'yes'"):
-        gemm.build_gemm(4096, 4096, 4096, split_tail="yes")
+        gemm.GemmConfig(split_tail="yes")
     with pytest.raises(ConfigError, match="epi_bufs must be 1 or 2, got 3") as e:
-        gemm.build_gemm(128, 8192, 8192, BM=64, BN=128, epi_bufs=3)
+        gemm.build_gemm(128, 8192, 8192, config=dict(BM=64, BN=128, epi_bufs=3))
     _here_line(e)
+    with pytest.raises(ConfigError, match="unknown fields \\['BQ'\\]") as e:
+        gemm.build_gemm(64, 64, 64, config=dict(BQ=64))
+    _here_line(e)
+    with pytest.raises(ConfigError, match="no tuned plan is named 'fast'"):
+        gemm.build_gemm(64, 64, 64, config="fast")
+
+
+def test_gemm_config_names_a_valid_plan():
+    """A ``GemmConfig`` is frozen and hashable, resolves the deepest ring that fits, and has
+    a unique name per tuned plan; the tuner's ``Config`` names a plan, which builds the same
+    kernel as the object itself."""
+    import dataclasses
+
+    from pyptx_kernels.gemm.config import SMEM_LIMIT
+
+    gemm = _load("gemm")
+    c = gemm.GemmConfig(BM=128, BN=128, cluster=1)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.BM = 64
+    assert c.stages > 2 and c.smem_bytes() <= SMEM_LIMIT < c.smem_bytes(c.stages + 1)
+    assert c == gemm.GemmConfig(BM=128, BN=128, cluster=1, stages=c.stages)
+    assert c.name == f"128x128x64_s{c.stages}_c1"
+    assert gemm.GemmConfig(num_sms=6, split_tail=True).name.endswith("_st_num_sms=6")
+    names = [p.name for p in gemm.GEMM_CONFIGS]
+    assert len(set(names)) == len(names)
+    assert [cfg.kwargs for cfg in gemm.gemm_tuned.configs] == [{"config": n} for n in names]
+    for p in gemm.GEMM_CONFIGS[:3]:
+        assert gemm.GemmConfig.of(p.name) is p
+        assert gemm.build_gemm(1000, 520, 136, config=p.name).ptx() == \
+            gemm.build_gemm(1000, 520, 136, config=dict(dataclasses.asdict(p))).ptx()
 
 
 def test_tma_3d_view_option_and_its_errors(assemble):

@@ -24,6 +24,7 @@ sys.path.insert(0, str(HERE.parent))
 import ptxsim  # noqa: E402
 
 gemm = importlib.import_module("pyptx_kernels.gemm.kernel")
+gemm_sched = importlib.import_module("pyptx_kernels.gemm.scheduler")
 
 
 _dev, _f64 = ptxsim.device_bits, ptxsim.host_f64
@@ -31,10 +32,11 @@ _dev, _f64 = ptxsim.device_bits, ptxsim.host_f64
 
 def run_gemm(M, N, K, *, dtype="bf16", out_dtype=None, bias=False, alpha=1.0, activation=None,
              seed=0, **config):
-    """Simulate ``build_gemm(M, N, K, **config)`` on random inputs; the relative error against
-    float64 of the same (rounded) inputs."""
+    """Simulate ``build_gemm`` of the layouts ``a_major``/``b_major`` and the plan
+    ``GemmConfig(**config)`` on random inputs; the relative error against float64 of the
+    same (rounded) inputs."""
     rng = np.random.default_rng(seed)
-    a_major, b_major = config.get("a_major", "K"), config.get("b_major", "MN")
+    a_major, b_major = config.pop("a_major", "K"), config.pop("b_major", "MN")
     A, B = rng.standard_normal((M, K)), rng.standard_normal((K, N))
     a = _dev(A if a_major == "K" else A.T, dtype)
     b = _dev(B if b_major == "MN" else B.T, dtype)
@@ -45,9 +47,10 @@ def run_gemm(M, N, K, *, dtype="bf16", out_dtype=None, bias=False, alpha=1.0, ac
         args.append(bias_v)
     out_dtype = out_dtype or dtype
     k = gemm.build_gemm(M, N, K, dtype=dtype, out_dtype=out_dtype, bias=bias, alpha=alpha,
-                        activation=activation, **config)
-    if isinstance(k, gemm.SplitTailGemm):  # zeroed flags in, left zeroed; the workspace out
-        flags = np.zeros(gemm.FLAG_WORDS, np.uint32)
+                        activation=activation, a_major=a_major, b_major=b_major,
+                        config=gemm.GemmConfig(**config))
+    if isinstance(k, gemm_sched.SplitTailGemm):  # zeroed flags in, left zeroed; the workspace out
+        flags = np.zeros(gemm_sched.FLAG_WORDS, np.uint32)
         args = [np.ascontiguousarray(x) for x in args] + [flags]
         d, _ = ptxsim.run(k.kernel.specialize(), args, scratch=(1,), inplace=True)
         assert not flags.any(), "the split-tail kernel left flags set"
@@ -192,7 +195,7 @@ def test_gemm_two_bands_per_warpgroup(M, config):
 ])
 def test_gemm_split_tail(M, N, K, config):
     config = dict(config, split_tail=True)
-    plan = gemm.split_tail_plan(*_tiles(M, N, K, config))
+    plan = gemm_sched.split_tail_plan(*_tiles(M, N, K, config))
     assert plan is not None and plan[1] * plan[2] <= _tiles(M, N, K, config)[1]
     dtype = config.get("dtype", "bf16")
     assert run_gemm(M, N, K, **config) < TOL[config.get("out_dtype", dtype)]
@@ -208,8 +211,8 @@ def _tiles(M, N, K, config):
 def test_split_tail_schedule_covers_every_block_once():
     for tiles, clusters, num_kb in [(5, 4, 8), (16, 13, 12), (2048, 132, 128), (1024, 66, 448),
                                     (7168, 132, 128), (128, 100, 32), (1152, 132, 96), (4, 8, 16)]:
-        items = gemm.split_tail_items(tiles, clusters, num_kb)
-        waves, rest, split = gemm.split_tail_plan(tiles, clusters, num_kb)
+        items = gemm_sched.split_tail_items(tiles, clusters, num_kb)
+        waves, rest, split = gemm_sched.split_tail_plan(tiles, clusters, num_kb)
         seen = {}
         for c, its in enumerate(items):
             for t, kb0, kb1 in its:
@@ -220,8 +223,8 @@ def test_split_tail_schedule_covers_every_block_once():
         assert len(seen) == tiles * num_kb
         rounds = max(len(its) for its in items) - waves
         assert rounds == -(-rest * split // clusters) and rounds < split   # shorter than a tile
-    assert gemm.split_tail_plan(264, 132, 64) is None   # whole waves
-    assert gemm.split_tail_plan(200, 132, 4) is None    # chunks under 4 k-blocks
+    assert gemm_sched.split_tail_plan(264, 132, 64) is None   # whole waves
+    assert gemm_sched.split_tail_plan(200, 132, 4) is None    # chunks under 4 k-blocks
 
 
 def test_split_tail_without_the_partial_sums_is_wrong(monkeypatch):

@@ -50,7 +50,7 @@ def matmul(a, b, *, bias=None, out_dtype=None):
     strides (``w.T`` is read K-major, no copy), ``bias (N,)``; returns ``(..., N)`` in
     ``out_dtype`` (default ``a``'s; ``"bf16"``/``"f16"``/``"f32"`` or a dtype).
     torch: the custom op ``torch.ops.pyptx.matmul``, differentiable in all inputs;
-    JAX: ``pyptx_kernels.gemm.kernel.matmul`` (differentiable under ``jax.grad``)."""
+    JAX: ``pyptx_kernels.gemm.host.matmul`` (differentiable under ``jax.grad``)."""
     out = _check("matmul", a, b, bias, out_dtype)
     a2, lead = _common.rows_of(a)
     if framework(a) == "torch":
@@ -76,20 +76,20 @@ def linear(x, weight, bias=None):
 
 
 def _mm(a, b, bias, out, trans_b=False):
-    """The launch: ``kernel.matmul`` of 2-D ``a (M, K)``, ``b (K, N)`` (a torch ``b`` of any
+    """The launch: ``host.matmul`` of 2-D ``a (M, K)``, ``b (K, N)`` (a torch ``b`` of any
     strides; JAX: ``trans_b`` for a ``b`` given as ``(N, K)``; a bias cast to the kernel's
     f32), autograd off."""
-    from pyptx_kernels.gemm import kernel
+    from pyptx_kernels.gemm import host
 
     if framework(a) != "torch":
         import jax.numpy as jnp
 
         bias = None if bias is None else bias.astype(jnp.float32)
-        return kernel.matmul(a, b, bias=bias, out_dtype=out, trans_b=trans_b)
+        return host.matmul(a, b, bias=bias, out_dtype=out, trans_b=trans_b)
     import torch
 
     with torch.no_grad():
-        d = kernel.matmul(a, b, bias=None if bias is None else bias.float(), out_dtype=out)
+        d = host.matmul(a, b, bias=None if bias is None else bias.float(), out_dtype=out)
     return d if d.is_contiguous() else d.contiguous()
 
 
@@ -186,12 +186,12 @@ if "torch" in sys.modules:   # a torch user: define the ops before any trace rea
 
 # ------------------------------------------------------------------------ kernels (ptx())
 def _kernels_mm(a, b, bias, out, trans_b=False):
-    from pyptx_kernels.gemm import kernel
+    from pyptx_kernels.gemm import host
 
     lib = framework(a)
     k = _common.shaped(a, (math.prod(a.shape[:-1]), a.shape[-1]))
-    plan = kernel._plan(k, b, bias, 1.0, None, out, False, trans_b, None, lib)
-    return kernel._cached(*plan.build)
+    plan = host._plan(k, b, bias, 1.0, None, out, False, trans_b, None, lib)
+    return host._cached(*plan.build)
 
 
 def _kernels_backward(a, b, bias, out, linear):

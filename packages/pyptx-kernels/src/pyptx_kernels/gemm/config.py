@@ -1,0 +1,199 @@
+"""The GEMM's plans: ``GemmConfig`` (a validated, frozen tile and schedule plan), the
+shared-memory budget it must fit, and ``GEMM_CONFIGS``, the plans the tuner times."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Mapping
+
+from pyptx.errors import ConfigError
+from pyptx_kernels._common import PACKAGE_DIR
+
+H100_SMS = 132
+SMEM_LIMIT = 227 * 1024 - 256  # less the static barriers
+EPI_BUFS = 2
+MAX_STAGES = 10
+SCHEDULES = ("cooperative", "pingpong")
+
+
+def smem_bytes(BM, BN, BK, stages, out_bytes=2, consumers=None, epi_bufs=EPI_BUFS):
+    """Dynamic shared memory of a configuration: the ring, the epilogue buffers
+    (``epi_bufs`` 64-row by 128-byte slabs per consumer warpgroup, ``BM // 64`` of them
+    unless ``consumers`` says otherwise) and 1024 bytes of alignment slack."""
+    consumers = BM // 64 if consumers is None else consumers
+    return stages * (BM + BN) * BK * 2 + consumers * epi_bufs * 64 * 128 + 1024
+
+
+def _user_line():
+    """``file:line`` of the user's call: past this package's frames and the dataclass's
+    generated ``__init__`` (``<string>``); ``<torch.compile>`` while dynamo traces."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.compiler.is_compiling():
+        return "<torch.compile>"
+    f = sys._getframe(1)
+    while f is not None and (f.f_code.co_filename.startswith(PACKAGE_DIR)
+                             or f.f_code.co_filename == "<string>"):
+        f = f.f_back
+    return "<unknown>:0" if f is None else f"{f.f_code.co_filename}:{f.f_lineno}"
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmConfig:
+    """One valid tile and schedule plan of ``build_gemm``; an invalid combination raises
+    ``ConfigError`` at construction, naming the caller's line.
+
+    Tile: ``BM`` (64/128/192/256) x ``BN`` (64..256, a multiple of 64) x ``BK`` (64/128),
+    ``stages`` ring buffers (None: the deepest ring that fits; stored resolved).
+    Schedule: ``"cooperative"`` (the consumer warpgroups split each tile, ``wg_rows`` 64 or
+    128 rows each; 128 needs ``BN <= 128``) or ``"pingpong"`` (two warpgroups take alternate
+    whole tiles: ``BM`` 64/128, ``BM * BN <= 16384``); ``split_tail`` (cooperative only)
+    cuts the partial last wave's tiles along K over all ``num_sms`` SMs.
+    Grid: ``cluster`` (1/2) CTAs along ``cluster_along`` (``"m"``: sharing a B tile, ``"n"``:
+    sharing an A tile), ``group_m`` cluster rows per band of the persistent order over
+    ``num_sms`` SMs. Epilogue: ``epi_bufs`` (1/2) 64-row slab buffers per warpgroup,
+    ``epilogue`` ``"stmatrix"`` or ``"st"`` for 16-bit outputs.
+    Cluster switches: ``multicast`` (B copied once per cluster), ``split`` (``"rows"`` of
+    every slab or whole ``"slabs"`` per CTA), ``remote_sem`` (ordering of remote releases),
+    ``wait_scope`` (acquire scope of barrier waits)."""
+
+    BM: int = 128
+    BN: int = 256
+    BK: int = 64
+    stages: int | None = None
+    schedule: str = "cooperative"
+    wg_rows: int = 64
+    split_tail: bool = False
+    cluster: int = 2
+    cluster_along: str = "m"
+    group_m: int = 8
+    num_sms: int = H100_SMS
+    epi_bufs: int = EPI_BUFS
+    epilogue: str = "stmatrix"
+    multicast: bool = True
+    split: str = "rows"
+    remote_sem: str = "release.cta"
+    wait_scope: str | None = None
+
+    def __post_init__(self):
+        BM, BN, BK = self.BM, self.BN, self.BK
+        if BM not in (64, 128, 192, 256) or BN % 64 or not 64 <= BN <= 256 or BK % 64 or BK > 128:
+            self._fail(f"unsupported tile {BM}x{BN}x{BK}")
+        if self.cluster_along not in ("m", "n"):
+            self._fail(f"cluster_along must be 'm' or 'n', got {self.cluster_along!r}")
+        if self.cluster not in (1, 2):
+            self._fail(f"cluster must be 1 or 2, got {self.cluster!r}")
+        if self.split not in ("rows", "slabs"):
+            self._fail(f"split must be 'rows' or 'slabs', got {self.split!r}")
+        if self.epilogue not in ("stmatrix", "st"):
+            self._fail(f"epilogue must be 'stmatrix' or 'st', got {self.epilogue!r}")
+        if self.schedule not in SCHEDULES:
+            self._fail(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if self.pingpong and (BM not in (64, 128) or BM * BN > 16384):
+            self._fail(f"a ping-pong warpgroup holds a whole BM x BN tile: BM 64 or 128 and "
+                       f"BM * BN <= 16384 (128 accumulator registers), got {BM}x{BN}")
+        if self.epi_bufs not in (1, 2):
+            self._fail(f"epi_bufs must be 1 or 2, got {self.epi_bufs!r}")
+        if not isinstance(self.split_tail, bool):
+            self._fail(f"split_tail must be True or False, got {self.split_tail!r}")
+        if self.split_tail and self.pingpong:
+            self._fail("split_tail needs the cooperative schedule")
+        wg = self.wg_rows
+        if wg not in (64, 128) or BM % wg or (wg == 128 and (self.pingpong or BN > 128)):
+            self._fail(f"wg_rows must be 64, or 128 with the cooperative schedule, BM a multiple "
+                       f"of it and BN <= 128 (two accumulators of BN columns per thread), got "
+                       f"wg_rows={wg!r} for {BM}x{BN} ({self.schedule})")
+        if not isinstance(self.num_sms, int) or self.num_sms < 1 or self.group_m < 1:
+            self._fail(f"num_sms and group_m must be positive, got {self.num_sms!r}, "
+                       f"{self.group_m!r}")
+        stages = self.stages
+        if stages is None:  # the deepest ring that fits beside the epilogue tiles
+            fixed = self.smem_bytes(0)
+            stages = max(2, min(MAX_STAGES, (SMEM_LIMIT - fixed) // (self.smem_bytes(1) - fixed)))
+            object.__setattr__(self, "stages", stages)
+        if self.smem_bytes() > SMEM_LIMIT:
+            self._fail(f"{BM}x{BN}x{BK} with {stages} stages needs {self.smem_bytes()} bytes "
+                       f"of shared memory, over {SMEM_LIMIT}")
+
+    @staticmethod
+    def _fail(msg):
+        raise ConfigError(f"{_user_line()}: GemmConfig: {msg}")
+
+    @property
+    def pingpong(self) -> bool:
+        """Whether two consumer warpgroups take alternate whole tiles."""
+        return self.schedule == "pingpong"
+
+    @property
+    def consumers(self) -> int:
+        """Consumer warpgroups per CTA."""
+        return 2 if self.pingpong else self.BM // self.wg_rows
+
+    @property
+    def bands(self) -> int:
+        """64-row accumulators per consumer warpgroup."""
+        return self.BM // 64 if self.pingpong else self.wg_rows // 64
+
+    def smem_bytes(self, stages=None) -> int:
+        """Dynamic shared memory with ``stages`` ring buffers (default: the plan's)."""
+        return smem_bytes(self.BM, self.BN, self.BK, self.stages if stages is None else stages,
+                          consumers=self.consumers, epi_bufs=self.epi_bufs)
+
+    @property
+    def name(self) -> str:
+        """A short unique name: the tile, stages and cluster, then what differs from the
+        defaults (``128x128x64_s6_c1_st``)."""
+        base = (f"{self.BM}x{self.BN}x{self.BK}_s{self.stages}_c{self.cluster}"
+                f"{'n' if self.cluster_along == 'n' else ''}{'_pp' if self.pingpong else ''}"
+                f"{'_w128' if self.wg_rows == 128 else ''}{'_st' if self.split_tail else ''}"
+                f"{'_e1' if self.epi_bufs == 1 else ''}")
+        skip = {"BM", "BN", "BK", "stages", "cluster", "cluster_along", "schedule", "wg_rows",
+                "split_tail", "epi_bufs"}
+        extra = [f"_{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self)
+                 if f.name not in skip and getattr(self, f.name) != f.default]
+        return base + "".join(extra)
+
+    @classmethod
+    def of(cls, config) -> GemmConfig:
+        """``config`` as a ``GemmConfig``: itself, the tuned plan of that ``name``, a mapping of
+        fields, or None (the default plan)."""
+        if config is None:
+            return DEFAULT
+        if isinstance(config, cls):
+            return config
+        if isinstance(config, str):
+            plan = PLANS.get(config)
+            if plan is None:
+                cls._fail(f"no tuned plan is named {config!r}; the plans: {sorted(PLANS)}")
+            return plan
+        if isinstance(config, Mapping):
+            names = {f.name for f in dataclasses.fields(cls)}
+            unknown = sorted(set(config) - names)
+            if unknown:
+                cls._fail(f"unknown fields {unknown}; the fields: {sorted(names)}")
+            return cls(**config)
+        cls._fail(f"config must be a GemmConfig, a plan name or a mapping, got {config!r}")
+
+
+DEFAULT = GemmConfig()
+"""The default plan: 128x256x64 tiles in clusters of two, the deepest ring that fits."""
+
+# Why each plan is in the table (H100/H200 TFLOP/s, cuBLAS in brackets):
+GEMM_CONFIGS = (
+    DEFAULT,
+    GemmConfig(BM=128, BN=256, cluster=1),
+    GemmConfig(BM=128, BN=128, cluster=1),
+    GemmConfig(BM=64, BN=256, cluster=1),
+    GemmConfig(BM=128, BN=64, cluster=1),
+    GemmConfig(BM=192, BN=192, cluster=1),     # 6144^3: 713 (688)
+    GemmConfig(BM=192, BN=192, cluster=2),     # 8192x28672x8192: 758 (724)
+    GemmConfig(BM=256, BN=128, cluster=1, wg_rows=128),   # 2048^3: 627 (608)
+    GemmConfig(BM=128, BN=128, cluster=1, split_tail=True),  # 1024x1024x16384: 614 vs 460
+    GemmConfig(BM=64, BN=128, cluster=1, epi_bufs=1),     # 128x8192x8192: 386-390 (389-392)
+)
+"""The plans the tuner times per shape (``gemm_tuned``); the first is the default when
+``PYPTX_AUTOTUNE=0``. A split-tail plan on a shape it does not apply to builds the plain
+kernel, which the tuner skips as a duplicate."""
+
+PLANS = {c.name: c for c in GEMM_CONFIGS}
+"""``GEMM_CONFIGS`` by ``GemmConfig.name`` (how the tuner's ``Config`` names a plan)."""
