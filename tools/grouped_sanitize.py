@@ -1,7 +1,7 @@
 """A small ragged grouped GEMM for compute-sanitizer (memcheck, racecheck, synccheck):
 G=3 with sizes [0, 37, 130], N=72, K=100 (K padded to 104), forward (bf16 and f32 out,
 both B layouts, both epilogues) and backward (dA, dB, and dB split three ways: the opt-in
-``wgrad_splits``), every output checked. ``--defaults``: without the opt-in
+``WgradConfig(splits=3)``), every output checked. ``--defaults``: without the opt-in
 configurations; ``--only i``: the i-th configuration of ``CONFIGS`` alone."""
 import importlib
 import sys
@@ -10,7 +10,9 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-gg = importlib.import_module("pyptx_kernels.grouped_gemm.kernel")
+gg = importlib.import_module("pyptx_kernels.grouped_gemm")
+host = importlib.import_module("pyptx_kernels.grouped_gemm.host")
+P, W = gg.GroupedConfig, gg.WgradConfig
 
 bad = 0
 
@@ -27,32 +29,34 @@ sizes, N, K = [0, 37, 130], 72, 100
 torch.manual_seed(0)
 offs = gg.random_offsets(sizes)
 a = torch.randn(sum(sizes), K, device="cuda", dtype=torch.bfloat16)
-CONFIGS = [dict(BM=128, BN=128, num_sms=4), dict(BM=64, BN=64, num_sms=2, store="masked"),
+# (forward plan, weight-gradient plan or None)
+CONFIGS = [(P(BM=128, BN=128, num_sms=4), None),
+           (P(BM=64, BN=64, num_sms=2, store="masked"), None),
            # the opt-in L2 hints and split weight gradient (3 splits: runs of the 37-row group empty)
-           dict(BM=128, BN=128, num_sms=4, l2_hint="stream_b", wgrad_splits=3, wgrad_BM=64, wgrad_BN=64,
-                wgrad_num_sms=3),
-           dict(BM=128, BN=128, num_sms=4, cluster=2),  # 2-CTA clusters sharing A
+           (P(BM=128, BN=128, num_sms=4, l2_hint="stream_b"), W(splits=3, BM=64, BN=64, num_sms=3)),
+           (P(BM=128, BN=128, num_sms=4, cluster=2), None),  # 2-CTA clusters sharing A
            # opt-in prefetches: tensor maps + group ends, L2 prefetch of a guessed first tile
-           dict(BM=128, BN=128, num_sms=4, cluster=2, prefetch=True, warm=4),
+           (P(BM=128, BN=128, num_sms=4, cluster=2, prefetch=True, warm=4), None),
            # speculative first tiles (every guess misses here: the stages go back unread)
-           dict(BM=64, BN=64, num_sms=5, prefetch=True, speculate=2),
+           (P(BM=64, BN=64, num_sms=5, prefetch=True, speculate=2), None),
            # clusters along m sharing B (4 CTAs: some past their group's end)
-           dict(BM=64, BN=64, num_sms=8, cluster=4, cluster_along="m")]
+           (P(BM=64, BN=64, num_sms=8, cluster=4, cluster_along="m"), None)]
 if len(sys.argv) > 1 and sys.argv[1] == "--defaults":  # the configurations measured before
     CONFIGS = CONFIGS[:2]
 elif len(sys.argv) > 2 and sys.argv[1] == "--only":    # --only 5: that configuration alone
     CONFIGS = [CONFIGS[int(sys.argv[2])]]
-for cfg in CONFIGS:
+for cfg, wcfg in CONFIGS:
     for tb in (False, True):
         w = torch.randn(len(sizes), N, K, device="cuda", dtype=torch.bfloat16)
         b = w.transpose(-2, -1) if tb else w.transpose(-2, -1).contiguous()
         ref = gg.reference(a, b, offs)
-        tag = f"{cfg} {'b.T' if tb else 'b'}"
-        check(f"fwd bf16 {tag}", gg.grouped_mm(a, b, offs, config=cfg), ref)
-        check(f"fwd f32 {tag}", gg.grouped_mm(a, b, offs, out_dtype="f32", config=cfg), ref)
+        tag = f"{cfg} {wcfg} {'b.T' if tb else 'b'}"
+        check(f"fwd bf16 {tag}", host.grouped_mm(a, b, offs, config=cfg), ref)
+        check(f"fwd f32 {tag}", host.grouped_mm(a, b, offs, out_dtype="f32", config=cfg), ref)
         aa = a.clone().requires_grad_(True)
         leaf = (w if tb else b).clone().requires_grad_(True)
-        y = gg.grouped_mm(aa, leaf.transpose(-2, -1) if tb else leaf, offs, config=cfg)
+        y = host.grouped_mm(aa, leaf.transpose(-2, -1) if tb else leaf, offs, config=cfg,
+                            wgrad_config=wcfg)
         dy = torch.randn_like(y)
         (y.float() * dy.float()).sum().backward()
         a64 = a.double().requires_grad_(True)

@@ -453,9 +453,9 @@ class _GroupedBackwardModel:
 @pytest.mark.parametrize("K,N", [(16, 24), (13, 21)])
 @pytest.mark.parametrize("k_major", [False, True])
 def test_grouped_backward_pads_and_keeps_layout(monkeypatch, K, N, k_major):
-    from pyptx_kernels.grouped_gemm import kernel
+    from pyptx_kernels.grouped_gemm import host
 
-    monkeypatch.setattr(kernel, "grouped_op", _GroupedBackwardModel)
+    monkeypatch.setattr(host, "grouped_op", _GroupedBackwardModel)
     offs = torch.tensor([5, 5, 20, 31], dtype=torch.int32)
     a = cpu(31, K)
     b = cpu(4, N, K).transpose(1, 2) if k_major else cpu(4, K, N)

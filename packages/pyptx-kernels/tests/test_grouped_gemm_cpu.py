@@ -1,8 +1,8 @@
-"""CPU tests of the grouped GEMM example (``examples/hopper/grouped_gemm.py``).
+"""CPU tests of the grouped GEMM (``pyptx_kernels.grouped_gemm``).
 
 * the ragged tile walk (``RaggedTiles``) and the weight-gradient's group rows, as traced
   PTX run in the simulator (``ptxsim``), against a Python model of the tile order;
-* the masked epilogue (``_Consumer.store_masked``) in the simulator: exactly the rows
+* the masked epilogue (``epilogue.Consumer.store_masked``) in the simulator: exactly the rows
   below the group end and the columns below N are written, with the right values;
 * every tuned configuration of the three kernels assembles with ptxas without spills;
 * bad configurations and bad calls raise ``ConfigError`` at the caller's line.
@@ -23,7 +23,9 @@ from pyptx.fragment import Accumulator
 from pyptx.types import s32, u32, u64
 
 HERE = Path(__file__).resolve()
-gg = importlib.import_module("pyptx_kernels.grouped_gemm.kernel")
+gg = importlib.import_module("pyptx_kernels.grouped_gemm")
+from pyptx_kernels.grouped_gemm import config, epilogue, host, scheduler  # noqa: E402
+from pyptx_kernels.grouped_gemm.config import GroupedConfig, WgradConfig  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +57,7 @@ def _walk_probe(G, M, BM, BN, num_n, ctas, slots):
         (p_out,) = ptx.global_ptrs(Out)
         cid = reg.from_(ptx.special.ctaid.x(), u32)
         lead = reg.from_(ptx.special.tid.x(), u32) == 0
-        walk = gg.RaggedTiles(p_offs, G, M, BM, num_n)
+        walk = scheduler.RaggedTiles(p_offs, G, M, BM, num_n)
         t = reg.scalar(u32, init=cid)
         slot = reg.scalar(u32, init=0)
         row = p_out + reg.from_(cid, u64) * (slots * 16)
@@ -121,7 +123,7 @@ def test_group_rows_clamps(sim):
         (p_out,) = ptx.global_ptrs(Out)
         lead = reg.from_(ptx.special.tid.x(), u32) == 0
         for g in ptx.loop(0, G):
-            start, end = gg.group_rows(p_offs, g, M)
+            start, end = scheduler.group_rows(p_offs, g, M)
             ptx.inst.st.global_.v2.u32(ptx.addr(p_out + reg.from_(g, u64) * 8), [start, end],
                                        pred=lead)
         ptx.ret()
@@ -136,13 +138,13 @@ def test_group_rows_clamps(sim):
                                            (8, 0, 8, 64), (0, 128, 200, 200)])
 def test_masked_epilogue_writes_exactly_the_group_rows(sim, out, mrow, n0, end, N):
     M, BN = 192, 128
-    ot = gg._out_type(out)
+    ot = epilogue.out_type(out)
 
     @kernel(in_specs=(), out_specs=(Tile(M, N, ot),), block=(128, 1, 1), name="masked_probe")
     def probe(D):
         (p_d,) = ptx.global_ptrs(D)
         tid = reg.from_(ptx.special.tid.x(), u32)
-        c = gg._Consumer.__new__(gg._Consumer)  # only what store_masked reads
+        c = epilogue.Consumer.__new__(epilogue.Consumer)  # only what store_masked reads
         c.acc, c.ot = Accumulator(BN), ot
         c.row0 = ((tid >> 5) << 4) + ((tid >> 2) & 7)  # the m64 fragment's thread origin
         c.col0 = (tid & 3) << 1
@@ -168,12 +170,13 @@ def test_masked_epilogue_writes_exactly_the_group_rows(sim, out, mrow, n0, end, 
 def test_all_configurations_assemble_without_spills(assemble):
     kernels = []
     for c in gg.GROUPED_CONFIGS:
-        kernels += [gg.build_grouped(16384, 4096, 4096, 16, **c.kwargs),
-                    gg.build_grouped(8192, 256, 2048, 4, b_major="K", out_dtype="f32", **c.kwargs)]
+        kernels += [gg.build_grouped(16384, 4096, 4096, 16, config=c),
+                    gg.build_grouped(8192, 256, 2048, 4, b_major="K", out_dtype="f32", config=c)]
     for c in gg.WGRAD_CONFIGS:
-        kernels.append(gg.build_grouped_wgrad(16384, 4096, 4096, 16, **c.kwargs))
-    kernels += [gg.build_grouped(167, 72, 104, 3, store="masked"),
-                gg.build_grouped_wgrad(167, 104, 72, 3, out_dtype="f32", BM=64, BN=64)]
+        kernels.append(gg.build_grouped_wgrad(16384, 4096, 4096, 16, config=c))
+    kernels += [gg.build_grouped(167, 72, 104, 3, config=GroupedConfig(store="masked")),
+                gg.build_grouped_wgrad(167, 104, 72, 3, out_dtype="f32",
+                                       config=WgradConfig(BM=64, BN=64))]
     for k in kernels:
         text = k.ptx()
         assert "wgmma.mma_async" in text and "setmaxnreg.inc" in text
@@ -194,16 +197,16 @@ def test_kernels_read_b_per_group_through_a_3d_map():
 
 def test_bad_configurations_raise_at_the_callers_line():
     with pytest.raises(ConfigError, match="unsupported tile") as e:
-        gg.build_grouped(256, 256, 256, 2, BM=256)
+        gg.build_grouped(256, 256, 256, 2, config=GroupedConfig(BM=256))
     assert str(e.value).startswith(f"{HERE}:")
     with pytest.raises(ConfigError, match="multiples of 8"):
         gg.build_grouped(256, 100, 256, 2)
     with pytest.raises(ConfigError, match="out_dtype"):
         gg.build_grouped_wgrad(256, 64, 64, 2, out_dtype="f16")
     with pytest.raises(ConfigError, match="store must be"):
-        gg.build_grouped(256, 64, 64, 2, store="tma")
+        gg.build_grouped(256, 64, 64, 2, config=GroupedConfig(store="tma"))
     with pytest.raises(ConfigError, match="shared memory"):
-        gg.build_grouped(256, 256, 256, 2, stages=8)
+        gg.build_grouped(256, 256, 256, 2, config=GroupedConfig(stages=8))
 
 
 def test_grouped_mm_checks_its_arguments():
@@ -212,14 +215,14 @@ def test_grouped_mm_checks_its_arguments():
     b = torch.zeros(2, 16, 8, dtype=torch.bfloat16)
     offs = torch.tensor([4, 10], dtype=torch.int32)
     with pytest.raises(ConfigError, match="bfloat16") as e:
-        gg.grouped_mm(a.float(), b, offs)
+        host.grouped_mm(a.float(), b, offs)
     assert str(e.value).startswith(f"{HERE}:")
     with pytest.raises(ConfigError, match="int32"):
-        gg.grouped_mm(a, b, offs.long())
+        host.grouped_mm(a, b, offs.long())
     with pytest.raises(ConfigError, match="groups of"):
-        gg.grouped_mm(a, b[:, :8], offs)
+        host.grouped_mm(a, b[:, :8], offs)
     with pytest.raises(ConfigError, match="expects a"):
-        gg.grouped_mm(a, b[0], offs)
+        host.grouped_mm(a, b[0], offs)
 
 
 def test_reference_model_of_the_backward():
@@ -284,9 +287,9 @@ def test_split_wgrad_units_match_the_model(sim, sizes, splits, ctas):
         cid = reg.from_(ptx.special.ctaid.x(), u32)
         lead = reg.from_(ptx.special.tid.x(), u32) == 0
         for u in ptx.loop(cid, units, ctas):
-            t, s = gg.wgrad_unit(u, tiles, splits)
-            start, end = gg.group_rows(p_offs, t // per_group, M)
-            lo, hi = gg.split_blocks(s, start, end, splits)
+            t, s = scheduler.wgrad_unit(u, tiles, splits)
+            start, end = scheduler.group_rows(p_offs, t // per_group, M)
+            lo, hi = scheduler.split_blocks(s, start, end, splits)
             ptx.inst.st.global_.v4.u32(ptx.addr(p_out + reg.from_(u, u64) * 16), [t, s, lo, hi],
                                        pred=lead)
         ptx.ret()
@@ -317,7 +320,7 @@ def test_split_wgrad_numpy_model_equals_the_group_products():
     for g, n in enumerate(sizes):
         end = start + n
         for s in range(splits):
-            lo, hi = gg.split_blocks(s, start, end, splits)
+            lo, hi = scheduler.split_blocks(s, start, end, splits)
             for kb in range(lo, hi):
                 r0 = start + kb * 64
                 x = X[r0:r0 + 64].copy()
@@ -350,32 +353,34 @@ def test_split_wgrad_assembles_without_spills(assemble):
     kernels = []
     for kw in (dict(BM=128, BN=256, splits=2), dict(BM=128, BN=128, splits=2),
                dict(BM=128, BN=256, splits=4)):
-        w = gg.build_wgrad_split(8192, 2048, 256, 4, **kw)
+        w = gg.build_wgrad_split(8192, 2048, 256, 4, config=WgradConfig(**kw))
         kernels += list(getattr(w, "kernels", (w,)))
-    kernels.append(gg.build_grouped_wgrad(167, 104, 72, 3, out_dtype="f32", BM=64, BN=64,
-                                          splits=3))
+    kernels.append(gg.build_grouped_wgrad(167, 104, 72, 3, out_dtype="f32",
+                                          config=WgradConfig(BM=64, BN=64, splits=3)))
     for k in kernels:
         report = assemble(k.ptx())
         assert "0 bytes spill stores" in report, (k.name, report)
-    w = gg.build_grouped_wgrad(8192, 2048, 256, 4, out_dtype="f32", splits=2)
+    w = gg.build_grouped_wgrad(8192, 2048, 256, 4, out_dtype="f32", config=WgradConfig(splits=2))
     assert tuple(w.out_specs[0].dims) == (8, 2048, 256)
 
 
 def test_split_wgrad_leaves_the_default_kernel_alone():
     """splits=1 emits the measured kernel (no split decode: no division by the tile count)."""
-    a = gg.build_grouped_wgrad(8192, 2048, 256, 4, BM=64, BN=256).ptx()
-    b = gg.build_grouped_wgrad(8192, 2048, 256, 4, BM=64, BN=256, splits=1).ptx()
+    a = gg.build_grouped_wgrad(8192, 2048, 256, 4, config=WgradConfig(BM=64, BN=256)).ptx()
+    b = gg.build_grouped_wgrad(8192, 2048, 256, 4,
+                               config=WgradConfig(BM=64, BN=256, splits=1)).ptx()
     assert a == b and "_split" not in a
-    s2 = gg.build_grouped_wgrad(8192, 2048, 256, 4, out_dtype="f32", splits=2).ptx()
+    s2 = gg.build_grouped_wgrad(8192, 2048, 256, 4, out_dtype="f32",
+                                config=WgradConfig(splits=2)).ptx()
     assert "div.u32" in s2 and "_split2" in s2
 
 
 def test_bad_split_configurations_raise_at_the_callers_line():
     with pytest.raises(ConfigError, match="splits must be") as e:
-        gg.build_grouped_wgrad(256, 64, 64, 2, out_dtype="f32", splits=0)
+        gg.build_grouped_wgrad(256, 64, 64, 2, out_dtype="f32", config=WgradConfig(splits=0))
     assert str(e.value).startswith(f"{HERE}:")
     with pytest.raises(ConfigError, match="out_dtype must be 'f32'"):
-        gg.build_grouped_wgrad(256, 64, 64, 2, splits=2)
+        gg.build_grouped_wgrad(256, 64, 64, 2, config=WgradConfig(splits=2))
     with pytest.raises(ConfigError, match="splits must be"):
         gg.build_split_reduce(2, 64, 64, 9)
 
@@ -384,13 +389,14 @@ def test_l2_hint_option():
     """``l2_hint="stream_b"``: B's copies evict-first, A's evict-last; default unchanged."""
     plain = gg.build_grouped(8192, 4096, 2048, 64).ptx()
     assert "createpolicy" not in plain and "cache_hint" not in plain
-    text = gg.build_grouped(8192, 4096, 2048, 64, l2_hint="stream_b").ptx()
+    text = gg.build_grouped(8192, 4096, 2048, 64,
+                            config=GroupedConfig(l2_hint="stream_b")).ptx()
     assert "createpolicy.fractional.L2::evict_first.b64" in text
     assert "createpolicy.fractional.L2::evict_last.b64" in text
     loads = [ln for ln in text.splitlines() if "cp.async.bulk.tensor" in ln and "global.mbarrier" in ln]
     assert loads and all("L2::cache_hint" in ln for ln in loads)
     with pytest.raises(ConfigError, match="l2_hint must be") as e:
-        gg.build_grouped(256, 64, 64, 2, l2_hint="first")
+        gg.build_grouped(256, 64, 64, 2, config=GroupedConfig(l2_hint="first"))
     assert str(e.value).startswith(f"{HERE}:")
 
 
@@ -398,24 +404,25 @@ def test_cluster_option_shares_a_between_n_block_pairs(assemble):
     """``cluster=2``: A is copied in halves multicast to both CTAs of a (2, 1, 1) cluster,
     B per CTA; stages are released in both CTAs; the cluster syncs before exit; the grid
     holds whole clusters. Bad values raise at the caller's line."""
-    k = gg.build_grouped(8192, 256, 2048, 4, BM=128, BN=128, cluster=2)
+    k = gg.build_grouped(8192, 256, 2048, 4, config=GroupedConfig(BM=128, BN=128, cluster=2))
     text = k.ptx()
     assert ".reqnctapercluster 2, 1, 1" in text
     a_loads = [ln for ln in text.splitlines() if "multicast::cluster" in ln]
     assert len(a_loads) == 1 and "cp.async.bulk.tensor.2d" in a_loads[0]   # A's half
     assert "mapa.shared::cluster" in text and "barrier.cluster.wait" in text
-    assert k.grid[0] % 2 == 0 and k.grid[0] <= gg.H100_SMS
+    assert k.grid[0] % 2 == 0 and k.grid[0] <= config.H100_SMS
     assert "0 bytes spill stores" in assemble(text)
     assert "multicast" not in gg.build_grouped(8192, 256, 2048, 4).ptx()
     with pytest.raises(ConfigError, match="cluster must be 1 or 2") as e:
-        gg.build_grouped(256, 64, 64, 2, cluster=4)
+        gg.build_grouped(256, 64, 64, 2, config=GroupedConfig(cluster=4))
     assert str(e.value).startswith(f"{HERE}:")
 
 
 def test_prefetch_option(assemble):
     """``prefetch=True``: thread 0 prefetches the three tensor maps and the group ends before
     the barrier setup; the default kernel has no prefetch."""
-    text = gg.build_grouped(8192, 256, 2048, 4, BM=128, BN=128, cluster=2, prefetch=True).ptx()
+    text = gg.build_grouped(8192, 256, 2048, 4, config=GroupedConfig(BM=128, BN=128, cluster=2,
+                                                                      prefetch=True)).ptx()
     lines = [ln.strip() for ln in text.splitlines() if "prefetch" in ln]
     assert [ln.split()[1] for ln in lines] == ["prefetch.param.tensormap"] * 3 + ["prefetch.global.L2"]
     assert text.index("prefetch.param.tensormap") < text.index("mbarrier.init")
@@ -428,8 +435,8 @@ def test_warm_option_prefetches_the_guessed_tile(assemble, cluster, b_major):
     """``warm=n``: before the barrier setup thread 0 issues L2 tensor prefetches of the first
     ``n`` k-blocks of A (its cluster part) and of every B slab of the guessed tile, guarded
     by ``g < G``; ``n`` past the k-blocks is clamped; bad values raise at the caller's line."""
-    k = gg.build_grouped(8192, 256, 2048, 4, BM=128, BN=128, cluster=cluster, b_major=b_major,
-                         warm=6)
+    k = gg.build_grouped(8192, 256, 2048, 4, b_major=b_major,
+                         config=GroupedConfig(BM=128, BN=128, cluster=cluster, warm=6))
     text = k.ptx()
     pre = [ln.strip() for ln in text.splitlines() if "prefetch.tensor" in ln]
     slabs = 2 if b_major == "MN" else 1
@@ -440,12 +447,12 @@ def test_warm_option_prefetches_the_guessed_tile(assemble, cluster, b_major):
     assert text.index("prefetch.tensor") < text.index("mbarrier.init")
     assert "_w6" in k.name
     assert "0 bytes spill stores" in assemble(text)
-    short = gg.build_grouped(256, 64, 64, 2, warm=8).ptx()         # one k-block only
+    short = gg.build_grouped(256, 64, 64, 2, config=GroupedConfig(warm=8)).ptx()  # 1 k-block
     assert sum("prefetch.tensor" in ln for ln in short.splitlines()) == 1 + 4
     assert "prefetch.tensor" not in gg.build_grouped(8192, 256, 2048, 4).ptx()
     for bad in (-1, 1.5, True):
         with pytest.raises(ConfigError, match="warm must be an int") as e:
-            gg.build_grouped(256, 64, 64, 2, warm=bad)
+            GroupedConfig(warm=bad)
         assert str(e.value).startswith(f"{HERE}:")
 
 
@@ -459,7 +466,7 @@ def test_warm_guess_matches_the_walk_for_uniform_groups():
         walk = [(g, g * rows + mb * BM, nb * BN) for g in range(G) for nb in range(num_n)
                 for mb in range(-(-rows // BM))]
         for t, want in enumerate(walk):
-            assert gg.uniform_guess(t, M=M, G=G, BM=BM, BN=BN, num_n=num_n) == want
+            assert scheduler.uniform_guess(t, M=M, G=G, BM=BM, BN=BN, num_n=num_n) == want
 
 
 def test_speculate_option_copies_the_guessed_tile_before_reading_a_group_end(assemble):
@@ -467,7 +474,8 @@ def test_speculate_option_copies_the_guessed_tile_before_reading_a_group_end(ass
     come before its first read of ``offs``, guarded by ``g < G``; a k-loop that starts at a
     register (``n`` on a hit); the consumers' skip path waits for ``n`` stages. Values the
     option cannot take raise at the caller's line (more than the stages, with a cluster)."""
-    k = gg.build_grouped(8192, 256, 2048, 4, BM=64, BN=256, prefetch=True, speculate=2)
+    k = gg.build_grouped(8192, 256, 2048, 4,
+                         config=GroupedConfig(BM=64, BN=256, prefetch=True, speculate=2))
     text = k.ptx()
     lines = [ln.strip() for ln in text.splitlines()]
     loads = [i for i, ln in enumerate(lines) if "cp.async.bulk.tensor" in ln and ".global" in ln]
@@ -478,5 +486,79 @@ def test_speculate_option_copies_the_guessed_tile_before_reading_a_group_end(ass
     assert "_spec" not in gg.build_grouped(8192, 256, 2048, 4).name
     for bad, cfg in ((-1, {}), (1.5, {}), (True, {}), (99, {}), (2, {"cluster": 2})):
         with pytest.raises(ConfigError, match="speculate must be an int") as e:
-            gg.build_grouped(8192, 256, 2048, 4, BM=128, BN=128, speculate=bad, **cfg)
+            GroupedConfig(BM=128, BN=128, speculate=bad, **cfg)
         assert str(e.value).startswith(f"{HERE}:")
+
+
+# ------------------------------------------------------------------------------ plans
+def test_plans_are_frozen_and_name_the_tuned_lists():
+    """A plan cannot be changed after it is made; the tuner times the tables' plans as the
+    ``Config`` keywords the kernels were measured with; ``dgrad``/``wgrad`` derive the dA
+    launch's plan (bulk stores) and the dB launch's (the same tile and ring)."""
+    import dataclasses
+
+    c = GroupedConfig(BM=64, BN=128, store="masked", cluster=2, num_sms=7)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.BM = 128
+    assert c.dgrad() == GroupedConfig(BM=64, BN=128, cluster=2, num_sms=7)
+    assert c.wgrad() == WgradConfig(BM=64, BN=128, num_sms=7)
+    assert [t.kwargs for t in gg.grouped_tuned.configs] == [
+        {"BM": 128, "BN": 256}, {"BM": 128, "BN": 128}, {"BM": 64, "BN": 256},
+        {"BM": 64, "BN": 128}, {"BM": 128, "BN": 256, "l2_hint": "stream_b"},
+        {"BM": 128, "BN": 128, "cluster": 2}, {"BM": 128, "BN": 256, "cluster": 2},
+        {"BM": 64, "BN": 256, "prefetch": True},
+        {"BM": 64, "BN": 256, "prefetch": True, "speculate": 5}]
+    assert [t.kwargs for t in gg.wgrad_tuned.configs] == [
+        dict(BM=w.BM, BN=w.BN) for w in gg.WGRAD_CONFIGS]
+    assert gg.GROUPED_CONFIGS[:4] == tuple(GroupedConfig(BM=w.BM, BN=w.BN)
+                                           for w in gg.WGRAD_CONFIGS)
+    for plan in gg.GROUPED_CONFIGS + gg.WGRAD_CONFIGS:   # the tuner's form builds the same
+        assert type(plan)(**plan.tuner_kwargs()) == plan
+
+
+def test_plan_stages_fill_shared_memory():
+    """``stages=None`` takes as many ring stages as fit (2 to 8); the kernel's name and
+    dynamic shared memory follow the plan."""
+    for BM, BN, want in ((128, 256, 4), (128, 128, 6), (64, 256, 5), (64, 64, 8)):
+        plan = GroupedConfig(BM=BM, BN=BN)
+        assert plan.ring_stages == want
+        assert plan.smem == config.smem_bytes(BM, BN, 64, want) <= config.SMEM_LIMIT
+        assert config.smem_bytes(BM, BN, 64, want + 1) > config.SMEM_LIMIT or want == 8
+        k = gg.build_grouped(1000, 512, 256, 8, config=plan)
+        assert f"_{BM}x{BN}x64_s{want}" in k.name and k.smem == plan.smem
+    assert GroupedConfig(BM=64, BN=64, stages=3).ring_stages == 3
+
+
+def test_plans_refuse_what_they_cannot_name():
+    """Values and combinations outside the valid plans raise at the line making the plan;
+    builders and ``grouped_mm`` take only plan objects."""
+    torch = pytest.importorskip("torch")
+    bad = [(GroupedConfig, dict(cluster=4), "cluster must be 1 or 2"),
+           (GroupedConfig, dict(cluster=4, cluster_along="m", BN=64), None),
+           (GroupedConfig, dict(cluster_along="k"), "cluster_along must be"),
+           (GroupedConfig, dict(prefetch=1), "prefetch must be a bool"),
+           (GroupedConfig, dict(num_sms=0), "num_sms must be"),
+           (GroupedConfig, dict(BK=128), "unsupported tile"),
+           (GroupedConfig, dict(BN=96), "unsupported tile"),
+           (WgradConfig, dict(splits=9), "splits must be"),
+           (WgradConfig, dict(stages=0), "stages must be")]
+    for cls, kw, match in bad:
+        if match is None:
+            cls(**kw)   # a valid plan: clusters of 4 along m
+            continue
+        with pytest.raises(ConfigError, match=match) as e:
+            cls(**kw)
+        assert str(e.value).startswith(f"{HERE}:"), e.value
+    with pytest.raises(ConfigError, match="config must be a GroupedConfig") as e:
+        gg.build_grouped(256, 64, 64, 2, config={"BM": 64})
+    assert str(e.value).startswith(f"{HERE}:")
+    with pytest.raises(ConfigError, match="config must be a WgradConfig"):
+        gg.build_grouped_wgrad(256, 64, 64, 2, config=GroupedConfig())
+    a = torch.zeros(10, 16, dtype=torch.bfloat16)
+    b = torch.zeros(2, 16, 8, dtype=torch.bfloat16)
+    offs = torch.tensor([4, 10], dtype=torch.int32)
+    with pytest.raises(ConfigError, match="config must be a GroupedConfig") as e:
+        host.grouped_mm(a, b, offs, config={"BM": 64})
+    assert str(e.value).startswith(f"{HERE}:")
+    with pytest.raises(ConfigError, match="wgrad_config must be a WgradConfig"):
+        host.grouped_mm(a, b, offs, wgrad_config={"splits": 2})

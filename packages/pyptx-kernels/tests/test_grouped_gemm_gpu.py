@@ -1,4 +1,4 @@
-"""GPU tests of the grouped GEMM example (``examples/hopper/grouped_gemm.py``) from torch.
+"""GPU tests of the grouped GEMM (``pyptx_kernels.grouped_gemm``) from torch.
 
 Inputs are fresh random bf16 tensors; group sizes are ragged (empty groups, sizes that
 are not tile multiples); outputs are poisoned (NaN) before each launch, so an element
@@ -26,7 +26,13 @@ pytestmark = [
 ]
 
 TOL = {"bf16": 6e-3, "f32": 1e-4}
-gg = importlib.import_module("pyptx_kernels.grouped_gemm.kernel")
+gg = importlib.import_module("pyptx_kernels.grouped_gemm")
+host = importlib.import_module("pyptx_kernels.grouped_gemm.host")
+
+
+def plan(config):
+    """The ``GroupedConfig`` of a case's keywords (None: tuned)."""
+    return None if config is None else gg.GroupedConfig(**config)
 
 
 def rel_err(d, ref):
@@ -86,10 +92,10 @@ CASES = [
 def test_forward(sizes, N, K, config, trans_b):
     a, b, offs = make(sizes, N, K, trans_b)
     ref = gg.reference(a, b, offs)
-    d = gg.grouped_mm(a, b, offs, config=config)
+    d = host.grouped_mm(a, b, offs, config=plan(config))
     assert d.shape == (sum(sizes), N) and d.dtype == torch.bfloat16
     assert rel_err(d, ref) < TOL["bf16"]
-    d32 = gg.grouped_mm(a, b, offs, out_dtype="f32", config=config)
+    d32 = host.grouped_mm(a, b, offs, out_dtype="f32", config=plan(config))
     assert d32.dtype == torch.float32 and rel_err(d32, ref) < TOL["f32"]
 
 
@@ -97,7 +103,7 @@ def test_forward_rows_of_each_group_exactly():
     """Group by group, so a wrong row range cannot hide in the global norm."""
     sizes = [3, 0, 130, 64, 1]
     a, b, offs = make(sizes, 128, 64, seed=3)
-    d = gg.grouped_mm(a, b, offs, out_dtype="f32")
+    d = host.grouped_mm(a, b, offs, out_dtype="f32")
     ref = gg.reference(a, b, offs)
     s = 0
     for n in sizes:
@@ -106,7 +112,7 @@ def test_forward_rows_of_each_group_exactly():
         s += n
 
 
-def _backward(sizes, N, K, trans_b, config=None):
+def _backward(sizes, N, K, trans_b, config=None, wgrad_config=None):
     a, b, offs = make(sizes, N, K, trans_b, seed=1)
     aa = a.clone().requires_grad_(True)
     if trans_b:
@@ -114,7 +120,7 @@ def _backward(sizes, N, K, trans_b, config=None):
         bb = leaf.transpose(-2, -1)
     else:
         leaf = bb = b.clone().requires_grad_(True)
-    y = gg.grouped_mm(aa, bb, offs, config=config)
+    y = host.grouped_mm(aa, bb, offs, config=plan(config), wgrad_config=wgrad_config)
     dy = torch.randn(y.shape, device="cuda", dtype=torch.float32)
     (y.float() * dy).sum().backward()
     a64 = a.double().requires_grad_(True)
@@ -150,7 +156,8 @@ def test_wgrad_kernel_alone_f32():
     y = torch.randn(M, NY, device="cuda", dtype=torch.bfloat16)
     offs = gg.random_offsets(sizes)
     for cfg in (dict(BM=128, BN=256), dict(BM=64, BN=128)):
-        w = gg.build_grouped_wgrad(M, KX, NY, len(sizes), out_dtype="f32", **cfg)(x, y, offs)
+        w = gg.build_grouped_wgrad(M, KX, NY, len(sizes), out_dtype="f32",
+                                   config=gg.WgradConfig(**cfg))(x, y, offs)
         s = 0
         for g, n in enumerate(sizes):
             ref = x[s:s + n].double().T @ y[s:s + n].double()
@@ -178,10 +185,11 @@ def test_split_wgrad_kernel_alone(cfg):
     x = torch.randn(M, KX, device="cuda", dtype=torch.bfloat16)
     y = torch.randn(M, NY, device="cuda", dtype=torch.bfloat16)
     offs = gg.random_offsets(sizes)
-    parts = gg.build_grouped_wgrad(M, KX, NY, G, out_dtype="f32", **cfg)(x, y, offs)
+    parts = gg.build_grouped_wgrad(M, KX, NY, G, out_dtype="f32",
+                                   config=gg.WgradConfig(**cfg))(x, y, offs)
     assert parts.shape == (cfg["splits"] * G, KX, NY) and not torch.isnan(parts).any()
     for out, tol in (("f32", TOL["f32"]), ("bf16", TOL["bf16"])):
-        k = gg.build_wgrad_split(M, KX, NY, G, out_dtype=out, **cfg)
+        k = gg.build_wgrad_split(M, KX, NY, G, out_dtype=out, config=gg.WgradConfig(**cfg))
         w, w2 = k(x, y, offs), k(x, y, offs)
         assert torch.equal(w, w2), "the split reduction is not deterministic"
         s = 0
@@ -197,9 +205,10 @@ def test_split_wgrad_kernel_alone(cfg):
 
 @pytest.mark.parametrize("trans_b", [False, True])
 def test_backward_with_split_wgrad(trans_b):
-    """``grouped_mm(..., config={"wgrad_splits": 2, ...})``: dA and dB against float64 (6e-3)."""
-    cfg = {"wgrad_splits": 2, "wgrad_BM": 128, "wgrad_BN": 128}
-    da, db, da_ref, db_ref = _backward(SPLIT_SIZES, 264, 200, trans_b, cfg)
+    """``grouped_mm(..., wgrad_config=WgradConfig(splits=2, ...))``: dA and dB against float64
+    (6e-3)."""
+    wcfg = gg.WgradConfig(splits=2, BM=128, BN=128)
+    da, db, da_ref, db_ref = _backward(SPLIT_SIZES, 264, 200, trans_b, wgrad_config=wcfg)
     assert rel_err(da, da_ref) < TOL["bf16"]
     assert rel_err(db, db_ref) < TOL["bf16"]
     assert not db[0].any()
@@ -208,16 +217,16 @@ def test_backward_with_split_wgrad(trans_b):
 def test_torch_compile_and_cuda_graph():
     sizes = [100, 0, 300, 56]
     a, b, offs = make(sizes, 256, 192, seed=2)
-    f = torch.compile(lambda x, y, o: gg.grouped_mm(x, y, o))
+    f = torch.compile(lambda x, y, o: host.grouped_mm(x, y, o))
     assert rel_err(f(a, b, offs), gg.reference(a, b, offs)) < TOL["bf16"]
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        gg.grouped_mm(a, b, offs)
+        host.grouped_mm(a, b, offs)
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        out = gg.grouped_mm(a, b, offs)
+        out = host.grouped_mm(a, b, offs)
     # new values and new group sizes, same buffers: the graph reads both on the device
     a.copy_(torch.randn_like(a))
     offs.copy_(gg.random_offsets([0, 200, 200, 56]))
@@ -235,6 +244,6 @@ def test_against_torch_grouped_mm():
         peer = torch._grouped_mm(a, b, offs=offs, out_dtype=torch.bfloat16)
     except Exception as e:  # noqa: BLE001 - report the peer's refusal, do not fail on it
         pytest.skip(f"torch._grouped_mm refused: {e}")
-    ours = gg.grouped_mm(a, b, offs)
+    ours = host.grouped_mm(a, b, offs)
     ref = gg.reference(a, b, offs)
     assert rel_err(ours, ref) < TOL["bf16"] and rel_err(peer, ref) < 2 * TOL["bf16"]

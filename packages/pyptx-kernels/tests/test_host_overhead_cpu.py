@@ -41,7 +41,7 @@ def _signature(record):
 
 @pytest.mark.parametrize("k_major", [False, True])
 def test_grouped_mm_cached_call_launches_the_same(launches, k_major):
-    gg = importlib.import_module("pyptx_kernels.grouped_gemm.kernel")
+    gg = importlib.import_module("pyptx_kernels.grouped_gemm.host")
     gg._CALLS.clear()  # one module per process: start from an empty signature cache
     G, Mg, N, K = 3, 64, 32, 48
     a = torch.randn(G * Mg, K).to(torch.bfloat16).requires_grad_(True)
@@ -68,7 +68,7 @@ def test_grouped_mm_cached_call_launches_the_same(launches, k_major):
 
 
 def test_grouped_mm_errors_unchanged_after_cached_calls(launches):
-    gg = importlib.import_module("pyptx_kernels.grouped_gemm.kernel")
+    gg = importlib.import_module("pyptx_kernels.grouped_gemm.host")
     gg._CALLS.clear()  # one module per process: start from an empty signature cache
     a = torch.randn(128, 64).to(torch.bfloat16)
     b = torch.randn(2, 64, 32).to(torch.bfloat16)
@@ -83,7 +83,7 @@ def test_grouped_mm_errors_unchanged_after_cached_calls(launches):
         gg.grouped_mm(a, b[:, :16], offs)
     # padding (N = 30 is not a multiple of 8) and explicit configs keep the checked path
     out = gg.grouped_mm(a, b[..., :30].contiguous(), offs)
-    out2 = gg.grouped_mm(a, b, offs, config={"BM": 128, "BN": 128})
+    out2 = gg.grouped_mm(a, b, offs, config=gg.GroupedConfig(BM=128, BN=128))
     assert out.shape == (128, 30) and out2.shape == (128, 32)
     assert len(gg._CALLS) == 1
 

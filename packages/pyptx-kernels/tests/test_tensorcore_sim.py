@@ -246,7 +246,7 @@ def test_split_tail_without_the_partial_sums_is_wrong(monkeypatch):
 
 
 # ---------------------------------------------------------------------- grouped GEMM
-grouped = importlib.import_module("pyptx_kernels.grouped_gemm.kernel")
+grouped = importlib.import_module("pyptx_kernels.grouped_gemm")
 
 
 @pytest.mark.parametrize("sizes,N,K,config", [
@@ -280,12 +280,14 @@ def test_grouped_gemm_forward(sizes, N, K, config):
     """Ragged groups (empty ones too) against float64; the opt-in prefetches must not matter."""
     rng = np.random.default_rng(len(sizes) * 7 + N)
     G, M = len(sizes), sum(sizes)
-    b_major = config.get("b_major", "MN")
+    plan = dict(config)
+    b_major = plan.pop("b_major", "MN")
     a = _dev(rng.standard_normal((M, K)), "bf16")
     w = rng.standard_normal((G, K, N))
     b = _dev(w if b_major == "MN" else w.transpose(0, 2, 1), "bf16")
     offs = np.cumsum(sizes).astype(np.int32)
-    (d,) = ptxsim.run(grouped.build_grouped(M, N, K, G, **config).specialize(), [a, b, offs])
+    k = grouped.build_grouped(M, N, K, G, b_major=b_major, config=grouped.GroupedConfig(**plan))
+    (d,) = ptxsim.run(k.specialize(), [a, b, offs])
     bb = _f64(b, "bf16") if b_major == "MN" else _f64(b, "bf16").transpose(0, 2, 1)
     ref = np.concatenate([_f64(a, "bf16")[e - n:e] @ bb[g] for g, (n, e) in
                           enumerate(zip(sizes, offs))])
@@ -300,7 +302,8 @@ def test_grouped_weight_gradient():
     x = _dev(rng.standard_normal((M, KX)), "bf16")
     y = _dev(rng.standard_normal((M, NY)), "bf16")
     offs = np.cumsum(sizes).astype(np.int32)
-    k = grouped.build_grouped_wgrad(M, KX, NY, G, BM=64, BN=128, num_sms=3)
+    k = grouped.build_grouped_wgrad(M, KX, NY, G,
+                                    config=grouped.WgradConfig(BM=64, BN=128, num_sms=3))
     (w,) = ptxsim.run(k.specialize(), [x, y, offs])
     X, Y = _f64(x, "bf16"), _f64(y, "bf16")
     ref = np.stack([X[e - n:e].T @ Y[e - n:e] for n, e in zip(sizes, offs)])

@@ -41,7 +41,7 @@ def grouped_mm(a, b, offs, *, out_dtype=None):
     (G, K, N)`` bf16 (a transposed view of a ``(G, N, K)`` tensor is read K-major), ``offs
     (G,)`` int32 cumulative row ends; returns ``(M, N)`` in ``out_dtype`` (bf16 default, or
     f32); rows past ``offs[-1]`` are unspecified. torch: ``torch.ops.pyptx.grouped_mm``,
-    differentiable in ``a`` and ``b``; JAX: ``grouped_gemm.kernel.grouped_mm``."""
+    differentiable in ``a`` and ``b``; JAX: ``grouped_gemm.host.grouped_mm``."""
     out = _check(a, b, offs, out_dtype)
     if framework(a) != "torch":
         return _grouped(a, b, offs, out)
@@ -50,15 +50,15 @@ def grouped_mm(a, b, offs, *, out_dtype=None):
 
 
 def _grouped(a, b, offs, out):
-    """The forward launch (``grouped_gemm.kernel.grouped_mm``), autograd off."""
-    from pyptx_kernels.grouped_gemm import kernel
+    """The forward launch (``grouped_gemm.host.grouped_mm``), autograd off."""
+    from pyptx_kernels.grouped_gemm import host
 
     if framework(a) != "torch":
-        return kernel.grouped_mm(a, b, offs, out_dtype=out)
+        return host.grouped_mm(a, b, offs, out_dtype=out)
     import torch
 
     with torch.no_grad():
-        d = kernel.grouped_mm(a, b, offs, out_dtype=out)
+        d = host.grouped_mm(a, b, offs, out_dtype=out)
     return d if d.is_contiguous() else d.contiguous()
 
 
@@ -69,7 +69,7 @@ def _grouped_backward(grad, a, b, offs):
     import torch
     import torch.nn.functional as F
 
-    from pyptx_kernels.grouped_gemm import kernel
+    from pyptx_kernels.grouped_gemm import host
 
     M, K = a.shape
     G, _, N = b.shape
@@ -81,7 +81,7 @@ def _grouped_backward(grad, a, b, offs):
         return F.pad(t, widths) if any(widths) else t
 
     stored = pad(bt, 0, pk, 0, pn) if k_major else pad(b, 0, pn, 0, pk)
-    op = kernel.grouped_op(M, N + pn, K + pk, G, "K" if k_major else "MN",
+    op = host.grouped_op(M, N + pn, K + pk, G, "K" if k_major else "MN",
                            dtype_name(grad.dtype))
     with torch.no_grad():
         da, db = op.backward_kernel(pad(a, 0, pk).contiguous(), stored.contiguous(), offs,
@@ -133,14 +133,14 @@ if "torch" in sys.modules:   # a torch user: define the ops before any trace rea
 def _kernels_grouped_mm(a, b, offs, *, out_dtype=None):
     """The forward kernel (K and N padded to multiples of 8 as the launch does), and the
     backward's where a torch input requires grad."""
-    from pyptx_kernels.grouped_gemm import kernel
+    from pyptx_kernels.grouped_gemm import host
 
     out = _check(a, b, offs, out_dtype, launch=False)
     M, K = a.shape
     G, _, N = b.shape
     k_major = framework(b) == "torch" and not b.is_contiguous() and \
         b.transpose(-2, -1).is_contiguous()
-    op = kernel.grouped_op(M, N + -N % 8, K + -K % 8, G, "K" if k_major else "MN", out)
+    op = host.grouped_op(M, N + -N % 8, K + -K % 8, G, "K" if k_major else "MN", out)
     if framework(a) == "torch" and _common.wants_grad(a, b):
         return [op.forward_kernel, op.backward_kernel]
     return op.forward_kernel
