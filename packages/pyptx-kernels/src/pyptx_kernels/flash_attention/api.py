@@ -156,30 +156,19 @@ def _forward_kernel(B, S, Hq, Hkv, D, Sk, dtype, causal, scale):
     return forward_kernel(B, S, Hq, Hkv, D, Sk, dtype, causal, scale)
 
 
-def _backward_options(D):
-    """The fastest deterministic backward per head dim, as ``fwd_host._differentiable`` picks
-    for torch eager calls (none with ``PYPTX_ATTN_BWD_SAFE=1``)."""
-    from pyptx_kernels.flash_attention import backward
-
-    if backward.safe_default():
-        return {}
-    if D == 64:
-        return dict(fused_bq=128, dq_ordered=True, fused_pingpong=1)
-    return dict(atomic_dq=True, dq_bulk=True, dq_ordered=True, dq_convert=True,
-                convert_lag="auto", stats_lead="auto")
-
-
 def _backward_kernel(B, S, Hq, Hkv, D, Sk, dtype, causal, scale):
-    """The dense backward (``AttentionBackward``): ``_backward_options``' kernels, or the
-    deterministic dQ / dK-dV pair at sizes they refuse."""
+    """The dense backward (``AttentionBackward``): ``BackwardPlan.for_eager(D)``'s kernels (the
+    plan ``fwd_host._differentiable`` picks for torch eager calls), or the deterministic
+    dQ / dK-dV pair at sizes they refuse."""
     from pyptx.errors import PyptxError
-    from pyptx_kernels.flash_attention import backward
+    from pyptx_kernels.flash_attention.bwd_host import build_attention_backward
+    from pyptx_kernels.flash_attention.bwd_plan import BackwardPlan
 
     kw = dict(Sk=Sk, dtype=dtype, causal=causal, scale=scale)
     try:
-        return backward.build_attention_backward(B, S, Hq, Hkv, D, **kw, **_backward_options(D))
+        return build_attention_backward(B, S, Hq, Hkv, D, **kw, plan=BackwardPlan.for_eager(D))
     except PyptxError:
-        return backward.build_attention_backward(B, S, Hq, Hkv, D, **kw)
+        return build_attention_backward(B, S, Hq, Hkv, D, **kw)
 
 
 def _varlen_forward_kernel(Tq, Tk, B, Hq, Hkv, D, max_q, dtype, causal, scale):
@@ -189,10 +178,10 @@ def _varlen_forward_kernel(Tq, Tk, B, Hq, Hkv, D, max_q, dtype, causal, scale):
 
 
 def _varlen_backward_kernel(Tq, Tk, B, Hq, Hkv, D, max_q, max_k, dtype, causal, scale):
-    from pyptx_kernels.flash_attention import backward
+    from pyptx_kernels.flash_attention.bwd_varlen import build_attention_backward_varlen
 
-    return backward.build_attention_backward_varlen(Tq, Tk, B, Hq, Hkv, D, max_q, max_k,
-                                                    dtype=dtype, causal=causal, scale=scale)
+    return build_attention_backward_varlen(Tq, Tk, B, Hq, Hkv, D, max_q, max_k, dtype=dtype,
+                                           causal=causal, scale=scale)
 
 
 def _kernel_list(*objs):
