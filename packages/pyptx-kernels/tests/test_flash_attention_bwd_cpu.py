@@ -20,11 +20,12 @@ from pathlib import Path
 import pytest
 
 from pyptx.errors import ConfigError
-from pyptx.fragment import accumulator_coord
+from pyptx.fragment import Accumulator, accumulator_coord
 
 torch = pytest.importorskip("torch")
 
 from pyptx_kernels.flash_attention import backward as fab  # noqa: E402
+from pyptx_kernels.flash_attention import bwd_checks  # noqa: E402
 
 
 @pytest.mark.parametrize("D,dtype,causal,Hq,Hkv,S,Sk", [
@@ -278,7 +279,7 @@ def test_model_of_the_tiling_matches_float64_autograd(B, S, Hq, Hkv, D, causal, 
 def test_register_a_probe_assembles(assemble):
     """The bisecting probe (A from registers x MN-major B) that ``__main__`` runs first."""
     for n in (64, 128):
-        assemble(fab.build_register_a_probe(n, 64).ptx())
+        assemble(bwd_checks.build_register_a_probe(n, 64).ptx())
 
 
 @pytest.mark.parametrize("D,causal", [(64, True), (128, False)])
@@ -298,7 +299,7 @@ def test_atomic_dq_kernels_assemble(D, causal, dq_bulk, assemble):
 
 @pytest.mark.parametrize("num_sms", [0, True, 2.0])
 def test_num_sms_must_be_a_positive_int(num_sms):
-    with pytest.raises(ConfigError, match="build_attention_backward: num_sms must be"):
+    with pytest.raises(ConfigError, match="BackwardPlan: num_sms must be"):
         fab.build_attention_backward(1, 64, 1, 1, 64, atomic_dq=True, dq_bulk=True,
                                      dq_ordered=True, dq_convert=True, num_sms=num_sms)
 
@@ -358,7 +359,7 @@ def test_ds_tile_stores_fill_the_mn_major_swizzled_layout():
             for lane in range(32):
                 row0, col0 = 16 * warp + lane // 4, 2 * (lane % 4)
                 for m in range(16):             # the 64 columns' 16 packed pairs
-                    dr, dc = fab.Accumulator.coord(2 * m)
+                    dr, dc = Accumulator.coord(2 * m)
                     addr = (64 * w + row0 + dr) * 128 + (((lane >> 2) ^ (dc // 8)) << 4) \
                         + (lane & 3) * 4
                     kv, q = 64 * w + row0 + dr, col0 + dc
@@ -589,7 +590,7 @@ def test_stats_lead_assembles_without_spills(assemble, S, causal, lead):
 ])
 def test_stats_lead_refusals(kw, match):
     kw = {"atomic_dq": True, "dq_bulk": True, **kw}
-    with pytest.raises(ConfigError, match="build_attention_backward: stats_lead.*" + match):
+    with pytest.raises(ConfigError, match="BackwardPlan: stats_lead.*" + match):
         fab.build_attention_backward(1, 256, 2, 2, 128, **kw)
 
 

@@ -358,6 +358,8 @@ def test_fp8_gemm(scale, config):
 # ---------------------------------------------------------------------- flash attention
 fa = importlib.import_module("pyptx_kernels.flash_attention.forward")
 fab = importlib.import_module("pyptx_kernels.flash_attention.backward")
+bwd_dkdv = importlib.import_module("pyptx_kernels.flash_attention.bwd_dkdv")
+bwd_host = importlib.import_module("pyptx_kernels.flash_attention.bwd_host")
 
 
 def _attention_inputs(B, S, Hq, Hkv, D, seed):
@@ -588,12 +590,12 @@ def test_ordered_dq_rotation_needs_a_resident_head(monkeypatch):
     ``ROTATE_MAX_KV``); above the cap the ascending order runs in launch order."""
     with pytest.raises(ptxsim.SimError, match="step limit"):
         _ordered_full_backward(256, max_steps=150_000)
-    monkeypatch.setattr(fab, "ROTATE_MAX_KV", 1)
-    fab._build.cache_clear()
+    monkeypatch.setattr(bwd_dkdv, "ROTATE_MAX_KV", 1)
+    bwd_host._build.cache_clear()
     try:
         assert _ordered_full_backward(256, max_steps=2_000_000) < TOL["bf16"]
     finally:
-        fab._build.cache_clear()
+        bwd_host._build.cache_clear()
 
 
 def test_attention_tuned_configs_are_simulated():
