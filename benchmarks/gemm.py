@@ -1,4 +1,4 @@
-"""GEMM TFLOP/s: pyptx (``examples/hopper/gemm.py``, default call) beside cuBLAS
+"""GEMM TFLOP/s: pyptx (``pyptx_kernels.gemm.host.matmul``, default call) beside cuBLAS
 (``torch.matmul``) and an autotuned Triton matmul written here, bf16 and f16.
 
 Timing: ``triton.testing.do_bench`` (L2 flushed between calls), median of ``--rounds``
@@ -60,7 +60,7 @@ def _back_to_back(fn, seconds):
 def load_gemm():
     """The GEMM example as a module."""
 
-    return importlib.import_module("pyptx_kernels.gemm.kernel")
+    return importlib.import_module("pyptx_kernels.gemm.host")
 
 
 def triton_matmul():
@@ -127,7 +127,7 @@ def main(argv=None) -> int:
                    help="also time launches of 1 ms or more back to back (power-capped)")
     p.add_argument("--seconds", type=float, default=2.0, help="--sustained: seconds a burst")
     p.add_argument("--no-triton", action="store_true")
-    p.add_argument("--config", default=None, help="JSON tile config override for ours")
+    p.add_argument("--config", default=None, help="JSON GemmConfig fields for ours (its plan)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     why = gpu_missing("gemm.py")

@@ -1,4 +1,4 @@
-"""GEMM forward + backward TFLOP/s: ``matmul(x, w.T)`` of ``examples/hopper/gemm.py`` with
+"""GEMM forward + backward TFLOP/s: ``matmul(x, w.T)`` of ``pyptx_kernels.gemm.host`` with
 ``loss.backward()`` (three tuned pyptx GEMMs: the forward, dX = dY W and dW = dYᵀ X, each in
 the layout its operand is stored in) beside torch autograd of ``x @ w.T`` (cuBLAS), bf16.
 
@@ -55,7 +55,7 @@ def main(argv=None) -> int:
 
     shapes = SHAPES if not args.shapes else [
         tuple(int(v) for v in s.split("x")) if "x" in s else (int(s),) * 3 for s in args.shapes]
-    gemm = importlib.import_module("pyptx_kernels.gemm.kernel")
+    gemm = importlib.import_module("pyptx_kernels.gemm.host")
     dev = torch.cuda.get_device_name()
     head = ["| M x N x K (x @ w.T) | pyptx fwd+bwd | torch autograd (cuBLAS) | pyptx / torch "
             "| paired | rel diff to torch (dx, dw) |", "|---|---|---|---|---|---|"]

@@ -9,7 +9,9 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-gemm = importlib.import_module("pyptx_kernels.gemm.kernel")
+gemm = importlib.import_module("pyptx_kernels.gemm.host")
+from pyptx_kernels.gemm.config import GemmConfig  # noqa: E402
+from pyptx_kernels.gemm.reference import reference  # noqa: E402
 
 bad = 0
 for cfg in (dict(cluster=1, BN=128), dict(cluster=2, BN=256),
@@ -25,8 +27,8 @@ for cfg in (dict(cluster=1, BN=128), dict(cluster=2, BN=256),
         b = torch.randn(N, K, device="cuda", dtype=torch.bfloat16).T if tb else \
             torch.randn(K, N, device="cuda", dtype=torch.bfloat16)
         bias = torch.randn(N, device="cuda")
-        d = gemm.matmul(a, b, bias=bias, activation="relu", config=dict(dict(num_sms=4), **cfg))
-        ref = gemm.reference(a, b, bias=bias, activation="relu")
+        d = gemm.matmul(a, b, bias=bias, activation="relu", config=GemmConfig(**dict(dict(num_sms=4), **cfg)))
+        ref = reference(a, b, bias=bias, activation="relu")
         err = ((d.double() - ref).norm() / ref.norm()).item()
         bad += not err < 1e-2
         print(cfg, "b.T" if tb else "b", f"rel err {err:.1e}")

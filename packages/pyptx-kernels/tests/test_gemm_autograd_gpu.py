@@ -24,7 +24,7 @@ pytestmark = [
     pytest.mark.usefixtures("poison_outputs"),  # conftest.py: unwritten elements are NaN
 ]
 
-gemm = importlib.import_module("pyptx_kernels.gemm.kernel")
+gemm = importlib.import_module("pyptx_kernels.gemm.host")
 TOL = 1e-2
 DT = {"bf16": torch.bfloat16, "f16": torch.float16}
 

@@ -11,10 +11,12 @@ for bf16/f16 output (the output rounding, about 2**-9 per element).
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 import pytest
 from pyptx_kernels._modules import kernel_module
+from pyptx_kernels.gemm.reference import reference
 
 from pyptx.testing import load_module
 
@@ -38,8 +40,9 @@ def _load(name):
     return kernel_module(name)
 
 
-gemm = _load("gemm")
+gemm = importlib.import_module("pyptx_kernels.gemm.host")   # matmul with a plan
 wgmma_tile = _load("wgmma_tile")
+gemm_sched = importlib.import_module("pyptx_kernels.gemm.scheduler")
 
 
 def rel_err(d, ref):
@@ -120,7 +123,7 @@ def test_gemm(M, N, K, ta, tb, config, dtype):
     b = torch.randn(N, K, device="cuda", dtype=t).T if tb else torch.randn(K, N, device="cuda", dtype=t)
     d = gemm.matmul(a, b, config=config)
     assert d.shape == (M, N) and d.dtype == t
-    assert rel_err(d, gemm.reference(a, b)) < TOL[dtype]
+    assert rel_err(d, reference(a, b)) < TOL[dtype]
 
 
 @pytest.mark.parametrize("activation", [None, "relu", "silu", "gelu_tanh"])
@@ -131,7 +134,7 @@ def test_gemm_epilogue(activation, out):
     b = torch.randn(N, K, device="cuda", dtype=torch.bfloat16).T
     bias = torch.randn(N, device="cuda", dtype=torch.float32)
     d = gemm.matmul(a, b, bias=bias, alpha=0.25, activation=activation, out_dtype=out)
-    ref = gemm.reference(a, b, bias=bias, alpha=0.25, activation=activation)
+    ref = reference(a, b, bias=bias, alpha=0.25, activation=activation)
     assert d.dtype == (torch.float32 if out == "f32" else torch.bfloat16)
     assert rel_err(d, ref) < (2e-3 if activation else TOL[out])
 
@@ -143,7 +146,7 @@ def test_gemm_pingpong_epilogue():
     a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(N, K, device="cuda", dtype=torch.bfloat16).T
     bias = torch.randn(N, device="cuda", dtype=torch.float32)
-    ref = gemm.reference(a, b, bias=bias, alpha=0.25, activation="silu")
+    ref = reference(a, b, bias=bias, alpha=0.25, activation="silu")
     for out in ("f32", "bf16"):
         d = gemm.matmul(a, b, bias=bias, alpha=0.25, activation="silu", out_dtype=out,
                         config=dict(schedule="pingpong", BM=128, BN=128, num_sms=2))
@@ -160,13 +163,13 @@ def test_gemm_split_tail_epilogue_and_repeats():
     a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(N, K, device="cuda", dtype=torch.bfloat16).T
     bias = torch.randn(N, device="cuda", dtype=torch.float32)
-    ref = gemm.reference(a, b, bias=bias, alpha=0.5, activation="gelu_tanh")
+    ref = reference(a, b, bias=bias, alpha=0.5, activation="gelu_tanh")
     for _ in range(10):
         d = gemm.matmul(a, b, bias=bias, alpha=0.5, activation="gelu_tanh", out_dtype="f32",
                         config=SK)
     assert rel_err(d, ref) < 2e-3
     torch.cuda.synchronize()
-    assert all(not f.any() for f in gemm._FLAGS.values())
+    assert all(not f.any() for f in gemm_sched._FLAGS.values())
 
 
 def test_gemm_split_tail_refuses_a_grid_larger_than_the_gpu():
@@ -194,14 +197,14 @@ def test_gemm_split_tail_on_two_streams():
             outs.append([gemm.matmul(a, b, config=SK) for _ in range(5)][-1])
     torch.cuda.synchronize()
     for d, (a, b) in zip(outs, pairs):
-        assert rel_err(d, gemm.reference(a, b)) < TOL["bf16"]
+        assert rel_err(d, reference(a, b)) < TOL["bf16"]
 
 
 def test_gemm_split_tail_torch_compile_graph_and_jax():
     a = torch.randn(512, 1000, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(640, 1000, device="cuda", dtype=torch.bfloat16)
     f = torch.compile(lambda x, y: gemm.matmul(x, y.T, config=SK))
-    assert rel_err(f(a, w), gemm.reference(a, w.T)) < TOL["bf16"]
+    assert rel_err(f(a, w), reference(a, w.T)) < TOL["bf16"]
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -214,7 +217,7 @@ def test_gemm_split_tail_torch_compile_graph_and_jax():
         a.copy_(torch.randn_like(a))
         g.replay()
         torch.cuda.synchronize()
-        assert rel_err(out, gemm.reference(a, w.T)) < TOL["bf16"]
+        assert rel_err(out, reference(a, w.T)) < TOL["bf16"]
     jax = pytest.importorskip("jax")
     if not any(d.platform == "gpu" for d in jax.devices()):
         pytest.skip("jax has no GPU")
@@ -257,13 +260,13 @@ def test_gemm_on_a_thread_with_no_current_context():
     assert "error" not in seen, seen.get("error")
     if seen["ctx_before"]:
         pytest.skip("this torch build made a context current on the new thread")
-    assert rel_err(seen["out"], gemm.reference(a, w.T)) < TOL["bf16"]
+    assert rel_err(seen["out"], reference(a, w.T)) < TOL["bf16"]
 
 
 def test_gemm_torch_compile_and_graph():
     a = torch.randn(512, 384, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(640, 384, device="cuda", dtype=torch.bfloat16)
-    ref = gemm.reference(a, w.T)
+    ref = reference(a, w.T)
     f = torch.compile(lambda x, y: gemm.matmul(x, y.T))
     assert rel_err(f(a, w), ref) < TOL["bf16"]
     out = gemm.matmul(a, w.T)
@@ -278,7 +281,7 @@ def test_gemm_torch_compile_and_graph():
     a.copy_(torch.randn_like(a))
     g.replay()
     torch.cuda.synchronize()
-    assert rel_err(out, gemm.reference(a, w.T)) < TOL["bf16"]
+    assert rel_err(out, reference(a, w.T)) < TOL["bf16"]
 
 
 def test_gemm_jax_jit():
