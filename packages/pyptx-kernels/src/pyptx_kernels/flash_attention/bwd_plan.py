@@ -112,7 +112,7 @@ def _plan_fail(msg):
     """``_fail`` for ``BackwardPlan``'s checks: also skips the dataclass ``__init__``
     (compiled from a string) between the user's call and ``__post_init__``."""
     f = sys._getframe(1)
-    while f is not None and ((f.f_code.co_filename == "<string>" and f.f_code.co_name == "__init__")
+    while f is not None and ((f.f_code.co_filename, f.f_code.co_name) == ("<string>", "__init__")
                              or os.path.abspath(f.f_code.co_filename).startswith(PACKAGE_DIR)):
         f = f.f_back
     at = "<unknown>:0" if f is None else f"{f.f_code.co_filename}:{f.f_lineno}"
@@ -167,17 +167,19 @@ class BackwardPlan:
                              f"{self.convert_lag!r}, dq_convert={self.dq_convert!r}")
         if self.dq_convert and (not (self.atomic_dq and self.dq_bulk and self.dq_ordered)
                                 or self.fused_bq or self.dkdv_bq not in (None, 64)):
-            raise _plan_fail(f"BackwardPlan: dq_convert is for the ordered bulk-dQ dK/dV kernel (atomic_dq, "
-                             f"dq_bulk and dq_ordered; 64-row q blocks; not fused_bq), got "
+            raise _plan_fail(f"BackwardPlan: dq_convert is for the ordered bulk-dQ dK/dV kernel "
+                             f"(atomic_dq, dq_bulk and dq_ordered; 64-row q blocks; not "
+                             f"fused_bq), got "
                              f"atomic_dq={self.atomic_dq!r}, dq_bulk={self.dq_bulk!r}, "
                              f"dq_ordered={self.dq_ordered!r}, dkdv_bq={self.dkdv_bq!r}, "
                              f"fused_bq={self.fused_bq!r}")
         _check_num_sms("BackwardPlan", self.num_sms, _plan_fail)
         if (self.fused_defer or self.fused_pingpong) and self.fused_bq is None:
-            raise _plan_fail("BackwardPlan: fused_defer and fused_pingpong are schedules of fused_bq=128")
+            raise _plan_fail("BackwardPlan: fused_defer and fused_pingpong are schedules of "
+                             "fused_bq=128")
         if self.fused_pingpong not in (0, 1, 2) or (self.fused_pingpong and self.fused_defer):
-            raise _plan_fail(f"BackwardPlan: fused_pingpong must be 0, 1 or 2 and not with fused_defer, got "
-                             f"{self.fused_pingpong!r}")
+            raise _plan_fail(f"BackwardPlan: fused_pingpong must be 0, 1 or 2 and not with "
+                             f"fused_defer, got {self.fused_pingpong!r}")
         if self.fused_bq is not None:
             self._check_fused()
             return
@@ -185,8 +187,8 @@ class BackwardPlan:
             raise _plan_fail(f"BackwardPlan: dkdv_bq must be 32, 64 or 128, got {self.dkdv_bq!r}")
         if self.dq_bkv not in (None, 32, 64, 128) or (self.dq_bkv is not None
                                                       and self.atomic_dq):
-            raise _plan_fail(f"BackwardPlan: dq_bkv must be 32, 64 or 128, and only for the pair (not "
-                             f"atomic_dq), got {self.dq_bkv!r}")
+            raise _plan_fail(f"BackwardPlan: dq_bkv must be 32, 64 or 128, and only for the "
+                             f"pair (not atomic_dq), got {self.dq_bkv!r}")
         _check_dq_modes("BackwardPlan", self.atomic_dq, self.dq_bulk, self.dq_ordered,
                         _plan_fail)
         if self.stats_lead != "auto":
@@ -202,8 +204,8 @@ class BackwardPlan:
                              "dq_bkv") if getattr(self, n) not in (None, False)]
         given += [n for n in ("convert_lag", "stats_lead") if getattr(self, n) not in (0, "auto")]
         if given:
-            raise _plan_fail(f"BackwardPlan: fused_bq={self.fused_bq} is a kernel of its own; it takes "
-                             f"dq_ordered but not {', '.join(given)}")
+            raise _plan_fail(f"BackwardPlan: fused_bq={self.fused_bq} is a kernel of its own; "
+                             f"it takes dq_ordered but not {', '.join(given)}")
 
     # ---------------------------------------------------------------- the valid plans
     @classmethod
