@@ -611,3 +611,36 @@ def test_stats_lead_auto_applies_where_it_can():
     with pytest.raises(ConfigError, match="build_prep: lead needs counters=True and Hkv"):
         fab.build_prep(1, 256, 2, 128, lead=1)
 
+
+def test_backward_plan_names_the_valid_plans(monkeypatch):
+    """``BackwardPlan``'s constructors are the option sets they name, build the same cached
+    kernels as the keywords, ``for_eager`` is attention()'s choice, and a combination outside
+    the valid plans is a ``ConfigError`` at the line that makes it."""
+    P = fab.BackwardPlan
+    plans = (P(), P.safe_pair(), P.atomic(), P.bulk(), P.ordered(), P.converted(), P.fused())
+    assert [p.name for p in plans] == ["pair", "safe", "atomic", "bulk", "ordered", "converted",
+                                       "fused"]
+    assert P.lagged() == P.from_options(atomic_dq=1, dq_bulk=1, dq_ordered=1, dq_convert=1,
+                                        convert_lag="auto", stats_lead="auto")
+    assert P.fused(pingpong=1).options() == {"dq_ordered": True, "fused_bq": 128,
+                                             "fused_pingpong": 1}
+    monkeypatch.delenv("PYPTX_ATTN_BWD_SAFE", raising=False)
+    assert (P.for_eager(64), P.for_eager(128)) == (P.fused(pingpong=1), P.lagged())
+    assert P.for_eager(64, False) == P.fused(ordered=False, pingpong=1)
+    assert P.for_eager(128, False) == P.bulk()
+    monkeypatch.setenv("PYPTX_ATTN_BWD_SAFE", "1")
+    assert P.for_eager(64) == P.for_eager(128) == P()
+    monkeypatch.delenv("PYPTX_ATTN_BWD_SAFE")
+    kw = dict(atomic_dq=True, dq_bulk=True, dq_ordered=True, dq_convert=True)
+    built = fab.build_attention_backward(1, 256, 2, 2, 128, plan=P.converted())
+    assert built is fab.build_attention_backward(1, 256, 2, 2, 128, **kw)
+    assert len(built.kernels) == 2 and "_lead" not in built.kernels[1].name
+    with pytest.raises(ConfigError, match="BackwardPlan: dq_ordered=True needs dq_bulk") as e:
+        P(atomic_dq=True, dq_ordered=True)
+    assert str(e.value).startswith(f"{__file__}:")
+    with pytest.raises(ConfigError, match="not stats_lead"):
+        P(fused_bq=128, stats_lead=2)
+    with pytest.raises(ConfigError, match="plan= or option keywords, not both"):
+        fab.build_attention_backward(1, 256, 2, 2, 128, plan=P(), atomic_dq=True)
+    with pytest.raises(ConfigError, match="unknown options bogus"):
+        P.from_options(bogus=1)
