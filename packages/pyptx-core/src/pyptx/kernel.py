@@ -472,6 +472,7 @@ class Kernel:
 
         func = Function(self._name)
         trace = Trace(func, self._arch)
+        trace.version = self._version  # ptx.inst checks PTX ISA versions against it
         params = []
         tmap_params, tma_maps = [], []
         for i, (pname, shape) in enumerate(zip(names, in_shapes + out_shapes)):

@@ -16,6 +16,7 @@ from ..reg import NotPred, Reg, render
 from ..source import user_site, where
 from ..trace import current
 from ..types import _BY_NAME, PtxType
+from .check import Form
 
 OPCODES = frozenset("""
 abs activemask add addc alloca and applypriority atom bar barrier bfe bfi bfind bmsk
@@ -52,7 +53,7 @@ def _pred_text(p: Any) -> str:
 class Instr:
     """A partly spelled instruction; attribute access appends a modifier, a call emits it."""
 
-    __slots__ = ("opcode", "type", "_children")
+    __slots__ = ("opcode", "type", "_children", "_form")
 
     def __init__(self, opcode: str) -> None:
         self.opcode = opcode
@@ -65,6 +66,7 @@ class Instr:
                 self.type = t
                 break
         self._children: dict[str, Instr] = {}
+        self._form: Form | None = None
 
     def __getattr__(self, name: str) -> Instr:
         if name.startswith("__") and name.endswith("__"):
@@ -75,8 +77,14 @@ class Instr:
         return child
 
     def __call__(self, *operands: Any, pred: Any = None) -> None:
-        """Emit ``[@pred] opcode operands;`` into the active trace."""
+        """Emit ``[@pred] opcode operands;`` into the active trace, after checking the
+        spelling, the operands and the kernel's target against ``pyptx.ptx.isa``."""
         trace = current()
+        form = self._form
+        if form is None:
+            form = Form(self.opcode)
+            self._form = form
+        form.check(operands, trace)
         t = self.type
         if t is not None and t.kind == "s":  # masks such as 0xFFFFFFFF in redux.sync.min.s32
             t = _BY_NAME[f"u{t.bits}"]  # same text; accepts the full bit-pattern range

@@ -1,0 +1,234 @@
+"""The instruction table behind ``ptx.inst`` (``pyptx.ptx.isa``) against ptxas.
+
+Every ``ok`` spelling of every row becomes one call with operands generated from the
+row's roles (or its ``sample``); each arch the row supports (sm_80, sm_90a, sm_100a)
+assembles all of its calls in one kernel, and a kernel ptxas rejects is re-assembled one
+call at a time to name the rows that disagree with ptxas. Every row also has refused
+calls (an unknown modifier, one operand too many, a register of the wrong type), each
+checked for its message and for the file:line of the call.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import pytest
+
+import pyptx
+from pyptx import Tile, ptx, reg, smem
+from pyptx.errors import OperandError, PyptxError, TraceError, TypeMismatchError
+from pyptx.ptx import isa
+from pyptx.ptx.check import Form, compatible
+from pyptx.ptx.inst import OPCODES
+from pyptx.types import _BY_NAME, b16, f32, int_type, pred, u32, u64
+
+ARCHS = ("sm_80", "sm_90a", "sm_100a")
+#: Rows that need module-level objects (texture/surface references, branch tables, callee
+#: functions) a single generated call cannot declare.
+NO_SAMPLE = {"brx", "call", "tex", "tld4", "txq", "suld", "sust", "sured", "suq", "istypep"}
+CALLS = [(row, sp) for row in isa.TABLE.values() for sp in row.ok]
+
+
+def _supports(form: Form, arch: str) -> bool:
+    m = re.match(r"sm_(\d+)(a?)", arch)
+    sm = int(m.group(1))
+    top = form.row.sm_max
+    return sm >= form.sm and (m.group(2) == "a" or not form.arch_a) and not (top and sm > top)
+
+
+def _reg_type(ty: str):
+    t = _BY_NAME.get(ty)
+    if t is None:
+        return _BY_NAME[f"b{max(isa.EXTRA_BITS[ty], 16)}"]
+    if t.bits == 8:  # no 8-bit arithmetic registers: the 16-bit register the relaxed rules take
+        return int_type(16, t.is_signed) if t.kind in "us" else b16
+    return t
+
+
+class Env:
+    """What generated operands read: addresses, a predicate, a label, the kernel params."""
+
+
+def _operands(form: Form, sample: str | None, e: Env) -> list:
+    if sample is not None:
+        out = []
+        for tok in sample.split():
+            kind, _, rest = tok.partition(":")
+            if kind == "r":
+                out.append(reg.scalar(_reg_type(rest)))
+            elif kind == "v":
+                ty, n = rest.split(":")
+                out.append(reg.array(_reg_type(ty), int(n)))
+            elif kind == "g":
+                out.append(ptx.addr(e.rd))
+            elif kind == "sh":
+                out.append(ptx.addr(e.buf))
+            elif kind == "i":
+                out.append(int(rest))
+            elif kind == "t":
+                out.append(rest.replace("{p}", e.p.name))
+        return out
+    out = []
+    for role, ty, vec in form.roles[: form.nmin]:
+        if role in "dsrh" and ty:
+            t = _reg_type(ty)
+            out.append(reg.array(t, form.vec) if vec and form.vec else reg.scalar(t))
+        elif role == "a":
+            space = form.space
+            out.append(ptx.addr(e.buf) if space.startswith("shared") else
+                       ptx.addr(e.X) if space == "param" else ptx.addr(e.rd))
+        elif role in "pq":
+            out.append(e.p)
+        elif role == "i":
+            out.append(0)
+        elif role == "l":
+            out.append(e.lbl)
+        else:
+            raise AssertionError(f"{form.fn}: a role-{role} operand needs a sample")
+    return out
+
+
+def _emit(spelling: str, e: Env) -> int:
+    """Emit one generated call of ``spelling``; returns the line of the ``ptx.inst`` call."""
+    row = isa.row_for(spelling)[0]
+    ops = _operands(Form(spelling), row.sample.get(spelling), e)
+    line = sys._getframe().f_lineno + 1
+    ptx.inst(spelling)(*ops)
+    return line
+
+
+def _kernel(arch: str, body, name: str = "isa"):
+    @pyptx.kernel([Tile(1024, f32)], [Tile(1024, f32)], block=(128, 1, 1), arch=arch,
+                  version="8.8", name=name)
+    def k(X, Y):
+        e = Env()
+        e.X = X
+        e.rd = reg.scalar(u64, 0)
+        e.r = reg.scalar(u32, 0)
+        e.p = e.r < 3
+        e.buf = smem.alloc(f32, 1024, align=128, name="buf")
+        e.lbl = ptx.label("end")
+        body(e)
+        ptx.place(e.lbl)
+        ptx.ret()
+
+    return k.ptx()
+
+
+def test_every_opcode_has_a_row():
+    keys = {k.split(".")[0] for k in isa.TABLE} | set(isa.TABLE)
+    assert sorted(op for op in OPCODES if op not in keys) == []
+
+
+def test_every_row_has_an_accepted_call():
+    assert sorted(r.op for r in isa.TABLE.values() if not r.ok) == sorted(NO_SAMPLE)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_accepted_calls_assemble(arch, assemble):
+    calls = [sp for _, sp in CALLS if _supports(Form(sp), arch)]
+    assert len(calls) > 100 if arch != "sm_80" else len(calls) > 80
+    text = _kernel(arch, lambda e: [_emit(sp, e) for sp in calls])
+    try:
+        assemble(text, arch)
+    except AssertionError:
+        bad = []
+        for sp in calls:
+            try:
+                assemble(_kernel(arch, lambda e, sp=sp: _emit(sp, e)), arch)
+            except AssertionError as err:
+                bad.append(f"{sp}: {str(err).splitlines()[1]}")
+        assert bad == [], "the table accepts calls ptxas rejects"
+
+
+def test_table_forms_below_their_arch_are_refused():
+    for _row, sp in CALLS:
+        form = Form(sp)
+        if form.sm <= 80 and not form.arch_a:
+            continue
+        with pytest.raises(TraceError, match=r"needs sm_\d+") as ei:
+            _kernel("sm_80", lambda e, sp=sp: _emit(sp, e))
+        assert str(ei.value).startswith(f"{__file__}:"), sp
+
+
+def _refused(spelling: str, ops_of, exc, match: str) -> None:
+    def body(e):
+        ops = ops_of(e)
+        body.line = sys._getframe().f_lineno + 1
+        ptx.inst(spelling)(*ops)
+
+    with pytest.raises(exc, match=match) as ei:
+        _kernel("sm_100a", body)
+    assert isinstance(ei.value, PyptxError)
+    assert str(ei.value).startswith(f"{__file__}:{body.line}: ptx.inst."), str(ei.value)
+
+
+@pytest.mark.parametrize("row,spelling", [(r, r.ok[0]) for r in isa.TABLE.values() if r.ok],
+                         ids=lambda x: x if isinstance(x, str) else "")
+def test_refused_calls(row, spelling):
+    sample = row.sample.get(spelling)
+    gen = lambda e: _operands(Form(spelling), sample, e)  # noqa: E731
+    _refused(spelling + ".bogus", gen, OperandError, r"\.bogus is not a modifier of")
+    form = Form(spelling)
+    if form.nmax < 1 << 16:
+        _refused(spelling, lambda e: gen(e) + [reg.scalar(u32)] * (form.nmax + 1 - form.nmin),
+                 OperandError, "takes .* operands")
+    typed = [k for k, (role, ty, vec) in enumerate(form.roles[: form.nmin])
+             if role in "dsr" and ty and not (vec and form.vec) and sample is None]
+    if typed:
+        k = typed[0]
+        ty = form.roles[k][1]
+
+        def wrong(e):
+            ops = gen(e)
+            ops[k] = reg.scalar(u32 if ty == "pred" else pred)
+            return ops
+
+        _refused(spelling, wrong, TypeMismatchError, rf"operand {k + 1} .* must be a \.{ty}")
+
+
+@pytest.mark.parametrize("spelling,ops,match", [
+    ("add.u32", lambda e: [reg.scalar(u32), e.r], "takes 3 operands"),
+    ("add.f32", lambda e: [reg.scalar(f32), e.r, e.r], r"must be a \.f32 register"),
+    ("add.bogus.u32", lambda e: [e.r, e.r, e.r], r"\.bogus is not a modifier of add"),
+    ("ld.global.u32", lambda e: [reg.scalar(u32), e.rd], "must be an address"),
+    ("ld.global.u32", lambda e: [reg.scalar(u32), ptx.addr(e.r)], "64-bit address"),
+    ("ld.global.v4.f32", lambda e: [reg.array(f32, 2), ptx.addr(e.rd)], "vector of 4"),
+    ("st.global.f32", lambda e: [ptx.addr(e.rd), ptx.addr(e.rd)], "not an address"),
+    ("mul.u32", lambda e: [e.r, e.r, e.r], r"needs one of \.hi, \.lo, \.wide"),
+    ("add.sat.u32", lambda e: [e.r, e.r, e.r], r"\.sat is not valid with \.u32"),
+    ("shl.b32", lambda e: [e.r, e.r, 32], r"shift amount\) 32 is outside 0\.\.31"),
+    ("shr.u64", lambda e: [e.rd, e.rd, -1], "outside 0..63"),
+    ("setp.lt.u32", lambda e: [e.r, e.r, e.r], "must be a predicate register"),
+    ("mov.b32", lambda e: [reg.array(b16, 3), e.r], "totalling 32 bits"),
+    ("add.u32", lambda e: [1, e.r, e.r], "must be a register"),
+    ("cvt", lambda e: [e.r, e.r], "needs a type suffix"),
+    ("fma.rn.rz.f32", lambda e: [e.p] * 4, "exclude each other"),
+])
+def test_issue_examples_refused(spelling, ops, match):
+    _refused(spelling, ops, PyptxError, match)
+
+
+def test_bit_size_compatible_registers_pass():
+    assert compatible(u32, "b32") and compatible(f32, "b32") and compatible(u32, "s32")
+    assert not compatible(u32, "f32") and not compatible(f32, "u32")
+    assert not compatible(u64, "b32") and compatible(u64, "u32", relaxed=True)
+    assert compatible(_BY_NAME["bf16"], "b16") and compatible(_BY_NAME["bf16x2"], "bf16x2")
+    assert not compatible(pred, "b32") and compatible(pred, "pred")
+
+
+def test_ptx_version_is_checked():
+    def body(e):
+        ptx.inst("st.async.shared::cluster.mbarrier::complete_tx::bytes.u32")(
+            ptx.addr(e.buf), e.r, ptx.addr(e.buf))
+
+    @pyptx.kernel([Tile(1024, f32)], [Tile(1024, f32)], arch="sm_90a", version="8.0")
+    def k(X, Y):
+        e = Env()
+        e.r = reg.scalar(u32, 0)
+        e.buf = smem.alloc(f32, 16, name="b")
+        body(e)
+
+    with pytest.raises(TraceError, match=r"needs PTX ISA 8\.1"):
+        k.ptx()
