@@ -41,9 +41,9 @@ ERR_LIMIT = 0.05  # max |o - SDPA| (bf16, randn inputs: |o| < ~1.5); a variant o
 
 
 def load_attention():
-    """The flash-attention example as a module."""
+    """The flash-attention forward's host functions."""
 
-    return importlib.import_module("pyptx_kernels.flash_attention.forward")
+    return importlib.import_module("pyptx_kernels.flash_attention.fwd_host")
 
 
 def sdpa_call(backend, causal):
@@ -123,7 +123,7 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--pairs", type=int, default=20, help="paired rounds (0: no paired column)")
     p.add_argument("--configs", default=None,
-                   help='JSON list of keyword dicts for our forward, one column each, e.g. '
+                   help='JSON list of ForwardConfig keyword dicts for our forward, one column each, e.g. '
                         '[{}, {"persistent": true}, {"BN": 176}, {"pin_overlap": true}, '
                         '{"rescale_threshold": 8}]')
     p.add_argument("--no-bwd", action="store_true")
@@ -140,6 +140,8 @@ def main(argv=None) -> int:
     schedules = args.schedules or [None]
     configs = json.loads(args.configs) if args.configs else [{}]
     variants = [(s, c) for s in schedules for c in configs]
+    plans = [None if s is None and not c else fa.ForwardConfig(schedule=s, **c)
+             for s, c in variants]                  # None: the default call (tuned)
     dev = torch.cuda.get_device_name()
 
     def label(s, c):
@@ -169,9 +171,9 @@ def main(argv=None) -> int:
                 flops = 4.0 * B * H * S * S * D * (0.5 if causal else 1.0)
                 fwd = {}
                 err = None
-                for name, (sched, cfg) in zip(ours, variants):
+                for name, plan in zip(ours, plans):
                     try:
-                        o, _ = fa.attention_forward(q, k, v, causal=causal, schedule=sched, **cfg)
+                        o, _ = fa.attention_forward(q, k, v, causal=causal, config=plan)
                         ref = torch.nn.functional.scaled_dot_product_attention(
                             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                             is_causal=causal).transpose(1, 2)
@@ -181,8 +183,8 @@ def main(argv=None) -> int:
                             print(f"  {name}: max |o - sdpa| {e:.2e} over {ERR_LIMIT}: FAIL",
                                   flush=True)
                             continue
-                        fwd[name] = (lambda s=sched, c=causal, a=q, b_=k, v_=v, kw=cfg:
-                                     fa.attention_forward(a, b_, v_, causal=c, schedule=s, **kw))
+                        fwd[name] = (lambda p=plan, c=causal, a=q, b_=k, v_=v:
+                                     fa.attention_forward(a, b_, v_, causal=c, config=p))
                     except Exception as ex:  # noqa: BLE001 - print n/a and go on
                         print(f"  {name}: {type(ex).__name__}: {ex}"[:300], flush=True)
                 for be in BACKENDS:

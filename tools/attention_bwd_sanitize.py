@@ -6,7 +6,6 @@ the opt-in options (e.g. ``dkdv_bq=32``; see the example's ``parse_options``). `
 runs the packed variable-length pair instead (``attention_varlen``'s backward through torch
 autograd: empty q and k sequences, ragged lengths, GQA, both head dims, causal and full;
 dK/dV rings refilled: a 300-row sequence has 5 q blocks per q head, 2 q heads per kv head)."""
-import importlib
 import sys
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from pyptx_kernels.flash_attention.bwd_plan import parse_options  # noqa: E402
 
 def check_varlen():
     """The varlen cases against float64 autograd of ``reference_varlen``; failures counted."""
-    fa = importlib.import_module("pyptx_kernels.flash_attention.forward")
+    from pyptx_kernels.flash_attention import fwd_host, fwd_reference
     fails = 0
     for lens_q, lens_k, Hq, Hkv, D, dtn, causal in [
             ([0, 70, 300, 5], [33, 0, 300, 64], 4, 2, 64, "bf16", True),
@@ -32,9 +31,9 @@ def check_varlen():
         k, v = (torch.randn(sum(lens_k), Hkv, D, device="cuda", dtype=dt) for _ in range(2))
         do = torch.randn_like(q)
         xs = [x.clone().requires_grad_() for x in (q, k, v)]
-        fa.attention_varlen(*xs, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal).backward(do)
+        fwd_host.attention_varlen(*xs, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal).backward(do)
         refs = [x.double().requires_grad_() for x in (q, k, v)]
-        fa.reference_varlen(*refs, cu_q, cu_k, causal)[0].backward(do.double())
+        fwd_reference.reference_varlen(*refs, cu_q, cu_k, causal)[0].backward(do.double())
         errs = [((x.grad.double() - r.grad).norm() / r.grad.norm()).item() for x, r in zip(xs, refs)]
         ok = all(e < (1e-2 if dtn == "bf16" else 4e-3) for e in errs)
         fails += not ok

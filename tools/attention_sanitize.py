@@ -4,14 +4,16 @@ the persistent kernel over 4 CTAs, plus a packed (varlen) batch, each candidate 
 tuned list (``ATTENTION_CONFIGS``) and three consumer warpgroups (``consumers=3``); every
 output is checked against float64. ``python tools/attention_sanitize.py consumers=3``: the
 last part only."""
-import importlib
 import sys
 from pathlib import Path
 
 import torch
+from pyptx_kernels.flash_attention import fwd_config, fwd_host, fwd_kernel, fwd_reference
+from pyptx_kernels.flash_attention.fwd_config import ForwardConfig
+
+from pyptx.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
-fa = importlib.import_module("pyptx_kernels.flash_attention.forward")
 
 bad = 0
 
@@ -20,14 +22,14 @@ def default_cases():
     """Every schedule, persistent, varlen and tuned candidate, each with its default
     consumer count."""
     bad = 0
-    for schedule in fa.SCHEDULES:
+    for schedule in fwd_config.SCHEDULES:
         for D in (64, 128):
             for causal in (False, True):
                 q = torch.randn(2, 77, 4, D, device="cuda", dtype=torch.bfloat16)
                 k = torch.randn(2, 77, 2, D, device="cuda", dtype=torch.bfloat16)
                 v = torch.randn(2, 77, 2, D, device="cuda", dtype=torch.bfloat16)
-                o, lse = fa.attention_forward(q, k, v, causal=causal, schedule=schedule)
-                ok, eo, el = fa.check(o, lse, *fa.reference(q, k, v, causal), "bf16")
+                o, lse = fwd_host.attention_forward(q, k, v, causal=causal, config=ForwardConfig(schedule=schedule))
+                ok, eo, el = fwd_reference.check(o, lse, *fwd_reference.reference(q, k, v, causal), "bf16")
                 bad += not ok
                 print(schedule, D, "causal" if causal else "full", f"o err {eo:.1e} lse {el:.1e}",
                       "PASS" if ok else "FAIL")
@@ -35,10 +37,9 @@ def default_cases():
             q = torch.randn(2, 77, 4, 128, device="cuda", dtype=torch.bfloat16)
             k = torch.randn(2, 77, 2, 128, device="cuda", dtype=torch.bfloat16)
             v = torch.randn(2, 77, 2, 128, device="cuda", dtype=torch.bfloat16)
-            kern = fa.build_attention(2, 77, 4, 2, 128, causal=causal, schedule=schedule,
-                                      persistent=True, num_sms=4)
+            kern = fwd_kernel.build_attention(2, 77, 4, 2, 128, causal=causal, config=ForwardConfig(schedule=schedule, persistent=True, num_sms=4))
             o, lse = kern(q, k, v)
-            ok, eo, el = fa.check(o, lse, *fa.reference(q, k, v, causal), "bf16")
+            ok, eo, el = fwd_reference.check(o, lse, *fwd_reference.reference(q, k, v, causal), "bf16")
             bad += not ok
             print(schedule, "persistent", "causal" if causal else "full",
                   f"o err {eo:.1e} lse {el:.1e}", "PASS" if ok else "FAIL")
@@ -47,26 +48,25 @@ def default_cases():
         q = torch.randn(208, 4, 128, device="cuda", dtype=torch.bfloat16)
         k = torch.randn(208, 2, 128, device="cuda", dtype=torch.bfloat16)
         v = torch.randn(208, 2, 128, device="cuda", dtype=torch.bfloat16)
-        o, lse = fa.attention_varlen_forward(q, k, v, cu, cu, max(lens), max(lens), causal=True,
-                                             schedule=schedule)
-        ok, eo, el = fa.check(o, lse, *fa.reference_varlen(q, k, v, cu, cu, True), "bf16")
+        o, lse = fwd_host.attention_varlen_forward(q, k, v, cu, cu, max(lens), max(lens), causal=True, config=ForwardConfig(schedule=schedule))
+        ok, eo, el = fwd_reference.check(o, lse, *fwd_reference.reference_varlen(q, k, v, cu, cu, True), "bf16")
         bad += not ok
         print(schedule, "varlen", f"o err {eo:.1e} lse {el:.1e}", "PASS" if ok else "FAIL")
     # the tuned list's candidates (ATTENTION_CONFIGS) that fit each head dim, at a length that
     # leaves a partial key block for every BN
-    for cfg in fa.ATTENTION_CONFIGS[1:]:
+    for cfg in fwd_config.ATTENTION_CONFIGS[1:]:
         for D in (64, 128):
             q = torch.randn(1, 300, 2, D, device="cuda", dtype=torch.bfloat16)
             k = torch.randn(1, 300, 1, D, device="cuda", dtype=torch.bfloat16)
             v = torch.randn(1, 300, 1, D, device="cuda", dtype=torch.bfloat16)
             try:
-                kern = fa.build_attention(1, 300, 2, 1, D, causal=True, **cfg.kwargs)
-            except fa.ConfigError:
+                kern = fwd_kernel.build_attention(1, 300, 2, 1, D, causal=True, config=cfg)
+            except ConfigError:
                 continue  # a config that does not fit this head dim
             o, lse = kern(q, k, v)
-            ok, eo, el = fa.check(o, lse, *fa.reference(q, k, v, True), "bf16")
+            ok, eo, el = fwd_reference.check(o, lse, *fwd_reference.reference(q, k, v, True), "bf16")
             bad += not ok
-            print("tuned candidate", cfg.kwargs, D, f"o err {eo:.1e} lse {el:.1e}",
+            print("tuned candidate", cfg.changes(), D, f"o err {eo:.1e} lse {el:.1e}",
                   "PASS" if ok else "FAIL")
     return bad
 
@@ -74,16 +74,15 @@ def default_cases():
 if "consumers=3" not in sys.argv[1:]:
     bad += default_cases()
 # three consumer warpgroups (192-row blocks): every schedule, dense and persistent over 4 CTAs
-for schedule in fa.SCHEDULES:
+for schedule in fwd_config.SCHEDULES:
     for causal in (False, True):
         q = torch.randn(2, 300, 4, 64, device="cuda", dtype=torch.bfloat16)
         k = torch.randn(2, 300, 2, 64, device="cuda", dtype=torch.bfloat16)
         v = torch.randn(2, 300, 2, 64, device="cuda", dtype=torch.bfloat16)
         for persistent in (False, True):
-            kern = fa.build_attention(2, 300, 4, 2, 64, causal=causal, schedule=schedule,
-                                      consumers=3, persistent=persistent, num_sms=4)
+            kern = fwd_kernel.build_attention(2, 300, 4, 2, 64, causal=causal, config=ForwardConfig(schedule=schedule, consumers=3, persistent=persistent, num_sms=4))
             o, lse = kern(q, k, v)
-            ok, eo, el = fa.check(o, lse, *fa.reference(q, k, v, causal), "bf16")
+            ok, eo, el = fwd_reference.check(o, lse, *fwd_reference.reference(q, k, v, causal), "bf16")
             bad += not ok
             print(schedule, "consumers=3", "persistent" if persistent else "",
                   "causal" if causal else "full", f"o err {eo:.1e} lse {el:.1e}",

@@ -28,7 +28,8 @@ from pyptx.errors import ConfigError
 torch = pytest.importorskip("torch")
 
 api = importlib.import_module("pyptx_kernels.flash_attention.api")
-fa = importlib.import_module("pyptx_kernels.flash_attention.forward")
+from pyptx_kernels.flash_attention import fwd_reference as fa
+
 BF16 = torch.bfloat16
 
 

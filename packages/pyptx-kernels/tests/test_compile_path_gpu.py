@@ -25,7 +25,7 @@ pytestmark = [
 
 
 def _kernels():
-    fa = importlib.import_module("pyptx_kernels.flash_attention.forward")
+    from pyptx_kernels.flash_attention import fwd_kernel as fa
     fab = importlib.import_module("pyptx_kernels.flash_attention.backward")
     dkdv = [k for k in fab.build_attention_backward(2, 512, 4, 4, 128).kernels
             if "dkdv" in k.name]

@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import importlib
 import math
 from pathlib import Path
 
@@ -493,9 +492,9 @@ def test_ordered_dq_ranks_are_a_fixed_order_one_step_apart():
 
 def test_deterministic_false_builds_the_bulk_dq_backward():
     """``attention(..., deterministic=False)``'s backward: prep, dK/dV with bulk dQ adds, convert."""
-    fa = importlib.import_module("pyptx_kernels.flash_attention.forward")
-    fwd = fa._differentiable(1, 256, 2, 2, 128, 256, "bf16", True, 0.125, fa._schedule(None),
-                             fa.default_bn(128), 2, False, False, fa.RESCALE_THRESHOLD, False)
+    from pyptx_kernels.flash_attention import fwd_config, fwd_host
+    plan = fwd_config.ForwardConfig(BN=fwd_config.default_bn(128))
+    fwd = fwd_host._differentiable(1, 256, 2, 2, 128, 256, "bf16", True, 0.125, plan, False)
     names = [k.name for k in fwd.backward_kernel.kernels]
     assert len(names) == 3 and "_atomic_bulk" in names[1], names
 
@@ -504,12 +503,12 @@ def test_attention_default_backward_per_head_dim():
     """``attention()``'s torch-eager backward: D=128 the ordered bulk-dQ kernels (five
     products, deterministic) and D=64 the fused one-kernel backward (ordered), each with the
     seven-product pair as the fallback for JAX and graph traces."""
-    fa = importlib.import_module("pyptx_kernels.flash_attention.forward")
+    from pyptx_kernels.flash_attention import fwd_config, fwd_host
 
     def bwd_of(D):
-        return fa._differentiable(1, 256, 2, 2, D, 256, "bf16", False, 0.1, fa._schedule(None),
-                                  fa.default_bn(D), 2, False, False, fa.RESCALE_THRESHOLD,
-                                  True).backward_kernel
+        plan = fwd_config.ForwardConfig(BN=fwd_config.default_bn(D))
+        return fwd_host._differentiable(1, 256, 2, 2, D, 256, "bf16", False, 0.1, plan,
+                                        True).backward_kernel
 
     b128 = bwd_of(128)
     assert "_ordered" in b128.kernels[1].name and b128.fallback is not None
@@ -610,6 +609,7 @@ def test_stats_lead_auto_applies_where_it_can():
         "stats_lead": "auto", "convert_lag": "auto"}
     with pytest.raises(ConfigError, match="build_prep: lead needs counters=True and Hkv"):
         fab.build_prep(1, 256, 2, 128, lead=1)
+
 
 
 def test_backward_plan_names_the_valid_plans(monkeypatch):

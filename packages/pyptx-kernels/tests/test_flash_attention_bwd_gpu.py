@@ -113,7 +113,7 @@ def test_bulk_dq_modes(B, S, Hq, Hkv, D, dtn, causal, opts):
 def test_attention_default_backward_is_deterministic(causal, D):
     """``attention()``'s default backward (D=128: the ordered bulk-dQ dK/dV kernel; D=64: the
     fused kernel, ordered): float64 autograd, and two runs give bitwise-equal gradients."""
-    fa = importlib.import_module("pyptx_kernels.flash_attention.forward")
+    from pyptx_kernels.flash_attention import fwd_host as fa
     q0, k0, v0, do = _inputs(2, 700, 4, 2, D, "bf16")
     _, _, *refs = fab.reference(q0, k0, v0, do, causal)
     grads = []
@@ -129,7 +129,7 @@ def test_attention_default_backward_with_lag_and_lead():
     """At 48 kv heads of 8 CTAs (S=1024) the default D=128 full backward's early converters
     (``convert_lag``: 33 heads back) and stats writers (``stats_lead``: 18 heads ahead) both
     run: float64 autograd, bitwise-equal gradients over two runs."""
-    fa = importlib.import_module("pyptx_kernels.flash_attention.forward")
+    from pyptx_kernels.flash_attention import fwd_host as fa
     B, S, H = 3, 1024, 16
     built = fab.build_attention_backward(B, S, H, H, 128, atomic_dq=True, dq_bulk=True,
                                          dq_ordered=True, dq_convert=True, convert_lag="auto",
@@ -150,7 +150,7 @@ def test_attention_default_backward_with_lag_and_lead():
 def test_attention_deterministic_false_gradients(D):
     """``attention(..., deterministic=False)`` through torch autograd: the bulk-dQ backward
     (D=64: the fused kernel, any order)."""
-    fa = importlib.import_module("pyptx_kernels.flash_attention.forward")
+    from pyptx_kernels.flash_attention import fwd_host as fa
     q, k, v, do = _inputs(2, 300, 4, 2, D, "bf16")
     _, _, *refs = fab.reference(q, k, v, do, True)
     q, k, v = (x.requires_grad_() for x in (q, k, v))

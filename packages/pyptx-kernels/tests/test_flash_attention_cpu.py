@@ -16,7 +16,6 @@
 
 from __future__ import annotations
 
-import importlib
 import math
 import re
 from pathlib import Path
@@ -27,7 +26,8 @@ import pytest
 from pyptx.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[3]
-fa = importlib.import_module("pyptx_kernels.flash_attention.forward")
+from pyptx_kernels.flash_attention import fwd_config, fwd_host, fwd_kernel, fwd_softmax, masks
+from pyptx_kernels.flash_attention.fwd_config import ForwardConfig
 
 
 # ------------------------------------------------------------------ block plan
@@ -36,26 +36,26 @@ fa = importlib.import_module("pyptx_kernels.flash_attention.forward")
 def test_block_plan_covers_exactly_the_allowed_keys(causal, BN):
     for seqlen_q in (1, 2, 77, 127, 128, 129, 200, 333, 512):
         for seqlen_k in (1, 5, 77, 128, 200, 333, 512) if not causal else (seqlen_q, 1, 333):
-            for m0 in range(0, seqlen_q, fa.BM):
-                n_blocks, n_unm = fa.block_plan(m0, seqlen_q, seqlen_k, BN, causal)
+            for m0 in range(0, seqlen_q, fwd_config.BM):
+                n_blocks, n_unm = masks.block_plan(m0, seqlen_q, seqlen_k, BN, causal)
                 assert 0 <= n_unm <= n_blocks
-                rows = np.arange(m0, min(m0 + fa.BM, seqlen_q))
-                lim = np.array([fa.row_limit(int(r), seqlen_k, causal) for r in rows])
+                rows = np.arange(m0, min(m0 + fwd_config.BM, seqlen_q))
+                lim = np.array([masks.row_limit(int(r), seqlen_k, causal) for r in rows])
                 assert n_blocks >= 1
                 # keys past the visited blocks are masked for every stored row
                 assert (lim <= n_blocks * BN).all()
                 # unmasked blocks hold only allowed keys, for every row of the CTA's block
-                all_rows = np.arange(m0, m0 + fa.BM)
-                all_lim = np.array([fa.row_limit(int(r), seqlen_k, causal) for r in all_rows])
+                all_rows = np.arange(m0, m0 + fwd_config.BM)
+                all_lim = np.array([masks.row_limit(int(r), seqlen_k, causal) for r in all_rows])
                 assert (all_lim >= n_unm * BN).all()
 
 
 def test_block_plan_causal_diagonal_only():
     # S = Sk = 1024, BN = BM = 128: block m visits m + 1 blocks, masks only the diagonal
     for mb in range(8):
-        assert fa.block_plan(mb * 128, 1024, 1024, 128, True) == (mb + 1, mb)
-    assert fa.block_plan(256, 1024, 1024, 128, False) == (8, 8)
-    assert fa.block_plan(0, 1000, 1000, 128, False) == (8, 7)
+        assert masks.block_plan(mb * 128, 1024, 1024, 128, True) == (mb + 1, mb)
+    assert masks.block_plan(256, 1024, 1024, 128, False) == (8, 8)
+    assert masks.block_plan(0, 1000, 1000, 128, False) == (8, 7)
 
 
 # ------------------------------------------------------------------ register layouts
@@ -66,7 +66,7 @@ def test_s_accumulator_pairs_are_the_wgmma_a_fragment():
     from pyptx.fragment import accumulator_coord
 
     for kk in range(8):
-        for q, (lo, hi) in enumerate(fa.a_fragment(kk)):
+        for q, (lo, hi) in enumerate(fwd_softmax.a_fragment(kk)):
             for warp in range(4):
                 for lane in range(32):
                     row = 16 * warp + lane // 4 + 8 * (q % 2)
@@ -80,7 +80,7 @@ def test_frag_half_and_col_match_the_accumulator():
 
     for i in range(64):
         r, c = accumulator_coord(i, 0, 0)
-        assert fa.frag_half(i) == r // 8 and fa.frag_col(i) == c
+        assert masks.frag_half(i) == r // 8 and masks.frag_col(i) == c
 
 
 @pytest.mark.parametrize("D", [64, 128, 256])
@@ -92,7 +92,7 @@ def test_epilogue_addresses_are_the_tma_128b_swizzle(D):
     engine reads it."""
     from pyptx.fragment import Accumulator, accumulator_coord
 
-    slab = fa.BM * 128
+    slab = fwd_config.BM * 128
     seen = {}
     for t in range(128):
         warp, lane = t // 32, t % 32
@@ -128,19 +128,19 @@ def model_forward(q, k, v, causal, scale, dtype, BN, rescale_threshold=None):
     rows) where some row moved its max."""
     S, D = q.shape
     Sk = k.shape[0]
-    sl2 = np.float32(scale * fa.LOG2E)
+    sl2 = np.float32(scale * fwd_config.LOG2E)
     o_all = np.zeros((S, D), np.float32)
     lse_all = np.zeros(S, np.float32)
-    for m0 in range(0, S, fa.BM):
-        n_blocks, n_unm = fa.block_plan(m0, S, Sk, BN, causal)
-        rows = np.arange(m0, m0 + fa.BM)
-        qb = np.zeros((fa.BM, D), np.float32)
+    for m0 in range(0, S, fwd_config.BM):
+        n_blocks, n_unm = masks.block_plan(m0, S, Sk, BN, causal)
+        rows = np.arange(m0, m0 + fwd_config.BM)
+        qb = np.zeros((fwd_config.BM, D), np.float32)
         valid = rows < S
         qb[valid] = q[rows[valid]]                        # copies past S read zeros
-        lim = np.array([fa.row_limit(int(r), Sk, causal) for r in rows])
-        m = np.full(fa.BM, -np.inf, np.float32)
-        ls = np.zeros(fa.BM, np.float32)
-        o = np.zeros((fa.BM, D), np.float32)
+        lim = np.array([masks.row_limit(int(r), Sk, causal) for r in rows])
+        m = np.full(fwd_config.BM, -np.inf, np.float32)
+        ls = np.zeros(fwd_config.BM, np.float32)
+        o = np.zeros((fwd_config.BM, D), np.float32)
         for j in range(n_blocks):
             cols = j * BN + np.arange(BN)
             kb = np.zeros((BN, D), np.float32)
@@ -151,7 +151,7 @@ def model_forward(q, k, v, causal, scale, dtype, BN, rescale_threshold=None):
             if j >= n_unm or j == 0:                      # the kernel masks these
                 s = np.where(cols[None, :] >= lim[:, None], -np.inf, s)
             m_new = np.maximum(s.max(axis=1) * sl2, m)
-            moved = np.ones(fa.BM, bool)
+            moved = np.ones(fwd_config.BM, bool)
             if rescale_threshold is not None:
                 moved = m_new > m + np.float32(rescale_threshold)
                 m_new = np.where(moved, m_new, m)
@@ -166,8 +166,8 @@ def model_forward(q, k, v, causal, scale, dtype, BN, rescale_threshold=None):
             o = np.where(warp_moved[:, None], o * alpha[:, None], o) + _round(p, dtype) @ vb
         inv = np.where(ls > 0, 1 / np.where(ls > 0, ls, 1), 0)
         with np.errstate(divide="ignore"):
-            lse = np.where(ls > 0, (m + np.log2(np.where(ls > 0, ls, 1))) * fa.LN2, -np.inf)
-        n = min(fa.BM, S - m0)
+            lse = np.where(ls > 0, (m + np.log2(np.where(ls > 0, ls, 1))) * fwd_config.LN2, -np.inf)
+        n = min(fwd_config.BM, S - m0)
         o_all[m0:m0 + n] = _round(o * inv[:, None], dtype)[:n]
         lse_all[m0:m0 + n] = lse[:n]
     return o_all, lse_all
@@ -196,7 +196,7 @@ def test_model_matches_float64(S, Sk, D, causal, dtype):
     k = _round(rng.standard_normal((Sk, D)), dtype)
     v = _round(rng.standard_normal((Sk, D)), dtype)
     scale = 1 / math.sqrt(D)
-    o, lse = model_forward(q, k, v, causal, scale, dtype, fa.default_bn(D))
+    o, lse = model_forward(q, k, v, causal, scale, dtype, fwd_config.default_bn(D))
     ro, rl = reference64(q, k, v, causal, scale)
     tol = 2e-2 if dtype == "bf16" else 1e-2
     assert (np.abs(o - ro) / np.maximum(np.abs(ro), 1)).max() <= tol
@@ -228,7 +228,7 @@ def test_lazy_rescale_model(S, Sk, D, causal, dtype):
 
 def test_model_row_without_keys_gives_zero_and_minus_inf():
     """A packed sequence with no keys visits no block: o = 0 and lse = -inf (the contract)."""
-    assert fa.block_plan(0, 3, 0, 128, False) == (0, 0)
+    assert masks.block_plan(0, 3, 0, 128, False) == (0, 0)
     q = np.ones((3, 64), np.float32)
     empty = np.zeros((0, 64), np.float32)
     o, lse = model_forward(q, empty, empty, False, 0.125, "bf16", 128)
@@ -236,12 +236,11 @@ def test_model_row_without_keys_gives_zero_and_minus_inf():
 
 
 # ------------------------------------------------------------------ tracing and ptxas
-@pytest.mark.parametrize("schedule", fa.SCHEDULES)
+@pytest.mark.parametrize("schedule", fwd_config.SCHEDULES)
 @pytest.mark.parametrize("D", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
 def test_dense_kernel_assembles(assemble, schedule, D, causal):
-    k = fa.build_attention(2, 200, 4, 2, D, causal=causal, schedule=schedule,
-                           dtype="f16" if D == 64 else "bf16")
+    k = fwd_kernel.build_attention(2, 200, 4, 2, D, causal=causal, dtype="f16" if D == 64 else "bf16", config=ForwardConfig(schedule=schedule))
     ptx_text = k.ptx()
     assert "cp.async.bulk.tensor.4d" in ptx_text
     assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.(bf16|f16)\.(bf16|f16) "
@@ -251,12 +250,12 @@ def test_dense_kernel_assembles(assemble, schedule, D, causal):
     assert "0 bytes spill stores" in log
 
 
-@pytest.mark.parametrize("schedule", fa.SCHEDULES)
+@pytest.mark.parametrize("schedule", fwd_config.SCHEDULES)
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 def test_persistent_kernel_assembles(assemble, schedule, D, causal):
-    k = fa.build_attention(2, 300, 4, 2, D, causal=causal, schedule=schedule, persistent=True)
-    bm = 64 * fa.default_consumers(D)
+    k = fwd_kernel.build_attention(2, 300, 4, 2, D, causal=causal, config=ForwardConfig(schedule=schedule, persistent=True))
+    bm = 64 * fwd_config.default_consumers(D)
     assert k.grid == (-(-300 // bm) * 8, 1, 1) and "persistent" in k.name
     assert "0 bytes spill stores" in assemble(k.ptx())
 
@@ -272,10 +271,10 @@ def test_persistent_tile_order_covers_every_block_once():
     assert len(seen) == B * Hq * num_m
 
 
-@pytest.mark.parametrize("schedule", fa.SCHEDULES)
+@pytest.mark.parametrize("schedule", fwd_config.SCHEDULES)
 @pytest.mark.parametrize("causal", [False, True])
 def test_varlen_kernel_assembles(assemble, schedule, causal):
-    k = fa.build_attention_varlen(700, 900, 3, 4, 2, 128, 333, causal=causal, schedule=schedule)
+    k = fwd_kernel.build_attention_varlen(700, 900, 3, 4, 2, 128, 333, causal=causal, config=ForwardConfig(schedule=schedule))
     ptx_text = k.ptx()
     assert "cp.async.bulk.tensor.3d" in ptx_text and "st.global.b32" in ptx_text
     assert "0 bytes spill stores" in assemble(ptx_text)
@@ -284,12 +283,12 @@ def test_varlen_kernel_assembles(assemble, schedule, causal):
 @pytest.mark.parametrize("D,BN,stages", [(128, 176, 2), (128, 128, 3), (64, 192, 2), (64, 128, 4),
                                          (256, 80, 2)])
 def test_block_shapes_assemble(assemble, D, BN, stages):
-    k = fa.build_attention(1, 500, 2, 1, D, causal=True, BN=BN, stages=stages)
+    k = fwd_kernel.build_attention(1, 500, 2, 1, D, causal=True, config=ForwardConfig(BN=BN, stages=stages))
     assert f"m64n{BN}k16" in k.ptx()
     assert "0 bytes spill stores" in assemble(k.ptx())
 
 
-@pytest.mark.parametrize("schedule", fa.SCHEDULES)
+@pytest.mark.parametrize("schedule", fwd_config.SCHEDULES)
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("opts", [dict(pin_overlap=True), dict(rescale_threshold=None),
@@ -298,7 +297,7 @@ def test_tuning_options_assemble(assemble, schedule, D, causal, opts):
     """The tuning options trace, assemble without spills and emit what they promise: a
     ``fence.acq_rel.cta`` before the P V wait (overlapped schedules only) and a warp vote
     around the O rescale unless ``rescale_threshold=None`` (the exact schedule)."""
-    k = fa.build_attention(2, 300, 4, 2, D, causal=causal, schedule=schedule, **opts)
+    k = fwd_kernel.build_attention(2, 300, 4, 2, D, causal=causal, config=ForwardConfig(schedule=schedule, **opts))
     text = k.ptx()
     pinned = opts.get("pin_overlap", False) and schedule != "simple"
     assert ("fence.acq_rel.cta" in text) == pinned
@@ -310,13 +309,15 @@ def test_tuning_options_assemble(assemble, schedule, D, causal, opts):
 @pytest.mark.parametrize("kw", [dict(BN=176, stages=2), dict(BN=128, stages=3),
                                 dict(persistent=True)])
 def test_tuning_options_with_block_shapes_assemble(assemble, kw):
-    k = fa.build_attention(1, 500, 2, 1, 128, pin_overlap=True, rescale_threshold=8, **kw)
+    k = fwd_kernel.build_attention(1, 500, 2, 1, 128,
+                                   config=ForwardConfig(pin_overlap=True, rescale_threshold=8, **kw))
     assert "0 bytes spill stores" in assemble(k.ptx())
 
 
 def test_tuning_options_varlen_assemble(assemble):
-    k = fa.build_attention_varlen(700, 900, 3, 4, 2, 128, 333, causal=True, pin_overlap=True,
-                                  rescale_threshold=4)
+    k = fwd_kernel.build_attention_varlen(
+        700, 900, 3, 4, 2, 128, 333, causal=True,
+        config=ForwardConfig(pin_overlap=True, rescale_threshold=4))
     assert k.name.endswith("_pinned_rt4")
     assert "0 bytes spill stores" in assemble(k.ptx())
 
@@ -324,10 +325,10 @@ def test_tuning_options_varlen_assemble(assemble):
 def test_default_kernel_rescales_lazily_and_exact_on_request():
     """The default is ``rescale_threshold=8`` (a warp vote, no tag in the name); ``None``
     builds the exact schedule (no vote, ``_exact`` in the name); neither pins the overlap."""
-    k = fa.build_attention(2, 300, 4, 2, 128)
-    assert fa.RESCALE_THRESHOLD == 8 and "vote.sync.any.pred" in k.ptx()
+    k = fwd_kernel.build_attention(2, 300, 4, 2, 128)
+    assert fwd_config.RESCALE_THRESHOLD == 8 and "vote.sync.any.pred" in k.ptx()
     assert "fence.acq_rel" not in k.ptx() and "_rt" not in k.name and "_exact" not in k.name
-    exact = fa.build_attention(2, 300, 4, 2, 128, rescale_threshold=None)
+    exact = fwd_kernel.build_attention(2, 300, 4, 2, 128, config=ForwardConfig(rescale_threshold=None))
     assert "vote.sync" not in exact.ptx() and exact.name.endswith("_exact")
 
 
@@ -374,7 +375,7 @@ def _run_named_barriers(programs, rng):
                     waiting[v] = None
 
 
-@pytest.mark.parametrize("wgs", fa.CONSUMERS)
+@pytest.mark.parametrize("wgs", fwd_config.CONSUMERS)
 @pytest.mark.parametrize("tiles", [[0], [1], [2], [5], [3, 3, 3], [1, 4, 2, 7]])
 def test_pingpong_protocol_is_balanced_and_alternates(tiles, wgs):
     # per tile the overlapped schedule issues n_blocks + 1 batches (none for an empty tile)
@@ -386,8 +387,7 @@ def test_pingpong_protocol_is_balanced_and_alternates(tiles, wgs):
 
 def test_pingpong_kernel_emits_that_protocol():
     for persistent in (False, True):
-        text = fa.build_attention(2, 300, 4, 2, 128, causal=True, schedule="pingpong",
-                                  persistent=persistent, consumers=2).ptx()
+        text = fwd_kernel.build_attention(2, 300, 4, 2, 128, causal=True, config=ForwardConfig(schedule="pingpong", persistent=persistent, consumers=2)).ptx()
         ops = [ln.strip() for ln in text.splitlines() if re.search(r"\bbar\.(sync|arrive)", ln)]
         named = [op for op in ops if op.endswith(", 256;")]
         assert re.fullmatch(r"@!%p\d+ bar\.arrive 3, 256;", named[0])     # warpgroup 1, once
@@ -402,8 +402,7 @@ def test_pingpong_kernel_emits_that_protocol():
 def test_three_consumer_pingpong_kernel_emits_that_protocol(persistent):
     """Three consumers: epilogue barriers 1-3, turns on 4-6; warpgroup 2 gives warpgroup 0
     the first turn and warpgroup 0 takes the last one back."""
-    text = fa.build_attention(2, 300, 4, 2, 64, causal=True, schedule="pingpong",
-                              persistent=persistent, consumers=3).ptx()
+    text = fwd_kernel.build_attention(2, 300, 4, 2, 64, causal=True, config=ForwardConfig(schedule="pingpong", persistent=persistent, consumers=3)).ptx()
     named = [ln.strip() for ln in text.splitlines()
              if re.search(r"\bbar\.(sync|arrive)", ln) and ln.strip().endswith(", 256;")]
     assert re.fullmatch(r"@%p\d+ bar\.arrive 4, 256;", named[0])
@@ -411,37 +410,36 @@ def test_three_consumer_pingpong_kernel_emits_that_protocol(persistent):
     assert ".maxnreg 128" in text and "setmaxnreg.inc.sync.aligned.u32 160" in text
 
 
-@pytest.mark.parametrize("schedule", fa.SCHEDULES)
+@pytest.mark.parametrize("schedule", fwd_config.SCHEDULES)
 @pytest.mark.parametrize("causal", [False, True])
 def test_three_consumers_assemble_without_spills(assemble, schedule, causal):
     """192-row blocks: 512 threads, 160 registers per consumer thread, no spills."""
-    k = fa.build_attention(2, 500, 4, 2, 64, causal=causal, schedule=schedule, consumers=3)
+    k = fwd_kernel.build_attention(2, 500, 4, 2, 64, causal=causal, config=ForwardConfig(schedule=schedule, consumers=3))
     assert "_c3" in k.name and "0 bytes spill stores" in assemble(k.ptx())
-    v = fa.build_attention_varlen(700, 900, 3, 4, 2, 64, 333, causal=causal, schedule=schedule,
-                                  consumers=3)
+    v = fwd_kernel.build_attention_varlen(700, 900, 3, 4, 2, 64, 333, causal=causal, config=ForwardConfig(schedule=schedule, consumers=3))
     assert "0 bytes spill stores" in assemble(v.ptx())
 
 
 def test_register_budget_of_each_consumer_count():
-    assert fa.consumer_regs(2) == (168, 240) and fa.consumer_regs(3) == (128, 160)
-    assert fa.smem_bytes(64, 128, 2, consumers=3) == 192 * 128 + 2 * 2 * 128 * 128 + 1024
+    assert fwd_config.consumer_regs(2) == (168, 240) and fwd_config.consumer_regs(3) == (128, 160)
+    assert fwd_config.smem_bytes(64, 128, 2, consumers=3) == 192 * 128 + 2 * 2 * 128 * 128 + 1024
 
 
 def test_env_var_selects_persistence(monkeypatch):
     monkeypatch.setenv("PYPTX_ATTN_PERSISTENT", "1")
-    assert fa._persistent(None, 128) and not fa._persistent(None, 256)
-    assert not fa._persistent(False, 128)
+    assert fwd_host._persistent(None, 128) and not fwd_host._persistent(None, 256)
+    assert not fwd_host._persistent(False, 128)
     monkeypatch.setenv("PYPTX_ATTN_PERSISTENT", "0")
-    assert not fa._persistent(None, 64) and fa._persistent(True, 64)
+    assert not fwd_host._persistent(None, 64) and fwd_host._persistent(True, 64)
     monkeypatch.delenv("PYPTX_ATTN_PERSISTENT")
-    assert fa._persistent(None, 128) == fa.DEFAULT_PERSISTENT
+    assert fwd_host._persistent(None, 128) == fwd_config.DEFAULT_PERSISTENT
 
 
 def test_env_var_selects_the_schedule(monkeypatch):
     monkeypatch.setenv("PYPTX_ATTN_SCHEDULE", "simple")
-    assert "simple" in fa.build_attention(1, 128, 1, 1, 64).name
+    assert "simple" in fwd_kernel.build_attention(1, 128, 1, 1, 64).name
     monkeypatch.delenv("PYPTX_ATTN_SCHEDULE")
-    assert fa.DEFAULT_SCHEDULE in fa.build_attention(1, 128, 1, 1, 64).name
+    assert fwd_config.DEFAULT_SCHEDULE in fwd_kernel.build_attention(1, 128, 1, 1, 64).name
 
 
 @pytest.mark.parametrize("kw", [dict(D=96), dict(D=128, BN=192), dict(D=256, BN=128),
@@ -457,8 +455,9 @@ def test_bad_configurations(kw):
     kw = dict(kw)
     D = kw.pop("D")
     Hkv = kw.pop("Hkv", 1)
+    dtype = kw.pop("dtype", "bf16")
     with pytest.raises(ConfigError) as e:
-        fa.build_attention(1, 128, 4, Hkv, D, **kw)
+        fwd_kernel.build_attention(1, 128, 4, Hkv, D, dtype=dtype, config=ForwardConfig(**kw))
     assert str(e.value).startswith(f"{__file__}:"), "the message starts at the caller's line"
 
 
@@ -467,13 +466,13 @@ def test_bad_host_calls_name_the_callers_line():
     q = torch.zeros(1, 8, 4, 64, dtype=torch.bfloat16)
     k = torch.zeros(1, 8, 3, 64, dtype=torch.bfloat16)
     cases = [
-        lambda: fa.attention(q, k, k),                                  # Hq % Hkv
-        lambda: fa.attention(q[0], q[0], q[0]),                         # rank
-        lambda: fa.attention(q.float(), q.float(), q.float()),          # dtype
-        lambda: fa.attention(q, q.half(), q.half()),                    # mixed dtypes
-        lambda: fa.attention(q, q, q, consumers=4),                     # consumer count
-        lambda: fa.attention_forward(q, q, q, BN=192, consumers=3),     # BN over 3's room
-        lambda: fa.attention_varlen(q[0], q[0], q[0], torch.zeros(3, dtype=torch.int32),
+        lambda: fwd_host.attention(q, k, k),                                  # Hq % Hkv
+        lambda: fwd_host.attention(q[0], q[0], q[0]),                         # rank
+        lambda: fwd_host.attention(q.float(), q.float(), q.float()),          # dtype
+        lambda: fwd_host.attention(q, q.half(), q.half()),                    # mixed dtypes
+        lambda: fwd_host.attention(q, q, q, config=ForwardConfig(consumers=4)),                     # consumer count
+        lambda: fwd_host.attention_forward(q, q, q, config=ForwardConfig(BN=192, consumers=3)),     # BN over 3's room
+        lambda: fwd_host.attention_varlen(q[0], q[0], q[0], torch.zeros(3, dtype=torch.int32),
                                     torch.zeros(2, dtype=torch.int32), 8, 8),
     ]
     for call in cases:
@@ -485,13 +484,13 @@ def test_bad_host_calls_name_the_callers_line():
 def test_default_tiles_per_head_dim():
     """Three consumers where the block fits (BN 128 at D=64, 80 at D=128), two at D=256; a
     given BN that does not fit three gets two; a given consumer count gets its own BN."""
-    assert [(fa.default_consumers(D), fa.default_bn(D, fa.default_consumers(D)))
+    assert [(fwd_config.default_consumers(D), fwd_config.default_bn(D, fwd_config.default_consumers(D)))
             for D in (64, 128, 256)] == [(3, 128), (3, 80), (2, 64)]
-    assert fa.default_consumers(128, 128) == 2 and fa.default_consumers(64, 192) == 2
-    k = fa.build_attention(1, 300, 2, 1, 128)
+    assert fwd_config.default_consumers(128, 128) == 2 and fwd_config.default_consumers(64, 192) == 2
+    k = fwd_kernel.build_attention(1, 300, 2, 1, 128)
     assert "_c3" in k.name and "_bn80_" in k.name and k.block == (512, 1, 1)
-    k = fa.build_attention(1, 300, 2, 1, 128, BN=128)
+    k = fwd_kernel.build_attention(1, 300, 2, 1, 128, config=ForwardConfig(BN=128))
     assert "_c3" not in k.name and k.block == (384, 1, 1)
-    assert "_bn128_" in fa.build_attention(1, 300, 2, 1, 128, consumers=2).name
+    assert "_bn128_" in fwd_kernel.build_attention(1, 300, 2, 1, 128, config=ForwardConfig(consumers=2)).name
     with pytest.raises(ConfigError):
-        fa.build_attention(1, 300, 2, 1, 256, consumers=3)
+        fwd_kernel.build_attention(1, 300, 2, 1, 256, config=ForwardConfig(consumers=3))

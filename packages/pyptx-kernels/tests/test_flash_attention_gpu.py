@@ -15,7 +15,7 @@ failure of the overlapped schedules alone is visible; the tuning options
 
 from __future__ import annotations
 
-import importlib
+from itertools import accumulate
 
 import pytest
 
@@ -27,7 +27,9 @@ pytestmark = [
     pytest.mark.usefixtures("poison_outputs"),  # conftest.py: unwritten elements are NaN
 ]
 
-fa = importlib.import_module("pyptx_kernels.flash_attention.forward")
+from pyptx_kernels.flash_attention import fwd_config, fwd_host, fwd_kernel, fwd_reference
+from pyptx_kernels.flash_attention.fwd_config import ForwardConfig
+
 DT = {"bf16": torch.bfloat16, "f16": torch.float16}
 
 
@@ -41,7 +43,7 @@ def _inputs(B, S, Sk, Hq, Hkv, D, dtype, seed=0):
 
 
 def _assert_close(o, lse, ref, dtype):
-    ok, eo, el = fa.check(o, lse, *ref, dtype)
+    ok, eo, el = fwd_reference.check(o, lse, *ref, dtype)
     assert ok, f"max |o err| {eo:.3e}, lse rel err {el:.3e}"
 
 
@@ -64,44 +66,44 @@ CASES = [
 @pytest.mark.parametrize("B,S,Sk,Hq,Hkv,D", CASES)
 def test_forward(B, S, Sk, Hq, Hkv, D, causal, dtype, schedule):
     q, k, v = _inputs(B, S, Sk, Hq, Hkv, D, dtype)
-    o, lse = fa.attention_forward(q, k, v, causal=causal, schedule=schedule)
+    plan = None if schedule is None else ForwardConfig(schedule=schedule)   # None: tuned
+    o, lse = fwd_host.attention_forward(q, k, v, causal=causal, config=plan)
     assert o.shape == q.shape and o.dtype == q.dtype and lse.shape == (B, Hq, S)
-    _assert_close(o, lse, fa.reference(q, k, v, causal), dtype)
+    _assert_close(o, lse, fwd_reference.reference(q, k, v, causal), dtype)
 
 
-@pytest.mark.parametrize("schedule", fa.SCHEDULES)
+@pytest.mark.parametrize("schedule", fwd_config.SCHEDULES)
 @pytest.mark.parametrize("D", [64, 128, 256])
 def test_every_schedule_and_head_dim(schedule, D):
     q, k, v = _inputs(2, 300, 300, 4, 2, D, "bf16", seed=D)
     for causal in (False, True):
-        o, lse = fa.attention_forward(q, k, v, causal=causal, schedule=schedule)
-        _assert_close(o, lse, fa.reference(q, k, v, causal), "bf16")
+        o, lse = fwd_host.attention_forward(q, k, v, causal=causal, config=ForwardConfig(schedule=schedule))
+        _assert_close(o, lse, fwd_reference.reference(q, k, v, causal), "bf16")
 
 
-@pytest.mark.parametrize("schedule", fa.SCHEDULES)
+@pytest.mark.parametrize("schedule", fwd_config.SCHEDULES)
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 def test_persistent(schedule, D, causal):
     """The persistent kernel over 8 CTAs: each walks many tiles (Q reloads, O staging reuse,
     the ping-pong turns carried across tiles), ragged S, grouped-query heads."""
     q, k, v = _inputs(3, 333, 333, 4, 2, D, "bf16", seed=D + causal)
-    kern = fa.build_attention(3, 333, 4, 2, D, causal=causal, schedule=schedule,
-                              persistent=True, num_sms=8)
+    kern = fwd_kernel.build_attention(3, 333, 4, 2, D, causal=causal, config=ForwardConfig(schedule=schedule, persistent=True, num_sms=8))
     o, lse = kern(q, k, v)
-    _assert_close(o, lse, fa.reference(q, k, v, causal), "bf16")
-    o, lse = fa.attention_forward(q, k, v, causal=causal, schedule=schedule, persistent=True)
-    _assert_close(o, lse, fa.reference(q, k, v, causal), "bf16")
+    _assert_close(o, lse, fwd_reference.reference(q, k, v, causal), "bf16")
+    o, lse = fwd_host.attention_forward(q, k, v, causal=causal, config=ForwardConfig(schedule=schedule, persistent=True))
+    _assert_close(o, lse, fwd_reference.reference(q, k, v, causal), "bf16")
 
 
 @pytest.mark.parametrize("D,BN,stages", [(64, 64, 2), (64, 64, 4), (64, 128, 3), (64, 192, 2),
                                          (128, 176, 2), (128, 128, 3), (128, 64, 4)])
 def test_block_shapes(D, BN, stages):
     q, k, v = _inputs(1, 500, 500, 2, 1, D, "f16", seed=BN)
-    o, lse = fa.attention_forward(q, k, v, causal=True, BN=BN, stages=stages)
-    _assert_close(o, lse, fa.reference(q, k, v, True), "f16")
+    o, lse = fwd_host.attention_forward(q, k, v, causal=True, config=ForwardConfig(BN=BN, stages=stages))
+    _assert_close(o, lse, fwd_reference.reference(q, k, v, True), "f16")
 
 
-@pytest.mark.parametrize("schedule", fa.SCHEDULES)
+@pytest.mark.parametrize("schedule", fwd_config.SCHEDULES)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("B,S,Sk,Hq,Hkv,D,kw", [
     (2, 333, 333, 4, 2, 64, {}), (1, 1, 1, 1, 1, 64, {}), (1, 500, 700, 2, 1, 64, dict(BN=64)),
@@ -112,11 +114,11 @@ def test_three_consumers(B, S, Sk, Hq, Hkv, D, kw, causal, schedule):
     """``consumers=3``: 192-row query blocks (a whole one and a ragged one at S=333, several
     masked key blocks per block when causal), at 160 registers per consumer thread."""
     q, k, v = _inputs(B, S, Sk, Hq, Hkv, D, "bf16", seed=S + causal)
-    o, lse = fa.attention_forward(q, k, v, causal=causal, schedule=schedule, consumers=3, **kw)
-    _assert_close(o, lse, fa.reference(q, k, v, causal), "bf16")
+    o, lse = fwd_host.attention_forward(q, k, v, causal=causal, config=ForwardConfig(schedule=schedule, consumers=3, **kw))
+    _assert_close(o, lse, fwd_reference.reference(q, k, v, causal), "bf16")
 
 
-@pytest.mark.parametrize("schedule", fa.SCHEDULES)
+@pytest.mark.parametrize("schedule", fwd_config.SCHEDULES)
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("persistent", [False, True])
 def test_two_consumers(schedule, D, persistent):
@@ -124,21 +126,19 @@ def test_two_consumers(schedule, D, persistent):
     hold) at the head dims whose default is three."""
     q, k, v = _inputs(2, 333, 333, 4, 2, D, "bf16", seed=D + persistent)
     for causal in (False, True):
-        o, lse = fa.attention_forward(q, k, v, causal=causal, schedule=schedule, consumers=2,
-                                      persistent=persistent)
-        _assert_close(o, lse, fa.reference(q, k, v, causal), "bf16")
+        o, lse = fwd_host.attention_forward(q, k, v, causal=causal, config=ForwardConfig(schedule=schedule, consumers=2, persistent=persistent))
+        _assert_close(o, lse, fwd_reference.reference(q, k, v, causal), "bf16")
 
 
 def test_three_consumers_varlen():
     lens = [77, 1, 200, 400]
-    cu = torch.tensor([0] + list(fa._cumsum(lens)), device="cuda", dtype=torch.int32)
+    cu = torch.tensor(list(accumulate(lens, initial=0)), device="cuda", dtype=torch.int32)
     g = torch.Generator(device="cuda").manual_seed(31)
     q, k, v = (torch.randn(sum(lens), 4, 64, device="cuda", dtype=torch.bfloat16, generator=g)
                for _ in range(3))
     for causal in (False, True):
-        o, lse = fa.attention_varlen_forward(q, k, v, cu, cu, max(lens), max(lens),
-                                             causal=causal, consumers=3)
-        _assert_close(o, lse, fa.reference_varlen(q, k, v, cu, cu, causal), "bf16")
+        o, lse = fwd_host.attention_varlen_forward(q, k, v, cu, cu, max(lens), max(lens), causal=causal, config=ForwardConfig(consumers=3))
+        _assert_close(o, lse, fwd_reference.reference_varlen(q, k, v, cu, cu, causal), "bf16")
 
 
 TUNING = [dict(pin_overlap=True), dict(rescale_threshold=None), dict(rescale_threshold=0),
@@ -146,7 +146,7 @@ TUNING = [dict(pin_overlap=True), dict(rescale_threshold=None), dict(rescale_thr
 
 
 @pytest.mark.parametrize("opts", TUNING, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
-@pytest.mark.parametrize("schedule", fa.SCHEDULES)
+@pytest.mark.parametrize("schedule", fwd_config.SCHEDULES)
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 def test_tuning_options(opts, schedule, D, causal):
@@ -157,11 +157,10 @@ def test_tuning_options(opts, schedule, D, causal):
     equal the exact schedule (``None``) bit for bit."""
     q, k, v = _inputs(2, 700, 700, 4, 2, D, "bf16", seed=D + causal)
     q, k = 2 * q, 2 * k                          # exact in bf16; scores of std ~4
-    o, lse = fa.attention_forward(q, k, v, causal=causal, schedule=schedule, **opts)
-    _assert_close(o, lse, fa.reference(q, k, v, causal), "bf16")
+    o, lse = fwd_host.attention_forward(q, k, v, causal=causal, config=ForwardConfig(schedule=schedule, **opts))
+    _assert_close(o, lse, fwd_reference.reference(q, k, v, causal), "bf16")
     if opts == dict(rescale_threshold=0):
-        o0, lse0 = fa.attention_forward(q, k, v, causal=causal, schedule=schedule,
-                                        rescale_threshold=None)
+        o0, lse0 = fwd_host.attention_forward(q, k, v, causal=causal, config=ForwardConfig(schedule=schedule, rescale_threshold=None))
         assert torch.equal(o, o0) and torch.equal(lse, lse0)
 
 
@@ -169,37 +168,35 @@ def test_tuning_options(opts, schedule, D, causal):
 def test_tuning_options_with_block_shapes(kw):
     q, k, v = _inputs(2, 1000, 1000, 4, 2, 128, "bf16", seed=11)
     for causal in (False, True):
-        o, lse = fa.attention_forward(q, k, v, causal=causal, pin_overlap=True,
-                                      rescale_threshold=8, **kw)
-        _assert_close(o, lse, fa.reference(q, k, v, causal), "bf16")
+        o, lse = fwd_host.attention_forward(q, k, v, causal=causal, config=ForwardConfig(pin_overlap=True, rescale_threshold=8, **kw))
+        _assert_close(o, lse, fwd_reference.reference(q, k, v, causal), "bf16")
 
 
 def test_tuning_options_varlen():
     lens_q, lens_k = [77, 1, 200, 128, 300], [77, 5, 333, 128, 300]
-    cu_q = torch.tensor([0] + list(fa._cumsum(lens_q)), device="cuda", dtype=torch.int32)
-    cu_k = torch.tensor([0] + list(fa._cumsum(lens_k)), device="cuda", dtype=torch.int32)
+    cu_q = torch.tensor(list(accumulate(lens_q, initial=0)), device="cuda", dtype=torch.int32)
+    cu_k = torch.tensor(list(accumulate(lens_k, initial=0)), device="cuda", dtype=torch.int32)
     g = torch.Generator(device="cuda").manual_seed(12)
     q = torch.randn(sum(lens_q), 4, 128, device="cuda", dtype=torch.bfloat16, generator=g)
     k = torch.randn(sum(lens_k), 2, 128, device="cuda", dtype=torch.bfloat16, generator=g)
     v = torch.randn(sum(lens_k), 2, 128, device="cuda", dtype=torch.bfloat16, generator=g)
-    o, lse = fa.attention_varlen_forward(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k),
-                                         pin_overlap=True, rescale_threshold=8)
-    _assert_close(o, lse, fa.reference_varlen(q, k, v, cu_q, cu_k, False), "bf16")
+    o, lse = fwd_host.attention_varlen_forward(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), config=ForwardConfig(pin_overlap=True, rescale_threshold=8))
+    _assert_close(o, lse, fwd_reference.reference_varlen(q, k, v, cu_q, cu_k, False), "bf16")
 
 
 def test_scale():
     q, k, v = _inputs(1, 190, 190, 2, 2, 128, "bf16", seed=3)
-    o, lse = fa.attention_forward(q, k, v, scale=0.3)
-    _assert_close(o, lse, fa.reference(q, k, v, False, scale=0.3), "bf16")
+    o, lse = fwd_host.attention_forward(q, k, v, scale=0.3)
+    _assert_close(o, lse, fwd_reference.reference(q, k, v, False, scale=0.3), "bf16")
 
 
 def test_as_accurate_as_sdpa():
     """Our error against float64 is at most 1.5x that of SDPA's default backend (+1e-3)."""
     q, k, v = _inputs(2, 512, 512, 4, 4, 128, "bf16", seed=5)
-    o = fa.attention(q, k, v, causal=True)
+    o = fwd_host.attention(q, k, v, causal=True)
     sd = torch.nn.functional.scaled_dot_product_attention(
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True).transpose(1, 2)
-    ref, _ = fa.reference(q, k, v, True)
+    ref, _ = fwd_reference.reference(q, k, v, True)
     ours = (o.double() - ref).abs().max().item()
     theirs = (sd.double() - ref).abs().max().item()
     assert ours <= 1.5 * theirs + 1e-3, (ours, theirs)
@@ -212,16 +209,15 @@ def test_varlen(D, causal, schedule):
     lens_q, lens_k = [77, 1, 200, 128, 300], [77, 5, 333, 128, 300]
     if causal:
         lens_k = lens_q
-    cu_q = torch.tensor([0] + list(fa._cumsum(lens_q)), device="cuda", dtype=torch.int32)
-    cu_k = torch.tensor([0] + list(fa._cumsum(lens_k)), device="cuda", dtype=torch.int32)
+    cu_q = torch.tensor(list(accumulate(lens_q, initial=0)), device="cuda", dtype=torch.int32)
+    cu_k = torch.tensor(list(accumulate(lens_k, initial=0)), device="cuda", dtype=torch.int32)
     g = torch.Generator(device="cuda").manual_seed(D)
     q = torch.randn(sum(lens_q), 4, D, device="cuda", dtype=torch.bfloat16, generator=g)
     k = torch.randn(sum(lens_k), 2, D, device="cuda", dtype=torch.bfloat16, generator=g)
     v = torch.randn(sum(lens_k), 2, D, device="cuda", dtype=torch.bfloat16, generator=g)
-    o, lse = fa.attention_varlen_forward(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k),
-                                         causal=causal, schedule=schedule)
+    o, lse = fwd_host.attention_varlen_forward(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal, config=ForwardConfig(schedule=schedule))
     assert o.shape == q.shape and lse.shape == (4, sum(lens_q))
-    _assert_close(o, lse, fa.reference_varlen(q, k, v, cu_q, cu_k, causal), "bf16")
+    _assert_close(o, lse, fwd_reference.reference_varlen(q, k, v, cu_q, cu_k, causal), "bf16")
 
 
 def test_varlen_empty_key_sequence():
@@ -231,9 +227,9 @@ def test_varlen_empty_key_sequence():
     q = torch.randn(80, 2, 64, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(40, 2, 64, device="cuda", dtype=torch.bfloat16)
     v = torch.randn(40, 2, 64, device="cuda", dtype=torch.bfloat16)
-    o, lse = fa.attention_varlen_forward(q, k, v, cu_q, cu_k, 50, 40)
+    o, lse = fwd_host.attention_varlen_forward(q, k, v, cu_q, cu_k, 50, 40)
     assert (o[:50] == 0).all() and torch.isneginf(lse[:, :50]).all()
-    _assert_close(o, lse, fa.reference_varlen(q, k, v, cu_q, cu_k), "bf16")
+    _assert_close(o, lse, fwd_reference.reference_varlen(q, k, v, cu_q, cu_k), "bf16")
 
 
 @pytest.mark.parametrize("entry", ["attention_forward", "attention"])
@@ -241,7 +237,7 @@ def test_torch_compile_and_cuda_graph(entry):
     """``attention_forward`` (the bare kernel) and ``attention`` (through
     ``differentiable_kernel`` when the backward is there) under torch.compile and in a
     CUDA graph replayed on new inputs."""
-    fn = getattr(fa, entry)
+    fn = getattr(fwd_host, entry)
 
     def out(*a):
         r = fn(*a, causal=True)
@@ -249,7 +245,7 @@ def test_torch_compile_and_cuda_graph(entry):
     q, k, v = _inputs(2, 256, 256, 4, 2, 128, "bf16", seed=7)
     f = torch.compile(out)
     o = f(q, k, v)
-    ref_o, ref_l = fa.reference(q, k, v, True)
+    ref_o, ref_l = fwd_reference.reference(q, k, v, True)
     _assert_close(o, ref_l.float(), (ref_o, ref_l), "bf16")
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -262,7 +258,7 @@ def test_torch_compile_and_cuda_graph(entry):
     q.copy_(torch.randn_like(q))
     g.replay()
     torch.cuda.synchronize()
-    ref_o, ref_l = fa.reference(q, k, v, True)
+    ref_o, ref_l = fwd_reference.reference(q, k, v, True)
     _assert_close(o, ref_l.float(), (ref_o, ref_l), "bf16")
 
 
@@ -271,16 +267,16 @@ def test_autograd_when_backward_is_available():
     gradients vs float64 autograd: max |g - ref| / max(1, |ref|) <= 5e-2 (bf16 dq/dk/dv,
     each a sum over up to 200 rounded products)."""
     q, k, v = _inputs(1, 200, 200, 4, 2, 64, "bf16", seed=9)
-    fn = fa._differentiable(1, 200, 4, 2, 64, 200, "bf16", True, 0.125, fa._schedule(None),
-                            fa.default_bn(64), 2)
+    plan = ForwardConfig(BN=fwd_config.default_bn(64))
+    fn = fwd_host._differentiable(1, 200, 4, 2, 64, 200, "bf16", True, 0.125, plan)
     if not hasattr(fn, "backward_kernel"):
         pytest.skip("backward kernels / differentiable_kernel(save_outputs=) not available yet")
     qs, ks, vs = (x.clone().requires_grad_() for x in (q, k, v))
-    o = fa.attention(qs, ks, vs, causal=True)
+    o = fwd_host.attention(qs, ks, vs, causal=True)
     do = torch.randn_like(o)
     o.backward(do)
     q64, k64, v64 = (x.double().requires_grad_() for x in (q, k, v))
-    ref, _ = fa.reference(q64, k64, v64, True)
+    ref, _ = fwd_reference.reference(q64, k64, v64, True)
     ref.backward(do.double())
     for got, want in ((qs.grad, q64.grad), (ks.grad, k64.grad), (vs.grad, v64.grad)):
         assert ((got.double() - want).abs() / want.abs().clamp(min=1)).max().item() < 5e-2

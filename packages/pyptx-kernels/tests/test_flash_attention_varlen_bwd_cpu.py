@@ -31,7 +31,7 @@ sys.path.insert(0, str(HERE.parent))
 import ptxsim  # noqa: E402
 
 fab = importlib.import_module("pyptx_kernels.flash_attention.backward")
-fa = importlib.import_module("pyptx_kernels.flash_attention.forward")
+from pyptx_kernels.flash_attention import fwd_host, fwd_kernel
 
 TOL = {"bf16": 8e-3, "f16": 2e-3}
 
@@ -205,7 +205,7 @@ def test_backward_object_is_kernel_like():
     (saved q, k, v, cu_q, cu_k; saved o, lse; gradients of o and lse; three gradients)."""
     from pyptx.autodiff import differentiable_kernel
 
-    fwd = fa.build_attention_varlen(700, 900, 3, 4, 2, 64, 333)
+    fwd = fwd_kernel.build_attention_varlen(700, 900, 3, 4, 2, 64, 333)
     bwd = fab.build_attention_backward_varlen(700, 900, 3, 4, 2, 64, 333, 400)
     op = differentiable_kernel(fwd, bwd, save_for_backward=[0, 1, 2, 3, 4],
                                save_outputs=[0, 1], num_grad_inputs=3)
@@ -247,13 +247,13 @@ def test_bad_attention_varlen_calls_name_this_line():
     k = torch.zeros(20, 3, 64, dtype=torch.bfloat16)
     cu = torch.tensor([0, 5, 20], dtype=torch.int32)
     cases = [
-        (lambda: fa.attention_varlen(q, q, q, cu, cu[:2], 15, 15), "B + 1 entries"),
-        (lambda: fa.attention_varlen(q, k, k, cu, cu, 15, 15), "do not match"),
-        (lambda: fa.attention_varlen(q, q, q, cu.long(), cu, 15, 15), "int32"),
-        (lambda: fa.attention_varlen(q, q, q, cu[None], cu, 15, 15), "1-D"),
-        (lambda: fa.attention_varlen(q, q, q, cu, cu, 15, 0), "max_seqlen_k"),
-        (lambda: fa.attention_varlen(q, q, q, cu, cu, 15, None), "max_seqlen_k"),
-        (lambda: fa.attention_varlen(q, q.half(), q.half(), cu, cu, 15, 15), "one dtype"),
+        (lambda: fwd_host.attention_varlen(q, q, q, cu, cu[:2], 15, 15), "B + 1 entries"),
+        (lambda: fwd_host.attention_varlen(q, k, k, cu, cu, 15, 15), "do not match"),
+        (lambda: fwd_host.attention_varlen(q, q, q, cu.long(), cu, 15, 15), "int32"),
+        (lambda: fwd_host.attention_varlen(q, q, q, cu[None], cu, 15, 15), "1-D"),
+        (lambda: fwd_host.attention_varlen(q, q, q, cu, cu, 15, 0), "max_seqlen_k"),
+        (lambda: fwd_host.attention_varlen(q, q, q, cu, cu, 15, None), "max_seqlen_k"),
+        (lambda: fwd_host.attention_varlen(q, q.half(), q.half(), cu, cu, 15, 15), "one dtype"),
     ]
     for fn, text in cases:
         with pytest.raises(ConfigError) as e:
@@ -272,7 +272,7 @@ def test_head_dim_256_requires_grad_is_refused_at_the_call():
     q = torch.zeros(1, 16, 2, 256, dtype=torch.bfloat16, requires_grad=True)
     qv = torch.zeros(16, 2, 256, dtype=torch.bfloat16, requires_grad=True)
     cu = torch.tensor([0, 16], dtype=torch.int32)
-    for fn in (lambda: fa.attention(q, q, q), lambda: fa.attention_varlen(qv, qv, qv, cu, cu, 16, 16)):
+    for fn in (lambda: fwd_host.attention(q, q, q), lambda: fwd_host.attention_varlen(qv, qv, qv, cu, cu, 16, 16)):
         with pytest.raises(ConfigError) as e:
             fn()
         msg = str(e.value)
@@ -280,23 +280,20 @@ def test_head_dim_256_requires_grad_is_refused_at_the_call():
         for text in ("head dim 256", "64 and 128", "attention_forward", "torch.no_grad()"):
             assert text in msg, msg
     sc = 1.0 / 16
-    op = fa._differentiable_varlen(16, 16, 1, 2, 2, 256, 16, 16, "bf16", False, sc,
-                                   fa._schedule(None), None, 2)
-    assert isinstance(op.backward_kernel, fa.NoBackward)
+    op = fwd_host._differentiable_varlen(16, 16, 1, 2, 2, 256, 16, 16, "bf16", False, sc)
+    assert isinstance(op.backward_kernel, fwd_host.NoBackward)
     op.backward_kernel.where = f"{HERE}:1"
     with pytest.raises(ConfigError, match="no backward at head dim 256"):
         op.backward_kernel(*([None] * len(op.backward_kernel.in_specs)))
-    dense = fa._differentiable(1, 16, 2, 2, 256, 16, "bf16", False, sc, fa._schedule(None),
-                               None, None)
-    assert isinstance(dense.backward_kernel, fa.NoBackward)
+    dense = fwd_host._differentiable(1, 16, 2, 2, 256, 16, "bf16", False, sc)
+    assert isinstance(dense.backward_kernel, fwd_host.NoBackward)
     assert len(dense.backward_kernel.in_specs) == 7 and len(op.backward_kernel.in_specs) == 9
 
 
 def test_attention_varlen_is_differentiable_at_64_and_128():
     """``attention_varlen``'s wrapped kernel: the varlen forward, the varlen pair backward."""
     for D in (64, 128):
-        op = fa._differentiable_varlen(300, 400, 3, 4, 2, D, 129, 200, "f16", True, 0.1,
-                                       fa._schedule(None), None, 2)
+        op = fwd_host._differentiable_varlen(300, 400, 3, 4, 2, D, 129, 200, "f16", True, 0.1)
         assert type(op.backward_kernel).__name__ == "AttentionBackwardVarlen"
         assert op.saved == (0, 1, 2, 3, 4) and op.saved_outputs == (0, 1)
         assert "_causal" in op.backward_kernel.name and f"_d{D}_" in op.backward_kernel.name
@@ -310,7 +307,7 @@ def test_jax_grad_at_head_dim_256_raises_config_error():
     q = jnp.zeros((1, 64, 2, 256), jnp.bfloat16)
 
     def loss(a):
-        return fa.attention(a, a, a).astype(jnp.float32).sum()   # the line the error names
+        return fwd_host.attention(a, a, a).astype(jnp.float32).sum()   # the line the error names
 
     with pytest.raises(ConfigError) as e:
         jax.make_jaxpr(jax.grad(loss))(q)

@@ -20,8 +20,6 @@ lengths are copied into the captured ``cu_seqlens``: no host sync), and head dim
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 
 from pyptx.errors import ConfigError
@@ -34,7 +32,8 @@ pytestmark = [
     pytest.mark.usefixtures("poison_outputs"),  # conftest.py: unwritten elements are NaN
 ]
 
-fa = importlib.import_module("pyptx_kernels.flash_attention.forward")
+from pyptx_kernels.flash_attention import fwd_host, fwd_reference
+
 DT = {"bf16": torch.bfloat16, "f16": torch.float16}
 TOL = {"bf16": 1e-2, "f16": 4e-3}
 
@@ -56,13 +55,13 @@ def _inputs(lens_q, lens_k, Hq, Hkv, D, dtn, seed=0):
 
 def _grads(q0, k0, v0, do, cu_q, cu_k, max_q, max_k, causal):
     q, k, v = (x.clone().requires_grad_() for x in (q0, k0, v0))
-    fa.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal).backward(do)
+    fwd_host.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal).backward(do)
     return q.grad, k.grad, v.grad
 
 
 def _reference(q, k, v, do, cu_q, cu_k, causal):
     xs = [x.detach().double().requires_grad_() for x in (q, k, v)]
-    o, _ = fa.reference_varlen(*xs, cu_q, cu_k, causal)
+    o, _ = fwd_reference.reference_varlen(*xs, cu_q, cu_k, causal)
     o.backward(do.double())
     return [x.grad for x in xs]
 
@@ -118,12 +117,12 @@ def test_varlen_forward_backward_in_a_cuda_graph(D):
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):       # warm up (compile, load) outside the capture
         for _ in range(2):
-            o = fa.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=True)
+            o = fwd_host.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=True)
             torch.autograd.grad(o, (q, k, v), do)
     torch.cuda.current_stream().wait_stream(side)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        o = fa.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=True)
+        o = fwd_host.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=True)
         grads = torch.autograd.grad(o, (q, k, v), do)
     for new_q, new_k in ((lens_q, lens_k), ([100, 4, 0, 100], [150, 7, 140, 0])):
         cu_q.copy_(_cu(new_q))
@@ -142,13 +141,13 @@ def test_head_dim_256_with_grad_is_refused():
     q, k, v, _, cu_q, cu_k = _inputs(lens, lens, 2, 2, 256, "bf16")
     qg = q.clone().requires_grad_()
     with pytest.raises(ConfigError) as e:
-        fa.attention_varlen(qg, k, v, cu_q, cu_k, 129, 129)
+        fwd_host.attention_varlen(qg, k, v, cu_q, cu_k, 129, 129)
     assert str(e.value).startswith(f"{__file__}:") and "head dim 256" in str(e.value)
     qd = q[None, :128].clone().requires_grad_()
     with pytest.raises(ConfigError) as e:
-        fa.attention(qd, qd, qd)
+        fwd_host.attention(qd, qd, qd)
     assert str(e.value).startswith(f"{__file__}:") and "attention_forward" in str(e.value)
     with torch.no_grad():
-        o = fa.attention_varlen(qg, k, v, cu_q, cu_k, 129, 129)
-    ro, _ = fa.reference_varlen(q, k, v, cu_q, cu_k)
+        o = fwd_host.attention_varlen(qg, k, v, cu_q, cu_k, 129, 129)
+    ro, _ = fwd_reference.reference_varlen(q, k, v, cu_q, cu_k)
     assert ((o.double() - ro).abs().max() / ro.abs().max()).item() < 2e-2

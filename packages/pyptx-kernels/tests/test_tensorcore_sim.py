@@ -356,7 +356,8 @@ def test_fp8_gemm(scale, config):
 
 
 # ---------------------------------------------------------------------- flash attention
-fa = importlib.import_module("pyptx_kernels.flash_attention.forward")
+fwd_config = importlib.import_module("pyptx_kernels.flash_attention.fwd_config")
+fwd_kernel = importlib.import_module("pyptx_kernels.flash_attention.fwd_kernel")
 fab = importlib.import_module("pyptx_kernels.flash_attention.backward")
 bwd_dkdv = importlib.import_module("pyptx_kernels.flash_attention.bwd_dkdv")
 bwd_host = importlib.import_module("pyptx_kernels.flash_attention.bwd_host")
@@ -418,8 +419,9 @@ def test_attention_forward(D, causal, config):
     """A ragged length (200), grouped-query heads (2 per KV head); ``lse`` in natural log."""
     B, S, Hq, Hkv = 1, 200, 2, 1
     q, k, v, do = _attention_inputs(B, S, Hq, Hkv, D, D + causal)
-    o, lse = ptxsim.run(fa.build_attention(B, S, Hq, Hkv, D, causal=causal, **config).specialize(),
-                        [q, k, v])
+    kern = fwd_kernel.build_attention(B, S, Hq, Hkv, D, causal=causal,
+                                      config=fwd_config.ForwardConfig(**config))
+    o, lse = ptxsim.run(kern.specialize(), [q, k, v])
     ro, rlse, _ = _attention_reference(q, k, v, do, causal)
     assert _rel(_f64(o, "bf16"), ro) < TOL["bf16"]
     assert _rel(lse.view(np.float32).astype(np.float64), rlse) < 1e-5
@@ -439,7 +441,7 @@ def test_attention_backward(D, causal, mode, S=300):
     a later one would spin until the step limit). S=300: five q blocks, three kv blocks."""
     B, Hq, Hkv = 1, 2, 1
     q, k, v, do = _attention_inputs(B, S, Hq, Hkv, D, 7 * D + causal)
-    o, lse = ptxsim.run(fa.build_attention(B, S, Hq, Hkv, D, causal=causal).specialize(), [q, k, v])
+    o, lse = ptxsim.run(fwd_kernel.build_attention(B, S, Hq, Hkv, D, causal=causal).specialize(), [q, k, v])
     lse = lse.view(np.float32)
     bwd = fab.build_attention_backward(B, S, Hq, Hkv, D, causal=causal, **mode)
     if not mode.get("atomic_dq"):
@@ -465,7 +467,7 @@ def test_attention_backward_dq_convert(D, causal, Hkv, S=300):
     written; against float64, and bit for bit the conversion kernel's."""
     B, Hq = 1, 2 * Hkv
     q, k, v, do = _attention_inputs(B, S, Hq, Hkv, D, 13 * D + causal)
-    o, lse = ptxsim.run(fa.build_attention(B, S, Hq, Hkv, D, causal=causal).specialize(), [q, k, v])
+    o, lse = ptxsim.run(fwd_kernel.build_attention(B, S, Hq, Hkv, D, causal=causal).specialize(), [q, k, v])
     lse = lse.view(np.float32)
     mode = dict(causal=causal, atomic_dq=True, dq_bulk=True, dq_ordered=True)
     prep, dkdv = fab.build_attention_backward(B, S, Hq, Hkv, D, dq_convert=True, num_sms=3,
@@ -489,7 +491,7 @@ def test_attention_backward_convert_lag(lag, S=300):
     kernel's."""
     B, H, D = 2, 2, 128
     q, k, v, do = _attention_inputs(B, S, H, H, D, 19 + lag)
-    o, lse = ptxsim.run(fa.build_attention(B, S, H, H, D).specialize(), [q, k, v])
+    o, lse = ptxsim.run(fwd_kernel.build_attention(B, S, H, H, D).specialize(), [q, k, v])
     lse = lse.view(np.float32)
     mode = dict(atomic_dq=True, dq_bulk=True, dq_ordered=True)
     prep, dkdv = fab.build_attention_backward(B, S, H, H, D, dq_convert=True, num_sms=3,
@@ -517,7 +519,7 @@ def test_attention_backward_stats_lead(D, causal, Hq, Hkv, lead, extra, S=300):
     bit for bit the plain ordered kernel's gradients (the same stats)."""
     B = 2
     q, k, v, do = _attention_inputs(B, S, Hq, Hkv, D, 29 + lead)
-    o, lse = ptxsim.run(fa.build_attention(B, S, Hq, Hkv, D, causal=causal).specialize(),
+    o, lse = ptxsim.run(fwd_kernel.build_attention(B, S, Hq, Hkv, D, causal=causal).specialize(),
                         [q, k, v])
     lse = lse.view(np.float32)
     mode = dict(causal=causal, atomic_dq=True, dq_bulk=True, dq_ordered=True)
@@ -548,7 +550,7 @@ def test_dkdv_trace(ordered, convert, S=300):
     clock and SM read 0, so the row holds zeros."""
     B, Hq, Hkv, D = 1, 4, 2, 64
     q, k, v, do = _attention_inputs(B, S, Hq, Hkv, D, 17)
-    o, lse = ptxsim.run(fa.build_attention(B, S, Hq, Hkv, D, causal=True).specialize(), [q, k, v])
+    o, lse = ptxsim.run(fwd_kernel.build_attention(B, S, Hq, Hkv, D, causal=True).specialize(), [q, k, v])
     lse = lse.view(np.float32)
     mode = dict(causal=True, atomic_dq=True, dq_bulk=True, dq_ordered=ordered,
                 dq_convert=convert, num_sms=3)
@@ -572,7 +574,7 @@ def test_dkdv_trace(ordered, convert, S=300):
 def _ordered_full_backward(S, max_steps):
     B, Hq, Hkv, D = 1, 2, 1, 64
     q, k, v, do = _attention_inputs(B, S, Hq, Hkv, D, 11)
-    o, lse = ptxsim.run(fa.build_attention(B, S, Hq, Hkv, D).specialize(), [q, k, v])
+    o, lse = ptxsim.run(fwd_kernel.build_attention(B, S, Hq, Hkv, D).specialize(), [q, k, v])
     bwd = fab.build_attention_backward(B, S, Hq, Hkv, D, atomic_dq=True, dq_bulk=True,
                                        dq_ordered=True)
     prep, dkdv, convert = bwd.kernels
@@ -601,5 +603,5 @@ def test_ordered_dq_rotation_needs_a_resident_head(monkeypatch):
 def test_attention_tuned_configs_are_simulated():
     """Every ``ATTENTION_CONFIGS`` entry is one of the simulated forward cases above."""
     simulated = [c for _, _, c in test_attention_forward.pytestmark[0].args[1]]
-    for cfg in fa.ATTENTION_CONFIGS:
-        assert cfg.kwargs in simulated, cfg
+    for cfg in fwd_config.ATTENTION_CONFIGS:
+        assert cfg.changes() in simulated, cfg

@@ -4,7 +4,7 @@ KERNEL_MODULES = {
     "gemm": "pyptx_kernels.gemm.kernel",
     "grouped_gemm": "pyptx_kernels.grouped_gemm",
     "fp8_gemm": "pyptx_kernels.fp8_gemm",
-    "flash_attention": "pyptx_kernels.flash_attention.forward",
+    "flash_attention": "pyptx_kernels.flash_attention",
     "flash_attention_bwd": "pyptx_kernels.flash_attention.backward",
     "rms_norm": "pyptx_kernels.rows.rms_norm",
     "layer_norm": "pyptx_kernels.rows.layer_norm",
