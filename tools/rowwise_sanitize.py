@@ -8,8 +8,8 @@ NaN-poisoned outputs, compares each with a float64 torch reference (relative
 L2 error below 1e-5 for f32, 2e-2 for bf16) and prints one line per case and
 PASS or FAIL. Under the sanitizer:
 
-    compute-sanitizer --tool memcheck python examples/hopper/rowwise_check.py
-    python examples/hopper/rowwise_check.py --sizes 3x7,5x1000,2x4097
+    compute-sanitizer --tool memcheck python tools/rowwise_sanitize.py
+    python tools/rowwise_sanitize.py --sizes 3x7,5x1000,2x4097
 
 ``--tuned`` also checks the builders' default calls, which ``pyptx.autotune`` tunes at
 their first launch (many timed launches per size: leave it out under the sanitizer).
