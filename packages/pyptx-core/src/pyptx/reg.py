@@ -214,6 +214,11 @@ class RegArray(Sequence[Reg]):
         self.type = type
 
     def __getitem__(self, i):  # type: ignore[override]
+        if type(i) is int and i < 0:
+            raise OperandError(
+                f"{where()}: register array index {i} is negative; expected 0..{len(self.regs) - 1}"
+                " (register arrays do not count from the end)"
+            )
         try:
             return self.regs[i]
         except IndexError:
@@ -448,6 +453,8 @@ def _binary(op: str, a: Reg, o: Any, *, swap: bool = False, dst: Reg | None = No
             return _slow(op, a, o, swap, dst)
         if co is int and not o and (op == "idiv" or op == "rem"):
             _division_by_zero(op, a)
+        if co is int and (op == "shl" or op == "shr") and not 0 <= o < t.bits:
+            _shift_past_width(op, a, o)
         rb = o.name if co is Reg else imm.encode(o, None if op in ("shl", "shr") else t)
         trace.body.append(Instruction(opcode, (dst.name, a.name, rb), None, user_site(3)))
         if t.bits == 64 and (op == "add" or op == "sub"):
@@ -505,6 +512,14 @@ def _division_by_zero(op: str, a: Reg) -> None:
     )
 
 
+def _shift_past_width(op: str, a: Reg, o: int) -> None:
+    raise OperandError(
+        f"{where(4)}: {'<<' if op == 'shl' else '>>'} by {o} on the {a.type.bits}-bit register "
+        f"{a.name}; expected a shift amount in 0..{a.type.bits - 1} (a shift by the width or "
+        "more does not shift within the value)"
+    )
+
+
 def _slow(op: str, a: Reg, o: Any, swap: bool, dst: Reg | None) -> Reg:
     trace = a.trace
     if (op == "idiv" or op == "rem") and type(o) is int and not o and not swap:
@@ -520,6 +535,8 @@ def _slow(op: str, a: Reg, o: Any, swap: bool, dst: Reg | None) -> Reg:
                 )
         elif type(o) is not int:
             raise TypeMismatchError(f"{where(3)}: shift amount must be an int, got {o!r}")
+        elif not swap and not 0 <= o < t.bits:
+            _shift_past_width(op, a, o)
         b = o
     else:
         if op == "add" or op == "sub":
@@ -598,6 +615,10 @@ def scalar(t: PtxType, init: int | float | Reg | None = None) -> Reg:
     return r
 
 
+REGISTER_FILE = 65536
+"""32-bit registers in one SM's register file: no register array can be larger."""
+
+
 def array(t: PtxType, n: int) -> RegArray:
     """``n`` fresh registers of type ``t`` (consecutively numbered)."""
     trace = current()
@@ -605,6 +626,11 @@ def array(t: PtxType, n: int) -> RegArray:
         raise OperandError(f"{where()}: reg.array expects a PTX type such as f32, got {t!r}")
     if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
         raise OperandError(f"{where()}: reg.array length must be a positive int, got {n!r}")
+    if n * max(t.bits // 32, 1) > REGISTER_FILE:
+        raise OperandError(
+            f"{where()}: reg.array({t.name}, {n}) needs more 32-bit registers than an SM's "
+            f"register file has ({REGISTER_FILE}); a thread can address at most 255"
+        )
     return RegArray([Reg(nm, t, trace) for nm in trace.new_reg_names(t, n)], t)
 
 

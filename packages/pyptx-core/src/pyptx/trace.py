@@ -34,6 +34,7 @@ class Trace:
         self._names: dict[str, int] = {}
         self.pdl_wait: Instruction | None = None  # the @kernel(pdl=True) entry wait
         self.pdl_prologue_used = False
+        self.version: str | None = None  # the PTX ISA version ptx.inst checks forms against
 
     def new_reg_name(self, t: PtxType) -> str:
         n = self.counts.get(t, 0)

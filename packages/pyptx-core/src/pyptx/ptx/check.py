@@ -15,7 +15,7 @@ from ..errors import OperandError, TraceError, TypeMismatchError
 from ..reg import NotPred, Reg, RegArray
 from ..smem import SharedArray
 from ..source import where
-from ..types import PtxType
+from ..types import ALL_TYPES, PtxType
 from .isa import TYPE_INFO, Row, row_for
 from .memory import Addr
 
@@ -26,6 +26,7 @@ _ROLE_NAMES = {"d": "destination", "s": "source", "r": "source register", "a": "
                "p": "predicate", "q": "predicate destination", "i": "immediate",
                "l": "label", "x": "operand", "h": "shift amount"}
 _NAMED = frozenset({SharedArray})
+ANY: frozenset = frozenset()  # the "take anything" marker, compared by identity
 _ARCH = re.compile(r"^sm_(\d+)([af]?)$")
 
 
@@ -76,7 +77,7 @@ class Form:
     """A parsed spelling: what each operand must be, and what arch and PTX version it needs."""
 
     __slots__ = ("fn", "row", "types", "mods", "roles", "nmin", "nmax", "vec", "space",
-                 "relaxed", "sm", "arch_a", "ptx", "ok_targets")
+                 "relaxed", "sm", "arch_a", "ptx", "ok_arch", "ok_version", "fast")
 
     def __init__(self, opcode: str) -> None:
         self.fn = opcode
@@ -129,7 +130,28 @@ class Form:
         self.sm = max([row.sm] + [row.bump.get(n, 0) for n in (*types, *mods)])
         self.arch_a = row.arch_a
         self.ptx = tuple(int(x) for x in row.ptx.split("."))
-        self.ok_targets: set[tuple[str, str | None]] = set()
+        self.ok_arch: str | None = None
+        self.ok_version: str | None = None
+        # per operand: the register types it takes (None: any register) and the operand
+        # classes it takes without a closer look
+        scalar_imm = frozenset({int, float, bool})
+        self.fast = []
+        for role, ty, vec in self.roles:
+            regs = None
+            if role in "dsrh" and ty is not None and ty != "*" and not (vec and self.vec):
+                regs = frozenset(t for t in ALL_TYPES if compatible(t, ty, self.relaxed))
+            elif role in "pq":
+                regs = frozenset(t for t in ALL_TYPES if t.is_pred)
+            ok = frozenset({str})
+            if role == "x":
+                ok = ANY
+            elif role == "s" and not (vec and self.vec):
+                ok = ok | scalar_imm
+            elif role == "i":
+                ok = ok | {int}
+            elif role == "a" and self.space not in _WIDE_ADDR:
+                ok = ok | {Addr}
+            self.fast.append((regs, ok))
 
     def _type(self, ty: str) -> str | None:
         t = self.types
@@ -175,7 +197,8 @@ class Form:
                 _refuse(fn, f"{row.op}{''.join('.' + t for t in types)} needs one of "
                         f"{', '.join('.' + m for m in sorted(names))}")
 
-    def _check_target(self, trace: Any) -> None:
+    def check_target(self, trace: Any) -> None:
+        """Refuse the form unless ``trace``'s arch and PTX version have it."""
         arch = trace.arch
         m = _ARCH.match(arch)
         sm, suffix = (int(m.group(1)), m.group(2)) if m else (0, "")
@@ -185,35 +208,45 @@ class Form:
                     f"sm_{self.sm}{'a (an arch-specific target)' if self.arch_a else ' or newer'}")
             raise TraceError(f"{where()}: ptx.inst.{self.fn} needs {need}, but this kernel "
                              f"targets {arch}; choose the target with @kernel(arch=...)")
-        version = getattr(trace, "version", None)
+        version = trace.version
         if version:
             have = tuple(int(x) for x in version.split("."))
             if have < self.ptx:
                 raise TraceError(
                     f"{where()}: ptx.inst.{self.fn} needs PTX ISA {self.row.ptx} or newer, but "
                     f"this kernel is written as PTX {version}; raise @kernel(version=...)")
-        self.ok_targets.add((arch, version))
+        self.ok_arch, self.ok_version = arch, version
 
     def check(self, operands: tuple, trace: Any) -> None:
         """Refuse ``operands`` unless they fit this form, and the form unless ``trace``'s
         target has it."""
-        if (trace.arch, getattr(trace, "version", None)) not in self.ok_targets:
-            self._check_target(trace)
-        n = len(operands)
-        if not self.nmin <= n <= self.nmax:
-            self._count(n)
-        for k, (o, (role, ty, vec)) in enumerate(zip(operands, self.roles)):
+        if trace.arch is not self.ok_arch or trace.version is not self.ok_version:
+            self.check_target(trace)
+        if not self.nmin <= len(operands) <= self.nmax:
+            self.count_error(len(operands))
+        for o, (regs, ok) in zip(operands, self.fast):
             c = type(o)
-            if c is Reg and role in "dsrh" and ty is not None and ty != "*":
-                if self.vec is not None and vec:
-                    self._bad(k, role, ty, o, f"a vector of {self.vec} registers "
-                              f"[r0, ..., r{self.vec - 1}] (from .v{self.vec}/.x{self.vec})")
-                if not compatible(o.type, ty, self.relaxed):
-                    self._mismatch(k, role, ty, o)
-            elif c is not str and role != "x":
-                self._other(k, role, ty, vec, o)
+            if c is Reg and regs is not None:
+                if o.type not in regs:
+                    self.refuse(operands, o)
+            elif c not in ok and ok is not ANY:
+                self.refuse(operands, o)
 
-    def _count(self, n: int) -> None:
+    def refuse(self, operands: tuple, o: Any) -> None:
+        """Raise the error for operand ``o`` of ``operands``, which the fast check did not take."""
+        k = next(i for i, x in enumerate(operands) if x is o)
+        role, ty, vec = self.roles[k]
+        if type(o) is Reg and role in "dsrh" and ty is not None and ty != "*":
+            if self.vec is not None and vec:
+                self._bad(k, role, ty, o, f"a vector of {self.vec} registers "
+                          f"[r0, ..., r{self.vec - 1}] (from .v{self.vec}/.x{self.vec})")
+            if not compatible(o.type, ty, self.relaxed):
+                self._mismatch(k, role, ty, o)
+        elif type(o) is not str and role != "x":
+            self._other(k, role, ty, vec, o)
+
+    def count_error(self, n: int) -> None:
+        """Raise the error for ``n`` operands."""
         names = " ".join(f"{_ROLE_NAMES[r.rstrip('v')]}" + (f":.{t}" if t else "")
                          for r, t, _ in self.roles)
         want = (str(self.nmin) if self.nmin == self.nmax else

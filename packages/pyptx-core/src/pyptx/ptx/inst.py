@@ -16,7 +16,7 @@ from ..reg import NotPred, Reg, render
 from ..source import user_site, where
 from ..trace import current
 from ..types import _BY_NAME, PtxType
-from .check import Form
+from .check import ANY, Form
 
 OPCODES = frozenset("""
 abs activemask add addc alloca and applypriority atom bar barrier bfe bfi bfind bmsk
@@ -84,7 +84,17 @@ class Instr:
         if form is None:
             form = Form(self.opcode)
             self._form = form
-        form.check(operands, trace)
+        # Form.check, inlined: this runs once per instruction traced
+        if trace.arch is not form.ok_arch or trace.version is not form.ok_version:
+            form.check_target(trace)
+        if not form.nmin <= len(operands) <= form.nmax:
+            form.count_error(len(operands))
+        for o, (regs, ok) in zip(operands, form.fast):
+            if type(o) is Reg and regs is not None:
+                if o.type not in regs:
+                    form.refuse(operands, o)
+            elif type(o) not in ok and ok is not ANY:
+                form.refuse(operands, o)
         t = self.type
         if t is not None and t.kind == "s":  # masks such as 0xFFFFFFFF in redux.sync.min.s32
             t = _BY_NAME[f"u{t.bits}"]  # same text; accepts the full bit-pattern range
