@@ -112,6 +112,15 @@ def wants_grad(*xs) -> bool:
 _TORCH_OPS: dict = {}
 
 
+def defines_ops(fn):
+    """Mark ``fn``, which defines custom ops, as a constant for dynamo (what
+    ``torch.compiler.assume_constant_result`` does): a first call of an op inside
+    ``torch.compile`` then runs ``fn`` at trace time instead of breaking the graph. ``fn``
+    must be idempotent and return a constant (``True``)."""
+    fn._dynamo_marked_constant = True
+    return fn
+
+
 def torch_op(name: str, schema: str, impl, fake, backward=None, setup_context=None):
     """Define the torch custom op ``torch.ops.pyptx.<name>`` once (``torch.library.custom_op``
     with ``schema``, the fake impl ``fake`` and, given ``backward``, ``register_autograd``).

@@ -14,13 +14,13 @@ import math
 import numbers
 
 from pyptx.errors import ConfigError
+from pyptx_kernels import _common
 from pyptx_kernels._common import framework, where
 
 LAYOUTS = ("bshd", "bhsd")
 FORWARD_HEAD_DIMS = (64, 128, 256)
 BACKWARD_HEAD_DIMS = (64, 128)
 #: device types the kernels run on (``_kernels`` builds for tensors on any device)
-DEVICE_TYPES = ("cuda",)
 _DTYPES = {"bfloat16": "bf16", "float16": "f16"}
 
 
@@ -31,7 +31,7 @@ def _fail(fn, msg):
 # ------------------------------------------------------------------ validation
 def _check_arrays(fn, named, ranks, any_device):
     """Arrays ``named`` ((name, array) pairs) of the given ranks, of one framework; torch
-    ones on one device, of ``DEVICE_TYPES`` unless ``any_device``."""
+    ones on one CUDA device (meta and fake tensors pass) unless ``any_device``."""
     for (name, x), rank in zip(named, ranks):
         if not hasattr(x, "shape") or not hasattr(x, "dtype"):
             raise _fail(fn, f"{name} must be a torch tensor or a JAX array, got "
@@ -41,15 +41,8 @@ def _check_arrays(fn, named, ranks, any_device):
     libs = {framework(x) for _, x in named}
     if len(libs) != 1:
         raise _fail(fn, "inputs mix torch tensors and JAX arrays")
-    if libs == {"torch"}:
-        devices = {x.device for _, x in named}
-        if len(devices) != 1:
-            raise _fail(fn, f"inputs on several devices: "
-                            f"{', '.join(f'{n} on {x.device}' for n, x in named)}")
-        (device,) = devices
-        if not any_device and device.type not in DEVICE_TYPES:
-            raise _fail(fn, f"inputs must be CUDA tensors (the kernels run on the GPU), got "
-                            f"{device}")
+    if libs == {"torch"} and not any_device:
+        _common.check_devices(fn, *(x for _, x in named))
 
 
 def _dtype(fn, named):
@@ -276,10 +269,9 @@ SCHEMAS = {
 _REGISTERED = False
 
 
+@_common.defines_ops
 def _register():
-    """Define the ``pyptx::attention*`` custom ops (once). Marked constant for dynamo
-    (what ``torch.compiler.assume_constant_result`` does), so a first call inside
-    ``torch.compile`` runs it at trace time instead of breaking the graph."""
+    """Define the ``pyptx::attention*`` custom ops (once)."""
     global _REGISTERED
     if _REGISTERED:
         return True
@@ -359,8 +351,6 @@ def _register():
     _REGISTERED = True
     return True
 
-
-_register._dynamo_marked_constant = True
 
 
 # ------------------------------------------------------------------ public functions

@@ -101,6 +101,7 @@ def _fake(a, b, scale_a, scale_b, out_dtype, *rest):
     return a.new_empty((a.shape[0], b.shape[1]), dtype=_common.torch_dtype(out_dtype))
 
 
+@_common.defines_ops
 def _define():
     """Define ``pyptx::scaled_mm`` and ``pyptx::scaled_mm_blockwise`` (no autograd)."""
     _common.torch_op("scaled_mm", "(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, "
@@ -110,7 +111,7 @@ def _define():
     _common.torch_op("scaled_mm_blockwise", "(Tensor a, Tensor b, Tensor scale_a, "
                      "Tensor scale_b, str out_dtype) -> Tensor",
                      lambda a, b, sa, sb, out: _scaled(a, b, sa, sb, out, False, "block"), _fake)
-
+    return True
 
 if "torch" in sys.modules:   # a torch user: define the ops before any trace reaches them
     _define()

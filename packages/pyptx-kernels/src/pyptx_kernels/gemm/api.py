@@ -168,6 +168,7 @@ def _linear_backward(ctx, grad):
     return _grads(ctx, grad, True)
 
 
+@_common.defines_ops
 def _define():
     """Define ``pyptx::matmul``, ``pyptx::linear`` and their ``pyptx::<name>_backward``."""
     schema = ("(Tensor grad, Tensor a, Tensor b, Tensor? bias, bool need_a, bool need_b, "
@@ -178,7 +179,7 @@ def _define():
                      _matmul_impl, _matmul_fake, _matmul_backward, _setup)
     _common.torch_op("linear", "(Tensor x, Tensor weight, Tensor? bias) -> Tensor",
                      _linear_impl, _linear_fake, _linear_backward, _setup)
-
+    return True
 
 if "torch" in sys.modules:   # a torch user: define the ops before any trace reaches them
     _define()

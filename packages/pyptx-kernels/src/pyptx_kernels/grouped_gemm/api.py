@@ -116,6 +116,7 @@ def _grad(ctx, grad):
     return da, db, None, None
 
 
+@_common.defines_ops
 def _define():
     """Define ``pyptx::grouped_mm`` and ``pyptx::grouped_mm_backward``."""
     _common.torch_op("grouped_mm_backward",
@@ -124,7 +125,7 @@ def _define():
                      lambda grad, a, b, offs: (a.new_empty(a.shape), _empty_like(b)))
     _common.torch_op("grouped_mm", "(Tensor a, Tensor b, Tensor offs, str out_dtype) -> Tensor",
                      lambda *x: _grouped(*x), _fake, _grad, _setup)
-
+    return True
 
 if "torch" in sys.modules:   # a torch user: define the ops before any trace reaches them
     _define()

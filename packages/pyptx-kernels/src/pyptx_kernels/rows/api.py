@@ -262,6 +262,7 @@ def _swiglu_backward(grad, gate, up):
     return (dy * u * s * (1 + g * (1 - s))).to(gate.dtype), (dy * g * s).to(up.dtype)
 
 
+@_common.defines_ops
 def _define():
     """Define the four forward ops and their ``pyptx::<name>_backward`` ops."""
     op = _common.torch_op
@@ -283,7 +284,7 @@ def _define():
        _swiglu_backward, lambda grad, g, u: (_empty(g), _empty(u)))
     op("swiglu", "(Tensor gate, Tensor up) -> Tensor", lambda g, u: _swiglu(g, u),
        lambda g, u: _empty(g), _swiglu_grad, _save_inputs)
-
+    return True
 
 if "torch" in sys.modules:   # a torch user: define the ops before any trace reaches them
     _define()
