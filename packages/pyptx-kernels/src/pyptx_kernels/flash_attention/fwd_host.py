@@ -170,27 +170,10 @@ def _refuse_grad(fn, D, xs, op):
         bwd.where = _where()
 
 
-def _fast_backward(bwd_mod, D, deterministic):
-    """The faster backward's options per head dim (none with ``PYPTX_ATTN_BWD_SAFE=1``):
-    at D=128 the dK/dV kernel also adds dQ with TMA tile reductions in a fixed order and
-    converts it in converter CTAs, its producer's idle warps converting earlier heads' dQ
-    and computing later heads' stats; at D=64 the fused one-kernel backward (128-row q
-    blocks, consumer warpgroups half a block apart); ``deterministic=False``: dQ added in
-    any order."""
-    if D == 64 and not bwd_mod.safe_default():
-        return dict(fused_bq=128, dq_ordered=deterministic, fused_pingpong=1)
-    if not deterministic:
-        return dict(atomic_dq=True, dq_bulk=True)
-    if D == 128 and not bwd_mod.safe_default():
-        return dict(atomic_dq=True, dq_bulk=True, dq_ordered=True, dq_convert=True,
-                    convert_lag="auto", stats_lead="auto")
-    return {}
-
-
 @functools.lru_cache(maxsize=128)
 def _differentiable(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, plan=None, deterministic=True):
     """The forward kernel of ``plan`` (``ForwardConfig``, ``Tuned`` or None: the default)
-    wrapped with the backward (``_fast_backward``'s kernels falling back to the
+    wrapped with the backward (``BackwardPlan.for_eager``'s kernels falling back to the
     deterministic dQ / dK-dV pair, which JAX and ``torch.compile`` traces run), or with
     ``NoBackward`` at a head dim the backward refuses (256)."""
     fwd = _forward(B, S, Hq, Hkv, D, Sk, dtype, causal, scale,
@@ -204,11 +187,13 @@ def _differentiable(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, plan=None, deter
     except PyptxError:  # a size the backward refuses (head dim 256): gradients raise
         return differentiable_kernel(fwd, NoBackward(fwd, D, 3), save_for_backward=[0, 1, 2],
                                      save_outputs=[0, 1], num_grad_inputs=3)
-    fast = _fast_backward(bwd_mod, D, deterministic)
-    if fast:
+    from pyptx_kernels.flash_attention.bwd_plan import BackwardPlan
+
+    fast = BackwardPlan.for_eager(D, deterministic)
+    if fast != BackwardPlan():
         try:
             bwd = bwd_mod.build_attention_backward(B, S, Hq, Hkv, D, **kw,
-                                                   **fast).with_fallback(bwd)
+                                                   plan=fast).with_fallback(bwd)
         except PyptxError:  # the pair alone
             pass
     return differentiable_kernel(fwd, bwd, save_for_backward=[0, 1, 2], save_outputs=[0, 1],
