@@ -81,3 +81,13 @@ def test_unnamed_shared_arrays_get_distinct_names():
 
     _trace(body)
     assert names == ["smem", "smem_1", "smem_2"]
+
+
+def test_parse_of_none_is_a_pyptx_error():
+    from pyptx.errors import PyptxError
+    from pyptx.parser import parse
+
+    with pytest.raises(PyptxError, match="parse expects PTX text") as ei:
+        line = sys._getframe().f_lineno + 1
+        parse(None)
+    assert str(ei.value).startswith(f"{__file__}:{line}:")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from ..errors import ParseError
+from ..errors import ParseError, PyptxError
 from ..types import _BY_NAME
 from . import lexer
 from .nodes import (
@@ -175,6 +175,10 @@ def _var_decl(body: str, trivia: str, raw: str) -> VarDecl | None:
                    _dims(m.group("dims")), init, tuple(attrs), trivia, raw)
 
 
+class ParseInputError(PyptxError, TypeError):
+    """``parse`` was given something that is not PTX text."""
+
+
 def parse(text: str, source: str = "<ptx>") -> Module:
     """Parse PTX ``text`` into a ``Module``; ``emit(parse(t)) == t`` for every input it accepts.
 
@@ -183,7 +187,11 @@ def parse(text: str, source: str = "<ptx>") -> Module:
     if isinstance(text, (bytes, bytearray, memoryview)):
         text = decode_ptx(bytes(text), source)
     if not isinstance(text, str):
-        raise TypeError(f"parse expects PTX text (str or UTF-8 bytes), got {type(text).__name__}")
+        from ..source import where
+
+        raise ParseInputError(
+            f"{where()}: parse expects PTX text (str or UTF-8 bytes), got {type(text).__name__}"
+        )
     try:
         return _parse(text, source)
     except _Fail as e:  # pragma: no cover - every _Fail is caught with its position below
