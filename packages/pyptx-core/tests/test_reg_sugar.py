@@ -706,7 +706,7 @@ def test_array_registers():
     assert isinstance(a, RegArray) and len(a) == 4 and a.type is f32
     assert [r.name for r in a] == ["%f0", "%f1", "%f2", "%f3"]
     assert [r.name for r in b] == ["%f4", "%f5"]  # consecutive numbering continues
-    assert a[1].name == "%f1" and a[-1].name == "%f3"
+    assert a[1].name == "%f1" and a[3].name == "%f3"
     assert [r.name for r in a[1:3]] == ["%f1", "%f2"]
     assert repr(a) == "RegArray(4 x f32)"
 

@@ -11,10 +11,19 @@ PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 def where() -> str:
-    """``file:line`` of the user's call into the library (the first frame outside it)."""
-    from pyptx.source import where_outside
+    """``file:line`` of the user's call into the library: the first frame outside this
+    package, pyptx and the ``__init__`` a frozen dataclass generates (a ``<string>`` frame
+    between the user's ``Config(...)`` and its ``__post_init__`` checks)."""
+    from pyptx.source import _is_internal
 
-    return where_outside(PACKAGE_DIR)
+    f = sys._getframe(1)
+    while f is not None:
+        name = f.f_code.co_filename
+        if not ((name == "<string>" and f.f_code.co_name == "__init__") or _is_internal(name)
+                or os.path.abspath(name).startswith(PACKAGE_DIR + os.sep)):
+            return f"{name}:{f.f_lineno}"
+        f = f.f_back
+    return "<unknown>:0"
 
 
 def framework(x) -> str:

@@ -18,12 +18,10 @@ constructors), replacing a bag of keywords whose combinations depend on each oth
 
 from __future__ import annotations
 
-import os
-import sys
 from dataclasses import dataclass, fields, replace
 
 from pyptx.errors import ConfigError
-from pyptx_kernels._common import PACKAGE_DIR
+from pyptx_kernels._common import where
 from pyptx_kernels.flash_attention.bwd_common import BM, FUSED_BQ, _fail, safe_default
 
 
@@ -109,14 +107,8 @@ def parse_options(text):
 
 
 def _plan_fail(msg):
-    """``_fail`` for ``BackwardPlan``'s checks: also skips the dataclass ``__init__``
-    (compiled from a string) between the user's call and ``__post_init__``."""
-    f = sys._getframe(1)
-    while f is not None and ((f.f_code.co_filename, f.f_code.co_name) == ("<string>", "__init__")
-                             or os.path.abspath(f.f_code.co_filename).startswith(PACKAGE_DIR)):
-        f = f.f_back
-    at = "<unknown>:0" if f is None else f"{f.f_code.co_filename}:{f.f_lineno}"
-    return ConfigError(f"{at}: {msg}")
+    """A ``ConfigError`` at the line that built the plan."""
+    return ConfigError(f"{where()}: {msg}")
 
 
 @dataclass(frozen=True)

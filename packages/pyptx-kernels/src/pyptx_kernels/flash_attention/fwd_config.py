@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 from dataclasses import dataclass
 
 from pyptx.errors import ConfigError
 from pyptx.types import bf16 as t_bf16
 from pyptx.types import f16
 from pyptx.warpspec import register_budget
-from pyptx_kernels._common import PACKAGE_DIR
+from pyptx_kernels._common import where
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -38,24 +37,9 @@ RESCALE_THRESHOLD = 8.0
 FRAGMENT_ROOM = {2: 200, 3: 128}
 
 
-def _where():
-    """``file:line`` of the user's call: the first frame outside this package, pyptx and the
-    dataclass machinery (``ForwardConfig(...)`` runs its checks in a generated ``__init__``)."""
-    import pyptx
-
-    skip = (PACKAGE_DIR + os.sep, os.path.dirname(pyptx.__file__) + os.sep)
-    f = sys._getframe(1)
-    while f is not None:
-        name = f.f_code.co_filename
-        if not (name.startswith(skip) or name == "<string>" or name == dataclasses.__file__):
-            return f"{name}:{f.f_lineno}"
-        f = f.f_back
-    return "<unknown>:0"
-
-
 def _fail(msg):
     """A ``ConfigError`` whose message starts with the ``file:line`` of the user's call."""
-    return ConfigError(f"{_where()}: {msg}")
+    return ConfigError(f"{where()}: {msg}")
 
 
 def _dtype(name):

@@ -20,13 +20,12 @@ from dataclasses import dataclass
 
 from pyptx.autotune import Config, autotune
 from pyptx.errors import ConfigError, PyptxError
-from pyptx_kernels._common import framework
+from pyptx_kernels._common import framework, where
 from pyptx_kernels.flash_attention.fwd_config import (
     ATTENTION_CONFIGS,
     DEFAULT_PERSISTENT,
     ForwardConfig,
     _fail,
-    _where,
 )
 from pyptx_kernels.flash_attention.fwd_kernel import build_attention, build_attention_varlen
 
@@ -167,7 +166,7 @@ def _refuse_grad(fn, D, xs, op):
                         f"{_no_backward_message(D)}")
     bwd = getattr(op, "backward_kernel", None)
     if isinstance(bwd, NoBackward):
-        bwd.where = _where()
+        bwd.where = where()
 
 
 @functools.lru_cache(maxsize=128)

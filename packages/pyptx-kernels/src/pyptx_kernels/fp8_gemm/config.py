@@ -3,12 +3,10 @@ the tuned plans (``FP8_CONFIGS``)."""
 
 from __future__ import annotations
 
-import os
-import sys
 from dataclasses import asdict, dataclass
 
 from pyptx.errors import ConfigError
-from pyptx_kernels._common import PACKAGE_DIR
+from pyptx_kernels._common import where
 
 H100_SMS = 132
 SMEM_LIMIT = 227 * 1024 - 256
@@ -24,14 +22,8 @@ def smem_bytes(BM, BN, stages):
 
 
 def _bad(msg):
-    """A ``ConfigError`` at the line that built the plan: the first frame outside the
-    library and outside the dataclass's generated ``__init__`` (file ``<string>``)."""
-    f = sys._getframe(1)
-    while f is not None and (f.f_code.co_filename == "<string>" or os.path.abspath(
-            f.f_code.co_filename).startswith(PACKAGE_DIR + os.sep)):
-        f = f.f_back
-    at = "<unknown>:0" if f is None else f"{f.f_code.co_filename}:{f.f_lineno}"
-    return ConfigError(f"{at}: Fp8GemmConfig: {msg}")
+    """A ``ConfigError`` at the line that built the plan."""
+    return ConfigError(f"{where()}: Fp8GemmConfig: {msg}")
 
 
 def _count(v, low=1):

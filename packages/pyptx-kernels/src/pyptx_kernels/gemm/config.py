@@ -8,7 +8,7 @@ import sys
 from collections.abc import Mapping
 
 from pyptx.errors import ConfigError
-from pyptx_kernels._common import PACKAGE_DIR
+from pyptx_kernels._common import where
 
 H100_SMS = 132
 SMEM_LIMIT = 227 * 1024 - 256  # less the static barriers
@@ -31,11 +31,7 @@ def _user_line():
     torch = sys.modules.get("torch")
     if torch is not None and torch.compiler.is_compiling():
         return "<torch.compile>"
-    f = sys._getframe(1)
-    while f is not None and (f.f_code.co_filename.startswith(PACKAGE_DIR)
-                             or f.f_code.co_filename == "<string>"):
-        f = f.f_back
-    return "<unknown>:0" if f is None else f"{f.f_code.co_filename}:{f.f_lineno}"
+    return where()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,12 +7,10 @@ line that made it, so a builder given a plan only checks the problem (shapes, dt
 from __future__ import annotations
 
 import dataclasses
-import os
-import sys
 from dataclasses import dataclass
 
 from pyptx.errors import ConfigError
-from pyptx_kernels._common import PACKAGE_DIR
+from pyptx_kernels._common import where
 
 H100_SMS = 132
 SMEM_LIMIT = 227 * 1024 - 256  # less the static barriers
@@ -22,22 +20,9 @@ L2_HINTS = (None, "stream_b")
 MAX_SPLITS = 8
 
 
-def _where():
-    """``file:line`` of the first frame outside the library, pyptx and the dataclass-generated
-    ``__init__`` (a ``<string>`` frame): the line that made the plan."""
-    from pyptx.source import _is_internal
-
-    f = sys._getframe(1)
-    while f is not None and (f.f_code.co_filename.startswith(PACKAGE_DIR + os.sep)
-                             or (f.f_code.co_filename, f.f_code.co_name) == ("<string>", "__init__")
-                             or _is_internal(f.f_code.co_filename)):
-        f = f.f_back
-    return "<unknown>:0" if f is None else f"{f.f_code.co_filename}:{f.f_lineno}"
-
-
 def error(msg):
     """A ``ConfigError`` whose message starts with the ``file:line`` of the user's call."""
-    return ConfigError(f"{_where()}: {msg}")
+    return ConfigError(f"{where()}: {msg}")
 
 
 def smem_bytes(BM, BN, BK, stages):

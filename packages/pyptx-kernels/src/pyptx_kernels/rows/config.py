@@ -7,12 +7,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-import os
-import sys
 from dataclasses import dataclass
 
 from pyptx.errors import ConfigError, SpecError
-from pyptx_kernels._common import PACKAGE_DIR
+from pyptx_kernels._common import where
 
 _INTS = ("chunks", "threads", "rows", "ctas", "stages", "maxnreg")
 _BOOLS = ("bulk_store", "bulk", "welford", "pdl", "pdl_prefetch")
@@ -21,22 +19,6 @@ _HINTS = {"l2_load": "l2_load", "l2_store": "l2_store", "store_cache": "store",
 
 
 #: code objects that are the library's though outside its files (``RowConfig.__init__``)
-_GENERATED: set = set()
-
-
-def _at() -> str:
-    """``file:line`` of the user's line: the first frame outside the package, pyptx and the
-    dataclass-generated ``RowConfig.__init__``."""
-    from pyptx.source import _is_internal
-
-    f = sys._getframe(1)
-    while f is not None:
-        name = f.f_code.co_filename
-        if not (f.f_code in _GENERATED or _is_internal(name)
-                or os.path.abspath(name).startswith(PACKAGE_DIR + os.sep)):
-            return f"{name}:{f.f_lineno}"
-        f = f.f_back
-    return "<unknown>:0"
 
 
 @dataclass(frozen=True)
@@ -79,10 +61,10 @@ class RowConfig:
         for name in _INTS:
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-                raise SpecError(f"{_at()}: RowConfig: {name} must be a positive int, got {v!r}")
+                raise SpecError(f"{where()}: RowConfig: {name} must be a positive int, got {v!r}")
         for name in _BOOLS:
             if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"{_at()}: RowConfig: {name} must be True or False, got "
+                raise ConfigError(f"{where()}: RowConfig: {name} must be True or False, got "
                                   f"{getattr(self, name)!r}")
         if self.stages is not None:
             if self.ctas is None:
@@ -102,10 +84,10 @@ class RowConfig:
         try:
             self.hints  # noqa: B018 - checks the hint values
         except ConfigError as e:
-            raise ConfigError(f"{_at()}: RowConfig: {str(e).split(': ', 1)[-1]}") from None
+            raise ConfigError(f"{where()}: RowConfig: {str(e).split(': ', 1)[-1]}") from None
 
     def _refuse(self, why: str):
-        raise ConfigError(f"{_at()}: {self!r}: {why}")
+        raise ConfigError(f"{where()}: {self!r}: {why}")
 
     @property
     def plan(self) -> str:
@@ -138,7 +120,6 @@ class RowConfig:
         return "RowConfig(" + ", ".join(f"{k}={v!r}" for k, v in self.kwargs.items()) + ")"
 
 
-_GENERATED.add(RowConfig.__init__.__code__)
 
 #: The default plan: the planner's one-row kernel with PDL and no hints.
 DEFAULT = RowConfig()
@@ -159,10 +140,10 @@ FIELDS = {
 def check(config, who: str, op: str) -> RowConfig:
     """``config`` if it is a ``RowConfig`` whose fields ``op``'s builder takes (``FIELDS``)."""
     if not isinstance(config, RowConfig):
-        raise ConfigError(f"{_at()}: {who}: config must be a RowConfig, got {config!r}")
+        raise ConfigError(f"{where()}: {who}: config must be a RowConfig, got {config!r}")
     extra = [k for k in config.kwargs if k not in FIELDS[op]]
     if extra:
-        raise ConfigError(f"{_at()}: {who}: {config!r} sets {', '.join(extra)}, which this "
+        raise ConfigError(f"{where()}: {who}: {config!r} sets {', '.join(extra)}, which this "
                           f"kernel does not take (it takes {', '.join(FIELDS[op])})")
     return config
 
@@ -232,7 +213,7 @@ def tuned(op: str, table: tuple[RowConfig, ...]):
             try:
                 bound = sig.bind(*args, **problem)
             except TypeError as e:
-                raise ConfigError(f"{_at()}: {name}: {e}") from None
+                raise ConfigError(f"{where()}: {name}: {e}") from None
             bound.apply_defaults()
             B, N, dtype, *rest = (v for k, v in bound.arguments.items() if k != "config")
             if config is None:
