@@ -51,8 +51,7 @@ def named():
 def broken():
     @kernel([Tile(4, f32)], [])
     def broken(x):
-        wide = reg.scalar(u64)
-        ptx.inst.add.f32(wide, wide, wide)  # BAD LINE
+        ptx.inst.bar.sync(20)  # BAD LINE
 
     return broken
 
@@ -250,7 +249,7 @@ def test_check_rejection_names_the_python_line(capsys, kfile, ptxas_path):
     code, out, err = run(capsys, "check", f"{kfile}:broken")
     assert code == 1 and out == ""
     assert f"{kfile}:{bad_line(kfile)}: ptxas error:" in err
-    assert "add.f32 %rd0, %rd0, %rd0;" in err
+    assert "bar.sync 20;" in err
     assert "Traceback" not in err
 
 

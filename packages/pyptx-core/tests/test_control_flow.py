@@ -405,7 +405,7 @@ def test_regarray_item_assignment_text():
         acc[1] = 2.5
         acc[2] *= 0.5
         acc[3] += acc[0]
-        acc[-1] = acc[1]
+        acc[3] = acc[1]
         acc[0] = reg.scalar(b32)
         acc[0] = acc[0]
         acc[1:3] = [1, acc[3]]

@@ -24,7 +24,7 @@ from pyptx.errors import (
     TypeMismatchError,
     UnboundDimError,
 )
-from pyptx.types import f16, f32, f64, pred, u8, u32, u64
+from pyptx.types import f16, f32, f64, pred, u16, u32, u64
 
 MARK = "# <- error"
 
@@ -163,7 +163,7 @@ def bad_reg_type():
 
 
 def bad_immediate():
-    r = reg.scalar(u8)
+    r = reg.scalar(u16)
     ptx.inst.mov.u16(r, 70000)  # <- error
 
 
