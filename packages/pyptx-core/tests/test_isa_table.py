@@ -1,4 +1,4 @@
-"""The instruction table behind ``ptx.inst`` (``pyptx.ptx.isa``) against ptxas.
+"""The instruction table behind ``ptx.inst`` (``pyptx.ptx._isa``) against ptxas.
 
 Every ``ok`` spelling of every row becomes one call with operands generated from the
 row's roles (or its ``sample``); each arch the row supports (sm_80, sm_90a, sm_100a)
@@ -18,8 +18,8 @@ import pytest
 import pyptx
 from pyptx import Tile, ptx, reg, smem
 from pyptx.errors import OperandError, PyptxError, TraceError, TypeMismatchError
-from pyptx.ptx import isa
-from pyptx.ptx.check import Form, compatible
+from pyptx.ptx import _isa as isa
+from pyptx.ptx._check import Form, compatible
 from pyptx.ptx.inst import OPCODES
 from pyptx.types import _BY_NAME, b16, f32, int_type, pred, u32, u64
 

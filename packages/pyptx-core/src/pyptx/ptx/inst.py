@@ -16,7 +16,7 @@ from ..reg import NotPred, Reg, render
 from ..source import user_site, where
 from ..trace import current
 from ..types import _BY_NAME, PtxType
-from .check import ANY, Form
+from ._check import ANY, Form
 
 OPCODES = frozenset("""
 abs activemask add addc alloca and applypriority atom bar barrier bfe bfi bfind bmsk
@@ -78,7 +78,7 @@ class Instr:
 
     def __call__(self, *operands: Any, pred: Any = None) -> None:
         """Emit ``[@pred] opcode operands;`` into the active trace, after checking the
-        spelling, the operands and the kernel's target against ``pyptx.ptx.isa``."""
+        spelling, the operands and the kernel's target against ``pyptx.ptx._isa``."""
         trace = current()
         form = self._form
         if form is None:

@@ -1,4 +1,4 @@
-"""Check one ``ptx.inst`` call against the instruction table (``pyptx.ptx.isa``).
+"""Check one ``ptx.inst`` call against the instruction table (``pyptx.ptx._isa``).
 
 ``form(opcode)`` parses a spelling once: its row, type suffixes, modifiers and the
 expected role and type of each operand, refusing unknown modifiers and invalid
@@ -16,7 +16,7 @@ from ..reg import NotPred, Reg, RegArray
 from ..smem import SharedArray
 from ..source import where
 from ..types import ALL_TYPES, PtxType
-from .isa import TYPE_INFO, Row, row_for
+from ._isa import TYPE_INFO, Row, row_for
 from .memory import Addr
 
 _VEC = {"v2": 2, "v4": 4, "v8": 8, "x1": 1, "x2": 2, "x4": 4}
