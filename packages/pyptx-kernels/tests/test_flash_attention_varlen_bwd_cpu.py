@@ -1,6 +1,6 @@
 """CPU checks of the packed variable-length attention backward (``build_dq_varlen``,
 ``build_dkdv_varlen``, ``build_attention_backward_varlen`` in
-examples/hopper/flash_attention_bwd.py):
+``pyptx_kernels.flash_attention.bwd_varlen``):
 
 * ptxas accepts both kernels for D 64/128, bf16/f16, causal/full, GQA, both schedules;
 * the PTX simulator (``ptxsim``) runs the pair on ragged packed batches (an empty q

@@ -1,4 +1,4 @@
-"""GPU tests of the dense GEMM's gradients (``examples/hopper/gemm.py``: ``matmul`` with
+"""GPU tests of the dense GEMM's gradients (``pyptx_kernels.gemm``: ``matmul`` with
 ``loss.backward()`` in torch and ``jax.grad``).
 
 Fresh random bf16/f16 operands in every layout (``x @ w.T`` included), ragged sizes, bias,

@@ -3,8 +3,8 @@
 A row kernel reads each element of a ``(B, N)`` array once and writes each output
 element once; a row's values stay in registers between a reduction over the row and
 the write. This package holds what such kernels share; the kernels themselves live
-in ``examples/hopper`` (``rms_norm.py``, ``layer_norm.py``, ``softmax.py``,
-``swiglu.py``).
+in the kernel library's ``pyptx_kernels.rows`` (``rms_norm``, ``layer_norm``,
+``softmax``, ``swiglu``).
 
 * ``plan``: ``plan_rows`` picks the launch shape (``RowPlan``: vector width, threads
   per row, chunks per thread, rows per CTA) from ``(B, N, dtype)``;

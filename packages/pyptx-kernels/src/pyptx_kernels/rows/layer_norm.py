@@ -7,7 +7,7 @@ the row's threads, and the result is written with 16-byte stores.
 ``build_layer_norm_bwd`` gives ``(dx, dw, db)``; ``layer_norm_op`` wires both
 through ``pyptx.differentiable_kernel``. Shared machinery: ``pyptx.rows``.
 
-    python examples/hopper/layer_norm.py [B] [N] [--dtype f32|bf16] [--eps EPS]
+    python -m pyptx_kernels.rows.layer_norm [B] [N] [--dtype f32|bf16] [--eps EPS]
 """
 
 from pyptx import Tile, kernel, ptx, reg

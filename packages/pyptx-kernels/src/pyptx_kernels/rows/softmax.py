@@ -7,7 +7,7 @@ maximum and the sum of exponentials come from butterfly-shuffle reductions;
 into one ``fma``, and the normalization multiplies by ``rcp.approx`` of the
 sum. ``N`` must be a multiple of 32; large ``N`` spills registers.
 
-    python examples/hopper/softmax.py [B] [N]
+    python -m pyptx_kernels.rows.softmax [B] [N]
 """
 
 import math

@@ -11,7 +11,7 @@ run unpredicated. ``bulk=True`` instead brings each CTA's slices of ``g`` and ``
 into shared memory with two ``cp.async.bulk`` copies (one mbarrier): at 1024
 threads it is the fastest shape measured for f32 8192x8192 on the H100.
 
-    python examples/hopper/swiglu.py [B] [N] [--dtype f32|bf16]
+    python -m pyptx_kernels.rows.swiglu [B] [N] [--dtype f32|bf16]
 """
 
 from pyptx import SpecError, Tile, kernel, ptx, reg, smem
