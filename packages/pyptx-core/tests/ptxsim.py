@@ -49,7 +49,12 @@ descriptors (start, LBO, SBO, swizzle) into the ISA's canonical K-major / MN-maj
 layouts, reads shared memory (each byte a copy filled needs a wait of the reading thread
 that saw it complete) and updates the f32 accumulator fragment; ``wgmma.fence`` /
 ``commit_group`` / ``wait_group`` are then no-ops. ``ldmatrix`` / ``stmatrix`` (``.x1/.x2/.x4``,
-``.trans``) writes 8x8 b16 matrices from the fragment layout. Named barriers
+``.trans``) writes 8x8 b16 matrices from the fragment layout. ``mma.sync`` (m16n8k8 /
+m16n8k16, bf16/f16 inputs, f32 or f16 C/D, ``.row.col``) gathers each warp's fragments and
+computes at issue. ``cp.async`` (4/8/16 bytes, ``src_size`` zero fill) copies at issue; its
+bytes are in flight until the issuing thread's ``cp.async.wait_group``/``wait_all`` retires
+their group, then visible to that thread, and to the others after a ``bar.sync``: reading
+them earlier, or refilling bytes read since the last ``bar.sync``, fails. Named barriers
 (``bar.sync id, n`` / ``bar.arrive id, n``) complete when ``n`` threads arrived; threads
 that wait park. ``setmaxnreg`` is a no-op.
 Not a PTX model beyond that: no memory ordering of ordinary accesses, and a ring refill is
@@ -311,6 +316,14 @@ class _CTA:
         #: per thread: source ranges of bulk stores not yet committed / committed groups
         self.bulk_open: dict[int, list[tuple[int, int]]] = {}
         self.bulk_groups: dict[int, list[list[tuple[int, int]]]] = {}
+        #: cp.async, per shared byte: the issuing thread (-1: none since the last ordinary
+        #: write), whether its group is still in flight, and the bar.sync epoch it retired in;
+        #: per thread: byte indices of copies not yet committed / committed groups
+        self.cpa_tid = np.full(size, -1, np.int64)
+        self.cpa_flight = np.zeros(size, bool)
+        self.cpa_epoch = np.full(size, -1, np.int64)
+        self.cpa_open: dict[int, list[np.ndarray]] = {}
+        self.cpa_groups: dict[int, list[list[np.ndarray]]] = {}
 
     # -- operands
     def get(self, tok: str, m: np.ndarray) -> np.ndarray:
@@ -474,6 +487,7 @@ class _CTA:
     def track_shared(self, write: bool, idx: np.ndarray, tids: np.ndarray) -> None:
         """An ordinary ``ld``/``st.shared`` of bytes ``idx`` (one row per thread of ``tids``)."""
         self.check_filled(idx, tids, "overwrites" if write else "reads")
+        self.check_cp_async(idx, tids, "overwrites" if write else "reads")
         if not write:
             self.rd_epoch[idx] = self.epoch
             self.rd_step[idx] = self.step
@@ -484,6 +498,60 @@ class _CTA:
         self.wr_tid[idx] = tids[:, None]
         self.wr_fenced[idx] = False
         self.fill_bar[idx] = -1
+
+    def check_cp_async(self, idx: np.ndarray, tids: np.ndarray, what: str) -> None:
+        """Threads ``tids`` touch bytes ``idx`` (one row per thread): a byte a ``cp.async``
+        filled must be retired by its issuer's wait, and for other threads a ``bar.sync``
+        must follow that wait; an ordinary write then clears the byte's copy record."""
+        ct = self.cpa_tid[idx]
+        hit = ct >= 0
+        if hit.any():
+            rows = np.broadcast_to(np.asarray(tids)[:, None], idx.shape)
+            if (hit & self.cpa_flight[idx]).any():
+                raise SimError(f"{what} shared bytes a cp.async is still filling (no "
+                               "cp.async.wait_group of its thread retired the group)")
+            other = hit & (ct != rows) & (self.cpa_epoch[idx] == self.epoch)
+            if other.any():
+                k = np.argwhere(other)[0]
+                raise SimError(f"{what} shared bytes thread {int(ct[tuple(k)])}'s cp.async "
+                               f"filled; thread {int(rows[tuple(k)])} needs a bar.sync after "
+                               "that thread's cp.async.wait_group")
+        if what == "overwrites":
+            self.cpa_tid[idx] = -1
+
+    def cp_async(self, dst: int, src: int, size: int, n: int, t: int) -> None:
+        """Thread ``t``'s ``cp.async`` of ``n`` of ``size`` bytes (the rest zeros) from global
+        ``src`` to shared ``dst``, run at issue and in flight until its group retires."""
+        if dst % size:
+            raise SimError(f"cp.async shared address {dst:#x} is not {size}-byte aligned")
+        if self.shared_var(dst, size) is None:
+            raise SimError(f"cp.async of {size} bytes at shared {dst:#x} runs outside its "
+                           "shared variable")
+        if not 0 <= n <= size:
+            raise SimError(f"cp.async src_size {n} outside 0..{size}")
+        data = np.zeros(size, np.uint8)
+        if n:
+            i, off = self.mem.locate(np.array([src], np.uint64), size, "cp.async global address")
+            off = int(off[0])
+            if off + n > len(self.mem.bufs[i]):
+                raise SimError(f"cp.async global address: out of bounds of buffer {i}")
+            data[:n] = self.mem.bufs[i][off:off + n]
+        r = np.arange(dst, dst + size)
+        read = self.rd_epoch[r] == self.epoch
+        if read.any() or self.unordered_writes(r, t).any() or \
+                ((self.cpa_tid[r] >= 0) & (self.cpa_tid[r] != t)
+                 & (self.cpa_epoch[r] == self.epoch)).any():
+            raise SimError(f"cp.async overwrites {self.shared_name(dst)}.. which threads "
+                           "accessed since the last bar.sync (they may not be done with it)")
+        self.check_filled(r[None, :], np.array([t]), "cp.async overwrites")
+        self.check_store_sources(r, "cp.async overwrites")
+        self.smem[r] = data
+        self.smem_written[r] = True
+        self.wr_tid[r] = -1
+        self.fill_bar[r] = -1
+        self.cpa_tid[r] = t
+        self.cpa_flight[r] = True
+        self.cpa_open.setdefault(t, []).append(r)
 
     def unordered_writes(self, r: np.ndarray, t: int) -> np.ndarray:
         """Bytes of ``r`` another thread wrote with no bar.sync since and no mbarrier phase
@@ -804,6 +872,102 @@ def _ldmatrix(c: _CTA, op: str, ops: list[str], m: np.ndarray) -> None:
         mm = np.zeros(c.n, bool)
         mm[lanes] = True
         c.put(tok, full, mm)
+
+
+def _mma_fragments(shape: str):
+    """The ``mma.sync`` fragment layout of ``shape`` (m16n8k8 / m16n8k16, 16-bit inputs):
+    for A, B and C/D, per register and half (low first), the ``(row, col)`` of each lane's
+    element as two ``(32,)`` arrays; B's rows are k, its columns n."""
+    lane = np.arange(32)
+    g, t2 = lane // 4, 2 * (lane % 4)
+    ka = int(shape.split("k")[1]) // 8
+    a = [(g + 8 * (i % 2), t2 + 8 * (i // 2) + h) for i in range(2 * ka) for h in (0, 1)]
+    b = [(t2 + 8 * i + h, g) for i in range(ka) for h in (0, 1)]
+    cd = [(g + 8 * i, t2 + h) for i in range(2) for h in (0, 1)]
+    return a, b, cd
+
+
+def _mma_sync(c: _CTA, op: str, ops: list[str], m: np.ndarray) -> None:
+    """``mma.sync.aligned.m16n8k{8,16}.row.col.{d}.{a}.{b}.{c}`` (bf16/f16 inputs, f32 or f16
+    C/D) for each warp of the active threads, computed at issue."""
+    parts = op.split(".")
+    shape, lay = parts[3], parts[4:6]
+    td, ta, tb, tc = parts[-4:]
+    if shape not in ("m16n8k8", "m16n8k16") or lay != ["row", "col"] or ta != tb \
+            or ta not in ("bf16", "f16") or {td, tc} - {"f32", "f16"}:
+        raise SimError(f"unsupported {op}")
+    fa, fb, fcd = _mma_fragments(shape)
+    k = int(shape.split("k")[1])
+    regs = [[x.strip() for x in o.strip("{}").split(",")] for o in ops]
+
+    def halves(tok, wide):          # 16-bit inputs: two per register, low first
+        v = c.as_u(tok, m, 32)
+        return [v & 0xFFFF, v >> 16] if not wide else [v]
+
+    def gather(toks, frag, shape_, t, lanes):
+        out = np.zeros(shape_)
+        vals = []
+        for tok in toks:
+            if t == "f32":
+                vals.append(c.as_f(tok, m).astype(np.float64))
+            else:
+                vals += [_to_float(h, t) for h in halves(tok, False)]
+        for (r, col), v in zip(frag, vals):
+            out[r, col] = v[lanes]
+        return out
+
+    for wp in np.unique(c.warp[m]).tolist():
+        lanes = np.arange(wp * 32, wp * 32 + 32)
+        if not m[lanes].all():
+            raise SimError(f"{op}: warp {wp} has {int(m[lanes].sum())} of 32 lanes here")
+        A = gather(regs[1], fa, (16, k), ta, lanes)
+        B = gather(regs[2], fb, (k, 8), tb, lanes)
+        C = gather(regs[3], fcd, (16, 8), tc, lanes)
+        D = A @ B + C
+        mm = np.zeros(c.n, bool)
+        mm[lanes] = True
+        if td == "f32":
+            for i, tok in enumerate(regs[0]):
+                full = np.zeros(c.n)
+                full[lanes] = D[fcd[i]]
+                c.putf(tok, full, mm)
+        else:
+            for i, tok in enumerate(regs[0]):
+                lo = D[fcd[2 * i]].astype(np.float16).view(np.uint16).astype(np.uint32)
+                hi = D[fcd[2 * i + 1]].astype(np.float16).view(np.uint16).astype(np.uint32)
+                full = np.zeros(c.n, np.uint32)
+                full[lanes] = lo | (hi << np.uint32(16))
+                c.put(tok, full, mm)
+
+
+def _cp_async(c: _CTA, op: str, ops: list[str], m: np.ndarray, tids: np.ndarray) -> None:
+    """``cp.async.{ca,cg}.shared.global``, ``cp.async.commit_group``, ``cp.async.wait_group
+    n`` and ``cp.async.wait_all`` (the model: ``_CTA.cp_async``)."""
+    if op in ("cp.async.ca.shared.global", "cp.async.cg.shared.global"):
+        dst, src = c.phys(c.address(ops[0], m)), c.address(ops[1], m)
+        size = int(ops[2])
+        n = c.as_u(ops[3], m, 32) if len(ops) > 3 else np.full(c.n, size, np.uint32)
+        for t in tids.tolist():
+            c.cp_async(int(dst[t]), int(src[t]), size, int(n[t]), t)
+        return
+    if op == "cp.async.commit_group":
+        for t in tids.tolist():
+            c.cpa_groups.setdefault(t, []).append(c.cpa_open.pop(t, []))
+        return
+    if op not in ("cp.async.wait_group", "cp.async.wait_all"):
+        raise SimError(f"unsupported {op}")
+    keep = int(ops[0]) if op == "cp.async.wait_group" else 0
+    for t in tids.tolist():
+        groups = c.cpa_groups.get(t, [])
+        if op == "cp.async.wait_all":
+            groups = groups + [c.cpa_open.pop(t, [])]
+        cut = max(len(groups) - keep, 0)
+        for g in groups[:cut]:
+            for r in g:
+                mine = c.cpa_tid[r] == t
+                c.cpa_flight[r[mine]] = False
+                c.cpa_epoch[r[mine]] = c.epoch
+        c.cpa_groups[t] = groups[cut:]
 
 
 def _named_barrier(c: _CTA, op: str, ops: list[str], m: np.ndarray, pcs: np.ndarray) -> None:
@@ -1272,6 +1436,10 @@ def _exec(c: _CTA, ins: tuple, m: np.ndarray, pcs: np.ndarray, done: np.ndarray,
             _stmatrix(c, op, ops, m)
         elif base == "ldmatrix":
             _ldmatrix(c, op, ops, m)
+        elif base == "mma" and op.startswith("mma.sync.aligned."):
+            _mma_sync(c, op, ops, m)
+        elif op.startswith("cp.async.") and not op.startswith("cp.async.bulk"):
+            _cp_async(c, op, ops, m, tids)
         elif base == "bfe" and t in ("u32", "s32"):
             a = c.as_u(ops[1], m, 32).astype(np.uint64)
             pos, ln = c.as_u(ops[2], m, 32).astype(np.uint64), c.as_u(ops[3], m, 32).astype(np.uint64)
