@@ -1,6 +1,8 @@
 """``pyptx.autotune`` on the CPU: a fake device and timer, real kernels and real ptxas.
 
-Covers the choice of the fastest config, the winner kept on disk and reused by a
+Covers the default call (no timing: a saved winner, else the builder's default plan, else
+the first config), timing on request (``PYPTX_AUTOTUNE=1``, ``tuning()``), the choice of
+the fastest config, the winner kept on disk and reused by a
 fresh tuner without timing, ``PYPTX_AUTOTUNE=0``, configs skipped because the
 builder refuses them, ptxas rejects them or they spill, the log line, key handling,
 the bypass with explicit config keywords, and the errors for bad configs and keys.
@@ -15,7 +17,7 @@ import pytest
 
 import pyptx
 from pyptx import ConfigError, PyptxError, Tile, kernel, ptx, reg
-from pyptx.autotune import AutotuneError, Config, TunedKernel, autotune
+from pyptx.autotune import AutotuneError, Config, TunedKernel, autotune, mode, tuning
 from pyptx.trace import current
 from pyptx.types import f32
 
@@ -66,14 +68,94 @@ class FakeTimer:
 
 @pytest.fixture(autouse=True)
 def cache(tmp_path, monkeypatch):
+    """A fresh winners' store, and timing asked for (``PYPTX_AUTOTUNE=1``): most tests here
+    are about the timing; the default call's tests unset it."""
     monkeypatch.setenv("PYPTX_CACHE_DIR", str(tmp_path))
-    monkeypatch.delenv("PYPTX_AUTOTUNE", raising=False)
+    monkeypatch.setenv("PYPTX_AUTOTUNE", "1")
     return tmp_path / "autotune"
 
 
-def tuned(timer, configs=None, key=("N",)):
+def tuned(timer, configs=None, key=("N",), default=None):
     configs = configs or [Config(hold=8), Config(hold=16), Config(hold=32)]
-    return autotune(configs=configs, key=list(key), timer=timer)(build_hold)
+    return autotune(configs=configs, key=list(key), timer=timer, default=default)(build_hold)
+
+
+class Plan:
+    """A default plan that records its calls: ``hold=32`` for N >= 64, else none."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, keyvals, device):
+        self.calls.append((dict(keyvals), device))
+        return Config(hold=32) if keyvals["N"] >= 64 else None
+
+
+def test_a_default_call_times_nothing_and_takes_the_default_plan(monkeypatch, capsys, cache):
+    monkeypatch.delenv("PYPTX_AUTOTUNE")
+    assert mode() == "plan"
+    timer = FakeTimer({"hold8_r0": 1.0, "hold16_r0": 1.0, "hold32_r0": 9.0})
+    plan = Plan()
+    k = tuned(timer, default=plan)(64)
+    assert k.choose(FakeArray()).name == "hold32_r0"
+    assert k.choice.source == "default" and k.choice.us is None
+    assert plan.calls == [({"N": 64}, "Fake GPU 9000")]
+    assert k.default_config("Fake GPU 9000") == Config(hold=32)
+    small = tuned(timer, default=plan)(48)  # the plan has nothing: the first config
+    assert small.choose(FakeArray()).name == "hold8_r0" and small.choice.source == "first"
+    plain = tuned(timer)(64)                # no plan at all: the first config, untimed
+    assert plain.choose(FakeArray()).name == "hold8_r0" and plain.choice.source == "first"
+    assert timer.measured == [] and capsys.readouterr().err == "" and not cache.exists()
+
+
+def test_a_default_plan_that_is_no_config_or_does_not_build_falls_back(monkeypatch):
+    monkeypatch.delenv("PYPTX_AUTOTUNE")
+    timer = FakeTimer({})
+    odd = tuned(timer, default=lambda kv, dev: Config(hold=4))(64)      # not a candidate
+    assert odd.choose(FakeArray()).name == "hold8_r0" and odd.choice.source == "first"
+    big = tuned(timer, [Config(hold=8), Config(hold=128)],
+                default=lambda kv, dev: Config(hold=128))(64)            # refused: 128 > 64
+    assert big.choose(FakeArray()).name == "hold8_r0" and timer.measured == []
+
+
+def test_a_saved_winner_comes_before_the_default_plan(monkeypatch, capsys):
+    timer = FakeTimer({"hold8_r0": 9.0, "hold16_r0": 1.0, "hold32_r0": 5.0})
+    assert tuned(timer, default=Plan())(64).choose(FakeArray()).name == "hold16_r0"  # timed
+    capsys.readouterr()
+    monkeypatch.delenv("PYPTX_AUTOTUNE")
+    again = FakeTimer({})
+    k = tuned(again, default=Plan())(64)       # a new process: the winner from disk
+    assert k.choose(FakeArray()).name == "hold16_r0" and k.choice.source == "disk"
+    with tuning("table") as log:               # the plan itself, saved winners ignored
+        assert k.choose(FakeArray()).name == "hold32_r0"
+    assert [c.source for _, c in log] == ["default"]
+    assert k.choose(FakeArray()).name == "hold16_r0" and again.measured == []
+
+
+def test_tuning_times_once_and_later_default_calls_take_the_winner(monkeypatch, capsys, cache):
+    monkeypatch.delenv("PYPTX_AUTOTUNE")
+    timer = FakeTimer({"hold8_r0": 9.0, "hold16_r0": 1.0, "hold32_r0": 5.0})
+    k = tuned(timer, default=Plan())(64)
+    assert k.choose(FakeArray()).name == "hold32_r0" and timer.measured == []
+    with tuning() as log:
+        assert mode() == "tune"
+        assert k.choose(FakeArray()).name == "hold16_r0"
+    assert mode() == "plan"
+    assert [(t is k, c.source, c.config) for t, c in log] == [(True, "timed", Config(hold=16))]
+    assert k.choose(FakeArray()).name == "hold16_r0"   # this process: the winner from now on
+    assert timer.measured == ["hold8_r0", "hold16_r0", "hold32_r0"]
+    assert json.loads(next(cache.glob("*.json")).read_text())["config"] == {"hold": 16}
+    with pytest.raises(AutotuneError, match=r"test_autotune\.py:\d+: tuning\(\) mode"):
+        with tuning("fast"):
+            pass
+
+
+def test_with_default_shares_configs_key_and_winners():
+    timer = FakeTimer({"hold8_r0": 9.0, "hold16_r0": 1.0, "hold32_r0": 5.0})
+    base = tuned(timer)
+    planned = base.with_default(Plan())
+    assert planned.configs is base.configs and planned.key == base.key
+    assert planned.ident == base.ident and planned.default is not None and base.default is None
 
 
 def test_picks_the_fastest_and_logs_one_line(capsys, cache):
@@ -128,7 +210,7 @@ def test_switching_off_after_a_tuning_takes_effect_at_the_next_call(monkeypatch,
     assert k.choose(FakeArray()).name == "hold16_r0"
     monkeypatch.setenv("PYPTX_AUTOTUNE", "0")
     assert k.choose(FakeArray()).name == "hold8_r0" and k.choice.source == "first"
-    monkeypatch.delenv("PYPTX_AUTOTUNE")
+    monkeypatch.setenv("PYPTX_AUTOTUNE", "1")
     assert k.choose(FakeArray()).name == "hold16_r0" and k.choice.source == "timed"
     assert timer.measured == ["hold8_r0", "hold16_r0", "hold32_r0"]  # tuned once
 
@@ -295,12 +377,13 @@ def test_rounds_interleave_configs_and_take_the_median(capsys):
 
 def test_switch_reads_the_environment_at_every_call(monkeypatch):
     """The cheap read of ``PYPTX_AUTOTUNE`` follows every change of the variable."""
-    from pyptx.autotune import _switched_off
-
     monkeypatch.delenv("PYPTX_AUTOTUNE", raising=False)
-    assert _switched_off() is False
-    for value, off in ((" OFF ", True), ("1", False), ("no", True), ("", False), ("0", True)):
+    assert mode() == "plan"
+    for value, want in ((" OFF ", "off"), ("1", "tune"), ("no", "off"), ("", "plan"),
+                        ("0", "off"), ("Yes", "tune"), ("auto", "plan")):
         monkeypatch.setenv("PYPTX_AUTOTUNE", value)
-        assert _switched_off() is off, value
+        assert mode() == want, value
+        with tuning("table"):
+            assert mode() == "table"
     monkeypatch.delenv("PYPTX_AUTOTUNE")
-    assert _switched_off() is False
+    assert mode() == "plan"

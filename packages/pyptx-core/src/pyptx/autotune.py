@@ -1,43 +1,57 @@
-"""Choose a kernel builder's configuration per shape by timing the candidates on the device.
+"""Choose a kernel builder's configuration per shape: a saved winner, a default plan, or by
+timing the candidates on the device when asked.
 
-``@autotune(configs=[...], key=[...])`` decorates a *kernel builder*: a function of
-shape parameters and keyword options that returns a ``Kernel`` (or any kernel-like
+``@autotune(configs=[...], key=[...], default=...)`` decorates a *kernel builder*: a function
+of shape parameters and keyword options that returns a ``Kernel`` (or any kernel-like
 callable with ``in_specs``/``out_specs``)::
 
     @pyptx.autotune(configs=[Config(), Config(threads=512), Config(ctas=264)],
                     key=["B", "N", "dtype"])
     def build_rms_norm_fast(B, N, dtype, *, threads=None, ctas=None): ...
 
-    k = build_rms_norm_fast(2048, 8192, "bf16")   # a TunedKernel; nothing is timed yet
-    y = k(x, w)                                   # first launch on this device: tunes
+    k = build_rms_norm_fast(2048, 8192, "bf16")   # a TunedKernel; nothing is timed
+    y = k(x, w)                                   # a saved winner, else the default plan
 
-On the first launch for a key on a device the tuner builds every config (a config
-the builder refuses with a ``PyptxError`` is skipped, and so is one whose kernel is the
-same launch as an earlier config's), assembles each with ptxas and skips any that ptxas
-rejects or that spills registers, launches the rest on the
+Which config a launch runs is settled once per device (``PYPTX_AUTOTUNE`` is read at each
+call):
+
+* unset (the default): the winner saved on disk for this exact key and device, else
+  ``default(keyvals, device)`` (the builder's plan without timing: a shipped table, a
+  heuristic; None or a config that does not build falls through), else the first config that
+  builds. **Nothing is timed.**
+* ``PYPTX_AUTOTUNE=1`` (``on``/``true``/``yes``), or inside ``with tuning():``: the saved
+  winner, else the candidates are timed on the call's own arguments and the fastest is kept
+  on disk; later default calls of this process and later processes use it.
+* ``PYPTX_AUTOTUNE=0`` (``off``/``false``/``no``): the first config that builds, without
+  disk or timing.
+* ``with tuning("table"):`` (benchmarks, tools): the default plan, ignoring saved winners.
+
+A timing builds every config (a config the builder refuses with a ``PyptxError`` is skipped,
+and so is one whose kernel is the same launch as an earlier config's), assembles each with
+ptxas and skips any that ptxas rejects or that spills registers, launches the rest on the
 call's own arguments and times them (``Timer``: CUDA events for torch, wall clock
 after ``block_until_ready`` for jax; warm-up, then the median; a timer with ``rounds``
 times every config once per round, interleaved, and the tuner takes the median of the
-rounds), and keeps the fastest. The tuner *re-runs the kernel* on the caller's arguments many times: the
-kernels it is meant for write fresh outputs and leave their inputs alone; a kernel
+rounds), and keeps the fastest. The tuner *re-runs the kernel* on the caller's arguments many
+times: the kernels it is meant for write fresh outputs and leave their inputs alone; a kernel
 that updates an input in place must not be tuned this way (pass its config
 explicitly). The winner is written beside the compiled-kernel cache
 (``pyptx.cache.cache_dir() / "autotune"``), keyed by the builder's name, the key
-values, the device name, the pyptx version and the config list, so later processes
-reuse it without timing. One line on stderr reports each tuning.
+values, the device name, the pyptx version and the config list. One line on stderr reports
+each timing.
 
 * Passing any config keyword explicitly (``build(..., threads=512)``) calls the
-  builder directly: no tuning, the builder's own result.
-* ``PYPTX_AUTOTUNE=0`` takes the first config that builds, without timing or disk.
+  builder directly: no choice, the builder's own result.
 * Where nothing can be timed (inside ``jax.jit`` or ``torch.compile``, or on CPU arrays)
-  the last winner of this process is used, else the first config that builds. Call
-  the kernel once eagerly to tune it.
+  the last choice of this process is used, else the first config that builds.
 * After an eager torch call, the next call on the same device goes straight to the
-  winner (one type check and one device comparison).
+  chosen kernel (one type check, one device comparison and one mode check).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 import inspect
 import json
@@ -49,7 +63,7 @@ import tempfile
 import threading
 import time
 import types
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -58,7 +72,7 @@ from .errors import ConfigError, PyptxError, ToolchainError
 from .source import where
 
 __all__ = ["autotune", "Config", "TunedBuilder", "TunedKernel", "Timer", "AutotuneError",
-           "Choice", "timer_for"]
+           "Choice", "timer_for", "tuning", "mode"]
 
 ENV = "PYPTX_AUTOTUNE"
 #: builder calls (argument tuples) whose ``TunedKernel`` a decorated builder keeps
@@ -68,19 +82,62 @@ _SCALARS = (int, float, str, bool, type(None))
 
 _ENV_DATA = getattr(os.environ, "_data", None)   # os.environ's own dict (encoded keys)
 _ENV_KEY = os.environ.encodekey(ENV) if _ENV_DATA is not None else None
-_OFF: dict[Any, bool] = {}
+
+#: The modes a launch settles its config in (``mode()``); compared by identity on the hot path.
+OFF, PLAN, TUNE, TABLE = "off", "plan", "tune", "table"
+MODES = (OFF, PLAN, TUNE, TABLE)
+_ENV_MODES: dict[Any, str] = {}
+_FORCED: contextvars.ContextVar[str | None] = contextvars.ContextVar("pyptx_autotune_mode",
+                                                                    default=None)
+_LOG: contextvars.ContextVar[list | None] = contextvars.ContextVar("pyptx_autotune_log",
+                                                                  default=None)
+
+
+def mode() -> str:
+    """How a launch settles its config now: ``"plan"`` (the default: saved winner, else the
+    builder's default plan, never timing), ``"tune"`` (``PYPTX_AUTOTUNE=1`` or inside
+    ``tuning()``: saved winner, else timing), ``"off"`` (``PYPTX_AUTOTUNE=0``: the first
+    config) or ``"table"`` (inside ``tuning("table")``: the default plan, no saved winners).
+
+    Read at each call: it is on every tuned launch, so the raw variable is looked up in
+    ``os.environ``'s own dict (~20x cheaper than ``os.environ.get``) and its meaning is
+    remembered per raw value."""
+    forced = _FORCED.get()
+    if forced is not None:
+        return forced
+    raw = _ENV_DATA.get(_ENV_KEY) if _ENV_DATA is not None else os.environ.get(ENV)
+    m = _ENV_MODES.get(raw)
+    if m is None:
+        text = os.environ.get(ENV, "").strip().lower()
+        m = OFF if text in ("0", "off", "false", "no") else (
+            TUNE if text in ("1", "on", "true", "yes") else PLAN)
+        _ENV_MODES[raw] = m
+    return m
 
 
 def _switched_off() -> bool:
-    """True while ``PYPTX_AUTOTUNE`` is 0/off/false/no (read at each call: it is on every
-    tuned launch, so the raw value is looked up in ``os.environ``'s own dict, ~20x cheaper
-    than ``os.environ.get``, and its meaning is remembered per raw value)."""
-    raw = _ENV_DATA.get(_ENV_KEY) if _ENV_DATA is not None else os.environ.get(ENV)
-    off = _OFF.get(raw)
-    if off is None:
-        text = os.environ.get(ENV, "")
-        off = _OFF[raw] = text.strip().lower() in ("0", "off", "false", "no")
-    return off
+    """True while ``PYPTX_AUTOTUNE`` is 0/off/false/no (and no ``tuning()`` overrides it)."""
+    return mode() is OFF
+
+
+@contextlib.contextmanager
+def tuning(how: str = TUNE) -> Iterator[list]:
+    """Inside, every tuned launch settles its config in mode ``how`` whatever
+    ``PYPTX_AUTOTUNE`` says: ``"tune"`` (the default: time the candidates for the exact key
+    unless a winner is saved, and save the winner) or ``"table"`` (the builder's default
+    plan, saved winners ignored: what a default call runs on a never-tuned shape), ``"plan"``
+    or ``"off"``. Yields a list that receives ``(TunedKernel, Choice)`` for every config
+    settled inside (tools read the winners from it)."""
+    if how not in MODES:
+        raise AutotuneError(f"{where()}: tuning() mode must be one of {MODES}, got {how!r}")
+    how = MODES[MODES.index(how)]   # the constant itself: modes are compared by identity
+    log: list = []
+    tok_mode, tok_log = _FORCED.set(how), _LOG.set(log)
+    try:
+        yield log
+    finally:
+        _FORCED.reset(tok_mode)
+        _LOG.reset(tok_log)
 
 
 class AutotuneError(ConfigError):
@@ -127,9 +184,9 @@ class Choice:
     """The outcome of one tuning: the winning config and its median time on ``device``."""
 
     config: Config
-    us: float | None  # None: not timed (PYPTX_AUTOTUNE=0, or inside a trace)
+    us: float | None  # None: not timed
     device: str | None
-    source: str       # "timed", "disk", "first" (switched off or not timeable)
+    source: str       # "timed", "disk", "default" (the builder's default plan), "first"
 
 
 # ----------------------------------------------------------------------------- timers
@@ -318,14 +375,17 @@ def _key_value(value: Any) -> Any:
 
 
 # ----------------------------------------------------------------------------- the decorator
-def autotune(configs: Iterable[Config], key: Sequence[str], *,
-             timer: Timer | None = None) -> Callable[[Callable[..., Any]], TunedBuilder]:
-    """Decorate a kernel builder so a call without config keywords picks the fastest config.
+def autotune(configs: Iterable[Config], key: Sequence[str], *, timer: Timer | None = None,
+             default: DefaultPlan | None = None
+             ) -> Callable[[Callable[..., Any]], TunedBuilder]:
+    """Decorate a kernel builder so a call without config keywords picks its config per key.
 
-    ``configs``: the candidates, in order of preference (the first is the default when
-    tuning is off). ``key``: names of the builder's parameters whose values select a
-    tuning (shape, dtype, ...); calls that differ only in other parameters share it.
-    ``timer`` replaces the framework's ``Timer`` (tests use a fake one).
+    ``configs``: the candidates, in order of preference (the first is the fallback and the
+    pick when tuning is off). ``key``: names of the builder's parameters whose values select a
+    choice (shape, dtype, ...); calls that differ only in other parameters share it.
+    ``timer`` replaces the framework's ``Timer`` (tests use a fake one). ``default``: the
+    plan of a call with no saved winner, without timing (``DefaultPlan``; None: the first
+    config). Timing happens only when asked (``PYPTX_AUTOTUNE=1``, ``tuning()``).
     """
     at = where()
     configs = list(configs)
@@ -337,20 +397,34 @@ def autotune(configs: Iterable[Config], key: Sequence[str], *,
                             f"got {key!r}")
 
     def wrap(builder: Callable[..., Any]) -> TunedBuilder:
-        return TunedBuilder(builder, configs, list(key), timer, at)
+        return TunedBuilder(builder, configs, list(key), timer, at, default)
 
     return wrap
+
+
+class DefaultPlan(Protocol):
+    """A builder's choice without timing: ``(keyvals, device) -> Config | None``.
+
+    ``keyvals``: the call's key values as JSON scalars (dtypes by name); ``device``: the
+    device name the launch runs on (``"NVIDIA H200"``), or None where none is known. A
+    returned config must be one of the builder's configs; None (or one that does not build)
+    falls back to the first config."""
+
+    def __call__(self, keyvals: Mapping[str, Any], device: str | None) -> Config | None: ...
 
 
 class TunedBuilder:
     """A builder decorated with ``@autotune``: calls return ``TunedKernel`` objects."""
 
     def __init__(self, builder: Callable[..., Any], configs: list[Config], key: list[str],
-                 timer: Timer | None, at: str) -> None:
+                 timer: Timer | None, at: str, default: DefaultPlan | None = None) -> None:
         self.builder = builder
         self.configs = configs
         self.key = key
         self.timer = timer
+        #: The plan of a call with no saved winner (``DefaultPlan``), or None (first config).
+        self.default = default
+        self._at = at
         self.__wrapped__ = builder
         self.__doc__ = builder.__doc__
         self.__name__ = builder.__name__
@@ -401,6 +475,11 @@ class TunedBuilder:
                 while len(self._kernels) > MEMO_SIZE:  # the oldest call's kernels go first
                     del self._kernels[next(iter(self._kernels))]
         return k
+
+    def with_default(self, default: DefaultPlan | None) -> TunedBuilder:
+        """This builder, configs and key with ``default`` as its plan without timing (a new
+        ``TunedBuilder``; saved winners are shared, the ident being the builder's)."""
+        return TunedBuilder(self.builder, self.configs, self.key, self.timer, self._at, default)
 
     def __repr__(self) -> str:
         return f"<autotuned {self.ident} ({len(self.configs)} configs, key={self.key})>"
@@ -455,6 +534,25 @@ class TunedKernel:
         assert first is not None
         raise first
 
+    def default_config(self, device: str | None = None) -> Config:
+        """The config a default call runs where no winner is saved: the builder's
+        ``default`` plan for ``device`` if it names a config that builds, else the first
+        config that builds."""
+        return self._default(device)[1]
+
+    def _default(self, device: str | None) -> tuple[Any, Config, str]:
+        """``(kernel, config, source)`` of the default plan, ``source`` ``"default"``, or
+        ``"first"`` where the builder has none or it falls through."""
+        plan = self.tuner.default
+        if plan is not None:
+            cfg = plan(self.keyvals, device)
+            if cfg is not None and cfg in self.tuner.configs:
+                try:
+                    return self.build(cfg), cfg, "default"
+                except PyptxError:
+                    pass
+        return (*self._first(), "first")
+
     @property
     def kernel(self) -> Any:
         """The kernel attribute access goes to: the last winner, else the first config that builds."""
@@ -474,34 +572,40 @@ class TunedKernel:
 
     # -- launching
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """Launch the winner for the arguments' device (tuning first if there is none yet)."""
+        """Launch the chosen kernel for the arguments' device (settled at the first call)."""
         hot = self._hot
         if (hot is not None and args and type(args[0]) is hot[0] and args[0].device == hot[1]
-                and hot[3] is _switched_off()):
+                and hot[3] is mode()):
             return hot[2](*args, **kwargs)
         return self.choose(*args, **kwargs)(*args, **kwargs)
 
     def choose(self, *args: Any, **kwargs: Any) -> Any:
-        """The kernel to run on ``args``: tuned on their device at the first call, then remembered.
+        """The kernel to run on ``args``: settled on their device per mode (``mode()``) at the
+        first call, then remembered.
 
-        Where no device can be named (inside a trace), the last winner, else the first config
+        Where no device can be named (inside a trace), the last choice, else the first config
         that builds (nothing is timed or stored)."""
         timer = self.tuner.timer or timer_for(args)
         device = timer.device_name(args) if timer is not None else None
         if device is None:
             last = self._last
             return last[0] if last is not None else self._first()[0]
-        off = _switched_off()  # read at every call: switching it off takes effect at once
-        hit = self._by_device.get((device, off))
+        how = mode()  # read at every call: a change takes effect at once
+        hit = self._by_device.get((device, how))
         if hit is None:
             with self._lock:
-                hit = self._by_device.get((device, off))
+                hit = self._by_device.get((device, how))
                 if hit is None:
-                    hit = self._settle(timer, device, args, kwargs)
-                    self._by_device[(device, off)] = hit
+                    hit = self._settle(timer, device, how, args, kwargs)
+                    self._by_device[(device, how)] = hit
+                    if hit[1].source == "timed":   # later default calls take the winner
+                        self._by_device[(device, PLAN)] = hit
+                    log = _LOG.get()
+                    if log is not None:
+                        log.append((self, hit[1]))
         self._last = hit
         if isinstance(timer, TorchTimer):
-            self._hot = (type(args[0]), args[0].device, hit[0], off)
+            self._hot = (type(args[0]), args[0].device, hit[0], how)
         return hit[0]
 
     def _disk_key(self, device: str) -> str:
@@ -511,10 +615,12 @@ class TunedKernel:
                            [c.kwargs for c in self.tuner.configs]], sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
-    def _settle(self, timer: Timer | None, device: str, args: Sequence[Any],
+    def _settle(self, timer: Timer | None, device: str, how: str, args: Sequence[Any],
                 kwargs: Mapping[str, Any]) -> tuple[Any, Choice]:
-        off = _switched_off()
-        if not off:
+        if how is OFF:
+            k, cfg = self._first()
+            return k, Choice(cfg, None, device, "first")
+        if how is not TABLE:
             rec = _read_choice(self._disk_key(device))
             if rec is not None:
                 cfg = Config(**rec.get("config", {}))
@@ -522,10 +628,10 @@ class TunedKernel:
                     try:
                         return self.build(cfg), Choice(cfg, rec.get("us"), device, "disk")
                     except PyptxError:
-                        pass  # the builder changed: tune again
-        if off or timer is None:
-            k, cfg = self._first()
-            return k, Choice(cfg, None, device, "first")
+                        pass  # the builder changed: choose again
+        if how is not TUNE or timer is None:
+            k, cfg, source = self._default(device)
+            return k, Choice(cfg, None, device, source)
         return self._tune(timer, device, args, kwargs)
 
     def _tune(self, timer: Timer, device: str, args: Sequence[Any],
@@ -644,8 +750,9 @@ class _CallableModule(types.ModuleType):
     works whether or not ``pyptx.autotune`` was imported as a module first."""
 
     def __call__(self, configs: Iterable[Config], key: Sequence[str], *,
-                 timer: Timer | None = None) -> Callable[[Callable[..., Any]], TunedBuilder]:
-        return autotune(configs, key, timer=timer)
+                 timer: Timer | None = None, default: DefaultPlan | None = None
+                 ) -> Callable[[Callable[..., Any]], TunedBuilder]:
+        return autotune(configs, key, timer=timer, default=default)
 
 
 sys.modules[__name__].__class__ = _CallableModule
