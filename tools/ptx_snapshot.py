@@ -184,12 +184,13 @@ def _one(case):
     return name, h.hexdigest()
 
 
-def snapshot(jobs=None):
-    """name -> sha256 of the case's PTX (all kernels of a multi-kernel case, in order)."""
+def snapshot(jobs=None, only=()):
+    """name -> sha256 of the case's PTX (all kernels of a multi-kernel case, in order);
+    ``only``: the cases whose names start with one of these prefixes (all when empty)."""
     for var in ("PYPTX_ATTN_SCHEDULE", "PYPTX_ATTN_BWD_SAFE", "PYPTX_ATTN_BWD_SYNC",
                 "PYPTX_AUTOTUNE"):
         os.environ.pop(var, None)
-    all_cases = cases()
+    all_cases = [c for c in cases() if not only or c[0].startswith(tuple(only))]
     with ProcessPoolExecutor(jobs or os.cpu_count()) as pool:
         return dict(sorted(pool.map(_one, all_cases, chunksize=4)))
 
@@ -200,13 +201,18 @@ def main(argv=None) -> int:
     p.add_argument("--check", help="compare with this snapshot JSON; exit 1 when a case's PTX "
                    "differs or a case is new (cases only in the old snapshot: REMOVED)")
     p.add_argument("--jobs", type=int, default=None)
+    p.add_argument("--only", action="append", default=[], metavar="PREFIX",
+                   help="fingerprint only the cases whose names start with PREFIX (repeatable; "
+                   "--check then compares those)")
     a = p.parse_args(argv)
-    snap = snapshot(a.jobs)
+    snap = snapshot(a.jobs, a.only)
     print(f"{len(snap)} kernels fingerprinted")
     if a.out:
         Path(a.out).write_text(json.dumps(snap, indent=1) + "\n")
     if a.check:
         want = json.loads(Path(a.check).read_text())
+        if a.only:
+            want = {k: v for k, v in want.items() if k.startswith(tuple(a.only))}
         removed = sorted(set(want) - set(snap))   # cases dropped from the list: not a change
         diff = sorted(k for k in snap if want.get(k) != snap[k])
         for k in removed:
