@@ -1,0 +1,421 @@
+"""The split-KV decode kernel of ``attention_with_kvcache``: ``build_decode``.
+
+One CTA per (KV split, KV head x row chunk, batch). Its rows are the query heads of the
+KV head's group times the new queries (row ``r`` = query ``r // G``, head ``hkv * G + r % G``),
+so one read of the KV head serves every row. Each key row is read with 16-byte loads by
+``D // 8`` lanes (``decode_config``); a lane group takes ``keys_per_step`` keys per step,
+the CTA's groups take consecutive keys (coalesced), each group keeps an online softmax
+(log2 units) per row, and at the end the groups are merged through shared memory into
+the split's partial ``O`` (normalised, f32) and natural-log ``lse`` (``-inf``: no key).
+``decode_combine`` reduces the splits.
+
+Keys: contiguous caches ``(B, Sk_max, Hkv, D)``, or paged ``(pages, page_size, Hkv, D)``
+through ``block_table (B, max_pages)``. Sequence ``b`` has ``L = cache_seqlens[b] + n_new``
+keys (read on the device); query ``i`` sits at position ``L - Sq + i`` and sees keys
+``pos - left <= j <= pos + right`` (``causal``: right = 0; -1: unbounded). Only the
+window's keys are split and visited. With ``append``, the new ``k, v (B, Sq, Hkv, D)`` are
+read for positions ``>= cache_seqlens[b]`` and written into the cache there by the split-0
+CTAs (no CTA reads those cache rows, so there is no race).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pyptx import Tile, kernel, ptx, reg, smem
+from pyptx.types import b16, b32, f32, s32, u32, u64
+from pyptx_kernels.flash_attention.decode_config import (
+    THREADS,
+    DecodeConfig,
+    key_groups,
+    lanes_per_key,
+)
+from pyptx_kernels.flash_attention.fwd_config import LN2, LOG2E, _dtype
+from pyptx_kernels.flash_attention.masks import NEG_INF
+
+
+@dataclass(frozen=True)
+class DecodeShape:
+    """The sizes one decode kernel is built for. ``cache`` is the cache tensors' shape
+    (``(B, Sk_max, Hkv, D)`` or paged ``(pages, page_size, Hkv, D)``), ``max_pages`` the
+    block table's width (0: not paged), ``n_new`` the keys appended by this call that the
+    lengths do not count: ``Sq`` with ``append``, or a count already written by the caller
+    (JAX)."""
+
+    B: int
+    Sq: int
+    Hq: int
+    Hkv: int
+    D: int
+    cache: tuple
+    max_pages: int = 0
+    append: bool = False
+    n_new: int = 0
+
+    @property
+    def group(self):
+        return self.Hq // self.Hkv
+
+    @property
+    def paged(self):
+        return self.max_pages > 0
+
+    @property
+    def page_size(self):
+        return self.cache[1]
+
+
+def unpack_words(words, dt):
+    """f32 registers of the 16-bit pairs in ``words`` (b32, element ``2i`` in the low half)."""
+    out = []
+    for w in words:
+        lo, hi = reg.scalar(f32), reg.scalar(f32)
+        if dt.name == "bf16":
+            ptx.inst.shl.b32(lo, w, 16)
+            ptx.inst.and_.b32(hi, w, 0xFFFF0000)
+        else:
+            h0, h1 = reg.scalar(b16), reg.scalar(b16)
+            ptx.inst.mov.b32([h0, h1], w)
+            ptx.inst.cvt.f32.f16(lo, h0)
+            ptx.inst.cvt.f32.f16(hi, h1)
+        out += [lo, hi]
+    return out
+
+
+def pack_words(vals, dt):
+    """b32 registers of ``vals`` (f32) rounded to ``dt`` in pairs, element ``2i`` low."""
+    words = []
+    for i in range(0, len(vals), 2):
+        w = reg.scalar(b32)
+        ptx.inst(f"cvt.rn.{dt.name}x2.f32")(w, vals[i + 1], vals[i])
+        words.append(w)
+    return words
+
+
+def _load16(ptr, words, pred):
+    """16 bytes at ``ptr`` into 4 b32 ``words``, 0 where ``pred`` is false."""
+    for w in words:
+        ptx.inst.mov.b32(w, 0)
+    ptx.inst.ld.global_.v4.b32(words, ptx.addr(ptr), pred=pred)
+
+
+def _wide(x, mult):
+    """``x * mult`` as u64 (``x`` an s32 register, ``mult`` an int)."""
+    d = reg.scalar(u64)
+    ptx.inst.mul.wide.s32(d, x, mult)
+    return d
+
+
+def _min_s32(a, b):
+    d = reg.scalar(s32)
+    ptx.inst.min.s32(d, a, b)
+    return d
+
+
+def _max_s32(a, b):
+    d = reg.scalar(s32)
+    ptx.inst.max.s32(d, a, b)
+    return d
+
+
+class KeyAddress:
+    """Where key position ``pos`` of sequence ``b``, KV head ``hkv`` lives (this lane's 16
+    bytes): the cache row (through the block table when paged) or, appended, the new
+    ``k``/``v`` row."""
+
+    def __init__(self, shape, b, hkv, sc, d0, ptab):
+        self.shape, self.b, self.hkv, self.sc, self.ptab = shape, b, hkv, sc, ptab
+        self.lane_bytes = reg.from_(d0 * 2, u64)
+
+    def cache_row(self, pos, pred):
+        """The cache row (an s32 register) of key ``pos``; the table is read where ``pred``."""
+        sh = self.shape
+        if not sh.paged:
+            return self.b * sh.cache[1] + pos
+        ps, mp = sh.page_size, sh.max_pages
+        if ps & (ps - 1) == 0:
+            pidx = pos >> (ps.bit_length() - 1)
+            slot = pos & (ps - 1)
+        else:
+            pidx, slot = pos // ps, pos % ps
+        pidx = _min_s32(pidx, mp - 1)
+        page = reg.scalar(s32, init=0)
+        off = _wide(self.b * mp + pidx, 4)
+        ptx.inst.ld.global_.nc.s32(page, ptx.addr(self.ptab + off), pred=pred)
+        return page * ps + slot
+
+    def offset(self, row, heads):
+        """Byte offset of this lane's 16 bytes of ``row`` in a ``(rows, heads, D)`` tensor."""
+        D = self.shape.D
+        return _wide(row * heads + self.hkv, D * 2) + self.lane_bytes
+
+    def load(self, pos, valid, cache_ptr, new_ptr, words):
+        """Key ``pos``'s 16 bytes into ``words`` (0 unless ``valid``: the key exists): one
+        load from the cache, or, appending, one from the cache and one from the new rows,
+        each predicated (a lane reads one buffer)."""
+        sh = self.shape
+        if not sh.append:
+            _load16(cache_ptr + self.offset(self.cache_row(pos, valid), sh.Hkv), words, valid)
+            return
+        old = valid & (pos < self.sc)
+        is_new = valid & (pos >= self.sc)
+        _load16(cache_ptr + self.offset(self.cache_row(pos, old), sh.Hkv), words, old)
+        ptx.inst.ld.global_.v4.b32(
+            words, ptx.addr(new_ptr + self.offset(self.b * sh.Sq + pos - self.sc, sh.Hkv)),
+            pred=is_new)
+
+
+def _append(shape, tid, b, hkv, sc, ptrs, ptab, first):
+    """The split-0, chunk-0 CTA of (b, hkv) copies the new k, v rows into the cache at
+    positions ``cache_seqlens[b] + i`` (skipping any past the cache's end)."""
+    sh = shape
+    LK = lanes_per_key(sh.D)
+    pkc, pvc, pkn, pvn = ptrs
+    with ptx.if_(first):
+        for k in range(-(-sh.Sq * LK // THREADS)):
+            e = tid + k * THREADS
+            ok = e < sh.Sq * LK
+            qi = e // LK
+            dl = e % LK
+            pos = sc + qi
+            if sh.paged:
+                ok = ok & (pos < sh.max_pages * sh.page_size)
+            else:
+                ok = ok & (pos < sh.cache[1])
+            addr = KeyAddress(sh, b, hkv, sc, 0, ptab)
+            row = addr.cache_row(pos, ok)
+            src = _wide((b * sh.Sq + qi) * sh.Hkv + hkv, sh.D * 2) + _wide(dl, 16)
+            dst = _wide(row * sh.Hkv + hkv, sh.D * 2) + _wide(dl, 16)
+            for pn, pc in ((pkn, pkc), (pvn, pvc)):
+                words = reg.array(b32, 4)
+                _load16(pn + src, words, ok)
+                ptx.inst.st.global_.v4.b32(ptx.addr(pc + dst), list(words), pred=ok)
+
+
+def _body(Q, KC, VC, SEQ, TAB, KN, VN, OP, LP, *, shape, dt, causal, window, softcap, scale,
+          splits, rows, chunks, steps):
+    sh = shape
+    D, G, Sq, Hq = sh.D, sh.group, sh.Sq, sh.Hq
+    LK = lanes_per_key(D)
+    NG = key_groups(D)
+    KB = NG * steps
+    R_all = G * Sq
+    N = sh.B * Sq * Hq
+    tensors = [Q, KC, VC, SEQ] + ([TAB] if sh.paged else []) + ([KN, VN] if sh.append else [])
+    ptrs = ptx.global_ptrs(*tensors, OP, LP)
+    pq, pkc, pvc, pseq = ptrs[:4]
+    ptab = ptrs[4] if sh.paged else None
+    pkn, pvn = ptrs[-4:-2] if sh.append else (None, None)
+    pop, plp = ptrs[-2:]
+
+    tid = reg.from_(ptx.special.tid.x(), s32)
+    split = reg.from_(ptx.special.ctaid.x(), s32)
+    y = reg.from_(ptx.special.ctaid.y(), s32)
+    b = reg.from_(ptx.special.ctaid.z(), s32)
+    hkv, chunk = (y, None) if chunks == 1 else (y // chunks, y % chunks)
+    lane = tid & 31
+    grp = (tid >> 5) * (32 // LK) + lane // LK
+    dl = lane % LK
+    lead = dl == 0
+
+    sc = reg.scalar(s32)
+    ptx.inst.ld.global_.nc.s32(sc, ptx.addr(pseq + _wide(b, 4)))
+    n_new = Sq if sh.append else sh.n_new
+    L = sc + n_new if n_new else sc
+    if sh.append:
+        first = split == 0 if chunk is None else (split == 0) & (chunk == 0)
+        _append(sh, tid, b, hkv, sc, (pkc, pvc, pkn, pvn), ptab, first)
+
+    left, right = window
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+
+    # the rows: query index, position, window limits, q (pre-scaled, f32)
+    q_mult = (scale / softcap) if softcap else scale * LOG2E
+    qv, lo, hi, m_row, l_row, o_row = [], [], [], [], [], []
+    for i in range(rows):
+        r = i if chunk is None else chunk * rows + i
+        valid = r < R_all if chunk is not None or rows > R_all else None
+        if isinstance(r, int):
+            qi, hh = r // G, r % G
+            qrow = (b * Sq + qi) * Hq + (hkv * G + hh)
+        else:
+            qi = r // G
+            qrow = (b * Sq + qi) * Hq + (hkv * G + r % G)
+        words = reg.array(b32, 4)
+        _load16(pq + _wide(qrow, D * 2) + reg.from_(dl * 16, u64), words, valid)
+        qf = unpack_words(words, dt)
+        for x in qf:
+            ptx.inst.mul.f32(x, x, q_mult)
+        qv.append(qf)
+        pos = L - Sq + qi
+        lo.append(pos - left if left >= 0 else None)
+        hi.append(_min_s32(L, pos + (right + 1)) if right >= 0 else L)
+        m_row.append(reg.scalar(f32, init=NEG_INF))
+        l_row.append(reg.scalar(f32, init=0.0))
+        o_row.append([reg.scalar(f32, init=0.0) for _ in range(8)])
+
+    # this split's keys: the window of all queries, cut in ``splits`` pieces of whole steps
+    k_lo = _max_s32(L - Sq - left, 0) if left >= 0 else reg.scalar(s32, init=0)
+    k_hi = _min_s32(L, L - 1 + right + 1) if right >= 0 else L
+    n = _max_s32(k_hi - k_lo, 0)
+    per = ((n + (splits - 1)) // splits + (KB - 1)) // KB * KB if splits > 1 else n
+    s0 = k_lo + split * per if splits > 1 else k_lo
+    s1 = _min_s32(k_hi, s0 + per) if splits > 1 else k_hi
+
+    addr = KeyAddress(sh, b, hkv, sc, dl * 8, ptab)
+    cap = softcap * LOG2E
+    for base in ptx.loop(s0, s1, KB, type=s32):
+        keys = []
+        for u in range(steps):
+            pos = base + (u * NG) + grp
+            ok = pos < s1
+            kw, vw = reg.array(b32, 4), reg.array(b32, 4)
+            addr.load(pos, ok, pkc, pkn, kw)
+            addr.load(pos, ok, pvc, pvn, vw)
+            keys.append((pos, ok, unpack_words(kw, dt), unpack_words(vw, dt)))
+        for i in range(rows):
+            scores = []
+            for pos, ok, kf, _ in keys:
+                s = reg.scalar(f32)
+                ptx.inst.mul.f32(s, qv[i][0], kf[0])
+                for j in range(1, 8):
+                    ptx.inst.fma.rn.f32(s, qv[i][j], kf[j], s)
+                ptx.warp.reduce_sum(s, width=LK)
+                if softcap:
+                    ptx.inst.tanh.approx.f32(s, s)
+                    ptx.inst.mul.f32(s, s, cap)
+                keep = ok & (pos < hi[i])
+                if lo[i] is not None:
+                    keep = keep & (pos >= lo[i])
+                ptx.inst.selp.f32(s, s, NEG_INF, keep)
+                scores.append(s)
+            mx = reg.from_(m_row[i])
+            for s in scores:
+                ptx.inst.max.f32(mx, mx, s)
+            m_use = reg.scalar(f32)
+            ptx.inst.selp.f32(m_use, 0.0, mx, mx == NEG_INF)
+            alpha = reg.scalar(f32)
+            ptx.inst.ex2.approx.ftz.f32(alpha, m_row[i] - m_use)
+            ptx.inst.mul.f32(l_row[i], l_row[i], alpha)
+            for j in range(8):
+                ptx.inst.mul.f32(o_row[i][j], o_row[i][j], alpha)
+            for s, (_, _, _, vf) in zip(scores, keys):
+                p = reg.scalar(f32)
+                ptx.inst.ex2.approx.ftz.f32(p, s - m_use)
+                ptx.inst.add.f32(l_row[i], l_row[i], p)
+                for j in range(8):
+                    ptx.inst.fma.rn.f32(o_row[i][j], p, vf[j], o_row[i][j])
+            ptx.inst.mov.f32(m_row[i], mx)
+
+    # merge the lane groups: their (m, l, o) per row through shared memory
+    sm_m = smem.alloc(f32, NG * rows, name="dec_m")
+    sm_l = smem.alloc(f32, NG * rows, name="dec_l")
+    sm_o = smem.alloc(f32, NG * rows * D, name="dec_o")
+    for i in range(rows):
+        slot = grp * rows + i
+        ptx.inst.st.shared.f32(ptx.addr(sm_m.addr() + reg.from_(slot * 4, u32)), m_row[i],
+                               pred=lead)
+        ptx.inst.st.shared.f32(ptx.addr(sm_l.addr() + reg.from_(slot * 4, u32)), l_row[i],
+                               pred=lead)
+        oa = sm_o.addr() + reg.from_((slot * D + dl * 8) * 4, u32)
+        ptx.inst.st.shared.v4.f32(ptx.addr(oa), o_row[i][:4])
+        ptx.inst.st.shared.v4.f32(ptx.addr(oa, 16), o_row[i][4:])
+    ptx.bar_sync()
+    for k in range(-(-rows * D // THREADS)):
+        e = tid + k * THREADS
+        i = e // D
+        d = e % D
+        inside = i < rows
+        ms = []
+        for g in range(NG):
+            mg = reg.scalar(f32, init=NEG_INF)
+            ptx.inst.ld.shared.f32(mg, ptx.addr(sm_m.addr() + reg.from_((i + g * rows) * 4, u32)),
+                                   pred=inside)
+            ms.append(mg)
+        mx = reg.from_(ms[0])
+        for mg in ms[1:]:
+            ptx.inst.max.f32(mx, mx, mg)
+        m_use = reg.scalar(f32)
+        ptx.inst.selp.f32(m_use, 0.0, mx, mx == NEG_INF)
+        lt = reg.scalar(f32, init=0.0)
+        ot = reg.scalar(f32, init=0.0)
+        for g in range(NG):
+            w = reg.scalar(f32)
+            ptx.inst.ex2.approx.ftz.f32(w, ms[g] - m_use)
+            lg = reg.scalar(f32, init=0.0)
+            og = reg.scalar(f32, init=0.0)
+            ptx.inst.ld.shared.f32(lg, ptx.addr(sm_l.addr() + reg.from_((i + g * rows) * 4, u32)),
+                                   pred=inside)
+            ptx.inst.ld.shared.f32(
+                og, ptx.addr(sm_o.addr() + reg.from_(((i + g * rows) * D + d) * 4, u32)),
+                pred=inside)
+            ptx.inst.fma.rn.f32(lt, lg, w, lt)
+            ptx.inst.fma.rn.f32(ot, og, w, ot)
+        empty = lt <= 0.0
+        inv = reg.scalar(f32)
+        ptx.inst.rcp.approx.ftz.f32(inv, lt)
+        ptx.inst.selp.f32(inv, 0.0, inv, empty)
+        ptx.inst.mul.f32(ot, ot, inv)
+        lse = reg.scalar(f32)
+        ptx.inst.lg2.approx.ftz.f32(lse, lt)
+        lse = (lse + m_use) * LN2
+        ptx.inst.selp.f32(lse, NEG_INF, lse, empty)
+        r = i if chunk is None else chunk * rows + i
+        ok = inside if chunk is None else inside & (r < R_all)
+        orow = (b * Sq + r // G) * Hq + hkv * G + r % G
+        prow = split * N + orow
+        ptx.inst.st.global_.f32(ptx.addr(pop + _wide(prow * D + d, 4)), ot, pred=ok)
+        ptx.inst.st.global_.f32(ptx.addr(plp + _wide(prow, 4)), lse, pred=ok & (d == 0))
+    ptx.ret()
+
+
+def decode_tiling(shape, config):
+    """``(rows per CTA, row chunks per KV head, keys per lane group per step)``."""
+    rows, chunks = config.row_tiling(shape.group * shape.Sq)
+    return rows, chunks, config.step_keys(rows)
+
+
+def build_decode(shape, *, dtype="bf16", causal=True, window=(-1, -1), softcap=0.0,
+                 scale=None, splits=1, config=DecodeConfig()):
+    """The decode kernel for ``shape`` (``DecodeShape``): inputs ``q (B, Sq, Hq, D)``,
+    ``k_cache``, ``v_cache`` (``shape.cache``), ``cache_seqlens (B,)`` int32, then
+    ``block_table (B, max_pages)`` int32 when paged and ``k, v (B, Sq, Hkv, D)`` when
+    appending; outputs the per-split partials ``o (splits, B*Sq*Hq, D)`` f32 (normalised)
+    and ``lse (splits, B*Sq*Hq)`` f32 (natural log, ``-inf`` for a split without keys), rows
+    in ``(b, i, h)`` order. ``splits``: KV splits per (batch, KV head)."""
+    dt = _dtype(dtype)
+    sh = shape
+    D = sh.D
+    scale = D ** -0.5 if scale is None else float(scale)
+    rows, chunks, steps = decode_tiling(sh, config)
+    N = sh.B * sh.Sq * sh.Hq
+    ins = [Tile(sh.B, sh.Sq, sh.Hq, D, dt), Tile(*sh.cache, dt), Tile(*sh.cache, dt),
+           Tile(sh.B, s32)]
+    if sh.paged:
+        ins.append(Tile(sh.B, sh.max_pages, s32))
+    if sh.append:
+        ins += [Tile(sh.B, sh.Sq, sh.Hkv, D, dt)] * 2
+    left, right = window
+    name = (f"attn_decode_{dt.name}_d{D}_g{sh.group}_q{sh.Sq}_r{rows}x{chunks}_u{steps}"
+            f"_s{splits}{'_paged' if sh.paged else ''}{'_append' if sh.append else ''}"
+            f"{'_causal' if causal else ''}"
+            f"{f'_w{left}_{right}'.replace('-', 'n') if (left, right) != (-1, -1) else ''}"
+            f"{'_cap' if softcap else ''}")
+    deco = kernel(in_specs=tuple(ins), out_specs=(Tile(splits, N, D, f32), Tile(splits, N, f32)),
+                  grid=(splits, sh.Hkv * chunks, sh.B), block=(THREADS, 1, 1), name=name)
+    kw = dict(shape=sh, dt=dt, causal=causal, window=(left, right), softcap=float(softcap),
+              scale=scale, splits=splits, rows=rows, chunks=chunks, steps=steps)
+    if sh.paged and sh.append:
+        def attn_decode(Q, KC, VC, SEQ, TAB, KN, VN, OP, LP):
+            _body(Q, KC, VC, SEQ, TAB, KN, VN, OP, LP, **kw)
+    elif sh.paged:
+        def attn_decode(Q, KC, VC, SEQ, TAB, OP, LP):
+            _body(Q, KC, VC, SEQ, TAB, None, None, OP, LP, **kw)
+    elif sh.append:
+        def attn_decode(Q, KC, VC, SEQ, KN, VN, OP, LP):
+            _body(Q, KC, VC, SEQ, None, KN, VN, OP, LP, **kw)
+    else:
+        def attn_decode(Q, KC, VC, SEQ, OP, LP):
+            _body(Q, KC, VC, SEQ, None, None, None, OP, LP, **kw)
+    return deco(attn_decode)
