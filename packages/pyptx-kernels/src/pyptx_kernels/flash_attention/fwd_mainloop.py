@@ -26,13 +26,13 @@ from pyptx_kernels.flash_attention.fwd_softmax import OnlineSoftmax
 from pyptx_kernels.flash_attention.masks import _max, mask_scores, row_limit
 
 
-def _when_positive(value):
-    """``ptx.if_(value > 0)`` for a register ``value``; no branch for a Python int > 0."""
-    if isinstance(value, int):
-        if value <= 0:
-            raise _fail(f"flash attention: no key blocks to visit ({value})")
+def _when_before(first, end):
+    """``ptx.if_(first < end)`` (some key block to visit); no branch for Python ints."""
+    if isinstance(first, int) and isinstance(end, int):
+        if end <= first:
+            raise _fail(f"flash attention: no key blocks to visit ({first}..{end})")
         return nullcontext()
-    return ptx.if_(value > 0)
+    return ptx.if_(first < end) if isinstance(end, int) else ptx.if_(end > first)
 
 
 class SharedRings:
@@ -62,13 +62,16 @@ class SharedRings:
         ptx.bar_sync(0)
 
 
-def produce(sm, sched, Q, K, V, *, BN, D, varlen, persistent, tid):
-    """The producer thread: per tile of ``sched`` the Q block, then every K and V block."""
+def produce(sm, sched, Q, K, V, *, BN, D, varlen, persistent, tid, layouts=("bshd",) * 3):
+    """The producer thread: per tile of ``sched`` the Q block, then every K and V block.
+    ``layouts``: the memory order of q, k, v (dense: ``"bshd"`` or ``"bhsd"``)."""
     slabs = D // 64
 
-    def tma_coords(i, row, head, b):
+    def tma_coords(i, row, head, b, layout="bshd"):
         if varlen:
             return (i * 64, head, row)
+        if layout == "bhsd":
+            return (i * 64, row, head, b)
         return (i * 64, head, row, b)
 
     with ptx.if_(tid == 0):
@@ -86,18 +89,20 @@ def produce(sm, sched, Q, K, V, *, BN, D, varlen, persistent, tid):
             ptx.mbarrier.arrive_expect_tx(sm.q_bar.at(0), sm.q_bytes)
             for i in range(slabs):
                 ptx.tma.load_tile(sm.q_base + i * sm.q_tile.slab_bytes, qmap,
-                                  tma_coords(i, qrow, x["h"], x["b"]), sm.q_bar.at(0))
-            for j in ptx.loop(0, x["n_blocks"], type=s32):
+                                  tma_coords(i, qrow, x["h"], x["b"], layouts[0]),
+                                  sm.q_bar.at(0))
+            first, _, _, end = x["blocks"]
+            for j in ptx.loop(first, end, type=s32):
                 n0 = j * BN
                 krow = x["k_start"] + n0 if varlen else n0
-                for pipe, st, tmap, buf in ((sm.kpipe, kst, kmap, sm.k_base),
-                                            (sm.vpipe, vst, vmap, sm.v_base)):
+                for pipe, st, tmap, buf, lay in ((sm.kpipe, kst, kmap, sm.k_base, layouts[1]),
+                                                 (sm.vpipe, vst, vmap, sm.v_base, layouts[2])):
                     pipe.acquire(st)
                     bar = pipe.arm(st, sm.kv_bytes)
                     dst = buf + st.stage * sm.kv_bytes
                     for i in range(slabs):
                         ptx.tma.load_tile(dst + i * sm.k_tile.slab_bytes if i else dst, tmap,
-                                          tma_coords(i, krow, x["hk"], x["b"]), bar)
+                                          tma_coords(i, krow, x["hk"], x["b"], lay), bar)
                     st.advance()
 
 
@@ -107,9 +112,10 @@ class ConsumerMainloop:
     them) and its per-tile loop over the key blocks (``run``)."""
 
     def __init__(self, sm, *, tid, wg, wgs, BN, D, dt, sl2, schedule, causal, persistent,
-                 pin_overlap, rescale_threshold):
+                 pin_overlap, rescale_threshold, window=(-1, -1), cap=None):
         self.sm, self.wgs, self.BN, self.D, self.dt = sm, wgs, BN, D, dt
         self.causal, self.persistent, self.pin_overlap = causal, persistent, pin_overlap
+        self.window = window
         self.overlap = schedule in ("overlap", "pingpong")
         self.pingpong = schedule == "pingpong"
         self.w = w = wg - 1
@@ -120,7 +126,7 @@ class ConsumerMainloop:
         self.o_acc = Accumulator(D)
         self.p_regs = reg.array(b32, BN // 4)
         self.softmax = OnlineSoftmax(self.s_acc, self.o_acc, self.p_regs, BN=BN, D=D, sl2=sl2,
-                                     rescale_threshold=rescale_threshold, dt=dt)
+                                     rescale_threshold=rescale_threshold, dt=dt, cap=cap)
         row0, col0 = self.s_acc.thread_origin(t_wg)
         self.row0 = reg.from_(row0, s32)
         self.col0 = reg.from_(col0, s32)
@@ -196,16 +202,18 @@ class ConsumerMainloop:
             ptx.bar_sync(self.sched_bar, 256, pred=self.first_wg)
 
     # -- one key block per schedule
-    def _mask(self, j, lims):
-        mask_scores(self.s_acc, self.BN, self.col0, j, lims)
+    def _scores(self, j, masked, lims):
+        """Block ``j``'s scores made ready for the softmax: soft-capped, then masked."""
+        self.softmax.cap_scores()
+        if masked:
+            mask_scores(self.s_acc, self.BN, self.col0, j, lims)
 
     def _simple_block(self, j, masked, lims):
         sm = self.sm
         self.issue_qk()
         ptx.wgmma.wait_group(0)
         self._release(sm.kpipe, self.kst)
-        if masked:
-            self._mask(j, lims)
+        self._scores(j, masked, lims)
         self.softmax.update()
         self.softmax.rescale_and_pack()
         self.issue_pv()
@@ -220,8 +228,7 @@ class ConsumerMainloop:
         self._sched_signal()
         ptx.wgmma.wait_group(1)
         self._release(sm.kpipe, self.kst)
-        if masked:
-            self._mask(j, lims)
+        self._scores(j, masked, lims)
         self.softmax.update()
         if self.pin_overlap:             # ptxas does not move the exponentials past a fence
             ptx.fence("cta", sem="acq_rel")
@@ -230,31 +237,37 @@ class ConsumerMainloop:
         self.softmax.rescale_and_pack()
 
     def run(self, x):
-        """Tile ``x`` (``TileScheduler``): O and the softmax state over its key blocks, the
-        unmasked ones first; returns ``(wrow, rows)``: the warpgroup's first query row and
-        the thread's two rows."""
+        """Tile ``x`` (``TileScheduler``): O and the softmax state over its key blocks
+        (``x["blocks"]``, ascending: the masked left edge, the unmasked middle, the masked
+        right edge); returns ``(wrow, rows)``: the warpgroup's first query row and the
+        thread's two rows."""
         sm = self.sm
-        n_blocks, n_unmasked = x["n_blocks"], x["n_unmasked"]
+        first, lo, hi, end = x["blocks"]
         wrow = reg.from_(self.w, s32) * 64 + x["m0"]    # this warpgroup's first query row
         rows = [wrow + self.row0, wrow + self.row0 + 8]
-        lims = [row_limit(r, x["seqlen_k"], self.causal) for r in rows]
+        lims = [row_limit(r, x["seqlen_k"], self.causal, self.window) for r in rows]
+        left = self.window[0] >= 0
         self.o_acc.zero()
         self.softmax.reset()
         ptx.mbarrier.wait(sm.q_bar.at(0), self.q_full)
         ptx.inst.xor.b32(self.q_full, self.q_full, 1)
-        with _when_positive(n_blocks):
+        with _when_before(first, end):
             if self.overlap:
                 self._sched_wait()
                 self.issue_qk()
                 self._sched_signal()
                 ptx.wgmma.wait_group(0)
                 self._release(sm.kpipe, self.kst)
-                self._mask(0, lims)
+                self._scores(first, True, lims)
                 self.softmax.update()
                 self.softmax.rescale_and_pack()
-                for j in ptx.loop(1, n_unmasked, type=s32):
+                nxt = first + 1
+                if left:
+                    for j in ptx.loop(nxt, lo, type=s32):
+                        self._overlap_block(j, True, lims)
+                for j in ptx.loop(_max(lo, nxt) if left else _max(lo, 1), hi, type=s32):
                     self._overlap_block(j, False, lims)
-                for j in ptx.loop(_max(n_unmasked, 1), n_blocks, type=s32):
+                for j in ptx.loop(_max(hi, nxt), end, type=s32):
                     self._overlap_block(j, True, lims)
                 self._sched_wait()
                 self.issue_pv()
@@ -262,9 +275,12 @@ class ConsumerMainloop:
                 ptx.wgmma.wait_group(0)
                 self._release(sm.vpipe, self.vst)
             else:
-                for j in ptx.loop(0, n_unmasked, type=s32):
+                if left:
+                    for j in ptx.loop(first, lo, type=s32):
+                        self._simple_block(j, True, lims)
+                for j in ptx.loop(lo, hi, type=s32):
                     self._simple_block(j, False, lims)
-                for j in ptx.loop(n_unmasked, n_blocks, type=s32):
+                for j in ptx.loop(hi, end, type=s32):
                     self._simple_block(j, True, lims)
         if self.persistent:  # every Q K^T of this tile is done: the producer may load the next Q
             ptx.mbarrier.arrive(sm.q_bar.at(1), pred=self.leader)

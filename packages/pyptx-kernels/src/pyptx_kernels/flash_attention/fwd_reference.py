@@ -6,8 +6,28 @@ from __future__ import annotations
 import math
 
 
-def reference(q, k, v, causal=False, scale=None):
-    """float64 ``(o, lse)`` of dense attention (torch tensors, ``(B, S, H, D)`` layout)."""
+def allowed_keys(S, Sk, causal=False, window=(-1, -1), device=None):
+    """``(S, Sk)`` bool: key ``j`` allowed for query ``i`` (top-left aligned): ``j <= i``
+    causal, ``i - left <= j <= i + right`` with a ``window`` (``-1`` unbounded)."""
+    import torch
+
+    from pyptx_kernels.flash_attention.masks import right_reach
+
+    i = torch.arange(S, device=device)[:, None]
+    j = torch.arange(Sk, device=device)[None, :]
+    ok = torch.ones(S, Sk, dtype=torch.bool, device=device)
+    right = right_reach(causal, window)
+    if right is not None:
+        ok &= j <= i + right
+    if window[0] >= 0:
+        ok &= j >= i - window[0]
+    return ok
+
+
+def reference(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0):
+    """float64 ``(o, lse)`` of dense attention (torch tensors, ``(B, S, H, D)`` layout);
+    ``window`` and ``softcap`` as ``build_attention``'s (the soft cap acts on the scaled
+    scores: ``softcap * tanh(scale q.k / softcap)``, FlashAttention-3's)."""
     import torch
 
     B, S, Hq, D = q.shape
@@ -17,17 +37,18 @@ def reference(q, k, v, causal=False, scale=None):
     kd = k.double().transpose(1, 2).repeat_interleave(Hq // Hkv, dim=1)
     vd = v.double().transpose(1, 2).repeat_interleave(Hq // Hkv, dim=1)
     s = (qd @ kd.transpose(-1, -2)) * sc
-    if causal:
-        i = torch.arange(S, device=q.device)[:, None]
-        j = torch.arange(Sk, device=q.device)[None, :]
-        s = s.masked_fill(j > i, float("-inf"))
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    if causal or tuple(window) != (-1, -1):
+        s = s.masked_fill(~allowed_keys(S, Sk, causal, window, q.device), float("-inf"))
     lse = torch.logsumexp(s, dim=-1)
     p = torch.exp(s - lse[..., None]).nan_to_num(0.0)
     o = (p @ vd).transpose(1, 2)
     return o, lse
 
 
-def reference_varlen(q, k, v, cu_q, cu_k, causal=False, scale=None):
+def reference_varlen(q, k, v, cu_q, cu_k, causal=False, scale=None, window=(-1, -1),
+                     softcap=0.0):
     """float64 ``(o, lse)`` of packed attention, sequence by sequence."""
     import torch
 
@@ -39,7 +60,8 @@ def reference_varlen(q, k, v, cu_q, cu_k, causal=False, scale=None):
         a, e, ka, ke = cq[bi], cq[bi + 1], ck[bi], ck[bi + 1]
         if e == a or ke == ka:
             continue
-        ob, lb = reference(q[None, a:e], k[None, ka:ke], v[None, ka:ke], causal, scale)
+        ob, lb = reference(q[None, a:e], k[None, ka:ke], v[None, ka:ke], causal, scale, window,
+                           softcap)
         o[a:e] = ob[0]
         lse[:, a:e] = lb[0]
     return o, lse

@@ -4,7 +4,9 @@ in what order, and the grid that covers them.
 One CTA per query block (``grid = (query blocks, Hq, B)``), causal blocks longest first; or,
 persistent, ``ctas`` CTAs walking the tiles ``ctaid.x, ctaid.x + ctas, ...`` (heads
 outermost, longest rows first). Packed batches read each sequence's bounds from
-``cu_seqlens`` and leave early past the sequence's end.
+``cu_seqlens`` and leave early past the sequence's end. The sizes (``B``, ``S``, ``Sk``) are
+registers loaded from kernel parameters, so one kernel serves every size: only the grid
+(``dense_grid``, ``varlen_grid``) is computed per call.
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ from pyptx_kernels.flash_attention.masks import block_plan
 
 
 def query_blocks(S, bm):
-    """Query blocks of ``bm`` rows covering ``S`` rows."""
-    return -(-S // bm)
+    """Query blocks of ``bm`` rows covering ``S`` rows (an int, or a register)."""
+    return (S + (bm - 1)) // bm
 
 
 def dense_grid(B, S, Hq, plan):
@@ -38,14 +40,16 @@ class TileScheduler:
     """The tiles of one CTA, emitted where it is created (the CTA index register, and the
     tile's coordinates when not persistent). ``tiles()`` yields a dict per tile: ``h``,
     ``b``, ``hk`` (the KV head), ``m0`` (first query row), ``q_start``/``k_start`` (packed
-    rows, None dense), ``seqlen_q``/``seqlen_k``, ``n_blocks``/``n_unmasked`` (``block_plan``)."""
+    rows, None dense), ``seqlen_q``/``seqlen_k``, ``blocks`` (``masks.KeyBlocks``).
+    ``B``, ``S``, ``Sk``: registers (or ints) of the dense sizes, None packed."""
 
-    def __init__(self, *, B, S, Sk, Hq, Hkv, BN, bm, causal, varlen, ctas, CUQ=None, CUK=None):
+    def __init__(self, *, B, S, Sk, Hq, Hkv, BN, bm, causal, varlen, ctas, CUQ=None, CUK=None,
+                 window=(-1, -1)):
         self.B, self.S, self.Sk, self.Hq, self.BN, self.bm = B, S, Sk, Hq, BN, bm
         self.group = Hq // Hkv
-        self.causal, self.varlen, self.ctas = causal, varlen, ctas
+        self.causal, self.varlen, self.ctas, self.window = causal, varlen, ctas, window
         self.CUQ, self.CUK = CUQ, CUK
-        self.num_m = query_blocks(S, bm)
+        self.num_m = None if varlen else query_blocks(S, bm)
         self.cx = reg.from_(ptx.special.ctaid.x(), s32)
         self.one = None if ctas is not None else self.tile()
 
@@ -62,7 +66,7 @@ class TileScheduler:
             mi = t - bh * num_m
             b = bh // Hq
             h = bh - b * Hq
-        mb = (num_m - 1) - mi if causal else mi   # causal: the longest rows first
+        mb = (num_m - 1) - mi if causal and not self.varlen else mi   # the longest rows first
         x = dict(h=h, b=b, m0=mb * bm, hk=h // self.group if self.group > 1 else h,
                  q_start=None, k_start=None, seqlen_q=self.S, seqlen_k=self.Sk)
         if self.varlen:
@@ -78,8 +82,8 @@ class TileScheduler:
             if causal:  # the grid covers max_seqlen_q: reverse within this sequence's blocks
                 nq = (x["seqlen_q"] + (bm - 1)) // bm
                 x["m0"] = ((nq - 1) - mi) * bm
-        x["n_blocks"], x["n_unmasked"] = block_plan(x["m0"], x["seqlen_q"], x["seqlen_k"],
-                                                    self.BN, causal, bm)
+        x["blocks"] = block_plan(x["m0"], x["seqlen_q"], x["seqlen_k"], self.BN, causal, bm,
+                                 self.window)
         return x
 
     def tiles(self):

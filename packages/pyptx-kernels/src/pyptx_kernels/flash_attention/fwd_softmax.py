@@ -5,7 +5,10 @@ Per thread two rows (``row`` and ``row + 8`` of the warpgroup's 64) carry a runn
 ``P = exp2(S * sl2 - m)``; O is rescaled by ``alpha = exp2(m_old - m_new)``. The lazy rescale
 (``rescale_threshold``) keeps a row's max until a block raises it by more than the threshold,
 and skips the O rescale when no row of the warp moved (a warp vote). P, packed to bf16/f16
-pairs, is the A fragment wgmma reads (``a_fragment``).
+pairs, is the A fragment wgmma reads (``a_fragment``). The logit soft cap (``softcap``, as
+FlashAttention-3's) replaces the scaled scores by ``softcap * tanh(scale * S / softcap)``
+before the mask and the max: ``cap_scores`` keeps ``tanh(S * cap)`` (``cap = scale /
+softcap``) and ``sl2`` is then ``softcap * log2(e)``.
 """
 
 from __future__ import annotations
@@ -27,9 +30,9 @@ class OnlineSoftmax:
     """The softmax state of a thread's two rows (``m_row``, ``l_row``, ``alpha``) over the
     scores ``s_acc`` (``Accumulator(BN)``), the output ``o_acc`` and P's registers ``p_regs``."""
 
-    def __init__(self, s_acc, o_acc, p_regs, *, BN, D, sl2, rescale_threshold, dt):
+    def __init__(self, s_acc, o_acc, p_regs, *, BN, D, sl2, rescale_threshold, dt, cap=None):
         self.s_acc, self.o_acc, self.p_regs = s_acc, o_acc, p_regs
-        self.BN, self.D, self.sl2, self.dt = BN, D, sl2, dt
+        self.BN, self.D, self.sl2, self.dt, self.cap = BN, D, sl2, dt, cap
         self.threshold = rescale_threshold
         self.m_row = [reg.scalar(f32) for _ in range(2)]
         self.l_row = [reg.scalar(f32) for _ in range(2)]
@@ -41,6 +44,14 @@ class OnlineSoftmax:
         for hh in range(2):
             ptx.inst.mov.f32(self.m_row[hh], NEG_INF)
             ptx.inst.mov.f32(self.l_row[hh], 0.0)
+
+    def cap_scores(self):
+        """With a soft cap: ``S = tanh(S * cap)`` (``tanh.approx``); nothing otherwise."""
+        if self.cap is None:
+            return
+        for i in range(self.BN // 2):
+            ptx.inst.mul.f32(self.s_acc[i], self.s_acc[i], self.cap)
+            ptx.inst.tanh.approx.f32(self.s_acc[i], self.s_acc[i])
 
     def update(self):
         """P (in s_acc) = exp2(S * sl2 - m_new); l, m updated; alpha = exp2(m_old - m_new)."""
