@@ -356,49 +356,6 @@ def test_gemm_configs_assemble_without_spills(assemble):
         assert "0 bytes spill stores" in report, report
 
 
-@pytest.mark.parametrize("kw,problem", [
-    (dict(BM=128, BN=128, cluster=2), {}), (dict(BM=128, BN=128, cluster=1), {}),
-    (dict(BM=64, BN=256, cluster=2), {}),
-    (dict(BM=128, BN=128, cluster=1), dict(dtype="f16", out_dtype="f32", bias=True,
-                                           activation="silu")),
-])
-def test_gemm_pingpong_schedule(kw, problem, assemble):
-    """``schedule="pingpong"``: two consumer warpgroups (384 threads), one wgmma per 64-row
-    band and k-step into its own accumulator, each stage released by one warpgroup, the
-    main loop handed over on named barriers 3/4 (a predicated ``bar.sync`` before it, a
-    predicated ``bar.arrive`` after the last k-block is issued and before the final wait),
-    the other warpgroup's k-blocks skipped in a few instructions; no spills, no wgmma
-    serialisation (C751x) at the default ring depth."""
-    gemm = _load("gemm")
-    k = gemm.build_gemm(4096, 4096, 4096, config=gemm.GemmConfig(schedule="pingpong", **kw),
-                        **problem)
-    text = k.ptx()
-    assert k.block[0] == 384 and k.name.endswith("_pp")
-    bands = kw["BM"] // 64
-    n = kw["BN"]
-    body = text[text.index("setmaxnreg.inc"):]
-    assert body.count(f"wgmma.mma_async.sync.aligned.m64n{n}k16") == 2 * 4 * bands
-    lines = [ln.strip() for ln in body.splitlines()]
-    syncs = [i for i, ln in enumerate(lines) if ln.startswith("@") and " bar.sync" in ln]
-    arrives = [i for i, ln in enumerate(lines) if ln.startswith("@") and " bar.arrive" in ln]
-    waits0 = [i for i, ln in enumerate(lines) if ln == "wgmma.wait_group.sync.aligned 0;"]
-    assert len(syncs) == 1 and len(arrives) == 1 and syncs[0] < arrives[0] < waits0[0]
-    init = [ln for ln in text.splitlines() if "mbarrier.init" in ln]
-    assert any(ln.rstrip(";").endswith(f", {kw['cluster']}") for ln in init)  # one reader/CTA
-    log = assemble(text)
-    assert "0 bytes spill stores" in log and "(C751" not in log, log
-    stages = int(k.name.split("_s")[1].split("_")[0])
-    from pyptx_kernels.gemm.config import SMEM_LIMIT, smem_bytes
-
-    assert smem_bytes(kw["BM"], n, 64, stages, consumers=2) <= SMEM_LIMIT
-    from pyptx.errors import ConfigError
-
-    with pytest.raises(ConfigError, match="ping-pong warpgroup holds a whole"):
-        gemm.GemmConfig(schedule="pingpong", BM=128, BN=256)
-    with pytest.raises(ConfigError, match="schedule must be one of"):
-        gemm.GemmConfig(schedule="stream-k")
-
-
 def test_gemm_builder_refuses_bad_configurations():
     gemm = _load("gemm")
     from pyptx.errors import ConfigError
@@ -414,9 +371,6 @@ def test_gemm_builder_refuses_bad_configurations():
     with pytest.raises(ConfigError, match="wg_rows=96") as e:
         gemm.GemmConfig(wg_rows=96)
     _here_line(e)   # the message starts at the caller's line, as every builder error
-    with pytest.raises(ConfigError, match="split_tail needs the cooperative schedule") as e:
-        gemm.GemmConfig(BM=128, BN=128, schedule="pingpong", split_tail=True)
-    _here_line(e)
     with pytest.raises(ConfigError, match="split_tail must be True or False, got 'yes'"):
         gemm.GemmConfig(split_tail="yes")
     with pytest.raises(ConfigError, match="epi_bufs must be 1 or 2, got 3") as e:

@@ -14,7 +14,6 @@ H100_SMS = 132
 SMEM_LIMIT = 227 * 1024 - 256  # less the static barriers
 EPI_BUFS = 2
 MAX_STAGES = 10
-SCHEDULES = ("cooperative", "pingpong")
 
 
 def smem_bytes(BM, BN, BK, stages, out_bytes=2, consumers=None, epi_bufs=EPI_BUFS):
@@ -41,13 +40,11 @@ class GemmConfig:
 
     Tile: ``BM`` (64/128/192/256) x ``BN`` (64..256, a multiple of 64) x ``BK`` (64/128),
     ``stages`` ring buffers (None: the deepest ring that fits; stored resolved).
-    Schedule: ``"cooperative"`` (the consumer warpgroups split each tile, ``wg_rows`` 64 or
-    128 rows each; 128 needs ``BN <= 128``) or ``"pingpong"`` (two warpgroups take alternate
-    whole tiles: ``BM`` 64/128, ``BM * BN <= 16384``); ``split_tail`` (cooperative only)
-    cuts the partial last wave's tiles along K over all ``num_sms`` SMs.
-    Grid: ``cluster`` (1/2) CTAs along ``cluster_along`` (``"m"``: sharing a B tile, ``"n"``:
-    sharing an A tile), ``group_m`` cluster rows per band of the persistent order over
-    ``num_sms`` SMs. Epilogue: ``epi_bufs`` (1/2) 64-row slab buffers per warpgroup,
+    Schedule: the consumer warpgroups split each tile, ``wg_rows`` 64 or 128 rows each (128
+    needs ``BN <= 128``); ``split_tail`` cuts the partial last wave's tiles along K over all
+    ``num_sms`` SMs.
+    Grid: ``cluster`` (1/2) CTAs along M sharing a B tile, ``group_m`` cluster rows per band
+    of the persistent order over ``num_sms`` SMs. Epilogue: ``epi_bufs`` (1/2) 64-row slab buffers per warpgroup,
     ``epilogue`` ``"stmatrix"`` or ``"st"`` for 16-bit outputs.
     Cluster switches: ``multicast`` (B copied once per cluster), ``split`` (``"rows"`` of
     every slab or whole ``"slabs"`` per CTA), ``remote_sem`` (ordering of remote releases),
@@ -57,11 +54,9 @@ class GemmConfig:
     BN: int = 256
     BK: int = 64
     stages: int | None = None
-    schedule: str = "cooperative"
     wg_rows: int = 64
     split_tail: bool = False
     cluster: int = 2
-    cluster_along: str = "m"
     group_m: int = 8
     num_sms: int = H100_SMS
     epi_bufs: int = EPI_BUFS
@@ -75,30 +70,21 @@ class GemmConfig:
         BM, BN, BK = self.BM, self.BN, self.BK
         if BM not in (64, 128, 192, 256) or BN % 64 or not 64 <= BN <= 256 or BK % 64 or BK > 128:
             self._fail(f"unsupported tile {BM}x{BN}x{BK}")
-        if self.cluster_along not in ("m", "n"):
-            self._fail(f"cluster_along must be 'm' or 'n', got {self.cluster_along!r}")
         if self.cluster not in (1, 2):
             self._fail(f"cluster must be 1 or 2, got {self.cluster!r}")
         if self.split not in ("rows", "slabs"):
             self._fail(f"split must be 'rows' or 'slabs', got {self.split!r}")
         if self.epilogue not in ("stmatrix", "st"):
             self._fail(f"epilogue must be 'stmatrix' or 'st', got {self.epilogue!r}")
-        if self.schedule not in SCHEDULES:
-            self._fail(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
-        if self.pingpong and (BM not in (64, 128) or BM * BN > 16384):
-            self._fail(f"a ping-pong warpgroup holds a whole BM x BN tile: BM 64 or 128 and "
-                       f"BM * BN <= 16384 (128 accumulator registers), got {BM}x{BN}")
         if self.epi_bufs not in (1, 2):
             self._fail(f"epi_bufs must be 1 or 2, got {self.epi_bufs!r}")
         if not isinstance(self.split_tail, bool):
             self._fail(f"split_tail must be True or False, got {self.split_tail!r}")
-        if self.split_tail and self.pingpong:
-            self._fail("split_tail needs the cooperative schedule")
         wg = self.wg_rows
-        if wg not in (64, 128) or BM % wg or (wg == 128 and (self.pingpong or BN > 128)):
-            self._fail(f"wg_rows must be 64, or 128 with the cooperative schedule, BM a multiple "
-                       f"of it and BN <= 128 (two accumulators of BN columns per thread), got "
-                       f"wg_rows={wg!r} for {BM}x{BN} ({self.schedule})")
+        if wg not in (64, 128) or BM % wg or (wg == 128 and BN > 128):
+            self._fail(f"wg_rows must be 64 or 128, BM a multiple of it, and 128 needs "
+                       f"BN <= 128 (two accumulators of BN columns per thread), got "
+                       f"wg_rows={wg!r} for {BM}x{BN}")
         if not isinstance(self.num_sms, int) or self.num_sms < 1 or self.group_m < 1:
             self._fail(f"num_sms and group_m must be positive, got {self.num_sms!r}, "
                        f"{self.group_m!r}")
@@ -116,19 +102,14 @@ class GemmConfig:
         raise ConfigError(f"{_user_line()}: GemmConfig: {msg}")
 
     @property
-    def pingpong(self) -> bool:
-        """Whether two consumer warpgroups take alternate whole tiles."""
-        return self.schedule == "pingpong"
-
-    @property
     def consumers(self) -> int:
         """Consumer warpgroups per CTA."""
-        return 2 if self.pingpong else self.BM // self.wg_rows
+        return self.BM // self.wg_rows
 
     @property
     def bands(self) -> int:
         """64-row accumulators per consumer warpgroup."""
-        return self.BM // 64 if self.pingpong else self.wg_rows // 64
+        return self.wg_rows // 64
 
     def smem_bytes(self, stages=None) -> int:
         """Dynamic shared memory with ``stages`` ring buffers (default: the plan's)."""
@@ -140,11 +121,9 @@ class GemmConfig:
         """A short unique name: the tile, stages and cluster, then what differs from the
         defaults (``128x128x64_s6_c1_st``)."""
         base = (f"{self.BM}x{self.BN}x{self.BK}_s{self.stages}_c{self.cluster}"
-                f"{'n' if self.cluster_along == 'n' else ''}{'_pp' if self.pingpong else ''}"
                 f"{'_w128' if self.wg_rows == 128 else ''}{'_st' if self.split_tail else ''}"
                 f"{'_e1' if self.epi_bufs == 1 else ''}")
-        skip = {"BM", "BN", "BK", "stages", "cluster", "cluster_along", "schedule", "wg_rows",
-                "split_tail", "epi_bufs"}
+        skip = {"BM", "BN", "BK", "stages", "cluster", "wg_rows", "split_tail", "epi_bufs"}
         extra = [f"_{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self)
                  if f.name not in skip and getattr(self, f.name) != f.default]
         return base + "".join(extra)
@@ -193,3 +172,29 @@ kernel, which the tuner skips as a duplicate."""
 
 PLANS = {c.name: c for c in GEMM_CONFIGS}
 """``GEMM_CONFIGS`` by ``GemmConfig.name`` (how the tuner's ``Config`` names a plan)."""
+
+
+def default_plan(M: int, N: int, K: int) -> str:
+    """The ``GEMM_CONFIGS`` name a default call takes where the shipped tuning table has no
+    bucket for ``M x N x K`` (or no table ships for the GPU), from the tuner's recorded picks
+    (``docs/performance.md``): 64 x 128 tiles with one epilogue buffer for skinny products
+    (M <= 192: B streams from memory), the split tail for few tiles over a long K
+    (1024 x 1024 x 16384), 256 x 128 tiles for about one wave of square products up to
+    2048^2, 192 x 192 tiles in pairs for long-N training shapes (8192 x 28672 x 8192),
+    128 x 128 tiles where 128 x 256 ones would fill less than half the SMs, else the default
+    128 x 256 tiles in clusters of two."""
+    sms = H100_SMS
+    tiles = -(-M // 128) * -(-N // 256)             # 128 x 256 tiles
+    if M <= 192:
+        plan = GemmConfig(BM=64, BN=128, cluster=1, epi_bufs=1)
+    elif -(-M // 128) * -(-N // 128) <= 2 * sms and K >= 8192 and K >= 4 * max(M, N):
+        plan = GemmConfig(BM=128, BN=128, cluster=1, split_tail=True)
+    elif M * N <= 2048 * 2048 and -(-M // 256) * -(-N // 128) >= sms * 3 // 4:
+        plan = GemmConfig(BM=256, BN=128, cluster=1, wg_rows=128)
+    elif N >= 16384 and M >= 4096:
+        plan = GemmConfig(BM=192, BN=192, cluster=2)
+    elif tiles < sms // 2:
+        plan = GemmConfig(BM=128, BN=128, cluster=1)
+    else:
+        plan = DEFAULT
+    return plan.name

@@ -112,7 +112,7 @@ class TileEpilogue:
     def __call__(self, m0, n0):
         cfg = self.cfg
         ncol = n0 + self.col0 if self.bias else None
-        mrow = m0 if cfg.pingpong else m0 + self.w * (64 * cfg.bands)
+        mrow = m0 + self.w * (64 * cfg.bands)
 
         def coords(j):
             band, j = divmod(j, self.out_slabs)

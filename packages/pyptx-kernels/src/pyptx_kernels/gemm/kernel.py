@@ -9,7 +9,7 @@ threads walks the tiles, issuing bulk tensor copies of A and B into a ``stages``
 of shared-memory buffers guarded by mbarriers); warpgroups 1.. are consumers, each issuing
 ``wgmma.mma_async`` on its rows of the ring's tiles, keeping one k-block in flight while the
 previous stage is released, then running the epilogue. With ``cluster=2`` two CTAs that
-share a B tile (an A tile along n) each copy half of it and multicast it to both. Tiles are
+share a B tile each copy half of it and multicast it to both. Tiles are
 visited in grouped order (``group_m`` cluster rows per band) so consecutive tiles reuse A
 and B in L2.
 """
@@ -77,7 +77,7 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
     KB = K if KB is None else KB
     NB = N if NB is None else NB
     multicast = cfg.multicast and cluster > 1
-    pingpong, consumers, bands = cfg.pingpong, cfg.consumers, cfg.bands
+    consumers, bands = cfg.consumers, cfg.bands
     threads = 128 * (1 + consumers)
     smem_total = cfg.smem_bytes()
 
@@ -86,7 +86,7 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
     ring_bytes = stages * (a_tile.nbytes + b_tile.nbytes)
     wg_out_bytes = cfg.epi_bufs * 64 * 128     # one consumer's 64-row x 128-byte slabs
     sched = TileSchedule(M, N, K, KB, cfg)
-    plan, along_n = sched.plan, sched.along_n
+    plan = sched.plan
     prod_regs = 40 if consumers <= 2 else 24
     maxnreg, cons_regs = register_budget(consumers, prod_regs)
 
@@ -103,14 +103,13 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
         in_specs += (Tile(FLAG_WORDS, u32),)
         out_specs += (Tile(flags * (plan[2] - 1) * part_bytes // 4, f32),)
     parts = cluster if multicast and cfg.split == "rows" else 1
-    tma = {"A": a_tile.tma_options(parts if along_n else 1),
-           "B": b_tile.tma_options(1 if along_n else parts),
+    tma = {"A": a_tile.tma_options(1),
+           "B": b_tile.tma_options(parts),
            "D": {"box": (64, 128 // ot.bytes), "swizzle": "128B"}}
 
     def body(A, B, Bias, D, Flags=None, WS=None):
         base = ring_base()
-        readers = 1 if pingpong else consumers    # warpgroups that read each stage
-        pipe = Pipeline(stages, consumer_arrivals=readers * (cluster if multicast else 1))
+        pipe = Pipeline(stages, consumer_arrivals=consumers * (cluster if multicast else 1))
         tid, wg = thread_ids()
         rank, cid = prologue(pipe, tid, cluster)
         roles = Roles(wg, prod_regs)
@@ -131,9 +130,7 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
         epilogue = TileEpilogue(cfg, accs=accs, ot=ot, N=N, alpha=alpha, bias=bias,
                                 activation=activation, Bias=Bias, D=D, tid=tid, lane=lane, w=w,
                                 row0=row0, col0=col0, cbuf=cbuf, leader=leader, bar_id=bar_id)
-        if pingpong:
-            mainloop.pingpong_loop(mma, sched, cid=cid, rank=rank, w=w, epilogue=epilogue)
-        elif not plan:
+        if not plan:
             mainloop.cooperative_loop(mma, sched, cid=cid, rank=rank, epilogue=epilogue)
         else:
             fixup = SplitTailFixup(Flags, WS, accs=accs, plan=plan, cluster=cluster,
@@ -147,7 +144,6 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
         ptx.ret()
 
     name = (f"gemm_{dt.name}_{ot.name}_{a_major}{b_major}_{BM}x{BN}x{BK}_s{stages}_c{cluster}"
-            f"{'n' if along_n else ''}{'_pp' if pingpong else ''}"
             f"{'_w128' if cfg.wg_rows == 128 else ''}{f'_st{plan[2]}' if plan else ''}")
     deco = kernel(in_specs=in_specs, out_specs=out_specs, grid=(sched.ctas, 1, 1),
                   block=(threads, 1, 1), cluster=(cluster, 1, 1), smem=smem_total,

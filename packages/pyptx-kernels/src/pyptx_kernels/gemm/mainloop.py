@@ -1,37 +1,31 @@
 """The GEMM's main loops: the producer thread's ring of A/B tile copies (``produce``), the
 consumers' wgmma over the ring (``consumer_mma``) and the consumers' walks over their tiles,
-each tile's k-blocks then its epilogue: cooperative (``cooperative_loop``), ping-pong
-(``pingpong_loop``) and split tail (``split_tail_loop``)."""
+each tile's k-blocks then its epilogue: cooperative (``cooperative_loop``) and split tail
+(``split_tail_loop``)."""
 
 from __future__ import annotations
 
 from pyptx import ptx
 from pyptx.warpspec import RingMma, load_ab_ring
 
-ORDER_BAR = 3  # named barriers 3 and 4: the ping-pong hand-over (1, 2: the epilogues)
-
 
 def produce(pipe, A, B, a_tile, b_tile, *, cfg, sched, base, rank, cid, multicast):
     """The producer thread's loop: every k-block of this cluster's tiles (or split-tail
-    pieces) copied into the ring; with a cluster, the shared operand (B, or A along n) is
+    pieces) copied into the ring; with a cluster, the shared B tile is
     split between the CTAs and multicast to both."""
     work, items = sched.work(cid)
     load_ab_ring(pipe, A, B, a_tile, b_tile, base=base, tile_range=work,
                  coords=lambda t: sched.coords(t, rank),
                  num_kb=sched.num_kb, BK=cfg.BK, rank=rank, cluster=cfg.cluster,
                  multicast=multicast, split=cfg.split, wait_scope=cfg.wait_scope,
-                 shared="A" if sched.along_n else "B",
                  items=items and (lambda j: items(j)[:3]))
 
 
 def consumer_mma(pipe, accs, a_tile, b_tile, *, cfg, base, w, leader, dt, multicast):
     """The ``RingMma`` of consumer warpgroup ``w``: its 64-row bands of the A tile (all of
-    them in ping-pong, which owns whole tiles) against the whole B tile, into ``accs``."""
+    against the whole B tile, into ``accs``."""
     consumers, bands = cfg.consumers, cfg.bands
-    if cfg.pingpong:  # every 64-row band of the tile
-        a_descs = [a_tile.descriptor(base + h * a_tile.offset(0, 64) if h else base)
-                   for h in range(bands)]
-    elif bands > 1:  # this warpgroup's bands of 64 rows of A
+    if bands > 1:  # this warpgroup's bands of 64 rows of A
         rows0 = base + w * a_tile.offset(0, 64 * bands) if consumers > 1 else base
         a_descs = [a_tile.descriptor(rows0 + h * a_tile.offset(0, 64) if h else rows0)
                    for h in range(bands)]
@@ -51,26 +45,6 @@ def cooperative_loop(mma, sched, *, cid, rank, epilogue):
     for t in ptx.loop(cid, sched.tiles, sched.clusters):
         m0, n0 = sched.coords(t, rank)
         mma.run(sched.num_kb)
-        epilogue(m0, n0)
-
-
-def pingpong_loop(mma, sched, *, cid, rank, w, epilogue):
-    """Warpgroup ``w`` takes the CTA's tiles ``w, w + 2, ...``: its ring position starts past
-    the other's first tile, and it skips the other's k-blocks after each of its own; named
-    barriers hand the main loop from one to the other, so one's epilogue runs while the
-    other's wgmma do."""
-    num_kb, tiles, clusters = sched.num_kb, sched.tiles, sched.clusters
-    with ptx.if_(w == 1):
-        mma.cons.advance(num_kb)
-        mma.rel.advance(num_kb)
-    for t in ptx.loop(cid + w * clusters, tiles, 2 * clusters):
-        m0, n0 = sched.coords(t, rank)
-        # the other warpgroup has issued its last k-block (not before the first tile)
-        ptx.bar_sync(ORDER_BAR + w, 256, pred=t >= cid + clusters)
-        mma.run(num_kb, issued=lambda t=t: ptx.bar_arrive(
-            ORDER_BAR + 1 - w, 256, pred=t + clusters < tiles))
-        mma.cons.advance(num_kb)
-        mma.rel.advance(num_kb)
         epilogue(m0, n0)
 
 

@@ -67,10 +67,8 @@ class TileSchedule:
         self.cfg = cfg
         BM, BN, cluster = cfg.BM, cfg.BN, cfg.cluster
         num_m, self.num_n = -(-M // BM), -(-N // BN)
-        self.along_n = cfg.cluster_along == "n" and cluster > 1
-        self.num_mc = num_m if self.along_n else -(-num_m // cluster)   # cluster rows of tiles
-        self.num_nc = -(-self.num_n // cluster) if self.along_n else self.num_n  # columns
-        self.tiles = self.num_mc * self.num_nc
+        self.num_mc = -(-num_m // cluster)   # cluster rows of tiles
+        self.tiles = self.num_mc * self.num_n
         self.num_kb = -(-max(K, KB) // cfg.BK)
         self.plan = (split_tail_plan(self.tiles, max(1, cfg.num_sms // cluster), self.num_kb)
                      if cfg.split_tail else None)
@@ -83,10 +81,6 @@ class TileSchedule:
         """(m0, n0) of CTA ``rank``'s part of cluster tile ``t``, grouped ``gm`` cluster rows
         per band."""
         cfg = self.cfg
-        if self.along_n:  # the cluster tile spans cluster * BN columns; this CTA's part
-            m0, n0 = grouped_tile_origin(t, 0, num_mc=self.num_mc, num_n=self.num_nc, gm=self.gm,
-                                         cluster=1, BM=cfg.BM, BN=cfg.BN * cfg.cluster)
-            return m0, n0 + rank * cfg.BN
         return grouped_tile_origin(t, rank, num_mc=self.num_mc, num_n=self.num_n, gm=self.gm,
                                    cluster=cfg.cluster, BM=cfg.BM, BN=cfg.BN)
 
