@@ -95,3 +95,19 @@ FP8_CONFIGS = (
 )
 """The plans the tuner times per shape (BM = 128: two consumer warpgroups); the first is
 the default (``Fp8GemmConfig()``, and the pick when ``PYPTX_AUTOTUNE=0``)."""
+
+
+def default_plan(M: int, N: int, K: int, scale: str = "tensor") -> str:
+    """The ``FP8_CONFIGS`` name a default call takes where the shipped tuning table has no
+    bucket for ``M x N x K`` (or no table ships for the GPU): 128 x 128 tiles alone where
+    128 x 256 tiles would fill less than half the SMs, 128 x 256 tiles alone where they fill
+    less than one wave, else the default 128 x 256 tiles in clusters of two (the pick of the
+    benchmark's 4096^3 and 8192^3 rows). Every scale kind takes the same tiles."""
+    tiles = -(-M // 128) * -(-N // 256)
+    if tiles < H100_SMS // 2:
+        plan = Fp8GemmConfig(BN=128, cluster=1)
+    elif tiles < H100_SMS:
+        plan = Fp8GemmConfig(BN=256, cluster=1)
+    else:
+        plan = Fp8GemmConfig()
+    return plan.name

@@ -12,8 +12,9 @@ import os
 
 from pyptx.autotune import Config, autotune
 from pyptx.errors import ConfigError
+from pyptx_kernels import _tuning
 from pyptx_kernels._common import dtype_name, fail, framework
-from pyptx_kernels.fp8_gemm.config import FP8_CONFIGS, Fp8GemmConfig
+from pyptx_kernels.fp8_gemm.config import FP8_CONFIGS, Fp8GemmConfig, default_plan
 from pyptx_kernels.fp8_gemm.kernel import build_fp8_gemm
 from pyptx_kernels.fp8_gemm.scales import SCALES, scale_kind
 
@@ -29,11 +30,18 @@ def build_fp8_gemm_planned(M, N, K, *, scale="tensor", dtype="e4m3", dtype_b=Non
                           config=_PLANS[plan])
 
 
-fp8_gemm_tuned = autotune([Config(plan=c.name) for c in FP8_CONFIGS],
-                          key=["M", "N", "K", "scale", "dtype", "dtype_b", "out_dtype",
-                               "fast_accum", "ND"])(build_fp8_gemm_planned)
-"""The FP8 GEMM with its plan chosen among ``FP8_CONFIGS`` on the device at the first
-launch."""
+PLANNER = _tuning.Planner(
+    "scaled_mm", lambda kv: {"M": kv["M"], "N": kv["N"], "K": kv["K"], "scale": kv["scale"]},
+    {c.name: Config(plan=c.name) for c in FP8_CONFIGS}, default_plan)
+"""The FP8 GEMM's plan without timing: the shipped table's for the bucket (op
+``"scaled_mm"``), else ``config.default_plan``."""
+
+fp8_gemm_tuned = _tuning.planned(
+    autotune([Config(plan=c.name) for c in FP8_CONFIGS],
+             key=["M", "N", "K", "scale", "dtype", "dtype_b", "out_dtype", "fast_accum",
+                  "ND"])(build_fp8_gemm_planned), PLANNER)
+"""The FP8 GEMM with its plan among ``FP8_CONFIGS``: a winner saved for the shape, else
+``PLANNER``'s; timed only when asked (``PYPTX_AUTOTUNE=1``, ``pyptx_kernels.tune``)."""
 
 
 def env_config():
@@ -53,7 +61,7 @@ def kernel_for(M, N, K, *, scale, dtype, dtype_b, out_dtype, fast_accum, config=
     """``(kernel, KP, ND)``: the kernel ``scaled_mm`` launches for ``a (M, K)`` and
     ``w (N, K)`` (K zero-padded to ``KP``, a multiple of 16; output rows padded to ``ND``
     for 16-byte stores). ``config``: a fixed ``Fp8GemmConfig`` (default: the environment's,
-    else tuned)."""
+    else ``fp8_gemm_tuned``'s choice)."""
     ND = N + (-N % (8 if out_dtype == "bf16" else 4))
     KP = K + -K % 16
     features = tuple(sorted(dict(scale=scale, dtype=dtype, dtype_b=dtype_b,

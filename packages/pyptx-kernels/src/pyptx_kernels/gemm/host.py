@@ -7,10 +7,23 @@ from __future__ import annotations
 import functools
 import typing
 
+from pyptx.autotune import Config
 from pyptx.errors import ConfigError
+from pyptx_kernels import _tuning
 from pyptx_kernels._common import framework, where
-from pyptx_kernels.gemm.config import GemmConfig
+from pyptx_kernels.gemm.config import GEMM_CONFIGS, GemmConfig, default_plan
 from pyptx_kernels.gemm.kernel import build_gemm, gemm_tuned
+
+PLANNER = _tuning.Planner(
+    "matmul", lambda kv: {"M": kv["M"], "N": kv["N"], "K": kv["K"]},
+    {c.name: Config(config=c.name) for c in GEMM_CONFIGS}, default_plan)
+"""The GEMM's plan without timing: the shipped table's for the ``M x N x K`` bucket (op
+``"matmul"``), else ``config.default_plan``."""
+
+gemm_planned = _tuning.planned(gemm_tuned, PLANNER)
+"""``gemm_tuned`` whose default call takes a saved winner, else ``PLANNER``'s plan (no
+timing; ``PYPTX_AUTOTUNE=1`` or ``pyptx_kernels.tune`` time the plans): what ``matmul``
+launches."""
 
 
 def _fail(msg):
@@ -22,7 +35,7 @@ def _fail(msg):
 def _cached(M, N, K, key, config):
     kw = dict(key)
     if config is None:
-        return gemm_tuned(M, N, K, **kw)
+        return gemm_planned(M, N, K, **kw)
     return build_gemm(M, N, K, **kw, config=config)
 
 
@@ -50,9 +63,10 @@ def matmul(a, b, *, bias=None, alpha=1.0, activation=None, out_dtype=None, trans
     torch: ``a``/``b`` may be row-major or transposed views (``w.T``); the layout is read
     off the strides. JAX: ``trans_a=True`` means ``a`` is given as ``(K, M)``,
     ``trans_b=True`` that ``b`` is given as ``(N, K)`` (``x @ w.T`` is
-    ``matmul(x, w, trans_b=True)``). The tile configuration is tuned per shape on the
-    device (``gemm_tuned``); ``config`` fixes it (``GemmConfig.of``: a ``GemmConfig``, a
-    tuned plan's name or a mapping of its fields).
+    ``matmul(x, w, trans_b=True)``). The tile configuration is a winner saved for the
+    shape, else the shipped table's or the heuristic's (``gemm_planned``: nothing is timed
+    unless asked, ``docs/tuning.md``); ``config`` fixes it (``GemmConfig.of``: a
+    ``GemmConfig``, a tuned plan's name or a mapping of its fields).
     The result is ``(M, N)``; a contiguous dimension whose rows are not a multiple of
     16 bytes is zero-padded first (and the result sliced back). An ``a`` of shape
     ``(..., K)`` (activations of a batch of sequences) is one ``(prod(...), K)`` product,

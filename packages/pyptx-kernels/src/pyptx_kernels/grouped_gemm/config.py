@@ -77,6 +77,13 @@ class _Tile:
         """The kernel's dynamic shared memory in bytes."""
         return smem_bytes(self.BM, self.BN, self.BK, self.ring_stages)
 
+    @property
+    def name(self) -> str:
+        """A short unique name of the plan: the tile, then every field off its default
+        (``"64x256_prefetch=True_speculate=5"``; the tuning tables name plans so)."""
+        kw = self.tuner_kwargs()
+        return f"{kw.pop('BM')}x{kw.pop('BN')}" + "".join(f"_{k}={v}" for k, v in kw.items())
+
     def tuner_kwargs(self) -> dict:
         """The plan as ``pyptx.autotune.Config`` keywords: the tile and every field off its
         default (a tuned table is converted to the tuner's list at the edge)."""
@@ -176,3 +183,23 @@ GROUPED_CONFIGS = tuple(GroupedConfig(BM=w.BM, BN=w.BN) for w in WGRAD_CONFIGS) 
 """The forward and dA kernels' tuned plans: the dB kernel's tiles first (in its order), then
 128x256 loading B evict-first, n-block pairs sharing A in a 2-CTA cluster, and 64x256 tiles
 with prefetched tensor maps, also with a 5-stage speculative first tile."""
+
+
+def default_plan(M: int, N: int, K: int, G: int, b_major: str = "MN") -> str:
+    """The ``GROUPED_CONFIGS`` name a default forward (or dA) launch takes where the shipped
+    tuning table has no bucket (or no table ships for the GPU): for a short kernel whose
+    128 x 256 tiles (groups of ``M // G`` rows) fill less than a wave, 64 x 256 tiles with
+    prefetched tensor maps and a 5-stage speculative first tile (+1-3% at the small-N
+    benchmark shape, 4x2048x256x2048); else 128 x 256 tiles."""
+    tiles = G * -(-max(1, M // max(G, 1)) // 128) * -(-N // 256)
+    if tiles < H100_SMS:
+        return GroupedConfig(BM=64, BN=256, prefetch=True, speculate=5).name
+    return GroupedConfig(BM=128, BN=256).name
+
+
+def wgrad_default_plan(M: int, KX: int, NY: int, G: int) -> str:
+    """The ``WGRAD_CONFIGS`` name a default weight-gradient launch takes without a table
+    bucket: 128 x 128 tiles where the ``G`` gradients' 128 x 256 tiles would fill less than
+    half the SMs, else 128 x 256."""
+    tiles = G * -(-KX // 128) * -(-NY // 256)
+    return WgradConfig(BM=128, BN=128 if tiles < H100_SMS // 2 else 256).name

@@ -9,8 +9,18 @@ import functools
 import sys
 
 from pyptx.autodiff import differentiable_kernel
+from pyptx.autotune import Config
+from pyptx_kernels import _tuning
 from pyptx_kernels._common import framework
-from pyptx_kernels.grouped_gemm.config import GroupedConfig, WgradConfig, error
+from pyptx_kernels.grouped_gemm.config import (
+    GROUPED_CONFIGS,
+    WGRAD_CONFIGS,
+    GroupedConfig,
+    WgradConfig,
+    default_plan,
+    error,
+    wgrad_default_plan,
+)
 from pyptx_kernels.grouped_gemm.kernel import (
     build_grouped,
     build_grouped_wgrad,
@@ -18,6 +28,22 @@ from pyptx_kernels.grouped_gemm.kernel import (
     grouped_tuned,
     wgrad_tuned,
 )
+
+
+def _planner(op, sizes, table, heuristic):
+    return _tuning.Planner(op, lambda kv: {k: kv[k] for k in sizes},
+                           {c.name: Config(**c.tuner_kwargs()) for c in table}, heuristic)
+
+
+grouped_planned = _tuning.planned(grouped_tuned, _planner(
+    "grouped_mm", ("M", "N", "K", "G", "b_major"), GROUPED_CONFIGS, default_plan))
+"""``grouped_tuned`` whose default call takes a saved winner, else the shipped table's plan
+(op ``"grouped_mm"``), else ``config.default_plan``; timed only when asked."""
+
+wgrad_planned = _tuning.planned(wgrad_tuned, _planner(
+    "grouped_mm_wgrad", ("M", "KX", "NY", "G"), WGRAD_CONFIGS, wgrad_default_plan))
+"""``wgrad_tuned`` planned the same way (op ``"grouped_mm_wgrad"``,
+``config.wgrad_default_plan``)."""
 
 
 def _to_bf16(x):
@@ -61,21 +87,21 @@ def grouped_op(M, N, K, G, b_major="MN", out_dtype="bf16", config=None, wgrad_co
     """The differentiable grouped GEMM for one shape: a ``DifferentiableKernel`` taking
     ``(A (M, K), B (G, K, N) or (G, N, K), offs (G,))``. ``config``: the ``GroupedConfig`` of
     the forward, also the dA launch's (with bulk stores) and the dB launch's tile
-    (``None``: each tuned). ``wgrad_config``: a ``WgradConfig`` for the dB launch alone
+    (``None``: each planned: a saved winner, else the table's or heuristic's plan). ``wgrad_config``: a ``WgradConfig`` for the dB launch alone
     (``build_wgrad_split``: ``splits > 1`` adds the split reduction), overriding ``config``
     there."""
     flip = "K" if b_major == "MN" else "MN"
     kx, ny = (K, N) if b_major == "MN" else (N, K)
     if config is None:
-        fwd = grouped_tuned(M, N, K, G, b_major=b_major, out_dtype=out_dtype)
-        dgrad = grouped_tuned(M, K, N, G, b_major=flip, out_dtype="bf16")
+        fwd = grouped_planned(M, N, K, G, b_major=b_major, out_dtype=out_dtype)
+        dgrad = grouped_planned(M, K, N, G, b_major=flip, out_dtype="bf16")
     else:
         fwd = build_grouped(M, N, K, G, b_major=b_major, out_dtype=out_dtype, config=config)
         dgrad = build_grouped(M, K, N, G, b_major=flip, out_dtype="bf16", config=config.dgrad())
     if wgrad_config is not None:
         wgrad = build_wgrad_split(M, kx, ny, G, out_dtype="bf16", config=wgrad_config)
     elif config is None:
-        wgrad = wgrad_tuned(M, kx, ny, G, out_dtype="bf16")
+        wgrad = wgrad_planned(M, kx, ny, G, out_dtype="bf16")
     else:
         wgrad = build_grouped_wgrad(M, kx, ny, G, out_dtype="bf16", config=config.wgrad())
     return differentiable_kernel(fwd, GroupedBackward(fwd, dgrad, wgrad, b_major),
@@ -127,8 +153,9 @@ def grouped_mm(a, b, offs, *, out_dtype=None, trans_b=False, config=None, wgrad_
     ``(G, N, K)`` tensor is read K-major without a copy; JAX: ``trans_b=True`` means ``b``
     is given as ``(G, N, K)``); ``offs``: ``(G,)`` int32 on the device. ``out_dtype``:
     ``"bf16"`` (default) or ``"f32"``. Differentiable in ``a`` and ``b`` (torch autograd,
-    ``jax.grad``). ``config``: a ``GroupedConfig`` (default: tuned); ``wgrad_config``: a
-    ``WgradConfig`` of the weight-gradient kernel alone (e.g. ``WgradConfig(splits=2)``,
+    ``jax.grad``). ``config``: a ``GroupedConfig`` (default: planned per shape without
+    timing, ``docs/tuning.md``); ``wgrad_config``: a ``WgradConfig`` of the weight-gradient
+    kernel alone (e.g. ``WgradConfig(splits=2)``,
     opt-in and untuned). Rows past ``offs[-1]`` are not written. K or N not a multiple of 8 is
     zero-padded.
     """
