@@ -15,10 +15,14 @@ _FUNCTIONS = {
     "scaled_mm_blockwise": "pyptx_kernels.fp8_gemm.api",
     "attention": "pyptx_kernels.flash_attention.api",
     "attention_varlen": "pyptx_kernels.flash_attention.api",
+    "attention_with_kvcache": "pyptx_kernels.flash_attention.decode_api",
     "rms_norm": "pyptx_kernels.rows.api",
     "layer_norm": "pyptx_kernels.rows.api",
     "softmax": "pyptx_kernels.rows.api",
     "swiglu": "pyptx_kernels.rows.api",
+    "add_rms_norm": "pyptx_kernels.rows.api",
+    "apply_rotary": "pyptx_kernels.rows.api",
+    "linear_cross_entropy": "pyptx_kernels.cross_entropy.api",
     "ptx": "pyptx_kernels.inspect",
 }
 _SUBMODULES = ("nn", "transformers")

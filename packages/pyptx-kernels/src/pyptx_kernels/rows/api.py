@@ -77,6 +77,44 @@ def _check_swiglu(gate, up, launch=True):
     return _check_x("swiglu", gate, up, launch=launch)
 
 
+def _check_add_rms_norm(x, residual, weight, eps, launch=True):
+    if tuple(x.shape) != tuple(residual.shape):
+        raise fail(ShapeError, "add_rms_norm", f"x and residual must have the same shape, got "
+                   f"{tuple(x.shape)} and {tuple(residual.shape)}")
+    _check_weight("add_rms_norm", weight, x.shape[-1] if len(x.shape) else 0)
+    return _check_x("add_rms_norm", x, residual, weight, launch=launch,
+                    grad=(x, residual, weight))
+
+
+def _check_rotary(q, k, cos, sin, layout, launch=True):
+    """Validate ``apply_rotary``'s inputs; return the memory layout the kernel reads."""
+    who = "apply_rotary"
+    if layout not in ("bhsd", "bshd"):
+        raise fail(ConfigError, who, f"layout must be 'bhsd' or 'bshd', got {layout!r}")
+    if len(q.shape) != 4 or len(k.shape) != 4:
+        raise fail(ShapeError, who, f"q and k must be 4-D ({layout}), got {tuple(q.shape)} and "
+                   f"{tuple(k.shape)}")
+    s_dim = 2 if layout == "bhsd" else 1
+    B, S, D = q.shape[0], q.shape[s_dim], q.shape[3]
+    if (k.shape[0], k.shape[s_dim], k.shape[3]) != (B, S, D):
+        raise fail(ShapeError, who, f"k must share q's batch, sequence and head dims ({layout}), "
+                   f"got q {tuple(q.shape)} and k {tuple(k.shape)}")
+    if D % 2 or D > 1024:
+        raise fail(ShapeError, who, f"the head dimension must be even and at most 1024, got {D}")
+    for name, t in (("cos", cos), ("sin", sin)):
+        ok = tuple(t.shape) == (S, D) or (len(t.shape) == 3 and tuple(t.shape[1:]) == (S, D)
+                                          and t.shape[0] in (1, B))
+        if not ok:
+            raise fail(ShapeError, who, f"{name} must have shape ({S}, {D}) or (B or 1, {S}, "
+                       f"{D}), got {tuple(t.shape)}")
+    _check_x(who, q, k, cos, sin, launch=launch)
+    if layout == "bhsd" and not q.is_contiguous() and q.transpose(1, 2).is_contiguous():
+        return "bshd"
+    if layout == "bshd" and not q.is_contiguous() and q.transpose(1, 2).is_contiguous():
+        return "bhsd"
+    return layout
+
+
 # ----------------------------------------------------------------------------- public
 def rms_norm(x, weight, eps=1e-6):
     """RMSNorm over the last dimension: ``x * rsqrt(mean(x**2, -1) + eps) * weight``; ``x
@@ -107,6 +145,38 @@ def swiglu(gate, up):
     _check_swiglu(gate, up)
     u2 = _common.rows_of(up)[0]
     return _rows(gate, lambda g2: _op("swiglu", g2, u2))
+
+
+def add_rms_norm(x, residual, weight, eps=1e-6):
+    """RMSNorm with the residual add fused, as a pre-norm block runs it: ``h = x + residual``,
+    returns ``(rms_norm(h, weight, eps), h)`` (the normed input of the next sublayer and the
+    new residual). ``x``, ``residual (..., N)`` of one shape and dtype (float32/bfloat16),
+    ``weight (N,)``; f32 arithmetic, ``h`` rounded to the dtype before it is normalised.
+    torch: ``torch.ops.pyptx.add_rms_norm``, differentiable in all three (N <= 8192): one
+    backward kernel takes the gradients of both outputs."""
+    _check_add_rms_norm(x, residual, weight, eps)
+    r2 = _common.rows_of(residual)[0]
+    y, h = _op("add_rms_norm", _common.rows_of(x)[0], r2, weight, float(eps))
+    return y.reshape(x.shape), h.reshape(x.shape)
+
+
+def apply_rotary(q, k, cos, sin, *, layout="bhsd"):
+    """Rotary position embedding of ``q`` and ``k`` in one launch, in transformers'
+    ``rotate_half`` convention: ``x * cos + rotate_half(x) * sin`` with ``rotate_half(x) =
+    cat(-x[..., D/2:], x[..., :D/2])``. ``q (B, Hq, S, D)``, ``k (B, Hkv, S, D)``
+    (``layout="bshd"``: ``(B, S, H, D)``), ``cos``/``sin`` ``(S, D)`` or ``(B, S, D)`` (a
+    leading 1 broadcasts), all float32 or all bfloat16; returns ``(q_rotated, k_rotated)``
+    shaped like ``q`` and ``k``. A ``bhsd`` tensor stored as ``bshd`` (transformers'
+    ``view(B, S, H, D).transpose(1, 2)``) is read where it lies, and the result has its
+    strides. torch: ``torch.ops.pyptx.rotary``, differentiable in ``q`` and ``k`` (the
+    backward is the transposed rotation, the same kernel)."""
+    mem = _check_rotary(q, k, cos, sin, layout)
+    swap = mem != layout
+    qm, km = (q.transpose(1, 2), k.transpose(1, 2)) if swap else (q, k)
+    c2, s2 = (t.reshape(-1, t.shape[-2], t.shape[-1]) for t in (cos, sin))
+    qo, ko = _op("rotary", qm.contiguous(), km.contiguous(), c2.contiguous(), s2.contiguous(),
+                 mem, False)
+    return (qo.transpose(1, 2), ko.transpose(1, 2)) if swap else (qo, ko)
 
 
 def _rows(x, run):
@@ -195,8 +265,50 @@ def _zeros_like(w):
     return jnp.zeros_like(w)
 
 
+def _add_rms_norm(x, residual, weight, eps):
+    with _no_grad():
+        return tuple(_kernel("add_rms_norm", "build_add_rms_norm", x, eps)(
+            *_dense(x, residual, weight)))
+
+
+def _add_rms_norm_backward(grad_y, grad_h, h, weight, eps):
+    """``(dx, dweight)``: the ``build_add_rms_norm_bwd`` kernels; ``dx`` is also the
+    residual's gradient."""
+    with _no_grad():
+        k = _kernel("add_rms_norm", "build_add_rms_norm_bwd", h, eps)
+        return tuple(k(*_dense(h, weight, grad_y, grad_h)))
+
+
+@functools.lru_cache(maxsize=256)
+def _rope_kernel(B, Hq, Hk, S, D, dtype, cos_batch, layout, transpose):
+    from pyptx_kernels.rows.rope import build_rope
+
+    return build_rope(B, Hq, Hk, S, D, dtype, cos_batch=cos_batch, layout=layout,
+                      transpose=transpose)
+
+
+def _rope_shape(q, k, cos, layout):
+    """``(B, Hq, Hk, S, D, cos_batch)`` of memory-layout ``q``/``k`` and 3-D ``cos``."""
+    if layout == "bhsd":
+        (B, Hq, S, D), Hk = q.shape, k.shape[1]
+    else:
+        (B, S, Hq, D), Hk = q.shape, k.shape[2]
+    return B, Hq, Hk, S, D, cos.shape[0] if B > 1 else 1
+
+
+def _rotary(q, k, cos, sin, layout, transpose):
+    """The rope launch on dense memory-layout ``q``/``k`` and 3-D ``cos``/``sin``."""
+    B, Hq, Hk, S, D, cb = _rope_shape(q, k, cos, layout)
+    kern = _rope_kernel(B, Hq, Hk, S, D, dtype_name(q.dtype), cb, layout, bool(transpose))
+    with _no_grad():
+        qo, ko = kern(q.reshape(-1, D), k.reshape(-1, D), cos[:cb].reshape(-1, D),
+                      sin[:cb].reshape(-1, D))
+    return qo.reshape(q.shape), ko.reshape(k.shape)
+
+
 _LAUNCH = {"rms_norm": lambda *a: _rms_norm(*a), "layer_norm": lambda *a: _layer_norm(*a),
-           "softmax": lambda *a: _softmax(*a), "swiglu": lambda *a: _swiglu(*a)}
+           "softmax": lambda *a: _softmax(*a), "swiglu": lambda *a: _swiglu(*a),
+           "add_rms_norm": lambda *a: _add_rms_norm(*a), "rotary": lambda *a: _rotary(*a)}
 
 
 # ------------------------------------------------------------------------------ torch ops
@@ -262,6 +374,37 @@ def _swiglu_backward(grad, gate, up):
     return (dy * u * s * (1 + g * (1 - s))).to(gate.dtype), (dy * g * s).to(up.dtype)
 
 
+def _save_add_rms_norm(ctx, inputs, output):
+    """add_rms_norm (x, residual, weight, eps) -> (y, h): h and the weight, eps."""
+    ctx.save_for_backward(output[1], inputs[2])
+    ctx.eps = inputs[3]
+
+
+def _add_rms_norm_grad(ctx, grad_y, grad_h):
+    import torch
+
+    h, w = ctx.saved_tensors
+    grad_y = torch.zeros_like(h) if grad_y is None else grad_y
+    grad_h = torch.zeros_like(h) if grad_h is None else grad_h
+    dx, dw = torch.ops.pyptx.add_rms_norm_backward(grad_y, grad_h, h, w, ctx.eps)
+    return dx, dx, dw, None
+
+
+def _save_rotary(ctx, inputs, output):
+    """rotary (q, k, cos, sin, layout, transpose): cos, sin and the two flags."""
+    ctx.save_for_backward(inputs[2], inputs[3])
+    ctx.layout, ctx.transpose = inputs[4], inputs[5]
+
+
+def _rotary_grad(ctx, grad_q, grad_k):
+    import torch
+
+    cos, sin = ctx.saved_tensors
+    dq, dk = torch.ops.pyptx.rotary(grad_q.contiguous(), grad_k.contiguous(), cos, sin,
+                                    ctx.layout, not ctx.transpose)
+    return dq, dk, None, None, None, None
+
+
 @_common.defines_ops
 def _define():
     """Define the four forward ops and their ``pyptx::<name>_backward`` ops."""
@@ -284,6 +427,16 @@ def _define():
        _swiglu_backward, lambda grad, g, u: (_empty(g), _empty(u)))
     op("swiglu", "(Tensor gate, Tensor up) -> Tensor", lambda g, u: _swiglu(g, u),
        lambda g, u: _empty(g), _swiglu_grad, _save_inputs)
+    op("add_rms_norm_backward", "(Tensor grad_y, Tensor grad_h, Tensor h, Tensor weight, "
+       "float eps) -> (Tensor, Tensor)", lambda *a: _add_rms_norm_backward(*a),
+       lambda gy, gh, h, w, eps: (_empty(h), _empty(w)))
+    op("add_rms_norm", "(Tensor x, Tensor residual, Tensor weight, float eps) "
+       "-> (Tensor, Tensor)", lambda *a: _add_rms_norm(*a),
+       lambda x, r, w, eps: (_empty(x), _empty(x)), _add_rms_norm_grad, _save_add_rms_norm)
+    # the backward calls the same op (transpose flipped): registered with its own autograd
+    op("rotary", "(Tensor q, Tensor k, Tensor cos, Tensor sin, str layout, bool transpose) "
+       "-> (Tensor, Tensor)", lambda *a: _rotary(*a),
+       lambda q, k, c, s, layout, tr: (_empty(q), _empty(k)), _rotary_grad, _save_rotary)
     return True
 
 if "torch" in sys.modules:   # a torch user: define the ops before any trace reaches them
@@ -320,5 +473,22 @@ def _kernels_swiglu(gate, up):
     return _kernel("swiglu", "build_swiglu", gate)
 
 
+def _kernels_add_rms_norm(x, residual, weight, eps=1e-6):
+    _check_add_rms_norm(x, residual, weight, eps, launch=False)
+    return [_kernel("add_rms_norm", "build_add_rms_norm", x, float(eps)),
+            _grad_kernel("add_rms_norm", "build_add_rms_norm_bwd", x, float(eps), residual,
+                         weight)]
+
+
+def _kernels_apply_rotary(q, k, cos, sin, *, layout="bhsd"):
+    mem = _check_rotary(q, k, cos, sin, layout, launch=False)
+    if mem != layout:
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
+    c3 = cos.reshape(-1, cos.shape[-2], cos.shape[-1])
+    B, Hq, Hk, S, D, cb = _rope_shape(q, k, c3, mem)
+    return _rope_kernel(B, Hq, Hk, S, D, dtype_name(q.dtype), cb, mem, False)
+
+
 _kernels = {"rms_norm": _kernels_rms_norm, "layer_norm": _kernels_layer_norm,
-            "softmax": _kernels_softmax, "swiglu": _kernels_swiglu}
+            "softmax": _kernels_softmax, "swiglu": _kernels_swiglu,
+            "add_rms_norm": _kernels_add_rms_norm, "apply_rotary": _kernels_apply_rotary}
