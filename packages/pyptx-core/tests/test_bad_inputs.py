@@ -379,7 +379,7 @@ CALL = [
     (lambda: Tile("N"), SpecError, "Tile('N') has no element type"),
     (lambda: Tile("M", "N"), SpecError, "has no element type"),
     (lambda: Tile(), SpecError, "needs its dims and an element type"),
-    (lambda: Tile("N", "f33"), SpecError, "no element type"),
+    (lambda: Tile("N", "f33"), SpecError, "did you mean 'f32'"),
     (lambda: Tile("N", "f-32"), SpecError, "Tile element type"),
     (lambda: Tile(0, f32), SpecError, "Tile dim 0 must be positive"),
     (lambda: Tile(4, -2, f32), SpecError, "Tile dim 1 must be positive"),

@@ -55,7 +55,7 @@ def traced(case, *, cluster_dims=(1, 1, 1), block=(128, 1, 1)):
         case(Env(x))
 
     k = pyptx.kernel([Tile(16, f32)], block=block, cluster=cluster_dims, smem=1024,
-                     name="k")(body)
+                     name="k", maxnreg=240)(body)  # the budget setmaxnreg needs
     return k.specialize()
 
 
@@ -429,7 +429,8 @@ def tma_pipeline_kernel(stages: int = 3, k_tiles: int = 8):
     """
     tile_bytes = 64 * 64 * 2
 
-    @pyptx.kernel([Tile(128, u8), Tile("N", f32)], [], block=(256, 1, 1), name="tma_pipeline")
+    @pyptx.kernel([Tile(128, u8), Tile("N", f32)], [], block=(256, 1, 1), name="tma_pipeline",
+                  maxnreg=240)
     def k(tmap_buf, out):
         tmap, = ptx.global_ptrs(tmap_buf)
         tiles = smem.alloc(bf16, (stages, 64, 64), align=1024, name="tiles")

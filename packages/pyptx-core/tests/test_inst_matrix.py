@@ -474,7 +474,8 @@ def build(forms: list[Form], name: str):
     """A kernel running the preamble then ``forms``; records what each form emitted."""
     emitted: dict[str, list[str]] = {}
 
-    @pyptx.kernel([Tile(1024, f32)], [Tile(1024, f32)], block=(128, 1, 1), name=name)
+    @pyptx.kernel([Tile(1024, f32)], [Tile(1024, f32)], block=(128, 1, 1), name=name,
+                  maxnreg=240)  # the budget setmaxnreg needs
     def k(X, Y):
         e = preamble(X, Y)
         body = current().body

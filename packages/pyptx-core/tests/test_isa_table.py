@@ -100,7 +100,7 @@ def _emit(spelling: str, e: Env) -> int:
 
 def _kernel(arch: str, body, name: str = "isa"):
     @pyptx.kernel([Tile(1024, f32)], [Tile(1024, f32)], block=(128, 1, 1), arch=arch,
-                  version="8.8", name=name)
+                  version="8.8", name=name, maxnreg=232)  # setmaxnreg needs a budget
     def k(X, Y):
         e = Env()
         e.X = X

@@ -82,7 +82,14 @@ def test_decorator_spec_errors():
         (lambda: pyptx.kernel([Tile("N", f32)])(clash), "['N'] are both template parameters and dims"),
         (lambda: pyptx.kernel([4])(_nop), "in_specs[0] must be a Tile, got 4"),
         (lambda: pyptx.kernel((), [f32])(_nop), "out_specs[0] must be a Tile, got f32"),
-        (lambda: pyptx.kernel(5)(_nop), "in_specs must be a sequence of Tile, got 5"),
+        (lambda: pyptx.kernel(5)(_nop), "in_specs must be a sequence of Tile, e.g. "
+         "in_specs=(Tile('M', f32),), got int 5"),
+        (lambda: pyptx.kernel({Tile(4, f32)})(_nop), "in_specs must be a sequence of Tile"),
+        (lambda: pyptx.kernel(Tile(4, f32), Tile(4, f32))(two),
+         "in_specs must be a tuple of Tile specs, got the bare spec Tile(4, f32); write "
+         "in_specs=(Tile(4, f32),) (note the trailing comma)"),
+        (lambda: pyptx.kernel((Tile(4, f32),), out_specs=(Tile(4, f32)))(two),
+         "out_specs must be a tuple of Tile specs, got the bare spec"),
     ]
     for make, needle in cases:
         with pytest.raises(SpecError) as ei:
@@ -96,11 +103,11 @@ def test_decorating_a_non_function():
         pyptx.kernel()(3)
 
 
-def test_single_tile_is_accepted_as_specs():
+def test_specs_may_be_a_tuple_or_a_list():
     def k(X, Y):
         pass
 
-    k = pyptx.kernel(Tile(4, f32), Tile(4, f32))(k)
+    k = pyptx.kernel([Tile(4, f32)], (Tile(4, f32),))(k)
     assert k.in_specs == (Tile(4, f32),) and k.out_specs == (Tile(4, f32),)
 
 

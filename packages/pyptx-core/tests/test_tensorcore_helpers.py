@@ -61,7 +61,7 @@ def traced(case, *, arch="sm_90a", cluster_dims=(1, 1, 1), version="8.4"):
         case(Env(x))
 
     k = pyptx.kernel([Tile(16, f32)], block=(128, 1, 1), cluster=cluster_dims, smem=1024,
-                     name="k", arch=arch, version=version)(body)
+                     name="k", arch=arch, version=version, maxnreg=240)(body)
     return k.specialize()
 
 

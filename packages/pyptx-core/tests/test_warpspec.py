@@ -61,6 +61,7 @@ def test_swizzled_rows_cover_a_slab_once_in_swizzled_order(elem_bytes):
 def _skeleton(cluster):
     @pyptx.kernel([Tile(16, f32)], [Tile(64, 64, f32)], block=(384, 1, 1),
                   cluster=(cluster, 1, 1), smem=4 * ws.SLAB_BYTES + 1024, name=f"skeleton_c{cluster}",
+                  maxnreg=168,  # the register budget setmaxnreg moves registers within
                   tma={"D": {"box": (64, 32), "swizzle": "128B"}})
     def k(X, D):
         base = ws.ring_base()
@@ -104,7 +105,7 @@ def test_ab_ring_loads_and_mma_keep_one_group_in_flight_and_assemble(assemble):
     stage_bytes = a_tile.nbytes + b_tile.nbytes
 
     @pyptx.kernel([Tile(192, 192, bf16), Tile(192, 64, bf16)], block=(256, 1, 1),
-                  smem=2 * stage_bytes + 1024, name="ring_mma",
+                  smem=2 * stage_bytes + 1024, name="ring_mma", maxnreg=240,
                   tma={"A": a_tile.tma_options(), "B": b_tile.tma_options()})
     def k(A, B):
         base = ws.ring_base()
@@ -145,7 +146,7 @@ def test_ring_mma_skip_waits_for_a_stage_and_hands_it_back_unread(assemble):
 
     def build(skips):
         @pyptx.kernel([Tile(64, 64, bf16), Tile(64, 64, bf16)], block=(256, 1, 1),
-                      smem=2 * stage_bytes + 1024, name=f"ring_skip{skips}",
+                      smem=2 * stage_bytes + 1024, name=f"ring_skip{skips}", maxnreg=240,
                       tma={"A": a_tile.tma_options(), "B": b_tile.tma_options()})
         def k(A, B):
             base = ws.ring_base()

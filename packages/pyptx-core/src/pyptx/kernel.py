@@ -283,12 +283,17 @@ class Kernel:
 
     # ------------------------------------------------------------------ checks
     def _check_specs(self, specs: Any, what: str) -> list[Tile]:
-        if isinstance(specs, Tile):
-            specs = (specs,)
-        try:
-            specs = list(specs)
-        except TypeError:
-            raise SpecError(f"{self.origin}: {what} must be a sequence of Tile, got {specs!r}") from None
+        if isinstance(specs, Tile):  # ``in_specs=(Tile(...))``: the trailing comma is missing
+            raise SpecError(
+                f"{self.origin}: {what} must be a tuple of Tile specs, got the bare spec {specs!r}; "
+                f"write {what}=({specs!r},) (note the trailing comma)"
+            )
+        if not isinstance(specs, (tuple, list)):
+            raise SpecError(
+                f"{self.origin}: {what} must be a sequence of Tile, e.g. "
+                f"{what}=(Tile('M', f32),), got {type(specs).__name__} {specs!r}"
+            )
+        specs = list(specs)
         for i, s in enumerate(specs):
             if not isinstance(s, Tile):
                 raise SpecError(f"{self.origin}: {what}[{i}] must be a Tile, got {s!r}")
@@ -473,6 +478,7 @@ class Kernel:
         func = Function(self._name)
         trace = Trace(func, self._arch)
         trace.version = self._version  # ptx.inst checks PTX ISA versions against it
+        trace.maxnreg = self._maxnreg  # setmaxnreg needs a declared budget
         params = []
         tmap_params, tma_maps = [], []
         for i, (pname, shape) in enumerate(zip(names, in_shapes + out_shapes)):

@@ -67,6 +67,10 @@ class Symbol:
 class _RawTrace(Trace):
     """A trace whose fresh registers never collide with the names the caller declared."""
 
+    #: A raw module's register budget may come from ptxas's ``-maxrregcount`` (nvcc's output
+    #: has setmaxnreg without ``.maxnreg``), which the trace cannot see: not checked.
+    checks_register_budget = False
+
     def __init__(self, func: Function, arch: str) -> None:
         super().__init__(func, arch)
         self.declared: dict[str, int] = {}  # prefix -> next free number

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
+import sys
 
 from .errors import OperandError, RegisterScopeError
 from .ir import SharedDecl
 from .reg import Reg
-from .source import where
+from .source import _is_internal, where
 from .trace import Trace, current
 from .types import PtxType, b8, u32
 
@@ -62,17 +63,27 @@ def _check_align(align: int) -> None:
 
 
 def alloc(t: PtxType, shape: int | tuple[int, ...], *, align: int = 16,
-          name: str = "smem") -> SharedArray:
-    """Declare a static ``.shared`` array of ``shape`` elements of type ``t``."""
+          name: str | None = None) -> SharedArray:
+    """Declare a static ``.shared`` array of ``shape`` elements of type ``t``.
+
+    Its PTX symbol is ``name`` (``smem`` if not given), made unique within the kernel
+    (``smem_1``, ...) when pyptx's own helpers or unnamed allocations reuse it. A name
+    the kernel's code gives twice is refused: two allocations meant to be one buffer.
+    """
     trace = current()
+    given = name is not None and not _is_internal(sys._getframe(1).f_code.co_filename)
+    if name is None:
+        name = "smem"
     if not isinstance(t, PtxType) or t.is_pred:
         raise OperandError(f"{where()}: smem.alloc expects an element type such as f32, got {t!r}")
     dims = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
     if not dims or any(isinstance(d, bool) or not isinstance(d, int) or d <= 0 for d in dims):
         raise OperandError(f"{where()}: smem.alloc shape must be positive ints, got {shape!r}")
     _check_align(align)
-    if not name.isidentifier():
+    if not isinstance(name, str) or not name.isidentifier():
         raise OperandError(f"{where()}: shared array name must be an identifier, got {name!r}")
+    if given:
+        _claim_name(trace, name)
     arr = SharedArray(trace.unique(name), t, dims, align, trace)
     size = arr.nbytes or 0
     trace.shared_bytes = -(-trace.shared_bytes // align) * align + size
@@ -85,6 +96,19 @@ def alloc(t: PtxType, shape: int | tuple[int, ...], *, align: int = 16,
     count = size if decl_t is b8 else math.prod(dims)
     trace.shared.append(SharedDecl(arr.name, decl_t, align, count))
     return arr
+
+
+def _claim_name(trace: Trace, name: str) -> None:
+    """Record ``name`` as given by the kernel's code; ``OperandError`` if it was already."""
+    given = trace.smem_names
+    first = given.get(name)
+    if first is not None:
+        raise OperandError(
+            f"{where(3)}: smem.alloc(name={name!r}) in kernel {trace.func.name!r}, but {first} "
+            f"already allocated a shared array named {name!r}; expected one name per "
+            "allocation (reuse the first array, or give this one another name)"
+        )
+    given[name] = where(3)
 
 
 def dynamic(t: PtxType = b8, *, align: int = 16, name: str = "dyn_smem") -> SharedArray:

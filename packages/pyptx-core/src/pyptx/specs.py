@@ -63,6 +63,13 @@ class Tile:
             try:
                 dtype = from_name(dtype)
             except KeyError as e:  # UnknownTypeError
+                near = _type_spelling(dtype)
+                if near is not None:
+                    raise SpecError(
+                        f"{where()}: Tile element type {dtype!r} is not a pyptx type; did you "
+                        f"mean {near!r}? (an element type is a pyptx.types name such as f32, "
+                        "bf16 or u32, given last)"
+                    ) from None
                 if dtype.isidentifier():
                     shown = ", ".join(repr(d) for d in dims_and_dtype)
                     raise SpecError(
@@ -81,6 +88,11 @@ class Tile:
                             "tensors")
         out: list[int | Dim] = []
         for i, d in enumerate(dims):
+            if isinstance(d, (tuple, list)):
+                shown = ", ".join([repr(x) for x in d] + [repr(dtype) if isinstance(dtype, str)
+                                                          else dtype.name])
+                raise SpecError(f"{where()}: Tile takes its dims as separate arguments, not as "
+                                f"a {type(d).__name__}: Tile({shown}), got {d!r} as dim {i}")
             if isinstance(d, bool) or not isinstance(d, (int, str, Dim)):
                 raise SpecError(f"{where()}: Tile dim {i} must be an int or a dim name, got {d!r}")
             if isinstance(d, int) and d <= 0:
@@ -137,6 +149,20 @@ class Tile:
 
     def __hash__(self) -> int:
         return hash((self.dims, self.dtype.name, self.layout))
+
+
+def _type_spelling(name: str) -> str | None:
+    """The pyptx type name ``name`` looks like a misspelling of (``'fp32'`` -> ``'f32'``), or
+    None when it looks like a dim name instead (short names such as ``'M'`` or ``'b'``)."""
+    import difflib
+
+    from .types import ALL_TYPES
+
+    if len(name) < 3:
+        return None
+    known = [t.name for t in ALL_TYPES if not t.is_pred]
+    hit = difflib.get_close_matches(name.lower().lstrip("."), known, n=1, cutoff=0.66)
+    return hit[0] if hit else None
 
 
 def bind(

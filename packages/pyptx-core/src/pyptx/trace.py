@@ -22,6 +22,10 @@ class Trace:
     ``file:line``.
     """
 
+    #: ``setmaxnreg`` needs ``maxnreg`` set (``@kernel(maxnreg=...)``): pyptx assembles the
+    #: kernel itself, so nothing else gives it a register budget.
+    checks_register_budget = True
+
     def __init__(self, func: Function, arch: str) -> None:
         self.func = func
         self.arch = arch
@@ -35,6 +39,9 @@ class Trace:
         self.pdl_wait: Instruction | None = None  # the @kernel(pdl=True) entry wait
         self.pdl_prologue_used = False
         self.version: str | None = None  # the PTX ISA version ptx.inst checks forms against
+        self.maxnreg: int | None = None  # @kernel(maxnreg=...): the budget setmaxnreg needs
+        self.smem_names: dict[str, str] = {}  # smem.alloc names the kernel's code gave: file:line
+        self.divergence = None  # ptx._divergence's scan, made by the first CTA-wide barrier
 
     def new_reg_name(self, t: PtxType) -> str:
         n = self.counts.get(t, 0)

@@ -17,6 +17,8 @@ from ..source import user_site, where
 from ..trace import current
 from ..types import _BY_NAME, PtxType
 from ._check import ANY, Form
+from ._divergence import cta_barrier_operands, refuse_divergent_cta_barrier
+from .warpgroup import require_register_budget
 
 OPCODES = frozenset("""
 abs activemask add addc alloca and applypriority atom bar barrier bfe bfi bfind bmsk
@@ -53,7 +55,7 @@ def _pred_text(p: Any) -> str:
 class Instr:
     """A partly spelled instruction; attribute access appends a modifier, a call emits it."""
 
-    __slots__ = ("opcode", "type", "_children", "_form")
+    __slots__ = ("opcode", "type", "_children", "_form", "_kernel_rule")
 
     def __init__(self, opcode: str) -> None:
         self.opcode = opcode
@@ -67,6 +69,9 @@ class Instr:
                 break
         self._children: dict[str, Instr] = {}
         self._form: Form | None = None
+        #: operands of this spelling when it waits for the whole CTA, -1 for setmaxnreg (which
+        #: needs the kernel's register budget), None for every other instruction
+        self._kernel_rule = -1 if opcode.startswith("setmaxnreg") else cta_barrier_operands(opcode)
 
     def __getattr__(self, name: str) -> Instr:
         if name.startswith("__") and name.endswith("__"):
@@ -100,6 +105,11 @@ class Instr:
             t = _BY_NAME[f"u{t.bits}"]  # same text; accepts the full bit-pattern range
         ops = tuple([render(o, t, trace) for o in operands])
         p = _pred_text(pred) if pred is not None else None
+        if self._kernel_rule is not None:
+            if self._kernel_rule < 0:
+                require_register_budget(trace, f"ptx.inst.{self.opcode}")
+            elif len(ops) <= self._kernel_rule:
+                refuse_divergent_cta_barrier(trace, f"ptx.inst.{self.opcode}", p)
         trace.body.append(Instruction(self.opcode, ops, p, user_site(2)))
 
     def __repr__(self) -> str:

@@ -17,6 +17,7 @@ from ..ir import Instruction
 from ..reg import Reg, render
 from ..source import fmt_loc, where
 from ..trace import current
+from ._divergence import refuse_divergent_cta_barrier
 from ._operands import global_addr, guard, require_arch
 
 
@@ -40,9 +41,12 @@ def bar_sync(barrier: int | Reg = 0, threads: int | Reg | None = None, *, pred: 
     trace = current()
     _check_barrier(barrier, threads)
     ops = [render(barrier, None, trace)]
+    g = guard(pred, "bar_sync", trace)
     if threads is not None:
         ops.append(render(threads, None, trace))
-    trace.inst("bar.sync", tuple(ops), guard(pred, "bar_sync", trace))
+    else:
+        refuse_divergent_cta_barrier(trace, f"ptx.bar_sync({ops[0]})", g)
+    trace.inst("bar.sync", tuple(ops), g)
 
 
 def bar_arrive(barrier: int | Reg, threads: int | Reg, *, pred: Any = None) -> None:

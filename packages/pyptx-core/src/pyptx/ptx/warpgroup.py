@@ -9,12 +9,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import OperandError
+from ..errors import ConfigError, OperandError
 from ..source import where
-from ..trace import current
+from ..trace import Trace, current
 from ._operands import guard, require_arch
 
-__all__ = ["setmaxnreg"]
+__all__ = ["setmaxnreg", "require_register_budget"]
+
+
+def require_register_budget(trace: Trace, what: str) -> None:
+    """``ConfigError`` at the user's line if the kernel being traced declared no register
+    budget: ``setmaxnreg`` moves registers between warpgroups within the kernel's
+    ``.maxnreg``, and without one ptxas allocates as many as it likes (the driver's linker,
+    ignoring ``setmaxnreg``, would spill). The budget is ``@kernel(maxnreg=...)``."""
+    if trace.maxnreg is None and trace.checks_register_budget:
+        raise ConfigError(
+            f"{where(4)}: {what} in kernel {trace.func.name!r}, which declares no register "
+            "budget; expected @kernel(maxnreg=<registers per thread at launch>), e.g. "
+            "maxnreg=168 for three warpgroups that setmaxnreg between 24 and 240"
+        )
 
 
 def setmaxnreg(count: int, inc: bool = True, *, pred: Any = None) -> None:
@@ -30,5 +43,6 @@ def setmaxnreg(count: int, inc: bool = True, *, pred: Any = None) -> None:
         )
     if not isinstance(inc, bool):
         raise OperandError(f"{where()}: setmaxnreg inc must be True or False, got {inc!r}")
+    require_register_budget(trace, f"ptx.setmaxnreg({count})")
     trace.inst(f"setmaxnreg.{'inc' if inc else 'dec'}.sync.aligned.u32", (str(count),),
                guard(pred, "setmaxnreg", trace))
