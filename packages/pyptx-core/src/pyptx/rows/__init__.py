@@ -17,13 +17,17 @@ in the kernel library's ``pyptx_kernels.rows`` (``rms_norm``, ``layer_norm``,
   location, loads and stores of its chunks, and all-reduces over the row's threads
   (shuffles, then shared memory and one ``bar.sync`` for rows of several warps).
 * ``loop``: ``row_loop``, the persistent kernels' device loop with the next row's
-  loads in flight.
+  loads in flight, and ``row_groups``, the backward kernels' grid-stride loop.
 * ``ring``: ``Ring``, rows streamed into a shared-memory ring by the bulk copy engine
   (the TMA ring), with ``ring_plan``/``ring_reg_cap``.
 * ``pdl``: the PDL prologue (``entry``) and the L2 prefetch of a CTA's slice.
 * ``arith``: ``tree``, ``dot``, ``mul_all``, ``rsqrt``, ``rstd``.
 * ``backward``: ``build_colsum`` (the second stage of the backward kernels) and
   ``TwoStage``.
+
+Runtime rows: the row count ``B`` is a kernel parameter (``Rows.nrows``) and the persistent
+loops stride by the grid (``%nctaid.x``), so a kernel's PTX depends on ``N``, the dtype, the
+plan and the arch only; ``B`` sets the grid and the parameter's value at each launch.
 
 No module keeps a setting that changes the emitted PTX: every such choice is an
 argument (``Hints``, ``cache=``, ``policy=``), so it is part of the builder's call and
@@ -49,7 +53,7 @@ from .access import (
 )
 from .arith import LOG2E, NEG_INF, dot, mul_all, rsqrt, rstd, tree
 from .backward import TwoStage, build_colsum
-from .loop import row_loop
+from .loop import row_groups, row_loop
 from .pdl import cta_slice, entry, prefetch_cta_slice
 from .plan import (
     MAX_N,
@@ -69,7 +73,7 @@ from .view import Rows
 __all__ = [
     "KEEP", "L2_PRIORITIES", "PINNED", "STREAM", "Hints", "l2_policy", "load_raw_vec", "load_vec",
     "store_vec", "unpack", "LOG2E", "NEG_INF", "dot", "mul_all", "rsqrt", "rstd", "tree",
-    "TwoStage", "build_colsum", "row_loop", "cta_slice", "entry", "prefetch_cta_slice", "MAX_N",
+    "TwoStage", "build_colsum", "row_loop", "row_groups", "cta_slice", "entry", "prefetch_cta_slice", "MAX_N",
     "MAX_N_BWD", "WARP", "RowPlan", "bwd_ctas", "dtype_of", "persistent_ctas", "persistent_plan",
     "plan_rows", "reg_cap", "MAX_RING_BYTES", "Ring", "ring_plan", "ring_reg_cap", "Rows",
 ]

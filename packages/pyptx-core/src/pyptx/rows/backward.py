@@ -28,7 +28,8 @@ def build_colsum(P: int, C: int, N: int, dtype: PtxType, *, name: str = "colsum"
     CTA = 32 column vectors x ``ry`` row slices; each thread adds rows
     ``ty, ty+ry, ...`` (``unroll`` loads in flight per step), the slices are
     added through shared memory and the first slice writes the result in
-    ``dtype``. Grid ``(ceil(N/vec/32), C)``. ``hints``: the L2 policies and store
+    ``dtype``. Grid ``(ceil(N/vec/32), C)``. ``P`` is a kernel parameter (``nparts``): the
+    PTX is the same for every ``P``. ``hints``: the L2 policies and store
     modifier of its partial loads and result stores (default none).
     """
     hints = hints if hints is not None else Hints()
@@ -64,11 +65,12 @@ def build_colsum(P: int, C: int, N: int, dtype: PtxType, *, name: str = "colsum"
         ptx.inst.mul.wide.u32(coff, colc, cvec * 4)
         ptr = pp + base + coff
         acc = [reg.scalar(f32, init=0.0) for _ in range(cvec)]
-        for r in ptx.loop(ty, P, step):
+        parts = ptx.scalar_param(u32, P, name="nparts")
+        for r in ptx.loop(ty, parts, step):
             for u in range(unroll):
                 pred = None
-                if u and P % step:  # r < P holds for u == 0; later rows may pass P
-                    pred = (r + u * ry) < P
+                if u:  # r < P holds for u == 0; later rows may pass P
+                    pred = (r + u * ry) < parts
                 vals = load_vec(ptr, u * ry * C * row_bytes, f32, cvec, pred=pred, cache=STREAM,
                                 policy=hints.l2_load)
                 for a, v in zip(acc, vals):

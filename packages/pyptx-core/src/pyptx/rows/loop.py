@@ -1,8 +1,11 @@
-"""The device loop of a persistent row kernel: each CTA walks its rows with the next
-row's loads in flight (two register sets, the loop unrolled twice)."""
+"""The device loops of persistent row kernels: ``row_loop``, each CTA walking its rows with
+the next row's loads in flight (two register sets, the loop unrolled twice), and
+``row_groups``, the plain grid-stride walk of the backward kernels. Both read the grid
+(``%nctaid.x``) and the row count (``Rows.nrows``) at run time."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from .. import ptx, reg
@@ -10,14 +13,38 @@ from ..trace import current
 from ..types import u32
 from .view import Rows
 
-__all__ = ["row_loop"]
+__all__ = ["row_loop", "row_groups"]
 
 
-def row_loop(io: Rows, ctas: int, fetch: Any, body: Any) -> None:
+def group_stride(io: Rows) -> Any:
+    """``P * R`` (u32): the row groups all CTAs of the grid cover in one step."""
+    step = reg.scalar(u32)
+    ptx.inst.mul.lo.u32(step, ptx.special.nctaid.x(), io.p.rows)
+    return step
+
+
+def row_groups(io: Rows) -> Iterator[Any]:
+    """``for it in row_groups(io)``: this CTA's row groups ``it = c*R, c*R + P*R, ...`` below
+    ``B``, a device loop traced once (``.pragma "nounroll"``); ``it`` is a u32 register."""
+    it = reg.scalar(u32)
+    ptx.inst.mul.lo.u32(it, ptx.special.ctaid.x(), io.p.rows)
+    step = group_stride(io)
+    top, end = ptx.label("groups"), ptx.label("groups_end")
+    ptx.bra(end, pred=it >= io.nrows)
+    ptx.place(top)
+    current().raw('.pragma "nounroll";')
+    yield it
+    ptx.inst.add.u32(it, it, step)
+    ptx.bra(top, pred=it < io.nrows)
+    ptx.place(end)
+
+
+def row_loop(io: Rows, fetch: Any, body: Any) -> None:
     """Device loop of a persistent row kernel, the next row's loads in flight during this one.
 
-    CTA ``c`` walks row groups ``it = c*R, c*R + P*R, ...`` below ``B`` (``P = ctas``
-    CTAs; ``persistent_ctas`` keeps ``c*R < B``). ``fetch(off, guard, dst)`` issues the
+    CTA ``c`` walks row groups ``it = c*R, c*R + P*R, ...`` below ``B`` (``P`` = the grid's
+    CTAs, ``%nctaid.x``, and ``B`` = ``io.nrows``, both read at run time: one PTX serves every
+    grid and row count; ``persistent_ctas`` keeps ``c*R < B``). ``fetch(off, guard, dst)`` issues the
     loads of the thread's row at byte offset ``off`` (``io.offset``) and returns raw
     registers (``Rows.load_raw``; ``guard`` and ``dst`` go to it); ``body(raw, off, ok)``
     computes and stores that row (``ok``: store predicate, None when every row is
@@ -37,7 +64,7 @@ def row_loop(io: Rows, ctas: int, fetch: Any, body: Any) -> None:
     """
     p = io.p
     R = p.rows
-    step = ctas * R
+    step = group_stride(io)
 
     def where(it: Any) -> tuple[Any, Any]:
         row, ok = io.locate(it if R == 1 else it + io.g)
@@ -50,12 +77,12 @@ def row_loop(io: Rows, ctas: int, fetch: Any, body: Any) -> None:
     ptx.place(top)
     current().raw('.pragma "nounroll";')
     it1 = it0 + step
-    has1 = it1 < p.B
+    has1 = it1 < io.nrows
     b = fetch(where(it1)[0], has1, None)
     body(a, *where(it0))
     ptx.bra(end, pred=~has1, uni=True)
     ptx.inst.add.u32(it0, it1, step)
-    has0 = it0 < p.B
+    has0 = it0 < io.nrows
     fetch(where(it0)[0], has0, a)
     body(b, *where(it1))
     ptx.bra(top, pred=has0, uni=True)

@@ -13,30 +13,38 @@ from ..types import u32, u64
 __all__ = ["cta_slice", "prefetch_cta_slice", "entry"]
 
 
-def cta_slice(span: int, total: int) -> tuple[Any, Any]:
-    """(start, nbytes) of this CTA's bytes ``[cta*span, (cta+1)*span)`` of an array of ``total``
-    bytes: ``start`` a u64 register, ``nbytes`` the int ``span`` or, where the last CTA's
-    slice is shorter (what is left of ``total``), a u32 register."""
+def cta_slice(span: int, count: Any, unit: int) -> tuple[Any, Any]:
+    """(start, nbytes) of this CTA's bytes ``[cta*span, (cta+1)*span)`` of an array of
+    ``count`` units of ``unit`` bytes (``count`` a u32 register: the row count, or the vector
+    count, is a kernel parameter), cut at the array's end: ``start`` a u64 register,
+    ``nbytes`` the int ``span`` when a CTA holds one unit (the grid has one CTA per unit, so
+    every slice is whole), else a u32 register ``min(span, (count - cta*span/unit) * unit)``.
+    ``span`` is a multiple of ``unit``; the CTA's slice must start inside the array."""
     cta = ptx.special.ctaid.x()
     start = reg.scalar(u64)
     ptx.inst.mul.wide.u32(start, cta, span)
-    nbytes: Any = span
-    if total % span:
-        last = -(-total // span) - 1
-        nbytes = reg.scalar(u32)
-        ptx.inst.selp.u32(nbytes, total - last * span, span, cta == last)
+    if span == unit:
+        return start, span
+    per = span // unit
+    left = reg.scalar(u32)
+    ptx.inst.mul.lo.u32(left, cta, per)
+    ptx.inst.sub.u32(left, count, left)
+    ptx.inst.min.u32(left, left, per)
+    nbytes = reg.scalar(u32)
+    ptx.inst.mul.lo.u32(nbytes, left, unit)
     return start, nbytes
 
 
-def prefetch_cta_slice(ptrs: Any, span: int, total: int, tid: Any,
+def prefetch_cta_slice(ptrs: Any, span: int, count: Any, tid: Any, *, unit: int,
                        where: tuple[Any, Any] | None = None) -> None:
-    """PDL prologue: thread 0 asks for this CTA's slice (``cta_slice``, or ``where`` if the
-    caller has it) of each array at ``ptrs`` in L2, one ``cp.async.bulk.prefetch`` each.
-    Nothing when the sizes are not multiples of 16 bytes (the bulk copy's granule); a
-    kernel built with ``Hints(pdl_prefetch=False)`` does not call it."""
-    if span % 16 or total % 16:
+    """PDL prologue: thread 0 asks for this CTA's slice (``cta_slice(span, count, unit)``, or
+    ``where`` if the caller has it) of each array at ``ptrs`` in L2, one
+    ``cp.async.bulk.prefetch`` each. Nothing when the unit or the span is not a multiple of
+    16 bytes (the bulk copy's granule); a kernel built with ``Hints(pdl_prefetch=False)``
+    does not call it."""
+    if span % 16 or unit % 16:
         return
-    start, nbytes = where or cta_slice(span, total)
+    start, nbytes = where or cta_slice(span, count, unit)
     lead = tid == 0
     for ptr in ptrs:
         ptx.bulk_prefetch_l2(ptr + start, nbytes, pred=lead)

@@ -52,7 +52,8 @@ MAX_RING_BYTES = 192 * 1024
 class Ring:
     """Rows of a persistent kernel streamed into shared memory by the bulk copy engine.
 
-    CTA ``c`` of ``P`` handles rows ``c, c+P, c+2P, ...``; row ``i`` of its walk lands
+    CTA ``c`` of ``P`` handles rows ``c, c+P, c+2P, ...`` below ``B`` (``P`` is the grid's
+    ``%nctaid.x`` and ``B`` the view's ``nrows``, both read at run time); row ``i`` of its walk lands
     in slot ``i mod S`` of a ring of ``S`` row-sized slots in the dynamic shared window
     (``@kernel(smem=S * N * bytes)``), each with an mbarrier. Thread 0 issues one
     ``cp.async.bulk`` per row (``arrive.expect_tx`` of the row's bytes first); every
@@ -70,9 +71,8 @@ class Ring:
     ``start`` it after, then ``run``.
     """
 
-    def __init__(self, io: Rows, ctas: int, stages: int, *, bulk_store: bool = False) -> None:
+    def __init__(self, io: Rows, stages: int, *, bulk_store: bool = False) -> None:
         self.io = io
-        self.P = ctas
         self.S = stages
         self.bulk_store = bulk_store
         p = io.p
@@ -91,6 +91,21 @@ class Ring:
         ptx.inst.mov.u32(self.first_row, ptx.special.ctaid.x())
         self.row = reg.scalar(u32)
         ptx.inst.mov.u32(self.row, self.first_row)
+        self.P = ptx.special.nctaid.x()
+        #: ``k * P`` for the ``k`` rows ahead the ring reaches (u32 registers, made on first use)
+        self._ahead: dict[int, Any] = {}
+
+    def _steps(self, k: int) -> Any:
+        """The row ``k`` steps of the walk ahead: ``k * P`` (a register, or 0)."""
+        if k == 0:
+            return 0
+        if k == 1:
+            return self.P
+        hit = self._ahead.get(k)
+        if hit is None:
+            hit = self._ahead[k] = reg.scalar(u32)
+            ptx.inst.mul.lo.u32(hit, self.P, k)
+        return hit
 
     def prefetch(self, src: Any) -> None:
         """PDL prologue: ask for the first ``S`` rows of this CTA in L2 (thread 0); nothing
@@ -99,15 +114,15 @@ class Ring:
             return
         lead = self.io.tid == 0
         for s in range(self.S):
-            r = self.row + s * self.P
+            r = self.row + self._steps(s) if s else self.row
             off = reg.scalar(u64)
             ptx.inst.mul.wide.u32(off, r, self.row_bytes)
-            has = r < self.io.p.B
+            has = r < self.io.nrows
             ptx.bulk_prefetch_l2(src + off, self.row_bytes, pred=lead & has)
 
     def _fill(self, s: int, src: Any, row: Any, pred: Any = None, *, drain: bool = False) -> None:
         lead = self.io.tid == 0
-        ok = lead & (row < self.io.p.B)
+        ok = lead & (row < self.io.nrows)
         with ptx.if_(ok if pred is None else ok & pred):
             if drain:  # the slot's bulk store must have read it
                 ptx.tma.wait_group(0, read=True)
@@ -120,7 +135,7 @@ class Ring:
     def start(self, src: Any) -> None:
         """Thread 0 issues the first ``S`` rows (after ``griddepcontrol.wait``)."""
         for s in range(self.S):
-            self._fill(s, src, self.row + s * self.P)
+            self._fill(s, src, self.row + self._steps(s) if s else self.row)
 
     def run(self, src: Any, dst: Any, first: Any, then: Any) -> None:
         """The device loop, unrolled ``S`` times (one static slot per copy of the body).
@@ -131,7 +146,7 @@ class Ring:
         returns a state from which ``then(state)`` computes the thread's f32 results,
         which the ring writes to the row of ``dst`` (same shape and dtype as ``src``).
         """
-        io, S, P, B = self.io, self.S, self.P, self.io.p.B
+        io, S, P, B = self.io, self.S, self.P, self.io.nrows
         row = self.row
         phase = reg.scalar(u32, init=0)
         col = io.t * (io.p.vec * io.p.es)
@@ -147,10 +162,11 @@ class Ring:
             if io.p.threads <= WARP:
                 ptx.bar_sync(0)
             if not self.bulk_store:
-                self._fill(s, src, row + S * P)
+                self._fill(s, src, row + self._steps(S))
                 io.store(dst + io.offset(row), then(state))
             else:  # refill the slot stored from one step ago; store this row through its slot
-                self._fill((s - 1) % S, src, row + (S - 1) * P, row != self.first_row, drain=True)
+                self._fill((s - 1) % S, src, row + self._steps(S - 1), row != self.first_row,
+                           drain=True)
                 io.store(slot, then(state), space="shared")
                 ptx.fence_proxy_async()
                 ptx.bar_sync(0)

@@ -1,7 +1,8 @@
 """``Rows``: the calling thread's place in a ``RowPlan``, inside a kernel body.
 
-The thread's row-group index and column offset, row location (rows past ``B`` in
-the last CTA are clamped for loads and masked for stores), vector loads of a row
+The thread's row-group index and column offset, the row count ``B`` (a kernel parameter,
+``nrows``: the PTX is the same for every ``B``), row location (rows past ``B`` in the last
+CTA are clamped for loads and masked for stores), vector loads of a row
 into f32 registers (masked tail chunks filled with a neutral value), stores from
 f32, and a group-wide reduction of several values at once (butterfly shuffles, then,
 for ``G > 32`` threads per row, one shared-memory slot per warp and one
@@ -31,6 +32,8 @@ class Rows:
     def __init__(self, plan: RowPlan, hints: Hints | None = None) -> None:
         self.p = p = plan
         self.hints = hints if hints is not None else Hints()
+        #: the row count ``B`` (u32), a kernel parameter: one PTX serves every ``B``
+        self.nrows = ptx.scalar_param(u32, p.B, name="nrows")
         self.tid = ptx.special.tid.x()
         if p.rows > 1:
             shift = p.threads.bit_length() - 1
@@ -61,15 +64,18 @@ class Rows:
             return
         p = self.p
         row_bytes = p.N * p.es
-        prefetch_cta_slice(ptrs, p.rows * row_bytes, p.B * row_bytes, self.tid)
+        prefetch_cta_slice(ptrs, p.rows * row_bytes, self.nrows, self.tid, unit=row_bytes)
 
     def locate(self, row: Any) -> tuple[Any, Any]:
-        """(row to read, store predicate or None): rows past B read row B-1 and store nothing."""
-        if not self.p.ragged_rows:
+        """(row to read, store predicate or None): rows past B read row B-1 and store nothing.
+        With one row per CTA every row is inside B (the grid has B CTAs): no predicate."""
+        if self.p.rows == 1:
             return row, None
-        ok = row < self.p.B
+        ok = row < self.nrows
+        last = reg.scalar(u32)
+        ptx.inst.sub.u32(last, self.nrows, 1)
         rc = reg.scalar(u32)
-        ptx.inst.min.u32(rc, row, self.p.B - 1)
+        ptx.inst.min.u32(rc, row, last)
         return rc, ok
 
     def col_off(self, es: int) -> Any:

@@ -178,7 +178,7 @@ def _layer_norm_ring(B, N, dt, eps, c):
         with rw.entry(pdl):
             px, pw, pb, py = ptx.global_ptrs(X, W, Bias, Y)
             io = rw.Rows(plan, hints)
-            ring = rw.Ring(io, P, S, bulk_store=c.bulk_store)
+            ring = rw.Ring(io, S, bulk_store=c.bulk_store)
             if pdl:
                 ring.prefetch(px)
         ring.start(px)
@@ -253,7 +253,7 @@ def _layer_norm_persistent(B, N, dt, eps, c):
                 y.append(r)
             io.store(py + off, y, ok)
 
-        rw.row_loop(io, P, fetch, body)
+        rw.row_loop(io, fetch, body)
         ptx.ret()
 
     layer_norm_persist.plan = plan
@@ -307,9 +307,7 @@ def build_layer_norm_bwd(B: int, N: int, dtype=f32, eps: float = 1e-5, *,
         w = io.load(pwt, cache=rw.KEEP) if hold_w else None
         acc_w = [reg.scalar(f32, init=0.0) for _ in range(plan.elems)]
         acc_b = [reg.scalar(f32, init=0.0) for _ in range(plan.elems)]
-        start = reg.scalar(u32)
-        ptx.inst.mul.lo.u32(start, ptx.special.ctaid.x(), R)
-        for it in ptx.loop(start, B, P * R, unroll=False):
+        for it in rw.row_groups(io):
             row, ok = io.locate(it if R == 1 else it + io.g)
             off = io.offset(row)
             x = io.load(px + off)

@@ -155,7 +155,7 @@ def _rms_norm_persistent(B, N, dt, eps, c):
             ptx.inst.fma.rn.f32(ms, ss, 1.0 / N, eps)
             io.store(py + off, rw.mul_all(xw, rw.rsqrt(ms)), ok)
 
-        rw.row_loop(io, P, fetch, body)
+        rw.row_loop(io, fetch, body)
         ptx.ret()
 
     rms_norm_persist.plan = plan
@@ -185,7 +185,7 @@ def _rms_norm_ring(B, N, dt, eps, c):
         with rw.entry(pdl):
             px, pw, py = ptx.global_ptrs(X, W, Y)
             io = rw.Rows(plan, hints)
-            ring = rw.Ring(io, P, S, bulk_store=c.bulk_store)
+            ring = rw.Ring(io, S, bulk_store=c.bulk_store)
             if pdl:
                 ring.prefetch(px)
         ring.start(px)
@@ -253,9 +253,7 @@ def build_rms_norm_bwd(B: int, N: int, dtype=f32, eps: float = 1e-6, *,
         pwt = pw + io.offset()
         w = io.load(pwt, cache=rw.KEEP) if hold_w else None
         acc = [reg.scalar(f32, init=0.0) for _ in range(plan.elems)]
-        start = reg.scalar(u32)
-        ptx.inst.mul.lo.u32(start, ptx.special.ctaid.x(), R)
-        for it in ptx.loop(start, B, P * R, unroll=False):
+        for it in rw.row_groups(io):
             row, ok = io.locate(it if R == 1 else it + io.g)
             off = io.offset(row)
             x = io.load(px + off)

@@ -191,7 +191,7 @@ def _softmax_persistent(B, N, dt, c):
             e, inv = _softmax_exp(io, io.unpack(raw), lanes=True)
             io.store(py + off, rw.mul_all(e, inv), ok)
 
-        rw.row_loop(io, P, fetch, body)
+        rw.row_loop(io, fetch, body)
         ptx.ret()
 
     softmax_persist.plan = plan

@@ -1,8 +1,8 @@
 """SwiGLU at the bandwidth ceiling: ``y = silu(g) * u = g * u / (1 + exp(-g))``, elementwise.
 
 The ``(B, N)`` inputs are walked as one flat array of ``B * N`` elements in
-16-byte vectors (4 f32 / 8 bf16 per access; narrower when ``B * N`` is not a
-multiple). Each thread of a 256-thread CTA loads ``K`` vectors of ``g`` and of
+16-byte vectors (4 f32 / 8 bf16 per access; narrower when ``N`` is not a
+multiple); ``B`` is a kernel parameter. Each thread of a 256-thread CTA loads ``K`` vectors of ``g`` and of
 ``u`` (all in flight at once, plain ``ld.global``) at a stride of
 one CTA width, so every warp access is contiguous, computes in f32 with
 ``ex2.approx`` and ``rcp.approx``, and writes with 16-byte stores. Only the
@@ -32,7 +32,8 @@ def build_swiglu(B: int, N: int, dtype=f32, *, config: RowConfig | None = None):
     and input;
     default 1: with the L2 prefetch of PDL launches, many small CTAs beat fewer large
     ones on the H100 at every benchmark size) set the launch shape; grid = ceil(vectors /
-    (threads * chunks)). Supported: any ``B, N >= 1`` with ``B * N < 2**32``.
+    (threads * chunks)); the vector width comes from ``N`` and ``B`` is a kernel parameter, so
+    one PTX serves every ``B``. Supported: any ``B, N >= 1`` with ``B * N < 2**32``.
     Tolerance against float64: relative L2 error below 1e-5 for f32, 1e-2 for
     bf16.
 
@@ -45,7 +46,7 @@ def build_swiglu(B: int, N: int, dtype=f32, *, config: RowConfig | None = None):
     Plan ``"bulk"`` (``bulk=True``) moves each CTA's slices of ``G`` and ``U`` into shared memory with two
     ``cp.async.bulk`` copies issued by thread 0 (one mbarrier); threads read their vectors
     with ``ld.shared``. ``bulk_store=True`` (with ``bulk``) also writes the CTA's slice of
-    ``Y`` back through shared memory with one bulk store. Both need ``B * N * bytes`` to be
+    ``Y`` back through shared memory with one bulk store. Both need ``N * bytes`` to be
     a multiple of 16.
 
     The config's cache hints (``RowConfig.hints``) each change the PTX; the defaults are the
@@ -71,19 +72,17 @@ def build_swiglu(B: int, N: int, dtype=f32, *, config: RowConfig | None = None):
         raise SpecError(f"{where()}: {who}: B * N must be below 2**32, got {M}")
     es = dt.bytes
     vec = 16 // es
-    while M % vec:
+    while N % vec:  # from N alone: the PTX serves every B
         vec //= 2
-    mv = M // vec
     k = chunks if chunks is not None else 1  # one 16-byte vector: fastest at every size measured
-    k = min(k, max(1, 32 // vec), -(-mv // threads))
+    k = min(k, max(1, 32 // vec))
     per_cta = threads * k
-    grid = -(-mv // per_cta)
-    ragged = mv % per_cta != 0
+    grid = -(-(M // vec) // per_cta)
     stride = threads * vec * es
     span = per_cta * vec * es  # bytes of one input per CTA
-    if bulk and (M * es) % 16:
-        raise SpecError(f"{where()}: {who}: bulk=True needs B * N * {es} bytes to be a multiple of 16, "
-                        f"got B={B}, N={N}")
+    if bulk and (N * es) % 16:
+        raise SpecError(f"{where()}: {who}: bulk=True needs N * {es} bytes to be a multiple of 16, "
+                        f"got N={N}")
     if bulk:
         return _swiglu_bulk(B, N, dt, threads, k, vec, grid, span, pdl, bulk_store, hints)
 
@@ -98,10 +97,11 @@ def build_swiglu(B: int, N: int, dtype=f32, *, config: RowConfig | None = None):
     def swiglu(G, U, Y):
         with rw.entry(pdl):
             pg, pu, py = ptx.global_ptrs(G, U, Y)
+            mv = _vectors(B, N // vec)
             cta = ptx.special.ctaid.x()
             tid = ptx.special.tid.x()
             if pdl and hints.pdl_prefetch:
-                rw.prefetch_cta_slice((pg, pu), per_cta * vec * es, M * es, tid)
+                rw.prefetch_cta_slice((pg, pu), span, mv, tid, unit=vec * es)
             idx = reg.scalar(u32)
             ptx.inst.mad.lo.u32(idx, cta, per_cta, tid)
             off = reg.scalar(u64)
@@ -109,8 +109,7 @@ def build_swiglu(B: int, N: int, dtype=f32, *, config: RowConfig | None = None):
             ag, au, ay = pg + off, pu + off, py + off
 
         def body(masked: bool) -> None:
-            # chunk j of the last CTA is inside the array where idx + j*threads < mv
-            preds = [(idx < mv - j * threads) if masked else None for j in range(k)]
+            preds = _inside(idx, mv, threads, k) if masked else [None] * k
             gs, us = [], []
             for j in range(k):
                 gs.append(rw.load_vec(ag, j * stride, dt, vec, pred=preds[j], cache=hints.load,
@@ -122,29 +121,42 @@ def build_swiglu(B: int, N: int, dtype=f32, *, config: RowConfig | None = None):
                 rw.store_vec(ay, j * stride, dt, ys, pred=preds[j], cache=hints.store,
                              policy=hints.l2_store)
 
-        if not ragged:
-            body(False)
-        elif grid == 1:
-            body(True)
-        else:
-            tail = ptx.label("tail")
-            ptx.bra(tail, pred=cta == grid - 1)
-            body(False)
-            ptx.ret()
-            ptx.place(tail)
-            body(True)
+        # only the last CTA can be partial (B is known at launch only): it takes the
+        # predicated copy of the body
+        last = reg.scalar(u32)
+        ptx.inst.sub.u32(last, ptx.special.nctaid.x(), 1)
+        tail = ptx.label("tail")
+        ptx.bra(tail, pred=cta == last)
+        body(False)
+        ptx.ret()
+        ptx.place(tail)
+        body(True)
         ptx.ret()
 
     swiglu.geometry = dict(vec=vec, chunks=k, threads=threads, grid=grid)
     return swiglu
 
 
+def _vectors(B, per_row):
+    """The arrays' ``vec``-wide vectors, ``B * per_row`` (u32; ``B`` the ``nrows`` parameter)."""
+    mv = reg.scalar(u32)
+    ptx.inst.mul.lo.u32(mv, ptx.scalar_param(u32, B, name="nrows"), per_row)
+    return mv
+
+
+def _inside(idx, mv, threads, k):
+    """Per chunk ``j``: is vector ``idx + j * threads`` inside the ``mv`` vectors."""
+    preds = [idx < mv]
+    for j in range(1, k):
+        at = reg.scalar(u32)
+        ptx.inst.add.u32(at, idx, j * threads)
+        preds.append(at < mv)
+    return preds
+
+
 def _swiglu_bulk(B, N, dt, threads, k, vec, grid, span, pdl, bulk_store, hints):
     """``build_swiglu(..., bulk=True)``: the CTA's slices arrive by bulk copy into shared memory."""
     es = dt.bytes
-    M = B * N
-    total = M * es
-    last_bytes = total - (grid - 1) * span
     stride = threads * vec * es
 
     @kernel(
@@ -169,13 +181,13 @@ def _swiglu_bulk(B, N, dt, threads, k, vec, grid, span, pdl, bulk_store, hints):
                 ptx.mbarrier.init(bar, 1)
                 ptx.fence_proxy_async()
             ptx.bar_sync(0)
-            start, nbytes = rw.cta_slice(span, total)
+            mv = _vectors(B, N // vec)
+            start, nbytes = rw.cta_slice(span, mv, vec * es)
             if pdl and hints.pdl_prefetch:
-                rw.prefetch_cta_slice((pg, pu), span, total, tid, where=(start, nbytes))
-            tx = 2 * span
-            if last_bytes != span:
-                tx = reg.scalar(u32)
-                ptx.inst.add.u32(tx, nbytes, nbytes)
+                rw.prefetch_cta_slice((pg, pu), span, mv, tid, unit=vec * es,
+                                      where=(start, nbytes))
+            tx = reg.scalar(u32)
+            ptx.inst.add.u32(tx, nbytes, nbytes)
             idx = reg.scalar(u32)
             ptx.inst.mad.lo.u32(idx, cta, threads * k, tid)
             mine = reg.scalar(u32)
@@ -189,9 +201,9 @@ def _swiglu_bulk(B, N, dt, threads, k, vec, grid, span, pdl, bulk_store, hints):
             ptx.tma.copy_bulk(base, pg + start, nbytes, bar)
             ptx.tma.copy_bulk(base + span, pu + start, nbytes, bar)
         ptx.mbarrier.wait(bar, 0)
-        mv = M // vec
+        inside = _inside(idx, mv, threads, k)
         for j in range(k):
-            ok = (idx < mv - j * threads) if last_bytes != span else None
+            ok = inside[j]
             g = rw.load_vec(mine, j * stride, dt, vec, pred=ok, space="shared")
             u = rw.load_vec(mine, span + j * stride, dt, vec, pred=ok, space="shared")
             ys = [_silu_mul(gv, uv) for gv, uv in zip(g, u)]
