@@ -37,25 +37,26 @@ def test_block_plan_covers_exactly_the_allowed_keys(causal, BN):
     for seqlen_q in (1, 2, 77, 127, 128, 129, 200, 333, 512):
         for seqlen_k in (1, 5, 77, 128, 200, 333, 512) if not causal else (seqlen_q, 1, 333):
             for m0 in range(0, seqlen_q, fwd_config.BM):
-                n_blocks, n_unm = masks.block_plan(m0, seqlen_q, seqlen_k, BN, causal)
-                assert 0 <= n_unm <= n_blocks
+                first, lo, n_unm, n_blocks = masks.block_plan(m0, seqlen_q, seqlen_k, BN, causal)
+                assert first == lo == 0 and 0 <= n_unm <= n_blocks
                 rows = np.arange(m0, min(m0 + fwd_config.BM, seqlen_q))
-                lim = np.array([masks.row_limit(int(r), seqlen_k, causal) for r in rows])
+                lim = np.array([masks.row_limit(int(r), seqlen_k, causal)[1] for r in rows])
                 assert n_blocks >= 1
                 # keys past the visited blocks are masked for every stored row
                 assert (lim <= n_blocks * BN).all()
                 # unmasked blocks hold only allowed keys, for every row of the CTA's block
                 all_rows = np.arange(m0, m0 + fwd_config.BM)
-                all_lim = np.array([masks.row_limit(int(r), seqlen_k, causal) for r in all_rows])
+                all_lim = np.array([masks.row_limit(int(r), seqlen_k, causal)[1]
+                                    for r in all_rows])
                 assert (all_lim >= n_unm * BN).all()
 
 
 def test_block_plan_causal_diagonal_only():
     # S = Sk = 1024, BN = BM = 128: block m visits m + 1 blocks, masks only the diagonal
     for mb in range(8):
-        assert masks.block_plan(mb * 128, 1024, 1024, 128, True) == (mb + 1, mb)
-    assert masks.block_plan(256, 1024, 1024, 128, False) == (8, 8)
-    assert masks.block_plan(0, 1000, 1000, 128, False) == (8, 7)
+        assert masks.block_plan(mb * 128, 1024, 1024, 128, True) == (0, 0, mb, mb + 1)
+    assert masks.block_plan(256, 1024, 1024, 128, False) == (0, 0, 8, 8)
+    assert masks.block_plan(0, 1000, 1000, 128, False) == (0, 0, 7, 8)
 
 
 # ------------------------------------------------------------------ register layouts
@@ -132,12 +133,12 @@ def model_forward(q, k, v, causal, scale, dtype, BN, rescale_threshold=None):
     o_all = np.zeros((S, D), np.float32)
     lse_all = np.zeros(S, np.float32)
     for m0 in range(0, S, fwd_config.BM):
-        n_blocks, n_unm = masks.block_plan(m0, S, Sk, BN, causal)
+        _, _, n_unm, n_blocks = masks.block_plan(m0, S, Sk, BN, causal)
         rows = np.arange(m0, m0 + fwd_config.BM)
         qb = np.zeros((fwd_config.BM, D), np.float32)
         valid = rows < S
         qb[valid] = q[rows[valid]]                        # copies past S read zeros
-        lim = np.array([masks.row_limit(int(r), Sk, causal) for r in rows])
+        lim = np.array([masks.row_limit(int(r), Sk, causal)[1] for r in rows])
         m = np.full(fwd_config.BM, -np.inf, np.float32)
         ls = np.zeros(fwd_config.BM, np.float32)
         o = np.zeros((fwd_config.BM, D), np.float32)
@@ -228,7 +229,7 @@ def test_lazy_rescale_model(S, Sk, D, causal, dtype):
 
 def test_model_row_without_keys_gives_zero_and_minus_inf():
     """A packed sequence with no keys visits no block: o = 0 and lse = -inf (the contract)."""
-    assert masks.block_plan(0, 3, 0, 128, False) == (0, 0)
+    assert masks.block_plan(0, 3, 0, 128, False) == (0, 0, 0, 0)
     q = np.ones((3, 64), np.float32)
     empty = np.zeros((0, 64), np.float32)
     o, lse = model_forward(q, empty, empty, False, 0.125, "bf16", 128)
