@@ -10,7 +10,7 @@ a row whose splits all lack keys gets ``o = 0``, ``lse = -inf``.
 from __future__ import annotations
 
 from pyptx import Tile, kernel, ptx, reg
-from pyptx.types import b32, f32, s32, u64
+from pyptx.types import f32, s32, u64
 from pyptx_kernels.flash_attention.decode_config import THREADS, WARPS
 from pyptx_kernels.flash_attention.decode_kernel import pack_words
 from pyptx_kernels.flash_attention.fwd_config import LN2, LOG2E, _dtype
@@ -29,8 +29,8 @@ def build_combine(B, Sq, Hq, D, splits, *, dtype="bf16"):
                   grid=(-(-N // WARPS), 1, 1), block=(THREADS, 1, 1),
                   name=f"attn_decode_combine_{dt.name}_d{D}_s{splits}")
 
-    def attn_decode_combine(OP, LP, O, LSE):
-        pop, plp, po, plse = ptx.global_ptrs(OP, LP, O, LSE)
+    def attn_decode_combine(OP, LP, OUT, LSE):
+        pop, plp, po, plse = ptx.global_ptrs(OP, LP, OUT, LSE)
         tid = reg.from_(ptx.special.tid.x(), s32)
         cta = reg.from_(ptx.special.ctaid.x(), s32)
         lane = tid & 31

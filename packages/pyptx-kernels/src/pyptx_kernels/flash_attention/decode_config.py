@@ -79,3 +79,6 @@ class DecodeConfig:
         if self.keys_per_step is not None:
             return self.keys_per_step
         return 4 if rows <= 4 else 2
+
+
+DEFAULT_CONFIG = DecodeConfig()

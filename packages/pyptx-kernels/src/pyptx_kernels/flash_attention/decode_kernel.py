@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pyptx import Tile, kernel, ptx, reg, smem
 from pyptx.types import b16, b32, f32, s32, u32, u64
 from pyptx_kernels.flash_attention.decode_config import (
+    DEFAULT_CONFIG,
     THREADS,
-    DecodeConfig,
     key_groups,
     lanes_per_key,
 )
@@ -377,7 +377,7 @@ def decode_tiling(shape, config):
 
 
 def build_decode(shape, *, dtype="bf16", causal=True, window=(-1, -1), softcap=0.0,
-                 scale=None, splits=1, config=DecodeConfig()):
+                 scale=None, splits=1, config=DEFAULT_CONFIG):
     """The decode kernel for ``shape`` (``DecodeShape``): inputs ``q (B, Sq, Hq, D)``,
     ``k_cache``, ``v_cache`` (``shape.cache``), ``cache_seqlens (B,)`` int32, then
     ``block_table (B, max_pages)`` int32 when paged and ``k, v (B, Sq, Hkv, D)`` when

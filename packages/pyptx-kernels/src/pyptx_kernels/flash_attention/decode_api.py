@@ -1,0 +1,303 @@
+"""The public decode function ``attention_with_kvcache`` (flash-attn's
+``flash_attn_with_kvcache`` convention) and its torch custom ops.
+
+Torch: ``torch.ops.pyptx.attention_with_kvcache`` (reads the caches) and, when new ``k, v``
+are given, ``torch.ops.pyptx.attention_with_kvcache_append`` (declares
+``mutates_args=("k_cache", "v_cache")``: it writes the new rows in place). Two ops, not one:
+an op that declared the mutation without doing it would make ``torch.compile``'s
+functionalization copy the whole cache on every call. Both return ``(out, lse)`` and have
+fake implementations; the ops are defined at the first torch call. JAX arrays go to
+``decode_host`` directly; JAX cannot write an input buffer, so the new rows are scattered
+into copies of the caches, which the call returns.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+from pyptx.errors import ConfigError
+from pyptx_kernels import _common
+from pyptx_kernels._common import fail, framework
+from pyptx_kernels.flash_attention.decode_config import (
+    HEAD_DIMS,
+    MAX_QUERIES,
+    MAX_SPLITS,
+    PAGE_SIZES,
+    DecodeConfig,
+)
+from pyptx_kernels.flash_attention.decode_kernel import DecodeShape
+
+FN = "attention_with_kvcache"
+_DTYPES = {"bfloat16": "bf16", "float16": "f16"}
+
+
+def _err(msg):
+    return fail(ConfigError, FN, msg)
+
+
+def _dtype_of(x):
+    return str(x.dtype).replace("torch.", "")
+
+
+def _check_arrays(named):
+    for name, x in named:
+        if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+            raise _err(f"{name} must be a torch tensor or a JAX array, got {type(x).__name__}")
+    if len({framework(x) for _, x in named}) != 1:
+        raise _err("inputs mix torch tensors and JAX arrays")
+    if framework(named[0][1]) == "torch":
+        _common.check_devices(FN, *(x for _, x in named))
+
+
+def _check_int(name, v, lo, hi):
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or not lo <= int(v) <= hi:
+        raise _err(f"{name} must be an int in {lo}..{hi}, got {v!r}")
+    return int(v)
+
+
+def _options(causal, window, softcap, scale, D, num_splits):
+    """``(causal, (left, right), softcap, scale, num_splits)`` checked and resolved."""
+    if not isinstance(causal, bool):
+        raise _err(f"causal must be a bool, got {causal!r}")
+    if not isinstance(window, (tuple, list)) or len(window) != 2:
+        raise _err(f"window must be a pair (left, right) of ints >= -1 (-1: unbounded), got "
+                   f"{window!r}")
+    left, right = (_check_int(f"window[{i}]", w, -1, 2**30) for i, w in enumerate(window))
+    for name, x in (("softcap", softcap), ("scale", scale)):
+        if x is None and name == "scale":
+            continue
+        if isinstance(x, bool) or not isinstance(x, numbers.Real) or not math.isfinite(x) \
+                or (name == "softcap" and x < 0):
+            raise _err(f"{name} must be a finite real number{' >= 0' if name == 'softcap' else ''}"
+                       f"{' or None' if name == 'scale' else ''}, got {x!r}")
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    splits = _check_int("num_splits", num_splits, 0, MAX_SPLITS)
+    return causal, (left, right), float(softcap), scale, splits
+
+
+def check_call(q, k_cache, v_cache, cache_seqlens, k, v, block_table):
+    """``(DecodeShape, dtype name)`` of a valid call, or ``ConfigError`` at the user's line."""
+    named = [("q", q), ("k_cache", k_cache), ("v_cache", v_cache),
+             ("cache_seqlens", cache_seqlens)]
+    if (k is None) != (v is None):
+        raise _err("give both k and v (the new rows to append) or neither")
+    if k is not None:
+        named += [("k", k), ("v", v)]
+    if block_table is not None:
+        named.append(("block_table", block_table))
+    _check_arrays(named)
+    if len(q.shape) != 4:
+        raise _err(f"q must be (B, Sq, Hq, D), got shape {tuple(q.shape)}")
+    B, Sq, Hq, D = (int(d) for d in q.shape)
+    if tuple(k_cache.shape) != tuple(v_cache.shape) or len(k_cache.shape) != 4:
+        raise _err(f"k_cache and v_cache must have one 4-D shape ((B, Sk_max, Hkv, D), or "
+                   f"(num_pages, page_size, Hkv, D) with block_table), got "
+                   f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+    cache = tuple(int(d) for d in k_cache.shape)
+    Hkv = cache[2]
+    if not 1 <= Sq <= MAX_QUERIES:
+        raise _err(f"q must have 1..{MAX_QUERIES} queries per sequence (q.shape[1]), got {Sq}")
+    if D not in HEAD_DIMS or cache[3] != D:
+        raise _err(f"head dim must be one of {HEAD_DIMS} and equal in q and the caches, got "
+                   f"q {tuple(q.shape)}, caches {cache}")
+    if min(B, Hq, Hkv, cache[0], cache[1]) < 1 or Hq % Hkv:
+        raise _err(f"the query heads ({Hq}) must be a positive multiple of the cache's KV "
+                   f"heads ({Hkv}), with non-empty shapes (q {tuple(q.shape)}, caches {cache})")
+    dtypes = {_dtype_of(x) for x in (q, k_cache, v_cache, k, v) if x is not None}
+    if len(dtypes) != 1 or next(iter(dtypes)) not in _DTYPES:
+        raise _err(f"q, the caches and k/v must share one dtype, bfloat16 or float16, got "
+                   f"{', '.join(sorted(dtypes))}")
+    if tuple(cache_seqlens.shape) != (B,) or "int32" not in str(cache_seqlens.dtype):
+        raise _err(f"cache_seqlens must be int32 of shape ({B},), got {cache_seqlens.dtype} "
+                   f"{tuple(cache_seqlens.shape)}")
+    max_pages = 0
+    if block_table is not None:
+        if len(block_table.shape) != 2 or int(block_table.shape[0]) != B \
+                or "int32" not in str(block_table.dtype):
+            raise _err(f"block_table must be int32 of shape (B={B}, max_pages), got "
+                       f"{block_table.dtype} {tuple(block_table.shape)}")
+        max_pages = int(block_table.shape[1])
+        if max_pages < 1 or cache[1] not in PAGE_SIZES:
+            raise _err(f"a paged cache needs page sizes of 16..256 in steps of 16 and a "
+                       f"non-empty block_table, got page size {cache[1]}, block_table "
+                       f"{tuple(block_table.shape)}")
+    elif cache[0] != B:
+        raise _err(f"a contiguous cache (no block_table) must be (B={B}, Sk_max, Hkv, D), got "
+                   f"{cache}")
+    if k is not None:
+        want = (B, Sq, Hkv, D)
+        if tuple(k.shape) != want or tuple(v.shape) != want:
+            raise _err(f"k and v must be (B, Sq, Hkv, D) = {want}, got {tuple(k.shape)} and "
+                       f"{tuple(v.shape)}")
+    return DecodeShape(B, Sq, Hq, Hkv, D, cache, max_pages, k is not None, 0), \
+        _DTYPES[next(iter(dtypes))]
+
+
+# ------------------------------------------------------------------ torch
+_SCHEMA_TAIL = ("Tensor cache_seqlens, Tensor? block_table, bool causal, int window_left, "
+                "int window_right, float softcap, float scale, int num_splits")
+SCHEMAS = {
+    "attention_with_kvcache": f"(Tensor q, Tensor k_cache, Tensor v_cache, {_SCHEMA_TAIL}) "
+                              f"-> (Tensor, Tensor)",
+    "attention_with_kvcache_append": f"(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, "
+                                     f"Tensor k, Tensor v, {_SCHEMA_TAIL}) -> (Tensor, Tensor)",
+}
+_REGISTERED = False
+
+
+def _run_torch(q, k_cache, v_cache, cache_seqlens, k, v, block_table, causal, left, right,
+               softcap, scale, num_splits):
+    from pyptx_kernels.flash_attention import decode_host
+
+    shape, dtype = check_call(q, k_cache, v_cache, cache_seqlens, k, v, block_table)
+    arrays = [q.contiguous(), k_cache, v_cache, cache_seqlens.contiguous()]
+    if block_table is not None:
+        arrays.append(block_table.contiguous())
+    if k is not None:
+        arrays += [k.contiguous(), v.contiguous()]
+    return decode_host.decode(shape, arrays, dtype=dtype, causal=causal, window=(left, right),
+                              softcap=softcap, scale=scale,
+                              config=DecodeConfig(num_splits=num_splits),
+                              num_sms=decode_host.device_sms(q))
+
+
+def _fake(q):
+    import torch
+
+    B, Sq, Hq, _ = q.shape
+    return q.new_empty(q.shape), q.new_empty((B, Hq, Sq), dtype=torch.float32)
+
+
+@_common.defines_ops
+def _register():
+    """Define the ``pyptx::attention_with_kvcache*`` custom ops (once)."""
+    global _REGISTERED
+    if _REGISTERED:
+        return True
+    import torch
+
+    @torch.library.custom_op("pyptx::attention_with_kvcache", mutates_args=(),
+                             schema=SCHEMAS["attention_with_kvcache"])
+    def read_op(q, k_cache, v_cache, cache_seqlens, block_table, causal, window_left,
+                window_right, softcap, scale, num_splits):
+        return _run_torch(q, k_cache, v_cache, cache_seqlens, None, None, block_table, causal,
+                          window_left, window_right, softcap, scale, num_splits)
+
+    @read_op.register_fake
+    def _(q, *args):
+        return _fake(q)
+
+    @torch.library.custom_op("pyptx::attention_with_kvcache_append",
+                             mutates_args=("k_cache", "v_cache"),
+                             schema=SCHEMAS["attention_with_kvcache_append"])
+    def append_op(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal, window_left,
+                  window_right, softcap, scale, num_splits):
+        return _run_torch(q, k_cache, v_cache, cache_seqlens, k, v, block_table, causal,
+                          window_left, window_right, softcap, scale, num_splits)
+
+    @append_op.register_fake
+    def _(q, *args):
+        return _fake(q)
+
+    _REGISTERED = True
+    return True
+
+
+# ------------------------------------------------------------------ JAX
+def _jax_append(k_cache, v_cache, cache_seqlens, k, v, block_table):
+    """Copies of the caches with ``k, v`` scattered at ``cache_seqlens[b] + i`` (rows past
+    the cache's end dropped, as the kernel drops them)."""
+    import jax.numpy as jnp
+
+    B, Sq = k.shape[:2]
+    pos = cache_seqlens[:, None] + jnp.arange(Sq, dtype=jnp.int32)[None, :]
+    if block_table is None:
+        rows = jnp.broadcast_to(jnp.arange(B, dtype=jnp.int32)[:, None], (B, Sq))
+        slots, cap = pos, k_cache.shape[1]
+    else:
+        ps, mp = k_cache.shape[1], block_table.shape[1]
+        cap = ps * mp
+        rows = jnp.take_along_axis(block_table, jnp.clip(pos // ps, 0, mp - 1), axis=1)
+        slots = pos % ps
+    slots = jnp.where(pos < cap, slots, k_cache.shape[1])      # out of range: dropped
+    kc = k_cache.at[rows, slots].set(k, mode="drop")
+    vc = v_cache.at[rows, slots].set(v, mode="drop")
+    return kc, vc
+
+
+def _run_jax(q, k_cache, v_cache, cache_seqlens, k, v, block_table, causal, window, softcap,
+             scale, num_splits):
+    from dataclasses import replace
+
+    from pyptx_kernels.flash_attention import decode_host
+
+    shape, dtype = check_call(q, k_cache, v_cache, cache_seqlens, k, v, block_table)
+    if k is not None:   # appended functionally; the kernel counts them as already written
+        k_cache, v_cache = _jax_append(k_cache, v_cache, cache_seqlens, k, v, block_table)
+        shape = replace(shape, append=False, n_new=shape.Sq)
+    arrays = [q, k_cache, v_cache, cache_seqlens] + ([block_table] if block_table is not None
+                                                     else [])
+    out, lse = decode_host.decode(shape, arrays, dtype=dtype, causal=causal, window=window,
+                                  softcap=softcap, scale=scale,
+                                  config=DecodeConfig(num_splits=num_splits))
+    return out, lse, k_cache, v_cache
+
+
+# ------------------------------------------------------------------ public function
+def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None,
+                           block_table=None, causal=True, window=(-1, -1), softcap=0.0,
+                           scale=None, num_splits=0, return_softmax_lse=False):
+    """Decode attention of a few new queries against a KV cache (flash-attn's
+    ``flash_attn_with_kvcache`` convention). Forward only: decoding needs no backward, and
+    the function is not differentiable.
+
+    * ``q (B, Sq, Hq, D)``, 1..16 queries per sequence; bfloat16 or float16, ``D`` 64 or 128.
+    * ``k_cache, v_cache``: ``(B, Sk_max, Hkv, D)``, or paged ``(num_pages, page_size, Hkv,
+      D)`` (page size 16..256, a multiple of 16) with ``block_table (B, max_pages)`` int32:
+      position ``j`` of sequence ``b`` is row ``j % page_size`` of page
+      ``block_table[b, j // page_size]``. ``Hq % Hkv == 0``; the query heads of a KV head
+      share one read of it.
+    * ``cache_seqlens (B,)`` int32: the keys already in each cache, read on the device (no
+      host sync; a call can be captured in a CUDA graph and replayed with new lengths). A
+      sequence with no keys gets a zero output and ``lse = -inf``.
+    * ``k, v (B, Sq, Hkv, D)``: new keys and values, written into the caches at positions
+      ``cache_seqlens[b] + i`` inside the kernel (torch; rows past a cache's end are
+      dropped), and attended to. ``cache_seqlens`` is not updated: add ``Sq`` yourself, as
+      with flash-attn. JAX arrays cannot be written in place: the call returns the updated
+      caches after the result, ``(out, k_cache, v_cache)`` (``(out, lse, k_cache, v_cache)``
+      with ``return_softmax_lse``).
+    * Sequence ``b`` has ``L = cache_seqlens[b] (+ Sq with k, v)`` keys; query ``i`` sits at
+      position ``L - Sq + i`` (bottom-right aligned). ``causal``: it sees keys up to its
+      position. ``window=(left, right)``: keys in ``[pos - left, pos + right]`` (``-1``:
+      unbounded; ``causal`` makes ``right`` 0); only the window's keys are read.
+      ``softcap > 0``: scores ``softcap * tanh(s / softcap)``. ``scale`` defaults to
+      ``1/sqrt(D)``.
+    * ``num_splits``: KV splits per (batch, KV head) combined in a fixed order
+      (deterministic); 0 chooses by size and SM count.
+
+    Returns ``out (B, Sq, Hq, D)`` in q's dtype, and with ``return_softmax_lse`` also
+    ``lse (B, Hq, Sq)`` float32 (natural log). Bad input raises ``ConfigError`` naming the
+    caller's line."""
+    shape, _ = check_call(q, k_cache, v_cache, cache_seqlens, k, v, block_table)
+    causal, window, softcap, scale, splits = _options(causal, window, softcap, scale, shape.D,
+                                                      num_splits)
+    if framework(q) == "jax":
+        out, lse, kc, vc = _run_jax(q, k_cache, v_cache, cache_seqlens, k, v, block_table,
+                                    causal, window, softcap, scale, splits)
+        head = (out, lse) if return_softmax_lse else (out,)
+        return (*head, kc, vc) if k is not None else (head if return_softmax_lse else out)
+    import torch
+
+    if not (_common.symbolic(k_cache) or (k_cache.is_contiguous() and v_cache.is_contiguous())):
+        raise _err("k_cache and v_cache must be contiguous (the kernel reads and writes them "
+                   "in place)")
+    _register()
+    tail = (cache_seqlens, block_table, causal, window[0], window[1], softcap, scale, splits)
+    if k is None:
+        out, lse = torch.ops.pyptx.attention_with_kvcache(q, k_cache, v_cache, *tail)
+    else:
+        out, lse = torch.ops.pyptx.attention_with_kvcache_append(q, k_cache, v_cache, k, v,
+                                                                 *tail)
+    return (out, lse) if return_softmax_lse else out
+

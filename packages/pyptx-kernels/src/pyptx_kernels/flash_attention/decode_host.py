@@ -1,0 +1,69 @@
+"""The decode call's host side: the plan (KV splits by a size heuristic, no timing), the
+kernel caches, and the launch of the decode kernel and its combine on torch tensors or JAX
+arrays (``decode``).
+
+Nothing here reads a length on the host: ``cache_seqlens`` stays on the device, the plan
+depends on shapes only, so a torch call can be captured in a CUDA graph and replayed with
+other lengths.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from pyptx_kernels._common import framework
+from pyptx_kernels.flash_attention.decode_combine import build_combine
+from pyptx_kernels.flash_attention.decode_config import DEFAULT_CONFIG, MAX_SPLITS
+from pyptx_kernels.flash_attention.decode_kernel import build_decode, decode_tiling
+from pyptx_kernels.flash_attention.fwd_config import H100_SMS
+
+#: decode CTAs per SM the split heuristic aims for (3-4 fit at ~150 registers)
+CTAS_PER_SM = 4
+#: fewest cache positions a split should cover (shorter splits cost more to combine than
+#: they gain in parallelism)
+MIN_SPLIT_KEYS = 256
+
+
+def choose_splits(shape, config=None, num_sms=H100_SMS):
+    """KV splits per (batch, KV head): ``config.num_splits`` if set, else enough that the
+    grid makes ``CTAS_PER_SM`` CTAs per SM, but no split shorter than ``MIN_SPLIT_KEYS`` of
+    the cache's capacity (lengths are on the device: the capacity bounds them)."""
+    config = DEFAULT_CONFIG if config is None else config
+    if config.num_splits:
+        return config.num_splits
+    _, chunks, _ = decode_tiling(shape, config)
+    ctas = shape.B * shape.Hkv * chunks
+    capacity = (shape.max_pages * shape.page_size if shape.paged else shape.cache[1]) \
+        + shape.n_new
+    want = -(-CTAS_PER_SM * num_sms // ctas)
+    return max(1, min(want, capacity // MIN_SPLIT_KEYS, MAX_SPLITS))
+
+
+def device_sms(x):
+    """The SM count of torch tensor ``x``'s CUDA device (``H100_SMS`` otherwise: JAX arrays,
+    CPU and meta tensors)."""
+    if framework(x) == "torch" and x.device.type == "cuda":
+        import torch
+
+        return torch.cuda.get_device_properties(x.device).multi_processor_count
+    return H100_SMS
+
+
+@functools.lru_cache(maxsize=256)
+def decode_kernels(shape, dtype, causal, window, softcap, scale, config, num_sms=H100_SMS):
+    """``(decode kernel, combine kernel)`` of one call's sizes and options."""
+    splits = choose_splits(shape, config, num_sms)
+    dec = build_decode(shape, dtype=dtype, causal=causal, window=window, softcap=softcap,
+                       scale=scale, splits=splits, config=config)
+    comb = build_combine(shape.B, shape.Sq, shape.Hq, shape.D, splits, dtype=dtype)
+    return dec, comb
+
+
+def decode(shape, arrays, *, dtype, causal, window, softcap, scale, config, num_sms=H100_SMS):
+    """``(o (B, Sq, Hq, D), lse (B, Hq, Sq))`` of the decode kernel and its combine on
+    ``arrays`` (the decode kernel's inputs, in ``build_decode``'s order). With
+    ``shape.append`` the kernel also writes the new rows into the caches (torch only: the
+    buffers are written in place)."""
+    dec, comb = decode_kernels(shape, dtype, causal, window, softcap, scale, config, num_sms)
+    o_part, lse_part = dec(*arrays)
+    return comb(o_part, lse_part)

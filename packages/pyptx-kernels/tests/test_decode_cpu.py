@@ -1,0 +1,222 @@
+"""CPU tests of ``attention_with_kvcache`` (``flash_attention/decode_*.py``).
+
+* The PTX simulator (``ptxsim``) runs the split-KV decode kernel and its combine on small
+  random inputs against the float64 reference (``decode_reference``): contiguous and paged
+  caches (pages scattered by a random permutation), ragged and empty sequences, new k/v
+  appended inside the kernel (the caches compared exactly after the run), sliding windows,
+  softcap, 1 and 4 queries, group sizes 1, 2 and 4, several splits, row chunks. Outputs
+  start poisoned (every byte must be written). Tolerance: ``max |o - ref|`` 2e-2 (bf16;
+  the output rounding, 2**-9 relative, plus f32 sums), 1e-2 (f16); lse 1e-5 absolute
+  (f32 state, exact ``ex2``/``lg2`` in the simulator), ``-inf`` exactly where the
+  reference has no key.
+* ptxas assembles the decode and combine kernels with no spills.
+* The split heuristic, ``DecodeConfig``'s checks, the torch ops on meta tensors (shapes,
+  the append op's declared mutation), bad calls raising ``ConfigError`` at the caller's
+  line, and JAX's functional append against the reference's.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pyptx.errors import ConfigError
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import ptxsim  # noqa: E402
+from pyptx_kernels.flash_attention.decode_combine import build_combine  # noqa: E402
+from pyptx_kernels.flash_attention.decode_config import DecodeConfig  # noqa: E402
+from pyptx_kernels.flash_attention.decode_host import choose_splits  # noqa: E402
+from pyptx_kernels.flash_attention.decode_kernel import DecodeShape, build_decode  # noqa: E402
+from pyptx_kernels.flash_attention.decode_reference import (  # noqa: E402
+    append_to_cache,
+    reference_decode,
+)
+
+_dev, _f64 = ptxsim.device_bits, ptxsim.host_f64
+TOL = {"bf16": 2e-2, "f16": 1e-2}
+
+
+def simulate(*, B=2, Sq=1, Hq=4, Hkv=2, D=64, Sk=40, lens=(17, 0), page=None, append=False,
+             causal=True, window=(-1, -1), softcap=0.0, splits=2, dtype="bf16", seed=0,
+             config=None):
+    """Run decode + combine in the simulator; ``(o error, lse error)`` against float64 (and
+    the caches after an append compared exactly)."""
+    rng = np.random.default_rng(seed)
+    q = _dev(rng.standard_normal((B, Sq, Hq, D)), dtype)
+    if page:
+        mp = -(-Sk // page)
+        pages = B * mp + 3
+        table = rng.permutation(pages)[:B * mp].reshape(B, mp).astype(np.int32)
+        cache = (pages, page, Hkv, D)
+    else:
+        table, mp, cache = None, 0, (B, Sk, Hkv, D)
+    kc, vc = (_dev(rng.standard_normal(cache), dtype) for _ in range(2))
+    seq = np.array(lens, np.int32)
+    kn = vn = None
+    if append:
+        kn, vn = (_dev(rng.standard_normal((B, Sq, Hkv, D)), dtype) for _ in range(2))
+    shape = DecodeShape(B, Sq, Hq, Hkv, D, cache, mp, append, 0)
+    dec = build_decode(shape, dtype=dtype, causal=causal, window=window, softcap=softcap,
+                       splits=splits, config=config or DecodeConfig())
+    ins = [q, kc.copy(), vc.copy(), seq] + ([table] if page else []) + \
+        ([kn, vn] if append else [])
+    o_part, lse_part = ptxsim.run(dec.specialize(), ins, inplace=append)
+    o, lse = ptxsim.run(build_combine(B, Sq, Hq, D, splits, dtype=dtype).specialize(),
+                        [o_part, lse_part])
+
+    def f(x):
+        return None if x is None else _f64(x, dtype)
+    ro, rl, rkc, rvc = reference_decode(f(q), f(kc), f(vc), seq, k=f(kn), v=f(vn),
+                                        block_table=table, causal=causal, window=window,
+                                        softcap=softcap)
+    if append:
+        assert np.array_equal(f(ins[1]), rkc) and np.array_equal(f(ins[2]), rvc)
+    lse = lse.view(np.float32).astype(np.float64)
+    fin = np.isfinite(rl)
+    assert np.array_equal(np.isfinite(lse), fin), "lse is -inf exactly for queries w/o keys"
+    err_l = float(np.abs(lse[fin] - rl[fin]).max()) if fin.any() else 0.0
+    return float(np.abs(f(o) - ro).max()), err_l
+
+
+CASES = {
+    "contiguous_empty_seq": dict(),
+    "paged_scattered_f16": dict(page=16, lens=(33, 5), Sk=48, Hq=4, Hkv=1, dtype="f16"),
+    "paged_append": dict(page=16, lens=(30, 0), Sk=48, append=True, Sq=2),
+    "append_two_row_chunks": dict(lens=(30, 7), append=True, Sq=4, Hq=4, Hkv=1),
+    "window_left_three_splits": dict(lens=(30, 3), Sq=4, Hq=1, Hkv=1, splits=3,
+                                     window=(6, -1)),
+    "window_both_softcap": dict(lens=(30, 7), window=(5, 2), causal=False, Sq=4, Hq=2,
+                                Hkv=2, softcap=3.0),
+    "d128_group4_f16": dict(D=128, lens=(50, 20), Sk=64, Hq=8, Hkv=2, splits=3, dtype="f16"),
+    "d128_paged_full_one_split": dict(D=128, lens=(50, 0), Sk=64, Hq=4, Hkv=1, Sq=4,
+                                      splits=1, causal=False, page=32),
+    "all_empty": dict(lens=(0, 0)),
+    "padded_rows_one_key_per_step": dict(lens=(30, 3), Sq=3, Hq=4, Hkv=1, splits=1,
+                                         config=DecodeConfig(rows=5, keys_per_step=1)),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_decode_matches_float64(name):
+    kw = CASES[name]
+    err_o, err_l = simulate(**kw)
+    assert err_o <= TOL[kw.get("dtype", "bf16")], err_o
+    assert err_l <= 1e-5, err_l
+
+
+@pytest.mark.parametrize("D,G,Sq,paged,append,window,softcap", [
+    (128, 4, 1, False, False, (-1, -1), 0.0),
+    (128, 8, 1, True, False, (-1, -1), 0.0),
+    (64, 4, 1, False, False, (-1, -1), 0.0),
+    (128, 4, 4, True, True, (128, -1), 30.0),
+    (64, 8, 16, True, True, (-1, -1), 0.0),
+])
+def test_ptxas_no_spills(D, G, Sq, paged, append, window, softcap, assemble):
+    cache = (16 * 64, 64, 8, D) if paged else (16, 4096, 8, D)
+    shape = DecodeShape(16, Sq, 8 * G, 8, D, cache, 64 if paged else 0, append, 0)
+    for kern in (build_decode(shape, window=window, softcap=softcap, splits=4),
+                 build_combine(16, Sq, 8 * G, D, 4)):
+        log = assemble(kern.ptx())
+        spills = [int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", log)]
+        assert spills and not any(spills), log
+
+
+def test_split_heuristic_fills_the_gpu_and_keeps_splits_long():
+    one = DecodeShape(1, 1, 32, 8, 128, (1, 32768, 8, 128))
+    many = DecodeShape(64, 1, 32, 8, 128, (64, 1024, 8, 128))
+    short = DecodeShape(1, 1, 32, 8, 128, (1, 300, 8, 128))
+    assert choose_splits(one, num_sms=132) == 66           # 8 CTAs x 66 >= 4 per SM
+    assert choose_splits(many, num_sms=132) == 2           # 512 CTAs x 2 >= 528
+    assert choose_splits(short, num_sms=132) == 1          # no split under 256 keys
+    assert choose_splits(one, DecodeConfig(num_splits=3)) == 3
+
+
+@pytest.mark.parametrize("kw", [dict(rows=0), dict(rows=9), dict(keys_per_step=0),
+                                dict(keys_per_step=True), dict(num_splits=-1),
+                                dict(num_splits=129)])
+def test_config_rejects_bad_fields_at_this_line(kw):
+    with pytest.raises(ConfigError, match=r"test_decode_cpu\.py:\d+: DecodeConfig"):
+        DecodeConfig(**kw)
+
+
+def _meta(torch, *shape, dtype=None):
+    return torch.empty(*shape, dtype=dtype or torch.bfloat16, device="meta")
+
+
+def test_torch_ops_on_meta_tensors():
+    torch = pytest.importorskip("torch")
+    from pyptx_kernels import attention_with_kvcache
+
+    q, kc, vc = _meta(torch, 2, 3, 8, 128), _meta(torch, 2, 64, 2, 128), \
+        _meta(torch, 2, 64, 2, 128)
+    lens = _meta(torch, 2, dtype=torch.int32)
+    out = attention_with_kvcache(q, kc, vc, lens)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    new = _meta(torch, 2, 3, 2, 128)
+    out, lse = attention_with_kvcache(q, kc, vc, lens, k=new, v=new, return_softmax_lse=True)
+    assert lse.shape == (2, 8, 3) and lse.dtype == torch.float32
+    schema = torch.ops.pyptx.attention_with_kvcache_append.default._schema
+    written = {a.name for a in schema.arguments if a.alias_info and a.alias_info.is_write}
+    assert written == {"k_cache", "v_cache"}
+    schema = torch.ops.pyptx.attention_with_kvcache.default._schema
+    assert not any(a.alias_info and a.alias_info.is_write for a in schema.arguments)
+
+
+def test_bad_calls_name_this_line():
+    torch = pytest.importorskip("torch")
+    from pyptx_kernels import attention_with_kvcache as f
+
+    q, kc = _meta(torch, 2, 1, 8, 128), _meta(torch, 2, 64, 2, 128)
+    lens = _meta(torch, 2, dtype=torch.int32)
+    table = _meta(torch, 2, 4, dtype=torch.int32)
+    paged = _meta(torch, 9, 24, 2, 128)
+    bad = [
+        (lambda: f(q, kc, kc, lens, window=(1,)), "window must be a pair"),
+        (lambda: f(q, kc, kc, lens, window=(-2, 0)), r"window\[0\] must be an int"),
+        (lambda: f(q, kc, kc, lens, softcap=-1.0), "softcap must be"),
+        (lambda: f(q, kc, kc, lens, causal=1), "causal must be a bool"),
+        (lambda: f(q, kc, kc, lens, num_splits=500), "num_splits must be"),
+        (lambda: f(q, kc, _meta(torch, 2, 64, 2, 64), lens), "one 4-D shape"),
+        (lambda: f(_meta(torch, 2, 17, 8, 128), kc, kc, lens), "1..16 queries"),
+        (lambda: f(_meta(torch, 2, 1, 8, 96), _meta(torch, 2, 64, 2, 96),
+                   _meta(torch, 2, 64, 2, 96), lens), "head dim"),
+        (lambda: f(_meta(torch, 2, 1, 3, 128), kc, kc, lens), "multiple"),
+        (lambda: f(q, kc, kc, _meta(torch, 2)), "cache_seqlens must be int32"),
+        (lambda: f(q, kc, kc, lens, k=_meta(torch, 2, 1, 2, 128)), "both k and v"),
+        (lambda: f(q, kc, kc, lens, k=q, v=q), r"k and v must be \(B, Sq, Hkv, D\)"),
+        (lambda: f(q, paged, paged, lens, block_table=table), "page sizes of 16..256"),
+        (lambda: f(q, _meta(torch, 3, 64, 2, 128), _meta(torch, 3, 64, 2, 128), lens),
+         "contiguous cache"),
+        (lambda: f(q.float(), kc, kc, lens), "share one dtype"),
+        (lambda: f(q, kc, kc, [2, 2]), "torch tensor or a JAX array"),
+    ]
+    for call, msg in bad:
+        with pytest.raises(ConfigError, match=rf"test_decode_cpu\.py:\d+: "
+                                              rf"attention_with_kvcache: .*{msg}"):
+            call()
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_jax_functional_append_matches_the_reference(paged):
+    jnp = pytest.importorskip("jax.numpy")
+    from pyptx_kernels.flash_attention.decode_api import _jax_append
+
+    rng = np.random.default_rng(1)
+    B, Sq, Hkv, D = 3, 4, 2, 8
+    if paged:
+        cache, table = (7, 16, Hkv, D), rng.permutation(7)[:6].reshape(3, 2).astype(np.int32)
+    else:
+        cache, table = (B, 32, Hkv, D), None
+    kc, vc = (rng.standard_normal(cache).astype(np.float32) for _ in range(2))
+    k, v = (rng.standard_normal((B, Sq, Hkv, D)).astype(np.float32) for _ in range(2))
+    lens = np.array([0, 29, 30], np.int32)    # the last one runs past the end: 2 rows dropped
+    want = append_to_cache(kc, vc, lens, k, v, table)
+    got = _jax_append(*(jnp.asarray(x) for x in (kc, vc, lens, k, v)),
+                      None if table is None else jnp.asarray(table))
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(np.asarray(g), w)
