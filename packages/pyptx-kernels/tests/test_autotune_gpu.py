@@ -1,12 +1,15 @@
-"""``pyptx.autotune`` on a GPU through torch: the row builders' default calls.
+"""``pyptx.autotune`` on a GPU through torch: default calls time nothing, timing on request.
 
-A plain ``build_rms_norm_fast(B, N, dtype)`` (and LayerNorm, softmax, SwiGLU) times its
-variants at the first launch with CUDA events, keeps the fastest, logs one line, writes
-the choice to disk (reused by a fresh process without timing), gives correct results,
-and the winner assembles without spills; after tuning, calls go to the winner and
+A default call (``PYPTX_AUTOTUNE`` unset) of ``matmul``, ``grouped_mm`` or a row builder
+times nothing and logs nothing: a saved winner, else the shipped table's or the heuristic's
+plan. With ``PYPTX_AUTOTUNE=1`` (or ``pyptx_kernels.tune``) a plain
+``build_rms_norm_fast(B, N, dtype)`` (and LayerNorm, softmax, SwiGLU, the GEMM) times its
+variants at the first launch with CUDA events, keeps the fastest, logs one line, writes the
+choice to disk (reused by a fresh process's default call without timing), gives correct
+results, and the winner assembles without spills; after tuning, calls go to the winner and
 capture in a CUDA graph.
 
-    pytest -m gpu packages/pyptx-torch/tests/test_autotune_gpu.py
+    pytest -m gpu packages/pyptx-kernels/tests/test_autotune_gpu.py
 """
 
 from __future__ import annotations
@@ -31,9 +34,22 @@ F = torch.nn.functional
 
 @pytest.fixture(autouse=True)
 def cache(tmp_path, monkeypatch):
+    """A fresh cache, timing asked for (the tests of the default call unset it)."""
     monkeypatch.setenv("PYPTX_CACHE_DIR", str(tmp_path))
-    monkeypatch.delenv("PYPTX_AUTOTUNE", raising=False)
+    monkeypatch.setenv("PYPTX_AUTOTUNE", "1")
     return tmp_path / "autotune"
+
+
+@pytest.fixture
+def no_timing(monkeypatch):
+    """Default calls: ``PYPTX_AUTOTUNE`` unset, and any timing fails the test."""
+    from pyptx.autotune import TorchTimer
+
+    def refuse(self, *a, **k):
+        raise AssertionError("a default call timed a kernel")
+
+    monkeypatch.delenv("PYPTX_AUTOTUNE", raising=False)
+    monkeypatch.setattr(TorchTimer, "measure", refuse)
 
 
 def mod(name):
@@ -96,7 +112,7 @@ def test_default_call_tunes_once_and_is_right(op, B, N, dt, cache, capsys):
             assert e.spill_stores == e.spill_loads == 0, e
 
 
-def test_a_new_process_reuses_the_winner_without_timing(cache):
+def test_a_new_process_reuses_the_winner_without_timing(cache, monkeypatch):
     code = (
         "import sys, torch; import pyptx_kernels.rows.rms_norm as m; "
         "k = m.build_rms_norm_fast(512, 4096, torch.bfloat16); "
@@ -106,6 +122,7 @@ def test_a_new_process_reuses_the_winner_without_timing(cache):
     env = dict(os.environ, PYPTX_CACHE_DIR=str(cache.parent))
     first = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                            check=True)
+    env.pop("PYPTX_AUTOTUNE")   # the second process makes a default call
     second = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                             text=True, check=True)
     assert first.stdout.split()[0] == "timed" and "pyptx.autotune:" in first.stderr
@@ -131,3 +148,84 @@ def test_tuned_kernel_is_captured_in_a_cuda_graph():
     g.replay()
     torch.cuda.synchronize()
     assert rel_err(y, ref) < 1e-2
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "softmax"])
+def test_a_default_row_call_times_nothing(op, no_timing, cache, capsys):
+    k, inputs, ref = call(op, 256, 4096, torch.bfloat16)
+    assert rel_err(k(*inputs), ref) < 1e-2
+    assert k.choice.source in ("default", "first") and k.choice.us is None
+    assert "pyptx.autotune" not in capsys.readouterr().err and not cache.exists()
+
+
+def _gemm_inputs(M, N, K):
+    torch.manual_seed(0)
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K ** 0.5
+    return x, w, x.double() @ w.double().T
+
+
+def _gemm_kernel(x, w):
+    """The TunedKernel ``matmul(x, w.T)`` launches."""
+    from pyptx_kernels.gemm import host
+
+    plan = host._plan(x, w.T, None, 1.0, None, None, False, False, None, "torch")
+    return host._cached(*plan.build)
+
+
+@pytest.mark.parametrize("shape", [(37, 4096, 4096), (1000, 4096, 4096), (128, 8192, 8192)])
+def test_a_default_matmul_takes_the_table_or_heuristic_plan_untimed(shape, no_timing, cache,
+                                                                     capsys, poison_outputs):
+    import pyptx_kernels
+    from pyptx_kernels.gemm import host
+
+    x, w, ref = _gemm_inputs(*shape)
+    y = pyptx_kernels.matmul(x, w.T)
+    assert rel_err(y, ref) < 1e-2
+    k = _gemm_kernel(x, w)
+    name, _ = host.PLANNER.choose(k.keyvals, torch.cuda.get_device_name())
+    assert k.choice.source == "default" and k.choice.config.kwargs == {"config": name}
+    assert "pyptx.autotune" not in capsys.readouterr().err and not cache.exists()
+
+
+def test_tune_times_a_matmul_once_and_default_calls_then_take_the_winner(cache, monkeypatch,
+                                                                         capsys):
+    import pyptx_kernels
+
+    monkeypatch.delenv("PYPTX_AUTOTUNE")
+    x, w, ref = _gemm_inputs(517, 1024, 768)
+    assert rel_err(pyptx_kernels.tune(pyptx_kernels.matmul, x, w.T), ref) < 1e-2
+    k = _gemm_kernel(x, w)
+    assert k.choice.source == "timed"
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("pyptx.autotune")]
+    assert len(lines) == 1 and "build_gemm(M=517, N=1024, K=768" in lines[0]
+    winner = k.choice.config
+    assert rel_err(pyptx_kernels.matmul(x, w.T), ref) < 1e-2
+    assert k.choice.config == winner and capsys.readouterr().err == ""
+    rec = json.loads(next(cache.glob("*.json")).read_text())
+    assert rec["config"] == winner.kwargs
+
+
+def test_a_default_grouped_mm_times_nothing(no_timing, cache, capsys, poison_outputs):
+    import pyptx_kernels
+    from pyptx_kernels.grouped_gemm.reference import random_offsets, reference
+
+    torch.manual_seed(0)
+    a = torch.randn(1024, 512, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(4, 512, 384, device="cuda", dtype=torch.bfloat16) / 512 ** 0.5
+    offs = random_offsets([300, 0, 500, 224])
+    assert rel_err(pyptx_kernels.grouped_mm(a, b, offs), reference(a, b, offs)) < 1e-2
+    assert "pyptx.autotune" not in capsys.readouterr().err and not cache.exists()
+
+
+def test_precompile_loads_every_kernel_of_a_module_without_timing(no_timing, cache, capsys):
+    import pyptx_kernels
+
+    lin = pyptx_kernels.nn.Linear(512, 256, bias=False, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(64, 512, device="cuda", dtype=torch.bfloat16)
+    pyptx_kernels.precompile(lin, x, backward=True)
+    assert lin.weight.grad is None
+    assert "pyptx.autotune" not in capsys.readouterr().err
+    assert any(cache.parent.rglob("*.cubin")) or any(cache.parent.iterdir())
+    y = lin(x)
+    assert rel_err(y, x.double() @ lin.weight.double().T) < 1e-2
