@@ -24,6 +24,8 @@ _FUNCTIONS = {
     "apply_rotary": "pyptx_kernels.rows.api",
     "linear_cross_entropy": "pyptx_kernels.cross_entropy.api",
     "ptx": "pyptx_kernels.inspect",
+    "tune": "pyptx_kernels._tuning",
+    "precompile": "pyptx_kernels.warmup",
 }
 _SUBMODULES = ("nn", "transformers")
 
