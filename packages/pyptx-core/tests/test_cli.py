@@ -365,3 +365,79 @@ def test_help_documents_syntax_with_an_example(capsys, command):
     assert f"pyptx {command}" in out and "example:" in out
     if command != "doctor":
         assert "FILE:NAME [name=value ...]" in out
+
+
+# ---------------------------------------------------------------- a newcomer's edges
+def test_a_binary_py_file_is_blamed_on_itself(capsys, tmp_path):
+    f = tmp_path / "blob.py"
+    f.write_bytes(b"\x00\x01\x02\xff binary")
+    code, out, err = run(capsys, "check", f"{f}:build")
+    assert code == 1 and out == "" and "Traceback" not in err
+    assert err.startswith(f"pyptx: error: {f}: not a Python source file")
+    assert "cli.py" not in err
+
+
+def test_a_string_for_an_int_parameter_names_it(capsys, tmp_path):
+    f = tmp_path / "typed.py"
+    f.write_text("def build(N: int, eps: float = 1e-6):\n    return N < 3\n"
+                 "def untyped(N):\n    return N < 3\n")
+    code, _, err = run(capsys, "ptx", f"{f}:build", "N=abc")
+    assert code == 1
+    assert "N='abc': builder build's parameter N is an int, got str 'abc'" in err
+    code, _, err = run(capsys, "ptx", f"{f}:build", "N=4", "eps=tiny")
+    assert code == 1 and "parameter eps is a number, got str 'tiny'" in err
+    code, _, err = run(capsys, "ptx", f"{f}:untyped", "N=abc")
+    assert code == 1 and f"raised TypeError at {f}:4" in err
+    assert "N='abc' reached the builder as a string" in err
+
+
+def test_a_string_for_a_dim_names_the_dim(capsys, kfile):
+    code, _, err = run(capsys, "ptx", f"{kfile}:direct")
+    assert code == 0
+    code, _, err = run(capsys, "ptx", f"{kfile}:build", "N=abc")
+    assert code == 1 and "dim N of kernel scale must be a positive int, got N='abc'" in err
+
+
+@pytest.mark.parametrize("script", ["#!/bin/sh\nexit 3\n", "#!/bin/sh\necho oops >&2\nexit 1\n"])
+def test_a_broken_ptxas_is_a_toolchain_error(capsys, kfile, tmp_path, monkeypatch, script):
+    fake = tmp_path / "ptxas"
+    fake.write_text(script)
+    fake.chmod(0o755)
+    monkeypatch.setenv("PYPTX_PTXAS", str(fake))
+    code, out, err = run(capsys, "check", f"{kfile}:direct")
+    assert code == 2 and out == "", err
+    assert "without a ptxas diagnostic" in err and "is not a working ptxas" in err
+    assert "rejected" not in err
+
+
+MULTI = '''\
+from pyptx import Tile, kernel, ptx
+from pyptx.types import f32
+
+
+class Pair:
+    """A multi-kernel object, like the attention backward: its kernels run in turn."""
+
+    def __init__(self):
+        @kernel([Tile(4, f32)], [], name="first")
+        def first(x):
+            ptx.ret()
+
+        @kernel([Tile(4, f32)], [], name="second")
+        def second(x):
+            ptx.ret()
+
+        self.kernels = (first, second)
+
+
+def build():
+    return Pair()
+'''
+
+
+def test_check_of_a_multi_kernel_object_checks_each_kernel(capsys, tmp_path, ptxas_path):
+    f = tmp_path / "multi.py"
+    f.write_text(MULTI)
+    code, out, err = run(capsys, "check", f"{f}:build")
+    assert code == 0, err
+    assert [ln.split()[0] for ln in out.splitlines()[2:]] == ["first", "second"]

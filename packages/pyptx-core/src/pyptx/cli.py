@@ -68,12 +68,19 @@ def parse_pairs(items: list[str]) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------- FILE:NAME
-def _raised(what: str, e: BaseException) -> TargetError:
+def _raised(what: str, e: BaseException, path: str | None = None) -> TargetError:
+    """The error of importing or calling the user's code, at the user's line: the innermost
+    frame outside pyptx, or ``path`` itself when the file could not even be compiled."""
+    from .source import _is_internal
+
     if isinstance(e, SyntaxError) and e.filename:  # the user's file, not importlib's frame
         return TargetError(f"{what} raised {type(e).__name__} at {e.filename}:{e.lineno}: "
                            f"{e.msg}")
     frames = [f for f in traceback.extract_tb(e.__traceback__)
-              if not f.filename.startswith("<frozen ")]
+              if not f.filename.startswith("<frozen ") and not _is_internal(f.filename)]
+    if not frames and path is not None:  # e.g. null bytes: the file is not Python source
+        return TargetError(f"{path}: not a Python source file: importing it raised "
+                           f"{type(e).__name__}: {getattr(e, 'msg', None) or e}")
     at = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
     return TargetError(f"{what} raised {type(e).__name__}{at}: {e}")
 
@@ -117,7 +124,7 @@ def _import(source: str) -> Any:
         raise
     except Exception as e:
         del sys.modules[name]
-        raise _raised(f"importing {source}", e) from e
+        raise _raised(f"importing {source}", e, path) from e
     return module
 
 
@@ -150,13 +157,17 @@ def _as_kernels(value: Any, what: str) -> dict[str, Kernel]:
         items = [(str(k), v) for k, v in value.items()]
     elif isinstance(value, (tuple, list)):
         items = [(getattr(v, "name", str(i)), v) for i, v in enumerate(value)]
+    elif isinstance(getattr(value, "kernels", None), (tuple, list)):
+        # a multi-kernel object (the attention backward: its kernels run in sequence)
+        items = [(getattr(v, "name", str(i)), v) for i, v in enumerate(value.kernels)]
     else:
         items = []
     bad = [v for _, v in items if not isinstance(v, Kernel)]
     if not items or bad:
         got = type(bad[0] if bad else value).__name__
-        raise TargetError(f"{what} returned {got}; expected a Kernel (made by @pyptx.kernel) or "
-                          "a tuple, list or dict of Kernels")
+        raise TargetError(f"{what} returned {got}; expected a Kernel (made by @pyptx.kernel), "
+                          "a tuple, list or dict of Kernels, or an object whose .kernels is "
+                          "a tuple of Kernels")
     out: dict[str, Kernel] = {}
     for i, (label, k) in enumerate(items):
         out[label if label not in out else f"{label}#{i}"] = k
@@ -175,13 +186,34 @@ def _call_builder(fn: Callable[..., Any], attr: str, pairs: dict[str, Any]) -> t
     if missing:
         raise TargetError(f"builder {attr}({', '.join(p.name for p in named)}) needs "
                           + " ".join(f"{m}=..." for m in missing))
+    for p in named:
+        if p.name in kwargs:
+            _check_annotated(attr, p, kwargs[p.name])
     try:
         result = fn(**kwargs)
     except PyptxError:
         raise
     except Exception as e:
-        raise _raised(f"builder {attr}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})", e) from e
+        err = _raised(f"builder {attr}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})", e)
+        words = [f"{k}={v!r}" for k, v in kwargs.items() if isinstance(v, str)]
+        if isinstance(e, TypeError) and words:
+            err = TargetError(f"{err}; {', '.join(words)} reached the builder as a string "
+                              "(a name=value that is not a number stays a str): expected a number?")
+        raise err from e
     return result, {p.name for p in named}
+
+
+_NUMBER_ANNOTATIONS = {int: (int,), "int": (int,), float: (int, float), "float": (int, float)}
+
+
+def _check_annotated(attr: str, p: inspect.Parameter, value: Any) -> None:
+    """``TargetError`` naming the parameter if ``value`` contradicts its ``int``/``float``
+    annotation (``N=abc`` for ``N: int``): caught before the builder compares it."""
+    want = _NUMBER_ANNOTATIONS.get(p.annotation) if isinstance(p.annotation, (type, str)) else None
+    if want is not None and (isinstance(value, bool) or not isinstance(value, want)):
+        kind = "an int" if want == (int,) else "a number"
+        raise TargetError(f"{p.name}={value!r}: builder {attr}'s parameter {p.name} is {kind}, "
+                          f"got {type(value).__name__} {value!r}")
 
 
 def _names(k: Kernel) -> set[str]:

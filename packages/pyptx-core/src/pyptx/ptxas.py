@@ -217,6 +217,18 @@ def _rejection(log: str, ptx_lines: list[str], locs: Sequence[Loc | None] | None
     return CompileError(f"ptxas rejected the PTX of {names} for {arch}:\n" + "\n".join(items))
 
 
+def _require_working(exe: str, returncode: int, log: str) -> None:
+    """``ToolchainError`` if ``exe``, which failed without a ptxas diagnostic, is not a working
+    ptxas (``--version`` fails): a broken ``$PYPTX_PTXAS`` is not a rejection of the PTX."""
+    try:
+        ptxas_version(exe)
+    except ToolchainError as e:
+        raise ToolchainError(
+            f"{exe} exited {returncode} without a ptxas diagnostic ({log.strip()[:200]!r}) and "
+            f"is not a working ptxas: {e}; expected ${ENV_VAR} or PATH to name CUDA's ptxas"
+        ) from None
+
+
 def assemble(ptx: str, arch: str, *, locs: Sequence[Loc | None] | None = None,
              extra_args: Sequence[str] = ()) -> PtxasReport:
     """Assemble ``ptx`` with ``ptxas -v --gpu-name arch``; return the resources and cubin.
@@ -234,6 +246,8 @@ def assemble(ptx: str, arch: str, *, locs: Sequence[Loc | None] | None = None,
                  cwd=d)
         log = p.stderr + p.stdout
         if p.returncode != 0:
+            if not any(_LINE_MSG.match(ln) or _PLAIN_MSG.match(ln) for ln in log.splitlines()):
+                _require_working(exe, p.returncode, log)
             raise _rejection(log, ptx.splitlines(), locs, arch)
         try:
             with open(os.path.join(d, "kernel.cubin"), "rb") as f:
