@@ -1128,6 +1128,8 @@ class _Memory:
         self.written = [np.zeros(len(b), bool) for b in self.bufs]
         #: per tensor-map parameter: (TmaParams, index of the argument buffer it maps)
         self.tmaps: list = []
+        #: per scalar parameter (``ptx.scalar_param``): its value
+        self.scalars: dict = {}
 
     def locate(self, addr: np.ndarray, size: int, what: str) -> tuple[int, np.ndarray]:
         idx = (addr - np.uint64(_GLOBAL_BASE)) // np.uint64(_GLOBAL_STRIDE)
@@ -1203,6 +1205,13 @@ def _exec(c: _CTA, ins: tuple, m: np.ndarray, pcs: np.ndarray, done: np.ndarray,
         tids = np.nonzero(m)[0]
         if base == "ld" and ".param" in op:
             name = ops[1].strip("[]")
+            if name in c.mem.scalars:  # ptx.scalar_param: the value of the launch record
+                value = c.mem.scalars[name]
+                if isinstance(value, float):
+                    c.putf(ops[0], np.full(c.n, value), m)
+                else:
+                    c.put(ops[0], np.full(c.n, value, np.int64).astype(np.uint64), m)
+                return
             c.put(ops[0], np.full(c.n, _GLOBAL_BASE + c.p.params.index(name) * _GLOBAL_STRIDE,
                                   np.uint64), m)
         elif base == "cvta":
@@ -1606,6 +1615,7 @@ def run(spec, inputs: list[np.ndarray], *, poison: bool = True,
     arrays = [np.ascontiguousarray(a) for a in inputs] + outs
     mem = _Memory(arrays)
     mem.tmaps = [(params, i) for i, params in spec.tma_maps]
+    mem.scalars = {name: value for name, _, value in getattr(spec, "scalar_params", ())}
     cl = tuple(spec.cluster) if spec.cluster else (1, 1, 1)
     csize = max(cl[0], 1)
     if max(cl[1], 1) != 1 or max(cl[2], 1) != 1 or spec.grid[0] % csize:
