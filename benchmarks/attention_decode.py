@@ -1,0 +1,178 @@
+"""Decode attention GB/s: pyptx ``attention_with_kvcache`` (contiguous and paged caches)
+beside ``F.scaled_dot_product_attention`` with each backend (cuDNN, flash,
+memory-efficient) and a plain copy, bf16, one query per sequence.
+
+Cases: B 1..128, Sk 1k..32k (every sequence full), Hq/Hkv 32/8, D 128. GB/s counts the
+cache bytes read, ``2 * B * Sk * Hkv * D * 2`` (K and V, bf16). SDPA gets its best case:
+contiguous ``(B, Hkv, Sk, D)`` caches, ``enable_gqa=True`` (a backend that refuses prints
+n/a). "copy" is ``dst.copy_(src)`` of the same bytes (read + write counted), the bandwidth
+the target is a share of. "ours/best" is the contiguous pyptx column over the best SDPA
+backend; "% copy" is it over the copy's. The window rows time ``window=(W, -1)`` over the
+full cache against the full call (time ratio: it should follow ``W / Sk``). Timing:
+``triton.testing.do_bench`` (L2 flushed), median of ``--rounds`` rounds, the contenders of
+a row interleaved in rotated order. A pyptx output off SDPA's by more than ``ERR_LIMIT``
+prints FAIL and is not timed.
+
+    python benchmarks/attention_decode.py [--quick] [--out decode.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/_timing.py
+
+from _timing import gpu_missing, markdown_table, rotated  # noqa: E402
+
+BACKENDS = ("cuDNN", "flash", "efficient")
+ERR_LIMIT = 0.05
+HQ, HKV, D = 32, 8, 128
+PAGE = 64
+FULL = [(1, 32768), (1, 8192), (8, 4096), (16, 4096), (16, 16384), (32, 2048), (64, 1024),
+        (64, 4096), (128, 1024), (128, 4096), (128, 8192)]
+QUICK = [(1, 32768), (16, 4096), (64, 1024), (128, 4096)]
+WINDOWS = [(16, 32768, 4096), (4, 32768, 1024)]
+
+
+def _time(fns, rep, rounds):
+    from triton.testing import do_bench
+
+    t = {n: [] for n in fns}
+    for r in range(rounds):
+        for name in rotated(list(fns), r):
+            t[name].append(do_bench(fns[name], rep=rep, return_mode="median"))
+    return {n: statistics.median(v) for n, v in t.items()}
+
+
+def _sdpa(backend, q, k, v):
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    be = {"cuDNN": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
+          "efficient": SDPBackend.EFFICIENT_ATTENTION}[backend]
+
+    def f():
+        with sdpa_kernel(be):
+            return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    out = f()
+    torch.cuda.synchronize()
+    return f, out
+
+
+def _inputs(B, Sk):
+    import torch
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    kw = dict(device="cuda", dtype=torch.bfloat16, generator=g)
+    q = torch.randn(B, 1, HQ, D, **kw)
+    kc = torch.randn(B, Sk, HKV, D, **kw)
+    vc = torch.randn(B, Sk, HKV, D, **kw)
+    lens = torch.full((B,), Sk, device="cuda", dtype=torch.int32)
+    mp = Sk // PAGE
+    perm = torch.randperm(B * mp, device="cuda", generator=g)
+    table = perm.reshape(B, mp).to(torch.int32)
+    kp = torch.empty(B * mp, PAGE, HKV, D, device="cuda", dtype=torch.bfloat16)
+    vp = torch.empty_like(kp)
+    kp[perm] = kc.reshape(B * mp, PAGE, HKV, D)
+    vp[perm] = vc.reshape(B * mp, PAGE, HKV, D)
+    return q, kc, vc, lens, kp, vp, table
+
+
+def _fmt(x):
+    return "n/a" if x is None else f"{x:.0f}"
+
+
+def decode_row(B, Sk, rep, rounds):
+    """One row of the GB/s table: ``[B, Sk, pyptx, paged, cuDNN, flash, efficient, copy,
+    ours/best, % copy]``."""
+    import torch
+    from pyptx_kernels import attention_with_kvcache
+
+    q, kc, vc, lens, kp, vp, table = _inputs(B, Sk)
+    nbytes = 2 * B * Sk * HKV * D * 2
+    fns = {"pyptx": lambda: attention_with_kvcache(q, kc, vc, lens),
+           "pyptx paged": lambda: attention_with_kvcache(q, kp, vp, lens, block_table=table)}
+    outs = {name: fn() for name, fn in fns.items()}
+    qs, ks, vs = q.transpose(1, 2), kc.transpose(1, 2).contiguous(), \
+        vc.transpose(1, 2).contiguous()
+    for be in BACKENDS:
+        try:
+            fns[be], o = _sdpa(be, qs, ks, vs)
+            outs[be] = o.transpose(1, 2)
+        except RuntimeError:
+            pass
+    src = torch.empty(nbytes // 2, device="cuda", dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    fns["copy"] = lambda: dst.copy_(src)
+    ref = next((outs[b] for b in BACKENDS if b in outs), outs["pyptx"])
+    failed = [n for n in ("pyptx", "pyptx paged")
+              if (outs[n].float() - ref.float()).abs().max().item() > ERR_LIMIT]
+    for n in failed:
+        del fns[n]
+    ms = _time(fns, rep, rounds)
+    gbs = {n: (2 if n == "copy" else 1) * nbytes / (t * 1e-3) / 1e9 for n, t in ms.items()}
+    best = max((gbs[b] for b in BACKENDS if b in gbs), default=None)
+    ours = gbs.get("pyptx")
+    row = [str(B), str(Sk)]
+    row += ["FAIL" if n in failed else _fmt(gbs.get(n))
+            for n in ("pyptx", "pyptx paged", *BACKENDS, "copy")]
+    row.append("n/a" if ours is None or best is None else f"{ours / best:.3f}x")
+    row.append("n/a" if ours is None else f"{100 * ours / gbs['copy']:.0f}%")
+    return row
+
+
+def window_row(B, Sk, W, rep, rounds):
+    """One row of the window table: ``[B, Sk, W, full ms, window ms, ratio, W/Sk]``."""
+    from pyptx_kernels import attention_with_kvcache
+
+    q, kc, vc, lens, *_ = _inputs(B, Sk)
+    fns = {"full": lambda: attention_with_kvcache(q, kc, vc, lens),
+           "window": lambda: attention_with_kvcache(q, kc, vc, lens, window=(W, -1))}
+    ms = _time(fns, rep, rounds)
+    return [str(B), str(Sk), str(W), f"{ms['full']:.3f}", f"{ms['window']:.3f}",
+            f"{ms['window'] / ms['full']:.3f}", f"{W / Sk:.3f}"]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="4 shapes, one round (< 1 min)")
+    p.add_argument("--rep", type=int, default=50, help="do_bench rep (ms)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    missing = gpu_missing("attention_decode.py")
+    if missing:
+        print(missing)
+        return 0
+    import torch
+
+    rounds = 1 if args.quick else args.rounds
+    dev = torch.cuda.get_device_name()
+    print(f"# decode GB/s of cache read on {dev}, bf16, Hq/Hkv {HQ}/{HKV}, D {D}, "
+          f"page {PAGE}, do_bench median (L2 flushed)")
+    body, wbody = [], []
+    for B, Sk in QUICK if args.quick else FULL:
+        body.append(decode_row(B, Sk, args.rep, rounds))
+        print(" | ".join(body[-1]), flush=True)
+        torch.cuda.empty_cache()
+    for B, Sk, W in WINDOWS[:1] if args.quick else WINDOWS:
+        wbody.append(window_row(B, Sk, W, args.rep, rounds))
+        print(" | ".join(wbody[-1]), flush=True)
+        torch.cuda.empty_cache()
+    head = ["B", "Sk", "pyptx", "pyptx paged", *BACKENDS, "copy", "ours/best", "% copy"]
+    whead = ["B", "Sk", "window", "full ms", "window ms", "ratio", "W/Sk"]
+    lines = markdown_table(head, body) + [""] + markdown_table(whead, wbody)
+    print("\n".join(lines))
+    if args.out:
+        Path(args.out).write_text(f"decode GB/s of cache read on {dev} (bf16, Hq/Hkv "
+                                  f"{HQ}/{HKV}, D {D}, page {PAGE}; do_bench median)\n\n"
+                                  + "\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

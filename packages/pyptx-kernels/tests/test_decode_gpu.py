@@ -1,0 +1,168 @@
+"""GPU tests of ``attention_with_kvcache`` (``flash_attention/decode_*.py``).
+
+Inputs are fresh random tensors with ragged lengths (empty sequences included) and, for
+paged caches, pages scattered by a random permutation; outputs are poisoned (NaN) before
+each launch. Reference: the float64 ``decode_reference`` on the same rounded inputs.
+Tolerance: ``max |o - ref|`` 2e-2 (bf16) / 1e-2 (f16), lse 1e-3 absolute (``ex2``/``lg2``
+approximations), ``-inf`` exactly for queries without keys; appended caches compared
+exactly. Also: CUDA-graph replay with lengths changed between replays, determinism,
+``torch.compile(fullgraph=True)`` and ``jax.jit``.
+
+    pytest -m gpu packages/pyptx-kernels/tests/test_decode_gpu.py
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.usefixtures("poison_outputs"),
+]
+
+from pyptx_kernels import attention_with_kvcache  # noqa: E402
+from pyptx_kernels.flash_attention.decode_reference import reference_decode  # noqa: E402
+
+DT = {"bf16": torch.bfloat16, "f16": torch.float16}
+TOL = {"bf16": 2e-2, "f16": 1e-2}
+
+
+def make(B, Sq, Hq, Hkv, D, Sk, *, page=None, append=False, dtype="bf16", seed=0):
+    """Random call arguments: ``(q, k_cache, v_cache, lens, k, v, block_table)``; lengths
+    ragged in ``0..Sk - Sq`` (room for an append), the first sequence empty."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    t = DT[dtype]
+
+    def rnd(*s):
+        return torch.randn(*s, device="cuda", dtype=t, generator=g)
+
+    if page:
+        mp = -(-Sk // page)
+        pages = B * mp + 5
+        table = torch.randperm(pages, device="cuda", generator=g)[:B * mp].reshape(B, mp)
+        table = table.to(torch.int32)
+        cache = (pages, page, Hkv, D)
+    else:
+        table, cache = None, (B, Sk, Hkv, D)
+    lens = torch.randint(0, Sk - Sq + 1, (B,), device="cuda", generator=g, dtype=torch.int32)
+    lens[0] = 0
+    k = rnd(B, Sq, Hkv, D) if append else None
+    v = rnd(B, Sq, Hkv, D) if append else None
+    return rnd(B, Sq, Hq, D), rnd(*cache), rnd(*cache), lens, k, v, table
+
+
+def _np(x):
+    return None if x is None else x.detach().cpu().double().numpy() \
+        if x.dtype.is_floating_point else x.cpu().numpy()
+
+
+def check(args, dtype, **opts):
+    q, kc, vc, lens, k, v, table = args
+    ref = reference_decode(*(_np(x) for x in (q, kc, vc, lens)), k=_np(k), v=_np(v),
+                           block_table=_np(table), **opts)
+    out, lse = attention_with_kvcache(q, kc, vc, lens, k=k, v=v, block_table=table,
+                                      return_softmax_lse=True, **opts)
+    torch.cuda.synchronize()
+    o64, l64 = out.double().cpu().numpy(), lse.double().cpu().numpy()
+    assert not np.isnan(o64).any()
+    err = np.abs(o64 - ref[0]).max()
+    assert err <= TOL[dtype], f"max |o - ref| {err:.3e}"
+    fin = np.isfinite(ref[1])
+    assert np.array_equal(np.isfinite(l64), fin)
+    if fin.any():
+        assert np.abs(l64[fin] - ref[1][fin]).max() <= 1e-3
+    if k is not None:
+        assert np.array_equal(_np(kc), ref[2]) and np.array_equal(_np(vc), ref[3])
+    return out
+
+
+CASES = [
+    # B, Sq, Hq, Hkv, D, Sk, options
+    (4, 1, 32, 8, 128, 1000, dict()),
+    (3, 1, 8, 8, 64, 777, dict(dtype="f16")),
+    (5, 4, 16, 2, 128, 600, dict(page=16)),
+    (2, 1, 32, 4, 64, 3000, dict(page=256, append=True)),
+    (3, 16, 8, 8, 128, 500, dict(append=True)),
+    (3, 3, 32, 32, 128, 2100, dict(page=48, dtype="f16")),
+    (64, 1, 32, 8, 128, 1024, dict()),
+    (1, 1, 32, 8, 128, 32768, dict(page=64)),
+]
+
+
+@pytest.mark.parametrize("B,Sq,Hq,Hkv,D,Sk,opts", CASES)
+def test_decode_matches_float64(B, Sq, Hq, Hkv, D, Sk, opts):
+    dtype = opts.get("dtype", "bf16")
+    args = make(B, Sq, Hq, Hkv, D, Sk, dtype=dtype, page=opts.get("page"),
+                append=opts.get("append", False))
+    check(args, dtype)
+
+
+@pytest.mark.parametrize("opts", [
+    dict(window=(256, -1)), dict(window=(100, 3), causal=False), dict(softcap=30.0),
+    dict(softcap=5.0, window=(64, -1)), dict(causal=False), dict(scale=0.3, num_splits=7),
+])
+@pytest.mark.parametrize("page", [None, 32])
+def test_window_softcap_and_options(opts, page):
+    check(make(3, 4, 16, 4, 128, 1500, page=page, append=True, seed=1), "bf16", **opts)
+
+
+def test_deterministic():
+    args = make(8, 1, 32, 8, 128, 4096, page=64, seed=2)
+    a = check(args, "bf16")
+    b = attention_with_kvcache(*args[:4], block_table=args[6])
+    assert torch.equal(a, b), "the split combine has a fixed order"
+
+
+def test_cuda_graph_replays_with_new_lengths():
+    q, kc, vc, lens, _, _, table = make(4, 1, 32, 8, 128, 2048, page=32, seed=3)
+    out = attention_with_kvcache(q, kc, vc, lens, block_table=table)   # warm up: build
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = attention_with_kvcache(q, kc, vc, lens, block_table=table)
+    for n in ([0, 5, 2047, 1000], [1, 1, 1, 1], [2048, 0, 17, 600]):
+        lens.copy_(torch.tensor(n, dtype=torch.int32))
+        graph.replay()
+        torch.cuda.synchronize()
+        want = attention_with_kvcache(q, kc, vc, lens, block_table=table)
+        assert torch.equal(out, want), f"replay with lengths {n}"
+        ref = reference_decode(*(_np(x) for x in (q, kc, vc, lens)), block_table=_np(table))
+        assert np.abs(out.double().cpu().numpy() - ref[0]).max() <= TOL["bf16"]
+
+
+def test_torch_compile_fullgraph_appends_in_place():
+    q, kc, vc, lens, k, v, _ = make(2, 1, 16, 4, 128, 512, append=True, seed=4)
+    kc2, vc2 = kc.clone(), vc.clone()
+    want = attention_with_kvcache(q, kc2, vc2, lens, k=k, v=v)
+
+    @torch.compile(fullgraph=True)
+    def step(q, kc, vc, lens, k, v):
+        return attention_with_kvcache(q, kc, vc, lens, k=k, v=v) * 1.0
+
+    got = step(q, kc, vc, lens, k, v)
+    assert torch.equal(got, want)
+    assert torch.equal(kc, kc2) and torch.equal(vc, vc2), "the cache was written in place"
+
+
+def test_jax_jit_returns_the_updated_caches(jax_gpu):
+    import jax
+    import jax.numpy as jnp
+
+    args = make(3, 2, 16, 4, 128, 700, page=16, append=True, seed=5)
+    q, kc, vc, lens, k, v, table = (None if x is None else jnp.asarray(x.cpu().float().numpy()
+                                    if x.dtype.is_floating_point else x.cpu().numpy())
+                                    for x in args)
+    q, kc, vc, k, v = (x.astype(jnp.bfloat16) for x in (q, kc, vc, k, v))
+    fn = jax.jit(lambda *a: attention_with_kvcache(*a[:4], k=a[4], v=a[5], block_table=a[6]))
+    out, kc_new, vc_new = fn(q, kc, vc, lens, k, v, table)
+    ref = reference_decode(*(np.asarray(x, np.float64) if x.dtype != jnp.int32 else
+                             np.asarray(x) for x in (q, kc, vc, lens)),
+                           k=np.asarray(k, np.float64), v=np.asarray(v, np.float64),
+                           block_table=np.asarray(table))
+    assert np.abs(np.asarray(out, np.float64) - ref[0]).max() <= TOL["bf16"]
+    assert np.array_equal(np.asarray(kc_new, np.float64), ref[2])
+    assert np.array_equal(np.asarray(vc_new, np.float64), ref[3])
