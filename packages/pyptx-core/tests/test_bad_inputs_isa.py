@@ -292,3 +292,31 @@ def test_helper_names_and_the_default_stay_unique_without_refusal():
 
     _traced(body)
     assert names == ["full_bar", "full_bar_1", "full_bar_2", "smem", "smem_1"]
+
+
+# ------------------------------------------------------------------ arrays on the CPU
+
+@pytest.mark.parametrize("x,w,match", [
+    (("float64", (4,), None), ("float32", (4,), None), "'X': expected dtype f32 .* got float64"),
+    (("float32", (4, 2), None), ("float32", (4,), None), "'X': expected rank 1"),
+    (("float32", (4,), None), ("float32", (5,), None), r"'W' dim 0 \('N'\): expected 4"),
+    (("float32", (4,), (2,)), ("float32", (4,), None), "'X' is not contiguous"),
+    (("float32", (4,), None), ("float32", (4,), None), "'X' is on cpu"),
+])
+def test_cpu_arrays_report_what_needs_no_gpu_first(x, w, match):
+    """An eager call with CPU arrays names a wrong dtype, rank, length or contiguity before
+    "is on cpu": those need no GPU to find (``pyptx.plan.bind``, every runtime's first step)."""
+    from pyptx.errors import SpecError
+    from pyptx.plan import ArgInfo, bind
+
+    @pyptx.kernel((Tile("N", f32), Tile("N", f32)), (Tile("N", f32),), block=(32, 1, 1))
+    def k(X, W, Y):
+        ptx.ret()
+
+    def describe(a):
+        return ArgInfo(a[1], a[0], "cpu", a[2])
+
+    with pytest.raises(SpecError, match=match) as ei:  # ShapeError is a SpecError
+        line = sys._getframe().f_lineno + 1
+        bind(k, (x, w), {}, describe)
+    assert str(ei.value).startswith(f"{__file__}:{line}:"), str(ei.value)

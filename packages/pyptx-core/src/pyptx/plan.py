@@ -22,7 +22,7 @@ from .source import where
 from .types import PtxType, from_name, numpy_name
 
 __all__ = ["ArgInfo", "DTYPES", "ptx_type_of", "dtype_name_of", "compatible", "check_args",
-           "bind", "check_cluster", "ordinal_of", "check_arch", "check_smem", "check_device", "LaunchPlan",
+           "check_placement", "bind", "check_cluster", "ordinal_of", "check_arch", "check_smem", "check_device", "LaunchPlan",
            "launch_plan", "check_record_device", "check_record_args", "PLAN_SLOTS", "PlanCache"]
 
 #: Plans a kernel keeps per runtime by default (``PlanCache``), least recently used dropped first.
@@ -103,48 +103,62 @@ def _type_name(value: Any) -> str:
 
 
 def check_args(kernel: Any, args: Sequence[Any],
-               describe: Callable[[Any], ArgInfo | None]) -> list[ArgInfo]:
+               describe: Callable[[Any], ArgInfo | None], *, placement: bool = True
+               ) -> list[ArgInfo]:
     """Check ``args`` against ``kernel.in_specs``; ``describe(value)`` is the runtime's view of
-    one argument (None when it is not one of its arrays). Returns the infos."""
+    one argument (None when it is not one of its arrays). Returns the infos. ``placement=False``
+    leaves the devices to ``check_placement``, so that callers report the mistakes that need
+    no GPU to find (dtype, contiguity, then shapes) before "is on cpu"."""
     names = kernel.arg_names
     n_in = len(kernel.in_specs)
     if len(args) != n_in:
         raise SpecError(f"{where()}: {kernel.name} takes {n_in} input tensors "
                         f"({', '.join(names[:n_in])}), got {len(args)}")
     infos = []
-    first: tuple[str, str] | None = None
     for i, (value, spec) in enumerate(zip(args, kernel.in_specs)):
         name = names[i]
         info = describe(value)
         if info is None:
             raise SpecError(f"{where()}: argument {name!r}: expected an array of the same runtime "
                             f"as the other arguments, got {_type_name(value)}")
-        if info.device is not None and not info.device.startswith("cuda"):
-            raise SpecError(f"{where()}: argument {name!r} is on {info.device}; pyptx kernels "
-                            "take CUDA tensors and GPU arrays (move it to a CUDA device)")
         if not compatible(spec.dtype, ptx_type_of(info.dtype)):
             raise SpecError(f"{where()}: argument {name!r}: expected dtype {spec.dtype.name} for "
                             f"{spec!r}, got {info.dtype}")
         if info.strides is not None:
             raise SpecError(f"{where()}: argument {name!r} is not contiguous (strides "
                             f"{info.strides}); pass a contiguous copy (.contiguous())")
-        if info.device is not None:
-            if first is None:
-                first = (name, info.device)
-            elif info.device != first[1]:
-                raise SpecError(f"{where()}: argument {name!r} is on {info.device} but "
-                                f"{first[0]!r} is on {first[1]}; all tensors must share one "
-                                "device")
         infos.append(info)
+    if placement:
+        check_placement(kernel, infos)
     return infos
+
+
+def check_placement(kernel: Any, infos: Sequence[ArgInfo]) -> None:
+    """``SpecError`` unless every argument whose placement is known is on one CUDA device."""
+    names = kernel.arg_names
+    first: tuple[str, str] | None = None
+    for name, info in zip(names, infos):
+        if info.device is None:
+            continue
+        if not info.device.startswith("cuda"):
+            raise SpecError(f"{where()}: argument {name!r} is on {info.device}; pyptx kernels "
+                            "take CUDA tensors and GPU arrays (move it to a CUDA device)")
+        if first is None:
+            first = (name, info.device)
+        elif info.device != first[1]:
+            raise SpecError(f"{where()}: argument {name!r} is on {info.device} but "
+                            f"{first[0]!r} is on {first[1]}; all tensors must share one "
+                            "device")
 
 
 def bind(kernel: Any, args: Sequence[Any], kwargs: dict[str, Any],
          describe: Callable[[Any], ArgInfo | None]) -> tuple[Any, str | None]:
     """Check ``args`` and specialize ``kernel`` for their shapes and ``kwargs``:
-    ``(Specialization, device)``, the device None where placement is not known."""
-    infos = check_args(kernel, args, describe)
+    ``(Specialization, device)``, the device None where placement is not known. Mistakes a
+    CPU can find (dtypes, contiguity, ranks and lengths) are reported before placement."""
+    infos = check_args(kernel, args, describe, placement=False)
     spec = kernel.specialize([info.shape for info in infos], **kwargs)
+    check_placement(kernel, infos)
     check_cluster(kernel, spec)
     device = next((info.device for info in infos if info.device is not None), None)
     return spec, device
@@ -228,12 +242,13 @@ def check_record_args(record: Any, args: Sequence[Any],
     view = SimpleNamespace(
         name=record.kernel_name, arg_names=record.arg_names,
         in_specs=tuple(Tile(*s, from_name(t)) for t, s in zip(record.in_types, record.in_shapes)))
-    infos = check_args(view, args, describe)
+    infos = check_args(view, args, describe, placement=False)
     for i, (info, want) in enumerate(zip(infos, record.in_shapes)):
         if tuple(info.shape) != tuple(want):
             raise ShapeError(f"{where()}: argument {record.arg_names[i]!r}: {record.kernel_name} "
                              f"(content hash {record.key[:12]}) was built for shape "
                              f"{tuple(want)}, got {tuple(info.shape)}")
+    check_placement(view, infos)
     return infos
 
 
