@@ -8,6 +8,11 @@ Timing: ``triton.testing.do_bench`` (L2 flushed between calls), median of three
 interleaved rounds in one process. Then the long-K error table: errors against
 float64 at K = 16384 (f32 output) of ours and ``_scaled_mm``.
 
+Two pyptx columns: "pyptx" is the table-driven default call (the shipped table's or the
+heuristic's plan, nothing timed, saved winners ignored), "tuned" the per-shape-tuned one (as
+``PYPTX_AUTOTUNE=1`` or ``pyptx_kernels.tune``); "table / tuned" is their paired ratio
+(``pyptx.testing.paired_times``, ``--pairs`` rounds) and "plans" names both.
+
     python benchmarks/fp8_gemm.py [--shapes 4096 8192] [--scales tensor row block] [--out t.md]
 """
 
@@ -23,7 +28,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # benchmarks/_timing.py
 
+from _plans import table_and_tuned  # noqa: E402
 from _timing import gpu_missing  # noqa: E402
+
+from pyptx.testing import paired_ratio, paired_times  # noqa: E402
 
 
 def load_fp8():
@@ -38,6 +46,7 @@ def main(argv=None) -> int:
                    help="MxNxK or N (cube)")
     p.add_argument("--scales", nargs="+", default=["tensor", "row", "block"])
     p.add_argument("--rep", type=int, default=200, help="do_bench rep (ms)")
+    p.add_argument("--pairs", type=int, default=20, help="paired rounds of table vs tuned")
     p.add_argument("--config", default=None,
                    help="JSON Fp8GemmConfig fields fixing our plan (default: tuned)")
     p.add_argument("--fast-accum", action="store_true", help="also time fast_accum=True")
@@ -57,10 +66,10 @@ def main(argv=None) -> int:
 
     cfg = Fp8GemmConfig(**json.loads(args.config)) if args.config else None
     dev = torch.cuda.get_device_name()
-    head = ("| scale | M x N x K | pyptx | _scaled_mm tensor | _scaled_mm rowwise | "
-            "pyptx / peer | rel err |")
+    head = ("| scale | M x N x K | pyptx | tuned | _scaled_mm tensor | _scaled_mm rowwise | "
+            "pyptx / peer | table / tuned | plans (table / tuned) | rel err |")
     lines = [f"# FP8 GEMM TFLOP/s on {dev}, do_bench median (L2 flushed), bf16 out", "",
-             head, "|---|---|---|---|---|---|---|"]
+             head, "|---|---|---|---|---|---|---|---|---|---|"]
     print("\n".join(lines), flush=True)
     rows = []
     for kind in args.scales:
@@ -73,7 +82,10 @@ def main(argv=None) -> int:
             ref = fp8.reference(a[:2048], w, sa[:2048] if kind != "tensor" else sa, sb, kind)
             err = fp8.rel_err(ours[:2048], ref)
             mm = functools.partial(torch._scaled_mm, a, b, out_dtype=torch.bfloat16)
-            fns = {"pyptx": functools.partial(fp8.scaled_mm, a, b, sa, sb, config=cfg),
+            call = functools.partial(fp8.scaled_mm, a, b, sa, sb, config=cfg)
+            table, tuned, plans = ((call, call, "--config") if cfg is not None
+                                   else table_and_tuned(call))
+            fns = {"pyptx": table, "tuned": tuned,
                    "tensor": functools.partial(mm, scale_a=ta, scale_b=tb)}
             if args.fast_accum and kind != "block":
                 fns["pyptx fast"] = functools.partial(fp8.scaled_mm, a, b, sa, sb, config=cfg,
@@ -92,11 +104,17 @@ def main(argv=None) -> int:
             peer = tf["rowwise"] if kind == "row" and "rowwise" in tf else tf["tensor"]
             row_s = f"{tf['rowwise']:.0f}" if "rowwise" in tf else "-"
             fast = f" (fast_accum {tf['pyptx fast']:.0f})" if "pyptx fast" in tf else ""
-            line = (f"| {kind} | {M}x{N}x{K} | {tf['pyptx']:.0f}{fast} | {tf['tensor']:.0f} | "
-                    f"{row_s} | {tf['pyptx'] / peer:.3f} | {err:.1e} |")
+            vs_tuned = "-"
+            if args.pairs:
+                per = paired_times({k: fns[k] for k in ("pyptx", "tuned")}, args.pairs)
+                vs_tuned = f"{paired_ratio(per, 'tuned', 'pyptx')[0]:.3f}"
+            line = (f"| {kind} | {M}x{N}x{K} | {tf['pyptx']:.0f}{fast} | {tf['tuned']:.0f} | "
+                    f"{tf['tensor']:.0f} | {row_s} | {tf['pyptx'] / peer:.3f} | {vs_tuned} | "
+                    f"{plans} | {err:.1e} |")
             print(line, flush=True)
             lines.append(line)
-            rows.append(dict(scale=kind, shape=(M, N, K), tflops=tf, err=err))
+            rows.append(dict(scale=kind, shape=(M, N, K), tflops=tf, err=err, plans=plans,
+                             table_vs_tuned=vs_tuned))
     if not args.no_errors:
         lines += ["", "## Error against float64 at K = 16384 (256 x 256, per-tensor, f32 out)", "",
                   "| inputs | " + " | ".join(["pyptx (promoted)", "pyptx fast_accum",

@@ -1,6 +1,11 @@
 """GEMM TFLOP/s: pyptx (``pyptx_kernels.gemm.host.matmul``, default call) beside cuBLAS
 (``torch.matmul``) and an autotuned Triton matmul written here, bf16 and f16.
 
+Two pyptx columns: "pyptx" is the table-driven default call (the shipped table's or the
+heuristic's plan, nothing timed; saved winners ignored), "tuned" the per-shape-tuned one (the
+plans timed for the exact shape, as ``PYPTX_AUTOTUNE=1`` or ``pyptx_kernels.tune`` does);
+"table / tuned" is their paired ratio and "plans" names both (``=`` where they agree).
+
 Timing: ``triton.testing.do_bench`` (L2 flushed between calls), median of ``--rounds``
 per-round medians; the three contenders of a row are timed interleaved in one process, in
 rotated order (each leads once per cycle: under the H100's power cap a burst inherits the SM
@@ -34,6 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/_timing.py
 
+from _plans import table_and_tuned  # noqa: E402
 from _timing import gpu_missing, rotated  # noqa: E402
 
 from pyptx.testing import paired_ratio, paired_times  # noqa: E402
@@ -146,10 +152,12 @@ def main(argv=None) -> int:
     rows = []
     dev = torch.cuda.get_device_name()
     print(f"# GEMM TFLOP/s on {dev}, do_bench median (L2 flushed)")
-    head = "| dtype | M x N x K | pyptx | cuBLAS | Triton | pyptx / cuBLAS | paired | rel err |"
+    head = ("| dtype | M x N x K | pyptx | tuned | cuBLAS | Triton | pyptx / cuBLAS | paired | "
+            "table / tuned | plans (table / tuned) | rel err |")
+    rule = "|---|---|---|---|---|---|---|---|---|---|---|"
     print(head)
-    print("|---|---|---|---|---|---|---|---|")
-    lines = [head, "|---|---|---|---|---|---|---|---|"]
+    print(rule)
+    lines = [head, rule]
     sustained = []
     for dname in args.dtypes:
         dt = {"bf16": torch.bfloat16, "f16": torch.float16}[dname]
@@ -160,8 +168,12 @@ def main(argv=None) -> int:
             ours = gemm.matmul(a, b, config=cfg)
             ref = torch.matmul(a.float(), b.float())
             err = ((ours.float() - ref).norm() / ref.norm()).item()
-            fns = {"pyptx": lambda a=a, b=b: gemm.matmul(a, b, config=cfg),
-                   "cuBLAS": lambda a=a, b=b: torch.matmul(a, b)}
+            if cfg is None:
+                table, tuned, plans = table_and_tuned(lambda a=a, b=b: gemm.matmul(a, b))
+            else:
+                table = tuned = lambda a=a, b=b: gemm.matmul(a, b, config=cfg)  # noqa: E731
+                plans = "--config"
+            fns = {"pyptx": table, "tuned": tuned, "cuBLAS": lambda a=a, b=b: torch.matmul(a, b)}
             if tri is not None:
                 fns["Triton"] = lambda a=a, b=b: tri(a, b)
             flops = 2.0 * M * N * K
@@ -180,20 +192,23 @@ def main(argv=None) -> int:
                                  + (" | -" if "Triton" not in fns else "")
                                  + f" | {statistics.median(st['pyptx']) / statistics.median(st['cuBLAS']):.3f} |")
             tri_s = f"{tf['Triton']:.0f}" if "Triton" in tf else "-"
-            paired = "-"
+            paired = vs_tuned = "-"
             if args.pairs:
-                per = paired_times({k: fns[k] for k in ("pyptx", "cuBLAS")}, args.pairs)
+                per = paired_times({k: fns[k] for k in ("pyptx", "tuned", "cuBLAS")}, args.pairs)
                 paired = f"{paired_ratio(per, 'cuBLAS', 'pyptx')[0]:.3f}"
-            line = (f"| {dname} | {M}x{N}x{K} | {tf['pyptx']:.0f} | {tf['cuBLAS']:.0f} | {tri_s} | "
-                    f"{tf['pyptx'] / tf['cuBLAS']:.3f} | {paired} | {err:.1e} |")
+                vs_tuned = f"{paired_ratio(per, 'tuned', 'pyptx')[0]:.3f}"
+            line = (f"| {dname} | {M}x{N}x{K} | {tf['pyptx']:.0f} | {tf['tuned']:.0f} | "
+                    f"{tf['cuBLAS']:.0f} | {tri_s} | {tf['pyptx'] / tf['cuBLAS']:.3f} | {paired} | "
+                    f"{vs_tuned} | {plans} | {err:.1e} |")
             print(line, flush=True)
             lines.append(line)
-            rows.append(dict(dtype=dname, shape=(M, N, K), tflops=tf, err=err))
+            rows.append(dict(dtype=dname, shape=(M, N, K), tflops=tf, err=err, plans=plans,
+                             table_vs_tuned=vs_tuned))
     if sustained:
         sustained = ["", f"Sustained (each contender back to back for {args.seconds:g} s, no L2 "
                      "flush, median of 2 interleaved rounds; launches of 1 ms or more):", "",
-                     "| dtype | M x N x K | pyptx | cuBLAS | Triton | pyptx / cuBLAS |",
-                     "|---|---|---|---|---|---|"] + sustained
+                     "| dtype | M x N x K | pyptx | tuned | cuBLAS | Triton | pyptx / cuBLAS |",
+                     "|---|---|---|---|---|---|---|"] + sustained
         print("\n".join(sustained), flush=True)
         lines += sustained
     if args.out:

@@ -8,6 +8,11 @@ are timed interleaved in one process (three rounds, the middle value kept).
 ``--shapes GxMxNxK ...`` narrows the set (``uneven`` is the ragged case); ``--out FILE.md``
 writes the table.
 
+Two pyptx columns: "pyptx" is the table-driven default call (each kernel's shipped-table or
+heuristic plan, nothing timed, saved winners ignored), "tuned" the per-shape-tuned one (as
+``PYPTX_AUTOTUNE=1`` or ``pyptx_kernels.tune``); "table / tuned" is their paired ratio
+(``pyptx.testing.paired_times``, ``--pairs`` rounds) and "plans" names both.
+
     python benchmarks/grouped_gemm.py [--shapes 8x2048x4096x4096 uneven] [--out t.md]
 """
 
@@ -21,7 +26,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
+from _plans import table_and_tuned  # noqa: E402
 from _timing import gpu_missing, markdown_table  # noqa: E402
+
+from pyptx.testing import paired_ratio, paired_times  # noqa: E402
 
 SHAPES = ["8x2048x4096x4096", "4x2048x256x2048", "64x128x4096x2048", "uneven"]
 UNEVEN_TOTAL, UNEVEN_G, UNEVEN_NK = 16384, 16, 4096
@@ -73,6 +81,7 @@ def main(argv=None) -> int:
     p.add_argument("--shapes", nargs="+", default=SHAPES)
     p.add_argument("--rep", type=int, default=200, help="do_bench rep (ms)")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--pairs", type=int, default=20, help="paired rounds of table vs tuned")
     p.add_argument("--config", default=None,
                    help="JSON GroupedConfig keywords for ours, e.g. '{\"BM\": 64}'")
     p.add_argument("--no-backward", action="store_true")
@@ -104,6 +113,17 @@ def main(argv=None) -> int:
     def fmt(v):
         return "n/a" if v is None else f"{v:.0f}"
 
+    def two_defaults(call):
+        """(table call, tuned call, plans) of a default ``grouped_mm`` call (``--config``:
+        that plan twice)."""
+        return (call, call, "--config") if cfg is not None else table_and_tuned(call)
+
+    def vs_tuned(fns):
+        if not args.pairs:
+            return "-"
+        per = paired_times({k: fns[k] for k in ("pyptx", "tuned")}, args.pairs)
+        return f"{paired_ratio(per, 'tuned', 'pyptx')[0]:.3f}"
+
     fwd_rows, bwd_rows, records = [], [], []
     for shape in args.shapes:
         label, sizes, N, K = parse(shape)
@@ -116,7 +136,9 @@ def main(argv=None) -> int:
         ours = gg.grouped_mm(a, b, offs, config=cfg)
         ref = ref_mod.reference(a, b, offs)
         err = ((ours.double() - ref).norm() / ref.norm()).item()
-        fns = {"pyptx": lambda a=a, b=b, o=offs: gg.grouped_mm(a, b, o, config=cfg)}
+        table, tuned, plans = two_defaults(
+            lambda a=a, b=b, o=offs: gg.grouped_mm(a, b, o, config=cfg))
+        fns = {"pyptx": table, "tuned": tuned}
         if peer is not None:
             fns["_grouped_mm"] = lambda a=a, b=b, o=offs: peer(a, b, o)
         if len(set(sizes)) == 1:
@@ -125,10 +147,12 @@ def main(argv=None) -> int:
         tf = timed(fns, flops)
         best = max((tf[k] for k in ("_grouped_mm", "bmm") if k in tf), default=None)
         ratio = f"{tf['pyptx'] / best:.3f}" if best else "n/a"
-        fwd_rows.append([label, fmt(tf["pyptx"]), fmt(tf.get("_grouped_mm")), fmt(tf.get("bmm")),
-                         ratio, f"{err:.1e}"])
+        ratio_t = vs_tuned(fns)
+        fwd_rows.append([label, fmt(tf["pyptx"]), fmt(tf["tuned"]), fmt(tf.get("_grouped_mm")),
+                         fmt(tf.get("bmm")), ratio, ratio_t, plans, f"{err:.1e}"])
         print("| " + " | ".join(fwd_rows[-1]) + " |", flush=True)
-        rec = dict(shape=label, sizes=sizes, N=N, K=K, forward=tf, err=err)
+        rec = dict(shape=label, sizes=sizes, N=N, K=K, forward=tf, err=err, plans=plans,
+                   table_vs_tuned=ratio_t)
         if not args.no_backward:
             dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
             aa = a.clone().requires_grad_(True)
@@ -138,7 +162,8 @@ def main(argv=None) -> int:
                 aa.grad = bb.grad = None
                 gg.grouped_mm(aa, bb, o, config=cfg).backward(dy)
 
-            bfns = {"pyptx": ours_bwd}
+            b_table, b_tuned, b_plans = two_defaults(ours_bwd)
+            bfns = {"pyptx": b_table, "tuned": b_tuned}
             if peer is not None:
                 def peer_bwd(aa=aa, bb=bb, o=offs, dy=dy):
                     aa.grad = bb.grad = None
@@ -151,18 +176,23 @@ def main(argv=None) -> int:
             # forward + backward, FLOPs 3x the forward's (the forward runs inside each call)
             bt = timed(bfns, 3 * flops)
             peer_t = bt.get("torch autograd")
-            bwd_rows.append([label, fmt(bt["pyptx"]), fmt(peer_t),
-                             f"{bt['pyptx'] / peer_t:.3f}" if peer_t else "n/a"])
+            b_ratio_t = vs_tuned(bfns)
+            bwd_rows.append([label, fmt(bt["pyptx"]), fmt(bt["tuned"]), fmt(peer_t),
+                             f"{bt['pyptx'] / peer_t:.3f}" if peer_t else "n/a", b_ratio_t,
+                             b_plans])
             print("| fwd+bwd | " + " | ".join(bwd_rows[-1]) + " |", flush=True)
             rec["forward_backward"] = bt
+            rec["forward_backward_table_vs_tuned"] = b_ratio_t
         records.append(rec)
     lines = [f"Grouped GEMM TFLOP/s on {dev} (bf16, do_bench median, torch {torch.__version__})", ""]
-    lines += markdown_table(["G x M x N x K", "pyptx", "_grouped_mm", "bmm", "pyptx / best peer",
+    lines += markdown_table(["G x M x N x K", "pyptx", "tuned", "_grouped_mm", "bmm",
+                             "pyptx / best peer", "table / tuned", "plans (table / tuned)",
                              "rel err"], fwd_rows)
     if bwd_rows:
         lines += ["", "Forward + backward (dA and dB), TFLOP/s counting 3 x 2·ΣM·N·K", ""]
-        lines += markdown_table(["G x M x N x K", "pyptx", "torch autograd (_grouped_mm)",
-                                 "pyptx / torch"], bwd_rows)
+        lines += markdown_table(["G x M x N x K", "pyptx", "tuned", "torch autograd (_grouped_mm)",
+                                 "pyptx / torch", "table / tuned", "plans (table / tuned)"],
+                                bwd_rows)
     print("\n".join(lines))
     if args.out:
         Path(args.out).write_text("\n".join(lines) + "\n")
