@@ -1,11 +1,12 @@
 """CPU tests of ``pyptx_kernels.transformers``: ``apply`` and the ``"pyptx"`` attention
 implementation in tiny Llama, Mistral, Qwen2 and Qwen3 models.
 
-The functional ops are the float64 models of ``test_nn_cpu.py`` (``ops`` fixture), so a
-patched model must reproduce the unpatched one (a deep copy, SDPA attention) in float32:
-loss, logits and every gradient of a training step, decoding with a cache, padding masks
-(which fall back to SDPA). Module swaps are counted: every ``<Family>RMSNorm`` and every
-``nn.Linear``, ``lm_head`` included.
+The functional ops are the float64 models of ``test_nn_cpu.py`` plus those of the fused ops
+(``add_rms_norm``, ``apply_rotary``, ``swiglu``, ``linear_cross_entropy``; ``ops`` fixture),
+so a patched model must reproduce the unpatched one (a deep copy, SDPA attention) in float32:
+loss and every gradient of a training step, logits in eval mode, decoding with a cache,
+padding masks (which fall back to SDPA). Module swaps and op calls are counted: every
+``<Family>RMSNorm`` and every ``nn.Linear``, ``lm_head`` included.
 """
 
 from __future__ import annotations
@@ -31,7 +32,57 @@ _spec = importlib.util.spec_from_file_location("pyptx_nn_cpu_tests",
                                                Path(__file__).with_name("test_nn_cpu.py"))
 _nn_tests = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)  # for dynamo
 _spec.loader.exec_module(_nn_tests)
-ops = _nn_tests.ops
+
+
+def ref_add_rms_norm(x, residual, weight, eps=1e-6):
+    h = (x.double() + residual.double()).to(x.dtype)
+    return _nn_tests.ref_rms_norm(h, weight, eps), h
+
+
+def ref_apply_rotary(q, k, cos, sin, *, layout="bhsd"):
+    """transformers' rotation in float64; like the op, a ``(B, S, H, D)``-stored input gives a
+    result stored the same way."""
+    def rot(x):
+        xd = x.double()
+        c, s = cos.double(), sin.double()
+        c, s = ((t[:, None] if t.dim() == 3 else t) for t in (c, s))
+        h = xd.shape[-1] // 2
+        y = xd * c + torch.cat((-xd[..., h:], xd[..., :h]), -1) * s
+        if not x.is_contiguous() and x.transpose(1, 2).is_contiguous():
+            return y.transpose(1, 2).contiguous().to(x.dtype).transpose(1, 2)
+        return y.to(x.dtype)
+    assert layout == "bhsd"
+    return rot(q), rot(k)
+
+
+def ref_swiglu(gate, up):
+    return (torch.nn.functional.silu(gate.double()) * up.double()).to(gate.dtype)
+
+
+def ref_linear_cross_entropy(x, weight, target, *, bias=None, ignore_index=-100,
+                             reduction="mean", **kw):
+    from pyptx_kernels.cross_entropy.reference import linear_cross_entropy
+
+    return linear_cross_entropy(x, weight, target, bias, ignore_index=ignore_index,
+                                reduction=reduction, **kw).float()
+
+
+@pytest.fixture
+def ops(monkeypatch):
+    """``test_nn_cpu.py``'s stand-ins and the fused ops' (float64, rounded to the input type)."""
+    rec = _nn_tests.Ops()
+    for area, name, fn in [("rows", "rms_norm", _nn_tests.ref_rms_norm),
+                           ("rows", "layer_norm", _nn_tests.ref_layer_norm),
+                           ("gemm", "linear", _nn_tests.ref_linear),
+                           ("flash_attention", "attention", _nn_tests.ref_attention),
+                           ("rows", "add_rms_norm", ref_add_rms_norm),
+                           ("rows", "apply_rotary", ref_apply_rotary),
+                           ("rows", "swiglu", ref_swiglu),
+                           ("cross_entropy", "linear_cross_entropy", ref_linear_cross_entropy)]:
+        monkeypatch.setattr(_nn_tests._api(monkeypatch, area), name, rec.wrap(name, fn),
+                            raising=False)
+    return rec
+
 
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, vocab_size=128, max_position_embeddings=64)
@@ -55,9 +106,10 @@ def _ids(B=2, S=12, seed=1, vocab=128):
 
 def _step(model, ids, **kw):
     model.zero_grad(set_to_none=True)
-    out = model(input_ids=ids, labels=ids, **kw)
+    out = model(input_ids=ids, labels=ids, use_cache=False, **kw)   # training: no KV cache
     out.loss.backward()
-    return out.loss.detach(), out.logits.detach(), {n: p.grad for n, p in model.named_parameters()}
+    logits = None if out.logits is None else out.logits.detach()
+    return out.loss.detach(), logits, {n: p.grad for n, p in model.named_parameters()}
 
 
 def _close(a, b, **kw):
@@ -89,15 +141,25 @@ def test_apply_training_step_matches_unpatched(ops, family, tie):
 
     ids = _ids()
     loss, logits, grads = _step(model, ids)
-    assert ops.count == {"rms_norm": n_norms, "linear": n_linears, "attention": 2}
+    # the post-attention norms run inside add_rms_norm, lm_head inside linear_cross_entropy
+    assert ops.count == {"rms_norm": n_norms - 2, "add_rms_norm": 2, "linear": n_linears - 1,
+                         "attention": 2, "apply_rotary": 2, "swiglu": 2,
+                         "linear_cross_entropy": 1}
     for name, args, kw in ops.calls:
-        if name == "attention":
+        if name == "attention":   # the projections' (B, S, H, D) memory, read in place
             q, k, v = args
-            assert q.shape == (2, 4, 12, 16) and k.shape == v.shape == (2, 2, 12, 16)
-            assert kw == {"causal": True, "scale": 16 ** -0.5, "layout": "bhsd"}
+            assert q.shape == (2, 12, 4, 16) and k.shape == v.shape == (2, 12, 2, 16)
+            assert kw == {"causal": True, "scale": 16 ** -0.5, "layout": "bshd"}
+        if name == "linear_cross_entropy":
+            x, w, target = args
+            assert x.shape == (2, 12, 64) and w is model.lm_head.weight
+            assert torch.equal(target[:, :-1], ids[:, 1:]) and (target[:, -1] == -100).all()
+    assert logits is None   # training with labels: the logits never exist
     rloss, rlogits, rgrads = _step(ref, ids)
     _close(loss, rloss)
-    _close(logits, rlogits)
+    model.eval()
+    with torch.no_grad():
+        _close(model(input_ids=ids, labels=ids).logits, rlogits)
     assert grads.keys() == rgrads.keys()
     for n in grads:
         _close(grads[n], rgrads[n], rtol=1e-4, atol=1e-6)
@@ -206,6 +268,7 @@ def test_training_step_compiles_fullgraph(ops):
     ids = _ids()
     loss = torch.compile(model, fullgraph=True, backend="eager")(input_ids=ids, labels=ids).loss
     loss.backward()
-    assert ops.count["attention"] == 2 and ops.count["linear"] == 15
+    assert ops.count["attention"] == 2 and ops.count["linear"] == 14
+    assert ops.count["linear_cross_entropy"] == ops.count["add_rms_norm"] // 2 == 1
     _close(loss.detach(), ref(input_ids=ids, labels=ids).loss.detach())
     assert all(torch.isfinite(p.grad).all() for p in model.parameters())

@@ -3,14 +3,19 @@
 ``register()`` adds ``"pyptx"`` to transformers' ``AttentionInterface`` (and its mask
 interface), so ``AutoModelForCausalLM.from_config(cfg, attn_implementation="pyptx")`` or
 ``model.set_attn_implementation("pyptx")`` runs attention through ``pyptx_kernels.attention``.
-``apply(model)`` does that and swaps the model's RMSNorm and ``nn.Linear`` modules for
-``pyptx_kernels.nn`` modules sharing the same Parameters, in place. transformers is imported
-only when one of these is called (``pip install "pyptx-kernels[transformers]"``).
+``apply(model)`` does that, swaps the model's RMSNorm and ``nn.Linear`` modules for
+``pyptx_kernels.nn`` modules sharing the same Parameters, and patches the fused kernels of a
+training step into the model's modules (the residual add and RMSNorm of each decoder layer,
+RoPE of q and k, the MLP's SwiGLU, and the head's linear + cross-entropy), in place.
+transformers is imported only when one of these is called
+(``pip install "pyptx-kernels[transformers]"``).
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
+import types
 
 from pyptx.errors import ConfigError, PyptxError
 
@@ -69,7 +74,13 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
         # no mask with more keys than queries: a prefill into an empty static cache, whose
         # keys past S are unwritten (transformers' SDPA path crops them the same way)
         key, value = key[:, :, :S], value[:, :, :S]
-    out = _op("flash_attention", "attention")(query, key, value, causal=causal, scale=scaling, layout="bhsd")
+    attend = _op("flash_attention", "attention")
+    if all(t.transpose(1, 2).is_contiguous() for t in (query, key, value)):
+        # (B, S, H, D) memory seen as (B, H, S, D), as the projections' views come: read it
+        # where it lies and return the (B, S, H, D) result as is (no copy either way)
+        q, k, v = (t.transpose(1, 2) for t in (query, key, value))
+        return attend(q, k, v, causal=causal, scale=scaling, layout="bshd"), None
+    out = attend(query, key, value, causal=causal, scale=scaling, layout="bhsd")
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -102,15 +113,31 @@ def _pyptx_norm(m):
     return new.train(m.training)
 
 
-def apply(model, *, attention: bool = True, rms_norm: bool = True, linear: bool = True):
+def apply(model, *, attention: bool = True, rms_norm: bool = True, linear: bool = True,
+          add_rms_norm: bool = True, rope: bool = True, swiglu: bool = True,
+          cross_entropy: bool = True):
     """Put the pyptx kernels into a Llama, Mistral, Qwen2 or Qwen3 model, in place; returns
-    ``model``. ``rms_norm``: every ``<Family>RMSNorm`` (the layers' norms, the final norm,
-    Qwen3's q/k norms) becomes a ``pyptx_kernels.nn.RMSNorm``; ``linear``: every
-    ``torch.nn.Linear`` (exact type, ``lm_head`` included) becomes a
-    ``pyptx_kernels.nn.Linear``; each shares the replaced module's Parameters, so
-    ``state_dict``, tied weights and existing optimizers are unchanged. ``attention``:
-    ``register()`` and ``model.set_attn_implementation("pyptx")``. Other families raise
-    ``ConfigError``; applying twice is a no-op."""
+    ``model``. A training script changes by one line: ``model = apply(model)``.
+
+    Module swaps (each shares the replaced module's Parameters, so ``state_dict``, tied
+    weights and existing optimizers are unchanged): ``rms_norm``: every ``<Family>RMSNorm``
+    (the layers' norms, the final norm, Qwen3's q/k norms) becomes a
+    ``pyptx_kernels.nn.RMSNorm``; ``linear``: every ``torch.nn.Linear`` (exact type,
+    ``lm_head`` included) a ``pyptx_kernels.nn.Linear``. ``attention``: ``register()`` and
+    ``model.set_attn_implementation("pyptx")``.
+
+    Forward patches (instance attributes: other models of the family are untouched):
+    ``add_rms_norm``: each decoder layer's ``residual + attention`` and
+    ``post_attention_layernorm`` run as one ``pyptx_kernels.add_rms_norm``; ``rope``: the
+    attention modules rotate q and k with ``pyptx_kernels.apply_rotary`` (one launch, the
+    projections' layout read in place; other calls of ``apply_rotary_pos_emb`` fall back to
+    transformers'); ``swiglu``: an MLP whose activation is SiLU computes ``silu(gate) * up``
+    with ``pyptx_kernels.swiglu``; ``cross_entropy``: a ``*ForCausalLM`` called with
+    ``labels`` in training mode computes its loss with ``pyptx_kernels.linear_cross_entropy``
+    from the last hidden states (shifted labels, ``ignore_index=-100``,
+    ``num_items_in_batch`` honoured) and returns ``logits=None``: the logits never exist.
+    Every op is a ``torch.ops.pyptx`` custom op, so the patched model compiles with
+    ``torch.compile``. Other families raise ``ConfigError``; applying twice is a no-op."""
     _transformers()
     import torch
 
@@ -138,4 +165,154 @@ def apply(model, *, attention: bool = True, rms_norm: bool = True, linear: bool 
             model.set_attn_implementation("pyptx")
         else:
             model.config._attn_implementation = "pyptx"
+    _patch_forwards(model, model_type, add_rms_norm=add_rms_norm, rope=rope, swiglu=swiglu,
+                    cross_entropy=cross_entropy)
     return model
+
+
+# ------------------------------------------------------------------------ forward patches
+def _family_module(model_type: str):
+    return importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+
+
+def _patch(module, name: str, fn) -> None:
+    """``module.<name> = fn`` bound to ``module``, once (applying twice is a no-op)."""
+    if getattr(module, "_pyptx_patched", {}).get(name):
+        return
+    module.__dict__.setdefault("_pyptx_patched", {})[name] = True
+    setattr(module, name, types.MethodType(fn, module))
+
+
+def _patch_forwards(model, model_type, *, add_rms_norm, rope, swiglu, cross_entropy):
+    from .nn import preload
+
+    mod = _family_module(model_type)
+    prefix = FAMILIES[model_type]
+    layer_cls = getattr(mod, f"{prefix}DecoderLayer")
+    attn_cls = getattr(mod, f"{prefix}Attention")
+    mlp_cls = getattr(mod, f"{prefix}MLP")
+    lm_cls = getattr(mod, f"{prefix}ForCausalLM", None)
+    if add_rms_norm or rope or swiglu:
+        preload("rows")
+    if cross_entropy:
+        preload("cross_entropy")
+    for m in model.modules():
+        if add_rms_norm and type(m) is layer_cls:
+            _patch(m, "forward", _decoder_layer_forward)
+        elif rope and type(m) is attn_cls:
+            _patch(m, "forward", _with_pyptx_rope(attn_cls.forward, mod))
+        elif swiglu and type(m) is mlp_cls and _is_silu(m):
+            _patch(m, "forward", _mlp_forward)
+    if cross_entropy and lm_cls is not None and type(model) is lm_cls:
+        _patch(model, "forward", _causal_lm_forward)
+
+
+def _is_silu(mlp) -> bool:
+    act = getattr(getattr(mlp, "config", None), "hidden_act", None)
+    return act in ("silu", "swish") and all(hasattr(mlp, n) for n in
+                                            ("gate_proj", "up_proj", "down_proj"))
+
+
+def _eps(norm) -> float:
+    eps = getattr(norm, "variance_epsilon", None)
+    return float(norm.eps if eps is None else eps)
+
+
+def _decoder_layer_forward(self, hidden_states, *args, **kwargs):
+    """A pre-norm decoder layer with ``residual + attention`` and the post-attention
+    RMSNorm in one ``add_rms_norm``: ``h = x + attn(norm(x)); out = h + mlp(norm2(h))``.
+    The model passes everything but ``hidden_states`` by keyword, as the attention module
+    takes it; a call with more positional arguments runs transformers' forward."""
+    from .nn import _op
+
+    if args:
+        return type(self).forward(self, hidden_states, *args, **kwargs)
+    residual = hidden_states
+    attn_out, _ = self.self_attn(hidden_states=self.input_layernorm(residual), **kwargs)
+    norm = self.post_attention_layernorm
+    normed, residual = _op("rows", "add_rms_norm")(attn_out, residual, norm.weight, _eps(norm))
+    return residual + self.mlp(normed)
+
+
+def _with_pyptx_rope(forward, family_module):
+    """The attention class's ``forward`` with its module's ``apply_rotary_pos_emb`` replaced
+    by ``_rope``: a copy of the function over the globals of a twin module registered in
+    ``sys.modules`` (so ``torch.compile`` can name them), the class left as it is."""
+    import sys
+
+    fn = inspect.unwrap(forward)
+    name = f"{__name__}._rope.{family_module.__name__}"
+    twin = sys.modules.get(name)
+    if twin is None:
+        twin = types.ModuleType(name)
+        twin.__dict__.update(fn.__globals__)
+        twin.__name__ = name
+        fallback = family_module.apply_rotary_pos_emb
+
+        def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
+            return _rope(fallback, q, k, cos, sin, unsqueeze_dim)
+
+        twin.apply_rotary_pos_emb = apply_rotary_pos_emb
+        sys.modules[name] = twin
+    new = types.FunctionType(fn.__code__, twin.__dict__, fn.__name__, fn.__defaults__,
+                             fn.__closure__)
+    new.__kwdefaults__ = fn.__kwdefaults__
+    return new
+
+
+def _rope(fallback, q, k, cos, sin, unsqueeze_dim):
+    """``apply_rotary_pos_emb`` through ``pyptx_kernels.apply_rotary`` where it applies:
+    ``(B, H, S, D)`` q and k (``unsqueeze_dim=1``) of one dtype with their tables; else
+    transformers' own."""
+    from .nn import _op
+
+    ok = (unsqueeze_dim == 1 and q.dim() == 4 and k.dim() == 4 and cos.dim() in (2, 3)
+          and q.dtype == k.dtype == cos.dtype == sin.dtype and q.shape[-1] == cos.shape[-1])
+    if not ok:
+        return fallback(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+    return _op("rows", "apply_rotary")(q, k, cos, sin)
+
+
+def _mlp_forward(self, x):
+    """``down(silu(gate(x)) * up(x))`` with the product in ``pyptx_kernels.swiglu``."""
+    from .nn import _op
+
+    return self.down_proj(_op("rows", "swiglu")(self.gate_proj(x), self.up_proj(x)))
+
+
+def _causal_lm_forward(self, *args, **kwargs):
+    """``*ForCausalLM.forward``; with ``labels`` in training mode (and at most ``input_ids``
+    by position) the loss comes from ``linear_cross_entropy`` on the last hidden states and
+    ``logits`` is None."""
+    from .nn import _op
+
+    labels = kwargs.get("labels")
+    if labels is None or not self.training or len(args) > 1 or (args and "input_ids" in kwargs):
+        return type(self).forward(self, *args, **kwargs)
+    kw = dict(kwargs, input_ids=args[0]) if args else dict(kwargs)
+    del kw["labels"]
+    keep = kw.pop("logits_to_keep", 0)
+    kw.pop("return_dict", None)
+    outputs = self.model(**kw)
+    hidden = outputs.last_hidden_state
+    if not (isinstance(keep, int) and keep == 0):
+        from transformers.modeling_utils import slice_logits_to_keep
+
+        hidden = slice_logits_to_keep(hidden, keep)
+        labels = labels[:, -hidden.shape[1]:]
+    import torch
+
+    shift = kw.pop("shift_labels", None)
+    if shift is None:
+        shift = torch.nn.functional.pad(labels, (0, 1), value=-100)[..., 1:]
+    n_items = kw.get("num_items_in_batch")
+    head = self.lm_head
+    lce = _op("cross_entropy", "linear_cross_entropy")
+    if n_items is None:
+        loss = lce(hidden, head.weight, shift, bias=head.bias)
+    else:
+        loss = lce(hidden, head.weight, shift, bias=head.bias, reduction="sum") / n_items
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    rest = {k: v for k, v in outputs.items() if k != "last_hidden_state"}
+    return CausalLMOutputWithPast(loss=loss, logits=None, **rest)
