@@ -387,3 +387,18 @@ def test_switch_reads_the_environment_at_every_call(monkeypatch):
             assert mode() == "table"
     monkeypatch.delenv("PYPTX_AUTOTUNE")
     assert mode() == "plan"
+
+
+def test_set_timer_replaces_a_runtimes_timer():
+    import pyptx.autotune as at
+
+    class Rt:
+        name = "fake-rt"
+
+    timer = FakeTimer({})
+    at.set_timer("fake-rt", timer)
+    try:
+        assert at._timer_cache["fake-rt"] is timer
+    finally:
+        at.set_timer("fake-rt", None)
+    assert "fake-rt" not in at._timer_cache

@@ -219,3 +219,25 @@ def test_precompile_runs_each_call_once_on_zero_filled_inputs_untimed():
     lin = torch.nn.Linear(3, 2)
     pyptx_kernels.precompile(lin, ((4, 3), torch.float32), backward=True, device="cpu")
     assert lin.weight.grad is None
+
+
+def test_tune_table_records_timed_winners_by_op_and_bucket():
+    import importlib.util
+    from pathlib import Path
+
+    from pyptx.autotune import Choice
+
+    path = Path(__file__).resolve().parents[3] / "tools" / "tune_table.py"
+    spec = importlib.util.spec_from_file_location("tune_table", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    k = gemm_kernel(4095, 4104, 4104)
+    other = gemm_host.gemm_tuned.with_default(None)   # not registered under another ident
+    log = [(k, Choice(Config(config="192x192x64_s3_c2"), 3.0, "NVIDIA H200", "timed")),
+           (k, Choice(Config(config="128x256x64_s4_c2"), None, "NVIDIA H200", "default"))]
+    entries, unplanned = {}, set()
+    lines = tool.record(log, entries, unplanned)
+    assert entries == {"matmul": {"K=6144,M=4096,N=6144": "192x192x64_s3_c2"}}
+    assert len(lines) == 1 and "3.0 us" in lines[0] and not unplanned
+    assert other.ident == gemm_host.gemm_tuned.ident
+    assert set(tool.OPS) == {"matmul", "grouped_mm", "scaled_mm", "attention", "rms_norm"}

@@ -72,7 +72,7 @@ from .errors import ConfigError, PyptxError, ToolchainError
 from .source import where
 
 __all__ = ["autotune", "Config", "TunedBuilder", "TunedKernel", "Timer", "AutotuneError",
-           "Choice", "timer_for", "tuning", "mode"]
+           "Choice", "timer_for", "set_timer", "tuning", "mode"]
 
 ENV = "PYPTX_AUTOTUNE"
 #: builder calls (argument tuples) whose ``TunedKernel`` a decorated builder keeps
@@ -309,6 +309,15 @@ class JaxTimer:
 #: offer its own as ``autotune_timer()``.
 _TIMERS: dict[str, Callable[[], Timer]] = {"torch": TorchTimer, "jax": JaxTimer}
 _timer_cache: dict[str, Timer] = {}
+
+
+def set_timer(runtime: str, timer: Timer | None) -> None:
+    """Time the arrays of runtime plugin ``runtime`` (``"torch"``, ``"jax"``) with ``timer``
+    from now on (tools: a quicker ``TorchTimer(rep_ms=...)``); None restores its own."""
+    if timer is None:
+        _timer_cache.pop(runtime, None)
+    else:
+        _timer_cache[runtime] = timer
 
 
 def timer_for(args: Sequence[Any]) -> Timer | None:
