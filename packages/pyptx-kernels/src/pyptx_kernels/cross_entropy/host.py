@@ -3,7 +3,8 @@ kernel's plan cache, and the gradients formed in the forward.
 
 Per chunk of ``C`` tokens: ``logits = x_c @ W.T (+ b)`` (the library's GEMM, in ``x``'s
 dtype), the row kernel (loss per token; the logits overwritten by their scaled gradient
-``g``), then ``grad_x_c = g @ W`` and ``grad_W += g.T @ x_c`` (f32 across chunks),
+``g``), then ``grad_x_c = g @ W`` and ``grad_W += g.T @ x_c`` (each chunk's product in ``W``'s dtype,
+added in f32 across chunks),
 ``grad_b += sum(g)``. Only one chunk's logits exist at a time. The scale (``1 / #valid``
 for ``"mean"``) is a device tensor: nothing waits on the GPU.
 """
@@ -70,10 +71,12 @@ def forward(x, weight, target, bias, ignore_index, label_smoothing, z_loss, redu
             if need_x:
                 gx[start:start + chunk] = gemm._mm(logits, weight, None, dt)
             if need_w:
-                if several:
-                    gw += gemm._mm(logits.T, xc, None, "f32")
+                part = gemm._mm(logits.T, xc, None, dtype_name(weight.dtype))
+                if several:   # the chunks' products added in f32
+                    gw += part
                 else:
-                    gw = gemm._mm(logits.T, xc, None, dtype_name(weight.dtype))
+                    gw = part
+                del part
             if need_b:
                 gb += logits.sum(0, dtype=torch.float32)
             del logits
