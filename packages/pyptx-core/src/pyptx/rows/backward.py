@@ -22,13 +22,14 @@ __all__ = ["build_colsum", "TwoStage"]
 
 
 def build_colsum(P: int, C: int, N: int, dtype: PtxType, *, name: str = "colsum",
-                 ry: int = 8, unroll: int = 4, hints: Hints | None = None):
+                 ry: int = 8, unroll: int = 4, hints: Hints | None = None,
+                 arch: str = "sm_90a"):
     """Sum partials ``(P*C, N)`` f32 (row ``p*C + c``) over ``p`` into ``C`` outputs ``(N,)``.
 
     CTA = 32 column vectors x ``ry`` row slices; each thread adds rows
     ``ty, ty+ry, ...`` (``unroll`` loads in flight per step), the slices are
     added through shared memory and the first slice writes the result in
-    ``dtype``. Grid ``(ceil(N/vec/32), C)``. ``P`` is a kernel parameter (``nparts``): the
+    ``dtype``. Grid ``(ceil(N/vec/32), C)``; ``arch`` the target. ``P`` is a kernel parameter (``nparts``): the
     PTX is the same for every ``P``. ``hints``: the L2 policies and store
     modifier of its partial loads and result stores (default none).
     """
@@ -108,7 +109,7 @@ def build_colsum(P: int, C: int, N: int, dtype: PtxType, *, name: str = "colsum"
         ptx.ret()
 
     deco = kernel(in_specs=(Tile(P * C, N, f32),), out_specs=tuple(Tile(N, dtype) for _ in range(C)),
-                  grid=(gx, C, 1), block=(WARP, ry, 1), name=name)
+                  grid=(gx, C, 1), block=(WARP, ry, 1), name=name, arch=arch)
     if C == 1:
         def colsum(Part, Out):
             body(Part, (Out,))

@@ -193,19 +193,26 @@ def _op(name, *args):
 
 # ---------------------------------------------------------------------------- launches
 @functools.lru_cache(maxsize=256)
-def _build(module, builder, B, N, dtype, *extra):
+def _build(module, builder, B, N, dtype, *extra, arch=None):
     import importlib
 
-    mod = importlib.import_module(f"pyptx_kernels.rows.{module}")
-    return getattr(mod, builder)(B, N, dtype, *extra)
+    build = getattr(importlib.import_module(f"pyptx_kernels.rows.{module}"), builder)
+    return build(B, N, dtype, *extra) if arch is None else build(B, N, dtype, *extra, arch=arch)
+
+
+#: the op modules whose builders take ``arch=`` (the target of the tensor's device)
+_ARCH_MODULES = frozenset({"rms_norm", "layer_norm", "softmax", "swiglu"})
 
 
 def _kernel(module, builder, x, *extra):
     """The builder's kernel for 2-D ``x``; for ``x (..., N)`` of ``_kernels_*``, its rows."""
     import math
 
+    from pyptx_kernels.rows.config import device_arch
+
     B, N = math.prod(x.shape[:-1]), x.shape[-1]
-    return _build(module, builder, B, N, dtype_name(x.dtype), *extra)
+    arch = device_arch(x) if module in _ARCH_MODULES else None
+    return _build(module, builder, B, N, dtype_name(x.dtype), *extra, arch=arch)
 
 
 def _no_grad():

@@ -1,6 +1,9 @@
 """The row kernels' configuration: ``RowConfig`` (a frozen, validated plan), each op's tuned
-table of them, and ``tuned``, the wiring shared by the four ops' builders (``config=None``: the
-table tuned by ``pyptx.autotune``; a ``RowConfig``: exactly that plan)."""
+table of them, ``default_plan`` (the plan chosen without timing where the shipped table of
+``pyptx_kernels._tuning`` has none), the target architectures (``ARCHS``, ``for_arch``,
+``device_arch``) and ``tuned``, the wiring shared by the four ops' builders (``config=None``:
+a ``pyptx.autotune.TunedKernel`` that takes a saved winner, the table's or the heuristic's
+plan, timing only when asked; a ``RowConfig``: exactly that plan)."""
 
 from __future__ import annotations
 
@@ -188,37 +191,170 @@ SWIGLU_CONFIGS = _table(
     dict(bulk=True, threads=512, bulk_store=True))
 
 
+# ----------------------------------------------------------------------------- architectures
+#: The targets the row builders take: Ampere, Hopper, Blackwell.
+ARCHS = ("sm_80", "sm_90a", "sm_100a")
+#: The builders' default target.
+DEFAULT_ARCH = "sm_90a"
+#: Targets with the Hopper steps the plans may use: PDL (``griddepcontrol``), the bulk copy
+#: engine (``cp.async.bulk``, its L2 prefetch, mbarrier ``expect_tx``); Blackwell keeps them.
+_HOPPER_STEPS = ("sm_90a", "sm_100a")
+
+
+def check_arch(arch, who: str) -> str:
+    """``arch`` if it is one of ``ARCHS``."""
+    if arch not in ARCHS:
+        raise ConfigError(f"{where()}: {who}: arch must be one of {', '.join(ARCHS)}, got "
+                          f"{arch!r}")
+    return arch
+
+
+def for_arch(config: RowConfig, arch: str, who: str) -> RowConfig:
+    """``config`` as it builds for ``arch``: on a target without PDL and the bulk copy engine
+    (sm_80) PDL and its L2 prefetch are off, and the plans that need the copy engine (``ring``,
+    ``bulk``) are refused with a ``ConfigError``."""
+    if arch in _HOPPER_STEPS:
+        return config
+    if config.plan in ("ring", "bulk"):
+        raise ConfigError(f"{where()}: {who}: {config!r} is the {config.plan!r} plan, which "
+                          f"copies rows with cp.async.bulk; {arch} has no bulk copy engine "
+                          f"(plans there: row, persistent)")
+    if not config.pdl:
+        return config
+    return dataclasses.replace(config, pdl=False)
+
+
+def device_arch(x) -> str:
+    """The row builders' target for the device of array ``x``: ``sm_80`` for a CUDA tensor of
+    capability 8.x, ``sm_90a`` for 9.x, ``sm_100a`` for 10.x (``sm_90a`` for CPU, meta and
+    non-torch arrays, and for other capabilities)."""
+    dev = getattr(x, "device", None)
+    if getattr(dev, "type", None) != "cuda":
+        return DEFAULT_ARCH
+    return _capability_arch(dev.index)
+
+
+@functools.cache
+def _capability_arch(index) -> str:
+    import torch
+
+    major = torch.cuda.get_device_capability(index)[0]
+    return {8: "sm_80", 9: "sm_90a", 10: "sm_100a"}.get(major, DEFAULT_ARCH)
+
+
+# ----------------------------------------------------------------------------- plan, untimed
+#: CTAs of the persistent plans in the shipped heuristic: two per SM of an H100/H200 (132).
+_H_CTAS = 264
+
+
+def default_plan(op: str, rows: int, N: int, dtype, arch: str = DEFAULT_ARCH) -> RowConfig:
+    """The plan a default call takes where the shipped table has none, chosen without timing.
+
+    From the recorded do_bench winners (``docs/benchmarks/memory_bound.md``: H100 and H200,
+    256x4096 ... 8192x8192; where the two disagree, the H200's, and the top configs of a
+    cell are within ~1.5% of each other): rows shorter than a wave of a full GPU (under 512)
+    run without PDL (do_bench charges a PDL launch 2-3 us); f32 norms and softmax take 8
+    chunks per thread (256 threads per 8192-element row); bf16 RMSNorm at 512-4095 rows the
+    persistent plan (two CTAs per SM) and 2 chunks from 4096 rows; SwiGLU 128-thread CTAs.
+    ``sm_80`` takes the one-row plans without PDL; ``sm_100a`` the Hopper choice with the
+    one-row plan in place of the persistent one (its CTA count is the H100's). ``op`` is
+    ``rms_norm``, ``layer_norm``, ``softmax`` or ``swiglu``; ``dtype`` f32 or bf16 (any name
+    ``pyptx.rows.dtype_of`` takes)."""
+    from pyptx import rows as rw
+
+    if op not in FIELDS or op == "backward":
+        raise ConfigError(f"{where()}: default_plan: op must be one of rms_norm, layer_norm, "
+                          f"softmax, swiglu, got {op!r}")
+    check_arch(arch, "default_plan")
+    bf16 = rw.dtype_of(dtype, "default_plan").name == "bf16"
+    few = rows < 512
+    if op == "swiglu":
+        elems = rows * N
+        if bf16:
+            c = dict(threads=128, chunks=2) if elems < 2**21 else dict(threads=128, pdl=False)
+        else:
+            c = dict(pdl=False) if elems < 2**21 else dict(threads=128)
+    elif not bf16:
+        c = (dict(chunks=2, pdl=False) if op == "rms_norm" else dict(pdl=False)) if few \
+            else dict(chunks=8)
+    elif op == "rms_norm":
+        if few:
+            c = {}
+        elif rows < 4096 and N <= 16384 and arch == "sm_90a":
+            c = dict(ctas=_H_CTAS, pdl=False)
+        elif rows < 4096:
+            c = dict(pdl=False)
+        else:
+            c = dict(chunks=2)
+    elif op == "layer_norm":
+        c = dict(chunks=2, pdl=False) if few else {}
+    else:
+        c = dict(chunks=2, pdl=False) if few else {}
+    config = RowConfig(**c)
+    return config if arch in _HOPPER_STEPS else dataclasses.replace(config, pdl=False)
+
+
+def _planner(op: str, table: tuple[RowConfig, ...]):
+    """The ``pyptx_kernels._tuning.Planner`` of ``op``: the shipped table's plan for the
+    call's bucket (sizes ``rows``, ``N``, ``dtype``, ``arch``), else ``default_plan``'s; plans
+    are named by ``RowConfig.describe()``."""
+    from pyptx import rows as rw
+    from pyptx.autotune import Config
+    from pyptx_kernels import _tuning
+
+    def sizes(keyvals):
+        return {"rows": keyvals["B"], "N": keyvals["N"],
+                "dtype": rw.dtype_of(keyvals["dtype"], op).name, "arch": keyvals["arch"]}
+
+    def heuristic(rows, N, dtype, arch):
+        return default_plan(op, rows, N, dtype, arch).describe()
+
+    return _tuning.Planner(op, sizes, {c.describe(): Config(**c.kwargs) for c in table},
+                           heuristic)
+
+
 # ----------------------------------------------------------------------------- builders
 def tuned(op: str, table: tuple[RowConfig, ...]):
-    """Make ``build(B, N, dtype, *problem, config=None)`` a row builder.
+    """Make ``build(B, N, dtype, *problem, config, arch)`` a row builder.
 
-    ``config=None``: a ``pyptx.autotune.TunedKernel`` that times ``table`` at its first
-    launch on a device (key: ``B``, ``N``, ``dtype``) and keeps the fastest; a ``RowConfig``:
-    that plan, checked against the fields ``op`` takes (``FIELDS``), built directly."""
+    ``config=None``: a ``pyptx.autotune.TunedKernel`` over ``table`` (key: ``B``, ``N``,
+    ``dtype``, ``arch``) that settles its plan at the first launch on a device without timing
+    (a winner saved for the exact shape, else the shipped table's plan for the bucket, else
+    ``default_plan``: ``pyptx_kernels._tuning``), and times the table only when asked
+    (``PYPTX_AUTOTUNE=1``, ``pyptx_kernels.tune``). A ``RowConfig``: that plan, checked
+    against the fields ``op`` takes (``FIELDS``) and the arch (``for_arch``), built directly.
+    ``arch`` (keyword, default ``sm_90a``) is one of ``ARCHS``."""
     from pyptx.autotune import Config, autotune
+    from pyptx_kernels import _tuning
 
     def wrap(build):
         sig = inspect.signature(build)
         name = build.__name__
 
-        def variant(B, N, dtype, problem=(), **fields):
-            return build(B, N, dtype, *problem, config=RowConfig(**fields))
+        def variant(B, N, dtype, problem=(), arch=DEFAULT_ARCH, **fields):
+            return build(B, N, dtype, *problem, config=for_arch(RowConfig(**fields), arch, name),
+                         arch=arch)
 
         variant.__name__ = variant.__qualname__ = name
-        tuner = autotune([Config(**c.kwargs) for c in table], key=["B", "N", "dtype"])(variant)
+        tuner = autotune([Config(**c.kwargs) for c in table],
+                         key=["B", "N", "dtype", "arch"])(variant)
         tuner.ident = f"{build.__module__.rsplit('.', 1)[-1]}.{name}"  # the on-disk winners' key
+        tuner = _tuning.planned(tuner, _planner(op, table))
 
         @functools.wraps(build)
-        def builder(*args, config=None, **problem):
+        def builder(*args, config=None, arch=DEFAULT_ARCH, **problem):
             try:
-                bound = sig.bind(*args, **problem)
+                bound = sig.bind(*args, config=config, arch=arch, **problem)
             except TypeError as e:
                 raise ConfigError(f"{where()}: {name}: {e}") from None
             bound.apply_defaults()
-            B, N, dtype, *rest = (v for k, v in bound.arguments.items() if k != "config")
+            B, N, dtype, *rest = (v for k, v in bound.arguments.items()
+                                  if k not in ("config", "arch"))
+            arch = check_arch(arch, name)
             if config is None:
-                return tuner(B, N, dtype, tuple(rest))
-            return build(B, N, dtype, *rest, config=check(config, name, op))
+                return tuner(B, N, dtype, tuple(rest), arch)
+            check(config, name, op)
+            return build(B, N, dtype, *rest, config=for_arch(config, arch, name), arch=arch)
 
         builder.tuner = tuner
         builder.configs = table
@@ -228,4 +364,5 @@ def tuned(op: str, table: tuple[RowConfig, ...]):
 
 
 __all__ = ["RowConfig", "DEFAULT", "FIELDS", "check", "tuned", "RMS_NORM_CONFIGS", "LAYER_NORM_CONFIGS",
-           "SOFTMAX_CONFIGS", "SWIGLU_CONFIGS"]
+           "SOFTMAX_CONFIGS", "SWIGLU_CONFIGS", "ARCHS", "DEFAULT_ARCH", "check_arch", "for_arch",
+           "device_arch", "default_plan"]

@@ -15,12 +15,21 @@ from pyptx import rows as rw
 from pyptx.errors import ConfigError
 from pyptx.types import f32, u32
 from pyptx_kernels._common import where
-from pyptx_kernels.rows.config import DEFAULT, LAYER_NORM_CONFIGS, RowConfig, check, tuned
+from pyptx_kernels.rows.config import (
+    DEFAULT,
+    DEFAULT_ARCH,
+    LAYER_NORM_CONFIGS,
+    RowConfig,
+    check,
+    check_arch,
+    tuned,
+)
 
 
 @tuned("layer_norm", LAYER_NORM_CONFIGS)
 def build_layer_norm(B: int, N: int, dtype=f32, eps: float = 1e-5, *,
-                     config: RowConfig | None = None):
+                     config: RowConfig | None = None,
+    arch: str = DEFAULT_ARCH):
     """LayerNorm over the last dim of ``X (B, N)`` with ``W (N,)``, ``Bias (N,)``, all in ``dtype``.
 
     f32 or bf16 storage, f32 arithmetic. Algorithm: load the row's chunks
@@ -70,7 +79,7 @@ def build_layer_norm(B: int, N: int, dtype=f32, eps: float = 1e-5, *,
     relative L2 error below 1e-5 for f32, 1e-2 for bf16.
     """
     dt = rw.dtype_of(dtype, "build_layer_norm")
-    return _KERNELS[config.plan](B, N, dt, eps, config)
+    return _KERNELS[config.plan](B, N, dt, eps, config, arch)
 
 
 def _check_welford(who, plan, N, welford):
@@ -80,7 +89,7 @@ def _check_welford(who, plan, N, welford):
                           f"({plan.describe()})")
 
 
-def _layer_norm_row(B, N, dt, eps, c):
+def _layer_norm_row(B, N, dt, eps, c, arch):
     """The one-row kernel (``RowConfig`` plan ``"row"``)."""
     who = "build_layer_norm"
     plan = rw.plan_rows(B, N, dt, who=who, chunks=c.chunks, threads=c.threads, rows=c.rows)
@@ -100,6 +109,7 @@ def _layer_norm_row(B, N, dt, eps, c):
         grid=plan.grid,
         block=plan.block,
         name=f"layer_norm_{dt.name}{'_welford' if welford else ''}",
+        arch=arch,
         maxnreg=maxnreg,
         pdl=pdl,
     )
@@ -156,7 +166,7 @@ def _centre(io, x, N, eps, welford, lanes=False):
     return d, rw.rstd(v, N, eps)
 
 
-def _layer_norm_ring(B, N, dt, eps, c):
+def _layer_norm_ring(B, N, dt, eps, c, arch):
     """Plan ``"ring"`` (``ctas=P, stages=S``): rows streamed through a TMA ring."""
     who = f"build_layer_norm(ctas={c.ctas!r}, stages={c.stages!r})"
     plan, P, S = rw.ring_plan(B, N, dt, who=who, ctas=c.ctas, stages=c.stages, chunks=c.chunks,
@@ -171,6 +181,7 @@ def _layer_norm_ring(B, N, dt, eps, c):
         block=plan.block,
         smem=S * N * dt.bytes,
         name=f"layer_norm_ring_{dt.name}",
+        arch=arch,
         maxnreg=maxnreg,
         pdl=pdl,
     )
@@ -215,7 +226,7 @@ def _layer_norm_ring(B, N, dt, eps, c):
     return layer_norm_ring
 
 
-def _layer_norm_persistent(B, N, dt, eps, c):
+def _layer_norm_persistent(B, N, dt, eps, c, arch):
     """Plan ``"persistent"`` (``ctas=P``): ``P`` CTAs walk the rows (``pyptx.rows.row_loop``),
     the next row's loads in flight while this row reduces and stores; ``w``, ``b`` read once."""
     who = f"build_layer_norm(ctas={c.ctas!r})"
@@ -231,6 +242,7 @@ def _layer_norm_persistent(B, N, dt, eps, c):
         grid=(P, 1, 1),
         block=plan.block,
         name=f"layer_norm_persist_{dt.name}{'_welford' if welford else ''}",
+        arch=arch,
         maxnreg=c.maxnreg,
         pdl=c.pdl,
     )
@@ -266,7 +278,8 @@ _KERNELS = {"row": _layer_norm_row, "persistent": _layer_norm_persistent,
 
 
 def build_layer_norm_bwd(B: int, N: int, dtype=f32, eps: float = 1e-5, *,
-                         config: RowConfig | None = None):
+                         config: RowConfig | None = None,
+    arch: str = DEFAULT_ARCH):
     """Backward of ``build_layer_norm``: ``(x, w, dy) -> (dx, dw, db)``, two launches.
 
     With ``xhat = (x - mean) * rstd`` and ``g = w * dy``:
@@ -285,6 +298,7 @@ def build_layer_norm_bwd(B: int, N: int, dtype=f32, eps: float = 1e-5, *,
     """
     who = "build_layer_norm_bwd"
     c = DEFAULT if config is None else check(config, who, "backward")
+    arch = check_arch(arch, who)
     dt = rw.dtype_of(dtype, who)
     plan = rw.plan_rows(B, N, dt, who=who, chunks=c.chunks, threads=c.threads, rows=c.rows,
                         max_n=rw.MAX_N_BWD, max_elems=16, target_bytes=32)
@@ -298,6 +312,7 @@ def build_layer_norm_bwd(B: int, N: int, dtype=f32, eps: float = 1e-5, *,
         grid=(P, 1, 1),
         block=plan.block,
         name=f"layer_norm_bwd_{dt.name}",
+        arch=arch,
         maxnreg=rw.reg_cap(plan),
     )
     def layer_norm_bwd(X, W, DY, DX, PART):
@@ -351,7 +366,8 @@ def build_layer_norm_bwd(B: int, N: int, dtype=f32, eps: float = 1e-5, *,
         io.store(ppart + poff + N * 4, acc_b, dtype=f32)
         ptx.ret()
 
-    colsum = rw.build_colsum(P * R, 2, N, dt, name=f"layer_norm_dwdb_{dt.name}")
+    colsum = rw.build_colsum(P * R, 2, N, dt, name=f"layer_norm_dwdb_{dt.name}",
+                             arch=arch)
     out = rw.TwoStage(layer_norm_bwd, colsum)
     out.plan = plan
     return out

@@ -9,7 +9,15 @@ dW column sum.
 from pyptx import Tile, kernel, ptx, reg
 from pyptx import rows as rw
 from pyptx.types import f32, u32
-from pyptx_kernels.rows.config import DEFAULT, RMS_NORM_CONFIGS, RowConfig, check, tuned
+from pyptx_kernels.rows.config import (
+    DEFAULT,
+    DEFAULT_ARCH,
+    RMS_NORM_CONFIGS,
+    RowConfig,
+    check,
+    check_arch,
+    tuned,
+)
 
 
 def reference(x, w, eps=1e-6):
@@ -24,7 +32,8 @@ def reference(x, w, eps=1e-6):
 # ----------------------------------------------------------------------------- fast kernels
 @tuned("rms_norm", RMS_NORM_CONFIGS)
 def build_rms_norm_fast(B: int, N: int, dtype=f32, eps: float = 1e-6, *,
-                        config: RowConfig | None = None):
+                        config: RowConfig | None = None,
+    arch: str = DEFAULT_ARCH):
     """RMSNorm at the bandwidth ceiling: ``y = x * rsqrt(mean(x**2) + eps) * w``.
 
     ``X (B, N)`` and ``W (N,)`` in ``dtype`` (f32 or bf16), ``Y (B, N)`` in ``dtype``;
@@ -72,10 +81,10 @@ def build_rms_norm_fast(B: int, N: int, dtype=f32, eps: float = 1e-6, *,
     rounding).
     """
     dt = rw.dtype_of(dtype, "build_rms_norm_fast")
-    return _KERNELS[config.plan](B, N, dt, eps, config)
+    return _KERNELS[config.plan](B, N, dt, eps, config, arch)
 
 
-def _rms_norm_row(B, N, dt, eps, c):
+def _rms_norm_row(B, N, dt, eps, c, arch):
     """The one-row kernel (``RowConfig`` plan ``"row"``)."""
     plan = rw.plan_rows(B, N, dt, who="build_rms_norm_fast", chunks=c.chunks, threads=c.threads,
                         rows=c.rows)
@@ -88,6 +97,7 @@ def _rms_norm_row(B, N, dt, eps, c):
         grid=plan.grid,
         block=plan.block,
         name=f"rms_norm_{dt.name}",
+        arch=arch,
         maxnreg=c.maxnreg,
         pdl=pdl,
     )
@@ -120,7 +130,7 @@ def _rms_norm_row(B, N, dt, eps, c):
     return rms_norm_fast
 
 
-def _rms_norm_persistent(B, N, dt, eps, c):
+def _rms_norm_persistent(B, N, dt, eps, c, arch):
     """Plan ``"persistent"`` (``ctas=P``): ``P`` CTAs walk the rows (``pyptx.rows.row_loop``),
     the next row's loads in flight while this row reduces and stores; ``w`` read once."""
     who = f"build_rms_norm_fast(ctas={c.ctas!r})"
@@ -135,6 +145,7 @@ def _rms_norm_persistent(B, N, dt, eps, c):
         grid=(P, 1, 1),
         block=plan.block,
         name=f"rms_norm_persist_{dt.name}",
+        arch=arch,
         maxnreg=c.maxnreg,
         pdl=c.pdl,
     )
@@ -163,7 +174,7 @@ def _rms_norm_persistent(B, N, dt, eps, c):
     return rms_norm_persist
 
 
-def _rms_norm_ring(B, N, dt, eps, c):
+def _rms_norm_ring(B, N, dt, eps, c, arch):
     """Plan ``"ring"`` (``ctas=P, stages=S``): rows streamed through a TMA ring."""
     who = f"build_rms_norm_fast(ctas={c.ctas!r}, stages={c.stages!r})"
     plan, P, S = rw.ring_plan(B, N, dt, who=who, ctas=c.ctas, stages=c.stages, chunks=c.chunks,
@@ -178,6 +189,7 @@ def _rms_norm_ring(B, N, dt, eps, c):
         block=plan.block,
         smem=S * N * dt.bytes,
         name=f"rms_norm_ring_{dt.name}",
+        arch=arch,
         maxnreg=maxnreg,
         pdl=pdl,
     )
@@ -214,7 +226,8 @@ _KERNELS = {"row": _rms_norm_row, "persistent": _rms_norm_persistent, "ring": _r
 
 
 def build_rms_norm_bwd(B: int, N: int, dtype=f32, eps: float = 1e-6, *,
-                       config: RowConfig | None = None):
+                       config: RowConfig | None = None,
+    arch: str = DEFAULT_ARCH):
     """Backward of ``build_rms_norm_fast``: ``(x, w, dy) -> (dx, dw)``, two launches.
 
     With ``r = rsqrt(mean(x**2) + eps)`` and ``g = w * dy``:
@@ -232,6 +245,7 @@ def build_rms_norm_bwd(B: int, N: int, dtype=f32, eps: float = 1e-6, *,
     """
     who = "build_rms_norm_bwd"
     c = DEFAULT if config is None else check(config, who, "backward")
+    arch = check_arch(arch, who)
     dt = rw.dtype_of(dtype, who)
     plan = rw.plan_rows(B, N, dt, who=who, chunks=c.chunks, threads=c.threads, rows=c.rows,
                         max_n=rw.MAX_N_BWD, max_elems=16, target_bytes=32)
@@ -245,6 +259,7 @@ def build_rms_norm_bwd(B: int, N: int, dtype=f32, eps: float = 1e-6, *,
         grid=(P, 1, 1),
         block=plan.block,
         name=f"rms_norm_bwd_{dt.name}",
+        arch=arch,
         maxnreg=rw.reg_cap(plan),
     )
     def rms_norm_bwd(X, W, DY, DX, PART):
@@ -291,7 +306,8 @@ def build_rms_norm_bwd(B: int, N: int, dtype=f32, eps: float = 1e-6, *,
         io.store(ppart + io.offset(prow, es=4), acc, dtype=f32)
         ptx.ret()
 
-    colsum = rw.build_colsum(P * R, 1, N, dt, name=f"rms_norm_dw_{dt.name}")
+    colsum = rw.build_colsum(P * R, 1, N, dt, name=f"rms_norm_dw_{dt.name}",
+                             arch=arch)
     out = rw.TwoStage(rms_norm_bwd, colsum)
     out.plan = plan
     return out

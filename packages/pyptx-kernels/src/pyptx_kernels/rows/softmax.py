@@ -15,7 +15,7 @@ import math
 from pyptx import SpecError, Tile, kernel, ptx, reg
 from pyptx import rows as rw
 from pyptx.types import f32, u64
-from pyptx_kernels.rows.config import SOFTMAX_CONFIGS, RowConfig, tuned
+from pyptx_kernels.rows.config import DEFAULT_ARCH, SOFTMAX_CONFIGS, RowConfig, tuned
 
 WARP_SIZE = 32
 LOG2E = 1.0 / math.log(2.0)
@@ -70,7 +70,8 @@ def build_softmax(B: int, N: int):
 
 
 @tuned("softmax", SOFTMAX_CONFIGS)
-def build_softmax_fast(B: int, N: int, dtype=f32, *, config: RowConfig | None = None):
+def build_softmax_fast(B: int, N: int, dtype=f32, *, config: RowConfig | None = None,
+    arch: str = DEFAULT_ARCH):
     """Row softmax at the bandwidth ceiling, ``(B, N)`` f32 or bf16 in and out, f32 math.
 
     One pass: each thread loads its ``K`` 16-byte chunks of the row
@@ -109,10 +110,10 @@ def build_softmax_fast(B: int, N: int, dtype=f32, *, config: RowConfig | None = 
     bf16.
     """
     dt = rw.dtype_of(dtype, "build_softmax_fast")
-    return _KERNELS[config.plan](B, N, dt, config)
+    return _KERNELS[config.plan](B, N, dt, config, arch)
 
 
-def _softmax_row(B, N, dt, c):
+def _softmax_row(B, N, dt, c, arch):
     """The one-row kernel (``RowConfig`` plan ``"row"``)."""
     plan = rw.plan_rows(B, N, dt, who="build_softmax_fast", chunks=c.chunks, threads=c.threads,
                         rows=c.rows)
@@ -124,6 +125,7 @@ def _softmax_row(B, N, dt, c):
         grid=plan.grid,
         block=plan.block,
         name=f"softmax_{dt.name}",
+        arch=arch,
         maxnreg=c.maxnreg,
         pdl=pdl,
     )
@@ -162,7 +164,7 @@ def _softmax_exp(io, x, *, lanes=False):
     return e, inv
 
 
-def _softmax_persistent(B, N, dt, c):
+def _softmax_persistent(B, N, dt, c, arch):
     """Plan ``"persistent"`` (``ctas=P``): ``P`` CTAs walk the rows (``pyptx.rows.row_loop``),
     the next row's loads in flight while this row reduces and stores."""
     who = f"build_softmax_fast(ctas={c.ctas!r})"
@@ -177,6 +179,7 @@ def _softmax_persistent(B, N, dt, c):
         grid=(P, 1, 1),
         block=plan.block,
         name=f"softmax_persist_{dt.name}",
+        arch=arch,
         maxnreg=c.maxnreg,
         pdl=c.pdl,
     )

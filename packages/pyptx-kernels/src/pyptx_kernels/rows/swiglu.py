@@ -18,14 +18,15 @@ from pyptx import SpecError, Tile, kernel, ptx, reg, smem
 from pyptx import rows as rw
 from pyptx.types import b64, f32, u32, u64
 from pyptx_kernels._common import where
-from pyptx_kernels.rows.config import SWIGLU_CONFIGS, RowConfig, tuned
+from pyptx_kernels.rows.config import DEFAULT_ARCH, SWIGLU_CONFIGS, RowConfig, tuned
 
 #: threads per CTA when the config leaves ``threads`` to the builder
 THREADS = 256
 
 
 @tuned("swiglu", SWIGLU_CONFIGS)
-def build_swiglu(B: int, N: int, dtype=f32, *, config: RowConfig | None = None):
+def build_swiglu(B: int, N: int, dtype=f32, *, config: RowConfig | None = None,
+    arch: str = DEFAULT_ARCH):
     """``Y = silu(G) * U`` for ``G, U, Y`` of shape ``(B, N)`` in ``dtype`` (f32 or bf16).
 
     The config's ``threads`` per CTA (default 256) and ``chunks`` (16-byte vectors per thread
@@ -84,7 +85,8 @@ def build_swiglu(B: int, N: int, dtype=f32, *, config: RowConfig | None = None):
         raise SpecError(f"{where()}: {who}: bulk=True needs N * {es} bytes to be a multiple of 16, "
                         f"got N={N}")
     if bulk:
-        return _swiglu_bulk(B, N, dt, threads, k, vec, grid, span, pdl, bulk_store, hints)
+        return _swiglu_bulk(B, N, dt, threads, k, vec, grid, span, pdl, bulk_store, hints,
+                            arch)
 
     @kernel(
         in_specs=(Tile(B, N, dt), Tile(B, N, dt)),
@@ -93,6 +95,7 @@ def build_swiglu(B: int, N: int, dtype=f32, *, config: RowConfig | None = None):
         block=(threads, 1, 1),
         pdl=pdl,
         name=f"swiglu_{dt.name}",
+        arch=arch,
     )
     def swiglu(G, U, Y):
         with rw.entry(pdl):
@@ -154,7 +157,7 @@ def _inside(idx, mv, threads, k):
     return preds
 
 
-def _swiglu_bulk(B, N, dt, threads, k, vec, grid, span, pdl, bulk_store, hints):
+def _swiglu_bulk(B, N, dt, threads, k, vec, grid, span, pdl, bulk_store, hints, arch):
     """``build_swiglu(..., bulk=True)``: the CTA's slices arrive by bulk copy into shared memory."""
     es = dt.bytes
     stride = threads * vec * es
@@ -167,6 +170,7 @@ def _swiglu_bulk(B, N, dt, threads, k, vec, grid, span, pdl, bulk_store, hints):
         smem=2 * span,
         pdl=pdl,
         name=f"swiglu_bulk_{dt.name}",
+        arch=arch,
     )
     def swiglu_bulk(G, U, Y):
         with rw.entry(pdl):
