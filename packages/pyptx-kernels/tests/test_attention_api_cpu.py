@@ -28,6 +28,7 @@ from pyptx.errors import ConfigError
 torch = pytest.importorskip("torch")
 
 api = importlib.import_module("pyptx_kernels.flash_attention.api")
+from pyptx_kernels.flash_attention import fwd_host
 from pyptx_kernels.flash_attention import fwd_reference as fa
 
 BF16 = torch.bfloat16
@@ -178,15 +179,21 @@ def _probs(q, k, lse, causal, scale):
     return torch.exp(s - lse.double()[..., None])
 
 
-def model_forward(q, k, v, causal, scale):
-    for x in (q, k, v):
-        assert x.is_contiguous(), "the kernels read dense (B, S, H, D) storage"
-    o, lse = fa.reference(q, k, v, causal, scale)
+NO_FEATURES = ((-1, -1), 0.0)
+
+
+def model_forward(q, k, v, causal, scale, features=NO_FEATURES):
+    xs, layouts = fwd_host.memory_layouts(q, k, v)    # what the kernel gets, as _launch_forward
+    for x, lay in zip(xs, layouts):   # (B, S, H, D) or (B, H, S, D) storage, read in place
+        assert x.is_contiguous() and lay in ("bshd", "bhsd")
+        MODEL["ptrs"].append(x.data_ptr())
+    o, lse = fa.reference(q, k, v, causal, scale, *features)
     MODEL["fwd"] += 1
     return o.to(q.dtype).contiguous(), lse.float()
 
 
-def model_backward(q, k, v, o, lse, do, causal, scale):
+def model_backward(q, k, v, o, lse, do, causal, scale, features=NO_FEATURES):
+    assert features == NO_FEATURES
     for x in (q, k, v, o, lse, do):
         assert x.is_contiguous()
     B, S, Hq, D = q.shape
@@ -211,14 +218,16 @@ def _sequences(cu_q, cu_k):
     return [(cq[b], cq[b + 1], ck[b], ck[b + 1]) for b in range(len(cq) - 1)]
 
 
-def model_varlen_forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale):
+def model_varlen_forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, features=NO_FEATURES):
     assert all(e - a <= max_q for a, e, _, _ in _sequences(cu_q, cu_k))
-    o, lse = fa.reference_varlen(q, k, v, cu_q, cu_k, causal, scale)
+    o, lse = fa.reference_varlen(q, k, v, cu_q, cu_k, causal, scale, *features)
     MODEL["fwd"] += 1
     return o.to(q.dtype), lse.float()
 
 
-def model_varlen_backward(q, k, v, cu_q, cu_k, o, lse, do, max_q, max_k, causal, scale):
+def model_varlen_backward(q, k, v, cu_q, cu_k, o, lse, do, max_q, max_k, causal, scale,
+                          features=NO_FEATURES):
+    assert features == NO_FEATURES
     dq, dk, dv = (torch.zeros(x.shape, dtype=torch.float64) for x in (q, k, v))
     calls = MODEL["bwd"]
     for a, e, ka, ke in _sequences(cu_q, cu_k):
@@ -230,7 +239,7 @@ def model_varlen_backward(q, k, v, cu_q, cu_k, o, lse, do, max_q, max_k, causal,
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
-MODEL = {"fwd": 0, "bwd": 0}
+MODEL = {"fwd": 0, "bwd": 0, "ptrs": []}
 
 
 @pytest.fixture
@@ -241,7 +250,7 @@ def model(monkeypatch):
                      ("_launch_varlen_forward", model_varlen_forward),
                      ("_launch_varlen_backward", model_varlen_backward)):
         monkeypatch.setattr(api, name, fn)
-    MODEL.update(fwd=0, bwd=0)
+    MODEL.update(fwd=0, bwd=0, ptrs=[])
     return MODEL
 
 
@@ -284,10 +293,11 @@ def test_autograd_matches_float64(model, B, S, Sk, Hq, Hkv, D, causal, layout, s
     q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
     ref = reference(q64, k64, v64, causal, sc, layout)
     assert _rel(out, ref) < 1e-2
+    assert model["ptrs"] == [x.data_ptr() for x in (q, k, v)], "the forward copied an input"
     do = _rand(*out.shape, seed=9).detach()
     out.backward(do)
     ref.backward(do.double())
-    assert model == {"fwd": 1, "bwd": 1}
+    assert model["fwd"] == 1 and model["bwd"] == 1
     for got, want in ((q.grad, q64.grad), (k.grad, k64.grad), (v.grad, v64.grad)):
         assert got.shape == want.shape and got.dtype == BF16
         assert _rel(got, want) < 1e-2
@@ -311,7 +321,7 @@ def test_varlen_autograd_matches_float64(model):
     ref = torch.cat(parts)
     assert _rel(out, ref) < 1e-2
     ref.backward(do.double())
-    assert model == {"fwd": 1, "bwd": 1}
+    assert model["fwd"] == 1 and model["bwd"] == 1
     for got, want in ((q.grad, q64.grad), (k.grad, k64.grad), (v.grad, v64.grad)):
         assert _rel(got, want) < 1e-2
     assert (k.grad[20:25] == 0).all(), "keys of the empty sequence get no gradient"
@@ -321,7 +331,82 @@ def test_no_grad_call_runs_no_backward(model):
     q = _rand(1, 16, 2, 64, seed=0)
     with torch.no_grad():
         out = api.attention(q, q, q)
-    assert out.grad_fn is None and model == {"fwd": 1, "bwd": 0}
+    assert out.grad_fn is None and model["fwd"] == 1 and model["bwd"] == 0
+
+
+# ------------------------------------------------------------------ layouts, window, softcap
+def test_hugging_face_views_reach_the_kernel_without_a_copy(model):
+    """``view(B, S, H, D).transpose(1, 2)`` (HF's q) and contiguous ``(B, H, S, D)`` k, v
+    (after rotary / the cache) reach the forward as they are; a sliced ``(B, S, 3, H, D)``
+    projection is copied (its strides are neither order)."""
+    B, S, H, D = 2, 24, 4, 64
+    q = _rand(B, S, H * D, seed=1).detach().view(B, S, H, D).transpose(1, 2)
+    k, v = (_rand(B, H, S, D, seed=s).detach() for s in (2, 3))
+    with torch.no_grad():
+        out = api.attention(q, k, v, layout="bhsd", causal=True)
+    assert model["ptrs"] == [x.data_ptr() for x in (q, k, v)]
+    ref = reference(*(x.double() for x in (q, k, v)), True, 1 / math.sqrt(D), "bhsd")
+    assert out.shape == (B, H, S, D) and _rel(out, ref) < 1e-2
+    qkv = _rand(B, S, 3, H, D, seed=4).detach()
+    model["ptrs"].clear()
+    with torch.no_grad():
+        api.attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2])
+    assert all(p != qkv.data_ptr() for p in model["ptrs"])
+
+
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+@pytest.mark.parametrize("causal,window,softcap", [
+    (True, (8, -1), 0.0), (False, (5, 3), 0.0), (False, (-1, -1), 2.5), (True, (6, 0), 4.0)])
+def test_window_and_softcap_reach_the_forward(model, layout, causal, window, softcap):
+    B, S, H, D = 1, 30, 2, 64
+    shape = (B, S, H, D) if layout == "bshd" else (B, H, S, D)
+    q, k, v = (_rand(*shape, seed=s).detach() for s in range(3))
+    with torch.no_grad():
+        out = api.attention(q, k, v, causal=causal, layout=layout, window=window,
+                            softcap=softcap)
+    t = (lambda x: x) if layout == "bshd" else (lambda x: x.transpose(1, 2))
+    ref, _ = fa.reference(*(t(x) for x in (q, k, v)), causal, None, window, softcap)
+    assert _rel(t(out), ref) < 1e-2
+
+
+def test_varlen_window_and_softcap_reach_the_forward(model):
+    cu = torch.tensor([0, 20, 20, 45], dtype=torch.int32)
+    q, k, v = (_rand(45, 2, 64, seed=s).detach() for s in range(3))
+    with torch.no_grad():
+        out = api.attention_varlen(q, k, v, cu, cu, 25, 25, causal=True, window=(7, -1),
+                                   softcap=3.0)
+    ref, _ = fa.reference_varlen(q, k, v, cu, cu, True, None, (7, -1), 3.0)
+    assert _rel(out, ref) < 1e-2
+
+
+def test_a_backward_without_window_keywords_refuses_at_the_callers_line():
+    """The backward builder gets ``window``/``softcap`` only when they are not the defaults;
+    one that does not take them yet makes ``ConfigError`` at the user's line."""
+    seen = []
+
+    def old_builder(*args, **kw):
+        seen.append(kw)
+        return "bwd"
+
+    def new_builder(*args, window=(-1, -1), softcap=0.0, **kw):
+        seen.append(dict(kw, window=window, softcap=softcap))
+        return "bwd"
+
+    assert fwd_host.build_backward(old_builder, 1, causal=True) == "bwd"
+    assert seen[-1] == dict(causal=True)
+    feats = ((16, -1), 2.0)
+    assert fwd_host.build_backward(new_builder, 1, features=feats) == "bwd"
+    assert seen[-1] == dict(window=(16, -1), softcap=2.0)
+    with pytest.raises(ConfigError, match=r"test_attention_api_cpu\.py:\d+: .*window=\(16, -1\)"):
+        fwd_host.build_backward(lambda *a, causal=False: None, 1, features=feats)
+
+
+@pytest.mark.parametrize("kw", [dict(window=(-3, 0)), dict(window="all"), dict(softcap=-2.0),
+                                dict(softcap=True)])
+def test_bad_window_or_softcap_name_the_callers_line(model, kw):
+    q = _rand(1, 16, 2, 64, seed=0).detach()
+    with pytest.raises(ConfigError, match=r"test_attention_api_cpu\.py:\d+: "):
+        api.attention(q, q, q, **kw)
 
 
 # ------------------------------------------------------------------ torch.compile

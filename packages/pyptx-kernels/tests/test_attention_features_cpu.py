@@ -19,10 +19,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from pyptx.errors import ConfigError
 from pyptx_kernels.flash_attention import fwd_config, fwd_kernel, fwd_reference, masks
 from pyptx_kernels.flash_attention.fwd_config import ForwardConfig
+
+from pyptx.errors import ConfigError
 
 torch = pytest.importorskip("torch")
 sys.path.insert(0, str(Path(__file__).resolve().parent))

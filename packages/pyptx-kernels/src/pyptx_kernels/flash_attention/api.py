@@ -79,6 +79,13 @@ def _head_dim(fn, D, xs):
                             f"torch.no_grad() for inference")
 
 
+def _features(window, softcap):
+    """``(window, softcap)`` checked (``ConfigError`` at the caller's line)."""
+    from pyptx_kernels.flash_attention.fwd_kernel import check_softcap, check_window
+
+    return check_window(window), check_softcap(softcap)
+
+
 def _check_dense(q, k, v, causal, scale, layout, any_device=False):
     """``(B, S, Hq, Hkv, D, Sk, dtype, causal, scale)`` of a valid ``attention`` call."""
     fn = "attention"
@@ -142,39 +149,54 @@ def _check_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, any_device=F
 
 
 # ------------------------------------------------------------------ kernels
-def _forward_kernel(B, S, Hq, Hkv, D, Sk, dtype, causal, scale):
-    """The dense forward ``attention_forward`` launches for these sizes (tuned per device)."""
+NO_FEATURES = ((-1, -1), 0.0)   # (window, softcap) of plain attention
+
+
+def _forward_kernel(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, features=NO_FEATURES,
+                    layouts=("bshd",) * 3):
+    """The dense forward ``attention_forward`` launches for these sizes (the default plan,
+    chosen without timing); ``layouts``: the memory orders of q, k, v."""
     from pyptx_kernels.flash_attention.fwd_host import forward_kernel
 
-    return forward_kernel(B, S, Hq, Hkv, D, Sk, dtype, causal, scale)
+    window, softcap = features
+    return forward_kernel(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, window=window,
+                          softcap=softcap, layouts=layouts)
 
 
-def _backward_kernel(B, S, Hq, Hkv, D, Sk, dtype, causal, scale):
+def _backward_kernel(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, features=NO_FEATURES):
     """The dense backward (``AttentionBackward``): ``BackwardPlan.for_eager(D)``'s kernels (the
     plan ``fwd_host._differentiable`` picks for torch eager calls), or the deterministic
-    dQ / dK-dV pair at sizes they refuse."""
+    dQ / dK-dV pair at sizes they refuse. A window or soft cap goes to the backward's builder
+    as keywords (``ConfigError`` at the caller's line while it does not take them)."""
     from pyptx.errors import PyptxError
     from pyptx_kernels.flash_attention.bwd_host import build_attention_backward
     from pyptx_kernels.flash_attention.bwd_plan import BackwardPlan
+    from pyptx_kernels.flash_attention.fwd_host import build_backward
 
-    kw = dict(Sk=Sk, dtype=dtype, causal=causal, scale=scale)
+    kw = dict(Sk=Sk, dtype=dtype, causal=causal, scale=scale, features=features)
     try:
-        return build_attention_backward(B, S, Hq, Hkv, D, **kw, plan=BackwardPlan.for_eager(D))
+        return build_backward(build_attention_backward, B, S, Hq, Hkv, D, **kw,
+                              plan=BackwardPlan.for_eager(D))
     except PyptxError:
-        return build_attention_backward(B, S, Hq, Hkv, D, **kw)
+        return build_backward(build_attention_backward, B, S, Hq, Hkv, D, **kw)
 
 
-def _varlen_forward_kernel(Tq, Tk, B, Hq, Hkv, D, max_q, dtype, causal, scale):
+def _varlen_forward_kernel(Tq, Tk, B, Hq, Hkv, D, max_q, dtype, causal, scale,
+                           features=NO_FEATURES):
     from pyptx_kernels.flash_attention.fwd_host import varlen_kernel
 
-    return varlen_kernel(Tq, Tk, B, Hq, Hkv, D, max_q, dtype, causal, scale)
+    window, softcap = features
+    return varlen_kernel(Tq, Tk, B, Hq, Hkv, D, max_q, dtype, causal, scale, window=window,
+                         softcap=softcap)
 
 
-def _varlen_backward_kernel(Tq, Tk, B, Hq, Hkv, D, max_q, max_k, dtype, causal, scale):
+def _varlen_backward_kernel(Tq, Tk, B, Hq, Hkv, D, max_q, max_k, dtype, causal, scale,
+                            features=NO_FEATURES):
     from pyptx_kernels.flash_attention.bwd_varlen import build_attention_backward_varlen
+    from pyptx_kernels.flash_attention.fwd_host import build_backward
 
-    return build_attention_backward_varlen(Tq, Tk, B, Hq, Hkv, D, max_q, max_k, dtype=dtype,
-                                           causal=causal, scale=scale)
+    return build_backward(build_attention_backward_varlen, Tq, Tk, B, Hq, Hkv, D, max_q, max_k,
+                          dtype=dtype, causal=causal, scale=scale, features=features)
 
 
 def _kernel_list(*objs):
@@ -197,16 +219,18 @@ def _kernels(name, *args, **kwargs):
     included): nothing is launched."""
     if name not in ("attention", "attention_varlen"):
         raise _fail("_kernels", f"no public function {name!r}: attention or attention_varlen")
+    features = _features(kwargs.pop("window", (-1, -1)), kwargs.pop("softcap", 0.0))
     if name == "attention":
         dims = _dense_dims(*args, **kwargs)
         D = dims[4]
-        fwd = _forward_kernel(*dims)
-        bwd = _backward_kernel(*dims) if D in BACKWARD_HEAD_DIMS else None
+        fwd = _forward_kernel(*dims, features)
+        bwd = _backward_kernel(*dims, features) if D in BACKWARD_HEAD_DIMS else None
     else:
         dims = _varlen_dims(*args, **kwargs)
         Tq, Tk, B, Hq, Hkv, D, max_q, max_k, dtype, causal, scale = dims
-        fwd = _varlen_forward_kernel(Tq, Tk, B, Hq, Hkv, D, max_q, dtype, causal, scale)
-        bwd = _varlen_backward_kernel(*dims) if D in BACKWARD_HEAD_DIMS else None
+        fwd = _varlen_forward_kernel(Tq, Tk, B, Hq, Hkv, D, max_q, dtype, causal, scale,
+                                     features)
+        bwd = _varlen_backward_kernel(*dims, features) if D in BACKWARD_HEAD_DIMS else None
     return _kernel_list(*(k for k in (fwd, bwd) if k is not None))
 
 
@@ -226,46 +250,61 @@ def _dims_of(q, k):
     return B, S, Hq, int(k.shape[2]), D, int(k.shape[1]), _DTYPES[str(q.dtype)[6:]]
 
 
-def _launch_forward(q, k, v, causal, scale):
-    """``(o, lse)`` of the dense forward kernel (torch tensors, ``(B, S, H, D)``)."""
-    return _forward_kernel(*_dims_of(q, k), causal, scale)(q, k, v)
+def _launch_forward(q, k, v, causal, scale, features=NO_FEATURES):
+    """``(o, lse)`` of the dense forward kernel (torch tensors, logically ``(B, S, H, D)``:
+    contiguous, or views of ``(B, H, S, D)`` memory, which the kernel reads in place)."""
+    from pyptx_kernels.flash_attention.fwd_host import memory_layouts
+
+    xs, layouts = memory_layouts(q, k, v)
+    return _forward_kernel(*_dims_of(q, k), causal, scale, features, layouts)(*xs)
 
 
-def _launch_backward(q, k, v, o, lse, do, causal, scale):
-    """``(dq, dk, dv)`` of the dense backward kernels."""
-    return tuple(_backward_kernel(*_dims_of(q, k), causal, scale)(q, k, v, o, lse, do))
+def _launch_backward(q, k, v, o, lse, do, causal, scale, features=NO_FEATURES):
+    """``(dq, dk, dv)`` of the dense backward kernels (contiguous ``(B, S, H, D)`` inputs)."""
+    return tuple(_backward_kernel(*_dims_of(q, k), causal, scale, features)(q, k, v, o, lse,
+                                                                             do))
 
 
-def _launch_varlen_forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale):
+def _launch_varlen_forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale,
+                           features=NO_FEATURES):
     Tq, Hq, D = (int(d) for d in q.shape)
     Tk, Hkv, B = int(k.shape[0]), int(k.shape[1]), int(cu_q.shape[0]) - 1
     kern = _varlen_forward_kernel(Tq, Tk, B, Hq, Hkv, D, max_q, _DTYPES[str(q.dtype)[6:]],
-                                  causal, scale)
+                                  causal, scale, features)
     return kern(q, k, v, cu_q, cu_k)
 
 
-def _launch_varlen_backward(q, k, v, cu_q, cu_k, o, lse, do, max_q, max_k, causal, scale):
+def _launch_varlen_backward(q, k, v, cu_q, cu_k, o, lse, do, max_q, max_k, causal, scale,
+                            features=NO_FEATURES):
     Tq, Hq, D = (int(d) for d in q.shape)
     Tk, Hkv, B = int(k.shape[0]), int(k.shape[1]), int(cu_q.shape[0]) - 1
     kern = _varlen_backward_kernel(Tq, Tk, B, Hq, Hkv, D, max_q, max_k,
-                                   _DTYPES[str(q.dtype)[6:]], causal, scale)
+                                   _DTYPES[str(q.dtype)[6:]], causal, scale, features)
     return tuple(kern(q, k, v, cu_q, cu_k, o, lse, do))
 
 
 # ------------------------------------------------------------------ torch custom ops
 #: the ops' schemas (``pyptx::<name>``), given: this module's annotations are strings
+_FEATURE_ARGS = "int window_left=-1, int window_right=-1, float softcap=0.0"
 SCHEMAS = {
-    "attention": "(Tensor q, Tensor k, Tensor v, bool causal, float scale) -> (Tensor, Tensor)",
-    "attention_backward": "(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor do, "
-                          "bool causal, float scale) -> (Tensor, Tensor, Tensor)",
-    "attention_varlen": "(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
-                        "SymInt max_seqlen_q, SymInt max_seqlen_k, bool causal, float scale) "
-                        "-> (Tensor, Tensor)",
-    "attention_varlen_backward": "(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, "
-                                 "Tensor cu_seqlens_k, Tensor o, Tensor lse, Tensor do, "
-                                 "SymInt max_seqlen_q, SymInt max_seqlen_k, bool causal, "
-                                 "float scale) -> (Tensor, Tensor, Tensor)",
+    "attention": f"(Tensor q, Tensor k, Tensor v, bool causal, float scale, {_FEATURE_ARGS}) "
+                 f"-> (Tensor, Tensor)",
+    "attention_backward": f"(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor do, "
+                          f"bool causal, float scale, {_FEATURE_ARGS}) "
+                          f"-> (Tensor, Tensor, Tensor)",
+    "attention_varlen": f"(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, "
+                        f"Tensor cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, "
+                        f"bool causal, float scale, {_FEATURE_ARGS}) -> (Tensor, Tensor)",
+    "attention_varlen_backward": f"(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, "
+                                 f"Tensor cu_seqlens_k, Tensor o, Tensor lse, Tensor do, "
+                                 f"SymInt max_seqlen_q, SymInt max_seqlen_k, bool causal, "
+                                 f"float scale, {_FEATURE_ARGS}) -> (Tensor, Tensor, Tensor)",
 }
+
+
+def _as_features(window_left, window_right, softcap):
+    """The ops' feature arguments as ``(window, softcap)``."""
+    return (int(window_left), int(window_right)), float(softcap)
 _REGISTERED = False
 
 
@@ -284,57 +323,64 @@ def _register():
         return tuple(x.contiguous() for x in xs)
 
     @op("attention")
-    def attention_op(q, k, v, causal, scale):
-        with torch.no_grad():
-            return _launch_forward(*dense(q, k, v), causal, scale)
+    def attention_op(q, k, v, causal, scale, window_left=-1, window_right=-1, softcap=0.0):
+        with torch.no_grad():   # (B, H, S, D) memory is read in place: no copy
+            return _launch_forward(q, k, v, causal, scale,
+                                   _as_features(window_left, window_right, softcap))
 
     @attention_op.register_fake
-    def _(q, k, v, causal, scale):
-        B, S, H, _ = q.shape
-        return q.new_empty(q.shape), q.new_empty((B, H, S), dtype=torch.float32)
+    def _(q, k, v, causal, scale, window_left=-1, window_right=-1, softcap=0.0):
+        B, S, H, D = q.shape
+        return q.new_empty((B, S, H, D)), q.new_empty((B, H, S), dtype=torch.float32)
 
     @op("attention_backward")
-    def attention_backward_op(q, k, v, o, lse, do, causal, scale):
-        with torch.no_grad():
-            return _launch_backward(*dense(q, k, v, o, lse, do), causal, scale)
+    def attention_backward_op(q, k, v, o, lse, do, causal, scale, window_left=-1,
+                              window_right=-1, softcap=0.0):
+        with torch.no_grad():   # the backward reads contiguous (B, S, H, D): copies here only
+            return _launch_backward(*dense(q, k, v, o, lse, do), causal, scale,
+                                    _as_features(window_left, window_right, softcap))
 
     @attention_backward_op.register_fake
-    def _(q, k, v, o, lse, do, causal, scale):
+    def _(q, k, v, o, lse, do, causal, scale, window_left=-1, window_right=-1, softcap=0.0):
         return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
     def setup(ctx, inputs, output):
-        q, k, v, ctx.causal, ctx.scale = inputs
+        q, k, v, *ctx.options = inputs
         ctx.save_for_backward(q, k, v, *output)
 
     def grad(ctx, do, dlse):
         q, k, v, o, lse = ctx.saved_tensors
-        return (*torch.ops.pyptx.attention_backward(q, k, v, o, lse, do, ctx.causal, ctx.scale),
-                None, None)
+        return (*torch.ops.pyptx.attention_backward(q, k, v, o, lse, do, *ctx.options),
+                *(None,) * len(ctx.options))
 
     attention_op.register_autograd(grad, setup_context=setup)
 
     @op("attention_varlen")
-    def varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale):
+    def varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
+                  window_left=-1, window_right=-1, softcap=0.0):
         with torch.no_grad():
             return _launch_varlen_forward(*dense(q, k, v, cu_seqlens_q, cu_seqlens_k),
-                                          max_seqlen_q, max_seqlen_k, causal, scale)
+                                          max_seqlen_q, max_seqlen_k, causal, scale,
+                                          _as_features(window_left, window_right, softcap))
 
     @varlen_op.register_fake
-    def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale):
+    def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
+          window_left=-1, window_right=-1, softcap=0.0):
         T, H, _ = q.shape
         return q.new_empty(q.shape), q.new_empty((H, T), dtype=torch.float32)
 
     @op("attention_varlen_backward")
     def varlen_backward_op(q, k, v, cu_seqlens_q, cu_seqlens_k, o, lse, do, max_seqlen_q,
-                           max_seqlen_k, causal, scale):
+                           max_seqlen_k, causal, scale, window_left=-1, window_right=-1,
+                           softcap=0.0):
         with torch.no_grad():
             return _launch_varlen_backward(
                 *dense(q, k, v, cu_seqlens_q, cu_seqlens_k, o, lse, do), max_seqlen_q,
-                max_seqlen_k, causal, scale)
+                max_seqlen_k, causal, scale, _as_features(window_left, window_right, softcap))
 
     @varlen_backward_op.register_fake
     def _(q, k, v, cu_seqlens_q, cu_seqlens_k, o, lse, do, max_seqlen_q, max_seqlen_k, causal,
-          scale):
+          scale, window_left=-1, window_right=-1, softcap=0.0):
         return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
     def varlen_setup(ctx, inputs, output):
@@ -345,7 +391,7 @@ def _register():
         q, k, v, cu_q, cu_k, o, lse = ctx.saved_tensors
         grads = torch.ops.pyptx.attention_varlen_backward(q, k, v, cu_q, cu_k, o, lse, do,
                                                           *ctx.options)
-        return (*grads, None, None, None, None, None, None)
+        return (*grads, None, None, *(None,) * len(ctx.options))
 
     varlen_op.register_autograd(varlen_grad, setup_context=varlen_setup)
     _REGISTERED = True
@@ -354,20 +400,45 @@ def _register():
 
 
 # ------------------------------------------------------------------ public functions
-def attention(q, k, v, *, causal=False, scale=None, layout="bshd"):
+def _check_backward(fn, xs, features, build):
+    """A torch call that will want gradients with a window or soft cap: ``build()`` (the
+    backward kernels) now, so a backward that does not take them yet raises ``ConfigError``
+    at the caller's line instead of inside ``loss.backward()``."""
+    if features == NO_FEATURES:
+        return
+    import torch
+
+    if torch.is_grad_enabled() and any(x.requires_grad for x in xs):
+        build()
+
+
+def attention(q, k, v, *, causal=False, scale=None, layout="bshd", window=(-1, -1),
+              softcap=0.0):
     """Flash attention ``softmax(scale * q k^T) v`` on Hopper tensor cores.
 
     ``layout="bshd"``: ``q (B, S, Hq, D)``, ``k, v (B, Sk, Hkv, D)``; ``layout="bhsd"``:
     ``q (B, Hq, S, D)``, ``k, v (B, Hkv, Sk, D)`` (SDPA's and Hugging Face's), and the output
-    comes in that layout (for now q, k, v are copied into ``(B, S, H, D)`` and the output is
-    a transposed view of the kernel's). ``Hq % Hkv == 0`` (query head ``h`` reads key/value head
-    ``h // (Hq // Hkv)``), bfloat16 or float16, head dim ``D`` 64, 128 or 256. ``causal``:
-    query ``i`` sees keys ``j <= i`` (top-left aligned). ``scale`` defaults to ``1/sqrt(D)``.
-    Returns ``out`` shaped like ``q``. Torch tensors (CUDA) go through
-    ``torch.ops.pyptx.attention``, differentiable at ``D`` 64 and 128 (deterministic
-    backward); JAX arrays through ``fwd_host.attention`` (``jax.grad``). Bad input raises
-    ``ConfigError`` naming the caller's line."""
+    comes in that layout (a view of the kernel's ``(B, S, H, D)`` output). Torch inputs are
+    read where they are, without a copy, when their memory is ``(B, S, H, D)`` or
+    ``(B, H, S, D)`` (a transposed view, as Hugging Face's ``view(...).transpose(1, 2)``
+    gives, counts as the order it was made in); other strides are copied first.
+    ``Hq % Hkv == 0`` (query head ``h`` reads key/value head ``h // (Hq // Hkv)``), bfloat16
+    or float16, head dim ``D`` 64, 128 or 256. ``causal``: query ``i`` sees keys ``j <= i``
+    (top-left aligned). ``scale`` defaults to ``1/sqrt(D)``. ``window=(left, right)``:
+    query ``i`` sees keys ``i - left <= j <= i + right`` (``-1``: unbounded; with
+    ``causal``, ``right`` is 0), FlashAttention's convention; key blocks wholly outside the
+    window are skipped, so a window of ``w`` keys costs about ``w / Sk`` of full attention.
+    ``softcap > 0``: the scaled scores become ``softcap * tanh(score / softcap)`` before the
+    softmax (FlashAttention-3's soft cap). Returns ``out`` shaped like ``q``. Torch tensors
+    (CUDA) go through ``torch.ops.pyptx.attention``, differentiable at ``D`` 64 and 128
+    (deterministic backward; with a window or soft cap, where the backward takes them);
+    JAX arrays through ``fwd_host.attention`` (``jax.grad``). One compiled kernel serves
+    every batch and sequence length of a family (dtype, head dim, causal, window, soft cap,
+    layouts, plan); the plan is chosen without timing unless ``PYPTX_AUTOTUNE=1``. Bad
+    input raises ``ConfigError`` naming the caller's line."""
     *dims, causal, scale = _check_dense(q, k, v, causal, scale, layout)
+    features = _features(window, softcap)
+    (window_left, window_right), softcap = features
     if framework(q) == "jax":
         from pyptx_kernels.flash_attention import fwd_host as forward
 
@@ -375,37 +446,49 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bshd"):
             import jax.numpy as jnp
 
             q, k, v = (jnp.swapaxes(x, 1, 2) for x in (q, k, v))
-            return jnp.swapaxes(forward.attention(q, k, v, causal, scale), 1, 2)
-        return forward.attention(q, k, v, causal, scale)
+            return jnp.swapaxes(forward.attention(q, k, v, causal, scale, window=features[0],
+                                                  softcap=softcap), 1, 2)
+        return forward.attention(q, k, v, causal, scale, window=features[0], softcap=softcap)
     import torch
 
     _register()
-    if layout == "bhsd":   # a copy into (B, S, H, D); the kernels' tensor maps are dense
-        q, k, v = (x.transpose(1, 2).contiguous() for x in (q, k, v))
-        return torch.ops.pyptx.attention(q, k, v, causal, scale)[0].transpose(1, 2)
-    return torch.ops.pyptx.attention(q, k, v, causal, scale)[0]
+    if layout == "bhsd":   # logical (B, S, H, D) views; the kernel reads their memory in place
+        q, k, v = (x.transpose(1, 2) for x in (q, k, v))
+    _check_backward("attention", (q, k, v), features,
+                    lambda: _backward_kernel(*dims, causal, scale, features))
+    out = torch.ops.pyptx.attention(q, k, v, causal, scale, window_left, window_right,
+                                    softcap)[0]
+    return out.transpose(1, 2) if layout == "bhsd" else out
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
-                     causal=False, scale=None):
+                     causal=False, scale=None, window=(-1, -1), softcap=0.0):
     """Flash attention over packed sequences (the flash-attention packages' layout).
 
     ``q (Tq, Hq, D)``, ``k, v (Tk, Hkv, D)``; sequence ``b`` is rows
     ``cu_seqlens_q[b]:cu_seqlens_q[b + 1]`` of q and ``cu_seqlens_k[b]:cu_seqlens_k[b + 1]``
     of k, v (int32 ``(B + 1,)`` on q's device; empty sequences allowed); ``max_seqlen_q/k``
     are Python ints bounding the sequence lengths (no host sync). Dtypes, head dims,
-    ``causal`` (top-left aligned per sequence) and ``scale`` as in ``attention``. Returns
-    ``out (Tq, Hq, D)``. Torch tensors go through ``torch.ops.pyptx.attention_varlen``,
-    differentiable at ``D`` 64 and 128; JAX arrays through ``fwd_host.attention_varlen``."""
-    *_, causal, scale = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                      max_seqlen_k, causal, scale)
+    ``causal`` and ``window`` (top-left aligned per sequence), ``softcap`` and ``scale`` as
+    in ``attention``. Returns ``out (Tq, Hq, D)``. Torch tensors go through
+    ``torch.ops.pyptx.attention_varlen``, differentiable at ``D`` 64 and 128; JAX arrays
+    through ``fwd_host.attention_varlen``."""
+    dims = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                         causal, scale)
+    *_, causal, scale = dims
+    features = _features(window, softcap)
+    (window_left, window_right), softcap = features
     if framework(q) == "jax":
         from pyptx_kernels.flash_attention import fwd_host as forward
 
         return forward.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                        max_seqlen_k, causal, scale)
+                                        max_seqlen_k, causal, scale, window=features[0],
+                                        softcap=softcap)
     import torch
 
     _register()
+    _check_backward("attention_varlen", (q, k, v), features,
+                    lambda: _varlen_backward_kernel(*dims, features))
     return torch.ops.pyptx.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                            max_seqlen_k, causal, scale)[0]
+                                            max_seqlen_k, causal, scale, window_left,
+                                            window_right, softcap)[0]

@@ -194,13 +194,51 @@ class ForwardConfig:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                 if getattr(self, f.name) != f.default}
 
+    @property
+    def name(self):
+        """The plan's name in tuning tables: ``"default"``, or its ``changes()`` joined
+        (``"BN64"``, ``"consumers2"``, ``"schedule_overlap"``, ``"BN96_stages3"``)."""
+        parts = [f"{k}{v}" if not isinstance(v, str) else f"{k}_{v}"
+                 for k, v in sorted(self.changes().items())]
+        return "_".join(parts).replace(".", "p") or "default"
 
-#: The plans ``attention()`` times per shape when none is given (the first is the one taken
-#: with ``PYPTX_AUTOTUNE=0``): ring ``stages``, ``BN`` keys per block and the overlap schedule,
-#: each with ``default_consumers`` (so ``BN=176``/``192`` run with two), and two consumers with
-#: their default block. A head dim a plan does not fit (``BN=192`` at 128, three stages at
-#: 256) is refused and skipped. Each is checked against float64 in the CPU simulator
-#: (``test_tensorcore_sim.py``) and on the GPU (``tools/attention_sanitize.py``).
+
+#: The plans ``attention()`` times per shape when asked (``PYPTX_AUTOTUNE=1``, ``tune()``;
+#: the first is the one taken with ``PYPTX_AUTOTUNE=0``): ring ``stages``, ``BN`` keys per
+#: block and the overlap schedule, each with ``default_consumers`` (so ``BN=176``/``192`` run
+#: with two), two consumers with their default block, and, for head dim 64 at short
+#: sequences, 96-key blocks in a three-deep ring. A head dim a plan does not fit (``BN=192``
+#: at 128, three stages at 256) is refused and skipped. Each is checked against float64 in
+#: the CPU simulator (``test_tensorcore_sim.py``) and on the GPU
+#: (``tools/attention_sanitize.py``).
 ATTENTION_CONFIGS = (ForwardConfig(), ForwardConfig(stages=3), ForwardConfig(BN=64),
                      ForwardConfig(BN=176), ForwardConfig(BN=192),
-                     ForwardConfig(schedule="overlap"), ForwardConfig(consumers=2))
+                     ForwardConfig(schedule="overlap"), ForwardConfig(consumers=2),
+                     ForwardConfig(BN=96, stages=3))
+
+PLANS = {c.name: c for c in ATTENTION_CONFIGS}
+"""``ATTENTION_CONFIGS`` by ``ForwardConfig.name`` (the names of tuning tables)."""
+
+#: Per-row speed of three consumer warpgroups over two at equal waves (H200, paired over
+#: cuDNN: 1.030-1.215x vs 0.954-1.131x); the wave rule of ``default_plan`` weighs it.
+THREE_CONSUMER_GAIN = 1.06
+
+
+def _waves(tiles, sms):
+    return -(-tiles // sms)
+
+
+def default_plan(head_dim, causal, batch_heads, seqlen, *, num_sms=H100_SMS):
+    """The plan a default call takes without timing where no tuning table has its bucket
+    (``_tuning.Planner``): the default plan (three consumers where they fit), except for
+    full attention whose 192-row blocks leave the last wave so empty that two consumers'
+    128-row blocks finish sooner (waves x rows, three consumers credited
+    ``THREE_CONSUMER_GAIN``): one CTA per SM either way (their registers). Causal grids run
+    longest rows first, so their waves even out: the default."""
+    if head_dim not in HEAD_DIMS:
+        raise _fail(f"flash attention: head dim must be 64, 128 or 256, got {head_dim!r}")
+    if causal or default_consumers(head_dim) == 2:
+        return ForwardConfig()
+    three = _waves(batch_heads * -(-seqlen // 192), num_sms) * 192 / THREE_CONSUMER_GAIN
+    two = _waves(batch_heads * -(-seqlen // 128), num_sms) * 128
+    return ForwardConfig(consumers=2) if two < three else ForwardConfig()

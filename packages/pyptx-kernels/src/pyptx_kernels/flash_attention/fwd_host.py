@@ -6,9 +6,14 @@ head dims 64 and 128; ``attention_varlen(...)`` takes packed batches in the flas
 packages' layout, differentiable the same way. Head dim 256 has a forward only: a call whose
 torch inputs require grad raises ``ConfigError``, as does ``jax.grad`` through it
 (``NoBackward``). ``attention_forward`` / ``attention_varlen_forward`` return ``(o, lse)``
-without autograd. ``config=None`` is the default plan: tuned per shape on the device among
-``ATTENTION_CONFIGS`` (dense; ``$PYPTX_ATTN_SCHEDULE`` fixes the schedule instead,
-``$PYPTX_ATTN_PERSISTENT=1`` makes it persistent), ``ForwardConfig()`` (packed).
+without autograd. ``config=None`` is the default plan, chosen without timing (``PLANNER``: a winner saved by
+``PYPTX_AUTOTUNE=1`` / ``tune()`` for the exact shape, else the shipped table's plan for the
+shape's bucket, else ``fwd_config.default_plan``) among ``ATTENTION_CONFIGS`` (dense;
+``$PYPTX_ATTN_SCHEDULE`` fixes the schedule instead, ``$PYPTX_ATTN_PERSISTENT=1`` makes it
+persistent), ``ForwardConfig()`` (packed). ``window`` and ``softcap`` (``build_attention``'s)
+are part of a kernel's family; sizes are kernel parameters. Torch tensors laid out as
+``(B, H, S, D)`` in memory (an SDPA-style view transposed to ``(B, S, H, D)``) are read
+where they are (``memory_layouts``): no copy.
 """
 
 from __future__ import annotations
@@ -20,14 +25,24 @@ from dataclasses import dataclass
 
 from pyptx.autotune import Config, autotune
 from pyptx.errors import ConfigError, PyptxError
+from pyptx_kernels import _tuning
 from pyptx_kernels._common import framework, where
 from pyptx_kernels.flash_attention.fwd_config import (
     ATTENTION_CONFIGS,
     DEFAULT_PERSISTENT,
     ForwardConfig,
     _fail,
+    default_plan,
 )
-from pyptx_kernels.flash_attention.fwd_kernel import build_attention, build_attention_varlen
+from pyptx_kernels.flash_attention.fwd_kernel import (
+    build_attention,
+    build_attention_varlen,
+    check_softcap,
+    check_window,
+)
+
+NO_FEATURES = ((-1, -1), 0.0)   # (window, softcap) of plain attention
+BSHD = ("bshd",) * 3
 
 BACKWARD_HEAD_DIMS = (64, 128)   # head dims the backward kernels support (check_shapes)
 
@@ -72,43 +87,98 @@ def _varlen_plan(config):
 
 
 def _build_with(B, S, Hq, Hkv, D, *, Sk, dtype, causal, scale, persistent=False,
-                schedule=None, BN=None, stages=2, consumers=None):
+                window=(-1, -1), softcap=0.0, layouts=BSHD, schedule=None, BN=None, stages=2,
+                consumers=None):
     """``build_attention`` with one ``ATTENTION_CONFIGS`` plan given as keywords (the tuner's)."""
     plan = ForwardConfig(schedule=schedule, BN=BN, stages=stages, consumers=consumers,
                          persistent=persistent)
     return build_attention(B, S, Hq, Hkv, D, Sk=Sk, dtype=dtype, causal=causal, scale=scale,
-                           config=plan)
+                           config=plan, window=window, softcap=softcap, layouts=layouts)
 
 
 attention_tuned = autotune([Config(**c.changes()) for c in ATTENTION_CONFIGS], key=[
-    "B", "S", "Hq", "Hkv", "D", "Sk", "dtype", "causal", "scale", "persistent"])(_build_with)
-"""``build_attention`` with its plan chosen among ``ATTENTION_CONFIGS`` at the first launch."""
+    "B", "S", "Hq", "Hkv", "D", "Sk", "dtype", "causal", "scale", "persistent", "window",
+    "softcap", "layouts"])(_build_with)
+"""``build_attention`` with its plan chosen among ``ATTENTION_CONFIGS`` (timed only when
+asked: ``PYPTX_AUTOTUNE=1``, ``tune()``)."""
+
+
+def _plan_name(D, causal, BH, S):
+    """``fwd_config.default_plan``'s plan name (the heuristic behind the shipped tables)."""
+    return default_plan(D, causal, BH, S).name
+
+
+PLANNER = _tuning.Planner(
+    "attention_fwd",
+    lambda kv: {"D": kv["D"], "causal": kv["causal"], "BH": kv["B"] * kv["Hq"], "S": kv["S"]},
+    {c.name: Config(**c.changes()) for c in ATTENTION_CONFIGS}, _plan_name)
+"""The forward's plan without timing: the shipped table's for the bucket of head dim,
+causal, ``B * Hq`` and ``S`` (op ``"attention_fwd"``), else ``fwd_config.default_plan``."""
+
+attention_planned = _tuning.planned(attention_tuned, PLANNER)
+"""``attention_tuned`` whose default call takes a saved winner, else ``PLANNER``'s plan (no
+timing): what a default dense call launches."""
 
 
 @functools.lru_cache(maxsize=128)
-def _forward(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, plan):
-    """The dense forward kernel of a plan (``ForwardConfig`` or ``Tuned``)."""
-    kw = dict(Sk=Sk, dtype=dtype, causal=causal, scale=scale)
+def _forward(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, plan, features=NO_FEATURES,
+             layouts=BSHD):
+    """The dense forward kernel of a plan (``ForwardConfig`` or ``Tuned``); ``features``:
+    ``(window, softcap)``."""
+    window, softcap = features
+    kw = dict(Sk=Sk, dtype=dtype, causal=causal, scale=scale, window=window, softcap=softcap,
+              layouts=layouts)
     if isinstance(plan, Tuned):
-        return attention_tuned(B, S, Hq, Hkv, D, **kw, persistent=plan.persistent)
+        return attention_planned(B, S, Hq, Hkv, D, **kw, persistent=plan.persistent)
     return build_attention(B, S, Hq, Hkv, D, **kw, config=plan)
 
 
-def forward_kernel(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, config=None):
+def _features(window, softcap):
+    """``(window, softcap)`` checked (``ConfigError`` at the user's line)."""
+    return check_window(window), check_softcap(softcap)
+
+
+def forward_kernel(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, config=None, *, window=(-1, -1),
+                   softcap=0.0, layouts=BSHD):
     """The dense forward kernel a call with these sizes launches (``config=None``: the
-    default plan, tuned per device)."""
-    return _forward(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, _plan(config, D))
+    default plan, chosen without timing; ``layouts``: q, k, v's memory orders)."""
+    return _forward(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, _plan(config, D),
+                    _features(window, softcap), tuple(layouts))
 
 
 @functools.lru_cache(maxsize=128)
-def _varlen(Tq, Tk, B, Hq, Hkv, D, max_q, dtype, causal, scale, plan):
+def _varlen(Tq, Tk, B, Hq, Hkv, D, max_q, dtype, causal, scale, plan, features=NO_FEATURES):
+    window, softcap = features
     return build_attention_varlen(Tq, Tk, B, Hq, Hkv, D, max_q, dtype=dtype, causal=causal,
-                                  scale=scale, config=plan)
+                                  scale=scale, config=plan, window=window, softcap=softcap)
 
 
-def varlen_kernel(Tq, Tk, B, Hq, Hkv, D, max_q, dtype, causal, scale, config=None):
+def varlen_kernel(Tq, Tk, B, Hq, Hkv, D, max_q, dtype, causal, scale, config=None, *,
+                  window=(-1, -1), softcap=0.0):
     """The packed forward kernel a call with these sizes launches."""
-    return _varlen(Tq, Tk, B, Hq, Hkv, D, max_q, dtype, causal, scale, _varlen_plan(config))
+    return _varlen(Tq, Tk, B, Hq, Hkv, D, max_q, dtype, causal, scale, _varlen_plan(config),
+                   _features(window, softcap))
+
+
+def memory_layouts(*xs):
+    """``(tensors, layouts)`` for the dense kernel from logical ``(B, S, H, D)`` torch
+    tensors: one contiguous as it is (``"bshd"``), one whose memory is ``(B, H, S, D)`` (an
+    SDPA-style tensor transposed) as that contiguous tensor (``"bhsd"``), any other a
+    contiguous copy (``"bshd"``). JAX arrays stay as they are (``"bshd"``)."""
+    out, lays = [], []
+    for x in xs:
+        if framework(x) != "torch" or x.is_contiguous():
+            out.append(x)
+            lays.append("bshd")
+            continue
+        t = x.transpose(1, 2)
+        if t.is_contiguous():
+            out.append(t)
+            lays.append("bhsd")
+        else:
+            out.append(x.contiguous())
+            lays.append("bshd")
+    return tuple(out), tuple(lays)
 
 
 def _dtype_name(x):
@@ -139,60 +209,89 @@ class NoBackward:
     head dim, prefixed with the ``file:line`` of the latest ``attention()`` /
     ``attention_varlen()`` call that ran this forward (``where``)."""
 
-    def __init__(self, fwd, D, n_saved_in, n_grad=3):
+    def __init__(self, fwd, D, n_saved_in, n_grad=3, message=None):
         n_out = len(fwd.out_specs)
         self.in_specs = tuple(fwd.in_specs[:n_saved_in]) + tuple(fwd.out_specs) * 2
         self.out_specs = tuple(fwd.in_specs[:n_grad])
         self.arg_names = tuple(f"x{i}" for i in range(n_saved_in + 2 * n_out + n_grad))
         self.name = f"{fwd.name}_no_backward"
         self.D = D
+        self.message = message or _no_backward_message(D)
         self.where = "<unknown>:0"
 
     def __call__(self, *args):
-        raise ConfigError(f"{self.where}: attention: {_no_backward_message(self.D)}")
+        raise ConfigError(f"{self.where}: attention: {self.message}")
 
 
 def _refuse_grad(fn, D, xs, op):
-    """``attention()``/``attention_varlen()`` at a head dim without backward: ``ConfigError``
-    now when torch will want gradients (``requires_grad`` and grad mode on); otherwise note
-    the call's ``file:line`` in ``op``'s ``NoBackward`` (a later ``jax.grad`` raises there)."""
-    if D in BACKWARD_HEAD_DIMS:
+    """``attention()``/``attention_varlen()`` without a backward (a head dim, or a window or
+    soft cap the backward does not take): ``ConfigError`` now when torch will want gradients
+    (``requires_grad`` and grad mode on); otherwise note the call's ``file:line`` in ``op``'s
+    ``NoBackward`` (a later ``jax.grad`` raises there)."""
+    bwd = getattr(op, "backward_kernel", None)
+    if not isinstance(bwd, NoBackward):
         return
     if framework(xs[0]) == "torch":
         import torch
 
         if torch.is_grad_enabled() and any(x.requires_grad for x in xs):
-            raise _fail(f"{fn}: q, k or v requires grad, but there is "
-                        f"{_no_backward_message(D)}")
-    bwd = getattr(op, "backward_kernel", None)
-    if isinstance(bwd, NoBackward):
-        bwd.where = where()
+            raise _fail(f"{fn}: q, k or v requires grad, but there is {bwd.message}")
+    bwd.where = where()
+
+
+def feature_keywords(features):
+    """The keywords that hand ``(window, softcap)`` to a backward builder: none for plain
+    attention (so a backward that does not know them yet still builds)."""
+    window, softcap = features
+    return {} if features == NO_FEATURES else dict(window=window, softcap=softcap)
+
+
+def build_backward(builder, *args, features=NO_FEATURES, **kw):
+    """``builder(*args, **kw)`` with ``features``' keywords; ``ConfigError`` when the backward
+    does not take a window or soft cap yet (``TypeError`` of an unknown keyword)."""
+    try:
+        return builder(*args, **kw, **feature_keywords(features))
+    except TypeError as e:
+        if features == NO_FEATURES or "unexpected keyword" not in str(e):
+            raise
+        raise _fail(f"attention: {_features_message(features)}") from None
+
+
+def _features_message(features):
+    window, softcap = features
+    return (f"no backward with window={window}, softcap={softcap:g} yet: the attention "
+            f"backward kernels take neither; for inference call attention_forward (or "
+            f"attention_varlen_forward), or run under torch.no_grad()")
 
 
 @functools.lru_cache(maxsize=128)
-def _differentiable(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, plan=None, deterministic=True):
+def _differentiable(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, plan=None, deterministic=True,
+                    features=NO_FEATURES):
     """The forward kernel of ``plan`` (``ForwardConfig``, ``Tuned`` or None: the default)
     wrapped with the backward (``BackwardPlan.for_eager``'s kernels falling back to the
     deterministic dQ / dK-dV pair, which JAX and ``torch.compile`` traces run), or with
-    ``NoBackward`` at a head dim the backward refuses (256)."""
+    ``NoBackward`` where the backward refuses (head dim 256, a window or soft cap it does not
+    take)."""
     fwd = _forward(B, S, Hq, Hkv, D, Sk, dtype, causal, scale,
-                   _plan(None, D) if plan is None else plan)
+                   _plan(None, D) if plan is None else plan, features)
     bwd_mod = _bwd_module()
     from pyptx.autodiff import differentiable_kernel
 
-    kw = dict(Sk=Sk, dtype=dtype, causal=causal, scale=scale)
+    kw = dict(Sk=Sk, dtype=dtype, causal=causal, scale=scale, features=features)
+    build = bwd_mod.build_attention_backward
     try:
-        bwd = bwd_mod.build_attention_backward(B, S, Hq, Hkv, D, **kw)
-    except PyptxError:  # a size the backward refuses (head dim 256): gradients raise
-        return differentiable_kernel(fwd, NoBackward(fwd, D, 3), save_for_backward=[0, 1, 2],
-                                     save_outputs=[0, 1], num_grad_inputs=3)
+        bwd = build_backward(build, B, S, Hq, Hkv, D, **kw)
+    except PyptxError:  # a size or feature the backward refuses: gradients raise
+        msg = None if features == NO_FEATURES else _features_message(features)
+        return differentiable_kernel(fwd, NoBackward(fwd, D, 3, message=msg),
+                                     save_for_backward=[0, 1, 2], save_outputs=[0, 1],
+                                     num_grad_inputs=3)
     from pyptx_kernels.flash_attention.bwd_plan import BackwardPlan
 
     fast = BackwardPlan.for_eager(D, deterministic)
     if fast != BackwardPlan():
         try:
-            bwd = bwd_mod.build_attention_backward(B, S, Hq, Hkv, D, **kw,
-                                                   plan=fast).with_fallback(bwd)
+            bwd = build_backward(build, B, S, Hq, Hkv, D, **kw, plan=fast).with_fallback(bwd)
         except PyptxError:  # the pair alone
             pass
     return differentiable_kernel(fwd, bwd, save_for_backward=[0, 1, 2], save_outputs=[0, 1],
@@ -223,27 +322,35 @@ def _scale(scale, D):
     return 1.0 / math.sqrt(D) if scale is None else float(scale)
 
 
-def attention_forward(q, k, v, causal=False, scale=None, *, config=None):
+def attention_forward(q, k, v, causal=False, scale=None, *, config=None, window=(-1, -1),
+                      softcap=0.0):
     """``(o, lse)`` of the forward kernel (no autograd): ``o (B, S, Hq, D)``, ``lse (B, Hq, S)``
-    float32, natural log of each row's sum of ``exp(scale * q.k)``. ``config``: the plan
-    (``ForwardConfig``), by default tuned per shape (``ATTENTION_CONFIGS``)."""
+    float32, natural log of each row's sum of ``exp(scale * q.k)`` (of the capped scores with
+    ``softcap``). ``window``, ``softcap``: ``build_attention``'s. ``config``: the plan
+    (``ForwardConfig``), by default chosen without timing (``PLANNER``). Torch views whose
+    memory is ``(B, H, S, D)`` are read in place (``memory_layouts``)."""
     B, S, Hq, Hkv, D, Sk, name = _shapes(q, k, v)
-    kern = forward_kernel(B, S, Hq, Hkv, D, Sk, name, bool(causal), _scale(scale, D), config)
-    return kern(*_contiguous(q, k, v))
+    xs, layouts = memory_layouts(q, k, v)
+    kern = forward_kernel(B, S, Hq, Hkv, D, Sk, name, bool(causal), _scale(scale, D), config,
+                          window=window, softcap=softcap, layouts=layouts)
+    return kern(*xs)
 
 
-def attention(q, k, v, causal=False, scale=None, *, config=None, deterministic=True):
+def attention(q, k, v, causal=False, scale=None, *, config=None, deterministic=True,
+              window=(-1, -1), softcap=0.0):
     """Flash attention ``softmax(scale * q k^T) v`` (torch tensors or JAX arrays):
     ``q (B, S, Hq, D)``, ``k, v (B, Sk, Hkv, D)`` with ``Hq % Hkv == 0``, bf16 or f16,
     ``D`` in 64/128/256. ``causal``: key ``j`` allowed for query ``i`` iff ``j <= i``.
     ``scale`` defaults to ``1/sqrt(D)``. Differentiable in ``q, k, v`` at ``D`` 64 and 128;
     at 256 there is no backward: torch inputs that require grad (grad mode on) raise
     ``ConfigError`` here, ``jax.grad`` raises it when it reaches the backward.
-    ``config``: as ``attention_forward``'s. ``deterministic=False``: a faster backward whose
-    dQ sums come in run-dependent order (torch eager only)."""
+    ``config``, ``window``, ``softcap``: as ``attention_forward``'s (no backward with a window
+    or soft cap until the backward takes them: gradients raise ``ConfigError``).
+    ``deterministic=False``: a faster backward whose dQ sums come in run-dependent order
+    (torch eager only)."""
     B, S, Hq, Hkv, D, Sk, name = _shapes(q, k, v)
     fn = _differentiable(B, S, Hq, Hkv, D, Sk, name, bool(causal), _scale(scale, D),
-                         _plan(config, D), bool(deterministic))
+                         _plan(config, D), bool(deterministic), _features(window, softcap))
     _refuse_grad("attention", D, (q, k, v), fn)
     return fn(*_contiguous(q, k, v))[0]
 
@@ -279,37 +386,46 @@ def _varlen_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
 
 
 def attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                             causal=False, scale=None, *, config=None):
+                             causal=False, scale=None, *, config=None, window=(-1, -1),
+                             softcap=0.0):
     """``(o, lse)`` of the packed variable-length forward (no autograd): ``o (Tq, Hq, D)``,
-    ``lse (Hq, Tq)`` float32 (``-inf`` for rows of a sequence without keys)."""
+    ``lse (Hq, Tq)`` float32 (``-inf`` for rows of a sequence without keys); ``window`` and
+    ``softcap`` as ``attention_forward``'s, per sequence."""
     Tq, Tk, B, Hq, Hkv, D, max_q, _, name = _varlen_shapes(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     kern = varlen_kernel(Tq, Tk, B, Hq, Hkv, D, max_q, name, bool(causal), _scale(scale, D),
-                         config)
+                         config, window=window, softcap=softcap)
     return kern(*_contiguous(q, k, v, cu_seqlens_q, cu_seqlens_k))
 
 
 @functools.lru_cache(maxsize=128)
 def _differentiable_varlen(Tq, Tk, B, Hq, Hkv, D, max_q, max_k, dtype, causal, scale,
-                           plan=None):
+                           plan=None, features=NO_FEATURES):
     """The varlen forward wrapped with the varlen backward pair
     (``build_attention_backward_varlen``: the deterministic dQ / dK-dV kernels) by
     ``differentiable_kernel`` (saved ``q, k, v, cu_q, cu_k`` and ``o, lse``; gradients of
-    ``q, k, v``), or with ``NoBackward`` at a head dim the backward refuses (256)."""
-    fwd = _varlen(Tq, Tk, B, Hq, Hkv, D, max_q, dtype, causal, scale, _varlen_plan(plan))
+    ``q, k, v``), or with ``NoBackward`` where the backward refuses (head dim 256, a window
+    or soft cap it does not take)."""
+    fwd = _varlen(Tq, Tk, B, Hq, Hkv, D, max_q, dtype, causal, scale, _varlen_plan(plan),
+                  features)
     from pyptx.autodiff import differentiable_kernel
 
+    bwd = NoBackward(fwd, D, 5)
     if D in BACKWARD_HEAD_DIMS:
-        bwd = _bwd_module().build_attention_backward_varlen(
-            Tq, Tk, B, Hq, Hkv, D, max_q, max_k, dtype=dtype, causal=causal, scale=scale)
-    else:
-        bwd = NoBackward(fwd, D, 5)
+        try:
+            bwd = build_backward(_bwd_module().build_attention_backward_varlen, Tq, Tk, B, Hq,
+                                 Hkv, D, max_q, max_k, dtype=dtype, causal=causal, scale=scale,
+                                 features=features)
+        except PyptxError:
+            if features == NO_FEATURES:
+                raise
+            bwd = NoBackward(fwd, D, 5, message=_features_message(features))
     return differentiable_kernel(fwd, bwd, save_for_backward=[0, 1, 2, 3, 4],
                                  save_outputs=[0, 1], num_grad_inputs=3)
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                     causal=False, scale=None, *, config=None):
+                     causal=False, scale=None, *, config=None, window=(-1, -1), softcap=0.0):
     """Flash attention over packed sequences (the flash-attention packages' layout):
     ``q (Tq, Hq, D)``, ``k, v (Tk, Hkv, D)``, ``cu_seqlens_q/k`` int32 ``(B + 1,)`` on the
     device (sequence ``b`` is rows ``cu[b]:cu[b+1]``; empty sequences allowed),
@@ -318,10 +434,10 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     Hq, D)``, differentiable in ``q, k, v`` at head dims 64 and 128 through the deterministic
     varlen backward pair; at head dim 256 there is no backward (as ``attention``).
     ``Tq``/``Tk`` should equal ``cu_seqlens_q/k[-1]``: rows past the last sequence get no
-    output and no gradient."""
+    output and no gradient. ``window``, ``softcap``: as ``attention``'s, per sequence."""
     Tq, Tk, B, Hq, Hkv, D, max_q, max_k, name = _varlen_shapes(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     fn = _differentiable_varlen(Tq, Tk, B, Hq, Hkv, D, max_q, max_k, name, bool(causal),
-                                _scale(scale, D), _varlen_plan(config))
+                                _scale(scale, D), _varlen_plan(config), _features(window, softcap))
     _refuse_grad("attention_varlen", D, (q, k, v), fn)
     return fn(*_contiguous(q, k, v, cu_seqlens_q, cu_seqlens_k))[0]
