@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from pyptx_kernels.ampere.attention_config import Sm80AttentionConfig
+from pyptx_kernels.ampere.attention_kernel import build_sm80_attention
 from pyptx_kernels.ampere.gemm_config import SM80_GEMM_CONFIGS, Sm80GemmConfig
 from pyptx_kernels.ampere.gemm_kernel import build_sm80_gemm
 
@@ -92,5 +94,97 @@ def test_bad_plans_fail_at_the_caller_line(kw, msg):
 def test_bad_gemm_calls_fail_at_the_caller_line(args, kw, msg):
     with pytest.raises(ConfigError) as ei:
         build_sm80_gemm(*args, **kw)
+    assert str(ei.value).startswith(f"{__file__}:"), str(ei.value)
+    assert msg in str(ei.value)
+
+
+# ------------------------------------------------------------------ attention forward
+SMALL_ATTN = {64: Sm80AttentionConfig(D=64, BQ=32, BKV=32, warps=2),
+              128: Sm80AttentionConfig(D=128, BQ=64, BKV=32, warps=4)}
+
+
+def attention_reference(q, k, v, causal, scale):
+    """float64 ``(out, lse)`` of ``(B, S, H, D)`` inputs (kv head ``h // (Hq // Hkv)``)."""
+    B, S, Hq, D = q.shape
+    Sk, Hkv = k.shape[1], k.shape[2]
+    rep = Hq // Hkv
+    kk, vv = np.repeat(k, rep, axis=2), np.repeat(v, rep, axis=2)
+    s = np.einsum("bqhd,bkhd->bhqk", q, kk) * scale
+    if causal:
+        s = np.where(np.arange(Sk)[None, :] <= np.arange(S)[:, None], s, -np.inf)
+    mx = s.max(-1, keepdims=True)
+    p = np.exp(s - mx)
+    lse = (np.log(p.sum(-1)) + mx[..., 0])
+    out = np.einsum("bhqk,bkhd->bqhd", p / p.sum(-1, keepdims=True), vv)
+    return out, lse
+
+
+def run_attention(B, S, Sk, Hq, Hkv, D, causal, dtype="bf16", config=None, seed=0):
+    """Relative errors of the simulated forward's ``(out, lse)`` against float64."""
+    rng = np.random.default_rng(seed)
+    q, k, v = (_dev(rng.standard_normal(s), dtype) for s in
+               ((B, S, Hq, D), (B, Sk, Hkv, D), (B, Sk, Hkv, D)))
+    kern = build_sm80_attention(B, S, Hq, Hkv, D, Sk=Sk, dtype=dtype, causal=causal,
+                                config=config or SMALL_ATTN[D])
+    o, lse = ptxsim.run(kern.specialize(), [q, k, v])
+    ref_o, ref_lse = attention_reference(*(_f64(x, dtype) for x in (q, k, v)), causal,
+                                         1 / np.sqrt(D))
+    got_o = _f64(o, dtype)
+    got_lse = lse.view(np.float32).astype(np.float64)
+    return (float(np.linalg.norm(got_o - ref_o) / np.linalg.norm(ref_o)),
+            float(np.abs(got_lse - ref_lse).max()))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_ragged_gqa(causal):
+    # 3 query blocks (the last ragged), 3 key blocks (the last ragged), 2 query heads per
+    # kv head: unmasked and masked blocks, the prefetch across both loops
+    err_o, err_lse = run_attention(1, 72, 72, 2, 1, 64, causal)
+    assert err_o < TOL["bf16"] and err_lse < 1e-4, (err_o, err_lse)
+
+
+def test_attention_d128_longer_keys_f16():
+    err_o, err_lse = run_attention(1, 32, 96, 1, 1, 128, False, dtype="f16")
+    assert err_o < 2e-3 and err_lse < 1e-4, (err_o, err_lse)
+
+
+def test_gemm_fewer_rows_than_one_fragment():
+    assert run_gemm(10, 40, 64, out_dtype="f32") < TOL["f32"]
+
+
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_plans_assemble_without_spills(D, causal, assemble):
+    k = build_sm80_attention(2, 1000, 8, 2, D, causal=causal)
+    log = assemble(k.ptx(), arch="sm_80")
+    assert re.search(r"0 bytes spill stores, 0 bytes spill loads", log), log
+
+
+@pytest.mark.parametrize("kw,msg", [
+    (dict(D=96), "D must be 64 or 128, got 96"),
+    (dict(BQ=256), "BQ / warps must be 16 or 32 rows"),
+    (dict(BKV=48), "BKV must be 32, 64 or 128"),
+    (dict(D=64, BQ=128, BKV=128), "keep 224 fragment registers per thread, over 192"),
+    (dict(BKV=128, BQ=128), "keep"),
+    (dict(warps=3), "warps must be 2, 4 or 8"),
+])
+def test_bad_attention_plans_fail_at_the_caller_line(kw, msg):
+    with pytest.raises(ConfigError) as ei:
+        Sm80AttentionConfig(**kw)
+    assert str(ei.value).startswith(f"{__file__}:"), str(ei.value)
+    assert msg in str(ei.value)
+
+
+@pytest.mark.parametrize("args,kw,msg", [
+    ((1, 64, 3, 2, 64), {}, "Hq must be a multiple of Hkv"),
+    ((1, 64, 2, 2, 96), {}, "head dim D must be 64 or 128, got 96"),
+    ((1, 64, 2, 2, 64), {"dtype": "f32"}, "dtype must be bf16 or f16"),
+    ((1, 64, 2, 2, 64), {"causal": 1}, "causal must be True or False"),
+    ((1, 64, 2, 2, 64), {"scale": -1.0}, "scale must be a positive number"),
+    ((1, 64, 2, 2, 64), {"config": Sm80AttentionConfig(D=128)}, "with D=64"),
+])
+def test_bad_attention_calls_fail_at_the_caller_line(args, kw, msg):
+    with pytest.raises(ConfigError) as ei:
+        build_sm80_attention(*args, **kw)
     assert str(ei.value).startswith(f"{__file__}:"), str(ei.value)
     assert msg in str(ei.value)

@@ -158,8 +158,12 @@ def build_sm80_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", b
         for i in range(MI):
             for h in range(2):
                 dr = i * 16 + 8 * h
+                if ragged_m and M - dr <= 0:       # no tile has a row here
+                    continue
                 row_ok = row_t < M - dr if ragged_m else None
                 for j in range(NJ):
+                    if ragged_n and N - j * 8 <= 0:
+                        continue
                     ok = row_ok
                     if ragged_n:
                         col_ok = col_t < N - j * 8

@@ -73,25 +73,28 @@ class TileCopy:
         g = self.gptr + start + _u32(col0) * 2
         s = dst + self.soff
         col_ok = None
-        if self.cols_total is not None:
+        if self.cols_total is not None:     # col0 < cols_total: the window starts inside
             col_ok = (self.col_t + col0) < self.cols_total
+        row = None if self.rows_total is None else self.row_t + row0
         for i in range(self.reps):
+            dst = ptx.addr(s, i * self.step * self.tile.row_bytes)
             ok = col_ok
-            if self.rows_total is not None:
-                row_ok = (self.row_t + row0) < self.rows_total - i * self.step
+            if row is not None:
+                left = self.rows_total - i * self.step
+                if left <= 0:       # past the last row for every thread: zeros
+                    ptx.cp_async.copy(dst, self.ptr, 16, cache="cg", src_size=0)
+                    continue
+                row_ok = row < left
                 ok = row_ok if ok is None else (row_ok & ok)
-            src = ptx.addr(g, 2 * i * self.step * self.ld)
             if ok is None:
-                ptx.cp_async.copy(ptx.addr(s, i * self.step * self.tile.row_bytes), src, 16,
-                                  cache="cg")
+                ptx.cp_async.copy(dst, ptx.addr(g, 2 * i * self.step * self.ld), 16, cache="cg")
                 continue
             safe = reg.scalar(u64)
             ptx.inst.add.u64(safe, g, 2 * i * self.step * self.ld)
             ptx.inst.selp.u64(safe, safe, self.ptr, ok)   # an in-bounds address where masked
             n = reg.scalar(u32)
             ptx.inst.selp.u32(n, 16, 0, ok)
-            ptx.cp_async.copy(ptx.addr(s, i * self.step * self.tile.row_bytes), safe, 16,
-                              cache="cg", src_size=n)
+            ptx.cp_async.copy(dst, safe, 16, cache="cg", src_size=n)
 
 
 class Fragments:
