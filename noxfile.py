@@ -31,8 +31,8 @@ def _editable(*packages: str) -> list[str]:
 
 
 def _test_dirs(*packages: str) -> list[str]:
-    """The tests/ directory of each named package."""
-    return [f"packages/{package}/tests" for package in packages]
+    """The tests/ directory of each named package, then the examples' (``examples/tests``)."""
+    return [f"packages/{package}/tests" for package in packages] + ["examples/tests"]
 
 
 def _base_tests(session: nox.Session, *selection: str) -> None:
@@ -161,7 +161,7 @@ def dev(session: nox.Session) -> None:
     named by $PYPTX_TORCH_INDEX (e.g. https://download.pytorch.org/whl/cpu, where PyPI's
     torch would be the CUDA build); the session says which build it got. `nox -s dev --
     cuda` takes torch from pip's index (never $PYPTX_TORCH_INDEX) and fails unless that
-    build has CUDA (for a GPU machine). Then: `. .venv/bin/activate && pytest packages -q`."""
+    build has CUDA (for a GPU machine). Then: `. .venv/bin/activate && pytest packages examples/tests -q`."""
     cuda = "cuda" in session.posargs
     venv = ROOT / ".venv"
     session.run(sys.executable, "-m", "venv", str(venv), external=True)

@@ -1,4 +1,4 @@
-"""Attention TFLOP/s: pyptx (``examples/hopper/flash_attention.py``) beside
+"""Attention TFLOP/s: pyptx (``pyptx_kernels.attention``) beside
 ``F.scaled_dot_product_attention`` with each backend (cuDNN, flash, memory-efficient),
 forward and backward, bf16.
 

@@ -2,7 +2,7 @@
 
 Each measurement runs in a fresh process (this script with ``--child``), which
 imports torch (timed on its own), makes its CUDA inputs, then times ``import
-pyptx``, loading ``examples/hopper/rms_norm.py`` and building the RMSNorm at a
+pyptx``, importing ``pyptx_kernels.rows.rms_norm`` and building the RMSNorm at a
 size (B, N) no other run of this invocation uses, the first ``k(x, w)`` and the
 synchronize after it. The result is then compared with a float64 torch
 reference (the output's memory was left full of NaN first); a wrong result fails
@@ -198,7 +198,7 @@ def child(B: int, N: int) -> int:
 
     with prof.region("build"):
         mod = kernel_module("rms_norm")
-        k = mod.build_rms_norm(B, N, EPS)
+        k = mod.build_rms_norm_fast(B, N, eps=EPS, config=mod.RowConfig())
     with prof.region("call_rest"):
         y = k(x, w)
     with prof.region("sync"):

@@ -1,8 +1,8 @@
 """Host-side dispatch cost per call: pyptx's RMSNorm beside torch, Triton and JAX (needs a GPU).
 
-Every row is a 32x1024 float32 call (RMSNorm from ``examples/hopper/rms_norm.py``:
-``build_rms_norm_fast(32, 1024)``, or the guide's seed ``build_rms_norm`` with
-``--kernel seed``; elementwise adds of the same size for the baselines).
+Every row is a 32x1024 float32 call (RMSNorm from ``pyptx_kernels.rows.rms_norm``:
+``build_rms_norm_fast(32, 1024)`` with its first plan; elementwise adds of the same size
+for the baselines).
 Each path is checked once against a float64 reference on fresh random inputs
 (outputs poisoned with NaN first), warmed up, then timed: ``--calls`` back-to-back
 calls between two ``time.perf_counter`` reads, with one synchronize (torch) or
@@ -155,18 +155,11 @@ class Row:
         return min(self.samples) if self.samples else None
 
 
-def _builder(which: str):
-    """``(B, N, eps) -> Kernel`` for ``--kernel``."""
-    mod = _load_example()
-    if which == "seed":
-        return mod.build_rms_norm
-    # the first tuning config, named: the bare kernel (a default call adds the tuner's wrapper)
+def _builder():
+    """``(B, N, eps) -> Kernel``: the first tuning config, named: the bare kernel (a default
+    call adds the tuner's wrapper)."""
+    mod = kernel_module("rms_norm")
     return lambda B, N, eps: mod.build_rms_norm_fast(B, N, eps=eps, config=RowConfig())
-
-
-def _load_example():
-
-    return kernel_module("rms_norm")
 
 
 def _err(e: BaseException) -> str:
@@ -738,10 +731,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-triton", action="store_true", help="skip the Triton row")
     ap.add_argument("--targets", action="store_true",
                     help="only the rows issue 18's targets need (a shorter run)")
-    ap.add_argument("--kernel", choices=("fast", "seed"), default="fast",
-                    help="our RMSNorm: build_rms_norm_fast (default; ~2 µs on the GPU) or the "
-                         "guide's seed build_rms_norm (one warp per row; ~7 µs, so graph replay "
-                         "is GPU-bound)")
     args = ap.parse_args(argv)
     if args.calls < 1 or args.repeats < 1:
         ap.error("--calls and --repeats must be positive")
@@ -772,7 +761,7 @@ def main(argv: list[str] | None = None) -> int:
     print(_versions(torch), flush=True)
     t_start = time.perf_counter()
     try:
-        build = _builder(args.kernel)
+        build = _builder()
         k = build(B, N, EPS)
     except Exception as e:  # noqa: BLE001
         print(f"dispatch.py: could not build the RMSNorm example: {_err(e)}")

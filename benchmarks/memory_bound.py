@@ -5,7 +5,7 @@ For RMSNorm, LayerNorm, softmax (row-wise) and SwiGLU (``silu(g) * u``) at
 bf16, it prints GB/s (bytes read + written, each counted once: inputs,
 weights, outputs) for
 
-* ``ours``: the examples/hopper kernels as a user calls them, with no variant named
+* ``ours``: the ``pyptx_kernels.rows`` kernels as a user calls them, with no variant named
   (``build_rms_norm_fast(B, N, dtype)``, ...): ``pyptx.autotune`` times the builder's
   variants at the first launch on this GPU and keeps the fastest (``ours plan`` names
   it). The targets judge this column. ``ours best variant`` is, for reference, the best

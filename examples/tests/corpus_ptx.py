@@ -1,17 +1,19 @@
-"""PTX printed by pyptx itself for the repository's examples: the corpus's pyptx files.
+"""PTX printed by pyptx itself for the repository's examples: the parser corpus's pyptx files
+(``packages/pyptx-core/tests/corpus/regen.py`` runs it).
 
-    python pyptx_examples.py OUT_DIR
+    python examples/tests/corpus_ptx.py OUT_DIR
 
 Includes one ``lineinfo=True`` print (``.file``/``.loc`` pointing at the example).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[5]
+from pyptx.testing import load_module
+
+ROOT = Path(__file__).resolve().parents[2]
 CASES = [
     ("examples/vector_add.py", "build_vector_add", {"N": 1 << 20}, False),
     ("examples/vector_add.py", "build_vector_add", {"N": 1000, "block": 128}, True),
@@ -20,17 +22,11 @@ CASES = [
     ("examples/transpose.py", "build_transpose", {"M": 1000, "N": 300}, False),
     ("examples/hopper/rms_norm.py", "build_rms_norm", {"B": 2048, "N": 8192}, False),
     ("examples/hopper/rms_norm.py", "build_rms_norm", {"B": 16, "N": 512}, False),
-    ("examples/hopper/softmax.py", "build_softmax", {"B": 2048, "N": 8192}, False),
 ]
 
 
 def _load(rel: str):
-    path = ROOT / rel
-    spec = importlib.util.spec_from_file_location(path.stem + "_corpus", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(path.parent))
-    spec.loader.exec_module(mod)
-    return mod
+    return load_module(ROOT / rel, Path(rel).stem + "_corpus")
 
 
 def main(out_dir: str) -> None:

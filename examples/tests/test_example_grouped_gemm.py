@@ -12,13 +12,13 @@ from pyptx import ConfigError
 from pyptx.testing import load_module
 
 TESTS = Path(__file__).resolve().parent
-example = load_module(TESTS.parents[2] / "examples" / "hopper" / "grouped_gemm.py")
+example = load_module(TESTS.parent / "hopper" / "grouped_gemm.py")
 
 
 @pytest.fixture(scope="module")
 def sim():
     pytest.importorskip("numpy")
-    sys.path.insert(0, str(TESTS))
+    sys.path.insert(0, str(TESTS.parents[1] / "packages" / "pyptx-core" / "tests"))
     import ptxsim
 
     return ptxsim

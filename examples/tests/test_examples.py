@@ -1,11 +1,11 @@
 """The examples: golden PTX, deterministic tracing, ptxas for sm_90a, and their ``__main__``.
 
 Each case traces one builder of ``examples/`` with fixed parameters and
-compares its PTX byte for byte with ``tests/golden/<example>_<params>.ptx``.
+compares its PTX byte for byte with ``examples/tests/golden/<example>_<params>.ptx``.
 After an intended change to an example or to the emitter, regenerate the
 golden files and review their diff:
 
-    PYPTX_UPDATE_GOLDEN=1 pytest packages/pyptx-core/tests/test_examples.py
+    PYPTX_UPDATE_GOLDEN=1 pytest examples/tests/test_examples.py
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import pytest
 from pyptx import ConfigError, SpecError
 
 TESTS = Path(__file__).resolve().parent
-ROOT = TESTS.parents[2]
-EXAMPLES = ROOT / "examples"
+EXAMPLES = TESTS.parent
+ROOT = EXAMPLES.parent
 GOLDEN = TESTS / "golden"
 GUIDE = ROOT.parent / "shared" / "spec" / "torch_runtime_guide.txt"
 UPDATE = os.environ.get("PYPTX_UPDATE_GOLDEN") == "1"
@@ -90,6 +90,29 @@ def test_ptxas_accepts(rel, builder, params, assemble):
     log = assemble(build(rel, builder, params).ptx())
     assert re.search(r"Used \d+ registers", log), log
     assert "0 bytes spill stores" in log, log
+
+
+def test_wgmma_tile_assembles_for_every_layout(assemble):
+    for sw in (128, 64, 32, None):
+        for am in ("K", "MN"):
+            for bm in ("K", "MN"):
+                report = assemble(build("hopper/wgmma_tile.py", "build_wgmma_tile",
+                                        dict(N=64, K=64, a_major=am, b_major=bm,
+                                             swizzle=sw)).ptx())
+                assert "0 bytes spill stores" in report
+
+
+def test_wgmma_tile_3d_view(assemble):
+    k = build("hopper/wgmma_tile.py", "build_wgmma_tile",
+              dict(N=64, K=256, a_major="K", b_major="MN", a_view="3d"))
+    text = k.ptx()
+    assert text.count("cp.async.bulk.tensor.3d") == 1 and "cp.async.bulk.tensor.2d" in text
+    assemble(text)
+
+
+def test_tma_copy_assembles(assemble):
+    log = assemble(build("hopper/tma_copy.py", "build_tma_copy", {"M": 100, "N": 68}).ptx())
+    assert "tma_copy" in log
 
 
 def test_seed_rms_norm_at_scale(assemble):
@@ -175,7 +198,7 @@ def test_harness_compares_with_reference(shift, status, verdict, monkeypatch, ca
 def test_examples_import_only_packages():
     """No example edits ``sys.path`` or imports a file beside it by name (issue 18): the row
     harness is ``pyptx.testing``."""
-    paths = sorted(EXAMPLES.rglob("*.py"))
+    paths = sorted(p for p in EXAMPLES.rglob("*.py") if TESTS not in p.parents)
     assert {p.relative_to(EXAMPLES).as_posix() for p in paths} >= {rel for rel, _, _ in CASES}
     for path in paths:
         text = path.read_text()

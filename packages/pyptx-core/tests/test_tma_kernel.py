@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -13,16 +10,6 @@ from pyptx import Tile, kernel, ptx, reg
 from pyptx.errors import ConfigError, OperandError
 from pyptx.tma import TmaParams
 from pyptx.types import f32, u32
-
-EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "hopper" / "tma_copy.py"
-
-
-def load_example():
-    sys.path.insert(0, str(EXAMPLE.parent))
-    spec = importlib.util.spec_from_file_location("tma_copy_ex", EXAMPLE)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_tensor_map_param_comes_after_scalars_and_is_recorded():
@@ -41,12 +28,6 @@ def test_tensor_map_param_comes_after_scalars_and_is_recorded():
     assert index == 0 and isinstance(tp, TmaParams)
     assert tuple(tp.global_dims) == (128, 64) and tuple(tp.box_dims) == (8, 32)
     assert k.tma == {"X": {"box": (32, 8), "swizzle": None}}
-
-
-def test_example_assembles(assemble):
-    k = load_example().build_tma_copy(100, 68)
-    log = assemble(k.ptx())
-    assert "tma_copy" in log
 
 
 def test_tmap_without_declaration_names_the_fix():

@@ -4,12 +4,12 @@ inputs, jit and eager, composition with jnp ops, vmap, several GPUs, torch and j
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import os
 import sys
-from pathlib import Path
 
 import pytest
+
+from pyptx.testing import build_row_scale
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 jax = pytest.importorskip("jax")
@@ -26,21 +26,8 @@ def _gpus():
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _gpus(), reason="needs a GPU for JAX")]
 
-EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
-
-
-def load_example(rel: str):
-    path = EXAMPLES / rel
-    sys.path.insert(0, str(path.parent))
-    spec = importlib.util.spec_from_file_location(f"jx_{path.stem}", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def rms_ref(x, w, eps=1e-6):
-    x64, w64 = np.asarray(x, np.float64), np.asarray(w, np.float64)
-    return x64 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + eps) * w64
+def scale_ref(x, w):
+    return np.asarray(x, np.float64) * np.asarray(w, np.float64)
 
 
 def rel_err(out, ref):
@@ -61,19 +48,19 @@ def inputs(key, B, N):
 
 
 @pytest.mark.parametrize("B,N", [(16, 512), (64, 4096)])
-def test_rms_norm_jit_and_eager(B, N):
-    k = load_example("hopper/rms_norm.py").build_rms_norm(B, N)
+def test_jit_and_eager(B, N):
+    k = build_row_scale(B, N)
     x, w = inputs(jax.random.key(B * N), B, N)
     poison((B, N))
     out = jax.jit(lambda x, w: k(x, w))(x, w)
     assert out.shape == (B, N) and out.dtype == jnp.float32
-    assert rel_err(out, rms_ref(x, w)) < 1e-5
+    assert rel_err(out, scale_ref(x, w)) < 1e-5
     poison((B, N))
-    assert rel_err(k(x, w), rms_ref(x, w)) < 1e-5
+    assert rel_err(k(x, w), scale_ref(x, w)) < 1e-5
 
 
 def test_composition_with_jnp_ops_and_two_kernels():
-    rms = load_example("hopper/rms_norm.py").build_rms_norm(32, 1024)
+    rms = build_row_scale(32, 1024)
     sm = importlib.import_module("pyptx_kernels.rows.softmax").build_softmax(32, 1024)
     x, w = inputs(jax.random.key(7), 32, 1024)
 
@@ -81,29 +68,29 @@ def test_composition_with_jnp_ops_and_two_kernels():
     def f(x, w):
         return sm(rms(jnp.tanh(x) * 2.0, w)) + 1.0
 
-    y = rms_ref(np.tanh(np.asarray(x, np.float64)) * 2.0, w)
+    y = scale_ref(np.tanh(np.asarray(x, np.float64)) * 2.0, w)
     e = np.exp(y - y.max(-1, keepdims=True))
     ref = e / e.sum(-1, keepdims=True) + 1.0
     assert rel_err(f(x, w), ref) < 1e-5
 
 
 def test_vmap_runs_per_batch_element():
-    k = load_example("hopper/rms_norm.py").build_rms_norm(8, 256)
+    k = build_row_scale(8, 256)
     xs = jax.random.normal(jax.random.key(3), (4, 8, 256), jnp.float32)
     w = jnp.ones(256, jnp.float32) * 1.5
     out = jax.jit(jax.vmap(k, in_axes=(0, None)))(xs, w)
-    ref = np.stack([rms_ref(x, w) for x in np.asarray(xs)])
+    ref = np.stack([scale_ref(x, w) for x in np.asarray(xs)])
     assert rel_err(out, ref) < 1e-5
 
 
 def test_each_local_gpu_runs_its_own_copy():
-    k = load_example("hopper/rms_norm.py").build_rms_norm(16, 512)
+    k = build_row_scale(16, 512)
     for dev in _gpus():
         x, w = inputs(jax.random.key(dev.id + 11), 16, 512)
         x, w = jax.device_put(x, dev), jax.device_put(w, dev)
         out = jax.jit(lambda x, w: k(x, w))(x, w)
         assert out.devices() == {dev}
-        assert rel_err(out, rms_ref(x, w)) < 1e-5
+        assert rel_err(out, scale_ref(x, w)) < 1e-5
 
 
 @pytest.mark.skipif(len(_gpus()) < 2, reason="needs two GPUs")
@@ -115,7 +102,7 @@ def test_shard_map_across_two_gpus():
         from jax import shard_map
     except ImportError:
         from jax.experimental.shard_map import shard_map
-    k = load_example("hopper/rms_norm.py").build_rms_norm(16, 512)
+    k = build_row_scale(16, 512)
     mesh = Mesh(np.array(_gpus()[:2]), ("d",))
     x, w = inputs(jax.random.key(5), 32, 512)
     x = jax.device_put(x, NamedSharding(mesh, P("d", None)))
@@ -124,21 +111,21 @@ def test_shard_map_across_two_gpus():
                           out_specs=P("d", None)))
     out = f(x, w)
     assert {d for d in out.devices()} == set(_gpus()[:2])
-    assert rel_err(out, rms_ref(x, w)) < 1e-5
+    assert rel_err(out, scale_ref(x, w)) < 1e-5
 
 
 def test_same_kernel_from_torch_and_jax_in_one_process():
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("torch has no CUDA here")
-    k = load_example("hopper/rms_norm.py").build_rms_norm(16, 512)
+    k = build_row_scale(16, 512)
     x, w = inputs(jax.random.key(9), 16, 512)
     out_j = np.asarray(jax.jit(lambda x, w: k(x, w))(x, w))
     xt = torch.from_numpy(np.asarray(x)).cuda()
     wt = torch.from_numpy(np.asarray(w)).cuda()
     out_t = k(xt, wt).cpu().numpy()
     assert np.array_equal(out_j, out_t)
-    assert rel_err(out_t, rms_ref(x, w)) < 1e-5
+    assert rel_err(out_t, scale_ref(x, w)) < 1e-5
 
 
 def test_ffi_is_registered():
@@ -146,13 +133,6 @@ def test_ffi_is_registered():
 
     assert js.ensure_ffi_registered() is True
     assert js.shim_is_available() is True
-
-
-def test_tma_tile_copy_under_jit():
-    k = load_example("hopper/tma_copy.py").build_tma_copy(100, 68)
-    x = jax.random.normal(jax.random.key(1), (100, 68), jnp.float32)
-    poison((100, 68))
-    assert np.array_equal(np.asarray(jax.jit(lambda a: k(a))(x)), np.asarray(x))
 
 
 @pytest.mark.parametrize("example,op_name,n_in", [("pyptx_kernels.rows.rms_norm", "rms_norm_op", 2),
@@ -189,7 +169,7 @@ def test_jax_export_round_trip_in_a_fresh_process(tmp_path, monkeypatch):
 
     pytest.importorskip("flatbuffers")  # jax.export serialization needs it
     monkeypatch.setenv("PYPTX_CACHE_DIR", str(tmp_path / "cache"))
-    k = load_example("hopper/rms_norm.py").build_rms_norm(16, 512)
+    k = build_row_scale(16, 512)
     x, w = inputs(jax.random.key(21), 16, 512)
     exp = jax.export.export(
         jax.jit(lambda x, w: k(x * 0.5, w) + 1.0),
@@ -198,7 +178,7 @@ def test_jax_export_round_trip_in_a_fresh_process(tmp_path, monkeypatch):
     (tmp_path / "f.jax").write_bytes(exp.serialize())
     x2, w2 = inputs(jax.random.key(22), 16, 512)
     np.savez(tmp_path / "data.npz", x=np.asarray(x2), w=np.asarray(w2),
-             ref=rms_ref(np.asarray(x2) * 0.5, w2) + 1.0)
+             ref=scale_ref(np.asarray(x2) * 0.5, w2) + 1.0)
     code = (
         "import os, sys\n"
         "os.environ.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')\n"
@@ -225,13 +205,13 @@ def test_an_executable_outlives_the_kernel_it_was_traced_with(tmp_path, monkeypa
     from pyptx_shim import native
 
     monkeypatch.setenv("PYPTX_CACHE_DIR", str(tmp_path / "cache"))
-    build = load_example("hopper/rms_norm.py").build_rms_norm
+    build = build_row_scale
     f = jax.jit(lambda x, w: build(16, 512)(x, w))
     x, w = inputs(jax.random.key(31), 16, 512)
     handle = int(re.search(r"cubin_handle = (\d+) : ui64", f.lower(x, w).as_text()).group(1))
-    assert rel_err(f(x, w), rms_ref(x, w)) < 1e-5
+    assert rel_err(f(x, w), scale_ref(x, w)) < 1e-5
     gc.collect()
     assert not native.is_registered(handle)  # the record went with the kernel
     x, w = inputs(jax.random.key(32), 16, 512)
-    assert rel_err(f(x, w), rms_ref(x, w)) < 1e-5  # the same executable, resolved by hash
+    assert rel_err(f(x, w), scale_ref(x, w)) < 1e-5  # the same executable, resolved by hash
     assert native.is_registered(handle)

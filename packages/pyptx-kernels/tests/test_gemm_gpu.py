@@ -12,13 +12,10 @@ for bf16/f16 output (the output rounding, about 2**-9 per element).
 from __future__ import annotations
 
 import importlib
-from pathlib import Path
 
 import pytest
 from pyptx_kernels._modules import kernel_module
 from pyptx_kernels.gemm.reference import reference
-
-from pyptx.testing import load_module
 
 torch = pytest.importorskip("torch")
 
@@ -28,48 +25,22 @@ pytestmark = [
     pytest.mark.usefixtures("poison_outputs"),  # conftest.py: unwritten elements are NaN
 ]
 
-HOPPER = Path(__file__).resolve().parents[3] / "examples" / "hopper"
 TOL = {"bf16": 6e-3, "f16": 6e-3, "f32": 1e-4}
 DT = {"bf16": torch.bfloat16, "f16": torch.float16}
 
 
 def _load(name):
-    """A library kernel module, or the teaching example of that name."""
-    if name == "wgmma_tile":
-        return load_module(HOPPER / "wgmma_tile.py", f"wgmma_tile_{__name__}")
+    """A library kernel module."""
     return kernel_module(name)
 
 
 gemm = importlib.import_module("pyptx_kernels.gemm.host")   # matmul with a plan
-wgmma_tile = _load("wgmma_tile")
 gemm_sched = importlib.import_module("pyptx_kernels.gemm.scheduler")
 
 
 def rel_err(d, ref):
     assert not torch.isnan(d).any(), "unwritten (NaN-poisoned) or NaN elements"
     return ((d.double() - ref).norm() / ref.norm()).item()
-
-
-@pytest.mark.parametrize("swizzle", [128, 64, 32, None])
-@pytest.mark.parametrize("a_major", ["K", "MN"])
-@pytest.mark.parametrize("b_major", ["K", "MN"])
-@pytest.mark.parametrize("n", [64, 128])
-def test_operand_tile_layouts(swizzle, a_major, b_major, n):
-    a = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(64, n, device="cuda", dtype=torch.bfloat16)
-    k = wgmma_tile.build_wgmma_tile(n, 64, a_major=a_major, b_major=b_major, swizzle=swizzle)
-    d = k(a.contiguous() if a_major == "K" else a.T.contiguous(),
-          b.T.contiguous() if b_major == "K" else b.contiguous())
-    assert rel_err(d, a.double() @ b.double()) < 1e-5
-
-
-@pytest.mark.parametrize("K", [128, 256])
-def test_operand_tile_filled_by_the_3d_view(K):
-    a = torch.randn(64, K, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(K, 64, device="cuda", dtype=torch.bfloat16)
-    k = wgmma_tile.build_wgmma_tile(64, K, a_major="K", b_major="MN", a_view="3d")
-    assert "cp.async.bulk.tensor.3d" in k.ptx()
-    assert rel_err(k(a, b), a.double() @ b.double()) < 1e-5
 
 
 CASES = [

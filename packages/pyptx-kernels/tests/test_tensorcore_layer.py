@@ -18,17 +18,13 @@ from pyptx.errors import OperandError, TmaError
 from pyptx.fragment import Accumulator, accumulator_coord
 from pyptx.operand import OperandTile
 from pyptx.pipeline import Pipeline
-from pyptx.testing import load_module
 from pyptx.types import b64, bf16, f16, f32, tf32, u32, u64
 
 HERE = Path(__file__).resolve()
-HOPPER = HERE.parents[3] / "examples" / "hopper"
 
 
 def _load(name):
-    """A library kernel module, or the teaching example of that name."""
-    if name == "wgmma_tile":
-        return load_module(HOPPER / "wgmma_tile.py", f"wgmma_tile_{__name__}")
+    """A library kernel module."""
     return kernel_module(name)
 
 
@@ -329,17 +325,6 @@ def test_pipeline_state_checks():
     k.ptx()
 
 
-# ---------------------------------------------------------------------- examples' PTX
-def test_wgmma_tile_example_assembles_for_every_layout(assemble):
-    tile = _load("wgmma_tile")
-    for sw in (128, 64, 32, None):
-        for am in ("K", "MN"):
-            for bm in ("K", "MN"):
-                report = assemble(tile.build_wgmma_tile(64, 64, a_major=am, b_major=bm,
-                                                        swizzle=sw).ptx())
-                assert "0 bytes spill stores" in report
-
-
 def test_gemm_configs_assemble_without_spills(assemble):
     gemm = _load("gemm")
     kernels = [gemm.build_gemm(4096, 4096, 4096, config=c) for c in gemm.GEMM_CONFIGS]
@@ -408,12 +393,7 @@ def test_gemm_config_names_a_valid_plan():
             gemm.build_gemm(1000, 520, 136, config=dict(dataclasses.asdict(p))).ptx()
 
 
-def test_tma_3d_view_option_and_its_errors(assemble):
-    tile = _load("wgmma_tile")
-    k = tile.build_wgmma_tile(64, 256, a_major="K", b_major="MN", a_view="3d")
-    text = k.ptx()
-    assert text.count("cp.async.bulk.tensor.3d") == 1 and "cp.async.bulk.tensor.2d" in text
-    assemble(text)
+def test_tma_3d_view_errors():
     from pyptx.errors import ConfigError
 
     with pytest.raises(ConfigError, match="view must be '2d' or '3d'"):

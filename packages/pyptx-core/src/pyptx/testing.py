@@ -24,7 +24,7 @@ from .errors import CompileError, RuntimeUnavailableError, ToolchainError
 from .kernel import Kernel
 from .ptxas import check
 
-__all__ = ["parse_args", "run_example", "report", "load_module"]
+__all__ = ["parse_args", "run_example", "report", "load_module", "build_row_scale"]
 
 
 def parse_args(description: str, argv: Sequence[str] | None = None, **defaults: Any) -> dict:
@@ -113,6 +113,38 @@ def run_example(
         ok = ok and bad == 0
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1
+
+
+def build_row_scale(B: int, N: int) -> Kernel:
+    """``y[b, n] = x[b, n] * w[n]`` in f32 (``x`` ``(B, N)``, ``w`` ``(N,)``, ``N`` a multiple
+    of 32): one warp per row, the smallest kernel with a broadcast operand, for the runtimes'
+    tests (streams, graphs, devices, ``torch.compile``, export)."""
+    from . import ptx, reg
+    from .kernel import kernel
+    from .specs import Tile
+    from .types import f32, u32
+
+    if N % 32:
+        from .errors import ConfigError
+        from .source import where
+
+        raise ConfigError(f"{where()}: build_row_scale: N must be a multiple of 32, got {N}")
+
+    @kernel(in_specs=(Tile(B, N, f32), Tile(N, f32)), out_specs=(Tile(B, N, f32),),
+            grid=(B, 1, 1), block=(32, 1, 1))
+    def row_scale(X, W, Y):
+        px, pw, py = ptx.global_ptrs(X, W, Y)
+        row = reg.from_(ptx.special.ctaid.x(), u32) * (N * 4)
+        tid = reg.from_(ptx.special.tid.x(), u32)
+        for i in range(N // 32):
+            col = (tid + i * 32) * 4
+            x, w = reg.scalar(f32), reg.scalar(f32)
+            ptx.inst.ld.global_.f32(x, ptx.addr(px + row + col))
+            ptx.inst.ld.global_.f32(w, ptx.addr(pw + col))
+            ptx.inst.st.global_.f32(ptx.addr(py + row + col), x * w)
+        ptx.ret()
+
+    return row_scale
 
 
 def load_module(path: str | Path, name: str | None = None) -> Any:

@@ -112,7 +112,10 @@ def regen_triton(python: str) -> None:
 
 
 def regen_pyptx() -> None:
-    subprocess.run([sys.executable, str(HERE / "sources" / "pyptx_examples.py"), str(HERE)], check=True)
+    # the examples print their own PTX (examples/tests/corpus_ptx.py); the softmax file is kept
+    # from before that example moved into pyptx_kernels
+    subprocess.run([sys.executable, str(HERE.parents[3] / "examples" / "tests" / "corpus_ptx.py"),
+                    str(HERE)], check=True)
 
 
 def regen_hand() -> None:
