@@ -171,3 +171,41 @@ def test_window_and_softcap_kernels_assemble_without_spills(assemble, D, schedul
 def test_bad_window_softcap_layouts_name_the_callers_line(kw, match):
     with pytest.raises(ConfigError, match=rf"test_attention_features_cpu\.py:\d+: .*{match}"):
         fwd_kernel.build_attention(1, 100, 2, 2, 64, **kw)
+
+
+def test_bn96_three_stage_candidate_matches_float64():
+    """The tuner's 96-key, three-stage plan (head dim 64): ragged keys, refills of the ring."""
+    (q, k, v), ref_in = _inputs(1, 200, 333, 2, 1, 64, ("bshd",) * 3, seed=96)
+    kern = fwd_kernel.build_attention(1, 200, 2, 1, 64, Sk=333,
+                                      config=ForwardConfig(BN=96, stages=3))
+    o, lse = ptxsim.run(kern.specialize(), [q, k, v])
+    _check(o, lse, fwd_reference.reference(*ref_in))
+
+
+# ------------------------------------------------------------------ the plan without timing
+def test_default_plan_follows_the_wave_rule():
+    """Full attention at head dim 64, B 8 x H 16, S 1024: 768 192-row blocks are 5.8 waves
+    of 132 SMs, 1024 128-row blocks 7.8: two consumers (8 x 128 < 6 x 192 / 1.06). The
+    benchmark's shapes (S 4096/8192, B*S = 32768, H*D = 2048) and causal calls keep the
+    default plan."""
+    assert fwd_config.default_plan(64, False, 8 * 16, 1024) == ForwardConfig(consumers=2)
+    for D in (64, 128):
+        for S in (4096, 8192):
+            BH = 32768 // S * 2048 // D
+            for causal in (False, True):
+                assert fwd_config.default_plan(D, causal, BH, S) == ForwardConfig()
+    assert fwd_config.default_plan(256, False, 128, 1024) == ForwardConfig()
+    with pytest.raises(ConfigError, match="head dim"):
+        fwd_config.default_plan(96, False, 1, 1)
+
+
+def test_planner_names_every_tuned_plan_and_chooses_without_timing():
+    from pyptx_kernels.flash_attention import fwd_host
+
+    assert set(fwd_config.PLANS) == {c.name for c in fwd_config.ATTENTION_CONFIGS}
+    assert len(fwd_config.PLANS) == len(fwd_config.ATTENTION_CONFIGS)
+    kv = dict(B=8, S=1024, Hq=16, Hkv=16, D=64, Sk=1024, dtype="bf16", causal=False)
+    name, how = fwd_host.PLANNER.choose(kv, device="some future GPU")
+    assert (name, how) == ("consumers2", "heuristic")
+    assert fwd_host.PLANNER(kv, "some future GPU") == fwd_host.PLANNER.plans["consumers2"]
+    assert fwd_host.attention_planned.default is not None
