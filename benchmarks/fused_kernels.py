@@ -29,10 +29,9 @@ from _timing import gpu_missing, markdown_table  # noqa: E402
 
 
 def _cases(quick):
+    import pyptx_kernels as pk
     import torch
     import torch.nn.functional as F
-
-    import pyptx_kernels as pk
 
     bf = torch.bfloat16
     dev = "cuda"
@@ -47,7 +46,7 @@ def _cases(quick):
 
         def torch_add_norm(x, r, w):
             h = x + r
-            return F.rms_norm(h, (N,), w, 1e-6), h
+            return F.rms_norm(h, (h.shape[-1],), w, 1e-6), h
 
         peers = {"eager": torch_add_norm, "compile": torch.compile(torch_add_norm),
                  "pyptx": lambda x, r, w: pk.add_rms_norm(x, r, w, 1e-6)}
@@ -168,11 +167,11 @@ def main(argv=None) -> int:
                 if not ok.get(label):
                     continue
                 if kind == "fwd":
-                    def call(fn=fn):
+                    def call(fn=fn, args=args):
                         with torch.no_grad():
                             return fn(*args)
                 else:
-                    def call(fn=fn):
+                    def call(fn=fn, args=args, ins=ins):
                         ys = _outputs(fn(*args))
                         return torch.autograd.grad(
                             ys, ins, [torch.ones_like(y) for y in ys])
