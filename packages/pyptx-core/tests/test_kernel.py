@@ -544,3 +544,122 @@ def test_import_pyptx_imports_no_framework():
 def test_layout_is_exported():
     assert pyptx.Layout is Layout and Layout.ROW.value == "row" and Layout.COL.value == "col"
     assert pyptx.smem is smem
+
+
+# ---------------------------------------------------------------- arch="auto"
+
+class _FakeDriver:
+    """cuda-python's driver module as ``pyptx.arch.detect_arch`` sees it: no current context."""
+
+    @staticmethod
+    def cuCtxGetDevice():
+        return (201, None)  # CUDA_ERROR_INVALID_CONTEXT
+
+
+@pytest.fixture
+def gpus(monkeypatch):
+    """Two fake GPUs: an H100 (9.0) as device 0 and an A100 (8.0) as device 1."""
+    from pyptx import driver
+
+    caps = {0: (9, 0), 1: (8, 0)}
+    monkeypatch.setattr(driver, "cuda", lambda: _FakeDriver)
+    monkeypatch.setattr(driver, "device_count", lambda: len(caps))
+    monkeypatch.setattr(driver, "device_capability", lambda o: caps[o])
+    return caps
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    from pyptx import driver
+
+    monkeypatch.setattr(driver, "cuda", lambda: None)
+    monkeypatch.setattr(driver, "unavailable_reason", lambda: "cuInit failed (no usable GPU)")
+
+
+@pytest.mark.parametrize("cap,arch", [((9, 0), "sm_90a"), ((10, 0), "sm_100a"), ((8, 0), "sm_80"),
+                                      ((8, 6), "sm_86"), ((8, 9), "sm_89"), ((12, 0), "sm_120")])
+def test_arch_of_capability(cap, arch):
+    from pyptx.arch import arch_of_capability
+
+    assert arch_of_capability(*cap) == arch
+
+
+def test_detect_arch_reads_the_device(gpus):
+    assert pyptx.detect_arch() == "sm_90a" and pyptx.detect_arch(1) == "sm_80"
+    with pytest.raises(pyptx.PyptxError, match=r"expected a device ordinal in 0\.\.1") as ei:
+        line = sys._getframe().f_lineno + 1
+        pyptx.detect_arch(5)
+    assert str(ei.value).startswith(f"{__file__}:{line}:")
+
+
+def test_detect_arch_without_a_gpu_is_a_pyptx_error(no_gpu):
+    from pyptx.errors import RuntimeUnavailableError
+
+    with pytest.raises(RuntimeUnavailableError, match="cannot detect the GPU's arch: cuInit "
+                                                      "failed .* arch='sm_90a'") as ei:
+        line = sys._getframe().f_lineno + 1
+        pyptx.detect_arch()
+    assert str(ei.value).startswith(f"{__file__}:{line}:")
+
+
+def _auto(**kw):
+    @pyptx.kernel((Tile("N", f32),), (Tile("N", f32),), block=(32, 1, 1), arch="auto", **kw)
+    def k(X, Y):
+        ptx.ret()
+
+    return k
+
+
+def _info(device, n=4):
+    from pyptx.plan import ArgInfo
+
+    return ArgInfo((n,), "float32", device)
+
+
+def _targets(text):
+    return [ln for ln in text.splitlines() if ln.startswith((".version", ".target"))]
+
+
+def test_auto_arch_traces_for_sm_90a_before_a_launch(no_gpu):
+    k = _auto()
+    assert k.arch == "sm_90a" and k.arch_auto
+    assert _targets(k.ptx(N=4)) == [".version 8.0", ".target sm_90a"]
+    assert _targets(k.ptx(N=4, arch="sm_80")) == [".version 7.8", ".target sm_80"]
+    assert _targets(k.ptx(N=4, arch="sm_100a")) == [".version 8.6", ".target sm_100a"]
+    assert k.specialize(N=4, arch="sm_80").arch == "sm_80" and k.specialize(N=4).arch == "sm_90a"
+
+
+def test_auto_arch_resolves_from_the_launching_device(gpus):
+    from pyptx.plan import bind
+
+    k = _auto()
+    spec, device = bind(k, [_info("cuda:1")], {}, lambda a: a)
+    assert device == "cuda:1" and spec.arch == "sm_80" and k.arch == "sm_80"
+    assert not k.arch_auto and ".target sm_80" in spec.ptx()
+    spec, _ = bind(k, [_info("cuda:0", 8)], {}, lambda a: a)  # fixed at the first launch
+    assert spec.arch == "sm_80"
+
+
+def test_auto_arch_without_a_gpu_keeps_sm_90a(no_gpu):
+    from pyptx.plan import bind
+
+    k = _auto()
+    with pytest.raises(pyptx.SpecError, match="is on cpu"):
+        bind(k, [_info("cpu")], {}, lambda a: a)
+    assert k.resolve_arch(0) == "sm_90a" and k.arch_auto
+
+
+def test_auto_arch_checks_launch_options_against_the_resolved_arch(gpus):
+    from pyptx.plan import bind
+
+    k = _auto(pdl=True)  # fine for the sm_90a default
+    assert "griddepcontrol.wait" in k.ptx(N=4)
+    with pytest.raises(ConfigError, match=r"arch='auto' resolved to sm_80\): pdl "
+                                          r"\(griddepcontrol\) needs sm_90") as ei:
+        line = sys._getframe().f_lineno + 1
+        bind(k, [_info("cuda:1")], {}, lambda a: a)
+    assert str(ei.value).startswith(f"{__file__}:{line}:")
+    with pytest.raises(ConfigError, match="clusters need sm_90 or newer, arch is sm_80"):
+        _auto(cluster=(2, 1, 1), grid=(2, 1, 1)).ptx(N=4, arch="sm_80")
+    with pytest.raises(ConfigError, match="arch must look like 'sm_90a'"):
+        _auto().ptx(N=4, arch="hopper")

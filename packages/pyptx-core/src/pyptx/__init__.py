@@ -7,6 +7,7 @@ launches it through a runtime plugin.
 """
 
 from . import ptx, reg, smem, types
+from .arch import detect_arch
 from .errors import (
     CompileError,
     ConfigError,
@@ -29,6 +30,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "kernel", "Kernel", "Specialization", "Tile", "Layout", "Dim", "ptx", "reg", "smem",
+    "detect_arch",
     "types", "differentiable_kernel", "PyptxError", "SpecError", "ShapeError",
     "UnboundDimError", "ConfigError", "TraceError", "OperandError", "TypeMismatchError",
     "RegisterScopeError", "CompileError", "ToolchainError", "RuntimeUnavailableError",

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .arch import AUTO, DEFAULT_ARCH
 from .emit import emit
 from .errors import ConfigError, PyptxError, SpecError, TraceError
 from .ir import Function, Module, Param
@@ -74,6 +75,8 @@ class Specialization:
     tma_maps: list[tuple[int, Any]] = field(default_factory=list)
     #: Launch with programmatic dependent launch (``@kernel(pdl=True)``).
     pdl: bool = False
+    #: The target this specialization was traced for (``Kernel.arch`` unless ``arch=`` was given).
+    arch: str = DEFAULT_ARCH
     #: The compiled-kernel record (``pyptx.registry.record_for``), made on the first launch.
     record: Any = None
     _text: dict[bool, tuple[str, list[Loc | None]]] = field(default_factory=dict)
@@ -158,11 +161,15 @@ class Kernel:
         self.__wrapped__ = fn
         self._in_specs = tuple(self._check_specs(in_specs, "in_specs"))
         self._out_specs = tuple(self._check_specs(out_specs, "out_specs"))
-        if not isinstance(arch, str) or not _ARCH.match(arch):
-            raise ConfigError(f"{origin}: arch must look like 'sm_90a' or 'sm_80', got {arch!r}")
+        #: ``arch="auto"``: the launching GPU's arch, fixed at the first launch (``resolve_arch``)
+        self._arch_auto = arch == AUTO
+        if self._arch_auto:
+            arch = DEFAULT_ARCH
+        _check_arch_name(arch, origin)
         self._arch = arch
         if version is not None and (not isinstance(version, str) or not _VERSION.match(version)):
             raise ConfigError(f"{origin}: version must look like '8.0', got {version!r}")
+        self._version_given = version
         self._version = version or default_version(arch)
         self._name = name or self.__name__
         if not self._name.isidentifier():
@@ -181,12 +188,9 @@ class Kernel:
             self._check_registers(self._block, origin)
         if not isinstance(pdl, bool):
             raise ConfigError(f"{origin}: pdl must be True or False, got {pdl!r}")
-        if pdl and int(_ARCH.match(arch).group(1)) < 90:
-            raise ConfigError(f"{origin}: pdl (griddepcontrol) needs sm_90 or newer, arch is {arch}")
         self._pdl = pdl
         self._cluster = _three(cluster, "cluster", origin)
-        if self._cluster != (1, 1, 1) and int(_ARCH.match(arch).group(1)) < 90:
-            raise ConfigError(f"{origin}: thread-block clusters need sm_90 or newer, arch is {arch}")
+        self._check_arch_features(arch, origin)
         if self._cluster[0] * self._cluster[1] * self._cluster[2] > 16:
             raise ConfigError(f"{origin}: cluster {self._cluster} has more than 16 CTAs")
         if not callable(smem):
@@ -246,13 +250,49 @@ class Kernel:
 
     @property
     def arch(self) -> str:
-        """Target architecture, e.g. ``sm_90a``."""
+        """Target architecture, e.g. ``sm_90a``; for ``arch="auto"`` the launching GPU's once
+        a launch resolved it (``resolve_arch``), ``sm_90a`` before."""
         return self._arch
+
+    @property
+    def arch_auto(self) -> bool:
+        """True if the kernel was declared with ``arch="auto"``."""
+        return self._arch_auto
 
     @property
     def version(self) -> str:
         """PTX ISA version written in ``.version``."""
         return self._version
+
+    def resolve_arch(self, device: int | None = None) -> str:
+        """For an ``arch="auto"`` kernel, fix the arch to GPU ``device``'s
+        (``pyptx.detect_arch``) the first time a launch calls this; return the kernel's arch.
+        Without a GPU the arch stays ``sm_90a`` (and the launch then fails as any launch
+        without a GPU does). Runtimes call it before specializing (``pyptx.plan.bind``)."""
+        if self._arch_auto:
+            from .arch import detect_arch
+            from .errors import RuntimeUnavailableError
+
+            try:
+                arch = detect_arch(device)
+            except RuntimeUnavailableError:
+                return self._arch
+            with self._lock:
+                if self._arch_auto:
+                    self._check_arch_features(arch, f"{where()}: kernel {self._name!r} "
+                                                    f"(arch='auto' resolved to {arch})")
+                    self._arch = arch
+                    self._version = self._version_given or default_version(arch)
+                    self._arch_auto = False
+        return self._arch
+
+    def _check_arch_features(self, arch: str, origin: str) -> None:
+        """``ConfigError`` if a launch option of this kernel needs a newer arch than ``arch``."""
+        sm = int(_ARCH.match(arch).group(1))
+        if self._pdl and sm < 90:
+            raise ConfigError(f"{origin}: pdl (griddepcontrol) needs sm_90 or newer, arch is {arch}")
+        if self._cluster != (1, 1, 1) and sm < 90:
+            raise ConfigError(f"{origin}: thread-block clusters need sm_90 or newer, arch is {arch}")
 
     @property
     def name(self) -> str:
@@ -426,9 +466,20 @@ class Kernel:
         """Trace (or fetch from cache) the specialization for these dims and template values.
 
         ``_shapes`` are the concrete input shapes when called by a runtime;
-        keywords give symbolic dims and template parameters.
+        keywords give symbolic dims and template parameters, and ``arch=`` (unless the
+        body has a template parameter of that name) a target other than the kernel's.
         """
         at = where()
+        arch = self._arch
+        if "arch" in kwargs and "arch" not in self._template_params and "arch" not in self.dims:
+            arch = kwargs.pop("arch")
+            if arch == AUTO:
+                from .arch import detect_arch
+
+                arch = detect_arch()
+            _check_arch_name(arch, at)
+            if arch != self._arch:
+                self._check_arch_features(arch, at)
         dims, templates = self._split_kwargs(kwargs, at)
         if _shapes is not None:
             if len(_shapes) != len(self._in_specs):
@@ -441,7 +492,7 @@ class Kernel:
             except SpecError as e:  # bind knows no location: name the caller's file:line
                 raise type(e)(f"{at}: {e}") from None
         try:
-            key = (tuple(sorted(dims.items())), tuple(sorted(templates.items())))
+            key = (tuple(sorted(dims.items())), tuple(sorted(templates.items())), arch)
             hash(key)
         except TypeError:
             raise SpecError(f"{at}: template parameter values must be hashable, got {templates!r}") from None
@@ -451,10 +502,11 @@ class Kernel:
         with self._lock:
             hit = self._cache.get(key)
             if hit is None:
-                hit = self._cache[key] = self._trace(dims, templates, at)
+                hit = self._cache[key] = self._trace(dims, templates, at, arch)
         return hit
 
-    def _trace(self, env: dict[str, int], templates: dict[str, Any], at: str) -> Specialization:
+    def _trace(self, env: dict[str, int], templates: dict[str, Any], at: str,
+               arch: str) -> Specialization:
         names = self._tensor_names
         n_in = len(self._in_specs)
         in_shapes = tuple(s.resolve(env, f"{at}: input {names[i]!r}")
@@ -476,8 +528,9 @@ class Kernel:
             smem = self._check_smem(_call_with(smem, values, "smem", origin), origin)
 
         func = Function(self._name)
-        trace = Trace(func, self._arch)
-        trace.version = self._version  # ptx.inst checks PTX ISA versions against it
+        trace = Trace(func, arch)
+        version = self._version if arch == self._arch else self._version_given or default_version(arch)
+        trace.version = version  # ptx.inst checks PTX ISA versions against it
         trace.maxnreg = self._maxnreg  # setmaxnreg needs a declared budget
         params = []
         tmap_params, tma_maps = [], []
@@ -543,16 +596,17 @@ class Kernel:
                 f"{origin}: {trace.shared_bytes} static + {smem} dynamic shared bytes exceed "
                 f"the {MAX_DYNAMIC_SMEM}-byte per-block limit"
             )
-        module = Module(self._version, self._arch, [func], trace.shared)
+        module = Module(version, arch, [func], trace.shared)
         return Specialization(
             kernel=self, env=env, template_kwargs=templates, in_shapes=in_shapes,
             out_shapes=out_shapes, grid=grid, block=block, cluster=self._cluster, smem=smem,
             module=module, static_smem=trace.shared_bytes, scalar_params=trace.scalar_params,
-            tma_maps=tma_maps, pdl=self._pdl,
+            tma_maps=tma_maps, pdl=self._pdl, arch=arch,
         )
 
     def ptx(self, lineinfo: bool = False, **kwargs: Any) -> str:
-        """PTX text of the specialization for ``kwargs`` (dims and template parameters)."""
+        """PTX text of the specialization for ``kwargs`` (dims and template parameters;
+        ``arch="sm_80"`` emits for that target instead of the kernel's)."""
         return self.specialize(**kwargs).ptx(lineinfo)
 
     def check_dtypes(self, dtypes: Sequence[PtxType | None]) -> None:
@@ -605,6 +659,12 @@ def kernel_by_uid(uid: str) -> Kernel:
     return _by_uid[uid]
 
 
+def _check_arch_name(arch: Any, origin: str) -> None:
+    if not isinstance(arch, str) or not _ARCH.match(arch):
+        raise ConfigError(f"{origin}: arch must look like 'sm_90a' or 'sm_80', got {arch!r} "
+                          "(@kernel also takes arch='auto': the GPU of the first launch)")
+
+
 def _check_labels_placed(func: Function, kernel_name: str) -> None:
     """``TraceError`` at the first branch whose target label was never placed."""
     from .ir import Instruction, Label, Raw
@@ -650,7 +710,7 @@ def kernel(
     block: Any = (1, 1, 1),
     cluster: Any = (1, 1, 1),
     smem: int | Callable[..., int] = 0,
-    arch: str = "sm_90a",
+    arch: str = DEFAULT_ARCH,
     version: str | None = None,
     name: str | None = None,
     maxnreg: int | None = None,
@@ -662,7 +722,8 @@ def kernel(
 
     ``grid``/``block`` are three ints or a callable of the dims and template
     parameters returning three ints; ``smem`` is dynamic shared memory bytes;
-    ``arch`` the target (``sm_90a``); ``version`` the PTX ISA version;
+    ``arch`` the target (``sm_90a``; ``"auto"``: the GPU of the first launch, see
+    ``pyptx.detect_arch``; ``sm_90a`` until then); ``version`` the PTX ISA version;
     ``maxnreg`` caps registers per thread (``.maxnreg``; needed for ``setmaxnreg``);
     ``tma`` maps tensor names to TMA descriptor options (``box``, ``swizzle``, ...; ``view="3d"``
     with ``box=(rows, cols)`` and optional ``padding=True`` selects the 3-D view of

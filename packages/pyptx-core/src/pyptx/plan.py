@@ -157,6 +157,9 @@ def bind(kernel: Any, args: Sequence[Any], kwargs: dict[str, Any],
     ``(Specialization, device)``, the device None where placement is not known. Mistakes a
     CPU can find (dtypes, contiguity, ranks and lengths) are reported before placement."""
     infos = check_args(kernel, args, describe, placement=False)
+    if getattr(kernel, "arch_auto", False):  # @kernel(arch="auto"): the launching GPU's arch
+        on = next((info.device for info in infos if info.device is not None), None)
+        kernel.resolve_arch(ordinal_of(on) if on and on.startswith("cuda") else None)
     spec = kernel.specialize([info.shape for info in infos], **kwargs)
     check_placement(kernel, infos)
     check_cluster(kernel, spec)

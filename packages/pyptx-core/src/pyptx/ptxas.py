@@ -269,4 +269,4 @@ def check(spec: Specialization, *, lineinfo: bool = False,
           extra_args: Sequence[str] = ()) -> PtxasReport:
     """Assemble one specialization for its kernel's arch, mapping errors to Python lines."""
     text, locs = spec.emit(lineinfo)
-    return assemble(text, spec.kernel.arch, locs=locs, extra_args=extra_args)
+    return assemble(text, spec.arch, locs=locs, extra_args=extra_args)

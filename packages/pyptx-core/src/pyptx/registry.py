@@ -252,7 +252,7 @@ def record_for(spec: Any) -> CubinRecord:
     kernel = spec.kernel
     rec = CubinRecord(
         0, spec.ptx(), spec.name, spec.smem, tuple(spec.grid), tuple(spec.block),
-        arch=kernel.arch, cluster=tuple(spec.cluster), static_smem=spec.static_smem,
+        arch=spec.arch, cluster=tuple(spec.cluster), static_smem=spec.static_smem,
         num_pointers=len(kernel.in_specs) + len(kernel.out_specs),
         scalar_params=tuple(scalar_bytes(value, t) for _, t, value in spec.scalar_params),
         tma_specs=tuple((i, p) for i, p in spec.tma_maps), pdl=spec.pdl,
