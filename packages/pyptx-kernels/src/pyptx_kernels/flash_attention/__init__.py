@@ -1,6 +1,6 @@
 """Flash attention on Hopper: ``attention`` (dense batches, grouped-query heads, ``bshd`` or
-``bhsd`` layout) and ``attention_varlen`` (packed sequences), differentiable, one torch custom
-op each (``api``). The forward's modules: ``fwd_config`` (its plans), ``fwd_scheduler``,
+``bhsd`` layout read in place, sliding ``window``, ``softcap``) and ``attention_varlen``
+(packed sequences), differentiable, one torch custom op each (``api``). The forward's modules: ``fwd_config`` (its plans), ``fwd_scheduler``,
 ``fwd_mainloop``, ``fwd_softmax``, ``masks``, ``fwd_epilogue``, ``fwd_kernel`` (the builders),
 ``fwd_host`` (host functions, autograd), ``fwd_reference``."""
 

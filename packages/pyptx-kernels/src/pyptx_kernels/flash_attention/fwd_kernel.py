@@ -6,8 +6,12 @@ epilogue (``fwd_epilogue``), for one plan (``fwd_config.ForwardConfig``).
 A CTA is one producer warpgroup (``setmaxnreg.dec`` to 24 registers) and 2 or 3 consumer
 warpgroups of 64 query rows each (``setmaxnreg.inc``: 240 registers with two, 160 with
 three). Grouped-query and multi-query attention (fewer KV heads) read KV head
-``h // (Hq // Hkv)``. K and V are read through rank-4 tensor maps over ``(B, S, H, D)``
-(rank 3 over ``(T, H, D)`` packed): copies past a sequence's end read zeros.
+``h // (Hq // Hkv)``. Q, K and V are read through rank-4 tensor maps over ``(B, S, H, D)``
+or ``(B, H, S, D)`` (``layouts``; rank 3 over ``(T, H, D)`` packed): copies past a
+sequence's end read zeros. Sizes that vary per call (batch, sequence lengths, packed total
+rows) are kernel parameters, so the PTX of a family (dtype, head dim, causal, window, soft
+cap, layouts, plan) does not depend on them; the sliding window and the soft cap are
+``masks.block_plan`` / ``mask_scores`` and ``OnlineSoftmax.cap_scores``.
 """
 
 from __future__ import annotations
