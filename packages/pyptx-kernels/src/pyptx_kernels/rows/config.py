@@ -224,6 +224,17 @@ def for_arch(config: RowConfig, arch: str, who: str) -> RowConfig:
     return dataclasses.replace(config, pdl=False)
 
 
+def persistent_maxnreg(config: RowConfig, plan, arch: str) -> int | None:
+    """``.maxnreg`` of a persistent row kernel: the config's; on sm_80 without one,
+    ``pyptx.rows.reg_cap(plan)`` (sm_80's ptxas otherwise settles on 56 registers and spills
+    the two register sets of f32 1000-element rows)."""
+    if config.maxnreg is not None or arch != "sm_80":
+        return config.maxnreg
+    from pyptx import rows as rw
+
+    return rw.reg_cap(plan)
+
+
 def device_arch(x) -> str:
     """The row builders' target for the device of array ``x``: ``sm_80`` for a CUDA tensor of
     capability 8.x, ``sm_90a`` for 9.x, ``sm_100a`` for 10.x (``sm_90a`` for CPU, meta and
@@ -365,4 +376,4 @@ def tuned(op: str, table: tuple[RowConfig, ...]):
 
 __all__ = ["RowConfig", "DEFAULT", "FIELDS", "check", "tuned", "RMS_NORM_CONFIGS", "LAYER_NORM_CONFIGS",
            "SOFTMAX_CONFIGS", "SWIGLU_CONFIGS", "ARCHS", "DEFAULT_ARCH", "check_arch", "for_arch",
-           "device_arch", "default_plan"]
+           "device_arch", "default_plan", "persistent_maxnreg"]

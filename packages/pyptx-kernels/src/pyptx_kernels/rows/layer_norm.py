@@ -22,6 +22,7 @@ from pyptx_kernels.rows.config import (
     RowConfig,
     check,
     check_arch,
+    persistent_maxnreg,
     tuned,
 )
 
@@ -96,7 +97,8 @@ def _layer_norm_row(B, N, dt, eps, c, arch):
     _check_welford(who, plan, N, c.welford)
     hints, pdl, welford, maxnreg = c.hints, c.pdl, c.welford, c.maxnreg
     prefetch = plan.elems <= 16
-    if maxnreg is None and plan.threads >= 128:
+    if maxnreg is None and plan.threads >= 128 and arch != "sm_80":
+        # (sm_80's ptxas spills 16 bytes of bf16 4096-element rows at 64: no cap there.)
         # With .maxnreg 64 ptxas keeps the w/b loads ahead of the second reduction; without
         # it, it settles on 40-48 registers and issues them after: 2483 -> 2829 GB/s (f32
         # 2048x8192, H100). Rows of fewer threads pack many rows per CTA and could spill.
@@ -243,7 +245,7 @@ def _layer_norm_persistent(B, N, dt, eps, c, arch):
         block=plan.block,
         name=f"layer_norm_persist_{dt.name}{'_welford' if welford else ''}",
         arch=arch,
-        maxnreg=c.maxnreg,
+        maxnreg=persistent_maxnreg(c, plan, arch),
         pdl=c.pdl,
     )
     def layer_norm_persist(X, W, Bias, Y):

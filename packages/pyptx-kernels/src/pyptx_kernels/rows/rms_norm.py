@@ -16,6 +16,7 @@ from pyptx_kernels.rows.config import (
     RowConfig,
     check,
     check_arch,
+    persistent_maxnreg,
     tuned,
 )
 
@@ -146,7 +147,7 @@ def _rms_norm_persistent(B, N, dt, eps, c, arch):
         block=plan.block,
         name=f"rms_norm_persist_{dt.name}",
         arch=arch,
-        maxnreg=c.maxnreg,
+        maxnreg=persistent_maxnreg(c, plan, arch),
         pdl=c.pdl,
     )
     def rms_norm_persist(X, W, Y):

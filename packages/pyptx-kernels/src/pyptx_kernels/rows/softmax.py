@@ -15,7 +15,13 @@ import math
 from pyptx import SpecError, Tile, kernel, ptx, reg
 from pyptx import rows as rw
 from pyptx.types import f32, u64
-from pyptx_kernels.rows.config import DEFAULT_ARCH, SOFTMAX_CONFIGS, RowConfig, tuned
+from pyptx_kernels.rows.config import (
+    DEFAULT_ARCH,
+    SOFTMAX_CONFIGS,
+    RowConfig,
+    persistent_maxnreg,
+    tuned,
+)
 
 WARP_SIZE = 32
 LOG2E = 1.0 / math.log(2.0)
@@ -180,7 +186,7 @@ def _softmax_persistent(B, N, dt, c, arch):
         block=plan.block,
         name=f"softmax_persist_{dt.name}",
         arch=arch,
-        maxnreg=c.maxnreg,
+        maxnreg=persistent_maxnreg(c, plan, arch),
         pdl=c.pdl,
     )
     def softmax_persist(X, Y):
