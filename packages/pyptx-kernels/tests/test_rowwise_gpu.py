@@ -240,3 +240,87 @@ def test_backward_any_number_of_persistent_ctas(ctas):
     w64 = w.double().requires_grad_()
     torch.nn.functional.rms_norm(x64, (N,), w64, 1e-6).backward(dy.double())
     assert rel_err(dx, x64.grad) < 1e-5 and rel_err(dw, w64.grad) < 1e-5
+
+
+# ----------------------------------------------------------------------------- runtime rows
+#: every plan of the norms at one N, at row counts below, at and past the grid of the
+#: persistent and ring plans (264 CTAs), and ragged against rows per CTA
+RUNTIME_PLANS = [{}, dict(chunks=8), dict(ctas=264, pdl=False), dict(ctas=264, stages=3),
+                 dict(ctas=264, stages=4, bulk_store=True)]
+RUNTIME_ROWS = (1, 7, 263, 265, 1000, 1001, 4099)
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("kw", RUNTIME_PLANS, ids=lambda kw: RowConfig(**kw).describe())
+def test_one_cubin_serves_every_row_count(kw, dt):
+    """The kernels of one plan at different row counts share their PTX and cubin (the row count
+    and grid are launch arguments) and each launch is right."""
+    N = 2048
+    w, b = rand(N, dt=dt, scale=0.1, shift=1.0), rand(N, dt=dt, scale=0.1)
+    for module, builder in (("rms_norm", "build_rms_norm_fast"), ("layer_norm", "build_layer_norm")):
+        cubins = set()
+        for B in RUNTIME_ROWS:
+            k = getattr(load(module), builder)(B, N, dt, config=RowConfig(**kw))
+            x = rand(B, N, dt=dt, scale=2, shift=0.3)
+            x64, w64 = x.double(), w.double()
+            if module == "rms_norm":
+                y = k(x, w)
+                ref = x64 * torch.rsqrt((x64 * x64).mean(-1, keepdim=True) + 1e-6) * w64
+            else:
+                y = k(x, w, b)
+                ref = torch.nn.functional.layer_norm(x64, (N,), w64, b.double(), 1e-5)
+            assert rel_err(y, ref) < TOL[dt], (module, B, kw)
+            rec = k.specialize().record
+            cubins.add((rec.ptx_source, rec.cubin_bytes))
+        assert len(cubins) == 1, (module, kw)
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+def test_softmax_swiglu_and_backward_at_many_row_counts(dt):
+    N = 1024
+    w = rand(N, dt=dt, scale=0.1, shift=1.0)
+    for B in (1, 5, 1000, 1001, 5000):
+        x, u = rand(B, N, dt=dt, scale=2), rand(B, N, dt=dt)
+        y = load("softmax").build_softmax_fast(B, N, dt, config=RowConfig(chunks=8))(x)
+        assert rel_err(y, torch.softmax(x.double(), -1)) < TOL[dt]
+        for c in (RowConfig(threads=128), RowConfig(bulk=True, threads=512)):
+            y = load("swiglu").build_swiglu(B, N, dt, config=c)(x, u)
+            assert rel_err(y, torch.nn.functional.silu(x.double()) * u.double()) < TOL[dt]
+        dy = rand(B, N, dt=dt)
+        dx, dw = load("rms_norm").build_rms_norm_bwd(B, N, dt)(x, w, dy)
+        x64 = x.double().requires_grad_()
+        w64 = w.double().requires_grad_()
+        ref = x64 * torch.rsqrt((x64 * x64).mean(-1, keepdim=True) + 1e-6) * w64
+        ref.backward(dy.double())
+        assert rel_err(dx, x64.grad) < BWD_TOL[dt] and rel_err(dw, w64.grad) < BWD_TOL[dt], B
+
+
+def test_a_default_call_on_a_new_shape_times_nothing(monkeypatch, tmp_path):
+    """Without PYPTX_AUTOTUNE a default call settles on the table's or the heuristic's plan
+    (nothing timed, nothing saved); PYPTX_AUTOTUNE=1 times the table for the exact shape."""
+    import pyptx_kernels as pk
+
+    monkeypatch.setenv("PYPTX_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("PYPTX_AUTOTUNE", raising=False)
+    B, N = 1537, 4096
+    x, w = rand(B, N, dt="bf16", scale=2), rand(N, dt="bf16", scale=0.1, shift=1.0)
+    k = load("rms_norm").build_rms_norm_fast(B, N, "bf16", 1e-6)
+    y = k(x, w)
+    assert k.choice.source in ("default", "first") and k.choice.us is None
+    assert not list((tmp_path / "autotune").glob("*.json"))
+    x64, w64 = x.double(), w.double()
+    ref = x64 * torch.rsqrt((x64 * x64).mean(-1, keepdim=True) + 1e-6) * w64
+    assert rel_err(y, ref) < TOL["bf16"]
+    assert rel_err(pk.rms_norm(x, w), ref) < TOL["bf16"]
+    monkeypatch.setenv("PYPTX_AUTOTUNE", "1")
+    k2 = load("rms_norm").build_rms_norm_fast(B + 1, N, "bf16", 1e-6)
+    k2(rand(B + 1, N, dt="bf16"), w)
+    assert k2.choice.source == "timed" and k2.choice.us > 0
+
+
+def test_device_arch_of_this_gpu():
+    from pyptx_kernels.rows.config import device_arch
+
+    major = torch.cuda.get_device_capability()[0]
+    want = {8: "sm_80", 9: "sm_90a", 10: "sm_100a"}.get(major, "sm_90a")
+    assert device_arch(torch.zeros(1, device="cuda")) == want
