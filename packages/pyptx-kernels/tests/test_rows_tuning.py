@@ -244,3 +244,31 @@ def test_probe_cell_runs_end_to_end_with_fakes(probe, mb):
     cell_line = [ln for ln in lines if ln.startswith("CELL")]
     assert len(cell_line) == 1 and "PASS" in cell_line[0]
     json.dumps(res)  # the --out file holds it
+
+
+def test_benchmark_settles_the_default_call_both_ways(mb):
+    """memory_bound.py's two default columns: the untimed plan (``tuning("table")``) and the
+    tuned one (``tuning()``), each a plain kernel with its Choice; the table shows both."""
+    from pyptx.autotune import mode
+
+    class Tuned:
+        choice = None
+
+        def choose(self, *a):
+            self.choice = types.SimpleNamespace(source={"table": "default", "tune": "timed"}[mode()],
+                                                config=Config(chunks=8 if mode() == "tune" else 2))
+            return f"kernel-{mode()}"
+
+    out = mb.settled([("default", Tuned()), ("chunks=1", "k1")], ())
+    assert [(label, k) for label, k, _ in out] == [("default", "kernel-table"),
+                                                   ("tuned", "kernel-tune"), ("chunks=1", "k1")]
+    assert out[0][2].source == "default" and out[1][2].config == Config(chunks=8)
+    assert out[2][2] is None
+    row = {"op": "rms_norm", "dtype": "bf16", "B": 1024, "N": 8192, "ours": 2900.0,
+           "ours_tuned": 2910.0, "vs_tuned": 0.997, "vs_tuned_paired": True,
+           "ours_best_variant": 2910.0, "eager": 1800.0, "inductor": 2500.0, "triton": 2600.0,
+           "vs_peer": 1.115, "vs_copy": 0.97, "ours_plan": "default: ctas=264 pdl=False",
+           "ours_tuned_plan": "timed: chunks=2", "methods": {}}
+    line = mb.op_table([row], "rms_norm", "graph")[4]
+    assert line.startswith("| bf16 | 1024x8192 | 2900 | 2910 | 0.997x paired | 2910 |")
+    assert line.endswith("| default: ctas=264 pdl=False | timed: chunks=2 |")
