@@ -39,7 +39,7 @@ def test_import_is_cheap():
             "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'jax', 'cuda')\n"
             "       or m.startswith('pyptx_kernels.')]\n"
             "assert not bad, bad\n"
-            f"assert set({FUNCTIONS!r}) | {{'nn', 'transformers'}} == set(pk.__all__)\n"
+            f"assert set({FUNCTIONS!r}) | {{'nn', 'transformers'}} <= set(pk.__all__)\n"
             "assert set(pk.__all__) <= set(dir(pk))\n")
     subprocess.run([sys.executable, "-c", code], check=True)
 

@@ -31,7 +31,7 @@ _dev, _f64 = ptxsim.device_bits, ptxsim.host_f64
 
 
 def run_gemm(M, N, K, *, dtype="bf16", out_dtype=None, bias=False, alpha=1.0, activation=None,
-             seed=0, **config):
+             residual=False, seed=0, **config):
     """Simulate ``build_gemm`` of the layouts ``a_major``/``b_major`` and the plan
     ``GemmConfig(**config)`` on random inputs; the relative error against float64 of the
     same (rounded) inputs."""
@@ -46,9 +46,13 @@ def run_gemm(M, N, K, *, dtype="bf16", out_dtype=None, bias=False, alpha=1.0, ac
         bias_v = rng.standard_normal(N).astype(np.float32)
         args.append(bias_v)
     out_dtype = out_dtype or dtype
+    if residual:
+        res = rng.standard_normal((M, N))
+        res = res.astype(np.float32) if out_dtype == "f32" else _dev(res, out_dtype)
+        args.append(res)
     k = gemm.build_gemm(M, N, K, dtype=dtype, out_dtype=out_dtype, bias=bias, alpha=alpha,
-                        activation=activation, a_major=a_major, b_major=b_major,
-                        config=gemm.GemmConfig(**config))
+                        activation=activation, residual=residual, a_major=a_major,
+                        b_major=b_major, config=gemm.GemmConfig(**config))
     if isinstance(k, gemm_sched.SplitTailGemm):  # zeroed flags in, left zeroed; the workspace out
         flags = np.zeros(gemm_sched.FLAG_WORDS, np.uint32)
         args = [np.ascontiguousarray(x) for x in args] + [flags]
@@ -65,6 +69,12 @@ def run_gemm(M, N, K, *, dtype="bf16", out_dtype=None, bias=False, alpha=1.0, ac
         ref = np.maximum(ref, 0)
     elif activation == "silu":
         ref = ref / (1 + np.exp(-ref))
+    elif activation == "swiglu":   # 64-column gate and up blocks, interleaved
+        blocks = ref.reshape(M, N // 128, 2, 64)
+        g, u = blocks[:, :, 0], blocks[:, :, 1]
+        ref = (g / (1 + np.exp(-g)) * u).reshape(M, N // 2)
+    if residual:
+        ref = ref + _f64(res, out_dtype)
     got = _f64(d, out_dtype)
     return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
 
@@ -104,6 +114,35 @@ def test_cooperative_gemm_f16_epilogue_f32_out():
     err = run_gemm(130, 200, 72, dtype="f16", out_dtype="f32", bias=True, alpha=0.5,
                    activation="silu", cluster=1, BN=128, num_sms=2)
     assert err < 1e-5, err
+
+
+# the gated epilogue (silu(gate) * up of interleaved 64-column blocks, half the columns out)
+# and the residual epilogue: ragged M, both output types, several tiles per CTA, a cluster
+@pytest.mark.parametrize("M,N,K,out_dtype,config", [
+    (200, 512, 136, "bf16", dict(BM=128, BN=256, cluster=1, num_sms=2)),
+    (130, 384, 72, "f32", dict(BM=128, BN=128, cluster=2, num_sms=4)),
+])
+def test_gated_gemm(M, N, K, out_dtype, config):
+    err = run_gemm(M, N, K, activation="swiglu", out_dtype=out_dtype, **config)
+    assert err < TOL[out_dtype] * (1 if out_dtype == "bf16" else 100), err
+
+
+@pytest.mark.parametrize("M,N,K,out_dtype,config", [
+    (200, 264, 136, "bf16", dict(BM=128, BN=128, cluster=1, num_sms=2)),
+    (136, 200, 72, "f32", dict(BM=128, BN=256, cluster=2, num_sms=2, a_major="MN")),
+])
+def test_residual_gemm(M, N, K, out_dtype, config):
+    err = run_gemm(M, N, K, residual=True, out_dtype=out_dtype, **config)
+    assert err < TOL[out_dtype] * (1 if out_dtype == "bf16" else 100), err
+
+
+def test_gated_and_residual_refusals():
+    from pyptx.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="pairs 64-column gate and up blocks"):
+        gemm.build_gemm(128, 192, 64, activation="swiglu")
+    with pytest.raises(ConfigError, match="residual needs a bf16 or f32 output"):
+        gemm.build_gemm(128, 128, 64, out_dtype="f16", dtype="f16", residual=True)
 
 
 # 2-CTA clusters run together in the simulator: multicast copies, remote mbarrier arrives

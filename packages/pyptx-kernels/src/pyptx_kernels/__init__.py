@@ -10,6 +10,9 @@ its first use.
 _FUNCTIONS = {
     "matmul": "pyptx_kernels.gemm.api",
     "linear": "pyptx_kernels.gemm.api",
+    "swiglu_linear": "pyptx_kernels.gemm.fused",
+    "linear_residual": "pyptx_kernels.gemm.fused",
+    "pack_gated": "pyptx_kernels.gemm.fused",
     "grouped_mm": "pyptx_kernels.grouped_gemm.api",
     "scaled_mm": "pyptx_kernels.fp8_gemm.api",
     "scaled_mm_blockwise": "pyptx_kernels.fp8_gemm.api",

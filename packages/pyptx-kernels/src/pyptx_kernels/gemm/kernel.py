@@ -16,6 +16,8 @@ and B in L2.
 
 from __future__ import annotations
 
+import inspect
+
 from pyptx import Tile, kernel, ptx
 from pyptx.autotune import Config, autotune
 from pyptx.errors import ConfigError
@@ -51,7 +53,7 @@ def _dtype(name, what):
 
 def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_major="K",
                b_major="MN", KB=None, NB=None, bias=False, alpha=1.0, activation=None,
-               config=None):
+               residual=False, config=None):
     """The GEMM kernel for ``D[M, N] = activation(alpha * A[M, K] @ B[K, N] + bias)``.
 
     Tensor arguments: A as ``(M, K)`` (``a_major="K"``) or ``(K, M)`` (``"MN"``), B as
@@ -59,7 +61,10 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
     if ``bias``; output D ``(M, N)`` in ``out_dtype``. ``KB``/``NB`` (default ``K``/``N``)
     are B's extents when a zero-padded operand is larger than the product needs: copies
     past a tensor's edge read zeros, so the k-loop runs over the larger K and D gets N
-    columns. ``activation``: one of ``ACTIVATIONS``.
+    columns. ``activation``: one of ``ACTIVATIONS``; ``"swiglu"`` is gated: B's N columns
+    are 64-column gate and up blocks interleaved (``pyptx_kernels.gemm.fused.pack_gated``)
+    and D is ``(M, N / 2)`` of ``silu(gate) * up``. ``residual``: one more input ``R``
+    ``(M, N)`` in the output type (bf16 or f32), added after the activation.
     ``config``: the tile and schedule plan, a ``GemmConfig`` (or the name of a tuned plan,
     or a mapping of its fields; default ``GemmConfig()``). A split-tail plan that applies
     to the shape returns a ``SplitTailGemm``; otherwise a ``Kernel``."""
@@ -74,6 +79,15 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
         raise fail(ConfigError, "build_gemm", "a_major and b_major must be 'K' or 'MN'")
     cfg = GemmConfig.of(config)
     BM, BN, BK, stages, cluster = cfg.BM, cfg.BN, cfg.BK, cfg.stages, cfg.cluster
+    gated = activation == "swiglu"
+    if gated and (N % 128 or BN % 128 or residual):
+        raise fail(ConfigError, "build_gemm",
+                   f"activation='swiglu' pairs 64-column gate and up blocks: N and the tile's "
+                   f"BN must be multiples of 128 and there is no residual, got N={N}, BN={BN}, "
+                   f"residual={residual}")
+    if residual and out_dtype not in ("bf16", "f32", bf16, f32):
+        raise fail(ConfigError, "build_gemm",
+                   f"residual needs a bf16 or f32 output, got out_dtype={out_dtype!r}")
     KB = K if KB is None else KB
     NB = N if NB is None else NB
     multicast = cfg.multicast and cluster > 1
@@ -92,8 +106,9 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
 
     a_spec = Tile(M, K, dt) if a_major == "K" else Tile(K, M, dt)
     b_spec = Tile(KB, NB, dt) if b_major == "MN" else Tile(NB, KB, dt)
-    in_specs = (a_spec, b_spec) + ((Tile(N, f32),) if bias else ())
-    out_specs = (Tile(M, N, ot),)
+    in_specs = (a_spec, b_spec) + ((Tile(N, f32),) if bias else ()) + \
+        ((Tile(M, N, ot),) if residual else ())
+    out_specs = (Tile(M, N // 2 if gated else N, ot),)
     part_bytes = bands * 64 * BN * 4               # a warpgroup's f32 partial tile
     if plan:
         flags = plan[1] * cluster * consumers      # one per warpgroup of a tail tile
@@ -107,7 +122,7 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
            "B": b_tile.tma_options(parts),
            "D": {"box": (64, 128 // ot.bytes), "swizzle": "128B"}}
 
-    def body(A, B, Bias, D, Flags=None, WS=None):
+    def body(A, B, Bias, D, Flags=None, WS=None, R=None):
         base = ring_base()
         pipe = Pipeline(stages, consumer_arrivals=consumers * (cluster if multicast else 1))
         tid, wg = thread_ids()
@@ -127,9 +142,10 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
         cbuf = base + ring_bytes + w * wg_out_bytes
         mma = mainloop.consumer_mma(pipe, accs, a_tile, b_tile, cfg=cfg, base=base, w=w,
                                     leader=leader, dt=dt, multicast=multicast)
-        epilogue = TileEpilogue(cfg, accs=accs, ot=ot, N=N, alpha=alpha, bias=bias,
+        epilogue = TileEpilogue(cfg, accs=accs, ot=ot, M=M, N=N, alpha=alpha, bias=bias,
                                 activation=activation, Bias=Bias, D=D, tid=tid, lane=lane, w=w,
-                                row0=row0, col0=col0, cbuf=cbuf, leader=leader, bar_id=bar_id)
+                                row0=row0, col0=col0, cbuf=cbuf, leader=leader, bar_id=bar_id,
+                                R=R)
         if not plan:
             mainloop.cooperative_loop(mma, sched, cid=cid, rank=rank, epilogue=epilogue)
         else:
@@ -148,25 +164,20 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
     deco = kernel(in_specs=in_specs, out_specs=out_specs, grid=(sched.ctas, 1, 1),
                   block=(threads, 1, 1), cluster=(cluster, 1, 1), smem=smem_total,
                   maxnreg=maxnreg, tma=tma, name=name)
-    if plan and bias:
-        def gemm(A, B, Bias, Flags, D, WS):
-            body(A, B, Bias, D, Flags, WS)
-        return SplitTailGemm(deco(gemm), sched.ctas)
-    if plan:
-        def gemm(A, B, Flags, D, WS):
-            body(A, B, None, D, Flags, WS)
-        return SplitTailGemm(deco(gemm), sched.ctas)
-    if bias:
-        def gemm(A, B, Bias, D):
-            body(A, B, Bias, D)
-    else:
-        def gemm(A, B, D):
-            body(A, B, None, D)
-    return deco(gemm)
+    names = ("A", "B", *("Bias",) * bias, *("R",) * residual, *("Flags",) * bool(plan), "D",
+             *("WS",) * bool(plan))
+
+    def gemm(*args):
+        t = dict(zip(names, args))
+        body(t["A"], t["B"], t.get("Bias"), t["D"], t.get("Flags"), t.get("WS"), t.get("R"))
+
+    gemm.__signature__ = inspect.Signature(
+        [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in names])
+    return SplitTailGemm(deco(gemm), sched.ctas) if plan else deco(gemm)
 
 
 gemm_tuned = autotune([Config(config=c.name) for c in GEMM_CONFIGS],
                       key=["M", "N", "K", "dtype", "out_dtype", "a_major", "b_major", "bias",
-                           "activation", "KB", "NB"])(build_gemm)
+                           "activation", "residual", "KB", "NB"])(build_gemm)
 """``build_gemm`` with its plan chosen from ``GEMM_CONFIGS`` on the device at the first
 launch (each tuner ``Config`` names a plan: ``Config(config=GemmConfig.name)``)."""
