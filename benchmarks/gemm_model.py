@@ -60,10 +60,9 @@ def main(argv=None) -> int:
     if missing:
         print(missing)
         return 2
+    import pyptx_kernels as pk
     import torch
     from triton.testing import do_bench
-
-    import pyptx_kernels as pk
 
     rows = [f"# GEMMs of a {a.model} step, {a.tokens} tokens, bf16 ({torch.cuda.get_device_name()})",
             "", "| layer | pass | M x N x K | pyptx TFLOP/s | cuBLAS TFLOP/s | ratio | paired |",
