@@ -22,8 +22,8 @@ in the kernel library's ``pyptx_kernels.rows`` (``rms_norm``, ``layer_norm``,
   (the TMA ring), with ``ring_plan``/``ring_reg_cap``.
 * ``pdl``: the PDL prologue (``entry``) and the L2 prefetch of a CTA's slice.
 * ``arith``: ``tree``, ``dot``, ``mul_all``, ``rsqrt``, ``rstd``.
-* ``backward``: ``build_colsum`` (the second stage of the backward kernels) and
-  ``TwoStage``.
+* ``backward``: ``build_norm_backward`` (the norms' two-stage backward skeleton),
+  ``build_colsum`` (its second stage) and ``TwoStage``.
 
 Runtime rows: the row count ``B`` is a kernel parameter (``Rows.nrows``) and the persistent
 loops stride by the grid (``%nctaid.x``), so a kernel's PTX depends on ``N``, the dtype, the
@@ -52,7 +52,7 @@ from .access import (
     unpack,
 )
 from .arith import LOG2E, NEG_INF, dot, mul_all, rsqrt, rstd, tree
-from .backward import TwoStage, build_colsum
+from .backward import TwoStage, build_colsum, build_norm_backward
 from .loop import row_groups, row_loop
 from .pdl import cta_slice, entry, prefetch_cta_slice
 from .plan import (
@@ -73,7 +73,7 @@ from .view import Rows
 __all__ = [
     "KEEP", "L2_PRIORITIES", "PINNED", "STREAM", "Hints", "l2_policy", "load_raw_vec", "load_vec",
     "store_vec", "unpack", "LOG2E", "NEG_INF", "dot", "mul_all", "rsqrt", "rstd", "tree",
-    "TwoStage", "build_colsum", "row_loop", "row_groups", "cta_slice", "entry", "prefetch_cta_slice", "MAX_N",
+    "TwoStage", "build_colsum", "build_norm_backward", "row_loop", "row_groups", "cta_slice", "entry", "prefetch_cta_slice", "MAX_N",
     "MAX_N_BWD", "WARP", "RowPlan", "bwd_ctas", "dtype_of", "persistent_ctas", "persistent_plan",
     "plan_rows", "reg_cap", "MAX_RING_BYTES", "Ring", "ring_plan", "ring_reg_cap", "Rows",
 ]

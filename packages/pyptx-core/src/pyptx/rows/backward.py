@@ -1,8 +1,11 @@
-"""The second stage of the backward row kernels and the two-stage callable.
+"""The norms' backward kernels: the shared two-stage skeleton and its parts.
 
-``build_colsum`` sums the per-CTA partial weight gradients ``(P*C, N)`` f32 over ``P``
-into ``C`` vectors of ``N``; ``TwoStage`` chains a backward kernel and its colsum into
-one callable with ``in_specs``/``out_specs`` so ``pyptx.differentiable_kernel`` takes it.
+``build_norm_backward`` makes stage 1 (persistent CTAs walking rows with the weights held and
+the weight gradients accumulated in registers, a per-row step given by the caller) and
+stage 2; ``build_colsum`` (stage 2) sums the per-CTA partial weight gradients ``(P*C, N)``
+f32 over ``P`` into ``C`` vectors of ``N``; ``TwoStage`` chains a backward kernel and its
+colsum into one callable with ``in_specs``/``out_specs`` so ``pyptx.differentiable_kernel``
+takes it.
 """
 
 from __future__ import annotations
@@ -15,10 +18,72 @@ from ..kernel import kernel
 from ..source import where
 from ..specs import Tile
 from ..types import PtxType, f32, u32, u64
-from .access import STREAM, Hints, load_vec, store_vec
-from .plan import WARP
+from .access import KEEP, STREAM, Hints, load_vec, store_vec
+from .loop import row_groups
+from .plan import MAX_N_BWD, WARP, bwd_ctas, plan_rows, reg_cap
+from .view import Rows
 
-__all__ = ["build_colsum", "TwoStage"]
+__all__ = ["build_norm_backward", "build_colsum", "TwoStage"]
+
+
+def build_norm_backward(B: int, N: int, dtype: PtxType, step: Any, *, who: str, name: str,
+                        sums_name: str, parts: int = 1, chunks: int | None = None,
+                        threads: int | None = None, rows: int | None = None,
+                        ctas: int | None = None, arch: str = "sm_90a") -> TwoStage:
+    """A norm's backward ``(x, w, dy) -> (dx, *weight gradients)`` as a ``TwoStage``.
+
+    Stage 1 (kernel ``name``): ``P`` persistent CTAs (``bwd_ctas``; ``ctas`` overrides) of
+    ``plan_rows`` at ~32 bytes per thread (``chunks``/``threads``/``rows`` override), ``w`` held
+    in registers where a thread has at most 8 values; each walks its row groups
+    (``row_groups``: the grid and the row count at run time), loads ``x`` and ``dy`` and calls
+    ``step(io, x, dy, w, ok, accs, pdx, off)``, which computes and stores ``dx`` (at ``pdx +
+    off``) and adds the row
+    into ``accs`` (``parts`` lists of f32 registers, zeroed; ``ok`` is the store predicate);
+    then writes its ``parts`` partial vectors, row ``(cta*R + g)*parts + c`` of an f32
+    ``(P*R*parts, N)`` buffer. Stage 2 (``build_colsum``, kernel ``sums_name``) adds the
+    partials into ``parts`` gradients of ``N`` in ``dtype``. ``parts`` is 1 or 2."""
+    if parts not in (1, 2):
+        raise ConfigError(f"{where()}: build_norm_backward: parts must be 1 or 2, got {parts}")
+    plan = plan_rows(B, N, dtype, who=who, chunks=chunks, threads=threads, rows=rows,
+                     max_n=MAX_N_BWD, max_elems=16, target_bytes=32)
+    P = bwd_ctas(plan, ctas)
+    R = plan.rows
+    hold_w = plan.elems <= 8
+
+    @kernel(
+        in_specs=(Tile(B, N, dtype), Tile(N, dtype), Tile(B, N, dtype)),
+        out_specs=(Tile(B, N, dtype), Tile(P * R * parts, N, f32)),
+        grid=(P, 1, 1),
+        block=plan.block,
+        name=name,
+        arch=arch,
+        maxnreg=reg_cap(plan),
+    )
+    def norm_bwd(X, W, DY, DX, PART):
+        px, pw, pdy, pdx, ppart = ptx.global_ptrs(X, W, DY, DX, PART)
+        io = Rows(plan)
+        pwt = pw + io.offset()
+        w = io.load(pwt, cache=KEEP) if hold_w else None
+        accs = [[reg.scalar(f32, init=0.0) for _ in range(plan.elems)] for _ in range(parts)]
+        for it in row_groups(io):
+            row, ok = io.locate(it if R == 1 else it + io.g)
+            off = io.offset(row)
+            x = io.load(px + off)
+            dy = io.load(pdy + off)
+            wv = w if w is not None else io.load(pwt, cache=KEEP)
+            step(io, x, dy, wv, ok, accs, pdx, off)
+        prow = reg.scalar(u32)
+        ptx.inst.mul.lo.u32(prow, ptx.special.ctaid.x(), parts * R)
+        if R > 1:
+            prow = prow + (io.g if parts == 1 else io.g << 1)
+        poff = io.offset(prow, es=4)
+        for c, acc in enumerate(accs):
+            io.store(ppart + poff + c * N * 4 if c else ppart + poff, acc, dtype=f32)
+        ptx.ret()
+
+    out = TwoStage(norm_bwd, build_colsum(P * R, parts, N, dtype, name=sums_name, arch=arch))
+    out.plan = plan
+    return out
 
 
 def build_colsum(P: int, C: int, N: int, dtype: PtxType, *, name: str = "colsum",

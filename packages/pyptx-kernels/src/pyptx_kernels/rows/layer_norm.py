@@ -13,7 +13,7 @@ through ``pyptx.differentiable_kernel``. Shared machinery: ``pyptx.rows``.
 from pyptx import Tile, kernel, ptx, reg
 from pyptx import rows as rw
 from pyptx.errors import ConfigError
-from pyptx.types import f32, u32
+from pyptx.types import f32
 from pyptx_kernels._common import where
 from pyptx_kernels.rows.config import (
     DEFAULT,
@@ -30,7 +30,7 @@ from pyptx_kernels.rows.config import (
 @tuned("layer_norm", LAYER_NORM_CONFIGS)
 def build_layer_norm(B: int, N: int, dtype=f32, eps: float = 1e-5, *,
                      config: RowConfig | None = None,
-    arch: str = DEFAULT_ARCH):
+                     arch: str = DEFAULT_ARCH):
     """LayerNorm over the last dim of ``X (B, N)`` with ``W (N,)``, ``Bias (N,)``, all in ``dtype``.
 
     f32 or bf16 storage, f32 arithmetic. Algorithm: load the row's chunks
@@ -281,7 +281,7 @@ _KERNELS = {"row": _layer_norm_row, "persistent": _layer_norm_persistent,
 
 def build_layer_norm_bwd(B: int, N: int, dtype=f32, eps: float = 1e-5, *,
                          config: RowConfig | None = None,
-    arch: str = DEFAULT_ARCH):
+                         arch: str = DEFAULT_ARCH):
     """Backward of ``build_layer_norm``: ``(x, w, dy) -> (dx, dw, db)``, two launches.
 
     With ``xhat = (x - mean) * rstd`` and ``g = w * dy``:
@@ -302,77 +302,42 @@ def build_layer_norm_bwd(B: int, N: int, dtype=f32, eps: float = 1e-5, *,
     c = DEFAULT if config is None else check(config, who, "backward")
     arch = check_arch(arch, who)
     dt = rw.dtype_of(dtype, who)
-    plan = rw.plan_rows(B, N, dt, who=who, chunks=c.chunks, threads=c.threads, rows=c.rows,
-                        max_n=rw.MAX_N_BWD, max_elems=16, target_bytes=32)
-    P = rw.bwd_ctas(plan, c.ctas)
-    R = plan.rows
-    hold_w = plan.elems <= 8
 
-    @kernel(
-        in_specs=(Tile(B, N, dt), Tile(N, dt), Tile(B, N, dt)),
-        out_specs=(Tile(B, N, dt), Tile(P * R * 2, N, f32)),
-        grid=(P, 1, 1),
-        block=plan.block,
-        name=f"layer_norm_bwd_{dt.name}",
-        arch=arch,
-        maxnreg=rw.reg_cap(plan),
-    )
-    def layer_norm_bwd(X, W, DY, DX, PART):
-        px, pw, pdy, pdx, ppart = ptx.global_ptrs(X, W, DY, DX, PART)
-        io = rw.Rows(plan)
-        pwt = pw + io.offset()
-        w = io.load(pwt, cache=rw.KEEP) if hold_w else None
-        acc_w = [reg.scalar(f32, init=0.0) for _ in range(plan.elems)]
-        acc_b = [reg.scalar(f32, init=0.0) for _ in range(plan.elems)]
-        for it in rw.row_groups(io):
-            row, ok = io.locate(it if R == 1 else it + io.g)
-            off = io.offset(row)
-            x = io.load(px + off)
-            dy = io.load(pdy + off)
-            wv = w if w is not None else io.load(pwt, cache=rw.KEEP)
-            s = rw.tree(x, "add")
-            io.reduce([s])
-            nmean = reg.scalar(f32)
-            ptx.inst.mul.f32(nmean, s, -1.0 / N)
-            d = io.tail_mask([v + nmean for v in x])
-            var = rw.dot(d, d)
-            io.reduce([var])
-            ptx.inst.fma.rn.f32(var, var, 1.0 / N, eps)
-            rstd = rw.rsqrt(var)
-            xhat = rw.mul_all(d, rstd)
-            g = [a * b for a, b in zip(wv, dy)]
-            sg = rw.tree(g, "add")
-            sgx = rw.dot(g, xhat)
-            io.reduce([sg, sgx])
-            a = reg.scalar(f32)  # -mean(g)
-            ptx.inst.mul.f32(a, sg, -1.0 / N)
-            c = reg.scalar(f32)  # -mean(g * xhat)
-            ptx.inst.mul.f32(c, sgx, -1.0 / N)
-            dx = []
-            for gi, xi in zip(g, xhat):
-                t = reg.scalar(f32)
-                ptx.inst.add.f32(t, gi, a)
-                ptx.inst.fma.rn.f32(t, xi, c, t)
-                ptx.inst.mul.f32(t, t, rstd)
-                dx.append(t)
-            io.store(pdx + off, dx, ok)
-            for aw, ab, xi, di in zip(acc_w, acc_b, xhat, dy):
-                ptx.inst.fma.rn.f32(aw, xi, di, aw, pred=ok)
-                ptx.inst.add.f32(ab, ab, di, pred=ok)
-        prow = reg.scalar(u32)
-        ptx.inst.mul.lo.u32(prow, ptx.special.ctaid.x(), 2 * R)
-        if R > 1:
-            prow = prow + (io.g << 1)
-        poff = io.offset(prow, es=4)
-        io.store(ppart + poff, acc_w, dtype=f32)
-        io.store(ppart + poff + N * 4, acc_b, dtype=f32)
-        ptx.ret()
+    def step(io, x, dy, wv, ok, accs, pdx, off):
+        s = rw.tree(x, "add")
+        io.reduce([s])
+        nmean = reg.scalar(f32)
+        ptx.inst.mul.f32(nmean, s, -1.0 / N)
+        d = io.tail_mask([v + nmean for v in x])
+        var = rw.dot(d, d)
+        io.reduce([var])
+        ptx.inst.fma.rn.f32(var, var, 1.0 / N, eps)
+        rstd = rw.rsqrt(var)
+        xhat = rw.mul_all(d, rstd)
+        g = [a * b for a, b in zip(wv, dy)]
+        sg = rw.tree(g, "add")
+        sgx = rw.dot(g, xhat)
+        io.reduce([sg, sgx])
+        a = reg.scalar(f32)  # -mean(g)
+        ptx.inst.mul.f32(a, sg, -1.0 / N)
+        c = reg.scalar(f32)  # -mean(g * xhat)
+        ptx.inst.mul.f32(c, sgx, -1.0 / N)
+        dx = []
+        for gi, xi in zip(g, xhat):
+            t = reg.scalar(f32)
+            ptx.inst.add.f32(t, gi, a)
+            ptx.inst.fma.rn.f32(t, xi, c, t)
+            ptx.inst.mul.f32(t, t, rstd)
+            dx.append(t)
+        io.store(pdx + off, dx, ok)
+        for aw, ab, xi, di in zip(*accs, xhat, dy):
+            ptx.inst.fma.rn.f32(aw, xi, di, aw, pred=ok)
+            ptx.inst.add.f32(ab, ab, di, pred=ok)
 
-    colsum = rw.build_colsum(P * R, 2, N, dt, name=f"layer_norm_dwdb_{dt.name}",
-                             arch=arch)
-    out = rw.TwoStage(layer_norm_bwd, colsum)
-    out.plan = plan
-    return out
+    return rw.build_norm_backward(B, N, dt, step, who=who, name=f"layer_norm_bwd_{dt.name}",
+                                  sums_name=f"layer_norm_dwdb_{dt.name}", parts=2,
+                                  chunks=c.chunks, threads=c.threads, rows=c.rows, ctas=c.ctas,
+                                  arch=arch)
 
 
 def layer_norm_op(B: int, N: int, dtype=f32, eps: float = 1e-5):

@@ -8,7 +8,7 @@ dW column sum.
 
 from pyptx import Tile, kernel, ptx, reg
 from pyptx import rows as rw
-from pyptx.types import f32, u32
+from pyptx.types import f32
 from pyptx_kernels.rows.config import (
     DEFAULT,
     DEFAULT_ARCH,
@@ -34,7 +34,7 @@ def reference(x, w, eps=1e-6):
 @tuned("rms_norm", RMS_NORM_CONFIGS)
 def build_rms_norm_fast(B: int, N: int, dtype=f32, eps: float = 1e-6, *,
                         config: RowConfig | None = None,
-    arch: str = DEFAULT_ARCH):
+                        arch: str = DEFAULT_ARCH):
     """RMSNorm at the bandwidth ceiling: ``y = x * rsqrt(mean(x**2) + eps) * w``.
 
     ``X (B, N)`` and ``W (N,)`` in ``dtype`` (f32 or bf16), ``Y (B, N)`` in ``dtype``;
@@ -228,7 +228,7 @@ _KERNELS = {"row": _rms_norm_row, "persistent": _rms_norm_persistent, "ring": _r
 
 def build_rms_norm_bwd(B: int, N: int, dtype=f32, eps: float = 1e-6, *,
                        config: RowConfig | None = None,
-    arch: str = DEFAULT_ARCH):
+                       arch: str = DEFAULT_ARCH):
     """Backward of ``build_rms_norm_fast``: ``(x, w, dy) -> (dx, dw)``, two launches.
 
     With ``r = rsqrt(mean(x**2) + eps)`` and ``g = w * dy``:
@@ -248,70 +248,37 @@ def build_rms_norm_bwd(B: int, N: int, dtype=f32, eps: float = 1e-6, *,
     c = DEFAULT if config is None else check(config, who, "backward")
     arch = check_arch(arch, who)
     dt = rw.dtype_of(dtype, who)
-    plan = rw.plan_rows(B, N, dt, who=who, chunks=c.chunks, threads=c.threads, rows=c.rows,
-                        max_n=rw.MAX_N_BWD, max_elems=16, target_bytes=32)
-    P = rw.bwd_ctas(plan, c.ctas)
-    R = plan.rows
-    hold_w = plan.elems <= 8
 
-    @kernel(
-        in_specs=(Tile(B, N, dt), Tile(N, dt), Tile(B, N, dt)),
-        out_specs=(Tile(B, N, dt), Tile(P * R, N, f32)),
-        grid=(P, 1, 1),
-        block=plan.block,
-        name=f"rms_norm_bwd_{dt.name}",
-        arch=arch,
-        maxnreg=rw.reg_cap(plan),
-    )
-    def rms_norm_bwd(X, W, DY, DX, PART):
-        px, pw, pdy, pdx, ppart = ptx.global_ptrs(X, W, DY, DX, PART)
-        io = rw.Rows(plan)
-        pwt = pw + io.offset()
-        w = io.load(pwt, cache=rw.KEEP) if hold_w else None
-        acc = [reg.scalar(f32, init=0.0) for _ in range(plan.elems)]
-        for it in rw.row_groups(io):
-            row, ok = io.locate(it if R == 1 else it + io.g)
-            off = io.offset(row)
-            x = io.load(px + off)
-            dy = io.load(pdy + off)
-            wv = w if w is not None else io.load(pwt, cache=rw.KEEP)
-            g = [reg.scalar(f32) for _ in x]
-            for gi, a, b in zip(g, wv, dy):
-                ptx.inst.mul.f32(gi, a, b)
-            ss = rw.dot(x, x)
-            sg = rw.dot(g, x)
-            io.reduce([ss, sg])
-            r = rw.rstd(ss, N, eps)
-            c = reg.scalar(f32)  # r**3 * mean(g*x)
-            ptx.inst.mul.f32(c, r, r)
-            ptx.inst.mul.f32(c, c, r)
-            ptx.inst.mul.f32(c, c, sg)
-            ptx.inst.mul.f32(c, c, 1.0 / N)
-            nc = -c
-            dx = []
-            for gi, xi in zip(g, x):
-                t = reg.scalar(f32)
-                ptx.inst.mul.f32(t, gi, r)
-                ptx.inst.fma.rn.f32(t, xi, nc, t)
-                dx.append(t)
-            io.store(pdx + off, dx, ok)
-            xr = rw.mul_all(x, r)
-            for a, xi, di in zip(acc, xr, dy):
-                ptx.inst.fma.rn.f32(a, xi, di, a, pred=ok)
-            if plan.threads > 32:
-                ptx.bar_sync(0)  # next row's reduction reuses the shared slots
-        prow = reg.scalar(u32)
-        ptx.inst.mul.lo.u32(prow, ptx.special.ctaid.x(), R)
-        if R > 1:
-            prow = prow + io.g
-        io.store(ppart + io.offset(prow, es=4), acc, dtype=f32)
-        ptx.ret()
+    def step(io, x, dy, wv, ok, accs, pdx, off):
+        g = [reg.scalar(f32) for _ in x]
+        for gi, a, b in zip(g, wv, dy):
+            ptx.inst.mul.f32(gi, a, b)
+        ss = rw.dot(x, x)
+        sg = rw.dot(g, x)
+        io.reduce([ss, sg])
+        r = rw.rstd(ss, N, eps)
+        k = reg.scalar(f32)  # r**3 * mean(g*x)
+        ptx.inst.mul.f32(k, r, r)
+        ptx.inst.mul.f32(k, k, r)
+        ptx.inst.mul.f32(k, k, sg)
+        ptx.inst.mul.f32(k, k, 1.0 / N)
+        nk = -k
+        dx = []
+        for gi, xi in zip(g, x):
+            t = reg.scalar(f32)
+            ptx.inst.mul.f32(t, gi, r)
+            ptx.inst.fma.rn.f32(t, xi, nk, t)
+            dx.append(t)
+        io.store(pdx + off, dx, ok)
+        xr = rw.mul_all(x, r)
+        for a, xi, di in zip(accs[0], xr, dy):
+            ptx.inst.fma.rn.f32(a, xi, di, a, pred=ok)
+        if io.p.threads > 32:
+            ptx.bar_sync(0)  # next row's reduction reuses the shared slots
 
-    colsum = rw.build_colsum(P * R, 1, N, dt, name=f"rms_norm_dw_{dt.name}",
-                             arch=arch)
-    out = rw.TwoStage(rms_norm_bwd, colsum)
-    out.plan = plan
-    return out
+    return rw.build_norm_backward(B, N, dt, step, who=who, name=f"rms_norm_bwd_{dt.name}",
+                                  sums_name=f"rms_norm_dw_{dt.name}", chunks=c.chunks,
+                                  threads=c.threads, rows=c.rows, ctas=c.ctas, arch=arch)
 
 
 def rms_norm_op(B: int, N: int, dtype=f32, eps: float = 1e-6):

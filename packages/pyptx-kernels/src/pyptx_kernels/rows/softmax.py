@@ -77,7 +77,7 @@ def build_softmax(B: int, N: int):
 
 @tuned("softmax", SOFTMAX_CONFIGS)
 def build_softmax_fast(B: int, N: int, dtype=f32, *, config: RowConfig | None = None,
-    arch: str = DEFAULT_ARCH):
+                       arch: str = DEFAULT_ARCH):
     """Row softmax at the bandwidth ceiling, ``(B, N)`` f32 or bf16 in and out, f32 math.
 
     One pass: each thread loads its ``K`` 16-byte chunks of the row

@@ -26,7 +26,7 @@ THREADS = 256
 
 @tuned("swiglu", SWIGLU_CONFIGS)
 def build_swiglu(B: int, N: int, dtype=f32, *, config: RowConfig | None = None,
-    arch: str = DEFAULT_ARCH):
+                 arch: str = DEFAULT_ARCH):
     """``Y = silu(G) * U`` for ``G, U, Y`` of shape ``(B, N)`` in ``dtype`` (f32 or bf16).
 
     The config's ``threads`` per CTA (default 256) and ``chunks`` (16-byte vectors per thread
