@@ -98,6 +98,16 @@ CASES = {
     "all_empty": dict(lens=(0, 0)),
     "padded_rows_one_key_per_step": dict(lens=(30, 3), Sq=3, Hq=4, Hkv=1, splits=1,
                                          config=DecodeConfig(rows=5, keys_per_step=1)),
+    "ring_two_stages_16_key_blocks": dict(D=128, lens=(50, 20), Sk=64, Hq=4, Hkv=2, splits=2,
+                                          config=DecodeConfig(ring_stages=2, block_keys=16)),
+    "eight_rows_one_cta": dict(lens=(21, 40), Sq=2, Hq=4, Hkv=1, config=DecodeConfig(rows=8)),
+    # direct loads (no ring, no producer warp)
+    "direct_paged_append": dict(page=16, lens=(30, 0), Sk=48, append=True, Sq=2,
+                                config=DecodeConfig(ring_stages=0)),
+    "direct_window_softcap": dict(lens=(30, 7), window=(5, 2), causal=False, Sq=4, Hq=2,
+                                  Hkv=2, softcap=3.0, config=DecodeConfig(ring_stages=0)),
+    "direct_d128_f16": dict(D=128, lens=(50, 20), Sk=64, Hq=8, Hkv=2, splits=3, dtype="f16",
+                            config=DecodeConfig(ring_stages=0)),
 }
 
 
@@ -109,17 +119,20 @@ def test_decode_matches_float64(name):
     assert err_l <= 1e-5, err_l
 
 
-@pytest.mark.parametrize("D,G,Sq,paged,append,window,softcap", [
-    (128, 4, 1, False, False, (-1, -1), 0.0),
-    (128, 8, 1, True, False, (-1, -1), 0.0),
-    (64, 4, 1, False, False, (-1, -1), 0.0),
-    (128, 4, 4, True, True, (128, -1), 30.0),
-    (64, 8, 16, True, True, (-1, -1), 0.0),
+@pytest.mark.parametrize("D,G,Sq,paged,append,window,softcap,stages", [
+    (128, 4, 1, False, False, (-1, -1), 0.0, 4),
+    (128, 8, 1, True, False, (-1, -1), 0.0, 4),
+    (64, 4, 1, False, False, (-1, -1), 0.0, 4),
+    (128, 4, 4, True, True, (128, -1), 30.0, 4),
+    (64, 8, 16, True, True, (-1, -1), 0.0, 4),
+    (128, 4, 1, True, True, (-1, -1), 0.0, 0),
+    (64, 8, 2, False, False, (256, -1), 0.0, 0),
 ])
-def test_ptxas_no_spills(D, G, Sq, paged, append, window, softcap, assemble):
+def test_ptxas_no_spills(D, G, Sq, paged, append, window, softcap, stages, assemble):
     cache = (16 * 64, 64, 8, D) if paged else (16, 4096, 8, D)
     shape = DecodeShape(16, Sq, 8 * G, 8, D, cache, 64 if paged else 0, append, 0)
-    for kern in (build_decode(shape, window=window, softcap=softcap, splits=4),
+    config = DecodeConfig(ring_stages=stages)
+    for kern in (build_decode(shape, window=window, softcap=softcap, splits=4, config=config),
                  build_combine(16, Sq, 8 * G, D, 4)):
         log = assemble(kern.ptx())
         spills = [int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", log)]
@@ -138,7 +151,8 @@ def test_split_heuristic_fills_the_gpu_and_keeps_splits_long():
 
 @pytest.mark.parametrize("kw", [dict(rows=0), dict(rows=9), dict(keys_per_step=0),
                                 dict(keys_per_step=True), dict(num_splits=-1),
-                                dict(num_splits=129)])
+                                dict(num_splits=129), dict(ring_stages=1), dict(ring_stages=9),
+                                dict(block_keys=48), dict(block_keys=512)])
 def test_config_rejects_bad_fields_at_this_line(kw):
     with pytest.raises(ConfigError, match=r"test_decode_cpu\.py:\d+: DecodeConfig"):
         DecodeConfig(**kw)

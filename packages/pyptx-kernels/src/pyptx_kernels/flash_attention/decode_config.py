@@ -18,7 +18,8 @@ WARPS = 4
 THREADS = 32 * WARPS
 HEAD_DIMS = (64, 128)
 MAX_QUERIES = 16          # new queries per sequence (``Sq``)
-MAX_ROWS = 8              # query rows (heads x queries) one CTA keeps in registers
+MAX_ROWS = 8              # query rows (heads x queries) one CTA may keep in registers
+DEFAULT_ROWS = 4          # by default: 18 registers a row, ~128 a thread at 4 rows
 MAX_SPLITS = 128
 PAGE_SIZES = tuple(range(16, 257, 16))
 
@@ -43,20 +44,36 @@ class DecodeConfig:
     (``ConfigError`` at the caller's line).
 
     * ``rows``: query rows (the group's query heads x the new queries) one CTA computes,
-      1..``MAX_ROWS``; ``None``: all of a KV head's rows up to ``MAX_ROWS`` (more rows are
-      split over CTAs as evenly as possible, each reading the KV head once).
-    * ``keys_per_step``: keys each lane group loads per step (1..8); ``None``: 4 for up to
-      4 rows, else 2 (the registers of the rows' state).
+      1..``MAX_ROWS``; ``None``: all of a KV head's rows up to ``DEFAULT_ROWS`` (more rows
+      are split over CTAs as evenly as possible, each reading the KV head once; at 8 rows
+      a thread needs ~255 registers).
+    * ``keys_per_step``: keys each lane group folds into its softmax per step (1..8; the
+      direct loads' loads in flight); ``None``: with the ring 4 for up to 2 rows, else 2;
+      direct 4 for up to 4 rows, else 2.
     * ``num_splits``: KV splits per (batch, KV head), each a CTA writing a partial O and
       log-sum-exp that ``decode_combine`` reduces in a fixed order; ``0``: the heuristic of
       ``decode_host.choose_splits``.
+    * ``ring_stages``: blocks of keys in flight per CTA: a producer warp copies K and V
+      blocks by TMA into a ``ring_stages``-deep shared ring (2..8); ``0``: every lane loads
+      its keys from global memory itself (no ring, no producer warp).
+    * ``block_keys``: keys per ring block, a power of two in 16..256 that divides the page
+      size; ``None``: ``ring_block``'s choice (64 KiB rings).
     """
 
     rows: int | None = None
     keys_per_step: int | None = None
     num_splits: int = 0
+    ring_stages: int = 4
+    block_keys: int | None = None
 
     def __post_init__(self):
+        if not _is_int(self.ring_stages) or self.ring_stages not in (0, *range(2, 9)):
+            raise ConfigError(f"{where()}: DecodeConfig: ring_stages must be 0 (direct loads) "
+                              f"or an int in 2..8, got {self.ring_stages!r}")
+        bk = self.block_keys
+        if bk is not None and (not _is_int(bk) or bk not in (16, 32, 64, 128, 256)):
+            raise ConfigError(f"{where()}: DecodeConfig: block_keys must be None or a power of "
+                              f"two in 16..256, got {bk!r}")
         if self.rows is not None and (not _is_int(self.rows) or not 1 <= self.rows <= MAX_ROWS):
             raise ConfigError(f"{where()}: DecodeConfig: rows must be None or an int in "
                               f"1..{MAX_ROWS}, got {self.rows!r}")
@@ -68,9 +85,21 @@ class DecodeConfig:
             raise ConfigError(f"{where()}: DecodeConfig: num_splits must be an int in "
                               f"0..{MAX_SPLITS} (0: chosen by size), got {self.num_splits!r}")
 
+    def ring_block(self, D, page_size=None):
+        """Keys per ring block at head dim ``D`` (``page_size``: of a paged cache, which a
+        block may not cross): ``block_keys``, else 32 at D=128 and 64 at D=64, cut to the
+        largest power of two dividing the page size; at least ``key_groups(D)``."""
+        bn = self.block_keys or (32 if D == 128 else 64)
+        if page_size is not None:
+            bn = min(bn, page_size & -page_size)
+        if bn < key_groups(D) or (page_size is not None and page_size % bn):
+            raise ConfigError(f"{where()}: DecodeConfig: blocks of {bn} keys do not fit head "
+                              f"dim {D} (at least {key_groups(D)}) and page size {page_size}")
+        return bn
+
     def row_tiling(self, total_rows):
         """``(rows per CTA, CTAs per KV head)`` for ``total_rows`` query rows of a KV head."""
-        most = MAX_ROWS if self.rows is None else self.rows
+        most = DEFAULT_ROWS if self.rows is None else self.rows
         chunks = -(-total_rows // most)
         return -(-total_rows // chunks), chunks
 
@@ -78,7 +107,7 @@ class DecodeConfig:
         """Keys per lane group per step at ``rows`` rows per CTA."""
         if self.keys_per_step is not None:
             return self.keys_per_step
-        return 4 if rows <= 4 else 2
+        return 4 if rows <= (2 if self.ring_stages else 4) else 2
 
 
 DEFAULT_CONFIG = DecodeConfig()

@@ -2,9 +2,12 @@
 
 One CTA per (KV split, KV head x row chunk, batch). Its rows are the query heads of the
 KV head's group times the new queries (row ``r`` = query ``r // G``, head ``hkv * G + r % G``),
-so one read of the KV head serves every row. Each key row is read with 16-byte loads by
-``D // 8`` lanes (``decode_config``); a lane group takes ``keys_per_step`` keys per step,
-the CTA's groups take consecutive keys (coalesced), each group keeps an online softmax
+so one read of the KV head serves every row. With the ring (default), a producer warp
+copies blocks of ``BN`` keys of K and V by TMA (rank-4 maps over the cache, unswizzled,
+one block-table read per block) into a ``stages``-deep shared ring guarded by mbarriers;
+without it every lane loads its keys from global memory. Each key row is read with
+16-byte accesses by ``D // 8`` lanes (``decode_config``), the CTA's lane groups take
+consecutive keys, each group folds ``keys_per_step`` keys at a time into an online softmax
 (log2 units) per row, and at the end the groups are merged through shared memory into
 the split's partial ``O`` (normalised, f32) and natural-log ``lse`` (``-inf``: no key).
 ``decode_combine`` reduces the splits.
@@ -23,7 +26,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pyptx import Tile, kernel, ptx, reg, smem
+from pyptx.pipeline import Pipeline
 from pyptx.types import b16, b32, f32, s32, u32, u64
+from pyptx.warpspec import ring_base
 from pyptx_kernels.flash_attention.decode_config import (
     DEFAULT_CONFIG,
     THREADS,
@@ -127,22 +132,26 @@ class KeyAddress:
         self.shape, self.b, self.hkv, self.sc, self.ptab = shape, b, hkv, sc, ptab
         self.lane_bytes = reg.from_(d0 * 2, u64)
 
+    def page_of(self, pos, pred):
+        """The page (an s32 register) holding position ``pos``; the table is read where
+        ``pred`` (a position past the table reads its last entry)."""
+        sh = self.shape
+        ps, mp = sh.page_size, sh.max_pages
+        pidx = pos >> (ps.bit_length() - 1) if ps & (ps - 1) == 0 else pos // ps
+        pidx = _min_s32(pidx, mp - 1)
+        page = reg.scalar(s32, init=0)
+        off = _wide(self.b * mp + pidx, 4)
+        ptx.inst.ld.global_.nc.s32(page, ptx.addr(self.ptab + off), pred=pred)
+        return page
+
     def cache_row(self, pos, pred):
         """The cache row (an s32 register) of key ``pos``; the table is read where ``pred``."""
         sh = self.shape
         if not sh.paged:
             return self.b * sh.cache[1] + pos
-        ps, mp = sh.page_size, sh.max_pages
-        if ps & (ps - 1) == 0:
-            pidx = pos >> (ps.bit_length() - 1)
-            slot = pos & (ps - 1)
-        else:
-            pidx, slot = pos // ps, pos % ps
-        pidx = _min_s32(pidx, mp - 1)
-        page = reg.scalar(s32, init=0)
-        off = _wide(self.b * mp + pidx, 4)
-        ptx.inst.ld.global_.nc.s32(page, ptx.addr(self.ptab + off), pred=pred)
-        return page * ps + slot
+        ps = sh.page_size
+        slot = pos & (ps - 1) if ps & (ps - 1) == 0 else pos % ps
+        return self.page_of(pos, pred) * ps + slot
 
     def offset(self, row, heads):
         """Byte offset of this lane's 16 bytes of ``row`` in a ``(rows, heads, D)`` tensor."""
@@ -192,15 +201,245 @@ def _append(shape, tid, b, hkv, sc, ptrs, ptab, first):
                 ptx.inst.st.global_.v4.b32(ptx.addr(pc + dst), list(words), pred=ok)
 
 
-def _body(Q, KC, VC, SEQ, TAB, KN, VN, OP, LP, *, shape, dt, causal, window, softcap, scale,
-          splits, rows, chunks, steps):
-    sh = shape
+class RowState:
+    """The query rows of one CTA in one lane: q (pre-scaled, f32, this lane's 8 columns),
+    each row's window limits, and its online softmax (``m``, ``l`` in log2 units, ``o``)."""
+
+    def __init__(self, *, sh, dt, rows, chunk, b, hkv, L, dl, pq, window, softcap, scale):
+        D, G, Sq, Hq = sh.D, sh.group, sh.Sq, sh.Hq
+        self.rows, self.LK, self.softcap = rows, lanes_per_key(D), softcap
+        left, right = window
+        q_mult = (scale / softcap) if softcap else scale * LOG2E
+        self.q, self.lo, self.hi, self.m, self.l, self.o = [], [], [], [], [], []
+        for i in range(rows):
+            r = i if chunk is None else chunk * rows + i
+            valid = None if chunk is None else r < G * Sq
+            qi = r // G
+            qrow = (b * Sq + qi) * Hq + (hkv * G + r % G)
+            words = reg.array(b32, 4)
+            _load16(pq + _wide(qrow, D * 2) + reg.from_(dl * 16, u64), words, valid)
+            qf = unpack_words(words, dt)
+            for x in qf:
+                ptx.inst.mul.f32(x, x, q_mult)
+            self.q.append(qf)
+            pos = L - Sq + qi
+            self.lo.append(pos - left if left >= 0 else None)
+            self.hi.append(_min_s32(L, pos + (right + 1)) if right >= 0 else L)
+            self.m.append(reg.scalar(f32, init=NEG_INF))
+            self.l.append(reg.scalar(f32, init=0.0))
+            self.o.append([reg.scalar(f32, init=0.0) for _ in range(8)])
+
+    def update(self, keys):
+        """Fold a step's keys ``[(pos, ok, k f32 x 8, v f32 x 8)]`` into every row: the scores
+        (a ``lanes_per_key``-lane sum, softcap, window mask), one rescale per row and step."""
+        cap = self.softcap * LOG2E
+        for i in range(self.rows):
+            scores = []
+            for pos, ok, kf, _ in keys:
+                s = reg.scalar(f32)
+                ptx.inst.mul.f32(s, self.q[i][0], kf[0])
+                for j in range(1, 8):
+                    ptx.inst.fma.rn.f32(s, self.q[i][j], kf[j], s)
+                ptx.warp.reduce_sum(s, width=self.LK)
+                if self.softcap:
+                    ptx.inst.tanh.approx.f32(s, s)
+                    ptx.inst.mul.f32(s, s, cap)
+                keep = ok & (pos < self.hi[i])
+                if self.lo[i] is not None:
+                    keep = keep & (pos >= self.lo[i])
+                ptx.inst.selp.f32(s, s, NEG_INF, keep)
+                scores.append(s)
+            mx = reg.from_(self.m[i])
+            for s in scores:
+                ptx.inst.max.f32(mx, mx, s)
+            m_use = reg.scalar(f32)
+            ptx.inst.selp.f32(m_use, 0.0, mx, mx == NEG_INF)
+            alpha = reg.scalar(f32)
+            ptx.inst.ex2.approx.ftz.f32(alpha, self.m[i] - m_use)
+            ptx.inst.mul.f32(self.l[i], self.l[i], alpha)
+            for j in range(8):
+                ptx.inst.mul.f32(self.o[i][j], self.o[i][j], alpha)
+            for s, (_, _, _, vf) in zip(scores, keys):
+                p = reg.scalar(f32)
+                ptx.inst.ex2.approx.ftz.f32(p, s - m_use)
+                ptx.inst.add.f32(self.l[i], self.l[i], p)
+                for j in range(8):
+                    ptx.inst.fma.rn.f32(self.o[i][j], p, vf[j], self.o[i][j])
+            ptx.inst.mov.f32(self.m[i], mx)
+
+
+def _merge_and_store(st, *, sh, rows, chunk, tid, grp, dl, split, b, hkv, pop, plp, base,
+                     sync):
+    """Merge the lane groups' (m, l, o) per row through shared memory at ``base`` (u32,
+    ``merge_bytes``), after ``sync()``, and store the split's normalised o and lse."""
     D, G, Sq, Hq = sh.D, sh.group, sh.Sq, sh.Hq
+    NG = key_groups(D)
+    N = sh.B * Sq * Hq
+    m_at, l_at, o_at = base, base + NG * rows * 4, base + 2 * NG * rows * 4
+    lead = dl == 0
+    sync()
+    for i in range(rows):
+        slot = grp * rows + i
+        ptx.inst.st.shared.f32(ptx.addr(m_at + reg.from_(slot * 4, u32)), st.m[i], pred=lead)
+        ptx.inst.st.shared.f32(ptx.addr(l_at + reg.from_(slot * 4, u32)), st.l[i], pred=lead)
+        oa = o_at + reg.from_((slot * D + dl * 8) * 4, u32)
+        ptx.inst.st.shared.v4.f32(ptx.addr(oa), st.o[i][:4])
+        ptx.inst.st.shared.v4.f32(ptx.addr(oa, 16), st.o[i][4:])
+    sync()
+    for k in range(-(-rows * D // THREADS)):
+        e = tid + k * THREADS
+        i, d = e // D, e % D
+        inside = i < rows
+        ms = []
+        for g in range(NG):
+            mg = reg.scalar(f32, init=NEG_INF)
+            ptx.inst.ld.shared.f32(mg, ptx.addr(m_at + reg.from_((i + g * rows) * 4, u32)),
+                                   pred=inside)
+            ms.append(mg)
+        mx = reg.from_(ms[0])
+        for mg in ms[1:]:
+            ptx.inst.max.f32(mx, mx, mg)
+        m_use = reg.scalar(f32)
+        ptx.inst.selp.f32(m_use, 0.0, mx, mx == NEG_INF)
+        lt = reg.scalar(f32, init=0.0)
+        ot = reg.scalar(f32, init=0.0)
+        for g in range(NG):
+            w = reg.scalar(f32)
+            ptx.inst.ex2.approx.ftz.f32(w, ms[g] - m_use)
+            lg = reg.scalar(f32, init=0.0)
+            og = reg.scalar(f32, init=0.0)
+            ptx.inst.ld.shared.f32(lg, ptx.addr(l_at + reg.from_((i + g * rows) * 4, u32)),
+                                   pred=inside)
+            ptx.inst.ld.shared.f32(
+                og, ptx.addr(o_at + reg.from_(((i + g * rows) * D + d) * 4, u32)), pred=inside)
+            ptx.inst.fma.rn.f32(lt, lg, w, lt)
+            ptx.inst.fma.rn.f32(ot, og, w, ot)
+        empty = lt <= 0.0
+        inv = reg.scalar(f32)
+        ptx.inst.rcp.approx.ftz.f32(inv, lt)
+        ptx.inst.selp.f32(inv, 0.0, inv, empty)
+        ptx.inst.mul.f32(ot, ot, inv)
+        lse = reg.scalar(f32)
+        ptx.inst.lg2.approx.ftz.f32(lse, lt)
+        lse = (lse + m_use) * LN2
+        ptx.inst.selp.f32(lse, NEG_INF, lse, empty)
+        r = i if chunk is None else chunk * rows + i
+        ok = inside if chunk is None else inside & (r < G * Sq)
+        prow = split * N + (b * Sq + r // G) * Hq + hkv * G + r % G
+        ptx.inst.st.global_.f32(ptx.addr(pop + _wide(prow * D + d, 4)), ot, pred=ok)
+        ptx.inst.st.global_.f32(ptx.addr(plp + _wide(prow, 4)), lse, pred=ok & (d == 0))
+
+
+def merge_bytes(D, rows):
+    """Shared bytes of the lane groups' merge: m, l and o per group and row, f32."""
+    return key_groups(D) * rows * (D + 2) * 4
+
+
+def _split_range(k_lo, k_hi, split, splits, step):
+    """``(s0, s1)``: split ``split`` of ``[k_lo, k_hi)`` in pieces of whole ``step``s."""
+    if splits == 1:
+        return k_lo, k_hi
+    n = _max_s32(k_hi - k_lo, 0)
+    per = ((n + (splits - 1)) // splits + (step - 1)) // step * step
+    s0 = k_lo + split * per
+    return s0, _min_s32(k_hi, s0 + per)
+
+
+def _direct_loop(st, *, sh, dt, s0, s1, grp, steps, addr, ptrs):
+    """Keys read straight from global memory: each lane group ``steps`` keys per step."""
+    NG = key_groups(sh.D)
+    pkc, pvc, pkn, pvn = ptrs
+    for base in ptx.loop(s0, s1, NG * steps, type=s32):
+        keys = []
+        for u in range(steps):
+            pos = base + (u * NG) + grp
+            ok = pos < s1
+            kw, vw = reg.array(b32, 4), reg.array(b32, 4)
+            addr.load(pos, ok, pkc, pkn, kw)
+            addr.load(pos, ok, pvc, pvn, vw)
+            keys.append((pos, ok, unpack_words(kw, dt), unpack_words(vw, dt)))
+        st.update(keys)
+
+
+def _ring_produce(ring, KC, VC, *, sh, s0, s1, b, hkv, ptab):
+    """The producer thread: every block of ``BN`` keys of the split, K and V by TMA into the
+    ring (one block table read per block when paged)."""
+    BN = ring.BN
+    kmap = ptx.tma.tensormap_ptr(KC.tmap)
+    vmap = ptx.tma.tensormap_ptr(VC.tmap)
+    pst = ring.pipe.producer_state()
+    for blk in ptx.loop(s0, s1, BN, type=s32):
+        ring.pipe.acquire(pst)
+        bar = ring.pipe.arm(pst, 2 * ring.block_bytes)
+        if sh.paged:
+            page = KeyAddress(sh, b, hkv, blk, 0, ptab).page_of(blk, None)
+            coords = (0, hkv, blk % sh.page_size, page)
+        else:
+            coords = (0, hkv, blk, b)
+        kdst = ring.k_base + pst.stage * ring.block_bytes
+        ptx.tma.load_tile(kdst, kmap, coords, bar)
+        ptx.tma.load_tile(kdst + ring.stages * ring.block_bytes, vmap, coords, bar)
+        pst.advance()
+
+
+def _ring_consume(ring, st, *, sh, dt, s0, s1, grp, dl, steps, sc, addr, ptrs):
+    """The consumers: per ring block, each lane group's ``BN / key_groups`` keys from shared
+    memory (appended positions from the new rows in global memory), ``steps`` at a time."""
+    D, BN = sh.D, ring.BN
+    NG = key_groups(D)
+    _, _, pkn, pvn = ptrs
+    cst = ring.pipe.consumer_state()
+    lane_off = reg.from_(dl * 16, u32)
+    for blk in ptx.loop(s0, s1, BN, type=s32):
+        ring.pipe.wait(cst)
+        kblock = ring.k_base + cst.stage * ring.block_bytes + lane_off
+        per_group = BN // NG
+        for u0 in range(0, per_group, steps):
+            keys = []
+            for u in range(u0, min(u0 + steps, per_group)):
+                pos = blk + (u * NG) + grp
+                ok = pos < s1
+                from_ring = ok & (pos < sc) if sh.append else ok
+                row_off = reg.from_(grp * (D * 2), u32) + (u * NG * D * 2)
+                words = []
+                for which, pnew in ((0, pkn), (1, pvn)):
+                    w = reg.array(b32, 4)
+                    for x in w:
+                        ptx.inst.mov.b32(x, 0)
+                    src = kblock + row_off + which * ring.stages * ring.block_bytes
+                    ptx.inst.ld.shared.v4.b32(w, ptx.addr(src), pred=from_ring)
+                    if sh.append:
+                        off = addr.offset(addr.b * sh.Sq + pos - sc, sh.Hkv)
+                        ptx.inst.ld.global_.v4.b32(w, ptx.addr(pnew + off),
+                                                   pred=ok & (pos >= sc))
+                    words.append(unpack_words(w, dt))
+                keys.append((pos, ok, *words))
+            st.update(keys)
+        ptx.fence_proxy_async("shared::cta")
+        ring.pipe.release(cst)
+        cst.advance()
+
+
+class KeyRing:
+    """The shared ring of K and V blocks (``stages`` x ``BN`` keys each, unswizzled rows of
+    ``D`` elements) and its pipeline (128 consumer arrivals: every reading thread fences
+    and arrives itself)."""
+
+    def __init__(self, *, stages, BN, D, tid):
+        self.stages, self.BN = stages, BN
+        self.block_bytes = BN * D * 2
+        self.k_base = ring_base("dec_ring")
+        self.pipe = Pipeline(stages, consumer_arrivals=THREADS)
+        self.pipe.init(pred=tid == 0)
+        ptx.bar_sync(0)
+
+
+def _body(Q, KC, VC, SEQ, TAB, KN, VN, OP, LP, *, shape, dt, causal, window, softcap, scale,
+          splits, rows, chunks, steps, ring):
+    sh = shape
+    D, Sq = sh.D, sh.Sq
     LK = lanes_per_key(D)
     NG = key_groups(D)
-    KB = NG * steps
-    R_all = G * Sq
-    N = sh.B * Sq * Hq
     tensors = [Q, KC, VC, SEQ] + ([TAB] if sh.paged else []) + ([KN, VN] if sh.append else [])
     ptrs = ptx.global_ptrs(*tensors, OP, LP)
     pq, pkc, pvc, pseq = ptrs[:4]
@@ -216,157 +455,49 @@ def _body(Q, KC, VC, SEQ, TAB, KN, VN, OP, LP, *, shape, dt, causal, window, sof
     lane = tid & 31
     grp = (tid >> 5) * (32 // LK) + lane // LK
     dl = lane % LK
-    lead = dl == 0
 
+    kring = None if ring is None else KeyRing(stages=ring[0], BN=ring[1], D=D, tid=tid)
     sc = reg.scalar(s32)
     ptx.inst.ld.global_.nc.s32(sc, ptx.addr(pseq + _wide(b, 4)))
     n_new = Sq if sh.append else sh.n_new
     L = sc + n_new if n_new else sc
     if sh.append:
         first = split == 0 if chunk is None else (split == 0) & (chunk == 0)
-        _append(sh, tid, b, hkv, sc, (pkc, pvc, pkn, pvn), ptab, first)
+        _append(sh, tid, b, hkv, sc, (pkc, pvc, pkn, pvn), ptab, first & (tid < THREADS))
 
     left, right = window
     if causal:
         right = 0 if right < 0 else min(right, 0)
-
-    # the rows: query index, position, window limits, q (pre-scaled, f32)
-    q_mult = (scale / softcap) if softcap else scale * LOG2E
-    qv, lo, hi, m_row, l_row, o_row = [], [], [], [], [], []
-    for i in range(rows):
-        r = i if chunk is None else chunk * rows + i
-        valid = r < R_all if chunk is not None or rows > R_all else None
-        if isinstance(r, int):
-            qi, hh = r // G, r % G
-            qrow = (b * Sq + qi) * Hq + (hkv * G + hh)
-        else:
-            qi = r // G
-            qrow = (b * Sq + qi) * Hq + (hkv * G + r % G)
-        words = reg.array(b32, 4)
-        _load16(pq + _wide(qrow, D * 2) + reg.from_(dl * 16, u64), words, valid)
-        qf = unpack_words(words, dt)
-        for x in qf:
-            ptx.inst.mul.f32(x, x, q_mult)
-        qv.append(qf)
-        pos = L - Sq + qi
-        lo.append(pos - left if left >= 0 else None)
-        hi.append(_min_s32(L, pos + (right + 1)) if right >= 0 else L)
-        m_row.append(reg.scalar(f32, init=NEG_INF))
-        l_row.append(reg.scalar(f32, init=0.0))
-        o_row.append([reg.scalar(f32, init=0.0) for _ in range(8)])
-
     # this split's keys: the window of all queries, cut in ``splits`` pieces of whole steps
     k_lo = _max_s32(L - Sq - left, 0) if left >= 0 else reg.scalar(s32, init=0)
     k_hi = _min_s32(L, L - 1 + right + 1) if right >= 0 else L
-    n = _max_s32(k_hi - k_lo, 0)
-    per = ((n + (splits - 1)) // splits + (KB - 1)) // KB * KB if splits > 1 else n
-    s0 = k_lo + split * per if splits > 1 else k_lo
-    s1 = _min_s32(k_hi, s0 + per) if splits > 1 else k_hi
+    step = NG * steps if kring is None else kring.BN
+    if kring is not None:            # blocks start on multiples of BN: inside one page
+        k_lo = k_lo & -kring.BN
+    s0, s1 = _split_range(k_lo, k_hi, split, splits, step)
+    if kring is not None:
+        with ptx.if_(tid == THREADS):
+            _ring_produce(kring, KC, VC, sh=sh, s0=s0, s1=s1, b=b, hkv=hkv, ptab=ptab)
+        ptx.ret(pred=tid >= THREADS)
 
+    st = RowState(sh=sh, dt=dt, rows=rows, chunk=chunk, b=b, hkv=hkv, L=L, dl=dl, pq=pq,
+                  window=(left, right), softcap=softcap, scale=scale)
     addr = KeyAddress(sh, b, hkv, sc, dl * 8, ptab)
-    cap = softcap * LOG2E
-    for base in ptx.loop(s0, s1, KB, type=s32):
-        keys = []
-        for u in range(steps):
-            pos = base + (u * NG) + grp
-            ok = pos < s1
-            kw, vw = reg.array(b32, 4), reg.array(b32, 4)
-            addr.load(pos, ok, pkc, pkn, kw)
-            addr.load(pos, ok, pvc, pvn, vw)
-            keys.append((pos, ok, unpack_words(kw, dt), unpack_words(vw, dt)))
-        for i in range(rows):
-            scores = []
-            for pos, ok, kf, _ in keys:
-                s = reg.scalar(f32)
-                ptx.inst.mul.f32(s, qv[i][0], kf[0])
-                for j in range(1, 8):
-                    ptx.inst.fma.rn.f32(s, qv[i][j], kf[j], s)
-                ptx.warp.reduce_sum(s, width=LK)
-                if softcap:
-                    ptx.inst.tanh.approx.f32(s, s)
-                    ptx.inst.mul.f32(s, s, cap)
-                keep = ok & (pos < hi[i])
-                if lo[i] is not None:
-                    keep = keep & (pos >= lo[i])
-                ptx.inst.selp.f32(s, s, NEG_INF, keep)
-                scores.append(s)
-            mx = reg.from_(m_row[i])
-            for s in scores:
-                ptx.inst.max.f32(mx, mx, s)
-            m_use = reg.scalar(f32)
-            ptx.inst.selp.f32(m_use, 0.0, mx, mx == NEG_INF)
-            alpha = reg.scalar(f32)
-            ptx.inst.ex2.approx.ftz.f32(alpha, m_row[i] - m_use)
-            ptx.inst.mul.f32(l_row[i], l_row[i], alpha)
-            for j in range(8):
-                ptx.inst.mul.f32(o_row[i][j], o_row[i][j], alpha)
-            for s, (_, _, _, vf) in zip(scores, keys):
-                p = reg.scalar(f32)
-                ptx.inst.ex2.approx.ftz.f32(p, s - m_use)
-                ptx.inst.add.f32(l_row[i], l_row[i], p)
-                for j in range(8):
-                    ptx.inst.fma.rn.f32(o_row[i][j], p, vf[j], o_row[i][j])
-            ptx.inst.mov.f32(m_row[i], mx)
+    loads = (pkc, pvc, pkn, pvn)
+    if kring is None:
+        _direct_loop(st, sh=sh, dt=dt, s0=s0, s1=s1, grp=grp, steps=steps, addr=addr,
+                     ptrs=loads)
+        base = smem.alloc(f32, merge_bytes(D, rows) // 4, name="dec_merge").addr()
+        sync = ptx.bar_sync
+    else:
+        _ring_consume(kring, st, sh=sh, dt=dt, s0=s0, s1=s1, grp=grp, dl=dl, steps=steps,
+                      sc=sc, addr=addr, ptrs=loads)
+        base = kring.k_base
 
-    # merge the lane groups: their (m, l, o) per row through shared memory
-    sm_m = smem.alloc(f32, NG * rows, name="dec_m")
-    sm_l = smem.alloc(f32, NG * rows, name="dec_l")
-    sm_o = smem.alloc(f32, NG * rows * D, name="dec_o")
-    for i in range(rows):
-        slot = grp * rows + i
-        ptx.inst.st.shared.f32(ptx.addr(sm_m.addr() + reg.from_(slot * 4, u32)), m_row[i],
-                               pred=lead)
-        ptx.inst.st.shared.f32(ptx.addr(sm_l.addr() + reg.from_(slot * 4, u32)), l_row[i],
-                               pred=lead)
-        oa = sm_o.addr() + reg.from_((slot * D + dl * 8) * 4, u32)
-        ptx.inst.st.shared.v4.f32(ptx.addr(oa), o_row[i][:4])
-        ptx.inst.st.shared.v4.f32(ptx.addr(oa, 16), o_row[i][4:])
-    ptx.bar_sync()
-    for k in range(-(-rows * D // THREADS)):
-        e = tid + k * THREADS
-        i = e // D
-        d = e % D
-        inside = i < rows
-        ms = []
-        for g in range(NG):
-            mg = reg.scalar(f32, init=NEG_INF)
-            ptx.inst.ld.shared.f32(mg, ptx.addr(sm_m.addr() + reg.from_((i + g * rows) * 4, u32)),
-                                   pred=inside)
-            ms.append(mg)
-        mx = reg.from_(ms[0])
-        for mg in ms[1:]:
-            ptx.inst.max.f32(mx, mx, mg)
-        m_use = reg.scalar(f32)
-        ptx.inst.selp.f32(m_use, 0.0, mx, mx == NEG_INF)
-        lt = reg.scalar(f32, init=0.0)
-        ot = reg.scalar(f32, init=0.0)
-        for g in range(NG):
-            w = reg.scalar(f32)
-            ptx.inst.ex2.approx.ftz.f32(w, ms[g] - m_use)
-            lg = reg.scalar(f32, init=0.0)
-            og = reg.scalar(f32, init=0.0)
-            ptx.inst.ld.shared.f32(lg, ptx.addr(sm_l.addr() + reg.from_((i + g * rows) * 4, u32)),
-                                   pred=inside)
-            ptx.inst.ld.shared.f32(
-                og, ptx.addr(sm_o.addr() + reg.from_(((i + g * rows) * D + d) * 4, u32)),
-                pred=inside)
-            ptx.inst.fma.rn.f32(lt, lg, w, lt)
-            ptx.inst.fma.rn.f32(ot, og, w, ot)
-        empty = lt <= 0.0
-        inv = reg.scalar(f32)
-        ptx.inst.rcp.approx.ftz.f32(inv, lt)
-        ptx.inst.selp.f32(inv, 0.0, inv, empty)
-        ptx.inst.mul.f32(ot, ot, inv)
-        lse = reg.scalar(f32)
-        ptx.inst.lg2.approx.ftz.f32(lse, lt)
-        lse = (lse + m_use) * LN2
-        ptx.inst.selp.f32(lse, NEG_INF, lse, empty)
-        r = i if chunk is None else chunk * rows + i
-        ok = inside if chunk is None else inside & (r < R_all)
-        orow = (b * Sq + r // G) * Hq + hkv * G + r % G
-        prow = split * N + orow
-        ptx.inst.st.global_.f32(ptx.addr(pop + _wide(prow * D + d, 4)), ot, pred=ok)
-        ptx.inst.st.global_.f32(ptx.addr(plp + _wide(prow, 4)), lse, pred=ok & (d == 0))
+        def sync():
+            ptx.bar_sync(1, THREADS)
+    _merge_and_store(st, sh=sh, rows=rows, chunk=chunk, tid=tid, grp=grp, dl=dl, split=split,
+                     b=b, hkv=hkv, pop=pop, plp=plp, base=base, sync=sync)
     ptx.ret()
 
 
@@ -374,6 +505,14 @@ def decode_tiling(shape, config):
     """``(rows per CTA, row chunks per KV head, keys per lane group per step)``."""
     rows, chunks = config.row_tiling(shape.group * shape.Sq)
     return rows, chunks, config.step_keys(rows)
+
+
+def decode_ring(shape, config):
+    """``(stages, keys per block)`` of the TMA ring, or None for direct loads."""
+    if not config.ring_stages:
+        return None
+    return config.ring_stages, config.ring_block(shape.D, shape.page_size if shape.paged
+                                                 else None)
 
 
 def build_decode(shape, *, dtype="bf16", causal=True, window=(-1, -1), softcap=0.0,
@@ -389,6 +528,7 @@ def build_decode(shape, *, dtype="bf16", causal=True, window=(-1, -1), softcap=0
     D = sh.D
     scale = D ** -0.5 if scale is None else float(scale)
     rows, chunks, steps = decode_tiling(sh, config)
+    ring = decode_ring(sh, config)
     N = sh.B * sh.Sq * sh.Hq
     ins = [Tile(sh.B, sh.Sq, sh.Hq, D, dt), Tile(*sh.cache, dt), Tile(*sh.cache, dt),
            Tile(sh.B, s32)]
@@ -401,11 +541,17 @@ def build_decode(shape, *, dtype="bf16", causal=True, window=(-1, -1), softcap=0
             f"_s{splits}{'_paged' if sh.paged else ''}{'_append' if sh.append else ''}"
             f"{'_causal' if causal else ''}"
             f"{f'_w{left}_{right}'.replace('-', 'n') if (left, right) != (-1, -1) else ''}"
-            f"{'_cap' if softcap else ''}")
+            f"{'_cap' if softcap else ''}{f'_ring{ring[0]}x{ring[1]}' if ring else ''}")
+    extra = {}
+    if ring:
+        box = dict(box=(1, ring[1], 1, D), swizzle="none")
+        extra = dict(tma={"KC": box, "VC": box},
+                     smem=max(2 * ring[0] * ring[1] * D * 2, merge_bytes(D, rows)) + 1024)
     deco = kernel(in_specs=tuple(ins), out_specs=(Tile(splits, N, D, f32), Tile(splits, N, f32)),
-                  grid=(splits, sh.Hkv * chunks, sh.B), block=(THREADS, 1, 1), name=name)
+                  grid=(splits, sh.Hkv * chunks, sh.B), block=(THREADS + (32 if ring else 0), 1, 1),
+                  name=name, **extra)
     kw = dict(shape=sh, dt=dt, causal=causal, window=(left, right), softcap=float(softcap),
-              scale=scale, splits=splits, rows=rows, chunks=chunks, steps=steps)
+              scale=scale, splits=splits, rows=rows, chunks=chunks, steps=steps, ring=ring)
     if sh.paged and sh.append:
         def attn_decode(Q, KC, VC, SEQ, TAB, KN, VN, OP, LP):
             _body(Q, KC, VC, SEQ, TAB, KN, VN, OP, LP, **kw)
