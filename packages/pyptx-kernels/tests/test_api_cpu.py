@@ -504,9 +504,9 @@ def spec_checked(monkeypatch):
 
     built = []
 
-    def build(module, builder, B, N, dtype, *extra, arch=None):
+    def build(module, builder, B, N, dtype, *extra):
         real = getattr(importlib.import_module(f"pyptx_kernels.rows.{module}"), builder)
-        kernel = real(B, N, dtype, *extra, **({} if arch is None else {"arch": arch}))
+        kernel = real(B, N, dtype, *extra)
         kernel = getattr(kernel, "stage1", None) or getattr(kernel, "kernel", kernel)
         built.append((builder, B, N, dtype, *extra))
         return _SpecChecked(kernel, ROW_MODELS[builder](*extra))

@@ -208,10 +208,12 @@ def _kernel(module, builder, x, *extra):
     """The builder's kernel for 2-D ``x``; for ``x (..., N)`` of ``_kernels_*``, its rows."""
     import math
 
-    from pyptx_kernels.rows.config import device_arch
+    from pyptx_kernels.rows.config import DEFAULT_ARCH, device_arch
 
     B, N = math.prod(x.shape[:-1]), x.shape[-1]
-    arch = device_arch(x) if module in _ARCH_MODULES else None
+    arch = device_arch(x) if module in _ARCH_MODULES else DEFAULT_ARCH
+    if arch == DEFAULT_ARCH:  # the builders' default target: no keyword
+        return _build(module, builder, B, N, dtype_name(x.dtype), *extra)
     return _build(module, builder, B, N, dtype_name(x.dtype), *extra, arch=arch)
 
 
