@@ -188,3 +188,66 @@ def test_bad_attention_calls_fail_at_the_caller_line(args, kw, msg):
         build_sm80_attention(*args, **kw)
     assert str(ei.value).startswith(f"{__file__}:"), str(ei.value)
     assert msg in str(ei.value)
+
+
+# ------------------------------------------------------------------ the mma.sync ceiling loop
+def test_ceiling_kernel_counts_every_mma(assemble):
+    sys.path.insert(0, str(HERE.parents[3] / "benchmarks"))
+    import mma_sync_ceiling as ceiling
+
+    (out,) = ptxsim.run(ceiling.ceiling_kernel(2, 3).specialize(), [])
+    # A and B all 1.0: each mma adds 16 to each of a thread's 4 x CHAINS accumulators
+    assert np.unique(out.view(np.float32)).tolist() == [3 * 16 * 4 * ceiling.CHAINS]
+    assert ceiling.ceiling_flops(2, 3) == 2 * ceiling.WARPS * 3 * ceiling.CHAINS * 4096
+    log = assemble(ceiling.ceiling_kernel(528, 4096).ptx(), arch="sm_80")
+    assert "0 bytes spill stores" in log
+
+
+# ------------------------------------------------------------------ host plumbing
+@pytest.fixture
+def fake_launches(monkeypatch):
+    """``host``'s kernels replaced by float64 models of what they compute (CPU tensors), with
+    the arguments each launch got."""
+    torch = pytest.importorskip("torch")
+    from pyptx_kernels.ampere import host
+
+    calls = []
+
+    def gemm_kernel(M, N, K, dt, ot, b_major, cfg):
+        def run(a, b):
+            calls.append((M, N, K, b_major, tuple(a.shape), tuple(b.shape)))
+            bb = b.double() if b_major == "MN" else b.double().T
+            return (a.double() @ bb).to(torch.float32 if ot == "f32" else a.dtype)
+        return run
+
+    monkeypatch.setattr(host, "gemm_kernel", gemm_kernel)
+    monkeypatch.setattr(host, "check_devices", lambda *a: None)
+    return torch, host, calls
+
+
+@pytest.mark.parametrize("weight", [False, True])
+def test_matmul_layout_padding_and_crop(fake_launches, weight):
+    torch, host, calls = fake_launches
+    a = torch.randn(3, 10, 60).to(torch.bfloat16)
+    b = torch.randn(50, 60).to(torch.bfloat16).T if weight else \
+        torch.randn(60, 50).to(torch.bfloat16)
+    d = host.matmul(a, b, out_dtype="f32")
+    assert d.shape == (3, 10, 50) and d.dtype == torch.float32
+    ref = a.double() @ b.double()
+    assert torch.allclose(d.double(), ref, rtol=1e-5, atol=1e-5)
+    M, N, K, b_major, ashape, bshape = calls[-1]
+    assert (M, K, b_major, ashape) == (30, 64, "K" if weight else "MN", (30, 64))
+    assert (N, bshape) == ((50, (50, 64)) if weight else (56, (64, 56)))
+
+
+def test_host_refusals_name_the_caller_line(fake_launches):
+    torch, host, _ = fake_launches
+    a = torch.randn(4, 8).to(torch.bfloat16)
+    with pytest.raises(ConfigError, match=r"^" + re.escape(__file__) + r":\d+: ampere.matmul: "
+                       r"a and b must both be bfloat16 or both float16"):
+        host.matmul(a, torch.randn(8, 8))
+    with pytest.raises(ConfigError, match="expected a \\(..., K\\) and b \\(K, N\\)"):
+        host.matmul(a, torch.randn(7, 8).to(torch.bfloat16))
+    q = torch.randn(1, 8, 2, 96).to(torch.bfloat16)
+    with pytest.raises(ConfigError, match="supports head dim 64 or 128, got 96"):
+        host.attention(q, q, q)

@@ -171,25 +171,19 @@ def build_sm80_attention(B: int, S: int, Hq: int, Hkv: int, D: int, *, Sk: int |
                         for n, (a, e) in enumerate(vals):
                             ptx.inst.selp.f32(a[e], NEG_INF, a[e], thr < (n // 2) * 8 + n % 2)
                     _softmax_rows(vals, m_row[i][hh], l_row[i][hh], o[i], hh, sl2)
-            for dd in range(D // 16):
+            pa = [[[pack(s[i][2 * c + q][2 * x], s[i][2 * c + q][2 * x + 1])
+                    for q in range(2) for x in range(2)] for c in range(KC)] for i in range(MI)]
+            for dd in range(D // 16):       # P's A fragments: (row g, k lo), (g + 8, lo), ...hi
                 at_v = fv.at(v_st, dd * 16)
                 for c in range(KC):
                     vb = fv.load(at_v, c * 16)
                     for i in range(MI):
-                        pa = [pack(s[i][2 * c][0], s[i][2 * c][1]),
-                              pack(s[i][2 * c][2], s[i][2 * c][3]),
-                              pack(s[i][2 * c + 1][0], s[i][2 * c + 1][1]),
-                              pack(s[i][2 * c + 1][2], s[i][2 * c + 1][3])] if dd == 0 else \
-                            packed[i][c]
-                        if dd == 0:
-                            packed[i][c] = pa
                         for e in range(2):
-                            ptx.mma_sync(o[i][2 * dd + e], pa, vb[2 * e:2 * e + 2],
+                            ptx.mma_sync(o[i][2 * dd + e], pa[i][c], vb[2 * e:2 * e + 2],
                                          o[i][2 * dd + e], dtype_ab=dt.name)
             ptx.inst.xor.b32(cur, cur, flip)
             ptx.inst.xor.b32(nxt, nxt, flip)
 
-        packed = [[None] * KC for _ in range(MI)]
         for j in ptx.loop(0, n_full):
             block(j, masked=False)
         for j in ptx.loop(n_full, n_total):
