@@ -430,3 +430,102 @@ def test_bad_input_names_the_caller(case, match):
     with pytest.raises(PyptxError, match=match) as e:
         case()
     assert str(e.value).startswith(HERE + ":"), str(e.value)
+
+
+# ------------------------------------------------- the host paths on the simulated kernels
+def _np(t):
+    t = t.detach().contiguous()
+    if t.dtype is BF:
+        return t.view(torch.int16).numpy().view(np.uint16)
+    return t.numpy()
+
+
+def _torch(a, like_dtype):
+    if like_dtype is BF:
+        return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(BF)
+    return torch.from_numpy(np.ascontiguousarray(a).view(np.float32))
+
+
+def _simulated(k):
+    """A callable running kernel (or ``TwoStage``) ``k`` in ``ptxsim`` on torch CPU tensors,
+    writing its inputs back (in-place kernels)."""
+    if hasattr(k, "kernels"):
+        first, colsum = (_simulated(s) for s in k.kernels)
+
+        def two(*args):
+            *outs, part = first(*args)
+            return (*outs, colsum(part))
+        return two
+    spec = k.specialize()
+    dts = [BF if s.dtype.name == "bf16" else F32 for s in spec.kernel.out_specs]
+
+    def run(*args):
+        arrays = [_np(a) for a in args]
+        outs = sim.run(spec, arrays, inplace=True)
+        for a, arr in zip(args, arrays):
+            if a.dtype in (BF, F32):
+                a.copy_(_torch(arr, a.dtype).reshape(a.shape))
+        got = tuple(_torch(o, d) for o, d in zip(outs, dts))
+        return got if len(got) > 1 else got[0]
+    return run
+
+
+@pytest.fixture
+def simulated(monkeypatch):
+    """The GEMM as a float64 model, the fused ops' real kernels in the simulator."""
+    monkeypatch.setattr(_common, "check_devices", lambda *a: None)
+    monkeypatch.setattr(gemm_api, "_mm", lambda a, b, bias, out, trans_b=False: _mm_model(
+        a, b, bias, out))
+    build, rope, ce = rows_api._build, rows_api._rope_kernel, ce_host._row_kernel
+    monkeypatch.setattr(rows_api, "_build", lambda *a, **kw: _simulated(build(*a, **kw)))
+    monkeypatch.setattr(rows_api, "_rope_kernel", lambda *a: _simulated(rope(*a)))
+    monkeypatch.setattr(ce_host, "_row_kernel", lambda *a: _simulated(ce(*a)))
+
+
+def test_add_rms_norm_on_the_simulated_kernels(simulated):
+    x, r, w = _leaf(2, 3, 40, dtype=F32), _leaf(2, 3, 40, dtype=F32, seed=1), _leaf(
+        40, dtype=F32, seed=2)
+    y, h = pk.add_rms_norm(x, r, w)
+    gy, gh = torch.randn_like(y), torch.randn_like(h)
+    grads = torch.autograd.grad((y * gy).sum() + (h * gh).sum(), (x, r, w))
+    xs = [t.detach().double().requires_grad_() for t in (x, r, w)]
+    hd = xs[0] + xs[1]
+    yd = hd * torch.rsqrt((hd * hd).mean(-1, keepdim=True) + 1e-6) * xs[2]
+    refs = torch.autograd.grad((yd * gy.double()).sum() + (hd * gh.double()).sum(), xs)
+    assert _rel(y, yd) < 1e-6 and _rel(h, hd) < 1e-6
+    for g, ref in zip(grads, refs):
+        assert _rel(g, ref) < 1e-5
+
+
+def test_apply_rotary_on_the_simulated_kernel(simulated):
+    B, Hq, Hk, S, D = 2, 4, 2, 5, 16
+    q, k = _leaf(B, S, Hq, D, dtype=F32), _leaf(B, S, Hk, D, dtype=F32, seed=1)
+    ang = torch.randn(B, S, D // 2, dtype=torch.float64)
+    ang = torch.cat([ang, ang], -1)
+    qv, kv = q.transpose(1, 2), k.transpose(1, 2)
+    qo, ko = pk.apply_rotary(qv, kv, ang.cos().float(), ang.sin().float())
+    c4, s4 = ang.cos()[:, None], ang.sin()[:, None]
+    assert _rel(qo, _hf_rotate(qv.double(), c4, s4)) < 1e-6
+    assert _rel(ko, _hf_rotate(kv.double(), c4, s4)) < 1e-6
+    g = torch.randn_like(qo)
+    (dq,) = torch.autograd.grad((qo * g).sum(), (q,))
+    qd = q.detach().double().requires_grad_()
+    (rdq,) = torch.autograd.grad((_hf_rotate(qd.transpose(1, 2), c4, s4) * g.double()).sum(),
+                                 (qd,))
+    assert _rel(dq, rdq) < 1e-6
+
+
+@pytest.mark.parametrize("kw", [{}, dict(label_smoothing=0.1, z_loss=1e-3)])
+def test_linear_cross_entropy_on_the_simulated_kernel(simulated, kw):
+    """The real row kernel (in place over the chunk's bf16 logits) under the chunk loop."""
+    x, w = _leaf(2, 9, 16), _leaf(50, 16, seed=1, scale=0.5)
+    target = torch.randint(0, 50, (2, 9), generator=torch.Generator().manual_seed(5))
+    target[0, 2] = -100
+    cfg = CrossEntropyConfig(chunk_tokens=7, threads=32, unroll=1)
+    loss = pk.linear_cross_entropy(x, w, target, config=cfg, **kw)
+    gx, gw = torch.autograd.grad(loss, (x, w))
+    xd, wd = (t.detach().double().requires_grad_() for t in (x, w))
+    ref = ce_ref.linear_cross_entropy(xd, wd, target, **kw)
+    rgx, rgw = torch.autograd.grad(ref, (xd, wd))
+    assert abs(loss.item() - ref.item()) < 1e-3 * abs(ref.item())
+    assert _rel(gx, rgx) < 2e-2 and _rel(gw, rgw) < 2e-2
