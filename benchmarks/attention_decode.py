@@ -11,14 +11,17 @@ backend; "% copy" is it over the copy's. The window rows time ``window=(W, -1)``
 full cache against the full call (time ratio: it should follow ``W / Sk``). Timing:
 ``triton.testing.do_bench`` (L2 flushed), median of ``--rounds`` rounds, the contenders of
 a row interleaved in rotated order. A pyptx output off SDPA's by more than ``ERR_LIMIT``
-prints FAIL and is not timed.
+prints FAIL and is not timed. ``--configs`` adds a GB/s column per ``DecodeConfig``
+(contiguous cache, through ``decode_host.decode``) for comparing plans.
 
     python benchmarks/attention_decode.py [--quick] [--out decode.md]
+        [--configs '[{"ring_stages": 0}, {"keys_per_step": 4}, {"block_keys": 64}]']
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 from pathlib import Path
@@ -86,9 +89,24 @@ def _fmt(x):
     return "n/a" if x is None else f"{x:.0f}"
 
 
-def decode_row(B, Sk, rep, rounds):
+def _plan_fn(config, q, kc, vc, lens):
+    """A zero-argument call of the contiguous decode with the plan ``config`` (a dict of
+    ``DecodeConfig`` fields)."""
+    from pyptx_kernels.flash_attention import decode_host
+    from pyptx_kernels.flash_attention.decode_api import check_call
+    from pyptx_kernels.flash_attention.decode_config import DecodeConfig
+
+    shape, dtype = check_call(q, kc, vc, lens, None, None, None)
+    plan = DecodeConfig(**config)
+    sms = decode_host.device_sms(q)
+    return lambda: decode_host.decode(shape, [q, kc, vc, lens], dtype=dtype, causal=True,
+                                      window=(-1, -1), softcap=0.0, scale=D ** -0.5,
+                                      config=plan, num_sms=sms)[0]
+
+
+def decode_row(B, Sk, rep, rounds, configs=()):
     """One row of the GB/s table: ``[B, Sk, pyptx, paged, cuDNN, flash, efficient, copy,
-    ours/best, % copy]``."""
+    ours/best, % copy, one column per config]``."""
     import torch
     from pyptx_kernels import attention_with_kvcache
 
@@ -96,6 +114,8 @@ def decode_row(B, Sk, rep, rounds):
     nbytes = 2 * B * Sk * HKV * D * 2
     fns = {"pyptx": lambda: attention_with_kvcache(q, kc, vc, lens),
            "pyptx paged": lambda: attention_with_kvcache(q, kp, vp, lens, block_table=table)}
+    for i, c in enumerate(configs):
+        fns[f"cfg{i}"] = _plan_fn(c, q, kc, vc, lens)
     outs = {name: fn() for name, fn in fns.items()}
     qs, ks, vs = q.transpose(1, 2), kc.transpose(1, 2).contiguous(), \
         vc.transpose(1, 2).contiguous()
@@ -109,7 +129,8 @@ def decode_row(B, Sk, rep, rounds):
     dst = torch.empty_like(src)
     fns["copy"] = lambda: dst.copy_(src)
     ref = next((outs[b] for b in BACKENDS if b in outs), outs["pyptx"])
-    failed = [n for n in ("pyptx", "pyptx paged")
+    ours_names = ["pyptx", "pyptx paged", *(f"cfg{i}" for i in range(len(configs)))]
+    failed = [n for n in ours_names
               if (outs[n].float() - ref.float()).abs().max().item() > ERR_LIMIT]
     for n in failed:
         del fns[n]
@@ -122,6 +143,7 @@ def decode_row(B, Sk, rep, rounds):
             for n in ("pyptx", "pyptx paged", *BACKENDS, "copy")]
     row.append("n/a" if ours is None or best is None else f"{ours / best:.3f}x")
     row.append("n/a" if ours is None else f"{100 * ours / gbs['copy']:.0f}%")
+    row += ["FAIL" if n in failed else _fmt(gbs.get(n)) for n in ours_names[2:]]
     return row
 
 
@@ -143,7 +165,10 @@ def main(argv=None) -> int:
     p.add_argument("--rep", type=int, default=50, help="do_bench rep (ms)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--out", default=None)
+    p.add_argument("--configs", default="[]",
+                   help="JSON list of DecodeConfig fields: one extra GB/s column each")
     args = p.parse_args(argv)
+    configs = json.loads(args.configs)
     missing = gpu_missing("attention_decode.py")
     if missing:
         print(missing)
@@ -156,14 +181,15 @@ def main(argv=None) -> int:
           f"page {PAGE}, do_bench median (L2 flushed)")
     body, wbody = [], []
     for B, Sk in QUICK if args.quick else FULL:
-        body.append(decode_row(B, Sk, args.rep, rounds))
+        body.append(decode_row(B, Sk, args.rep, rounds, configs))
         print(" | ".join(body[-1]), flush=True)
         torch.cuda.empty_cache()
     for B, Sk, W in WINDOWS[:1] if args.quick else WINDOWS:
         wbody.append(window_row(B, Sk, W, args.rep, rounds))
         print(" | ".join(wbody[-1]), flush=True)
         torch.cuda.empty_cache()
-    head = ["B", "Sk", "pyptx", "pyptx paged", *BACKENDS, "copy", "ours/best", "% copy"]
+    head = ["B", "Sk", "pyptx", "pyptx paged", *BACKENDS, "copy", "ours/best", "% copy",
+            *(json.dumps(c) for c in configs)]
     whead = ["B", "Sk", "window", "full ms", "window ms", "ratio", "W/Sk"]
     lines = markdown_table(head, body) + [""] + markdown_table(whead, wbody)
     print("\n".join(lines))
