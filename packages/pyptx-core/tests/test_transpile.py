@@ -89,6 +89,20 @@ def test_output_is_dsl_code():
     assert "rd = fn.reg(b64, '%rd', 11)" in code
 
 
+def test_every_transpiled_instruction_goes_through_the_checks():
+    """The translations the ``translations`` fixture traced emit every instruction through
+    ``ptx.inst`` (or a named helper), each checked against the instruction table, the CTA
+    barrier and register-budget rules: none falls back to the unchecked ``fn.inst``."""
+    unchecked = {}
+    for path in FILES:
+        for sugar in (False, True):
+            code = transpile(_read(path), sugar=sugar, source=path.name)
+            hits = re.findall(r"fn\.inst\('([^']+)'", code)
+            if hits:
+                unchecked[path.name, sugar] = sorted(set(hits))
+    assert unchecked == {}
+
+
 def test_sugar_uses_helpers():
     wg = transpile(_read(CORPUS / "nvcc_wgmma_inline_sm_90a.ptx"), sugar=True)
     for helper in ("ptx.global_ptrs(", "ptx.special.tid.x()", "ptx.wgmma.fence()",

@@ -359,6 +359,9 @@ _ROWS: list[Row] = [
         sample={"elect.sync": "t:_|{p} i:4294967295"}),
     Row("getctarank", "d:u32 s:T", "u32 u64", "shared::cluster", spaces="shared::cluster",
         sm=90, ptx="7.8", ok=("getctarank.u32", "getctarank.shared::cluster.u32")),
+    Row("mapa", "d:T x s:u32", "u32 u64", "shared::cluster", spaces="shared::cluster",
+        sm=90, ptx="7.8", ok=("mapa.u32", "mapa.shared::cluster.u32"),
+        sample={"mapa.u32": "r:u32 r:u32 r:u32", "mapa.shared::cluster.u32": "r:u32 r:u32 i:1"}),
     # ---------------------------------------------------------------- asynchronous copies
     Row("cp.async", "a a i x? x?", "", "<ca|cg> shared shared::cta global "
         "L2::64B L2::128B L2::256B L2::cache_hint", ntypes=(0,),

@@ -24,7 +24,7 @@ OPCODES = frozenset("""
 abs activemask add addc alloca and applypriority atom bar barrier bfe bfi bfind bmsk
 bra brev brkpt brx call clz cnot copysign cos cp cp.async createpolicy cvt cvta discard
 div dp2a dp4a elect ex2 exit fence fma fns getctarank griddepcontrol isspacep istypep ld
-ldmatrix ldu lg2 lop3 mad mad24 madc match max mbarrier membar min mma mov movmatrix
+ldmatrix ldu lg2 lop3 mad mad24 madc mapa match max mbarrier membar min mma mov movmatrix
 mul mul24 multimem nanosleep neg not or pmevent popc prefetch prefetchu prmt rcp red
 redux rem ret rsqrt sad selp set setmaxnreg setp shf shfl shl shr sin slct sqrt st
 stackrestore stacksave stmatrix sub subc suld suq sured sust szext tanh testp tex tld4
