@@ -402,3 +402,20 @@ def test_set_timer_replaces_a_runtimes_timer():
     finally:
         at.set_timer("fake-rt", None)
     assert "fake-rt" not in at._timer_cache
+
+
+def test_tuning_reaches_other_threads_and_nests(monkeypatch):
+    """A CUDA backward runs on autograd's own thread: ``tuning()`` holds process-wide."""
+    import threading
+
+    monkeypatch.delenv("PYPTX_AUTOTUNE")
+    seen = []
+    with tuning():
+        t = threading.Thread(target=lambda: seen.append(mode()))
+        t.start()
+        t.join()
+        with tuning("table"):
+            seen.append(mode())
+        seen.append(mode())
+    seen.append(mode())
+    assert seen == ["tune", "table", "tune", "plan"]

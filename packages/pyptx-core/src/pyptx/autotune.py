@@ -51,7 +51,6 @@ each timing.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import hashlib
 import inspect
 import json
@@ -87,10 +86,10 @@ _ENV_KEY = os.environ.encodekey(ENV) if _ENV_DATA is not None else None
 OFF, PLAN, TUNE, TABLE = "off", "plan", "tune", "table"
 MODES = (OFF, PLAN, TUNE, TABLE)
 _ENV_MODES: dict[Any, str] = {}
-_FORCED: contextvars.ContextVar[str | None] = contextvars.ContextVar("pyptx_autotune_mode",
-                                                                    default=None)
-_LOG: contextvars.ContextVar[list | None] = contextvars.ContextVar("pyptx_autotune_log",
-                                                                  default=None)
+#: ``tuning()``'s mode and log while one is open. Process-wide, not per thread: torch runs a
+#: CUDA backward on its own autograd thread, and ``tune(fn)`` must reach those launches too.
+_FORCED: str | None = None
+_LOG: list | None = None
 
 
 def mode() -> str:
@@ -102,7 +101,7 @@ def mode() -> str:
     Read at each call: it is on every tuned launch, so the raw variable is looked up in
     ``os.environ``'s own dict (~20x cheaper than ``os.environ.get``) and its meaning is
     remembered per raw value."""
-    forced = _FORCED.get()
+    forced = _FORCED
     if forced is not None:
         return forced
     raw = _ENV_DATA.get(_ENV_KEY) if _ENV_DATA is not None else os.environ.get(ENV)
@@ -127,17 +126,19 @@ def tuning(how: str = TUNE) -> Iterator[list]:
     unless a winner is saved, and save the winner) or ``"table"`` (the builder's default
     plan, saved winners ignored: what a default call runs on a never-tuned shape), ``"plan"``
     or ``"off"``. Yields a list that receives ``(TunedKernel, Choice)`` for every config
-    settled inside (tools read the winners from it)."""
+    settled inside (tools read the winners from it). The mode holds for the whole process
+    while the block runs (autograd's backward threads included); blocks nest."""
     if how not in MODES:
         raise AutotuneError(f"{where()}: tuning() mode must be one of {MODES}, got {how!r}")
     how = MODES[MODES.index(how)]   # the constant itself: modes are compared by identity
+    global _FORCED, _LOG
     log: list = []
-    tok_mode, tok_log = _FORCED.set(how), _LOG.set(log)
+    outer = _FORCED, _LOG
+    _FORCED, _LOG = how, log
     try:
         yield log
     finally:
-        _FORCED.reset(tok_mode)
-        _LOG.reset(tok_log)
+        _FORCED, _LOG = outer
 
 
 class AutotuneError(ConfigError):
@@ -609,7 +610,7 @@ class TunedKernel:
                     self._by_device[(device, how)] = hit
                     if hit[1].source == "timed":   # later default calls take the winner
                         self._by_device[(device, PLAN)] = hit
-                    log = _LOG.get()
+                    log = _LOG
                     if log is not None:
                         log.append((self, hit[1]))
         self._last = hit

@@ -175,7 +175,8 @@ def tune(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """``fn(*args, **kwargs)`` with every tuned kernel it launches timed for these exact
     shapes (unless a winner is already saved for them) and the winners kept on disk, so this
     process's and later processes' default calls on these shapes run them. Returns ``fn``'s
-    result. The candidates run many times on these arguments: ``fn`` must not update its
+    result. Timing is on for the whole process while ``fn`` runs (autograd's backward thread
+    included). The candidates run many times on these arguments: ``fn`` must not update its
     inputs in place."""
     from pyptx.autotune import tuning
 
