@@ -21,12 +21,14 @@ from pyptx.errors import OperandError, PyptxError, TraceError, TypeMismatchError
 from pyptx.ptx import _isa as isa
 from pyptx.ptx._check import Form, compatible
 from pyptx.ptx.inst import OPCODES
+from pyptx.trace import current
 from pyptx.types import _BY_NAME, b16, f32, int_type, pred, u32, u64
 
 ARCHS = ("sm_80", "sm_90a", "sm_100a")
-#: Rows that need module-level objects (texture/surface references, branch tables, callee
-#: functions) a single generated call cannot declare.
-NO_SAMPLE = {"brx", "call", "tex", "tld4", "txq", "suld", "sust", "sured", "suq", "istypep"}
+#: Rows that need module-level objects (callee functions) a single generated call cannot
+#: declare. Textures and surfaces are sampled through 64-bit object handles; ``brx`` through
+#: the ``.branchtargets`` table every generated kernel declares.
+NO_SAMPLE = {"call"}
 CALLS = [(row, sp) for row in isa.TABLE.values() for sp in row.ok]
 
 
@@ -66,8 +68,10 @@ def _operands(form: Form, sample: str | None, e: Env) -> list:
                 out.append(ptx.addr(e.buf))
             elif kind == "i":
                 out.append(int(rest))
-            elif kind == "t":
-                out.append(rest.replace("{p}", e.p.name))
+            elif kind == "t":  # PTX text naming the kernel's registers
+                for key, r in (("{p}", e.p), ("{rd}", e.rd), ("{r}", e.r), ("{f}", e.f)):
+                    rest = rest.replace(key, r.name)
+                out.append(rest)
         return out
     out = []
     for role, ty, vec in form.roles[: form.nmin]:
@@ -107,8 +111,10 @@ def _kernel(arch: str, body, name: str = "isa"):
         e.rd = reg.scalar(u64, 0)
         e.r = reg.scalar(u32, 0)
         e.p = e.r < 3
+        e.f = reg.scalar(f32, 0.0)
         e.buf = smem.alloc(f32, 1024, align=128, name="buf")
         e.lbl = ptx.label("end")
+        current().raw(f"bt_table: .branchtargets {e.lbl.name};")  # what brx.idx jumps through
         body(e)
         ptx.place(e.lbl)
         ptx.ret()

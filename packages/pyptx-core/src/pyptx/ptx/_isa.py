@@ -303,7 +303,8 @@ _ROWS: list[Row] = [
         ok=("movmatrix.sync.aligned.m8n8.trans.b16",)),
     # ---------------------------------------------------------------- control flow
     Row("bra", "l", "", "uni", ntypes=(0,), ok=("bra", "bra.uni")),
-    Row("brx", "r:u32 l", "", "<idx> uni", ntypes=(0,), sm=30, ptx="6.0"),
+    Row("brx", "r:u32 l", "", "<idx> uni", ntypes=(0,), sm=30, ptx="6.0", ok=("brx.idx",),
+        sample={"brx.idx": "r:u32 t:bt_table"}),
     Row("call", "x*", "", "uni", ntypes=(0,)),
     Row("ret", "", "", "uni", ntypes=(0,), ok=("ret",)),
     Row("exit", "", "", "", ntypes=(0,), ok=("exit",)),
@@ -455,20 +456,29 @@ _ROWS: list[Row] = [
         sample={"multimem.ld_reduce.relaxed.sys.global.add.f32": "r:f32 g"}),
     # ---------------------------------------------------------------- textures and surfaces
     Row("tex", "x x x? x? x?", "", "base level grad 1d 2d 3d a1d a2d cube acube 2dms a2dms v4 "
-        "v2 s32 u32 f32 f16 f16x2", ntypes=(0,)),
-    Row("tld4", "x x x? x?", "", "r g b a 2d a2d cube acube v4 s32 u32 f32", ntypes=(0,)),
+        "v2 s32 u32 f32 f16 f16x2", ntypes=(0,), ok=("tex.2d.v4.f32.f32",),
+        sample={"tex.2d.v4.f32.f32": "v:f32:4 t:[{rd},{{f},{f}}]"}),
+    Row("tld4", "x x x? x?", "", "r g b a 2d a2d cube acube v4 s32 u32 f32", ntypes=(0,),
+        ok=("tld4.r.2d.v4.f32.f32",),
+        sample={"tld4.r.2d.v4.f32.f32": "v:f32:4 t:[{rd},{{f},{f}}]"}),
     Row("txq", "x x x?", "", "level width height depth channel_data_type channel_order "
         "normalized_coords filter_mode addr_mode_0 addr_mode_1 addr_mode_2 samples "
-        "array_size num_mipmap_levels num_samples force_unnormalized_coords b32", ntypes=(0,)),
+        "array_size num_mipmap_levels num_samples force_unnormalized_coords b32", ntypes=(0,),
+        ok=("txq.width.b32",), sample={"txq.width.b32": "r:b32 t:[{rd}]"}),
     Row("suld", "x x", "", "b 1d 2d 3d a1d a2d v2 v4 b8 b16 b32 b64 trap clamp zero ca cg "
-        "cs cv", ntypes=(0,)),
+        "cs cv", ntypes=(0,), ok=("suld.b.2d.b32.trap",),
+        sample={"suld.b.2d.b32.trap": "r:b32 t:[{rd},{{r},{r}}]"}),
     Row("sust", "x x", "", "b p 1d 2d 3d a1d a2d v2 v4 b8 b16 b32 b64 trap clamp zero wb cg "
-        "cs wt", ntypes=(0,)),
+        "cs wt", ntypes=(0,), ok=("sust.b.2d.b32.trap",),
+        sample={"sust.b.2d.b32.trap": "t:[{rd},{{r},{r}}] r:b32"}),
     Row("sured", "x x", "", "b p add min max and or 1d 2d 3d u32 u64 s32 b32 b64 trap clamp "
-        "zero", ntypes=(0,)),
+        "zero", ntypes=(0,), ok=("sured.b.add.2d.u32.trap",),
+        sample={"sured.b.add.2d.u32.trap": "t:[{rd},{{r},{r}}] r:u32"}),
     Row("suq", "x x", "", "width height depth channel_data_type channel_order array_size "
-        "memory_layout b32", ntypes=(0,)),
-    Row("istypep", "q x", "", "texref samplerref surfref", ntypes=(0,)),
+        "memory_layout b32", ntypes=(0,), ok=("suq.width.b32",),
+        sample={"suq.width.b32": "r:b32 t:[{rd}]"}),
+    Row("istypep", "q x", "", "texref samplerref surfref", ntypes=(0,), ok=("istypep.texref",),
+        sample={"istypep.texref": "r:pred r:u64"}),
     # ---------------------------------------------------------------- video instructions
     *[Row(v, "x x x x?", "", "u32 s32 sat b0 b1 b2 b3 h0 h1 h10 add min max "
           "eq ne lt le gt ge lo ls hi hs clamp wrap", ntypes=(0,), pattern=r"^[bh][0-3]+$",
