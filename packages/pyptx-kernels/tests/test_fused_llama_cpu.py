@@ -529,3 +529,19 @@ def test_linear_cross_entropy_on_the_simulated_kernel(simulated, kw):
     rgx, rgw = torch.autograd.grad(ref, (xd, wd))
     assert abs(loss.item() - ref.item()) < 1e-3 * abs(ref.item())
     assert _rel(gx, rgx) < 2e-2 and _rel(gw, rgw) < 2e-2
+
+
+def test_ptx_names_each_fused_ops_kernels():
+    """``pyptx_kernels.ptx`` on meta tensors: the kernels each call would launch (the
+    backward ones where an input requires grad; the cross-entropy's row kernel per chunk)."""
+    x = torch.empty(2, 3, 64, dtype=BF, device="meta", requires_grad=True)
+    assert list(pk.ptx(pk.add_rms_norm, x, x, x.new_empty(64))) == [
+        "add_rms_norm_bf16", "add_rms_norm_bwd_bf16", "add_rms_norm_dw_bf16"]
+    q = torch.empty(2, 4, 5, 64, dtype=BF, device="meta")
+    c = torch.empty(5, 64, dtype=BF, device="meta")
+    assert list(pk.ptx(pk.apply_rotary, q, q[:, :2], c, c)) == ["rope_bf16"]
+    w = torch.empty(100, 64, dtype=BF, device="meta")
+    t = torch.empty(2, 3, dtype=torch.long, device="meta")
+    assert list(pk.ptx(pk.linear_cross_entropy, x, w, t)) == ["cross_entropy_rows_bf16"]
+    assert list(pk.ptx(pk.linear_cross_entropy, x.detach(), w, t)) == [
+        "cross_entropy_rows_fwd_bf16"]
