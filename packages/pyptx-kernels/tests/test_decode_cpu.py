@@ -100,6 +100,7 @@ CASES = {
                                          config=DecodeConfig(rows=5, keys_per_step=1)),
     "ring_two_stages_16_key_blocks": dict(D=128, lens=(50, 20), Sk=64, Hq=4, Hkv=2, splits=2,
                                           config=DecodeConfig(ring_stages=2, block_keys=16)),
+    "page_48_append": dict(lens=(90, 50), Sk=96, page=48, append=True, Sq=2),
     "ring_wraps_many_times": dict(B=1, lens=(300,), Sk=320, Hq=2, Hkv=1, splits=1, page=32,
                                   config=DecodeConfig(ring_stages=2, block_keys=16)),
     "eight_rows_one_cta": dict(lens=(21, 40), Sq=2, Hq=4, Hkv=1, config=DecodeConfig(rows=8)),
