@@ -24,8 +24,8 @@ unset).
 Targets: (a) <= 5 ms; (b) <= 1 s; (c) <= 50 ms; (d) pyptx's first step <= torch's + 3 s.
 
     python benchmarks/first_call.py [--ops matmul attention rms_norm grouped_mm] [--no-llama]
-    python benchmarks/first_call.py --ops              # the Llama step alone
                                     [--shapes 3] [--out first_call.md]
+    python benchmarks/first_call.py --ops              # the Llama step alone
 
 Exit status: 0 when the table was printed (misses and failed cells included, marked); 2 when
 nothing could be measured (no CUDA GPU).
