@@ -28,6 +28,8 @@ CHAINS = 8
 WARPS = 8
 """Warps per CTA of the ceiling kernel (two per SM sub-partition)."""
 FLOPS_PER_MMA = 2 * 16 * 8 * 16
+ONES = 0x3F803F80
+"""Two bf16 1.0 values in one 32-bit word: the ceiling kernel's operand."""
 
 GEMM_SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192), (8192, 8192, 1024), (4096, 14336, 4096))
 ATTN_CASES = ((64, False), (64, True), (128, False), (128, True))   # (head dim, causal)
@@ -36,21 +38,25 @@ ATTN_TOKENS, ATTN_HD, ATTN_S = 32768, 2048, 4096                    # B*S, H*D, 
 
 def ceiling_kernel(ctas: int, iters: int):
     """``ctas`` CTAs of ``WARPS`` warps, each warp running ``iters`` rounds of ``CHAINS``
-    independent ``mma.sync`` m16n8k16 bf16 on register operands; each thread stores the sum
-    of its accumulators to ``Out[tid]`` (so nothing is dead code)."""
+    independent ``mma.sync`` m16n8k16 bf16 on register operands: every A and B register is
+    the one s32 word ``X[0]`` (a bf16 pair; ``ONES`` is (1.0, 1.0)); each thread stores the
+    sum of its accumulators to ``Out[tid]`` (so nothing is dead code)."""
     from pyptx import Tile, kernel, ptx, reg
-    from pyptx.types import b32, f32, u32, u64
+    from pyptx.types import b32, f32, s32, u32, u64
 
     threads = 32 * WARPS
 
-    @kernel(in_specs=(), out_specs=(Tile(ctas * threads, f32),), grid=(ctas, 1, 1),
-            block=(threads, 1, 1), arch="sm_80", name=f"mma_sync_ceiling_{iters}")
-    def ceiling(Out):
-        (po,) = ptx.global_ptrs(Out)
+    @kernel(in_specs=(Tile(1, s32),), out_specs=(Tile(ctas * threads, f32),),
+            grid=(ctas, 1, 1), block=(threads, 1, 1), arch="sm_80",
+            name=f"mma_sync_ceiling_{iters}")
+    def ceiling(X, Out):
+        px, po = ptx.global_ptrs(X, Out)
         tid = reg.from_(ptx.special.tid.x(), u32)
+        word = reg.scalar(b32)
+        ptx.inst.ld.global_.b32(word, ptx.addr(px))
         a, b = reg.array(b32, 4), reg.array(b32, 2)
         for r in (*a, *b):
-            ptx.inst.mov.b32(r, 0x3F803F80)       # bf16 pairs (1.0, 1.0)
+            ptx.inst.mov.b32(r, word)
         acc = [reg.array(f32, 4) for _ in range(CHAINS)]
         for c in acc:
             for r in c:
@@ -105,11 +111,12 @@ def main(argv=None) -> int:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     ctas = 4 * sms
     ceil_k = ceiling_kernel(ctas, args.iters)
-    out = ceil_k()
+    ones = torch.tensor([ONES], dtype=torch.int32, device="cuda")
+    out = ceil_k(ones)
     torch.cuda.synchronize()
     want = float(args.iters * 16 * 4 * CHAINS)      # each element: iters * k16 * 1.0, x4 x CHAINS
     assert torch.allclose(out, torch.full_like(out, want)), "ceiling kernel: wrong sums"
-    ms = timed({"ceiling": lambda: ceil_k()}, args.rounds, do_bench)["ceiling"]
+    ms = timed({"ceiling": lambda: ceil_k(ones)}, args.rounds, do_bench)["ceiling"]
     ceiling = ceiling_flops(ctas, args.iters) / (ms * 1e-3) / 1e12
     lines = [f"# mma.sync ceiling and the Ampere kernels on {dev} ({sms} SMs), do_bench median",
              "", f"mma.sync m16n8k16 bf16 ceiling ({ctas} CTAs x {WARPS} warps x {CHAINS} chains): "

@@ -195,7 +195,8 @@ def test_ceiling_kernel_counts_every_mma(assemble):
     sys.path.insert(0, str(HERE.parents[3] / "benchmarks"))
     import mma_sync_ceiling as ceiling
 
-    (out,) = ptxsim.run(ceiling.ceiling_kernel(2, 3).specialize(), [])
+    ones = np.array([ceiling.ONES], np.uint32)
+    (out,) = ptxsim.run(ceiling.ceiling_kernel(2, 3).specialize(), [ones])
     # A and B all 1.0: each mma adds 16 to each of a thread's 4 x CHAINS accumulators
     assert np.unique(out.view(np.float32)).tolist() == [3 * 16 * 4 * ceiling.CHAINS]
     assert ceiling.ceiling_flops(2, 3) == 2 * ceiling.WARPS * 3 * ceiling.CHAINS * 4096
