@@ -209,7 +209,9 @@ def test_device_arch_maps_capabilities(monkeypatch):
     for cap, arch in (((8, 0), "sm_80"), ((8, 9), "sm_80"), ((9, 0), "sm_90a"),
                       ((10, 0), "sm_100a"), ((12, 0), "sm_90a")):
         C._capability_arch.cache_clear()
+        C._ARCH_OF_DEVICE.clear()
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=None, c=cap: c)
         fake = types.SimpleNamespace(device=types.SimpleNamespace(type="cuda", index=0))
         assert C.device_arch(fake) == arch, cap
     C._capability_arch.cache_clear()
+    C._ARCH_OF_DEVICE.clear()

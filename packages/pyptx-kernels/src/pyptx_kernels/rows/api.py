@@ -14,6 +14,7 @@ import sys
 from pyptx.errors import ConfigError, ShapeError, SpecError
 from pyptx_kernels import _common
 from pyptx_kernels._common import dtype_name, fail, framework
+from pyptx_kernels.rows.config import DEFAULT_ARCH, device_arch
 
 MAX_N = 32768       # the forward kernels' longest row (pyptx.rows.MAX_N)
 MAX_N_BWD = 8192    # the norms' backward kernels' (pyptx.rows.MAX_N_BWD)
@@ -207,8 +208,6 @@ _ARCH_MODULES = frozenset({"rms_norm", "layer_norm", "softmax", "swiglu"})
 def _kernel(module, builder, x, *extra):
     """The builder's kernel for 2-D ``x``; for ``x (..., N)`` of ``_kernels_*``, its rows."""
     import math
-
-    from pyptx_kernels.rows.config import DEFAULT_ARCH, device_arch
 
     B, N = math.prod(x.shape[:-1]), x.shape[-1]
     arch = device_arch(x) if module in _ARCH_MODULES else DEFAULT_ARCH

@@ -240,9 +240,20 @@ def device_arch(x) -> str:
     capability 8.x, ``sm_90a`` for 9.x, ``sm_100a`` for 10.x (``sm_90a`` for CPU, meta and
     non-torch arrays, and for other capabilities)."""
     dev = getattr(x, "device", None)
-    if getattr(dev, "type", None) != "cuda":
-        return DEFAULT_ARCH
-    return _capability_arch(dev.index)
+    try:
+        return _ARCH_OF_DEVICE[dev]
+    except (KeyError, TypeError):  # a device not seen yet (or not hashable)
+        pass
+    arch = _capability_arch(dev.index) if getattr(dev, "type", None) == "cuda" else DEFAULT_ARCH
+    try:
+        _ARCH_OF_DEVICE[dev] = arch
+    except TypeError:
+        pass
+    return arch
+
+
+#: device object -> target, filled by ``device_arch`` (it is on every call of the row ops)
+_ARCH_OF_DEVICE: dict = {}
 
 
 @functools.cache
