@@ -241,3 +241,18 @@ def test_tune_table_records_timed_winners_by_op_and_bucket():
     assert len(lines) == 1 and "3.0 us" in lines[0] and not unplanned
     assert other.ident == gemm_host.gemm_tuned.ident
     assert set(tool.OPS) == {"matmul", "grouped_mm", "scaled_mm", "attention", "rms_norm"}
+
+
+@pytest.mark.parametrize("env,want", [(None, "plan"), ("1", "plan"), ("0", "off")])
+def test_precompile_never_times_and_keeps_a_switched_off_mode(monkeypatch, env, want):
+    torch = pytest.importorskip("torch")
+    import pyptx_kernels
+
+    if env is None:
+        monkeypatch.delenv("PYPTX_AUTOTUNE", raising=False)
+    else:
+        monkeypatch.setenv("PYPTX_AUTOTUNE", env)
+    seen = []
+    pyptx_kernels.precompile([(lambda x: seen.append(mode()), ((1,), torch.float32))],
+                             device="cpu")
+    assert seen == [want]

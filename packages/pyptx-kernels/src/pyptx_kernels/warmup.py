@@ -24,7 +24,8 @@ def precompile(work: Any, *example_inputs: Any, backward: bool = False,
     ``(fn, *args)`` (``fn`` a ``pyptx_kernels`` function; a trailing dict holds keyword
     arguments; each arg a tensor, a ``(shape, dtype)`` pair, or a ``device="meta"`` tensor,
     which is allocated zero-filled with its strides on ``device``, or anything else passed
-    as it is). ``backward=True`` also runs the backward of every floating output (inputs
+    as it is). Each kernel gets the plan a default call takes (``PYPTX_AUTOTUNE=0``: the
+    first), never timed, even under ``PYPTX_AUTOTUNE=1``. ``backward=True`` also runs the backward of every floating output (inputs
     that are floating point get ``requires_grad``; a module's parameter gradients are left
     as they were). Returns when the device is idle.
 
@@ -32,9 +33,9 @@ def precompile(work: Any, *example_inputs: Any, backward: bool = False,
     shapes the server will see, or their buckets' representatives."""
     import torch
 
-    from pyptx.autotune import PLAN, tuning
+    from pyptx.autotune import PLAN, TUNE, mode, tuning
 
-    with tuning(PLAN):
+    with tuning(PLAN if mode() is TUNE else mode()):   # the plans the server's calls take
         if isinstance(work, torch.nn.Module):
             params = list(work.parameters())
             grads = [p.grad for p in params]
