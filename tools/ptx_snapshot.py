@@ -13,8 +13,9 @@ attention forward schedules x head dims 64/128 x causal (plain, persistent, varl
 and the backward kernels (default, safe, atomic dQ, and the ones `attention()` runs in torch
 eager: bulk dQ, ordered dQ converted in the grid, the fused D=64 kernel) at a square and a
 ragged shape, and every tuned configuration of the row kernels (RMSNorm, LayerNorm, softmax,
-SwiGLU; f32 and bf16) and the norms' backward kernels at 2048x8192 and 5x1000 (a config a
-shape refuses is fingerprinted as its error class).
+SwiGLU; f32 and bf16) and the norms' backward kernels at 2048x8192 and 5x1000 for sm_90a and
+at 2048x8192 for sm_80 and sm_100a (a config a shape or target refuses is fingerprinted as its
+error class).
 Runs on the CPU (tracing only).
 """
 
@@ -151,6 +152,17 @@ def _row_cases():
                                     ("layer_norm", "build_layer_norm_bwd")]:
                 cases.append((f"rows/{module}/{tag}/bwd", module, builder, (B, N, dt), {}))
     cases.append(("rows/softmax/warp", "softmax", "build_softmax", (64, 1024), {}))
+    for arch in ("sm_80", "sm_100a"):  # the other targets at one shape (sm_80 refuses ring/bulk)
+        for dt in ("f32", "bf16"):
+            tag = f"{arch}/2048x8192/{dt}"
+            for module, builder, table, extra in _ROW_OPS:
+                for i, c in enumerate(getattr(_mod(module), table)):
+                    cases.append((f"rows/{module}/{tag}/cfg{i}", module, builder,
+                                  (2048, 8192, dt, *extra), dict(config=c, arch=arch)))
+            for module, builder in [("rms_norm", "build_rms_norm_bwd"),
+                                    ("layer_norm", "build_layer_norm_bwd")]:
+                cases.append((f"rows/{module}/{tag}/bwd", module, builder, (2048, 8192, dt),
+                              dict(arch=arch)))
     return cases
 
 
