@@ -1,5 +1,5 @@
-"""Fuzz the PTX parser, the transpiler and the ``Reg`` operator sugar: only ``PyptxError``
-may come out of them.
+"""Fuzz the PTX parser, the transpiler, the ``Reg`` operator sugar and the raw ``ptx.inst``
+layer: only ``PyptxError`` may come out of them.
 
     python tools/fuzz.py --cases 100000 [--seed 0] [--target all|parse|transpile|sugar]
 
@@ -7,7 +7,9 @@ Parser and transpiler cases are corpus files (``packages/pyptx-core/tests/corpus
 mutated by truncation, byte flips, random bytes, deleted or duplicated ranges and lines
 spliced in from other files. Sugar cases apply a random operator to a register of a
 random type and a random operand (registers of every type, numbers, strings, None,
-containers, shared arrays, labels, registers of another kernel). The run prints its
+containers, shared arrays, labels, registers of another kernel); some are ``ptx.inst`` calls
+of an instruction-table spelling (a part added or dropped at times) on random operands and
+guards. The run prints its
 counts and exits 1 if anything but a ``PyptxError`` escaped (the first ones are printed
 with a reproducer). ``run(cases, seed)`` is the same as a function, for the tests.
 """
@@ -229,6 +231,23 @@ def _operand(rng: random.Random, regs: list, extras: list):
     return rng.choice(extras)
 
 
+_MANGLES = ("bogus", "v4", "sat", "rn", "wide", "sync", "aligned", "u32", "f32", "shared", "")
+
+
+def _spelling(rng: random.Random) -> str:
+    """An accepted spelling of the instruction table, with a part added or dropped at times."""
+    from pyptx.ptx._isa import TABLE
+
+    spellings = [sp for row in TABLE.values() for sp in row.ok]
+    parts = rng.choice(spellings).split(".")
+    roll = rng.random()
+    if roll < 0.3:
+        parts.insert(rng.randrange(1, len(parts) + 1), rng.choice(_MANGLES))
+    elif roll < 0.5 and len(parts) > 1:
+        del parts[rng.randrange(1, len(parts))]
+    return ".".join(p for p in parts if p)
+
+
 def fuzz_sugar(rng: random.Random, counts: Counts, n: int) -> None:
     """``n`` random operator applications inside one kernel trace."""
     foreign = _foreign_reg()
@@ -255,11 +274,18 @@ def fuzz_sugar(rng: random.Random, counts: Counts, n: int) -> None:
                 op = rng.choice(_UNARY)
                 what = f"{op.__name__}({a!r})"
                 call, args = op, (a,)
-            else:
+            elif roll < 0.96:
                 t, v = rng.choice(types), _operand(rng, regs, extras)
                 make = rng.choice((reg.from_, reg.scalar))
                 what = f"reg.{make.__name__}({v!r}, {t.name})"
                 call, args = make, ((v, t) if make is reg.from_ else (t, v))
+            else:  # the raw layer: a table spelling, perhaps mangled, on random operands
+                spelling = _spelling(rng)
+                args = tuple(_operand(rng, regs, extras) for _ in range(rng.randrange(6)))
+                what = f"ptx.inst({spelling!r})(*{args!r})"
+
+                def call(*ops, spelling=spelling):
+                    return ptx.inst(spelling)(*ops, pred=rng.choice((None, preds[0], ~preds[0])))
             try:
                 call(*args)
                 counts.ok["sugar"] += 1
