@@ -54,8 +54,8 @@ def forward(x, weight, target, bias, ignore_index, label_smoothing, z_loss, redu
         scale = torch.ones(1, dtype=torch.float32, device=x.device)
     grad = need_x or need_w or need_b
     empty = lambda: x.new_empty((0,))  # noqa: E731
-    gx = torch.empty_like(x) if need_x else empty()
     several = T > chunk
+    gx = (torch.empty_like(x) if several else None) if need_x else empty()
     gw = (torch.zeros(weight.shape, dtype=torch.float32, device=x.device) if several
           else None) if need_w else empty()
     gb = torch.zeros(V, dtype=torch.float32, device=x.device) if need_b else empty()
@@ -69,7 +69,10 @@ def forward(x, weight, target, bias, ignore_index, label_smoothing, z_loss, redu
                            threads, unroll)
             losses.append(loss)
             if need_x:
-                gx[start:start + chunk] = gemm._mm(logits, weight, None, dt)
+                if several:
+                    gx[start:start + chunk] = gemm._mm(logits, weight, None, dt)
+                else:
+                    gx = gemm._mm(logits, weight, None, dt)
             if need_w:
                 part = gemm._mm(logits.T, xc, None, dtype_name(weight.dtype))
                 if several:   # the chunks' products added in f32
