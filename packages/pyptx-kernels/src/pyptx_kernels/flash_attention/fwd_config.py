@@ -197,7 +197,8 @@ class ForwardConfig:
     @property
     def name(self):
         """The plan's name in tuning tables: ``"default"``, or its ``changes()`` joined
-        (``"BN64"``, ``"consumers2"``, ``"schedule_overlap"``, ``"BN96_stages3"``)."""
+        (``"BN64"``, ``"consumers2"``, ``"schedule_overlap"``, ``"BN96_stages3"``,
+        ``"persistentTrue"``)."""
         parts = [f"{k}{v}" if not isinstance(v, str) else f"{k}_{v}"
                  for k, v in sorted(self.changes().items())]
         return "_".join(parts).replace(".", "p") or "default"
@@ -207,14 +208,15 @@ class ForwardConfig:
 #: the first is the one taken with ``PYPTX_AUTOTUNE=0``): ring ``stages``, ``BN`` keys per
 #: block and the overlap schedule, each with ``default_consumers`` (so ``BN=176``/``192`` run
 #: with two), two consumers with their default block, and, for head dim 64 at short
-#: sequences, 96-key blocks in a three-deep ring. A head dim a plan does not fit (``BN=192``
+#: sequences, 96-key blocks in a three-deep ring and the persistent walk (three consumers;
+#: the next tile's Q loads while this one's O is stored, no launch tail). A head dim a plan does not fit (``BN=192``
 #: at 128, three stages at 256) is refused and skipped. Each is checked against float64 in
 #: the CPU simulator (``test_tensorcore_sim.py``) and on the GPU
 #: (``tools/attention_sanitize.py``).
 ATTENTION_CONFIGS = (ForwardConfig(), ForwardConfig(stages=3), ForwardConfig(BN=64),
                      ForwardConfig(BN=176), ForwardConfig(BN=192),
                      ForwardConfig(schedule="overlap"), ForwardConfig(consumers=2),
-                     ForwardConfig(BN=96, stages=3))
+                     ForwardConfig(BN=96, stages=3), ForwardConfig(persistent=True))
 
 PLANS = {c.name: c for c in ATTENTION_CONFIGS}
 """``ATTENTION_CONFIGS`` by ``ForwardConfig.name`` (the names of tuning tables)."""

@@ -59,7 +59,8 @@ def _persistent(persistent, D):
 
 @dataclass(frozen=True)
 class Tuned:
-    """The plan chosen on the device among ``ATTENTION_CONFIGS`` (``persistent`` or not)."""
+    """The default plan: chosen among ``ATTENTION_CONFIGS`` without timing (``PLANNER``), or,
+    ``persistent`` (``$PYPTX_ATTN_PERSISTENT=1``), the persistent default plan."""
 
     persistent: bool = False
 
@@ -97,8 +98,8 @@ def _build_with(B, S, Hq, Hkv, D, *, Sk, dtype, causal, scale, persistent=False,
 
 
 attention_tuned = autotune([Config(**c.changes()) for c in ATTENTION_CONFIGS], key=[
-    "B", "S", "Hq", "Hkv", "D", "Sk", "dtype", "causal", "scale", "persistent", "window",
-    "softcap", "layouts"])(_build_with)
+    "B", "S", "Hq", "Hkv", "D", "Sk", "dtype", "causal", "scale", "window", "softcap",
+    "layouts"])(_build_with)
 """``build_attention`` with its plan chosen among ``ATTENTION_CONFIGS`` (timed only when
 asked: ``PYPTX_AUTOTUNE=1``, ``tune()``)."""
 
@@ -128,8 +129,9 @@ def _forward(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, plan, features=NO_FEATU
     window, softcap = features
     kw = dict(Sk=Sk, dtype=dtype, causal=causal, scale=scale, window=window, softcap=softcap,
               layouts=layouts)
-    if isinstance(plan, Tuned):
-        return attention_planned(B, S, Hq, Hkv, D, **kw, persistent=plan.persistent)
+    if isinstance(plan, Tuned):   # persistent=True (the env var) names one plan: no choice
+        extra = dict(persistent=True) if plan.persistent else {}
+        return attention_planned(B, S, Hq, Hkv, D, **kw, **extra)
     return build_attention(B, S, Hq, Hkv, D, **kw, config=plan)
 
 
