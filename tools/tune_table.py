@@ -143,7 +143,8 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true",
                    help="the benchmark shapes only, bf16, shorter timing bursts")
     p.add_argument("--ops", nargs="+", default=list(OPS), choices=list(OPS))
-    p.add_argument("--out", default=None, help="default: pyptx_kernels/tuning/<device>.json")
+    p.add_argument("--out", default=None, help="default: pyptx_kernels/tuning/<device>.json "
+                   "(a new --out file starts from the shipped table's entries)")
     args = p.parse_args(argv)
     import torch
 
@@ -159,11 +160,15 @@ def main(argv=None) -> int:
         at.set_timer("torch", at.TorchTimer(warmup_ms=10, rep_ms=40, rounds=2, settle_ms=50))
     name = torch.cuda.get_device_name()
     device = _tuning.device_key(name)
-    out = Path(args.out) if args.out else _tuning.TABLES / f"{device}.json"
-    try:
-        table = json.loads(out.read_text())
-    except (OSError, ValueError):
-        table = {}
+    shipped = _tuning.TABLES / f"{device}.json"
+    out = Path(args.out) if args.out else shipped
+    table = {}
+    for start in (out, shipped):   # an --out file not yet written starts from the shipped one
+        try:
+            table = json.loads(start.read_text())
+            break
+        except (OSError, ValueError):
+            continue
     table.setdefault("device", device)
     table.setdefault("ops", {})
     entries: dict = {}
