@@ -272,3 +272,23 @@ def test_training_step_compiles_fullgraph(ops):
     assert ops.count["linear_cross_entropy"] == ops.count["add_rms_norm"] // 2 == 1
     _close(loss.detach(), ref(input_ids=ids, labels=ids).loss.detach())
     assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+def test_apply_switches_off_each_fused_op(ops):
+    """Each keyword leaves its part of the model as transformers runs it: the unfused ops run
+    instead (and the logits come back), and the loss is the same."""
+    ref = _model("qwen3")
+    ids = _ids()
+    rloss = _step(ref, ids)[0]
+    model = ptf.apply(copy.deepcopy(ref), add_rms_norm=False, rope=False, swiglu=False,
+                      cross_entropy=False)
+    loss, logits, _ = _step(model, ids)
+    assert logits is not None
+    assert not {"add_rms_norm", "apply_rotary", "swiglu", "linear_cross_entropy"} & set(ops.count)
+    assert ops.count["rms_norm"] == 9 and ops.count["linear"] == 15
+    _close(loss, rloss)
+    ptf.apply(model)   # the patches come on later too
+    ops.count.clear()
+    loss = _step(model, ids)[0]
+    assert ops.count["add_rms_norm"] == 2 and ops.count["linear_cross_entropy"] == 1
+    _close(loss, rloss)
