@@ -252,3 +252,8 @@ def test_host_refusals_name_the_caller_line(fake_launches):
     q = torch.randn(1, 8, 2, 96).to(torch.bfloat16)
     with pytest.raises(ConfigError, match="supports head dim 64 or 128, got 96"):
         host.attention(q, q, q)
+
+
+def test_gemm_default_plan_one_tile():
+    # the default 128x128x32 4-stage plan (64x64 per warp), a ragged corner, 5 k-steps
+    assert run_gemm(120, 128, 160, config=None, b_major="K") < TOL["bf16"]
