@@ -238,3 +238,54 @@ def test_ptx_version_is_checked():
 
     with pytest.raises(TraceError, match=r"needs PTX ISA 8\.1"):
         k.ptx()
+
+
+def _helper_kernels():
+    """Kernels written with the named helpers (ptx.wgmma, ptx.tma, ptx.mbarrier, the
+    pipelines, setmaxnreg, barriers): the hopper examples and, where installed, the
+    library's GEMM and attention forward and backward."""
+    import runpy
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3] / "examples" / "hopper"
+    ex = {p.stem: runpy.run_path(str(p)) for p in sorted(root.glob("*.py"))}
+    out = [ex["wgmma_tile"]["build_wgmma_tile"](), ex["tma_copy"]["build_tma_copy"](256, 256),
+           ex["grouped_gemm"]["build_grouped_gemm"](256, 256, 128, 2),
+           ex["rms_norm"]["build_rms_norm"](4, 64)]
+    try:
+        from pyptx_kernels.flash_attention import build_attention
+        from pyptx_kernels.flash_attention.bwd_host import build_attention_backward
+        from pyptx_kernels.gemm import build_gemm
+    except ImportError:
+        return out
+    out += [build_gemm(M=1024, N=1024, K=1024),
+            build_attention(B=1, S=256, Hq=2, Hkv=2, D=64, causal=True),
+            *build_attention_backward(1, 256, 2, 2, 64).kernels]
+    return out
+
+
+def test_named_helpers_emit_forms_the_table_accepts():
+    """Where the named helpers and ``ptx.inst`` overlap they agree: every instruction a
+    helper emits is a spelling of the table, with an operand count and a target (arch and
+    PTX version) its row allows."""
+    from types import SimpleNamespace
+
+    from pyptx.ir import Instruction
+
+    seen, bad = set(), []
+    for k in _helper_kernels():
+        spec = k.specialize()
+        target = SimpleNamespace(arch=spec.arch, version=spec.module.version)
+        for st in spec.module.functions[0].body:
+            if type(st) is not Instruction or (st.opcode, len(st.operands)) in seen:
+                continue
+            seen.add((st.opcode, len(st.operands)))
+            try:
+                form = Form(st.opcode)
+                form.check_target(target)
+                if not form.nmin <= len(st.operands) <= form.nmax:
+                    raise OperandError(f"{len(st.operands)} operands, row takes "
+                                       f"{form.nmin}..{form.nmax}")
+            except PyptxError as e:
+                bad.append(f"{k.name}: {st.text()}: {e}")
+    assert len(seen) > 80 and bad == []
