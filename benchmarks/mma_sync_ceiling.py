@@ -8,8 +8,10 @@ the Ampere flash-attention forward (``host.attention``) beside SDPA's flash back
 with its fraction of the ceiling. sm_80 PTX runs on sm_80/86/89/90 devices (on an H200 the
 ceiling is sm_90's ``mma.sync`` rate, below its wgmma peak).
 Timing: ``triton.testing.do_bench`` (L2 flushed), median of ``--rounds`` interleaved rounds.
+``--plans`` also times every named plan (``SM80_GEMM_CONFIGS``, ``SM80_ATTENTION_PLANS``)
+and prints the fastest beside the default.
 
-    python benchmarks/mma_sync_ceiling.py [--rounds 3] [--out t.md]
+    python benchmarks/mma_sync_ceiling.py [--rounds 3] [--plans] [--out t.md]
 """
 
 from __future__ import annotations
@@ -91,10 +93,20 @@ def timed(fns: dict, rounds: int, do_bench) -> dict:
     return {k: statistics.median(v) for k, v in t.items()}
 
 
+def _best(tf: dict, skip: tuple) -> str:
+    """``name TFLOP/s`` of the fastest named plan in ``tf`` (``-`` without ``--plans``)."""
+    plans = {k: v for k, v in tf.items() if k not in skip}
+    if not plans:
+        return "-"
+    name = max(plans, key=plans.get)
+    return f"{name} {plans[name]:.0f}"
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--iters", type=int, default=4096, help="ceiling loop rounds per warp")
+    p.add_argument("--plans", action="store_true", help="also time every named plan")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     why = gpu_missing("mma_sync_ceiling.py")
@@ -104,6 +116,8 @@ def main(argv=None) -> int:
     import torch
     import torch.nn.functional as F
     from pyptx_kernels.ampere import host
+    from pyptx_kernels.ampere.attention_config import SM80_ATTENTION_PLANS
+    from pyptx_kernels.ampere.gemm_config import SM80_GEMM_CONFIGS
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from triton.testing import do_bench
 
@@ -129,12 +143,16 @@ def main(argv=None) -> int:
         d = host.matmul(a, b)
         ref = a.float() @ b.float()
         err = ((d.float() - ref).norm() / ref.norm()).item()
-        t = timed({"ours": lambda a=a, b=b: host.matmul(a, b),
-                   "cuBLAS": lambda a=a, b=b: torch.matmul(a, b)}, args.rounds, do_bench)
+        fns = {"ours": lambda a=a, b=b: host.matmul(a, b),
+               "cuBLAS": lambda a=a, b=b: torch.matmul(a, b)}
+        if args.plans:
+            fns.update({n: (lambda a=a, b=b, c=c: host.matmul(a, b, config=c))
+                        for n, c in SM80_GEMM_CONFIGS})
+        t = timed(fns, args.rounds, do_bench)
         tf = {k: 2.0 * M * N * K / (v * 1e-3) / 1e12 for k, v in t.items()}
         body.append([f"GEMM bf16 {M}x{N}x{K}", f"{tf['ours']:.0f}", f"{tf['cuBLAS']:.0f}",
                      f"{tf['ours'] / ceiling:.3f}", f"{tf['ours'] / tf['cuBLAS']:.3f}",
-                     f"{err:.1e}"])
+                     _best(tf, ("ours", "cuBLAS")), f"{err:.1e}"])
     for D, causal in ATTN_CASES:
         H, B = ATTN_HD // D, ATTN_TOKENS // ATTN_S
         torch.manual_seed(0)
@@ -148,16 +166,21 @@ def main(argv=None) -> int:
 
         o, _ = host.attention(q, k, v, causal=causal)
         err = (o.float() - sdpa().transpose(1, 2).float()).abs().max().item()
-        t = timed({"ours": lambda q=q, k=k, v=v, c=causal: host.attention(q, k, v, causal=c),
-                   "SDPA flash": sdpa}, args.rounds, do_bench)
+        fns = {"ours": lambda q=q, k=k, v=v, c=causal: host.attention(q, k, v, causal=c),
+               "SDPA flash": sdpa}
+        if args.plans:
+            fns.update({n: (lambda q=q, k=k, v=v, c=causal, p=p:
+                            host.attention(q, k, v, causal=c, config=p))
+                        for n, p in SM80_ATTENTION_PLANS if p.D == D})
+        t = timed(fns, args.rounds, do_bench)
         flops = 4.0 * B * H * ATTN_S * ATTN_S * D * (0.5 if causal else 1.0)
         tf = {k2: flops / (v2 * 1e-3) / 1e12 for k2, v2 in t.items()}
         body.append([f"attention fwd D={D} {'causal' if causal else 'full'} S={ATTN_S}",
                      f"{tf['ours']:.0f}", f"{tf['SDPA flash']:.0f}",
                      f"{tf['ours'] / ceiling:.3f}", f"{tf['ours'] / tf['SDPA flash']:.3f}",
-                     f"{err:.1e} (max abs)"])
+                     _best(tf, ("ours", "SDPA flash")), f"{err:.1e} (max abs)"])
     lines += markdown_table(["case", "pyptx sm_80 TFLOP/s", "peer TFLOP/s", "of ceiling",
-                             "ours / peer", "err"], body)
+                             "ours / peer", "fastest plan (--plans)", "err"], body)
     text = "\n".join(lines)
     print(text)
     if args.out:

@@ -12,7 +12,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from pyptx_kernels.ampere.attention_config import Sm80AttentionConfig
+from pyptx_kernels.ampere.attention_config import (
+    SM80_ATTENTION_PLANS,
+    Sm80AttentionConfig,
+    for_head_dim,
+)
 from pyptx_kernels.ampere.attention_kernel import build_sm80_attention
 from pyptx_kernels.ampere.gemm_config import SM80_GEMM_CONFIGS, Sm80GemmConfig
 from pyptx_kernels.ampere.gemm_kernel import build_sm80_gemm
@@ -152,12 +156,17 @@ def test_gemm_fewer_rows_than_one_fragment():
     assert run_gemm(10, 40, 64, out_dtype="f32") < TOL["f32"]
 
 
-@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("name,plan", SM80_ATTENTION_PLANS, ids=[n for n, _ in SM80_ATTENTION_PLANS])
 @pytest.mark.parametrize("causal", [False, True])
-def test_attention_plans_assemble_without_spills(D, causal, assemble):
-    k = build_sm80_attention(2, 1000, 8, 2, D, causal=causal)
+def test_attention_plans_assemble_without_spills(name, plan, causal, assemble):
+    k = build_sm80_attention(2, 1000, 8, 2, plan.D, causal=causal, config=plan)
     log = assemble(k.ptx(), arch="sm_80")
     assert re.search(r"0 bytes spill stores, 0 bytes spill loads", log), log
+
+
+def test_the_default_attention_plan_is_the_first_named_one():
+    for D in (64, 128):
+        assert next(p for _, p in SM80_ATTENTION_PLANS if p.D == D) == for_head_dim(D)
 
 
 @pytest.mark.parametrize("kw,msg", [

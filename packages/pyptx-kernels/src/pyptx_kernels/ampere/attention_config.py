@@ -1,5 +1,6 @@
 """The Ampere flash-attention forward's plans: ``Sm80AttentionConfig`` (a validated, frozen
-block plan for one head dim) and ``for_head_dim``, the plan ``attention`` uses."""
+block plan for one head dim), ``for_head_dim`` (the plan ``attention`` uses) and
+``SM80_ATTENTION_PLANS``, the candidates the benchmark times."""
 
 from __future__ import annotations
 
@@ -81,3 +82,16 @@ def for_head_dim(D: int) -> Sm80AttentionConfig:
     """The plan for head dim ``D``: 64 query rows (16 per warp) and 64 keys per step at
     ``D=128``, 128 query rows (32 per warp) at ``D=64``."""
     return Sm80AttentionConfig(D=D, BQ=128 if D == 64 else 64, BKV=64)
+
+
+SM80_ATTENTION_PLANS: tuple[tuple[str, Sm80AttentionConfig], ...] = (
+    ("d64_q128_kv64_w4", Sm80AttentionConfig(D=64, BQ=128, BKV=64, warps=4)),
+    ("d64_q128_kv64_w8", Sm80AttentionConfig(D=64, BQ=128, BKV=64, warps=8)),
+    ("d64_q128_kv32_w4", Sm80AttentionConfig(D=64, BQ=128, BKV=32, warps=4)),
+    ("d64_q64_kv64_w4", Sm80AttentionConfig(D=64, BQ=64, BKV=64, warps=4)),
+    ("d128_q64_kv64_w4", Sm80AttentionConfig(D=128, BQ=64, BKV=64, warps=4)),
+    ("d128_q128_kv64_w8", Sm80AttentionConfig(D=128, BQ=128, BKV=64, warps=8)),
+    ("d128_q64_kv32_w4", Sm80AttentionConfig(D=128, BQ=64, BKV=32, warps=4)),
+)
+"""Named plans (all assemble for sm_80 without spills); the first of each head dim is
+``for_head_dim``'s."""
