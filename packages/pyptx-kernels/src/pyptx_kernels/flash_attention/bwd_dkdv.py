@@ -82,13 +82,14 @@ def _release_stage(pipe, state):
 
 def _dkdv_producer(tid, head_bar, head_bytes, pipe, G, hk, qb0, num_q, base, ring_off,
                    stage_bytes, q_bytes, stats_bytes, safe, sync, Q, DO, *, load_head,
-                   stats_row, q_block, load_q, before=None):
+                   stats_row, q_block, load_q, before=None, heads=None):
     """The dK/dV kernels' producer (thread 0): the K/V head tile (``load_head(bar)``), then
     for each q head ``hk * G + g`` of the kv head the Q/dO blocks ``qb0..num_q`` through the
     ring (``q_block(step)`` the block of a step, ``load_q(stage, q_map, do_map, hq, qb, bar)``
     the dense kernel's 4-D copies or the packed kernel's 3-D ones) with, fast schedule, the
     block's ``(lse2, delta)`` rows from ``stats_row(hq)`` by a bulk copy. ``before()``: after
-    the maps, before the loop."""
+    the maps, before the loop. ``heads=(first, n)``: only the ``n`` q heads from ``first``
+    (``kv_split``)."""
     with ptx.if_(tid == 0):
         hbar = head_bar.at(0)
         ptx.mbarrier.arrive_expect_tx(hbar, head_bytes)
@@ -98,8 +99,8 @@ def _dkdv_producer(tid, head_bar, head_bytes, pipe, G, hk, qb0, num_q, base, rin
         if before is not None:
             before()
         st = pipe.producer_state()
-        for g in ptx.loop(0, G):
-            hq = hk * G + g
+        for g in ptx.loop(0, G if heads is None else heads[1]):
+            hq = hk * G + g if heads is None else heads[0] + g
             srow = stats_row(hq)
             for qstep in ptx.loop(qb0, num_q):
                 qb = q_block(qstep)
@@ -255,7 +256,7 @@ def _dkdv_drain(c, overlap, pipe):
 def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None, BQ=None,
                stages=None, sync=None, safe=None, atomic_dq=False, overlap=None, dq_bulk=False,
                dq_ordered=False, num_sms=132, dq_convert=False, convert_lag=0, stats_lead=0,
-               trace=False):
+               kv_split=1, trace=False):
     """The dK/dV kernel: ``(Q, K, V, DO, STATS) -> (DK, DV)`` (STATS from ``build_dq``).
 
     ``BQ``: q rows per block, 32 or 64 (``None``: ``DKDV_BQ``, 64; ``atomic_dq`` needs 64,
@@ -309,6 +310,19 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     ``build_prep(lead=...)`` writes only the first ``stats_lead`` heads' stats, so the prep's
     pass over O and dO runs inside the dK/dV grid, beside its tensor-core work.
 
+    ``kv_split`` (1, 2, 4 or 8, dividing ``Hq / Hkv``; 64-row q blocks): the grid's CTAs per
+    kv block, a cluster along x: rank ``r`` takes the q heads ``r * G / kv_split ..`` of the
+    group (the producer's loads, the dQ writer's adds, the consumers' sums), then each
+    consumer thread writes its dK/dV partial sums (f32, four registers per 16 bytes, thread
+    after thread: ``[slot group][thread][4]``) into its CTA's shared memory (dK over the K/V
+    head tile, dV over the ring: both free once the last block is done), and after a cluster
+    barrier rank ``r`` adds chunk ``r`` of the ``2 x D/2`` registers (``D / kv_split`` of
+    them: a column range of dK or of dV) from every CTA in rank order 0, 1, ... through
+    distributed shared memory, and stores it: the same bits at every run. A second cluster
+    barrier keeps each CTA's shared memory alive until its peers have read it. The grid
+    becomes the one of ``G / kv_split`` q heads per kv head (``kv_split`` times the CTAs,
+    each with ``1 / kv_split`` of the work).
+
     ``trace`` (bulk dQ, a diagnostic): a last output ``TRACE``, int32 ``(CTAs, 4)`` in launch
     order: ``%globaltimer_lo`` at the CTA's start and at its consumers' end (converters:
     their end), ``%smid``, and the ns its dQ writer (converters: thread 0) spent waiting for
@@ -325,6 +339,13 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                     f"dq_bulk={dq_bulk!r}, dq_ordered={dq_ordered!r}, BQ={BQ!r}")
     if BQ is None:
         BQ = DKDV_BQ
+    split = kv_split
+    if split not in (1, 2, 4, 8) or isinstance(split, bool) or G % split or (split > 1
+                                                                            and BQ != 64):
+        raise _fail(f"build_dkdv: kv_split must be 1, 2, 4 or 8, divide the group size "
+                    f"Hq / Hkv = {G} and come with 64-row q blocks, got kv_split={kv_split!r}, "
+                    f"BQ={BQ!r}")
+    Gs = G // split                                 # q heads per CTA
     kv_tile = OperandTile(BM, D, dt, major="K")
     q_tile = OperandTile(BQ, D, dt, major="K")
     q_mn = OperandTile(D, BQ, dt, major="MN")       # the same bytes as B of P^T dO / dS^T Q
@@ -368,14 +389,15 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     rotate = (dq_ordered and not causal and num_q == (BM // BQ) * num_kv
               and num_kv <= ROTATE_MAX_KV)
     reverse = dq_ordered and (causal or rotate)     # the predecessor kv block is kb + 1
-    n_main = num_kv * Hkv * B
+    cph = num_kv * split                            # CTAs per kv head
+    n_main = cph * Hkv * B
     units = B * Hq * sem_q                          # dq_convert's 64-row q blocks
     per_head = G * sem_q                            # ... of one kv head
-    share = early_convert_share(S, Sk, Hq, Hkv)     # convert_lag: q blocks per CTA
+    share = early_convert_share(S, Sk, Hq, Hkv, split)  # convert_lag: q blocks per CTA
     lag_applies = (dq_convert and not causal and dq_accumulator_width(D, dq_bulk) == D
                    and share <= 2)
     if convert_lag == "auto":   # where it applies, none elsewhere
-        convert_lag = default_convert_lag(Sk, num_sms) if lag_applies else 0
+        convert_lag = default_convert_lag(Sk, num_sms, split) if lag_applies else 0
     if convert_lag and not (isinstance(convert_lag, int) and convert_lag > 0 and lag_applies):
         raise _fail(f"build_dkdv: convert_lag (a positive int) needs dq_convert, full "
                     f"attention, a dQ accumulator of width D (D=128) and at most two q blocks "
@@ -383,9 +405,14 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                     f", causal={causal!r}, D={D}, {share} q blocks per CTA")
     lag = int(convert_lag or 0)
     lead = resolve_stats_lead("build_dkdv", stats_lead, Sk, num_sms, dq_ordered, safe, BQ,
-                              causal)
+                              causal, kv_split=split)
     conv0 = max(0, B * Hkv - lag) * per_head if lag else 0  # the converter CTAs' first block
     n_conv = min(units - conv0, num_sms) if dq_convert else 0
+    n_conv_grid = -(-n_conv // split) * split       # whole clusters; the rest return at once
+    part_bytes = D * 256 * 4        # kv_split: the consumers' dK and dV partials (f32)
+    if split > 1 and stages * stage_bytes < part_bytes // 2:
+        raise _fail(f"build_dkdv: kv_split needs {part_bytes // 2} bytes of ring for the dV "
+                    f"partials, {stages} stages of {stage_bytes} bytes give less")
     c1 = scale * LOG2E
     box_kv = {"box": (1, BM, 1, 64), "swizzle": "128B"}
     box_q = {"box": (1, BQ, 1, 64), "swizzle": "128B"}
@@ -434,11 +461,12 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         (pt,) = ptx.global_ptrs(TRACE)
         lin = reg.from_(ptx.special.ctaid.x(), u32)
         if not n_conv:
-            lin = lin + num_kv * (reg.from_(ptx.special.ctaid.y(), u32)
+            lin = lin + cph * (reg.from_(ptx.special.ctaid.y(), u32)
                                   + Hkv * reg.from_(ptx.special.ctaid.z(), u32))
         return ptx.addr(reg.from_(lin * 4 + col, u64) * 4 + pt)
 
-    def _dq_writer(DQACC, SEM, bufs, kb, hk, b, qb0, dq_full, dq_empty, pipe=None, TRACE=None):
+    def _dq_writer(DQACC, SEM, bufs, kb, hk, b, qb0, dq_full, dq_empty, pipe=None, TRACE=None,
+                   qh0=None):
         """The ordered dQ mode's writer (one thread of the producer warpgroup): for each
         block, in the consumers' order, wait for this kv block's turn at the q block's
         counter, for both warpgroups' slabs (``dq_full``), add them into DQACC (the first
@@ -457,8 +485,8 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         waited = reg.scalar(u32, init=0) if TRACE is not None else None
         if wide:
             wst = pipe.consumer_state()
-        for g in ptx.loop(0, G):
-            hq = hk * G + g
+        for g in ptx.loop(0, Gs):
+            hq = hk * G + g if split == 1 else qh0 + g
             for qstep in ptx.loop(qb0, num_q):
                 qb = q_block(qstep, kb)
                 rank = dq_rank(qb, kb)
@@ -564,12 +592,12 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         thread converts 4 columns of a row per step, one load in flight: the producer's 24
         registers do not hold two (ptxas spills)."""
         t = reg.from_(ptx.special.tid.x(), u32) - 64
-        head = cta // num_kv
+        head = cta // cph
         pa, psem, pq = ptx.global_ptrs(DQACC, SEM, DQ)
         now = reg.scalar(u32)
         with ptx.if_(head >= lag):
             for j in range(share):
-                within = (cta - head * num_kv) * share + j
+                within = (cta - head * cph) * share + j
                 u = (head - lag) * per_head + within
                 live = within < per_head
                 with ptx.if_((t == 0) & live):
@@ -607,7 +635,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         t = reg.from_(ptx.special.tid.x(), u32) - 64
         lanes = D // 8
         per = 64 // lanes                   # rows per turn
-        chunk = math.ceil(math.ceil(G * Sp / num_kv) / per) * per
+        chunk = math.ceil(math.ceil(G * Sp / cph) / per) * per
         target = head + lead
         po, pdo, plse, pstats, psem = ptx.global_ptrs(OUT, DO, LSE, STATS, SEM)
         with ptx.if_(target < B * Hkv):
@@ -634,10 +662,58 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         with ptx.if_((t == 0) & (target < B * Hkv)):
             ptx.inst("red.release.gpu.global.add.u32")(ptx.addr(_flag(psem, target)), 1)
 
+    dv_off = head_bytes + ds_bytes      # kv_split: dV's partials over the ring (dK's: the head)
+
+    def _write_partials(c, base):
+        """``kv_split``, each consumer thread: its dK and dV partial sums into this CTA's
+        shared memory (slot group ``j``: registers ``4j..4j+3`` of every thread, 16 bytes
+        each, thread after thread; its own chunk too: ``_sum_partials`` reads every rank's
+        the same way)."""
+        n = len(c.dk_acc.regs)              # D / 2 per accumulator
+        ptx.bar_sync(1, 256)                # both warpgroups are done with K, V and the ring
+        mine = base + (reg.from_(ptx.special.tid.x(), u32) - 128) * 16
+        for t, acc in ((0, c.dk_acc), (1, c.dv_acc)):
+            for j in range(n // 4):
+                ptx.inst.st.shared.v4.f32(ptx.addr(mine, t * dv_off + j * 4096),
+                                          list(acc.regs)[4 * j:4 * j + 4])
+
+    def _sum_partials(c, base, pdk, pdv, b, hk):
+        """``kv_split``, each consumer thread, between two cluster barriers: this CTA
+        (rank ``r``) adds chunk ``r`` of the thread's ``D`` registers (dK's ``D/2`` then
+        dV's; ``D / kv_split`` of them, a range of columns) over the cluster's CTAs in rank
+        order and stores it."""
+        m = D // split
+        per = split // 2                    # chunks per accumulator
+        rank = ptx.cluster.ctarank()
+        mine = base + (reg.from_(ptx.special.tid.x(), u32) - 128) * 16
+        is_dv = rank >= per
+        within = rank % per if per > 1 else None    # the chunk within its accumulator
+        off = reg.scalar(u32)
+        ptx.inst.selp.u32(off, dv_off, 0, is_dv)
+        at = mine + off if within is None else mine + off + within * (m // 4 * 4096)
+        peers = [ptx.cluster.map_shared(at, p) for p in range(split)]
+        part = Accumulator(2 * m)           # the chunk's registers, as columns 0.. of a tile
+        for j in range(m // 4):
+            for p in range(split):          # rank order: the same sum at every run
+                v4 = reg.array(f32, 4)
+                ptx.inst("ld.shared::cluster.v4.f32")(v4, ptx.addr(peers[p], j * 4096))
+                for e in range(4):
+                    if p == 0:
+                        ptx.inst.mov.f32(part[4 * j + e], v4[e])
+                    else:
+                        ptx.inst.add.f32(part[4 * j + e], part[4 * j + e], v4[e])
+        col = c.col0 if within is None else c.col0 + within * (2 * m)  # register 4k: column 8k
+        for ptr, sc, which in ((pdk, scale, ~is_dv), (pdv, 1.0, is_dv)):
+            with ptx.if_(which):
+                _store_rows(part, ptr, c.kvrow, c.valid, Hkv, D, hk, b, Sk, col, sc, dt)
+
     def dkdv_kernel(Q, K, V, DO, STATS, DQACC, SEM, DK, DV, DQ=None, TRACE=None, OUT=None,
                     LSE=None):
         if n_conv:      # the last n_conv CTAs of the 1-D grid convert dQ
             with ptx.if_(reg.from_(ptx.special.ctaid.x(), u32) >= n_main):
+                if n_conv_grid != n_conv:   # a last cluster's spare CTAs
+                    with ptx.if_(reg.from_(ptx.special.ctaid.x(), u32) >= n_main + n_conv):
+                        ptx.ret()
                 _converter(DQACC, SEM, DQ, reg.from_(ptx.special.ctaid.x(), u32) - n_main,
                            TRACE)
         if TRACE is not None:   # the start, the SM; no writer: no wait
@@ -652,25 +728,30 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         tid, wg = thread_ids()
         if n_conv:      # 1-D grid, the 3-D grid's order
             cta = reg.from_(ptx.special.ctaid.x(), u32)
-            kb = cta % num_kv
+            unit = cta if split == 1 else cta // split     # the cluster
+            kb = unit % num_kv
             if reverse:
                 kb = (num_kv - 1) - kb
-            hk = (cta // num_kv) % Hkv
-            b = cta // (num_kv * Hkv)
+            hk = (unit // num_kv) % Hkv
+            b = unit // (num_kv * Hkv)
         else:
             kb = reg.from_(ptx.special.ctaid.x(), u32)
+            if split > 1:
+                kb = kb // split
             if reverse:     # launched last kv block first: a block's turn follows kb + 1's
                 kb = (num_kv - 1) - kb
             hk = reg.from_(ptx.special.ctaid.y(), u32)
             b = reg.from_(ptx.special.ctaid.z(), u32)
         if lead:        # kv head and CTA within it, launch order
             if n_conv:
-                head = cta // num_kv
-                pos = cta - head * num_kv
+                head = cta // cph
+                pos = cta - head * cph
             else:
                 head = hk + Hkv * b
                 pos = reg.from_(ptx.special.ctaid.x(), u32)
         k0 = kb * BM
+        # kv_split: this CTA's first q head (rank r of the cluster: the group's r-th share)
+        qh0 = hk * G + ptx.cluster.ctarank() * Gs if split > 1 else None
         pipe.init(pred=tid == 0)
         head_bar.init(1, pred=tid == 0)
         if dq_ordered:  # the consumers' dQ slabs <-> the dQ writer thread, per warpgroup
@@ -692,7 +773,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         def wait_stats():   # this head's stats are in once every CTA of head - lead counted
             with ptx.if_(head >= lead):
                 (psem,) = ptx.global_ptrs(SEM)
-                _spin_until(_flag(psem, head), num_kv, reg.scalar(u32))
+                _spin_until(_flag(psem, head), cph, reg.scalar(u32))
             ptx.fence_proxy_async("global")
 
         def load_q(sb, q_map, do_map, hq, qb, bar):
@@ -706,7 +787,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                                               hbar),
             stats_row=lambda hq: reg.from_((b * Hq + hq) * Sp, u64) * 8 + pstats,
             q_block=lambda qstep: q_block(qstep, kb), load_q=load_q,
-            before=wait_stats if lead else None)
+            before=wait_stats if lead else None, heads=(qh0, Gs) if split > 1 else None)
         if dq_ordered and wide:
             with ptx.if_(tid == 32):
                 _dq_writer(DQACC, SEM, base + head_bytes, kb, hk, b, qb0, dq_full, dq_empty,
@@ -714,13 +795,15 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         elif dq_ordered:
             with ptx.if_(tid == 32):
                 _dq_writer(DQACC, SEM, base + (head_bytes + 2 * ds_tile.nbytes), kb, hk, b,
-                           qb0, dq_full, dq_empty, TRACE=TRACE)
+                           qb0, dq_full, dq_empty, TRACE=TRACE, qh0=qh0)
         if lag or lead:
             with ptx.if_(tid >= 64):
                 if lead:
                     _lead_stats(OUT, DO, LSE, STATS, SEM, head, pos)
                 if lag:
                     _early_converter(DQACC, SEM, DQ, cta)
+        if split > 1:   # the producer warps exit here: barrier.cluster waits for the
+            ptx.ret()   # non-exited threads, the consumers' only
         # ------------------------------------------------------------ consumers
         roles.consumers(CONS_REGS)
         c = _dkdv_consumer_regs(tid, wg, k0, Sk, BQ, D, wide, base, head_bytes + ds_bytes,
@@ -916,8 +999,8 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             ptx.mbarrier.arrive(dq_full.at(cons.stage * 2 + w))
 
         ptx.mbarrier.wait(head_bar.at(0), 0)
-        for g in ptx.loop(0, G):
-            hq = hk * G + g
+        for g in ptx.loop(0, Gs):
+            hq = hk * G + g if split == 1 else qh0 + g
             srow = reg.from_((b * Hq + hq) * Sp, u64) * 8 + pstats
             for qstep in ptx.loop(qb0, num_q):
                 qb = q_block(qstep, kb)
@@ -988,8 +1071,14 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                 ptx.tma.wait_group(0, read=True)
         if wide:        # read again here: no registers held over the loop
             pdk, pdv = ptx.global_ptrs(DK, DV)
-        _store_rows(dk_acc, pdk, kvrow, valid, Hkv, D, hk, b, Sk, col0, scale, dt)
-        _store_rows(dv_acc, pdv, kvrow, valid, Hkv, D, hk, b, Sk, col0, 1.0, dt)
+        if split > 1:
+            _write_partials(c, base)
+            ptx.cluster_sync()              # release the partials, acquire the peers'
+            _sum_partials(c, base, pdk, pdv, b, hk)
+            ptx.cluster_sync()              # no CTA leaves while a peer reads its partials
+        else:
+            _store_rows(dk_acc, pdk, kvrow, valid, Hkv, D, hk, b, Sk, col0, scale, dt)
+            _store_rows(dv_acc, pdv, kvrow, valid, Hkv, D, hk, b, Sk, col0, 1.0, dt)
         if TRACE is not None:   # the consumers' end
             with ptx.if_(tid == 128):
                 ptx.inst.st.global_.u32(_trace_at(TRACE, 1), _now())
@@ -1001,10 +1090,10 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             f"{'_ordered' if dq_ordered else ''}"
             f"{f'_bq{BQ}' if BQ != 64 else ''}{'_serial' if overlap != default_overlap else ''}"
             f"{f'_cvt{n_conv}' if n_conv else ''}{f'_lag{lag}' if lag else ''}"
-            f"{f'_lead{lead}' if lead else ''}"
+            f"{f'_lead{lead}' if lead else ''}{f'_split{split}' if split > 1 else ''}"
             f"{'_trace' if trace else ''}")
     ins = (qspec, kspec, kspec, qspec, Tile(B, Hq, Sp, 2, f32))
-    grid = (n_main + n_conv, 1, 1) if n_conv else (num_kv, Hkv, B)
+    grid = (n_main + n_conv_grid, 1, 1) if n_conv else (cph, Hkv, B)
     outs = (kspec, kspec)
     traced = (Tile(n_main + n_conv, 4, s32),) if trace else ()
     if dq_ordered:  # tensor parameters by name: (..., SEM[, OUT, LSE], DK, DV[, DQ][, TRACE])
@@ -1042,5 +1131,6 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         tma["DQACC"] = {"box": (1, 64, 1, 32), "swizzle": "128B"}
     return kernel(in_specs=ins, out_specs=outs + traced, grid=grid,
                   block=(THREADS, 1, 1), smem=smem_total, maxnreg=168,
+                  cluster=(split, 1, 1),
                   version="8.3" if atomic_dq else None,      # red.global.add.v2.f32: ISA 8.1
                   tma=tma, name=name)(fn)

@@ -23,7 +23,12 @@ from pyptx_kernels.flash_attention.bwd_common import (
 from pyptx_kernels.flash_attention.bwd_dkdv import build_dkdv
 from pyptx_kernels.flash_attention.bwd_dq import build_dq
 from pyptx_kernels.flash_attention.bwd_fused import build_fused
-from pyptx_kernels.flash_attention.bwd_plan import BackwardPlan, default_dq_bkv, resolve_stats_lead
+from pyptx_kernels.flash_attention.bwd_plan import (
+    BackwardPlan,
+    default_dq_bkv,
+    default_kv_split,
+    resolve_stats_lead,
+)
 from pyptx_kernels.flash_attention.bwd_prep import build_convert, build_prep
 
 
@@ -109,9 +114,15 @@ def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=
     plan = plan.resolved()
     Sk = S if Sk is None else Sk
     if plan.fused_bq is None:
+        split = plan.kv_split
+        if split == "auto":
+            split = default_kv_split(Hq // Hkv) if isinstance(Hkv, int) and Hkv > 0 else 1
         lead = resolve_stats_lead("build_attention_backward", plan.stats_lead, Sk, plan.num_sms,
-                                  plan.dq_ordered, plan.safe, plan.dkdv_bq, causal)
-        plan = replace(plan, stats_lead=lead)
+                                  plan.dq_ordered, plan.safe, plan.dkdv_bq, causal,
+                                  kv_split=split)
+        plan = replace(plan, stats_lead=lead, kv_split=split)
+    elif plan.kv_split == "auto":
+        plan = replace(plan, kv_split=1)
     return _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, plan)
 
 
@@ -119,7 +130,7 @@ def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=
 def _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, plan):
     """The kernels of a resolved ``plan`` (``safe`` a bool, ``stats_lead`` an int)."""
     kw = dict(Sk=Sk, dtype=dtype, causal=causal, scale=scale, safe=plan.safe)
-    dkdv_kw = dict(kw, BQ=plan.dkdv_bq, overlap=plan.dkdv_overlap)
+    dkdv_kw = dict(kw, BQ=plan.dkdv_bq, overlap=plan.dkdv_overlap, kv_split=plan.kv_split)
     dt = _dtype(dtype)
     ordered = plan.dq_ordered
     if plan.fused_bq:
