@@ -409,6 +409,8 @@ def _rel(got, ref):
     # ... and at head dim 128 (the default there is three with BN = 80)
     (128, True, dict(consumers=2)), (128, False, dict(consumers=2, schedule="overlap")),
     (128, True, dict(persistent=True, num_sms=3)),
+    # the tuner's head-dim-64 candidates: 96-key blocks in three stages, the persistent walk
+    (64, False, dict(BN=96, stages=3)), (64, False, dict(persistent=True)),
 ])
 def test_attention_forward(D, causal, config):
     """A ragged length (200), grouped-query heads (2 per KV head); ``lse`` in natural log."""
