@@ -16,8 +16,15 @@ call, or the first of ``--schedules`` x ``--configs``) over the best SDPA backen
 median of the per-round ratios), which the GPU's clock drifts between do_bench bursts do
 not move.
 
+``--gqa``: the grouped-query rows instead (``GQA_CASES``: the shapes of issue 47's table,
+then Hq/Hkv = 4 and 8 at S = 2k to 16k, head dims 64 and 128, causal and full; B and
+Hq/Hkv columns first). ``--kv-splits 1 2 4``: one more backward column per split, the D=128
+eager plan ``BackwardPlan.lagged(kv_split=s)`` called through ``attention_backward`` (the
+default column is ``kv_split="auto"``).
+
     python benchmarks/attention.py [--dims 64 128] [--seqs 4096 8192] [--schedules pingpong simple]
                                    [--configs '[{}, {"persistent": true}]'] [--no-bwd] [--out t.md]
+    python benchmarks/attention.py --gqa [--kv-splits 1 2 4 8] [--only-d 128]
 """
 
 from __future__ import annotations
@@ -38,6 +45,12 @@ from pyptx.testing import paired_ratio, paired_times  # noqa: E402
 
 BACKENDS = ("cuDNN", "flash", "efficient")
 ERR_LIMIT = 0.05  # max |o - SDPA| (bf16, randn inputs: |o| < ~1.5); a variant over it prints FAIL
+#: ``--gqa``: (B, S, Hq, Hkv, D, mask): issue 47's shapes, then groups of 4 and 8 over S 2k-16k
+GQA_CASES = ([(4, 2048, 32, 32, 128, "causal"), (2, 4096, 32, 8, 128, "causal"),
+              (8, 1024, 16, 16, 64, "full"), (1, 16384, 16, 4, 128, "causal"),
+              (3, 3000, 12, 4, 64, "causal")]
+             + [(max(1, 16384 // S), S, 32, 32 // g, D, mask) for D in (128, 64)
+                for g in (4, 8) for S in (2048, 8192, 16384) for mask in ("causal", "full")])
 
 
 def load_attention():
@@ -58,7 +71,8 @@ def sdpa_call(backend, causal):
     def f(q, k, v):
         with sdpa_kernel(be):
             return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
-                                                  v.transpose(1, 2), is_causal=causal)
+                                                  v.transpose(1, 2), is_causal=causal,
+                                                  enable_gqa=q.shape[2] != k.shape[2])
     return f
 
 
@@ -70,6 +84,24 @@ def sdpa_fn(backend, q, k, v, causal):
     f(q, k, v)
     torch.cuda.synchronize()
     return lambda: f(q, k, v)
+
+
+def split_backward_fn(q, k, v, causal, kv_split):
+    """Time ``attention_backward`` with the D=128 eager plan at ``kv_split`` (o and lse from
+    our forward, computed once)."""
+    import torch
+
+    fab = importlib.import_module("pyptx_kernels.flash_attention.backward")
+    fa = load_attention()
+    o, lse = fa.attention_forward(q, k, v, causal=causal)
+    do = torch.randn_like(o)
+    plan = fab.BackwardPlan.lagged(kv_split=kv_split)
+
+    def run():
+        return fab.attention_backward(q, k, v, o, lse, do, causal=causal, plan=plan)
+    run()
+    torch.cuda.synchronize()
+    return run
 
 
 def backward_fn(forward, q, k, v):
@@ -127,6 +159,12 @@ def main(argv=None) -> int:
                         '[{}, {"persistent": true}, {"BN": 176}, {"pin_overlap": true}, '
                         '{"rescale_threshold": 8}]')
     p.add_argument("--no-bwd", action="store_true")
+    p.add_argument("--gqa", action="store_true", help="the grouped-query rows (GQA_CASES)")
+    p.add_argument("--only-d", type=int, default=None, help="--gqa: only this head dim")
+    p.add_argument("--rows", nargs="+", type=int, default=None,
+                   help="--gqa: only these indices of GQA_CASES")
+    p.add_argument("--kv-splits", nargs="+", type=int, default=[],
+                   help="backward columns of BackwardPlan.lagged(kv_split=s) (D=128)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     why = gpu_missing("attention.py")
@@ -150,87 +188,100 @@ def main(argv=None) -> int:
             if not (k == "persistent" and not v)]
         return "pyptx" + ("" if not parts else " " + " ".join(parts))
     ours = [label(s, c) for s, c in variants]
-    head = (["D", "S", "mask"] + [f"fwd {n}" for n in ours + list(BACKENDS)] + ["fwd ours/best",
-                                                                          "fwd paired"]
+    splits = [f"bwd split={s}" for s in args.kv_splits]
+    head = ((["B", "Hq/Hkv"] if args.gqa else []) + ["D", "S", "mask"]
+            + [f"fwd {n}" for n in ours + list(BACKENDS)] + ["fwd ours/best", "fwd paired"]
             + ([f"bwd {n}" for n in ["pyptx"] + list(BACKENDS)] + ["bwd ours/best", "bwd paired",
                                                                    "bwd deterministic=False",
-                                                                   "its ratio"]
+                                                                   "its ratio"] + splits
                if not args.no_bwd else []) + ["max |o err|"])
     print(f"# attention TFLOP/s on {dev}, bf16, do_bench median (L2 flushed)")
     print("| " + " | ".join(head) + " |", flush=True)
     body, rows = [], []
-    for D in args.dims:
-        H = args.width // D
-        for S in args.seqs:
-            B = max(1, args.tokens // S)
-            for mask in args.causal:
-                causal = mask == "causal"
-                torch.manual_seed(0)
-                q, k, v = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16)
-                           for _ in range(3))
-                flops = 4.0 * B * H * S * S * D * (0.5 if causal else 1.0)
-                fwd = {}
-                err = None
-                for name, plan in zip(ours, plans):
-                    try:
-                        o, _ = fa.attention_forward(q, k, v, causal=causal, config=plan)
-                        ref = torch.nn.functional.scaled_dot_product_attention(
-                            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                            is_causal=causal).transpose(1, 2)
-                        e = (o.float() - ref.float()).abs().max().item()
-                        err = e if err is None else max(err, e)
-                        if not e <= ERR_LIMIT:          # a wrong variant is not timed
-                            print(f"  {name}: max |o - sdpa| {e:.2e} over {ERR_LIMIT}: FAIL",
-                                  flush=True)
-                            continue
-                        fwd[name] = (lambda p=plan, c=causal, a=q, b_=k, v_=v:
-                                     fa.attention_forward(a, b_, v_, causal=c, config=p))
-                    except Exception as ex:  # noqa: BLE001 - print n/a and go on
-                        print(f"  {name}: {type(ex).__name__}: {ex}"[:300], flush=True)
-                for be in BACKENDS:
-                    try:
-                        fwd[be] = sdpa_fn(be, q, k, v, causal)
-                    except Exception as ex:  # noqa: BLE001
-                        print(f"  {be}: {type(ex).__name__}: {str(ex)[:200]}", flush=True)
-                tf = {n: flops / (ms * 1e-3) / 1e12 for n, ms in _time(fwd, args.rep, args.rounds).items()}
-                best_peer = max((tf[b] for b in BACKENDS if b in tf), default=None)
-                best_ours = tf.get(ours[0])            # the first variant: the default call
-                cells = [str(D), str(S), mask] + [_fmt(tf.get(n)) for n in ours + list(BACKENDS)]
-                cells.append(f"{best_ours / best_peer:.3f}" if best_ours and best_peer else "n/a")
-                cells.append(_paired_cell(fwd, ours[0], tf, args.pairs))
-                btf = {}
-                if not args.no_bwd:
-                    bwd = {}
-                    try:
-                        bwd["pyptx"] = backward_fn(
-                            lambda a, b_, c, cz=causal: fa.attention(a, b_, c, causal=cz), q, k, v)
-                    except Exception as ex:  # noqa: BLE001
-                        print(f"  pyptx bwd: {type(ex).__name__}: {str(ex)[:200]}", flush=True)
-                    try:  # the opt-in non-deterministic backward (five products, bulk dQ adds)
-                        bwd["nondet"] = backward_fn(
-                            lambda a, b_, c, cz=causal: fa.attention(a, b_, c, causal=cz,
-                                                                     deterministic=False), q, k, v)
-                    except Exception as ex:  # noqa: BLE001
-                        print(f"  pyptx nondet bwd: {type(ex).__name__}: {str(ex)[:200]}", flush=True)
-                    for be in BACKENDS:
-                        try:
-                            bwd[be] = backward_fn(sdpa_call(be, causal), q, k, v)
-                        except Exception as ex:  # noqa: BLE001
-                            print(f"  {be} bwd: {type(ex).__name__}: {str(ex)[:200]}", flush=True)
-                    btf = {n: 2.5 * flops / (ms * 1e-3) / 1e12
-                           for n, ms in _time(bwd, args.rep, args.rounds).items()}
-                    bbest = max((btf[b] for b in BACKENDS if b in btf), default=None)
-                    cells += [_fmt(btf.get(n)) for n in ["pyptx"] + list(BACKENDS)]
-                    cells.append(f"{btf['pyptx'] / bbest:.3f}" if "pyptx" in btf and bbest else "n/a")
-                    cells.append(_paired_cell(bwd, "pyptx", btf, args.pairs))
-                    cells += [_fmt(btf.get("nondet")),
-                              f"{btf['nondet'] / bbest:.3f}" if "nondet" in btf and bbest else "n/a"]
-                cells.append("n/a" if err is None else f"{err:.1e}")
-                print("| " + " | ".join(cells) + " |", flush=True)
-                body.append(cells)
-                rows.append(dict(D=D, S=S, B=B, H=H, causal=causal, fwd=tf, bwd=btf, err=err))
-                del q, k, v
-                torch.cuda.empty_cache()
+    if args.gqa:
+        cases = [c for i, c in enumerate(GQA_CASES) if args.only_d in (None, c[4])
+                 and (args.rows is None or i in args.rows)]
+    else:
+        cases = [(max(1, args.tokens // S), S, args.width // D, args.width // D, D, mask)
+                 for D in args.dims for S in args.seqs for mask in args.causal]
+    for B, S, H, Hkv, D, mask in cases:
+        causal = mask == "causal"
+        torch.manual_seed(0)
+        q = torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(B, S, Hkv, D, device="cuda", dtype=torch.bfloat16)
+                for _ in range(2))
+        flops = 4.0 * B * H * S * S * D * (0.5 if causal else 1.0)
+        fwd = {}
+        err = None
+        for name, plan in zip(ours, plans):
+            try:
+                o, _ = fa.attention_forward(q, k, v, causal=causal, config=plan)
+                ref = torch.nn.functional.scaled_dot_product_attention(
+                    q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                    is_causal=causal, enable_gqa=Hkv != H).transpose(1, 2)
+                e = (o.float() - ref.float()).abs().max().item()
+                err = e if err is None else max(err, e)
+                if not e <= ERR_LIMIT:          # a wrong variant is not timed
+                    print(f"  {name}: max |o - sdpa| {e:.2e} over {ERR_LIMIT}: FAIL",
+                          flush=True)
+                    continue
+                fwd[name] = (lambda p=plan, c=causal, a=q, b_=k, v_=v:
+                             fa.attention_forward(a, b_, v_, causal=c, config=p))
+            except Exception as ex:  # noqa: BLE001 - print n/a and go on
+                print(f"  {name}: {type(ex).__name__}: {ex}"[:300], flush=True)
+        for be in BACKENDS:
+            try:
+                fwd[be] = sdpa_fn(be, q, k, v, causal)
+            except Exception as ex:  # noqa: BLE001
+                print(f"  {be}: {type(ex).__name__}: {str(ex)[:200]}", flush=True)
+        tf = {n: flops / (ms * 1e-3) / 1e12 for n, ms in _time(fwd, args.rep, args.rounds).items()}
+        best_peer = max((tf[b] for b in BACKENDS if b in tf), default=None)
+        best_ours = tf.get(ours[0])            # the first variant: the default call
+        cells = (([str(B), f"{H}/{Hkv}"] if args.gqa else []) + [str(D), str(S), mask]
+                 + [_fmt(tf.get(n)) for n in ours + list(BACKENDS)])
+        cells.append(f"{best_ours / best_peer:.3f}" if best_ours and best_peer else "n/a")
+        cells.append(_paired_cell(fwd, ours[0], tf, args.pairs))
+        btf = {}
+        if not args.no_bwd:
+            bwd = {}
+            try:
+                bwd["pyptx"] = backward_fn(
+                    lambda a, b_, c, cz=causal: fa.attention(a, b_, c, causal=cz), q, k, v)
+            except Exception as ex:  # noqa: BLE001
+                print(f"  pyptx bwd: {type(ex).__name__}: {str(ex)[:200]}", flush=True)
+            try:  # the opt-in non-deterministic backward (five products, bulk dQ adds)
+                bwd["nondet"] = backward_fn(
+                    lambda a, b_, c, cz=causal: fa.attention(a, b_, c, causal=cz,
+                                                             deterministic=False), q, k, v)
+            except Exception as ex:  # noqa: BLE001
+                print(f"  pyptx nondet bwd: {type(ex).__name__}: {str(ex)[:200]}", flush=True)
+            for be in BACKENDS:
+                try:
+                    bwd[be] = backward_fn(sdpa_call(be, causal), q, k, v)
+                except Exception as ex:  # noqa: BLE001
+                    print(f"  {be} bwd: {type(ex).__name__}: {str(ex)[:200]}", flush=True)
+            for s_ in args.kv_splits:
+                try:
+                    bwd[f"split={s_}"] = split_backward_fn(q, k, v, causal, s_)
+                except Exception as ex:  # noqa: BLE001 - e.g. a split not dividing G
+                    print(f"  split={s_}: {type(ex).__name__}: {str(ex)[:200]}",
+                          flush=True)
+            btf = {n: 2.5 * flops / (ms * 1e-3) / 1e12
+                   for n, ms in _time(bwd, args.rep, args.rounds).items()}
+            bbest = max((btf[b] for b in BACKENDS if b in btf), default=None)
+            cells += [_fmt(btf.get(n)) for n in ["pyptx"] + list(BACKENDS)]
+            cells.append(f"{btf['pyptx'] / bbest:.3f}" if "pyptx" in btf and bbest else "n/a")
+            cells.append(_paired_cell(bwd, "pyptx", btf, args.pairs))
+            cells += [_fmt(btf.get("nondet")),
+                      f"{btf['nondet'] / bbest:.3f}" if "nondet" in btf and bbest else "n/a"]
+            cells += [_fmt(btf.get(f"split={s_}")) for s_ in args.kv_splits]
+        cells.append("n/a" if err is None else f"{err:.1e}")
+        print("| " + " | ".join(cells) + " |", flush=True)
+        body.append(cells)
+        rows.append(dict(D=D, S=S, B=B, H=H, Hkv=Hkv, causal=causal, fwd=tf, bwd=btf,
+                         err=err))
+        del q, k, v
+        torch.cuda.empty_cache()
     if args.out:
         lines = markdown_table(head, body)
         Path(args.out).write_text(f"attention TFLOP/s on {dev} (bf16, do_bench median)\n\n"

@@ -71,6 +71,21 @@ def test_split_backward_matches_float64_and_the_unsplit_dq(D, S, Hq, Hkv, causal
     assert np.array_equal(got[0], _simulate(base, inputs)[0])
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_split_pair_matches_float64(causal):
+    """The pair's dK/dV kernel (JAX and ``torch.compile``'s backward; D=64: the overlapped
+    schedule) split over 2: its dK and dV against float64."""
+    q, k, v, o, lse, do = (np.ascontiguousarray(x) for x in
+                           _reference(1, 200, 200, 4, 2, 64, causal, 41 + causal)[0])
+    grads = _reference(1, 200, 200, 4, 2, 64, causal, 41 + causal)[1]
+    dq_k, dkdv = fab.build_attention_backward(1, 200, 4, 2, 64, causal=causal,
+                                              plan=P(kv_split=2)).kernels
+    assert dkdv.name.endswith("_split2")
+    dq, stats = ptxsim.run(dq_k.specialize(), [q, k, v, o, lse, do])
+    dk, dv = ptxsim.run(dkdv.specialize(), [q, k, v, do, stats])
+    _check((dq, dk, dv), grads)
+
+
 def test_split_with_stats_lead_and_convert_lag():
     """The full-attention D=128 plan's helpers count CTAs per kv head as ``kv_split`` times
     the kv blocks: ``stats_lead`` rows shared by the four CTAs of a head, ``convert_lag``'s
