@@ -99,13 +99,24 @@ def test_a_default_call_times_nothing_and_takes_the_default_plan(monkeypatch, ca
     k = tuned(timer, default=plan)(64)
     assert k.choose(FakeArray()).name == "hold32_r0"
     assert k.choice.source == "default" and k.choice.us is None
-    assert plan.calls == [({"N": 64}, "Fake GPU 9000")]
+    # the builder call plans for the current device (None here), the launch for its device
+    assert plan.calls == [({"N": 64}, None), ({"N": 64}, "Fake GPU 9000")]
+    assert list(k._built) == [2]  # only the launched plan was built: no kernel left untraced
     assert k.default_config("Fake GPU 9000") == Config(hold=32)
     small = tuned(timer, default=plan)(48)  # the plan has nothing: the first config
     assert small.choose(FakeArray()).name == "hold8_r0" and small.choice.source == "first"
     plain = tuned(timer)(64)                # no plan at all: the first config, untimed
     assert plain.choose(FakeArray()).name == "hold8_r0" and plain.choice.source == "first"
     assert timer.measured == [] and capsys.readouterr().err == "" and not cache.exists()
+
+
+def test_a_builder_call_builds_the_plan_a_launch_takes_and_no_other(monkeypatch):
+    monkeypatch.delenv("PYPTX_AUTOTUNE")
+    k = tuned(FakeTimer({}), default=lambda kv, dev: Config(hold=16))(64)
+    assert k.name == "hold16_r0" and list(k._built) == [1]  # the first config is not built
+    monkeypatch.setenv("PYPTX_AUTOTUNE", "0")                # switched off: the first config
+    off = tuned(FakeTimer({}), default=lambda kv, dev: Config(hold=16))(48)
+    assert off.name == "hold8_r0" and list(off._built) == [0]
 
 
 def test_a_default_plan_that_is_no_config_or_does_not_build_falls_back(monkeypatch):

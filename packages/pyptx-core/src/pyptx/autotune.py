@@ -42,8 +42,11 @@ each timing.
 
 * Passing any config keyword explicitly (``build(..., threads=512)``) calls the
   builder directly: no choice, the builder's own result.
-* Where nothing can be timed (inside ``jax.jit`` or ``torch.compile``, or on CPU arrays)
-  the last choice of this process is used, else the first config that builds.
+* Where no device can be named (inside ``jax.jit`` or ``torch.compile``, or on CPU arrays)
+  the last choice of this process is used, else the default plan for the current device
+  (``PYPTX_AUTOTUNE=0``: the first config that builds).
+* Only the configs a launch or a timing takes are built: the builder call itself builds the
+  plan a launch on the current device takes (so arguments no config takes fail there).
 * After an eager torch call, the next call on the same device goes straight to the
   chosen kernel (one type check, one device comparison and one mode check).
 """
@@ -478,7 +481,9 @@ class TunedBuilder:
             if hit is not None:
                 return hit
         k = TunedKernel(self, tuple(args), dict(kwargs), keyvals)
-        k._first()  # arguments no config takes fail here, with the builder's own error
+        # arguments no config takes fail here, with the builder's own error; what is built
+        # is the plan a launch on the current device takes (no other kernel is built)
+        k._untimed()
         if memo is not None:
             with self._lock:
                 k = self._kernels.setdefault(memo, k)
@@ -498,9 +503,12 @@ class TunedBuilder:
 class TunedKernel:
     """The kernel of one builder call; which config runs is settled per device at first launch.
 
-    Attributes other than the ones below come from ``kernel``: the winner of the last
-    tuning, or, before any, the first config that builds (so ``.ptx()``, ``.in_specs``
-    and ``.specialize()`` work on a machine without a GPU).
+    Attributes other than the ones below come from ``kernel``: the last launch's choice,
+    or, before any, the plan a launch takes without timing (``PYPTX_AUTOTUNE=0``: the first
+    config that builds; otherwise the ``default`` plan for the current device), so
+    ``.ptx()``, ``.in_specs`` and ``.specialize()`` work on a machine without a GPU and
+    describe the kernel a default launch runs. Only the configs a launch (or a timing)
+    takes are built.
     """
 
     def __init__(self, tuner: TunedBuilder, args: tuple, kwargs: dict, keyvals: dict) -> None:
@@ -563,11 +571,20 @@ class TunedKernel:
                     pass
         return (*self._first(), "first")
 
+    def _untimed(self) -> Any:
+        """The kernel of a call that can name no device: the last choice, else the first
+        config that builds under ``PYPTX_AUTOTUNE=0``, else the default plan for the current
+        device (``default(keyvals, None)``), the plan a default launch on it takes where no
+        winner is saved."""
+        last = self._last
+        if last is not None:
+            return last[0]
+        return self._first()[0] if mode() is OFF else self._default(None)[0]
+
     @property
     def kernel(self) -> Any:
-        """The kernel attribute access goes to: the last winner, else the first config that builds."""
-        last = self._last
-        return last[0] if last is not None else self._first()[0]
+        """The kernel attribute access goes to: the last choice, else ``_untimed``'s plan."""
+        return self._untimed()
 
     @property
     def choice(self) -> Choice | None:
@@ -593,13 +610,13 @@ class TunedKernel:
         """The kernel to run on ``args``: settled on their device per mode (``mode()``) at the
         first call, then remembered.
 
-        Where no device can be named (inside a trace), the last choice, else the first config
-        that builds (nothing is timed or stored)."""
+        Where no device can be named (inside a trace), the last choice, else the plan of a
+        default call on the current device (``PYPTX_AUTOTUNE=0``: the first config that
+        builds); nothing is timed or stored."""
         timer = self.tuner.timer or timer_for(args)
         device = timer.device_name(args) if timer is not None else None
         if device is None:
-            last = self._last
-            return last[0] if last is not None else self._first()[0]
+            return self._untimed()
         how = mode()  # read at every call: a change takes effect at once
         hit = self._by_device.get((device, how))
         if hit is None:
