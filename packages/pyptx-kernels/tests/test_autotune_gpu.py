@@ -41,8 +41,26 @@ def cache(tmp_path, monkeypatch):
 
 
 @pytest.fixture
-def no_timing(monkeypatch):
-    """Default calls: ``PYPTX_AUTOTUNE`` unset, and any timing fails the test."""
+def fresh_tuners(monkeypatch):
+    """No choice of an earlier test in this process: the row builders and the GEMM's tuned
+    builders start with empty memos (a memoised ``TunedKernel`` remembers each device's
+    choice, an earlier test's timed winner included), and the GEMM's kernel cache is empty.
+    (Winners on disk are the ``cache`` fixture's: a fresh folder per test.)"""
+    from pyptx_kernels.gemm import host
+
+    rows = (mod("rms_norm").build_rms_norm_fast, mod("layer_norm").build_layer_norm,
+            mod("softmax").build_softmax_fast, mod("swiglu").build_swiglu)
+    for tuner in (*(b.tuner for b in rows), host.gemm_planned, host.gemm_tuned):
+        monkeypatch.setattr(tuner, "_kernels", {})
+    host._cached.cache_clear()
+    yield
+    host._cached.cache_clear()
+
+
+@pytest.fixture
+def no_timing(monkeypatch, fresh_tuners):
+    """Default calls from a fresh start: ``PYPTX_AUTOTUNE`` unset, no earlier test's choice
+    in the process, and any timing fails the test."""
     from pyptx.autotune import TorchTimer
 
     def refuse(self, *a, **k):
