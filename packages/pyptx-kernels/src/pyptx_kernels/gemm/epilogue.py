@@ -50,7 +50,8 @@ class TileEpilogue:
     ``stmatrix.x4`` (one per four 8x8 blocks, ``cfg.epilogue == "stmatrix"``) or one
     ``st.shared.b32`` per column pair; an f32 output by ``st.shared.v2.f32``. Constructing
     it emits the per-thread addressing (swizzled rows, stmatrix rows, bias pointer,
-    output tensor map). ``R``: the residual ``(M, N)`` in the output type, added last."""
+    output tensor map). ``R``: the residual ``(M, N)`` in the output type, added last (``M``
+    an int or a u32 register: the kernel parameter of a runtime-M GEMM)."""
 
     def __init__(self, cfg, *, accs, ot, M, N, alpha, bias, activation, Bias, D, tid, lane, w,
                  row0, col0, cbuf, leader, bar_id, R=None):

@@ -99,8 +99,8 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
     b_tile = OperandTile(BN, BK, dt, major=b_major, swizzle=128)
     ring_bytes = stages * (a_tile.nbytes + b_tile.nbytes)
     wg_out_bytes = cfg.epi_bufs * 64 * 128     # one consumer's 64-row x 128-byte slabs
-    sched = TileSchedule(M, N, K, KB, cfg)
-    plan = sched.plan
+    host_sched = TileSchedule(M, N, K, KB, cfg)
+    plan = host_sched.plan
     prod_regs = 40 if consumers <= 2 else 24
     maxnreg, cons_regs = register_budget(consumers, prod_regs)
 
@@ -123,6 +123,7 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
            "D": {"box": (64, 128 // ot.bytes), "swizzle": "128B"}}
 
     def body(A, B, Bias, D, Flags=None, WS=None, R=None):
+        sched = host_sched.bind()
         base = ring_base()
         pipe = Pipeline(stages, consumer_arrivals=consumers * (cluster if multicast else 1))
         tid, wg = thread_ids()
@@ -142,7 +143,7 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
         cbuf = base + ring_bytes + w * wg_out_bytes
         mma = mainloop.consumer_mma(pipe, accs, a_tile, b_tile, cfg=cfg, base=base, w=w,
                                     leader=leader, dt=dt, multicast=multicast)
-        epilogue = TileEpilogue(cfg, accs=accs, ot=ot, M=M, N=N, alpha=alpha, bias=bias,
+        epilogue = TileEpilogue(cfg, accs=accs, ot=ot, M=sched.M, N=N, alpha=alpha, bias=bias,
                                 activation=activation, Bias=Bias, D=D, tid=tid, lane=lane, w=w,
                                 row0=row0, col0=col0, cbuf=cbuf, leader=leader, bar_id=bar_id,
                                 R=R)
@@ -161,7 +162,7 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
 
     name = (f"gemm_{dt.name}_{ot.name}_{a_major}{b_major}_{BM}x{BN}x{BK}_s{stages}_c{cluster}"
             f"{'_w128' if cfg.wg_rows == 128 else ''}{f'_st{plan[2]}' if plan else ''}")
-    deco = kernel(in_specs=in_specs, out_specs=out_specs, grid=(sched.ctas, 1, 1),
+    deco = kernel(in_specs=in_specs, out_specs=out_specs, grid=(host_sched.ctas, 1, 1),
                   block=(threads, 1, 1), cluster=(cluster, 1, 1), smem=smem_total,
                   maxnreg=maxnreg, tma=tma, name=name)
     names = ("A", "B", *("Bias",) * bias, *("R",) * residual, *("Flags",) * bool(plan), "D",
@@ -173,7 +174,7 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
 
     gemm.__signature__ = inspect.Signature(
         [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in names])
-    return SplitTailGemm(deco(gemm), sched.ctas) if plan else deco(gemm)
+    return SplitTailGemm(deco(gemm), host_sched.ctas) if plan else deco(gemm)
 
 
 gemm_tuned = autotune([Config(config=c.name) for c in GEMM_CONFIGS],

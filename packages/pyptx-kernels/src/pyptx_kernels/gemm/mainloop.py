@@ -40,9 +40,9 @@ def consumer_mma(pipe, accs, a_tile, b_tile, *, cfg, base, w, leader, dt, multic
 
 
 def cooperative_loop(mma, sched, *, cid, rank, epilogue):
-    """The persistent walk: tiles ``cid, cid + clusters, ...``, each split between the
-    consumer warpgroups."""
-    for t in ptx.loop(cid, sched.tiles, sched.clusters):
+    """The persistent walk: tiles ``cid, cid + clusters, ...`` (``sched.work``), each split
+    between the consumer warpgroups."""
+    for t in ptx.loop(*sched.work(cid)[0]):
         m0, n0 = sched.coords(t, rank)
         mma.run(sched.num_kb)
         epilogue(m0, n0)

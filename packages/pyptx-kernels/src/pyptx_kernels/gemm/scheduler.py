@@ -5,6 +5,8 @@ kernel's host wrapper (``SplitTailGemm``, ``zeroed_flags``)."""
 
 from __future__ import annotations
 
+import copy
+
 from pyptx import ptx, reg
 from pyptx.errors import ConfigError
 from pyptx.types import f32, u32, u64
@@ -61,21 +63,42 @@ class TileSchedule:
     ``GemmConfig``: cluster tiles ``tiles`` (``num_mc`` rows x ``num_nc`` columns), k-blocks
     ``num_kb``, the split-tail ``plan`` (None: the plain persistent walk) and the grid of
     ``clusters`` clusters (``ctas`` CTAs): a cluster per tile up to the SMs' worth, all of
-    them with a split tail, whose pieces may outnumber the tiles."""
+    them with a split tail, whose pieces may outnumber the tiles.
+
+    Runtime M: the plain walk's kernel reads what depends on M from kernel parameters
+    (``bind``: ``M``, ``num_mc``, ``tiles``), so one PTX serves every M of an ``(N, K)``
+    family; only the grid differs. Its loop strides by the constant ``num_sms // cluster``,
+    which is the cluster count whenever a cluster has more than one tile (with fewer tiles
+    than that each cluster has one, and any stride ends its loop). A split-tail kernel keeps
+    its M-specific constants (its plan is chosen per shape)."""
 
     def __init__(self, M, N, K, KB, cfg):
         self.cfg = cfg
         BM, BN, cluster = cfg.BM, cfg.BN, cfg.cluster
+        self.M = M
         num_m, self.num_n = -(-M // BM), -(-N // BN)
         self.num_mc = -(-num_m // cluster)   # cluster rows of tiles
         self.tiles = self.num_mc * self.num_n
         self.num_kb = -(-max(K, KB) // cfg.BK)
-        self.plan = (split_tail_plan(self.tiles, max(1, cfg.num_sms // cluster), self.num_kb)
+        self.stride = max(1, cfg.num_sms // cluster)
+        self.plan = (split_tail_plan(self.tiles, self.stride, self.num_kb)
                      if cfg.split_tail else None)
-        self.clusters = max(1, cfg.num_sms // cluster if self.plan
-                            else min(self.tiles, cfg.num_sms // cluster))
+        self.clusters = self.stride if self.plan else max(1, min(self.tiles, self.stride))
         self.ctas = self.clusters * cluster
-        self.gm = max(1, min(cfg.group_m, self.num_mc))
+        # a band of group_m cluster rows where fewer remain is the same order as one of fewer
+        self.gm = cfg.group_m
+
+    def bind(self):
+        """This schedule as the kernel sees it, emitting its parameter loads (call inside the
+        kernel body): a copy whose ``M``, ``num_mc`` and ``tiles`` are registers loaded from
+        the kernel parameters of those names (the plain walk), or itself (a split tail)."""
+        if self.plan:
+            return self
+        bound = copy.copy(self)
+        bound.M = ptx.scalar_param(u32, self.M, "M")
+        bound.num_mc = ptx.scalar_param(u32, self.num_mc, "num_mc")
+        bound.tiles = ptx.scalar_param(u32, self.tiles, "tiles")
+        return bound
 
     def coords(self, t, rank):
         """(m0, n0) of CTA ``rank``'s part of cluster tile ``t``, grouped ``gm`` cluster rows
@@ -91,7 +114,7 @@ class TileSchedule:
         for a whole tile)."""
         clusters, num_kb = self.clusters, self.num_kb
         if not self.plan:
-            return (cid, self.tiles, clusters), None
+            return (cid, self.tiles, self.stride), None
         waves, rest, nsplit = self.plan
         pieces = (rest * nsplit + clusters - 1 - cid) // clusters
 
