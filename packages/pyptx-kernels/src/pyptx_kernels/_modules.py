@@ -10,6 +10,13 @@ KERNEL_MODULES = {
     "layer_norm": "pyptx_kernels.rows.layer_norm",
     "softmax": "pyptx_kernels.rows.softmax",
     "swiglu": "pyptx_kernels.rows.swiglu",
+    "add_rms_norm": "pyptx_kernels.rows.add_rms_norm",
+    "rope": "pyptx_kernels.rows.rope",
+    "cross_entropy": "pyptx_kernels.cross_entropy.kernel",
+    "decode": "pyptx_kernels.flash_attention.decode_kernel",
+    "decode_combine": "pyptx_kernels.flash_attention.decode_combine",
+    "sm80_gemm": "pyptx_kernels.ampere.gemm_kernel",
+    "sm80_attention": "pyptx_kernels.ampere.attention_kernel",
 }
 
 
