@@ -15,7 +15,10 @@ eager: bulk dQ, ordered dQ converted in the grid, the fused D=64 kernel) at a sq
 ragged shape, and every tuned configuration of the row kernels (RMSNorm, LayerNorm, softmax,
 SwiGLU; f32 and bf16) and the norms' backward kernels at 2048x8192 and 5x1000 for sm_90a and
 at 2048x8192 for sm_80 and sm_100a (a config a shape or target refuses is fingerprinted as its
-error class).
+error class); the gated and residual GEMM epilogues, the decode kernel (contiguous/paged,
+D 64/128, direct loads, splits and their combine, append), the fused Llama row ops
+(add_rms_norm forward/backward, RoPE, the cross-entropy rows) and the Ampere GEMM and
+attention at their default plans.
 Runs on the CPU (tracing only).
 """
 
@@ -166,10 +169,77 @@ def _row_cases():
     return cases
 
 
+def _fused_gemm_cases():
+    """The gated (SwiGLU) and residual GEMM epilogues at 4096^3 with the default plan."""
+    return [("gemm/4096x4096x4096/swiglu", "gemm", "build_gemm", (4096, 4096, 4096),
+             dict(activation="swiglu")),
+            ("gemm/4096x4096x4096/residual", "gemm", "build_gemm", (4096, 4096, 4096),
+             dict(residual=True))]
+
+
+def _decode_cases():
+    """The decode kernel (default plan: TMA ring) on a contiguous and a paged cache at head dims
+    64 and 128 (four query heads per KV head, one new query), its direct-load plan, an
+    appending call, KV splits and their combine kernel."""
+    from pyptx_kernels.flash_attention.decode_config import DecodeConfig
+
+    dec = _mod("decode")
+    cases = []
+    for D in (64, 128):
+        for paged in (False, True):
+            cache = (64, 256, 2, D) if paged else (4, 4096, 2, D)   # paged: 256-key pages
+            shape = dec.DecodeShape(4, 1, 8, 2, D, cache, max_pages=16 if paged else 0)
+            tag = f"d{D}/{'paged' if paged else 'contiguous'}"
+            cases.append((f"decode/{tag}", "decode", "build_decode", (shape,), {}))
+        shape = dec.DecodeShape(4, 1, 8, 2, D, (4, 4096, 2, D))
+        cases.append((f"decode/d{D}/direct", "decode", "build_decode", (shape,),
+                      dict(config=DecodeConfig(ring_stages=0))))
+        cases.append((f"decode/d{D}/splits4", "decode", "build_decode", (shape,),
+                      dict(splits=4)))
+        cases.append((f"decode/d{D}/combine4", "decode_combine", "build_combine",
+                      (4, 1, 8, D, 4), {}))
+    append = dec.DecodeShape(2, 2, 8, 2, 128, (2, 4096, 2, 128), append=True, n_new=2)
+    cases.append(("decode/d128/append", "decode", "build_decode", (append,), {}))
+    return cases
+
+
+def _llama_row_cases():
+    """The fused ops of a Llama step at their default plans: residual add + RMSNorm (forward,
+    backward), RoPE on q and k (both layouts) and the cross-entropy row kernel."""
+    cases = []
+    for dt in ("f32", "bf16"):
+        for (B, N) in [(2048, 8192), (5, 1000)]:
+            cases.append((f"add_rms_norm/{B}x{N}/{dt}", "add_rms_norm", "build_add_rms_norm",
+                          (B, N, dt, 1e-6), {}))
+            cases.append((f"add_rms_norm/{B}x{N}/{dt}/bwd", "add_rms_norm",
+                          "build_add_rms_norm_bwd", (B, N, dt, 1e-6), {}))
+        for layout in ("bhsd", "bshd"):
+            cases.append((f"rope/2x32x8x1024x128/{dt}/{layout}", "rope", "build_rope",
+                          (2, 32, 8, 1024, 128, dt), dict(layout=layout)))
+        cases.append((f"cross_entropy/4096x128256/{dt}", "cross_entropy",
+                      "build_cross_entropy_rows", (4096, 128256, dt), {}))
+        cases.append((f"cross_entropy/5x1000/{dt}/nograd", "cross_entropy",
+                      "build_cross_entropy_rows", (5, 1000, dt), dict(grad=False)))
+    return cases
+
+
+def _ampere_cases():
+    """The Ampere GEMM (both B layouts) and attention forward (head dims 64/128, causal and
+    full) at their default plans."""
+    cases = [(f"sm80/gemm/4096x4096x4096/{b}", "sm80_gemm", "build_sm80_gemm",
+              (4096, 4096, 4096), dict(b_major=b)) for b in ("MN", "K")]
+    for D in (64, 128):
+        for causal in (False, True):
+            cases.append((f"sm80/attn/d{D}/{'causal' if causal else 'full'}", "sm80_attention",
+                          "build_sm80_attention", (2, 1000, 8, 2, D), dict(causal=causal)))
+    return cases
+
+
 def cases():
     """Every snapshot case: ``(name, module, builder, args, kwargs)``."""
     return (_gemm_cases() + _fp8_cases() + _grouped_cases() + _attention_cases()
-            + _row_cases())
+            + _row_cases()
+            + _fused_gemm_cases() + _decode_cases() + _llama_row_cases() + _ampere_cases())
 
 
 def _texts(k):
