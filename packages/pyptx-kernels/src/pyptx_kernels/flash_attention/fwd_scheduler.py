@@ -88,9 +88,12 @@ class TileScheduler:
 
     def tiles(self):
         """The CTA's one tile (a Python loop of one iteration) or the device loop over the
-        persistent order."""
+        persistent order (stride: the grid's CTA count, ``%nctaid.x``)."""
         if self.ctas is None:
             yield self.one
             return
-        for t in ptx.loop(self.cx, self.num_m * self.Hq * self.B, self.ctas, type=s32):
-            yield self.tile(t)
+        # tiles cx, cx + nctaid, ...: the grid's size is read, not built in (one PTX per plan)
+        ctas = reg.from_(ptx.special.nctaid.x(), s32)
+        total = self.num_m * self.Hq * self.B
+        for i in ptx.loop(0, (total - self.cx + (ctas - 1)) // ctas, type=s32):
+            yield self.tile(i * ctas + self.cx)
