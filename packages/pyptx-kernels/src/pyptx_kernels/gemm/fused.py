@@ -108,7 +108,10 @@ def _launch(x, weight, *, activation=None, residual=None):
     return k(*args)
 
 
+@_common.defines_ops
 def _define():
+    """Define ``pyptx::swiglu_linear`` and ``pyptx::linear_residual`` (a constant for dynamo:
+    a first call inside ``torch.compile`` defines them at trace time)."""
     _common.torch_op("swiglu_linear", "(Tensor x, Tensor weight) -> Tensor",
                      lambda x, w: _launch(x, w, activation="swiglu"),
                      lambda x, w: x.new_empty((x.shape[0], w.shape[0] // 2)),
@@ -117,6 +120,7 @@ def _define():
                      lambda x, w, r: _launch(x, w, residual=r),
                      lambda x, w, r: r.new_empty((x.shape[0], w.shape[0])),
                      _residual_backward, _save_inputs)
+    return True
 
 
 def _save_inputs(ctx, inputs, output):
