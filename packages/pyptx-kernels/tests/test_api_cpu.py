@@ -28,10 +28,13 @@ from pyptx_kernels.gemm import api as gemm_api  # noqa: E402
 from pyptx_kernels.grouped_gemm import api as grouped_api  # noqa: E402
 from pyptx_kernels.rows import api as rows_api  # noqa: E402
 
-BF, F32 = torch.bfloat16, torch.float32
+BF, F32, F16 = torch.bfloat16, torch.float32, torch.float16
+I32, I64 = torch.int32, torch.int64
 E4M3 = torch.float8_e4m3fn
 FUNCTIONS = ["matmul", "linear", "grouped_mm", "scaled_mm", "scaled_mm_blockwise", "attention",
-             "attention_varlen", "rms_norm", "layer_norm", "softmax", "swiglu", "ptx"]
+             "attention_varlen", "rms_norm", "layer_norm", "softmax", "swiglu", "ptx",
+             "swiglu_linear", "linear_residual", "pack_gated", "attention_with_kvcache",
+             "add_rms_norm", "apply_rotary", "linear_cross_entropy", "tune", "precompile"]
 
 
 def test_import_is_cheap():
@@ -118,6 +121,36 @@ BAD = {
     "swiglu shapes": (pk.swiglu, (meta(2, 64), meta(2, 32)), {}, "same shape"),
     "swiglu cpu": (pk.swiglu, (cpu(2, 64), cpu(2, 64)), {}, "CUDA"),
     "ptx not a kernel function": (pk.ptx, (len, meta(2)), {}, "not a pyptx_kernels"),
+    "add_rms_norm shapes": (pk.add_rms_norm, (meta(2, 64), meta(2, 32), meta(64)), {}, "same shape"),
+    "add_rms_norm weight": (pk.add_rms_norm, (meta(2, 64), meta(2, 64), meta(32)), {}, "\\(64,\\)"),
+    "add_rms_norm f16": (pk.add_rms_norm, (meta(2, 64, dtype=F16), meta(2, 64, dtype=F16), meta(64, dtype=F16)), {}, "float32 or bfloat16"),
+    "add_rms_norm cpu": (pk.add_rms_norm, (cpu(2, 64), cpu(2, 64), cpu(64)), {}, "CUDA"),
+    "rotary layout": (pk.apply_rotary, (meta(1, 2, 8, 64), meta(1, 2, 8, 64), meta(8, 64), meta(8, 64)), {"layout": "sbhd"}, "layout"),
+    "rotary cos": (pk.apply_rotary, (meta(1, 2, 8, 64), meta(1, 2, 8, 64), meta(8, 32), meta(8, 32)), {}, "cos must have shape"),
+    "rotary dtype": (pk.apply_rotary, (meta(1, 2, 8, 64), meta(1, 2, 8, 64), meta(8, 64, dtype=F32), meta(8, 64, dtype=F32)), {}, "dtype"),
+    "rotary batch": (pk.apply_rotary, (meta(1, 2, 8, 64), meta(2, 2, 8, 64), meta(8, 64), meta(8, 64)), {}, "k must share"),
+    "lce target": (pk.linear_cross_entropy, (meta(4, 64), meta(100, 64), meta(5, dtype=I64)), {}, "target"),
+    "lce reduction": (pk.linear_cross_entropy, (meta(4, 64), meta(100, 64), meta(4, dtype=I64)), {"reduction": "none"}, "reduction"),
+    "lce f32": (pk.linear_cross_entropy, (meta(4, 64, dtype=F32), meta(100, 64, dtype=F32), meta(4, dtype=I64)), {}, "bfloat16"),
+    "lce weight": (pk.linear_cross_entropy, (meta(4, 64), meta(100, 32), meta(4, dtype=I64)), {}, "weight \\(V, H\\)"),
+    "swiglu_linear rows": (pk.swiglu_linear, (meta(4, 64), meta(192, 64)), {}, "multiple of 128"),
+    "swiglu_linear f32": (pk.swiglu_linear, (meta(4, 64, dtype=F32), meta(256, 64, dtype=F32)), {}, "bfloat16 or float16"),
+    "swiglu_linear inner": (pk.swiglu_linear, (meta(4, 64), meta(256, 128)), {}, "weight \\(out, in\\)"),
+    "linear_residual residual": (pk.linear_residual, (meta(4, 64), meta(128, 64), meta(4, 64)), {}, "residual must have shape"),
+    "linear_residual cpu": (pk.linear_residual, (cpu(4, 64), cpu(128, 64), cpu(4, 128)), {}, "CUDA"),
+    "pack_gated shapes": (pk.pack_gated, (meta(128, 64), meta(64, 64)), {}, "of one shape"),
+    "pack_gated rows": (pk.pack_gated, (meta(96, 64), meta(96, 64)), {}, "multiple of 64"),
+    "kvcache head dim": (pk.attention_with_kvcache, (meta(2, 1, 8, 96), meta(2, 64, 2, 96), meta(2, 64, 2, 96), meta(2, dtype=I32)), {}, "head dim"),
+    "kvcache seqlens": (pk.attention_with_kvcache, (meta(2, 1, 8, 64), meta(2, 64, 2, 64), meta(2, 64, 2, 64), meta(2, dtype=I64)), {}, "int32"),
+    "kvcache heads": (pk.attention_with_kvcache, (meta(2, 1, 8, 64), meta(2, 64, 3, 64), meta(2, 64, 3, 64), meta(2, dtype=I32)), {}, "multiple of the cache's KV heads"),
+    "kvcache queries": (pk.attention_with_kvcache, (meta(2, 17, 8, 64), meta(2, 64, 2, 64), meta(2, 64, 2, 64), meta(2, dtype=I32)), {}, "1..16 queries"),
+    "kvcache f32": (pk.attention_with_kvcache, (meta(2, 1, 8, 64, dtype=F32), meta(2, 64, 2, 64, dtype=F32), meta(2, 64, 2, 64, dtype=F32), meta(2, dtype=I32)), {}, "one dtype"),
+    "kvcache page": (pk.attention_with_kvcache, (meta(2, 1, 8, 64), meta(8, 40, 2, 64), meta(8, 40, 2, 64), meta(2, dtype=I32)), {"block_table": meta(2, 4, dtype=I32)}, "page size"),
+    "kvcache cpu": (pk.attention_with_kvcache, (cpu(2, 1, 8, 64), cpu(2, 64, 2, 64), cpu(2, 64, 2, 64), torch.zeros(2, dtype=I32)), {}, "CUDA"),
+    "precompile inputs": (pk.precompile, ([(pk.rms_norm, meta(2, 64), meta(64))], meta(2)), {}, "example inputs go with a module"),
+    "precompile work": (pk.precompile, (5,), {}, "nn.Module or a list"),
+    "precompile call": (pk.precompile, ([5],), {}, "tuple \\(fn, \\*args\\)"),
+    "tune not callable": (pk.tune, (5,), {}, "must be a callable"),
 }
 
 
@@ -173,9 +206,10 @@ def test_ptx_traces_every_function(device):
 
 def test_ptx_includes_the_backward_where_an_input_requires_grad():
     x, w = meta(2, 37, 64).requires_grad_(), meta(128, 64)
-    assert list(pk.ptx(pk.linear, x, w)) == ["gemm_bf16_bf16_KK_128x256x64_s4_c2",   # x @ w.T
-                                             "gemm_bf16_bf16_KMN_128x256x64_s4_c2",  # g @ w
-                                             "gemm_bf16_bf16_MNMN_128x256x64_s4_c2"]  # g.T @ x
+    # the plans a default call takes (no GPU here: the heuristic's, 64x128 tiles for 74 rows)
+    assert list(pk.ptx(pk.linear, x, w)) == ["gemm_bf16_bf16_KK_64x128x64_s9_c1",   # x @ w.T
+                                             "gemm_bf16_bf16_KMN_64x128x64_s9_c1",  # g @ w
+                                             "gemm_bf16_bf16_MNMN_64x128x64_s9_c1"]  # g.T @ x
     assert list(pk.ptx(pk.rms_norm, x[..., :1].expand(2, 37, 64), meta(64))) == [
         "rms_norm_bf16", "rms_norm_bwd_bf16", "rms_norm_dw_bf16"]
     offs = torch.empty(4, dtype=torch.int32, device="meta")
@@ -425,7 +459,7 @@ def test_jax_shapes_trace_and_bad_input():
     assert list(pk.ptx(pk.linear, x, w)) == list(pk.ptx(pk.linear, meta(2, 37, 64), meta(128, 64)))
     assert list(pk.ptx(pk.rms_norm, x, S((64,), jnp.bfloat16))) == ["rms_norm_bf16"]
     assert list(pk.ptx(pk.grouped_mm, S((300, 64), jnp.bfloat16), S((4, 64, 32), jnp.bfloat16),
-                       S((4,), jnp.int32))) == ["grouped_bf16_MN_128x256x64_s4"]
+                       S((4,), jnp.int32))) == ["grouped_bf16_MN_64x256x64_s5_pf_spec5"]  # the heuristic's
     expect_error(pk.rms_norm, jnp.ones((2, 64), jnp.float16), jnp.ones(64, jnp.float16),
                  match="float32 or bfloat16")
     expect_error(pk.matmul, jnp.ones((2, 64), jnp.bfloat16), jnp.ones((32, 64), jnp.bfloat16),

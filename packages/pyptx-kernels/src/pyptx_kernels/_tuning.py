@@ -179,6 +179,11 @@ def tune(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     included). The candidates run many times on these arguments: ``fn`` must not update its
     inputs in place."""
     from pyptx.autotune import tuning
+    from pyptx.errors import ConfigError
+    from pyptx_kernels._common import fail
 
+    if not callable(fn):
+        raise fail(ConfigError, "tune", f"fn must be a callable (a pyptx_kernels function, a "
+                   f"model, a training step), got {type(fn).__name__}")
     with tuning():
         return fn(*args, **kwargs)

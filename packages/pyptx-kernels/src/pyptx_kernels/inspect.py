@@ -35,7 +35,9 @@ def ptx(fn, *args, **kwargs) -> dict[str, str]:
     """``{kernel name: PTX text}`` of every kernel ``fn(*args, **kwargs)`` would launch for
     these arguments (``fn`` a ``pyptx_kernels`` function). Nothing launches: the arguments
     may be CPU or ``device="meta"`` torch tensors or ``jax.ShapeDtypeStruct``s. A tuned
-    kernel gives its first configuration's PTX (the untuned default)."""
+    kernel gives the PTX of the plan a default call takes on the current device (a winner
+    saved in this process, else the shipped table's or the heuristic's plan;
+    ``PYPTX_AUTOTUNE=0``: the first configuration)."""
     return {k: v.ptx() for k, v in kernels(fn, *args, **kwargs).items()}
 
 
