@@ -15,7 +15,6 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ptxsim  # noqa: E402
-
 from pyptx_kernels.gemm.config import GEMM_CONFIGS, GemmConfig  # noqa: E402
 from pyptx_kernels.gemm.kernel import build_gemm  # noqa: E402
 from pyptx_kernels.gemm.scheduler import SplitTailGemm  # noqa: E402

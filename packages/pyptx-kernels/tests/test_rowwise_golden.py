@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 from pyptx_kernels.rows import RowConfig
 
-
 GOLDEN = Path(__file__).resolve().parent / "golden" / "rowwise"
 CASES = json.loads((GOLDEN / "manifest.json").read_text())
 #: the old module switches -> the RowConfig fields
