@@ -24,10 +24,12 @@ def precompile(work: Any, *example_inputs: Any, backward: bool = False,
     ``(fn, *args)`` (``fn`` a ``pyptx_kernels`` function; a trailing dict holds keyword
     arguments; each arg a tensor, a ``(shape, dtype)`` pair, or a ``device="meta"`` tensor,
     which is allocated zero-filled with its strides on ``device``, or anything else passed
-    as it is). Each kernel gets the plan a default call takes (``PYPTX_AUTOTUNE=0``: the
-    first), never timed, even under ``PYPTX_AUTOTUNE=1``. ``backward=True`` also runs the backward of every floating output (inputs
-    that are floating point get ``requires_grad``; a module's parameter gradients are left
-    as they were). Returns when the device is idle.
+    as it is). Each kernel gets the plan a default call takes (a saved winner, else the
+    shipped table's or the heuristic's; under ``PYPTX_AUTOTUNE=0`` the first), never timed,
+    even under ``PYPTX_AUTOTUNE=1``; only those plans are built. ``backward=True`` also runs
+    the backward of every floating output (inputs that are floating point get
+    ``requires_grad``; a module's parameter gradients are left as they were). Returns when
+    the device is idle.
 
     Sizes are part of a family where a kernel bakes them in (GEMM tiles): precompile the
     shapes the server will see, or their buckets' representatives."""
