@@ -47,7 +47,8 @@ def device_key(name: str | None = None) -> str:
     """The table key of a device name: ``"h100"`` for any H100, ``"h200"`` for an H200 or
     GH200, otherwise the name in lower case with runs of other characters as ``_``
     (``"nvidia_b200"``; no table ships for it: the heuristic decides). ``name=None``: the
-    current CUDA device's name if torch is imported and sees one, else ``"other"``."""
+    current GPU's name (torch's current CUDA device, else JAX's default device, whichever
+    is imported and sees a GPU), else ``"other"``."""
     if name is None:
         name = _current_device_name()
         if name is None:
@@ -65,15 +66,24 @@ def _key_of(name: str) -> str:
 
 
 def _current_device_name() -> str | None:
+    """The name a launch's timer gives the current GPU (``pyptx.autotune``'s ``TorchTimer``:
+    torch's device name; ``JaxTimer``: the default device's ``device_kind``), from the
+    framework already imported; None without one or without a GPU."""
     torch = sys.modules.get("torch")
-    if torch is None:
-        return None
-    try:
-        if not torch.cuda.is_available():
+    if torch is not None:
+        try:
+            if torch.cuda.is_available():
+                return torch.cuda.get_device_name()
+        except Exception:  # a CPU build, no driver: no device to name
+            pass
+    jax = sys.modules.get("jax")
+    if jax is not None:
+        try:
+            dev = jax.devices()[0]
+            return dev.device_kind if dev.platform == "gpu" else None
+        except Exception:  # no backend: no device to name
             return None
-        return torch.cuda.get_device_name()
-    except Exception:  # a CPU build, no driver: no device to name
-        return None
+    return None
 
 
 def bucket(n: int) -> int:
