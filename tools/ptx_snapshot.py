@@ -128,7 +128,9 @@ def _attention_cases():
                                 # attention()'s torch eager backwards (``for_eager``)
                                 ("bulk", plan.bulk()), ("convert", plan.converted()),
                                 ("lag_lead", plan.lagged())] + (
-                        [("fused", plan.fused(pingpong=1))] if D == 64 else []):
+                        [("fused", plan.fused(pingpong=1)),
+                         ("fused_auto", plan.fused(pingpong=1, kv_split="auto"))]
+                        if D == 64 else []):
                     tag = f"{mode}/d{D}/{'causal' if causal else 'full'}/{B}x{S}x{Hq}x{Hkv}"
                     cases.append((f"attn_bwd/{tag}", "flash_attention_bwd",
                                   "build_attention_backward", (B, S, Hq, Hkv, D),

@@ -71,6 +71,30 @@ def test_split_backward_matches_float64_and_the_unsplit_dq(D, S, Hq, Hkv, causal
     assert np.array_equal(got[0], _simulate(base, inputs)[0])
 
 
+@pytest.mark.parametrize("S,Sk,Hq,Hkv,causal,ordered,pingpong,split", [
+    (200, 200, 2, 1, True, True, 1, 2),     # attention()'s D=64 plan, split over 2
+    (130, 260, 4, 1, False, True, 0, 4),    # ascending order, lockstep, a half per CTA
+    (200, 200, 4, 2, True, False, 1, 2),    # any order, two kv heads
+])
+def test_split_fused_matches_float64_and_the_unsplit_dq(S, Sk, Hq, Hkv, causal, ordered,
+                                                         pingpong, split):
+    """The fused D=64 kernel split over a cluster: dK, dV against float64; ordered, dQ bit
+    for bit the unsplit kernel's. (Full attention with S == Sk takes the rotated order,
+    which the simulator's one-cluster-at-a-time run cannot finish.)"""
+    inputs, grads = _reference(1, S, Sk, Hq, Hkv, 64, causal, 53 + S + split)
+    make = lambda s: P.fused(ordered=ordered, pingpong=pingpong, kv_split=s)  # noqa: E731
+    bwd = fab.build_attention_backward(1, S, Hq, Hkv, 64, Sk=Sk, causal=causal,
+                                       plan=make(split))
+    assert bwd.dkdv_kernel.name.endswith(f"_split{split}")
+    assert bwd.dkdv_kernel.specialize().cluster == (split, 1, 1)
+    got = _simulate(bwd, inputs)
+    _check(got, grads)
+    if ordered:
+        base = fab.build_attention_backward(1, S, Hq, Hkv, 64, Sk=Sk, causal=causal,
+                                            plan=make(1))
+        assert np.array_equal(got[0], _simulate(base, inputs)[0])
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_split_pair_matches_float64(causal):
     """The pair's dK/dV kernel (JAX and ``torch.compile``'s backward; D=64: the overlapped
@@ -104,17 +128,21 @@ def test_auto_split_follows_the_group_size(G, want):
     1 otherwise (MHA's kernels unchanged)."""
     bwd = fab.build_attention_backward(1, 4096, 4 * G, 4, 128, causal=True, plan=P.lagged())
     assert bwd.dkdv_kernel.name.endswith("_split2") == (want == 2)
-    assert P.for_eager(128).kv_split == "auto"
+    assert P.for_eager(128).kv_split == P.for_eager(64).kv_split == "auto"
+    fused = fab.build_attention_backward(1, 1024, 4 * G, 4, 64, causal=True, plan=P.for_eager(64))
+    assert fused.dkdv_kernel.name.endswith("_split2") == (want == 2)
 
 
 @pytest.mark.parametrize("S,Hq,Hkv,D,causal,split", [
     (4096, 32, 8, 128, True, 2), (4096, 32, 8, 128, False, 4), (16384, 16, 4, 128, True, 4),
     (2048, 32, 4, 64, False, 8), (2048, 32, 8, 64, True, 2),
+    (2048, 32, 8, 64, True, -2), (2048, 32, 4, 64, False, -8), (3000, 12, 4, 64, True, -1),
 ])
 def test_split_kernels_assemble_without_spills(S, Hq, Hkv, D, causal, split, assemble):
-    """The benchmark's grouped shapes: no spills, no wgmma serialisation (C751x)."""
-    bwd = fab.build_attention_backward(2, S, Hq, Hkv, D, causal=causal,
-                                       plan=P.lagged(kv_split=split))
+    """The benchmark's grouped shapes: no spills, no wgmma serialisation (C751x); a negative
+    split: the fused D=64 kernel (attention()'s plan) split over ``-split``."""
+    plan = P.lagged(kv_split=split) if split > 0 else P.fused(pingpong=1, kv_split=-split)
+    bwd = fab.build_attention_backward(2, S, Hq, Hkv, D, causal=causal, plan=plan)
     log = assemble(bwd.dkdv_kernel.ptx())
     assert "0 bytes spill stores" in log and "C751" not in log, log
 
@@ -124,6 +152,7 @@ def test_split_kernels_assemble_without_spills(S, Hq, Hkv, D, causal, split, ass
     (dict(kv_split=True), "kv_split must be one of"),
     (dict(kv_split=2, dkdv_bq=128, atomic_dq=True, dq_bulk=True, dq_ordered=True),
      "64-row q blocks"),
+    (dict(kv_split=5, fused_bq=128), "kv_split must be one of"),
 ])
 def test_bad_plans_name_the_callers_line(kw, match):
     with pytest.raises(ConfigError, match=match) as e:

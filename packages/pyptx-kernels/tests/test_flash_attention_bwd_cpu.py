@@ -626,8 +626,9 @@ def test_backward_plan_names_the_valid_plans(monkeypatch):
     assert P.fused(pingpong=1).options() == {"dq_ordered": True, "fused_bq": 128,
                                              "fused_pingpong": 1}
     monkeypatch.delenv("PYPTX_ATTN_BWD_SAFE", raising=False)
-    assert (P.for_eager(64), P.for_eager(128)) == (P.fused(pingpong=1), P.lagged())
-    assert P.for_eager(64, False) == P.fused(ordered=False, pingpong=1)
+    assert (P.for_eager(64), P.for_eager(128)) == (P.fused(pingpong=1, kv_split="auto"),
+                                                   P.lagged())
+    assert P.for_eager(64, False) == P.fused(ordered=False, pingpong=1, kv_split="auto")
     assert P.for_eager(128, False) == P.bulk()
     monkeypatch.setenv("PYPTX_ATTN_BWD_SAFE", "1")
     assert P.for_eager(64) == P.for_eager(128) == P()

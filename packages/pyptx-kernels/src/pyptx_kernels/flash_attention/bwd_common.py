@@ -127,6 +127,56 @@ def _store_tensor_rows(acc, ptr, tensor_row, valid, H, D, head, col0, scale, dt)
         ptx.inst.st.global_.b32(ptx.addr(rbase[dr // 8], dc * 2), packed, pred=valid[dr // 8])
 
 
+def _store_split_partials(dk_acc, dv_acc, base, dv_off, split, store):
+    """``kv_split`` (the dK/dV and fused kernels, consumer threads ``128..383``, after the
+    last block, with the producer warps gone): sum the cluster's dK and dV partials and
+    store this CTA's share. Each thread writes its ``D/2 + D/2`` f32 registers into its own
+    CTA's shared memory (dK's at ``base``, over the K/V head tile; dV's at ``base + dv_off``,
+    over the ring; slot group ``j`` = registers ``4j..4j+3`` of every thread, 16 bytes each,
+    thread after thread); after a cluster barrier (release/acquire) CTA rank ``r`` adds
+    chunk ``r`` of the ``D`` registers (``D / split`` of them: a column range of dK or of
+    dV) from every CTA in rank order 0, 1, ... through distributed shared memory, the
+    same sum at every run, and calls ``store(part, col, is_dv)``: ``part`` an
+    ``Accumulator`` of the chunk (its register ``i`` at column ``col + coord(i)`` of the
+    fragment), ``col`` the column offset (an int or a u32 register), ``is_dv`` False for
+    dK, True for dV (each call under its own branch); a second cluster barrier keeps each
+    CTA's shared memory alive until its peers have read it."""
+    from pyptx.fragment import Accumulator
+
+    D = 2 * len(dk_acc.regs)
+    m = D // split                      # the chunk: registers per CTA
+    per = split // 2                    # chunks per accumulator
+    ptx.bar_sync(1, 256)                # both warpgroups are done with K, V and the ring
+    mine = base + (reg.from_(ptx.special.tid.x(), u32) - 128) * 16
+    for t, acc in ((0, dk_acc), (1, dv_acc)):
+        for j in range(len(acc.regs) // 4):
+            ptx.inst.st.shared.v4.f32(ptx.addr(mine, t * dv_off + j * 4096),
+                                      list(acc.regs)[4 * j:4 * j + 4])
+    ptx.cluster_sync()                  # release the partials, acquire the peers'
+    rank = ptx.cluster.ctarank()
+    is_dv = rank >= per
+    within = rank % per if per > 1 else None    # the chunk within its accumulator
+    off = reg.scalar(u32)
+    ptx.inst.selp.u32(off, dv_off, 0, is_dv)
+    at = mine + off if within is None else mine + off + within * (m // 4 * 4096)
+    peers = [ptx.cluster.map_shared(at, p) for p in range(split)]
+    part = Accumulator(2 * m)
+    for j in range(m // 4):
+        for p in range(split):          # rank order: the same sum at every run
+            v4 = reg.array(f32, 4)
+            ptx.inst("ld.shared::cluster.v4.f32")(v4, ptx.addr(peers[p], j * 4096))
+            for e in range(4):
+                if p == 0:
+                    ptx.inst.mov.f32(part[4 * j + e], v4[e])
+                else:
+                    ptx.inst.add.f32(part[4 * j + e], part[4 * j + e], v4[e])
+    col = 0 if within is None else within * (2 * m)   # register 4k of a chunk: column 8k
+    for dv, which in ((False, ~is_dv), (True, is_dv)):
+        with ptx.if_(which):
+            store(part, col, dv)
+    ptx.cluster_sync()                  # no CTA leaves while a peer reads its partials
+
+
 def padded(S):
     """Rows of the STATS scratch: ``S`` rounded up to the dQ kernel's 128-row tiles."""
     return -(-S // BM) * BM

@@ -39,6 +39,7 @@ from pyptx_kernels.flash_attention.bwd_common import (
     _pack,
     _smem_fit,
     _store_rows,
+    _store_split_partials,
     _unpack,
     dq_accumulator_width,
 )
@@ -662,51 +663,6 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         with ptx.if_((t == 0) & (target < B * Hkv)):
             ptx.inst("red.release.gpu.global.add.u32")(ptx.addr(_flag(psem, target)), 1)
 
-    dv_off = head_bytes + ds_bytes      # kv_split: dV's partials over the ring (dK's: the head)
-
-    def _write_partials(c, base):
-        """``kv_split``, each consumer thread: its dK and dV partial sums into this CTA's
-        shared memory (slot group ``j``: registers ``4j..4j+3`` of every thread, 16 bytes
-        each, thread after thread; its own chunk too: ``_sum_partials`` reads every rank's
-        the same way)."""
-        n = len(c.dk_acc.regs)              # D / 2 per accumulator
-        ptx.bar_sync(1, 256)                # both warpgroups are done with K, V and the ring
-        mine = base + (reg.from_(ptx.special.tid.x(), u32) - 128) * 16
-        for t, acc in ((0, c.dk_acc), (1, c.dv_acc)):
-            for j in range(n // 4):
-                ptx.inst.st.shared.v4.f32(ptx.addr(mine, t * dv_off + j * 4096),
-                                          list(acc.regs)[4 * j:4 * j + 4])
-
-    def _sum_partials(c, base, pdk, pdv, b, hk):
-        """``kv_split``, each consumer thread, between two cluster barriers: this CTA
-        (rank ``r``) adds chunk ``r`` of the thread's ``D`` registers (dK's ``D/2`` then
-        dV's; ``D / kv_split`` of them, a range of columns) over the cluster's CTAs in rank
-        order and stores it."""
-        m = D // split
-        per = split // 2                    # chunks per accumulator
-        rank = ptx.cluster.ctarank()
-        mine = base + (reg.from_(ptx.special.tid.x(), u32) - 128) * 16
-        is_dv = rank >= per
-        within = rank % per if per > 1 else None    # the chunk within its accumulator
-        off = reg.scalar(u32)
-        ptx.inst.selp.u32(off, dv_off, 0, is_dv)
-        at = mine + off if within is None else mine + off + within * (m // 4 * 4096)
-        peers = [ptx.cluster.map_shared(at, p) for p in range(split)]
-        part = Accumulator(2 * m)           # the chunk's registers, as columns 0.. of a tile
-        for j in range(m // 4):
-            for p in range(split):          # rank order: the same sum at every run
-                v4 = reg.array(f32, 4)
-                ptx.inst("ld.shared::cluster.v4.f32")(v4, ptx.addr(peers[p], j * 4096))
-                for e in range(4):
-                    if p == 0:
-                        ptx.inst.mov.f32(part[4 * j + e], v4[e])
-                    else:
-                        ptx.inst.add.f32(part[4 * j + e], part[4 * j + e], v4[e])
-        col = c.col0 if within is None else c.col0 + within * (2 * m)  # register 4k: column 8k
-        for ptr, sc, which in ((pdk, scale, ~is_dv), (pdv, 1.0, is_dv)):
-            with ptx.if_(which):
-                _store_rows(part, ptr, c.kvrow, c.valid, Hkv, D, hk, b, Sk, col, sc, dt)
-
     def dkdv_kernel(Q, K, V, DO, STATS, DQACC, SEM, DK, DV, DQ=None, TRACE=None, OUT=None,
                     LSE=None):
         if n_conv:      # the last n_conv CTAs of the 1-D grid convert dQ
@@ -1071,11 +1027,12 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                 ptx.tma.wait_group(0, read=True)
         if wide:        # read again here: no registers held over the loop
             pdk, pdv = ptx.global_ptrs(DK, DV)
-        if split > 1:
-            _write_partials(c, base)
-            ptx.cluster_sync()              # release the partials, acquire the peers'
-            _sum_partials(c, base, pdk, pdv, b, hk)
-            ptx.cluster_sync()              # no CTA leaves while a peer reads its partials
+        if split > 1:   # dK's partials over the head tile, dV's over the ring
+            def store(part, col, dv):
+                _store_rows(part, pdv if dv else pdk, kvrow, valid, Hkv, D, hk, b, Sk,
+                            col0 if isinstance(col, int) and not col else col0 + col,
+                            1.0 if dv else scale, dt)
+            _store_split_partials(dk_acc, dv_acc, base, head_bytes + ds_bytes, split, store)
         else:
             _store_rows(dk_acc, pdk, kvrow, valid, Hkv, D, hk, b, Sk, col0, scale, dt)
             _store_rows(dv_acc, pdv, kvrow, valid, Hkv, D, hk, b, Sk, col0, 1.0, dt)

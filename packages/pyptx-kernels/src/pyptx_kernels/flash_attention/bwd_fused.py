@@ -26,6 +26,7 @@ from pyptx_kernels.flash_attention.bwd_common import (
     _or,
     _smem_fit,
     _store_rows,
+    _store_split_partials,
 )
 
 FUSED_BKV = 128     # kv rows per CTA of the fused kernel (64 of dK/dV per consumer warpgroup)
@@ -135,17 +136,18 @@ class _FusedPlan:
             return wrapped
         return kb           # ascending kv blocks (a wavefront)
 
-    def dq_writer(self, DQACC, SEM, base, kb, hk, b, qb0, dq_full, dq_empty):
+    def dq_writer(self, DQACC, SEM, base, kb, hk, b, qb0, dq_full, dq_empty, heads=None):
         """The ordered mode's writer thread: per block, in the consumers' order, wait for kv
         block ``kb``'s turn at the q block's counter and for both warpgroups' dQ slabs, add
         them (the first rank stores), free the slabs once read, and once the adds are
-        complete in global memory, count them (a release add)."""
+        complete in global memory, count them (a release add). ``heads=(first, n)``: only
+        the ``n`` q heads from ``first`` (``kv_split``)."""
         dq_map = ptx.tma.tensormap_ptr(DQACC.tmap)
         (psem,) = ptx.global_ptrs(SEM)
         now = reg.scalar(u32)
         phase = reg.scalar(u32, init=0)
-        for g in ptx.loop(0, self.G):
-            hq = hk * self.G + g
+        for g in ptx.loop(0, self.G if heads is None else heads[1]):
+            hq = hk * self.G + g if heads is None else heads[0] + g
             for step in ptx.loop(qb0, self.num_q):
                 qb = self.q_block(step, kb)
                 rank = self.dq_rank(qb, kb)
@@ -177,7 +179,7 @@ class _FusedPlan:
 
 
 def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None,
-                stages=None, ordered=False, defer=False, pingpong=0):
+                stages=None, ordered=False, defer=False, pingpong=0, kv_split=1):
     """One-kernel backward: ``(Q, K, V, DO, STATS, DQACC) -> (DK, DV)``, adding every
     block's ``scale * dS K`` into the f32 ``DQACC`` ``(B, S, Hq, D)`` in place (STATS and
     a zeroed DQACC from ``build_prep``; ``build_convert`` makes dQ of it).
@@ -197,6 +199,10 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
     barriers instead of the shared ones; see ``pingpong_loop``), the leader multiplying the
     follower's half of a block's P and dS right after the next block's S and dP (1) or
     after its own half of dV (2).
+    ``kv_split`` (1, 2, 4 or 8, dividing ``Hq / Hkv``): a kv block's CTAs, a cluster along x,
+    each taking ``G / kv_split`` of the group's q heads, their dK/dV partials summed in rank
+    order through distributed shared memory (``_store_split_partials``; as
+    ``build_dkdv(kv_split=)``).
     Head dim 64 only (at D=128 the five accumulators do not fit 240 registers)."""
     Sk, dt, scale, _, _, G, Sp = _common_options(B, S, Hq, Hkv, D, Sk, dtype, scale, False, False)
     if D != 64:
@@ -205,6 +211,11 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
     if pingpong not in (0, 1, 2) or (pingpong and defer):
         raise _fail(f"build_fused: pingpong must be 0, 1 or 2 and not with defer, got "
                     f"pingpong={pingpong!r}, defer={defer!r}")
+    split = kv_split
+    if split not in (1, 2, 4, 8) or isinstance(split, bool) or G % split:
+        raise _fail(f"build_fused: kv_split must be 1, 2, 4 or 8 and divide the group size "
+                    f"Hq / Hkv = {G}, got kv_split={kv_split!r}")
+    Gs = G // split
     plan = _FusedPlan(S, Hq, Hkv, D, Sk, dt, causal, bool(ordered), stages)
     if plan.smem > SMEM_LIMIT:
         raise _fail(f"build_fused: {plan.stages} stages need {plan.smem} bytes of shared memory "
@@ -222,11 +233,21 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
         head_bar = BarrierArray(1, name="head_bar")
         tid, wg = thread_ids()
         kb = reg.from_(ptx.special.ctaid.x(), u32)
+        if split > 1:
+            kb = kb // split
         if plan.reverse:    # launched last kv block first: a block's turn follows kb + 1's
             kb = (plan.num_kv - 1) - kb
         hk = reg.from_(ptx.special.ctaid.y(), u32)
         b = reg.from_(ptx.special.ctaid.z(), u32)
         k0 = kb * FUSED_BKV
+        # kv_split: this CTA's first q head (rank r of the cluster: the group's r-th share)
+        qh0 = hk * G + ptx.cluster.ctarank() * Gs if split > 1 else None
+
+        def heads():
+            """``(loop, head_of)``: the loop over this CTA's q heads of the group and the
+            q head of its index."""
+            g = ptx.loop(0, G if split == 1 else Gs)
+            return g, (lambda i: hk * G + i if split == 1 else qh0 + i)
         pipe.init(pred=tid == 0)
         head_bar.init(1, pred=tid == 0)
         if ordered:     # the consumers' dQ slabs <-> the writer thread, per warpgroup
@@ -245,8 +266,9 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
             q_map = ptx.tma.tensormap_ptr(Q.tmap)
             do_map = ptx.tma.tensormap_ptr(DO.tmap)
             st = pipe.producer_state()
-            for g in ptx.loop(0, G):
-                hq = hk * G + g
+            loop, head_of = heads()
+            for g in loop:
+                hq = head_of(g)
                 for step in ptx.loop(qb0, plan.num_q):
                     qb = plan.q_block(step, kb)
                     pipe.acquire(st)
@@ -257,8 +279,11 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
                     st.advance()
         if ordered:
             with ptx.if_(tid == 32):
-                plan.dq_writer(DQACC, SEM, base, kb, hk, b, qb0, dq_full, dq_empty)
+                plan.dq_writer(DQACC, SEM, base, kb, hk, b, qb0, dq_full, dq_empty,
+                               heads=(qh0, Gs) if split > 1 else None)
         # ------------------------------------------------------------ consumers
+        if split > 1:   # the producer warps exit here: barrier.cluster waits for the
+            ptx.ret()   # non-exited threads, the consumers' only
         roles.consumers(CONS_REGS)
         w = wg - 1
         t = tid & 127
@@ -395,8 +420,9 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
         def lockstep_loop():
             """Both warpgroups through every block together (named barriers of 256 threads
             around the shared P and dS)."""
-            for g in ptx.loop(0, G):
-                hq = hk * G + g
+            loop, head_of = heads()
+            for g in loop:
+                hq = head_of(g)
                 for step in ptx.loop(qb0, plan.num_q):
                     q0, qrow, qmn, domn = block_start(step)
                     if defer:                           # the last block's dK, under this softmax
@@ -487,8 +513,9 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
                 ptx.bar_arrive(PP_P_WRITTEN + 1, 256)
                 ptx.bar_arrive(PP_DS_WRITTEN + 1, 256)
             early = lead and pingpong == 1          # other halves right after S and dP
-            for g in ptx.loop(0, G):
-                hq = hk * G + g
+            loop, head_of = heads()
+            for g in loop:
+                hq = head_of(g)
                 for step in ptx.loop(qb0, plan.num_q):
                     q0, qrow, qmn, domn = block_start(step)
                     if early:
@@ -554,14 +581,21 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
         if not ordered:
             with ptx.if_(leader):
                 ptx.tma.wait_group(0, read=True)
-        _store_rows(dk_acc, pdk, kvrow, valid, Hkv, D, hk, b, Sk, col0, scale, dt)
-        _store_rows(dv_acc, pdv, kvrow, valid, Hkv, D, hk, b, Sk, col0, 1.0, dt)
+        if split > 1:   # dK's partials over the head tile, dV's over the ring
+            def store(part, col, dv):
+                _store_rows(part, pdv if dv else pdk, kvrow, valid, Hkv, D, hk, b, Sk,
+                            col0 if isinstance(col, int) and not col else col0 + col,
+                            1.0 if dv else scale, dt)
+            _store_split_partials(dk_acc, dv_acc, base, plan.ring_at, split, store)
+        else:
+            _store_rows(dk_acc, pdk, kvrow, valid, Hkv, D, hk, b, Sk, col0, scale, dt)
+            _store_rows(dv_acc, pdv, kvrow, valid, Hkv, D, hk, b, Sk, col0, 1.0, dt)
         roles.end()
         ptx.ret()
 
     name = (f"attn_bwd_fused_{dt.name}_d{D}_h{Hq}x{Hkv}{'_causal' if causal else ''}"
             f"{'_ordered' if ordered else ''}{'_defer' if defer else ''}"
-            f"{f'_pp{pingpong}' if pingpong else ''}")
+            f"{f'_pp{pingpong}' if pingpong else ''}{f'_split{split}' if split > 1 else ''}")
     ins = (qspec, kspec, kspec, qspec, Tile(B, Hq, Sp, 2, f32), Tile(B, S, Hq, D, f32))
     if ordered:
         ins += (Tile(B, Hq, plan.nq_sem, 2, s32),)
@@ -575,8 +609,8 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
     tma = {"Q": box_q, "DO": box_q, "K": box_kv, "V": box_kv,
            "DQACC": {"box": (1, 64, 1, 32), "swizzle": "128B"}}
     return kernel(in_specs=ins, out_specs=(kspec, kspec),
-                  grid=(plan.num_kv, Hkv, B), block=(THREADS, 1, 1), smem=plan.smem,
-                  maxnreg=168, tma=tma, name=name)(fn)
+                  grid=(plan.num_kv * split, Hkv, B), block=(THREADS, 1, 1), smem=plan.smem,
+                  maxnreg=168, tma=tma, name=name, cluster=(split, 1, 1))(fn)
 
 
 def _fused_mask(s_acc, causal, Sk, k0, q0, qrow, col0):

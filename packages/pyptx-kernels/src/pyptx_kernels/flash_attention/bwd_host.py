@@ -113,16 +113,16 @@ def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=
         raise _fail(f"build_attention_backward: plan must be a BackwardPlan, got {plan!r}")
     plan = plan.resolved()
     Sk = S if Sk is None else Sk
+    split = plan.kv_split
+    if split == "auto":
+        split = (default_kv_split(Hq // Hkv) if isinstance(Hq, int) and isinstance(Hkv, int)
+                 and Hkv > 0 else 1)
+    plan = replace(plan, kv_split=split)
     if plan.fused_bq is None:
-        split = plan.kv_split
-        if split == "auto":
-            split = default_kv_split(Hq // Hkv) if isinstance(Hkv, int) and Hkv > 0 else 1
         lead = resolve_stats_lead("build_attention_backward", plan.stats_lead, Sk, plan.num_sms,
                                   plan.dq_ordered, plan.safe, plan.dkdv_bq, causal,
                                   kv_split=split)
-        plan = replace(plan, stats_lead=lead, kv_split=split)
-    elif plan.kv_split == "auto":
-        plan = replace(plan, kv_split=1)
+        plan = replace(plan, stats_lead=lead)
     return _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, plan)
 
 
@@ -136,7 +136,7 @@ def _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, plan):
     if plan.fused_bq:
         fused = build_fused(B, S, Hq, Hkv, D, Sk=Sk, dtype=dtype, causal=causal, scale=scale,
                             ordered=ordered, defer=plan.fused_defer,
-                            pingpong=plan.fused_pingpong)
+                            pingpong=plan.fused_pingpong, kv_split=plan.kv_split)
         kernels = (build_prep(B, S, Hq, D, dtype=dtype, counters=ordered),
                    fused, build_convert(B, S, Hq, D, dtype=dtype))
     elif plan.atomic_dq:

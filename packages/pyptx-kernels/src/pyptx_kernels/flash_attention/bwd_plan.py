@@ -139,7 +139,7 @@ class BackwardPlan:
     kernel's q rows per block and overlapped schedule. ``fused_bq=128`` (D=64): the fused
     kernel, with its schedules ``fused_defer`` or ``fused_pingpong`` (1 or 2). ``kv_split``
     (1, 2, 4 or 8, or ``"auto"``: ``default_kv_split`` of the group size; the dK/dV kernel
-    with 64-row q blocks): a kv block's CTAs, a cluster, each taking ``G / kv_split`` of
+    with 64-row q blocks, or the fused kernel): a kv block's CTAs, a cluster, each taking ``G / kv_split`` of
     its group's query heads, their dK/dV partial sums added in rank order through
     distributed shared memory (deterministic).
 
@@ -191,12 +191,10 @@ class BackwardPlan:
                                         or isinstance(self.kv_split, bool)):
             raise _plan_fail(f"BackwardPlan: kv_split must be one of {KV_SPLITS} or 'auto', "
                              f"got {self.kv_split!r}")
-        if self.kv_split not in (1, "auto") and (self.fused_bq is not None
-                                                or self.dkdv_bq not in (None, 64)):
-            raise _plan_fail(f"BackwardPlan: kv_split is for the dK/dV kernel with 64-row q "
-                             f"blocks (not fused_bq, dkdv_bq 64), got kv_split="
-                             f"{self.kv_split!r}, fused_bq={self.fused_bq!r}, dkdv_bq="
-                             f"{self.dkdv_bq!r}")
+        if self.kv_split not in (1, "auto") and self.dkdv_bq not in (None, 64):
+            raise _plan_fail(f"BackwardPlan: kv_split is for the fused kernel and the dK/dV "
+                             f"kernel with 64-row q blocks, got kv_split={self.kv_split!r}, "
+                             f"dkdv_bq={self.dkdv_bq!r}")
         if self.fused_bq is not None:
             self._check_fused()
             return
@@ -272,23 +270,25 @@ class BackwardPlan:
                              kv_split=kv_split)
 
     @classmethod
-    def fused(cls, *, ordered=True, pingpong=0, defer=False):
+    def fused(cls, *, ordered=True, pingpong=0, defer=False, kv_split=1):
         """The one-kernel backward at D=64 (128-row q blocks, dQ by bulk reductions, in a fixed
         order with ``ordered``); ``pingpong`` 1 or 2: warpgroup 1 half a block behind
-        warpgroup 0; ``defer``: a block's dK product issued after the next block's S and dP."""
+        warpgroup 0; ``defer``: a block's dK product issued after the next block's S and dP;
+        ``kv_split``: a group's q heads over a cluster's CTAs."""
         return cls(fused_bq=FUSED_BQ, dq_ordered=ordered, fused_pingpong=pingpong,
-                   fused_defer=defer)
+                   fused_defer=defer, kv_split=kv_split)
 
     @classmethod
     def for_eager(cls, D, deterministic=True):
-        """The fastest plan for torch eager calls at head dim ``D``: ``fused(pingpong=1)`` at 64
+        """The fastest plan for torch eager calls at head dim ``D``: ``fused(pingpong=1,
+        kv_split="auto")`` at 64
         (any order unless ``deterministic``), ``lagged()`` at 128 (a group's query heads
         split over a cluster's CTAs: ``kv_split="auto"``), ``bulk()`` when not
         ``deterministic``; the pair with ``PYPTX_ATTN_BWD_SAFE=1``. A size it refuses runs the
         pair (``AttentionBackward.with_fallback``)."""
         safe = safe_default()
         if D == 64 and not safe:
-            return cls.fused(ordered=deterministic, pingpong=1)
+            return cls.fused(ordered=deterministic, pingpong=1, kv_split="auto")
         if not deterministic:
             return cls.bulk()
         if D == 128 and not safe:
