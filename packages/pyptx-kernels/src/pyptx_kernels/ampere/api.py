@@ -48,18 +48,16 @@ def sm80_matmul(a, b, *, out_dtype=None, config=None):
     plan name) calls the kernel directly instead of through the custom op."""
     if config is not None:
         return host.matmul(a, b, out_dtype=out_dtype, config=config)
-    import torch
 
     _define()
     name = "" if out_dtype is None else str(out_dtype).removeprefix("torch.")
-    return torch.ops.pyptx.sm80_matmul(a, b, name)
+    return _common.call_op("sm80_matmul", a, b, name)
 
 
 def sm80_attention(q, k, v, *, causal=False, scale=None, layout="bshd"):
     """Flash attention forward on the Ampere kernel: ``layout="bshd"`` ``q (B, S, Hq, D)``,
     ``k, v (B, Sk, Hkv, D)``; ``"bhsd"`` ``(B, H, S, D)`` (copied into bshd; the output is a
     transposed view). bf16/f16, ``D`` 64 or 128. Returns ``out`` shaped like ``q``."""
-    import torch
 
     from pyptx.errors import ConfigError
 
@@ -73,6 +71,6 @@ def sm80_attention(q, k, v, *, causal=False, scale=None, layout="bshd"):
     _define()
     if layout == "bhsd":
         q, k, v = (x.transpose(1, 2).contiguous() for x in (q, k, v))
-    out = torch.ops.pyptx.sm80_attention(q, k, v, bool(causal),
+    out = _common.call_op("sm80_attention", q, k, v, bool(causal),
                                          -1.0 if scale is None else float(scale))[0]
     return out.transpose(1, 2) if layout == "bhsd" else out

@@ -38,7 +38,7 @@ def linear_cross_entropy(x, weight, target, *, bias=None, ignore_index=-100,
     _define()
     need = [_common.wants_grad(v) for v in (x, weight, bias)]
     chunk = c.chunk(x2.shape[0], weight.shape[0], x.element_size())
-    loss, *_ = sys.modules["torch"].ops.pyptx.linear_cross_entropy(
+    loss, *_ = _common.call_op("linear_cross_entropy",
         x2, weight, t2, bias, int(ignore_index), float(label_smoothing), float(z_loss),
         reduction, *need, chunk, c.threads, c.unroll)
     return loss

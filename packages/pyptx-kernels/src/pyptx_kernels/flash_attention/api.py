@@ -350,7 +350,7 @@ def _register():
 
     def grad(ctx, do, dlse):
         q, k, v, o, lse = ctx.saved_tensors
-        return (*torch.ops.pyptx.attention_backward(q, k, v, o, lse, do, *ctx.options),
+        return (*_common.call_op("attention_backward", q, k, v, o, lse, do, *ctx.options),
                 *(None,) * len(ctx.options))
 
     attention_op.register_autograd(grad, setup_context=setup)
@@ -389,7 +389,7 @@ def _register():
 
     def varlen_grad(ctx, do, dlse):
         q, k, v, cu_q, cu_k, o, lse = ctx.saved_tensors
-        grads = torch.ops.pyptx.attention_varlen_backward(q, k, v, cu_q, cu_k, o, lse, do,
+        grads = _common.call_op("attention_varlen_backward", q, k, v, cu_q, cu_k, o, lse, do,
                                                           *ctx.options)
         return (*grads, None, None, *(None,) * len(ctx.options))
 
@@ -449,14 +449,13 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bshd", window=(-1, -
             return jnp.swapaxes(forward.attention(q, k, v, causal, scale, window=features[0],
                                                   softcap=softcap), 1, 2)
         return forward.attention(q, k, v, causal, scale, window=features[0], softcap=softcap)
-    import torch
 
     _register()
     if layout == "bhsd":   # logical (B, S, H, D) views; the kernel reads their memory in place
         q, k, v = (x.transpose(1, 2) for x in (q, k, v))
     _check_backward("attention", (q, k, v), features,
                     lambda: _backward_kernel(*dims, causal, scale, features))
-    out = torch.ops.pyptx.attention(q, k, v, causal, scale, window_left, window_right,
+    out = _common.call_op("attention", q, k, v, causal, scale, window_left, window_right,
                                     softcap)[0]
     return out.transpose(1, 2) if layout == "bhsd" else out
 
@@ -484,11 +483,10 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         return forward.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                         max_seqlen_k, causal, scale, window=features[0],
                                         softcap=softcap)
-    import torch
 
     _register()
     _check_backward("attention_varlen", (q, k, v), features,
                     lambda: _varlen_backward_kernel(*dims, features))
-    return torch.ops.pyptx.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+    return _common.call_op("attention_varlen", q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                             max_seqlen_k, causal, scale, window_left,
                                             window_right, softcap)[0]

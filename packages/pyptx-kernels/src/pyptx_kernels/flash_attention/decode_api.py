@@ -294,7 +294,11 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
                    "in place)")
     _register()
     tail = (cache_seqlens, block_table, causal, window[0], window[1], softcap, scale, splits)
-    if k is None:
+    if not torch.compiler.is_compiling() and all(
+            type(t) is torch.Tensor and t.device.type == "cuda"
+            for t in (q, k_cache, v_cache, cache_seqlens, k, v, block_table) if t is not None):
+        out, lse = _run_torch(q, k_cache, v_cache, cache_seqlens, k, v, *tail[1:])
+    elif k is None:
         out, lse = torch.ops.pyptx.attention_with_kvcache(q, k_cache, v_cache, *tail)
     else:
         out, lse = torch.ops.pyptx.attention_with_kvcache_append(q, k_cache, v_cache, k, v,

@@ -66,7 +66,7 @@ def scaled_mm(a, b, scale_a, scale_b, *, out_dtype="bf16", use_fast_accum=False)
     if framework(a) != "torch":
         return _scaled(a, b, scale_a, scale_b, out, bool(use_fast_accum), kind)
     _define()
-    return sys.modules["torch"].ops.pyptx.scaled_mm(a, b, scale_a, scale_b, out,
+    return _common.call_op("scaled_mm", a, b, scale_a, scale_b, out,
                                                     bool(use_fast_accum))
 
 
@@ -79,7 +79,7 @@ def scaled_mm_blockwise(a, b, scale_a, scale_b, *, out_dtype="bf16"):
     if framework(a) != "torch":
         return _scaled(a, b, scale_a, scale_b, out, False, "block")
     _define()
-    return sys.modules["torch"].ops.pyptx.scaled_mm_blockwise(a, b, scale_a, scale_b, out)
+    return _common.call_op("scaled_mm_blockwise", a, b, scale_a, scale_b, out)
 
 
 def _scaled(a, b, scale_a, scale_b, out, fast_accum, kind):

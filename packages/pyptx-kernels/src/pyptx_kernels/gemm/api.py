@@ -55,7 +55,7 @@ def matmul(a, b, *, bias=None, out_dtype=None):
     a2, lead = _common.rows_of(a)
     if framework(a) == "torch":
         _define()
-        d = sys.modules["torch"].ops.pyptx.matmul(a2, b, bias, out)
+        d = _common.call_op("matmul", a2, b, bias, out)
     else:
         d = _mm(a2, b, bias, out)
     return d.reshape(*lead, d.shape[-1])
@@ -69,7 +69,7 @@ def linear(x, weight, bias=None):
     x2, lead = _common.rows_of(x)
     if framework(x) == "torch":
         _define()
-        d = sys.modules["torch"].ops.pyptx.linear(x2, weight, bias)
+        d = _common.call_op("linear", x2, weight, bias)
     else:
         d = _mm(x2, weight, bias, out, trans_b=True)
     return d.reshape(*lead, d.shape[-1])
@@ -150,12 +150,11 @@ def _setup(ctx, inputs, output):
 
 
 def _grads(ctx, grad, linear):
-    import torch
 
     a, b, bias = ctx.saved_tensors
     need = ctx.needs_input_grad
-    op = torch.ops.pyptx.linear_backward if linear else torch.ops.pyptx.matmul_backward
-    da, db, dbias = op(grad, a, b, bias, need[0], need[1], ctx.has_bias and need[2])
+    da, db, dbias = _common.call_op("linear_backward" if linear else "matmul_backward", grad, a, b,
+                                    bias, need[0], need[1], ctx.has_bias and need[2])
     return (da if need[0] else None, db if need[1] else None,
             dbias if ctx.has_bias and need[2] else None)
 

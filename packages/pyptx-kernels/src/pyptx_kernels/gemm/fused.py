@@ -48,7 +48,7 @@ def swiglu_linear(x, weight):
                    f"{2 * GATE_BLOCK} (pack_gated), got {weight.shape[0]}")
     x2, lead = _common.rows_of(x)
     _define()
-    y = sys.modules["torch"].ops.pyptx.swiglu_linear(x2, weight)
+    y = _common.call_op("swiglu_linear", x2, weight)
     return y.reshape(*lead, y.shape[-1])
 
 
@@ -60,7 +60,7 @@ def linear_residual(x, weight, residual):
     x2, lead = _common.rows_of(x)
     r2, _ = _common.rows_of(residual)
     _define()
-    y = sys.modules["torch"].ops.pyptx.linear_residual(x2, weight, r2)
+    y = _common.call_op("linear_residual", x2, weight, r2)
     return y.reshape(*lead, y.shape[-1])
 
 

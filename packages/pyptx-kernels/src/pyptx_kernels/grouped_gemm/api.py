@@ -46,7 +46,7 @@ def grouped_mm(a, b, offs, *, out_dtype=None):
     if framework(a) != "torch":
         return _grouped(a, b, offs, out)
     _define()
-    return sys.modules["torch"].ops.pyptx.grouped_mm(a, b, offs, out)
+    return _common.call_op("grouped_mm", a, b, offs, out)
 
 
 def _grouped(a, b, offs, out):
@@ -109,10 +109,9 @@ def _setup(ctx, inputs, output):
 
 
 def _grad(ctx, grad):
-    import torch
 
     a, b, offs = ctx.saved_tensors
-    da, db = torch.ops.pyptx.grouped_mm_backward(grad, a, b, offs)
+    da, db = _common.call_op("grouped_mm_backward", grad, a, b, offs)
     return da, db, None, None
 
 

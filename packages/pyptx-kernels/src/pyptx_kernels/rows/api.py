@@ -339,25 +339,22 @@ def _save_output(ctx, inputs, output):
 
 
 def _rms_norm_grad(ctx, grad):
-    import torch
 
     x, w = ctx.saved_tensors
-    dx, dw = torch.ops.pyptx.rms_norm_backward(grad, x, w, ctx.eps)
+    dx, dw = _common.call_op("rms_norm_backward", grad, x, w, ctx.eps)
     return dx, dw, None
 
 
 def _layer_norm_grad(ctx, grad):
-    import torch
 
     x, w, b = ctx.saved_tensors
-    dx, dw, db = torch.ops.pyptx.layer_norm_backward(grad, x, w, ctx.eps)
+    dx, dw, db = _common.call_op("layer_norm_backward", grad, x, w, ctx.eps)
     return dx, dw, (db if b is not None else None), None
 
 
 def _softmax_grad(ctx, grad):
-    import torch
 
-    return torch.ops.pyptx.softmax_backward(grad, ctx.saved_tensors[0])
+    return _common.call_op("softmax_backward", grad, ctx.saved_tensors[0])
 
 
 def _softmax_backward(grad, y):
@@ -367,10 +364,9 @@ def _softmax_backward(grad, y):
 
 
 def _swiglu_grad(ctx, grad):
-    import torch
 
     gate, up = ctx.saved_tensors
-    return torch.ops.pyptx.swiglu_backward(grad, gate, up)
+    return _common.call_op("swiglu_backward", grad, gate, up)
 
 
 def _swiglu_backward(grad, gate, up):
@@ -394,7 +390,7 @@ def _add_rms_norm_grad(ctx, grad_y, grad_h):
     h, w = ctx.saved_tensors
     grad_y = torch.zeros_like(h) if grad_y is None else grad_y
     grad_h = torch.zeros_like(h) if grad_h is None else grad_h
-    dx, dw = torch.ops.pyptx.add_rms_norm_backward(grad_y, grad_h, h, w, ctx.eps)
+    dx, dw = _common.call_op("add_rms_norm_backward", grad_y, grad_h, h, w, ctx.eps)
     return dx, dx, dw, None
 
 
@@ -405,10 +401,9 @@ def _save_rotary(ctx, inputs, output):
 
 
 def _rotary_grad(ctx, grad_q, grad_k):
-    import torch
 
     cos, sin = ctx.saved_tensors
-    dq, dk = torch.ops.pyptx.rotary(grad_q.contiguous(), grad_k.contiguous(), cos, sin,
+    dq, dk = _common.call_op("rotary", grad_q.contiguous(), grad_k.contiguous(), cos, sin,
                                     ctx.layout, not ctx.transpose)
     return dq, dk, None, None, None, None
 
