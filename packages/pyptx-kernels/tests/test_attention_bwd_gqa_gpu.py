@@ -45,6 +45,7 @@ PLANS = {
     "ordered": lambda s: P.ordered(kv_split=s),
     "bulk": lambda s: P(atomic_dq=True, dq_bulk=True, kv_split=s),
     "pair": lambda s: P(kv_split=s),
+    "fused": lambda s: P.fused(pingpong=1, kv_split=s),
 }
 
 
@@ -56,6 +57,9 @@ PLANS = {
     (2, 513, 8, 1, 64, True, 4, "ordered"),
     (2, 513, 8, 2, 64, False, 2, "bulk"),
     (2, 300, 4, 1, 64, True, 2, "pair"),          # the pair's dK/dV kernel (JAX, compile)
+    (2, 1000, 8, 2, 64, True, 2, "fused"),        # attention()'s D=64 plan
+    (1, 1024, 16, 2, 64, False, 8, "fused"),      # rotated order: 8 x 8 CTAs per head
+    (2, 4096, 16, 2, 128, False, 4, "lagged"),    # 32 x 4 CTAs per head: ascending order
 ])
 def test_split_matches_float64_and_repeats_bit_for_bit(B, S, Hq, Hkv, D, causal, split, plan):
     q, k, v, do = _inputs(B, S, Hq, Hkv, D, seed=S + split)
@@ -74,9 +78,11 @@ def test_split_matches_float64_and_repeats_bit_for_bit(B, S, Hq, Hkv, D, causal,
 
 @pytest.mark.parametrize("B,S,Hq,Hkv,D,causal", [
     (2, 4096, 32, 8, 128, True), (1, 4096, 16, 4, 128, False), (2, 2048, 32, 4, 128, True),
+    (2, 2048, 16, 4, 64, True), (1, 2048, 16, 2, 64, False),
 ])
 def test_attention_default_backward_splits_grouped_heads(B, S, Hq, Hkv, D, causal):
-    """``attention()``'s eager backward (``for_eager``, ``lagged()``, kv_split "auto": 2)
+    """``attention()``'s eager backward (``for_eager``: ``lagged()`` at D=128, ``fused()`` at
+    64, kv_split "auto": 2)
     on benchmark-sized grouped shapes: float64 and deterministic."""
     from pyptx_kernels.flash_attention import attention
 

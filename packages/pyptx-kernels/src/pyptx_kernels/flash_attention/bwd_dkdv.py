@@ -388,7 +388,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     sem_q = -(-S // 64)     # SEM's rows per head (build_prep's; BQ=128 uses the first num_q)
     # full attention, ordered dQ: kv block j walks q blocks from (BM / BQ) * j, wrapping
     rotate = (dq_ordered and not causal and num_q == (BM // BQ) * num_kv
-              and num_kv <= ROTATE_MAX_KV)
+              and num_kv * split <= ROTATE_MAX_KV)    # the head's CTAs resident together
     reverse = dq_ordered and (causal or rotate)     # the predecessor kv block is kb + 1
     cph = num_kv * split                            # CTAs per kv head
     n_main = cph * Hkv * B

@@ -91,7 +91,7 @@ class _FusedPlan:
     """What ``build_fused``'s kernel knows at trace time: its tiles, the shared-memory layout
     and the order in which the kv blocks (CTAs) add into a q block's dQ."""
 
-    def __init__(self, S, Hq, Hkv, D, Sk, dt, causal, ordered, stages):
+    def __init__(self, S, Hq, Hkv, D, Sk, dt, causal, ordered, stages, split=1):
         self.S, self.Hq, self.D, self.Sk, self.dt = S, Hq, D, Sk, dt
         self.G = Hq // Hkv
         self.causal, self.ordered = causal, ordered
@@ -113,7 +113,7 @@ class _FusedPlan:
         # full attention, ordered: kv block j walks q blocks from j on, wrapping, so a q
         # block's adds come one step apart (kv blocks i, i - 1, ..., wrapping)
         self.rotate = (ordered and not causal and self.num_q == self.num_kv
-                       and self.num_kv <= ROTATE_MAX_KV)
+                       and self.num_kv * split <= ROTATE_MAX_KV)   # the head's CTAs resident
         self.reverse = ordered and (causal or self.rotate)   # predecessor: kv block kb + 1
 
     def q_block(self, step, kb):
@@ -216,7 +216,7 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
         raise _fail(f"build_fused: kv_split must be 1, 2, 4 or 8 and divide the group size "
                     f"Hq / Hkv = {G}, got kv_split={kv_split!r}")
     Gs = G // split
-    plan = _FusedPlan(S, Hq, Hkv, D, Sk, dt, causal, bool(ordered), stages)
+    plan = _FusedPlan(S, Hq, Hkv, D, Sk, dt, causal, bool(ordered), stages, split)
     if plan.smem > SMEM_LIMIT:
         raise _fail(f"build_fused: {plan.stages} stages need {plan.smem} bytes of shared memory "
                     f"(at most {SMEM_LIMIT})")
