@@ -1,8 +1,8 @@
-"""The dense GEMM is M-generic: what depends on M (the rows, the cluster rows of tiles, the
-tile count) is a kernel parameter, so every M of an ``(N, K)`` family traces to one PTX (one
-cubin in ``pyptx.jit``'s content-hash cache) and only the grid and the parameter values
-differ. One PTX is simulated at two M's against float64; the split-tail plan (chosen per
-shape) stays M-specific."""
+"""The dense, FP8 and grouped GEMMs are M-generic: what depends on M (the rows, the cluster
+rows of tiles, the tile count) is a kernel parameter, so every M of an ``(N, K)`` family
+traces to one PTX (one cubin in ``pyptx.jit``'s content-hash cache) and only the grid and
+the parameter values differ. One PTX of each is simulated at two M's against float64; the
+dense split-tail plan (chosen per shape) stays M-specific."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ptxsim  # noqa: E402
+from pyptx_kernels import fp8_gemm, grouped_gemm  # noqa: E402
 from pyptx_kernels.gemm.config import GEMM_CONFIGS, GemmConfig  # noqa: E402
 from pyptx_kernels.gemm.kernel import build_gemm  # noqa: E402
 from pyptx_kernels.gemm.scheduler import SplitTailGemm  # noqa: E402
@@ -88,4 +89,65 @@ def test_one_ptx_simulates_two_m(cluster, residual):
     rng = np.random.default_rng(0)
     for M, k in kernels.items():
         err = _simulate(k, M, N, K, residual, rng)
+        assert err < 8e-3, (M, err)
+
+
+@pytest.mark.parametrize("config", fp8_gemm.FP8_CONFIGS, ids=lambda c: c.name)
+@pytest.mark.parametrize("scale", ["tensor", "row", "block"])
+def test_fp8_gemm_has_one_ptx_for_every_m(config, scale):
+    ms = [-(-M // 16) * 16 for M in MS]
+    assert len({_digest(fp8_gemm.build_fp8_gemm(M, 2048, 2048, scale=scale, config=config))
+                for M in ms}) == 1
+
+
+@pytest.mark.parametrize("config", grouped_gemm.GROUPED_CONFIGS, ids=lambda c: c.name)
+def test_grouped_forward_has_one_ptx_for_every_m(config):
+    assert len({_digest(grouped_gemm.build_grouped(M, 2048, 2048, 8, config=config))
+                for M in (64, *MS)}) == 1
+
+
+@pytest.mark.parametrize("config", grouped_gemm.WGRAD_CONFIGS, ids=lambda c: f"{c.BM}x{c.BN}")
+def test_grouped_wgrad_has_one_ptx_for_every_m(config):
+    assert len({_digest(grouped_gemm.build_grouped_wgrad(M, 2048, 2048, 8, config=config))
+                for M in (64, *MS)}) == 1
+
+
+def test_one_fp8_ptx_simulates_two_m():
+    """Row scales: the scale loads are predicated on the runtime M."""
+    N, K = 136, 256
+    cfg = fp8_gemm.Fp8GemmConfig(BN=128, cluster=1, num_sms=2)
+    kernels = {M: fp8_gemm.build_fp8_gemm(M, N, K, scale="row", config=cfg) for M in (72, 328)}
+    assert len({_digest(k) for k in kernels.values()}) == 1
+    rng = np.random.default_rng(1)
+    table = ptxsim._to_float(np.arange(256, dtype=np.uint8), "e4m3")
+    finite = np.isfinite(table) & (np.abs(table) < 8)
+    codes = np.arange(256, dtype=np.uint8)[finite]
+    for M, k in kernels.items():
+        a, w = rng.choice(codes, (M, K)), rng.choice(codes, (N, K))
+        sa, sb = (rng.uniform(0.5, 2, n).astype(np.float32) for n in (M, N))
+        (d,) = ptxsim.run(k.specialize(), [a, w, sa, sb])
+        ref = (table[a].astype(np.float64) @ table[w].T) * sa[:, None] * sb[None, :]
+        got = ptxsim.host_f64(d, "bf16")
+        err = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+        assert err < 8e-3, (M, err)
+
+
+def test_one_grouped_ptx_simulates_two_m():
+    """Speculative first tiles guess from the runtime M (``uniform_guess`` on registers):
+    right at even groups, wrong at ragged ones."""
+    N, K = 256, 256
+    cfg = grouped_gemm.GroupedConfig(BM=128, BN=128, num_sms=3, speculate=2)
+    cases = ([128] * 4, [0, 37, 130, 90])
+    kernels = [grouped_gemm.build_grouped(sum(sz), N, K, 4, config=cfg) for sz in cases]
+    assert len({_digest(k) for k in kernels}) == 1
+    rng = np.random.default_rng(2)
+    for sizes, k in zip(cases, kernels):
+        M = sum(sizes)
+        a = ptxsim.device_bits(rng.standard_normal((M, K)), "bf16")
+        b = ptxsim.device_bits(rng.standard_normal((4, K, N)), "bf16")
+        offs = np.cumsum(sizes).astype(np.int32)
+        (d,) = ptxsim.run(k.specialize(), [a, b, offs])
+        A, B = ptxsim.host_f64(a, "bf16"), ptxsim.host_f64(b, "bf16")
+        ref = np.concatenate([A[e - n:e] @ B[g] for g, (n, e) in enumerate(zip(sizes, offs))])
+        err = float(np.linalg.norm(ptxsim.host_f64(d, "bf16") - ref) / np.linalg.norm(ref))
         assert err < 8e-3, (M, err)

@@ -101,15 +101,16 @@ def build_fp8_gemm(M: int, N: int, K: int, *, scale="tensor", dtype="e4m3", dtyp
     wg_out_bytes = EPI_BUFS * 64 * 128
     promote = not fast_accum
     NH = mainloop.partial_columns(BN, fast_accum)
-    g = Geometry.of(M, N, K, config)
+    host_g = Geometry.of(M, N, K, config)
     prod_regs = 40
     maxnreg, cons_regs = register_budget(consumers, prod_regs)
     multicast = cluster > 1
-    in_specs = (Tile(M, K, dt_a), Tile(N, K, dt_b)) + scale_specs(scale, M, N, g)
+    in_specs = (Tile(M, K, dt_a), Tile(N, K, dt_b)) + scale_specs(scale, M, N, host_g)
     tma = {"A": a_tile.tma_options(), "B": b_tile.tma_options(cluster if multicast else 1),
            "D": {"box": (64, 128 // e_out), "swizzle": "128B"}}
 
     def fp8_gemm(A, B, SA, SB, D):
+        g = host_g.bind()
         base = ring_base()
         pipe = Pipeline(stages, consumer_arrivals=consumers * (cluster if multicast else 1))
         tid, wg = thread_ids()
@@ -139,12 +140,12 @@ def build_fp8_gemm(M: int, N: int, K: int, *, scale="tensor", dtype="e4m3", dtyp
         psa, psb = ptx.global_ptrs(SA, SB)
         epi = Epilogue(acc, scale=scale, ot=ot, BN=BN, sw=sw, cbuf=cbuf, leader=leader,
                        bar_id=bar_id, tmap=ptx.tma.tensormap_ptr(D.tmap), psa=psa, psb=psb,
-                       M=M, N=N, col0=col0)
-        for t in ptx.loop(cid, g.tiles, g.clusters):
+                       M=g.M, N=N, col0=col0)
+        for t in ptx.loop(cid, g.tiles, g.stride):
             m0, n0 = tile_coords(t)
             r0 = m0 + w * 64 + row0                 # this thread's rows r0 and r0 + 8
             if promote:
-                mainloop.promoted(ring, acc, part, scale=scale, r0=r0, n0=n0, g=g, M=M,
+                mainloop.promoted(ring, acc, part, scale=scale, r0=r0, n0=n0, g=g, M=g.M,
                                   psa=psa, psb=psb)
             else:
                 mainloop.tensor_core(ring, acc, g.num_kb)
@@ -158,7 +159,7 @@ def build_fp8_gemm(M: int, N: int, K: int, *, scale="tensor", dtype="e4m3", dtyp
     name = (f"fp8_gemm_{scale}_{dt_a.name}{dt_b.name}_{ot.name}_{BM}x{BN}_s{stages}_c{cluster}"
             f"{'_fast' if fast_accum else ''}")
     fp8_gemm.__name__ = name
-    deco = kernel(in_specs=in_specs, out_specs=(Tile(M, ND, ot),), grid=(g.ctas, 1, 1),
+    deco = kernel(in_specs=in_specs, out_specs=(Tile(M, ND, ot),), grid=(host_g.ctas, 1, 1),
                   block=(threads, 1, 1), cluster=(cluster, 1, 1),
                   smem=smem_bytes(BM, BN, stages), maxnreg=maxnreg, tma=tma, name=name)
     return deco(fp8_gemm)

@@ -21,7 +21,7 @@ def partial_columns(BN, fast_accum=False):
 def produce(pipe, A, B, a_tile, b_tile, *, base, cid, g, coords, rank):
     """The producer thread: every k-block of this CTA's tiles into the ring (B multicast
     across a cluster of 2)."""
-    load_ab_ring(pipe, A, B, a_tile, b_tile, base=base, tile_range=(cid, g.tiles, g.clusters),
+    load_ab_ring(pipe, A, B, a_tile, b_tile, base=base, tile_range=(cid, g.tiles, g.stride),
                  coords=coords, num_kb=g.num_kb, BK=BK, rank=rank, cluster=g.cluster,
                  multicast=g.cluster > 1)
 

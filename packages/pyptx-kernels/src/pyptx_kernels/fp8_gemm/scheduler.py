@@ -3,26 +3,46 @@ grouped tile order."""
 
 from __future__ import annotations
 
+import copy
+
+from pyptx import ptx
+from pyptx.types import u32
 from pyptx.warpspec import grouped_tile_origin
 from pyptx_kernels.fp8_gemm.config import BK
 from pyptx_kernels.fp8_gemm.scales import SCALE_BLOCK
 
 
 class Geometry:
-    """The tiling of one problem: tiles, the persistent grid and the scale-block counts."""
+    """The tiling of one problem: tiles, the persistent grid and the scale-block counts.
+
+    Runtime M: the kernel reads ``M``, ``num_mc`` and ``tiles`` from kernel parameters
+    (``bind``), so every M of an ``(N, K)`` family has one PTX; its persistent loop strides
+    by the constant ``stride = num_sms // cluster``, the cluster count whenever a cluster has
+    more than one tile."""
 
     def __init__(self, M, N, K, BM, BN, cluster, group_m, num_sms):
-        self.BM, self.BN, self.cluster = BM, BN, cluster
+        self.M, self.BM, self.BN, self.cluster = M, BM, BN, cluster
         self.num_n = -(-N // BN)
         self.num_m = -(-M // BM)
         self.num_mc = -(-self.num_m // cluster)          # cluster rows of tiles
         self.tiles = self.num_mc * self.num_n
-        self.clusters = max(1, min(self.tiles, num_sms // cluster))
+        self.stride = max(1, num_sms // cluster)
+        self.clusters = max(1, min(self.tiles, self.stride))
         self.ctas = self.clusters * cluster
         self.num_kb = -(-K // BK)
         self.KS = -(-K // SCALE_BLOCK)                   # scale columns (block kind)
         self.NS = -(-N // SCALE_BLOCK)                   # scale rows of B (block kind)
-        self.gm = max(1, min(group_m, self.num_mc))
+        # a band of group_m cluster rows where fewer remain is the same order as one of fewer
+        self.gm = group_m
+
+    def bind(self):
+        """This geometry as the kernel sees it (call inside the kernel body): a copy whose
+        ``M``, ``num_mc`` and ``tiles`` are registers loaded from kernel parameters."""
+        bound = copy.copy(self)
+        bound.M = ptx.scalar_param(u32, self.M, "M")
+        bound.num_mc = ptx.scalar_param(u32, self.num_mc, "num_mc")
+        bound.tiles = ptx.scalar_param(u32, self.tiles, "tiles")
+        return bound
 
     @classmethod
     def of(cls, M, N, K, config):

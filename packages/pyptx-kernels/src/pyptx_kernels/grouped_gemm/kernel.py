@@ -104,12 +104,15 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
     tma = {**ops.tma(), "D": {"box": (64, out_cols), "swizzle": "128B"}}
     spec = min(cfg.speculate, num_kb)
 
+    stride = max(1, cfg.num_sms // cluster)   # the walk's step: see forward_units
+
     def grouped(A, B, Offs, D):
+        M_rows = ptx.scalar_param(u32, M, "M")   # every M of a family has one PTX
         # the rank comes from the opening, before the role split: the consumers use it too
         base, pipe, tid, wg, rank, cid, p_offs, roles = open_ring(
             stages, consumers, Offs, PROD_REGS, cluster,
             prefetch=(A.tmap, B.tmap, D.tmap) if cfg.prefetch else (),
-            early=(lambda: ops.warm(A, B, min(cfg.warm, num_kb), M=M, G=G, BM=BM, BN=BN,
+            early=(lambda: ops.warm(A, B, min(cfg.warm, num_kb), M=M_rows, G=G, BM=BM, BN=BN,
                                     unit_m=unit_m, unit_n=unit_n, num_n=num_n))
             if cfg.warm else None)
 
@@ -124,7 +127,7 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
             """The guessed first tile ``(g, m0, n0)``, whether it is a tile at all, and a
             first-tile flag: made on each side of the role split (the code before it is the
             producer's), from the CTA index, so both sides agree."""
-            gs, ms, ns = uniform_guess(cid, M=M, G=G, BM=BM, BN=BN, num_n=num_n)
+            gs, ms, ns = uniform_guess(cid, M=M_rows, G=G, BM=BM, BN=BN, num_n=num_n)
             return (gs, ms, ns), gs < G, reg.scalar(u32, init=1)
 
         def guessed(walk, t, tile, first):
@@ -140,7 +143,7 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
             hint_a = hint_b = None
             if cfg.l2_hint == "stream_b":
                 hint_a, hint_b = ptx.tma.cache_policy("last"), ptx.tma.cache_policy("first")
-            walk = RaggedTiles(p_offs, G, M, unit_m, num_n)
+            walk = RaggedTiles(p_offs, G, M_rows, unit_m, num_n)
             t = reg.scalar(u32, init=cid)
             load = ops.loader(A, a_map, b_map, rank, hint_a, hint_b)
 
@@ -162,7 +165,7 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
                 ptx.inst.mov.u32(first, 0)
             fill(pipe, st, base, stage_bytes, kb0, num_kb, lambda kb: kb * BK,
                  lambda sb, k0, bar: load(sb, g, m0, n0, k0, bar))
-            t += clusters
+            t += stride
             ptx.bra(top)
             ptx.place(out)
         # ---------------------------------------------------------------- consumers
@@ -171,7 +174,7 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
         mma = ring_mma(c, pipe, a_tile, b_tile, base, stage_bytes, consumers, cluster)
         d_map = ptx.tma.tensormap_ptr(D.tmap)
         (p_d,) = ptx.global_ptrs(D)
-        walk = RaggedTiles(p_offs, G, M, unit_m, num_n)
+        walk = RaggedTiles(p_offs, G, M_rows, unit_m, num_n)
         t = reg.scalar(u32, init=cid)
         if spec:
             tile, spec_ok, first = guess()
@@ -199,7 +202,7 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
                 c.store_tma(d_map, lambda j: (n0 + j * out_cols, mrow))
             with ptx.else_():
                 c.store_masked(p_d, N, mrow, n0, walk.end)
-        t += clusters
+        t += stride
         ptx.bra(top)
         ptx.place(out)
         drain_stores(c.leader)
@@ -261,16 +264,17 @@ def build_grouped_wgrad(M: int, KX: int, NY: int, G: int, *, out_dtype="bf16",
     maxnreg, cons_regs = register_budget(consumers, PROD_REGS)
     tma = {**ops.tma(), "W": {"box": (1, 64, out_cols), "swizzle": "128B"}}
 
-    def work(u, p_offs):
+    def work(u, p_offs, M_rows):
         """``(g, m0, n0, split, start, end, lo, hi)`` of unit ``u``: its tile, split, group rows
-        and row-block run."""
+        (clamped to ``M_rows``, the kernel parameter) and row-block run."""
         t, split = wgrad_unit(u, tiles, splits)
         g, m0, n0 = wgrad_tile(t, per_group, num_m, BM, BN)
-        start, end = group_rows(p_offs, g, M)
+        start, end = group_rows(p_offs, g, M_rows)
         lo, hi = split_blocks(split, start, end, splits)
         return g, m0, n0, split, start, end, lo, hi
 
     def wgrad(X, Y, Offs, W):
+        M_rows = ptx.scalar_param(u32, M, "M")   # every M of a family has one PTX
         base, pipe, tid, wg, _, cid, p_offs, roles = open_ring(stages, consumers, Offs,
                                                                PROD_REGS)
         # ---------------------------------------------------------------- producer
@@ -279,7 +283,7 @@ def build_grouped_wgrad(M: int, KX: int, NY: int, G: int, *, out_dtype="bf16",
             x_map = ptx.tma.tensormap_ptr(X.tmap)
             y_map = ptx.tma.tensormap_ptr(Y.tmap)
             for u in ptx.loop(cid, units, ctas):
-                g, m0, n0, split, start, end, lo, hi = work(u, p_offs)
+                g, m0, n0, split, start, end, lo, hi = work(u, p_offs, M_rows)
                 fill(pipe, st, base, stage_bytes, lo, hi, lambda kb, start=start: start + kb * BK,
                      ops.loader(X, Y, x_map, y_map, m0, n0))
         # ---------------------------------------------------------------- consumers
@@ -290,7 +294,7 @@ def build_grouped_wgrad(M: int, KX: int, NY: int, G: int, *, out_dtype="bf16",
         block = ops.zeroer(c, mma, base, consumers)
 
         for u in ptx.loop(cid, units, ctas):
-            g, m0, n0, split, start, end, lo, hi = work(u, p_offs)
+            g, m0, n0, split, start, end, lo, hi = work(u, p_offs, M_rows)
             with ptx.if_(hi != lo):
                 block(True, lo, start, end)
                 for kb in ptx.loop(lo + 1 if splits > 1 else 1, hi):

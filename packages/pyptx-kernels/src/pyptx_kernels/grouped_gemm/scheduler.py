@@ -71,10 +71,14 @@ class RaggedTiles:
 
 def uniform_guess(t, *, M, G, BM, BN, num_n):
     """``(g, m0, n0)`` of unit ``t`` of the ``RaggedTiles`` order (m-block fastest, then
-    n-block, then group) if each of the ``G`` groups had ``M // G`` rows; ``t`` a Python int
-    (a CPU model) or a u32 register (in a kernel)."""
+    n-block, then group) if each of the ``G`` groups had ``M // G`` rows; ``t`` and ``M``
+    Python ints (a CPU model) or u32 registers (in a kernel; ``M`` the kernel parameter)."""
     rows = M // G
-    blocks = max(1, -(-rows // BM))
+    if isinstance(rows, int):
+        blocks = max(1, -(-rows // BM))
+    else:
+        blocks = reg.scalar(u32)
+        ptx.inst.max.u32(blocks, (rows + (BM - 1)) // BM, 1)
     per = blocks * num_n
     g = t // per
     local = t - g * per
@@ -115,7 +119,9 @@ def forward_units(M, N, G, BM, BN, cluster, along_m, num_sms):
     """``(unit_m, unit_n, num_n, clusters)`` of the forward walk: a scheduling unit is one
     cluster's rows and columns (``cluster`` m-blocks when ``along_m``, else n-blocks), ``num_n``
     its n-blocks, and ``clusters`` the persistent clusters (no more than the units there can be
-    for any group sizes)."""
+    for any group sizes). The kernel's walk strides by ``num_sms // cluster`` whatever
+    ``clusters`` is: with fewer clusters each has at most one unit, so the stride only ends
+    its walk, and the PTX does not depend on M."""
     along_n = cluster > 1 and not along_m
     unit_m = BM * cluster if along_m else BM     # rows of one scheduling unit
     unit_n = BN * cluster if along_n else BN     # columns of one
