@@ -2,7 +2,7 @@
 synccheck): GQA, causal and full, both head dims, every gradient checked. Each case
 runs more blocks than the rings have stages (4), so stages are refilled: the write-after-read
 hazard racecheck found on a refilled dK/dV stage needs that. ``--options k=v,...`` runs
-the opt-in options (e.g. ``dkdv_bq=32``; see the example's ``parse_options``). ``--varlen``
+the opt-in options (e.g. ``dkdv_bq=32``, ``kv_split=2``; see ``parse_options``). ``--varlen``
 runs the packed variable-length pair instead (``attention_varlen``'s backward through torch
 autograd: empty q and k sequences, ragged lengths, GQA, both head dims, causal and full;
 dK/dV rings refilled: a 300-row sequence has 5 q blocks per q head, 2 q heads per kv head)."""
@@ -51,8 +51,10 @@ if "--varlen" in sys.argv:
 
 opts = parse_options(sys.argv[sys.argv.index("--options") + 1]) if "--options" in sys.argv else {}
 # dK/dV: 2 heads x 5 q blocks = 10 fills of 4 stages; dQ: up to 9 kv blocks
-fails = check([(1, 300, 2, 1, 64, "bf16", True), (1, 550, 2, 2, 128, "f16", False)],
-                  **opts)
+# kv_split (a group's q heads over a cluster) needs groups it divides: 2 q heads per kv head
+fails = check([(1, 300, 2, 1, 64, "bf16", True),
+               (1, 550, 4, 2, 128, "f16", False) if opts.get("kv_split", 1) != 1 else
+               (1, 550, 2, 2, 128, "f16", False)], **opts)
 torch.cuda.synchronize()
 print("FAIL" if fails else "all PASS")
 sys.exit(1 if fails else 0)
