@@ -124,11 +124,13 @@ def test_split_with_stats_lead_and_convert_lag():
 
 @pytest.mark.parametrize("G,want", [(1, 1), (2, 2), (3, 1), (4, 2), (8, 2)])
 def test_auto_split_follows_the_group_size(G, want):
-    """``lagged()`` (attention()'s D=128 plan) takes ``kv_split="auto"``: 2 for even groups,
-    1 otherwise (MHA's kernels unchanged)."""
+    """``lagged()`` and ``fused()`` in attention()'s plans take ``kv_split="auto"``: 2 for
+    even groups when causal, 1 otherwise (MHA's kernels and full attention's unchanged)."""
     bwd = fab.build_attention_backward(1, 4096, 4 * G, 4, 128, causal=True, plan=P.lagged())
     assert bwd.dkdv_kernel.name.endswith("_split2") == (want == 2)
     assert P.for_eager(128).kv_split == P.for_eager(64).kv_split == "auto"
+    full = fab.build_attention_backward(1, 4096, 4 * G, 4, 128, plan=P.lagged())
+    assert "_split" not in full.dkdv_kernel.name        # full attention: equal CTAs, no split
     fused = fab.build_attention_backward(1, 1024, 4 * G, 4, 64, causal=True, plan=P.for_eager(64))
     assert fused.dkdv_kernel.name.endswith("_split2") == (want == 2)
 

@@ -115,8 +115,8 @@ def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=
     Sk = S if Sk is None else Sk
     split = plan.kv_split
     if split == "auto":
-        split = (default_kv_split(Hq // Hkv) if isinstance(Hq, int) and isinstance(Hkv, int)
-                 and Hkv > 0 else 1)
+        split = (default_kv_split(Hq // Hkv, bool(causal)) if isinstance(Hq, int)
+                 and isinstance(Hkv, int) and Hkv > 0 else 1)
     plan = replace(plan, kv_split=split)
     if plan.fused_bq is None:
         lead = resolve_stats_lead("build_attention_backward", plan.stats_lead, Sk, plan.num_sms,

@@ -44,11 +44,14 @@ def default_stats_lead(Sk, num_sms=132, kv_split=1):
     return -(-num_sms // (kv_split * -(-Sk // BM))) + 1
 
 
-def default_kv_split(G):
-    """``kv_split`` for ``G`` query heads per kv head: 2 when ``G`` is even (a kv head's CTAs
-    double, each with half the group: the grid of the same FLOPs without grouping is the
-    faster one, H200 profile 1.641 vs 1.315 ms at 2x4096x32/8 vs 32/32), 1 otherwise."""
-    return 2 if G % 2 == 0 else 1
+def default_kv_split(G, causal=True):
+    """``kv_split`` for ``G`` query heads per kv head: 2 when causal and ``G`` is even (a kv
+    head's CTAs double, each with half the group: the grid of the same FLOPs without
+    grouping is the faster one, H200 profile 1.641 vs 1.315 ms at 2x4096x32/8 vs 32/32; a
+    list-scheduling model of the causal grid's uneven CTAs on 132 SMs: 0.90x the span at
+    2x4096x32/8, 0.87x at 1x16384x16/4), 1 otherwise (full attention's CTAs are equal: no
+    tail to shorten, the reduction would cost)."""
+    return 2 if causal and G % 2 == 0 else 1
 
 
 def resolve_stats_lead(fn, stats_lead, Sk, num_sms, dq_ordered, safe, BQ, causal,
