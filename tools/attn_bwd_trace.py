@@ -6,6 +6,9 @@ after each SM's last CTA, and the converters' timing (``dq_convert``).
 
     python tools/attn_bwd_trace.py                      # D=128, S=4096 and 8192 full, causal
     python tools/attn_bwd_trace.py --opts "atomic_dq=1,dq_bulk=1,dq_ordered=1"
+    python tools/attn_bwd_trace.py --group 4 --shapes 4096:causal --opts \
+        "atomic_dq=1,dq_bulk=1,dq_ordered=1,dq_convert=1" \
+        "atomic_dq=1,dq_bulk=1,dq_ordered=1,dq_convert=1,kv_split=2"   # grouped heads
 
 ``summarize`` is pure numpy (tested on the CPU with a made-up trace).
 """
@@ -85,43 +88,51 @@ def report(name, s):
     return text + "."
 
 
-def run(S, causal, opts, D=128, tokens=32768, width=2048):
-    """Trace one call (after three warm ones) of the backward with these options."""
+def run(S, causal, opts, D=128, tokens=32768, width=2048, group=1):
+    """Trace one call (after three warm ones) of the backward with these options
+    (``group`` q heads per kv head)."""
     import torch
 
 
     fab = importlib.import_module("pyptx_kernels.flash_attention.backward")
     B, H = tokens // S, width // D
+    Hkv = H // group
     kw = fab.parse_options(opts)
-    q, k, v, do, o = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16)
-                      for _ in range(5))
-    lse = importlib.import_module("pyptx_kernels.flash_attention.bwd_reference")._lse(q, k, causal)
+    split = kw.get("kv_split", 1)
+    q, do, o = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    k, v = (torch.randn(B, S, Hkv, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    lse = importlib.import_module("pyptx_kernels.flash_attention.bwd_reference")._lse(
+        q, k.repeat_interleave(group, 2), causal)
     w = fab.dq_accumulator_width(D, True)
     ordered = kw.get("dq_ordered", False)
     kw["stats_lead"] = fab.resolve_stats_lead("attn_bwd_trace", kw.get("stats_lead", 0), S,
-                                              132, ordered, False, None, causal)
-    prep = fab.build_prep(B, S, H, D, counters=ordered, width=w, lead=kw["stats_lead"], Hkv=H)
-    dkdv = fab.build_dkdv(B, S, H, H, D, causal=causal, trace=True, **kw)
+                                              132, ordered, False, None, causal,
+                                              kv_split=split)
+    prep = fab.build_prep(B, S, H, D, counters=ordered, width=w, lead=kw["stats_lead"],
+                          Hkv=Hkv)
+    dkdv = fab.build_dkdv(B, S, H, Hkv, D, causal=causal, trace=True, **kw)
     extra = (o, lse) if kw["stats_lead"] else ()
     for _ in range(4):
         stats, acc, *sem = prep(o, lse, do)
         *_, trace = dkdv(q, k, v, do, stats, acc, *sem, *extra)
     torch.cuda.synchronize()
     num_kv = -(-S // fab.BM)
-    return summarize(trace.cpu().numpy(), B * H * num_kv, num_kv)
+    return summarize(trace.cpu().numpy(), B * Hkv * num_kv * split, num_kv * split)
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--opts", nargs="*", default=list(OPTS))
     p.add_argument("--shapes", nargs="*", default=["4096:full", "8192:full", "8192:causal"])
+    p.add_argument("--group", type=int, default=1, help="q heads per kv head")
     a = p.parse_args(argv)
     for shape in a.shapes:
         S, mask = shape.split(":")
         print(f"\n### D=128 S={S} {mask}")
         for opts in a.opts:
             try:
-                print(report(opts, run(int(S), mask == "causal", opts)), flush=True)
+                print(report(opts, run(int(S), mask == "causal", opts, group=a.group)),
+                      flush=True)
             except PyptxError as e:     # an option set this shape refuses (convert_lag: causal)
                 print(f"- **{opts}**: {str(e).splitlines()[0]}", flush=True)
 
