@@ -18,9 +18,9 @@ not move.
 
 ``--gqa``: the grouped-query rows instead (``GQA_CASES``: the shapes of issue 47's table,
 then Hq/Hkv = 4 and 8 at S = 2k to 16k, head dims 64 and 128, causal and full; B and
-Hq/Hkv columns first). ``--kv-splits 1 2 4``: one more backward column per split, the D=128
-eager plan ``BackwardPlan.lagged(kv_split=s)`` called through ``attention_backward`` (the
-default column is ``kv_split="auto"``).
+Hq/Hkv columns first). ``--kv-splits 1 2 4``: one more backward column per split,
+attention()'s eager plan (``BackwardPlan.for_eager(D)``) with ``kv_split=s``, called through
+``attention_backward`` (the default column is ``kv_split="auto"``).
 
     python benchmarks/attention.py [--dims 64 128] [--seqs 4096 8192] [--schedules pingpong simple]
                                    [--configs '[{}, {"persistent": true}]'] [--no-bwd] [--out t.md]
@@ -87,15 +87,17 @@ def sdpa_fn(backend, q, k, v, causal):
 
 
 def split_backward_fn(q, k, v, causal, kv_split):
-    """Time ``attention_backward`` with the D=128 eager plan at ``kv_split`` (o and lse from
-    our forward, computed once)."""
+    """Time ``attention_backward`` with attention()'s eager plan (``BackwardPlan.for_eager``)
+    at ``kv_split`` (o and lse from our forward, computed once)."""
+    from dataclasses import replace
+
     import torch
 
     fab = importlib.import_module("pyptx_kernels.flash_attention.backward")
     fa = load_attention()
     o, lse = fa.attention_forward(q, k, v, causal=causal)
     do = torch.randn_like(o)
-    plan = fab.BackwardPlan.lagged(kv_split=kv_split)
+    plan = replace(fab.BackwardPlan.for_eager(q.shape[-1]), kv_split=kv_split)
 
     def run():
         return fab.attention_backward(q, k, v, o, lse, do, causal=causal, plan=plan)
@@ -164,7 +166,7 @@ def main(argv=None) -> int:
     p.add_argument("--rows", nargs="+", type=int, default=None,
                    help="--gqa: only these indices of GQA_CASES")
     p.add_argument("--kv-splits", nargs="+", type=int, default=[],
-                   help="backward columns of BackwardPlan.lagged(kv_split=s) (D=128)")
+                   help="backward columns of BackwardPlan.for_eager(D) with kv_split=s")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     why = gpu_missing("attention.py")
