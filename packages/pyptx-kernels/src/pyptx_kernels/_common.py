@@ -3,6 +3,7 @@ dtype names and rows of an array, device checks, and the lazily defined torch cu
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 
@@ -201,3 +202,37 @@ def call_op(name: str, *args):
             if function is not None:
                 return function.apply(*args)
     return getattr(torch.ops.pyptx, name)(*args)
+
+
+def device_arch(x) -> str:
+    """The kernels' target for the device of array ``x``: ``sm_80`` for a CUDA tensor of
+    capability 8.x, ``sm_90a`` for 9.x, ``sm_100a`` for 10.x (``sm_90a`` for CPU, meta and
+    non-torch arrays, and for other capabilities). Cached per device (~0.5 us a call).
+    While torch.compile traces: ``sm_90a`` (the capability query is not traceable; pass
+    ``arch=`` to a public function to compile another family)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.compiler.is_compiling():
+        return "sm_90a"
+    dev = getattr(x, "device", None)
+    try:
+        return _ARCH_OF_DEVICE[dev]
+    except (KeyError, TypeError):  # a device not seen yet (or not hashable)
+        pass
+    arch = _capability_arch(dev.index) if getattr(dev, "type", None) == "cuda" else "sm_90a"
+    try:
+        _ARCH_OF_DEVICE[dev] = arch
+    except TypeError:
+        pass
+    return arch
+
+
+#: device object -> target, filled by ``device_arch`` (it is on every call of the ops)
+_ARCH_OF_DEVICE: dict = {}
+
+
+@functools.cache
+def _capability_arch(index) -> str:
+    import torch
+
+    major = torch.cuda.get_device_capability(index)[0]
+    return {8: "sm_80", 9: "sm_90a", 10: "sm_100a"}.get(major, "sm_90a")

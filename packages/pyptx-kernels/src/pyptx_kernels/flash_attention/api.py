@@ -412,8 +412,19 @@ def _check_backward(fn, xs, features, build):
         build()
 
 
+def _sm80_attention(q, k, v, causal, scale, layout, features, dims):
+    """The Ampere forward's call, or ``ConfigError`` for what it lacks."""
+    if features != ((-1, -1), 0.0) or dims[4] not in (64, 128) or _common.wants_grad(q, k, v):
+        raise _common.fail(ConfigError, "attention", "the sm_80 attention is a forward at head "
+                           "dim 64 or 128 without window or soft cap: call it with none of "
+                           "them and no input requiring grad")
+    from pyptx_kernels.ampere.api import sm80_attention
+
+    return sm80_attention(q, k, v, causal=causal, scale=scale, layout=layout)
+
+
 def attention(q, k, v, *, causal=False, scale=None, layout="bshd", window=(-1, -1),
-              softcap=0.0):
+              softcap=0.0, arch=None):
     """Flash attention ``softmax(scale * q k^T) v`` on Hopper tensor cores.
 
     ``layout="bshd"``: ``q (B, S, Hq, D)``, ``k, v (B, Sk, Hkv, D)``; ``layout="bhsd"``:
@@ -435,10 +446,19 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bshd", window=(-1, -
     JAX arrays through ``fwd_host.attention`` (``jax.grad``). One compiled kernel serves
     every batch and sequence length of a family (dtype, head dim, causal, window, soft cap,
     layouts, plan); the plan is chosen without timing unless ``PYPTX_AUTOTUNE=1``. Bad
-    input raises ``ConfigError`` naming the caller's line."""
+    input raises ``ConfigError`` naming the caller's line. ``arch``: the kernel family, by
+    default the device's; sm_8x devices (and ``arch="sm_80"`` anywhere) take the Ampere
+    forward (``pyptx_kernels.ampere``: D 64/128, no window, soft cap or backward)."""
     *dims, causal, scale = _check_dense(q, k, v, causal, scale, layout)
     features = _features(window, softcap)
     (window_left, window_right), softcap = features
+    if framework(q) == "torch":
+        arch = _common.device_arch(q) if arch is None else arch
+        if arch == "sm_80":
+            return _sm80_attention(q, k, v, causal, scale, layout, features, dims)
+        if arch != "sm_90a":
+            raise _common.fail(ConfigError, "attention", f"no attention kernel for arch "
+                               f"{arch!r}: the targets are ('sm_80', 'sm_90a')")
     if framework(q) == "jax":
         from pyptx_kernels.flash_attention import fwd_host as forward
 

@@ -45,15 +45,43 @@ def _check(who, a, b, bias, out_dtype, linear=False, launch=True):
     return out
 
 
-def matmul(a, b, *, bias=None, out_dtype=None):
+ARCHS = ("sm_80", "sm_90a")
+"""The targets ``matmul``/``linear`` have a GEMM for: Ampere (``pyptx_kernels.ampere``,
+forward only, no bias epilogue) and Hopper."""
+
+
+def _arch(who, x, arch):
+    """The GEMM family of a call: ``arch`` if given, else the device's (``device_arch``)."""
+    arch = _common.device_arch(x) if arch is None else arch
+    if arch not in ARCHS:
+        raise fail(ConfigError, who, f"no GEMM for arch {arch!r}: the targets are {ARCHS}")
+    return arch
+
+
+def _sm80(who, a, b, bias, out, wants):
+    """The Ampere GEMM's call (``pyptx_kernels.ampere``): forward only; a bias is added after."""
+    if wants:
+        raise fail(ConfigError, who, "the sm_80 GEMM has no backward: call it with no input "
+                   "requiring grad (or under torch.no_grad())")
+    from pyptx_kernels.ampere.api import sm80_matmul
+
+    d = sm80_matmul(a, b, out_dtype=out)
+    return d if bias is None else (d.float() + bias.float()).to(d.dtype)
+
+
+def matmul(a, b, *, bias=None, out_dtype=None, arch=None):
     """``a @ b (+ bias)`` with the pyptx GEMM: ``a (..., K)``, ``b (K, N)`` bf16/f16 of any
     strides (``w.T`` is read K-major, no copy), ``bias (N,)``; returns ``(..., N)`` in
     ``out_dtype`` (default ``a``'s; ``"bf16"``/``"f16"``/``"f32"`` or a dtype).
     torch: the custom op ``torch.ops.pyptx.matmul``, differentiable in all inputs;
-    JAX: ``pyptx_kernels.gemm.host.matmul`` (differentiable under ``jax.grad``)."""
+    JAX: ``pyptx_kernels.gemm.host.matmul`` (differentiable under ``jax.grad``).
+    ``arch``: the kernel family (``ARCHS``), by default the device's: sm_8x devices (and
+    ``arch="sm_80"`` anywhere) take the Ampere GEMM, forward only."""
     out = _check("matmul", a, b, bias, out_dtype)
     a2, lead = _common.rows_of(a)
-    if framework(a) == "torch":
+    if framework(a) == "torch" and _arch("matmul", a, arch) == "sm_80":
+        d = _sm80("matmul", a2, b, bias, out, _common.wants_grad(a, b, bias))
+    elif framework(a) == "torch":
         _define()
         d = _common.call_op("matmul", a2, b, bias, out)
     else:
@@ -61,13 +89,16 @@ def matmul(a, b, *, bias=None, out_dtype=None):
     return d.reshape(*lead, d.shape[-1])
 
 
-def linear(x, weight, bias=None):
+def linear(x, weight, bias=None, *, arch=None):
     """``F.linear``: ``x @ weight.T + bias`` with the pyptx GEMM, ``x (..., in)``, ``weight
     (out, in)`` bf16/f16, ``bias (out,)``; returns ``(..., out)`` in ``x``'s dtype.
-    torch: the custom op ``torch.ops.pyptx.linear``, differentiable in all inputs."""
+    torch: the custom op ``torch.ops.pyptx.linear``, differentiable in all inputs.
+    ``arch``: as ``matmul``'s."""
     out = _check("linear", x, weight, bias, None, linear=True)
     x2, lead = _common.rows_of(x)
-    if framework(x) == "torch":
+    if framework(x) == "torch" and _arch("linear", x, arch) == "sm_80":
+        d = _sm80("linear", x2, weight.T, bias, out, _common.wants_grad(x, weight, bias))
+    elif framework(x) == "torch":
         _define()
         d = _common.call_op("linear", x2, weight, bias)
     else:

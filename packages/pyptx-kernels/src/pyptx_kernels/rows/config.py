@@ -13,7 +13,7 @@ import inspect
 from dataclasses import dataclass
 
 from pyptx.errors import ConfigError, SpecError
-from pyptx_kernels._common import where
+from pyptx_kernels._common import _ARCH_OF_DEVICE, _capability_arch, device_arch, where  # noqa: F401
 
 _INTS = ("chunks", "threads", "rows", "ctas", "stages", "maxnreg")
 _BOOLS = ("bulk_store", "bulk", "welford", "pdl", "pdl_prefetch")
@@ -233,35 +233,6 @@ def persistent_maxnreg(config: RowConfig, plan, arch: str) -> int | None:
     from pyptx import rows as rw
 
     return rw.reg_cap(plan)
-
-
-def device_arch(x) -> str:
-    """The row builders' target for the device of array ``x``: ``sm_80`` for a CUDA tensor of
-    capability 8.x, ``sm_90a`` for 9.x, ``sm_100a`` for 10.x (``sm_90a`` for CPU, meta and
-    non-torch arrays, and for other capabilities)."""
-    dev = getattr(x, "device", None)
-    try:
-        return _ARCH_OF_DEVICE[dev]
-    except (KeyError, TypeError):  # a device not seen yet (or not hashable)
-        pass
-    arch = _capability_arch(dev.index) if getattr(dev, "type", None) == "cuda" else DEFAULT_ARCH
-    try:
-        _ARCH_OF_DEVICE[dev] = arch
-    except TypeError:
-        pass
-    return arch
-
-
-#: device object -> target, filled by ``device_arch`` (it is on every call of the row ops)
-_ARCH_OF_DEVICE: dict = {}
-
-
-@functools.cache
-def _capability_arch(index) -> str:
-    import torch
-
-    major = torch.cuda.get_device_capability(index)[0]
-    return {8: "sm_80", 9: "sm_90a", 10: "sm_100a"}.get(major, DEFAULT_ARCH)
 
 
 # ----------------------------------------------------------------------------- plan, untimed
