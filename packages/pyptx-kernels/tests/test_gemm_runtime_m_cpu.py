@@ -77,15 +77,17 @@ def _simulate(k, M, N, K, residual, rng):
     return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
 
 
-# two CTAs (clusters) walk several tiles each at the larger M, one tile each at the smaller
-# (the constant loop stride past the tile count); ragged M clips the stores and the residual
+# four clusters walk several tiles each at the larger M (10 tiles); at the smaller (2 tiles)
+# the grid has two clusters of one tile each, and the constant stride (4) ends their walk;
+# ragged M clips the stores and the residual's loads
 @pytest.mark.parametrize("cluster,residual", [(1, True), (2, False)], ids=["c1_residual", "c2"])
 def test_one_ptx_simulates_two_m(cluster, residual):
-    cfg = GemmConfig(BM=64, BN=64, stages=2, cluster=cluster, num_sms=2 * cluster, group_m=2)
+    cfg = GemmConfig(BM=64, BN=64, stages=2, cluster=cluster, num_sms=4 * cluster, group_m=2)
     N, K = 128, 192
     kernels = {M: build_gemm(M, N, K, residual=residual, config=cfg)
                for M in (64 * cluster - 7, 5 * 64 * cluster - 3)}
     assert len({_digest(k) for k in kernels.values()}) == 1
+    assert [k.specialize().grid[0] // cluster for k in kernels.values()] == [2, 4]
     rng = np.random.default_rng(0)
     for M, k in kernels.items():
         err = _simulate(k, M, N, K, residual, rng)
