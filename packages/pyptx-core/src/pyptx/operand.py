@@ -38,6 +38,16 @@ _SWIZZLE_MODE = {None: 0, 128: 1, 64: 2, 32: 3}
 _TMA_SWIZZLE = {None: "none", 128: "128B", 64: "64B", 32: "32B"}
 
 
+def _descriptor_version(target: Any) -> int:
+    """The descriptor bits that tell a tcgen05 (Blackwell) descriptor from a wgmma one."""
+    if target == "wgmma":
+        return 0
+    if target == "tcgen05":
+        return 1 << 46
+    raise OperandError(f"{where()}: OperandTile descriptor target must be 'wgmma' or "
+                       f"'tcgen05', got {target!r}")
+
+
 class OperandTile:
     """Geometry of one wgmma operand tile in shared memory (see the module docstring).
 
@@ -132,18 +142,24 @@ class OperandTile:
         rows = MMA_K_BYTES // self.elem
         return (mn_start * self.elem // self.width) * self.slab_bytes + k_step * rows * self.width
 
-    def descriptor_constant(self) -> int:
-        """The descriptor's fields other than the start address (LBO, SBO, swizzle mode)."""
+    def descriptor_constant(self, target: str = "wgmma") -> int:
+        """The descriptor's fields other than the start address (LBO, SBO, swizzle mode).
+
+        ``target="tcgen05"``: Blackwell's shared-memory descriptor (untested on hardware),
+        the same canonical layouts with the version field (bits 46-48) set to 1; its 3-bit
+        swizzle field at 61-63 (128B 2, 64B 4, 32B 6) holds the same bits as wgmma's."""
         return (((self.leading_byte_offset >> 4) << 16) | ((self.stride_byte_offset >> 4) << 32)
-                | (_SWIZZLE_MODE[self.swizzle] << 62))
+                | (_SWIZZLE_MODE[self.swizzle] << 62)) | _descriptor_version(target)
 
     # ------------------------------------------------------------------ descriptors
     def descriptor(self, base: Reg | SharedArray, k_step: int = 0, mn_start: int = 0,
-                   offset: int = 0) -> Reg:
+                   offset: int = 0, *, target: str = "wgmma") -> Reg:
         """A u64 descriptor register of ``k_step`` for the tile at shared address ``base``
         (+ ``offset`` bytes). Emits ``and.b32``/``shr.u32`` (the 14-bit start address),
         ``cvt.u64.u32`` and ``or.b64`` with the constant fields; ``mov.u32`` first for a
-        shared array, ``add.u32`` first for a non-zero byte offset."""
+        shared array, ``add.u32`` first for a non-zero byte offset. ``target``: "wgmma"
+        (Hopper) or "tcgen05" (Blackwell's descriptor, see ``descriptor_constant``)."""
+        const = self.descriptor_constant(target)
         trace = current()
         if type(base) is SharedArray:
             base = base.addr()
@@ -162,7 +178,7 @@ class OperandTile:
         w = Reg(trace.new_reg_name(u64), u64, trace)
         trace.inst("cvt.u64.u32", (w.name, m.name))
         d = Reg(trace.new_reg_name(u64), u64, trace)
-        trace.inst("or.b64", (d.name, w.name, f"0x{self.descriptor_constant():016X}"))
+        trace.inst("or.b64", (d.name, w.name, f"0x{const:016X}"))
         return d
 
     def advance(self, desc: Reg, k_step: int = 0, mn_start: int = 0, offset: int = 0) -> Reg:

@@ -5,6 +5,7 @@ reductions. Every call appends to the kernel being traced.
 
 from . import async_copy as cp_async
 from . import cluster, mbarrier, tma, warp, warpgroup, wgmma
+from . import tcgen05 as tcgen05  # Blackwell tensor cores (untested on hardware)
 from .control import (
     Label,
     WhileLoop,
