@@ -50,24 +50,27 @@ def _check(got, grads, dt="bf16"):
         assert err < TOL[dt], (name, err)
 
 
-@pytest.mark.parametrize("D,S,Hq,Hkv,causal,split,plan", [
-    (128, 200, 2, 1, True, 2, "converted"),     # causal chain, 2 kv blocks x 2 ranks
-    (64, 130, 4, 1, False, 4, "ordered"),       # a chunk = half of dK or of dV; ragged S
-    (128, 130, 8, 1, False, 8, "ordered"),      # a chunk = a quarter of dK or of dV
+@pytest.mark.parametrize("D,S,Sk,Hq,Hkv,causal,split,plan", [
+    (128, 200, 200, 2, 1, True, 2, "converted"),    # causal chain, 2 kv blocks x 2 ranks
+    (64, 130, 130, 4, 1, False, 4, "ordered"),      # a chunk = half of dK or of dV; ragged S
+    (128, 130, 130, 8, 1, False, 8, "ordered"),     # a chunk = a quarter of dK or of dV
+    (128, 100, 300, 4, 2, True, 2, "ordered"),      # Sk > S: kv blocks with no q block
 ])
-def test_split_backward_matches_float64_and_the_unsplit_dq(D, S, Hq, Hkv, causal, split, plan):
+def test_split_backward_matches_float64_and_the_unsplit_dq(D, S, Sk, Hq, Hkv, causal, split,
+                                                           plan):
     """The split kernel's dK and dV against float64 (each CTA sums its chunk of the
     cluster's partials in rank order); dQ bit for bit the unsplit kernel's."""
-    inputs, grads = _reference(1, S, S, Hq, Hkv, D, causal, 7 * D + split)
+    inputs, grads = _reference(1, S, Sk, Hq, Hkv, D, causal, 7 * D + split)
     make = {"converted": lambda s: P.converted(num_sms=3, kv_split=s),
             "ordered": lambda s: P.ordered(kv_split=s)}[plan]
-    bwd = fab.build_attention_backward(1, S, Hq, Hkv, D, causal=causal, plan=make(split))
+    bwd = fab.build_attention_backward(1, S, Hq, Hkv, D, Sk=Sk, causal=causal,
+                                       plan=make(split))
     assert bwd.dkdv_kernel.name.endswith(f"_split{split}")
     spec = bwd.dkdv_kernel.specialize()
     assert spec.cluster == (split, 1, 1) and spec.grid[0] % split == 0
     got = _simulate(bwd, inputs)
     _check(got, grads)
-    base = fab.build_attention_backward(1, S, Hq, Hkv, D, causal=causal, plan=make(1))
+    base = fab.build_attention_backward(1, S, Hq, Hkv, D, Sk=Sk, causal=causal, plan=make(1))
     assert np.array_equal(got[0], _simulate(base, inputs)[0])
 
 
