@@ -1,6 +1,6 @@
 """The dense, FP8 and grouped GEMMs are M-generic: what depends on M (the rows, the cluster
-rows of tiles, the tile count) is a kernel parameter, so every M of an ``(N, K)`` family
-traces to one PTX (one cubin in ``pyptx.jit``'s content-hash cache) and only the grid and
+rows of tiles, the tile count; the dense GEMM's k-block count too) is a kernel parameter, so
+every M of an ``(N, K)`` family traces to one PTX (one cubin in ``pyptx.jit``'s content-hash cache) and only the grid and
 the parameter values differ. One PTX of each is simulated at two M's against float64; the
 dense split-tail plan (chosen per shape) stays M-specific."""
 
@@ -37,6 +37,12 @@ def test_every_plan_has_one_ptx_for_every_m(config):
     assert [p["M"] for p in params] == list(MS)
     assert params[0]["tiles"] < params[2]["tiles"] < params[3]["tiles"]
     assert len({s.grid for s in specs}) > 1 or config.num_sms // config.cluster <= params[0]["tiles"]
+
+
+def test_k_is_generic_too():
+    """A weight gradient's K is the token count: the k-block count is a parameter as well."""
+    assert len({_digest(build_gemm(M, 2048, K, a_major="MN")) for M, K in
+                ((1000, 1000), (1000, 8192), (4096, 1016), (8192, 4104))}) == 1
 
 
 @pytest.mark.parametrize("kw", [dict(residual=True), dict(activation="swiglu"),
@@ -83,15 +89,15 @@ def _simulate(k, M, N, K, residual, rng):
 @pytest.mark.parametrize("cluster,residual", [(1, True), (2, False)], ids=["c1_residual", "c2"])
 def test_one_ptx_simulates_two_m(cluster, residual):
     cfg = GemmConfig(BM=64, BN=64, stages=2, cluster=cluster, num_sms=4 * cluster, group_m=2)
-    N, K = 128, 192
-    kernels = {M: build_gemm(M, N, K, residual=residual, config=cfg)
-               for M in (64 * cluster - 7, 5 * 64 * cluster - 3)}
+    N = 128
+    kernels = {(M, K): build_gemm(M, N, K, residual=residual, config=cfg)
+               for M, K in ((64 * cluster - 7, 328), (5 * 64 * cluster - 3, 136))}
     assert len({_digest(k) for k in kernels.values()}) == 1
     assert [k.specialize().grid[0] // cluster for k in kernels.values()] == [2, 4]
     rng = np.random.default_rng(0)
-    for M, k in kernels.items():
+    for (M, K), k in kernels.items():
         err = _simulate(k, M, N, K, residual, rng)
-        assert err < 8e-3, (M, err)
+        assert err < 8e-3, (M, K, err)
 
 
 @pytest.mark.parametrize("config", fp8_gemm.FP8_CONFIGS, ids=lambda c: c.name)

@@ -1,4 +1,4 @@
-"""GPU tests of the M-generic GEMMs: one cubin serves every M of an ``(N, K)`` family
+"""GPU tests of the M-generic GEMMs: one cubin serves every M (and K) of an N
 (the PTX of every M is one text, so ``pyptx.jit``'s content-hash cache hands the first M's
 cubin to the others) and each M is right against float64 on fresh random inputs with
 NaN-poisoned outputs; a default ``matmul`` at a new M in a warm process runs no ptxas.
@@ -40,11 +40,12 @@ def rel_err(d, ref):
                                     GemmConfig(BM=64, BN=128, cluster=1, epi_bufs=1)],
                          ids=lambda c: c.name)
 def test_one_cubin_serves_every_m(config):
-    N, K = 2048, 1024
-    b = torch.randn(K, N, device="cuda", dtype=torch.bfloat16)
+    """Every M (and K: a weight gradient's K is the token count) of one N."""
+    N = 2048
     cubins = set()
-    for M in MS:
+    for M, K in zip(MS, (1024, 1024, 8, 4104, 1024, 3000)):
         a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(K, N, device="cuda", dtype=torch.bfloat16)
         k = build_gemm(M, N, K, config=config)
         d = k(a, b)
         assert rel_err(d, reference(a, b)) < 6e-3, M

@@ -65,12 +65,13 @@ class TileSchedule:
     ``clusters`` clusters (``ctas`` CTAs): a cluster per tile up to the SMs' worth, all of
     them with a split tail, whose pieces may outnumber the tiles.
 
-    Runtime M: the plain walk's kernel reads what depends on M from kernel parameters
-    (``bind``: ``M``, ``num_mc``, ``tiles``), so one PTX serves every M of an ``(N, K)``
-    family; only the grid differs. Its loop strides by the constant ``num_sms // cluster``,
-    which is the cluster count whenever a cluster has more than one tile (with fewer tiles
-    than that each cluster has one, and any stride ends its loop). A split-tail kernel keeps
-    its M-specific constants (its plan is chosen per shape)."""
+    Runtime M and K: the plain walk's kernel reads what depends on M or K from kernel
+    parameters (``bind``: ``M``, ``num_mc``, ``tiles``, ``num_kb``), so one PTX serves every
+    ``M x K`` of an N (a weight gradient's K is the token count); only the grid differs. Its
+    loop strides by the constant ``num_sms // cluster``, which is the cluster count whenever
+    a cluster has more than one tile (with fewer tiles than that each cluster has one, and
+    any stride ends its loop). A split-tail kernel keeps its shape-specific constants (its
+    plan is chosen per shape)."""
 
     def __init__(self, M, N, K, KB, cfg):
         self.cfg = cfg
@@ -90,14 +91,14 @@ class TileSchedule:
 
     def bind(self):
         """This schedule as the kernel sees it, emitting its parameter loads (call inside the
-        kernel body): a copy whose ``M``, ``num_mc`` and ``tiles`` are registers loaded from
-        the kernel parameters of those names (the plain walk), or itself (a split tail)."""
+        kernel body): a copy whose ``M``, ``num_mc``, ``tiles`` and ``num_kb`` are registers
+        loaded from the kernel parameters of those names (the plain walk), or itself (a split
+        tail)."""
         if self.plan:
             return self
         bound = copy.copy(self)
-        bound.M = ptx.scalar_param(u32, self.M, "M")
-        bound.num_mc = ptx.scalar_param(u32, self.num_mc, "num_mc")
-        bound.tiles = ptx.scalar_param(u32, self.tiles, "tiles")
+        for name in ("M", "num_mc", "tiles", "num_kb"):
+            setattr(bound, name, ptx.scalar_param(u32, getattr(self, name), name))
         return bound
 
     def coords(self, t, rank):
