@@ -144,9 +144,15 @@ def torch_op(name: str, schema: str, impl, fake, backward=None, setup_context=No
     if backward is not None:
         op.register_autograd(backward, setup_context=setup_context)
     _TORCH_OPS[name] = op
+    register_eager(name, impl, backward, setup_context)
+    return op
+
+
+def register_eager(name: str, impl, backward=None, setup_context=None) -> None:
+    """Let ``call_op`` run op ``name``'s ``impl`` (and its autograd) directly in plain eager
+    calls; ``torch_op`` does this for the ops it defines."""
     _EAGER[name] = (impl, None if backward is None else _eager_function(name, impl, backward,
                                                                        setup_context))
-    return op
 
 
 EAGER_DEVICES = ("cuda",)

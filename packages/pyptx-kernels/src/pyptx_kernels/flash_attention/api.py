@@ -322,23 +322,25 @@ def _register():
     def dense(*xs):
         return tuple(x.contiguous() for x in xs)
 
-    @op("attention")
-    def attention_op(q, k, v, causal, scale, window_left=-1, window_right=-1, softcap=0.0):
+    def attention_op_impl(q, k, v, causal, scale, window_left=-1, window_right=-1, softcap=0.0):
         with torch.no_grad():   # (B, H, S, D) memory is read in place: no copy
             return _launch_forward(q, k, v, causal, scale,
                                    _as_features(window_left, window_right, softcap))
+
+    attention_op = op("attention")(attention_op_impl)
 
     @attention_op.register_fake
     def _(q, k, v, causal, scale, window_left=-1, window_right=-1, softcap=0.0):
         B, S, H, D = q.shape
         return q.new_empty((B, S, H, D)), q.new_empty((B, H, S), dtype=torch.float32)
 
-    @op("attention_backward")
-    def attention_backward_op(q, k, v, o, lse, do, causal, scale, window_left=-1,
+    def attention_backward_op_impl(q, k, v, o, lse, do, causal, scale, window_left=-1,
                               window_right=-1, softcap=0.0):
         with torch.no_grad():   # the backward reads contiguous (B, S, H, D): copies here only
             return _launch_backward(*dense(q, k, v, o, lse, do), causal, scale,
                                     _as_features(window_left, window_right, softcap))
+
+    attention_backward_op = op("attention_backward")(attention_backward_op_impl)
 
     @attention_backward_op.register_fake
     def _(q, k, v, o, lse, do, causal, scale, window_left=-1, window_right=-1, softcap=0.0):
@@ -354,14 +356,17 @@ def _register():
                 *(None,) * len(ctx.options))
 
     attention_op.register_autograd(grad, setup_context=setup)
+    _common.register_eager("attention", attention_op_impl, grad, setup)
+    _common.register_eager("attention_backward", attention_backward_op_impl)
 
-    @op("attention_varlen")
-    def varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
+    def varlen_op_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
                   window_left=-1, window_right=-1, softcap=0.0):
         with torch.no_grad():
             return _launch_varlen_forward(*dense(q, k, v, cu_seqlens_q, cu_seqlens_k),
                                           max_seqlen_q, max_seqlen_k, causal, scale,
                                           _as_features(window_left, window_right, softcap))
+
+    varlen_op = op("attention_varlen")(varlen_op_impl)
 
     @varlen_op.register_fake
     def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
@@ -369,14 +374,15 @@ def _register():
         T, H, _ = q.shape
         return q.new_empty(q.shape), q.new_empty((H, T), dtype=torch.float32)
 
-    @op("attention_varlen_backward")
-    def varlen_backward_op(q, k, v, cu_seqlens_q, cu_seqlens_k, o, lse, do, max_seqlen_q,
+    def varlen_backward_op_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, o, lse, do, max_seqlen_q,
                            max_seqlen_k, causal, scale, window_left=-1, window_right=-1,
                            softcap=0.0):
         with torch.no_grad():
             return _launch_varlen_backward(
                 *dense(q, k, v, cu_seqlens_q, cu_seqlens_k, o, lse, do), max_seqlen_q,
                 max_seqlen_k, causal, scale, _as_features(window_left, window_right, softcap))
+
+    varlen_backward_op = op("attention_varlen_backward")(varlen_backward_op_impl)
 
     @varlen_backward_op.register_fake
     def _(q, k, v, cu_seqlens_q, cu_seqlens_k, o, lse, do, max_seqlen_q, max_seqlen_k, causal,
@@ -394,6 +400,8 @@ def _register():
         return (*grads, None, None, *(None,) * len(ctx.options))
 
     varlen_op.register_autograd(varlen_grad, setup_context=varlen_setup)
+    _common.register_eager("attention_varlen", varlen_op_impl, varlen_grad, varlen_setup)
+    _common.register_eager("attention_varlen_backward", varlen_backward_op_impl)
     _REGISTERED = True
     return True
 

@@ -188,7 +188,7 @@ def _rows(x, run):
 def _op(name, *args):
     if framework(args[0]) == "torch":
         _define()
-        return getattr(sys.modules["torch"].ops.pyptx, name)(*args)
+        return _common.call_op(name, *args)
     return _LAUNCH[name](*args)
 
 
