@@ -159,3 +159,20 @@ def test_one_grouped_ptx_simulates_two_m():
         ref = np.concatenate([A[e - n:e] @ B[g] for g, (n, e) in enumerate(zip(sizes, offs))])
         err = float(np.linalg.norm(ptxsim.host_f64(d, "bf16") - ref) / np.linalg.norm(ref))
         assert err < 8e-3, (M, err)
+
+
+def test_a_linear_layers_forward_and_backward_have_one_ptx_for_every_m():
+    """``linear``'s three GEMMs (x @ w.T, dx = g @ w, dw = g.T @ x, whose K is the token
+    count) at three token counts of one plan bucket: the same three PTX texts."""
+    torch = pytest.importorskip("torch")
+    import pyptx_kernels as pk
+
+    def texts(M):
+        x = torch.empty(M, 2048, dtype=torch.bfloat16, device="meta").requires_grad_()
+        w = torch.empty(4096, 2048, dtype=torch.bfloat16, device="meta").requires_grad_()
+        return pk.ptx(pk.linear, x, w)
+
+    first = texts(5000)
+    assert len(first) == 3
+    for M in (5001, 6100):
+        assert texts(M) == first
