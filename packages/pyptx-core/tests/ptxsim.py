@@ -57,6 +57,21 @@ their group, then visible to that thread, and to the others after a ``bar.sync``
 them earlier, or refilling bytes read since the last ``bar.sync``, fails. Named barriers
 (``bar.sync id, n`` / ``bar.arrive id, n``) complete when ``n`` threads arrived; threads
 that wait park. ``setmaxnreg`` is a no-op.
+Blackwell ``tcgen05`` (untested on hardware, so this model is the only check): each CTA has
+tensor memory of 128 lanes x 512 32-bit columns (unwritten cells fail when read);
+``tcgen05.alloc`` (a whole warp) takes the first free run of ``ncols`` columns aligned to
+``ncols`` and writes ``column`` (lane 0) to its shared slot, ``dealloc`` frees exactly an
+allocation, ``alloc`` after ``relinquish_alloc_permit`` fails, and a CTA that exits with
+columns allocated fails. ``tcgen05.mma`` (kind::f16 / tf32 / f8f6f4, f32 D, dense; one thread
+of a CTA issues it) runs at issue: it decodes the instruction descriptor and both
+version-1 shared-memory descriptors (a wgmma descriptor fails), reads A (M x K) and B (N x K)
+like ``wgmma`` and writes D row ``i`` to lane ``lane(d) + i``, columns ``col(d)..+N``, of
+allocated columns (M 128, cta_group::1; with cta_group::2, M 256 from the even CTA of a pair:
+each CTA holds 128 rows of A and N/2 rows of B at the same descriptor addresses, and gets its
+128 rows of D). ``tcgen05.commit`` arrives once on the mbarrier (with ``.multicast::cluster``
+on the one at that offset in each CTA of the mask). ``tcgen05.ld``/``st`` ``32x32b.xN`` (a
+whole warp, which reaches lanes ``32 * (warp % 4)`` .. ``+31``) move lane ``+ laneid``,
+columns ``..+N``; waits and fences are no-ops; other shapes, ``cp`` and ``shift`` fail.
 Not a PTX model beyond that: no memory ordering of ordinary accesses, and a ring refill is
 ordered by "its issuer waited for an mbarrier phase that completed after the reads" (not a
 full happens-before); wgmma's shared-memory reads are not tracked for refills at all.
@@ -325,6 +340,13 @@ class _CTA:
         self.cpa_epoch = np.full(size, -1, np.int64)
         self.cpa_open: dict[int, list[np.ndarray]] = {}
         self.cpa_groups: dict[int, list[list[np.ndarray]]] = {}
+        #: tcgen05: per CTA, tensor memory (lanes x columns of 32-bit cells), which cells were
+        #: written, the allocations (first column -> columns) and whether the CTA gave up its
+        #: permit to allocate
+        self.tmem = np.zeros((csize, 128, 512), np.uint32)
+        self.tmem_written = np.zeros((csize, 128, 512), bool)
+        self.tmem_allocs: list[dict[int, int]] = [{} for _ in range(csize)]
+        self.tmem_relinquished = np.zeros(csize, bool)
 
     # -- operands
     def get(self, tok: str, m: np.ndarray) -> np.ndarray:
@@ -823,6 +845,211 @@ def _wgmma(c: _CTA, op: str, ops: list[str], m: np.ndarray) -> None:
             c.putf(tok, full, mm)
 
 
+# ---------------------------------------------------------------------- tcgen05 (Blackwell)
+_UMMA_AB = {"f16": {0: "f16", 1: "bf16"}, "tf32": {2: "tf32"}, "f8f6f4": {0: "e4m3", 1: "e5m2"}}
+
+
+def _warps_whole(c: _CTA, m: np.ndarray, op: str) -> list[int]:
+    """The warps with active threads here, each of which must be whole (``.sync.aligned``)."""
+    warps = np.unique(c.warp[m]).tolist()
+    for w in warps:
+        if not m[w * 32:(w + 1) * 32].all():
+            raise SimError(f"{op}: warp {w} has {int(m[w * 32:(w + 1) * 32].sum())} of 32 "
+                           "threads here")
+    return warps
+
+
+def _tmem_cells(c: _CTA, r: int, lane: np.ndarray, col: np.ndarray, what: str) -> None:
+    """Lanes/columns a tcgen05 access of CTA ``r`` touches lie in its allocated columns."""
+    if (lane < 0).any() or (lane >= 128).any():
+        raise SimError(f"{what}: tensor memory lane outside 0..127")
+    cols = np.unique(col).tolist()
+    owned = np.zeros(512, bool)
+    for first, n in c.tmem_allocs[r].items():
+        owned[first:first + n] = True
+    bad = [x for x in cols if not 0 <= x < 512 or not owned[x]]
+    if bad:
+        raise SimError(f"{what}: tensor memory column {bad[0]} of CTA {r} is not allocated "
+                       f"(allocations {sorted(c.tmem_allocs[r].items())})")
+
+
+def _umma_operand(c: _CTA, desc: int, rows: int, k: int, t: str, trans: int, r: int,
+                  what: str) -> tuple[np.ndarray, np.ndarray]:
+    if (desc >> 46) & 7 != 1:
+        raise SimError(f"{what}: shared-memory descriptor version (bits 46-48) is "
+                       f"{(desc >> 46) & 7}, tcgen05 needs 1 (a wgmma descriptor? use "
+                       "OperandTile.descriptor(..., target='tcgen05'))")
+    if (desc >> 52) & 1 or (desc >> 61) & 1:
+        raise SimError(f"{what}: LBO mode / 128B-base-32B swizzle are not modelled")
+    return _operand(c, desc & ~(7 << 46), rows, k, t, trans, r * c.S)
+
+
+def _tcgen05_mma(c: _CTA, op: str, ops: list[str], m: np.ndarray, tids: np.ndarray) -> None:
+    parts = op.split(".")
+    group = int(parts[2].split("::")[1])
+    kind = parts[3].split("::")[1]
+    if len(ops) != 5 or not ops[1].startswith("%"):
+        raise SimError(f"unsupported {op} form (A from tensor memory or lane masks)")
+    for r in np.unique(c.rank[m]).tolist():
+        if int((c.rank[m] == r).sum()) != 1:
+            raise SimError(f"{op}: {int((c.rank[m] == r).sum())} threads of CTA {r} issue it "
+                           "(one thread issues an mma for the CTA)")
+    for t in tids.tolist():
+        r = int(c.rank[t])
+        one = np.zeros(c.n, bool)
+        one[t] = True
+        idesc = int(c.as_u(ops[3], one, 32)[t]) if ops[3].startswith("%") else int(_imm(ops[3]))
+        if idesc & 0b1111 or (idesc >> 30):
+            raise SimError(f"{op}: sparse, saturating or shifted descriptors are not modelled")
+        if (idesc >> 4) & 3 != 1:
+            raise SimError(f"{op}: only f32 accumulators are modelled (D format "
+                           f"{(idesc >> 4) & 3})")
+        fmts = _UMMA_AB[kind]
+        fa, fb = (idesc >> 7) & 7, (idesc >> 10) & 7
+        if fa not in fmts or fb not in fmts:
+            raise SimError(f"{op}: A/B formats {fa}/{fb} are not modelled for kind::{kind}")
+        ta, tb = fmts[fa], fmts[fb]
+        neg_a, neg_b = (idesc >> 13) & 1, (idesc >> 14) & 1
+        tr_a, tr_b = (idesc >> 15) & 1, (idesc >> 16) & 1
+        n, mm = ((idesc >> 17) & 0x3F) << 3, ((idesc >> 24) & 0x1F) << 4
+        if (group, mm) not in ((1, 128), (2, 256)):
+            raise SimError(f"{op}: M={mm} with cta_group::{group} is not modelled (M 128 with "
+                           "cta_group::1, 256 with cta_group::2)")
+        k = 32 // _ELEM[ta]
+        d = int(c.as_u(ops[0].strip("[]"), one, 32)[t])
+        lane0, col0 = d >> 16, d & 0xFFFF
+        if lane0:
+            raise SimError(f"{op}: D must start at lane 0, got lane {lane0}")
+        en = ops[4]
+        acc_in = bool(c.as_p(en, one)[t]) if en.startswith(("%", "!")) else bool(int(_imm(en)))
+        ctas = [r] if group == 1 else [r, r + 1]
+        if group == 2 and (r % 2 or r + 1 >= c.csize):
+            raise SimError(f"{op}: cta_group::2 is issued by the even CTA of a pair; CTA {r} "
+                           f"of a cluster of {c.csize}")
+        adesc = int(c.as_u(ops[1], one, 64)[t])
+        bdesc = int(c.as_u(ops[2], one, 64)[t])
+        nb = n // len(ctas)
+        bvals = []
+        for q in ctas:
+            bv, bb = _umma_operand(c, bdesc, nb, k, tb, tr_b, q, op)
+            if q == r:
+                c.check_filled(bb[None, :], np.array([t]), "tcgen05.mma reads")
+            bvals.append(bv)
+        bv = np.concatenate(bvals)
+        for q in ctas:
+            av, ab = _umma_operand(c, adesc, 128, k, ta, tr_a, q, op)
+            if q == r:
+                c.check_filled(ab[None, :], np.array([t]), "tcgen05.mma reads")
+            prod = (-av if neg_a else av) @ (-bv if neg_b else bv).T       # (128, n)
+            lanes = np.arange(128)[:, None]
+            cols = col0 + np.arange(n)[None, :]
+            _tmem_cells(c, q, lanes, cols, op)
+            if acc_in:
+                if not c.tmem_written[q][lanes, cols].all():
+                    raise SimError(f"{op}: accumulates into tensor memory nothing wrote "
+                                   "(enable_input_d on the first k-step?)")
+                prod = prod + c.tmem[q][lanes, cols].view(np.float32).astype(np.float64)
+            c.tmem[q][lanes, cols] = prod.astype(np.float32).view(np.uint32)
+            c.tmem_written[q][lanes, cols] = True
+
+
+def _tcgen05(c: _CTA, op: str, ops: list[str], m: np.ndarray, tids: np.ndarray) -> None:
+    """Blackwell tensor-memory instructions (see the module docstring)."""
+    kind = op.split(".")[1].split("::")[0]
+    if kind in ("fence", "wait"):
+        return
+    if kind == "mma":
+        _tcgen05_mma(c, op, ops, m, tids)
+        return
+    if kind == "commit":
+        addr = c.bar_addrs(ops[0], m)
+        mask = c.as_u(ops[1], m, 16) if "multicast" in op else None
+        for t in tids.tolist():
+            a = int(addr[t])
+            targets = [a]
+            if mask is not None:
+                local = c.local(a)
+                targets = [q * c.S + local for q in range(c.csize) if int(mask[t]) >> q & 1]
+            for b in targets:
+                c.barrier(b).pending -= 1
+                c.settle(b)
+        return
+    if kind == "relinquish_alloc_permit":
+        for w in _warps_whole(c, m, op):
+            c.tmem_relinquished[int(c.rank[w * 32])] = True
+        return
+    if kind in ("alloc", "dealloc"):
+        for w in _warps_whole(c, m, op):
+            t = w * 32
+            r = int(c.rank[t])
+            one = np.zeros(c.n, bool)
+            one[t] = True
+            ncols = int(_imm(ops[1])) if not ops[1].startswith("%") else int(c.as_u(ops[1], one)[t])
+            allocs = c.tmem_allocs[r]
+            if kind == "dealloc":
+                col = int(c.as_u(ops[0], one)[t]) & 0xFFFF
+                if allocs.get(col) != ncols:
+                    raise SimError(f"{op}: columns {col}..+{ncols} of CTA {r} are not one "
+                                   f"allocation (allocations {sorted(allocs.items())})")
+                del allocs[col]
+                continue
+            if c.tmem_relinquished[r]:
+                raise SimError(f"{op}: CTA {r} allocates after relinquish_alloc_permit")
+            used = np.zeros(512, bool)
+            for first, n in allocs.items():
+                used[first:first + n] = True
+            free = [x for x in range(0, 512, ncols) if not used[x:x + ncols].any()]
+            if not free:
+                raise SimError(f"{op}: CTA {r} has no {ncols} free columns (allocations "
+                               f"{sorted(allocs.items())}); a real GPU would block")
+            allocs[free[0]] = ncols
+            slot = int(c.phys(c.address(ops[0], one))[t])
+            idx = np.arange(slot, slot + 4)[None, :]
+            c.track_shared(True, idx, np.array([t]))
+            c.smem[slot:slot + 4] = np.array([free[0]], np.uint32).view(np.uint8)
+            c.smem_written[slot:slot + 4] = True
+        return
+    if kind in ("ld", "st"):
+        parts = op.split(".")
+        shape, num = parts[4], parts[5]
+        if shape != "32x32b" or len(parts) != 7:
+            raise SimError(f"unsupported {op} (32x32b without pack/unpack only)")
+        n = int(num[1:])
+        regs_tok, addr_tok = (ops[0], ops[1]) if kind == "ld" else (ops[1], ops[0])
+        regs = [x.strip() for x in regs_tok.strip("{}").split(",")]
+        taddr = c.as_u(addr_tok.strip("[]"), m, 32).astype(np.int64)
+        for w in _warps_whole(c, m, op):
+            ths = np.arange(w * 32, w * 32 + 32)
+            r = int(c.rank[ths[0]])
+            a = taddr[ths]
+            if (a != a[0]).any():
+                raise SimError(f"{op}: the tensor memory address differs within warp {w}")
+            lane0, col0 = int(a[0]) >> 16, int(a[0]) & 0xFFFF
+            quarter = 32 * ((w % (c.per // 32)) % 4)
+            if lane0 != quarter:
+                raise SimError(f"{op}: warp {w} reaches lanes {quarter}..{quarter + 31}, got "
+                               f"lane {lane0}")
+            lanes = (lane0 + np.arange(32))[:, None]
+            cols = (col0 + np.arange(n))[None, :]
+            _tmem_cells(c, r, lanes, cols, op)
+            wm = np.zeros(c.n, bool)
+            wm[ths] = True
+            if kind == "ld":
+                if not c.tmem_written[r][lanes, cols].all():
+                    raise SimError(f"{op}: reads tensor memory nothing wrote")
+                vals = c.tmem[r][lanes, cols]
+                for j, tok in enumerate(regs):
+                    full = np.zeros(c.n, np.uint32)
+                    full[ths] = vals[:, j]
+                    c.put(tok, full, wm)
+            else:
+                for j, tok in enumerate(regs):
+                    c.tmem[r][lanes[:, 0], col0 + j] = c.as_u(tok, wm, 32)[ths]
+                c.tmem_written[r][lanes, cols] = True
+        return
+    raise SimError(f"unsupported {op}")
+
+
 def _matrix_quads(c: _CTA, op: str, regs_op: str, addr_op: str, m: np.ndarray):
     """The 8x8 matrices of an ``ldmatrix``/``stmatrix``: for each warp and matrix ``i``
     (lanes ``8i..8i+7`` give its row addresses), ``(lanes, register token, byte indices)``:
@@ -1175,6 +1402,11 @@ def _exec(c: _CTA, ins: tuple, m: np.ndarray, pcs: np.ndarray, done: np.ndarray,
                     raise SimError(f"thread {t} exits with bulk stores in flight (no "
                                    "cp.async.bulk.wait_group retired them)")
             done[m] = True
+            for r in np.unique(c.rank[m]).tolist():
+                if c.tmem_allocs[r] and done[c.rank == r].all():
+                    raise SimError(f"CTA {r} of the cluster exits with tensor memory columns "
+                                   f"{sorted(c.tmem_allocs[r].items())} (first, count) "
+                                   "allocated (no tcgen05.dealloc)")
             return
         if base == "bar" and (len(ops) > 1 or op.startswith("bar.arrive")):
             if m.any():
@@ -1442,6 +1674,8 @@ def _exec(c: _CTA, ins: tuple, m: np.ndarray, pcs: np.ndarray, done: np.ndarray,
             c.put(ops[0], out, m)
         elif base == "wgmma":
             _wgmma(c, op, ops, m)
+        elif base == "tcgen05":
+            _tcgen05(c, op, ops, m, tids)
         elif base == "stmatrix":
             _stmatrix(c, op, ops, m)
         elif base == "ldmatrix":

@@ -1,0 +1,23 @@
+"""Blackwell (sm_100a) bf16 GEMM on ``tcgen05`` tensor cores, untested on hardware (proven by
+ptxas for sm_100a and the CPU simulator only): the plan (``config``), tile grid
+(``scheduler``), TMA ring and MMA issue (``mainloop``), tensor-memory epilogue
+(``epilogue``), builder (``kernel``) and the call ``matmul`` takes on sm_100 devices
+(``host``). Names load at first use."""
+
+_NAMES = {
+    "build_gemm_sm100": "kernel",
+    "Sm100GemmConfig": "config", "SM100_GEMM_CONFIGS": "config",
+    "matmul_sm100": "host",
+}
+
+__all__ = list(_NAMES)
+
+
+def __getattr__(name):
+    import importlib
+
+    if name not in _NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_NAMES[name]}"), name)
+    globals()[name] = value
+    return value
