@@ -106,3 +106,38 @@ def test_builder_refusals(args, kw, fragment):
     msg = str(ei.value)
     assert msg.startswith(f"{__file__}:"), msg
     assert fragment in msg, msg
+
+
+@pytest.mark.parametrize("trans_a,trans_b,shape", [(False, False, (72, 60, 44)),
+                                                   (True, True, (60, 72, 36))])
+def test_host_layouts_and_padding(monkeypatch, trans_a, trans_b, shape):
+    """``matmul_sm100`` reads row-major operands and transposed views in place, pads rows to
+    16 bytes and crops the result: its kernel call simulated on CPU tensors."""
+    torch = pytest.importorskip("torch")
+    from pyptx_kernels.gemm_sm100 import host
+
+    def simulated(*build):
+        k = host.build_gemm_sm100(*build[:3], out_dtype=build[3], a_major=build[4],
+                                  b_major=build[5], config=build[6])
+
+        def call(a, b):
+            bits = [x.contiguous().view(torch.int16).numpy().view(np.uint16) for x in (a, b)]
+            assert all(x.is_contiguous() or x.T.is_contiguous() for x in (a, b))
+            (d,) = ptxsim.run(k.specialize(), bits)
+            return torch.from_numpy(d.view(np.int16)).view(torch.bfloat16)
+        return call
+
+    monkeypatch.setattr(host, "_cached", simulated)
+    monkeypatch.setattr(host, "check_devices", lambda *a: None)
+    M, N, K = shape
+    g = torch.Generator().manual_seed(1)
+    a = torch.randn(M, K, generator=g).bfloat16()
+    b = torch.randn(K, N, generator=g).bfloat16()
+    if trans_a:
+        a = a.T.contiguous().T
+    if trans_b:
+        b = b.T.contiguous().T
+    d = host.matmul_sm100(a, b)
+    ref = a.double() @ b.double()
+    assert d.shape == (M, N)
+    assert ((d.double() - ref).norm() / ref.norm()).item() < TOL["bf16"]
