@@ -256,3 +256,34 @@ def test_helpers_refuse_a_non_blackwell_arch(arch):
     assert msg.startswith(f"{__file__}:{line}: ptx.tcgen05.fence_after_thread_sync needs an "
                           f"arch-specific Blackwell target"), msg
     assert f"this kernel targets {arch}" in msg
+
+
+def test_every_emitted_form_is_a_spelling_of_the_instruction_table():
+    """Where ``ptx.tcgen05`` and ``ptx.inst`` overlap they agree: each tcgen05 instruction the
+    helpers emit (both cta groups) is accepted by the raw layer's row, operand count and
+    target included."""
+    from types import SimpleNamespace
+
+    from pyptx.errors import PyptxError
+    from pyptx.ir import Instruction
+    from pyptx.ptx._check import Form
+
+    bad = []
+    for group in (1, 2):
+        def case(e, group=group):
+            for c, _ in TEXT:
+                if _uses_cta_pair(c) == (group == 2):
+                    c(e)
+
+        spec = traced(case, cluster_dims=(group, 1, 1))
+        target = SimpleNamespace(arch=spec.arch, version=spec.module.version)
+        for st in spec.module.functions[0].body:
+            if type(st) is not Instruction or not st.opcode.startswith("tcgen05"):
+                continue
+            try:
+                form = Form(st.opcode)
+                form.check_target(target)
+                assert form.nmin <= len(st.operands) <= form.nmax, st.text()
+            except PyptxError as e:
+                bad.append(f"{st.text()}: {e}")
+    assert not bad, "\n".join(bad)

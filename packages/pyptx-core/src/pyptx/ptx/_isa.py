@@ -500,3 +500,14 @@ def row_for(opcode: str) -> tuple[Row, list[str]] | None:
         if row is not None:
             return row, parts[n:]
     return None
+
+
+# --- tcgen05 ---
+# ``ptx.tcgen05.cp`` emits the ``32x128b.warpx4`` shape, which the row above lacks (ptxas
+# accepts it for sm_100a: tests/test_tcgen05.py).
+_tcgen05 = TABLE["tcgen05"]
+TABLE["tcgen05"] = Row(**{**{f: getattr(_tcgen05, f) for f in _tcgen05.__dataclass_fields__},
+                          "mods": _tcgen05.mods + " 32x128b"})
+_ROWS[_ROWS.index(_tcgen05)] = TABLE["tcgen05"]
+del _tcgen05
+# --- end tcgen05 ---
