@@ -144,19 +144,19 @@ class InstrDescriptor:
 
     def __post_init__(self) -> None:
         at = where(4)  # past the dataclass-generated __init__, to the user's line
-        if self.kind not in _AB_FORMAT:
+        if not isinstance(self.kind, str) or self.kind not in _AB_FORMAT:
             raise ConfigError(f"{at}: InstrDescriptor kind must be one of "
                               f"{', '.join(_AB_FORMAT)}, got {self.kind!r}")
         fmts = _AB_FORMAT[self.kind]
         for name in ("dtype_a", "dtype_b"):
             v = getattr(self, name)
-            if v not in fmts:
+            if not isinstance(v, str) or v not in fmts:
                 raise ConfigError(f"{at}: InstrDescriptor {name} for kind {self.kind!r} must "
                                   f"be one of {', '.join(fmts)}, got {v!r}")
         if self.kind == "f16" and self.dtype_a != self.dtype_b:
             raise ConfigError(f"{at}: InstrDescriptor kind 'f16' needs A and B of one type, got "
                               f"{self.dtype_a!r} and {self.dtype_b!r}")
-        if self.dtype_d not in _D_OF_KIND[self.kind]:
+        if not isinstance(self.dtype_d, str) or self.dtype_d not in _D_OF_KIND[self.kind]:
             raise ConfigError(f"{at}: InstrDescriptor kind {self.kind!r} accumulates in "
                               f"{' or '.join(_D_OF_KIND[self.kind])}, got dtype_d={self.dtype_d!r}")
         for name in ("major_a", "major_b"):
@@ -313,7 +313,7 @@ def mma(d_tmem: Reg, a: Reg, b_desc: Reg, idesc: InstrDescriptor | Reg, *,
         if not idesc.type.is_int or idesc.type.bits != 32:
             raise TypeMismatchError(f"{where()}: {fn} idesc must be an InstrDescriptor or a "
                                     f"u32 register, got .{idesc.type.name} register {idesc.name}")
-        if kind not in _AB_FORMAT:
+        if not isinstance(kind, str) or kind not in _AB_FORMAT:
             raise OperandError(f"{where()}: {fn} with idesc in a register needs kind= one of "
                                f"{', '.join(_AB_FORMAT)}, got {kind!r}")
         if cta_group is None:
@@ -369,7 +369,7 @@ def commit(bar: Any, *, cta_group: int = 1, multicast_mask: Any = None, pred: An
 
 # ---------------------------------------------------------------------- data movement
 def _ld_st_shape(fn: str, shape: Any, num: Any, regs: list[Reg], offset: Any) -> tuple[int, str]:
-    if shape not in LD_SHAPES:
+    if not isinstance(shape, str) or shape not in LD_SHAPES:
         raise OperandError(f"{where()}: {fn} shape must be one of {', '.join(LD_SHAPES)}, got "
                            f"{shape!r}")
     per, top = LD_SHAPES[shape]
