@@ -65,3 +65,17 @@ def test_a_ptxas_too_old_for_the_ptx_leaves_it_to_the_driver(fake, monkeypatch, 
     monkeypatch.setattr(ptxas, "assemble", wrong)
     with pytest.raises(CompileError, match="Unknown symbol"):
         jit.cubin_for(".version 8.0\n", "sm_90a", "k")
+
+
+def test_plain_targets_are_assembled_for_the_running_device(monkeypatch):
+    """SASS is not forward compatible: sm_80 PTX on an sm_90 device is assembled for sm_90;
+    arch-specific targets (``sm_90a``) and targets the device matches stay as written."""
+    from pyptx import driver, jit
+
+    monkeypatch.setattr(driver, "cuda", lambda: object())
+    monkeypatch.setattr(driver, "device_capability", lambda ordinal: (9, 0))
+    monkeypatch.setattr("pyptx.arch._current_ordinal", lambda drv: 0)
+    assert jit.machine_arch("sm_80") == "sm_90"
+    assert jit.machine_arch("sm_90a") == "sm_90a"
+    assert jit.machine_arch("sm_90") == "sm_90"
+    assert jit.machine_arch("sm_100a") == "sm_100a"

@@ -102,15 +102,36 @@ def compiler() -> tuple[str, str] | None:
     return _compilers[key]
 
 
+def machine_arch(arch: str) -> str:
+    """The SASS target for PTX written for ``arch`` on the current device: ``arch`` itself
+    for an arch-specific target (``sm_90a``: it runs on that GPU alone) or one the device
+    matches; for a plain ``sm_XY`` older than the device, the device's own plain target (PTX
+    is forward compatible, SASS is not: an sm_80 cubin does not load on an H200)."""
+    import re
+
+    m = re.fullmatch(r"sm_(\d+)", arch)
+    if m is None or driver.cuda() is None:
+        return arch
+    from .arch import _current_ordinal
+
+    try:
+        major, minor = driver.device_capability(_current_ordinal(driver))
+    except Exception:  # no device here: keep the target as written
+        return arch
+    return arch if int(m.group(1)) >= major * 10 + minor else f"sm_{major}{minor}"
+
+
 def cubin_for(ptx_source: str, arch: str, name: str, *,
               locs: list[Loc | None] | None = None) -> bytes | None:
-    """The cubin of ``ptx_source`` for ``arch``: from the disk cache, else assembled by
+    """The cubin of ``ptx_source`` for ``arch`` (on the current device: ``machine_arch``):
+    from the disk cache, else assembled by
     ptxas (``compiler()``) and stored there; None when no ptxas is usable (``load_image``
     then gives the PTX to the driver, as it does when this ptxas is too old for the PTX's
     ``.version``). ``CompileError`` when ptxas rejects the PTX otherwise."""
     comp = compiler()
     if comp is None:
         return None
+    arch = machine_arch(arch)
     key = cache.cache_key(ptx_source, arch, f"{driver.driver_version()}/ptxas {comp[1]}")
     cubin = cache.load(key)
     if cubin is None:
