@@ -45,9 +45,10 @@ def _check(who, a, b, bias, out_dtype, linear=False, launch=True):
     return out
 
 
-ARCHS = ("sm_80", "sm_90a")
+ARCHS = ("sm_80", "sm_90a", "sm_100a")
 """The targets ``matmul``/``linear`` have a GEMM for: Ampere (``pyptx_kernels.ampere``,
-forward only, no bias epilogue) and Hopper."""
+forward only, no bias epilogue), Hopper, and Blackwell (``pyptx_kernels.gemm_sm100``: bf16,
+forward only, no bias epilogue; untested on hardware)."""
 
 
 def _arch(who, x, arch):
@@ -58,14 +59,20 @@ def _arch(who, x, arch):
     return arch
 
 
-def _sm80(who, a, b, bias, out, wants):
-    """The Ampere GEMM's call (``pyptx_kernels.ampere``): forward only; a bias is added after."""
+def _other_family(who, arch, a, b, bias, out, wants):
+    """The call of a forward-only family (Ampere ``pyptx_kernels.ampere``, Blackwell
+    ``pyptx_kernels.gemm_sm100``); a bias is added after."""
     if wants:
-        raise fail(ConfigError, who, "the sm_80 GEMM has no backward: call it with no input "
-                   "requiring grad (or under torch.no_grad())")
-    from pyptx_kernels.ampere.api import sm80_matmul
+        raise fail(ConfigError, who, f"the {arch} GEMM has no backward: call it with no input "
+                   f"requiring grad (or under torch.no_grad())")
+    if arch == "sm_80":
+        from pyptx_kernels.ampere.api import sm80_matmul
 
-    d = sm80_matmul(a, b, out_dtype=out)
+        d = sm80_matmul(a, b, out_dtype=out)
+    else:
+        from pyptx_kernels.gemm_sm100.host import matmul_sm100
+
+        d = matmul_sm100(a, b, out_dtype=out)
     return d if bias is None else (d.float() + bias.float()).to(d.dtype)
 
 
@@ -76,11 +83,13 @@ def matmul(a, b, *, bias=None, out_dtype=None, arch=None):
     torch: the custom op ``torch.ops.pyptx.matmul``, differentiable in all inputs;
     JAX: ``pyptx_kernels.gemm.host.matmul`` (differentiable under ``jax.grad``).
     ``arch``: the kernel family (``ARCHS``), by default the device's: sm_8x devices (and
-    ``arch="sm_80"`` anywhere) take the Ampere GEMM, forward only."""
+    ``arch="sm_80"`` anywhere) take the Ampere GEMM, sm_100 devices the Blackwell one, both
+    forward only."""
     out = _check("matmul", a, b, bias, out_dtype)
     a2, lead = _common.rows_of(a)
-    if framework(a) == "torch" and _arch("matmul", a, arch) == "sm_80":
-        d = _sm80("matmul", a2, b, bias, out, _common.wants_grad(a, b, bias))
+    family = _arch("matmul", a, arch) if framework(a) == "torch" else "sm_90a"
+    if family != "sm_90a":
+        d = _other_family("matmul", family, a2, b, bias, out, _common.wants_grad(a, b, bias))
     elif framework(a) == "torch":
         _define()
         d = _common.call_op("matmul", a2, b, bias, out)
@@ -96,8 +105,10 @@ def linear(x, weight, bias=None, *, arch=None):
     ``arch``: as ``matmul``'s."""
     out = _check("linear", x, weight, bias, None, linear=True)
     x2, lead = _common.rows_of(x)
-    if framework(x) == "torch" and _arch("linear", x, arch) == "sm_80":
-        d = _sm80("linear", x2, weight.T, bias, out, _common.wants_grad(x, weight, bias))
+    family = _arch("linear", x, arch) if framework(x) == "torch" else "sm_90a"
+    if family != "sm_90a":
+        d = _other_family("linear", family, x2, weight.T, bias, out,
+                          _common.wants_grad(x, weight, bias))
     elif framework(x) == "torch":
         _define()
         d = _common.call_op("linear", x2, weight, bias)
