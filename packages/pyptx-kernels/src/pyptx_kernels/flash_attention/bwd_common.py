@@ -61,6 +61,48 @@ def _ex2(x):
     return r
 
 
+def _capped_p(dst, s, cap, nlse2, derivative=False):
+    """The soft-capped probability of the raw score ``s`` (the forward's math: ``t =
+    tanh.approx(s cap[0])``, ``cap = (scale / softcap, softcap * log2 e)``) into ``dst``:
+    ``P = exp2(t cap[1] + nlse2)``; ``derivative``: ``P (1 - t^2)`` (the capped score's
+    derivative folded in)."""
+    t, p = reg.scalar(f32), reg.scalar(f32)
+    ptx.inst.mul.f32(t, s, cap[0])
+    ptx.inst.tanh.approx.f32(t, t)
+    ptx.inst.fma.rn.f32(p, t, cap[1], nlse2)
+    ptx.inst.ex2.approx.ftz.f32(p, p)
+    if not derivative:
+        ptx.inst.mov.f32(dst, p)
+        return
+    _slope_times(dst, p, t)
+
+
+def _slope_times(dst, p, t):
+    """``dst = p (1 - t^2)``."""
+    nt, g = reg.scalar(f32), reg.scalar(f32)
+    ptx.inst.neg.f32(nt, t)
+    ptx.inst.fma.rn.f32(g, nt, t, 1.0)
+    ptx.inst.mul.f32(dst, p, g)
+
+
+def _cap_slope(p, cap, nlse2):
+    """``p`` (a capped probability of ``_capped_p``, masked to 0 or not) times its score's
+    derivative ``1 - t^2``, ``t = (log2 p - nlse2) / cap[1]`` recovered from ``p`` itself
+    (0 stays 0)."""
+    t = reg.scalar(f32)
+    ptx.inst.lg2.approx.ftz.f32(t, p)
+    ptx.inst.sub.f32(t, t, nlse2)
+    ptx.inst.mul.f32(t, t, 1.0 / cap[1])
+    r = reg.scalar(f32)
+    _slope_times(r, p, t)
+    ptx.inst.selp.f32(p, r, 0.0, p > 0.0)
+
+
+def softcap_constants(scale, softcap):
+    """``cap`` of ``_capped_p`` for a soft cap (``None`` without one)."""
+    return (float(scale) / softcap, softcap * LOG2E) if softcap else None
+
+
 def _selp(a, b, p):
     r = reg.scalar(f32)
     ptx.inst.selp.f32(r, a, b, p)

@@ -28,6 +28,8 @@ from pyptx_kernels.flash_attention.bwd_common import (
     ROTATE_MAX_KV,
     SMEM_LIMIT,
     THREADS,
+    _cap_slope,
+    _capped_p,
     _common_options,
     _fail,
     _fill_stage,
@@ -42,6 +44,7 @@ from pyptx_kernels.flash_attention.bwd_common import (
     _store_split_partials,
     _unpack,
     dq_accumulator_width,
+    softcap_constants,
 )
 from pyptx_kernels.flash_attention.bwd_plan import (
     _check_dq_modes,
@@ -51,6 +54,8 @@ from pyptx_kernels.flash_attention.bwd_plan import (
     resolve_stats_lead,
 )
 from pyptx_kernels.flash_attention.bwd_prep import _row_delta, _row_pieces
+from pyptx_kernels.flash_attention.fwd_kernel import _feature_tag as feature_tag
+from pyptx_kernels.flash_attention.masks import query_blocks, right_reach
 
 RELEASE_ARRIVALS = 256  # dK/dV ring: every consumer thread arrives (2 warpgroups x 128)
 
@@ -167,12 +172,16 @@ def _pt_dv(c, acc, q0, domn, mask, BQ, D, dt, q_mn):
 
 
 def _dkdv_block(c, q0, sbase, soff, srow, *, safe, overlap, BQ, D, dt, c1, kv_tile, q_tile,
-                q_mn, pipe, mask, fix_delta=None, after_ds=None, after_dk=None):
+                q_mn, pipe, mask, fix_delta=None, after_ds=None, after_dk=None, cap=None):
     """One q block of a dK/dV consumer (the plain schedule, dense and packed): S^T and dP^T
     issued, P^T = exp2(S^T c1 - lse2) masked (``mask``), dV += P^T dO, dS^T = P^T (dP^T -
     delta) (``fix_delta(dl, q0)`` may select deltas first), dK += dS^T Q, the stage
     released (``overlap``: the previous one, once this block's S^T is done). Hooks of the
-    dense kernel's dQ modes: ``after_ds()`` before dK's product, ``after_dk()`` after it."""
+    dense kernel's dQ modes: ``after_ds()`` before dK's product, ``after_dk()`` after it.
+    ``cap`` (``bwd_common.softcap_constants``): P^T of the capped scores, dS^T times the
+    cap's derivative ``1 - tanh^2``, its ``tanh`` recovered from P^T once dV's product is
+    issued (``bwd_common._cap_slope``: holding it from the exponentials, in f32 or f16
+    pairs, spilled 16-28 bytes at D=128)."""
     s_acc, dp_acc = c.s_acc, c.dp_acc
     qd, dod = c.q_desc0 + soff, c.do_desc0 + soff
     qmn, domn = c.qmn_desc0 + soff, c.domn_desc0 + soff
@@ -194,11 +203,11 @@ def _dkdv_block(c, q0, sbase, soff, srow, *, safe, overlap, BQ, D, dt, c1, kv_ti
     else:
         src = sbase + (c.ring + c.stats_col)
 
-    def stats(which):
+    def stats(which, blocks=range(BQ // 8)):
         """Column offset -> lse2 (which=0, negated) or delta (1) of this thread's
-        columns (loaded when needed: fewer live registers)."""
+        columns (loaded when needed: fewer live registers), of the 8-column ``blocks``."""
         out = {}
-        for blk in range(BQ // 8):
+        for blk in blocks:
             v4 = reg.array(f32, 4)
             if safe:
                 ptx.inst.ld.global_.nc.v4.f32(v4, ptx.addr(src, 64 * blk))
@@ -216,17 +225,29 @@ def _dkdv_block(c, q0, sbase, soff, srow, *, safe, overlap, BQ, D, dt, c1, kv_ti
             c.rel.advance()
     for i in range(len(s_acc)):         # P^T = exp2(S^T * c1 - lse2), in place
         dc = Accumulator.coord(i)[1]
-        ptx.inst.fma.rn.f32(s_acc[i], s_acc[i], c1, nl2[dc])
-        ptx.inst.ex2.approx.ftz.f32(s_acc[i], s_acc[i])
+        if cap is None:
+            ptx.inst.fma.rn.f32(s_acc[i], s_acc[i], c1, nl2[dc])
+            ptx.inst.ex2.approx.ftz.f32(s_acc[i], s_acc[i])
+        else:
+            _capped_p(s_acc[i], s_acc[i], cap, nl2[dc])
     _pt_dv(c, s_acc, q0, domn, mask, BQ, D, dt, q_mn)
-    dl = stats(1)
-    if fix_delta is not None:
-        fix_delta(dl, q0)
-    ptx.wgmma.wait_group(1)             # dP^T done
-    for i in range(len(dp_acc)):        # dS^T = P^T * (dP^T - delta), in place
-        dc = Accumulator.coord(i)[1]
-        x = dp_acc[i] - dl[dc]
-        ptx.inst.mul.f32(dp_acc[i], s_acc[i], x)
+    for blocks in [range(BQ // 8)] if cap is None else [(blk,) for blk in range(BQ // 8)]:
+        # a soft cap: 8 columns' stats at a time (fewer live registers)
+        dl = stats(1, blocks)
+        if fix_delta is not None:
+            fix_delta(dl, q0)
+        if cap is not None:             # P^T times the capped score's derivative
+            nl2 = stats(0, blocks)
+            for i in range(len(s_acc)):
+                if Accumulator.coord(i)[1] in dl:
+                    _cap_slope(s_acc[i], cap, nl2[Accumulator.coord(i)[1]])
+        if blocks[0] == 0:
+            ptx.wgmma.wait_group(1)     # dP^T done
+        for i in range(len(dp_acc)):    # dS^T = P^T * (dP^T - delta), in place
+            dc = Accumulator.coord(i)[1]
+            if dc in dl:
+                x = dp_acc[i] - dl[dc]
+                ptx.inst.mul.f32(dp_acc[i], s_acc[i], x)
     _pack(c.ds_pack, dp_acc.regs, dt)
     if after_ds is not None:
         after_ds()
@@ -257,8 +278,13 @@ def _dkdv_drain(c, overlap, pipe):
 def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None, BQ=None,
                stages=None, sync=None, safe=None, atomic_dq=False, overlap=None, dq_bulk=False,
                dq_ordered=False, num_sms=132, dq_convert=False, convert_lag=0, stats_lead=0,
-               kv_split=1, trace=False):
+               kv_split=1, trace=False, window=(-1, -1), softcap=0.0):
     """The dK/dV kernel: ``(Q, K, V, DO, STATS) -> (DK, DV)`` (STATS from ``build_dq``).
+
+    ``window``, ``softcap``: the forward's (not with ``dq_ordered``, whose adds count every
+    q block): a kv block visits only the q blocks whose window reaches it
+    (``masks.query_blocks``), masking those straddling an edge; the capped scores are
+    recomputed and dS^T taken through the cap's derivative.
 
     ``BQ``: q rows per block, 32 or 64 (``None``: ``DKDV_BQ``, 64; ``atomic_dq`` needs 64,
     its dS tile), or 128 for the D=128 ordered bulk-dQ mode only (S^T n=128, dP^T by n=64
@@ -340,6 +366,13 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                     f"dq_bulk={dq_bulk!r}, dq_ordered={dq_ordered!r}, BQ={BQ!r}")
     if BQ is None:
         BQ = DKDV_BQ
+    window = tuple(window)
+    windowed = window != (-1, -1)
+    cap = softcap_constants(scale, softcap)
+    if (windowed or cap) and (dq_ordered or BQ == 128):
+        raise _fail(f"build_dkdv: window and softcap are for the unordered modes (the pair, "
+                    f"atomic_dq, dq_bulk), not dq_ordered (its adds count every q block), got "
+                    f"window={window!r}, softcap={softcap!r}, dq_ordered={dq_ordered!r}")
     split = kv_split
     if split not in (1, 2, 4, 8) or isinstance(split, bool) or G % split or (split > 1
                                                                             and BQ != 64):
@@ -721,6 +754,11 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         ptx.bar_sync(0)
         # causal: q blocks wholly above the diagonal (every q < k0) are skipped
         qb0 = k0 // BQ if causal else 0
+        q_end = num_q
+        if windowed:    # the q blocks the window reaches: [first, end), [lo, hi) unmasked
+            q_blocks = query_blocks(reg.from_(k0, s32), Sk, S, BQ, causal, BM, window)
+            qb0, q_lo, q_hi, q_end = (x if isinstance(x, int) else reg.from_(x, u32)
+                                      for x in q_blocks)
         pstats, pdk, pdv = ptx.global_ptrs(STATS, DK, DV)
         if atomic_dq:
             (pacc,) = ptx.global_ptrs(DQACC)
@@ -737,7 +775,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             _load_slabs(sb + q_tile.nbytes, do_map, slabs, hq, qb * BQ, b, BQ, bar)
 
         _dkdv_producer(
-            tid, head_bar, head_bytes, pipe, G, hk, qb0, num_q, base, head_bytes + ds_bytes,
+            tid, head_bar, head_bytes, pipe, G, hk, qb0, q_end, base, head_bytes + ds_bytes,
             stage_bytes, q_tile.nbytes, stats_bytes, safe, sync, Q, DO,
             load_head=lambda hbar: _load_pair(base, K, V, kv_tile.nbytes, slabs, hk, k0, b, BM,
                                               hbar),
@@ -854,6 +892,8 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             always masks)."""
             if safe:
                 need = None
+            elif windowed:      # the blocks straddling an edge of the window or S
+                need = _or(q0 < q_lo * BQ, q0 >= q_hi * BQ)
             elif causal:
                 need = _or(q0 + BQ > S, q0 < k0 + (BM - 1))
             else:
@@ -861,6 +901,9 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             with _maybe_if(need):
                 qc = q0 + col0
                 hi = reg.from_(S - qc, s32)         # column offset c valid iff c < hi
+                if windowed:
+                    _mask_window(acc, hi, qc)
+                    return
                 if causal:
                     lo = [reg.from_(kvrow + r, s32) - reg.from_(qc, s32) for r in (0, 8)]
                 for i in range(len(acc)):
@@ -868,6 +911,19 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                     ptx.inst.selp.f32(acc[i], acc[i], 0.0, hi > dc)
                     if causal:  # kv <= q  <=>  (kvrow + dr) - qc <= dc
                         ptx.inst.selp.f32(acc[i], acc[i], 0.0, lo[dr // 8] <= dc)
+
+        def _mask_window(acc, hi, qc):
+            """The window's mask of P^T: query ``q`` sees key ``kv`` iff ``kv - right <= q
+            <= kv + left`` (``-1``: that side unbounded), and ``q < S``."""
+            right, left = right_reach(causal, window), window[0]
+            rel = [reg.from_(kvrow + r, s32) - reg.from_(qc, s32) for r in (0, 8)]
+            for i in range(len(acc)):
+                dr, dc = Accumulator.coord(i)
+                ptx.inst.selp.f32(acc[i], acc[i], 0.0, hi > dc)
+                if right is not None:   # q >= kv - right  <=>  dc >= rel - right
+                    ptx.inst.selp.f32(acc[i], acc[i], 0.0, rel[dr // 8] - right <= dc)
+                if left >= 0:           # q <= kv + left  <=>  dc <= rel + left
+                    ptx.inst.selp.f32(acc[i], acc[i], 0.0, rel[dr // 8] + left >= dc)
 
         def pt_dv(acc, q0, domn):
             _pt_dv(c, acc, q0, domn, mask_pt, BQ, D, dt, q_mn)
@@ -958,7 +1014,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         for g in ptx.loop(0, Gs):
             hq = hk * G + g if split == 1 else qh0 + g
             srow = reg.from_((b * Hq + hq) * Sp, u64) * 8 + pstats
-            for qstep in ptx.loop(qb0, num_q):
+            for qstep in ptx.loop(qb0, q_end):
                 qb = q_block(qstep, kb)
                 q0 = qb * BQ
                 pipe.wait(cons)
@@ -1020,7 +1076,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                 _dkdv_block(c, q0, sbase, soff, srow, safe=safe, overlap=overlap, BQ=BQ, D=D,
                             dt=dt, c1=c1, kv_tile=kv_tile, q_tile=q_tile, q_mn=q_mn, pipe=pipe,
                             mask=mask_pt, after_ds=_dq_product if dq_bulk else None,
-                            after_dk=after_dk)
+                            after_dk=after_dk, cap=cap)
         _dkdv_drain(c, overlap, pipe)
         if dq_bulk and not dq_ordered:
             with ptx.if_(dq_leader):
@@ -1042,7 +1098,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         roles.end()
         ptx.ret()
 
-    name = (f"attn_bwd_dkdv_{dt.name}_d{D}_h{Hq}x{Hkv}{'_causal' if causal else ''}"
+    name = (f"attn_bwd_dkdv_{dt.name}_d{D}_h{Hq}x{Hkv}{feature_tag(causal, window, softcap)}"
             f"{'_safe' if safe else ''}{'_atomic' if atomic_dq else ''}{'_bulk' if dq_bulk else ''}"
             f"{'_ordered' if dq_ordered else ''}"
             f"{f'_bq{BQ}' if BQ != 64 else ''}{'_serial' if overlap != default_overlap else ''}"

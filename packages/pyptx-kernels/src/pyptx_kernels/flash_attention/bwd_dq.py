@@ -20,6 +20,7 @@ from pyptx_kernels.flash_attention.bwd_common import (
     PROD_REGS,
     SMEM_LIMIT,
     THREADS,
+    _capped_p,
     _common_options,
     _fail,
     _fill_stage,
@@ -31,14 +32,17 @@ from pyptx_kernels.flash_attention.bwd_common import (
     _pack,
     _smem_fit,
     _store_rows,
+    softcap_constants,
 )
 from pyptx_kernels.flash_attention.bwd_prep import _row_stats
+from pyptx_kernels.flash_attention.fwd_kernel import _feature_tag as feature_tag
+from pyptx_kernels.flash_attention.masks import block_plan, row_limit
 
 
 def _dq_producer(tid, head_bar, head_bytes, pipe, n_kv, base, stage_bytes, K, V, sync,
-                 load_head, load_kv):
+                 load_head, load_kv, first=0):
     """The dQ kernels' producer (thread 0): the Q/dO head tile (``load_head(bar)``), then
-    the K/V blocks ``0..n_kv`` through the ring (``load_kv(stage, k_map, v_map, j, bar)``:
+    the K/V blocks ``first..n_kv`` through the ring (``load_kv(stage, k_map, v_map, j, bar)``:
     the dense kernel's 4-D copies or the packed kernel's 3-D ones)."""
     with ptx.if_(tid == 0):
         hbar = head_bar.at(0)
@@ -47,20 +51,24 @@ def _dq_producer(tid, head_bar, head_bytes, pipe, n_kv, base, stage_bytes, K, V,
         k_map = ptx.tma.tensormap_ptr(K.tmap)
         v_map = ptx.tma.tensormap_ptr(V.tmap)
         st = pipe.producer_state()
-        for j in ptx.loop(0, n_kv):
+        for j in ptx.loop(first, n_kv):
             _fill_stage(pipe, st, stage_bytes, stage_bytes, base, head_bytes,
                         lambda sb, bar, j=j: load_kv(sb, k_map, v_map, j, bar), sync)
 
 
 def _dq_consumer(tid, wg, q0, n_q, n_keys, n_kv, *, causal, safe, dt, D, BKV, c1, pipe,
                  head_bar, base, head_bytes, stage_bytes, q_tile, k_tile, k_mn, stats, limits,
-                 store):
+                 store, first=0, need_mask=None, lows=None, cap=None):
     """A dQ consumer warpgroup (dense and packed): its 64 q rows from ``q0`` (valid below
     ``n_q``), ``stats(qrow, valid, lane) -> (delta, nlse2, out)`` its rows' stats,
     ``limits(qrow)`` the last allowed key of each of its two rows; then the k-loop over
-    ``n_kv`` K/V blocks (S and dP issued, P = exp2(S c1 - lse2), the mask by select where
-    a block reaches past ``n_keys`` keys (an int or a register) or the diagonal, dS,
-    dQ += dS K, the stage releases) and ``store(dq_acc, out, qrow, valid, col0)``."""
+    K/V blocks ``first..n_kv`` (S and dP issued, P = exp2(S c1 - lse2), the mask by select
+    where a block reaches past ``n_keys`` keys (an int or a register) or the diagonal, dS,
+    dQ += dS K, the stage releases) and ``store(dq_acc, out, qrow, valid, col0)``.
+    A sliding window: ``need_mask(j)`` the blocks to mask (straddling an edge), ``lows(qrow)``
+    the first allowed key of each row. ``cap=(scale / softcap, softcap * log2 e)``: the soft
+    cap, ``P = exp2(tanh(S cap[0]) cap[1] - lse2)``, and P times the cap's derivative
+    ``1 - tanh^2`` (what dS needs; P itself is not used)."""
     w = wg - 1
     t = tid & 127
     lane = tid & 31
@@ -75,6 +83,7 @@ def _dq_consumer(tid, wg, q0, n_q, n_keys, n_kv, *, causal, safe, dt, D, BKV, c1
     # delta = rowsum(do * o) and lse2 of this thread's rows, also written to STATS
     delta, nlse2, out = stats(qrow, valid, lane)
     lim = limits(qrow)      # the last allowed kv column per row: allowed iff kv <= lim
+    low = None if lows is None else lows(qrow)
     dq_acc.zero()
     q_desc = q_tile.descriptor(base) + reg.from_(w * (q_tile.offset(0, 64) >> 4), u64)
     do_desc = q_desc + (q_tile.nbytes >> 4)
@@ -86,7 +95,7 @@ def _dq_consumer(tid, wg, q0, n_q, n_keys, n_kv, *, causal, safe, dt, D, BKV, c1
     rel = pipe.consumer_state()
     has_prev = reg.scalar(u32, init=0)
     ptx.mbarrier.wait(head_bar.at(0), 0)
-    for j in ptx.loop(0, n_kv):
+    for j in ptx.loop(first, n_kv):
         pipe.wait(cons)
         soff = reg.from_(reg.from_(cons.stage * (stage_bytes >> 4), u32), u64)
         kd, vd, kmn = k_desc0 + soff, v_desc0 + soff, kmn_desc0 + soff
@@ -106,11 +115,16 @@ def _dq_consumer(tid, wg, q0, n_q, n_keys, n_kv, *, causal, safe, dt, D, BKV, c1
                 rel.advance()
         for i in range(len(s_acc)):             # P = exp2(S * c1 - lse2), in place
             dr = Accumulator.coord(i)[0]
-            ptx.inst.fma.rn.f32(s_acc[i], s_acc[i], c1, nlse2[dr // 8])
-            ptx.inst.ex2.approx.ftz.f32(s_acc[i], s_acc[i])
+            if cap is None:
+                ptx.inst.fma.rn.f32(s_acc[i], s_acc[i], c1, nlse2[dr // 8])
+                ptx.inst.ex2.approx.ftz.f32(s_acc[i], s_acc[i])
+            else:
+                _capped_p(s_acc[i], s_acc[i], cap, nlse2[dr // 8], derivative=True)
         kv0 = reg.from_(j * BKV + col0, s32)
         if safe:
             need = None
+        elif need_mask is not None:
+            need = need_mask(j)
         elif causal:    # the keys' end or the diagonal crosses the block
             need = _or(j * BKV + BKV > n_keys, j * BKV + (BKV - 1) > q0)
         else:
@@ -120,6 +134,11 @@ def _dq_consumer(tid, wg, q0, n_q, n_keys, n_kv, *, causal, safe, dt, D, BKV, c1
             for i in range(len(s_acc)):
                 dr, dc = Accumulator.coord(i)
                 ptx.inst.selp.f32(s_acc[i], s_acc[i], 0.0, room[dr // 8] >= dc)
+            if low is not None:                    # column offset c allowed iff c >= first
+                first_c = [low[0] - kv0, low[1] - kv0]
+                for i in range(len(s_acc)):
+                    dr, dc = Accumulator.coord(i)
+                    ptx.inst.selp.f32(s_acc[i], s_acc[i], 0.0, first_c[dr // 8] <= dc)
         ptx.wgmma.wait_group(0)
         for i in range(len(dp_acc)):            # dS = P * (dP - delta), in place
             dr = Accumulator.coord(i)[0]
@@ -145,11 +164,14 @@ def _dq_consumer(tid, wg, q0, n_q, n_keys, n_kv, *, causal, safe, dt, D, BKV, c1
 
 
 def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None, BKV=64,
-             stages=None, sync=None, safe=None):
+             stages=None, sync=None, safe=None, window=(-1, -1), softcap=0.0):
     """The dQ kernel: ``(Q, K, V, O, LSE, DO) -> (DQ, STATS)``. STATS ``(B, Hq, padded(S), 2)``
     f32 holds ``(lse * log2 e, delta = rowsum(do * o))`` per query row (zeros past ``S``),
     which the dK/dV kernel reads. ``safe``: mask every block and wait for each block's
-    products before the next (the simplest schedule; default from ``PYPTX_ATTN_BWD_SAFE``)."""
+    products before the next (the simplest schedule; default from ``PYPTX_ATTN_BWD_SAFE``).
+    ``window``, ``softcap``: the forward's (``build_attention``'s): only the kv blocks the
+    window reaches are visited (``masks.block_plan``), those straddling an edge masked; the
+    capped scores are recomputed and dS taken through the cap's derivative."""
     Sk, dt, scale, safe, sync, G, Sp = _common_options(B, S, Hq, Hkv, D, Sk, dtype, scale,
                                                        safe, sync)
     q_tile = OperandTile(BM, D, dt, major="K")
@@ -165,6 +187,9 @@ def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=Non
         raise _fail(f"build_dq: {stages} stages of {BKV} rows need {smem_total} bytes")
     num_kv = -(-Sk // BKV)
     c1 = scale * LOG2E
+    window = tuple(window)
+    windowed = window != (-1, -1)
+    cap = softcap_constants(scale, softcap)
     box_q = {"box": (1, BM, 1, 64), "swizzle": "128B"}
     box_k = {"box": (1, BKV, 1, 64), "swizzle": "128B"}
     qspec = Tile(B, S, Hq, D, dt)
@@ -185,7 +210,12 @@ def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=Non
         pipe.init(pred=tid == 0)
         head_bar.init(1, pred=tid == 0)
         ptx.bar_sync(0)
-        if causal:  # blocks wholly above the diagonal are skipped
+        first = 0
+        if windowed:    # the kv blocks the window reaches: [first, end), [lo, hi) unmasked
+            kv_blocks = block_plan(reg.from_(q0, s32), S, Sk, BKV, causal, BM, window)
+            first, n_kv = (x if isinstance(x, int) else reg.from_(x, u32)
+                           for x in (kv_blocks.first, kv_blocks.end))
+        elif causal:  # blocks wholly above the diagonal are skipped
             n_kv = _min_u32(reg.from_((q0 + (BM - 1)) // BKV + 1, u32), reg.scalar(u32, init=num_kv))
         else:
             n_kv = num_kv
@@ -197,7 +227,7 @@ def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=Non
 
         _dq_producer(tid, head_bar, head_bytes, pipe, n_kv, base, stage_bytes, K, V, sync,
                      lambda hbar: _load_pair(base, Q, DO, q_tile.nbytes, slabs, hq, q0, b, BM,
-                                             hbar), load_kv)
+                                             hbar), load_kv, first=first)
         # ------------------------------------------------------------ consumers
         roles.consumers(CONS_REGS)
 
@@ -206,22 +236,37 @@ def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=Non
             return (*_row_stats(po, pdo, plse, pstats, b, hq, qrow, valid, lane, S, Sp, Hq, D,
                                 dt), pdq)
 
-        def limits(qrow):   # causal / ragged
+        def limits(qrow):   # causal / ragged / the window's right edge
+            if windowed:
+                lims = [row_limit(reg.from_(qrow + r, s32), Sk, causal, window)[1]
+                        for r in (0, 8)]
+                return [reg.scalar(s32, init=x - 1) if isinstance(x, int) else x - 1
+                        for x in lims]
             if causal:
                 return [reg.from_(_min_u32(qrow + r, reg.scalar(u32, init=Sk - 1)), s32)
                         for r in (0, 8)]
             return [reg.scalar(s32, init=Sk - 1) for r in (0, 8)]
 
+        window_masks = {}
+        if windowed:
+            lo, hi = (x if isinstance(x, int) else reg.from_(x, u32)
+                      for x in (kv_blocks.lo, kv_blocks.hi))
+            window_masks["need_mask"] = lambda j: j >= hi if isinstance(lo, int) and lo == 0 \
+                else _or(j < lo, j >= hi)
+            if window[0] >= 0:
+                window_masks["lows"] = lambda qrow: [reg.from_(qrow + r, s32) - window[0]
+                                                     for r in (0, 8)]
         _dq_consumer(tid, wg, q0, S, Sk, n_kv, causal=causal, safe=safe, dt=dt, D=D, BKV=BKV,
                      c1=c1, pipe=pipe, head_bar=head_bar, base=base, head_bytes=head_bytes,
                      stage_bytes=stage_bytes, q_tile=q_tile, k_tile=k_tile, k_mn=k_mn,
                      stats=stats, limits=limits,
                      store=lambda acc, pdq, qrow, valid, col0: _store_rows(
-                         acc, pdq, qrow, valid, Hq, D, hq, b, S, col0, scale, dt))
+                         acc, pdq, qrow, valid, Hq, D, hq, b, S, col0, scale, dt),
+                     first=first, cap=cap, **window_masks)
         roles.end()
         ptx.ret()
 
-    name = (f"attn_bwd_dq_{dt.name}_d{D}_h{Hq}x{Hkv}{'_causal' if causal else ''}"
+    name = (f"attn_bwd_dq_{dt.name}_d{D}_h{Hq}x{Hkv}{feature_tag(causal, window, softcap)}"
             f"{'_safe' if safe else ''}{f'_bkv{BKV}' if BKV != 64 else ''}")
     return kernel(in_specs=(qspec, kspec, kspec, qspec, Tile(B, Hq, S, f32), qspec),
                   out_specs=(qspec, Tile(B, Hq, Sp, 2, f32)), grid=(-(-S // BM), Hq, B),

@@ -30,6 +30,7 @@ from pyptx_kernels.flash_attention.bwd_plan import (
     resolve_stats_lead,
 )
 from pyptx_kernels.flash_attention.bwd_prep import build_convert, build_prep
+from pyptx_kernels.flash_attention.fwd_kernel import check_softcap, check_window
 
 
 class AttentionBackward:
@@ -97,12 +98,14 @@ class AttentionBackward:
 
 
 def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None,
-                             plan=None, **options):
+                             plan=None, window=(-1, -1), softcap=0.0, **options):
     """The kernels of ``plan`` (a ``BackwardPlan``; ``None``: ``BackwardPlan()``, the
     deterministic pair) for these sizes, as one ``AttentionBackward``: ``bwd(q, k, v, o, lse,
     do, dlse) -> (dq, dk, dv)``. ``options``: the plan given as its fields' keywords instead
     (``BackwardPlan.from_options``, as ``parse_options`` reads them from a command line).
-    ``ConfigError`` for sizes or a plan the kernels do not take."""
+    ``window``, ``softcap``: the forward's (``build_attention``'s); the plans that take them:
+    the pair, ``atomic()`` and ``bulk()`` (``ConfigError`` for the others: their ordered dQ
+    adds count every q block). ``ConfigError`` for sizes or a plan the kernels do not take."""
     if options:
         if plan is not None:
             raise _fail("build_attention_backward: give plan= or option keywords, not both")
@@ -113,6 +116,11 @@ def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=
         raise _fail(f"build_attention_backward: plan must be a BackwardPlan, got {plan!r}")
     plan = plan.resolved()
     Sk = S if Sk is None else Sk
+    features = (check_window(window), check_softcap(softcap))
+    if features != ((-1, -1), 0.0) and (plan.dq_ordered or plan.fused_bq):
+        raise _fail(f"build_attention_backward: window={features[0]}, softcap={features[1]:g} "
+                    f"are taken by the dQ / dK-dV pair (BackwardPlan()), atomic() and bulk(), "
+                    f"not yet by the {plan.name} plan (its ordered dQ adds count every q block)")
     split = plan.kv_split
     if split == "auto":
         split = (default_kv_split(Hq // Hkv, bool(causal)) if isinstance(Hq, int)
@@ -123,13 +131,16 @@ def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=
                                   plan.dq_ordered, plan.safe, plan.dkdv_bq, causal,
                                   kv_split=split)
         plan = replace(plan, stats_lead=lead)
-    return _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, plan)
+    return _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, plan, features)
 
 
 @functools.lru_cache(maxsize=64)
-def _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, plan):
-    """The kernels of a resolved ``plan`` (``safe`` a bool, ``stats_lead`` an int)."""
+def _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, plan, features=((-1, -1), 0.0)):
+    """The kernels of a resolved ``plan`` (``safe`` a bool, ``stats_lead`` an int) and
+    ``features`` (``(window, softcap)``, checked)."""
+    window, softcap = features
     kw = dict(Sk=Sk, dtype=dtype, causal=causal, scale=scale, safe=plan.safe)
+    feat = {} if features == ((-1, -1), 0.0) else dict(window=window, softcap=softcap)
     dkdv_kw = dict(kw, BQ=plan.dkdv_bq, overlap=plan.dkdv_overlap, kv_split=plan.kv_split)
     dt = _dtype(dtype)
     ordered = plan.dq_ordered
@@ -147,21 +158,24 @@ def _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, plan):
                    build_dkdv(B, S, Hq, Hkv, D, atomic_dq=True, dq_bulk=plan.dq_bulk,
                               dq_ordered=ordered, num_sms=plan.num_sms,
                               dq_convert=plan.dq_convert, convert_lag=plan.convert_lag,
-                              stats_lead=plan.stats_lead, **dkdv_kw),     # adds dQ into DQACC
+                              stats_lead=plan.stats_lead, **dkdv_kw, **feat),  # adds dQ to DQACC
                    build_convert(B, S, Hq, D, dtype=dtype, width=width))
         if plan.dq_convert:      # the dK/dV grid converts dQ
             kernels = kernels[:2]
     else:
         dq_kw = dict(kw, BKV=default_dq_bkv(D) if plan.dq_bkv is None else plan.dq_bkv)
-        kernels = (build_dq(B, S, Hq, Hkv, D, **dq_kw), build_dkdv(B, S, Hq, Hkv, D, **dkdv_kw))
+        kernels = (build_dq(B, S, Hq, Hkv, D, **dq_kw, **feat),
+                   build_dkdv(B, S, Hq, Hkv, D, **dkdv_kw, **feat))
     return AttentionBackward(kernels, B, S, Hq, Hkv, D, Sk, dt,
                              plan.atomic_dq or plan.fused_bq is not None)
 
 
-def attention_backward(q, k, v, o, lse, do, causal=False, scale=None, *, plan=None, **options):
+def attention_backward(q, k, v, o, lse, do, causal=False, scale=None, *, plan=None,
+                       window=(-1, -1), softcap=0.0, **options):
     """``(dq, dk, dv)`` of attention for torch tensors or JAX arrays (``q/o/do (B, S, Hq, D)``,
     ``k/v (B, Sk, Hkv, D)``, ``lse (B, Hq, S)`` float32) by the kernels of ``plan`` (or its
-    ``options`` keywords, as ``build_attention_backward``)."""
+    ``options`` keywords, as ``build_attention_backward``); ``window``, ``softcap``: the
+    forward's."""
     if len(q.shape) != 4 or len(k.shape) != 4 or tuple(k.shape) != tuple(v.shape):
         raise _fail(f"attention_backward: q (B, S, Hq, D) and k, v (B, Sk, Hkv, D) expected, "
                     f"got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
@@ -172,7 +186,7 @@ def attention_backward(q, k, v, o, lse, do, causal=False, scale=None, *, plan=No
         raise _fail(f"attention_backward: q must be bfloat16 or float16, got {q.dtype}")
     bwd = build_attention_backward(B, S, Hq, Hkv, D, Sk=Sk, dtype=name, causal=causal,
                                    scale=None if scale is None else float(scale), plan=plan,
-                                   **options)
+                                   window=window, softcap=softcap, **options)
     if framework(q) == "torch":  # the kernels take dense tensors
         q, k, v, o, lse, do = (x.contiguous() for x in (q, k, v, o, lse, do))
     return bwd(q, k, v, o, lse, do)

@@ -5,15 +5,17 @@ from __future__ import annotations
 import math
 
 
-def reference(q, k, v, do, causal=False, scale=None):
-    """float64 torch reference: ``(o, lse, dq, dk, dv)`` by autograd of plain attention."""
+def reference(q, k, v, do, causal=False, scale=None, window=(-1, -1), softcap=0.0):
+    """float64 torch reference: ``(o, lse, dq, dk, dv)`` by autograd of attention; ``window``
+    and ``softcap`` as the forward's (``fwd_reference.reference``: the cap on the scaled
+    scores, before the mask)."""
     import torch
 
     with torch.enable_grad():  # also inside an autograd Function's forward
-        return _reference(torch, q, k, v, do, causal, scale)
+        return _reference(torch, q, k, v, do, causal, scale, tuple(window), softcap)
 
 
-def _reference(torch, q, k, v, do, causal, scale):
+def _reference(torch, q, k, v, do, causal, scale, window=(-1, -1), softcap=0.0):
     D = q.shape[-1]
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     G = q.shape[2] // k.shape[2]
@@ -23,12 +25,16 @@ def _reference(torch, q, k, v, do, causal, scale):
     kx = kd.repeat_interleave(G, dim=2)
     vx = vd.repeat_interleave(G, dim=2)
     s = torch.einsum("bihd,bjhd->bhij", qd, kx) * scale
-    if causal:
-        i = torch.arange(q.shape[1], device=q.device)[:, None]
-        j = torch.arange(k.shape[1], device=q.device)[None, :]
-        s = s.masked_fill(j > i, float("-inf"))
-    lse = torch.logsumexp(s, dim=-1)
-    p = torch.exp(s - lse[..., None])
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    if causal or window != (-1, -1):
+        from pyptx_kernels.flash_attention.fwd_reference import allowed_keys
+
+        ok = allowed_keys(q.shape[1], k.shape[1], causal, window, q.device)
+        s = s.masked_fill(~ok, float("-inf"))
+    lse = torch.logsumexp(s.detach(), dim=-1)
+    empty = torch.isinf(lse)[..., None]                 # rows without keys: P = 0
+    p = torch.softmax(s.masked_fill(empty, 0.0), dim=-1).masked_fill(empty, 0.0)
     o = torch.einsum("bhij,bjhd->bihd", p, vx)
     o.backward(do.double())
     return o.detach().contiguous(), lse.detach().contiguous(), qd.grad, kd.grad, vd.grad

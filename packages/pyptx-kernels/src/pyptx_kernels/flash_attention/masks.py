@@ -111,3 +111,13 @@ def mask_scores(s_acc, BN, col0, j, limits):
                 ptx.inst.selp.f32(s_acc[i], NEG_INF, s_acc[i], t <= frag_col(i))
                 if u is not None:
                     ptx.inst.selp.f32(s_acc[i], NEG_INF, s_acc[i], u > frag_col(i))
+
+
+def query_blocks(k0, seqlen_k, seqlen_q, BQ, causal, bkv=BM, window=(-1, -1)):
+    """The attention backward's transposed plan: ``KeyBlocks`` of the ``BQ``-row query blocks
+    the ``bkv``-row key block at row ``k0`` reaches (key ``j`` is seen by the queries ``i``
+    with ``j - right <= i <= j + left``: ``block_plan`` with the window mirrored), only the
+    blocks straddling an edge masked."""
+    right = right_reach(causal, window)
+    mirrored = (-1 if right is None else right, window[0])
+    return block_plan(k0, seqlen_k, seqlen_q, BQ, False, bkv, mirrored)
