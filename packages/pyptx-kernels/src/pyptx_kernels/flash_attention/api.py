@@ -10,6 +10,7 @@ JAX arrays go to the host functions of ``fwd_host.py`` (differentiable with ``ja
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 
@@ -163,6 +164,7 @@ def _forward_kernel(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, features=NO_FEAT
                           softcap=softcap, layouts=layouts)
 
 
+@functools.lru_cache(maxsize=128)
 def _backward_kernel(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, features=NO_FEATURES):
     """The dense backward (``AttentionBackward``): ``BackwardPlan.for_eager(D)``'s kernels (the
     plan ``fwd_host._differentiable`` picks for torch eager calls), or the deterministic
@@ -190,6 +192,7 @@ def _varlen_forward_kernel(Tq, Tk, B, Hq, Hkv, D, max_q, dtype, causal, scale,
                          softcap=softcap)
 
 
+@functools.lru_cache(maxsize=128)
 def _varlen_backward_kernel(Tq, Tk, B, Hq, Hkv, D, max_q, max_k, dtype, causal, scale,
                             features=NO_FEATURES):
     from pyptx_kernels.flash_attention.bwd_varlen import build_attention_backward_varlen
