@@ -25,6 +25,13 @@ attention()'s eager plan (``BackwardPlan.for_eager(D)``) with ``kv_split=s``, ca
     python benchmarks/attention.py [--dims 64 128] [--seqs 4096 8192] [--schedules pingpong simple]
                                    [--configs '[{}, {"persistent": true}]'] [--no-bwd] [--out t.md]
     python benchmarks/attention.py --gqa [--kv-splits 1 2 4 8] [--only-d 128]
+    python benchmarks/attention.py --window [4096] [--dims 128]
+
+``--window W``: sliding-window rows instead (``WINDOW_SEQS``, B=1, H*D = ``--width``), causal
+with ``window=(W, 0)``: milliseconds of the forward and of the backward (``autograd.grad``)
+beside our full causal attention and SDPA's best causal backend (SDPA has no window), and
+SDPA's memory-efficient backend with the window as a boolean mask where it fits
+(``S <= WINDOW_MASK_MAX``); "ratio": the window's time over our causal time.
 """
 
 from __future__ import annotations
@@ -44,6 +51,8 @@ from _timing import gpu_missing, markdown_table, rotated  # noqa: E402
 from pyptx.testing import paired_ratio, paired_times  # noqa: E402
 
 BACKENDS = ("cuDNN", "flash", "efficient")
+WINDOW_SEQS = (8192, 16384, 32768)     # --window rows
+WINDOW_MASK_MAX = 16384                # --window: SDPA with a boolean mask up to this S
 ERR_LIMIT = 0.05  # max |o - SDPA| (bf16, randn inputs: |o| < ~1.5); a variant over it prints FAIL
 #: ``--gqa``: (B, S, Hq, Hkv, D, mask): issue 47's shapes, then groups of 4 and 8 over S 2k-16k
 GQA_CASES = ([(4, 2048, 32, 32, 128, "causal"), (2, 4096, 32, 8, 128, "causal"),
@@ -144,6 +153,76 @@ def _fmt(x):
     return "n/a" if x is None else f"{x:.0f}"
 
 
+def _window_mask_sdpa(S, window):
+    """``f(q, k, v)``: SDPA's memory-efficient backend with the causal window as a mask."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    i = torch.arange(S, device="cuda")
+    mask = (i[None, :] <= i[:, None]) & (i[None, :] >= i[:, None] - window)
+
+    def f(q, k, v):
+        with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
+            return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                                  v.transpose(1, 2), attn_mask=mask)
+    return f
+
+
+def window_main(args) -> int:
+    """The ``--window`` rows (see the module docstring): milliseconds, do_bench medians."""
+    import torch
+
+    fa = load_attention()
+    W = args.window
+    dev = torch.cuda.get_device_name()
+    head = ["D", "S", "window", "fwd window", "fwd causal", "fwd ratio", "fwd SDPA best",
+            "fwd SDPA masked", "bwd window", "bwd causal", "bwd ratio", "bwd SDPA best",
+            "bwd SDPA masked"]
+    print(f"# attention with a sliding window, ms on {dev}, bf16, do_bench median")
+    print("| " + " | ".join(head) + " |", flush=True)
+    body = []
+    for D in args.dims:
+        for S in WINDOW_SEQS:
+            torch.manual_seed(0)
+            H = args.width // D
+            q, k, v = (torch.randn(1, S, H, D, device="cuda", dtype=torch.bfloat16)
+                       for _ in range(3))
+            calls = {"window": lambda a, b_, c: fa.attention(a, b_, c, causal=True,
+                                                             window=(W, 0)),
+                     "causal": lambda a, b_, c: fa.attention(a, b_, c, causal=True)}
+            for be in BACKENDS:
+                calls[be] = sdpa_call(be, True)
+            if S <= WINDOW_MASK_MAX:
+                calls["masked"] = _window_mask_sdpa(S, W)
+            fwd, bwd = {}, {}
+            for name, f in calls.items():
+                try:
+                    f(q, k, v)
+                    fwd[name] = lambda f=f, a=q, b_=k, c=v: f(a, b_, c)
+                    bwd[name] = backward_fn(f, q, k, v)
+                except Exception as ex:  # noqa: BLE001 - print n/a and go on
+                    print(f"  {name}: {type(ex).__name__}: {str(ex)[:200]}", flush=True)
+            cells = [str(D), str(S), str(W)]
+            for times in (_time(fwd, args.rep, args.rounds), _time(bwd, args.rep, args.rounds)):
+                best = min((times[b] for b in BACKENDS if b in times), default=None)
+                ratio = (times["window"] / times["causal"]
+                         if "window" in times and "causal" in times else None)
+                cells += [f"{times[n]:.3f}" if n in times else "n/a" for n in ("window", "causal")]
+                cells += ["n/a" if ratio is None else f"{ratio:.3f}",
+                          "n/a" if best is None else f"{best:.3f}",
+                          f"{times['masked']:.3f}" if "masked" in times else "n/a"]
+            print("| " + " | ".join(cells) + " |", flush=True)
+            body.append(cells)
+            del q, k, v, fwd, bwd
+            torch.cuda.empty_cache()
+    if args.out:
+        Path(args.out).write_text(f"attention with a sliding window, ms on {dev} (bf16, "
+                                  f"do_bench median)\n\n" + "\n".join(markdown_table(head, body))
+                                  + "\n")
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dims", nargs="+", type=int, default=[64, 128])
@@ -167,12 +246,16 @@ def main(argv=None) -> int:
                    help="--gqa: only these indices of GQA_CASES")
     p.add_argument("--kv-splits", nargs="+", type=int, default=[],
                    help="backward columns of BackwardPlan.for_eager(D) with kv_split=s")
+    p.add_argument("--window", type=int, nargs="?", const=4096, default=None,
+                   help="the sliding-window rows (window=(W, 0), causal; default W 4096)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     why = gpu_missing("attention.py")
     if why:
         print(why, file=sys.stderr)
         return 2
+    if args.window is not None:
+        return window_main(args)
     import torch
     fa = load_attention()
     # no --schedules: schedule=None, the default call (its tile options tuned per shape, as

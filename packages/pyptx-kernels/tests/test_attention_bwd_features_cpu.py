@@ -183,3 +183,21 @@ def test_bad_window_and_softcap_are_config_errors():
         fab.build_attention_backward(1, 256, 2, 2, 64, window=(-2, 3))
     with pytest.raises(ConfigError, match=r"test_attention_bwd_features_cpu\.py:\d+: .*softcap"):
         fab.build_attention_backward(1, 256, 2, 2, 64, softcap=-1.0)
+
+
+@pytest.mark.parametrize("D,deterministic,plan", [(64, True, "pair"), (128, True, "pair"),
+                                                  (128, False, "bulk")])
+def test_attention_runs_the_windowed_backward(D, deterministic, plan):
+    """attention()'s autograd op with a window and a soft cap has a backward (no longer
+    ``NoBackward``): the pair where the eager plan (fused, lagged) refuses the window,
+    ``bulk()`` for ``deterministic=False`` at D=128 (the pair as its fallback)."""
+    from pyptx_kernels.flash_attention import fwd_host
+
+    op = fwd_host._differentiable(1, 256, 2, 2, D, 256, "bf16", True, 0.125, None,
+                                  deterministic, ((64, -1), 2.0))
+    bwd = op.backward_kernel
+    assert isinstance(bwd, fab.AttentionBackward), bwd
+    assert "_causal_w64_n_cap2" in bwd.dkdv_kernel.name, bwd
+    assert ("_bulk" in bwd.dkdv_kernel.name) == (plan == "bulk")
+    if plan == "pair":
+        assert "_causal_w64_n_cap2" in bwd.dq_kernel.name, bwd
