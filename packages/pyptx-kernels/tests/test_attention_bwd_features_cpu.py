@@ -87,11 +87,18 @@ def _simulate(bwd, inputs):
         dq, stats = ptxsim.run(dq_k.specialize(), [q, k, v, o, lse, do])
         dk, dv = ptxsim.run(dkdv.specialize(), [q, k, v, do, stats])
         return dq, dk, dv
-    prep, dkdv, convert = bwd.kernels
-    stats, acc = ptxsim.run(prep.specialize(), [o, lse, do])
-    dk, dv = ptxsim.run(dkdv.specialize(), [q, k, v, do, stats, acc], inplace=True)
-    (dq,) = ptxsim.run(convert.specialize(), [acc])
-    return dq, dk, dv
+    prep, dkdv, *convert = bwd.kernels
+    ordered, lead = "SEM" in dkdv.arg_names, "OUT" in dkdv.arg_names
+    # stats_lead: the dK/dV grid writes most STATS; ordered: DQACC's first add stores it
+    stats, acc, *sem = ptxsim.run(prep.specialize(), [o, lse, do],
+                                  scratch=(0, 1) if lead else (1,) if ordered else ())
+    extra = [o, lse] if lead else []
+    got = ptxsim.run(dkdv.specialize(), [q, k, v, do, stats, acc, *sem, *extra], inplace=True)
+    if not convert:         # dq_convert: the dK/dV grid converts dQ
+        dk, dv, dq = got
+        return dq, dk, dv
+    (dq,) = ptxsim.run(convert[0].specialize(), [acc])
+    return dq, *got
 
 
 def _check(got, grads, dt="bf16"):
@@ -133,6 +140,27 @@ def test_unordered_atomic_plans_take_a_window_and_softcap(plan):
     _check(_simulate(bwd, inputs), grads)
 
 
+@pytest.mark.parametrize("S,Sk,Hq,Hkv,D,causal,window,softcap,plan", [
+    (300, 300, 2, 1, 128, True, (100, -1), 4.0, "lagged"),     # attention()'s D=128 plan
+    (300, 260, 2, 2, 128, False, (100, 30), 0.0, "converted"),  # both sides, Sk < S
+    (300, 260, 2, 1, 128, False, (100, 30), 2.0, "lagged"),    # full: stats_lead too
+    (260, 70, 2, 2, 128, False, (0, -1), 0.0, "converted"),    # q blocks no kv block reaches
+    (260, 70, 2, 2, 64, False, (0, -1), 0.0, "ordered"),       # ... zeroed by the prep
+    (200, 330, 4, 2, 64, False, (-1, 40), 3.0, "ordered"),     # right only, GQA 2
+])
+def test_ordered_plans_with_window_match_float64(S, Sk, Hq, Hkv, D, causal, window, softcap,
+                                                 plan):
+    """Ordered dQ with a window: descending kv blocks, each q block counting the kv blocks
+    that reach it (the converters wait for that count; none: zeros)."""
+    inputs, grads = _inputs(1, S, Sk, Hq, Hkv, D, causal, window, softcap, 3 * S + Sk)
+    make = {"lagged": lambda: P.lagged(num_sms=3), "converted": lambda: P.converted(num_sms=3),
+            "ordered": P.ordered}[plan]
+    bwd = fab.build_attention_backward(1, S, Hq, Hkv, D, Sk=Sk, causal=causal, window=window,
+                                       softcap=softcap, plan=make())
+    assert "_ordered" in bwd.dkdv_kernel.name
+    _check(_simulate(bwd, inputs), grads)
+
+
 def test_rows_without_keys_get_zero_gradients():
     """A right-only window past the keys' end leaves the last queries without keys
     (``lse = -inf``): their dQ is 0, nothing NaN."""
@@ -149,10 +177,14 @@ def test_rows_without_keys_get_zero_gradients():
 @pytest.mark.parametrize("causal,window,softcap", [(True, (4096, -1), 0.0),
                                                    (False, (1024, 1024), 30.0),
                                                    (False, (-1, -1), 30.0)])
-def test_window_and_softcap_kernels_assemble_without_spills(D, causal, window, softcap,
+@pytest.mark.parametrize("plan", ["pair", "eager"])
+def test_window_and_softcap_kernels_assemble_without_spills(D, causal, window, softcap, plan,
                                                             assemble):
+    """The pair and attention()'s eager plan (``for_eager``: ``lagged()`` at D=128; the
+    fused D=64 kernel refuses a window, so ``bulk()`` there)."""
+    p = (P() if plan == "pair" else P.for_eager(D) if D == 128 else P.bulk())
     bwd = fab.build_attention_backward(2, 8192, 8, 2, D, causal=causal, window=window,
-                                       softcap=softcap)
+                                       softcap=softcap, plan=p)
     for k in bwd.kernels:
         log = assemble(k.ptx())
         assert "0 bytes spill stores" in log and "C751" not in log, (k.name, log)
@@ -169,12 +201,11 @@ def test_plain_attention_keeps_its_kernels():
     assert all("_causal_w128_n" in k.name for k in win.kernels), win
 
 
-@pytest.mark.parametrize("plan", [P.fused(), P.lagged(), P.ordered(), P.for_eager(64),
-                                  P.for_eager(128)])
+@pytest.mark.parametrize("plan", [P.fused(), P.for_eager(64), P.ordered(dkdv_bq=128)])
 def test_plans_without_window_support_refuse_at_the_callers_line(plan):
     with pytest.raises(ConfigError, match=r"test_attention_bwd_features_cpu\.py:\d+: .*"
-                                          r"not yet by the (fused|converted|ordered) plan"):
-        fab.build_attention_backward(1, 256, 2, 2, 64, causal=True, window=(64, -1),
+                                          r"not taken yet by the (fused|ordered) plan"):
+        fab.build_attention_backward(1, 256, 2, 2, 128, causal=True, window=(64, -1),
                                      plan=plan)
 
 
@@ -185,12 +216,13 @@ def test_bad_window_and_softcap_are_config_errors():
         fab.build_attention_backward(1, 256, 2, 2, 64, softcap=-1.0)
 
 
-@pytest.mark.parametrize("D,deterministic,plan", [(64, True, "pair"), (128, True, "pair"),
+@pytest.mark.parametrize("D,deterministic,plan", [(64, True, "pair"), (128, True, "lagged"),
                                                   (128, False, "bulk")])
 def test_attention_runs_the_windowed_backward(D, deterministic, plan):
     """attention()'s autograd op with a window and a soft cap has a backward (no longer
-    ``NoBackward``): the pair where the eager plan (fused, lagged) refuses the window,
-    ``bulk()`` for ``deterministic=False`` at D=128 (the pair as its fallback)."""
+    ``NoBackward``): its eager plan (``lagged()`` at D=128, ``bulk()`` when not
+    deterministic) with the pair as the fallback; the pair at D=64 (the fused kernel
+    refuses the window)."""
     from pyptx_kernels.flash_attention import fwd_host
 
     op = fwd_host._differentiable(1, 256, 2, 2, D, 256, "bf16", True, 0.125, None,
@@ -198,6 +230,7 @@ def test_attention_runs_the_windowed_backward(D, deterministic, plan):
     bwd = op.backward_kernel
     assert isinstance(bwd, fab.AttentionBackward), bwd
     assert "_causal_w64_n_cap2" in bwd.dkdv_kernel.name, bwd
-    assert ("_bulk" in bwd.dkdv_kernel.name) == (plan == "bulk")
+    assert ("_bulk" in bwd.dkdv_kernel.name) == (plan != "pair")
+    assert ("_ordered" in bwd.dkdv_kernel.name) == (plan == "lagged")
     if plan == "pair":
         assert "_causal_w64_n_cap2" in bwd.dq_kernel.name, bwd

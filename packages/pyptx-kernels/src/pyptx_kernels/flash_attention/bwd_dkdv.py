@@ -39,6 +39,7 @@ from pyptx_kernels.flash_attention.bwd_common import (
     _min_u32,
     _or,
     _pack,
+    _selp,
     _smem_fit,
     _store_rows,
     _store_split_partials,
@@ -58,6 +59,18 @@ from pyptx_kernels.flash_attention.fwd_kernel import _feature_tag as feature_tag
 from pyptx_kernels.flash_attention.masks import query_blocks, right_reach
 
 RELEASE_ARRIVALS = 256  # dK/dV ring: every consumer thread arrives (2 warpgroups x 128)
+
+
+def _max_s32(a, b):
+    r = reg.scalar(s32)
+    ptx.inst.max.s32(r, a, b)
+    return r
+
+
+def _selp_u32(a, b, p):
+    r = reg.scalar(u32)
+    ptx.inst.selp.u32(r, a, b, p)
+    return r
 
 
 def _release_stage(pipe, state):
@@ -172,7 +185,8 @@ def _pt_dv(c, acc, q0, domn, mask, BQ, D, dt, q_mn):
 
 
 def _dkdv_block(c, q0, sbase, soff, srow, *, safe, overlap, BQ, D, dt, c1, kv_tile, q_tile,
-                q_mn, pipe, mask, fix_delta=None, after_ds=None, after_dk=None, cap=None):
+                q_mn, pipe, mask, fix_delta=None, after_ds=None, after_dk=None, cap=None,
+                keyless=False):
     """One q block of a dK/dV consumer (the plain schedule, dense and packed): S^T and dP^T
     issued, P^T = exp2(S^T c1 - lse2) masked (``mask``), dV += P^T dO, dS^T = P^T (dP^T -
     delta) (``fix_delta(dl, q0)`` may select deltas first), dK += dS^T Q, the stage
@@ -181,7 +195,9 @@ def _dkdv_block(c, q0, sbase, soff, srow, *, safe, overlap, BQ, D, dt, c1, kv_ti
     ``cap`` (``bwd_common.softcap_constants``): P^T of the capped scores, dS^T times the
     cap's derivative ``1 - tanh^2``, its ``tanh`` recovered from P^T once dV's product is
     issued (``bwd_common._cap_slope``: holding it from the exponentials, in f32 or f16
-    pairs, spilled 16-28 bytes at D=128)."""
+    pairs, spilled 16-28 bytes at D=128). ``keyless`` (a window): queries may have no key
+    (``lse = -inf``): their P^T is 0 everywhere, the zero-filled kv rows past Sk included
+    (exp2 of +inf there would make dQ's dS K NaN)."""
     s_acc, dp_acc = c.s_acc, c.dp_acc
     qd, dod = c.q_desc0 + soff, c.do_desc0 + soff
     qmn, domn = c.qmn_desc0 + soff, c.domn_desc0 + soff
@@ -215,6 +231,9 @@ def _dkdv_block(c, q0, sbase, soff, srow, *, safe, overlap, BQ, D, dt, c1, kv_ti
                 ptx.inst.ld.shared.v4.f32(v4, ptx.addr(src, 64 * blk))
             for e in (0, 1):
                 out[8 * blk + e] = -v4[2 * e] if which == 0 else v4[2 * e + 1]
+                if which == 0 and keyless:  # lse2 = -inf stays -inf: P^T = 0
+                    out[8 * blk + e] = _selp(out[8 * blk + e], v4[2 * e],
+                                             v4[2 * e] > float("-inf"))
         return out
 
     nl2 = stats(0)
@@ -231,8 +250,10 @@ def _dkdv_block(c, q0, sbase, soff, srow, *, safe, overlap, BQ, D, dt, c1, kv_ti
         else:
             _capped_p(s_acc[i], s_acc[i], cap, nl2[dc])
     _pt_dv(c, s_acc, q0, domn, mask, BQ, D, dt, q_mn)
-    for blocks in [range(BQ // 8)] if cap is None else [(blk,) for blk in range(BQ // 8)]:
-        # a soft cap: 8 columns' stats at a time (fewer live registers)
+    split_stats = cap is not None or keyless
+    for blocks in [(blk,) for blk in range(BQ // 8)] if split_stats else [range(BQ // 8)]:
+        # a soft cap or a window: 8 columns' stats at a time (fewer live registers; a
+        # window's ordered D=128 kernel spilled 4-8 bytes with all 16 deltas live)
         dl = stats(1, blocks)
         if fix_delta is not None:
             fix_delta(dl, q0)
@@ -281,10 +302,12 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                kv_split=1, trace=False, window=(-1, -1), softcap=0.0):
     """The dK/dV kernel: ``(Q, K, V, DO, STATS) -> (DK, DV)`` (STATS from ``build_dq``).
 
-    ``window``, ``softcap``: the forward's (not with ``dq_ordered``, whose adds count every
-    q block): a kv block visits only the q blocks whose window reaches it
-    (``masks.query_blocks``), masking those straddling an edge; the capped scores are
-    recomputed and dS^T taken through the cap's derivative.
+    ``window``, ``softcap``: the forward's (not with ``BQ=128``): a kv block visits only the
+    q blocks whose window reaches it (``masks.query_blocks``), masking those straddling an
+    edge; the capped scores are recomputed and dS^T taken through the cap's derivative.
+    Ordered dQ with a window: descending kv blocks (the causal order), q block ``qb``
+    counting the kv blocks ``window_kv_range(qb)`` reaching it (a converter writes zeros
+    where none does); no ``convert_lag``.
 
     ``BQ``: q rows per block, 32 or 64 (``None``: ``DKDV_BQ``, 64; ``atomic_dq`` needs 64,
     its dS tile), or 128 for the D=128 ordered bulk-dQ mode only (S^T n=128, dP^T by n=64
@@ -369,10 +392,9 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     window = tuple(window)
     windowed = window != (-1, -1)
     cap = softcap_constants(scale, softcap)
-    if (windowed or cap) and (dq_ordered or BQ == 128):
-        raise _fail(f"build_dkdv: window and softcap are for the unordered modes (the pair, "
-                    f"atomic_dq, dq_bulk), not dq_ordered (its adds count every q block), got "
-                    f"window={window!r}, softcap={softcap!r}, dq_ordered={dq_ordered!r}")
+    if (windowed or cap) and BQ == 128:
+        raise _fail(f"build_dkdv: window and softcap need 64- or 32-row q blocks, got "
+                    f"window={window!r}, softcap={softcap!r}, BQ={BQ!r}")
     split = kv_split
     if split not in (1, 2, 4, 8) or isinstance(split, bool) or G % split or (split > 1
                                                                             and BQ != 64):
@@ -421,15 +443,16 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     sem_q = -(-S // 64)     # SEM's rows per head (build_prep's; BQ=128 uses the first num_q)
     # full attention, ordered dQ: kv block j walks q blocks from (BM / BQ) * j, wrapping
     rotate = (dq_ordered and not causal and num_q == (BM // BQ) * num_kv
-              and num_kv * split <= ROTATE_MAX_KV)    # the head's CTAs resident together
-    reverse = dq_ordered and (causal or rotate)     # the predecessor kv block is kb + 1
+              and num_kv * split <= ROTATE_MAX_KV    # the head's CTAs resident together
+              and not windowed)
+    reverse = dq_ordered and (causal or rotate or windowed)   # the predecessor is kb + 1
     cph = num_kv * split                            # CTAs per kv head
     n_main = cph * Hkv * B
     units = B * Hq * sem_q                          # dq_convert's 64-row q blocks
     per_head = G * sem_q                            # ... of one kv head
     share = early_convert_share(S, Sk, Hq, Hkv, split)  # convert_lag: q blocks per CTA
     lag_applies = (dq_convert and not causal and dq_accumulator_width(D, dq_bulk) == D
-                   and share <= 2)
+                   and share <= 2 and not windowed)
     if convert_lag == "auto":   # where it applies, none elsewhere
         convert_lag = default_convert_lag(Sk, num_sms, split) if lag_applies else 0
     if convert_lag and not (isinstance(convert_lag, int) and convert_lag > 0 and lag_applies):
@@ -462,9 +485,24 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         ptx.inst.selp.u32(wrapped, r - num_q, r, r >= num_q)
         return wrapped
 
+    def window_kv_range(qb):
+        """With a window: ``(klo, khi, any)``, the kv blocks ``klo..khi`` whose q blocks
+        (``masks.query_blocks``) hold 64-row q block ``qb`` (registers; ``any`` false: none)."""
+        right, left = right_reach(causal, window), window[0]
+        q0 = reg.from_(qb * 64, s32)
+        khi = reg.scalar(u32, init=num_kv - 1)
+        if right is not None:
+            khi = _min_u32(reg.from_((q0 + (63 + right)) // BM, u32), khi)
+        if left < 0:
+            return 0, khi, None
+        klo = reg.from_(_max_s32(q0 - left, 0) // BM, u32)
+        return klo, khi, reg.from_(q0 - left, s32) < Sk
+
     def dq_rank(qb, kb):
         """The place of kv block ``kb`` among the kv blocks adding into q block ``qb`` (the
         ordered dQ mode): the adds of a q block come in rank order 0, 1, ..."""
+        if windowed and not causal:     # kv blocks khi, khi - 1, ..., klo (causal's order;
+            return window_kv_range(qb)[1] - kb  # a causal window's khi is causal's)
         if causal:      # kv blocks jmax, jmax - 1, ..., 0 (each one step behind the last)
             return _min_u32((qb * BQ + (BQ - 1)) // BM, num_kv - 1) - kb
         if rotate:      # kv block j reaches q block i at step (i - 2j) % num_q
@@ -500,7 +538,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         return ptx.addr(reg.from_(lin * 4 + col, u64) * 4 + pt)
 
     def _dq_writer(DQACC, SEM, bufs, kb, hk, b, qb0, dq_full, dq_empty, pipe=None, TRACE=None,
-                   qh0=None):
+                   qh0=None, q_end=num_q):
         """The ordered dQ mode's writer (one thread of the producer warpgroup): for each
         block, in the consumers' order, wait for this kv block's turn at the q block's
         counter, for both warpgroups' slabs (``dq_full``), add them into DQACC (the first
@@ -521,7 +559,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             wst = pipe.consumer_state()
         for g in ptx.loop(0, Gs):
             hq = hk * G + g if split == 1 else qh0 + g
-            for qstep in ptx.loop(qb0, num_q):
+            for qstep in ptx.loop(qb0, q_end):
                 qb = q_block(qstep, kb)
                 rank = dq_rank(qb, kb)
                 cell = reg.from_(((b * Hq + hq) * sem_q + qb) * 2, u64) * 4 + psem
@@ -582,13 +620,20 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                     live = j0 + j < mine
                     bh = u // sem_q
                     qb = u - bh * sem_q
-                    adds = _min_u32(qb // 2, num_kv - 1) + 1 if causal else num_kv
+                    some = None     # a window: whether any kv block adds into qb
+                    if windowed:
+                        klo, khi, some = window_kv_range(qb)
+                        adds = khi + 1 - klo
+                        if some is not None:
+                            adds = reg.from_(_selp_u32(adds, 0, some), u32)
+                    else:
+                        adds = _min_u32(qb // 2, num_kv - 1) + 1 if causal else num_kv
                     with ptx.if_((tid == 32 * j) & live):
                         _spin_until(reg.from_(u, u64) * 8 + psem, adds, now, waited)
-                    got.append((live, bh, qb))
+                    got.append((live, bh, qb, some))
                 ptx.bar_sync(1, 256)
                 loads = []
-                for live, bh, qb in got:
+                for live, bh, qb, some in got:
                     b = bh // Hq
                     hq = bh - b * Hq
                     for i in range(D // 32):
@@ -600,11 +645,12 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                         ok = (s < S) & live
                         x = reg.array(f32, 8 * dq_width // D)
                         for r in x:     # rows not converted: defined, never stored
-                            ptx.inst.mov.f32(r, 0.0)
+                            ptx.inst.mov.f32(r, 0.0)    # (nor added into: zeros stored)
                         for h in range(len(x) // 4):   # 8 columns; a second partial sum D on
                             ptx.inst.ld.global_.v4.f32(
                                 list(x)[4 * h:4 * h + 4],
-                                ptx.addr(src, 16 * (h % 2) + 4 * D * (h // 2)), pred=ok)
+                                ptx.addr(src, 16 * (h % 2) + 4 * D * (h // 2)),
+                                pred=ok if some is None else ok & some)
                         loads.append((x, row * (D * 2) + reg.from_(col * 2, u64) + pq, ok))
                 for x, dst, ok in loads:
                     if dq_width != D:
@@ -755,10 +801,12 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         # causal: q blocks wholly above the diagonal (every q < k0) are skipped
         qb0 = k0 // BQ if causal else 0
         q_end = num_q
-        if windowed:    # the q blocks the window reaches: [first, end), [lo, hi) unmasked
-            q_blocks = query_blocks(reg.from_(k0, s32), Sk, S, BQ, causal, BM, window)
-            qb0, q_lo, q_hi, q_end = (x if isinstance(x, int) else reg.from_(x, u32)
-                                      for x in q_blocks)
+
+        def window_q_range():
+            """The q blocks ``[first, end)`` the window reaches (formed where each role
+            needs them: the producer warps have 24 registers)."""
+            first, _, _, end = query_blocks(reg.from_(k0, s32), Sk, S, BQ, causal, BM, window)
+            return tuple(x if isinstance(x, int) else reg.from_(x, u32) for x in (first, end))
         pstats, pdk, pdv = ptx.global_ptrs(STATS, DK, DV)
         if atomic_dq:
             (pacc,) = ptx.global_ptrs(DQACC)
@@ -774,6 +822,8 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             _load_slabs(sb, q_map, slabs, hq, qb * BQ, b, BQ, bar)
             _load_slabs(sb + q_tile.nbytes, do_map, slabs, hq, qb * BQ, b, BQ, bar)
 
+        if windowed:
+            qb0, q_end = window_q_range()
         _dkdv_producer(
             tid, head_bar, head_bytes, pipe, G, hk, qb0, q_end, base, head_bytes + ds_bytes,
             stage_bytes, q_tile.nbytes, stats_bytes, safe, sync, Q, DO,
@@ -788,8 +838,10 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                            pipe, TRACE=TRACE)
         elif dq_ordered:
             with ptx.if_(tid == 32):
+                if windowed:
+                    qb0, q_end = window_q_range()
                 _dq_writer(DQACC, SEM, base + (head_bytes + 2 * ds_tile.nbytes), kb, hk, b,
-                           qb0, dq_full, dq_empty, TRACE=TRACE, qh0=qh0)
+                           qb0, dq_full, dq_empty, TRACE=TRACE, qh0=qh0, q_end=q_end)
         if lag or lead:
             with ptx.if_(tid >= 64):
                 if lead:
@@ -892,8 +944,11 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             always masks)."""
             if safe:
                 need = None
-            elif windowed:      # the blocks straddling an edge of the window or S
-                need = _or(q0 < q_lo * BQ, q0 >= q_hi * BQ)
+            elif windowed:      # the blocks straddling an edge of the window or S (the
+                # bounds formed again here: fewer registers held over the loop)
+                _, lo_b, hi_b, _ = query_blocks(reg.from_(k0, s32), Sk, S, BQ, causal, BM,
+                                                window)
+                need = _or(q0 < reg.from_(lo_b * BQ, u32), q0 >= reg.from_(hi_b * BQ, u32))
             elif causal:
                 need = _or(q0 + BQ > S, q0 < k0 + (BM - 1))
             else:
@@ -1011,6 +1066,8 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             ptx.mbarrier.arrive(dq_full.at(cons.stage * 2 + w))
 
         ptx.mbarrier.wait(head_bar.at(0), 0)
+        if windowed:
+            qb0, q_end = window_q_range()
         for g in ptx.loop(0, Gs):
             hq = hk * G + g if split == 1 else qh0 + g
             srow = reg.from_((b * Hq + hq) * Sp, u64) * 8 + pstats
@@ -1076,7 +1133,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                 _dkdv_block(c, q0, sbase, soff, srow, safe=safe, overlap=overlap, BQ=BQ, D=D,
                             dt=dt, c1=c1, kv_tile=kv_tile, q_tile=q_tile, q_mn=q_mn, pipe=pipe,
                             mask=mask_pt, after_ds=_dq_product if dq_bulk else None,
-                            after_dk=after_dk, cap=cap)
+                            after_dk=after_dk, cap=cap, keyless=windowed)
         _dkdv_drain(c, overlap, pipe)
         if dq_bulk and not dq_ordered:
             with ptx.if_(dq_leader):

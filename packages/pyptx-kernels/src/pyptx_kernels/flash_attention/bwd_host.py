@@ -103,9 +103,9 @@ def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=
     deterministic pair) for these sizes, as one ``AttentionBackward``: ``bwd(q, k, v, o, lse,
     do, dlse) -> (dq, dk, dv)``. ``options``: the plan given as its fields' keywords instead
     (``BackwardPlan.from_options``, as ``parse_options`` reads them from a command line).
-    ``window``, ``softcap``: the forward's (``build_attention``'s); the plans that take them:
-    the pair, ``atomic()`` and ``bulk()`` (``ConfigError`` for the others: their ordered dQ
-    adds count every q block). ``ConfigError`` for sizes or a plan the kernels do not take."""
+    ``window``, ``softcap``: the forward's (``build_attention``'s); every plan takes them but
+    the fused D=64 kernel and ``dkdv_bq=128`` (``ConfigError``). ``ConfigError`` for sizes or
+    a plan the kernels do not take."""
     if options:
         if plan is not None:
             raise _fail("build_attention_backward: give plan= or option keywords, not both")
@@ -117,10 +117,11 @@ def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=
     plan = plan.resolved()
     Sk = S if Sk is None else Sk
     features = (check_window(window), check_softcap(softcap))
-    if features != ((-1, -1), 0.0) and (plan.dq_ordered or plan.fused_bq):
+    if features != ((-1, -1), 0.0) and (plan.fused_bq or plan.dkdv_bq == 128):
         raise _fail(f"build_attention_backward: window={features[0]}, softcap={features[1]:g} "
-                    f"are taken by the dQ / dK-dV pair (BackwardPlan()), atomic() and bulk(), "
-                    f"not yet by the {plan.name} plan (its ordered dQ adds count every q block)")
+                    f"are not taken yet by the {plan.name} plan with fused_bq={plan.fused_bq}, "
+                    f"dkdv_bq={plan.dkdv_bq} (the fused D=64 kernel, 128-row dK/dV q blocks); "
+                    f"the other plans take them (BackwardPlan(), lagged(), bulk(), ...)")
     split = plan.kv_split
     if split == "auto":
         split = (default_kv_split(Hq // Hkv, bool(causal)) if isinstance(Hq, int)
@@ -154,7 +155,8 @@ def _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, plan, features=((-1, -1),
         check_shapes(B, S, Hq, Hkv, D, Sk)
         width = dq_accumulator_width(D, plan.dq_bulk)
         kernels = (build_prep(B, S, Hq, D, dtype=dtype, counters=ordered, width=width,
-                              lead=plan.stats_lead, Hkv=Hkv),
+                              lead=plan.stats_lead, Hkv=Hkv,
+                              zero=None if not feat else not plan.dq_convert),
                    build_dkdv(B, S, Hq, Hkv, D, atomic_dq=True, dq_bulk=plan.dq_bulk,
                               dq_ordered=ordered, num_sms=plan.num_sms,
                               dq_convert=plan.dq_convert, convert_lag=plan.convert_lag,

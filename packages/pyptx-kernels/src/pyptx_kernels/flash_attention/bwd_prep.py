@@ -19,7 +19,8 @@ from pyptx_kernels.flash_attention.bwd_common import (
 )
 
 
-def build_prep(B, S, Hq, D, *, dtype="bf16", counters=False, width=None, lead=0, Hkv=None):
+def build_prep(B, S, Hq, D, *, dtype="bf16", counters=False, width=None, lead=0, Hkv=None,
+               zero=None):
     """The atomic-dQ mode's first kernel: ``(OUT, LSE, DO) -> (STATS, DQACC)``: the stats
     of ``build_dq`` and a zeroed f32 ``DQACC`` ``(B, S, Hq, D)`` for the dK/dV kernel to add
     into. 256 threads per 128 rows, the same row split as the dQ kernel's consumers.
@@ -28,7 +29,9 @@ def build_prep(B, S, Hq, D, *, dtype="bf16", counters=False, width=None, lead=0,
     tile's first add stores it). ``width``: DQACC's columns (``dq_accumulator_width``).
     ``lead`` (with ``counters``; ``build_dkdv``'s ``stats_lead``): the stats of the first
     ``lead`` kv heads (``Hkv`` of them per batch, in launch order) only; the dK/dV grid
-    writes the others'."""
+    writes the others'. ``zero`` (``None``: not ``counters``): whether DQACC is zeroed (a
+    window's ordered dQ: q blocks no kv block reaches get no first store)."""
+    zeroed = not counters if zero is None else bool(zero)
     if lead and not (counters and isinstance(Hkv, int) and Hkv > 0 and Hq % Hkv == 0):
         raise _fail(f"build_prep: lead needs counters=True and Hkv (a divisor of Hq), got "
                     f"lead={lead!r}, counters={counters!r}, Hkv={Hkv!r}")
@@ -46,7 +49,7 @@ def build_prep(B, S, Hq, D, *, dtype="bf16", counters=False, width=None, lead=0,
         po, pdo, plse, pstats, pacc = ptx.global_ptrs(OUT, DO, LSE, STATS, DQACC)
         with _maybe_if(hq // (Hq // Hkv) + Hkv * b < lead if lead else None):
             _prep_stats(po, pdo, plse, pstats, b, hq, q0, tid, S, Sp, Hq, D, dt)
-        if not counters:    # DQACC's 128 rows: a warp zeroes a row's 16-byte chunks per turn
+        if zeroed:          # DQACC's 128 rows: a warp zeroes a row's 16-byte chunks per turn
             zero = reg.scalar(f32, init=0.0)
             per_row = width // 4
             for k in range(BM * per_row // 256):
@@ -74,6 +77,7 @@ def build_prep(B, S, Hq, D, *, dtype="bf16", counters=False, width=None, lead=0,
     return kernel(in_specs=(qspec, Tile(B, Hq, S, f32), qspec), out_specs=outs,
                   grid=(-(-S // BM), Hq, B), block=(256, 1, 1),
                   name=f"attn_bwd_prep_{dt.name}_d{D}{'_sem' if counters else ''}"
+                       f"{'_zero' if zeroed and counters else ''}"
                        f"{f'_w{width}' if width != D else ''}{f'_lead{lead}' if lead else ''}")(fn)
 
 

@@ -346,8 +346,8 @@ def attention(q, k, v, causal=False, scale=None, *, config=None, deterministic=T
     ``scale`` defaults to ``1/sqrt(D)``. Differentiable in ``q, k, v`` at ``D`` 64 and 128;
     at 256 there is no backward: torch inputs that require grad (grad mode on) raise
     ``ConfigError`` here, ``jax.grad`` raises it when it reaches the backward.
-    ``config``, ``window``, ``softcap``: as ``attention_forward``'s (the backward with a window
-    or soft cap: the dQ / dK-dV pair, or ``bulk()`` when not ``deterministic`` at D=128).
+    ``config``, ``window``, ``softcap``: as ``attention_forward``'s (the backward takes them;
+    at D=64 it runs the dQ / dK-dV pair: the fused kernel does not take them yet).
     ``deterministic=False``: a faster backward whose dQ sums come in run-dependent order
     (torch eager only)."""
     B, S, Hq, Hkv, D, Sk, name = _shapes(q, k, v)
