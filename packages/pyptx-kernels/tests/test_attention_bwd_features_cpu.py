@@ -161,6 +161,22 @@ def test_ordered_plans_with_window_match_float64(S, Sk, Hq, Hkv, D, causal, wind
     _check(_simulate(bwd, inputs), grads)
 
 
+@pytest.mark.parametrize("S,Sk,Hq,Hkv,causal,window,softcap,ordered,pingpong", [
+    (300, 300, 2, 1, True, (100, -1), 4.0, True, 1),    # attention()'s D=64 plan
+    (300, 260, 2, 2, False, (100, 30), 0.0, True, 0),   # both sides: descending kv blocks
+    (260, 130, 2, 2, False, (0, -1), 2.0, True, 1),     # q blocks no kv block reaches
+    (200, 330, 4, 2, False, (-1, 40), 0.0, False, 1),   # any order, right only, GQA 2
+])
+def test_fused_with_window_matches_float64(S, Sk, Hq, Hkv, causal, window, softcap, ordered,
+                                           pingpong):
+    inputs, grads = _inputs(1, S, Sk, Hq, Hkv, 64, causal, window, softcap, 5 * S + Sk)
+    bwd = fab.build_attention_backward(1, S, Hq, Hkv, 64, Sk=Sk, causal=causal, window=window,
+                                       softcap=softcap,
+                                       plan=P.fused(ordered=ordered, pingpong=pingpong))
+    assert "attn_bwd_fused" in bwd.dkdv_kernel.name
+    _check(_simulate(bwd, inputs), grads)
+
+
 def test_rows_without_keys_get_zero_gradients():
     """A right-only window past the keys' end leaves the last queries without keys
     (``lse = -inf``): their dQ is 0, nothing NaN."""
@@ -180,9 +196,9 @@ def test_rows_without_keys_get_zero_gradients():
 @pytest.mark.parametrize("plan", ["pair", "eager"])
 def test_window_and_softcap_kernels_assemble_without_spills(D, causal, window, softcap, plan,
                                                             assemble):
-    """The pair and attention()'s eager plan (``for_eager``: ``lagged()`` at D=128; the
-    fused D=64 kernel refuses a window, so ``bulk()`` there)."""
-    p = (P() if plan == "pair" else P.for_eager(D) if D == 128 else P.bulk())
+    """The pair and attention()'s eager plan (``for_eager``: the fused kernel at D=64,
+    ``lagged()`` at D=128)."""
+    p = P() if plan == "pair" else P.for_eager(D)
     bwd = fab.build_attention_backward(2, 8192, 8, 2, D, causal=causal, window=window,
                                        softcap=softcap, plan=p)
     for k in bwd.kernels:
@@ -201,10 +217,10 @@ def test_plain_attention_keeps_its_kernels():
     assert all("_causal_w128_n" in k.name for k in win.kernels), win
 
 
-@pytest.mark.parametrize("plan", [P.fused(), P.for_eager(64), P.ordered(dkdv_bq=128)])
+@pytest.mark.parametrize("plan", [P.ordered(dkdv_bq=128)])
 def test_plans_without_window_support_refuse_at_the_callers_line(plan):
     with pytest.raises(ConfigError, match=r"test_attention_bwd_features_cpu\.py:\d+: .*"
-                                          r"not taken yet by the (fused|ordered) plan"):
+                                          r"not taken yet by the ordered plan"):
         fab.build_attention_backward(1, 256, 2, 2, 128, causal=True, window=(64, -1),
                                      plan=plan)
 
@@ -216,13 +232,12 @@ def test_bad_window_and_softcap_are_config_errors():
         fab.build_attention_backward(1, 256, 2, 2, 64, softcap=-1.0)
 
 
-@pytest.mark.parametrize("D,deterministic,plan", [(64, True, "pair"), (128, True, "lagged"),
+@pytest.mark.parametrize("D,deterministic,plan", [(64, True, "fused"), (128, True, "lagged"),
                                                   (128, False, "bulk")])
 def test_attention_runs_the_windowed_backward(D, deterministic, plan):
     """attention()'s autograd op with a window and a soft cap has a backward (no longer
-    ``NoBackward``): its eager plan (``lagged()`` at D=128, ``bulk()`` when not
-    deterministic) with the pair as the fallback; the pair at D=64 (the fused kernel
-    refuses the window)."""
+    ``NoBackward``): its eager plan (``fused`` at D=64, ``lagged()`` at D=128, ``bulk()``
+    when not deterministic) with the pair as the fallback."""
     from pyptx_kernels.flash_attention import fwd_host
 
     op = fwd_host._differentiable(1, 256, 2, 2, D, 256, "bf16", True, 0.125, None,
@@ -230,7 +245,6 @@ def test_attention_runs_the_windowed_backward(D, deterministic, plan):
     bwd = op.backward_kernel
     assert isinstance(bwd, fab.AttentionBackward), bwd
     assert "_causal_w64_n_cap2" in bwd.dkdv_kernel.name, bwd
-    assert ("_bulk" in bwd.dkdv_kernel.name) == (plan != "pair")
-    assert ("_ordered" in bwd.dkdv_kernel.name) == (plan == "lagged")
-    if plan == "pair":
-        assert "_causal_w64_n_cap2" in bwd.dq_kernel.name, bwd
+    assert ("_bulk" in bwd.dkdv_kernel.name) == (plan != "fused")
+    assert ("_ordered" in bwd.dkdv_kernel.name) == (plan != "bulk")
+    assert ("attn_bwd_fused" in bwd.dkdv_kernel.name) == (plan == "fused")

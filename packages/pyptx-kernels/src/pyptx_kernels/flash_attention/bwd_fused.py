@@ -18,6 +18,8 @@ from pyptx_kernels.flash_attention.bwd_common import (
     ROTATE_MAX_KV,
     SMEM_LIMIT,
     THREADS,
+    _cap_slope,
+    _capped_p,
     _common_options,
     _fail,
     _load_pair,
@@ -27,7 +29,10 @@ from pyptx_kernels.flash_attention.bwd_common import (
     _smem_fit,
     _store_rows,
     _store_split_partials,
+    softcap_constants,
 )
+from pyptx_kernels.flash_attention.fwd_kernel import _feature_tag as feature_tag
+from pyptx_kernels.flash_attention.masks import query_blocks, right_reach, row_limit
 
 FUSED_BKV = 128     # kv rows per CTA of the fused kernel (64 of dK/dV per consumer warpgroup)
 # named barriers of the fused kernel's consumers: both warpgroups (256 threads) for the
@@ -91,8 +96,10 @@ class _FusedPlan:
     """What ``build_fused``'s kernel knows at trace time: its tiles, the shared-memory layout
     and the order in which the kv blocks (CTAs) add into a q block's dQ."""
 
-    def __init__(self, S, Hq, Hkv, D, Sk, dt, causal, ordered, stages, split=1):
+    def __init__(self, S, Hq, Hkv, D, Sk, dt, causal, ordered, stages, split=1,
+                 window=(-1, -1)):
         self.S, self.Hq, self.D, self.Sk, self.dt = S, Hq, D, Sk, dt
+        self.window, self.windowed = window, window != (-1, -1)
         self.G = Hq // Hkv
         self.causal, self.ordered = causal, ordered
         self.kv_tile = OperandTile(FUSED_BKV, D, dt, major="K")      # K, V: B of S and dP
@@ -113,8 +120,17 @@ class _FusedPlan:
         # full attention, ordered: kv block j walks q blocks from j on, wrapping, so a q
         # block's adds come one step apart (kv blocks i, i - 1, ..., wrapping)
         self.rotate = (ordered and not causal and self.num_q == self.num_kv
-                       and self.num_kv * split <= ROTATE_MAX_KV)   # the head's CTAs resident
-        self.reverse = ordered and (causal or self.rotate)   # predecessor: kv block kb + 1
+                       and self.num_kv * split <= ROTATE_MAX_KV    # the head's CTAs resident
+                       and not self.windowed)
+        # predecessor: kv block kb + 1 (a window: descending, as causal)
+        self.reverse = ordered and (causal or self.rotate or self.windowed)
+
+    def q_range(self, k0):
+        """A window's ``KeyBlocks`` of the q blocks kv block ``k0`` reaches
+        (``masks.query_blocks``), as u32 registers or ints."""
+        return tuple(x if isinstance(x, int) else reg.from_(x, u32) for x in query_blocks(
+            reg.from_(k0, s32), self.Sk, self.S, FUSED_BQ, self.causal, FUSED_BKV,
+            self.window))
 
     def q_block(self, step, kb):
         """The q block of step ``step`` of kv block ``kb``."""
@@ -127,7 +143,14 @@ class _FusedPlan:
 
     def dq_rank(self, qb, kb):
         """The place of kv block ``kb`` among those adding into q block ``qb``."""
-        if self.causal:     # kv blocks min(qb, last), ..., 0
+        right = right_reach(self.causal, self.window)
+        if self.windowed and not self.causal:   # descending from the last kv block reaching qb
+            last = reg.scalar(u32, init=self.num_kv - 1)
+            if right is None:
+                return last - kb
+            return _min_u32(reg.from_((qb * FUSED_BQ + (FUSED_BQ - 1 + right)) // FUSED_BKV,
+                                      u32), last) - kb
+        if self.causal:     # kv blocks min(qb, last), ..., 0 (a causal window's too)
             return _min_u32(qb, self.num_kv - 1) - kb
         if self.rotate:     # kv block kb reaches q block qb at step (qb - kb) % num_q
             step = qb + self.num_q - kb
@@ -136,7 +159,8 @@ class _FusedPlan:
             return wrapped
         return kb           # ascending kv blocks (a wavefront)
 
-    def dq_writer(self, DQACC, SEM, base, kb, hk, b, qb0, dq_full, dq_empty, heads=None):
+    def dq_writer(self, DQACC, SEM, base, kb, hk, b, qb0, dq_full, dq_empty, heads=None,
+                  q_end=None):
         """The ordered mode's writer thread: per block, in the consumers' order, wait for kv
         block ``kb``'s turn at the q block's counter and for both warpgroups' dQ slabs, add
         them (the first rank stores), free the slabs once read, and once the adds are
@@ -148,7 +172,7 @@ class _FusedPlan:
         phase = reg.scalar(u32, init=0)
         for g in ptx.loop(0, self.G if heads is None else heads[1]):
             hq = hk * self.G + g if heads is None else heads[0] + g
-            for step in ptx.loop(qb0, self.num_q):
+            for step in ptx.loop(qb0, self.num_q if q_end is None else q_end):
                 qb = self.q_block(step, kb)
                 rank = self.dq_rank(qb, kb)
                 cell = reg.from_(((b * self.Hq + hq) * self.nq_sem + qb) * 2, u64) * 4 + psem
@@ -179,7 +203,8 @@ class _FusedPlan:
 
 
 def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None,
-                stages=None, ordered=False, defer=False, pingpong=0, kv_split=1):
+                stages=None, ordered=False, defer=False, pingpong=0, kv_split=1,
+                window=(-1, -1), softcap=0.0):
     """One-kernel backward: ``(Q, K, V, DO, STATS, DQACC) -> (DK, DV)``, adding every
     block's ``scale * dS K`` into the f32 ``DQACC`` ``(B, S, Hq, D)`` in place (STATS and
     a zeroed DQACC from ``build_prep``; ``build_convert`` makes dQ of it).
@@ -203,6 +228,10 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
     each taking ``G / kv_split`` of the group's q heads, their dK/dV partials summed in rank
     order through distributed shared memory (``_store_split_partials``; as
     ``build_dkdv(kv_split=)``).
+    ``window``, ``softcap``: the forward's: a kv block visits only the q blocks its window
+    reaches (``masks.query_blocks``; ordered: descending kv blocks, ranks from the last kv
+    block reaching the q block), straddling blocks masked (``masks.row_limit``); dS through
+    the cap's derivative (its ``tanh`` recovered from P once P is stored).
     Head dim 64 only (at D=128 the five accumulators do not fit 240 registers)."""
     Sk, dt, scale, _, _, G, Sp = _common_options(B, S, Hq, Hkv, D, Sk, dtype, scale, False, False)
     if D != 64:
@@ -216,7 +245,9 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
         raise _fail(f"build_fused: kv_split must be 1, 2, 4 or 8 and divide the group size "
                     f"Hq / Hkv = {G}, got kv_split={kv_split!r}")
     Gs = G // split
-    plan = _FusedPlan(S, Hq, Hkv, D, Sk, dt, causal, bool(ordered), stages, split)
+    window = tuple(window)
+    cap = softcap_constants(scale, softcap)
+    plan = _FusedPlan(S, Hq, Hkv, D, Sk, dt, causal, bool(ordered), stages, split, window)
     if plan.smem > SMEM_LIMIT:
         raise _fail(f"build_fused: {plan.stages} stages need {plan.smem} bytes of shared memory "
                     f"(at most {SMEM_LIMIT})")
@@ -257,6 +288,13 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
             dq_empty.init(1, pred=tid == 0)
         ptx.bar_sync(0)
         qb0 = k0 // FUSED_BQ if causal else 0       # causal: q blocks above the diagonal skipped
+        q_end = plan.num_q
+
+        def window_range():     # formed where each role needs it (producer: 24 registers)
+            first, _, _, end = plan.q_range(k0)
+            return first, end
+        if plan.windowed:
+            qb0, q_end = window_range()
         roles = Roles(wg, PROD_REGS)
         # ------------------------------------------------------------ producer
         with ptx.if_(tid == 0):
@@ -269,7 +307,7 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
             loop, head_of = heads()
             for g in loop:
                 hq = head_of(g)
-                for step in ptx.loop(qb0, plan.num_q):
+                for step in ptx.loop(qb0, q_end):
                     qb = plan.q_block(step, kb)
                     pipe.acquire(st)
                     bar = pipe.arm(st, stage_bytes)
@@ -279,8 +317,11 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
                     st.advance()
         if ordered:
             with ptx.if_(tid == 32):
+                if plan.windowed:
+                    qb0, q_end = window_range()
                 plan.dq_writer(DQACC, SEM, base, kb, hk, b, qb0, dq_full, dq_empty,
-                               heads=(qh0, Gs) if split > 1 else None)
+                               heads=(qh0, Gs) if split > 1 else None,
+                               q_end=q_end if plan.windowed else None)
         # ------------------------------------------------------------ consumers
         if split > 1:   # the producer warps exit here: barrier.cluster waits for the
             ptx.ret()   # non-exited threads, the consumers' only
@@ -376,12 +417,22 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
             """``P = exp2(S * c1 - lse2)`` in place, masked."""
             for i in range(len(s_acc)):
                 dr = Accumulator.coord(i)[0]
-                ptx.inst.fma.rn.f32(s_acc[i], s_acc[i], c1, nl2[dr // 8])
-                ptx.inst.ex2.approx.ftz.f32(s_acc[i], s_acc[i])
-            _fused_mask(s_acc, causal, Sk, k0, q0, qrow, col0)
+                if cap is None:
+                    ptx.inst.fma.rn.f32(s_acc[i], s_acc[i], c1, nl2[dr // 8])
+                    ptx.inst.ex2.approx.ftz.f32(s_acc[i], s_acc[i])
+                else:
+                    _capped_p(s_acc[i], s_acc[i], cap, nl2[dr // 8])
+            if plan.windowed:
+                _window_mask(s_acc, plan, k0, q0, qrow, col0)
+            else:
+                _fused_mask(s_acc, causal, Sk, k0, q0, qrow, col0)
 
-        def ds_from_dp(delta):
-            """``dS = P * (dP - delta)`` in place of dP."""
+        def ds_from_dp(delta, nl2):
+            """``dS = P * (dP - delta)`` in place of dP (P stored already: a soft cap's
+            derivative multiplied in first)."""
+            if cap is not None:
+                for i in range(len(s_acc)):
+                    _cap_slope(s_acc[i], cap, nl2[Accumulator.coord(i)[0] // 8])
             for i in range(len(dp_acc)):
                 dr = Accumulator.coord(i)[0]
                 x = dp_acc[i] - delta[dr // 8]
@@ -420,10 +471,11 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
         def lockstep_loop():
             """Both warpgroups through every block together (named barriers of 256 threads
             around the shared P and dS)."""
+            first, end = window_range() if plan.windowed else (qb0, plan.num_q)
             loop, head_of = heads()
             for g in loop:
                 hq = head_of(g)
-                for step in ptx.loop(qb0, plan.num_q):
+                for step in ptx.loop(first, end):
                     q0, qrow, qmn, domn = block_start(step)
                     if defer:                           # the last block's dK, under this softmax
                         dk_product(prev_qmn)
@@ -445,7 +497,7 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
                     _mma_steps(dv_acc, pt_tile, pt_desc, q_mn, domn, D, dt)
                     if not defer:
                         ptx.wgmma.wait_group(1)         # dP done
-                    ds_from_dp(delta)
+                    ds_from_dp(delta, nl2)
                     _store_pairs(ds_row, xr16, dp_acc, dt, dst=ds_pack)
                     ptx.fence_proxy_async("shared::cta")
                     ptx.bar_sync(FUSED_WRITTEN, 256)    # both halves of dS written
@@ -513,10 +565,11 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
                 ptx.bar_arrive(PP_P_WRITTEN + 1, 256)
                 ptx.bar_arrive(PP_DS_WRITTEN + 1, 256)
             early = lead and pingpong == 1          # other halves right after S and dP
+            first, end = window_range() if plan.windowed else (qb0, plan.num_q)
             loop, head_of = heads()
             for g in loop:
                 hq = head_of(g)
-                for step in ptx.loop(qb0, plan.num_q):
+                for step in ptx.loop(first, end):
                     q0, qrow, qmn, domn = block_start(step)
                     if early:
                         other_halves()
@@ -534,7 +587,7 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
                     if lead and not early:
                         other_halves()
                     ptx.wgmma.wait_group(2 if lead else 1)      # dP done
-                    ds_from_dp(delta)
+                    ds_from_dp(delta, nl2)
                     hand_over(ds_row, dp_acc, PP_DS_WRITTEN, PP_DS_READ, pack=ds_pack)
                     ptx.wgmma.fence()
                     dq_product()
@@ -593,7 +646,7 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
         roles.end()
         ptx.ret()
 
-    name = (f"attn_bwd_fused_{dt.name}_d{D}_h{Hq}x{Hkv}{'_causal' if causal else ''}"
+    name = (f"attn_bwd_fused_{dt.name}_d{D}_h{Hq}x{Hkv}{feature_tag(causal, window, softcap)}"
             f"{'_ordered' if ordered else ''}{'_defer' if defer else ''}"
             f"{f'_pp{pingpong}' if pingpong else ''}{f'_split{split}' if split > 1 else ''}")
     ins = (qspec, kspec, kspec, qspec, Tile(B, Hq, Sp, 2, f32), Tile(B, S, Hq, D, f32))
@@ -611,6 +664,26 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
     return kernel(in_specs=ins, out_specs=(kspec, kspec),
                   grid=(plan.num_kv * split, Hkv, B), block=(THREADS, 1, 1), smem=plan.smem,
                   maxnreg=168, tma=tma, name=name, cluster=(split, 1, 1))(fn)
+
+
+def _window_mask(s_acc, plan, k0, q0, qrow, col0):
+    """A window's ``P = 0`` outside each row's ``masks.row_limit`` (keys ``low .. lim - 1``,
+    ``lim <= Sk``), only in the q blocks straddling an edge (outside ``[lo, hi)``)."""
+    _, lo, hi, _ = plan.q_range(k0)
+    need = _or(q0 < reg.from_(lo * FUSED_BQ, u32), q0 >= reg.from_(hi * FUSED_BQ, u32))
+    with ptx.if_(need):
+        kv0 = reg.from_(k0 + col0, s32)
+        bounds = []
+        for r in (0, 8):        # column offset c allowed iff first <= c < end
+            low, lim = row_limit(reg.from_(qrow + r, s32), plan.Sk, plan.causal, plan.window)
+            end = reg.scalar(s32, init=lim) - kv0 if isinstance(lim, int) else lim - kv0
+            bounds.append((None if low is None else low - kv0, end))
+        for i in range(len(s_acc)):
+            dr, dc = Accumulator.coord(i)
+            first, end = bounds[dr // 8]
+            ptx.inst.selp.f32(s_acc[i], s_acc[i], 0.0, end > dc)
+            if first is not None:
+                ptx.inst.selp.f32(s_acc[i], s_acc[i], 0.0, first <= dc)
 
 
 def _fused_mask(s_acc, causal, Sk, k0, q0, qrow, col0):

@@ -104,7 +104,7 @@ def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=
     do, dlse) -> (dq, dk, dv)``. ``options``: the plan given as its fields' keywords instead
     (``BackwardPlan.from_options``, as ``parse_options`` reads them from a command line).
     ``window``, ``softcap``: the forward's (``build_attention``'s); every plan takes them but
-    the fused D=64 kernel and ``dkdv_bq=128`` (``ConfigError``). ``ConfigError`` for sizes or
+    ``dkdv_bq=128`` (``ConfigError``). ``ConfigError`` for sizes or
     a plan the kernels do not take."""
     if options:
         if plan is not None:
@@ -117,11 +117,10 @@ def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=
     plan = plan.resolved()
     Sk = S if Sk is None else Sk
     features = (check_window(window), check_softcap(softcap))
-    if features != ((-1, -1), 0.0) and (plan.fused_bq or plan.dkdv_bq == 128):
+    if features != ((-1, -1), 0.0) and plan.dkdv_bq == 128:
         raise _fail(f"build_attention_backward: window={features[0]}, softcap={features[1]:g} "
-                    f"are not taken yet by the {plan.name} plan with fused_bq={plan.fused_bq}, "
-                    f"dkdv_bq={plan.dkdv_bq} (the fused D=64 kernel, 128-row dK/dV q blocks); "
-                    f"the other plans take them (BackwardPlan(), lagged(), bulk(), ...)")
+                    f"are not taken yet by the {plan.name} plan with dkdv_bq={plan.dkdv_bq} "
+                    f"(128-row dK/dV q blocks); the other plans take them")
     split = plan.kv_split
     if split == "auto":
         split = (default_kv_split(Hq // Hkv, bool(causal)) if isinstance(Hq, int)
@@ -148,8 +147,9 @@ def _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, plan, features=((-1, -1),
     if plan.fused_bq:
         fused = build_fused(B, S, Hq, Hkv, D, Sk=Sk, dtype=dtype, causal=causal, scale=scale,
                             ordered=ordered, defer=plan.fused_defer,
-                            pingpong=plan.fused_pingpong, kv_split=plan.kv_split)
-        kernels = (build_prep(B, S, Hq, D, dtype=dtype, counters=ordered),
+                            pingpong=plan.fused_pingpong, kv_split=plan.kv_split, **feat)
+        kernels = (build_prep(B, S, Hq, D, dtype=dtype, counters=ordered,
+                              zero=True if feat else None),     # a window: q blocks unreached
                    fused, build_convert(B, S, Hq, D, dtype=dtype))
     elif plan.atomic_dq:
         check_shapes(B, S, Hq, Hkv, D, Sk)
