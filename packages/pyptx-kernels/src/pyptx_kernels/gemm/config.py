@@ -181,8 +181,9 @@ def default_plan(M: int, N: int, K: int) -> str:
     (M <= 192: B streams from memory), the split tail for few tiles over a long K
     (1024 x 1024 x 16384), 256 x 128 tiles for about one wave of square products up to
     2048^2, 192 x 192 tiles in pairs for long-N training shapes (8192 x 28672 x 8192),
-    128 x 128 tiles where 128 x 256 ones would fill less than half the SMs or leave a last
-    wave much emptier (``_last_wave_gain``), else the default 128 x 256 tiles in pairs."""
+    128 x 128 tiles where 128 x 256 ones would fill less than half the SMs or, for a weight
+    gradient's shape (K, the tokens, at least M and N), leave a last wave much emptier
+    (``_last_wave_gain``), else the default 128 x 256 tiles in pairs."""
     sms = H100_SMS
     tiles = -(-M // 128) * -(-N // 256)             # 128 x 256 tiles
     if M <= 192:
@@ -193,7 +194,7 @@ def default_plan(M: int, N: int, K: int) -> str:
         plan = GemmConfig(BM=256, BN=128, cluster=1, wg_rows=128)
     elif N >= 16384 and M >= 4096:
         plan = GemmConfig(BM=192, BN=192, cluster=2)
-    elif tiles < sms // 2 or _last_wave_gain(M, N, sms) > 1.05:
+    elif tiles < sms // 2 or (K >= max(M, N, 4096) and _last_wave_gain(M, N, sms) > 1.05):
         plan = GemmConfig(BM=128, BN=128, cluster=1)
     else:
         plan = DEFAULT
