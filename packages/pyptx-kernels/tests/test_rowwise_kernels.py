@@ -47,9 +47,9 @@ def load(name: str):
 
 def planned(build):
     """``build(B, N, dtype, *problem, **fields)``: the fields name its ``config=RowConfig(...)``
-    (none: the plain, tuned call)."""
+    (none: ``RowConfig()``, the plain kernel; a default call's plan depends on the shape)."""
     def call(B, N, dt="f32", *problem, **fields):
-        return build(B, N, dt, *problem, config=RowConfig(**fields) if fields else None)
+        return build(B, N, dt, *problem, config=RowConfig(**fields))
 
     return call
 
