@@ -248,3 +248,43 @@ def test_attention_runs_the_windowed_backward(D, deterministic, plan):
     assert ("_bulk" in bwd.dkdv_kernel.name) == (plan != "fused")
     assert ("_ordered" in bwd.dkdv_kernel.name) == (plan != "bulk")
     assert ("attn_bwd_fused" in bwd.dkdv_kernel.name) == (plan == "fused")
+
+
+@pytest.mark.parametrize("lens_q,lens_k,D,causal,window,softcap", [
+    ([130, 77, 200], [90, 200, 150], 64, True, (60, -1), 3.0),
+    ([200, 0, 100], [130, 40, 60], 128, False, (40, 20), 0.0),   # empty, keyless rows
+])
+def test_varlen_pair_with_window_and_softcap_matches_float64(lens_q, lens_k, D, causal,
+                                                             window, softcap):
+    """The packed pair with a window per sequence (runtime lengths in the loop bounds and
+    masks) against float64, sequence by sequence."""
+    rng = np.random.default_rng(sum(lens_q) + D)
+    Tq, Tk, Hq, Hkv = sum(lens_q), sum(lens_k), 2, 1
+    q, do = (_dev(rng.standard_normal((Tq, Hq, D)), "bf16") for _ in range(2))
+    k, v = (_dev(rng.standard_normal((Tk, Hkv, D)), "bf16") for _ in range(2))
+    cu_q = np.array([0, *np.cumsum(lens_q)], np.int32)
+    cu_k = np.array([0, *np.cumsum(lens_k)], np.int32)
+    o = np.zeros((Tq, Hq, D))
+    lse = np.full((Hq, Tq), -np.inf)
+    grads = [np.zeros((Tq, Hq, D)), np.zeros((Tk, Hkv, D)), np.zeros((Tk, Hkv, D))]
+    for b in range(len(lens_q)):
+        a, e, ka, ke = cu_q[b], cu_q[b + 1], cu_k[b], cu_k[b + 1]
+        if e == a or ke == ka:
+            continue
+        t = [torch.from_numpy(_f64(x, "bf16"))[None] for x in (q[a:e], k[ka:ke], v[ka:ke],
+                                                              do[a:e])]
+        ob, lb, *g = bwd_reference.reference(*t, causal=causal, window=window,
+                                             softcap=softcap)
+        o[a:e], lse[:, a:e] = ob[0].numpy(), lb[0].numpy()
+        for dst, x, (lo, hi) in zip(grads, g, ((a, e), (ka, ke), (ka, ke))):
+            dst[lo:hi] = x[0].numpy()
+    bwd = fab.build_attention_backward_varlen(Tq, Tk, len(lens_q), Hq, Hkv, D, max(lens_q),
+                                              max(lens_k), causal=causal, window=window,
+                                              softcap=softcap)
+    assert "_w" in bwd.dkdv_kernel.name
+    o_dev = _dev(o, "bf16")
+    dq, stats = ptxsim.run(bwd.dq_kernel.specialize(),
+                           [q, k, v, cu_q, cu_k, o_dev, lse.astype(np.float32), do],
+                           scratch=(1,))
+    dk, dv = ptxsim.run(bwd.dkdv_kernel.specialize(), [q, k, v, cu_q, cu_k, do, stats])
+    _check((dq, dk, dv), grads)

@@ -73,6 +73,21 @@ def _selp_u32(a, b, p):
     return r
 
 
+def _mask_window(acc, hi, qc, kvrow, causal, window):
+    """A window's mask of a dK/dV consumer's P^T (kv rows ``kvrow``, ``kvrow + 8``; query
+    columns from ``qc``): query ``q`` sees key ``kv`` iff ``kv - right <= q <= kv + left``
+    (``-1``: that side unbounded), and column offset ``c < hi`` (the queries' end)."""
+    right, left = right_reach(causal, window), window[0]
+    rel = [reg.from_(kvrow + r, s32) - reg.from_(qc, s32) for r in (0, 8)]
+    for i in range(len(acc)):
+        dr, dc = Accumulator.coord(i)
+        ptx.inst.selp.f32(acc[i], acc[i], 0.0, hi > dc)
+        if right is not None:   # q >= kv - right  <=>  dc >= rel - right
+            ptx.inst.selp.f32(acc[i], acc[i], 0.0, rel[dr // 8] - right <= dc)
+        if left >= 0:           # q <= kv + left  <=>  dc <= rel + left
+            ptx.inst.selp.f32(acc[i], acc[i], 0.0, rel[dr // 8] + left >= dc)
+
+
 def _release_stage(pipe, state):
     """Hand a dK/dV ring stage back to the producer, after this thread's generic reads of it.
 
@@ -957,7 +972,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                 qc = q0 + col0
                 hi = reg.from_(S - qc, s32)         # column offset c valid iff c < hi
                 if windowed:
-                    _mask_window(acc, hi, qc)
+                    _mask_window(acc, hi, qc, kvrow, causal, window)
                     return
                 if causal:
                     lo = [reg.from_(kvrow + r, s32) - reg.from_(qc, s32) for r in (0, 8)]
@@ -966,19 +981,6 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                     ptx.inst.selp.f32(acc[i], acc[i], 0.0, hi > dc)
                     if causal:  # kv <= q  <=>  (kvrow + dr) - qc <= dc
                         ptx.inst.selp.f32(acc[i], acc[i], 0.0, lo[dr // 8] <= dc)
-
-        def _mask_window(acc, hi, qc):
-            """The window's mask of P^T: query ``q`` sees key ``kv`` iff ``kv - right <= q
-            <= kv + left`` (``-1``: that side unbounded), and ``q < S``."""
-            right, left = right_reach(causal, window), window[0]
-            rel = [reg.from_(kvrow + r, s32) - reg.from_(qc, s32) for r in (0, 8)]
-            for i in range(len(acc)):
-                dr, dc = Accumulator.coord(i)
-                ptx.inst.selp.f32(acc[i], acc[i], 0.0, hi > dc)
-                if right is not None:   # q >= kv - right  <=>  dc >= rel - right
-                    ptx.inst.selp.f32(acc[i], acc[i], 0.0, rel[dr // 8] - right <= dc)
-                if left >= 0:           # q <= kv + left  <=>  dc <= rel + left
-                    ptx.inst.selp.f32(acc[i], acc[i], 0.0, rel[dr // 8] + left >= dc)
 
         def pt_dv(acc, q0, domn):
             _pt_dv(c, acc, q0, domn, mask_pt, BQ, D, dt, q_mn)

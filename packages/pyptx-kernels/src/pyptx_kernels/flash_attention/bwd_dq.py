@@ -163,6 +163,25 @@ def _dq_consumer(tid, wg, q0, n_q, n_keys, n_kv, *, causal, safe, dt, D, BKV, c1
     store(dq_acc, out, qrow, valid, col0)
 
 
+def _window_plan(q0, n_q, n_keys, BKV, causal, window):
+    """A window's dQ CTA at q row ``q0`` (``n_q`` queries, ``n_keys`` keys: ints or s32
+    registers): ``(first, end, keywords)``, the kv blocks it visits (``masks.block_plan``)
+    and ``_dq_consumer``'s ``limits``, ``need_mask`` (blocks outside the unmasked
+    ``[lo, hi)``) and ``lows`` (each row's first key)."""
+    first, lo, hi, end = (x if isinstance(x, int) else reg.from_(x, u32) for x in
+                          block_plan(reg.from_(q0, s32), n_q, n_keys, BKV, causal, BM, window))
+
+    def limits(qrow):       # the last allowed key of each row
+        lims = [row_limit(reg.from_(qrow + r, s32), n_keys, causal, window)[1] for r in (0, 8)]
+        return [reg.scalar(s32, init=x - 1) if isinstance(x, int) else x - 1 for x in lims]
+
+    kw = dict(limits=limits, need_mask=lambda j: j >= hi if isinstance(lo, int) and lo == 0
+              else _or(j < lo, j >= hi))
+    if window[0] >= 0:
+        kw["lows"] = lambda qrow: [reg.from_(qrow + r, s32) - window[0] for r in (0, 8)]
+    return first, end, kw
+
+
 def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None, BKV=64,
              stages=None, sync=None, safe=None, window=(-1, -1), softcap=0.0):
     """The dQ kernel: ``(Q, K, V, O, LSE, DO) -> (DQ, STATS)``. STATS ``(B, Hq, padded(S), 2)``
@@ -212,9 +231,7 @@ def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=Non
         ptx.bar_sync(0)
         first = 0
         if windowed:    # the kv blocks the window reaches: [first, end), [lo, hi) unmasked
-            kv_blocks = block_plan(reg.from_(q0, s32), S, Sk, BKV, causal, BM, window)
-            first, n_kv = (x if isinstance(x, int) else reg.from_(x, u32)
-                           for x in (kv_blocks.first, kv_blocks.end))
+            first, n_kv, window_kw = _window_plan(q0, S, Sk, BKV, causal, window)
         elif causal:  # blocks wholly above the diagonal are skipped
             n_kv = _min_u32(reg.from_((q0 + (BM - 1)) // BKV + 1, u32), reg.scalar(u32, init=num_kv))
         else:
@@ -236,33 +253,20 @@ def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=Non
             return (*_row_stats(po, pdo, plse, pstats, b, hq, qrow, valid, lane, S, Sp, Hq, D,
                                 dt), pdq)
 
-        def limits(qrow):   # causal / ragged / the window's right edge
-            if windowed:
-                lims = [row_limit(reg.from_(qrow + r, s32), Sk, causal, window)[1]
-                        for r in (0, 8)]
-                return [reg.scalar(s32, init=x - 1) if isinstance(x, int) else x - 1
-                        for x in lims]
+        def limits(qrow):   # causal / ragged
             if causal:
                 return [reg.from_(_min_u32(qrow + r, reg.scalar(u32, init=Sk - 1)), s32)
                         for r in (0, 8)]
             return [reg.scalar(s32, init=Sk - 1) for r in (0, 8)]
 
-        window_masks = {}
-        if windowed:
-            lo, hi = (x if isinstance(x, int) else reg.from_(x, u32)
-                      for x in (kv_blocks.lo, kv_blocks.hi))
-            window_masks["need_mask"] = lambda j: j >= hi if isinstance(lo, int) and lo == 0 \
-                else _or(j < lo, j >= hi)
-            if window[0] >= 0:
-                window_masks["lows"] = lambda qrow: [reg.from_(qrow + r, s32) - window[0]
-                                                     for r in (0, 8)]
+        kw = dict(limits=limits) if not windowed else window_kw
         _dq_consumer(tid, wg, q0, S, Sk, n_kv, causal=causal, safe=safe, dt=dt, D=D, BKV=BKV,
                      c1=c1, pipe=pipe, head_bar=head_bar, base=base, head_bytes=head_bytes,
                      stage_bytes=stage_bytes, q_tile=q_tile, k_tile=k_tile, k_mn=k_mn,
-                     stats=stats, limits=limits,
+                     stats=stats,
                      store=lambda acc, pdq, qrow, valid, col0: _store_rows(
                          acc, pdq, qrow, valid, Hq, D, hq, b, S, col0, scale, dt),
-                     first=first, cap=cap, **window_masks)
+                     first=first, cap=cap, **kw)
         roles.end()
         ptx.ret()
 

@@ -34,6 +34,7 @@ from pyptx_kernels.flash_attention.bwd_common import (
     _smem_fit,
     _store_tensor_rows,
     safe_default,
+    softcap_constants,
 )
 from pyptx_kernels.flash_attention.bwd_dkdv import (
     RELEASE_ARRIVALS,
@@ -41,10 +42,14 @@ from pyptx_kernels.flash_attention.bwd_dkdv import (
     _dkdv_consumer_regs,
     _dkdv_drain,
     _dkdv_producer,
+    _mask_window,
 )
-from pyptx_kernels.flash_attention.bwd_dq import _dq_consumer, _dq_producer
+from pyptx_kernels.flash_attention.bwd_dq import _dq_consumer, _dq_producer, _window_plan
 from pyptx_kernels.flash_attention.bwd_plan import BackwardPlan, default_dq_bkv
 from pyptx_kernels.flash_attention.bwd_prep import _quad_row_stats
+from pyptx_kernels.flash_attention.fwd_kernel import _feature_tag as feature_tag
+from pyptx_kernels.flash_attention.fwd_kernel import check_softcap, check_window
+from pyptx_kernels.flash_attention.masks import query_blocks
 
 #: STATS rows per q head past the last sequence's, for the varlen dK/dV kernel's reads of
 #: its last q block (``padded_varlen``).
@@ -134,7 +139,8 @@ def _min_s32(a, b):
 
 
 def build_dq_varlen(Tq, Tk, B, Hq, Hkv, D, max_seqlen_q, *, dtype="bf16", causal=False,
-                    scale=None, BKV=None, stages=None, sync=None, safe=None):
+                    scale=None, BKV=None, stages=None, sync=None, safe=None, window=(-1, -1),
+                    softcap=0.0):
     """The varlen dQ kernel: ``(Q, K, V, CUQ, CUK, OUT, LSE, DO) -> (DQ, STATS)`` for packed
     ``q/o/do (Tq, Hq, D)``, ``k/v (Tk, Hkv, D)``, ``cu_seqlens`` int32 ``(B + 1,)``, ``lse
     (Hq, Tq)``; STATS ``(Hq, padded_varlen(Tq, B), 2)`` (``(lse2, delta)`` of every row of
@@ -161,6 +167,9 @@ def build_dq_varlen(Tq, Tk, B, Hq, Hkv, D, max_seqlen_q, *, dtype="bf16", causal
     if smem_total > SMEM_LIMIT:
         raise _fail(f"build_dq_varlen: {stages} stages of {BKV} rows need {smem_total} bytes")
     c1 = scale * LOG2E
+    window = tuple(window)
+    windowed = window != (-1, -1)
+    cap = softcap_constants(scale, softcap)
     qspec = Tile(Tq, Hq, D, dt)
     kspec = Tile(Tk, Hkv, D, dt)
     cu = Tile(B + 1, s32)
@@ -184,7 +193,11 @@ def build_dq_varlen(Tq, Tk, B, Hq, Hkv, D, max_seqlen_q, *, dtype="bf16", causal
         head_bar.init(1, pred=tid == 0)
         ptx.bar_sync(0)
         n_kv = (seqlen_k + (BKV - 1)) // BKV
-        if causal:  # blocks wholly above the diagonal are skipped
+        first, window_kw = 0, None
+        if windowed:    # the sequence's kv blocks the window reaches
+            first, n_kv, window_kw = _window_plan(q0, reg.from_(seqlen_q, s32),
+                                                  reg.from_(seqlen_k, s32), BKV, causal, window)
+        elif causal:  # blocks wholly above the diagonal are skipped
             n_kv = _min_u32((q0 + (BM - 1)) // BKV + 1, n_kv)
         roles = Roles(wg, PROD_REGS)
         # ------------------------------------------------------------ producer
@@ -200,7 +213,7 @@ def build_dq_varlen(Tq, Tk, B, Hq, Hkv, D, max_seqlen_q, *, dtype="bf16", causal
             _load_slabs3(sb + k_tile.nbytes, v_map, slabs, hk, krow, BKV, bar)
 
         _dq_producer(tid, head_bar, head_bytes, pipe, n_kv, base, stage_bytes, K, V, sync,
-                     load_head, load_kv)
+                     load_head, load_kv, first=first)
         # ------------------------------------------------------------ consumers
         roles.consumers(CONS_REGS)
 
@@ -218,13 +231,14 @@ def build_dq_varlen(Tq, Tk, B, Hq, Hkv, D, max_seqlen_q, *, dtype="bf16", causal
         _dq_consumer(tid, wg, q0, seqlen_q, seqlen_k, n_kv, causal=causal, safe=safe, dt=dt,
                      D=D, BKV=BKV, c1=c1, pipe=pipe, head_bar=head_bar, base=base,
                      head_bytes=head_bytes, stage_bytes=stage_bytes, q_tile=q_tile,
-                     k_tile=k_tile, k_mn=k_mn, stats=stats, limits=limits,
+                     k_tile=k_tile, k_mn=k_mn, stats=stats,
                      store=lambda acc, pdq, qrow, valid, col0: _store_rows_varlen(
-                         acc, pdq, q_start, qrow, valid, Hq, D, hq, col0, scale, dt))
+                         acc, pdq, q_start, qrow, valid, Hq, D, hq, col0, scale, dt),
+                     first=first, cap=cap, **(window_kw or dict(limits=limits)))
         roles.end()
         ptx.ret()
 
-    name = (f"attn_bwd_dq_varlen_{dt.name}_d{D}_h{Hq}x{Hkv}{'_causal' if causal else ''}"
+    name = (f"attn_bwd_dq_varlen_{dt.name}_d{D}_h{Hq}x{Hkv}{feature_tag(causal, window, softcap)}"
             f"{'_safe' if safe else ''}_bkv{BKV}")
     box_q = {"box": (BM, 1, 64), "swizzle": "128B"}
     box_k = {"box": (BKV, 1, 64), "swizzle": "128B"}
@@ -235,7 +249,8 @@ def build_dq_varlen(Tq, Tk, B, Hq, Hkv, D, max_seqlen_q, *, dtype="bf16", causal
 
 
 def build_dkdv_varlen(Tq, Tk, B, Hq, Hkv, D, max_seqlen_k, *, dtype="bf16", causal=False,
-                      scale=None, BQ=None, stages=None, sync=None, safe=None, overlap=None):
+                      scale=None, BQ=None, stages=None, sync=None, safe=None, overlap=None,
+                      window=(-1, -1), softcap=0.0):
     """The varlen dK/dV kernel: ``(Q, K, V, CUQ, CUK, DO, STATS) -> (DK, DV)`` (STATS from
     ``build_dq_varlen``): ``build_dkdv``'s plain mode (``BQ`` 32 or 64, ``overlap`` as
     there) on a grid of ``ceil(max_seqlen_k / 128)`` kv blocks per (kv head, sequence); a
@@ -245,7 +260,8 @@ def build_dkdv_varlen(Tq, Tk, B, Hq, Hkv, D, max_seqlen_k, *, dtype="bf16", caus
     ``dS^T = 0 * (dP^T - 0)`` stays 0 whatever the stats held; causal columns above the
     sequence's diagonal get ``P^T = 0``. The fast schedule masks the blocks that reach past
     ``seqlen_q`` or the diagonal (runtime lengths), the safe one every block. dK/dV are
-    stored for the sequence's keys only (zeros where no query attends)."""
+    stored for the sequence's keys only (zeros where no query attends). ``window``,
+    ``softcap``: ``build_dkdv``'s, per sequence."""
     dt, scale, safe, sync, G, Sp = _varlen_options("build_dkdv_varlen", Tq, Tk, B, Hq, Hkv, D,
                                                    max_seqlen_k, dtype, scale, safe, sync)
     BQ = DKDV_BQ if BQ is None else BQ
@@ -267,9 +283,19 @@ def build_dkdv_varlen(Tq, Tk, B, Hq, Hkv, D, max_seqlen_k, *, dtype="bf16", caus
     if smem_total > SMEM_LIMIT:
         raise _fail(f"build_dkdv_varlen: {stages} stages of {BQ} rows need {smem_total} bytes")
     c1 = scale * LOG2E
+    window = tuple(window)
+    windowed = window != (-1, -1)
+    cap = softcap_constants(scale, softcap)
     qspec = Tile(Tq, Hq, D, dt)
     kspec = Tile(Tk, Hkv, D, dt)
     cu = Tile(B + 1, s32)
+
+    def window_q_range(k0, seqlen_q, seqlen_k):
+        """The sequence's q blocks ``[first, end)`` the window reaches (formed where each
+        role needs them) and the unmasked ``[lo, hi)``."""
+        return tuple(x if isinstance(x, int) else reg.from_(x, u32) for x in query_blocks(
+            reg.from_(k0, s32), reg.from_(seqlen_k, s32), reg.from_(seqlen_q, s32), BQ,
+            causal, BM, window))
 
     def dkdv_kernel(Q, K, V, CUQ, CUK, DO, STATS, DK, DV):
         tid, wg = thread_ids()
@@ -287,6 +313,8 @@ def build_dkdv_varlen(Tq, Tk, B, Hq, Hkv, D, max_seqlen_k, *, dtype="bf16", caus
         ptx.bar_sync(0)
         num_q = (seqlen_q + (BQ - 1)) // BQ
         qb0 = k0 // BQ if causal else 0             # causal: q blocks wholly above skipped
+        if windowed:
+            qb0, _, _, num_q = window_q_range(k0, seqlen_q, seqlen_k)
         sbase = _stats_base(q_start, b)
         pstats, pdk, pdv = ptx.global_ptrs(STATS, DK, DV)
         roles = Roles(wg, PROD_REGS)
@@ -319,6 +347,9 @@ def build_dkdv_varlen(Tq, Tk, B, Hq, Hkv, D, max_seqlen_k, *, dtype="bf16", caus
             ``seqlen_q`` and, causal, of key > query set to 0 (a select)."""
             if safe:
                 need = None
+            elif windowed:
+                _, lo_b, hi_b, _ = window_q_range(k0, seqlen_q, seqlen_k)
+                need = _or(q0 < reg.from_(lo_b * BQ, u32), q0 >= reg.from_(hi_b * BQ, u32))
             elif causal:
                 need = _or(q0 + BQ > seqlen_q, q0 < k0 + (BM - 1))
             else:
@@ -326,6 +357,9 @@ def build_dkdv_varlen(Tq, Tk, B, Hq, Hkv, D, max_seqlen_k, *, dtype="bf16", caus
             with _maybe_if(need):
                 qc = q0 + col0
                 hi = sq - reg.from_(qc, s32)        # column offset c valid iff c < hi
+                if windowed:
+                    _mask_window(acc, hi, qc, kvrow, causal, window)
+                    return
                 if causal:
                     lo = [reg.from_(kvrow + r, s32) - reg.from_(qc, s32) for r in (0, 8)]
                 for i in range(len(acc)):
@@ -340,6 +374,8 @@ def build_dkdv_varlen(Tq, Tk, B, Hq, Hkv, D, max_seqlen_k, *, dtype="bf16", caus
                 dl[col] = _selp(dl[col], 0.0, hi > col)
 
         ptx.mbarrier.wait(head_bar.at(0), 0)
+        if windowed:
+            qb0, _, _, num_q = window_q_range(k0, seqlen_q, seqlen_k)
         for g in ptx.loop(0, G):
             hq = hk * G + g
             srow = reg.from_(hq * Sp + sbase, u64) * 8 + pstats
@@ -350,7 +386,7 @@ def build_dkdv_varlen(Tq, Tk, B, Hq, Hkv, D, max_seqlen_k, *, dtype="bf16", caus
                 soff = reg.from_(reg.from_(sbs >> 4, u32), u64)
                 _dkdv_block(c, q0, sbs, soff, srow, safe=safe, overlap=overlap, BQ=BQ, D=D,
                             dt=dt, c1=c1, kv_tile=kv_tile, q_tile=q_tile, q_mn=q_mn, pipe=pipe,
-                            mask=mask_pt, fix_delta=fix_delta)
+                            mask=mask_pt, fix_delta=fix_delta, cap=cap, keyless=windowed)
         _dkdv_drain(c, overlap, pipe)
         dk_acc, dv_acc, valid = c.dk_acc, c.dv_acc, c.valid
         _store_rows_varlen(dk_acc, pdk, k_start, kvrow, valid, Hkv, D, hk, col0, scale, dt)
@@ -358,7 +394,7 @@ def build_dkdv_varlen(Tq, Tk, B, Hq, Hkv, D, max_seqlen_k, *, dtype="bf16", caus
         roles.end()
         ptx.ret()
 
-    name = (f"attn_bwd_dkdv_varlen_{dt.name}_d{D}_h{Hq}x{Hkv}{'_causal' if causal else ''}"
+    name = (f"attn_bwd_dkdv_varlen_{dt.name}_d{D}_h{Hq}x{Hkv}{feature_tag(causal, window, softcap)}"
             f"{'_safe' if safe else ''}{f'_bq{BQ}' if BQ != 64 else ''}"
             f"{'_serial' if overlap != default_overlap else ''}")
     box_kv = {"box": (BM, 1, 64), "swizzle": "128B"}
@@ -411,7 +447,7 @@ class AttentionBackwardVarlen:
 
 def build_attention_backward_varlen(Tq, Tk, B, Hq, Hkv, D, max_seqlen_q, max_seqlen_k, *,
                                     dtype="bf16", causal=False, scale=None, plan=None,
-                                    **options):
+                                    window=(-1, -1), softcap=0.0, **options):
     """The backward of packed variable-length attention (``attention_varlen``'s layout:
     ``q/o/do (Tq, Hq, D)``, ``k/v (Tk, Hkv, D)``, ``cu_seqlens_q/k`` int32 ``(B + 1,)`` on
     the device, ``lse (Hq, Tq)``; causal top-left aligned per sequence):
@@ -419,7 +455,7 @@ def build_attention_backward_varlen(Tq, Tk, B, Hq, Hkv, D, max_seqlen_q, max_seq
     ``build_dkdv_varlen``). ``plan`` (or its ``options`` keywords): a ``BackwardPlan`` of
     the pair (``default`` or ``safe_pair``, with ``dq_bkv``, ``dkdv_bq`` 32 or 64 and
     ``dkdv_overlap``); the plans that set a field of ``VARLEN_REFUSED`` are refused with
-    ``ConfigError``."""
+    ``ConfigError``. ``window``, ``softcap``: the forward's, per sequence."""
     if options:
         if plan is not None:
             raise _fail("build_attention_backward_varlen: give plan= or option keywords, "
@@ -433,13 +469,16 @@ def build_attention_backward_varlen(Tq, Tk, B, Hq, Hkv, D, max_seqlen_q, max_seq
                     f"deterministic dQ / dK-dV pair)")
     return _build_varlen(Tq, Tk, B, Hq, Hkv, D, max_seqlen_q, max_seqlen_k, dtype, bool(causal),
                          None if scale is None else float(scale), plan.safe, plan.dq_bkv,
-                         plan.dkdv_bq, plan.dkdv_overlap)
+                         plan.dkdv_bq, plan.dkdv_overlap,
+                         (check_window(window), check_softcap(softcap)))
 
 
 @functools.lru_cache(maxsize=64)
 def _build_varlen(Tq, Tk, B, Hq, Hkv, D, max_q, max_k, dtype, causal, scale, safe, dq_bkv,
-                  dkdv_bq, overlap):
+                  dkdv_bq, overlap, features=((-1, -1), 0.0)):
     kw = dict(dtype=dtype, causal=causal, scale=scale, safe=safe)
+    if features != ((-1, -1), 0.0):
+        kw.update(window=features[0], softcap=features[1])
     dq = build_dq_varlen(Tq, Tk, B, Hq, Hkv, D, max_q, BKV=dq_bkv, **kw)
     dkdv = build_dkdv_varlen(Tq, Tk, B, Hq, Hkv, D, max_k, BQ=dkdv_bq,
                              overlap=None if overlap is None else bool(overlap), **kw)
