@@ -111,3 +111,31 @@ def test_a_4k_window_over_32k_keys_costs_a_fifth_of_full_attention(D):
     window = bwd_time(causal=True, window=(4096, 0))
     full = bwd_time(causal=False)
     assert window <= 0.2 * full, (window, full)
+
+
+def test_varlen_backward_with_window_and_softcap_matches_float64():
+    """The packed pair with a window and a cap, sequence by sequence against float64."""
+    lens_q, lens_k, Hq, Hkv, D = [700, 0, 1300], [900, 300, 1100], 4, 2, 128
+    window, softcap = (256, 64), 20.0
+    q, _, _, do = _inputs(1, sum(lens_q), 1, Hq, Hkv, D, seed=3)
+    _, k, v, _ = _inputs(1, 1, sum(lens_k), Hq, Hkv, D, seed=4)
+    q, do, k, v = q[0], do[0], k[0], v[0]
+    cq = [0, *torch.tensor(lens_q).cumsum(0).tolist()]
+    ck = [0, *torch.tensor(lens_k).cumsum(0).tolist()]
+    o = torch.zeros_like(q)
+    lse = torch.full((Hq, q.shape[0]), float("-inf"), device="cuda")
+    refs = [torch.zeros_like(x, dtype=torch.float64) for x in (q, k, v)]
+    for b in range(len(lens_q)):
+        a, e, ka, ke = cq[b], cq[b + 1], ck[b], ck[b + 1]
+        if e == a or ke == ka:
+            continue
+        ob, lb, *g = fab.reference(q[None, a:e], k[None, ka:ke], v[None, ka:ke], do[None, a:e],
+                                   False, window=window, softcap=softcap)
+        o[a:e], lse[:, a:e] = ob[0].to(q.dtype), lb[0].float()
+        for dst, x, (lo, hi) in zip(refs, g, ((a, e), (ka, ke), (ka, ke))):
+            dst[lo:hi] = x[0]
+    cu_q, cu_k = (torch.tensor(c, dtype=torch.int32, device="cuda") for c in (cq, ck))
+    bwd = fab.build_attention_backward_varlen(q.shape[0], k.shape[0], len(lens_q), Hq, Hkv, D,
+                                              max(lens_q), max(lens_k), window=window,
+                                              softcap=softcap)
+    _check(bwd(q, k, v, cu_q, cu_k, o, lse, do), refs, q.dtype)
