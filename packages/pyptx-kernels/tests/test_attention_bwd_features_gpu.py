@@ -78,8 +78,8 @@ def test_backward_with_window_and_softcap_matches_float64(B, S, Sk, Hq, Hkv, D, 
 ])
 def test_attention_autograd_with_window_and_softcap(D, causal, window, softcap, deterministic):
     """attention()'s gradients (its forward's o and lse, the backward it picks) against
-    float64 autograd."""
-    from pyptx_kernels import attention
+    float64 autograd (``fwd_host.attention``: the call that takes ``deterministic=``)."""
+    from pyptx_kernels.flash_attention.fwd_host import attention
 
     q, k, v, do = _inputs(2, 1500, 1500, 8, 2, D, seed=D + causal)
     qs, ks, vs = (x.clone().requires_grad_() for x in (q, k, v))

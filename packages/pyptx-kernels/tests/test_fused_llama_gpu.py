@@ -158,7 +158,7 @@ def test_apply_llama_training_step_bf16():
 
     def step(m, fn=None):
         m.zero_grad(set_to_none=True)
-        out = (fn or m)(input_ids=ids, labels=ids, use_cache=False)
+        out = (m if fn is None else fn)(input_ids=ids, labels=ids, use_cache=False)
         out.loss.backward()
         return out, torch.cat([p.grad.float().flatten() for p in m.parameters()])
 
