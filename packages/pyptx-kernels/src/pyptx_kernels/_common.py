@@ -64,6 +64,26 @@ def torch_dtype(name: str):
             "e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}[name]
 
 
+def lazy_exports(package: str, names: dict):
+    """``(__getattr__, __dir__)`` for subpackage ``package`` whose ``names`` map each
+    re-exported name to its module: a name is imported at its first use, then kept."""
+    import importlib
+
+    module = sys.modules[package]
+
+    def __getattr__(name):
+        if name not in names:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(f"{package}.{names[name]}"), name)
+        setattr(module, name, value)
+        return value
+
+    def __dir__():
+        return sorted(set(vars(module)) | set(names))
+
+    return __getattr__, __dir__
+
+
 def rows_of(x):
     """``(x2, lead)``: ``x`` as a 2-D ``(prod(lead), N)`` array and its leading shape."""
     lead = tuple(x.shape[:-1])

@@ -3,6 +3,8 @@ the ``(tokens, vocab)`` logits never exist whole; its plan (``config``), the row
 forms each token's loss and the logits' gradient in place (``kernel``), the chunk loop
 (``host``) and the float64 ``reference``. Names load at first use."""
 
+from pyptx_kernels._common import lazy_exports
+
 _NAMES = {
     "linear_cross_entropy": "api",
     "CrossEntropyConfig": "config",
@@ -11,16 +13,4 @@ _NAMES = {
 
 __all__ = list(_NAMES)
 
-
-def __getattr__(name):
-    import importlib
-
-    if name not in _NAMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_NAMES[name]}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _NAMES)

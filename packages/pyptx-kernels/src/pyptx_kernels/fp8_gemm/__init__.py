@@ -7,6 +7,7 @@ persistent grid, tile order), ``mainloop`` (producer and consumer loops), ``epil
 ``testing`` (test inputs and tolerances). The builder-level names load at first use.
 """
 
+from pyptx_kernels._common import lazy_exports
 from pyptx_kernels.fp8_gemm.api import scaled_mm, scaled_mm_blockwise
 from pyptx_kernels.fp8_gemm.config import FP8_CONFIGS, Fp8GemmConfig
 from pyptx_kernels.fp8_gemm.reference import reference
@@ -16,12 +17,4 @@ _LAZY = {"build_fp8_gemm": "kernel", "fp8_gemm_tuned": "host", "scale_kind": "sc
 __all__ = ["scaled_mm", "scaled_mm_blockwise", "Fp8GemmConfig", "FP8_CONFIGS", "reference",
            *_LAZY]
 
-
-def __getattr__(name):
-    import importlib
-
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

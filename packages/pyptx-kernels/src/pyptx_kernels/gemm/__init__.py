@@ -2,6 +2,8 @@
 scheduler (``scheduler``), main loops (``mainloop``), epilogue (``epilogue``), builder
 (``kernel``), host plumbing (``host``) and float64 ``reference``. Names load at first use."""
 
+from pyptx_kernels._common import lazy_exports
+
 _NAMES = {
     "matmul": "api", "linear": "api",
     "build_gemm": "kernel", "gemm_tuned": "kernel",
@@ -11,12 +13,4 @@ _NAMES = {
 
 __all__ = list(_NAMES)
 
-
-def __getattr__(name):
-    import importlib
-
-    if name not in _NAMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_NAMES[name]}"), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_exports(__name__, _NAMES)

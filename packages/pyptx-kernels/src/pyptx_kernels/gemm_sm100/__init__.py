@@ -4,6 +4,8 @@ ptxas for sm_100a and the CPU simulator only): the plan (``config``), tile grid
 (``epilogue``), builder (``kernel``) and the call ``matmul`` takes on sm_100 devices
 (``host``). Names load at first use."""
 
+from pyptx_kernels._common import lazy_exports
+
 _NAMES = {
     "build_gemm_sm100": "kernel",
     "Sm100GemmConfig": "config", "SM100_GEMM_CONFIGS": "config",
@@ -12,12 +14,4 @@ _NAMES = {
 
 __all__ = list(_NAMES)
 
-
-def __getattr__(name):
-    import importlib
-
-    if name not in _NAMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_NAMES[name]}"), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_exports(__name__, _NAMES)

@@ -5,6 +5,8 @@
 
 This package re-exports ``RowConfig`` and the builders, each imported at its first use."""
 
+from pyptx_kernels._common import lazy_exports
+
 _NAMES = {
     "RowConfig": "config",
     "build_rms_norm_fast": "rms_norm", "build_rms_norm_bwd": "rms_norm",
@@ -15,16 +17,4 @@ _NAMES = {
 
 __all__ = list(_NAMES)
 
-
-def __getattr__(name):
-    import importlib
-
-    if name not in _NAMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_NAMES[name]}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _NAMES)
