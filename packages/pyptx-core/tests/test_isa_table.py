@@ -5,7 +5,9 @@ row's roles (or its ``sample``); each arch the row supports (sm_80, sm_90a, sm_1
 assembles all of its calls in one kernel, and a kernel ptxas rejects is re-assembled one
 call at a time to name the rows that disagree with ptxas. Every row also has refused
 calls (an unknown modifier, one operand too many, a register of the wrong type), each
-checked for its message and for the file:line of the call.
+checked for its message and for the file:line of the call. Every generated module also
+declares the functions ``call`` reaches (``CALLEES``) and, in the kernel, the ``.param``
+arguments and the prototype an indirect call names.
 """
 
 from __future__ import annotations
@@ -25,11 +27,38 @@ from pyptx.trace import current
 from pyptx.types import _BY_NAME, b16, f32, int_type, pred, u32, u64
 
 ARCHS = ("sm_80", "sm_90a", "sm_100a")
-#: Rows that need module-level objects (callee functions) a single generated call cannot
-#: declare. Textures and surfaces are sampled through 64-bit object handles; ``brx`` through
-#: the ``.branchtargets`` table every generated kernel declares.
-NO_SAMPLE = {"call"}
+#: Rows without a generated accepted call. Textures and surfaces are sampled through 64-bit
+#: object handles; ``brx`` through the ``.branchtargets`` table every generated kernel
+#: declares; ``call`` reaches the ``CALLEES`` of every generated module.
+NO_SAMPLE: set[str] = set()
 CALLS = [(row, sp) for row in isa.TABLE.values() for sp in row.ok]
+#: The functions every generated module defines ahead of its kernel, for ``call``: one with a
+#: return value and a parameter (direct and indirect calls) and one with neither.
+CALLEES = """
+.func (.param .b32 isa_ret) isa_callee(.param .b32 isa_arg)
+{
+	.reg .b32 %c<2>;
+	ld.param.b32 %c0, [isa_arg];
+	add.u32 %c1, %c0, 1;
+	st.param.b32 [isa_ret], %c1;
+	ret;
+}
+
+.func isa_nop()
+{
+	ret;
+}
+"""
+#: What a kernel declares for its calls: the argument and return ``.param`` variables and the
+#: prototype of an indirect call.
+CALL_DECLS = (".param .b32 call_arg;", ".param .b32 call_ret;",
+              "isa_proto: .callprototype (.param .b32 _) _ (.param .b32 _);")
+
+
+def _samples(row, spelling: str) -> tuple:
+    """The operand samples of ``spelling`` (one generated call each), or ``(None,)``."""
+    sample = row.sample.get(spelling)
+    return sample if isinstance(sample, tuple) else (sample,)
 
 
 def _supports(form: Form, arch: str) -> bool:
@@ -94,11 +123,12 @@ def _operands(form: Form, sample: str | None, e: Env) -> list:
 
 
 def _emit(spelling: str, e: Env) -> int:
-    """Emit one generated call of ``spelling``; returns the line of the ``ptx.inst`` call."""
+    """Emit the generated calls of ``spelling``; returns the line of the ``ptx.inst`` call."""
     row = isa.row_for(spelling)[0]
-    ops = _operands(Form(spelling), row.sample.get(spelling), e)
-    line = sys._getframe().f_lineno + 1
-    ptx.inst(spelling)(*ops)
+    for sample in _samples(row, spelling):
+        ops = _operands(Form(spelling), sample, e)
+        line = sys._getframe().f_lineno + 1
+        ptx.inst(spelling)(*ops)
     return line
 
 
@@ -115,11 +145,15 @@ def _kernel(arch: str, body, name: str = "isa"):
         e.buf = smem.alloc(f32, 1024, align=128, name="buf")
         e.lbl = ptx.label("end")
         current().raw(f"bt_table: .branchtargets {e.lbl.name};")  # what brx.idx jumps through
+        for decl in CALL_DECLS:
+            current().raw(decl)
         body(e)
         ptx.place(e.lbl)
         ptx.ret()
 
-    return k.ptx()
+    text = k.ptx()
+    entry = text.index("\n.visible .entry")
+    return text[:entry] + CALLEES + text[entry:]
 
 
 def test_every_opcode_has_a_row():
@@ -173,7 +207,7 @@ def _refused(spelling: str, ops_of, exc, match: str) -> None:
 @pytest.mark.parametrize("row,spelling", [(r, r.ok[0]) for r in isa.TABLE.values() if r.ok],
                          ids=lambda x: x if isinstance(x, str) else "")
 def test_refused_calls(row, spelling):
-    sample = row.sample.get(spelling)
+    sample = _samples(row, spelling)[0]
     gen = lambda e: _operands(Form(spelling), sample, e)  # noqa: E731
     _refused(spelling + ".bogus", gen, OperandError, r"\.bogus is not a modifier of")
     form = Form(spelling)
@@ -211,6 +245,11 @@ def test_refused_calls(row, spelling):
     ("add.u32", lambda e: [1, e.r, e.r], "must be a register"),
     ("cvt", lambda e: [e.r, e.r], "needs a type suffix"),
     ("fma.rn.rz.f32", lambda e: [e.p] * 4, "exclude each other"),
+    ("call", lambda e: [], r"takes 1 to 4 operands \(operand operand operand operand\), got 0"),
+    ("call.uni", lambda e: ["(call_ret)", "isa_callee", "(call_arg)", "isa_proto", "x"],
+     "takes 1 to 4 operands"),
+    ("call.unit", lambda e: ["isa_nop"], r"\.unit is not a modifier of call; expected one of "
+     r"\.uni"),
 ])
 def test_issue_examples_refused(spelling, ops, match):
     _refused(spelling, ops, PyptxError, match)

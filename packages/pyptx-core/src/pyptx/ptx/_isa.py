@@ -80,10 +80,10 @@ class Row:
     fourth, ``cvt.rn.bf16x2.f32`` two sources)."""
     pattern: str = ""
     ok: tuple[str, ...] = ()
-    sample: dict[str, str] = field(default_factory=dict)
+    sample: dict[str, str | tuple[str, ...]] = field(default_factory=dict)
     """Operands for the generated accepted call of an ``ok`` spelling whose roles are ``x``:
     space-separated ``r:TYPE``, ``v:TYPE:N``, ``g`` (global address), ``sh`` (shared
-    address), ``i:VALUE``, ``l`` (label) or ``t:TEXT``."""
+    address), ``i:VALUE``, ``l`` (label) or ``t:TEXT``; a tuple of them for one call each."""
 
     def __post_init__(self) -> None:
         self.type_set = frozenset(self.types.split())
@@ -305,7 +305,12 @@ _ROWS: list[Row] = [
     Row("bra", "l", "", "uni", ntypes=(0,), ok=("bra", "bra.uni")),
     Row("brx", "r:u32 l", "", "<idx> uni", ntypes=(0,), sm=30, ptx="6.0", ok=("brx.idx",),
         sample={"brx.idx": "r:u32 t:bt_table"}),
-    Row("call", "x*", "", "uni", ntypes=(0,)),
+    # call{.uni} [(ret),] func|fptr[, (params)][, flist|fproto]: the generated accepted calls
+    # run against the callees every generated test module declares (tests/test_isa_table.py)
+    Row("call", "x x? x? x?", "", "uni", ntypes=(0,), ok=("call", "call.uni"),
+        sample={"call": ("t:(call_ret) t:isa_callee t:(call_arg)",
+                         "t:(call_ret) t:{rd} t:(call_arg) t:isa_proto"),
+                "call.uni": "t:isa_nop"}),
     Row("ret", "", "", "uni", ntypes=(0,), ok=("ret",)),
     Row("exit", "", "", "", ntypes=(0,), ok=("exit",)),
     Row("trap", "", "", "", ntypes=(0,), ok=("trap",)),
