@@ -6,7 +6,9 @@ interface), so ``AutoModelForCausalLM.from_config(cfg, attn_implementation="pypt
 ``apply(model)`` does that, swaps the model's RMSNorm and ``nn.Linear`` modules for
 ``pyptx_kernels.nn`` modules sharing the same Parameters, and patches the fused kernels of a
 training step into the model's modules (the residual add and RMSNorm of each decoder layer,
-RoPE of q and k, the MLP's SwiGLU, and the head's linear + cross-entropy), in place.
+RoPE of q and k, the MLP's SwiGLU or its gate/up GEMM with the gated epilogue, the down
+projection's GEMM with the residual add in its epilogue, and the head's linear +
+cross-entropy), in place.
 transformers is imported only when one of these is called
 (``pip install "pyptx-kernels[transformers]"``).
 """
@@ -115,7 +117,8 @@ def _pyptx_norm(m):
 
 def apply(model, *, attention: bool = True, rms_norm: bool = True, linear: bool = True,
           add_rms_norm: bool = True, rope: bool = True, swiglu: bool = True,
-          cross_entropy: bool = True):
+          cross_entropy: bool = True, swiglu_linear: bool = False,
+          linear_residual: bool = True):
     """Put the pyptx kernels into a Llama, Mistral, Qwen2 or Qwen3 model, in place; returns
     ``model``. A training script changes by one line: ``model = apply(model)``.
 
@@ -136,8 +139,24 @@ def apply(model, *, attention: bool = True, rms_norm: bool = True, linear: bool 
     ``labels`` in training mode computes its loss with ``pyptx_kernels.linear_cross_entropy``
     from the last hidden states (shifted labels, ``ignore_index=-100``,
     ``num_items_in_batch`` honoured) and returns ``logits=None``: the logits never exist.
+
+    GEMM epilogues (``pyptx_kernels.gemm.fused``; each applies where the call fits it: bf16
+    or f16 weights and activations of one dtype, no bias, ``I`` a multiple of 64; other calls
+    run unfused): ``swiglu_linear``: a SiLU MLP computes ``silu(gate(x)) * up(x)`` as one
+    GEMM with the gated epilogue over ``pack_gated(gate_proj.weight, up_proj.weight)``,
+    packed at each forward (a copy of both weights; its backward splits the packed weight's
+    gradient back), so ``gate_proj``/``up_proj`` keep their Parameters, ``state_dict`` keys,
+    optimizer state and gradients; its backward recomputes the projections (one more GEMM
+    of the MLP's width) instead of keeping them: less memory, more time. ``linear_residual``:
+    each decoder layer's ``residual + mlp(...)`` adds the residual in ``down_proj``'s GEMM
+    epilogue. The residual add after attention is not moved into ``o_proj``: it is already
+    fused with the post-attention RMSNorm (``add_rms_norm``), and ``o_proj`` is called inside
+    transformers' attention forward, which the patch does not copy.
+
     Every op is a ``torch.ops.pyptx`` custom op, so the patched model compiles with
-    ``torch.compile``. Other families raise ``ConfigError``; applying twice is a no-op."""
+    ``torch.compile``. Other families raise ``ConfigError``. Applying again only turns more
+    patches on (a keyword that is ``False`` leaves an earlier patch as it is); applying twice
+    with the same keywords is a no-op."""
     _transformers()
     import torch
 
@@ -166,7 +185,8 @@ def apply(model, *, attention: bool = True, rms_norm: bool = True, linear: bool 
         else:
             model.config._attn_implementation = "pyptx"
     _patch_forwards(model, model_type, add_rms_norm=add_rms_norm, rope=rope, swiglu=swiglu,
-                    cross_entropy=cross_entropy)
+                    cross_entropy=cross_entropy, swiglu_linear=swiglu_linear,
+                    linear_residual=linear_residual)
     return model
 
 
@@ -175,15 +195,19 @@ def _family_module(model_type: str):
     return importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
 
 
-def _patch(module, name: str, fn) -> None:
-    """``module.<name> = fn`` bound to ``module``, once (applying twice is a no-op)."""
-    if getattr(module, "_pyptx_patched", {}).get(name):
+def _patch(module, name: str, fn, **fusions: bool) -> None:
+    """``module.<name> = fn`` bound to ``module``, once (applying twice is a no-op), and the
+    fusions that are ``True`` recorded in ``module._pyptx_patched`` (which ``fn`` reads)."""
+    patched = module.__dict__.setdefault("_pyptx_patched", {})
+    patched.update({k: True for k, on in fusions.items() if on})
+    if patched.get(name):
         return
-    module.__dict__.setdefault("_pyptx_patched", {})[name] = True
+    patched[name] = True
     setattr(module, name, types.MethodType(fn, module))
 
 
-def _patch_forwards(model, model_type, *, add_rms_norm, rope, swiglu, cross_entropy):
+def _patch_forwards(model, model_type, *, add_rms_norm, rope, swiglu, cross_entropy,
+                    swiglu_linear, linear_residual):
     from .nn import preload
 
     mod = _family_module(model_type)
@@ -196,13 +220,16 @@ def _patch_forwards(model, model_type, *, add_rms_norm, rope, swiglu, cross_entr
         preload("rows")
     if cross_entropy:
         preload("cross_entropy")
+    if swiglu_linear or linear_residual:
+        importlib.import_module(_FUSED)
     for m in model.modules():
-        if add_rms_norm and type(m) is layer_cls:
-            _patch(m, "forward", _decoder_layer_forward)
+        if (add_rms_norm or linear_residual) and type(m) is layer_cls:
+            _patch(m, "forward", _decoder_layer_forward, add_rms_norm=add_rms_norm,
+                   linear_residual=linear_residual)
         elif rope and type(m) is attn_cls:
             _patch(m, "forward", _with_pyptx_rope(attn_cls.forward, mod))
-        elif swiglu and type(m) is mlp_cls and _is_silu(m):
-            _patch(m, "forward", _mlp_forward)
+        elif (swiglu or swiglu_linear) and type(m) is mlp_cls and _is_silu(m):
+            _patch(m, "forward", _mlp_forward, swiglu=swiglu, swiglu_linear=swiglu_linear)
     if cross_entropy and lm_cls is not None and type(model) is lm_cls:
         _patch(model, "forward", _causal_lm_forward)
 
@@ -219,18 +246,28 @@ def _eps(norm) -> float:
 
 
 def _decoder_layer_forward(self, hidden_states, *args, **kwargs):
-    """A pre-norm decoder layer with ``residual + attention`` and the post-attention
-    RMSNorm in one ``add_rms_norm``: ``h = x + attn(norm(x)); out = h + mlp(norm2(h))``.
-    The model passes everything but ``hidden_states`` by keyword, as the attention module
-    takes it; a call with more positional arguments runs transformers' forward."""
+    """A pre-norm decoder layer, ``h = x + attn(norm(x)); out = h + mlp(norm2(h))``, with
+    the fusions of ``self._pyptx_patched``: ``add_rms_norm`` (``x + attn`` and ``norm2`` in
+    one ``add_rms_norm``) and ``linear_residual`` (``h + mlp(...)`` in ``down_proj``'s GEMM
+    epilogue). The model passes everything but ``hidden_states`` by keyword, as the
+    attention module takes it; a call with more positional arguments runs transformers'
+    forward."""
     from .nn import _op
 
     if args:
         return type(self).forward(self, hidden_states, *args, **kwargs)
+    fused = self._pyptx_patched
     residual = hidden_states
     attn_out, _ = self.self_attn(hidden_states=self.input_layernorm(residual), **kwargs)
     norm = self.post_attention_layernorm
-    normed, residual = _op("rows", "add_rms_norm")(attn_out, residual, norm.weight, _eps(norm))
+    if fused.get("add_rms_norm"):
+        normed, residual = _op("rows", "add_rms_norm")(attn_out, residual, norm.weight,
+                                                       _eps(norm))
+    else:
+        residual = residual + attn_out
+        normed = norm(residual)
+    if fused.get("linear_residual"):
+        return _mlp_plus_residual(self.mlp, normed, residual)
     return residual + self.mlp(normed)
 
 
@@ -273,11 +310,82 @@ def _rope(fallback, q, k, cos, sin, unsqueeze_dim):
     return _op("rows", "apply_rotary")(q, k, cos, sin)
 
 
-def _mlp_forward(self, x):
-    """``down(silu(gate(x)) * up(x))`` with the product in ``pyptx_kernels.swiglu``."""
+_FUSED = "pyptx_kernels.gemm.fused"
+
+
+def _fused(name: str):
+    """``pyptx_kernels.gemm.fused.<name>``, looked up at call time (swappable in tests, and
+    through ``sys.modules``, which ``torch.compile`` traces)."""
+    import sys
+
+    return getattr(sys.modules.get(_FUSED) or importlib.import_module(_FUSED), name)
+
+
+#: the activation dtypes (names in ``torch``) the fused GEMMs take
+_GEMM_DTYPES = ("bfloat16", "float16")
+
+
+def _fits_gemm(x, *linears) -> bool:
+    """Whether the fused GEMMs take ``x`` through ``linears`` (``nn.Linear`` or
+    ``pyptx_kernels.nn.Linear`` without bias, weights of ``x``'s dtype, one of
+    ``_GEMM_DTYPES``). Calls that do not fit run unfused."""
+    import torch
+
+    from .nn import Linear
+
+    return x.dtype in tuple(getattr(torch, n) for n in _GEMM_DTYPES) and all(
+        type(m) in (Linear, torch.nn.Linear) and m.bias is None and m.weight.dtype == x.dtype
+        for m in linears)
+
+
+def _fits_swiglu_linear(mlp, x) -> bool:
+    from .gemm.epilogue import GATE_BLOCK
+
+    gate, up = mlp.gate_proj, mlp.up_proj
+    return (_fits_gemm(x, gate, up) and gate.weight.shape == up.weight.shape
+            and gate.weight.shape[0] % GATE_BLOCK == 0 and gate.weight.shape[1] % 8 == 0)
+
+
+def _fits_linear_residual(down, x, residual) -> bool:
+    import torch
+
+    ok = (torch.float32, x.dtype) if x.dtype == torch.bfloat16 else (torch.float32,)
+    return (_fits_gemm(x, down) and residual.dtype in ok
+            and residual.shape[-1] == down.weight.shape[0]
+            and down.weight.shape[0] % 8 == 0 and down.weight.shape[1] % 8 == 0)
+
+
+def _mlp_hidden(mlp, x):
+    """``act(gate(x)) * up(x)``, the MLP's input to ``down_proj``: one gated GEMM
+    (``swiglu_linear`` on the packed weights) or ``pyptx_kernels.swiglu``, as ``mlp`` is
+    patched and the call fits; else transformers' ``act_fn`` and product."""
     from .nn import _op
 
-    return self.down_proj(_op("rows", "swiglu")(self.gate_proj(x), self.up_proj(x)))
+    fused = getattr(mlp, "_pyptx_patched", {})
+    if fused.get("swiglu_linear") and _fits_swiglu_linear(mlp, x):
+        packed = _fused("pack_gated")(mlp.gate_proj.weight, mlp.up_proj.weight)
+        return _fused("swiglu_linear")(x, packed)
+    if fused.get("swiglu"):
+        return _op("rows", "swiglu")(mlp.gate_proj(x), mlp.up_proj(x))
+    return mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x)
+
+
+def _mlp_forward(self, x):
+    """``down(silu(gate(x)) * up(x))`` with the gated product from ``_mlp_hidden``."""
+    return self.down_proj(_mlp_hidden(self, x))
+
+
+def _mlp_plus_residual(mlp, x, residual):
+    """``residual + mlp(x)``: the add in ``down_proj``'s GEMM epilogue
+    (``linear_residual``) where the MLP has transformers' gate/up/down structure and the call
+    fits (the MLP's module hooks then do not run); else the MLP as it is and a separate
+    add."""
+    if not all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj", "act_fn")):
+        return residual + mlp(x)
+    h = _mlp_hidden(mlp, x)
+    if not _fits_linear_residual(mlp.down_proj, h, residual):
+        return residual + mlp.down_proj(h)
+    return _fused("linear_residual")(h, mlp.down_proj.weight, residual)
 
 
 def _causal_lm_forward(self, *args, **kwargs):
