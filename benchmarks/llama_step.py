@@ -21,9 +21,14 @@ of 128, MLP 5632, and
 * ``v32k-s8192``: vocabulary 32000, 1 x 8192;
 * ``v128k-s8192``: vocabulary 128256, 1 x 8192.
 
-``--quick`` is a smoke run (2 layers, hidden 512, 2 x 512 tokens, 6 steps).
+``--quick`` is a smoke run (2 layers, hidden 512, 2 x 512 tokens, 6 steps). ``--apply`` passes
+keywords to ``apply`` for both pyptx modes, e.g. the GEMM epilogues on or off:
+``--apply swiglu_linear=1,linear_residual=1`` (``0``/``1``, ``false``/``true``); the tables'
+heading names them.
 
     python benchmarks/llama_step.py --config v32k-s2048 --steps 20 --out llama_step.md
+    python benchmarks/llama_step.py --modes "torch.compile,pyptx eager,pyptx + compile" \
+        --apply swiglu_linear=0,linear_residual=0
 
 Targets (issue 48): pyptx-patched (the better of eager and compiled) >= 1.15x ``torch.compile``
 at 2048 and 8192 tokens per sequence; peak memory <= 0.7x ``torch.compile``'s at vocabulary
@@ -65,7 +70,18 @@ def _model_config(spec):
     return transformers.LlamaConfig(**kw)
 
 
-def _build(mode, cfg):
+def _apply_kwargs(text):
+    """``apply``'s keywords from ``"name=0,name=1"``."""
+    out = {}
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        name, _, value = item.partition("=")
+        if value.lower() not in ("0", "1", "false", "true"):
+            raise argparse.ArgumentTypeError(f"{item!r} is not name=0|1")
+        out[name.strip()] = value.lower() in ("1", "true")
+    return out
+
+
+def _build(mode, cfg, apply_kwargs):
     import torch
     import transformers
 
@@ -78,7 +94,7 @@ def _build(mode, cfg):
     if mode.startswith("pyptx"):
         from pyptx_kernels.transformers import apply
 
-        apply(model)
+        apply(model, **apply_kwargs)
     if mode == "liger":
         from liger_kernel.transformers import apply_liger_kernel_to_llama
 
@@ -89,14 +105,14 @@ def _build(mode, cfg):
     return model, step_fn
 
 
-def _run(mode, cfg, spec, steps, warmup):
+def _run(mode, cfg, spec, steps, warmup, apply_kwargs):
     """``(tokens/s, peak GiB, [loss per step])`` of one configuration."""
     import torch
 
     gc.collect()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
-    model, fn = _build(mode, cfg)
+    model, fn = _build(mode, cfg, apply_kwargs)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     g = torch.Generator(device="cuda").manual_seed(1)
     B, S = spec["batch"], spec["seq"]
@@ -146,6 +162,9 @@ def main(argv=None) -> int:
     p.add_argument("--modes", default=",".join(MODES),
                    help="comma-separated subset of: " + ", ".join(MODES))
     p.add_argument("--quick", action="store_true", help="a small smoke run")
+    p.add_argument("--apply", type=_apply_kwargs, default={},
+                   help="keywords for pyptx_kernels.transformers.apply, e.g. "
+                        "swiglu_linear=1,linear_residual=0")
     p.add_argument("--out", help="write the markdown tables here")
     a = p.parse_args(argv)
     why = gpu_missing("llama_step.py", triton=False)
@@ -162,8 +181,9 @@ def main(argv=None) -> int:
     if steps <= warmup:
         p.error(f"--steps ({steps}) must exceed --warmup ({warmup})")
     names = ["quick"] if a.quick else (list(CONFIGS) if a.config == "all" else [a.config])
+    applied = ", ".join(f"{k}={v}" for k, v in a.apply.items()) or "defaults"
     lines = [f"# Llama training step ({torch.cuda.get_device_name()}, bf16, SGD lr {LR}, "
-             f"{steps} steps, {warmup} warm-up)", ""]
+             f"{steps} steps, {warmup} warm-up; apply: {applied})", ""]
     verdicts = []
     for name in names:
         spec = QUICK if a.quick else CONFIGS[name]
@@ -171,7 +191,7 @@ def main(argv=None) -> int:
         res = {}
         for mode in modes:
             try:
-                res[mode] = _run(mode, cfg, spec, steps, warmup)
+                res[mode] = _run(mode, cfg, spec, steps, warmup, a.apply)
             except Exception as e:  # a contender that fails is reported, not fatal
                 print(f"{name} {mode}: {type(e).__name__}: {e}", file=sys.stderr)
                 res[mode] = None

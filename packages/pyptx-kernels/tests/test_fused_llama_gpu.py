@@ -142,18 +142,26 @@ def test_linear_cross_entropy_never_holds_the_logits():
     assert extra < grads + (600 << 20), extra / 2**20
 
 
-def test_apply_llama_training_step_bf16():
-    """A tiny bf16 Llama with every fused op against the unpatched model (SDPA, torch's ops):
-    loss to 1e-2 relative, gradient direction to a cosine of 0.99."""
+@pytest.mark.parametrize("fuse", [dict(swiglu_linear=False, linear_residual=False),
+                                  dict(swiglu_linear=True, linear_residual=True)])
+def test_apply_llama_training_step_bf16(fuse, monkeypatch):
+    """A tiny bf16 Llama with every fused op against the unpatched model (SDPA, torch's ops),
+    with and without the GEMM epilogues (``swiglu_linear``, ``linear_residual``): loss to
+    1e-2 relative, gradient direction to a cosine of 0.99."""
     transformers = pytest.importorskip("transformers")
     ptf = importlib.import_module("pyptx_kernels.transformers")
+    fused = importlib.import_module("pyptx_kernels.gemm.fused")
+    calls = []
+    for name in ("swiglu_linear", "linear_residual"):
+        fn = getattr(fused, name)
+        monkeypatch.setattr(fused, name, lambda *a, _n=name, _f=fn: calls.append(_n) or _f(*a))
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                                    num_attention_heads=4, num_key_value_heads=2, head_dim=64,
                                    vocab_size=1000, max_position_embeddings=256)
     ref = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
     ref = ref.to("cuda", BF).train()
-    model = ptf.apply(copy.deepcopy(ref))
+    model = ptf.apply(copy.deepcopy(ref), **fuse)
     ids = torch.randint(0, 1000, (2, 128), device="cuda")
 
     def step(m, fn=None):
@@ -164,6 +172,8 @@ def test_apply_llama_training_step_bf16():
 
     out, g = step(model)
     rout, rg = step(ref)
+    assert calls.count("swiglu_linear") == 2 * fuse["swiglu_linear"]
+    assert calls.count("linear_residual") == 2 * fuse["linear_residual"]
     assert out.logits is None
     assert abs(out.loss.item() - rout.loss.item()) < 1e-2 * rout.loss.item()
     assert torch.isfinite(g).all()
