@@ -534,26 +534,14 @@ class Kernel:
         trace.maxnreg = self._maxnreg  # setmaxnreg needs a declared budget
         params = []
         tmap_params, tma_maps = [], []
+        maps = dict(self._tma_maps(in_shapes + out_shapes))
         for i, (pname, shape) in enumerate(zip(names, in_shapes + out_shapes)):
             spec = (self._in_specs + self._out_specs)[i]
             func.params.append(Param(pname, u64))
             trace.unique(pname)  # reserve it: ptx.scalar_param(name="X") must not redeclare X
             tmap = None
-            if pname in self._tma:
-                from .tma import tma_params
-
-                opts = dict(self._tma[pname])
-                box = opts.pop("box", None)
-                if opts.pop("view", "2d") == "3d":
-                    from .tma import tma_params_3d
-
-                    sw = opts.pop("swizzle", "128B")
-                    tma_maps.append((i, tma_params_3d(
-                        shape[0], shape[1], spec.dtype, box[0], box[1],
-                        swizzle_128b=sw not in (None, "none"), padding=opts.pop("padding", False),
-                        **opts)))
-                else:
-                    tma_maps.append((i, tma_params(shape, spec.dtype, spec.layout, box, **opts)))
+            if i in maps:
+                tma_maps.append((i, maps[i]))
                 tmap = trace.unique(f"{pname}_tmap")
                 tmap_params.append(Param(tmap, b8, align=64, count=128))
             params.append(TensorParam(pname, spec, shape, i, trace, tmap,
@@ -603,6 +591,85 @@ class Kernel:
             module=module, static_smem=trace.shared_bytes, scalar_params=trace.scalar_params,
             tma_maps=tma_maps, pdl=self._pdl, arch=arch,
         )
+
+    def _tma_maps(self, shapes: Sequence[tuple[int, ...]]) -> list[tuple[int, Any]]:
+        """``(tensor index, TmaParams)`` of each tensor-map parameter for these tensor shapes."""
+        out = []
+        specs = self._in_specs + self._out_specs
+        for i, (pname, shape) in enumerate(zip(self._tensor_names, shapes)):
+            if pname not in self._tma:
+                continue
+            from .tma import tma_params
+
+            spec = specs[i]
+            opts = dict(self._tma[pname])
+            box = opts.pop("box", None)
+            if opts.pop("view", "2d") == "3d":
+                from .tma import tma_params_3d
+
+                sw = opts.pop("swizzle", "128B")
+                out.append((i, tma_params_3d(
+                    shape[0], shape[1], spec.dtype, box[0], box[1],
+                    swizzle_128b=sw not in (None, "none"), padding=opts.pop("padding", False),
+                    **opts)))
+            else:
+                out.append((i, tma_params(shape, spec.dtype, spec.layout, box, **opts)))
+        return out
+
+    def reuse(self, like: Specialization, scalars: Mapping[str, int | float],
+              **kwargs: Any) -> Specialization:
+        """This kernel's specialization for ``kwargs`` (as ``specialize``) built from the code
+        of ``like`` without tracing: ``like`` is a specialization of a kernel of the same
+        family, one whose PTX does not depend on the sizes the two kernels' specs differ in
+        (the body reads them from scalar parameters). The tensor shapes, grid and tensor maps
+        are this kernel's; the scalar parameters are ``like``'s, those named in ``scalars``
+        taking the given values. Stored in this kernel's cache, so launches find it. The
+        caller vouches for the family; ``ConfigError`` where the two visibly differ (entry
+        name, block, cluster, shared memory, tensor maps, unknown scalar names)."""
+        at = where()
+        arch = kwargs.pop("arch", like.arch)
+        dims, templates = self._split_kwargs(kwargs, at)
+        key = (tuple(sorted(dims.items())), tuple(sorted(templates.items())), arch)
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        names = self._tensor_names
+        n_in = len(self._in_specs)
+        in_shapes = tuple(s.resolve(dims, f"{at}: input {names[i]!r}")
+                          for i, s in enumerate(self._in_specs))
+        out_shapes = tuple(s.resolve(dims, f"{at}: output {names[n_in + i]!r}")
+                           for i, s in enumerate(self._out_specs))
+        values = {**dims, **templates}
+        origin = f"kernel {self._name!r} defined at {self.origin}"
+        grid = _three(_call_with(self._grid, values, "grid", origin) if callable(self._grid)
+                      else self._grid, "grid", origin)
+        self._check_grid(grid, origin)
+        block = (_three(_call_with(self._block, values, "block", origin), "block", origin)
+                 if callable(self._block) else self._block)
+        smem = (self._check_smem(_call_with(self._smem, values, "smem", origin), origin)
+                if callable(self._smem) else self._smem)
+        maps = self._tma_maps(in_shapes + out_shapes)
+        differ = [what for what, mine, theirs in (
+            ("entry name", self._name, like.name), ("block", block, like.block),
+            ("cluster", self._cluster, like.cluster), ("shared memory", smem, like.smem),
+            ("tensor maps", [i for i, _ in maps], [i for i, _ in like.tma_maps]),
+            ("arch", arch, like.arch)) if mine != theirs]
+        known = {n for n, _, _ in like.scalar_params}
+        unknown = sorted(set(scalars) - known)
+        if differ or unknown:
+            raise ConfigError(
+                f"{at}: kernel {self._name!r} cannot reuse the code of {like.name!r}: "
+                + (f"they differ in {', '.join(differ)}" if differ else
+                   f"it has no scalar parameter {', '.join(unknown)} "
+                   f"(it has {', '.join(sorted(known)) or 'none'})"))
+        spec = Specialization(
+            kernel=self, env=dims, template_kwargs=templates, in_shapes=in_shapes,
+            out_shapes=out_shapes, grid=grid, block=block, cluster=self._cluster, smem=smem,
+            module=like.module, static_smem=like.static_smem,
+            scalar_params=[(n, t, scalars.get(n, v)) for n, t, v in like.scalar_params],
+            tma_maps=maps, pdl=like.pdl, arch=arch, _text=like._text)
+        with self._lock:
+            return self._cache.setdefault(key, spec)
 
     def ptx(self, lineinfo: bool = False, **kwargs: Any) -> str:
         """PTX text of the specialization for ``kwargs`` (dims and template parameters;

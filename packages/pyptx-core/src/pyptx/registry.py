@@ -63,7 +63,7 @@ class CubinRecord:
     out_types: tuple[str, ...] = ()
     #: Names of the pointer parameters, inputs then outputs (for messages; they are in the PTX).
     arg_names: tuple[str, ...] = ()
-    #: ordinal -> (CUfunction, module) of each device the record is loaded on.
+    #: ordinal -> (CUfunction, its loaded image) of each device the record is loaded on.
     functions: dict[int, tuple[int, Any]] = field(default_factory=dict, repr=False)
 
     def function(self, ordinal: int) -> int:
@@ -92,10 +92,16 @@ class CubinRecord:
     def _load_here(self, ordinal: int) -> tuple[int, Any]:
         from . import jit
 
-        cubin = self.cubin_bytes if self.cubin_bytes is not None else jit.cubin_for(
-            self.ptx_source, self.arch, self.kernel_name)
-        fn, module = jit.load_image(self.ptx_source if cubin is None else cubin,
-                                    self.kernel_name, self.smem_bytes)
+        key = (self.ptx_source, self.arch, self.kernel_name, self.smem_bytes, ordinal)
+        image = _images.get(key) if self.cubin_bytes is None else None
+        if image is None:
+            cubin = self.cubin_bytes if self.cubin_bytes is not None else jit.cubin_for(
+                self.ptx_source, self.arch, self.kernel_name)
+            image = _Image(cubin, *jit.load_image(self.ptx_source if cubin is None else cubin,
+                                                  self.kernel_name, self.smem_bytes))
+            if self.cubin_bytes is None:
+                _images[key] = image
+        cubin, fn, module = image.cubin, image.fn, image.module
         first = not self.functions
         if first:
             s = object.__setattr__  # the compiled artefacts of a frozen record, set once
@@ -112,7 +118,7 @@ class CubinRecord:
             from .errors import LaunchError
 
             raise LaunchError(f"shim set_device_function refused: {e}") from None
-        hit = self.functions[ordinal] = (fn, module)
+        hit = self.functions[ordinal] = (fn, image)
         return hit
 
     def _register(self, fn: int) -> None:
@@ -131,6 +137,21 @@ class CubinRecord:
                 add_tma_spec_to_shim(self.handle, arg_index,
                                      encode(params, TMA_PLACEHOLDER_ADDRESS))
 
+
+class _Image:
+    """A kernel image loaded on one device, shared by every record with the same PTX, arch,
+    entry and shared memory (records that differ only in sizes, grid and scalar parameters:
+    ``Kernel.reuse``), so such a record loads no module of its own; it lives while one of
+    them does."""
+
+    __slots__ = ("cubin", "fn", "module", "__weakref__")
+
+    def __init__(self, cubin: bytes | None, fn: int, module: Any) -> None:
+        self.cubin, self.fn, self.module = cubin, fn, module
+
+
+#: (PTX, arch, entry, dynamic shared bytes, ordinal) -> its loaded ``_Image``, held weakly.
+_images: weakref.WeakValueDictionary[tuple[Any, ...], _Image] = weakref.WeakValueDictionary()
 
 _load_lock = threading.RLock()
 #: Handles of records registered with the shim (their configs are dropped with the record).

@@ -21,6 +21,7 @@ import math
 from pyptx import Tile, kernel, ptx
 from pyptx.types import f32, s32
 from pyptx.warpspec import Roles, thread_ids
+from pyptx_kernels import _family
 from pyptx_kernels.flash_attention.fwd_config import (
     LOG2E,
     ForwardConfig,
@@ -177,7 +178,10 @@ def build_attention(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, sc
         _body(Q, K, V, None, None, Out, LSE, shape=(B, S, Sk, Hq, Hkv, D, None), plan=plan,
               dt=dt, causal=causal, scale=scale, varlen=False, ctas=ctas, window=window,
               softcap=softcap, layouts=layouts)
-    return deco(flash_fwd)
+    family = ("attention_fwd", dt.name, D, Hq, Hkv, causal, scale, window, softcap, layouts,
+              plan, ctas)
+    sizes = {"seqlen_q": S, "seqlen_k": Sk, **({"batch": B} if ctas is not None else {})}
+    return _family.specialized(deco(flash_fwd), family, sizes)
 
 
 def build_attention_varlen(Tq, Tk, B, Hq, Hkv, D, max_seqlen_q, *, dtype="bf16", causal=False,
@@ -209,4 +213,5 @@ def build_attention_varlen(Tq, Tk, B, Hq, Hkv, D, max_seqlen_q, *, dtype="bf16",
         _body(Q, K, V, CUQ, CUK, Out, LSE, shape=(B, max_seqlen_q, None, Hq, Hkv, D, Tq),
               plan=plan, dt=dt, causal=causal, scale=scale, varlen=True, ctas=None,
               window=window, softcap=softcap)
-    return deco(flash_fwd_varlen)
+    family = ("attention_fwd_varlen", dt.name, D, Hq, Hkv, causal, scale, window, softcap, plan)
+    return _family.specialized(deco(flash_fwd_varlen), family, {"total_q": Tq})

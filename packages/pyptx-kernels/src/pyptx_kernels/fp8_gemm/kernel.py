@@ -34,6 +34,7 @@ from pyptx.warpspec import (
     swizzled_rows,
     thread_ids,
 )
+from pyptx_kernels import _family
 from pyptx_kernels._common import fail
 from pyptx_kernels.fp8_gemm import mainloop
 from pyptx_kernels.fp8_gemm.config import BK, EPI_BUFS, Fp8GemmConfig, smem_bytes
@@ -162,7 +163,8 @@ def build_fp8_gemm(M: int, N: int, K: int, *, scale="tensor", dtype="e4m3", dtyp
     deco = kernel(in_specs=in_specs, out_specs=(Tile(M, ND, ot),), grid=(host_g.ctas, 1, 1),
                   block=(threads, 1, 1), cluster=(cluster, 1, 1),
                   smem=smem_bytes(BM, BN, stages), maxnreg=maxnreg, tma=tma, name=name)
-    return deco(fp8_gemm)
+    family = ("fp8_gemm", N, K, ND, scale, dt_a.name, dt_b.name, ot.name, fast_accum, config)
+    return _family.specialized(deco(fp8_gemm), family, host_g.params())
 
 
 if __name__ == "__main__":   # ``python -m pyptx_kernels.fp8_gemm.kernel [simple]``: the GPU checks

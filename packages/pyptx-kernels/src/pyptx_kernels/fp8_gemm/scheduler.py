@@ -39,10 +39,14 @@ class Geometry:
         """This geometry as the kernel sees it (call inside the kernel body): a copy whose
         ``M``, ``num_mc`` and ``tiles`` are registers loaded from kernel parameters."""
         bound = copy.copy(self)
-        bound.M = ptx.scalar_param(u32, self.M, "M")
-        bound.num_mc = ptx.scalar_param(u32, self.num_mc, "num_mc")
-        bound.tiles = ptx.scalar_param(u32, self.tiles, "tiles")
+        for name, value in self.params().items():
+            setattr(bound, name, ptx.scalar_param(u32, value, name))
         return bound
+
+    def params(self):
+        """The kernel parameters ``bind`` declares, by name (a kernel of another M reuses the
+        traced code with these values: ``pyptx_kernels._family``)."""
+        return {"M": self.M, "num_mc": self.num_mc, "tiles": self.tiles}
 
     @classmethod
     def of(cls, M, N, K, config):

@@ -34,6 +34,7 @@ from pyptx.warpspec import (
     ring_base,
     thread_ids,
 )
+from pyptx_kernels import _family
 from pyptx_kernels._common import fail
 from pyptx_kernels.gemm import mainloop
 from pyptx_kernels.gemm.config import GEMM_CONFIGS, GemmConfig
@@ -174,7 +175,11 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
 
     gemm.__signature__ = inspect.Signature(
         [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in names])
-    return SplitTailGemm(deco(gemm), host_sched.ctas) if plan else deco(gemm)
+    if plan:
+        return SplitTailGemm(deco(gemm), host_sched.ctas)
+    family = (dt.name, ot.name, a_major, b_major, N, bias, float(alpha), activation, residual,
+              cfg)   # M, K and B's extents are not in the code
+    return _family.specialized(deco(gemm), ("gemm", family), host_sched.params())
 
 
 gemm_tuned = autotune([Config(config=c.name) for c in GEMM_CONFIGS],

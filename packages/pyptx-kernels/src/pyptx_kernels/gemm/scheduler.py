@@ -97,9 +97,17 @@ class TileSchedule:
         if self.plan:
             return self
         bound = copy.copy(self)
-        for name in ("M", "num_mc", "tiles", "num_kb"):
-            setattr(bound, name, ptx.scalar_param(u32, getattr(self, name), name))
+        for name, value in self.params().items():
+            setattr(bound, name, ptx.scalar_param(u32, value, name))
         return bound
+
+    def params(self):
+        """The kernel parameters of the plain walk, by name (``bind`` declares them; a kernel
+        of another M or K reuses the traced code with these values: ``pyptx_kernels._family``);
+        empty for a split tail, whose constants are in the code."""
+        if self.plan:
+            return {}
+        return {name: getattr(self, name) for name in ("M", "num_mc", "tiles", "num_kb")}
 
     def coords(self, t, rank):
         """(m0, n0) of CTA ``rank``'s part of cluster tile ``t``, grouped ``gm`` cluster rows

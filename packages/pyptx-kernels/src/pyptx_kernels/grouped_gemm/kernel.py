@@ -28,6 +28,7 @@ from pyptx import Tile, kernel, ptx, reg
 from pyptx.autotune import Config, autotune
 from pyptx.types import b32, bf16, f32, s32, u32, u64
 from pyptx.warpspec import drain_stores, register_budget
+from pyptx_kernels import _family
 from pyptx_kernels.grouped_gemm.config import (
     GROUPED_CONFIGS,
     MAX_SPLITS,
@@ -218,9 +219,10 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
             f"{'_pf' if cfg.prefetch else ''}"
             f"{f'_w{cfg.warm}' if cfg.warm else ''}"
             f"{f'_spec{cfg.speculate}' if cfg.speculate else ''}")
-    return kernel(in_specs=(Tile(M, K, bf16), b_spec, Tile(G, s32)), out_specs=(Tile(M, N, ot),),
-                  grid=(ctas, 1, 1), block=(threads, 1, 1), cluster=(cluster, 1, 1),
-                  smem=smem_total, maxnreg=maxnreg, tma=tma, name=name)(grouped)
+    k = kernel(in_specs=(Tile(M, K, bf16), b_spec, Tile(G, s32)), out_specs=(Tile(M, N, ot),),
+               grid=(ctas, 1, 1), block=(threads, 1, 1), cluster=(cluster, 1, 1),
+               smem=smem_total, maxnreg=maxnreg, tma=tma, name=name)(grouped)
+    return _family.specialized(k, ("grouped", N, K, G, b_major, ot.name, cfg), {"M": M})
 
 
 def build_grouped_wgrad(M: int, KX: int, NY: int, G: int, *, out_dtype="bf16",

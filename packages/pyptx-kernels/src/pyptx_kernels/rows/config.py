@@ -307,6 +307,24 @@ def _planner(op: str, table: tuple[RowConfig, ...]):
 
 
 # ----------------------------------------------------------------------------- builders
+def one_trace(kernel, problem, B):
+    """``kernel`` (a row builder's, for ``B`` rows) specialized from the code of its family's
+    first trace (``pyptx_kernels._family``): the row count is the ``nrows`` kernel parameter,
+    so the family is the builder's ``problem`` (name, ``N``, dtype, other arguments, plan,
+    arch) and the launch shape bar ``B`` (its ``plan``, where whether the last CTA has rows
+    past ``B`` changes the code, or its ``geometry`` bar the grid). A kernel with neither is
+    traced per size."""
+    from pyptx import Kernel
+    from pyptx_kernels import _family
+
+    plan, geometry = getattr(kernel, "plan", None), getattr(kernel, "geometry", None)
+    if not isinstance(kernel, Kernel) or (plan is None and geometry is None):
+        return kernel
+    shape = ((plan.vec, plan.threads, plan.chunks, plan.rows, plan.ragged_rows) if plan
+             else tuple(sorted((k, v) for k, v in geometry.items() if k != "grid")))
+    return _family.specialized(kernel, ("rows", kernel.name, *problem, shape), {"nrows": B})
+
+
 def tuned(op: str, table: tuple[RowConfig, ...]):
     """Make ``build(B, N, dtype, *problem, config, arch)`` a row builder.
 
@@ -324,9 +342,13 @@ def tuned(op: str, table: tuple[RowConfig, ...]):
         sig = inspect.signature(build)
         name = build.__name__
 
+        def built(B, N, dtype, rest, config, arch):
+            return one_trace(build(B, N, dtype, *rest, config=config, arch=arch),
+                             (name, N, dtype, rest, config, arch), B)
+
         def variant(B, N, dtype, problem=(), arch=DEFAULT_ARCH, **fields):
-            return build(B, N, dtype, *problem, config=for_arch(RowConfig(**fields), arch, name),
-                         arch=arch)
+            return built(B, N, dtype, tuple(problem), for_arch(RowConfig(**fields), arch, name),
+                         arch)
 
         variant.__name__ = variant.__qualname__ = name
         tuner = autotune([Config(**c.kwargs) for c in table],
@@ -347,7 +369,7 @@ def tuned(op: str, table: tuple[RowConfig, ...]):
             if config is None:
                 return tuner(B, N, dtype, tuple(rest), arch)
             check(config, name, op)
-            return build(B, N, dtype, *rest, config=for_arch(config, arch, name), arch=arch)
+            return built(B, N, dtype, tuple(rest), for_arch(config, arch, name), arch)
 
         builder.tuner = tuner
         builder.configs = table

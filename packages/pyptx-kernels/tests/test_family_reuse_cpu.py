@@ -1,0 +1,111 @@
+"""A kernel of a new size reuses its family's traced code (``pyptx_kernels._family``): the
+reused specialization equals a fresh trace of that size in everything a launch uses (PTX,
+scalar parameters, grid, block, shared memory, tensor shapes and tensor maps), for every
+family the library builds with runtime sizes."""
+
+import pytest
+from pyptx_kernels import _family
+from pyptx_kernels.flash_attention.fwd_config import ForwardConfig
+from pyptx_kernels.flash_attention.fwd_kernel import build_attention, build_attention_varlen
+from pyptx_kernels.fp8_gemm.config import Fp8GemmConfig
+from pyptx_kernels.fp8_gemm.kernel import build_fp8_gemm
+from pyptx_kernels.gemm.config import GEMM_CONFIGS, GemmConfig
+from pyptx_kernels.gemm.kernel import build_gemm
+from pyptx_kernels.grouped_gemm.kernel import build_grouped
+from pyptx_kernels.rows.config import RowConfig
+from pyptx_kernels.rows.layer_norm import build_layer_norm
+from pyptx_kernels.rows.rms_norm import build_rms_norm_fast
+from pyptx_kernels.rows.softmax import build_softmax_fast
+from pyptx_kernels.rows.swiglu import build_swiglu
+
+from pyptx.types import bf16, f32
+
+
+def _spec(k):
+    return getattr(k, "kernel", k).specialize()
+
+
+def _launch_view(spec):
+    return (spec.ptx(), [(n, t.name, v) for n, t, v in spec.scalar_params], spec.grid,
+            spec.block, spec.cluster, spec.smem, spec.static_smem, spec.in_shapes,
+            spec.out_shapes, spec.tma_maps, spec.name)
+
+
+def _check_family(build, sizes):
+    """``build(size)`` for each size after the first reuses the first one's trace, and equals
+    a fresh trace of that size."""
+    _family.clear()
+    first = _spec(build(sizes[0]))
+    for size in sizes[1:]:
+        before = _family.stats()["reused"]
+        reused = _spec(build(size))
+        assert _family.stats()["reused"] == before + 1, f"{size}: traced, not reused"
+        assert reused.module is first.module
+        _family.clear()
+        fresh = _spec(build(size))
+        assert fresh.module is not first.module
+        assert _launch_view(reused) == _launch_view(fresh), size
+        _family.clear()
+        _spec(build(sizes[0]))
+        first = _spec(build(sizes[0]))
+
+
+GEMM_PLANS = [GemmConfig()] + [c for c in GEMM_CONFIGS if c.cluster > 1][:1]
+
+
+@pytest.mark.parametrize("cfg", GEMM_PLANS, ids=lambda c: c.name)
+@pytest.mark.parametrize("layout", [("K", "MN"), ("K", "K"), ("MN", "MN")])
+def test_gemm_m_and_k_are_runtime(cfg, layout):
+    a_major, b_major = layout
+    _check_family(lambda mk: build_gemm(mk[0], 2048, mk[1], KB=mk[1] + 8, a_major=a_major,
+                                        b_major=b_major, config=cfg),
+                  [(1000, 4096), (1001, 4096), (1, 4096), (37, 4000), (8192, 4096)]
+                  if a_major == "K" else [(1000, 4096), (8, 4096), (1024, 4000), (8192, 4096)])
+
+
+def test_gemm_epilogues_share_a_family():
+    _check_family(lambda m: build_gemm(m, 1024, 512, bias=True, activation="gelu_tanh",
+                                       out_dtype="f32", alpha=0.5),
+                  [64, 65, 4000])
+    _check_family(lambda m: build_gemm(m, 1024, 512, residual=True), [128, 7, 3000])
+
+
+@pytest.mark.parametrize("cfg", [ForwardConfig(), ForwardConfig(persistent=True),
+                                 ForwardConfig(BN=96, stages=3)], ids=lambda c: c.name)
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_forward_sizes_are_runtime(cfg, causal):
+    # a persistent kernel's CTA count is in its code: sizes with a full wave of tiles share it
+    sizes = ([(2, 1000, 1000), (2, 1001, 1001), (1, 77, 5000), (8, 4096, 4096)]
+             if not cfg.persistent else [(2, 1000, 1000), (3, 1001, 2000), (8, 4096, 4096)])
+    _check_family(lambda bs: build_attention(bs[0], bs[1], 16, 4, 128, Sk=bs[2], causal=causal,
+                                             config=cfg), sizes)
+
+
+def test_attention_forward_features_and_layouts():
+    _check_family(lambda s: build_attention(2, s, 8, 8, 64, window=(256, 0), softcap=30.0,
+                                            layouts=("bhsd",) * 3),
+                  [1024, 1500, 64])
+
+
+def test_attention_varlen_total_rows_are_runtime():
+    _check_family(lambda t: build_attention_varlen(t, t, 4, 8, 2, 128, 512, causal=True),
+                  [1000, 1001, 2048])
+
+
+def test_grouped_and_fp8_m_is_runtime():
+    _check_family(lambda m: build_grouped(m, 512, 256, 4), [1024, 1025, 64, 9000])
+    _check_family(lambda m: build_fp8_gemm(m, 1024, 512, config=Fp8GemmConfig()),
+                  [128, 129, 4096])
+
+
+@pytest.mark.parametrize("config", [RowConfig(), RowConfig(ctas=264),
+                                    RowConfig(ctas=132, stages=2)], ids=str)
+def test_row_counts_are_runtime(config):
+    _check_family(lambda b: build_rms_norm_fast(b, 4096, bf16, config=config),
+                  [1000, 2000, 5000])
+
+
+def test_other_row_kernels():
+    _check_family(lambda b: build_layer_norm(b, 2048, f32, config=RowConfig()), [64, 640, 6400])
+    _check_family(lambda b: build_softmax_fast(b, 1024, bf16, config=RowConfig()), [8, 80, 800])
+    _check_family(lambda b: build_swiglu(b, 4096, bf16, config=RowConfig()), [3, 300, 30000])
