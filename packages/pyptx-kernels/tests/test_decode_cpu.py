@@ -103,6 +103,14 @@ CASES = {
     "page_48_append": dict(lens=(90, 50), Sk=96, page=48, append=True, Sq=2),
     "ring_wraps_many_times": dict(B=1, lens=(300,), Sk=320, Hq=2, Hkv=1, splits=1, page=32,
                                   config=DecodeConfig(ring_stages=2, block_keys=16)),
+    # 19 ring blocks dealt to 5 splits: shares of 3 and 4 blocks, a ragged last block
+    "ring_uneven_split_shares": dict(B=1, lens=(300,), Sk=320, Hq=2, Hkv=1, splits=5,
+                                     config=DecodeConfig(ring_stages=2, block_keys=16)),
+    # more splits than blocks: empty splits (lse -inf) merge away
+    "more_splits_than_blocks": dict(lens=(40, 9), Sk=64, splits=7,
+                                    config=DecodeConfig(ring_stages=2, block_keys=16)),
+    "direct_uneven_split_shares": dict(lens=(61, 33), Sk=64, splits=3,
+                                       config=DecodeConfig(ring_stages=0, keys_per_step=1)),
     "eight_rows_one_cta": dict(lens=(21, 40), Sq=2, Hq=4, Hkv=1, config=DecodeConfig(rows=8)),
     # direct loads (no ring, no producer warp)
     "direct_paged_append": dict(page=16, lens=(30, 0), Sk=48, append=True, Sq=2,
@@ -142,13 +150,26 @@ def test_ptxas_no_spills(D, G, Sq, paged, append, window, softcap, stages, assem
         assert spills and not any(spills), log
 
 
-def test_split_heuristic_fills_the_gpu_and_keeps_splits_long():
+@pytest.mark.parametrize("B,Sk,Hq,Sq,page,splits", [
+    (1, 32768, 32, 1, None, 33),     # 8 CTAs -> 264 = 2 per SM, ~993 keys each
+    (4, 16384, 32, 1, None, 8),      # 32 CTAs -> 256
+    (16, 4096, 32, 1, 64, 2),        # 128 CTAs -> 256 (paged: capacity from the table)
+    (32, 2048, 32, 1, None, 1),      # 256 CTAs: already ~2 per SM
+    (64, 1024, 32, 1, None, 1),
+    (128, 4096, 32, 1, None, 1),
+    (1, 32768, 8, 1, None, 33),      # G 1: one row per CTA, same grid
+    (1, 32768, 32, 16, None, 2),     # 64 rows: 16 row chunks x 8 KV heads = 128 CTAs
+    (1, 8192, 32, 1, None, 32),      # capped: no split under 256 keys
+    (1, 300, 32, 1, None, 1),
+])
+def test_split_heuristic_makes_one_wave_of_two_ctas_per_sm(B, Sk, Hq, Sq, page, splits):
+    cache = (B * Sk // page, page, 8, 128) if page else (B, Sk, 8, 128)
+    shape = DecodeShape(B, Sq, Hq, 8, 128, cache, Sk // page if page else 0)
+    assert choose_splits(shape, num_sms=132) == splits
+
+
+def test_split_heuristic_honours_a_fixed_count():
     one = DecodeShape(1, 1, 32, 8, 128, (1, 32768, 8, 128))
-    many = DecodeShape(64, 1, 32, 8, 128, (64, 1024, 8, 128))
-    short = DecodeShape(1, 1, 32, 8, 128, (1, 300, 8, 128))
-    assert choose_splits(one, num_sms=132) == 66           # 8 CTAs x 66 >= 4 per SM
-    assert choose_splits(many, num_sms=132) == 2           # 512 CTAs x 2 >= 528
-    assert choose_splits(short, num_sms=132) == 1          # no split under 256 keys
     assert choose_splits(one, DecodeConfig(num_splits=3)) == 3
 
 

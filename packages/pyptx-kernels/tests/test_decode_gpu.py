@@ -185,3 +185,25 @@ def test_jax_jit_returns_the_updated_caches(jax_gpu):
     assert np.abs(np.asarray(out, np.float64) - ref[0]).max() <= TOL["bf16"]
     assert np.array_equal(np.asarray(kc_new, np.float64), ref[2])
     assert np.array_equal(np.asarray(vc_new, np.float64), ref[3])
+
+
+def test_checked_call_cache_still_checks_and_follows_lengths():
+    """A repeated eager call skips the checks (its key was checked once), but a call that
+    differs in any argument's type is checked again: ``causal=1`` is not ``True``."""
+    from pyptx.errors import ConfigError
+
+    q, kc, vc, lens, _, _, table = make(3, 2, 16, 4, 128, 900, page=16, seed=6)
+    for _ in range(2):
+        check((q, kc, vc, lens, None, None, table), "bf16")
+    lens.copy_(torch.tensor([900, 0, 31], dtype=torch.int32))
+    check((q, kc, vc, lens, None, None, table), "bf16")
+    with pytest.raises(ConfigError, match=r"test_decode_gpu\.py:\d+: .*causal must be a bool"):
+        attention_with_kvcache(q, kc, vc, lens, block_table=table, causal=1)
+
+
+@pytest.mark.parametrize("B,Sk,splits", [(1, 32768, 0), (1, 5000, 33), (2, 3000, 7)])
+def test_balanced_splits_match_float64(B, Sk, splits):
+    """Split counts that leave the blocks unevenly dealt (33 splits over ~990-key shares,
+    7 over ragged lengths) against float64, contiguous and paged."""
+    for page in (None, 64):
+        check(make(B, 1, 32, 8, 128, Sk, page=page, seed=7), "bf16", num_splits=splits)

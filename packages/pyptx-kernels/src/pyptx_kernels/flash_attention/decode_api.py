@@ -13,6 +13,7 @@ into copies of the caches, which the call returns.
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 
@@ -146,20 +147,67 @@ SCHEMAS = {
 _REGISTERED = False
 
 
-def _run_torch(q, k_cache, v_cache, cache_seqlens, k, v, block_table, causal, left, right,
-               softcap, scale, num_splits):
+@functools.cache
+def _plan(num_splits):
+    return DecodeConfig(num_splits=num_splits)
+
+
+def _torch_launch(shape, dtype, causal, left, right, softcap, scale, num_splits, q):
+    """The launch of a checked call: a function of ``(q, k_cache, v_cache, cache_seqlens,
+    k, v, block_table)`` (torch CUDA tensors of ``shape``) returning ``(out, lse)``."""
     from pyptx_kernels.flash_attention import decode_host
 
-    shape, dtype = check_call(q, k_cache, v_cache, cache_seqlens, k, v, block_table)
-    arrays = [q.contiguous(), k_cache, v_cache, cache_seqlens.contiguous()]
-    if block_table is not None:
-        arrays.append(block_table.contiguous())
-    if k is not None:
-        arrays += [k.contiguous(), v.contiguous()]
-    return decode_host.decode(shape, arrays, dtype=dtype, causal=causal, window=(left, right),
-                              softcap=softcap, scale=scale,
-                              config=DecodeConfig(num_splits=num_splits),
+    go = decode_host.launcher(shape, dtype=dtype, causal=causal, window=(left, right),
+                              softcap=softcap, scale=scale, config=_plan(num_splits),
                               num_sms=decode_host.device_sms(q))
+
+    def run(q, k_cache, v_cache, cache_seqlens, k, v, block_table):
+        arrays = [q.contiguous(), k_cache, v_cache, cache_seqlens.contiguous()]
+        if block_table is not None:
+            arrays.append(block_table.contiguous())
+        if k is not None:
+            arrays += [k.contiguous(), v.contiguous()]
+        return go(*arrays)
+    return run
+
+
+def _run_torch(q, k_cache, v_cache, cache_seqlens, k, v, block_table, causal, left, right,
+               softcap, scale, num_splits):
+    shape, dtype = check_call(q, k_cache, v_cache, cache_seqlens, k, v, block_table)
+    return _torch_launch(shape, dtype, causal, left, right, softcap, scale, num_splits, q)(
+        q, k_cache, v_cache, cache_seqlens, k, v, block_table)
+
+
+#: eager calls on CUDA tensors already checked: ``_eager_key`` -> ``_torch_launch``'s function
+_EAGER = {}
+_EAGER_SLOTS = 64
+
+
+def _eager_key(tensors, options):
+    """The key of an eager call (None unless every tensor is a plain CUDA ``torch.Tensor``):
+    each tensor's shape, dtype, device and contiguity, each option with its type (so ``1``
+    never finds the entry of ``True``), the window's items likewise. Only the keys of calls
+    that passed every check are stored, so a hit needs no check."""
+    import torch
+
+    key = []
+    for t in tensors:
+        if t is None:
+            key.append(None)
+            continue
+        if type(t) is not torch.Tensor or not t.is_cuda:
+            return None
+        key.append((t.shape, t.dtype, t.device, t.is_contiguous()))
+    for x in options:
+        if isinstance(x, (tuple, list)):
+            key.append((type(x), tuple((type(w), w) for w in x)))
+        else:
+            key.append((type(x), x))
+    try:
+        hash(key := tuple(key))
+    except TypeError:
+        return None
+    return key
 
 
 def _fake(q):
@@ -279,7 +327,14 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
     Returns ``out (B, Sq, Hq, D)`` in q's dtype, and with ``return_softmax_lse`` also
     ``lse (B, Hq, Sq)`` float32 (natural log). Bad input raises ``ConfigError`` naming the
     caller's line."""
-    shape, _ = check_call(q, k_cache, v_cache, cache_seqlens, k, v, block_table)
+    tensors = (q, k_cache, v_cache, cache_seqlens, k, v, block_table)
+    eager = framework(q) == "torch" and not _compiling()
+    key = _eager_key(tensors, (causal, window, softcap, scale, num_splits)) if eager else None
+    run = _EAGER.get(key) if key is not None else None
+    if run is not None:
+        out, lse = run(*tensors)
+        return (out, lse) if return_softmax_lse else out
+    shape, dtype = check_call(q, k_cache, v_cache, cache_seqlens, k, v, block_table)
     causal, window, softcap, scale, splits = _options(causal, window, softcap, scale, shape.D,
                                                       num_splits)
     if framework(q) == "jax":
@@ -294,10 +349,14 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
                    "in place)")
     _register()
     tail = (cache_seqlens, block_table, causal, window[0], window[1], softcap, scale, splits)
-    if not torch.compiler.is_compiling() and all(
-            type(t) is torch.Tensor and t.device.type == "cuda"
-            for t in (q, k_cache, v_cache, cache_seqlens, k, v, block_table) if t is not None):
-        out, lse = _run_torch(q, k_cache, v_cache, cache_seqlens, k, v, *tail[1:])
+    if eager and all(type(t) is torch.Tensor and t.device.type == "cuda"
+                     for t in tensors if t is not None):
+        run = _torch_launch(shape, dtype, *tail[2:], q)
+        if key is not None:
+            if len(_EAGER) >= _EAGER_SLOTS:
+                _EAGER.clear()
+            _EAGER[key] = run
+        out, lse = run(*tensors)
     elif k is None:
         out, lse = torch.ops.pyptx.attention_with_kvcache(q, k_cache, v_cache, *tail)
     else:
@@ -305,3 +364,8 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
                                                                  *tail)
     return (out, lse) if return_softmax_lse else out
 
+
+def _compiling():
+    import torch
+
+    return torch.compiler.is_compiling()

@@ -17,17 +17,24 @@ from pyptx_kernels.flash_attention.decode_config import DEFAULT_CONFIG, MAX_SPLI
 from pyptx_kernels.flash_attention.decode_kernel import build_decode, decode_tiling
 from pyptx_kernels.flash_attention.fwd_config import H100_SMS
 
-#: decode CTAs per SM the split heuristic aims for (3-4 fit at ~150 registers)
-CTAS_PER_SM = 4
+#: decode CTAs per SM the split heuristic aims for. H200 graph-replayed sweeps (32/8 heads,
+#: D 128, 4x32-key rings, 3 CTAs fit an SM): one wave of ~2 CTAs per SM streams at 85-94% of
+#: copy (B 1 x 32k: 33 splits), where 4 per SM (66 splits) made 1.3 waves of short CTAs and
+#: reached 69%; grids already past 1.5 CTAs per SM gain nothing from splitting (B 64 x 1k:
+#: 1 split 90%, 2 splits 85%)
+CTAS_PER_SM = 2
 #: fewest cache positions a split should cover (shorter splits cost more to combine than
 #: they gain in parallelism)
 MIN_SPLIT_KEYS = 256
 
 
 def choose_splits(shape, config=None, num_sms=H100_SMS):
-    """KV splits per (batch, KV head): ``config.num_splits`` if set, else enough that the
-    grid makes ``CTAS_PER_SM`` CTAs per SM, but no split shorter than ``MIN_SPLIT_KEYS`` of
-    the cache's capacity (lengths are on the device: the capacity bounds them)."""
+    """KV splits per (batch, KV head): ``config.num_splits`` if set, else the count that
+    brings the grid nearest ``CTAS_PER_SM`` CTAs per SM (1 when the grid has that many
+    already), but no split shorter than ``MIN_SPLIT_KEYS`` of the cache's capacity (lengths
+    are on the device: the capacity bounds them). The kernel deals each split an equal
+    share of whole blocks (``decode_kernel._split_range``), so every CTA of one wave streams
+    about the same bytes."""
     config = DEFAULT_CONFIG if config is None else config
     if config.num_splits:
         return config.num_splits
@@ -35,8 +42,15 @@ def choose_splits(shape, config=None, num_sms=H100_SMS):
     ctas = shape.B * shape.Hkv * chunks
     capacity = (shape.max_pages * shape.page_size if shape.paged else shape.cache[1]) \
         + shape.n_new
-    want = -(-CTAS_PER_SM * num_sms // ctas)
+    want = int(CTAS_PER_SM * num_sms / ctas + 0.5)
     return max(1, min(want, capacity // MIN_SPLIT_KEYS, MAX_SPLITS))
+
+
+@functools.lru_cache(maxsize=16)
+def _sms_of(index):
+    import torch
+
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def device_sms(x):
@@ -45,7 +59,8 @@ def device_sms(x):
     if framework(x) == "torch" and x.device.type == "cuda":
         import torch
 
-        return torch.cuda.get_device_properties(x.device).multi_processor_count
+        index = x.device.index
+        return _sms_of(torch.cuda.current_device() if index is None else index)
     return H100_SMS
 
 
@@ -59,11 +74,22 @@ def decode_kernels(shape, dtype, causal, window, softcap, scale, config, num_sms
     return dec, comb
 
 
+def launcher(shape, *, dtype, causal, window, softcap, scale, config, num_sms=H100_SMS):
+    """A function of the decode kernel's inputs (``build_decode``'s order) returning ``(o
+    (B, Sq, Hq, D), lse (B, Hq, Sq))``: the decode kernel and its combine of one call's sizes
+    and options, looked up once (a caller that keeps it launches with no Python planning)."""
+    dec, comb = decode_kernels(shape, dtype, causal, window, softcap, scale, config, num_sms)
+
+    def run(*arrays):
+        o_part, lse_part = dec(*arrays)
+        return comb(o_part, lse_part)
+    return run
+
+
 def decode(shape, arrays, *, dtype, causal, window, softcap, scale, config, num_sms=H100_SMS):
     """``(o (B, Sq, Hq, D), lse (B, Hq, Sq))`` of the decode kernel and its combine on
     ``arrays`` (the decode kernel's inputs, in ``build_decode``'s order). With
     ``shape.append`` the kernel also writes the new rows into the caches (torch only: the
     buffers are written in place)."""
-    dec, comb = decode_kernels(shape, dtype, causal, window, softcap, scale, config, num_sms)
-    o_part, lse_part = dec(*arrays)
-    return comb(o_part, lse_part)
+    return launcher(shape, dtype=dtype, causal=causal, window=window, softcap=softcap,
+                    scale=scale, config=config, num_sms=num_sms)(*arrays)

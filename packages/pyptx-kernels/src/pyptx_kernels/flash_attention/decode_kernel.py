@@ -336,13 +336,15 @@ def merge_bytes(D, rows):
 
 
 def _split_range(k_lo, k_hi, split, splits, step):
-    """``(s0, s1)``: split ``split`` of ``[k_lo, k_hi)`` in pieces of whole ``step``s."""
+    """``(s0, s1)``: split ``split`` of ``[k_lo, k_hi)``, cut at whole ``step``s: of the
+    ``nb = ceil((k_hi - k_lo) / step)`` steps, split ``s`` takes ``[s nb / splits,
+    (s + 1) nb / splits)`` (integer division), so splits differ by at most one step and
+    none is empty while ``nb >= splits``."""
     if splits == 1:
         return k_lo, k_hi
-    n = _max_s32(k_hi - k_lo, 0)
-    per = ((n + (splits - 1)) // splits + (step - 1)) // step * step
-    s0 = k_lo + split * per
-    return s0, _min_s32(k_hi, s0 + per)
+    nb = (_max_s32(k_hi - k_lo, 0) + (step - 1)) // step
+    s0 = k_lo + (split * nb) // splits * step
+    return s0, _min_s32(k_hi, k_lo + ((split + 1) * nb) // splits * step)
 
 
 def _direct_loop(st, *, sh, dt, s0, s1, grp, steps, addr, ptrs):
