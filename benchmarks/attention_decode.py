@@ -14,8 +14,13 @@ a row interleaved in rotated order. A pyptx output off SDPA's by more than ``ERR
 prints FAIL and is not timed. ``--configs`` adds a GB/s column per ``DecodeConfig``
 (contiguous cache, through ``decode_host.decode``) for comparing plans.
 
-    python benchmarks/attention_decode.py [--quick] [--out decode.md]
+    python benchmarks/attention_decode.py [--quick] [--out decode.md] [--heads 32/8]
+        [--dim 128] [--queries 1]
         [--configs '[{"ring_stages": 0}, {"keys_per_step": 4}, {"block_keys": 64}]']
+
+``--heads HQ/HKV``, ``--dim`` and ``--queries`` (new queries per sequence, as in a
+speculative step; with more than one both sides attend to the whole cache, ``causal=False``)
+change the case.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from _timing import gpu_missing, markdown_table, rotated  # noqa: E402
 
 BACKENDS = ("cuDNN", "flash", "efficient")
 ERR_LIMIT = 0.05
-HQ, HKV, D = 32, 8, 128
+HQ, HKV, D, SQ = 32, 8, 128, 1
 PAGE = 64
 FULL = [(1, 32768), (1, 8192), (8, 4096), (16, 4096), (16, 16384), (32, 2048), (64, 1024),
         (64, 4096), (128, 1024), (128, 4096), (128, 8192)]
@@ -71,7 +76,7 @@ def _inputs(B, Sk):
 
     g = torch.Generator(device="cuda").manual_seed(0)
     kw = dict(device="cuda", dtype=torch.bfloat16, generator=g)
-    q = torch.randn(B, 1, HQ, D, **kw)
+    q = torch.randn(B, SQ, HQ, D, **kw)
     kc = torch.randn(B, Sk, HKV, D, **kw)
     vc = torch.randn(B, Sk, HKV, D, **kw)
     lens = torch.full((B,), Sk, device="cuda", dtype=torch.int32)
@@ -99,7 +104,7 @@ def _plan_fn(config, q, kc, vc, lens):
     shape, dtype = check_call(q, kc, vc, lens, None, None, None)
     plan = DecodeConfig(**config)
     sms = decode_host.device_sms(q)
-    return lambda: decode_host.decode(shape, [q, kc, vc, lens], dtype=dtype, causal=True,
+    return lambda: decode_host.decode(shape, [q, kc, vc, lens], dtype=dtype, causal=SQ == 1,
                                       window=(-1, -1), softcap=0.0, scale=D ** -0.5,
                                       config=plan, num_sms=sms)[0]
 
@@ -112,8 +117,10 @@ def decode_row(B, Sk, rep, rounds, configs=()):
 
     q, kc, vc, lens, kp, vp, table = _inputs(B, Sk)
     nbytes = 2 * B * Sk * HKV * D * 2
-    fns = {"pyptx": lambda: attention_with_kvcache(q, kc, vc, lens),
-           "pyptx paged": lambda: attention_with_kvcache(q, kp, vp, lens, block_table=table)}
+    causal = SQ == 1
+    fns = {"pyptx": lambda: attention_with_kvcache(q, kc, vc, lens, causal=causal),
+           "pyptx paged": lambda: attention_with_kvcache(q, kp, vp, lens, block_table=table,
+                                                         causal=causal)}
     for i, c in enumerate(configs):
         fns[f"cfg{i}"] = _plan_fn(c, q, kc, vc, lens)
     outs = {name: fn() for name, fn in fns.items()}
@@ -160,14 +167,20 @@ def window_row(B, Sk, W, rep, rounds):
 
 
 def main(argv=None) -> int:
+    global HQ, HKV, D, SQ
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="4 shapes, one round (< 1 min)")
     p.add_argument("--rep", type=int, default=50, help="do_bench rep (ms)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--out", default=None)
+    p.add_argument("--heads", default=f"{HQ}/{HKV}", help="query/KV heads, e.g. 32/8")
+    p.add_argument("--dim", type=int, default=D, choices=(64, 128))
+    p.add_argument("--queries", type=int, default=SQ, help="new queries per sequence")
     p.add_argument("--configs", default="[]",
                    help="JSON list of DecodeConfig fields: one extra GB/s column each")
     args = p.parse_args(argv)
+    HQ, HKV = (int(h) for h in args.heads.split("/"))
+    D, SQ = args.dim, args.queries
     configs = json.loads(args.configs)
     missing = gpu_missing("attention_decode.py")
     if missing:
@@ -177,7 +190,7 @@ def main(argv=None) -> int:
 
     rounds = 1 if args.quick else args.rounds
     dev = torch.cuda.get_device_name()
-    print(f"# decode GB/s of cache read on {dev}, bf16, Hq/Hkv {HQ}/{HKV}, D {D}, "
+    print(f"# decode GB/s of cache read on {dev}, bf16, Hq/Hkv {HQ}/{HKV}, D {D}, Sq {SQ}, "
           f"page {PAGE}, do_bench median (L2 flushed)")
     body, wbody = [], []
     for B, Sk in QUICK if args.quick else FULL:
@@ -195,7 +208,7 @@ def main(argv=None) -> int:
     print("\n".join(lines))
     if args.out:
         Path(args.out).write_text(f"decode GB/s of cache read on {dev} (bf16, Hq/Hkv "
-                                  f"{HQ}/{HKV}, D {D}, page {PAGE}; do_bench median)\n\n"
+                                  f"{HQ}/{HKV}, D {D}, Sq {SQ}, page {PAGE}; do_bench median)\n\n"
                                   + "\n".join(lines) + "\n")
     return 0
 
