@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import os
+from types import SimpleNamespace
 
 from pyptx import ptx, reg
 from pyptx.errors import ConfigError
@@ -238,6 +239,20 @@ def _common_options(B, S, Hq, Hkv, D, Sk, dtype, scale, safe, sync):
     # the fast schedule holds a stage until the next block: waiting for it would deadlock
     sync = (_env("PYPTX_ATTN_BWD_SYNC") if sync is None else sync) and safe
     return Sk, _dtype(dtype), scale, safe, sync, Hq // Hkv, padded(S)
+
+
+def size_params(sizes):
+    """The sizes a kernel reads at run time (``name -> int``: sequence lengths, batch and what
+    the host derives from them) as u32 kernel parameters, declared where this is called (the
+    kernel's start, before any branch): a namespace of their registers. The PTX does not
+    depend on the values, so a kernel of another size reuses the trace
+    (``pyptx_kernels._family``)."""
+    return SimpleNamespace(**{n: ptx.scalar_param(u32, int(v), name=n) for n, v in sizes.items()})
+
+
+def _cdiv(x, n):
+    """``ceil(x / n)`` of a non-negative int or u32 register ``x`` and an int ``n``."""
+    return (x + (n - 1)) // n
 
 
 def _fill_stage(pipe, st, nbytes, stage_bytes, base, ring_off, load, sync):

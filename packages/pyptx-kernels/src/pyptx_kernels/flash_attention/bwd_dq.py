@@ -13,6 +13,7 @@ from pyptx.operand import OperandTile
 from pyptx.pipeline import BarrierArray, Pipeline
 from pyptx.types import b32, f32, s32, u32, u64
 from pyptx.warpspec import Roles, ring_base, thread_ids
+from pyptx_kernels import _family
 from pyptx_kernels.flash_attention.bwd_common import (
     BM,
     CONS_REGS,
@@ -32,6 +33,7 @@ from pyptx_kernels.flash_attention.bwd_common import (
     _pack,
     _smem_fit,
     _store_rows,
+    size_params,
     softcap_constants,
 )
 from pyptx_kernels.flash_attention.bwd_prep import _row_stats
@@ -214,14 +216,19 @@ def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=Non
     qspec = Tile(B, S, Hq, D, dt)
     kspec = Tile(B, Sk, Hkv, D, dt)
 
+    sizes = dict(seqlen_q=S, seqlen_k=Sk, stats_rows=Sp, q_blocks=-(-S // BM),
+                 kv_blocks=num_kv, last_key=Sk - 1)
+
     def dq_kernel(Q, K, V, OUT, LSE, DO, DQ, STATS):
+        z = size_params(sizes)
+        S, Sk, Sp = z.seqlen_q, z.seqlen_k, z.stats_rows
         base = ring_base("smem")
         pipe = Pipeline(stages, consumer_arrivals=2)
         head_bar = BarrierArray(1, name="head_bar")
         tid, wg = thread_ids()
         qb = reg.from_(ptx.special.ctaid.x(), u32)
         if causal:  # the longest rows (most kv blocks) first: a shorter tail
-            qb = (-(-S // BM) - 1) - qb
+            qb = (z.q_blocks - 1) - qb
         hq = reg.from_(ptx.special.ctaid.y(), u32)
         b = reg.from_(ptx.special.ctaid.z(), u32)
         hk = hq // G if G > 1 else hq
@@ -231,11 +238,12 @@ def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=Non
         ptx.bar_sync(0)
         first = 0
         if windowed:    # the kv blocks the window reaches: [first, end), [lo, hi) unmasked
-            first, n_kv, window_kw = _window_plan(q0, S, Sk, BKV, causal, window)
+            first, n_kv, window_kw = _window_plan(q0, reg.from_(S, s32), reg.from_(Sk, s32),
+                                                  BKV, causal, window)
         elif causal:  # blocks wholly above the diagonal are skipped
-            n_kv = _min_u32(reg.from_((q0 + (BM - 1)) // BKV + 1, u32), reg.scalar(u32, init=num_kv))
+            n_kv = _min_u32(reg.from_((q0 + (BM - 1)) // BKV + 1, u32), z.kv_blocks)
         else:
-            n_kv = num_kv
+            n_kv = z.kv_blocks
         roles = Roles(wg, PROD_REGS)
         # ------------------------------------------------------------ producer
         def load_kv(sb, k_map, v_map, j, bar):
@@ -255,9 +263,9 @@ def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=Non
 
         def limits(qrow):   # causal / ragged
             if causal:
-                return [reg.from_(_min_u32(qrow + r, reg.scalar(u32, init=Sk - 1)), s32)
+                return [reg.from_(_min_u32(qrow + r, reg.scalar(u32, init=z.last_key)), s32)
                         for r in (0, 8)]
-            return [reg.scalar(s32, init=Sk - 1) for r in (0, 8)]
+            return [reg.from_(z.last_key, s32) for r in (0, 8)]
 
         kw = dict(limits=limits) if not windowed else window_kw
         _dq_consumer(tid, wg, q0, S, Sk, n_kv, causal=causal, safe=safe, dt=dt, D=D, BKV=BKV,
@@ -272,7 +280,10 @@ def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=Non
 
     name = (f"attn_bwd_dq_{dt.name}_d{D}_h{Hq}x{Hkv}{feature_tag(causal, window, softcap)}"
             f"{'_safe' if safe else ''}{f'_bkv{BKV}' if BKV != 64 else ''}")
-    return kernel(in_specs=(qspec, kspec, kspec, qspec, Tile(B, Hq, S, f32), qspec),
-                  out_specs=(qspec, Tile(B, Hq, Sp, 2, f32)), grid=(-(-S // BM), Hq, B),
-                  block=(THREADS, 1, 1), smem=smem_total, maxnreg=168,
-                  tma={"Q": box_q, "DO": box_q, "K": box_k, "V": box_k}, name=name)(dq_kernel)
+    k = kernel(in_specs=(qspec, kspec, kspec, qspec, Tile(B, Hq, S, f32), qspec),
+               out_specs=(qspec, Tile(B, Hq, Sp, 2, f32)), grid=(-(-S // BM), Hq, B),
+               block=(THREADS, 1, 1), smem=smem_total, maxnreg=168,
+               tma={"Q": box_q, "DO": box_q, "K": box_k, "V": box_k}, name=name)(dq_kernel)
+    family = ("attn_bwd_dq", dt.name, D, Hq, Hkv, causal, scale, BKV, stages, sync, safe,
+              window, softcap)
+    return _family.specialized(k, family, sizes)

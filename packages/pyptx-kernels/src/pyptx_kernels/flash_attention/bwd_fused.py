@@ -4,12 +4,15 @@ products per block pair, dK and dV summed in registers and dQ added by bulk tile
 
 from __future__ import annotations
 
+import copy
+
 from pyptx import Tile, kernel, ptx, reg
 from pyptx.fragment import Accumulator
 from pyptx.operand import OperandTile
 from pyptx.pipeline import BarrierArray, Pipeline
 from pyptx.types import b32, f32, s32, u32, u64
 from pyptx.warpspec import SLAB_BYTES, Roles, ring_base, thread_ids
+from pyptx_kernels import _family
 from pyptx_kernels.flash_attention.bwd_common import (
     CONS_REGS,
     FUSED_BQ,
@@ -29,6 +32,8 @@ from pyptx_kernels.flash_attention.bwd_common import (
     _smem_fit,
     _store_rows,
     _store_split_partials,
+    padded,
+    size_params,
     softcap_constants,
 )
 from pyptx_kernels.flash_attention.fwd_kernel import _feature_tag as feature_tag
@@ -117,6 +122,10 @@ class _FusedPlan:
         self.num_q = -(-S // FUSED_BQ)
         self.num_kv = -(-Sk // FUSED_BKV)
         self.nq_sem = -(-S // 64)                   # counters per head (build_prep's SEM)
+        self.kv_last = self.num_kv - 1
+        self.sizes = dict(seqlen_q=S, seqlen_k=Sk, stats_rows=padded(S), q_blocks=self.num_q,
+                          kv_blocks=self.num_kv, sem_blocks=self.nq_sem, kv_last=self.kv_last,
+                          last_key=Sk - 1)
         # full attention, ordered: kv block j walks q blocks from j on, wrapping, so a q
         # block's adds come one step apart (kv blocks i, i - 1, ..., wrapping)
         self.rotate = (ordered and not causal and self.num_q == self.num_kv
@@ -124,6 +133,16 @@ class _FusedPlan:
                        and not self.windowed)
         # predecessor: kv block kb + 1 (a window: descending, as causal)
         self.reverse = ordered and (causal or self.rotate or self.windowed)
+
+    def bound(self, z):
+        """This plan reading its sizes from the kernel parameters ``z`` (``size_params`` of
+        ``sizes``, declared at the kernel's start): ``S``, ``Sk`` s32 registers, the block
+        counts u32 ones; its trace-time choices (``rotate``, ``reverse``) stay."""
+        run = copy.copy(self)
+        run.S, run.Sk = reg.from_(z.seqlen_q, s32), reg.from_(z.seqlen_k, s32)
+        run.num_q, run.num_kv, run.nq_sem, run.kv_last = (z.q_blocks, z.kv_blocks,
+                                                          z.sem_blocks, z.kv_last)
+        return run
 
     def q_range(self, k0):
         """A window's ``KeyBlocks`` of the q blocks kv block ``k0`` reaches
@@ -145,13 +164,13 @@ class _FusedPlan:
         """The place of kv block ``kb`` among those adding into q block ``qb``."""
         right = right_reach(self.causal, self.window)
         if self.windowed and not self.causal:   # descending from the last kv block reaching qb
-            last = reg.scalar(u32, init=self.num_kv - 1)
+            last = reg.scalar(u32, init=self.kv_last)
             if right is None:
                 return last - kb
             return _min_u32(reg.from_((qb * FUSED_BQ + (FUSED_BQ - 1 + right)) // FUSED_BKV,
                                       u32), last) - kb
         if self.causal:     # kv blocks min(qb, last), ..., 0 (a causal window's too)
-            return _min_u32(qb, self.num_kv - 1) - kb
+            return _min_u32(qb, self.kv_last) - kb
         if self.rotate:     # kv block kb reaches q block qb at step (qb - kb) % num_q
             step = qb + self.num_q - kb
             wrapped = reg.scalar(u32)
@@ -247,18 +266,20 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
     Gs = G // split
     window = tuple(window)
     cap = softcap_constants(scale, softcap)
-    plan = _FusedPlan(S, Hq, Hkv, D, Sk, dt, causal, bool(ordered), stages, split, window)
-    if plan.smem > SMEM_LIMIT:
-        raise _fail(f"build_fused: {plan.stages} stages need {plan.smem} bytes of shared memory "
+    fixed = _FusedPlan(S, Hq, Hkv, D, Sk, dt, causal, bool(ordered), stages, split, window)
+    if fixed.smem > SMEM_LIMIT:
+        raise _fail(f"build_fused: {fixed.stages} stages need {fixed.smem} bytes of shared memory "
                     f"(at most {SMEM_LIMIT})")
     c1 = scale * LOG2E
-    kv_tile, q_tile, q_mn, kv_mn, pt_tile = (plan.kv_tile, plan.q_tile, plan.q_mn, plan.kv_mn,
-                                             plan.pt_tile)
-    stage_bytes = plan.stage_bytes
+    kv_tile, q_tile, q_mn, kv_mn, pt_tile = (fixed.kv_tile, fixed.q_tile, fixed.q_mn, fixed.kv_mn,
+                                             fixed.pt_tile)
+    stage_bytes = fixed.stage_bytes
     qspec = Tile(B, S, Hq, D, dt)
     kspec = Tile(B, Sk, Hkv, D, dt)
 
     def fused_kernel(Q, K, V, DO, STATS, DQACC, SEM, DK, DV):
+        z = size_params(fixed.sizes)
+        plan, Sk, Sp = fixed.bound(z), z.seqlen_k, z.stats_rows
         base = ring_base("smem")
         pipe = Pipeline(plan.stages, consumer_arrivals=2)
         head_bar = BarrierArray(1, name="head_bar")
@@ -267,7 +288,7 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
         if split > 1:
             kb = kb // split
         if plan.reverse:    # launched last kv block first: a block's turn follows kb + 1's
-            kb = (plan.num_kv - 1) - kb
+            kb = plan.kv_last - kb
         hk = reg.from_(ptx.special.ctaid.y(), u32)
         b = reg.from_(ptx.special.ctaid.z(), u32)
         k0 = kb * FUSED_BKV
@@ -425,7 +446,7 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
             if plan.windowed:
                 _window_mask(s_acc, plan, k0, q0, qrow, col0)
             else:
-                _fused_mask(s_acc, causal, Sk, k0, q0, qrow, col0)
+                _fused_mask(s_acc, causal, Sk, k0, q0, qrow, col0, z.last_key)
 
         def ds_from_dp(delta, nl2):
             """``dS = P * (dP - delta)`` in place of dP (P stored already: a soft cap's
@@ -651,7 +672,7 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
             f"{f'_pp{pingpong}' if pingpong else ''}{f'_split{split}' if split > 1 else ''}")
     ins = (qspec, kspec, kspec, qspec, Tile(B, Hq, Sp, 2, f32), Tile(B, S, Hq, D, f32))
     if ordered:
-        ins += (Tile(B, Hq, plan.nq_sem, 2, s32),)
+        ins += (Tile(B, Hq, fixed.nq_sem, 2, s32),)
         fn = fused_kernel
     else:
         def fn(Q, K, V, DO, STATS, DQACC, DK, DV):
@@ -661,9 +682,12 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
     box_q = {"box": (1, FUSED_BQ, 1, 64), "swizzle": "128B"}
     tma = {"Q": box_q, "DO": box_q, "K": box_kv, "V": box_kv,
            "DQACC": {"box": (1, 64, 1, 32), "swizzle": "128B"}}
-    return kernel(in_specs=ins, out_specs=(kspec, kspec),
-                  grid=(plan.num_kv * split, Hkv, B), block=(THREADS, 1, 1), smem=plan.smem,
-                  maxnreg=168, tma=tma, name=name, cluster=(split, 1, 1))(fn)
+    k = kernel(in_specs=ins, out_specs=(kspec, kspec),
+               grid=(fixed.num_kv * split, Hkv, B), block=(THREADS, 1, 1), smem=fixed.smem,
+               maxnreg=168, tma=tma, name=name, cluster=(split, 1, 1))(fn)
+    family = ("attn_bwd_fused", dt.name, Hq, Hkv, causal, scale, fixed.stages, bool(ordered),
+              defer, pingpong, split, window, softcap, fixed.rotate)
+    return _family.specialized(k, family, fixed.sizes)
 
 
 def _window_mask(s_acc, plan, k0, q0, qrow, col0):
@@ -686,9 +710,10 @@ def _window_mask(s_acc, plan, k0, q0, qrow, col0):
                 ptx.inst.selp.f32(s_acc[i], s_acc[i], 0.0, first <= dc)
 
 
-def _fused_mask(s_acc, causal, Sk, k0, q0, qrow, col0):
-    """``P = 0`` where the kv column is past ``Sk`` or, causal, above the diagonal (kv > q);
-    only in the blocks that have such columns (the last kv block, the diagonal blocks)."""
+def _fused_mask(s_acc, causal, Sk, k0, q0, qrow, col0, last_key):
+    """``P = 0`` where the kv column is past ``Sk`` (``last_key = Sk - 1``; u32 registers)
+    or, causal, above the diagonal (kv > q); only in the blocks that have such columns (the
+    last kv block, the diagonal blocks)."""
     need = k0 + FUSED_BKV > Sk
     if causal:
         need = _or(need, q0 < k0 + (FUSED_BKV - 1))
@@ -697,9 +722,9 @@ def _fused_mask(s_acc, causal, Sk, k0, q0, qrow, col0):
         room = []
         for r in (0, 8):                    # column offset c allowed iff c <= room
             if causal:
-                lim = reg.from_(_min_u32(qrow + r, reg.scalar(u32, init=Sk - 1)), s32)
+                lim = reg.from_(_min_u32(qrow + r, reg.scalar(u32, init=last_key)), s32)
             else:
-                lim = reg.scalar(s32, init=Sk - 1)
+                lim = reg.from_(last_key, s32)
             room.append(lim - kv0)
         for i in range(len(s_acc)):
             dr, dc = Accumulator.coord(i)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pyptx import Tile, kernel, ptx, reg
 from pyptx.types import b32, f32, s32, u32, u64
+from pyptx_kernels import _family
 from pyptx_kernels.flash_attention.bwd_common import (
     BM,
     LOG2E,
@@ -16,6 +17,7 @@ from pyptx_kernels.flash_attention.bwd_common import (
     _maybe_if,
     _unpack,
     padded,
+    size_params,
 )
 
 
@@ -40,8 +42,11 @@ def build_prep(B, S, Hq, D, *, dtype="bf16", counters=False, width=None, lead=0,
     Sp = padded(S)
     qspec = Tile(B, S, Hq, D, dt)
     nq = -(-S // 64)
+    sizes = dict(seqlen_q=S, stats_rows=Sp, sem_blocks=nq)
 
     def prep(OUT, LSE, DO, STATS, DQACC, SEM):
+        z = size_params(sizes)
+        S, Sp, nq = z.seqlen_q, z.stats_rows, z.sem_blocks
         tid = reg.from_(ptx.special.tid.x(), u32)
         hq = reg.from_(ptx.special.ctaid.y(), u32)
         b = reg.from_(ptx.special.ctaid.z(), u32)
@@ -74,11 +79,14 @@ def build_prep(B, S, Hq, D, *, dtype="bf16", counters=False, width=None, lead=0,
         def fn(OUT, LSE, DO, STATS, DQACC):
             prep(OUT, LSE, DO, STATS, DQACC, None)
     fn.__name__ = "prep"
-    return kernel(in_specs=(qspec, Tile(B, Hq, S, f32), qspec), out_specs=outs,
-                  grid=(-(-S // BM), Hq, B), block=(256, 1, 1),
-                  name=f"attn_bwd_prep_{dt.name}_d{D}{'_sem' if counters else ''}"
-                       f"{'_zero' if zeroed and counters else ''}"
-                       f"{f'_w{width}' if width != D else ''}{f'_lead{lead}' if lead else ''}")(fn)
+    k = kernel(in_specs=(qspec, Tile(B, Hq, S, f32), qspec), out_specs=outs,
+               grid=(-(-S // BM), Hq, B), block=(256, 1, 1),
+               name=f"attn_bwd_prep_{dt.name}_d{D}{'_sem' if counters else ''}"
+                    f"{'_zero' if zeroed and counters else ''}"
+                    f"{f'_w{width}' if width != D else ''}{f'_lead{lead}' if lead else ''}")(fn)
+    family = ("attn_bwd_prep", dt.name, D, Hq, counters, width, lead, Hkv if lead else None,
+              zeroed)
+    return _family.specialized(k, family, sizes)
 
 
 def build_convert(B, S, Hq, D, *, dtype="bf16", scale=1.0, width=None):
@@ -92,10 +100,13 @@ def build_convert(B, S, Hq, D, *, dtype="bf16", scale=1.0, width=None):
     n = B * S * Hq * D
     blocks = -(-n // (256 * 8))
 
+    sizes = dict(chunks=n // 8)
+
     def convert(DQACC, DQ):
+        z = size_params(sizes)
         pa, pq = ptx.global_ptrs(DQACC, DQ)
         i = reg.from_(ptx.special.ctaid.x(), u32) * 256 + reg.from_(ptx.special.tid.x(), u32)
-        ok = i < n // 8
+        ok = i < z.chunks
         if width == D:
             src = reg.from_(i, u64) * 32 + pa
         else:   # eight columns c.. of row r: elements r * 2D + c (+ D for the second sum)
@@ -119,9 +130,10 @@ def build_convert(B, S, Hq, D, *, dtype="bf16", scale=1.0, width=None):
             ptx.inst.st.global_.v4.b32(ptx.addr(dst), packed)
         ptx.ret()
 
-    return kernel(in_specs=(Tile(B, S, Hq, width, f32),), out_specs=(Tile(B, S, Hq, D, dt),),
-                  grid=(blocks, 1, 1), block=(256, 1, 1),
-                  name=f"attn_bwd_convert_{dt.name}_d{D}{f'_w{width}' if width != D else ''}")(convert)
+    k = kernel(in_specs=(Tile(B, S, Hq, width, f32),), out_specs=(Tile(B, S, Hq, D, dt),),
+               grid=(blocks, 1, 1), block=(256, 1, 1),
+               name=f"attn_bwd_convert_{dt.name}_d{D}{f'_w{width}' if width != D else ''}")(convert)
+    return _family.specialized(k, ("attn_bwd_convert", dt.name, D, float(scale), width), sizes)
 
 
 def _row_stats(po, pdo, plse, pstats, b, hq, qrow, valid, lane, S, Sp, Hq, D, dt):
