@@ -18,6 +18,7 @@ from pyptx.operand import OperandTile
 from pyptx.pipeline import BarrierArray, Pipeline
 from pyptx.types import b32, f32, s32, u32, u64
 from pyptx.warpspec import SLAB_BYTES, Roles, ring_base, thread_ids
+from pyptx_kernels import _family
 from pyptx_kernels.flash_attention.bwd_common import (
     BM,
     CONS_REGS,
@@ -45,6 +46,7 @@ from pyptx_kernels.flash_attention.bwd_common import (
     _store_split_partials,
     _unpack,
     dq_accumulator_width,
+    size_params,
     softcap_constants,
 )
 from pyptx_kernels.flash_attention.bwd_plan import (
@@ -490,6 +492,14 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     box_q = {"box": (1, BQ, 1, 64), "swizzle": "128B"}
     qspec = Tile(B, S, Hq, D, dt)
     kspec = Tile(B, Sk, Hkv, D, dt)
+    lead_per = 64 // (D // 8)       # stats_lead: rows per turn of _lead_stats
+    lead_chunk = math.ceil(math.ceil(G * Sp / cph) / lead_per) * lead_per
+    sizes = dict(seqlen_q=S, seqlen_k=Sk, stats_rows=Sp, q_blocks=num_q, kv_blocks=num_kv,
+                 kv_last=num_kv - 1, sem_blocks=sem_q, kv_ctas=cph, kv_heads=B * Hkv,
+                 main_ctas=n_main, units=units, head_units=per_head, conv_first=conv0,
+                 converters=n_conv, lead_chunk=lead_chunk, lead_turns=lead_chunk // lead_per,
+                 lead_rows=G * Sp)
+    rt = SimpleNamespace()      # their registers in the trace (dkdv_kernel's first lines)
 
     def q_block(qb, kb):
         """The q block of step ``qb`` of kv block ``kb`` (rotated under ``rotate``)."""
@@ -497,7 +507,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             return qb
         r = qb + kb * (BM // BQ)
         wrapped = reg.scalar(u32)
-        ptx.inst.selp.u32(wrapped, r - num_q, r, r >= num_q)
+        ptx.inst.selp.u32(wrapped, r - rt.q_blocks, r, r >= rt.q_blocks)
         return wrapped
 
     def window_kv_range(qb):
@@ -505,13 +515,13 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         (``masks.query_blocks``) hold 64-row q block ``qb`` (registers; ``any`` false: none)."""
         right, left = right_reach(causal, window), window[0]
         q0 = reg.from_(qb * 64, s32)
-        khi = reg.scalar(u32, init=num_kv - 1)
+        khi = reg.scalar(u32, init=rt.kv_last)
         if right is not None:
             khi = _min_u32(reg.from_((q0 + (63 + right)) // BM, u32), khi)
         if left < 0:
             return 0, khi, None
         klo = reg.from_(_max_s32(q0 - left, 0) // BM, u32)
-        return klo, khi, reg.from_(q0 - left, s32) < Sk
+        return klo, khi, reg.from_(q0 - left, s32) < rt.seqlen_k_s32
 
     def dq_rank(qb, kb):
         """The place of kv block ``kb`` among the kv blocks adding into q block ``qb`` (the
@@ -519,11 +529,11 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         if windowed and not causal:     # kv blocks khi, khi - 1, ..., klo (causal's order;
             return window_kv_range(qb)[1] - kb  # a causal window's khi is causal's)
         if causal:      # kv blocks jmax, jmax - 1, ..., 0 (each one step behind the last)
-            return _min_u32((qb * BQ + (BQ - 1)) // BM, num_kv - 1) - kb
+            return _min_u32((qb * BQ + (BQ - 1)) // BM, rt.kv_last) - kb
         if rotate:      # kv block j reaches q block i at step (i - 2j) % num_q
-            step = qb + num_q - kb * (BM // BQ)
+            step = qb + rt.q_blocks - kb * (BM // BQ)
             wrapped = reg.scalar(u32)
-            ptx.inst.selp.u32(wrapped, step - num_q, step, step >= num_q)
+            ptx.inst.selp.u32(wrapped, step - rt.q_blocks, step, step >= rt.q_blocks)
             return wrapped // (BM // BQ)
         return kb       # kv blocks 0, 1, ... (each a step behind: a wavefront)
 
@@ -547,13 +557,13 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         """The address of column ``col`` of this CTA's ``TRACE`` row (launch order)."""
         (pt,) = ptx.global_ptrs(TRACE)
         lin = reg.from_(ptx.special.ctaid.x(), u32)
-        if not n_conv:
-            lin = lin + cph * (reg.from_(ptx.special.ctaid.y(), u32)
+        if not dq_convert:
+            lin = lin + rt.kv_ctas * (reg.from_(ptx.special.ctaid.y(), u32)
                                   + Hkv * reg.from_(ptx.special.ctaid.z(), u32))
         return ptx.addr(reg.from_(lin * 4 + col, u64) * 4 + pt)
 
     def _dq_writer(DQACC, SEM, bufs, kb, hk, b, qb0, dq_full, dq_empty, pipe=None, TRACE=None,
-                   qh0=None, q_end=num_q):
+                   qh0=None, q_end=None):
         """The ordered dQ mode's writer (one thread of the producer warpgroup): for each
         block, in the consumers' order, wait for this kv block's turn at the q block's
         counter, for both warpgroups' slabs (``dq_full``), add them into DQACC (the first
@@ -574,10 +584,10 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             wst = pipe.consumer_state()
         for g in ptx.loop(0, Gs):
             hq = hk * G + g if split == 1 else qh0 + g
-            for qstep in ptx.loop(qb0, q_end):
+            for qstep in ptx.loop(qb0, rt.q_blocks if q_end is None else q_end):
                 qb = q_block(qstep, kb)
                 rank = dq_rank(qb, kb)
-                cell = reg.from_(((b * Hq + hq) * sem_q + qb) * 2, u64) * 4 + psem
+                cell = reg.from_(((b * Hq + hq) * rt.sem_blocks + qb) * 2, u64) * 4 + psem
 
                 _spin_until(cell, rank, now, waited)
                 ptx.fence_proxy_async("global")
@@ -624,17 +634,17 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         now = reg.scalar(u32)
         started = _now() if TRACE is not None else None
         waited = reg.scalar(u32, init=0) if TRACE is not None else None
-        mine = (units - conv0 + (n_conv - 1) - c) // n_conv
+        mine = (rt.units - rt.conv_first + (rt.converters - 1) - c) // rt.converters
         with ptx.if_(tid < 256):
             for j0 in ptx.loop(0, mine, CONVERT_BLOCKS):
                 got = []
                 for j in range(CONVERT_BLOCKS):
-                    u = c + (j0 + j) * n_conv
-                    if conv0:
-                        u = u + conv0
+                    u = c + (j0 + j) * rt.converters
+                    if lag:
+                        u = u + rt.conv_first
                     live = j0 + j < mine
-                    bh = u // sem_q
-                    qb = u - bh * sem_q
+                    bh = u // rt.sem_blocks
+                    qb = u - bh * rt.sem_blocks
                     some = None     # a window: whether any kv block adds into qb
                     if windowed:
                         klo, khi, some = window_kv_range(qb)
@@ -642,7 +652,8 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                         if some is not None:
                             adds = reg.from_(_selp_u32(adds, 0, some), u32)
                     else:
-                        adds = _min_u32(qb // 2, num_kv - 1) + 1 if causal else num_kv
+                        adds = (_min_u32(qb // 2, rt.kv_last) + 1 if causal
+                                else rt.kv_blocks)
                     with ptx.if_((tid == 32 * j) & live):
                         _spin_until(reg.from_(u, u64) * 8 + psem, adds, now, waited)
                     got.append((live, bh, qb, some))
@@ -655,9 +666,9 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                         v = tid + 256 * i
                         s = qb * 64 + v // (D // 8)
                         col = (v % (D // 8)) * 8
-                        row = reg.from_((b * S + s) * Hq + hq, u64)
+                        row = reg.from_((b * rt.seqlen_q + s) * Hq + hq, u64)
                         src = row * (dq_width * 4) + reg.from_(col * 4, u64) + pa
-                        ok = (s < S) & live
+                        ok = (s < rt.seqlen_q) & live
                         x = reg.array(f32, 8 * dq_width // D)
                         for r in x:     # rows not converted: defined, never stored
                             ptx.inst.mov.f32(r, 0.0)    # (nor added into: zeros stored)
@@ -687,23 +698,24 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         thread converts 4 columns of a row per step, one load in flight: the producer's 24
         registers do not hold two (ptxas spills)."""
         t = reg.from_(ptx.special.tid.x(), u32) - 64
-        head = cta // cph
+        head = cta // rt.kv_ctas
         pa, psem, pq = ptx.global_ptrs(DQACC, SEM, DQ)
         now = reg.scalar(u32)
         with ptx.if_(head >= lag):
             for j in range(share):
-                within = (cta - head * cph) * share + j
-                u = (head - lag) * per_head + within
-                live = within < per_head
+                within = (cta - head * rt.kv_ctas) * share + j
+                u = (head - lag) * rt.head_units + within
+                live = within < rt.head_units
                 with ptx.if_((t == 0) & live):
-                    _spin_until(reg.from_(u, u64) * 8 + psem, num_kv, now)
+                    _spin_until(reg.from_(u, u64) * 8 + psem, rt.kv_blocks, now)
                 ptx.bar_sync(4, 64)
-                bh = u // sem_q
+                bh = u // rt.sem_blocks
                 b = bh // Hq
-                first = (b * S + (u - bh * sem_q) * 64) * Hq + (bh - b * Hq)    # (b, s, hq) row
+                first = ((b * rt.seqlen_q + (u - bh * rt.sem_blocks) * 64) * Hq
+                         + (bh - b * Hq))   # (b, s, hq) row
                 for i in ptx.loop(0, D // 4):
                     v = t + 64 * i
-                    ok = ((u - bh * sem_q) * 64 + v // (D // 4) < S) & live
+                    ok = ((u - bh * rt.sem_blocks) * 64 + v // (D // 4) < rt.seqlen_q) & live
                     row = reg.from_(first + (v // (D // 4)) * Hq, u64)
                     col = (v % (D // 4)) * 4
                     x = reg.array(f32, 4)
@@ -719,7 +731,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     def _flag(psem, head):
         """The ``stats_lead`` flag of kv head ``head`` (launch order): the spare second cell
         of its first q head's first q block."""
-        return reg.from_(G * head * sem_q * 2 + 1, u64) * 4 + psem
+        return reg.from_(G * head * rt.sem_blocks * 2 + 1, u64) * 4 + psem
 
     def _lead_stats(OUT, DO, LSE, STATS, SEM, head, p):
         """Warps 2 and 3 (``stats_lead``): CTA ``p`` of kv head ``head`` (launch order)
@@ -730,41 +742,42 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         t = reg.from_(ptx.special.tid.x(), u32) - 64
         lanes = D // 8
         per = 64 // lanes                   # rows per turn
-        chunk = math.ceil(math.ceil(G * Sp / cph) / per) * per
         target = head + lead
         po, pdo, plse, pstats, psem = ptx.global_ptrs(OUT, DO, LSE, STATS, SEM)
-        with ptx.if_(target < B * Hkv):
+        with ptx.if_(target < rt.kv_heads):
             bt = target // Hkv
-            for k in ptx.loop(0, chunk // per):
-                r = p * chunk + k * per + t // lanes
-                live = r < G * Sp
-                g = r // Sp
-                s = r - g * Sp
+            for k in ptx.loop(0, rt.lead_turns):
+                r = p * rt.lead_chunk + k * per + t // lanes
+                live = r < rt.lead_rows
+                g = r // rt.stats_rows
+                s = r - g * rt.stats_rows
                 hq = (target - bt * Hkv) * G + g
-                ok = live & (s < S)
-                off = reg.from_(((bt * S + s) * Hq + hq) * D + (t % lanes) * 8, u64) * 2
+                ok = live & (s < rt.seqlen_q)
+                off = reg.from_(((bt * rt.seqlen_q + s) * Hq + hq) * D + (t % lanes) * 8,
+                                u64) * 2
                 wo, wd = _row_pieces(po, pdo, off, ok)
                 lv = reg.scalar(f32, init=0.0)
-                row = reg.from_((bt * Hq + hq) * S + s, u64)
+                row = reg.from_((bt * Hq + hq) * rt.seqlen_q + s, u64)
                 ptx.inst.ld.global_.nc.f32(lv, ptx.addr(row * 4 + plse),
                                            pred=ok & (t % lanes == 0))
                 acc = _row_delta(wo, wd, lanes, dt)
-                soff = reg.from_((bt * Hq + hq) * Sp + s, u64) * 8
+                soff = reg.from_((bt * Hq + hq) * rt.stats_rows + s, u64) * 8
                 ptx.inst.st.global_.v2.f32(ptx.addr(pstats + soff), [lv * LOG2E, acc],
                                            pred=live & (t % lanes == 0))
             ptx.fence_proxy_async("global")
         ptx.bar_sync(4, 64)
-        with ptx.if_((t == 0) & (target < B * Hkv)):
+        with ptx.if_((t == 0) & (target < rt.kv_heads)):
             ptx.inst("red.release.gpu.global.add.u32")(ptx.addr(_flag(psem, target)), 1)
 
     def dkdv_kernel(Q, K, V, DO, STATS, DQACC, SEM, DK, DV, DQ=None, TRACE=None, OUT=None,
                     LSE=None):
-        if n_conv:      # the last n_conv CTAs of the 1-D grid convert dQ
-            with ptx.if_(reg.from_(ptx.special.ctaid.x(), u32) >= n_main):
-                if n_conv_grid != n_conv:   # a last cluster's spare CTAs
-                    with ptx.if_(reg.from_(ptx.special.ctaid.x(), u32) >= n_main + n_conv):
-                        ptx.ret()
-                _converter(DQACC, SEM, DQ, reg.from_(ptx.special.ctaid.x(), u32) - n_main,
+        rt.__dict__.update(vars(size_params(sizes)))
+        rt.seqlen_q_s32, rt.seqlen_k_s32 = reg.from_(rt.seqlen_q, s32), reg.from_(rt.seqlen_k, s32)
+        if dq_convert:      # the last converters CTAs of the 1-D grid convert dQ
+            with ptx.if_(reg.from_(ptx.special.ctaid.x(), u32) >= rt.main_ctas):
+                spare = reg.from_(ptx.special.ctaid.x(), u32) >= rt.main_ctas + rt.converters
+                ptx.ret(pred=spare)     # a last cluster's spare CTAs
+                _converter(DQACC, SEM, DQ, reg.from_(ptx.special.ctaid.x(), u32) - rt.main_ctas,
                            TRACE)
         if TRACE is not None:   # the start, the SM; no writer: no wait
             with ptx.if_(reg.from_(ptx.special.tid.x(), u32) == 0):
@@ -776,26 +789,26 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         pipe = Pipeline(stages, consumer_arrivals=RELEASE_ARRIVALS + (1 if wide else 0))
         head_bar = BarrierArray(1, name="head_bar")
         tid, wg = thread_ids()
-        if n_conv:      # 1-D grid, the 3-D grid's order
+        if dq_convert:      # 1-D grid, the 3-D grid's order
             cta = reg.from_(ptx.special.ctaid.x(), u32)
             unit = cta if split == 1 else cta // split     # the cluster
-            kb = unit % num_kv
+            kb = unit % rt.kv_blocks
             if reverse:
-                kb = (num_kv - 1) - kb
-            hk = (unit // num_kv) % Hkv
-            b = unit // (num_kv * Hkv)
+                kb = (rt.kv_last) - kb
+            hk = (unit // rt.kv_blocks) % Hkv
+            b = unit // (rt.kv_blocks * Hkv)
         else:
             kb = reg.from_(ptx.special.ctaid.x(), u32)
             if split > 1:
                 kb = kb // split
             if reverse:     # launched last kv block first: a block's turn follows kb + 1's
-                kb = (num_kv - 1) - kb
+                kb = (rt.kv_last) - kb
             hk = reg.from_(ptx.special.ctaid.y(), u32)
             b = reg.from_(ptx.special.ctaid.z(), u32)
         if lead:        # kv head and CTA within it, launch order
-            if n_conv:
-                head = cta // cph
-                pos = cta - head * cph
+            if dq_convert:
+                head = cta // rt.kv_ctas
+                pos = cta - head * rt.kv_ctas
             else:
                 head = hk + Hkv * b
                 pos = reg.from_(ptx.special.ctaid.x(), u32)
@@ -815,12 +828,13 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         ptx.bar_sync(0)
         # causal: q blocks wholly above the diagonal (every q < k0) are skipped
         qb0 = k0 // BQ if causal else 0
-        q_end = num_q
+        q_end = rt.q_blocks
 
         def window_q_range():
             """The q blocks ``[first, end)`` the window reaches (formed where each role
             needs them: the producer warps have 24 registers)."""
-            first, _, _, end = query_blocks(reg.from_(k0, s32), Sk, S, BQ, causal, BM, window)
+            first, _, _, end = query_blocks(reg.from_(k0, s32), rt.seqlen_k_s32, rt.seqlen_q_s32, BQ,
+                                            causal, BM, window)
             return tuple(x if isinstance(x, int) else reg.from_(x, u32) for x in (first, end))
         pstats, pdk, pdv = ptx.global_ptrs(STATS, DK, DV)
         if atomic_dq:
@@ -830,7 +844,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         def wait_stats():   # this head's stats are in once every CTA of head - lead counted
             with ptx.if_(head >= lead):
                 (psem,) = ptx.global_ptrs(SEM)
-                _spin_until(_flag(psem, head), cph, reg.scalar(u32))
+                _spin_until(_flag(psem, head), rt.kv_ctas, reg.scalar(u32))
             ptx.fence_proxy_async("global")
 
         def load_q(sb, q_map, do_map, hq, qb, bar):
@@ -844,7 +858,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             stage_bytes, q_tile.nbytes, stats_bytes, safe, sync, Q, DO,
             load_head=lambda hbar: _load_pair(base, K, V, kv_tile.nbytes, slabs, hk, k0, b, BM,
                                               hbar),
-            stats_row=lambda hq: reg.from_((b * Hq + hq) * Sp, u64) * 8 + pstats,
+            stats_row=lambda hq: reg.from_((b * Hq + hq) * rt.stats_rows, u64) * 8 + pstats,
             q_block=lambda qstep: q_block(qstep, kb), load_q=load_q,
             before=wait_stats if lead else None, heads=(qh0, Gs) if split > 1 else None)
         if dq_ordered and wide:
@@ -867,8 +881,8 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             ptx.ret()   # non-exited threads, the consumers' only
         # ------------------------------------------------------------ consumers
         roles.consumers(CONS_REGS)
-        c = _dkdv_consumer_regs(tid, wg, k0, Sk, BQ, D, wide, base, head_bytes + ds_bytes,
-                                kv_tile, q_tile, q_mn, pipe)
+        c = _dkdv_consumer_regs(tid, wg, k0, rt.seqlen_k, BQ, D, wide, base,
+                                head_bytes + ds_bytes, kv_tile, q_tile, q_mn, pipe)
         w, t, s_acc, dp_acc, dv_acc, dk_acc = c.w, c.t, c.s_acc, c.dp_acc, c.dv_acc, c.dk_acc
         dp_half = dp_acc    # wide: dP^T by halves (registers: dV, dK, S^T or dQ, P^T)
         p_pack, ds_pack, row0, col0, kvrow, valid = (c.p_pack, c.ds_pack, c.row0, c.col0,
@@ -961,16 +975,16 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                 need = None
             elif windowed:      # the blocks straddling an edge of the window or S (the
                 # bounds formed again here: fewer registers held over the loop)
-                _, lo_b, hi_b, _ = query_blocks(reg.from_(k0, s32), Sk, S, BQ, causal, BM,
-                                                window)
+                _, lo_b, hi_b, _ = query_blocks(reg.from_(k0, s32), rt.seqlen_k_s32,
+                                                rt.seqlen_q_s32, BQ, causal, BM, window)
                 need = _or(q0 < reg.from_(lo_b * BQ, u32), q0 >= reg.from_(hi_b * BQ, u32))
             elif causal:
-                need = _or(q0 + BQ > S, q0 < k0 + (BM - 1))
+                need = _or(q0 + BQ > rt.seqlen_q, q0 < k0 + (BM - 1))
             else:
-                need = q0 + BQ > S
+                need = q0 + BQ > rt.seqlen_q
             with _maybe_if(need):
                 qc = q0 + col0
-                hi = reg.from_(S - qc, s32)         # column offset c valid iff c < hi
+                hi = reg.from_(rt.seqlen_q - qc, s32)   # column offset c valid iff c < hi
                 if windowed:
                     _mask_window(acc, hi, qc, kvrow, causal, window)
                     return
@@ -1072,7 +1086,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             qb0, q_end = window_q_range()
         for g in ptx.loop(0, Gs):
             hq = hk * G + g if split == 1 else qh0 + g
-            srow = reg.from_((b * Hq + hq) * Sp, u64) * 8 + pstats
+            srow = reg.from_((b * Hq + hq) * rt.stats_rows, u64) * 8 + pstats
             for qstep in ptx.loop(qb0, q_end):
                 qb = q_block(qstep, kb)
                 q0 = qb * BQ
@@ -1112,9 +1126,9 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                             ptx.wgmma.wait_group(0)
                             qr = q0 + row0
                             for r in (0, 8):
-                                elem = ((b * S + qr + r) * Hq + hq) * D + qcol
+                                elem = ((b * rt.seqlen_q + qr + r) * Hq + hq) * D + qcol
                                 addr = reg.from_(elem, u64) * 4 + pacc
-                                ok = qr + r < S
+                                ok = qr + r < rt.seqlen_q
                                 for i, dr, dc in s_acc.pairs():
                                     if dr != r:
                                         continue
@@ -1144,13 +1158,13 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             pdk, pdv = ptx.global_ptrs(DK, DV)
         if split > 1:   # dK's partials over the head tile, dV's over the ring
             def store(part, col, dv):
-                _store_rows(part, pdv if dv else pdk, kvrow, valid, Hkv, D, hk, b, Sk,
-                            col0 if isinstance(col, int) and not col else col0 + col,
+                _store_rows(part, pdv if dv else pdk, kvrow, valid, Hkv, D, hk, b,
+                            rt.seqlen_k, col0 if isinstance(col, int) and not col else col0 + col,
                             1.0 if dv else scale, dt)
             _store_split_partials(dk_acc, dv_acc, base, head_bytes + ds_bytes, split, store)
         else:
-            _store_rows(dk_acc, pdk, kvrow, valid, Hkv, D, hk, b, Sk, col0, scale, dt)
-            _store_rows(dv_acc, pdv, kvrow, valid, Hkv, D, hk, b, Sk, col0, 1.0, dt)
+            _store_rows(dk_acc, pdk, kvrow, valid, Hkv, D, hk, b, rt.seqlen_k, col0, scale, dt)
+            _store_rows(dv_acc, pdv, kvrow, valid, Hkv, D, hk, b, rt.seqlen_k, col0, 1.0, dt)
         if TRACE is not None:   # the consumers' end
             with ptx.if_(tid == 128):
                 ptx.inst.st.global_.u32(_trace_at(TRACE, 1), _now())
@@ -1161,7 +1175,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             f"{'_safe' if safe else ''}{'_atomic' if atomic_dq else ''}{'_bulk' if dq_bulk else ''}"
             f"{'_ordered' if dq_ordered else ''}"
             f"{f'_bq{BQ}' if BQ != 64 else ''}{'_serial' if overlap != default_overlap else ''}"
-            f"{f'_cvt{n_conv}' if n_conv else ''}{f'_lag{lag}' if lag else ''}"
+            f"{f'_cvt{num_sms}' if dq_convert else ''}{f'_lag{lag}' if lag else ''}"
             f"{f'_lead{lead}' if lead else ''}{f'_split{split}' if split > 1 else ''}"
             f"{'_trace' if trace else ''}")
     ins = (qspec, kspec, kspec, qspec, Tile(B, Hq, Sp, 2, f32))
@@ -1201,8 +1215,14 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     tma = {"Q": box_q, "DO": box_q, "K": box_kv, "V": box_kv}
     if dq_bulk:
         tma["DQACC"] = {"box": (1, 64, 1, 32), "swizzle": "128B"}
-    return kernel(in_specs=ins, out_specs=outs + traced, grid=grid,
-                  block=(THREADS, 1, 1), smem=smem_total, maxnreg=168,
-                  cluster=(split, 1, 1),
-                  version="8.3" if atomic_dq else None,      # red.global.add.v2.f32: ISA 8.1
-                  tma=tma, name=name)(fn)
+    k = kernel(in_specs=ins, out_specs=outs + traced, grid=grid,
+               block=(THREADS, 1, 1), smem=smem_total, maxnreg=168,
+               cluster=(split, 1, 1),
+               version="8.3" if atomic_dq else None,      # red.global.add.v2.f32: ISA 8.1
+               tma=tma, name=name)(fn)
+    # in the code, not read at run time: rotate (from the block counts), and convert_lag's
+    # share of q blocks per CTA (a Python loop)
+    family = ("attn_bwd_dkdv", dt.name, D, Hq, Hkv, causal, scale, BQ, stages, sync, safe,
+              atomic_dq, overlap, dq_bulk, dq_ordered, num_sms, dq_convert, lag, lead, split,
+              trace, window, softcap, rotate, share if lag else None)
+    return _family.specialized(k, family, sizes)

@@ -16,6 +16,7 @@ from pyptx.operand import OperandTile
 from pyptx.pipeline import BarrierArray, Pipeline
 from pyptx.types import f32, s32, u32, u64
 from pyptx.warpspec import Roles, ring_base, thread_ids
+from pyptx_kernels import _family
 from pyptx_kernels.flash_attention.bwd_common import (
     BM,
     CONS_REGS,
@@ -34,6 +35,7 @@ from pyptx_kernels.flash_attention.bwd_common import (
     _smem_fit,
     _store_tensor_rows,
     safe_default,
+    size_params,
     softcap_constants,
 )
 from pyptx_kernels.flash_attention.bwd_dkdv import (
@@ -174,7 +176,11 @@ def build_dq_varlen(Tq, Tk, B, Hq, Hkv, D, max_seqlen_q, *, dtype="bf16", causal
     kspec = Tile(Tk, Hkv, D, dt)
     cu = Tile(B + 1, s32)
 
+    sizes = dict(total_q=Tq, stats_rows=Sp)
+
     def dq_kernel(Q, K, V, CUQ, CUK, OUT, LSE, DO, DQ, STATS):
+        z = size_params(sizes)
+        Tq, Sp = z.total_q, z.stats_rows
         tid, wg = thread_ids()
         mi = reg.from_(ptx.special.ctaid.x(), u32)
         hq = reg.from_(ptx.special.ctaid.y(), u32)
@@ -242,10 +248,13 @@ def build_dq_varlen(Tq, Tk, B, Hq, Hkv, D, max_seqlen_q, *, dtype="bf16", causal
             f"{'_safe' if safe else ''}_bkv{BKV}")
     box_q = {"box": (BM, 1, 64), "swizzle": "128B"}
     box_k = {"box": (BKV, 1, 64), "swizzle": "128B"}
-    return kernel(in_specs=(qspec, kspec, kspec, cu, cu, qspec, Tile(Hq, Tq, f32), qspec),
-                  out_specs=(qspec, Tile(Hq, Sp, 2, f32)), grid=(-(-max_seqlen_q // BM), Hq, B),
-                  block=(THREADS, 1, 1), smem=smem_total, maxnreg=168,
-                  tma={"Q": box_q, "DO": box_q, "K": box_k, "V": box_k}, name=name)(dq_kernel)
+    k = kernel(in_specs=(qspec, kspec, kspec, cu, cu, qspec, Tile(Hq, Tq, f32), qspec),
+               out_specs=(qspec, Tile(Hq, Sp, 2, f32)), grid=(-(-max_seqlen_q // BM), Hq, B),
+               block=(THREADS, 1, 1), smem=smem_total, maxnreg=168,
+               tma={"Q": box_q, "DO": box_q, "K": box_k, "V": box_k}, name=name)(dq_kernel)
+    family = ("attn_bwd_dq_varlen", dt.name, D, Hq, Hkv, causal, scale, BKV, stages, sync,
+              safe, window, softcap)
+    return _family.specialized(k, family, sizes)
 
 
 def build_dkdv_varlen(Tq, Tk, B, Hq, Hkv, D, max_seqlen_k, *, dtype="bf16", causal=False,
@@ -297,7 +306,10 @@ def build_dkdv_varlen(Tq, Tk, B, Hq, Hkv, D, max_seqlen_k, *, dtype="bf16", caus
             reg.from_(k0, s32), reg.from_(seqlen_k, s32), reg.from_(seqlen_q, s32), BQ,
             causal, BM, window))
 
+    sizes = dict(stats_rows=Sp)
+
     def dkdv_kernel(Q, K, V, CUQ, CUK, DO, STATS, DK, DV):
+        Sp = size_params(sizes).stats_rows
         tid, wg = thread_ids()
         kb = reg.from_(ptx.special.ctaid.x(), u32)
         hk = reg.from_(ptx.special.ctaid.y(), u32)
@@ -399,11 +411,14 @@ def build_dkdv_varlen(Tq, Tk, B, Hq, Hkv, D, max_seqlen_k, *, dtype="bf16", caus
             f"{'_serial' if overlap != default_overlap else ''}")
     box_kv = {"box": (BM, 1, 64), "swizzle": "128B"}
     box_q = {"box": (BQ, 1, 64), "swizzle": "128B"}
-    return kernel(in_specs=(qspec, kspec, kspec, cu, cu, qspec, Tile(Hq, Sp, 2, f32)),
-                  out_specs=(kspec, kspec), grid=(-(-max_seqlen_k // BM), Hkv, B),
-                  block=(THREADS, 1, 1), smem=smem_total, maxnreg=168,
-                  tma={"Q": box_q, "DO": box_q, "K": box_kv, "V": box_kv},
-                  name=name)(dkdv_kernel)
+    k = kernel(in_specs=(qspec, kspec, kspec, cu, cu, qspec, Tile(Hq, Sp, 2, f32)),
+               out_specs=(kspec, kspec), grid=(-(-max_seqlen_k // BM), Hkv, B),
+               block=(THREADS, 1, 1), smem=smem_total, maxnreg=168,
+               tma={"Q": box_q, "DO": box_q, "K": box_kv, "V": box_kv},
+               name=name)(dkdv_kernel)
+    family = ("attn_bwd_dkdv_varlen", dt.name, D, Hq, Hkv, causal, scale, BQ, stages, sync,
+              safe, overlap, window, softcap)
+    return _family.specialized(k, family, sizes)
 
 
 class AttentionBackwardVarlen:
