@@ -492,13 +492,14 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     box_q = {"box": (1, BQ, 1, 64), "swizzle": "128B"}
     qspec = Tile(B, S, Hq, D, dt)
     kspec = Tile(B, Sk, Hkv, D, dt)
-    lead_per = 64 // (D // 8)       # stats_lead: rows per turn of _lead_stats
+    # stats_lead: rows per turn of _lead_stats, and per CTA; these and S are in its code
+    # (runtime ones spill the 24-register producer warps, 8 bytes), hence in the family
+    lead_per = 64 // (D // 8)
     lead_chunk = math.ceil(math.ceil(G * Sp / cph) / lead_per) * lead_per
     sizes = dict(seqlen_q=S, seqlen_k=Sk, stats_rows=Sp, q_blocks=num_q, kv_blocks=num_kv,
                  kv_last=num_kv - 1, sem_blocks=sem_q, kv_ctas=cph, kv_heads=B * Hkv,
                  main_ctas=n_main, units=units, head_units=per_head, conv_first=conv0,
-                 converters=n_conv, lead_chunk=lead_chunk, lead_turns=lead_chunk // lead_per,
-                 lead_rows=G * Sp)
+                 converters=n_conv)
     rt = SimpleNamespace()      # their registers in the trace (dkdv_kernel's first lines)
 
     def q_block(qb, kb):
@@ -746,22 +747,22 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         po, pdo, plse, pstats, psem = ptx.global_ptrs(OUT, DO, LSE, STATS, SEM)
         with ptx.if_(target < rt.kv_heads):
             bt = target // Hkv
-            for k in ptx.loop(0, rt.lead_turns):
-                r = p * rt.lead_chunk + k * per + t // lanes
-                live = r < rt.lead_rows
-                g = r // rt.stats_rows
-                s = r - g * rt.stats_rows
+            for k in ptx.loop(0, lead_chunk // lead_per):
+                r = p * lead_chunk + k * per + t // lanes
+                live = r < G * Sp
+                g = r // Sp
+                s = r - g * Sp
                 hq = (target - bt * Hkv) * G + g
-                ok = live & (s < rt.seqlen_q)
-                off = reg.from_(((bt * rt.seqlen_q + s) * Hq + hq) * D + (t % lanes) * 8,
+                ok = live & (s < S)
+                off = reg.from_(((bt * S + s) * Hq + hq) * D + (t % lanes) * 8,
                                 u64) * 2
                 wo, wd = _row_pieces(po, pdo, off, ok)
                 lv = reg.scalar(f32, init=0.0)
-                row = reg.from_((bt * Hq + hq) * rt.seqlen_q + s, u64)
+                row = reg.from_((bt * Hq + hq) * S + s, u64)
                 ptx.inst.ld.global_.nc.f32(lv, ptx.addr(row * 4 + plse),
                                            pred=ok & (t % lanes == 0))
                 acc = _row_delta(wo, wd, lanes, dt)
-                soff = reg.from_((bt * Hq + hq) * rt.stats_rows + s, u64) * 8
+                soff = reg.from_((bt * Hq + hq) * Sp + s, u64) * 8
                 ptx.inst.st.global_.v2.f32(ptx.addr(pstats + soff), [lv * LOG2E, acc],
                                            pred=live & (t % lanes == 0))
             ptx.fence_proxy_async("global")
@@ -1220,9 +1221,10 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                cluster=(split, 1, 1),
                version="8.3" if atomic_dq else None,      # red.global.add.v2.f32: ISA 8.1
                tma=tma, name=name)(fn)
-    # in the code, not read at run time: rotate (from the block counts), and convert_lag's
-    # share of q blocks per CTA (a Python loop)
+    # in the code, not read at run time: rotate (from the block counts), convert_lag's
+    # share of q blocks per CTA (a Python loop) and stats_lead's rows
     family = ("attn_bwd_dkdv", dt.name, D, Hq, Hkv, causal, scale, BQ, stages, sync, safe,
               atomic_dq, overlap, dq_bulk, dq_ordered, num_sms, dq_convert, lag, lead, split,
-              trace, window, softcap, rotate, share if lag else None)
+              trace, window, softcap, rotate, share if lag else None,
+              (S, lead_chunk) if lead else None)
     return _family.specialized(k, family, sizes)
