@@ -153,21 +153,23 @@ def _as_kernels(value: Any, what: str) -> dict[str, Kernel]:
     if isinstance(value, Kernel):
         return {value.name: value}
     items: list[tuple[str, Any]]
+    many = getattr(value, "kernels", None) if not isinstance(value, (dict, tuple, list)) else None
+    if many is not None and not isinstance(many, (str, bytes)) and hasattr(many, "__iter__"):
+        value = many  # a multi-kernel object (the attention backward: kernels run in sequence)
     if isinstance(value, dict):
         items = [(str(k), v) for k, v in value.items()]
-    elif isinstance(value, (tuple, list)):
+    elif isinstance(value, (tuple, list)) or value is many:
         items = [(getattr(v, "name", str(i)), v) for i, v in enumerate(value)]
-    elif isinstance(getattr(value, "kernels", None), (tuple, list)):
-        # a multi-kernel object (the attention backward: its kernels run in sequence)
-        items = [(getattr(v, "name", str(i)), v) for i, v in enumerate(value.kernels)]
     else:
         items = []
     bad = [v for _, v in items if not isinstance(v, Kernel)]
     if not items or bad:
         got = type(bad[0] if bad else value).__name__
-        raise TargetError(f"{what} returned {got}; expected a Kernel (made by @pyptx.kernel), "
-                          "a tuple, list or dict of Kernels, or an object whose .kernels is "
-                          "a tuple of Kernels")
+        got = got if bad or items else f"an empty {got}"
+        inside = " in its .kernels" if value is many else ""
+        raise TargetError(f"{what} returned {got}{inside}; expected a Kernel (made by "
+                          "@pyptx.kernel), a tuple, list or dict of Kernels, or an object "
+                          "whose .kernels holds Kernels")
     out: dict[str, Kernel] = {}
     for i, (label, k) in enumerate(items):
         out[label if label not in out else f"{label}#{i}"] = k

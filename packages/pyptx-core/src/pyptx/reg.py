@@ -204,6 +204,10 @@ class NotPred:
         return self.materialize() ^ o
 
 
+def _bound(v: Any) -> str:
+    return "" if v is None else str(v)
+
+
 class RegArray(Sequence[Reg]):
     """``n`` registers of one type; index for one, slice for a list, pass whole as a vector."""
 
@@ -214,21 +218,43 @@ class RegArray(Sequence[Reg]):
         self.type = type
 
     def __getitem__(self, i):  # type: ignore[override]
-        if type(i) is int and i < 0:
+        regs = self.regs
+        if type(i) is int and i >= 0:
+            try:
+                return regs[i]
+            except IndexError:
+                raise OperandError(
+                    f"{where()}: register array index {i} out of range for length {len(regs)}"
+                ) from None
+        if type(i) is int:
             raise OperandError(
-                f"{where()}: register array index {i} is negative; expected 0..{len(self.regs) - 1}"
+                f"{where()}: register array index {i} is negative; expected 0..{len(regs) - 1}"
                 " (register arrays do not count from the end)"
             )
-        try:
-            return self.regs[i]
-        except IndexError:
-            raise OperandError(
-                f"{where()}: register array index {i} out of range for length {len(self.regs)}"
-            ) from None
-        except TypeError:
-            raise OperandError(
-                f"{where()}: register arrays are indexed by Python ints at trace time, got {i!r}"
-            ) from None
+        if type(i) is slice:
+            return regs[self._slice(i)]
+        raise OperandError(
+            f"{where()}: register arrays are indexed by Python ints at trace time, got {i!r}"
+        )
+
+    def _slice(self, s: slice) -> slice:
+        """``s`` if it lies inside the array (no negative bounds, none past the end)."""
+        n = len(self.regs)
+        for name, v in (("start", s.start), ("stop", s.stop), ("step", s.step)):
+            if v is None:
+                continue
+            if type(v) is not int:
+                raise OperandError(f"{where(3)}: register array slice {name} must be a Python "
+                                   f"int, got {v!r}")
+            if v < 0 or (name != "step" and v > n) or (name == "step" and v == 0):
+                want = "a positive int" if name == "step" else f"in 0..{n}"
+                raise OperandError(
+                    f"{where(3)}: register array slice [{_bound(s.start)}:{_bound(s.stop)}"
+                    f"{':' + str(s.step) if s.step is not None else ''}] of length {n}: {name} "
+                    f"{v} is outside it; expected {want} (register arrays do not count from "
+                    "the end, and a slice past the end would silently be shorter)"
+                )
+        return s
 
     def __setitem__(self, i, value: Any) -> None:
         """``acc[i] = v``: one ``mov`` of ``v`` into the array's register ``acc[i]``.
@@ -242,7 +268,7 @@ class RegArray(Sequence[Reg]):
         """
         trace = current()
         if type(i) is slice:
-            dsts = self.regs[i]
+            dsts = self.regs[self._slice(i)]
             if isinstance(value, (RegArray, list, tuple)):
                 if len(value) != len(dsts):
                     raise OperandError(
@@ -331,7 +357,12 @@ def render(value: Any, t: PtxType | None, trace: Trace) -> str:
     if cls is RegArray or cls is list or cls is tuple:
         return "{" + ", ".join([render(v, t, trace) for v in value]) + "}"
     if cls is str:
-        return value
+        if value and not value.isspace():
+            return value
+        raise OperandError(
+            f"{where(3)}: an operand given as PTX text must name something (a register, symbol "
+            f"or label), got the empty text {value!r}"
+        )
     hook = getattr(value, "__ptx_operand__", None)
     if hook is not None:
         return hook(trace)
@@ -393,6 +424,9 @@ def _operand_type(op: str, a: Reg, o: Any) -> tuple[PtxType, Reg, Any]:
             f"{where(4)}: {op} of register {a.name} with {type(o).__name__} {o!r}; "
             "expected a register or a Python number"
         )
+    if t.is_pred and o not in (0, 1):
+        raise OperandError(f"{where(4)}: {op} of predicate {a.name} with {o!r}; expected a "
+                           "predicate register, ~p, True/False or 0/1")
     if t.is_float and (t.bits <= 16 or t.name in ("f16x2", "bf16x2")):
         # PTX arithmetic and setp take no 16-bit or packed float immediates: load one first.
         o = scalar(t, init=o)
@@ -581,6 +615,9 @@ def _move_immediate(trace: Trace, dst: Reg, value: int | float) -> None:
     """``mov`` of the exactly encoded ``value`` into ``dst`` (``cvt`` for 8-bit integers:
     PTX has no 8-bit ``mov``, and ``cvt`` takes the immediate)."""
     t = dst.type
+    if t.is_pred and (value not in (0, 1) or type(value) is float):
+        raise OperandError(f"{where(4)}: a predicate register takes True/False or 0/1, got "
+                           f"{value!r}")
     if t.bits == 8 and t.is_int:
         k = "s" if t.is_signed else "u"
         trace.inst(f"cvt.{k}8.{k}32", (dst.name, imm.encode(value, t)))

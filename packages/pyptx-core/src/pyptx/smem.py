@@ -84,7 +84,7 @@ def alloc(t: PtxType, shape: int | tuple[int, ...], *, align: int = 16,
         raise OperandError(f"{where()}: shared array name must be an identifier, got {name!r}")
     if given:
         _claim_name(trace, name)
-    arr = SharedArray(trace.unique(name), t, dims, align, trace)
+    arr = SharedArray(_symbol(trace, name, given), t, dims, align, trace)
     size = arr.nbytes or 0
     trace.shared_bytes = -(-trace.shared_bytes // align) * align + size
     if trace.shared_bytes > STATIC_SMEM_LIMIT:
@@ -96,6 +96,20 @@ def alloc(t: PtxType, shape: int | tuple[int, ...], *, align: int = 16,
     count = size if decl_t is b8 else math.prod(dims)
     trace.shared.append(SharedDecl(arr.name, decl_t, align, count))
     return arr
+
+
+def _symbol(trace: Trace, name: str, given: bool) -> str:
+    """A fresh module symbol for ``name`` that is not the kernel's own name (ptxas:
+    "inconsistent redefinition"); ``OperandError`` if the kernel's code asked for that name."""
+    sym = trace.unique(name)
+    if sym == trace.func.name:
+        if given:
+            raise OperandError(
+                f"{where(4)}: shared array name {name!r} is the name of the kernel it is "
+                "allocated in (PTX has one namespace for both); expected another name"
+            )
+        sym = trace.unique(name)
+    return sym
 
 
 def _claim_name(trace: Trace, name: str) -> None:
@@ -118,6 +132,6 @@ def dynamic(t: PtxType = b8, *, align: int = 16, name: str = "dyn_smem") -> Shar
     if trace.dynamic_smem:
         raise OperandError(f"{where()}: smem.dynamic() may be declared once per kernel")
     trace.dynamic_smem = where()  # truthy; kernel.py names this line if smem=0
-    arr = SharedArray(trace.unique(name), t, None, align, trace)
+    arr = SharedArray(_symbol(trace, name, name != "dyn_smem"), t, None, align, trace)
     trace.shared.append(SharedDecl(arr.name, b8 if t.reg_decl != t.name else t, align, None))
     return arr

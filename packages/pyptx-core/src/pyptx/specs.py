@@ -179,7 +179,14 @@ def bind(
     out = dict(env or {})
     origin = {k: "keyword argument" for k in out}
     for spec, shape, name in zip(specs, shapes, names):
+        if isinstance(shape, (str, bytes)) or not hasattr(shape, "__len__"):
+            raise ShapeError(f"argument {name!r}: expected a shape (a tuple of ints) for "
+                             f"{spec!r}, got {type(shape).__name__} {shape!r}")
         shape = tuple(shape)
+        bad = [n for n in shape if isinstance(n, bool) or not isinstance(n, int) or n < 0]
+        if bad:
+            raise ShapeError(f"argument {name!r}: a shape holds non-negative ints, got "
+                             f"{bad[0]!r} in {shape}")
         if len(shape) != spec.rank:
             raise ShapeError(
                 f"argument {name!r}: expected rank {spec.rank} for {spec!r}, got shape {shape}"

@@ -32,6 +32,7 @@ from .nodes import (
 __all__ = ["parse", "parse_file"]
 
 _TRIVIA = re.compile(lexer.TRIVIA)
+_VERSION = re.compile(r"\d+\.\d+\Z")
 _REG = re.compile(
     r"\.reg\s+(?:\.v(?P<vec>\d+)\s+)?\.(?P<type>[A-Za-z_]\w*)\s+"
     r"(?P<names>[$%A-Za-z_][\w$]*\s*(?:<\s*\d+\s*>)?\s*(?:,\s*[$%A-Za-z_][\w$]*\s*(?:<\s*\d+\s*>)?\s*)*)\Z"
@@ -223,6 +224,8 @@ def _parse(text: str, source: str) -> Module:
     fn: Function | None = None  # the function whose body is open
     pending: Function | None = None  # a header waiting for '{' or ';'
     section: Section | None = None  # a '.section' waiting for '{'
+    labels: dict[str, int] = {}  # the labels of the open body (PTX scopes them per block)
+    outer_labels: list[dict[str, int]] = []  # those of the enclosing bodies
     pos = 0
 
     def fail(at: int, message: str) -> ParseError:
@@ -269,8 +272,13 @@ def _parse(text: str, source: str) -> Module:
                 items.append(section)
             else:
                 if name == "version":
+                    if not _VERSION.match(node.args):
+                        raise fail(m.start("D"), ".version must be a PTX ISA version "
+                                   f"major.minor such as 8.0, got {node.args!r}")
                     mod.version = node.args
                 elif name == "target":
+                    if not node.args:
+                        raise fail(m.start("D"), ".target needs an architecture such as sm_90a")
                     mod.target = node.args
                 elif name == "address_size":
                     if not node.args.isdigit() or len(node.args) > 3:
@@ -281,6 +289,12 @@ def _parse(text: str, source: str) -> Module:
             if body is None:
                 raise fail(m.start("L"), "label outside a function body")
             triv, raw, name = m.group("triv", "L", "lname")
+            first = labels.get(name)
+            if first is not None:
+                line = text.count("\n", 0, first) + 1
+                raise fail(m.start("L"), f"label {name} is defined twice in one block (first at "
+                                         f"line {line}); expected each label once")
+            labels[name] = m.start("L")
             body.append(Label(name, triv, raw))
         elif kind == "S":
             triv, raw, name = m.group("triv", "S", "sname")
@@ -340,10 +354,13 @@ def _parse(text: str, source: str) -> Module:
                 body.append(blk)
                 stack.append((body, blk))
                 body = blk.body
+                outer_labels.append(labels)
+                labels = {}
             elif pending is not None:
                 fn, pending = pending, None
                 fn.open_trivia = triv
                 body = fn.body
+                labels = {}
             elif section is not None:
                 section.open_trivia = triv
                 pos = _parse_section(text, m.end(), section, fail)
@@ -356,6 +373,7 @@ def _parse(text: str, source: str) -> Module:
             if stack:
                 body, blk = stack.pop()
                 blk.close_trivia = triv
+                labels = outer_labels.pop()
             elif fn is not None:
                 fn.close_trivia = triv
                 fn = None

@@ -17,8 +17,9 @@ from ..smem import SharedArray
 from ..source import where
 from ..types import ALL_TYPES, PtxType
 from ._isa import TYPE_INFO, Row, row_for
-from .memory import Addr
+from .memory import Addr, TensorMapParam, TensorParam
 
+_PARAMS = (TensorParam, TensorMapParam)
 _VEC = {"v2": 2, "v4": 4, "v8": 8, "x1": 1, "x2": 2, "x4": 4}
 _RELAXED = frozenset({"ld", "ldu", "st", "cvt"})
 _WIDE_ADDR = frozenset({"global", "generic"})
@@ -26,6 +27,9 @@ _ROLE_NAMES = {"d": "destination", "s": "source", "r": "source register", "a": "
                "p": "predicate", "q": "predicate destination", "i": "immediate",
                "l": "label", "x": "operand", "h": "shift amount"}
 _NAMED = frozenset({SharedArray})
+#: Rows whose ``ptx.addr`` operands are checked against the spelling's state space in every
+#: space (a shared array is not a .local address, a kernel parameter only a .param one).
+_SPACE_CHECKED = frozenset({"ld", "ldu", "st", "atom", "red", "ldmatrix", "stmatrix"})
 ANY: frozenset = frozenset()  # the "take anything" marker, compared by identity
 _ARCH = re.compile(r"^sm_(\d+)([af]?)$")
 
@@ -143,13 +147,14 @@ class Form:
             elif role in "pq":
                 regs = frozenset(t for t in ALL_TYPES if t.is_pred)
             ok = frozenset({str})
+            ranged = len(self.fast) in row.imms  # its ints go through refuse for the range
             if role == "x":
                 ok = ANY
             elif role == "s" and not (vec and self.vec):
-                ok = ok | scalar_imm
+                ok = ok | (scalar_imm - {int, bool} if ranged else scalar_imm)
             elif role == "i":
-                ok = ok | {int}
-            elif role == "a" and self.space not in _WIDE_ADDR:
+                ok = ok if ranged else ok | {int}
+            elif role == "a" and self.space not in _WIDE_ADDR and row.op not in _SPACE_CHECKED:
                 ok = ok | {Addr}
             self.fast.append((regs, ok))
 
@@ -233,10 +238,18 @@ class Form:
                 self.refuse(operands, o)
 
     def refuse(self, operands: tuple, o: Any) -> None:
-        """Raise the error for operand ``o`` of ``operands``, which the fast check did not take."""
-        k = next(i for i, x in enumerate(operands) if x is o)
+        """Raise the error for operand ``o`` of ``operands``, which the fast check did not take
+        (or return, where a closer look accepts it). ``o`` may fill several positions (one
+        register as source and shift amount): each is checked against its own role."""
+        for k, x in enumerate(operands[: len(self.roles)]):
+            if x is o:
+                self._refuse_at(k, o)
+
+    def _refuse_at(self, k: int, o: Any) -> None:
         role, ty, vec = self.roles[k]
-        if type(o) is Reg and role in "dsrh" and ty is not None and ty != "*":
+        if type(o) is Addr and role == "a":
+            self._addr(k, o)
+        elif type(o) is Reg and role in "dsrh" and ty is not None and ty != "*":
             if self.vec is not None and vec:
                 self._bad(k, role, ty, o, f"a vector of {self.vec} registers "
                           f"[r0, ..., r{self.vec - 1}] (from .v{self.vec}/.x{self.vec})")
@@ -335,6 +348,10 @@ class Form:
                             "shift within the value")
             if r == "p" and o not in (0, 1):
                 self._bad(k, role, ty, o, "a predicate register, ~p, 0 or 1")
+            allowed = self.row.imms.get(k)
+            if allowed is not None and o not in allowed:
+                _refuse(self.fn, f"operand {k + 1} ({_ROLE_NAMES[r]}) must be "
+                        f"{_allowed_text(allowed)}, got {o!r}")
             return
         if c is NotPred:
             if r == "p" or ty == "pred":
@@ -360,6 +377,17 @@ class Form:
             if not (space.startswith("shared") or space == "generic"):
                 self._bad(k, "a", None, a, f"a .{space} address; {base.name} is a shared "
                           "array (use .shared)")
+        elif type(base) in _PARAMS and not space.startswith("param") \
+                and self.row.op in _SPACE_CHECKED:
+            self._bad(k, "a", None, a, f"a .{space} address; {base.name} is a kernel parameter, "
+                      f"read with ld.param (its global pointer: ptx.global_ptrs({base.name}))")
+
+
+def _allowed_text(allowed: range | tuple) -> str:
+    if type(allowed) is range:
+        step = f", a multiple of {allowed.step}" if allowed.step > 1 else ""
+        return f"an int in {allowed.start}..{allowed[-1]}{step}"
+    return "one of " + ", ".join(map(str, allowed))
 
 
 def _describe(o: Any) -> str:

@@ -78,6 +78,9 @@ class Row:
     """Modifiers, types or ``"dtype.atype"`` pairs that make optional operands required:
     the least operand count with them (``setp.and`` takes its fourth, ``atom.cas`` its
     fourth, ``cvt.rn.bf16x2.f32`` two sources)."""
+    imms: dict[int, range | tuple[int, ...]] = field(default_factory=dict)
+    """Immediates ptxas limits, by operand position: the ints operand ``k`` may be (a
+    barrier id 0..15, a thread count that is a multiple of 32)."""
     pattern: str = ""
     ok: tuple[str, ...] = ()
     sample: dict[str, str | tuple[str, ...]] = field(default_factory=dict)
@@ -125,6 +128,10 @@ _VIDEO_OK.update({"vavrg2": "vavrg2.s32.s32.s32.add", "vavrg4": "vavrg4.s32.s32.
 _VIDEO_SAMPLE = {v: "r:s32 r:s32 r:s32" + (" r:s32" if (v[-1] in "24" or v == "vmad") else "")
                  for v in _VIDEO_OK}
 _VIDEO_SAMPLE.update({"vshl": "r:u32 r:u32 r:u32", "vshr": "r:u32 r:u32 r:u32"})
+
+#: bar/barrier operands: the barrier id (0..15) and the thread count (a multiple of the warp
+#: size, at most a CTA).
+_BAR_IMMS = {0: range(16), 1: range(32, 1025, 32)}
 
 _ROWS: list[Row] = [
     # ---------------------------------------------------------------- integer and float arithmetic
@@ -318,20 +325,23 @@ _ROWS: list[Row] = [
     Row("pmevent", "i", "", "mask", ntypes=(0,), ok=("pmevent",), sample={"pmevent": "i:1"}),
     Row("nanosleep", "s:u32", "u32", sm=70, ptx="6.3", ok=("nanosleep.u32",)),
     # ---------------------------------------------------------------- barriers and fences
-    Row("bar.sync", "s:u32 s:u32?", "", "cta aligned", ntypes=(0,), ok=("bar.sync",),
+    Row("bar.sync", "s:u32 s:u32?", "", "cta aligned", ntypes=(0,), imms=_BAR_IMMS, ok=("bar.sync",),
         sample={"bar.sync": "i:0"}),
-    Row("bar.arrive", "s:u32 s:u32", "", "cta aligned", ntypes=(0,), ok=("bar.arrive",),
+    Row("bar.arrive", "s:u32 s:u32", "", "cta aligned", ntypes=(0,), imms=_BAR_IMMS, ok=("bar.arrive",),
         sample={"bar.arrive": "i:1 i:128"}),
     Row("bar.red", "d:T s:u32 x x?", "u32 pred", "cta aligned <popc|and|or>", ntypes=(1,),
+        imms={1: _BAR_IMMS[0]},
         ok=("bar.red.popc.u32",), sample={"bar.red.popc.u32": "r:u32 i:0 t:{p}"}),
     Row("bar.warp.sync", "s:b32", "", "", ntypes=(0,), sm=30, ptx="6.0",
         ok=("bar.warp.sync",), sample={"bar.warp.sync": "i:4294967295"}),
     Row("barrier.sync", "s:u32 s:u32?", "", "aligned", ntypes=(0,), sm=30, ptx="6.0",
+        imms=_BAR_IMMS,
         ok=("barrier.sync.aligned",), sample={"barrier.sync.aligned": "i:1"}),
     Row("barrier.arrive", "s:u32 s:u32", "", "aligned", ntypes=(0,), sm=30, ptx="6.0",
+        imms=_BAR_IMMS,
         ok=("barrier.arrive.aligned",), sample={"barrier.arrive.aligned": "i:1 i:64"}),
     Row("barrier.red", "d:T s:u32 x x?", "u32 pred", "aligned <popc|and|or>",
-        sm=30, ptx="6.0", ok=("barrier.red.popc.aligned.u32",),
+        sm=30, ptx="6.0", imms={1: _BAR_IMMS[0]}, ok=("barrier.red.popc.aligned.u32",),
         sample={"barrier.red.popc.aligned.u32": "r:u32 i:0 t:{p}"}),
     Row("barrier.cluster", "", "", "<arrive|wait> relaxed@+arrive aligned acquire release",
         ntypes=(0,), sm=90, ptx="7.8",
@@ -349,6 +359,7 @@ _ROWS: list[Row] = [
     Row("griddepcontrol", "", "", "<launch_dependents|wait>", ntypes=(0,), sm=90, ptx="7.8",
         ok=("griddepcontrol.wait", "griddepcontrol.launch_dependents")),
     Row("setmaxnreg", "i", "u32", "sync aligned <inc|dec>", sm=90, ptx="8.0", arch_a=True,
+        imms={0: range(24, 257, 8)},
         ok=("setmaxnreg.inc.sync.aligned.u32",),
         sample={"setmaxnreg.inc.sync.aligned.u32": "i:232"}),
     # ---------------------------------------------------------------- warp-level
@@ -371,7 +382,7 @@ _ROWS: list[Row] = [
     # ---------------------------------------------------------------- asynchronous copies
     Row("cp.async", "a a i x? x?", "", "<ca|cg> shared shared::cta global "
         "L2::64B L2::128B L2::256B L2::cache_hint", ntypes=(0,),
-        spaces="shared shared::cta global", sm=80, ptx="7.0",
+        spaces="shared shared::cta global", sm=80, ptx="7.0", imms={2: (4, 8, 16)},
         ok=("cp.async.ca.shared.global",), sample={"cp.async.ca.shared.global": "sh g i:16"}),
     Row("cp.async.commit_group", "", "", "", ntypes=(0,), sm=80, ptx="7.0",
         ok=("cp.async.commit_group",)),
