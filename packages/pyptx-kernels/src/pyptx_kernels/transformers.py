@@ -147,7 +147,8 @@ def apply(model, *, attention: bool = True, rms_norm: bool = True, linear: bool 
     packed at each forward (a copy of both weights; its backward splits the packed weight's
     gradient back), so ``gate_proj``/``up_proj`` keep their Parameters, ``state_dict`` keys,
     optimizer state and gradients; its backward recomputes the projections (one more GEMM
-    of the MLP's width) instead of keeping them: less memory, more time. ``linear_residual``:
+    of the MLP's width) instead of keeping them: less memory, more time (off by default:
+    H200 Llama step 8% slower, peak memory 11% lower). ``linear_residual`` (on):
     each decoder layer's ``residual + mlp(...)`` adds the residual in ``down_proj``'s GEMM
     epilogue. The residual add after attention is not moved into ``o_proj``: it is already
     fused with the post-attention RMSNorm (``add_rms_norm``), and ``o_proj`` is called inside
