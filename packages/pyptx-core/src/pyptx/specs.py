@@ -97,6 +97,10 @@ class Tile:
                 raise SpecError(f"{where()}: Tile dim {i} must be an int or a dim name, got {d!r}")
             if isinstance(d, int) and d <= 0:
                 raise SpecError(f"{where()}: Tile dim {i} must be positive, got {d}")
+            if isinstance(d, str) and _is_type_name(d):
+                raise SpecError(f"{where()}: Tile dim {i} {d!r} is an element type, not a dim "
+                                f"name; expected one element type, given last (got "
+                                f"{dtype.name} last)")
             out.append(Dim(d) if isinstance(d, str) else d)
         if not isinstance(layout, Layout):
             raise SpecError(f"{where()}: Tile layout must be a Layout, got {layout!r}")
@@ -149,6 +153,14 @@ class Tile:
 
     def __hash__(self) -> int:
         return hash((self.dims, self.dtype.name, self.layout))
+
+
+def _is_type_name(name: str) -> bool:
+    try:
+        from_name(name)
+    except KeyError:
+        return False
+    return True
 
 
 def _type_spelling(name: str) -> str | None:
