@@ -108,8 +108,9 @@ def make_call(op: str, n: int, lib: str):
 
 
 def _files(d: Path) -> int:
-    """Files of pyptx's compiled-kernel cache under ``d`` (the driver's and the winners' out)."""
-    return sum(1 for p in d.rglob("*") if p.is_file()
+    """Cubins in pyptx's compiled-kernel cache under ``d`` (kernels assembled: the records
+    written beside them for other processes, the driver's cache and the winners are not)."""
+    return sum(1 for p in d.rglob("*.cubin") if p.is_file()
                and not {"autotune", "cuda"} & set(p.relative_to(d).parts))
 
 
