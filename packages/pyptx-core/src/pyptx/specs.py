@@ -195,7 +195,8 @@ def bind(
             raise ShapeError(f"argument {name!r}: expected a shape (a tuple of ints) for "
                              f"{spec!r}, got {type(shape).__name__} {shape!r}")
         shape = tuple(shape)
-        bad = [n for n in shape if isinstance(n, bool) or not isinstance(n, int) or n < 0]
+        bad = [n for n in shape
+               if isinstance(n, bool) or not hasattr(type(n), "__index__") or n < 0]
         if bad:
             raise ShapeError(f"argument {name!r}: a shape holds non-negative ints, got "
                              f"{bad[0]!r} in {shape}")
