@@ -139,6 +139,9 @@ OPTIONS = [
     (lambda c: ptx.inst.setmaxnreg.inc.sync.aligned.u32(c.r), dict(maxnreg=128), OperandError, "must be an immediate Python int, got .u32 register"),
     (lambda c: smem.dynamic(name="bad"), dict(smem=1024), OperandError, "is the name of the kernel it is allocated in"),
     (lambda c: ptx.inst.setmaxnreg.inc.sync.aligned.u32(240), dict(maxnreg=128, arch="sm_90"), TraceError, "needs sm_90a (an arch-specific target), but this kernel targets sm_90"),
+    (lambda c: ptx.inst.wgmma.fence.sync.aligned(c.r), dict(arch="sm_90a"), OperandError, "ptx.inst.wgmma.fence.sync.aligned: takes 0 operands, got 1"),
+    (lambda c: ptx.inst.wgmma.wait_group.sync.aligned(), dict(arch="sm_90a"), OperandError, "takes 1 operands, got 0"),
+    (lambda c: ptx.inst.tcgen05.fence__before_thread_sync(c.r), dict(arch="sm_100a"), OperandError, "tcgen05.fence::before_thread_sync: takes 0 operands, got 1"),
 ]
 
 

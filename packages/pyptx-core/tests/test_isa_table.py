@@ -198,8 +198,10 @@ def _refused(spelling: str, ops_of, exc, match: str) -> None:
         body.line = sys._getframe().f_lineno + 1
         ptx.inst(spelling)(*ops)
 
+    found = isa.row_for(spelling)
+    arch = "sm_90a" if found and found[0].sm_max == 90 else "sm_100a"  # wgmma: sm_90a only
     with pytest.raises(exc, match=match) as ei:
-        _kernel("sm_100a", body)
+        _kernel(arch, body)
     assert isinstance(ei.value, PyptxError)
     assert str(ei.value).startswith(f"{__file__}:{body.line}: ptx.inst."), str(ei.value)
 
@@ -250,6 +252,12 @@ def test_refused_calls(row, spelling):
      "takes 1 to 4 operands"),
     ("call.unit", lambda e: ["isa_nop"], r"\.unit is not a modifier of call; expected one of "
      r"\.uni"),
+    ("wgmma.fence.sync.aligned", lambda e: [e.r], "takes 0 operands, got 1"),
+    ("wgmma.wait_group.sync.aligned", lambda e: [], "takes 1 operands, got 0"),
+    ("tcgen05.wait::st.sync.aligned", lambda e: [e.r], "takes 0 operands, got 1"),
+    ("bar.sync", lambda e: [16], r"operand 1 \(source\) must be an int in 0\.\.15, got 16"),
+    ("bar.sync", lambda e: [0, 100], r"must be an int in 32\.\.1024, a multiple of 32, got 100"),
+    ("setmaxnreg.dec.sync.aligned.u32", lambda e: [20], r"an int in 24\.\.256, a multiple of 8"),
 ])
 def test_issue_examples_refused(spelling, ops, match):
     _refused(spelling, ops, PyptxError, match)

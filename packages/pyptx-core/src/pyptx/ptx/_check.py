@@ -131,6 +131,7 @@ class Form:
                 self.nmin = self.nmax
         keys = (*types, *mods, ".".join(types))
         self.nmin = max([self.nmin] + [row.counts.get(n, 0) for n in keys])
+        self.nmax = min([self.nmax] + [row.most[m] for m in mods if m in row.most])
         self.sm = max([row.sm] + [row.bump.get(n, 0) for n in (*types, *mods)])
         self.arch_a = row.arch_a
         self.ptx = tuple(int(x) for x in row.ptx.split("."))
@@ -264,7 +265,7 @@ class Form:
                          for r, t, _ in self.roles)
         want = (str(self.nmin) if self.nmin == self.nmax else
                 f"{self.nmin} to {self.nmax}" if self.nmax < 1 << 16 else f"at least {self.nmin}")
-        _refuse(self.fn, f"takes {want} operands ({names}), got {n}")
+        _refuse(self.fn, f"takes {want} operands" + (f" ({names})" if names else "") + f", got {n}")
 
     def _bad(self, k: int, role: str, ty: str | None, o: Any, expected: str) -> None:
         what = _ROLE_NAMES[role.rstrip("v")]

@@ -78,6 +78,9 @@ class Row:
     """Modifiers, types or ``"dtype.atype"`` pairs that make optional operands required:
     the least operand count with them (``setp.and`` takes its fourth, ``atom.cas`` its
     fourth, ``cvt.rn.bf16x2.f32`` two sources)."""
+    most: dict[str, int] = field(default_factory=dict)
+    """Modifiers that bound the operand count of an ``x*`` row: the most operands a spelling
+    with them takes (``wgmma.fence`` none, ``wgmma.wait_group`` one)."""
     imms: dict[int, range | tuple[int, ...]] = field(default_factory=dict)
     """Immediates ptxas limits, by operand position: the ints operand ``k`` may be (a
     barrier id 0..15, a thread count that is a multiple of 32)."""
@@ -452,6 +455,7 @@ _ROWS: list[Row] = [
     Row("wgmma", "x*", "", "mma_async sp sync aligned fence commit_group wait_group f32 f16 "
         "bf16 tf32 e4m3 e5m2 s32 s8 u8 b1 and popc satfinite", ntypes=(0,), sm=90,
         ptx="8.0", arch_a=True, sm_max=90, pattern=r"^m64n\d+k\d+$",
+        most={"fence": 0, "commit_group": 0, "wait_group": 1}, counts={"wait_group": 1},
         ok=("wgmma.fence.sync.aligned", "wgmma.commit_group.sync.aligned")),
     Row("tcgen05", "x*", "", "alloc dealloc relinquish_alloc_permit ld st mma shift cp "
         "commit fence wait sync aligned cta_group::1 cta_group::2 shared::cta shared::cluster "
@@ -463,6 +467,8 @@ _ROWS: list[Row] = [
         "scale_vec::2X scale_vec::4X 16x64b 16x128b 16x256b 32x32b 16x32bx2 sp "
         "fence::before_thread_sync fence::after_thread_sync wait::ld wait::st",
         ntypes=(0,), sm=100, ptx="8.6", arch_a=True, pattern=r"^(x\d+|b\d+x\d+(_p\d+)?)$",
+        most={"fence::before_thread_sync": 0, "fence::after_thread_sync": 0, "wait::ld": 0,
+              "wait::st": 0, "relinquish_alloc_permit": 0},
         ok=("tcgen05.fence::before_thread_sync",
             "tcgen05.relinquish_alloc_permit.cta_group::1.sync.aligned")),
     Row("multimem", "x x x?", "", "ld_reduce st red global weak relaxed acquire release "
