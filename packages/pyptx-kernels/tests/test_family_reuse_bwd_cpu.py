@@ -22,6 +22,12 @@ from pyptx_kernels.flash_attention.backward import (
 )
 
 
+@pytest.fixture(autouse=True)
+def _no_disk_cache(monkeypatch):
+    """Fresh traces here are traces: the families' disk cache is off."""
+    monkeypatch.setenv("PYPTX_CACHE_DIR", "off")
+
+
 def _spec(k):
     return getattr(k, "kernel", k).specialize()
 

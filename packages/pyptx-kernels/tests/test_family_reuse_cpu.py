@@ -21,6 +21,12 @@ from pyptx_kernels.rows.swiglu import build_swiglu
 from pyptx.types import bf16, f32
 
 
+@pytest.fixture(autouse=True)
+def _no_disk_cache(monkeypatch):
+    """Fresh traces here are traces: the families' disk cache is off."""
+    monkeypatch.setenv("PYPTX_CACHE_DIR", "off")
+
+
 def _spec(k):
     return getattr(k, "kernel", k).specialize()
 
@@ -109,3 +115,35 @@ def test_other_row_kernels():
     _check_family(lambda b: build_layer_norm(b, 2048, f32, config=RowConfig()), [64, 640, 6400])
     _check_family(lambda b: build_softmax_fast(b, 1024, bf16, config=RowConfig()), [8, 80, 800])
     _check_family(lambda b: build_swiglu(b, 4096, bf16, config=RowConfig()), [3, 300, 30000])
+
+
+def test_a_new_process_reads_the_family_from_disk(monkeypatch, tmp_path):
+    monkeypatch.setenv("PYPTX_CACHE_DIR", str(tmp_path))
+    _family.clear()
+    build_gemm(1000, 2048, 4096)                     # traced, written
+    assert len(list(tmp_path.glob("*.family.json"))) == 1
+    _family.clear()                                  # as a new process
+    before = _family.stats()
+    loaded = _spec(build_gemm(777, 2048, 4096))
+    after = _family.stats()
+    assert (after["loaded"], after["traced"]) == (before["loaded"] + 1, before["traced"])
+    monkeypatch.setenv("PYPTX_CACHE_DIR", "off")
+    _family.clear()
+    fresh = _spec(build_gemm(777, 2048, 4096))
+    assert _launch_view(loaded) == _launch_view(fresh)
+    assert loaded.ptx(True) == fresh.ptx(True)
+    assert list(loaded.emit()[1]) == list(fresh.emit()[1])
+
+
+def test_a_damaged_family_file_is_traced_again(monkeypatch, tmp_path):
+    monkeypatch.setenv("PYPTX_CACHE_DIR", str(tmp_path))
+    _family.clear()
+    build_gemm(1000, 1024, 512)
+    (path,) = tmp_path.glob("*.family.json")
+    path.write_text("{not json")
+    _family.clear()
+    before = _family.stats()["traced"]
+    spec = _spec(build_gemm(64, 1024, 512))
+    assert _family.stats()["traced"] == before + 1 and "ld.param" in spec.ptx()
+    text = path.read_text()
+    assert text.startswith("{") and '"entry"' in text   # replaced by the new trace

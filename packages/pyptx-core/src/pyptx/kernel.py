@@ -97,6 +97,43 @@ class Specialization:
         """The PTX entry name."""
         return self.module.functions[0].name
 
+    def code(self) -> dict[str, Any]:
+        """What ``Kernel.reuse`` takes of this specialization, as plain JSON-able data: the PTX
+        (with and without line info, and the line map), the entry, the scalar parameters and
+        the launch shape the code fixes. ``from_code`` makes a stand-in of it."""
+        (text, locs), (text_li, locs_li) = self.emit(False), self.emit(True)
+
+        def plain(ls):
+            return [list(x) if x else None for x in ls]
+
+        return {"ptx": text, "locs": plain(locs), "ptx_lineinfo": text_li,
+                "locs_lineinfo": plain(locs_li), "entry": self.name,
+                "version": self.module.version, "arch": self.arch,
+                "scalars": [[n, t.name, v] for n, t, v in self.scalar_params],
+                "block": list(self.block), "cluster": list(self.cluster), "smem": self.smem,
+                "static_smem": self.static_smem, "tma": [i for i, _ in self.tma_maps],
+                "pdl": self.pdl}
+
+    @classmethod
+    def from_code(cls, data: Mapping[str, Any]) -> Specialization:
+        """A stand-in specialization holding only ``code()``'s data (no IR, no kernel): what
+        ``Kernel.reuse`` needs, e.g. from another process's disk cache."""
+        from .types import from_name
+
+        module = Module(data["version"], data["arch"], [Function(data["entry"])])
+
+        def locs(key):
+            return [tuple(x) if x else None for x in data[key]]
+
+        return cls(
+            kernel=None, env={}, template_kwargs={}, in_shapes=(), out_shapes=(),
+            grid=(1, 1, 1), block=tuple(data["block"]), cluster=tuple(data["cluster"]),
+            smem=data["smem"], module=module, static_smem=data["static_smem"],
+            scalar_params=[(n, from_name(t), v) for n, t, v in data["scalars"]],
+            tma_maps=[(i, None) for i in data["tma"]], pdl=data["pdl"], arch=data["arch"],
+            _text={False: (data["ptx"], locs("locs")),
+                   True: (data["ptx_lineinfo"], locs("locs_lineinfo"))})
+
 
 def _three(value: Any, what: str, origin: str) -> tuple[int, int, int]:
     try:

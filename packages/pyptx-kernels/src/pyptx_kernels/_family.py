@@ -1,6 +1,10 @@
 """One trace per kernel family: a kernel of a new size reuses the code of the first kernel
 traced for its family (``pyptx.Kernel.reuse``) instead of tracing its body again.
 
+A family's trace is kept on disk too (``pyptx.cache``, files ``*.family.json``), keyed by the
+family and a fingerprint of the installed pyptx and pyptx_kernels sources, so a new process
+with a warm cache traces nothing either.
+
 A family is everything a kernel's PTX depends on: dtypes, head dim, mask, layout and tile
 plan, and whatever sizes the schedule does not read from kernel parameters. Its sizes (M,
 batch, sequence lengths, row counts) are scalar parameters, so each builder names the family
@@ -11,22 +15,28 @@ family, that a reused specialization equals a fresh trace at several sizes.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import threading
 from collections import OrderedDict
+
+from pyptx.errors import ConfigError
 
 SLOTS = 512
 """Families kept (least recently used dropped first); each holds one traced module."""
 
 _families: OrderedDict = OrderedDict()
 _lock = threading.Lock()
-_stats = {"traced": 0, "reused": 0}
+_stats = {"traced": 0, "reused": 0, "loaded": 0}
 
 
 def specialized(kernel, key, scalars):
     """``kernel`` with its specialization in place: reused from family ``key``'s traced code
-    with the scalar parameters ``scalars`` (a mapping of name to value) if the family was
-    traced before, else traced now and kept as the family's. ``key`` must be hashable and
-    name every input the PTX depends on; ``None`` traces without sharing."""
+    with the scalar parameters ``scalars`` (a mapping of name to value) if this process or
+    the disk cache holds the family, else traced now and kept as the family's (in memory and
+    on disk). ``key`` must be hashable and name every input the PTX depends on; ``None``
+    traces without sharing."""
     if key is None:
         kernel.specialize()
         return kernel
@@ -34,25 +44,100 @@ def specialized(kernel, key, scalars):
         like = _families.get(key)
         if like is not None:
             _families.move_to_end(key)
+    disk = None
     if like is None:
-        spec = kernel.specialize()
-        _stats["traced"] += 1
-        with _lock:
-            _families[key] = spec
-            while len(_families) > SLOTS:
-                _families.popitem(last=False)
-    else:
+        disk = _disk_key(key, kernel.name)
+        like = _load(disk)
+        if like is None:
+            spec = kernel.specialize()
+            _stats["traced"] += 1
+            _keep(key, spec)
+            _store(disk, spec)
+            return kernel
+        _stats["loaded"] += 1
+        _keep(key, like)
+    try:
         kernel.reuse(like, scalars)
-        _stats["reused"] += 1
+    except ConfigError:
+        if disk is None:
+            raise
+        spec = kernel.specialize()   # a file that does not fit: trace, and replace it
+        _stats["traced"] += 1
+        _keep(key, spec)
+        _store(disk, spec)
+        return kernel
+    _stats["reused"] += 1
     return kernel
 
 
+def _keep(key, spec):
+    with _lock:
+        _families[key] = spec
+        while len(_families) > SLOTS:
+            _families.popitem(last=False)
+
+
+_fingerprint: list = []
+
+
+def fingerprint() -> str:
+    """A hash of the installed pyptx and pyptx_kernels sources (each file's path, size and
+    modification time) and their versions: a family file written by other code is not read."""
+    if not _fingerprint:
+        import pyptx
+
+        h = hashlib.sha256(f"{getattr(pyptx, '__version__', '')}".encode())
+        for root in (os.path.dirname(pyptx.__file__), os.path.dirname(__file__)):
+            for dirpath, dirs, files in os.walk(root):
+                dirs.sort()
+                for f in sorted(files):
+                    if f.endswith(".py"):
+                        st = os.stat(os.path.join(dirpath, f))
+                        h.update(f"{dirpath}/{f}:{st.st_size}:{st.st_mtime_ns}\0".encode())
+        _fingerprint.append(h.hexdigest())
+    return _fingerprint[0]
+
+
+def _disk_key(key, entry):
+    """The file key of family ``key``, or None where its text is not the same in every
+    process (an object printed with its address)."""
+    text = repr((key, entry))
+    if " at 0x" in text:
+        return None
+    return hashlib.sha256(f"{text}\0{fingerprint()}".encode()).hexdigest()
+
+
+_SUFFIX = ".family.json"
+
+
+def _load(disk):
+    from pyptx import cache
+    from pyptx.kernel import Specialization
+
+    raw = cache.load(disk, _SUFFIX) if disk else None
+    if raw is None:
+        return None
+    try:
+        return Specialization.from_code(json.loads(raw))
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _store(disk, spec):
+    from pyptx import cache
+
+    if disk:
+        cache.store(disk, json.dumps(spec.code()).encode(), _SUFFIX)
+
+
 def stats() -> dict:
-    """How many family traces and reuses this process made (``traced``, ``reused``)."""
+    """How many family traces, reuses and families read from disk this process made
+    (``traced``, ``reused``, ``loaded``)."""
     return dict(_stats)
 
 
 def clear() -> None:
-    """Forget every family (the next kernel of each traces again)."""
+    """Forget every family this process holds (the next kernel of each reads the disk cache,
+    or traces)."""
     with _lock:
         _families.clear()
