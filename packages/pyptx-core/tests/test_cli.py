@@ -13,7 +13,7 @@ from pyptx import ptxas as toolchain
 
 KERNELS = '''\
 from pyptx import Tile, kernel, ptx, reg, smem
-from pyptx.types import f32, u64
+from pyptx.types import f32, u32, u64
 
 SEEN = []
 
@@ -51,7 +51,7 @@ def named():
 def broken():
     @kernel([Tile(4, f32)], [])
     def broken(x):
-        ptx.inst.bar.sync(20)  # BAD LINE
+        ptx.inst.mov.u32(reg.scalar(u32), "%nosuchreg")  # BAD LINE
 
     return broken
 
@@ -249,7 +249,7 @@ def test_check_rejection_names_the_python_line(capsys, kfile, ptxas_path):
     code, out, err = run(capsys, "check", f"{kfile}:broken")
     assert code == 1 and out == ""
     assert f"{kfile}:{bad_line(kfile)}: ptxas error:" in err
-    assert "bar.sync 20;" in err
+    assert "mov.u32 %r0, %nosuchreg;" in err
     assert "Traceback" not in err
 
 
