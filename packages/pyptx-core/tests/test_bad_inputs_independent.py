@@ -14,6 +14,7 @@ Kinds of case (one line each, so the line is the lambda's):
 
 from __future__ import annotations
 
+import inspect
 import os
 import pathlib
 
@@ -336,3 +337,21 @@ def test_cli_mistake_ends_in_one_error_line(argv, needle, builders, capsys):
 
 def test_suite_is_large_enough():
     assert len(DSL) + len(OPTIONS) + len(CALL) + len(PARSE) + len(EAGER) + 6 >= 40
+
+
+def test_unknown_kernel_option_is_named_at_the_decorator():
+    line = inspect.currentframe().f_lineno + 2
+    with pytest.raises(ConfigError, match=rf"test_bad_inputs_independent\.py:{line}: @kernel got unknown option 'bogus'"):
+        kernel(in_specs=(Tile(4, f32),), out_specs=(), bogus=1)
+
+
+def test_check_dtypes_takes_type_names_and_refuses_other_objects():
+    @kernel(in_specs=(Tile(4, f32),), out_specs=())
+    def k(x):
+        ptx.ret()
+
+    k.check_dtypes(["float32"])        # a dtype name maps through pyptx.types.from_name
+    with pytest.raises(SpecError, match="expected a pyptx type or its name .* got 'nonsense'"):
+        k.check_dtypes(["nonsense"])
+    with pytest.raises(SpecError, match="expected a pyptx type or its name"):
+        k.check_dtypes([3.5])

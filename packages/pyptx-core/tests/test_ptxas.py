@@ -220,3 +220,16 @@ def test_ptxas_version_of_the_real_ptxas(ptxas_path):
 def test_ptxas_version_failure_is_a_toolchain_error(tmp_path):
     with pytest.raises(ToolchainError, match="could not run"):
         toolchain.ptxas_version(str(tmp_path / "missing"))
+
+
+@pytest.mark.parametrize("complaint", [
+    "ptxas fatal   : Value 'sm_100a' is not defined for option 'gpu-name'",
+    "ptxas fatal   : Unknown option '-v'"])
+def test_a_ptxas_refusing_its_command_line_is_a_toolchain_error(monkeypatch, tmp_path, complaint):
+    exe = tmp_path / "ptxas"
+    exe.write_text("#!/bin/sh\nif [ \"$1\" = --version ]; then echo 'Cuda compilation tools, "
+                   f"release 12.0, V12.0.1'; exit 0; fi\necho \"{complaint}\" >&2\nexit 1\n")
+    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PYPTX_PTXAS", str(exe))
+    with pytest.raises(ToolchainError, match=r"refused its command line, not the PTX"):
+        toolchain.assemble(scale_kernel().ptx(N=4), "sm_100a")

@@ -722,6 +722,17 @@ class Kernel:
                 f"({', '.join(names[:len(self._in_specs)])}), got {len(dtypes)}"
             )
         for i, (spec, dt) in enumerate(zip(self._in_specs, dtypes)):
+            if dt is not None and not isinstance(dt, PtxType):
+                from .types import from_name
+
+                try:
+                    dt = from_name(dt) if isinstance(dt, str) else None
+                except PyptxError:
+                    dt = None
+                if dt is None:
+                    raise SpecError(
+                        f"{where()}: argument {names[i]!r}: expected a pyptx type or its name "
+                        f"for {spec!r}, got {dtypes[i]!r}")
             if dt is not spec.dtype:
                 raise SpecError(
                     f"{where()}: argument {names[i]!r}: expected dtype {spec.dtype.name} for "
@@ -820,6 +831,7 @@ def kernel(
     maxnreg: int | None = None,
     tma: Mapping[str, Mapping[str, Any]] | None = None,
     pdl: bool = False,
+    **unknown: Any,
 ) -> Callable[[Callable[..., Any]], Kernel]:
     """Decorate a kernel body: positional parameters are tensors (inputs then outputs),
     keyword-only parameters are template parameters. A bare ``@kernel`` is ``@kernel()``.
@@ -841,6 +853,11 @@ def kernel(
     the stream be scheduled during this one's last wave instead of after it.
     """
     origin = fmt_loc(user_loc(2))
+    if unknown:
+        raise ConfigError(
+            f"{origin}: @kernel got unknown option {', '.join(map(repr, unknown))}; it takes "
+            "in_specs, out_specs, grid, block, cluster, smem, arch, version, name, maxnreg, "
+            "tma and pdl")
     if inspect.isfunction(in_specs):  # a bare @kernel: the function came as in_specs
         fn, in_specs = in_specs, ()
         return Kernel(fn, in_specs=in_specs, out_specs=out_specs, grid=grid, block=block,

@@ -217,6 +217,10 @@ def _rejection(log: str, ptx_lines: list[str], locs: Sequence[Loc | None] | None
     return CompileError(f"ptxas rejected the PTX of {names} for {arch}:\n" + "\n".join(items))
 
 
+_OPTION_PROBLEM = re.compile(r"ptxas fatal\s*:\s*(Unknown option[^\n]*|Value [^\n]* is not "
+                             r"defined for option[^\n]*)")
+
+
 def _require_working(exe: str, returncode: int, log: str) -> None:
     """``ToolchainError`` if ``exe``, which failed without a ptxas diagnostic, is not a working
     ptxas (``--version`` fails): a broken ``$PYPTX_PTXAS`` is not a rejection of the PTX."""
@@ -248,6 +252,11 @@ def assemble(ptx: str, arch: str, *, locs: Sequence[Loc | None] | None = None,
         if p.returncode != 0:
             if not any(_LINE_MSG.match(ln) or _PLAIN_MSG.match(ln) for ln in log.splitlines()):
                 _require_working(exe, p.returncode, log)
+            if m := _OPTION_PROBLEM.search(log):
+                raise ToolchainError(
+                    f"{exe} refused its command line, not the PTX ({m.group(0).strip()}): "
+                    f"expected a ptxas that knows --gpu-name {arch} (CUDA 12.8+ for sm_100a); "
+                    f"set ${ENV_VAR} or PATH to a newer CUDA's ptxas")
             raise _rejection(log, ptx.splitlines(), locs, arch)
         try:
             with open(os.path.join(d, "kernel.cubin"), "rb") as f:
