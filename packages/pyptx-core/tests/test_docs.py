@@ -107,6 +107,13 @@ def run_page(path: Path, *, gpu: bool, assemble, monkeypatch, cache: Path) -> in
         return trace(self, *args, **kwargs)
 
     monkeypatch.setattr(Kernel, "_trace", recording_trace)
+    reuse = Kernel.reuse   # a library kernel of a family traced before takes its code
+
+    def recording_reuse(self, *args, **kwargs):
+        traced.add(self.uid)
+        return reuse(self, *args, **kwargs)
+
+    monkeypatch.setattr(Kernel, "reuse", recording_reuse)
     modules: list[tuple[str, str]] = []  # (PTX, arch) of every PtxModule the page prints
     module_ptx = PtxModule.ptx
 

@@ -79,3 +79,29 @@ def test_plain_targets_are_assembled_for_the_running_device(monkeypatch):
     assert jit.machine_arch("sm_90a") == "sm_90a"
     assert jit.machine_arch("sm_90") == "sm_90"
     assert jit.machine_arch("sm_100a") == "sm_100a"
+
+
+def test_two_threads_assembling_one_ptx_run_ptxas_once(monkeypatch, tmp_path):
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    monkeypatch.setenv("PYPTX_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(jit, "compiler", lambda: ("ptxas", "13.0"))
+    monkeypatch.setattr(jit, "machine_arch", lambda arch: arch)
+    calls = []
+
+    def slow_assemble(text, arch, locs=None):
+        calls.append(arch)
+        time.sleep(0.2)
+        return SimpleNamespace(cubin=b"cubin of " + text.encode())
+
+    monkeypatch.setattr(ptxas, "assemble", slow_assemble)
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(jit.cubin_for("ptx", "sm_90a", "k")))
+               for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert calls == ["sm_90a"] and got == [b"cubin of ptx"] * 3

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 from typing import Any
 
 from . import cache, driver
@@ -134,7 +135,21 @@ def cubin_for(ptx_source: str, arch: str, name: str, *,
     arch = machine_arch(arch)
     key = cache.cache_key(ptx_source, arch, f"{driver.driver_version()}/ptxas {comp[1]}")
     cubin = cache.load(key)
-    if cubin is None:
+    if cubin is not None:
+        return cubin
+    with _inflight_lock:   # another thread assembling the same PTX: wait for its cubin
+        busy = _inflight.get(key)
+        if busy is None:
+            busy = _inflight[key] = threading.Event()
+            mine = True
+        else:
+            mine = False
+    if not mine:
+        busy.wait()
+        cubin = cache.load(key)
+        if cubin is not None:
+            return cubin
+    try:
         from . import ptxas
 
         try:
@@ -144,7 +159,17 @@ def cubin_for(ptx_source: str, arch: str, name: str, *,
                 return None  # an older ptxas than the PTX needs: the driver may know it
             raise
         cache.store(key, cubin)
-    return cubin
+        return cubin
+    finally:
+        if mine:
+            with _inflight_lock:
+                _inflight.pop(key, None)
+            busy.set()
+
+
+#: Cubin keys being assembled now, each with the event set when its cubin is stored.
+_inflight: dict[str, threading.Event] = {}
+_inflight_lock = threading.Lock()
 
 
 def load_image(image: bytes | str, name: str, dynamic_smem_bytes: int = 0, *,

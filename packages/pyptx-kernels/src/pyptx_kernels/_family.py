@@ -141,3 +141,48 @@ def clear() -> None:
     or traces)."""
     with _lock:
         _families.clear()
+
+
+def assemble(kernel):
+    """Assemble ``kernel``'s cubin into the disk cache (``pyptx.jit.cubin_for``), so its first
+    launch loads it instead of running ptxas."""
+    from pyptx import jit
+
+    spec = getattr(kernel, "kernel", kernel).specialize()
+    text, locs = spec.emit()
+    jit.cubin_for(text, spec.arch, spec.name, locs=locs)
+
+
+_jobs: list = []
+_jobs_ready = threading.Condition()
+_worker: list = []
+
+
+def in_background(job):
+    """Run ``job()`` on the library's one background thread (a daemon: it never holds up the
+    process's exit), after the jobs queued before it; what it raises is dropped (the same
+    work is done again, in the foreground, by the call that needs it). Only where a CUDA
+    driver is loaded: a machine without a GPU compiles nothing ahead."""
+    from pyptx import driver
+
+    if driver.cuda() is None:
+        return
+    with _jobs_ready:
+        _jobs.append(job)
+        if not _worker:
+            t = threading.Thread(target=_work, name="pyptx-warm", daemon=True)
+            _worker.append(t)
+            t.start()
+        _jobs_ready.notify()
+
+
+def _work():
+    while True:
+        with _jobs_ready:
+            while not _jobs:
+                _jobs_ready.wait()
+            job = _jobs.pop(0)
+        try:
+            job()
+        except Exception:  # noqa: BLE001  (a warm-up that fails leaves the work to the call)
+            pass

@@ -9,10 +9,11 @@ import typing
 
 from pyptx.autotune import Config
 from pyptx.errors import ConfigError
-from pyptx_kernels import _tuning
+from pyptx_kernels import _family, _tuning
 from pyptx_kernels._common import framework, where
 from pyptx_kernels.gemm.config import GEMM_CONFIGS, GemmConfig, default_plan
 from pyptx_kernels.gemm.kernel import build_gemm, gemm_tuned
+from pyptx_kernels.gemm.scheduler import SplitTailGemm
 
 PLANNER = _tuning.Planner(
     "matmul", lambda kv: {"M": kv["M"], "N": kv["N"], "K": kv["K"]},
@@ -35,8 +36,40 @@ def _fail(msg):
 def _cached(M, N, K, key, config):
     kw = dict(key)
     if config is None:
+        if (N, K, key) not in _warmed:
+            _warmed.add((N, K, key))
+            _family.in_background(functools.partial(warm_siblings, N, K, key))
         return gemm_planned(M, N, K, **kw)
     return build_gemm(M, N, K, **kw, config=config)
+
+
+SIBLING_M = (1, 16, 64, 128, 256, 512, 1024, 1536, 2048, 3072, 4096, 8192, 16384, 32768)
+"""The M of a problem's other buckets whose plans ``warm_siblings`` compiles ahead."""
+
+_warmed: set = set()
+
+
+def sibling_plans(N, K, key):
+    """``{plan name: M}``: each plan a default call of this ``N x K`` problem (``key``: its
+    dtypes, layouts and epilogue) takes at some M of ``SIBLING_M`` (the shipped table's, else
+    the heuristic's), with the first such M."""
+    kv = dict(key)
+    plans = {}
+    for M in SIBLING_M:
+        name, _ = PLANNER.choose({"M": M, "N": N, "K": K, **kv})
+        plans.setdefault(name, M)
+    return plans
+
+
+def warm_siblings(N, K, key):
+    """Trace (once per family) and assemble into the disk cache the kernel of each of
+    ``sibling_plans``, so a later call at an M of another bucket launches without running
+    ptxas (the first default call of a problem queues this on the background thread)."""
+    kv = dict(key)
+    for name, M in sibling_plans(N, K, key).items():
+        k = build_gemm(M, N, K, **kv, config=GemmConfig.of(name))
+        if not isinstance(k, SplitTailGemm):
+            _family.assemble(k)
 
 
 def _pad_to(x, dim, mult, lib):

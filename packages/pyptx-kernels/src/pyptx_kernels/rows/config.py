@@ -325,6 +325,11 @@ def one_trace(kernel, problem, B):
     return _family.specialized(kernel, ("rows", kernel.name, *problem, shape), {"nrows": B})
 
 
+SIBLING_ROWS = (1, 3, 8, 33, 64, 65, 257, 1024, 1025, 4096, 4097, 16384, 16385, 65536)
+"""Row counts whose plans a row builder compiles ahead after its first default call (both
+parities of the larger ones: a last CTA with rows past ``B`` is another family)."""
+
+
 def tuned(op: str, table: tuple[RowConfig, ...]):
     """Make ``build(B, N, dtype, *problem, config, arch)`` a row builder.
 
@@ -354,7 +359,20 @@ def tuned(op: str, table: tuple[RowConfig, ...]):
         tuner = autotune([Config(**c.kwargs) for c in table],
                          key=["B", "N", "dtype", "arch"])(variant)
         tuner.ident = f"{build.__module__.rsplit('.', 1)[-1]}.{name}"  # the on-disk winners' key
-        tuner = _tuning.planned(tuner, _planner(op, table))
+        planner = _planner(op, table)
+        tuner = _tuning.planned(tuner, planner)
+        warmed = set()
+
+        def warm_siblings(N, dtype, rest, arch):
+            """Trace (once per family) and assemble into the disk cache the kernel a default
+            call takes at each of ``SIBLING_ROWS``, so a later row count of another plan
+            launches without running ptxas."""
+            from pyptx_kernels import _family
+
+            for B in SIBLING_ROWS:
+                plan = planner({"B": B, "N": N, "dtype": dtype, "arch": arch}, None)
+                if plan is not None:
+                    _family.assemble(variant(B, N, dtype, rest, arch, **plan.kwargs))
 
         @functools.wraps(build)
         def builder(*args, config=None, arch=DEFAULT_ARCH, **problem):
@@ -367,12 +385,19 @@ def tuned(op: str, table: tuple[RowConfig, ...]):
                                   if k not in ("config", "arch"))
             arch = check_arch(arch, name)
             if config is None:
+                if (N, dtype, tuple(rest), arch) not in warmed:
+                    from pyptx_kernels import _family
+
+                    warmed.add((N, dtype, tuple(rest), arch))
+                    _family.in_background(
+                        functools.partial(warm_siblings, N, dtype, tuple(rest), arch))
                 return tuner(B, N, dtype, tuple(rest), arch)
             check(config, name, op)
             return built(B, N, dtype, tuple(rest), for_arch(config, arch, name), arch)
 
         builder.tuner = tuner
         builder.configs = table
+        builder.warm_siblings = warm_siblings
         return builder
 
     return wrap

@@ -1,0 +1,69 @@
+"""After a problem's first default call the library compiles, on a background thread, the
+plans a default call takes at the problem's other sizes (``gemm.host.warm_siblings``, the row
+builders' ``warm_siblings``), so a later size in another bucket launches without ptxas."""
+
+import threading
+
+import pytest
+from pyptx_kernels import _family
+from pyptx_kernels.gemm import host
+from pyptx_kernels.gemm.config import GemmConfig
+from pyptx_kernels.gemm.kernel import build_gemm
+from pyptx_kernels.rows.rms_norm import build_rms_norm_fast
+
+from pyptx import jit
+from pyptx.types import bf16
+
+KEY = tuple(sorted(dict(dtype="bf16", out_dtype="bf16", a_major="K", b_major="K", bias=False,
+                        alpha=1.0, activation=None, KB=4096, NB=4096).items()))
+
+
+@pytest.fixture
+def assembled(monkeypatch):
+    monkeypatch.setenv("PYPTX_CACHE_DIR", "off")
+    _family.clear()
+    seen = []
+    monkeypatch.setattr(jit, "cubin_for", lambda text, arch, name, locs=None: seen.append(name))
+    return seen
+
+
+def test_gemm_siblings_cover_every_plan_a_default_call_takes(assembled):
+    plans = host.sibling_plans(4096, 4096, KEY)
+    assert len(plans) >= 2                      # M 1 and M 4096 take different tiles
+    host.warm_siblings(4096, 4096, KEY)
+    assert len(assembled) == len(plans)
+    traced = _family.stats()["traced"]
+    for M in (7, 300, 1533, 5000):             # any M: its plan's family is warm
+        name, _ = host.PLANNER.choose({"M": M, "N": 4096, "K": 4096, **dict(KEY)})
+        assert name in plans
+        build_gemm(M, 4096, 4096, **dict(KEY), config=GemmConfig.of(name))
+    assert _family.stats()["traced"] == traced
+
+
+def test_row_siblings_are_assembled(assembled):
+    build_rms_norm_fast.warm_siblings(4096, bf16, (1e-6,), "sm_90a")
+    assert len(assembled) >= 2 and all(n.startswith("rms_norm") for n in assembled)
+
+
+def test_background_jobs_run_in_order_and_failures_are_dropped(monkeypatch):
+    from pyptx import driver
+
+    monkeypatch.setattr(driver, "cuda", lambda: object())
+    done, ran = threading.Event(), []
+
+    def boom():
+        raise RuntimeError("a failed warm-up")
+
+    _family.in_background(boom)
+    _family.in_background(lambda: ran.append(1))
+    _family.in_background(done.set)
+    assert done.wait(10) and ran == [1]
+
+
+def test_no_gpu_no_background_work(monkeypatch):
+    from pyptx import driver
+
+    monkeypatch.setattr(driver, "cuda", lambda: None)
+    ran = []
+    _family.in_background(lambda: ran.append(1))
+    assert ran == [] and not any(j for j in _family._jobs)
