@@ -4,7 +4,8 @@ For ``matmul`` (``x @ w.T``, K = N = 4096), ``attention`` (causal, D = 128, 16 h
 ``rms_norm`` (N = 4096, bf16) and ``grouped_mm`` (8 groups, N = K = 2048, ragged), each in
 a fresh process (this script with ``--child``):
 
-  (a) warm process: the op has run once at one size (its family compiled); then the first
+  (a) warm process: the op has run once at one size (its family compiled, and the plans
+      of the problem's other sizes compiled in the background: a warmed-up server); then the first
       call at a size this process has not seen (M, S, the batch, the rows): host ms of the
       call, and ms until the device is idle; median of ``--shapes`` new sizes; "new kernels"
       counts the kernels compiled for them (files added to the fresh ``PYPTX_CACHE_DIR``:
@@ -123,6 +124,10 @@ def child_warm(op: str, shapes: int) -> dict:
     for lib in ("torch", "pyptx"):
         make_call(op, FIRST[op], lib)()
         torch.cuda.synchronize()
+        if lib == "pyptx":   # the other plans of the problem, compiled in the background
+            from pyptx_kernels import _family
+
+            _family.wait_idle(60)
         host, idle, new = [], [], 0
         for n in NEW[op][:shapes]:
             call = make_call(op, n, lib)

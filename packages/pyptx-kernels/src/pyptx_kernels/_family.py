@@ -181,8 +181,18 @@ def _work():
         with _jobs_ready:
             while not _jobs:
                 _jobs_ready.wait()
-            job = _jobs.pop(0)
+            job = _jobs[0]
         try:
             job()
         except Exception:  # noqa: BLE001  (a warm-up that fails leaves the work to the call)
             pass
+        with _jobs_ready:
+            _jobs.pop(0)
+            _jobs_ready.notify_all()
+
+
+def wait_idle(timeout=None):
+    """Wait until the background thread has finished every job queued so far (``timeout``
+    seconds at most; None: no limit); whether it has. A server calls it after its warm-up."""
+    with _jobs_ready:
+        return _jobs_ready.wait_for(lambda: not _jobs, timeout)

@@ -29,9 +29,11 @@ def precompile(work: Any, *example_inputs: Any, backward: bool = False,
     even under ``PYPTX_AUTOTUNE=1``; only those plans are built. ``backward=True`` also runs
     the backward of every floating output (inputs that are floating point get
     ``requires_grad``; a module's parameter gradients are left as they were). Returns when
-    the device is idle.
+    the device is idle and the plans the calls queued for their problems' other sizes are
+    compiled (``docs/tuning.md``).
 
-    Sizes are part of a family where a kernel bakes them in (GEMM tiles): precompile the
+    A size whose bucket takes another plan is another family: the GEMM's and the row
+    kernels' are compiled ahead by the background thread; for other ops precompile the
     shapes the server will see, or their buckets' representatives."""
     import torch
 
@@ -58,6 +60,9 @@ def precompile(work: Any, *example_inputs: Any, backward: bool = False,
                 fn, *args = item
                 kwargs = args.pop() if args and isinstance(args[-1], Mapping) else {}
                 _run(fn, [_tensor(a, device) for a in args], dict(kwargs), backward)
+    from pyptx_kernels import _family
+
+    _family.wait_idle()
     if torch.cuda.is_available():
         torch.cuda.synchronize()
 
