@@ -62,7 +62,7 @@ def precompile(work: Any, *example_inputs: Any, backward: bool = False,
                 _run(fn, [_tensor(a, device) for a in args], dict(kwargs), backward)
     from pyptx_kernels import _family
 
-    _family.wait_idle()
+    _family.wait_idle(300)   # a hung ptxas must not hang the server
     if torch.cuda.is_available():
         torch.cuda.synchronize()
 
