@@ -542,8 +542,10 @@ class Kernel:
                 hit = self._cache[key] = self._trace(dims, templates, at, arch)
         return hit
 
-    def _trace(self, env: dict[str, int], templates: dict[str, Any], at: str,
-               arch: str) -> Specialization:
+    def _geometry(self, env: dict[str, int], templates: dict[str, Any], at: str
+                  ) -> tuple[tuple, tuple, tuple, tuple, int, str]:
+        """``(in_shapes, out_shapes, grid, block, smem, origin)`` for these dims and template
+        values: callables evaluated and checked; ``origin`` names the kernel for messages."""
         names = self._tensor_names
         n_in = len(self._in_specs)
         in_shapes = tuple(s.resolve(env, f"{at}: input {names[i]!r}")
@@ -563,6 +565,12 @@ class Kernel:
         smem = self._smem
         if callable(smem):
             smem = self._check_smem(_call_with(smem, values, "smem", origin), origin)
+        return in_shapes, out_shapes, grid, block, smem, origin
+
+    def _trace(self, env: dict[str, int], templates: dict[str, Any], at: str,
+               arch: str) -> Specialization:
+        names = self._tensor_names
+        in_shapes, out_shapes, grid, block, smem, origin = self._geometry(env, templates, at)
 
         func = Function(self._name)
         trace = Trace(func, arch)
@@ -670,21 +678,7 @@ class Kernel:
         hit = self._cache.get(key)
         if hit is not None:
             return hit
-        names = self._tensor_names
-        n_in = len(self._in_specs)
-        in_shapes = tuple(s.resolve(dims, f"{at}: input {names[i]!r}")
-                          for i, s in enumerate(self._in_specs))
-        out_shapes = tuple(s.resolve(dims, f"{at}: output {names[n_in + i]!r}")
-                           for i, s in enumerate(self._out_specs))
-        values = {**dims, **templates}
-        origin = f"kernel {self._name!r} defined at {self.origin}"
-        grid = _three(_call_with(self._grid, values, "grid", origin) if callable(self._grid)
-                      else self._grid, "grid", origin)
-        self._check_grid(grid, origin)
-        block = (_three(_call_with(self._block, values, "block", origin), "block", origin)
-                 if callable(self._block) else self._block)
-        smem = (self._check_smem(_call_with(self._smem, values, "smem", origin), origin)
-                if callable(self._smem) else self._smem)
+        in_shapes, out_shapes, grid, block, smem, _ = self._geometry(dims, templates, at)
         maps = self._tma_maps(in_shapes + out_shapes)
         differ = [what for what, mine, theirs in (
             ("entry name", self._name, like.name), ("block", block, like.block),

@@ -48,25 +48,21 @@ def specialized(kernel, key, scalars):
     if like is None:
         disk = _disk_key(key, kernel.name)
         like = _load(disk)
-        if like is None:
-            spec = kernel.specialize()
-            _stats["traced"] += 1
-            _keep(key, spec)
-            _store(disk, spec)
+        if like is not None:
+            _stats["loaded"] += 1
+            _keep(key, like)
+    if like is not None:
+        try:
+            kernel.reuse(like, scalars)
+            _stats["reused"] += 1
             return kernel
-        _stats["loaded"] += 1
-        _keep(key, like)
-    try:
-        kernel.reuse(like, scalars)
-    except ConfigError:
-        if disk is None:
-            raise
-        spec = kernel.specialize()   # a file that does not fit: trace, and replace it
-        _stats["traced"] += 1
-        _keep(key, spec)
-        _store(disk, spec)
-        return kernel
-    _stats["reused"] += 1
+        except ConfigError:
+            if disk is None:
+                raise      # a family key that does not name what the code depends on
+    spec = kernel.specialize()   # a new family, or a file that does not fit: trace, keep
+    _stats["traced"] += 1
+    _keep(key, spec)
+    _store(disk, spec)
     return kernel
 
 
