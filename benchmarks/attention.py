@@ -2,36 +2,50 @@
 ``F.scaled_dot_product_attention`` with each backend (cuDNN, flash, memory-efficient),
 forward and backward, bf16.
 
-Cases (the issue's): head dim 64 and 128, S = 4096 and 8192, causal and full, with
-B*S = 32768 tokens and H*D = 2048. FLOPs: 4*B*H*S^2*D forward (halved when causal),
-2.5x that backward. Timing: ``triton.testing.do_bench`` (L2 flushed between calls),
-median of the per-round medians; the contenders of a row are timed interleaved, in
-rotated order, in one process; a pyptx variant whose output is off SDPA's by more than
-``ERR_LIMIT`` prints FAIL and is not timed (n/a). "fwd ours/best" is the first pyptx column (the default
-call, or the first of ``--schedules`` x ``--configs``) over the best SDPA backend. A backend that errors prints n/a. The backward rows time
+Three sections, each its own table; flags pick them (none: all three, in this order):
+
+* ``--dense``: head dim 64 and 128, S = 4096 and 8192, causal and full, B*S = 32768 tokens,
+  H*D = 2048 (``--dims``, ``--seqs``, ``--causal``, ``--tokens``, ``--width``).
+* ``--gqa``: grouped-query rows (``GQA_CASES``: issue 47's shapes, then Hq/Hkv = 32/8 and
+  32/4 at S 2k-16k causal, D 128, and one D 64 row; SDPA with ``enable_gqa``), B and
+  Hq/Hkv columns first; ``--only-d``, ``--rows`` filter them.
+* ``--window [W]``: sliding-window rows (``WINDOW_SEQS``, B=1, H*D = ``--width``, D 128
+  unless ``--dims``), causal with ``window=(W, 0)`` (W 4096): milliseconds of the forward and
+  of the backward (``autograd.grad``) beside our causal and full attention and SDPA's best
+  causal backend (SDPA has no window), and SDPA's memory-efficient backend with the window as a
+  boolean mask where it fits (``S <= WINDOW_MASK_MAX``). "/causal", "/full": the window's
+  time over our causal and our full (non-causal) attention's (target: "/full" <=
+  ``WINDOW_TARGET`` at S = 32768, forward and backward); "work/...": the same ratios of the
+  score entries computed, the bound a block-skipping kernel approaches.
+
+``--quick``: a subset of each chosen section (``QUICK_*``; one D 128 dense row per mask, three
+GQA rows, the window row at S = 32768) with 2 rounds and 10 pairs.
+
+FLOPs: 4*B*H*S^2*D forward (halved when causal), 2.5x that backward. Timing:
+``triton.testing.do_bench`` (L2 flushed between calls), median of the per-round medians; the
+contenders of a row are timed interleaved, in rotated order, in one process; a pyptx variant
+whose output is off SDPA's by more than ``ERR_LIMIT`` prints FAIL and is not timed (n/a).
+Every pyptx column is the default call (``attention(q, k, v, causal=...)``) unless
+``--schedules`` / ``--configs`` name forward plans. "fwd ours/best" is the first pyptx column
+over the best SDPA backend. A backend that errors prints n/a. The backward rows time
 ``torch.autograd.grad`` of our ``attention()``: the default (deterministic) backward, and
 ``deterministic=False`` (dQ added by the dK/dV kernel with TMA tile reductions) beside it.
 "paired" columns: the same ratio (ours over the best backend by do_bench) from
 ``pyptx.testing.paired_times`` (``--pairs`` rounds of one call each, interleaved, L2 flushed;
 median of the per-round ratios), which the GPU's clock drifts between do_bench bursts do
-not move.
-
-``--gqa``: the grouped-query rows instead (``GQA_CASES``: the shapes of issue 47's table,
-then Hq/Hkv = 4 and 8 at S = 2k to 16k, head dims 64 and 128, causal and full; B and
-Hq/Hkv columns first). ``--kv-splits 1 2 4``: one more backward column per split,
-attention()'s eager plan (``BackwardPlan.for_eager(D)``) with ``kv_split=s``, called through
+not move. ``--kv-splits 1 2 4``: one more backward column per split, attention()'s eager
+plan (``BackwardPlan.for_eager(D)``) with ``kv_split=s``, called through
 ``attention_backward`` (the default column is ``kv_split="auto"``).
 
-    python benchmarks/attention.py [--dims 64 128] [--seqs 4096 8192] [--schedules pingpong simple]
-                                   [--configs '[{}, {"persistent": true}]'] [--no-bwd] [--out t.md]
+    python benchmarks/attention.py [--quick] [--out t.md]          # every section
+    python benchmarks/attention.py --dense [--dims 64 128] [--seqs 4096 8192]
+                                   [--schedules pingpong simple]
+                                   [--configs '[{}, {"persistent": true}]'] [--no-bwd]
     python benchmarks/attention.py --gqa [--kv-splits 1 2 4 8] [--only-d 128]
     python benchmarks/attention.py --window [4096] [--dims 128]
 
-``--window W``: sliding-window rows instead (``WINDOW_SEQS``, B=1, H*D = ``--width``), causal
-with ``window=(W, 0)``: milliseconds of the forward and of the backward (``autograd.grad``)
-beside our full causal attention and SDPA's best causal backend (SDPA has no window), and
-SDPA's memory-efficient backend with the window as a boolean mask where it fits
-(``S <= WINDOW_MASK_MAX``); "ratio": the window's time over our causal time.
+``--out NAME.md`` writes the chosen sections' tables (and ``NAME.json``, the dense and GQA
+rows); without a CUDA GPU and Triton it prints why and exits 2.
 """
 
 from __future__ import annotations
@@ -53,13 +67,20 @@ from pyptx.testing import paired_ratio, paired_times  # noqa: E402
 BACKENDS = ("cuDNN", "flash", "efficient")
 WINDOW_SEQS = (8192, 16384, 32768)     # --window rows
 WINDOW_MASK_MAX = 16384                # --window: SDPA with a boolean mask up to this S
+WINDOW_TARGET = 0.2                    # --window: window/causal time at S = 32768, W = 4096
 ERR_LIMIT = 0.05  # max |o - SDPA| (bf16, randn inputs: |o| < ~1.5); a variant over it prints FAIL
 #: ``--gqa``: (B, S, Hq, Hkv, D, mask): issue 47's shapes, then groups of 4 and 8 over S 2k-16k
+#: (16384 tokens, causal, D 128) and one D 64 row
 GQA_CASES = ([(4, 2048, 32, 32, 128, "causal"), (2, 4096, 32, 8, 128, "causal"),
               (8, 1024, 16, 16, 64, "full"), (1, 16384, 16, 4, 128, "causal"),
               (3, 3000, 12, 4, 64, "causal")]
-             + [(max(1, 16384 // S), S, 32, 32 // g, D, mask) for D in (128, 64)
-                for g in (4, 8) for S in (2048, 8192, 16384) for mask in ("causal", "full")])
+             + [(16384 // S, S, 32, 32 // g, 128, "causal") for g in (4, 8)
+                for S in (2048, 4096, 8192, 16384)]
+             + [(2, 8192, 32, 8, 64, "causal")])
+#: ``--quick`` subsets: dense (D, S, mask), GQA_CASES indices, window sequence lengths
+QUICK_DENSE = [(128, 4096, "full"), (128, 4096, "causal")]
+QUICK_GQA = [1, 3, GQA_CASES.index((2, 8192, 32, 8, 64, "causal"))]
+QUICK_WINDOW = (32768,)
 
 
 def load_attention():
@@ -169,28 +190,42 @@ def _window_mask_sdpa(S, window):
     return f
 
 
-def window_main(args) -> int:
-    """The ``--window`` rows (see the module docstring): milliseconds, do_bench medians."""
+def window_work(S, W, causal=True):
+    """Score entries of a causal ``window=(W, 0)`` (S queries, S keys) over those of our
+    causal (``causal``) or full attention: the time ratio a kernel that skips every masked
+    block approaches."""
+    inside = S * (S + 1) / 2 if S <= W + 1 else (W + 1) * (W + 2) / 2 + (S - W - 1) * (W + 1)
+    return inside / (S * (S + 1) / 2 if causal else S * S)
+
+
+def window_section(args, dims, seqs, dev):
+    """The ``--window`` table (see the module docstring): ``(title, head, body)``,
+    milliseconds, do_bench medians."""
     import torch
 
     fa = load_attention()
     W = args.window
-    dev = torch.cuda.get_device_name()
-    head = ["D", "S", "window", "fwd window", "fwd causal", "fwd ratio", "fwd SDPA best",
-            "fwd SDPA masked", "bwd window", "bwd causal", "bwd ratio", "bwd SDPA best",
-            "bwd SDPA masked"]
-    print(f"# attention with a sliding window, ms on {dev}, bf16, do_bench median")
+    head = ["D", "S", "window", "work/causal", "work/full"]
+    for p_ in ("fwd", "bwd"):
+        head += [f"{p_} {n}" for n in ("window", "causal", "full", "/causal", "/full",
+                                        "SDPA best", "SDPA masked")]
+    head.append(f"/full <= {WINDOW_TARGET}")
+    title = (f"attention with a sliding window (window=({W}, 0), causal), ms on {dev}, bf16, "
+             f"do_bench median; /causal, /full: the window's time over our causal and full "
+             f"(non-causal) attention's; target /full <= {WINDOW_TARGET} at S = 32768")
+    print(f"# {title}")
     print("| " + " | ".join(head) + " |", flush=True)
     body = []
-    for D in args.dims:
-        for S in WINDOW_SEQS:
+    for D in dims:
+        for S in seqs:
             torch.manual_seed(0)
             H = args.width // D
             q, k, v = (torch.randn(1, S, H, D, device="cuda", dtype=torch.bfloat16)
                        for _ in range(3))
             calls = {"window": lambda a, b_, c: fa.attention(a, b_, c, causal=True,
                                                              window=(W, 0)),
-                     "causal": lambda a, b_, c: fa.attention(a, b_, c, causal=True)}
+                     "causal": lambda a, b_, c: fa.attention(a, b_, c, causal=True),
+                     "full": lambda a, b_, c: fa.attention(a, b_, c)}
             for be in BACKENDS:
                 calls[be] = sdpa_call(be, True)
             if S <= WINDOW_MASK_MAX:
@@ -203,60 +238,33 @@ def window_main(args) -> int:
                     bwd[name] = backward_fn(f, q, k, v)
                 except Exception as ex:  # noqa: BLE001 - print n/a and go on
                     print(f"  {name}: {type(ex).__name__}: {str(ex)[:200]}", flush=True)
-            cells = [str(D), str(S), str(W)]
+            cells = [str(D), str(S), str(W), f"{window_work(S, W):.3f}",
+                     f"{window_work(S, W, causal=False):.3f}"]
+            met = []
             for times in (_time(fwd, args.rep, args.rounds), _time(bwd, args.rep, args.rounds)):
                 best = min((times[b] for b in BACKENDS if b in times), default=None)
-                ratio = (times["window"] / times["causal"]
-                         if "window" in times and "causal" in times else None)
-                cells += [f"{times[n]:.3f}" if n in times else "n/a" for n in ("window", "causal")]
-                cells += ["n/a" if ratio is None else f"{ratio:.3f}",
-                          "n/a" if best is None else f"{best:.3f}",
+                over = {n: times["window"] / times[n] if "window" in times and n in times
+                        else None for n in ("causal", "full")}
+                met.append(over["full"] is not None and over["full"] <= WINDOW_TARGET)
+                cells += [f"{times[n]:.3f}" if n in times else "n/a"
+                          for n in ("window", "causal", "full")]
+                cells += ["n/a" if over[n] is None else f"{over[n]:.3f}" for n in over]
+                cells += ["n/a" if best is None else f"{best:.3f}",
                           f"{times['masked']:.3f}" if "masked" in times else "n/a"]
+            cells.append(f"fwd {'PASS' if met[0] else 'FAIL'}, bwd {'PASS' if met[1] else 'FAIL'}"
+                         if S == 32768 else "-")
             print("| " + " | ".join(cells) + " |", flush=True)
             body.append(cells)
             del q, k, v, fwd, bwd
             torch.cuda.empty_cache()
-    if args.out:
-        Path(args.out).write_text(f"attention with a sliding window, ms on {dev} (bf16, "
-                                  f"do_bench median)\n\n" + "\n".join(markdown_table(head, body))
-                                  + "\n")
-    return 0
+    return title, head, body
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--dims", nargs="+", type=int, default=[64, 128])
-    p.add_argument("--seqs", nargs="+", type=int, default=[4096, 8192])
-    p.add_argument("--schedules", nargs="+", default=None,
-                   help="our schedules to time (default: the example's default)")
-    p.add_argument("--causal", nargs="+", default=["full", "causal"])
-    p.add_argument("--tokens", type=int, default=32768)
-    p.add_argument("--width", type=int, default=2048, help="H * D")
-    p.add_argument("--rep", type=int, default=100, help="do_bench rep (ms)")
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--pairs", type=int, default=20, help="paired rounds (0: no paired column)")
-    p.add_argument("--configs", default=None,
-                   help='JSON list of ForwardConfig keyword dicts for our forward, one column each, e.g. '
-                        '[{}, {"persistent": true}, {"BN": 176}, {"pin_overlap": true}, '
-                        '{"rescale_threshold": 8}]')
-    p.add_argument("--no-bwd", action="store_true")
-    p.add_argument("--gqa", action="store_true", help="the grouped-query rows (GQA_CASES)")
-    p.add_argument("--only-d", type=int, default=None, help="--gqa: only this head dim")
-    p.add_argument("--rows", nargs="+", type=int, default=None,
-                   help="--gqa: only these indices of GQA_CASES")
-    p.add_argument("--kv-splits", nargs="+", type=int, default=[],
-                   help="backward columns of BackwardPlan.for_eager(D) with kv_split=s")
-    p.add_argument("--window", type=int, nargs="?", const=4096, default=None,
-                   help="the sliding-window rows (window=(W, 0), causal; default W 4096)")
-    p.add_argument("--out", default=None)
-    args = p.parse_args(argv)
-    why = gpu_missing("attention.py")
-    if why:
-        print(why, file=sys.stderr)
-        return 2
-    if args.window is not None:
-        return window_main(args)
+def table_section(args, cases, gqa, dev):
+    """The dense or ``--gqa`` TFLOP/s table of ``cases`` ((B, S, Hq, Hkv, D, mask)):
+    ``(title, head, body, rows)``, ``rows`` the JSON records."""
     import torch
+
     fa = load_attention()
     # no --schedules: schedule=None, the default call (its tile options tuned per shape, as
     # a user's attention_forward(q, k, v) is); a named schedule fixes the tiles
@@ -265,7 +273,6 @@ def main(argv=None) -> int:
     variants = [(s, c) for s in schedules for c in configs]
     plans = [None if s is None and not c else fa.ForwardConfig(schedule=s, **c)
              for s, c in variants]                  # None: the default call (tuned)
-    dev = torch.cuda.get_device_name()
 
     def label(s, c):
         parts = ([s] if len(schedules) > 1 else []) + [
@@ -274,21 +281,17 @@ def main(argv=None) -> int:
         return "pyptx" + ("" if not parts else " " + " ".join(parts))
     ours = [label(s, c) for s, c in variants]
     splits = [f"bwd split={s}" for s in args.kv_splits]
-    head = ((["B", "Hq/Hkv"] if args.gqa else []) + ["D", "S", "mask"]
+    head = ((["B", "Hq/Hkv"] if gqa else []) + ["D", "S", "mask"]
             + [f"fwd {n}" for n in ours + list(BACKENDS)] + ["fwd ours/best", "fwd paired"]
             + ([f"bwd {n}" for n in ["pyptx"] + list(BACKENDS)] + ["bwd ours/best", "bwd paired",
                                                                    "bwd deterministic=False",
                                                                    "its ratio"] + splits
                if not args.no_bwd else []) + ["max |o err|"])
-    print(f"# attention TFLOP/s on {dev}, bf16, do_bench median (L2 flushed)")
+    title = (f"attention{' grouped-query' if gqa else ''} TFLOP/s on {dev}, bf16, do_bench "
+             f"median (L2 flushed)")
+    print(f"# {title}")
     print("| " + " | ".join(head) + " |", flush=True)
     body, rows = [], []
-    if args.gqa:
-        cases = [c for i, c in enumerate(GQA_CASES) if args.only_d in (None, c[4])
-                 and (args.rows is None or i in args.rows)]
-    else:
-        cases = [(max(1, args.tokens // S), S, args.width // D, args.width // D, D, mask)
-                 for D in args.dims for S in args.seqs for mask in args.causal]
     for B, S, H, Hkv, D, mask in cases:
         causal = mask == "causal"
         torch.manual_seed(0)
@@ -322,7 +325,7 @@ def main(argv=None) -> int:
         tf = {n: flops / (ms * 1e-3) / 1e12 for n, ms in _time(fwd, args.rep, args.rounds).items()}
         best_peer = max((tf[b] for b in BACKENDS if b in tf), default=None)
         best_ours = tf.get(ours[0])            # the first variant: the default call
-        cells = (([str(B), f"{H}/{Hkv}"] if args.gqa else []) + [str(D), str(S), mask]
+        cells = (([str(B), f"{H}/{Hkv}"] if gqa else []) + [str(D), str(S), mask]
                  + [_fmt(tf.get(n)) for n in ours + list(BACKENDS)])
         cells.append(f"{best_ours / best_peer:.3f}" if best_ours and best_peer else "n/a")
         cells.append(_paired_cell(fwd, ours[0], tf, args.pairs))
@@ -363,14 +366,101 @@ def main(argv=None) -> int:
         cells.append("n/a" if err is None else f"{err:.1e}")
         print("| " + " | ".join(cells) + " |", flush=True)
         body.append(cells)
-        rows.append(dict(D=D, S=S, B=B, H=H, Hkv=Hkv, causal=causal, fwd=tf, bwd=btf,
-                         err=err))
+        rows.append(dict(section="gqa" if gqa else "dense", D=D, S=S, B=B, H=H, Hkv=Hkv,
+                         causal=causal, fwd=tf, bwd=btf, err=err))
         del q, k, v
         torch.cuda.empty_cache()
+    return title, head, body, rows
+
+
+def parse_args(argv=None):
+    """The command line (see the module docstring); ``sections`` is the chosen sections in
+    run order, all three when none is named."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--dense", action="store_true", help="the dense rows (--dims x --seqs x "
+                   "--causal)")
+    p.add_argument("--gqa", action="store_true", help="the grouped-query rows (GQA_CASES)")
+    p.add_argument("--window", type=int, nargs="?", const=4096, default=None,
+                   help="the sliding-window rows (window=(W, 0), causal; default W 4096)")
+    p.add_argument("--quick", action="store_true",
+                   help="a subset of each chosen section, 2 rounds, 10 pairs")
+    p.add_argument("--dims", nargs="+", type=int, default=None,
+                   help="head dims (dense: 64 128; window: 128)")
+    p.add_argument("--seqs", nargs="+", type=int, default=[4096, 8192])
+    p.add_argument("--schedules", nargs="+", default=None,
+                   help="our schedules to time (default: the default call)")
+    p.add_argument("--causal", nargs="+", default=["full", "causal"])
+    p.add_argument("--tokens", type=int, default=32768)
+    p.add_argument("--width", type=int, default=2048, help="H * D")
+    p.add_argument("--rep", type=int, default=100, help="do_bench rep (ms)")
+    p.add_argument("--rounds", type=int, default=None, help="rounds (3; --quick 2)")
+    p.add_argument("--pairs", type=int, default=None,
+                   help="paired rounds (20; --quick 10; 0: no paired column)")
+    p.add_argument("--configs", default=None,
+                   help='JSON list of ForwardConfig keyword dicts for our forward, one column each, e.g. '
+                        '[{}, {"persistent": true}, {"BN": 176}, {"pin_overlap": true}, '
+                        '{"rescale_threshold": 8}]')
+    p.add_argument("--no-bwd", action="store_true")
+    p.add_argument("--only-d", type=int, default=None, help="--gqa: only this head dim")
+    p.add_argument("--rows", nargs="+", type=int, default=None,
+                   help="--gqa: only these indices of GQA_CASES")
+    p.add_argument("--kv-splits", nargs="+", type=int, default=[],
+                   help="backward columns of BackwardPlan.for_eager(D) with kv_split=s")
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    named = [n for n, on in (("dense", args.dense), ("gqa", args.gqa),
+                             ("window", args.window is not None)) if on]
+    args.sections = named or ["dense", "gqa", "window"]
+    if args.window is None:
+        args.window = 4096
+    if args.rounds is None:
+        args.rounds = 2 if args.quick else 3
+    if args.pairs is None:
+        args.pairs = 10 if args.quick else 20
+    return args
+
+
+def dense_cases(args):
+    """The dense section's (B, S, Hq, Hkv, D, mask) rows."""
+    if args.quick and args.dims is None:
+        chosen = QUICK_DENSE
+    else:
+        chosen = [(D, S, m) for D in args.dims or [64, 128] for S in args.seqs
+                  for m in args.causal]
+    return [(max(1, args.tokens // S), S, args.width // D, args.width // D, D, mask)
+            for D, S, mask in chosen]
+
+
+def gqa_cases(args):
+    """The ``--gqa`` section's rows (``GQA_CASES`` filtered)."""
+    keep = args.rows if args.rows is not None else QUICK_GQA if args.quick else None
+    return [c for i, c in enumerate(GQA_CASES) if args.only_d in (None, c[4])
+            and (keep is None or i in keep)]
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    why = gpu_missing("attention.py")
+    if why:
+        print(why, file=sys.stderr)
+        return 2
+    import torch
+
+    dev = torch.cuda.get_device_name()
+    tables, rows = [], []
+    for section in args.sections:
+        if section == "window":
+            title, head, body = window_section(args, args.dims or [128],
+                                               QUICK_WINDOW if args.quick else WINDOW_SEQS, dev)
+        else:
+            cases = gqa_cases(args) if section == "gqa" else dense_cases(args)
+            title, head, body, recs = table_section(args, cases, section == "gqa", dev)
+            rows += recs
+        tables.append((title, head, body))
     if args.out:
-        lines = markdown_table(head, body)
-        Path(args.out).write_text(f"attention TFLOP/s on {dev} (bf16, do_bench median)\n\n"
-                                  + "\n".join(lines) + "\n")
+        text = "\n\n".join(f"{title}\n\n" + "\n".join(markdown_table(head, body))
+                           for title, head, body in tables)
+        Path(args.out).write_text(text + "\n")
         Path(args.out).with_suffix(".json").write_text(json.dumps(rows, indent=1))
     return 0
 

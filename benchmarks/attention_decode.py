@@ -7,8 +7,9 @@ cache bytes read, ``2 * B * Sk * Hkv * D * 2`` (K and V, bf16). SDPA gets its be
 contiguous ``(B, Hkv, Sk, D)`` caches, ``enable_gqa=True`` (a backend that refuses prints
 n/a). "copy" is ``dst.copy_(src)`` of the same bytes (read + write counted), the bandwidth
 the target is a share of. "ours/best" is the contiguous pyptx column over the best SDPA
-backend; "% copy" is it over the copy's. The window rows time ``window=(W, -1)`` over the
-full cache against the full call (time ratio: it should follow ``W / Sk``). Timing:
+backend, "paged/best" the paged one's; "% copy" is the contiguous column over the copy's.
+The window rows time ``window=(W, -1)`` over the full cache against the full call (time
+ratio: it should follow ``W / Sk``). Timing:
 ``triton.testing.do_bench`` (L2 flushed), median of ``--rounds`` rounds, the contenders of
 a row interleaved in rotated order. A pyptx output off SDPA's by more than ``ERR_LIMIT``
 prints FAIL and is not timed. ``--configs`` adds a GB/s column per ``DecodeConfig``
@@ -111,7 +112,7 @@ def _plan_fn(config, q, kc, vc, lens):
 
 def decode_row(B, Sk, rep, rounds, configs=()):
     """One row of the GB/s table: ``[B, Sk, pyptx, paged, cuDNN, flash, efficient, copy,
-    ours/best, % copy, one column per config]``."""
+    ours/best, paged/best, % copy, one column per config]``."""
     import torch
     from pyptx_kernels import attention_with_kvcache
 
@@ -148,7 +149,8 @@ def decode_row(B, Sk, rep, rounds, configs=()):
     row = [str(B), str(Sk)]
     row += ["FAIL" if n in failed else _fmt(gbs.get(n))
             for n in ("pyptx", "pyptx paged", *BACKENDS, "copy")]
-    row.append("n/a" if ours is None or best is None else f"{ours / best:.3f}x")
+    for x in (ours, gbs.get("pyptx paged")):
+        row.append("n/a" if x is None or best is None else f"{x / best:.3f}x")
     row.append("n/a" if ours is None else f"{100 * ours / gbs['copy']:.0f}%")
     row += ["FAIL" if n in failed else _fmt(gbs.get(n)) for n in ours_names[2:]]
     return row
@@ -184,8 +186,8 @@ def main(argv=None) -> int:
     configs = json.loads(args.configs)
     missing = gpu_missing("attention_decode.py")
     if missing:
-        print(missing)
-        return 0
+        print(missing, file=sys.stderr)
+        return 2
     import torch
 
     rounds = 1 if args.quick else args.rounds
@@ -201,7 +203,8 @@ def main(argv=None) -> int:
         wbody.append(window_row(B, Sk, W, args.rep, rounds))
         print(" | ".join(wbody[-1]), flush=True)
         torch.cuda.empty_cache()
-    head = ["B", "Sk", "pyptx", "pyptx paged", *BACKENDS, "copy", "ours/best", "% copy",
+    head = ["B", "Sk", "pyptx", "pyptx paged", *BACKENDS, "copy", "ours/best", "paged/best",
+            "% copy",
             *(json.dumps(c) for c in configs)]
     whead = ["B", "Sk", "window", "full ms", "window ms", "ratio", "W/Sk"]
     lines = markdown_table(head, body) + [""] + markdown_table(whead, wbody)
