@@ -12,7 +12,7 @@ _NAMES = {
     "build_rms_norm_fast": "rms_norm", "build_rms_norm_bwd": "rms_norm",
     "build_layer_norm": "layer_norm", "build_layer_norm_bwd": "layer_norm",
     "build_softmax_fast": "softmax", "build_softmax": "softmax",
-    "build_swiglu": "swiglu",
+    "build_swiglu": "swiglu", "build_swiglu_backward": "swiglu",
 }
 
 __all__ = list(_NAMES)

@@ -2,9 +2,9 @@
 tensors (custom ops ``pyptx::<name>`` with autograd) and JAX arrays (forward kernels).
 
 The row kernels take ``(B, N)``: the leading dimensions are flattened into ``B`` and the
-result is shaped back. Backward: the library's ``build_rms_norm_bwd`` and
-``build_layer_norm_bwd`` kernels; softmax and SwiGLU have no backward kernel, so their
-backward ops are torch's elementwise ops in f32."""
+result is shaped back. Backward: the library's ``build_rms_norm_bwd``,
+``build_layer_norm_bwd`` and ``build_swiglu_backward`` kernels; softmax has no backward
+kernel, so its backward op is torch's elementwise ops in f32."""
 
 from __future__ import annotations
 
@@ -369,10 +369,21 @@ def _swiglu_grad(ctx, grad):
     return _common.call_op("swiglu_backward", grad, gate, up)
 
 
+def _swiglu_kernel_takes(grad, gate, up):
+    """Whether ``build_swiglu_backward`` takes these: CUDA tensors of one dtype, f32 or bf16."""
+    return (grad.dtype == gate.dtype == up.dtype and dtype_name(gate.dtype) in ("f32", "bf16")
+            and all(t.is_cuda for t in (grad, gate, up)))
+
+
 def _swiglu_backward(grad, gate, up):
-    """``(dgate, dup)`` of ``silu(gate) * up`` in f32."""
+    """``(dgate, dup)`` of ``silu(gate) * up``: the ``build_swiglu_backward`` kernel where it
+    takes the tensors (``_swiglu_kernel_takes``), else torch's elementwise ops in f32."""
     import torch
 
+    if _swiglu_kernel_takes(grad, gate, up):
+        with _no_grad():
+            return tuple(_kernel("swiglu", "build_swiglu_backward", gate)(
+                *_dense(grad, gate, up)))
     dy, g, u = grad.float(), gate.float(), up.float()
     s = torch.sigmoid(g)
     return (dy * u * s * (1 + g * (1 - s))).to(gate.dtype), (dy * g * s).to(up.dtype)
@@ -473,7 +484,9 @@ def _kernels_softmax(x, dim=-1):
 
 def _kernels_swiglu(gate, up):
     _check_swiglu(gate, up, launch=False)
-    return _kernel("swiglu", "build_swiglu", gate)
+    grad = framework(gate) == "torch" and _common.wants_grad(gate, up)
+    return [_kernel("swiglu", "build_swiglu", gate),
+            _kernel("swiglu", "build_swiglu_backward", gate) if grad else None]
 
 
 def _kernels_add_rms_norm(x, residual, weight, eps=1e-6):

@@ -136,6 +136,7 @@ FIELDS = {
                    *_HINT_FIELDS),
     "softmax": (*_SHAPE, "ctas", "maxnreg", "pdl", *_HINT_FIELDS),
     "swiglu": ("chunks", "threads", "bulk", "bulk_store", "pdl", *_HINT_FIELDS),
+    "swiglu_backward": ("chunks", "threads", "pdl", *_HINT_FIELDS),
     "backward": (*_SHAPE, "ctas"),
 }
 
@@ -189,6 +190,8 @@ SWIGLU_CONFIGS = _table(
     dict(threads=128, chunks=2, pdl=False),
     dict(bulk=True, threads=512), dict(bulk=True, threads=1024),
     dict(bulk=True, threads=512, bulk_store=True))
+#: What ``build_swiglu_backward(B, N, dtype)`` tunes over: the forward's one-pass plans.
+SWIGLU_BACKWARD_CONFIGS = tuple(c for c in SWIGLU_CONFIGS if c.plan == "row")
 
 
 # ----------------------------------------------------------------------------- architectures
@@ -248,20 +251,21 @@ def default_plan(op: str, rows: int, N: int, dtype, arch: str = DEFAULT_ARCH) ->
     cell are within ~1.5% of each other): rows shorter than a wave of a full GPU (under 512)
     run without PDL (do_bench charges a PDL launch 2-3 us); f32 norms and softmax take 8
     chunks per thread (256 threads per 8192-element row); bf16 RMSNorm at 512-4095 rows the
-    persistent plan (two CTAs per SM) and 2 chunks from 4096 rows; SwiGLU 128-thread CTAs.
+    persistent plan (two CTAs per SM) and 2 chunks from 4096 rows; SwiGLU 128-thread CTAs
+    (its backward, ``swiglu_backward``, takes the forward's choice).
     ``sm_80`` takes the one-row plans without PDL; ``sm_100a`` the Hopper choice with the
     one-row plan in place of the persistent one (its CTA count is the H100's). ``op`` is
-    ``rms_norm``, ``layer_norm``, ``softmax`` or ``swiglu``; ``dtype`` f32 or bf16 (any name
-    ``pyptx.rows.dtype_of`` takes)."""
+    ``rms_norm``, ``layer_norm``, ``softmax``, ``swiglu`` or ``swiglu_backward``; ``dtype``
+    f32 or bf16 (any name ``pyptx.rows.dtype_of`` takes)."""
     from pyptx import rows as rw
 
     if op not in FIELDS or op == "backward":
         raise ConfigError(f"{where()}: default_plan: op must be one of rms_norm, layer_norm, "
-                          f"softmax, swiglu, got {op!r}")
+                          f"softmax, swiglu, swiglu_backward, got {op!r}")
     check_arch(arch, "default_plan")
     bf16 = rw.dtype_of(dtype, "default_plan").name == "bf16"
     few = rows < 512
-    if op == "swiglu":
+    if op in ("swiglu", "swiglu_backward"):
         elems = rows * N
         if bf16:
             c = dict(threads=128, chunks=2) if elems < 2**21 else dict(threads=128, pdl=False)
@@ -404,5 +408,5 @@ def tuned(op: str, table: tuple[RowConfig, ...]):
 
 
 __all__ = ["RowConfig", "DEFAULT", "FIELDS", "check", "tuned", "RMS_NORM_CONFIGS", "LAYER_NORM_CONFIGS",
-           "SOFTMAX_CONFIGS", "SWIGLU_CONFIGS", "ARCHS", "DEFAULT_ARCH", "check_arch", "for_arch",
-           "device_arch", "default_plan", "persistent_maxnreg"]
+           "SOFTMAX_CONFIGS", "SWIGLU_CONFIGS", "SWIGLU_BACKWARD_CONFIGS", "ARCHS", "DEFAULT_ARCH",
+           "check_arch", "for_arch", "device_arch", "default_plan", "persistent_maxnreg"]

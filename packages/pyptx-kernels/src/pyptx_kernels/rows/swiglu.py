@@ -11,6 +11,9 @@ run unpredicated. ``bulk=True`` instead brings each CTA's slices of ``g`` and ``
 into shared memory with two ``cp.async.bulk`` copies (one mbarrier): at 1024
 threads it is the fastest shape measured for f32 8192x8192 on the H100.
 
+``build_swiglu_backward`` walks ``dY``, ``G`` and ``U`` the same way and writes ``dG`` and
+``dU`` in one pass.
+
     python -m pyptx_kernels.rows.swiglu [B] [N] [--dtype f32|bf16]
 """
 
@@ -18,7 +21,13 @@ from pyptx import SpecError, Tile, kernel, ptx, reg, smem
 from pyptx import rows as rw
 from pyptx.types import b64, f32, u32, u64
 from pyptx_kernels._common import where
-from pyptx_kernels.rows.config import DEFAULT_ARCH, SWIGLU_CONFIGS, RowConfig, tuned
+from pyptx_kernels.rows.config import (
+    DEFAULT_ARCH,
+    SWIGLU_BACKWARD_CONFIGS,
+    SWIGLU_CONFIGS,
+    RowConfig,
+    tuned,
+)
 
 #: threads per CTA when the config leaves ``threads`` to the builder
 THREADS = 256
@@ -61,24 +70,10 @@ def build_swiglu(B: int, N: int, dtype=f32, *, config: RowConfig | None = None,
     who = "build_swiglu"
     dt = rw.dtype_of(dtype, who)
     c = config
-    hints, pdl, bulk, bulk_store, chunks = c.hints, c.pdl, c.bulk, c.bulk_store, c.chunks
-    threads = THREADS if c.threads is None else c.threads
-    for name, v in (("B", B), ("N", N), ("threads", threads)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise SpecError(f"{where()}: {who}: {name} must be a positive int, got {v!r}")
-    if threads % 32 or threads > 1024:
-        raise SpecError(f"{where()}: {who}: threads must be a multiple of 32 up to 1024, got {threads}")
-    M = B * N
-    if M >= 2**32:
-        raise SpecError(f"{where()}: {who}: B * N must be below 2**32, got {M}")
+    hints, pdl, bulk, bulk_store = c.hints, c.pdl, c.bulk, c.bulk_store
+    threads, vec, k, grid = _flat_shape(who, B, N, dt, c)
     es = dt.bytes
-    vec = 16 // es
-    while N % vec:  # from N alone: the PTX serves every B
-        vec //= 2
-    k = chunks if chunks is not None else 1  # one 16-byte vector: fastest at every size measured
-    k = min(k, max(1, 32 // vec))
     per_cta = threads * k
-    grid = -(-(M // vec) // per_cta)
     stride = threads * vec * es
     span = per_cta * vec * es  # bytes of one input per CTA
     if bulk and (N * es) % 16:
@@ -138,6 +133,102 @@ def build_swiglu(B: int, N: int, dtype=f32, *, config: RowConfig | None = None,
 
     swiglu.geometry = dict(vec=vec, chunks=k, threads=threads, grid=grid)
     return swiglu
+
+
+@tuned("swiglu_backward", SWIGLU_BACKWARD_CONFIGS)
+def build_swiglu_backward(B: int, N: int, dtype=f32, *, config: RowConfig | None = None,
+                          arch: str = DEFAULT_ARCH):
+    """SwiGLU's gradients: ``dG = dY * U * s * (1 + G * (1 - s))`` and ``dU = dY * G * s``
+    with ``s = sigmoid(G)``, for ``dY, G, U`` (inputs) and ``dG, dU`` (outputs) of shape
+    ``(B, N)`` in ``dtype`` (f32 or bf16).
+
+    The launch shape, the flat walk, the predicated last CTA, PDL (with the L2 prefetch of
+    the CTA's slices of the three inputs) and the cache hints are ``build_swiglu``'s plan
+    ``"row"``; ``B`` is a kernel parameter, so one PTX serves every ``B``. Supported: any
+    ``B, N >= 1`` with ``B * N < 2**32``. Tolerance against float64: relative L2 error below
+    1e-5 for f32, 1e-2 for bf16.
+
+    Called without ``config``, a ``pyptx.autotune.TunedKernel`` over
+    ``SWIGLU_BACKWARD_CONFIGS`` (the plan settled as ``build_swiglu``'s is); with a
+    ``RowConfig``, exactly that plan.
+    """
+    who = "build_swiglu_backward"
+    dt = rw.dtype_of(dtype, who)
+    hints, pdl = config.hints, config.pdl
+    threads, vec, k, grid = _flat_shape(who, B, N, dt, config)
+    es = dt.bytes
+    per_cta = threads * k
+    stride = threads * vec * es
+    span = per_cta * vec * es
+
+    @kernel(
+        in_specs=(Tile(B, N, dt), Tile(B, N, dt), Tile(B, N, dt)),
+        out_specs=(Tile(B, N, dt), Tile(B, N, dt)),
+        grid=(grid, 1, 1),
+        block=(threads, 1, 1),
+        pdl=pdl,
+        name=f"swiglu_bwd_{dt.name}",
+        arch=arch,
+    )
+    def swiglu_bwd(DY, G, U, DG, DU):
+        with rw.entry(pdl):
+            ptrs = ptx.global_ptrs(DY, G, U, DG, DU)
+            mv = _vectors(B, N // vec)
+            cta = ptx.special.ctaid.x()
+            tid = ptx.special.tid.x()
+            if pdl and hints.pdl_prefetch:
+                rw.prefetch_cta_slice(ptrs[:3], span, mv, tid, unit=vec * es)
+            idx = reg.scalar(u32)
+            ptx.inst.mad.lo.u32(idx, cta, per_cta, tid)
+            off = reg.scalar(u64)
+            ptx.inst.mul.wide.u32(off, idx, vec * es)
+            ady, ag, au, adg, adu = (p + off for p in ptrs)
+
+        def body(masked: bool) -> None:
+            preds = _inside(idx, mv, threads, k) if masked else [None] * k
+            loaded = []
+            for j in range(k):
+                loaded.append([rw.load_vec(a, j * stride, dt, vec, pred=preds[j],
+                                           cache=hints.load, policy=hints.l2_load)
+                               for a in (ady, ag, au)])
+            for j, (dys, gs, us) in enumerate(loaded):
+                grads = [_silu_mul_grad(dy, g, u) for dy, g, u in zip(dys, gs, us)]
+                for a, vals in ((adg, [d[0] for d in grads]), (adu, [d[1] for d in grads])):
+                    rw.store_vec(a, j * stride, dt, vals, pred=preds[j], cache=hints.store,
+                                 policy=hints.l2_store)
+
+        last = reg.scalar(u32)
+        ptx.inst.sub.u32(last, ptx.special.nctaid.x(), 1)
+        tail = ptx.label("tail")
+        ptx.bra(tail, pred=cta == last)
+        body(False)
+        ptx.ret()
+        ptx.place(tail)
+        body(True)
+        ptx.ret()
+
+    swiglu_bwd.geometry = dict(vec=vec, chunks=k, threads=threads, grid=grid)
+    return swiglu_bwd
+
+
+def _flat_shape(who, B, N, dt, config):
+    """``(threads, vec, chunks, grid)`` of a flat walk of ``B * N`` elements under ``config``
+    (the vector width from ``N`` alone, so the PTX serves every ``B``)."""
+    threads = THREADS if config.threads is None else config.threads
+    for name, v in (("B", B), ("N", N), ("threads", threads)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise SpecError(f"{where()}: {who}: {name} must be a positive int, got {v!r}")
+    if threads % 32 or threads > 1024:
+        raise SpecError(f"{where()}: {who}: threads must be a multiple of 32 up to 1024, got {threads}")
+    M = B * N
+    if M >= 2**32:
+        raise SpecError(f"{where()}: {who}: B * N must be below 2**32, got {M}")
+    vec = 16 // dt.bytes
+    while N % vec:
+        vec //= 2
+    k = config.chunks if config.chunks is not None else 1  # one 16-byte vector: fastest measured
+    k = min(k, max(1, 32 // vec))
+    return threads, vec, k, -(-(M // vec) // (threads * k))
 
 
 def _vectors(B, per_row):
@@ -240,6 +331,26 @@ def _silu_mul(g, u):
     ptx.inst.mul.f32(y, g, u)
     ptx.inst.mul.f32(y, y, e)
     return y
+
+
+def _silu_mul_grad(dy, g, u):
+    """``(dy * u * s * (1 + g * (1 - s)), dy * g * s)`` with ``s = sigmoid(g)``, f32."""
+    s = reg.scalar(f32)
+    ptx.inst.mul.f32(s, g, -rw.LOG2E)
+    ptx.inst.ex2.approx.ftz.f32(s, s)
+    ptx.inst.add.f32(s, s, 1.0)
+    ptx.inst.rcp.approx.ftz.f32(s, s)
+    gs = reg.scalar(f32)
+    ptx.inst.mul.f32(gs, g, s)
+    t = reg.scalar(f32)
+    ptx.inst.sub.f32(t, 1.0, s)
+    ptx.inst.fma.rn.f32(t, gs, t, s)
+    dg = reg.scalar(f32)
+    ptx.inst.mul.f32(dg, dy, u)
+    ptx.inst.mul.f32(dg, dg, t)
+    du = reg.scalar(f32)
+    ptx.inst.mul.f32(du, dy, gs)
+    return dg, du
 
 
 def reference(g, u):
