@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import threading
 
 #: The package directory: every frame inside it is the library's, not the user's.
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -140,32 +141,91 @@ def wants_grad(*xs) -> bool:
 
 
 _TORCH_OPS: dict = {}
+"""name -> the ``torch.library.custom_op`` defined for ``torch.ops.pyptx.<name>``."""
+
+_PENDING: dict = {}
+"""name -> ``(schema, impl, fake, backward, setup_context)`` of an op declared by a
+``defines_ops`` function and not defined yet (``define_op`` defines it)."""
+
+_DEFERRING = threading.local()
+"""``depth`` > 0 while a ``defines_ops`` function runs on this thread: ``torch_op`` declares
+instead of defining."""
 
 
 def defines_ops(fn):
-    """Mark ``fn``, which defines custom ops, as a constant for dynamo (what
+    """Mark ``fn``, which declares custom ops with ``torch_op``, as a constant for dynamo (what
     ``torch.compiler.assume_constant_result`` does): a first call of an op inside
     ``torch.compile`` then runs ``fn`` at trace time instead of breaking the graph. ``fn``
-    must be idempotent and return a constant (``True``)."""
-    fn._dynamo_marked_constant = True
-    return fn
+    takes no arguments, must be idempotent and return a constant (``True``); it runs once.
+    The ops it declares are defined one at a time, when a call first goes through
+    ``torch.ops.pyptx`` (``define_op``); plain eager calls never need them."""
+
+    done: list = []
+
+    @functools.wraps(fn)
+    def declare():
+        if done:
+            return done[0]
+        _DEFERRING.depth = getattr(_DEFERRING, "depth", 0) + 1
+        try:
+            result = fn()
+        finally:
+            _DEFERRING.depth -= 1
+        done.append(result)
+        return result
+
+    declare._dynamo_marked_constant = True
+    return declare
 
 
 def torch_op(name: str, schema: str, impl, fake, backward=None, setup_context=None):
-    """Define the torch custom op ``torch.ops.pyptx.<name>`` once (``torch.library.custom_op``
-    with ``schema``, the fake impl ``fake`` and, given ``backward``, ``register_autograd``).
-    Called at the first torch use of an op, before any ``torch.compile`` trace reaches it."""
-    if name in _TORCH_OPS:
-        return _TORCH_OPS[name]
+    """The torch custom op ``torch.ops.pyptx.<name>`` (``torch.library.custom_op`` with
+    ``schema``, the fake impl ``fake`` and, given ``backward``, ``register_autograd``), and
+    ``call_op``'s direct eager path for it. Inside a ``defines_ops`` function the op is only
+    declared (None is returned; ``define_op`` defines it when first needed); elsewhere it is
+    defined now and returned. Idempotent."""
+    op = _TORCH_OPS.get(name)
+    deferring = getattr(_DEFERRING, "depth", 0) > 0
+    if op is not None or (deferring and name in _PENDING):
+        return op
+    register_eager(name, impl, backward, setup_context)
+    _PENDING[name] = (schema, impl, fake, backward, setup_context)
+    return None if deferring else _define_now(name)
+
+
+def _define_now(name: str):
+    entry = _PENDING.pop(name, None)
+    if entry is None:
+        return _TORCH_OPS.get(name)
     import torch
 
+    schema, impl, fake, backward, setup_context = entry
     op = torch.library.custom_op(f"pyptx::{name}", impl, mutates_args=(), schema=schema)
     op.register_fake(fake)
     if backward is not None:
         op.register_autograd(backward, setup_context=setup_context)
     _TORCH_OPS[name] = op
-    register_eager(name, impl, backward, setup_context)
     return op
+
+
+def define_op(name: str) -> bool:
+    """Define the declared op ``torch.ops.pyptx.<name>`` and its ``<name>_backward`` if they
+    are not yet (a constant for dynamo: a trace runs it, then finds the op). True."""
+    if name in _PENDING:
+        _define_now(name)
+    if f"{name}_backward" in _PENDING:
+        _define_now(f"{name}_backward")
+    return True
+
+
+define_op._dynamo_marked_constant = True
+
+
+def define_ops() -> None:
+    """Define every declared op now (for code that names ``torch.ops.pyptx.<name>`` itself,
+    e.g. a process loading a saved program)."""
+    for name in list(_PENDING):
+        _define_now(name)
 
 
 def register_eager(name: str, impl, backward=None, setup_context=None) -> None:
@@ -211,6 +271,7 @@ def call_op(name: str, *args):
     through the op."""
     torch = sys.modules["torch"]
     if torch.compiler.is_compiling():   # first: dynamo must not guard on _EAGER
+        define_op(name)
         return getattr(torch.ops.pyptx, name)(*args)
     entry = _EAGER.get(name)
     if entry is not None:
@@ -227,6 +288,8 @@ def call_op(name: str, *args):
                 return impl(*args)
             if function is not None:
                 return function.apply(*args)
+    if name in _PENDING or f"{name}_backward" in _PENDING:
+        define_op(name)
     return getattr(torch.ops.pyptx, name)(*args)
 
 

@@ -82,16 +82,24 @@ def fingerprint() -> str:
     if not _fingerprint:
         import pyptx
 
-        h = hashlib.sha256(f"{getattr(pyptx, '__version__', '')}".encode())
+        parts = [str(getattr(pyptx, "__version__", ""))]
         for root in (os.path.dirname(pyptx.__file__), os.path.dirname(__file__)):
-            for dirpath, dirs, files in os.walk(root):
-                dirs.sort()
-                for f in sorted(files):
-                    if f.endswith(".py"):
-                        st = os.stat(os.path.join(dirpath, f))
-                        h.update(f"{dirpath}/{f}:{st.st_size}:{st.st_mtime_ns}\0".encode())
-        _fingerprint.append(h.hexdigest())
+            _stat_sources(root, parts)
+        _fingerprint.append(hashlib.sha256("\0".join(parts).encode()).hexdigest())
     return _fingerprint[0]
+
+
+def _stat_sources(folder, parts):
+    """Append ``path:size:mtime`` of every ``.py`` file under ``folder`` to ``parts``, in a
+    fixed order (``__pycache__`` skipped)."""
+    with os.scandir(folder) as it:
+        entries = sorted(it, key=lambda e: e.name)
+    for e in entries:
+        if e.name.endswith(".py"):
+            st = e.stat()
+            parts.append(f"{e.path}:{st.st_size}:{st.st_mtime_ns}")
+        elif e.name != "__pycache__" and e.is_dir():
+            _stat_sources(e.path, parts)
 
 
 def _disk_key(key, entry):

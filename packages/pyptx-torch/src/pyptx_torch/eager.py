@@ -147,14 +147,14 @@ def make_launcher() -> Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]:
     fast launchers are tried (no kwargs) before the plans, and a call with template kwargs
     launches through the fast launcher of its plan.
     """
-    from .compiled import compiled_call
-
     state = LaunchState()
     fast = state.fast
     is_compiling = torch.compiler.is_compiling
 
     def launch(kernel: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if is_compiling():
+            from .compiled import compiled_call
+
             return compiled_call(kernel, args, kwargs)
         if not kwargs:
             for f in fast:

@@ -21,9 +21,11 @@ class TorchRuntime:
         return isinstance(value, torch.Tensor)
 
     def prepare(self) -> None:
-        """Import the launch paths now (torch is imported already), so that a first call
-        traced by torch.compile imports nothing."""
-        from . import compiled, eager  # noqa: F401
+        """Import the eager launch path now (torch is imported already). The
+        ``torch.compile`` path (``pyptx_torch.compiled``, which defines the ``pyptx::launch``
+        ops) is imported by the first traced call: an import inside a Dynamo trace runs as
+        plain Python."""
+        from . import eager  # noqa: F401
 
     def tracing(self) -> bool:
         """True while torch.compile or torch.export traces (calls become custom ops)."""
