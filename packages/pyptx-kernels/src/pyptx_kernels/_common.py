@@ -273,24 +273,47 @@ def call_op(name: str, *args):
     if torch.compiler.is_compiling():   # first: dynamo must not guard on _EAGER
         define_op(name)
         return getattr(torch.ops.pyptx, name)(*args)
-    entry = _EAGER.get(name)
-    if entry is not None:
-        grad, plain = False, True
-        for a in args:
-            if isinstance(a, torch.Tensor):
-                if type(a) is not torch.Tensor or a.device.type not in EAGER_DEVICES:
-                    plain = False
-                    break
-                grad = grad or a.requires_grad
-        if plain:
-            impl, function = entry
-            if not (grad and torch.is_grad_enabled()):
-                return impl(*args)
-            if function is not None:
-                return function.apply(*args)
-    if name in _PENDING or f"{name}_backward" in _PENDING:
-        define_op(name)
-    return getattr(torch.ops.pyptx, name)(*args)
+    try:
+        entry = _EAGER.get(name)
+        if entry is not None:
+            grad, plain = False, True
+            for a in args:
+                if isinstance(a, torch.Tensor):
+                    if type(a) is not torch.Tensor or a.device.type not in EAGER_DEVICES:
+                        plain = False
+                        break
+                    grad = grad or a.requires_grad
+            if plain:
+                impl, function = entry
+                if not (grad and torch.is_grad_enabled()):
+                    return impl(*args)
+                if function is not None:
+                    return function.apply(*args)
+        if name in _PENDING or f"{name}_backward" in _PENDING:
+            define_op(name)
+        return getattr(torch.ops.pyptx, name)(*args)
+    finally:
+        if _AFTER_CALL:
+            _run_after_call()
+
+
+_AFTER_CALL: list = []
+"""Callbacks the next eager ``call_op`` runs when it returns (``after_call``)."""
+
+
+def after_call(fn) -> None:
+    """Run ``fn()`` once, when the eager ``call_op`` running now (or the next one) returns."""
+    if fn not in _AFTER_CALL:
+        _AFTER_CALL.append(fn)
+
+
+def _run_after_call() -> None:
+    while True:
+        try:
+            fn = _AFTER_CALL.pop()
+        except IndexError:   # empty (another thread may have run it)
+            return
+        fn()
 
 
 def device_arch(x) -> str:

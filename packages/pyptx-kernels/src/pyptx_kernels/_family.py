@@ -160,17 +160,29 @@ def assemble(kernel):
 _jobs: list = []
 _jobs_ready = threading.Condition()
 _worker: list = []
+_released = threading.Event()
+_released.set()
+
+HOLD_S = 0.5
+"""Seconds queued background work waits, at most, for the call that queued it to return
+(``_common.call_op`` tells it): the first call does not share the interpreter with its own
+warm-up."""
 
 
 def in_background(job):
     """Run ``job()`` on the library's one background thread (a daemon: it never holds up the
-    process's exit), after the jobs queued before it; what it raises is dropped (the same
-    work is done again, in the foreground, by the call that needs it). Only where a CUDA
-    driver is loaded: a machine without a GPU compiles nothing ahead."""
+    process's exit), after the jobs queued before it and once the op call that queues it has
+    returned (``HOLD_S`` at most); what it raises is dropped (the same work is done again, in
+    the foreground, by the call that needs it). Only where a CUDA driver is loaded: a machine
+    without a GPU compiles nothing ahead."""
     from pyptx import driver
 
     if driver.cuda() is None:
         return
+    from pyptx_kernels import _common
+
+    _released.clear()
+    _common.after_call(_released.set)
     with _jobs_ready:
         _jobs.append(job)
         if not _worker:
@@ -186,6 +198,7 @@ def _work():
             while not _jobs:
                 _jobs_ready.wait()
             job = _jobs[0]
+        _released.wait(HOLD_S)
         try:
             job()
         except Exception:  # noqa: BLE001  (a warm-up that fails leaves the work to the call)
@@ -198,5 +211,6 @@ def _work():
 def wait_idle(timeout=None):
     """Wait until the background thread has finished every job queued so far (``timeout``
     seconds at most; None: no limit); whether it has. A server calls it after its warm-up."""
+    _released.set()   # the caller waits: nothing in the foreground to leave room for
     with _jobs_ready:
         return _jobs_ready.wait_for(lambda: not _jobs, timeout)
