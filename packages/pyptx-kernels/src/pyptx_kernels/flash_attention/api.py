@@ -165,17 +165,20 @@ def _forward_kernel(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, features=NO_FEAT
 
 
 @functools.lru_cache(maxsize=128)
-def _backward_kernel(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, features=NO_FEATURES):
+def _backward_kernel(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, features=NO_FEATURES,
+                     layouts=("bshd",) * 3):
     """The dense backward (``AttentionBackward``): ``BackwardPlan.for_eager(D)``'s kernels (the
     plan ``fwd_host._differentiable`` picks for torch eager calls), or the deterministic
     dQ / dK-dV pair at sizes they refuse. A window or soft cap goes to the backward's builder
-    as keywords (``ConfigError`` at the caller's line while it does not take them)."""
+    as keywords (``ConfigError`` at the caller's line while it does not take them);
+    ``layouts``: q, k, v's memory orders (``"bhsd"`` ones are read in place)."""
     from pyptx.errors import PyptxError
     from pyptx_kernels.flash_attention.bwd_host import build_attention_backward
     from pyptx_kernels.flash_attention.bwd_plan import BackwardPlan
     from pyptx_kernels.flash_attention.fwd_host import build_backward
 
-    kw = dict(Sk=Sk, dtype=dtype, causal=causal, scale=scale, features=features)
+    kw = dict(Sk=Sk, dtype=dtype, causal=causal, scale=scale, features=features,
+              layouts=layouts)
     try:
         return build_backward(build_attention_backward, B, S, Hq, Hkv, D, **kw,
                               plan=BackwardPlan.for_eager(D))
@@ -263,9 +266,15 @@ def _launch_forward(q, k, v, causal, scale, features=NO_FEATURES):
 
 
 def _launch_backward(q, k, v, o, lse, do, causal, scale, features=NO_FEATURES):
-    """``(dq, dk, dv)`` of the dense backward kernels (contiguous ``(B, S, H, D)`` inputs)."""
-    return tuple(_backward_kernel(*_dims_of(q, k), causal, scale, features)(q, k, v, o, lse,
-                                                                             do))
+    """``(dq, dk, dv)`` (contiguous ``(B, S, H, D)``) of the dense backward kernels: q, k, v
+    logically ``(B, S, H, D)``, contiguous or views of ``(B, H, S, D)`` memory, which the
+    kernels read in place (other strides are copied); o, do and lse are made contiguous."""
+    from pyptx_kernels.flash_attention.fwd_host import memory_layouts
+
+    dims = _dims_of(q, k)
+    xs, layouts = memory_layouts(q, k, v)
+    o, lse, do = (x.contiguous() for x in (o, lse, do))
+    return tuple(_backward_kernel(*dims, causal, scale, features, layouts)(*xs, o, lse, do))
 
 
 def _launch_varlen_forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale,
@@ -339,8 +348,8 @@ def _register():
 
     def attention_backward_op_impl(q, k, v, o, lse, do, causal, scale, window_left=-1,
                               window_right=-1, softcap=0.0):
-        with torch.no_grad():   # the backward reads contiguous (B, S, H, D): copies here only
-            return _launch_backward(*dense(q, k, v, o, lse, do), causal, scale,
+        with torch.no_grad():   # (B, H, S, D) q, k, v are read in place: no copy
+            return _launch_backward(q, k, v, o, lse, do, causal, scale,
                                     _as_features(window_left, window_right, softcap))
 
     attention_backward_op = op("attention_backward")(attention_backward_op_impl)

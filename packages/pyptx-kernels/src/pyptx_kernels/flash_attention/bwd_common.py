@@ -9,7 +9,7 @@ import math
 import os
 from types import SimpleNamespace
 
-from pyptx import ptx, reg
+from pyptx import Tile, ptx, reg
 from pyptx.errors import ConfigError
 from pyptx.source import where_outside
 from pyptx.types import b16, b32, bf16, f16, f32, pred, u32, u64
@@ -53,6 +53,35 @@ def check_shapes(B, S, Hq, Hkv, D, Sk):
         raise _fail(f"build_attention_backward: head dim D must be 64 or 128, got {D}")
     if Hq % Hkv:
         raise _fail(f"build_attention_backward: Hq ({Hq}) must be a multiple of Hkv ({Hkv})")
+
+
+#: the memory orders q, k, v may have (``layouts``): ``(B, S, H, D)`` or ``(B, H, S, D)``
+LAYOUTS = ("bshd", "bhsd")
+BSHD3 = ("bshd",) * 3
+
+
+def check_layouts(fn, layouts):
+    """``layouts`` (q, k, v's memory orders) as a tuple of three of ``LAYOUTS``."""
+    if (not isinstance(layouts, (tuple, list)) or len(layouts) != 3
+            or any(x not in LAYOUTS for x in layouts)):
+        raise _fail(f"{fn}: layouts must be three of {LAYOUTS} (q, k, v), got {layouts!r}")
+    return tuple(layouts)
+
+
+def layout_tag(layouts):
+    """The kernel-name suffix of non-default ``layouts`` (``""`` for ``BSHD3``)."""
+    return "" if tuple(layouts) == BSHD3 else "_" + "".join(x[1] for x in layouts)
+
+
+def input_spec(B, L, H, D, dt, layout):
+    """The ``Tile`` of a q, k or v input of ``L`` rows and ``H`` heads in ``layout``."""
+    return Tile(B, H, L, D, dt) if layout == "bhsd" else Tile(B, L, H, D, dt)
+
+
+def input_box(rows, layout):
+    """The tensor-map options of ``rows x 64`` tiles of a q, k or v input in ``layout``."""
+    return {"box": (1, 1, rows, 64) if layout == "bhsd" else (1, rows, 1, 64),
+            "swizzle": "128B"}
 
 
 # ------------------------------------------------------------------ trace-time helpers
@@ -132,19 +161,23 @@ def _min_u32(a, b):
     return r
 
 
-def _load_slabs(dst, tmap, d_slabs, head, row0, batch, rows, bar):
-    """One bulk tensor copy per 64-column slab of a ``rows x D`` tile of a (B, S, H, D) tensor."""
+def _load_slabs(dst, tmap, d_slabs, head, row0, batch, rows, bar, layout="bshd"):
+    """One bulk tensor copy per 64-column slab of a ``rows x D`` tile of a (B, S, H, D)
+    tensor (``layout="bhsd"``: of a (B, H, S, D) one)."""
     for i in range(d_slabs):
-        ptx.tma.load_tile(dst + i * rows * 128 if i else dst, tmap, (64 * i, head, row0, batch), bar)
+        at = (64 * i, row0, head, batch) if layout == "bhsd" else (64 * i, head, row0, batch)
+        ptx.tma.load_tile(dst + i * rows * 128 if i else dst, tmap, at, bar)
 
 
-def _load_pair(dst, first, second, offset, d_slabs, head, row0, batch, rows, bar):
+def _load_pair(dst, first, second, offset, d_slabs, head, row0, batch, rows, bar,
+               layouts=("bshd", "bshd")):
     """``rows`` rows from ``row0`` of tensors ``first`` and ``second`` (head ``head`` of
-    batch ``batch``) into ``dst`` and ``dst + offset``, completing on ``bar``."""
+    batch ``batch``; memory orders ``layouts``) into ``dst`` and ``dst + offset``,
+    completing on ``bar``."""
     first_map = ptx.tma.tensormap_ptr(first.tmap)
     second_map = ptx.tma.tensormap_ptr(second.tmap)
-    _load_slabs(dst, first_map, d_slabs, head, row0, batch, rows, bar)
-    _load_slabs(dst + offset, second_map, d_slabs, head, row0, batch, rows, bar)
+    _load_slabs(dst, first_map, d_slabs, head, row0, batch, rows, bar, layouts[0])
+    _load_slabs(dst + offset, second_map, d_slabs, head, row0, batch, rows, bar, layouts[1])
 
 
 def _store_rows(acc, ptr, row, valid, H, D, head, batch, S, col0, scale, dt):

@@ -21,6 +21,7 @@ from pyptx.warpspec import SLAB_BYTES, Roles, ring_base, thread_ids
 from pyptx_kernels import _family
 from pyptx_kernels.flash_attention.bwd_common import (
     BM,
+    BSHD3,
     CONS_REGS,
     CONVERT_BLOCKS,
     DKDV_BQ,
@@ -45,7 +46,11 @@ from pyptx_kernels.flash_attention.bwd_common import (
     _store_rows,
     _store_split_partials,
     _unpack,
+    check_layouts,
     dq_accumulator_width,
+    input_box,
+    input_spec,
+    layout_tag,
     size_params,
     softcap_constants,
 )
@@ -316,8 +321,10 @@ def _dkdv_drain(c, overlap, pipe):
 def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None, BQ=None,
                stages=None, sync=None, safe=None, atomic_dq=False, overlap=None, dq_bulk=False,
                dq_ordered=False, num_sms=132, dq_convert=False, convert_lag=0, stats_lead=0,
-               kv_split=1, trace=False, window=(-1, -1), softcap=0.0):
+               kv_split=1, trace=False, window=(-1, -1), softcap=0.0, layouts=BSHD3):
     """The dK/dV kernel: ``(Q, K, V, DO, STATS) -> (DK, DV)`` (STATS from ``build_dq``).
+    ``layouts``: the memory orders of Q, K, V (``"bshd"``, or ``"bhsd"``: ``(B, H, S, D)``,
+    read in place through their tensor maps); every other tensor is ``(B, S, H, D)``.
 
     ``window``, ``softcap``: the forward's (not with ``BQ=128``): a kv block visits only the
     q blocks whose window reaches it (``masks.query_blocks``), masking those straddling an
@@ -488,10 +495,12 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         raise _fail(f"build_dkdv: kv_split needs {part_bytes // 2} bytes of ring for the dV "
                     f"partials, {stages} stages of {stage_bytes} bytes give less")
     c1 = scale * LOG2E
-    box_kv = {"box": (1, BM, 1, 64), "swizzle": "128B"}
     box_q = {"box": (1, BQ, 1, 64), "swizzle": "128B"}
     qspec = Tile(B, S, Hq, D, dt)
     kspec = Tile(B, Sk, Hkv, D, dt)
+    layouts = check_layouts("build_dkdv", layouts)
+    q_in, k_in, v_in = (input_spec(B, L, H, D, dt, lay) for L, H, lay in
+                        ((S, Hq, layouts[0]), (Sk, Hkv, layouts[1]), (Sk, Hkv, layouts[2])))
     # stats_lead: rows per turn of _lead_stats, and per CTA; these and S are in its code
     # (runtime ones spill the 24-register producer warps, 8 bytes), hence in the family
     lead_per = 64 // (D // 8)
@@ -849,7 +858,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             ptx.fence_proxy_async("global")
 
         def load_q(sb, q_map, do_map, hq, qb, bar):
-            _load_slabs(sb, q_map, slabs, hq, qb * BQ, b, BQ, bar)
+            _load_slabs(sb, q_map, slabs, hq, qb * BQ, b, BQ, bar, layouts[0])
             _load_slabs(sb + q_tile.nbytes, do_map, slabs, hq, qb * BQ, b, BQ, bar)
 
         if windowed:
@@ -858,7 +867,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             tid, head_bar, head_bytes, pipe, G, hk, qb0, q_end, base, head_bytes + ds_bytes,
             stage_bytes, q_tile.nbytes, stats_bytes, safe, sync, Q, DO,
             load_head=lambda hbar: _load_pair(base, K, V, kv_tile.nbytes, slabs, hk, k0, b, BM,
-                                              hbar),
+                                              hbar, layouts[1:]),
             stats_row=lambda hq: reg.from_((b * Hq + hq) * rt.stats_rows, u64) * 8 + pstats,
             q_block=lambda qstep: q_block(qstep, kb), load_q=load_q,
             before=wait_stats if lead else None, heads=(qh0, Gs) if split > 1 else None)
@@ -1178,8 +1187,8 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             f"{f'_bq{BQ}' if BQ != 64 else ''}{'_serial' if overlap != default_overlap else ''}"
             f"{f'_cvt{num_sms}' if dq_convert else ''}{f'_lag{lag}' if lag else ''}"
             f"{f'_lead{lead}' if lead else ''}{f'_split{split}' if split > 1 else ''}"
-            f"{'_trace' if trace else ''}")
-    ins = (qspec, kspec, kspec, qspec, Tile(B, Hq, Sp, 2, f32))
+            f"{'_trace' if trace else ''}{layout_tag(layouts)}")
+    ins = (q_in, k_in, v_in, qspec, Tile(B, Hq, Sp, 2, f32))
     grid = (n_main + n_conv_grid, 1, 1) if n_conv else (cph, Hkv, B)
     outs = (kspec, kspec)
     traced = (Tile(n_main + n_conv, 4, s32),) if trace else ()
@@ -1213,7 +1222,8 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         def fn(Q, K, V, DO, STATS, DK, DV):
             dkdv_kernel(Q, K, V, DO, STATS, None, None, DK, DV)
     fn.__name__ = "dkdv_kernel"
-    tma = {"Q": box_q, "DO": box_q, "K": box_kv, "V": box_kv}
+    tma = {"Q": input_box(BQ, layouts[0]), "DO": box_q, "K": input_box(BM, layouts[1]),
+           "V": input_box(BM, layouts[2])}
     if dq_bulk:
         tma["DQACC"] = {"box": (1, 64, 1, 32), "swizzle": "128B"}
     k = kernel(in_specs=ins, out_specs=outs + traced, grid=grid,
@@ -1226,5 +1236,5 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     family = ("attn_bwd_dkdv", dt.name, D, Hq, Hkv, causal, scale, BQ, stages, sync, safe,
               atomic_dq, overlap, dq_bulk, dq_ordered, num_sms, dq_convert, lag, lead, split,
               trace, window, softcap, rotate, share if lag else None,
-              (S, lead_chunk) if lead else None)
+              (S, lead_chunk) if lead else None, layouts)
     return _family.specialized(k, family, sizes)

@@ -16,6 +16,7 @@ from pyptx.warpspec import Roles, ring_base, thread_ids
 from pyptx_kernels import _family
 from pyptx_kernels.flash_attention.bwd_common import (
     BM,
+    BSHD3,
     CONS_REGS,
     LOG2E,
     PROD_REGS,
@@ -33,6 +34,10 @@ from pyptx_kernels.flash_attention.bwd_common import (
     _pack,
     _smem_fit,
     _store_rows,
+    check_layouts,
+    input_box,
+    input_spec,
+    layout_tag,
     size_params,
     softcap_constants,
 )
@@ -185,16 +190,20 @@ def _window_plan(q0, n_q, n_keys, BKV, causal, window):
 
 
 def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None, BKV=64,
-             stages=None, sync=None, safe=None, window=(-1, -1), softcap=0.0):
+             stages=None, sync=None, safe=None, window=(-1, -1), softcap=0.0,
+             layouts=BSHD3):
     """The dQ kernel: ``(Q, K, V, O, LSE, DO) -> (DQ, STATS)``. STATS ``(B, Hq, padded(S), 2)``
     f32 holds ``(lse * log2 e, delta = rowsum(do * o))`` per query row (zeros past ``S``),
     which the dK/dV kernel reads. ``safe``: mask every block and wait for each block's
     products before the next (the simplest schedule; default from ``PYPTX_ATTN_BWD_SAFE``).
     ``window``, ``softcap``: the forward's (``build_attention``'s): only the kv blocks the
     window reaches are visited (``masks.block_plan``), those straddling an edge masked; the
-    capped scores are recomputed and dS taken through the cap's derivative."""
+    capped scores are recomputed and dS taken through the cap's derivative. ``layouts``:
+    the memory orders of Q, K, V (``"bshd"``, or ``"bhsd"``: ``(B, H, S, D)``, read in place
+    through their tensor maps); the others are ``(B, S, H, D)``."""
     Sk, dt, scale, safe, sync, G, Sp = _common_options(B, S, Hq, Hkv, D, Sk, dtype, scale,
                                                        safe, sync)
+    layouts = check_layouts("build_dq", layouts)
     q_tile = OperandTile(BM, D, dt, major="K")
     k_tile = OperandTile(BKV, D, dt, major="K")
     k_mn = OperandTile(D, BKV, dt, major="MN")      # the same bytes as B of dS K
@@ -212,9 +221,9 @@ def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=Non
     windowed = window != (-1, -1)
     cap = softcap_constants(scale, softcap)
     box_q = {"box": (1, BM, 1, 64), "swizzle": "128B"}
-    box_k = {"box": (1, BKV, 1, 64), "swizzle": "128B"}
     qspec = Tile(B, S, Hq, D, dt)
-    kspec = Tile(B, Sk, Hkv, D, dt)
+    q_in, k_in, v_in = (input_spec(B, L, H, D, dt, lay) for L, H, lay in
+                        ((S, Hq, layouts[0]), (Sk, Hkv, layouts[1]), (Sk, Hkv, layouts[2])))
 
     sizes = dict(seqlen_q=S, seqlen_k=Sk, stats_rows=Sp, q_blocks=-(-S // BM),
                  kv_blocks=num_kv, last_key=Sk - 1)
@@ -247,12 +256,12 @@ def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=Non
         roles = Roles(wg, PROD_REGS)
         # ------------------------------------------------------------ producer
         def load_kv(sb, k_map, v_map, j, bar):
-            _load_slabs(sb, k_map, slabs, hk, j * BKV, b, BKV, bar)
-            _load_slabs(sb + k_tile.nbytes, v_map, slabs, hk, j * BKV, b, BKV, bar)
+            _load_slabs(sb, k_map, slabs, hk, j * BKV, b, BKV, bar, layouts[1])
+            _load_slabs(sb + k_tile.nbytes, v_map, slabs, hk, j * BKV, b, BKV, bar, layouts[2])
 
         _dq_producer(tid, head_bar, head_bytes, pipe, n_kv, base, stage_bytes, K, V, sync,
                      lambda hbar: _load_pair(base, Q, DO, q_tile.nbytes, slabs, hq, q0, b, BM,
-                                             hbar), load_kv, first=first)
+                                             hbar, (layouts[0], "bshd")), load_kv, first=first)
         # ------------------------------------------------------------ consumers
         roles.consumers(CONS_REGS)
 
@@ -279,11 +288,13 @@ def build_dq(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=Non
         ptx.ret()
 
     name = (f"attn_bwd_dq_{dt.name}_d{D}_h{Hq}x{Hkv}{feature_tag(causal, window, softcap)}"
-            f"{'_safe' if safe else ''}{f'_bkv{BKV}' if BKV != 64 else ''}")
-    k = kernel(in_specs=(qspec, kspec, kspec, qspec, Tile(B, Hq, S, f32), qspec),
+            f"{'_safe' if safe else ''}{f'_bkv{BKV}' if BKV != 64 else ''}{layout_tag(layouts)}")
+    k = kernel(in_specs=(q_in, k_in, v_in, qspec, Tile(B, Hq, S, f32), qspec),
                out_specs=(qspec, Tile(B, Hq, Sp, 2, f32)), grid=(-(-S // BM), Hq, B),
                block=(THREADS, 1, 1), smem=smem_total, maxnreg=168,
-               tma={"Q": box_q, "DO": box_q, "K": box_k, "V": box_k}, name=name)(dq_kernel)
+               tma={"Q": input_box(BM, layouts[0]), "DO": box_q,
+                    "K": input_box(BKV, layouts[1]), "V": input_box(BKV, layouts[2])},
+               name=name)(dq_kernel)
     family = ("attn_bwd_dq", dt.name, D, Hq, Hkv, causal, scale, BKV, stages, sync, safe,
-              window, softcap)
+              window, softcap, layouts)
     return _family.specialized(k, family, sizes)

@@ -14,6 +14,7 @@ from pyptx.types import b32, f32, s32, u32, u64
 from pyptx.warpspec import SLAB_BYTES, Roles, ring_base, thread_ids
 from pyptx_kernels import _family
 from pyptx_kernels.flash_attention.bwd_common import (
+    BSHD3,
     CONS_REGS,
     FUSED_BQ,
     LOG2E,
@@ -32,6 +33,10 @@ from pyptx_kernels.flash_attention.bwd_common import (
     _smem_fit,
     _store_rows,
     _store_split_partials,
+    check_layouts,
+    input_box,
+    input_spec,
+    layout_tag,
     padded,
     size_params,
     softcap_constants,
@@ -223,10 +228,12 @@ class _FusedPlan:
 
 def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None,
                 stages=None, ordered=False, defer=False, pingpong=0, kv_split=1,
-                window=(-1, -1), softcap=0.0):
+                window=(-1, -1), softcap=0.0, layouts=BSHD3):
     """One-kernel backward: ``(Q, K, V, DO, STATS, DQACC) -> (DK, DV)``, adding every
     block's ``scale * dS K`` into the f32 ``DQACC`` ``(B, S, Hq, D)`` in place (STATS and
-    a zeroed DQACC from ``build_prep``; ``build_convert`` makes dQ of it).
+    a zeroed DQACC from ``build_prep``; ``build_convert`` makes dQ of it). ``layouts``: the
+    memory orders of Q, K, V (``"bshd"``, or ``"bhsd"``: ``(B, H, S, D)``, read in place
+    through their tensor maps); every other tensor is ``(B, S, H, D)``.
 
     One CTA per batch, kv head and 128 kv rows; the consumer warpgroups take 64 rows of each
     128-row q block (of every q head of the group) and compute ``S = Q K^T`` and
@@ -276,6 +283,9 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
     stage_bytes = fixed.stage_bytes
     qspec = Tile(B, S, Hq, D, dt)
     kspec = Tile(B, Sk, Hkv, D, dt)
+    layouts = check_layouts("build_fused", layouts)
+    q_in, k_in, v_in = (input_spec(B, L, H, D, dt, lay) for L, H, lay in
+                        ((S, Hq, layouts[0]), (Sk, Hkv, layouts[1]), (Sk, Hkv, layouts[2])))
 
     def fused_kernel(Q, K, V, DO, STATS, DQACC, SEM, DK, DV):
         z = size_params(fixed.sizes)
@@ -321,7 +331,7 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
         with ptx.if_(tid == 0):
             hbar = head_bar.at(0)
             ptx.mbarrier.arrive_expect_tx(hbar, 2 * kv_tile.nbytes)
-            _load_pair(base, K, V, kv_tile.nbytes, 1, hk, k0, b, FUSED_BKV, hbar)
+            _load_pair(base, K, V, kv_tile.nbytes, 1, hk, k0, b, FUSED_BKV, hbar, layouts[1:])
             q_map = ptx.tma.tensormap_ptr(Q.tmap)
             do_map = ptx.tma.tensormap_ptr(DO.tmap)
             st = pipe.producer_state()
@@ -333,7 +343,7 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
                     pipe.acquire(st)
                     bar = pipe.arm(st, stage_bytes)
                     sb = st.stage * stage_bytes + (base + plan.ring_at)
-                    _load_slabs(sb, q_map, 1, hq, qb * FUSED_BQ, b, FUSED_BQ, bar)
+                    _load_slabs(sb, q_map, 1, hq, qb * FUSED_BQ, b, FUSED_BQ, bar, layouts[0])
                     _load_slabs(sb + q_tile.nbytes, do_map, 1, hq, qb * FUSED_BQ, b, FUSED_BQ, bar)
                     st.advance()
         if ordered:
@@ -669,8 +679,9 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
 
     name = (f"attn_bwd_fused_{dt.name}_d{D}_h{Hq}x{Hkv}{feature_tag(causal, window, softcap)}"
             f"{'_ordered' if ordered else ''}{'_defer' if defer else ''}"
-            f"{f'_pp{pingpong}' if pingpong else ''}{f'_split{split}' if split > 1 else ''}")
-    ins = (qspec, kspec, kspec, qspec, Tile(B, Hq, Sp, 2, f32), Tile(B, S, Hq, D, f32))
+            f"{f'_pp{pingpong}' if pingpong else ''}{f'_split{split}' if split > 1 else ''}"
+            f"{layout_tag(layouts)}")
+    ins = (q_in, k_in, v_in, qspec, Tile(B, Hq, Sp, 2, f32), Tile(B, S, Hq, D, f32))
     if ordered:
         ins += (Tile(B, Hq, fixed.nq_sem, 2, s32),)
         fn = fused_kernel
@@ -678,15 +689,15 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
         def fn(Q, K, V, DO, STATS, DQACC, DK, DV):
             fused_kernel(Q, K, V, DO, STATS, DQACC, None, DK, DV)
     fn.__name__ = "fused_kernel"
-    box_kv = {"box": (1, FUSED_BKV, 1, 64), "swizzle": "128B"}
     box_q = {"box": (1, FUSED_BQ, 1, 64), "swizzle": "128B"}
-    tma = {"Q": box_q, "DO": box_q, "K": box_kv, "V": box_kv,
+    tma = {"Q": input_box(FUSED_BQ, layouts[0]), "DO": box_q,
+           "K": input_box(FUSED_BKV, layouts[1]), "V": input_box(FUSED_BKV, layouts[2]),
            "DQACC": {"box": (1, 64, 1, 32), "swizzle": "128B"}}
     k = kernel(in_specs=ins, out_specs=(kspec, kspec),
                grid=(fixed.num_kv * split, Hkv, B), block=(THREADS, 1, 1), smem=fixed.smem,
                maxnreg=168, tma=tma, name=name, cluster=(split, 1, 1))(fn)
     family = ("attn_bwd_fused", dt.name, Hq, Hkv, causal, scale, fixed.stages, bool(ordered),
-              defer, pingpong, split, window, softcap, fixed.rotate)
+              defer, pingpong, split, window, softcap, fixed.rotate, layouts)
     return _family.specialized(k, family, fixed.sizes)
 
 

@@ -15,10 +15,13 @@ from pyptx.errors import ConfigError
 from pyptx.types import f32
 from pyptx_kernels._common import framework
 from pyptx_kernels.flash_attention.bwd_common import (
+    BSHD3,
     _dtype,
     _fail,
+    check_layouts,
     check_shapes,
     dq_accumulator_width,
+    input_spec,
 )
 from pyptx_kernels.flash_attention.bwd_dkdv import build_dkdv
 from pyptx_kernels.flash_attention.bwd_dq import build_dq
@@ -38,14 +41,19 @@ class AttentionBackward:
     writes the stats) then the dK/dV kernel; with ``atomic_dq``, the prep kernel (stats and
     a zeroed f32 dQ), the dK/dV kernel adding dQ too, then the conversion. Kernel-like
     (``in_specs``, ``out_specs``, ``name``, ``arg_names``) so ``pyptx.differentiable_kernel``
-    accepts it as a backward kernel."""
+    accepts it as a backward kernel. ``layouts``: q, k, v's memory orders (``"bhsd"``: given
+    as ``(B, H, S, D)`` tensors, read in place); o, do and the gradients are ``(B, S, H, D)``."""
 
-    def __init__(self, kernels, B, S, Hq, Hkv, D, Sk, dt, atomic_dq=False, fallback=None):
+    def __init__(self, kernels, B, S, Hq, Hkv, D, Sk, dt, atomic_dq=False, fallback=None,
+                 layouts=BSHD3):
         self.kernels, self.atomic_dq, self.fallback = kernels, atomic_dq, fallback
+        self.layouts = layouts
         self._dims = (B, S, Hq, Hkv, D, Sk, dt)
         qspec, kspec = Tile(B, S, Hq, D, dt), Tile(B, Sk, Hkv, D, dt)
         lse = Tile(B, Hq, S, f32)
-        self.in_specs = (qspec, kspec, kspec, qspec, lse, qspec, lse)
+        ins = tuple(input_spec(B, L, H, D, dt, lay) for L, H, lay in
+                    ((S, Hq, layouts[0]), (Sk, Hkv, layouts[1]), (Sk, Hkv, layouts[2])))
+        self.in_specs = (*ins, qspec, lse, qspec, lse)
         self.out_specs = (qspec, kspec, kspec)
         self.arg_names = ("q", "k", "v", "o", "lse", "do", "dlse", "dq", "dk", "dv")
         self.name = kernels[-1].name.replace("_dkdv_", "_")
@@ -88,24 +96,27 @@ class AttentionBackward:
     def with_fallback(self, other):
         """This backward, running ``other`` (same sizes) where an atomic-dQ mode cannot run
         (JAX arrays, ``torch.compile`` traces)."""
-        if self._dims != other._dims:
-            raise _fail("AttentionBackward.with_fallback: the fallback is for other sizes")
+        if self._dims != other._dims or self.layouts != other.layouts:
+            raise _fail("AttentionBackward.with_fallback: the fallback is for other sizes or "
+                        "layouts")
         return AttentionBackward(self.kernels, *self._dims, atomic_dq=self.atomic_dq,
-                                 fallback=other)
+                                 fallback=other, layouts=self.layouts)
 
     def __repr__(self):
         return f"<AttentionBackward {' + '.join(k.name for k in self.kernels)}>"
 
 
 def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None,
-                             plan=None, window=(-1, -1), softcap=0.0, **options):
+                             plan=None, window=(-1, -1), softcap=0.0, layouts=BSHD3,
+                             **options):
     """The kernels of ``plan`` (a ``BackwardPlan``; ``None``: ``BackwardPlan()``, the
     deterministic pair) for these sizes, as one ``AttentionBackward``: ``bwd(q, k, v, o, lse,
     do, dlse) -> (dq, dk, dv)``. ``options``: the plan given as its fields' keywords instead
     (``BackwardPlan.from_options``, as ``parse_options`` reads them from a command line).
     ``window``, ``softcap``: the forward's (``build_attention``'s); every plan takes them but
-    ``dkdv_bq=128`` (``ConfigError``). ``ConfigError`` for sizes or
-    a plan the kernels do not take."""
+    ``dkdv_bq=128`` (``ConfigError``). ``layouts``: q, k, v's memory orders, each
+    ``"bshd"`` or ``"bhsd"`` (the tensor then ``(B, H, S, D)``, read in place through its
+    tensor map). ``ConfigError`` for sizes or a plan the kernels do not take."""
     if options:
         if plan is not None:
             raise _fail("build_attention_backward: give plan= or option keywords, not both")
@@ -115,6 +126,7 @@ def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=
     elif not isinstance(plan, BackwardPlan):
         raise _fail(f"build_attention_backward: plan must be a BackwardPlan, got {plan!r}")
     plan = plan.resolved()
+    layouts = check_layouts("build_attention_backward", layouts)
     Sk = S if Sk is None else Sk
     features = (check_window(window), check_softcap(softcap))
     if features != ((-1, -1), 0.0) and plan.dkdv_bq == 128:
@@ -131,23 +143,26 @@ def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=
                                   plan.dq_ordered, plan.safe, plan.dkdv_bq, causal,
                                   kv_split=split)
         plan = replace(plan, stats_lead=lead)
-    return _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, plan, features)
+    return _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, plan, features, layouts)
 
 
 @functools.lru_cache(maxsize=64)
-def _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, plan, features=((-1, -1), 0.0)):
-    """The kernels of a resolved ``plan`` (``safe`` a bool, ``stats_lead`` an int) and
-    ``features`` (``(window, softcap)``, checked)."""
+def _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, plan, features=((-1, -1), 0.0),
+           layouts=BSHD3):
+    """The kernels of a resolved ``plan`` (``safe`` a bool, ``stats_lead`` an int),
+    ``features`` (``(window, softcap)``, checked) and ``layouts`` (checked)."""
     window, softcap = features
     kw = dict(Sk=Sk, dtype=dtype, causal=causal, scale=scale, safe=plan.safe)
     feat = {} if features == ((-1, -1), 0.0) else dict(window=window, softcap=softcap)
+    lay = {} if layouts == BSHD3 else dict(layouts=layouts)
     dkdv_kw = dict(kw, BQ=plan.dkdv_bq, overlap=plan.dkdv_overlap, kv_split=plan.kv_split)
     dt = _dtype(dtype)
     ordered = plan.dq_ordered
     if plan.fused_bq:
         fused = build_fused(B, S, Hq, Hkv, D, Sk=Sk, dtype=dtype, causal=causal, scale=scale,
                             ordered=ordered, defer=plan.fused_defer,
-                            pingpong=plan.fused_pingpong, kv_split=plan.kv_split, **feat)
+                            pingpong=plan.fused_pingpong, kv_split=plan.kv_split, **feat,
+                            **lay)
         kernels = (build_prep(B, S, Hq, D, dtype=dtype, counters=ordered,
                               zero=True if feat else None),     # a window: q blocks unreached
                    fused, build_convert(B, S, Hq, D, dtype=dtype))
@@ -160,16 +175,16 @@ def _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, plan, features=((-1, -1),
                    build_dkdv(B, S, Hq, Hkv, D, atomic_dq=True, dq_bulk=plan.dq_bulk,
                               dq_ordered=ordered, num_sms=plan.num_sms,
                               dq_convert=plan.dq_convert, convert_lag=plan.convert_lag,
-                              stats_lead=plan.stats_lead, **dkdv_kw, **feat),  # adds dQ to DQACC
+                              stats_lead=plan.stats_lead, **dkdv_kw, **feat, **lay),  # adds dQ
                    build_convert(B, S, Hq, D, dtype=dtype, width=width))
         if plan.dq_convert:      # the dK/dV grid converts dQ
             kernels = kernels[:2]
     else:
         dq_kw = dict(kw, BKV=default_dq_bkv(D) if plan.dq_bkv is None else plan.dq_bkv)
-        kernels = (build_dq(B, S, Hq, Hkv, D, **dq_kw, **feat),
-                   build_dkdv(B, S, Hq, Hkv, D, **dkdv_kw, **feat))
+        kernels = (build_dq(B, S, Hq, Hkv, D, **dq_kw, **feat, **lay),
+                   build_dkdv(B, S, Hq, Hkv, D, **dkdv_kw, **feat, **lay))
     return AttentionBackward(kernels, B, S, Hq, Hkv, D, Sk, dt,
-                             plan.atomic_dq or plan.fused_bq is not None)
+                             plan.atomic_dq or plan.fused_bq is not None, layouts=layouts)
 
 
 def attention_backward(q, k, v, o, lse, do, causal=False, scale=None, *, plan=None,
@@ -177,7 +192,8 @@ def attention_backward(q, k, v, o, lse, do, causal=False, scale=None, *, plan=No
     """``(dq, dk, dv)`` of attention for torch tensors or JAX arrays (``q/o/do (B, S, Hq, D)``,
     ``k/v (B, Sk, Hkv, D)``, ``lse (B, Hq, S)`` float32) by the kernels of ``plan`` (or its
     ``options`` keywords, as ``build_attention_backward``); ``window``, ``softcap``: the
-    forward's."""
+    forward's. Torch q, k, v whose memory is ``(B, H, S, D)`` (transposed views) are read in
+    place; o, do, lse and other strides are made contiguous first."""
     if len(q.shape) != 4 or len(k.shape) != 4 or tuple(k.shape) != tuple(v.shape):
         raise _fail(f"attention_backward: q (B, S, Hq, D) and k, v (B, Sk, Hkv, D) expected, "
                     f"got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
@@ -186,9 +202,13 @@ def attention_backward(q, k, v, o, lse, do, causal=False, scale=None, *, plan=No
     name = {"bfloat16": "bf16", "float16": "f16"}.get(str(q.dtype).replace("torch.", ""))
     if name is None:
         raise _fail(f"attention_backward: q must be bfloat16 or float16, got {q.dtype}")
+    layouts = BSHD3
+    if framework(q) == "torch":
+        from pyptx_kernels.flash_attention.fwd_host import memory_layouts
+
+        (q, k, v), layouts = memory_layouts(q, k, v)
+        o, lse, do = (x.contiguous() for x in (o, lse, do))
     bwd = build_attention_backward(B, S, Hq, Hkv, D, Sk=Sk, dtype=name, causal=causal,
                                    scale=None if scale is None else float(scale), plan=plan,
-                                   window=window, softcap=softcap, **options)
-    if framework(q) == "torch":  # the kernels take dense tensors
-        q, k, v, o, lse, do = (x.contiguous() for x in (q, k, v, o, lse, do))
+                                   window=window, softcap=softcap, layouts=layouts, **options)
     return bwd(q, k, v, o, lse, do)
