@@ -194,8 +194,8 @@ def model_forward(q, k, v, causal, scale, features=NO_FEATURES):
 
 def model_backward(q, k, v, o, lse, do, causal, scale, features=NO_FEATURES):
     assert features == NO_FEATURES
-    for x in (q, k, v, o, lse, do):
-        assert x.is_contiguous()
+    xs, _ = fwd_host.memory_layouts(q, k, v)    # (B, S, H, D) or (B, H, S, D): read in place
+    assert all(x.data_ptr() == y.data_ptr() for x, y in zip(xs, (q, k, v)))
     B, S, Hq, D = q.shape
     Hkv, Sk, G = k.shape[2], k.shape[1], Hq // k.shape[2]
     p = _probs(q, k, lse, causal, scale)
