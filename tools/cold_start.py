@@ -8,12 +8,13 @@ CPU inputs (not timed), then times
 
   import: ``import pyptx_kernels`` and reading the op's function;
   call:   the op's first call up to its launch: the public function on the CPU tensors with
-          the library's CUDA check lifted, which runs the real eager path (custom op
-          definitions, tuning choice, family trace or disk load, specialization, launcher and
-          plan) until pyptx's placement check refuses the CPU tensors; then the compiled
-          record of each kernel specialized (PTX text, content hash) and the imports a launch
+          the library's CUDA check lifted, which runs the real eager path (tuning choice,
+          family trace or disk load, specialization, launcher and plan; a plain eager call
+          defines no custom op) until pyptx's placement check refuses the CPU tensors; then
+          the compiled record of each kernel specialized (PTX text, content hash) and the imports a launch
           adds (``pyptx.jit``, ``pyptx.launch``, ``pyptx.driver``). What is left on a GPU:
-          reading the cubin from the disk cache, loading it, the launch.
+          reading the cubin from the disk cache, loading it, the launch (and the background
+          warm-up of the problem's other plans, which waits for the call to return).
 
 Each op runs on a fresh ``PYPTX_CACHE_DIR``: once with it empty, then ``--repeat`` times warm
 (median). The children write bytecode under a fresh ``PYTHONPYCACHEPREFIX`` (so the warm runs
