@@ -9,3 +9,6 @@ python3 -m pip install -q --no-index --no-build-isolation --no-deps \
     -e packages/pyptx-core -e packages/pyptx-shim -e packages/pyptx-torch -e packages/pyptx-jax \
     -e packages/pyptx-kernels \
     2>&1 | tail -3
+# bytecode, as a wheel install writes it (editable installs do not; a first call would
+# otherwise compile ~50 modules under PYTHONDONTWRITEBYTECODE)
+python3 -m compileall -q -j 0 packages/*/src > /dev/null 2>&1 || true
