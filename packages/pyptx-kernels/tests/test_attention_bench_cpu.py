@@ -97,10 +97,13 @@ def test_out_holds_every_section(ab, monkeypatch, tmp_path):
 def test_without_a_gpu_they_say_why_and_exit_2(script):
     if not (BENCH / script).is_file():
         pytest.skip("benchmarks/ is not in this checkout")
-    import torch
-
-    if torch.cuda.is_available():
-        pytest.skip("a GPU is visible")
+    try:
+        import torch
+    except ImportError:
+        pass  # the script must still say why it cannot run
+    else:
+        if torch.cuda.is_available():
+            pytest.skip("a GPU is visible")
     r = subprocess.run([sys.executable, str(BENCH / script), "--quick"], capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 2, r.stdout + r.stderr
