@@ -119,17 +119,7 @@ def build_swiglu(B: int, N: int, dtype=f32, *, config: RowConfig | None = None,
                 rw.store_vec(ay, j * stride, dt, ys, pred=preds[j], cache=hints.store,
                              policy=hints.l2_store)
 
-        # only the last CTA can be partial (B is known at launch only): it takes the
-        # predicated copy of the body
-        last = reg.scalar(u32)
-        ptx.inst.sub.u32(last, ptx.special.nctaid.x(), 1)
-        tail = ptx.label("tail")
-        ptx.bra(tail, pred=cta == last)
-        body(False)
-        ptx.ret()
-        ptx.place(tail)
-        body(True)
-        ptx.ret()
+        _last_cta_masked(cta, body)
 
     swiglu.geometry = dict(vec=vec, chunks=k, threads=threads, grid=grid)
     return swiglu
@@ -197,18 +187,24 @@ def build_swiglu_backward(B: int, N: int, dtype=f32, *, config: RowConfig | None
                     rw.store_vec(a, j * stride, dt, vals, pred=preds[j], cache=hints.store,
                                  policy=hints.l2_store)
 
-        last = reg.scalar(u32)
-        ptx.inst.sub.u32(last, ptx.special.nctaid.x(), 1)
-        tail = ptx.label("tail")
-        ptx.bra(tail, pred=cta == last)
-        body(False)
-        ptx.ret()
-        ptx.place(tail)
-        body(True)
-        ptx.ret()
+        _last_cta_masked(cta, body)
 
     swiglu_bwd.geometry = dict(vec=vec, chunks=k, threads=threads, grid=grid)
     return swiglu_bwd
+
+
+def _last_cta_masked(cta, body):
+    """Emit ``body(False)`` for every CTA but the last and ``body(True)`` (predicated) for the
+    last: only it can be partial, since ``B`` is known at launch only."""
+    last = reg.scalar(u32)
+    ptx.inst.sub.u32(last, ptx.special.nctaid.x(), 1)
+    tail = ptx.label("tail")
+    ptx.bra(tail, pred=cta == last)
+    body(False)
+    ptx.ret()
+    ptx.place(tail)
+    body(True)
+    ptx.ret()
 
 
 def _flat_shape(who, B, N, dt, config):
