@@ -69,3 +69,25 @@ def test_meta_and_traced_calls_take_the_op(toy):
 
     a, b = torch.randn(4, 3), torch.randn(3)
     assert torch.allclose(f(a, b), a * b * 2 + 1)
+
+
+def test_parameters_take_the_direct_path(toy):
+    x = torch.randn(4, 3, dtype=torch.float64)
+    w = torch.nn.Parameter(torch.randn(3, dtype=torch.float64))
+    y, _ = _common.call_op("test_call_op_toy", x, w, 0.5)
+    assert CALLS == ["impl"] and "test_call_op_toy_eager" in type(y.grad_fn).__name__
+    y.sum().backward()
+    assert torch.allclose(w.grad, (x * 0.5).sum(0))
+
+
+def test_other_subclasses_take_the_op(toy, monkeypatch):
+    class Sub(torch.Tensor):
+        pass
+
+    def direct(*args):
+        raise AssertionError("a subclass took the direct path")
+
+    monkeypatch.setitem(_common._EAGER, "test_call_op_toy", (direct, None))
+    x = torch.randn(4, 3, dtype=torch.float64).as_subclass(Sub)
+    y, _ = _common.call_op("test_call_op_toy", x, torch.randn(3, dtype=torch.float64), 0.5)
+    assert CALLS == ["impl"] and y.shape == (4, 3)

@@ -267,8 +267,8 @@ def call_op(name: str, *args):
     """``torch.ops.pyptx.<name>(*args)``. A plain eager call (CUDA tensors, no trace) runs the
     op's implementation directly, through its registered autograd when an input requires
     grad: the same kernels and gradients without the dispatcher's tens of microseconds.
-    Traced calls (``torch.compile``, ``torch.export``), meta, fake and subclassed tensors go
-    through the op."""
+    Traced calls (``torch.compile``, ``torch.export``), meta, fake and subclassed tensors
+    (other than ``nn.Parameter``) go through the op."""
     torch = sys.modules["torch"]
     if torch.compiler.is_compiling():   # first: dynamo must not guard on _EAGER
         define_op(name)
@@ -279,7 +279,8 @@ def call_op(name: str, *args):
             grad, plain = False, True
             for a in args:
                 if isinstance(a, torch.Tensor):
-                    if type(a) is not torch.Tensor or a.device.type not in EAGER_DEVICES:
+                    if (type(a) is not torch.Tensor and type(a) is not torch.nn.Parameter
+                            or a.device.type not in EAGER_DEVICES):
                         plain = False
                         break
                     grad = grad or a.requires_grad
