@@ -292,3 +292,26 @@ def test_apply_switches_off_each_fused_op(ops):
     loss = _step(model, ids)[0]
     assert ops.count["add_rms_norm"] == 2 and ops.count["linear_cross_entropy"] == 1
     _close(loss, rloss)
+
+
+def test_own_positions_skip_the_packed_sequence_test(ops, monkeypatch):
+    """A patched model called without ``position_ids`` makes positions ``0..S-1``: the
+    packed-sequence test (a device-to-host wait per forward) does not run. Positions passed
+    in are tested as before: packed ones give transformers' mask, and SDPA's result."""
+    mu = importlib.import_module("transformers.masking_utils")
+    ref = _model("llama").eval()
+    model = ptf.apply(copy.deepcopy(ref))
+    seen = []
+    original = mu.find_packed_sequence_indices.__wrapped__
+    monkeypatch.setattr(mu.find_packed_sequence_indices, "__wrapped__",
+                        lambda p: seen.append(p) or original(p))
+    ids = _ids(B=1, S=12)
+    with torch.no_grad():
+        model(ids, use_cache=False)
+        assert seen == [] and ops.count["attention"] == 2
+        packed = torch.cat([torch.arange(6), torch.arange(6)])[None]
+        got = model(ids, position_ids=packed, use_cache=False).logits
+        assert len(seen) == 1 and ops.count["attention"] == 2   # masked: SDPA ran
+        _close(got, ref(ids, position_ids=packed, use_cache=False).logits)
+        model(ids, position_ids=torch.arange(12)[None], use_cache=False)
+        assert len(seen) == 3 and ops.count["attention"] == 4   # (the reference made one)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import threading
 import types
 
 from pyptx.errors import ConfigError, PyptxError
@@ -139,6 +140,9 @@ def apply(model, *, attention: bool = True, rms_norm: bool = True, linear: bool 
     ``labels`` in training mode computes its loss with ``pyptx_kernels.linear_cross_entropy``
     from the last hidden states (shifted labels, ``ignore_index=-100``,
     ``num_items_in_batch`` honoured) and returns ``logits=None``: the logits never exist.
+    The base model (``LlamaModel``, ...), called without ``position_ids``, skips
+    transformers' packed-sequence test of the positions it makes (``0..S-1``): that test
+    waits for the GPU at every forward.
 
     GEMM epilogues (``pyptx_kernels.gemm.fused``; each applies where the call fits it: bf16
     or f16 weights and activations of one dtype, no bias, ``I`` a multiple of 64; other calls
@@ -233,6 +237,54 @@ def _patch_forwards(model, model_type, *, add_rms_norm, rope, swiglu, cross_entr
             _patch(m, "forward", _mlp_forward, swiglu=swiglu, swiglu_linear=swiglu_linear)
     if cross_entropy and lm_cls is not None and type(model) is lm_cls:
         _patch(model, "forward", _causal_lm_forward)
+    base_cls = getattr(mod, f"{prefix}Model", None)
+    for m in model.modules():
+        if base_cls is not None and type(m) is base_cls:
+            _skip_packed_check()
+            _patch(m, "forward", _base_model_forward)
+
+
+_POSITIONS = threading.local()
+"""``depth``: how many patched base-model calls that make their own positions are running
+on this thread (their positions are ``0..S-1``: never packed sequences)."""
+
+
+def _base_model_forward(self, *args, **kwargs):
+    """The family's base model (``LlamaModel``, ...) as transformers runs it. A call with no
+    ``position_ids`` (and at most ``input_ids`` by position) makes positions ``0..S-1`` itself,
+    so transformers' packed-sequence test of them, which copies a flag to the host and waits
+    for the GPU at every forward, is skipped (``_skip_packed_check``)."""
+    import torch
+
+    forward = type(self).forward
+    if (len(args) > 1 or kwargs.get("position_ids") is not None
+            or torch.compiler.is_compiling()):
+        return forward(self, *args, **kwargs)
+    _POSITIONS.depth = getattr(_POSITIONS, "depth", 0) + 1
+    try:
+        return forward(self, *args, **kwargs)
+    finally:
+        _POSITIONS.depth -= 1
+
+
+def _skip_packed_check() -> None:
+    """Wrap ``transformers.masking_utils.find_packed_sequence_indices`` (once) so that it
+    answers "not packed" (None) inside ``_base_model_forward``'s own-position calls and runs
+    as before everywhere else."""
+    mu = importlib.import_module("transformers.masking_utils")
+    original = getattr(mu, "find_packed_sequence_indices", None)
+    if original is None or getattr(original, "_pyptx_wrapped", False):
+        return
+
+    def find_packed_sequence_indices(position_ids):
+        if getattr(_POSITIONS, "depth", 0) > 0:
+            return None
+        return find_packed_sequence_indices.__wrapped__(position_ids)
+
+    find_packed_sequence_indices._pyptx_wrapped = True
+    find_packed_sequence_indices.__wrapped__ = original
+    find_packed_sequence_indices.__doc__ = original.__doc__
+    mu.find_packed_sequence_indices = find_packed_sequence_indices
 
 
 def _is_silu(mlp) -> bool:
