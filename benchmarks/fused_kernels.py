@@ -4,6 +4,8 @@
 
 * ``add_rms_norm``: ``h = x + r; y = rms_norm(h) * w`` at 8192 (and 32768) tokens x 2048,
   bf16 (Liger: ``liger_fused_add_rms_norm``, not in place);
+* ``swiglu``: ``silu(gate) * up`` at 8192 tokens x 5632 (the MLP width), bf16 (Liger:
+  ``LigerSiLUMulFunction``);
 * ``rope``: q ``(4, 16, 2048, 128)`` and k ``(4, 4, 2048, 128)`` as the projections' views
   come (``(B, S, H, D)`` memory), transformers' ``apply_rotary_pos_emb``, bf16;
 * ``linear_cross_entropy``: 8192 tokens x 2048 against vocabularies 32000 and 128256, bf16,
@@ -55,6 +57,18 @@ def _cases(quick):
             peers["liger"] = liger
         cases.append((f"add_rms_norm {T}x{N}", peers, (x, r, w)))
 
+    T, W = (1024, 1408) if quick else (8192, 5632)
+    g, u = leaf(T, W), leaf(T, W)
+
+    def torch_swiglu(g, u):
+        return F.silu(g) * u
+
+    peers = {"eager": torch_swiglu, "compile": torch.compile(torch_swiglu), "pyptx": pk.swiglu}
+    liger = _liger_swiglu()
+    if liger is not None:
+        peers["liger"] = liger
+    cases.append((f"swiglu {T}x{W}", peers, (g, u)))
+
     B, S = (1, 256) if quick else (4, 2048)
     q0, k0 = leaf(B, S, 16, 128), leaf(B, S, 4, 128)
     q, k = q0.transpose(1, 2), k0.transpose(1, 2)
@@ -96,6 +110,14 @@ def _liger_add_rms_norm():
     except Exception:
         return None
     return lambda x, r, w: liger_fused_add_rms_norm(x, r, w, 1e-6, in_place=False)
+
+
+def _liger_swiglu():
+    try:
+        from liger_kernel.ops.swiglu import LigerSiLUMulFunction
+    except Exception:
+        return None
+    return LigerSiLUMulFunction.apply
 
 
 def _liger_rope():
