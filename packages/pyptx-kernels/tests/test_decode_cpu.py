@@ -1,15 +1,21 @@
 """CPU tests of ``attention_with_kvcache`` (``flash_attention/decode_*.py``).
 
-* The PTX simulator (``ptxsim``) runs the split-KV decode kernel and its combine on small
-  random inputs against the float64 reference (``decode_reference``): contiguous and paged
-  caches (pages scattered by a random permutation), ragged and empty sequences, new k/v
-  appended inside the kernel (the caches compared exactly after the run), sliding windows,
-  softcap, 1 and 4 queries, group sizes 1, 2 and 4, several splits, row chunks. Outputs
-  start poisoned (every byte must be written). Tolerance: ``max |o - ref|`` 2e-2 (bf16;
-  the output rounding, 2**-9 relative, plus f32 sums), 1e-2 (f16); lse 1e-5 absolute
-  (f32 state, exact ``ex2``/``lg2`` in the simulator), ``-inf`` exactly where the
-  reference has no key.
-* ptxas assembles the decode and combine kernels with no spills.
+* The PTX simulator (``ptxsim``) runs the one-launch decode kernel (its last CTA per
+  (batch, KV head, row chunk) combines the splits: the simulator runs CTAs one at a time in
+  grid order, split index fastest, so the last split's CTA combines) twice on the same
+  inputs, and the two-launch reference (``build_decode(combine=False)`` + ``build_combine``)
+  once, on small random inputs: both against the float64 reference (``decode_reference``),
+  the one-launch result bit-identical to the two-launch one with KV splits and across the
+  two calls, the arrival counters zero after each call. Contiguous and paged caches (pages
+  scattered by a random permutation), ragged and empty sequences, new k/v appended inside
+  the kernel (the caches compared exactly after the run), sliding windows, softcap, 1 and 4
+  queries, group sizes 1, 2 and 4, one and several splits, row chunks. Outputs start
+  poisoned (every byte must be written). Tolerance: ``max |o - ref|`` 2e-2 (bf16; the
+  output rounding, 2**-9 relative, plus f32 sums), 1e-2 (f16); lse 1e-5 absolute (f32
+  state, exact ``ex2``/``lg2`` in the simulator), ``-inf`` exactly where the reference
+  has no key.
+* ptxas assembles the decode kernels (one-launch and partials-only) and the combine kernel
+  with no spills.
 * The split heuristic, ``DecodeConfig``'s checks, the torch ops on meta tensors (shapes,
   the append op's declared mutation), bad calls raising ``ConfigError`` at the caller's
   line, and JAX's functional append against the reference's.
@@ -31,7 +37,11 @@ import ptxsim  # noqa: E402
 from pyptx_kernels.flash_attention.decode_combine import build_combine  # noqa: E402
 from pyptx_kernels.flash_attention.decode_config import DecodeConfig  # noqa: E402
 from pyptx_kernels.flash_attention.decode_host import choose_splits  # noqa: E402
-from pyptx_kernels.flash_attention.decode_kernel import DecodeShape, build_decode  # noqa: E402
+from pyptx_kernels.flash_attention.decode_kernel import (  # noqa: E402
+    DecodeShape,
+    build_decode,
+    counters,
+)
 from pyptx_kernels.flash_attention.decode_reference import (  # noqa: E402
     append_to_cache,
     reference_decode,
@@ -44,8 +54,10 @@ TOL = {"bf16": 2e-2, "f16": 1e-2}
 def simulate(*, B=2, Sq=1, Hq=4, Hkv=2, D=64, Sk=40, lens=(17, 0), page=None, append=False,
              causal=True, window=(-1, -1), softcap=0.0, splits=2, dtype="bf16", seed=0,
              config=None):
-    """Run decode + combine in the simulator; ``(o error, lse error)`` against float64 (and
-    the caches after an append compared exactly)."""
+    """Run the one-launch decode kernel twice and the two-launch pair once in the simulator;
+    ``(o error, lse error)`` of the one-launch result against float64 (the caches after an
+    append compared exactly; the one-launch bits checked against the two-launch ones and
+    across its two calls, its counters zero after each)."""
     rng = np.random.default_rng(seed)
     q = _dev(rng.standard_normal((B, Sq, Hq, D)), dtype)
     if page:
@@ -61,13 +73,32 @@ def simulate(*, B=2, Sq=1, Hq=4, Hkv=2, D=64, Sk=40, lens=(17, 0), page=None, ap
     if append:
         kn, vn = (_dev(rng.standard_normal((B, Sq, Hkv, D)), dtype) for _ in range(2))
     shape = DecodeShape(B, Sq, Hq, Hkv, D, cache, mp, append, 0)
-    dec = build_decode(shape, dtype=dtype, causal=causal, window=window, softcap=softcap,
-                       splits=splits, config=config or DecodeConfig())
-    ins = [q, kc.copy(), vc.copy(), seq] + ([table] if page else []) + \
-        ([kn, vn] if append else [])
-    o_part, lse_part = ptxsim.run(dec.specialize(), ins, inplace=append)
-    o, lse = ptxsim.run(build_combine(B, Sq, Hq, D, splits, dtype=dtype).specialize(),
-                        [o_part, lse_part])
+    config = config or DecodeConfig()
+    opts = dict(dtype=dtype, causal=causal, window=window, softcap=softcap, splits=splits,
+                config=config)
+
+    def inputs():
+        return [q, kc.copy(), vc.copy(), seq] + ([table] if page else []) + \
+            ([kn, vn] if append else [])
+    two = inputs()
+    o_part, lse_part = ptxsim.run(build_decode(shape, combine=False, **opts).specialize(), two,
+                                  inplace=append)
+    o2, lse2 = ptxsim.run(build_combine(B, Sq, Hq, D, splits, dtype=dtype).specialize(),
+                          [o_part, lse_part])
+    fused = build_decode(shape, **opts).specialize()
+    ins = inputs()
+    cnt = [np.zeros(counters(shape, config), np.int32)] if splits > 1 else []
+    runs = []
+    for _ in range(2):   # the second call finds the counters the first one left
+        runs.append(ptxsim.run(fused, ins + cnt, inplace=True)[:2])
+        assert not any(c.any() for c in cnt), "the last CTA resets its counter"
+    (o, lse), (o_again, lse_again) = runs
+    assert np.array_equal(o, o_again) and np.array_equal(lse, lse_again)
+    if splits > 1:
+        assert np.array_equal(o, o2) and np.array_equal(lse, lse2), \
+            "the one-launch combine is bit-identical to build_combine"
+    else:  # nothing to combine: the merge's own rounding
+        assert np.abs(_f64(o, dtype) - _f64(o2, dtype)).max() <= TOL[dtype]
 
     def f(x):
         return None if x is None else _f64(x, dtype)
@@ -75,7 +106,8 @@ def simulate(*, B=2, Sq=1, Hq=4, Hkv=2, D=64, Sk=40, lens=(17, 0), page=None, ap
                                         block_table=table, causal=causal, window=window,
                                         softcap=softcap)
     if append:
-        assert np.array_equal(f(ins[1]), rkc) and np.array_equal(f(ins[2]), rvc)
+        for got in (ins, two):
+            assert np.array_equal(f(got[1]), rkc) and np.array_equal(f(got[2]), rvc)
     lse = lse.view(np.float32).astype(np.float64)
     fin = np.isfinite(rl)
     assert np.array_equal(np.isfinite(lse), fin), "lse is -inf exactly for queries w/o keys"
@@ -119,6 +151,13 @@ CASES = {
                                   Hkv=2, softcap=3.0, config=DecodeConfig(ring_stages=0)),
     "direct_d128_f16": dict(D=128, lens=(50, 20), Sk=64, Hq=8, Hkv=2, splits=3, dtype="f16",
                             config=DecodeConfig(ring_stages=0)),
+    # one counter per (batch, KV head, row chunk): 3 x 2 x 2 counters, each combined by its
+    # own last CTA; an empty sequence in the middle
+    "counters_per_row_chunk": dict(B=3, lens=(30, 0, 45), Sk=48, Sq=2, Hq=8, Hkv=2, splits=3),
+    "paged_append_chunks_splits": dict(B=3, page=16, lens=(40, 0, 17), Sk=48, Sq=3, Hq=4,
+                                       Hkv=2, splits=3, append=True),
+    "direct_chunks_one_split": dict(B=3, lens=(30, 0, 45), Sk=48, Sq=2, Hq=8, Hkv=2, splits=1,
+                                    config=DecodeConfig(ring_stages=0)),
 }
 
 
@@ -143,7 +182,9 @@ def test_ptxas_no_spills(D, G, Sq, paged, append, window, softcap, stages, assem
     cache = (16 * 64, 64, 8, D) if paged else (16, 4096, 8, D)
     shape = DecodeShape(16, Sq, 8 * G, 8, D, cache, 64 if paged else 0, append, 0)
     config = DecodeConfig(ring_stages=stages)
-    for kern in (build_decode(shape, window=window, softcap=softcap, splits=4, config=config),
+    opts = dict(window=window, softcap=softcap, config=config)
+    for kern in (build_decode(shape, splits=4, **opts), build_decode(shape, splits=1, **opts),
+                 build_decode(shape, splits=4, combine=False, **opts),
                  build_combine(16, Sq, 8 * G, D, 4)):
         log = assemble(kern.ptx())
         spills = [int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", log)]

@@ -51,7 +51,8 @@ class DecodeConfig:
       direct loads' loads in flight); ``None``: with the ring 4 for up to 2 rows, else 2;
       direct 4 for up to 4 rows, else 2.
     * ``num_splits``: KV splits per (batch, KV head), each a CTA writing a partial O and
-      log-sum-exp that ``decode_combine`` reduces in a fixed order; ``0``: the heuristic of
+      log-sum-exp that the last of them to finish reduces in split order (in the same
+      launch, ``decode_combine.combine_row``); ``0``: the heuristic of
       ``decode_host.choose_splits``.
     * ``ring_stages``: blocks of keys in flight per CTA: a producer warp copies K and V
       blocks by TMA into a ``ring_stages``-deep shared ring (2..8); ``0``: every lane loads

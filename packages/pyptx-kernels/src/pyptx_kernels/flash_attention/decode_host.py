@@ -1,6 +1,7 @@
 """The decode call's host side: the plan (KV splits by a size heuristic, no timing), the
-kernel caches, and the launch of the decode kernel and its combine on torch tensors or JAX
-arrays (``decode``).
+kernel cache, the split kernel's zeroed arrival counters (``zeroed_counters``), and the
+launch on torch tensors or JAX arrays (``decode``): one kernel, whose last CTA per
+(batch, KV head) combines the splits.
 
 Nothing here reads a length on the host: ``cache_seqlens`` stays on the device, the plan
 depends on shapes only, so a torch call can be captured in a CUDA graph and replayed with
@@ -12,9 +13,8 @@ from __future__ import annotations
 import functools
 
 from pyptx_kernels._common import framework
-from pyptx_kernels.flash_attention.decode_combine import build_combine
 from pyptx_kernels.flash_attention.decode_config import DEFAULT_CONFIG, MAX_SPLITS
-from pyptx_kernels.flash_attention.decode_kernel import build_decode, decode_tiling
+from pyptx_kernels.flash_attention.decode_kernel import build_decode, counters, decode_tiling
 from pyptx_kernels.flash_attention.fwd_config import H100_SMS
 
 #: decode CTAs per SM the split heuristic aims for. H200 graph-replayed sweeps (32/8 heads,
@@ -64,32 +64,64 @@ def device_sms(x):
     return H100_SMS
 
 
+#: (device, stream, count) -> zeroed int32 counters, left zeroed by every launch
+_COUNTERS = {}
+_COUNTER_SLOTS = 64
+
+
+def zeroed_counters(like, n):
+    """``n`` zeroed int32 arrival counters on ``like``'s device for a split decode launch.
+    Torch eager: one tensor per (device, stream, n), allocated (zeroed) once and reused
+    (launches on one stream run in order, and each leaves its counters zeroed); a fresh
+    ``torch.zeros`` while a CUDA graph is captured (the graph owns it and zeroes it at
+    each replay, so graphs replayed on other streams never share counters) or
+    ``torch.compile`` traces; a fresh ``jnp.zeros`` for JAX."""
+    if framework(like) != "torch":
+        import jax.numpy as jnp
+
+        return jnp.zeros((n,), jnp.int32)
+    import torch
+
+    if torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing():
+        return torch.zeros(n, dtype=torch.int32, device=like.device)
+    key = (like.device, torch.cuda.current_stream(like.device).cuda_stream, n)
+    flags = _COUNTERS.get(key)
+    if flags is None:
+        if len(_COUNTERS) >= _COUNTER_SLOTS:
+            _COUNTERS.clear()
+        flags = _COUNTERS[key] = torch.zeros(n, dtype=torch.int32, device=like.device)
+    return flags
+
+
 @functools.lru_cache(maxsize=256)
-def decode_kernels(shape, dtype, causal, window, softcap, scale, config, num_sms=H100_SMS):
-    """``(decode kernel, combine kernel)`` of one call's sizes and options."""
+def decode_kernel(shape, dtype, causal, window, softcap, scale, config, num_sms=H100_SMS):
+    """``(kernel, splits)``: the one-launch decode kernel of one call's sizes and options
+    and its KV split count."""
     splits = choose_splits(shape, config, num_sms)
-    dec = build_decode(shape, dtype=dtype, causal=causal, window=window, softcap=softcap,
-                       scale=scale, splits=splits, config=config)
-    comb = build_combine(shape.B, shape.Sq, shape.Hq, shape.D, splits, dtype=dtype)
-    return dec, comb
+    return build_decode(shape, dtype=dtype, causal=causal, window=window, softcap=softcap,
+                        scale=scale, splits=splits, config=config), splits
 
 
 def launcher(shape, *, dtype, causal, window, softcap, scale, config, num_sms=H100_SMS):
-    """A function of the decode kernel's inputs (``build_decode``'s order) returning ``(o
-    (B, Sq, Hq, D), lse (B, Hq, Sq))``: the decode kernel and its combine of one call's sizes
-    and options, looked up once (a caller that keeps it launches with no Python planning)."""
-    dec, comb = decode_kernels(shape, dtype, causal, window, softcap, scale, config, num_sms)
+    """A function of the decode kernel's inputs (``build_decode``'s order, without the
+    counters) returning ``(o (B, Sq, Hq, D), lse (B, Hq, Sq))``: one launch of the kernel
+    of one call's sizes and options, looked up once (a caller that keeps it launches with
+    no Python planning)."""
+    dec, splits = decode_kernel(shape, dtype, causal, window, softcap, scale, config, num_sms)
+    if splits == 1:
+        return dec
+    n = counters(shape, config)
 
     def run(*arrays):
-        o_part, lse_part = dec(*arrays)
-        return comb(o_part, lse_part)
+        o, lse, _, _ = dec(*arrays, zeroed_counters(arrays[0], n))
+        return o, lse
     return run
 
 
 def decode(shape, arrays, *, dtype, causal, window, softcap, scale, config, num_sms=H100_SMS):
-    """``(o (B, Sq, Hq, D), lse (B, Hq, Sq))`` of the decode kernel and its combine on
-    ``arrays`` (the decode kernel's inputs, in ``build_decode``'s order). With
-    ``shape.append`` the kernel also writes the new rows into the caches (torch only: the
-    buffers are written in place)."""
+    """``(o (B, Sq, Hq, D), lse (B, Hq, Sq))`` of the decode kernel on ``arrays`` (its
+    inputs, in ``build_decode``'s order, without the counters). With ``shape.append`` the
+    kernel also writes the new rows into the caches (torch only: the buffers are written in
+    place)."""
     return launcher(shape, dtype=dtype, causal=causal, window=window, softcap=softcap,
                     scale=scale, config=config, num_sms=num_sms)(*arrays)

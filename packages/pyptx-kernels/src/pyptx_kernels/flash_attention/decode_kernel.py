@@ -10,7 +10,10 @@ without it every lane loads its keys from global memory. Each key row is read wi
 consecutive keys, each group folds ``keys_per_step`` keys at a time into an online softmax
 (log2 units) per row, and at the end the groups are merged through shared memory into
 the split's partial ``O`` (normalised, f32) and natural-log ``lse`` (``-inf``: no key).
-``decode_combine`` reduces the splits.
+One launch: with one split the merge writes the output itself; with more, each CTA counts
+its arrival on a per-(batch, KV head, row chunk) counter after its partial is stored, and
+the last to arrive combines the splits in split order (``decode_combine.combine_row``, the
+operations of the two-launch ``build_combine``: bit-identical) and resets the counter.
 
 Keys: contiguous caches ``(B, Sk_max, Hkv, D)``, or paged ``(pages, page_size, Hkv, D)``
 through ``block_table (B, max_pages)``. Sequence ``b`` has ``L = cache_seqlens[b] + n_new``
@@ -23,15 +26,18 @@ CTAs (no CTA reads those cache rows, so there is no race).
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 from pyptx import Tile, kernel, ptx, reg, smem
 from pyptx.pipeline import Pipeline
 from pyptx.types import b16, b32, f32, s32, u32, u64
 from pyptx.warpspec import ring_base
+from pyptx_kernels.flash_attention.decode_combine import combine_row
 from pyptx_kernels.flash_attention.decode_config import (
     DEFAULT_CONFIG,
     THREADS,
+    WARPS,
     key_groups,
     lanes_per_key,
 )
@@ -85,16 +91,6 @@ def unpack_words(words, dt):
             ptx.inst.cvt.f32.f16(hi, h1)
         out += [lo, hi]
     return out
-
-
-def pack_words(vals, dt):
-    """b32 registers of ``vals`` (f32) rounded to ``dt`` in pairs, element ``2i`` low."""
-    words = []
-    for i in range(0, len(vals), 2):
-        w = reg.scalar(b32)
-        ptx.inst(f"cvt.rn.{dt.name}x2.f32")(w, vals[i + 1], vals[i])
-        words.append(w)
-    return words
 
 
 def _load16(ptr, words, pred):
@@ -269,9 +265,11 @@ class RowState:
 
 
 def _merge_and_store(st, *, sh, rows, chunk, tid, grp, dl, split, b, hkv, pop, plp, base,
-                     sync):
+                     sync, final=None):
     """Merge the lane groups' (m, l, o) per row through shared memory at ``base`` (u32,
-    ``merge_bytes``), after ``sync()``, and store the split's normalised o and lse."""
+    ``merge_bytes``), after ``sync()``, and store the split's normalised o and lse; with
+    ``final = (po, plse, dt)`` (one split: nothing to combine) the output rows themselves,
+    ``o`` rounded to ``dt``, ``lse`` in ``(B, Hq, Sq)`` order."""
     D, G, Sq, Hq = sh.D, sh.group, sh.Sq, sh.Hq
     NG = key_groups(D)
     N = sh.B * Sq * Hq
@@ -325,9 +323,53 @@ def _merge_and_store(st, *, sh, rows, chunk, tid, grp, dl, split, b, hkv, pop, p
         ptx.inst.selp.f32(lse, NEG_INF, lse, empty)
         r = i if chunk is None else chunk * rows + i
         ok = inside if chunk is None else inside & (r < G * Sq)
+        if final is not None:
+            po, plse, dt = final
+            h = hkv * G + r % G
+            half = reg.scalar(b16)
+            ptx.inst(f"cvt.rn.{dt.name}.f32")(half, ot)
+            orow = (b * Sq + r // G) * Hq + h
+            ptx.inst.st.global_.b16(ptx.addr(po + _wide(orow * D + d, 2)), half, pred=ok)
+            ptx.inst.st.global_.f32(ptx.addr(plse + _wide((b * Hq + h) * Sq + r // G, 4)), lse,
+                                    pred=ok & (d == 0))
+            continue
         prow = split * N + (b * Sq + r // G) * Hq + hkv * G + r % G
         ptx.inst.st.global_.f32(ptx.addr(pop + _wide(prow * D + d, 4)), ot, pred=ok)
         ptx.inst.st.global_.f32(ptx.addr(plp + _wide(prow, 4)), lse, pred=ok & (d == 0))
+
+
+def _combine_if_last(*, sh, dt, rows, chunk, chunks, tid, b, y, hkv, splits, ptrs, flag_at,
+                     sync):
+    """After this CTA's partial stores: count its arrival on the (b, KV head, row chunk)
+    counter; the CTA that arrives last (``splits - 1`` counts before it) resets the counter
+    to 0 for the next launch and combines every split of its rows in split order
+    (``decode_combine.combine_row``, one warp per row). Release: every storing thread's
+    ``fence.acq_rel.gpu`` before the CTA barrier and the counting ``atom.acq_rel.gpu``;
+    acquire: that atom, the barrier, each reading thread's fence, ``ld.relaxed.gpu``."""
+    D, G, Sq, Hq = sh.D, sh.group, sh.Sq, sh.Hq
+    pcnt, po, plse, pop, plp = ptrs
+    ptx.fence("gpu", sem="acq_rel")
+    sync()
+    cnt = pcnt + _wide(b * (sh.Hkv * chunks) + y, 4)
+    with ptx.if_(tid == 0):
+        old = reg.scalar(u32)
+        ptx.inst("atom.acq_rel.gpu.global.add.u32")(old, ptx.addr(cnt), 1)
+        ptx.inst.st.shared.u32(ptx.addr(flag_at), old)
+        ptx.inst("st.relaxed.gpu.global.u32")(ptx.addr(cnt), 0, pred=old == splits - 1)
+    sync()
+    seen = reg.scalar(u32)
+    ptx.inst.ld.shared.u32(seen, ptx.addr(flag_at))
+    with ptx.if_(seen == splits - 1):
+        ptx.fence("gpu", sem="acq_rel")
+        lane, warp = tid & 31, tid >> 5
+        for k in range(-(-rows // WARPS)):
+            i = warp + k * WARPS
+            r = i if chunk is None else chunk * rows + i
+            ok = i < rows if chunk is None else (i < rows) & (r < G * Sq)
+            row = (b * Sq + r // G) * Hq + hkv * G + r % G
+            with ptx.if_(ok):
+                combine_row(pop, plp, po, plse, row, lane, N=sh.B * Sq * Hq, Sq=Sq, Hq=Hq,
+                            D=D, splits=splits, dt=dt, load="ld.relaxed.gpu.global")
 
 
 def merge_bytes(D, rows):
@@ -436,18 +478,18 @@ class KeyRing:
         ptx.bar_sync(0)
 
 
-def _body(Q, KC, VC, SEQ, TAB, KN, VN, OP, LP, *, shape, dt, causal, window, softcap, scale,
-          splits, rows, chunks, steps, ring):
+def _body(t, *, shape, dt, causal, window, softcap, scale, splits, rows, chunks, steps, ring,
+          combine):
+    """The kernel body over its tensors ``t`` (name -> tensor, ``tensor_names`` order)."""
     sh = shape
     D, Sq = sh.D, sh.Sq
     LK = lanes_per_key(D)
     NG = key_groups(D)
-    tensors = [Q, KC, VC, SEQ] + ([TAB] if sh.paged else []) + ([KN, VN] if sh.append else [])
-    ptrs = ptx.global_ptrs(*tensors, OP, LP)
-    pq, pkc, pvc, pseq = ptrs[:4]
-    ptab = ptrs[4] if sh.paged else None
-    pkn, pvn = ptrs[-4:-2] if sh.append else (None, None)
-    pop, plp = ptrs[-2:]
+    KC, VC = t["KC"], t["VC"]
+    p = dict(zip(t, ptx.global_ptrs(*t.values())))
+    pq, pkc, pvc, pseq = p["Q"], p["KC"], p["VC"], p["SEQ"]
+    ptab, pkn, pvn = p.get("TAB"), p.get("KN"), p.get("VN")
+    pop, plp = p.get("OP"), p.get("LP")
 
     tid = reg.from_(ptx.special.tid.x(), s32)
     split = reg.from_(ptx.special.ctaid.x(), s32)
@@ -486,10 +528,12 @@ def _body(Q, KC, VC, SEQ, TAB, KN, VN, OP, LP, *, shape, dt, causal, window, sof
                   window=(left, right), softcap=softcap, scale=scale)
     addr = KeyAddress(sh, b, hkv, sc, dl * 8, ptab)
     loads = (pkc, pvc, pkn, pvn)
+    counted = combine and splits > 1
     if kring is None:
         _direct_loop(st, sh=sh, dt=dt, s0=s0, s1=s1, grp=grp, steps=steps, addr=addr,
                      ptrs=loads)
-        base = smem.alloc(f32, merge_bytes(D, rows) // 4, name="dec_merge").addr()
+        words = merge_bytes(D, rows) // 4 + (1 if counted else 0)
+        base = smem.alloc(f32, words, name="dec_merge").addr()
         sync = ptx.bar_sync
     else:
         _ring_consume(kring, st, sh=sh, dt=dt, s0=s0, s1=s1, grp=grp, dl=dl, steps=steps,
@@ -498,8 +542,14 @@ def _body(Q, KC, VC, SEQ, TAB, KN, VN, OP, LP, *, shape, dt, causal, window, sof
 
         def sync():
             ptx.bar_sync(1, THREADS)
+    final = (p["O"], p["LSE"], dt) if combine and splits == 1 else None
     _merge_and_store(st, sh=sh, rows=rows, chunk=chunk, tid=tid, grp=grp, dl=dl, split=split,
-                     b=b, hkv=hkv, pop=pop, plp=plp, base=base, sync=sync)
+                     b=b, hkv=hkv, pop=pop, plp=plp, base=base, sync=sync, final=final)
+    if counted:
+        _combine_if_last(sh=sh, dt=dt, rows=rows, chunk=chunk, chunks=chunks, tid=tid, b=b,
+                         y=y, hkv=hkv, splits=splits,
+                         ptrs=(p["CNT"], p["O"], p["LSE"], pop, plp),
+                         flag_at=base + merge_bytes(D, rows), sync=sync)
     ptx.ret()
 
 
@@ -517,14 +567,37 @@ def decode_ring(shape, config):
                                                  else None)
 
 
+def tensor_names(shape, splits, combine=True):
+    """``(inputs, outputs)``: the decode kernel's tensor parameter names in order."""
+    ins = ["Q", "KC", "VC", "SEQ"] + (["TAB"] if shape.paged else []) \
+        + (["KN", "VN"] if shape.append else []) + (["CNT"] if combine and splits > 1 else [])
+    outs = (["O", "LSE"] if combine else []) + (["OP", "LP"] if splits > 1 or not combine
+                                                else [])
+    return ins, outs
+
+
+def counters(shape, config=DEFAULT_CONFIG):
+    """Arrival counters the one-launch kernel needs with KV splits: one per (batch, KV head,
+    row chunk)."""
+    return shape.B * shape.Hkv * decode_tiling(shape, config)[1]
+
+
 def build_decode(shape, *, dtype="bf16", causal=True, window=(-1, -1), softcap=0.0,
-                 scale=None, splits=1, config=DEFAULT_CONFIG):
-    """The decode kernel for ``shape`` (``DecodeShape``): inputs ``q (B, Sq, Hq, D)``,
+                 scale=None, splits=1, config=DEFAULT_CONFIG, combine=True):
+    """The decode kernel for ``shape`` (``DecodeShape``). Inputs: ``q (B, Sq, Hq, D)``,
     ``k_cache``, ``v_cache`` (``shape.cache``), ``cache_seqlens (B,)`` int32, then
-    ``block_table (B, max_pages)`` int32 when paged and ``k, v (B, Sq, Hkv, D)`` when
-    appending; outputs the per-split partials ``o (splits, B*Sq*Hq, D)`` f32 (normalised)
-    and ``lse (splits, B*Sq*Hq)`` f32 (natural log, ``-inf`` for a split without keys), rows
-    in ``(b, i, h)`` order. ``splits``: KV splits per (batch, KV head)."""
+    ``block_table (B, max_pages)`` int32 when paged, ``k, v (B, Sq, Hkv, D)`` when
+    appending, and with ``splits > 1`` (and ``combine``) ``counters`` int32
+    ``(counters(shape, config),)``, zero before the launch and left zero after it.
+    ``splits``: KV splits per (batch, KV head).
+
+    ``combine`` (default): one launch. Outputs ``o (B, Sq, Hq, D)`` of ``dtype`` and
+    ``lse (B, Hq, Sq)`` f32 (natural log, ``-inf`` for a query without keys), then with
+    ``splits > 1`` the partials below (a workspace: the last CTA of each (batch, KV head,
+    row chunk) to arrive combines them in split order, exactly as ``build_combine``).
+    ``combine=False``: outputs only the per-split partials ``o (splits, B*Sq*Hq, D)`` f32
+    (normalised) and ``lse (splits, B*Sq*Hq)`` f32 (``-inf`` for a split without keys), rows
+    in ``(b, i, h)`` order, for ``decode_combine.build_combine`` (the two-launch reference)."""
     dt = _dtype(dtype)
     sh = shape
     D = sh.D
@@ -532,38 +605,38 @@ def build_decode(shape, *, dtype="bf16", causal=True, window=(-1, -1), softcap=0
     rows, chunks, steps = decode_tiling(sh, config)
     ring = decode_ring(sh, config)
     N = sh.B * sh.Sq * sh.Hq
-    ins = [Tile(sh.B, sh.Sq, sh.Hq, D, dt), Tile(*sh.cache, dt), Tile(*sh.cache, dt),
-           Tile(sh.B, s32)]
-    if sh.paged:
-        ins.append(Tile(sh.B, sh.max_pages, s32))
-    if sh.append:
-        ins += [Tile(sh.B, sh.Sq, sh.Hkv, D, dt)] * 2
+    names_in, names_out = tensor_names(sh, splits, combine)
+    specs = {"Q": Tile(sh.B, sh.Sq, sh.Hq, D, dt), "KC": Tile(*sh.cache, dt),
+             "VC": Tile(*sh.cache, dt), "SEQ": Tile(sh.B, s32),
+             "TAB": Tile(sh.B, max(sh.max_pages, 1), s32),
+             "KN": Tile(sh.B, sh.Sq, sh.Hkv, D, dt), "VN": Tile(sh.B, sh.Sq, sh.Hkv, D, dt),
+             "CNT": Tile(counters(sh, config), s32),
+             "O": Tile(sh.B, sh.Sq, sh.Hq, D, dt), "LSE": Tile(sh.B, sh.Hq, sh.Sq, f32),
+             "OP": Tile(splits, N, D, f32), "LP": Tile(splits, N, f32)}
     left, right = window
     name = (f"attn_decode_{dt.name}_d{D}_g{sh.group}_q{sh.Sq}_r{rows}x{chunks}_u{steps}"
             f"_s{splits}{'_paged' if sh.paged else ''}{'_append' if sh.append else ''}"
             f"{'_causal' if causal else ''}"
             f"{f'_w{left}_{right}'.replace('-', 'n') if (left, right) != (-1, -1) else ''}"
-            f"{'_cap' if softcap else ''}{f'_ring{ring[0]}x{ring[1]}' if ring else ''}")
+            f"{'_cap' if softcap else ''}{f'_ring{ring[0]}x{ring[1]}' if ring else ''}"
+            f"{'_fused' if combine else ''}")
     extra = {}
     if ring:
         box = dict(box=(1, ring[1], 1, D), swizzle="none")
+        flag = 16 if combine and splits > 1 else 0
         extra = dict(tma={"KC": box, "VC": box},
-                     smem=max(2 * ring[0] * ring[1] * D * 2, merge_bytes(D, rows)) + 1024)
-    deco = kernel(in_specs=tuple(ins), out_specs=(Tile(splits, N, D, f32), Tile(splits, N, f32)),
+                     smem=max(2 * ring[0] * ring[1] * D * 2, merge_bytes(D, rows) + flag) + 1024)
+    deco = kernel(in_specs=tuple(specs[n] for n in names_in),
+                  out_specs=tuple(specs[n] for n in names_out),
                   grid=(splits, sh.Hkv * chunks, sh.B), block=(THREADS + (32 if ring else 0), 1, 1),
                   name=name, **extra)
     kw = dict(shape=sh, dt=dt, causal=causal, window=(left, right), softcap=float(softcap),
-              scale=scale, splits=splits, rows=rows, chunks=chunks, steps=steps, ring=ring)
-    if sh.paged and sh.append:
-        def attn_decode(Q, KC, VC, SEQ, TAB, KN, VN, OP, LP):
-            _body(Q, KC, VC, SEQ, TAB, KN, VN, OP, LP, **kw)
-    elif sh.paged:
-        def attn_decode(Q, KC, VC, SEQ, TAB, OP, LP):
-            _body(Q, KC, VC, SEQ, TAB, None, None, OP, LP, **kw)
-    elif sh.append:
-        def attn_decode(Q, KC, VC, SEQ, KN, VN, OP, LP):
-            _body(Q, KC, VC, SEQ, None, KN, VN, OP, LP, **kw)
-    else:
-        def attn_decode(Q, KC, VC, SEQ, OP, LP):
-            _body(Q, KC, VC, SEQ, None, None, None, OP, LP, **kw)
+              scale=scale, splits=splits, rows=rows, chunks=chunks, steps=steps, ring=ring,
+              combine=combine)
+    names = names_in + names_out
+
+    def attn_decode(*tensors):
+        _body(dict(zip(names, tensors)), **kw)
+    attn_decode.__signature__ = inspect.Signature(
+        [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in names])
     return deco(attn_decode)
