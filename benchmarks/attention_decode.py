@@ -13,11 +13,14 @@ ratio: it should follow ``W / Sk``). Timing:
 ``triton.testing.do_bench`` (L2 flushed), median of ``--rounds`` rounds, the contenders of
 a row interleaved in rotated order. A pyptx output off SDPA's by more than ``ERR_LIMIT``
 prints FAIL and is not timed. ``--configs`` adds a GB/s column per ``DecodeConfig``
-(contiguous cache, through ``decode_host.decode``) for comparing plans.
+(contiguous cache, through ``decode_host.decode``) for comparing plans; ``--two-launch``
+adds one for the two-launch reference (``build_decode(combine=False)`` + ``build_combine``,
+the default plan's splits) beside the one-launch default.
 
     python benchmarks/attention_decode.py [--quick] [--out decode.md] [--heads 32/8]
         [--dim 128] [--queries 1]
         [--configs '[{"ring_stages": 0}, {"keys_per_step": 4}, {"block_keys": 64}]']
+        [--two-launch]
 
 ``--heads HQ/HKV``, ``--dim`` and ``--queries`` (new queries per sequence, as in a
 speculative step; with more than one both sides attend to the whole cache, ``causal=False``)
@@ -110,7 +113,23 @@ def _plan_fn(config, q, kc, vc, lens):
                                       config=plan, num_sms=sms)[0]
 
 
-def decode_row(B, Sk, rep, rounds, configs=()):
+def _two_launch_fn(q, kc, vc, lens):
+    """A zero-argument call of the two-launch reference: the partials-only decode kernel and
+    ``build_combine``, with the default plan's split count."""
+    from pyptx_kernels.flash_attention import decode_host
+    from pyptx_kernels.flash_attention.decode_api import check_call
+    from pyptx_kernels.flash_attention.decode_combine import build_combine
+    from pyptx_kernels.flash_attention.decode_config import DEFAULT_CONFIG
+    from pyptx_kernels.flash_attention.decode_kernel import build_decode
+
+    shape, dtype = check_call(q, kc, vc, lens, None, None, None)
+    splits = decode_host.choose_splits(shape, DEFAULT_CONFIG, decode_host.device_sms(q))
+    dec = build_decode(shape, dtype=dtype, causal=SQ == 1, splits=splits, combine=False)
+    comb = build_combine(shape.B, shape.Sq, shape.Hq, shape.D, splits, dtype=dtype)
+    return lambda: comb(*dec(q, kc, vc, lens))[0]
+
+
+def decode_row(B, Sk, rep, rounds, configs=(), two_launch=False):
     """One row of the GB/s table: ``[B, Sk, pyptx, paged, cuDNN, flash, efficient, copy,
     ours/best, paged/best, % copy, one column per config]``."""
     import torch
@@ -124,6 +143,8 @@ def decode_row(B, Sk, rep, rounds, configs=()):
                                                          causal=causal)}
     for i, c in enumerate(configs):
         fns[f"cfg{i}"] = _plan_fn(c, q, kc, vc, lens)
+    if two_launch:
+        fns["two launches"] = _two_launch_fn(q, kc, vc, lens)
     outs = {name: fn() for name, fn in fns.items()}
     qs, ks, vs = q.transpose(1, 2), kc.transpose(1, 2).contiguous(), \
         vc.transpose(1, 2).contiguous()
@@ -137,7 +158,8 @@ def decode_row(B, Sk, rep, rounds, configs=()):
     dst = torch.empty_like(src)
     fns["copy"] = lambda: dst.copy_(src)
     ref = next((outs[b] for b in BACKENDS if b in outs), outs["pyptx"])
-    ours_names = ["pyptx", "pyptx paged", *(f"cfg{i}" for i in range(len(configs)))]
+    ours_names = ["pyptx", "pyptx paged", *(f"cfg{i}" for i in range(len(configs))),
+                  *(["two launches"] if two_launch else [])]
     failed = [n for n in ours_names
               if (outs[n].float() - ref.float()).abs().max().item() > ERR_LIMIT]
     for n in failed:
@@ -180,6 +202,8 @@ def main(argv=None) -> int:
     p.add_argument("--queries", type=int, default=SQ, help="new queries per sequence")
     p.add_argument("--configs", default="[]",
                    help="JSON list of DecodeConfig fields: one extra GB/s column each")
+    p.add_argument("--two-launch", action="store_true",
+                   help="a GB/s column of the two-launch reference (split kernel + combine)")
     args = p.parse_args(argv)
     HQ, HKV = (int(h) for h in args.heads.split("/"))
     D, SQ = args.dim, args.queries
@@ -196,7 +220,7 @@ def main(argv=None) -> int:
           f"page {PAGE}, do_bench median (L2 flushed)")
     body, wbody = [], []
     for B, Sk in QUICK if args.quick else FULL:
-        body.append(decode_row(B, Sk, args.rep, rounds, configs))
+        body.append(decode_row(B, Sk, args.rep, rounds, configs, args.two_launch))
         print(" | ".join(body[-1]), flush=True)
         torch.cuda.empty_cache()
     for B, Sk, W in WINDOWS[:1] if args.quick else WINDOWS:
@@ -205,7 +229,7 @@ def main(argv=None) -> int:
         torch.cuda.empty_cache()
     head = ["B", "Sk", "pyptx", "pyptx paged", *BACKENDS, "copy", "ours/best", "paged/best",
             "% copy",
-            *(json.dumps(c) for c in configs)]
+            *(json.dumps(c) for c in configs), *(["two launches"] if args.two_launch else [])]
     whead = ["B", "Sk", "window", "full ms", "window ms", "ratio", "W/Sk"]
     lines = markdown_table(head, body) + [""] + markdown_table(whead, wbody)
     print("\n".join(lines))

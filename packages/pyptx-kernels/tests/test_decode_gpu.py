@@ -5,7 +5,8 @@ paged caches, pages scattered by a random permutation; outputs are poisoned (NaN
 each launch. Reference: the float64 ``decode_reference`` on the same rounded inputs.
 Tolerance: ``max |o - ref|`` 2e-2 (bf16) / 1e-2 (f16), lse 1e-3 absolute (``ex2``/``lg2``
 approximations), ``-inf`` exactly for queries without keys; appended caches compared
-exactly. Also: CUDA-graph replay with lengths changed between replays, determinism,
+exactly. Also: CUDA-graph replay with lengths changed between replays, determinism, the
+one-launch combine bit-identical to the two-launch reference, two streams at once,
 ``torch.compile(fullgraph=True)`` and ``jax.jit``.
 
     pytest -m gpu packages/pyptx-kernels/tests/test_decode_gpu.py
@@ -207,3 +208,52 @@ def test_balanced_splits_match_float64(B, Sk, splits):
     7 over ragged lengths) against float64, contiguous and paged."""
     for page in (None, 64):
         check(make(B, 1, 32, 8, 128, Sk, page=page, seed=7), "bf16", num_splits=splits)
+
+
+@pytest.mark.parametrize("page", [None, 32])
+@pytest.mark.parametrize("B,Sk,splits", [(2, 3000, 7), (4, 2048, 0), (1, 9000, 33), (16, 512, 1)])
+def test_one_launch_is_bit_identical_to_two_launches(B, Sk, splits, page):
+    """The one-launch kernel (its last CTA per (batch, KV head) combines the splits) against
+    the two-launch reference (``build_decode(combine=False)`` + ``build_combine``): the same
+    bits with splits, three calls in a row (each finds the counters the last one left zero),
+    and the cached counters zero afterwards; with one split (no combine) within rounding."""
+    from pyptx_kernels.flash_attention import decode_host
+    from pyptx_kernels.flash_attention.decode_api import check_call
+    from pyptx_kernels.flash_attention.decode_combine import build_combine
+    from pyptx_kernels.flash_attention.decode_config import DecodeConfig
+    from pyptx_kernels.flash_attention.decode_kernel import build_decode
+
+    q, kc, vc, lens, _, _, table = make(B, 1, 32, 8, 128, Sk, page=page, seed=8)
+    shape, name = check_call(q, kc, vc, lens, None, None, table)
+    config, sms = DecodeConfig(num_splits=splits), decode_host.device_sms(q)
+    n = decode_host.choose_splits(shape, config, sms)
+    arrays = [x for x in (q, kc, vc, lens, table) if x is not None]
+    dec = build_decode(shape, dtype=name, splits=n, config=config, combine=False)
+    want = build_combine(B, 1, 32, 128, n, dtype=name)(*dec(*arrays))
+    for _ in range(3):
+        got = decode_host.decode(shape, arrays, dtype=name, causal=True, window=(-1, -1),
+                                 softcap=0.0, scale=128 ** -0.5, config=config, num_sms=sms)
+        torch.cuda.synchronize()
+        if n > 1:
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        else:
+            assert (got[0].float() - want[0].float()).abs().max().item() <= 2e-2
+    assert all(not c.any().item() for c in decode_host._COUNTERS.values())
+    check((q, kc, vc, lens, None, None, table), "bf16", num_splits=splits)
+
+
+def test_two_streams_keep_their_own_counters():
+    """Calls issued on two streams at once (each stream its own counters) give the bits of
+    calls on one stream."""
+    q, kc, vc, lens, _, _, table = make(8, 1, 32, 8, 128, 4096, page=64, seed=9)
+    want = attention_with_kvcache(q, kc, vc, lens, block_table=table, num_splits=9)
+    streams = [torch.cuda.Stream() for _ in range(2)]
+    torch.cuda.synchronize()
+    outs = []
+    for i in range(8):
+        with torch.cuda.stream(streams[i % 2]):
+            outs.append(attention_with_kvcache(q, kc, vc, lens, block_table=table,
+                                               num_splits=9))
+    torch.cuda.synchronize()
+    for o in outs:
+        assert torch.equal(o, want)
