@@ -3,7 +3,10 @@ synccheck): B=2, S=77, Hq=4, Hkv=2, head dims 64 and 128, causal and not, every 
 the persistent kernel over 4 CTAs, plus a packed (varlen) batch, each candidate of the
 tuned list (``ATTENTION_CONFIGS``) and three consumer warpgroups (``consumers=3``); every
 output is checked against float64. ``python tools/attention_sanitize.py consumers=3``: the
-last part only."""
+three-consumer part only; ``decode``: only the one-launch decode kernel
+(``attention_with_kvcache``: ring and direct loads, contiguous and paged, with and without
+append, one split and three, whose last CTA per (sequence, KV head) combines them), each
+call made twice (the second finds the counters the first left zero)."""
 import sys
 from pathlib import Path
 
@@ -71,6 +74,59 @@ def default_cases():
     return bad
 
 
+def decode_cases():
+    """The one-launch decode kernel against float64, every plan variant, two calls each."""
+    import numpy as np
+    from pyptx_kernels.flash_attention import decode_host
+    from pyptx_kernels.flash_attention.decode_api import check_call
+    from pyptx_kernels.flash_attention.decode_config import DecodeConfig
+    from pyptx_kernels.flash_attention.decode_reference import reference_decode
+
+    def f64(x):
+        return None if x is None else x.double().cpu().numpy() if x.dtype.is_floating_point \
+            else x.cpu().numpy()
+
+    bad = 0
+    B, Sq, Hq, Hkv, D, Sk = 3, 2, 8, 2, 128, 112
+    for ring in (4, 0):
+        for page in (None, 16):
+            for append in (False, True):
+                for splits in (1, 3):
+                    g = torch.Generator(device="cuda").manual_seed(splits + 2 * ring)
+                    cache = (B * Sk // page + 2, page, Hkv, D) if page else (B, Sk, Hkv, D)
+                    table = torch.randperm(cache[0], device="cuda", generator=g)[
+                        :B * Sk // page].reshape(B, -1).to(torch.int32) if page else None
+                    kc, vc = (torch.randn(*cache, device="cuda", dtype=torch.bfloat16,
+                                          generator=g) for _ in range(2))
+                    q = torch.randn(B, Sq, Hq, D, device="cuda", dtype=torch.bfloat16,
+                                    generator=g)
+                    kn = torch.randn(B, Sq, Hkv, D, device="cuda", dtype=torch.bfloat16,
+                                     generator=g) if append else None
+                    lens = torch.tensor([0, 37, Sk - Sq], device="cuda", dtype=torch.int32)
+                    ref = reference_decode(*(f64(x) for x in (q, kc, vc, lens)), k=f64(kn),
+                                           v=f64(kn), block_table=f64(table))
+                    shape, name = check_call(q, kc, vc, lens, kn, kn, table)
+                    arrays = [x for x in (q, kc, vc, lens, table, kn, kn) if x is not None]
+                    errs = []
+                    for _ in range(2):
+                        o, _ = decode_host.decode(
+                            shape, arrays, dtype=name, causal=True, window=(-1, -1),
+                            softcap=0.0, scale=D ** -0.5,
+                            config=DecodeConfig(ring_stages=ring, num_splits=splits))
+                        errs.append(float(np.abs(f64(o) - ref[0]).max()))
+                    ok = max(errs) <= 2e-2
+                    bad += not ok
+                    print("decode", f"ring{ring}", "paged" if page else "contiguous",
+                          "append" if append else "", f"splits {splits}",
+                          f"o err {max(errs):.1e}", "PASS" if ok else "FAIL")
+    return bad
+
+
+if "decode" in sys.argv[1:]:
+    bad += decode_cases()
+    torch.cuda.synchronize()
+    print("FAIL" if bad else "all PASS")
+    sys.exit(1 if bad else 0)
 if "consumers=3" not in sys.argv[1:]:
     bad += default_cases()
 # three consumer warpgroups (192-row blocks): every schedule, dense and persistent over 4 CTAs
