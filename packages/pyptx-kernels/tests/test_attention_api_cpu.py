@@ -465,6 +465,7 @@ def test_fake_shapes_of_the_ops():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     api._register()
+    api._common.define_ops()
     with FakeTensorMode():
         q, kv = torch.empty(2, 40, 8, 128, dtype=BF16), torch.empty(2, 50, 2, 128, dtype=BF16)
         o, lse = torch.ops.pyptx.attention(q, kv, kv, True, 0.1)
@@ -496,3 +497,54 @@ def test_first_torch_call_inside_compile_registers_the_ops():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["1", "0", "True"], out.stdout + out.stderr
+
+
+def _fresh(code):
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split()
+
+
+def test_a_plain_eager_call_defines_no_op():
+    """A fresh process: the first eager call (launches replaced, CPU tensors taking the direct
+    path) runs the implementation without defining any ``pyptx::attention*`` op; a meta call
+    then defines ``attention`` and its backward, not the varlen ops; ``define_ops`` the rest."""
+    code = (
+        "import torch\n"
+        "import pyptx_kernels.flash_attention.api as api\n"
+        "from pyptx_kernels import _common\n"
+        "_common.check_devices = lambda *a: None\n"
+        "_common.EAGER_DEVICES = ('cuda', 'cpu')\n"
+        "api._launch_forward = lambda q, k, v, *a: (q * 2, q.new_empty(q.shape[:3]))\n"
+        "q = torch.ones(1, 8, 2, 64, dtype=torch.bfloat16)\n"
+        "assert torch.equal(api.attention(q, q, q), q * 2)\n"
+        "names = ['attention', 'attention_backward', 'attention_varlen',\n"
+        "         'attention_varlen_backward']\n"
+        "print(*(hasattr(torch.ops.pyptx, n) for n in names))\n"
+        "m = torch.empty(1, 8, 2, 64, dtype=torch.bfloat16, device='meta')\n"
+        "assert api.attention(m, m, m).shape == m.shape\n"
+        "print(*(hasattr(torch.ops.pyptx, n) for n in names))\n"
+        "_common.define_ops()\n"
+        "print(*(hasattr(torch.ops.pyptx, n) for n in names))\n")
+    assert _fresh(code) == ["False"] * 4 + ["True", "True", "False", "False"] + ["True"] * 4
+
+
+def test_fresh_import_compiles_fullgraph():
+    """A fresh process whose first attention call is ``torch.compile(fullgraph=True)`` with
+    AOT autograd (forward and backward graphs through the fake implementations): the ops are
+    defined at trace time, the result and gradient equal the eager call's."""
+    code = (
+        "import torch\n"
+        "import pyptx_kernels.flash_attention.api as api\n"
+        "from pyptx_kernels import _common\n"
+        "_common.check_devices = lambda *a: None\n"
+        "api._launch_forward = lambda q, k, v, *a: (q * 2, q.new_zeros(q.shape[0], q.shape[2],\n"
+        "                                                           q.shape[1]).float())\n"
+        "api._launch_backward = lambda q, k, v, o, lse, do, *a: (do * 2, do * 0, do * 0)\n"
+        "def f(q):\n"
+        "    return api.attention(q * 1, q, q, causal=True) * 3\n"
+        "q = torch.ones(1, 8, 2, 64, dtype=torch.bfloat16, requires_grad=True)\n"
+        "y = torch.compile(f, fullgraph=True, backend='aot_eager')(q)\n"
+        "y.sum().backward()\n"
+        "print(torch.equal(y, q.detach() * 6), torch.equal(q.grad, torch.full_like(q, 6)))\n")
+    assert _fresh(code) == ["True", "True"]

@@ -83,13 +83,16 @@ class Specialization:
 
     def ptx(self, lineinfo: bool = False) -> str:
         """The PTX text (``lineinfo=True`` adds ``.file``/``.loc`` directives)."""
-        return self.emit(lineinfo)[0]
+        hit = self._text.get(lineinfo)
+        return hit[0] if hit is not None else self.emit(lineinfo)[0]
 
     def emit(self, lineinfo: bool = False) -> tuple[str, list[Loc | None]]:
         """PTX text and its line -> Python ``(file, line)`` map, cached."""
         hit = self._text.get(lineinfo)
         if hit is None:
             hit = self._text[lineinfo] = emit(self.module, lineinfo)
+        elif type(hit[1]) is _JsonLocs:   # from ``from_code``: the map is made when first read
+            hit = self._text[lineinfo] = (hit[0], [tuple(x) if x else None for x in hit[1].raw])
         return hit
 
     @property
@@ -122,17 +125,25 @@ class Specialization:
 
         module = Module(data["version"], data["arch"], [Function(data["entry"])])
 
-        def locs(key):
-            return [tuple(x) if x else None for x in data[key]]
-
         return cls(
             kernel=None, env={}, template_kwargs={}, in_shapes=(), out_shapes=(),
             grid=(1, 1, 1), block=tuple(data["block"]), cluster=tuple(data["cluster"]),
             smem=data["smem"], module=module, static_smem=data["static_smem"],
             scalar_params=[(n, from_name(t), v) for n, t, v in data["scalars"]],
             tma_maps=[(i, None) for i in data["tma"]], pdl=data["pdl"], arch=data["arch"],
-            _text={False: (data["ptx"], locs("locs")),
-                   True: (data["ptx_lineinfo"], locs("locs_lineinfo"))})
+            _text={False: (data["ptx"], _JsonLocs(data["locs"])),
+                   True: (data["ptx_lineinfo"], _JsonLocs(data["locs_lineinfo"]))})
+
+
+class _JsonLocs:
+    """A line map as ``code()`` gives it (``[file, line]`` lists), not yet made ``Loc``s:
+    ``Specialization.emit`` converts it when first read (a launch from a disk cache reads only
+    the PTX)."""
+
+    __slots__ = ("raw",)
+
+    def __init__(self, raw: list) -> None:
+        self.raw = raw
 
 
 def _three(value: Any, what: str, origin: str) -> tuple[int, int, int]:

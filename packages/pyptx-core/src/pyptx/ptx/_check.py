@@ -9,15 +9,18 @@ type test per operand. Every refusal is a ``PyptxError`` naming the user's file:
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import OperandError, TraceError, TypeMismatchError
 from ..reg import NotPred, Reg, RegArray
 from ..smem import SharedArray
 from ..source import where
 from ..types import ALL_TYPES, PtxType
-from ._isa import TYPE_INFO, Row, row_for
+from ._types import TYPE_INFO
 from .memory import Addr, TensorMapParam, TensorParam
+
+if TYPE_CHECKING:
+    from ._isa import Row
 
 _PARAMS = (TensorParam, TensorMapParam)
 _VEC = {"v2": 2, "v4": 4, "v8": 8, "x1": 1, "x2": 2, "x4": 4}
@@ -85,6 +88,8 @@ class Form:
 
     def __init__(self, opcode: str) -> None:
         self.fn = opcode
+        from ._isa import row_for  # the table is built at the first spelling parsed
+
         found = row_for(opcode)
         if found is None:
             _refuse(opcode, f"no PTX instruction is spelled {opcode!r}; see the PTX ISA for the "

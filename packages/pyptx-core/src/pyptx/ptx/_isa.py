@@ -33,7 +33,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from ..types import ALL_TYPES
+from ._types import EXTRA_BITS, TYPE_INFO  # noqa: F401  (part of the table)
 
 INT = "u16 u32 u64 s16 s32 s64"
 INT32 = "u32 s32 u64 s64"
@@ -49,13 +49,6 @@ CACHE_HINTS = ("L1::evict_normal L1::evict_unchanged L1::evict_first L1::evict_l
                "L1::no_allocate L2::evict_first L2::evict_last L2::evict_normal L2::64B "
                "L2::128B L2::256B L2::cache_hint")
 
-#: Widths of the type suffixes that are not pyptx register types.
-EXTRA_BITS = {"e4m3x2": 16, "e5m2x2": 16, "e2m1x2": 8, "e2m3x2": 16, "e3m2x2": 16,
-              "ue8m0x2": 16, "u16x2": 32, "s16x2": 32, "b1": 1, "u4": 4, "s4": 4, "u8x4": 32,
-              "s8x4": 32}
-#: kind and width of every type suffix the table names.
-TYPE_INFO: dict[str, tuple[str, int]] = {t.name: (t.kind, t.bits) for t in ALL_TYPES}
-TYPE_INFO.update({k: ("x", v) for k, v in EXTRA_BITS.items()})
 
 
 @dataclass

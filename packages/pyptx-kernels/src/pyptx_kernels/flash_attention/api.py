@@ -4,7 +4,9 @@ For torch tensors each is one custom op, ``torch.ops.pyptx.attention`` /
 ``torch.ops.pyptx.attention_varlen`` returning ``(out, lse)``, with a fake implementation
 (shapes only) and autograd through ``torch.ops.pyptx.attention_backward`` /
 ``torch.ops.pyptx.attention_varlen_backward``, so ``torch.compile(fullgraph=True)`` keeps a
-model using them in one graph. The ops are defined at the first torch call, never at import.
+model using them in one graph. The ops are declared at the first torch call, never at import,
+and defined when a call first goes through ``torch.ops.pyptx`` (a trace, meta or fake
+tensors): plain eager CUDA calls run their implementations directly (``_common.call_op``).
 JAX arrays go to the host functions of ``fwd_host.py`` (differentiable with ``jax.grad``).
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 import functools
 import math
 import numbers
+import sys
 
 from pyptx.errors import ConfigError
 from pyptx_kernels import _common
@@ -317,106 +320,108 @@ SCHEMAS = {
 def _as_features(window_left, window_right, softcap):
     """The ops' feature arguments as ``(window, softcap)``."""
     return (int(window_left), int(window_right)), float(softcap)
-_REGISTERED = False
+
+
+def _no_grad():
+    return sys.modules["torch"].no_grad()
+
+
+def _dense(*xs):
+    return tuple(x.contiguous() for x in xs)
+
+
+def _attention_impl(q, k, v, causal, scale, window_left=-1, window_right=-1, softcap=0.0):
+    with _no_grad():   # (B, H, S, D) memory is read in place: no copy
+        return _launch_forward(q, k, v, causal, scale,
+                               _as_features(window_left, window_right, softcap))
+
+
+def _attention_fake(q, k, v, causal, scale, window_left=-1, window_right=-1, softcap=0.0):
+    import torch
+
+    B, S, H, D = q.shape
+    return q.new_empty((B, S, H, D)), q.new_empty((B, H, S), dtype=torch.float32)
+
+
+def _attention_backward_impl(q, k, v, o, lse, do, causal, scale, window_left=-1,
+                             window_right=-1, softcap=0.0):
+    with _no_grad():   # (B, H, S, D) q, k, v are read in place: no copy
+        return _launch_backward(q, k, v, o, lse, do, causal, scale,
+                                _as_features(window_left, window_right, softcap))
+
+
+def _attention_backward_fake(q, k, v, o, lse, do, causal, scale, window_left=-1,
+                             window_right=-1, softcap=0.0):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _attention_setup(ctx, inputs, output):
+    q, k, v, *ctx.options = inputs
+    ctx.save_for_backward(q, k, v, *output)
+
+
+def _attention_grad(ctx, do, dlse):
+    q, k, v, o, lse = ctx.saved_tensors
+    return (*_common.call_op("attention_backward", q, k, v, o, lse, do, *ctx.options),
+            *(None,) * len(ctx.options))
+
+
+def _varlen_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                 scale, window_left=-1, window_right=-1, softcap=0.0):
+    with _no_grad():
+        return _launch_varlen_forward(*_dense(q, k, v, cu_seqlens_q, cu_seqlens_k),
+                                      max_seqlen_q, max_seqlen_k, causal, scale,
+                                      _as_features(window_left, window_right, softcap))
+
+
+def _varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                 scale, window_left=-1, window_right=-1, softcap=0.0):
+    import torch
+
+    T, H, _ = q.shape
+    return q.new_empty(q.shape), q.new_empty((H, T), dtype=torch.float32)
+
+
+def _varlen_backward_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, o, lse, do, max_seqlen_q,
+                          max_seqlen_k, causal, scale, window_left=-1, window_right=-1,
+                          softcap=0.0):
+    with _no_grad():
+        return _launch_varlen_backward(
+            *_dense(q, k, v, cu_seqlens_q, cu_seqlens_k, o, lse, do), max_seqlen_q,
+            max_seqlen_k, causal, scale, _as_features(window_left, window_right, softcap))
+
+
+def _varlen_backward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, o, lse, do, max_seqlen_q,
+                          max_seqlen_k, causal, scale, window_left=-1, window_right=-1,
+                          softcap=0.0):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _varlen_setup(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, *ctx.options = inputs
+    ctx.save_for_backward(q, k, v, cu_q, cu_k, *output)
+
+
+def _varlen_grad(ctx, do, dlse):
+    q, k, v, cu_q, cu_k, o, lse = ctx.saved_tensors
+    grads = _common.call_op("attention_varlen_backward", q, k, v, cu_q, cu_k, o, lse, do,
+                            *ctx.options)
+    return (*grads, None, None, *(None,) * len(ctx.options))
 
 
 @_common.defines_ops
 def _register():
-    """Define the ``pyptx::attention*`` custom ops (once)."""
-    global _REGISTERED
-    if _REGISTERED:
-        return True
-    import torch
-
-    def op(name):
-        return torch.library.custom_op(f"pyptx::{name}", mutates_args=(), schema=SCHEMAS[name])
-
-    def dense(*xs):
-        return tuple(x.contiguous() for x in xs)
-
-    def attention_op_impl(q, k, v, causal, scale, window_left=-1, window_right=-1, softcap=0.0):
-        with torch.no_grad():   # (B, H, S, D) memory is read in place: no copy
-            return _launch_forward(q, k, v, causal, scale,
-                                   _as_features(window_left, window_right, softcap))
-
-    attention_op = op("attention")(attention_op_impl)
-
-    @attention_op.register_fake
-    def _(q, k, v, causal, scale, window_left=-1, window_right=-1, softcap=0.0):
-        B, S, H, D = q.shape
-        return q.new_empty((B, S, H, D)), q.new_empty((B, H, S), dtype=torch.float32)
-
-    def attention_backward_op_impl(q, k, v, o, lse, do, causal, scale, window_left=-1,
-                              window_right=-1, softcap=0.0):
-        with torch.no_grad():   # (B, H, S, D) q, k, v are read in place: no copy
-            return _launch_backward(q, k, v, o, lse, do, causal, scale,
-                                    _as_features(window_left, window_right, softcap))
-
-    attention_backward_op = op("attention_backward")(attention_backward_op_impl)
-
-    @attention_backward_op.register_fake
-    def _(q, k, v, o, lse, do, causal, scale, window_left=-1, window_right=-1, softcap=0.0):
-        return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
-
-    def setup(ctx, inputs, output):
-        q, k, v, *ctx.options = inputs
-        ctx.save_for_backward(q, k, v, *output)
-
-    def grad(ctx, do, dlse):
-        q, k, v, o, lse = ctx.saved_tensors
-        return (*_common.call_op("attention_backward", q, k, v, o, lse, do, *ctx.options),
-                *(None,) * len(ctx.options))
-
-    attention_op.register_autograd(grad, setup_context=setup)
-    _common.register_eager("attention", attention_op_impl, grad, setup)
-    _common.register_eager("attention_backward", attention_backward_op_impl)
-
-    def varlen_op_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
-                  window_left=-1, window_right=-1, softcap=0.0):
-        with torch.no_grad():
-            return _launch_varlen_forward(*dense(q, k, v, cu_seqlens_q, cu_seqlens_k),
-                                          max_seqlen_q, max_seqlen_k, causal, scale,
-                                          _as_features(window_left, window_right, softcap))
-
-    varlen_op = op("attention_varlen")(varlen_op_impl)
-
-    @varlen_op.register_fake
-    def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
-          window_left=-1, window_right=-1, softcap=0.0):
-        T, H, _ = q.shape
-        return q.new_empty(q.shape), q.new_empty((H, T), dtype=torch.float32)
-
-    def varlen_backward_op_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, o, lse, do, max_seqlen_q,
-                           max_seqlen_k, causal, scale, window_left=-1, window_right=-1,
-                           softcap=0.0):
-        with torch.no_grad():
-            return _launch_varlen_backward(
-                *dense(q, k, v, cu_seqlens_q, cu_seqlens_k, o, lse, do), max_seqlen_q,
-                max_seqlen_k, causal, scale, _as_features(window_left, window_right, softcap))
-
-    varlen_backward_op = op("attention_varlen_backward")(varlen_backward_op_impl)
-
-    @varlen_backward_op.register_fake
-    def _(q, k, v, cu_seqlens_q, cu_seqlens_k, o, lse, do, max_seqlen_q, max_seqlen_k, causal,
-          scale, window_left=-1, window_right=-1, softcap=0.0):
-        return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
-
-    def varlen_setup(ctx, inputs, output):
-        q, k, v, cu_q, cu_k, *ctx.options = inputs
-        ctx.save_for_backward(q, k, v, cu_q, cu_k, *output)
-
-    def varlen_grad(ctx, do, dlse):
-        q, k, v, cu_q, cu_k, o, lse = ctx.saved_tensors
-        grads = _common.call_op("attention_varlen_backward", q, k, v, cu_q, cu_k, o, lse, do,
-                                                          *ctx.options)
-        return (*grads, None, None, *(None,) * len(ctx.options))
-
-    varlen_op.register_autograd(varlen_grad, setup_context=varlen_setup)
-    _common.register_eager("attention_varlen", varlen_op_impl, varlen_grad, varlen_setup)
-    _common.register_eager("attention_varlen_backward", varlen_backward_op_impl)
-    _REGISTERED = True
+    """Declare the ``pyptx::attention*`` custom ops (defined when a call first goes through
+    ``torch.ops.pyptx``: ``_common.define_op``)."""
+    _common.torch_op("attention_backward", SCHEMAS["attention_backward"],
+                     _attention_backward_impl, _attention_backward_fake)
+    _common.torch_op("attention", SCHEMAS["attention"], _attention_impl, _attention_fake,
+                     _attention_grad, _attention_setup)
+    _common.torch_op("attention_varlen_backward", SCHEMAS["attention_varlen_backward"],
+                     _varlen_backward_impl, _varlen_backward_fake)
+    _common.torch_op("attention_varlen", SCHEMAS["attention_varlen"], _varlen_impl,
+                     _varlen_fake, _varlen_grad, _varlen_setup)
     return True
-
 
 
 # ------------------------------------------------------------------ public functions
