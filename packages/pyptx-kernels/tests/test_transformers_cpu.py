@@ -315,3 +315,19 @@ def test_own_positions_skip_the_packed_sequence_test(ops, monkeypatch):
         _close(got, ref(ids, position_ids=packed, use_cache=False).logits)
         model(ids, position_ids=torch.arange(12)[None], use_cache=False)
         assert len(seen) == 3 and ops.count["attention"] == 4   # (the reference made one)
+
+
+def test_mask_function_skips_plain_causal_masks_traced_or_not():
+    """``attention_mask``: no mask for a plain causal one (the kernel's flag), also while
+    torch.compile traces (SDPA's own test gives up then); padding gives SDPA's mask."""
+    mu = importlib.import_module("transformers.masking_utils")
+    kw = dict(batch_size=2, q_length=6, kv_length=6, q_offset=0, kv_offset=0,
+              mask_function=mu.causal_mask_function, attention_mask=None, dtype=torch.float32)
+    assert ptf.attention_mask(**kw) is None
+    assert torch.compile(lambda: ptf.attention_mask(**kw) is None, fullgraph=True,
+                         backend="eager")()
+    pad = torch.ones(2, 6, dtype=torch.bool)
+    pad[0, :2] = False
+    got = ptf.attention_mask(**{**kw, "attention_mask": pad})
+    want = mu.sdpa_mask(**{**kw, "attention_mask": pad})
+    assert got is not None and torch.equal(got, want)

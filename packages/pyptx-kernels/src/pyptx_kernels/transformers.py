@@ -24,7 +24,8 @@ from pyptx.errors import ConfigError, PyptxError
 
 from ._common import where
 
-__all__ = ["FAMILIES", "TransformersMissingError", "apply", "attention_forward", "register"]
+__all__ = ["FAMILIES", "TransformersMissingError", "apply", "attention_forward", "attention_mask",
+           "register"]
 
 #: ``config.model_type`` of each supported family -> its class-name prefix (``LlamaRMSNorm``).
 FAMILIES = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3"}
@@ -87,19 +88,35 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
     return out.transpose(1, 2).contiguous(), None
 
 
+def attention_mask(**kwargs):
+    """transformers' mask-function contract for ``"pyptx"``: ``None`` (no mask: the kernel's
+    causal flag) for a plain causal mask without padding where SDPA's ``is_causal`` would
+    also do (one query, as many keys as queries, or an empty cache), traced or not; every
+    other mask (padding, packed sequences, sliding windows, extra mask functions) as SDPA's
+    ``sdpa_mask`` makes it. SDPA's own test gives up while tracing, which would send every
+    compiled call to the SDPA fallback."""
+    from transformers import masking_utils as mu
+
+    q, kv = kwargs.get("q_length"), kwargs.get("kv_length")
+    if (kwargs.get("allow_is_causal_skip", True) and kwargs.get("attention_mask") is None
+            and kwargs.get("mask_function") is mu.causal_mask_function
+            and kwargs.get("local_size") is None and q is not None
+            and (q == 1 or kv == q or kwargs.get("q_offset", None) == 0)):
+        return None
+    return mu.sdpa_mask(**kwargs)
+
+
 def register() -> None:
     """Register ``"pyptx"`` as an attention implementation (attention function:
-    ``attention_forward``; mask function: SDPA's, so masks transformers can skip for SDPA come
-    as ``None``). Idempotent."""
+    ``attention_forward``; mask function: ``attention_mask``). Idempotent."""
     tf = _transformers()
-    from transformers.masking_utils import sdpa_mask
 
     from .nn import preload
 
     preload("flash_attention")
 
     tf.AttentionInterface.register("pyptx", attention_forward)
-    tf.AttentionMaskInterface.register("pyptx", sdpa_mask)
+    tf.AttentionMaskInterface.register("pyptx", attention_mask)
 
 
 def _norm_class(model_type: str):
@@ -248,23 +265,42 @@ _POSITIONS = threading.local()
 """``depth``: how many patched base-model calls that make their own positions are running
 on this thread (their positions are ``0..S-1``: never packed sequences)."""
 
+_TRACED_OWN_POSITIONS = 0
+"""The same count while ``torch.compile`` traces (the answer is baked into the graph)."""
+
 
 def _base_model_forward(self, *args, **kwargs):
     """The family's base model (``LlamaModel``, ...) as transformers runs it. A call with no
     ``position_ids`` (and at most ``input_ids`` by position) makes positions ``0..S-1`` itself,
-    so transformers' packed-sequence test of them, which copies a flag to the host and waits
-    for the GPU at every forward, is skipped (``_skip_packed_check``)."""
+    so transformers' packed-sequence test of them is skipped (``_skip_packed_check``): in
+    eager it copies a flag to the host and waits for the GPU at every forward; traced, it
+    makes a mask, which sends attention to SDPA."""
+    global _TRACED_OWN_POSITIONS
     import torch
 
     forward = type(self).forward
-    if (len(args) > 1 or kwargs.get("position_ids") is not None
-            or torch.compiler.is_compiling()):
+    if len(args) > 1 or kwargs.get("position_ids") is not None:
         return forward(self, *args, **kwargs)
+    if torch.compiler.is_compiling():
+        _TRACED_OWN_POSITIONS += 1
+        try:
+            return forward(self, *args, **kwargs)
+        finally:
+            _TRACED_OWN_POSITIONS -= 1
     _POSITIONS.depth = getattr(_POSITIONS, "depth", 0) + 1
     try:
         return forward(self, *args, **kwargs)
     finally:
         _POSITIONS.depth -= 1
+
+
+def _own_positions() -> bool:
+    """Whether a ``_base_model_forward`` call making its own positions is running here."""
+    import torch
+
+    if torch.compiler.is_compiling():
+        return _TRACED_OWN_POSITIONS > 0
+    return getattr(_POSITIONS, "depth", 0) > 0
 
 
 def _skip_packed_check() -> None:
@@ -277,7 +313,7 @@ def _skip_packed_check() -> None:
         return
 
     def find_packed_sequence_indices(position_ids):
-        if getattr(_POSITIONS, "depth", 0) > 0:
+        if _own_positions():
             return None
         return find_packed_sequence_indices.__wrapped__(position_ids)
 
