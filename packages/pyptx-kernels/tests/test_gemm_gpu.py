@@ -35,7 +35,7 @@ def _load(name):
 
 
 gemm = importlib.import_module("pyptx_kernels.gemm.host")   # matmul with a plan
-gemm_sched = importlib.import_module("pyptx_kernels.gemm.scheduler")
+_common = importlib.import_module("pyptx_kernels._common")
 
 
 def rel_err(d, ref):
@@ -117,7 +117,7 @@ def test_gemm_split_tail_epilogue_and_repeats():
                         config=SK)
     assert rel_err(d, ref) < 2e-3
     torch.cuda.synchronize()
-    assert all(not f.any() for f in gemm_sched._FLAGS.values())
+    assert all(not f.any() for f in _common._ZEROED.values())
 
 
 def test_gemm_split_tail_refuses_a_grid_larger_than_the_gpu():

@@ -317,6 +317,35 @@ def _run_after_call() -> None:
         fn()
 
 
+_ZEROED: dict = {}
+"""(device, stream, words) -> a zeroed int32 tensor that every launch using it leaves
+zeroed (``zeroed_words``)."""
+_ZEROED_SLOTS = 64
+
+
+def zeroed_words(like, n: int, jax_dtype: str = "int32"):
+    """``n`` zeroed 32-bit words on ``like``'s device, for a kernel that leaves them zeroed
+    when it ends (arrival counters, split-tail flags). Torch eager: one tensor per (device,
+    stream, n), zeroed once and reused (launches on one stream run in order); a fresh
+    ``torch.zeros`` while a CUDA graph is captured (the graph owns it and zeroes it at each
+    replay, so graphs replayed on other streams never share it) or ``torch.compile`` traces.
+    JAX: a fresh ``jnp.zeros`` of ``jax_dtype``."""
+    if framework(like) != "torch":
+        import jax.numpy as jnp
+
+        return jnp.zeros((n,), getattr(jnp, jax_dtype))
+    torch = sys.modules["torch"]
+    if torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing():
+        return torch.zeros(n, dtype=torch.int32, device=like.device)
+    key = (like.device, torch.cuda.current_stream(like.device).cuda_stream, n)
+    words = _ZEROED.get(key)
+    if words is None:
+        if len(_ZEROED) >= _ZEROED_SLOTS:
+            _ZEROED.clear()
+        words = _ZEROED[key] = torch.zeros(n, dtype=torch.int32, device=like.device)
+    return words
+
+
 def device_arch(x) -> str:
     """The kernels' target for the device of array ``x``: ``sm_80`` for a CUDA tensor of
     capability 8.x, ``sm_90a`` for 9.x, ``sm_100a`` for 10.x (``sm_90a`` for CPU, meta and

@@ -244,8 +244,12 @@ def _patch_forwards(model, model_type, *, add_rms_norm, rope, swiglu, cross_entr
         preload("cross_entropy")
     if swiglu_linear or linear_residual:
         importlib.import_module(_FUSED)
+    base_cls = getattr(mod, f"{prefix}Model", None)
     for m in model.modules():
-        if (add_rms_norm or linear_residual) and type(m) is layer_cls:
+        if base_cls is not None and type(m) is base_cls:
+            _skip_packed_check()
+            _patch(m, "forward", _base_model_forward)
+        elif (add_rms_norm or linear_residual) and type(m) is layer_cls:
             _patch(m, "forward", _decoder_layer_forward, add_rms_norm=add_rms_norm,
                    linear_residual=linear_residual)
         elif rope and type(m) is attn_cls:
@@ -254,11 +258,6 @@ def _patch_forwards(model, model_type, *, add_rms_norm, rope, swiglu, cross_entr
             _patch(m, "forward", _mlp_forward, swiglu=swiglu, swiglu_linear=swiglu_linear)
     if cross_entropy and lm_cls is not None and type(model) is lm_cls:
         _patch(model, "forward", _causal_lm_forward)
-    base_cls = getattr(mod, f"{prefix}Model", None)
-    for m in model.modules():
-        if base_cls is not None and type(m) is base_cls:
-            _skip_packed_check()
-            _patch(m, "forward", _base_model_forward)
 
 
 _POSITIONS = threading.local()

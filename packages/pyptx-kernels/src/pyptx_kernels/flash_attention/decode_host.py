@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 
-from pyptx_kernels._common import framework
+from pyptx_kernels._common import framework, zeroed_words
 from pyptx_kernels.flash_attention.decode_config import DEFAULT_CONFIG, MAX_SPLITS
 from pyptx_kernels.flash_attention.decode_kernel import build_decode, counters, decode_tiling
 from pyptx_kernels.flash_attention.fwd_config import H100_SMS
@@ -64,33 +64,11 @@ def device_sms(x):
     return H100_SMS
 
 
-#: (device, stream, count) -> zeroed int32 counters, left zeroed by every launch
-_COUNTERS = {}
-_COUNTER_SLOTS = 64
-
-
 def zeroed_counters(like, n):
-    """``n`` zeroed int32 arrival counters on ``like``'s device for a split decode launch.
-    Torch eager: one tensor per (device, stream, n), allocated (zeroed) once and reused
-    (launches on one stream run in order, and each leaves its counters zeroed); a fresh
-    ``torch.zeros`` while a CUDA graph is captured (the graph owns it and zeroes it at
-    each replay, so graphs replayed on other streams never share counters) or
-    ``torch.compile`` traces; a fresh ``jnp.zeros`` for JAX."""
-    if framework(like) != "torch":
-        import jax.numpy as jnp
-
-        return jnp.zeros((n,), jnp.int32)
-    import torch
-
-    if torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing():
-        return torch.zeros(n, dtype=torch.int32, device=like.device)
-    key = (like.device, torch.cuda.current_stream(like.device).cuda_stream, n)
-    flags = _COUNTERS.get(key)
-    if flags is None:
-        if len(_COUNTERS) >= _COUNTER_SLOTS:
-            _COUNTERS.clear()
-        flags = _COUNTERS[key] = torch.zeros(n, dtype=torch.int32, device=like.device)
-    return flags
+    """``n`` zeroed int32 arrival counters on ``like``'s device for a split decode launch
+    (``_common.zeroed_words``: reused per device and stream in torch eager; each launch
+    leaves them zeroed)."""
+    return zeroed_words(like, n)
 
 
 @functools.lru_cache(maxsize=256)

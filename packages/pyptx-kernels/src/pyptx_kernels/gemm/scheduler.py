@@ -11,7 +11,7 @@ from pyptx import ptx, reg
 from pyptx.errors import ConfigError
 from pyptx.types import f32, u32, u64
 from pyptx.warpspec import grouped_tile_origin
-from pyptx_kernels._common import fail, framework
+from pyptx_kernels._common import fail, zeroed_words
 
 FLAG_WORDS = 4096
 """Length of a split-tail kernel's ``FLAGS`` input (u32 words, zero between launches)."""
@@ -254,25 +254,7 @@ class SplitTailGemm:
         return f"<SplitTailGemm {self.name}>"
 
 
-_FLAGS = {}
-
-
 def zeroed_flags(like):
-    """``FLAG_WORDS`` zeroed u32 words on ``like``'s device for a split-tail launch: for torch
-    eager calls one array per (device, stream), reused (launches on one stream run in
-    order, and each leaves the flags zeroed); a fresh one while a CUDA graph is being
-    captured (the graph then zeroes it at each replay) or ``torch.compile`` traces; a fresh
-    ``jnp.zeros`` for JAX."""
-    if framework(like) != "torch":
-        import jax.numpy as jnp
-
-        return jnp.zeros((FLAG_WORDS,), jnp.uint32)
-    import torch
-
-    if torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing():
-        return torch.zeros(FLAG_WORDS, dtype=torch.int32, device=like.device)
-    key = (like.device, torch.cuda.current_stream(like.device).cuda_stream)
-    flags = _FLAGS.get(key)
-    if flags is None:
-        flags = _FLAGS[key] = torch.zeros(FLAG_WORDS, dtype=torch.int32, device=like.device)
-    return flags
+    """``FLAG_WORDS`` zeroed u32 words on ``like``'s device for a split-tail launch
+    (``_common.zeroed_words``: reused per device and stream in torch eager)."""
+    return zeroed_words(like, FLAG_WORDS, jax_dtype="uint32")
