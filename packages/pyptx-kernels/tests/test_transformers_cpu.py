@@ -317,6 +317,21 @@ def test_own_positions_skip_the_packed_sequence_test(ops, monkeypatch):
         assert len(seen) == 3 and ops.count["attention"] == 4   # (the reference made one)
 
 
+def test_mask_function_traces_without_a_graph_break():
+    """``attention_mask`` compiles into the caller's graph (``fullgraph``): it looks up
+    ``transformers.masking_utils`` outside the trace (``from transformers import ...`` inside
+    it broke the graph where ``transformers`` is a lazy module, as in 5.17)."""
+    mu = importlib.import_module("transformers.masking_utils")
+    ptf.register()
+    kw = dict(batch_size=2, q_length=6, kv_length=6, q_offset=0, kv_offset=0,
+              mask_function=mu.causal_mask_function, attention_mask=None, dtype=torch.float32)
+
+    def step(x):
+        return x + (0 if ptf.attention_mask(**kw) is None else 1)
+
+    assert torch.compile(step, fullgraph=True, backend="eager")(torch.ones(2)).tolist() == [1, 1]
+
+
 def test_mask_function_skips_plain_causal_masks_traced_or_not():
     """``attention_mask``: no mask for a plain causal one (the kernel's flag), also while
     torch.compile traces (SDPA's own test gives up then); padding gives SDPA's mask."""

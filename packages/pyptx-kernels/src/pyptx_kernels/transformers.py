@@ -95,8 +95,7 @@ def attention_mask(**kwargs):
     other mask (padding, packed sequences, sliding windows, extra mask functions) as SDPA's
     ``sdpa_mask`` makes it. SDPA's own test gives up while tracing, which would send every
     compiled call to the SDPA fallback."""
-    from transformers import masking_utils as mu
-
+    mu = _MASKING or _masking_utils()
     q, kv = kwargs.get("q_length"), kwargs.get("kv_length")
     if (kwargs.get("allow_is_causal_skip", True) and kwargs.get("attention_mask") is None
             and kwargs.get("mask_function") is mu.causal_mask_function
@@ -106,10 +105,22 @@ def attention_mask(**kwargs):
     return mu.sdpa_mask(**kwargs)
 
 
+_MASKING = None
+"""``transformers.masking_utils``, looked up by ``register`` (an import inside a traced
+function breaks the graph: ``transformers`` is a lazy module, which dynamo refuses)."""
+
+
+def _masking_utils():
+    global _MASKING
+    _MASKING = importlib.import_module("transformers.masking_utils")
+    return _MASKING
+
+
 def register() -> None:
     """Register ``"pyptx"`` as an attention implementation (attention function:
     ``attention_forward``; mask function: ``attention_mask``). Idempotent."""
     tf = _transformers()
+    _masking_utils()
 
     from .nn import preload
 
