@@ -183,6 +183,7 @@ from pyptx_kernels import _common  # noqa: E402
 from pyptx_kernels.cross_entropy import host as ce_host  # noqa: E402
 from pyptx_kernels.cross_entropy import reference as ce_ref  # noqa: E402
 from pyptx_kernels.gemm import api as gemm_api  # noqa: E402
+from pyptx_kernels.gemm import host as gemm_host  # noqa: E402
 from pyptx_kernels.rows import api as rows_api  # noqa: E402
 
 BF, F32 = torch.bfloat16, torch.float32
@@ -191,6 +192,10 @@ BF, F32 = torch.bfloat16, torch.float32
 def _mm_model(a, b, bias, out):
     d = a.double() @ b.double()
     return (d if bias is None else d + bias.double()).to(_common.torch_dtype(out))
+
+
+def _mm_residual_model(a, b, residual, config=None):
+    return (a.double() @ b.double() + residual.double()).to(residual.dtype)
 
 
 def _add_rms_model(x, r, w, eps):
@@ -237,6 +242,7 @@ def models(monkeypatch):
     monkeypatch.setattr(_common, "check_devices", lambda *a: None)
     monkeypatch.setattr(gemm_api, "_mm", lambda a, b, bias, out, trans_b=False: _mm_model(
         a, b, bias, out))
+    monkeypatch.setattr(gemm_host, "_matmul_residual", _mm_residual_model)
     monkeypatch.setattr(rows_api, "_add_rms_norm", _add_rms_model)
     monkeypatch.setattr(rows_api, "_add_rms_norm_backward", _add_rms_grads)
     monkeypatch.setattr(rows_api, "_rope_kernel", _rope_model)
@@ -476,6 +482,7 @@ def simulated(monkeypatch):
     monkeypatch.setattr(_common, "check_devices", lambda *a: None)
     monkeypatch.setattr(gemm_api, "_mm", lambda a, b, bias, out, trans_b=False: _mm_model(
         a, b, bias, out))
+    monkeypatch.setattr(gemm_host, "_matmul_residual", _mm_residual_model)
     build, rope, ce = rows_api._build, rows_api._rope_kernel, ce_host._row_kernel
     monkeypatch.setattr(rows_api, "_build", lambda *a, **kw: _simulated(build(*a, **kw)))
     monkeypatch.setattr(rows_api, "_rope_kernel", lambda *a: _simulated(rope(*a)))

@@ -3,10 +3,18 @@ kernel's plan cache, and the gradients formed in the forward.
 
 Per chunk of ``C`` tokens: ``logits = x_c @ W.T (+ b)`` (the library's GEMM, in ``x``'s
 dtype), the row kernel (loss per token; the logits overwritten by their scaled gradient
-``g``), then ``grad_x_c = g @ W`` and ``grad_W += g.T @ x_c`` (each chunk's product in ``W``'s dtype,
-added in f32 across chunks),
-``grad_b += sum(g)``. Only one chunk's logits exist at a time. The scale (``1 / #valid``
-for ``"mean"``) is a device tensor: nothing waits on the GPU.
+``g``), then ``grad_x_c = g @ W``, ``grad_W += g.T @ x_c`` and ``grad_b += sum(g)``. Only
+one chunk's logits exist at a time. The scale (``1 / #valid`` for ``"mean"``) is a device
+tensor: nothing waits on the GPU.
+
+``grad_W`` over several chunks (``_weight_grad``) is summed in f32 without a pass of its
+own: the first chunk's GEMM writes its product in f32, each middle chunk's GEMM adds the
+running sum in its epilogue (``gemm.host._matmul_residual``: f32 in, f32 out), and the last
+chunk's product (in ``W``'s dtype) takes the f32 sum in one add that rounds to ``W``'s
+dtype. A middle chunk of a ``(V, H)`` gradient (multiples of 8) moves ``8VH`` bytes for
+it (``4VH`` the first, ``10VH`` the last) where a bf16 product added into a zeroed f32
+buffer moved ``12VH`` per chunk, plus ``4VH`` to zero it and ``6VH`` to convert it. A
+middle chunk holds two f32 sums (the launcher allocates the GEMM's output).
 """
 
 from __future__ import annotations
@@ -56,8 +64,7 @@ def forward(x, weight, target, bias, ignore_index, label_smoothing, z_loss, redu
     empty = lambda: x.new_empty((0,))  # noqa: E731
     several = T > chunk
     gx = (torch.empty_like(x) if several else None) if need_x else empty()
-    gw = (torch.zeros(weight.shape, dtype=torch.float32, device=x.device) if several
-          else None) if need_w else empty()
+    gw = None if need_w else empty()
     gb = torch.zeros(V, dtype=torch.float32, device=x.device) if need_b else empty()
     losses = []
     wt = weight.T
@@ -74,21 +81,37 @@ def forward(x, weight, target, bias, ignore_index, label_smoothing, z_loss, redu
                 else:
                     gx = gemm._mm(logits, weight, None, dt)
             if need_w:
-                part = gemm._mm(logits.T, xc, None, dtype_name(weight.dtype))
-                if several:   # the chunks' products added in f32
-                    gw += part
-                else:
-                    gw = part
-                del part
+                gw = _weight_grad(gemm, logits, xc, gw, start == 0, start + chunk >= T,
+                                  dtype_name(weight.dtype))
             if need_b:
                 gb += logits.sum(0, dtype=torch.float32)
             del logits
         total = (torch.cat(losses).sum() * scale[0]).float()
-    if need_w and several:
-        gw = gw.to(weight.dtype)
     if need_b:
         gb = gb.to(bias.dtype)
     return total, gx, gw, gb
+
+
+def _weight_grad(gemm, g, xc, acc, first, last, dt):
+    """The weight gradient after one chunk: ``g.T @ xc`` (``g (C, V)`` the chunk's logits'
+    gradient, ``xc (C, H)`` its tokens; ``g.T`` is read MN-major, no copy) plus ``acc``, the
+    f32 sum of the chunks before (None on the first). One chunk alone: the product in ``dt``;
+    the first of several: in f32; a middle one: f32, ``acc`` added in the GEMM's epilogue
+    (where ``V`` or ``H`` is not a multiple of 8 the GEMM would pad the sum and crop its
+    result, two more f32 passes: the product in ``dt`` added to ``acc`` instead);
+    the last: the product in ``dt`` with ``acc`` added in f32 and rounded once to ``dt``."""
+    from pyptx_kernels.gemm import host
+
+    if first and last:
+        return gemm._mm(g.T, xc, None, dt)
+    if first:
+        return gemm._mm(g.T, xc, None, "f32")
+    if not last:
+        if g.shape[1] % 8 == 0 and xc.shape[1] % 8 == 0:
+            return host._matmul_residual(g.T, xc, acc)
+        return acc.add_(gemm._mm(g.T, xc, None, dt))
+    part = gemm._mm(g.T, xc, None, dt)
+    return part.add_(acc)   # f32 sum, rounded to dt once, in the product's buffer
 
 
 __all__ = ["forward", "rows"]
