@@ -226,3 +226,18 @@ def test_chunk_loop_on_the_simulated_kernels(monkeypatch):
     assert [(k["out_dtype"], k.get("residual", False)) for k in dw] == [
         ("f32", False), ("f32", True), ("bf16", False)]
     _check_against_float64(x, w, target, loss, tol=2e-2)
+
+
+@pytest.mark.parametrize("out,residual", [("f32", False), ("f32", True)])
+def test_weight_gradient_gemms_assemble_without_spills(ptxas_path, out, residual):
+    """The first and middle chunks' GEMMs at 128256 x 2048 x 2048 (g.T MN-major, x_c
+    MN-major) on the plan a default call takes there."""
+    from pyptx.ptxas import check
+
+    M, N, K = 128256, 2048, 2048
+    plan, _ = gemm_host.PLANNER.choose({"M": M, "N": N, "K": K})
+    k = build_gemm(M, N, K, dtype="bf16", out_dtype=out, a_major="MN", b_major="MN",
+                   residual=residual, config=plan)
+    spec = k.specialize()
+    e = check(spec).entries[0]
+    assert e.spill_stores == e.spill_loads == e.stack == 0, (spec.name, e)
