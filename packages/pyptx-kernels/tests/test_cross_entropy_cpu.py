@@ -122,6 +122,16 @@ def test_weight_gradient_sum_call_sequence(recorded, T, chunk, V):
     _check_against_float64(x, w, target, loss)
 
 
+def test_middle_chunks_without_the_epilogue_sum(recorded, monkeypatch):
+    """``MIDDLE_IN_EPILOGUE = False``: the middle chunks' products in bf16, added by torch."""
+    monkeypatch.setattr(ce_host, "MIDDLE_IN_EPILOGUE", False)
+    x, w, target = _inputs(26, 16, 40)
+    loss = pk.linear_cross_entropy(x, w, target, config=CrossEntropyConfig(chunk_tokens=7))
+    dw = [(c[0], c[2]) for c in recorded if c[1][0] == 40]
+    assert dw == [("mm", "f32"), ("mm", "bf16"), ("mm", "bf16"), ("mm", "bf16")]
+    _check_against_float64(x, w, target, loss)
+
+
 def test_weight_gradient_sum_stays_f32(recorded):
     """Many chunks of one token each: the sum is f32 until the last add (a bf16 running sum
     would lose ~2**-9 of itself per chunk); the result is float64's rounded to bf16."""

@@ -23,6 +23,11 @@ import functools
 
 from pyptx_kernels._common import dtype_name
 
+MIDDLE_IN_EPILOGUE = True
+"""Whether a middle chunk's weight-gradient GEMM adds the f32 sum in its epilogue (False:
+its product in ``W``'s dtype, then added to the sum by torch: ``12VH`` bytes instead of
+``8VH``; kept to compare the two on a GPU)."""
+
 
 @functools.lru_cache(maxsize=128)
 def _row_kernel(T, V, dtype, ignore_index, label_smoothing, z_loss, grad, threads, unroll):
@@ -107,7 +112,7 @@ def _weight_grad(gemm, g, xc, acc, first, last, dt):
     if first:
         return gemm._mm(g.T, xc, None, "f32")
     if not last:
-        if g.shape[1] % 8 == 0 and xc.shape[1] % 8 == 0:
+        if MIDDLE_IN_EPILOGUE and g.shape[1] % 8 == 0 and xc.shape[1] % 8 == 0:
             return host._matmul_residual(g.T, xc, acc)
         return acc.add_(gemm._mm(g.T, xc, None, dt))
     part = gemm._mm(g.T, xc, None, dt)
