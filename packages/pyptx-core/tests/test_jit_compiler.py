@@ -105,3 +105,19 @@ def test_two_threads_assembling_one_ptx_run_ptxas_once(monkeypatch, tmp_path):
     for t in threads:
         t.join()
     assert calls == ["sm_90a"] and got == [b"cubin of ptx"] * 3
+
+
+def test_the_ptxas_release_is_kept_on_disk(monkeypatch, tmp_path):
+    exe = tmp_path / "ptxas"
+    exe.write_text("#!/bin/sh\n")
+    calls = []
+    monkeypatch.setattr(ptxas, "ptxas_version", lambda path: calls.append(path) or "13.0.88")
+    monkeypatch.setenv("PYPTX_CACHE_DIR", str(tmp_path / "cache"))
+    assert jit._version_of(ptxas, str(exe)) == "13.0.88"
+    assert jit._version_of(ptxas, str(exe)) == "13.0.88"   # a new process: no ptxas run
+    assert len(calls) == 1
+    exe.write_text("#!/bin/sh\n# another release\n")       # replaced: asked again
+    assert jit._version_of(ptxas, str(exe)) == "13.0.88"
+    assert len(calls) == 2
+    assert jit._version_of(ptxas, str(tmp_path / "missing")) == "13.0.88"
+    assert len(calls) == 3

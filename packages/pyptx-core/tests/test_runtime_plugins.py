@@ -66,7 +66,7 @@ ToyArray.__module__ = "toyfw"
 
 
 @pytest.fixture
-def toy_plugin(monkeypatch):
+def toy_plugin(monkeypatch, tmp_path):
     """Install ToyRuntime under the ``pyptx.runtimes`` entry-point group, as a distribution
     would, and start runtime discovery afresh (restored afterwards)."""
     plugin_module = types.ModuleType("toyfw_pyptx_plugin")
@@ -83,6 +83,7 @@ def toy_plugin(monkeypatch):
         return found
 
     monkeypatch.setattr(importlib.metadata, "entry_points", entry_points)
+    monkeypatch.setenv("PYPTX_CACHE_DIR", str(tmp_path))   # a fresh scan, not a kept one
     monkeypatch.setattr(runtimes, "_entry_points", None)
     monkeypatch.setattr(runtimes, "_loaded", {})
     monkeypatch.setattr(runtimes, "_by_module", {})
@@ -193,7 +194,7 @@ def test_import_pyptx_reads_no_entry_points():
     assert out == "False"
 
 
-def test_a_failed_entry_point_read_is_remembered(monkeypatch):
+def test_a_failed_entry_point_read_is_remembered(monkeypatch, tmp_path):
     calls = []
 
     def broken(**params):
@@ -201,6 +202,7 @@ def test_a_failed_entry_point_read_is_remembered(monkeypatch):
         raise RuntimeError("metadata exploded")
 
     monkeypatch.setattr(importlib.metadata, "entry_points", broken)
+    monkeypatch.setenv("PYPTX_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(runtimes, "_entry_points", None)
     monkeypatch.setattr(runtimes, "_discovery_error", None)
     monkeypatch.setattr(runtimes, "_loaded", {})
@@ -211,6 +213,35 @@ def test_a_failed_entry_point_read_is_remembered(monkeypatch):
     assert "metadata exploded" in runtimes.discovery_error()
     with pytest.raises(pyptx.RuntimeUnavailableError, match="metadata exploded"):
         runtimes.load("torch")
+
+
+def test_an_entry_point_scan_is_kept_on_disk(monkeypatch, tmp_path):
+    calls = []
+    real = importlib.metadata.entry_points
+
+    def counting(**params):
+        calls.append(params)
+        return real(**params)
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", counting)
+    monkeypatch.setenv("PYPTX_CACHE_DIR", str(tmp_path))
+    first = runtimes._read_entry_points()
+    assert len(calls) == 1 and list(tmp_path.glob("runtimes-*.entry_points.json"))
+    again = runtimes._read_entry_points()   # a new process: the kept scan, no metadata read
+    assert len(calls) == 1
+    assert {n: ep.value for n, ep in again.items()} == {n: ep.value for n, ep in first.items()}
+    assert all(ep.group == runtimes.GROUP for ep in again.values())
+    folder = tmp_path / "site"          # a sys.path folder changing (a distribution installed)
+    folder.mkdir()
+    monkeypatch.syspath_prepend(str(folder))
+    runtimes._read_entry_points()
+    assert len(calls) == 2
+    (folder / "x.dist-info").mkdir()
+    runtimes._read_entry_points()
+    assert len(calls) == 3
+    monkeypatch.setenv("PYPTX_CACHE_DIR", "off")
+    runtimes._read_entry_points()
+    assert len(calls) == 4
 
 
 def test_core_names_no_framework():

@@ -59,7 +59,6 @@ import inspect
 import json
 import math
 import os
-import statistics
 import sys
 import tempfile
 import threading
@@ -273,7 +272,7 @@ class TorchTimer:
                 kernel(*args, **kwargs)
                 e.record()
             torch.cuda.synchronize()
-            return 1e3 * statistics.median(s.elapsed_time(e) for s, e in events)
+            return 1e3 * _median(s.elapsed_time(e) for s, e in events)
 
 
 class JaxTimer:
@@ -306,7 +305,7 @@ class JaxTimer:
             t0 = time.perf_counter()
             jax.block_until_ready(kernel(*args, **kwargs))
             times.append(time.perf_counter() - t0)
-        return 1e6 * statistics.median(times)
+        return 1e6 * _median(times)
 
 
 #: timers of the runtime plugins this repository ships, by plugin name; a plugin may instead
@@ -697,7 +696,7 @@ class TunedKernel:
                 except PyptxError as e:
                     skipped.append((entry[2], f"launch failed: {_first_line(e)}"))
                     timed.remove(entry)
-        timed = [(statistics.median(t), i, cfg, k) for t, i, cfg, k in timed]
+        timed = [(_median(t), i, cfg, k) for t, i, cfg, k in timed]
         if not timed:
             why = "\n  ".join(f"{c.describe()}: {r}" for c, r in skipped)
             raise AutotuneError(f"{where()}: every config of {self.tuner.ident} was skipped for "
@@ -783,3 +782,11 @@ class _CallableModule(types.ModuleType):
 
 
 sys.modules[__name__].__class__ = _CallableModule
+
+
+def _median(values: Iterable[float]) -> float:
+    """``statistics.median`` (imported at the first timing: ``statistics`` and ``fractions``
+    cost ~2 ms to import, and a default call times nothing)."""
+    import statistics
+
+    return statistics.median(values)

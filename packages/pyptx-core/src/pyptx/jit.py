@@ -16,21 +16,21 @@ attention kernels to local memory (1.6x slower forward, 2.2x backward, H100).
 from __future__ import annotations
 
 import os
-import re
 import threading
 from typing import Any
 
 from . import cache, driver
+from ._lazyre import LazyRe
 from .errors import CompileError, LaunchError, ToolchainError
 from .source import Loc, fmt_loc
 
 __all__ = ["compile_ptx_to_cubin", "cubin_for", "load_cubin", "load_image", "compiler",
            "entry_name", "map_log"]
 
-_ENTRY = re.compile(r"\.entry\s+([A-Za-z_$][\w$]*)")
-_LINE = re.compile(r"line (\d+)")
+_ENTRY = LazyRe(r"\.entry\s+([A-Za-z_$][\w$]*)")
+_LINE = LazyRe(r"line (\d+)")
 _LOG_BYTES = 1 << 16
-_UNSUPPORTED_VERSION = re.compile(r"Unsupported \.version")
+_UNSUPPORTED_VERSION = LazyRe(r"Unsupported \.version")
 _compilers: dict[tuple[str | None, int], tuple[str, str] | None] = {}
 
 
@@ -93,7 +93,7 @@ def compiler() -> tuple[str, str] | None:
         exe = ptxas.find_ptxas()
         if exe is not None:
             try:
-                version = ptxas.ptxas_version(exe)
+                version = _version_of(ptxas, exe)
                 major, minor = (int(x) for x in version.split(".")[:2])
             except (ToolchainError, ValueError):
                 major = None
@@ -101,6 +101,32 @@ def compiler() -> tuple[str, str] | None:
                 found = (exe, version)
         _compilers[key] = found
     return _compilers[key]
+
+
+def _version_of(ptxas: Any, exe: str) -> str:
+    """``ptxas.ptxas_version(exe)``, kept in the disk cache under the executable's identity
+    (real path, size, modification time, inode), so a new process runs no ``ptxas --version``
+    (~5 ms) for a ptxas it has seen; a new or rebuilt ptxas is asked again."""
+    import hashlib
+
+    try:
+        real = os.path.realpath(exe)
+        st = os.stat(real)
+    except OSError:
+        return ptxas.ptxas_version(exe)
+    ident = f"{real}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ino}"
+    key = "ptxas-" + hashlib.sha256(ident.encode()).hexdigest()[:32]
+    raw = cache.load(key, ".version")
+    if raw:
+        try:
+            version = raw.decode()
+            if version.replace(".", "").isdigit():
+                return version
+        except UnicodeDecodeError:
+            pass
+    version = ptxas.ptxas_version(exe)
+    cache.store(key, version.encode(), ".version")
+    return version
 
 
 def machine_arch(arch: str) -> str:

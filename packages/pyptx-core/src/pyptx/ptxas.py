@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from ._lazyre import LazyRe
 from .errors import CompileError, ToolchainError
 from .source import Loc, fmt_loc
 
@@ -35,18 +36,18 @@ _CUDA_ROOTS = ("CUDA_HOME", "CUDA_PATH")
 _DEFAULT_CUDA = "/usr/local/cuda"
 _WHEEL_BIN = os.path.join("cu13", "bin", "ptxas")
 
-_COMPILING = re.compile(r"Compiling entry function '([^']+)' for '([^']+)'")
-_PROPERTIES = re.compile(r"Function properties for (\S+)")
-_FRAME = re.compile(
+_COMPILING = LazyRe(r"Compiling entry function '([^']+)' for '([^']+)'")
+_PROPERTIES = LazyRe(r"Function properties for (\S+)")
+_FRAME = LazyRe(
     r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
-_USED = re.compile(r"Used (\d+) registers")
-_BARRIERS = re.compile(r"used (\d+) barriers")
-_SMEM = re.compile(r"(\d+) bytes smem")
-_CMEM = re.compile(r"(\d+) bytes cmem\[(\d+)\]")
-_LINE_MSG = re.compile(r"^ptxas (.+?), line (\d+); (error|warning)\s*: (.*)$")
-_PLAIN_MSG = re.compile(r"^ptxas (fatal|error|warning)\s*: (.*)$")
-_WARNING = re.compile(r"^ptxas\b.*\bwarning\s*:")
-_ENTRY = re.compile(r"\.entry\s+([\w$]+)")
+_USED = LazyRe(r"Used (\d+) registers")
+_BARRIERS = LazyRe(r"used (\d+) barriers")
+_SMEM = LazyRe(r"(\d+) bytes smem")
+_CMEM = LazyRe(r"(\d+) bytes cmem\[(\d+)\]")
+_LINE_MSG = LazyRe(r"^ptxas (.+?), line (\d+); (error|warning)\s*: (.*)$")
+_PLAIN_MSG = LazyRe(r"^ptxas (fatal|error|warning)\s*: (.*)$")
+_WARNING = LazyRe(r"^ptxas\b.*\bwarning\s*:")
+_ENTRY = LazyRe(r"\.entry\s+([\w$]+)")
 _ABORTED = "Ptx assembly aborted due to errors"
 
 
@@ -217,8 +218,8 @@ def _rejection(log: str, ptx_lines: list[str], locs: Sequence[Loc | None] | None
     return CompileError(f"ptxas rejected the PTX of {names} for {arch}:\n" + "\n".join(items))
 
 
-_OPTION_PROBLEM = re.compile(r"ptxas fatal\s*:\s*(Unknown option[^\n]*|Value [^\n]* is not "
-                             r"defined for option[^\n]*)")
+_OPTION_PROBLEM = LazyRe(r"ptxas fatal\s*:\s*(Unknown option[^\n]*|Value [^\n]* is not "
+                         r"defined for option[^\n]*)")
 
 
 def _require_working(exe: str, returncode: int, log: str) -> None:

@@ -4,7 +4,10 @@ Core names no framework. Each plugin object says which arrays it owns: its
 ``modules`` attribute lists the top-level modules whose types it may own (a
 cheap test that imports nothing), and ``owns(value)`` gives the final answer.
 Entry points are read once, lazily (``importlib.metadata`` is never imported
-by ``import pyptx``); a failed read is remembered, not retried.
+by ``import pyptx``); a failed read is remembered, not retried. A scan is kept in
+the disk cache (``pyptx.cache``) under the ``sys.path`` folders and their
+modification times, so a new process reads one small file instead of every
+installed distribution's metadata.
 
 A plugin object has ``name``, ``modules``, ``owns(value) -> bool`` and
 ``launch(kernel, args, kwargs)``. It may also have:
@@ -59,13 +62,56 @@ def available() -> dict[str, Any]:
     global _entry_points, _discovery_error
     if _entry_points is None:
         try:
-            from importlib.metadata import entry_points
-
-            _entry_points = {ep.name: ep for ep in entry_points(group=GROUP)}
+            _entry_points = _read_entry_points()
         except Exception as e:  # a broken environment must not break tracing
             _discovery_error = f"reading the {GROUP} entry points failed: {type(e).__name__}: {e}"
             _entry_points = {}
     return _entry_points
+
+
+_SCAN_SUFFIX = ".entry_points.json"
+
+
+def _scan() -> dict[str, Any]:
+    from importlib.metadata import entry_points
+
+    return {ep.name: ep for ep in entry_points(group=GROUP)}
+
+
+def _read_entry_points() -> dict[str, Any]:
+    """The group's entry points: from the disk cache (``pyptx.cache``) when a scan of the same
+    ``sys.path`` (each folder's path and modification time: installing or removing a
+    distribution changes its folder's) is kept there, else scanned (~3 ms) and kept."""
+    import hashlib
+    import json
+    import os
+    import sys
+
+    from . import cache
+
+    if cache.cache_dir() is None:
+        return _scan()
+    parts = [GROUP, sys.version]
+    for p in sys.path:
+        try:
+            mtime = os.stat(p or ".").st_mtime_ns
+        except OSError:
+            mtime = -1
+        parts.append(f"{os.path.abspath(p or '.')}:{mtime}")
+    key = "runtimes-" + hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
+    raw = cache.load(key, _SCAN_SUFFIX)
+    if raw is not None:
+        try:
+            from importlib.metadata import EntryPoint
+
+            return {name: EntryPoint(name=name, value=value, group=GROUP)
+                    for name, value in json.loads(raw)}
+        except (ValueError, TypeError):
+            pass  # a torn or foreign file: scan again
+    found = _scan()
+    cache.store(key, json.dumps([[n, ep.value] for n, ep in found.items()]).encode(),
+                _SCAN_SUFFIX)
+    return found
 
 
 def discovery_error() -> str | None:

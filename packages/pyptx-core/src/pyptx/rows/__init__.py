@@ -36,44 +36,38 @@ forward kernels and ``MAX_N_BWD`` (8192) for the backward ones, f32 or bf16 stor
 with f32 arithmetic. Tensors must be contiguous and their base addresses 16-byte
 aligned (fresh torch/jax allocations are 256-byte aligned).
 
-``import pyptx`` does not import this package; ``import pyptx.rows`` does.
+``import pyptx`` does not import this package; ``import pyptx.rows`` imports none of its
+modules: each name is loaded at its first use.
 """
 
-from .access import (
-    KEEP,
-    L2_PRIORITIES,
-    PINNED,
-    STREAM,
-    Hints,
-    l2_policy,
-    load_raw_vec,
-    load_vec,
-    store_vec,
-    unpack,
-)
-from .arith import LOG2E, NEG_INF, dot, mul_all, rsqrt, rstd, tree
-from .backward import TwoStage, build_colsum, build_norm_backward
-from .loop import row_groups, row_loop
-from .pdl import cta_slice, entry, prefetch_cta_slice
-from .plan import (
-    MAX_N,
-    MAX_N_BWD,
-    WARP,
-    RowPlan,
-    bwd_ctas,
-    dtype_of,
-    persistent_ctas,
-    persistent_plan,
-    plan_rows,
-    reg_cap,
-)
-from .ring import MAX_RING_BYTES, Ring, ring_plan, ring_reg_cap
-from .view import Rows
+_EXPORTS = {
+    "KEEP": "access", "L2_PRIORITIES": "access", "PINNED": "access", "STREAM": "access",
+    "Hints": "access", "l2_policy": "access", "load_raw_vec": "access", "load_vec": "access",
+    "store_vec": "access", "unpack": "access", "LOG2E": "arith", "NEG_INF": "arith",
+    "dot": "arith", "mul_all": "arith", "rsqrt": "arith", "rstd": "arith", "tree": "arith",
+    "TwoStage": "backward", "build_colsum": "backward", "build_norm_backward": "backward",
+    "row_groups": "loop", "row_loop": "loop", "cta_slice": "pdl", "entry": "pdl",
+    "prefetch_cta_slice": "pdl", "MAX_N": "plan", "MAX_N_BWD": "plan", "WARP": "plan",
+    "RowPlan": "plan", "bwd_ctas": "plan", "dtype_of": "plan", "persistent_ctas": "plan",
+    "persistent_plan": "plan", "plan_rows": "plan", "reg_cap": "plan", "MAX_RING_BYTES": "ring",
+    "Ring": "ring", "ring_plan": "ring", "ring_reg_cap": "ring", "Rows": "view",
+}
+"""Each public name -> the submodule that defines it (imported at the name's first use)."""
 
-__all__ = [
-    "KEEP", "L2_PRIORITIES", "PINNED", "STREAM", "Hints", "l2_policy", "load_raw_vec", "load_vec",
-    "store_vec", "unpack", "LOG2E", "NEG_INF", "dot", "mul_all", "rsqrt", "rstd", "tree",
-    "TwoStage", "build_colsum", "build_norm_backward", "row_loop", "row_groups", "cta_slice", "entry", "prefetch_cta_slice", "MAX_N",
-    "MAX_N_BWD", "WARP", "RowPlan", "bwd_ctas", "dtype_of", "persistent_ctas", "persistent_plan",
-    "plan_rows", "reg_cap", "MAX_RING_BYTES", "Ring", "ring_plan", "ring_reg_cap", "Rows",
-]
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name):
+    mod = _EXPORTS.get(name)
+    if mod is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"{__name__}.{mod}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))
