@@ -62,3 +62,29 @@ def test_reuse_refuses_a_visibly_different_kernel():
         scale_rows(2000, tma=True)[0].reuse(like, {"rows": 2000})
     with pytest.raises(ConfigError, match=r"no scalar parameter bogus \(it has rows\)"):
         scale_rows(2000)[0].reuse(like, {"bogus": 1})
+
+
+def test_code_round_trips_through_json_with_its_line_maps():
+    import json
+
+    from pyptx.kernel import Specialization
+
+    first, _ = scale_rows(1000)
+    like = first.specialize()
+    data = json.loads(json.dumps(like.code()))
+    assert isinstance(data["locs"], dict) and isinstance(data["locs"]["lines"], str)
+    back = Specialization.from_code(data)
+
+    def plain(spec, lineinfo=False):
+        text, locs = spec.emit(lineinfo)
+        return text, [tuple(x) if x else None for x in locs]
+
+    for lineinfo in (False, True):
+        assert plain(back, lineinfo) == plain(like, lineinfo)
+    assert any(plain(back)[1])   # the body's lines map to this file
+    old = dict(data, locs=[list(x) if x else None for x in plain(like)[1]],
+               locs_lineinfo=[list(x) if x else None for x in plain(like, True)[1]])
+    assert plain(Specialization.from_code(old)) == plain(like)   # a file of the older form
+    second, traced = scale_rows(3000)
+    second.reuse(back, {"rows": 3000})
+    assert traced == [] and second.specialize().ptx() == like.ptx()

@@ -92,7 +92,7 @@ class Specialization:
         if hit is None:
             hit = self._text[lineinfo] = emit(self.module, lineinfo)
         elif type(hit[1]) is _JsonLocs:   # from ``from_code``: the map is made when first read
-            hit = self._text[lineinfo] = (hit[0], [tuple(x) if x else None for x in hit[1].raw])
+            hit = self._text[lineinfo] = (hit[0], hit[1].locs())
         return hit
 
     @property
@@ -103,14 +103,12 @@ class Specialization:
     def code(self) -> dict[str, Any]:
         """What ``Kernel.reuse`` takes of this specialization, as plain JSON-able data: the PTX
         (with and without line info, and the line map), the entry, the scalar parameters and
-        the launch shape the code fixes. ``from_code`` makes a stand-in of it."""
+        the launch shape the code fixes. ``from_code`` makes a stand-in of it. A line map is
+        kept compact (``{"files": [...], "n": lines, "lines": "i:line,,i:line"}``: a file table and one
+        string, ~15x smaller than a list per PTX line, so reading it back is cheap)."""
         (text, locs), (text_li, locs_li) = self.emit(False), self.emit(True)
-
-        def plain(ls):
-            return [list(x) if x else None for x in ls]
-
-        return {"ptx": text, "locs": plain(locs), "ptx_lineinfo": text_li,
-                "locs_lineinfo": plain(locs_li), "entry": self.name,
+        return {"ptx": text, "locs": _compact_locs(locs), "ptx_lineinfo": text_li,
+                "locs_lineinfo": _compact_locs(locs_li), "entry": self.name,
                 "version": self.module.version, "arch": self.arch,
                 "scalars": [[n, t.name, v] for n, t, v in self.scalar_params],
                 "block": list(self.block), "cluster": list(self.cluster), "smem": self.smem,
@@ -135,15 +133,43 @@ class Specialization:
                    True: (data["ptx_lineinfo"], _JsonLocs(data["locs_lineinfo"]))})
 
 
+def _compact_locs(locs: Sequence[Loc | None]) -> dict[str, Any]:
+    """``code()``'s form of a line map: the files, and ``"<file index>:<line>"`` per PTX line
+    (empty for a line with no Python place), comma-separated."""
+    files: dict[str, int] = {}
+    parts = []
+    for loc in locs:
+        if loc:
+            path, line = loc
+            parts.append(f"{files.setdefault(path, len(files))}:{line}")
+        else:
+            parts.append("")
+    return {"files": list(files), "n": len(parts), "lines": ",".join(parts)}
+
+
 class _JsonLocs:
-    """A line map as ``code()`` gives it (``[file, line]`` lists), not yet made ``Loc``s:
-    ``Specialization.emit`` converts it when first read (a launch from a disk cache reads only
-    the PTX)."""
+    """A line map as ``code()`` gives it (compact, or a list of ``[file, line]`` from older
+    files), not yet made ``Loc``s: ``Specialization.emit`` converts it when first read (a
+    launch from a disk cache reads only the PTX)."""
 
     __slots__ = ("raw",)
 
-    def __init__(self, raw: list) -> None:
+    def __init__(self, raw: Any) -> None:
         self.raw = raw
+
+    def locs(self) -> list[Any]:
+        raw = self.raw
+        if isinstance(raw, dict):
+            files = raw["files"]
+            out: list[Any] = []
+            for part in raw["lines"].split(",") if raw["n"] else ():
+                if part:
+                    i, _, line = part.partition(":")
+                    out.append((files[int(i)], int(line)))
+                else:
+                    out.append(None)
+            return out
+        return [tuple(x) if x else None for x in raw]
 
 
 def _three(value: Any, what: str, origin: str) -> tuple[int, int, int]:
