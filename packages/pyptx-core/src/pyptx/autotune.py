@@ -65,10 +65,10 @@ import threading
 import time
 import types
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from ._dataclass import dataclass
 from .errors import ConfigError, PyptxError, ToolchainError
 from .source import where
 

@@ -6,9 +6,10 @@ checking happens when a statement is built, so printing is a join.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
+from ._dataclass import dataclass
 from .source import resolve
 from .types import PtxType
 

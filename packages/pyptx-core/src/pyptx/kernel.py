@@ -15,9 +15,10 @@ import re
 import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
+from ._dataclass import dataclass
 from .arch import AUTO, DEFAULT_ARCH
 from .emit import emit
 from .errors import ConfigError, PyptxError, SpecError, TraceError

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
+from ._dataclass import dataclass
 from .errors import LaunchError, RuntimeUnavailableError, ShapeError, SpecError
 from .source import where
 from .types import PtxType, from_name, numpy_name

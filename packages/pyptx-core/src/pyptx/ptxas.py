@@ -16,7 +16,6 @@ import subprocess
 import sysconfig
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ._lazyre import LazyRe
@@ -24,6 +23,7 @@ from .errors import CompileError, ToolchainError
 from .source import Loc, fmt_loc
 
 if TYPE_CHECKING:
+    from ._ptxas_report import EntryResources, PtxasReport
     from .kernel import Specialization
 
 __all__ = ["EntryResources", "PtxasReport", "find_ptxas", "ptxas_version", "assemble", "check",
@@ -51,41 +51,10 @@ _ENTRY = LazyRe(r"\.entry\s+([\w$]+)")
 _ABORTED = "Ptx assembly aborted due to errors"
 
 
-@dataclass(frozen=True)
-class EntryResources:
-    """What ptxas allocated for one ``.entry``; sizes in bytes.
+def _report():
+    from . import _ptxas_report
 
-    ``cmem`` maps constant bank -> bytes where ptxas reports it (older releases do).
-    """
-
-    name: str
-    arch: str
-    registers: int
-    barriers: int
-    smem: int
-    stack: int
-    spill_stores: int
-    spill_loads: int
-    cmem: dict[int, int] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class PtxasReport:
-    """Result of one successful ``ptxas -v`` run."""
-
-    arch: str
-    entries: tuple[EntryResources, ...]
-    warnings: tuple[str, ...]
-    log: str
-    cubin: bytes
-    ptxas: str
-
-    def entry(self, name: str) -> EntryResources:
-        """The resources of entry ``name``."""
-        for e in self.entries:
-            if e.name == name:
-                return e
-        raise KeyError(f"no entry {name!r}; entries: {', '.join(e.name for e in self.entries)}")
+    return _ptxas_report
 
 
 def _executable(path: str | None) -> str | None:
@@ -189,7 +158,7 @@ def parse_resources(log: str) -> tuple[EntryResources, ...]:
     out = []
     for name, e in entries.items():
         stack, stores, loads = frames.get(name, (0, 0, 0))
-        out.append(EntryResources(
+        out.append(_report().EntryResources(
             name=name, arch=e["arch"], registers=e.get("registers", 0),
             barriers=e.get("barriers", 0), smem=e.get("smem", 0), stack=stack,
             spill_stores=stores, spill_loads=loads, cmem=e.get("cmem", {}),
@@ -271,7 +240,7 @@ def assemble(ptx: str, arch: str, *, locs: Sequence[Loc | None] | None = None,
                 f"output: {log.strip()[:200]!r}"
             )
     warnings = tuple(ln for ln in log.splitlines() if _WARNING.match(ln))
-    return PtxasReport(arch=arch, entries=parse_resources(log), warnings=warnings, log=log,
+    return _report().PtxasReport(arch=arch, entries=parse_resources(log), warnings=warnings, log=log,
                        cubin=cubin, ptxas=exe)
 
 
@@ -280,3 +249,13 @@ def check(spec: Specialization, *, lineinfo: bool = False,
     """Assemble one specialization for its kernel's arch, mapping errors to Python lines."""
     text, locs = spec.emit(lineinfo)
     return assemble(text, spec.arch, locs=locs, extra_args=extra_args)
+
+
+def __getattr__(name: str):
+    # The report classes are made at their first use: a process that only finds ptxas and
+    # reads its release (a launch from the disk cache) creates no dataclass for them.
+    if name in ("EntryResources", "PtxasReport"):
+        from . import _ptxas_report
+
+        return getattr(_ptxas_report, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

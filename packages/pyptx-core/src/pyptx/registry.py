@@ -19,8 +19,10 @@ import hashlib
 import itertools
 import threading
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
+
+from ._dataclass import dataclass
 
 __all__ = ["CubinRecord", "CubinRegistry", "get_cubin_registry", "record_for", "content_key",
            "handle_of_key", "persist", "find_record"]

@@ -16,10 +16,11 @@ from __future__ import annotations
 import ctypes
 import enum
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from . import driver
+from ._dataclass import dataclass
 from .errors import RuntimeUnavailableError, TmaError
 from .source import where
 from .specs import Layout

@@ -24,7 +24,6 @@ and their size keys are shared with the other ops' plans: ``"matmul"`` (M, N, K)
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import re
@@ -32,6 +31,8 @@ import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+
+from pyptx._dataclass import dataclass
 
 TABLES = Path(__file__).with_name("tuning")
 """Where the shipped tables live (package data)."""
@@ -128,7 +129,7 @@ def lookup(op: str, sizes: Mapping[str, Any], device: str | None = None) -> str 
     return plan if isinstance(plan, str) else None
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclass(frozen=True)
 class Planner:
     """An op's choice without timing, as a ``pyptx.autotune`` ``default=`` plan: the table's
     plan for the call's bucket, else ``heuristic``'s.

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from pyptx import plan as _plan
+from pyptx._dataclass import dataclass
 from pyptx.errors import LaunchError, SpecError
 from pyptx.launch import check_registered_geometry, shim
 from pyptx.plan import ArgInfo, PlanCache, bind, launch_plan, ordinal_of

@@ -16,10 +16,10 @@ bundles the ones a row kernel sets once for all its streamed accesses.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Any
 
 from .. import ptx, reg
+from .._dataclass import dataclass
 from ..errors import ConfigError
 from ..imm import bf16_bits
 from ..source import where

@@ -12,9 +12,9 @@ over rows), ``reg_cap``/``bwd_ctas`` the backward ones.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
+from .._dataclass import dataclass
 from ..errors import ConfigError, SpecError
 from ..source import where
 from ..types import PtxType, bf16, f32, from_name

@@ -7,6 +7,7 @@ import dataclasses
 import sys
 from collections.abc import Mapping
 
+from pyptx._dataclass import dataclass
 from pyptx.errors import ConfigError
 from pyptx_kernels._common import where
 
@@ -33,7 +34,7 @@ def _user_line():
     return where()
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclass(frozen=True)
 class GemmConfig:
     """One valid tile and schedule plan of ``build_gemm``; an invalid combination raises
     ``ConfigError`` at construction, naming the caller's line.

@@ -7,8 +7,8 @@ line that made it, so a builder given a plan only checks the problem (shapes, dt
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 
+from pyptx._dataclass import dataclass
 from pyptx.errors import ConfigError
 from pyptx_kernels._common import where
 
