@@ -316,6 +316,18 @@ def test_a_persisted_record_is_found_by_hash_and_handle_in_a_fresh_process(tmp_p
         assert out == want
 
 
+def test_a_record_is_written_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYPTX_CACHE_DIR", str(tmp_path))
+    rec = registry.record_for(build_tma_with_scalar().specialize(M=64, N=512))
+    assert registry.persist(rec)
+    (path,) = tmp_path.glob("*.record.json")
+    before = path.stat().st_mtime_ns, path.read_bytes()
+    path.touch()
+    stamped = path.stat().st_mtime_ns
+    assert registry.persist(rec)   # a later first load (another process): the file is kept
+    assert path.stat().st_mtime_ns == stamped and path.read_bytes() == before[1]
+
+
 def test_a_record_file_that_does_not_hash_to_its_name_is_ignored(tmp_path, monkeypatch):
     import json
 

@@ -324,14 +324,18 @@ def _tma_to_json(params: Any) -> dict[str, Any]:
 
 
 def persist(rec: CubinRecord) -> bool:
-    """Write ``rec`` (not its cubin) to the disk cache under its hash; False if the cache is
-    off or the disk refuses. Only records of specializations (with a key) are written."""
+    """Write ``rec`` (not its cubin) to the disk cache under its hash, unless a file is there
+    already; False if the cache is off or the disk refuses. Only records of specializations
+    (with a key) are written."""
     import json
 
     from . import cache
 
     if not rec.key:
         return False
+    folder = cache.cache_dir()
+    if folder is not None and (folder / f"{_file_key(rec.key)}{_RECORD_SUFFIX}").is_file():
+        return True   # written by an earlier load (here or in another process): same content
     doc = {
         "key": rec.key, "name": rec.kernel_name, "arch": rec.arch, "ptx": rec.ptx_source,
         "grid": rec.grid, "block": rec.block, "cluster": rec.cluster, "smem": rec.smem_bytes,
