@@ -118,6 +118,21 @@ def symbolic(x) -> bool:
 def check_devices(who: str, *xs) -> None:
     """Raise ``ConfigError`` unless the torch tensors ``xs`` (None skipped) are all on one CUDA
     device; meta, fake and traced tensors pass (nothing launches on them)."""
+    torch = sys.modules.get("torch")
+    if torch is not None:   # the common case first: CUDA tensors of one device
+        index, Tensor = None, torch.Tensor
+        for x in xs:
+            if x is None:
+                continue
+            if not (isinstance(x, Tensor) and x.is_cuda):
+                break
+            i = x.get_device()
+            if index is None:
+                index = i
+            elif i != index:
+                break
+        else:
+            return
     from pyptx.errors import ConfigError
 
     xs = [x for x in xs if x is not None and framework(x) == "torch"]
@@ -236,7 +251,8 @@ def register_eager(name: str, impl, backward=None, setup_context=None) -> None:
 
 
 EAGER_DEVICES = ("cuda",)
-"""Device types whose tensors ``call_op`` hands to an op's implementation directly."""
+"""Device types whose tensors ``call_op`` hands to an op's implementation directly (CUDA
+tensors always)."""
 
 _EAGER: dict = {}
 """name -> (impl, ``torch.autograd.Function`` of its registered autograd or None): what
@@ -277,10 +293,11 @@ def call_op(name: str, *args):
         entry = _EAGER.get(name)
         if entry is not None:
             grad, plain = False, True
+            Tensor, Parameter = torch.Tensor, torch.nn.Parameter
             for a in args:
-                if isinstance(a, torch.Tensor):
-                    if (type(a) is not torch.Tensor and type(a) is not torch.nn.Parameter
-                            or a.device.type not in EAGER_DEVICES):
+                if isinstance(a, Tensor):
+                    if (type(a) is not Tensor and type(a) is not Parameter
+                            or not a.is_cuda and a.device.type not in EAGER_DEVICES):
                         plain = False
                         break
                     grad = grad or a.requires_grad

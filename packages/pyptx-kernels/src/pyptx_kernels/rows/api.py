@@ -20,9 +20,31 @@ MAX_N = 32768       # the forward kernels' longest row (pyptx.rows.MAX_N)
 MAX_N_BWD = 8192    # the norms' backward kernels' (pyptx.rows.MAX_N_BWD)
 
 
+def _fast_dtype(x, others, max_n):
+    """``"f32"``/``"bf16"`` when ``x (..., N)`` with ``1 <= N <= max_n`` and ``others`` (None
+    skipped) are CUDA torch tensors of one device and dtype, f32 or bf16; else None (the full
+    checks decide)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(x, torch.Tensor) or not x.is_cuda:
+        return None
+    dtype, shape = x.dtype, x.shape
+    dt = "bf16" if dtype is torch.bfloat16 else "f32" if dtype is torch.float32 else None
+    if dt is None or not shape or not 1 <= shape[-1] <= max_n:
+        return None
+    index, Tensor = x.get_device(), torch.Tensor
+    for o in others:
+        if o is not None and not (isinstance(o, Tensor) and o.dtype is dtype and o.is_cuda
+                                  and o.get_device() == index):
+            return None
+    return dt
+
+
 def _check_x(who, x, *others, launch=True, grad=None):
     """Validate ``x (..., N)`` f32/bf16 and same-dtype ``others`` (None skipped); return the
     dtype name. ``grad``: the inputs whose gradient the norms' backward kernels would take."""
+    dt = _fast_dtype(x, others, MAX_N if grad is None else MAX_N_BWD)
+    if dt is not None:
+        return dt
     if len(x.shape) < 1 or x.shape[-1] < 1:
         raise fail(ShapeError, who, f"x must have shape (..., N) with N >= 1, got {tuple(x.shape)}")
     dt = dtype_name(x.dtype)
@@ -48,7 +70,7 @@ def _check_x(who, x, *others, launch=True, grad=None):
 
 
 def _check_weight(who, w, N, what="weight"):
-    if w is not None and tuple(w.shape) != (N,):
+    if w is not None and w.shape != (N,):
         raise fail(ShapeError, who, f"{what} must have shape ({N},), got {tuple(w.shape)}")
 
 
@@ -72,14 +94,14 @@ def _check_softmax(x, dim, launch=True):
 
 
 def _check_swiglu(gate, up, launch=True):
-    if tuple(gate.shape) != tuple(up.shape):
+    if gate.shape != up.shape:
         raise fail(ShapeError, "swiglu", f"gate and up must have the same shape, got "
                    f"{tuple(gate.shape)} and {tuple(up.shape)}")
     return _check_x("swiglu", gate, up, launch=launch)
 
 
 def _check_add_rms_norm(x, residual, weight, eps, launch=True):
-    if tuple(x.shape) != tuple(residual.shape):
+    if x.shape != residual.shape:
         raise fail(ShapeError, "add_rms_norm", f"x and residual must have the same shape, got "
                    f"{tuple(x.shape)} and {tuple(residual.shape)}")
     _check_weight("add_rms_norm", weight, x.shape[-1] if len(x.shape) else 0)
@@ -96,24 +118,31 @@ def _check_rotary(q, k, cos, sin, layout, launch=True):
         raise fail(ShapeError, who, f"q and k must be 4-D ({layout}), got {tuple(q.shape)} and "
                    f"{tuple(k.shape)}")
     s_dim = 2 if layout == "bhsd" else 1
-    B, S, D = q.shape[0], q.shape[s_dim], q.shape[3]
-    if (k.shape[0], k.shape[s_dim], k.shape[3]) != (B, S, D):
+    qs, ks = q.shape, k.shape
+    B, S, D = qs[0], qs[s_dim], qs[3]
+    if ks[0] != B or ks[s_dim] != S or ks[3] != D:
         raise fail(ShapeError, who, f"k must share q's batch, sequence and head dims ({layout}), "
                    f"got q {tuple(q.shape)} and k {tuple(k.shape)}")
     if D % 2 or D > 1024:
         raise fail(ShapeError, who, f"the head dimension must be even and at most 1024, got {D}")
     for name, t in (("cos", cos), ("sin", sin)):
-        ok = tuple(t.shape) == (S, D) or (len(t.shape) == 3 and tuple(t.shape[1:]) == (S, D)
-                                          and t.shape[0] in (1, B))
+        ts = t.shape
+        ok = (len(ts) == 3 and ts[1] == S and ts[2] == D and (ts[0] == 1 or ts[0] == B)
+              or len(ts) == 2 and ts[0] == S and ts[1] == D)
         if not ok:
             raise fail(ShapeError, who, f"{name} must have shape ({S}, {D}) or (B or 1, {S}, "
                        f"{D}), got {tuple(t.shape)}")
     _check_x(who, q, k, cos, sin, launch=launch)
-    if layout == "bhsd" and not q.is_contiguous() and q.transpose(1, 2).is_contiguous():
-        return "bshd"
-    if layout == "bshd" and not q.is_contiguous() and q.transpose(1, 2).is_contiguous():
-        return "bhsd"
-    return layout
+
+
+def _memory(q, k, layout):
+    """``(mem, q, k)``: the layout ``q`` lies in memory (``layout``, or the other one when
+    ``q`` is its dense transpose) and ``q``/``k`` seen in it."""
+    if framework(q) == "torch" and not q.is_contiguous():
+        qt = q.transpose(1, 2)
+        if qt.is_contiguous():
+            return ("bshd" if layout == "bhsd" else "bhsd"), qt, k.transpose(1, 2)
+    return layout, q, k
 
 
 # ----------------------------------------------------------------------------- public
@@ -144,6 +173,8 @@ def swiglu(gate, up):
     """``silu(gate) * up`` of two same-shape float32/bfloat16 arrays. torch:
     ``torch.ops.pyptx.swiglu``, differentiable in both."""
     _check_swiglu(gate, up)
+    if len(gate.shape) == 2:   # rows already
+        return _op("swiglu", gate, up)
     u2 = _common.rows_of(up)[0]
     return _rows(gate, lambda g2: _op("swiglu", g2, u2))
 
@@ -156,6 +187,8 @@ def add_rms_norm(x, residual, weight, eps=1e-6):
     torch: ``torch.ops.pyptx.add_rms_norm``, differentiable in all three (N <= 8192): one
     backward kernel takes the gradients of both outputs."""
     _check_add_rms_norm(x, residual, weight, eps)
+    if len(x.shape) == 2:   # rows already
+        return _op("add_rms_norm", x, residual, weight, float(eps))
     r2 = _common.rows_of(residual)[0]
     y, h = _op("add_rms_norm", _common.rows_of(x)[0], r2, weight, float(eps))
     return y.reshape(x.shape), h.reshape(x.shape)
@@ -171,13 +204,12 @@ def apply_rotary(q, k, cos, sin, *, layout="bhsd"):
     ``view(B, S, H, D).transpose(1, 2)``) is read where it lies, and the result has its
     strides. torch: ``torch.ops.pyptx.rotary``, differentiable in ``q`` and ``k`` (the
     backward is the transposed rotation, the same kernel)."""
-    mem = _check_rotary(q, k, cos, sin, layout)
-    swap = mem != layout
-    qm, km = (q.transpose(1, 2), k.transpose(1, 2)) if swap else (q, k)
-    c2, s2 = (t.reshape(-1, t.shape[-2], t.shape[-1]) for t in (cos, sin))
-    qo, ko = _op("rotary", qm.contiguous(), km.contiguous(), c2.contiguous(), s2.contiguous(),
-                 mem, False)
-    return (qo.transpose(1, 2), ko.transpose(1, 2)) if swap else (qo, ko)
+    _check_rotary(q, k, cos, sin, layout)
+    mem, qm, km = _memory(q, k, layout)
+    if len(cos.shape) == 2:
+        cos, sin = cos[None], sin[None]
+    qo, ko = _op("rotary", qm, km, cos, sin, mem, False)
+    return (qo.transpose(1, 2), ko.transpose(1, 2)) if mem != layout else (qo, ko)
 
 
 def _rows(x, run):
@@ -261,8 +293,10 @@ def _softmax(x):
 
 
 def _swiglu(gate, up):
-    with _no_grad():
-        return _kernel("swiglu", "build_swiglu", gate)(*_dense(gate, up))
+    k = _kernel("swiglu", "build_swiglu", gate)
+    if framework(gate) == "torch":   # outputs are fresh tensors: no autograd to turn off
+        return k(gate.contiguous(), up.contiguous())
+    return k(gate, up)
 
 
 def _zeros_like(w):
@@ -273,18 +307,23 @@ def _zeros_like(w):
     return jnp.zeros_like(w)
 
 
+def _outs(out):
+    return out if type(out) is tuple else tuple(out)
+
+
 def _add_rms_norm(x, residual, weight, eps):
-    with _no_grad():
-        return tuple(_kernel("add_rms_norm", "build_add_rms_norm", x, eps)(
-            *_dense(x, residual, weight)))
+    k = _kernel("add_rms_norm", "build_add_rms_norm", x, eps)
+    if framework(x) == "torch":
+        return _outs(k(x.contiguous(), residual.contiguous(), weight.contiguous()))
+    return _outs(k(x, residual, weight))
 
 
 def _add_rms_norm_backward(grad_y, grad_h, h, weight, eps):
     """``(dx, dweight)``: the ``build_add_rms_norm_bwd`` kernels; ``dx`` is also the
     residual's gradient."""
-    with _no_grad():
-        k = _kernel("add_rms_norm", "build_add_rms_norm_bwd", h, eps)
-        return tuple(k(*_dense(h, weight, grad_y, grad_h)))
+    k = _kernel("add_rms_norm", "build_add_rms_norm_bwd", h, eps)
+    return _outs(k(h.contiguous(), weight.contiguous(), grad_y.contiguous(),
+                   grad_h.contiguous()))
 
 
 @functools.lru_cache(maxsize=256)
@@ -301,17 +340,17 @@ def _rope_shape(q, k, cos, layout):
         (B, Hq, S, D), Hk = q.shape, k.shape[1]
     else:
         (B, S, Hq, D), Hk = q.shape, k.shape[2]
-    return B, Hq, Hk, S, D, cos.shape[0] if B > 1 else 1
+    return B, Hq, Hk, S, D, cos.shape[0]
 
 
 def _rotary(q, k, cos, sin, layout, transpose):
-    """The rope launch on dense memory-layout ``q``/``k`` and 3-D ``cos``/``sin``."""
+    """The rope launch on memory-layout ``q``/``k`` and 3-D ``cos``/``sin``, made dense (the
+    kernel's specs are these shapes)."""
     B, Hq, Hk, S, D, cb = _rope_shape(q, k, cos, layout)
     kern = _rope_kernel(B, Hq, Hk, S, D, dtype_name(q.dtype), cb, layout, bool(transpose))
-    with _no_grad():
-        qo, ko = kern(q.reshape(-1, D), k.reshape(-1, D), cos[:cb].reshape(-1, D),
-                      sin[:cb].reshape(-1, D))
-    return qo.reshape(q.shape), ko.reshape(k.shape)
+    if framework(q) == "torch":
+        return _outs(kern(q.contiguous(), k.contiguous(), cos.contiguous(), sin.contiguous()))
+    return _outs(kern(q, k, cos, sin))
 
 
 _LAUNCH = {"rms_norm": lambda *a: _rms_norm(*a), "layer_norm": lambda *a: _layer_norm(*a),
@@ -371,8 +410,10 @@ def _swiglu_grad(ctx, grad):
 
 def _swiglu_kernel_takes(grad, gate, up):
     """Whether ``build_swiglu_backward`` takes these: CUDA tensors of one dtype, f32 or bf16."""
-    return (grad.dtype == gate.dtype == up.dtype and dtype_name(gate.dtype) in ("f32", "bf16")
-            and all(t.is_cuda for t in (grad, gate, up)))
+    torch = sys.modules["torch"]
+    dtype = gate.dtype
+    return ((dtype is torch.bfloat16 or dtype is torch.float32) and grad.dtype is dtype
+            and up.dtype is dtype and grad.is_cuda and gate.is_cuda and up.is_cuda)
 
 
 def _swiglu_backward(grad, gate, up):
@@ -381,9 +422,8 @@ def _swiglu_backward(grad, gate, up):
     import torch
 
     if _swiglu_kernel_takes(grad, gate, up):
-        with _no_grad():
-            return tuple(_kernel("swiglu", "build_swiglu_backward", gate)(
-                *_dense(grad, gate, up)))
+        return _outs(_kernel("swiglu", "build_swiglu_backward", gate)(
+            grad.contiguous(), gate.contiguous(), up.contiguous()))
     dy, g, u = grad.float(), gate.float(), up.float()
     s = torch.sigmoid(g)
     return (dy * u * s * (1 + g * (1 - s))).to(gate.dtype), (dy * g * s).to(up.dtype)
@@ -414,8 +454,7 @@ def _save_rotary(ctx, inputs, output):
 def _rotary_grad(ctx, grad_q, grad_k):
 
     cos, sin = ctx.saved_tensors
-    dq, dk = _common.call_op("rotary", grad_q.contiguous(), grad_k.contiguous(), cos, sin,
-                                    ctx.layout, not ctx.transpose)
+    dq, dk = _common.call_op("rotary", grad_q, grad_k, cos, sin, ctx.layout, not ctx.transpose)
     return dq, dk, None, None, None, None
 
 
@@ -497,9 +536,8 @@ def _kernels_add_rms_norm(x, residual, weight, eps=1e-6):
 
 
 def _kernels_apply_rotary(q, k, cos, sin, *, layout="bhsd"):
-    mem = _check_rotary(q, k, cos, sin, layout, launch=False)
-    if mem != layout:
-        q, k = q.transpose(1, 2), k.transpose(1, 2)
+    _check_rotary(q, k, cos, sin, layout, launch=False)
+    mem, q, k = _memory(q, k, layout)
     c3 = cos.reshape(-1, cos.shape[-2], cos.shape[-1])
     B, Hq, Hk, S, D, cb = _rope_shape(q, k, c3, mem)
     return _rope_kernel(B, Hq, Hk, S, D, dtype_name(q.dtype), cb, mem, False)

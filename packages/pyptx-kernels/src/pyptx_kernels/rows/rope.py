@@ -23,9 +23,9 @@ CTA_THREADS = 256
 def build_rope(B: int, Hq: int, Hk: int, S: int, D: int, dtype=f32, *, cos_batch: int = 1,
                layout: str = "bhsd", transpose: bool = False, pdl: bool = True):
     """``(Q, K, COS, SIN) -> (QO, KO)``: q ``(B, Hq, S, D)`` and k ``(B, Hk, S, D)`` (or
-    ``(B, S, H, D)`` with ``layout="bshd"``) rotated by ``COS``/``SIN (cos_batch * S, D)``
+    ``(B, S, H, D)`` with ``layout="bshd"``) rotated by ``COS``/``SIN (cos_batch, S, D)``
     (``cos_batch`` 1: one table for every sequence; ``B``: one per sequence), all dense, in
-    ``dtype`` (f32 or bf16), f32 arithmetic.
+    ``dtype`` (f32 or bf16), f32 arithmetic; the outputs are shaped like q and k.
 
     Row shape: ``D / 2 / vec`` threads per row (``vec``: 16-byte chunks, narrowed to divide
     ``D / 2``), rows packed into CTAs of about 256 threads; every load of a CTA is issued
@@ -113,10 +113,12 @@ def build_rope(B: int, Hq: int, Hk: int, S: int, D: int, dtype=f32, *, cos_batch
         rw.store_vec(ao, 0, dt, o1, pred=ok)
         rw.store_vec(ao, hb, dt, o2, pred=ok)
 
+    def qk(H):   # q/k as they lie in memory
+        return Tile(B, H, S, D, dt) if layout == "bhsd" else Tile(B, S, H, D, dt)
+
     @kernel(
-        in_specs=(Tile(nq, D, dt), Tile(nk, D, dt), Tile(cos_batch * S, D, dt),
-                  Tile(cos_batch * S, D, dt)),
-        out_specs=(Tile(nq, D, dt), Tile(nk, D, dt)),
+        in_specs=(qk(Hq), qk(Hk), Tile(cos_batch, S, D, dt), Tile(cos_batch, S, D, dt)),
+        out_specs=(qk(Hq), qk(Hk)),
         grid=(cq + ck, 1, 1),
         block=(R * tpr, 1, 1),
         name=f"rope{'_bwd' if transpose else ''}_{dt.name}",
