@@ -38,7 +38,7 @@ def _load() -> dict[str, Any]:
 
         try:
             with open(_PATH, "rb") as f:
-                loaded = marshal.load(f)
+                loaded = marshal.loads(f.read())   # not marshal.load(f): ~20x slower (small reads)
             _codes = loaded if isinstance(loaded, dict) else {}
         except (OSError, EOFError, ValueError, TypeError):
             _codes = {}
@@ -69,7 +69,7 @@ def _save() -> None:
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".marshal")
         try:
             with os.fdopen(fd, "wb") as f:
-                marshal.dump(_codes, f)
+                f.write(marshal.dumps(_codes))
             os.replace(tmp, _PATH)
         except BaseException:
             try:
