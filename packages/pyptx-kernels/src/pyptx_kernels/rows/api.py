@@ -9,6 +9,7 @@ kernel, so its backward op is torch's elementwise ops in f32."""
 from __future__ import annotations
 
 import functools
+import math
 import sys
 
 from pyptx.errors import ConfigError, ShapeError, SpecError
@@ -237,15 +238,29 @@ def _build(module, builder, B, N, dtype, *extra, arch=None):
 _ARCH_MODULES = frozenset({"rms_norm", "layer_norm", "softmax", "swiglu"})
 
 
+def _dtype(dtype):
+    """``dtype_name(dtype)``, cached per dtype object."""
+    try:
+        return _DTYPES[dtype]
+    except KeyError:
+        name = _DTYPES[dtype] = dtype_name(dtype)
+        return name
+    except TypeError:   # not hashable
+        return dtype_name(dtype)
+
+
+_DTYPES: dict = {}
+
+
 def _kernel(module, builder, x, *extra):
     """The builder's kernel for 2-D ``x``; for ``x (..., N)`` of ``_kernels_*``, its rows."""
-    import math
-
-    B, N = math.prod(x.shape[:-1]), x.shape[-1]
+    shape = x.shape
+    B = shape[0] if len(shape) == 2 else math.prod(shape[:-1])
+    dt = _dtype(x.dtype)
     arch = device_arch(x) if module in _ARCH_MODULES else DEFAULT_ARCH
     if arch == DEFAULT_ARCH:  # the builders' default target: no keyword
-        return _build(module, builder, B, N, dtype_name(x.dtype), *extra)
-    return _build(module, builder, B, N, dtype_name(x.dtype), *extra, arch=arch)
+        return _build(module, builder, B, shape[-1], dt, *extra)
+    return _build(module, builder, B, shape[-1], dt, *extra, arch=arch)
 
 
 def _no_grad():
@@ -347,7 +362,7 @@ def _rotary(q, k, cos, sin, layout, transpose):
     """The rope launch on memory-layout ``q``/``k`` and 3-D ``cos``/``sin``, made dense (the
     kernel's specs are these shapes)."""
     B, Hq, Hk, S, D, cb = _rope_shape(q, k, cos, layout)
-    kern = _rope_kernel(B, Hq, Hk, S, D, dtype_name(q.dtype), cb, layout, bool(transpose))
+    kern = _rope_kernel(B, Hq, Hk, S, D, _dtype(q.dtype), cb, layout, bool(transpose))
     if framework(q) == "torch":
         return _outs(kern(q.contiguous(), k.contiguous(), cos.contiguous(), sin.contiguous()))
     return _outs(kern(q, k, cos, sin))
