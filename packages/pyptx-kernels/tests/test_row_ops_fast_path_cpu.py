@@ -207,3 +207,31 @@ def test_devices_checked_on_the_fast_path(monkeypatch):
     monkeypatch.undo()
     with pytest.raises(PyptxError, match="CUDA tensors"):
         _common.check_devices("t", a, b)
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 5, 8), (1, 3, 5, 8), (2, 1, 5, 8), (2, 3, 1, 8),
+                                   (1, 1, 1, 8), (2, 3, 5, 1)])
+def test_memory_layout_from_strides(shape):
+    """``_memory`` judges ``q.transpose(1, 2).is_contiguous()`` from the strides, as torch does."""
+    base = torch.zeros(*shape)
+    views = [base, base.transpose(1, 2), base.transpose(0, 1), base[..., ::2],
+             base.permute(0, 2, 3, 1), torch.zeros(shape[0], shape[2], shape[1], shape[3])
+             .transpose(1, 2)]
+    for v in views:
+        for layout, other in (("bhsd", "bshd"), ("bshd", "bhsd")):
+            swapped = not v.is_contiguous() and v.transpose(1, 2).is_contiguous()
+            assert api._memory(v, layout) == (other if swapped else layout), (v.shape, v.stride())
+
+
+def test_swapped_rotary_takes_the_direct_autograd(fast, monkeypatch):
+    """A ``(B, S, H, D)``-stored q with grad: one autograd node of the swapped op."""
+    calls = []
+    real = _common.call_function
+    monkeypatch.setattr(_common, "call_function", lambda *a: calls.append(a[0]) or real(*a))
+    q, k = _leaf(1, 4, 2, 8), _leaf(1, 4, 1, 8, seed=1)
+    c = torch.ones(4, 8)
+    qo, ko = pk.apply_rotary(q.transpose(1, 2), k.transpose(1, 2), c, c * 0)
+    assert calls == ["rotary_swapped"] and torch.equal(qo, q.transpose(1, 2))
+    with torch.no_grad():
+        pk.apply_rotary(q.transpose(1, 2), k.transpose(1, 2), c, c * 0)
+    assert calls == ["rotary_swapped"]

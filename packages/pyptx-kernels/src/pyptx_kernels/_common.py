@@ -315,6 +315,34 @@ def call_op(name: str, *args):
             _run_after_call()
 
 
+def direct_autograd(*args) -> bool:
+    """Whether ``call_op`` would run ``args`` through an op's eager ``autograd.Function``: a
+    plain eager call (no trace; plain tensors of ``EAGER_DEVICES``) with grad enabled and an
+    input that requires grad. ``call_function`` then runs an ``register_eager`` op's."""
+    torch = sys.modules["torch"]
+    if torch.compiler.is_compiling() or not torch.is_grad_enabled():
+        return False
+    grad = False
+    Tensor, Parameter = torch.Tensor, torch.nn.Parameter
+    for a in args:
+        if isinstance(a, Tensor):
+            if (type(a) is not Tensor and type(a) is not Parameter
+                    or not a.is_cuda and a.device.type not in EAGER_DEVICES):
+                return False
+            grad = grad or a.requires_grad
+    return grad
+
+
+def call_function(name: str, *args):
+    """The eager ``autograd.Function`` of ``register_eager`` op ``name`` applied to ``args``
+    (for calls ``direct_autograd`` takes), as ``call_op`` runs it."""
+    try:
+        return _EAGER[name][1].apply(*args)
+    finally:
+        if _AFTER_CALL:
+            _run_after_call()
+
+
 _AFTER_CALL: list = []
 """Callbacks the next eager ``call_op`` runs when it returns (``after_call``)."""
 

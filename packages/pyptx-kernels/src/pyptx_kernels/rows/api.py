@@ -136,14 +136,22 @@ def _check_rotary(q, k, cos, sin, layout, launch=True):
     _check_x(who, q, k, cos, sin, launch=launch)
 
 
-def _memory(q, k, layout):
-    """``(mem, q, k)``: the layout ``q`` lies in memory (``layout``, or the other one when
-    ``q`` is its dense transpose) and ``q``/``k`` seen in it."""
-    if framework(q) == "torch" and not q.is_contiguous():
-        qt = q.transpose(1, 2)
-        if qt.is_contiguous():
-            return ("bshd" if layout == "bhsd" else "bhsd"), qt, k.transpose(1, 2)
-    return layout, q, k
+def _memory(q, layout):
+    """The layout 4-D ``q`` lies in memory: ``layout``, or the other one when ``q`` is not
+    contiguous and ``q.transpose(1, 2)`` is (judged from the strides: no view made)."""
+    if framework(q) != "torch" or q.is_contiguous():
+        return layout
+    size, stride = q.shape, q.stride()
+    expected = 1
+    for d in (3, 1, 2, 0):   # q.transpose(1, 2)'s dims, innermost first
+        n = size[d]
+        if n == 0:
+            return layout
+        if n != 1:
+            if stride[d] != expected:
+                return layout
+            expected *= n
+    return "bshd" if layout == "bhsd" else "bhsd"
 
 
 # ----------------------------------------------------------------------------- public
@@ -206,11 +214,18 @@ def apply_rotary(q, k, cos, sin, *, layout="bhsd"):
     strides. torch: ``torch.ops.pyptx.rotary``, differentiable in ``q`` and ``k`` (the
     backward is the transposed rotation, the same kernel)."""
     _check_rotary(q, k, cos, sin, layout)
-    mem, qm, km = _memory(q, k, layout)
     if len(cos.shape) == 2:
         cos, sin = cos[None], sin[None]
-    qo, ko = _op("rotary", qm, km, cos, sin, mem, False)
-    return (qo.transpose(1, 2), ko.transpose(1, 2)) if mem != layout else (qo, ko)
+    mem = _memory(q, layout)
+    if mem == layout:
+        return _op("rotary", q, k, cos, sin, mem, False)
+    if _common.direct_autograd(q, k, cos, sin):
+        # q/k seen in memory order inside the autograd node: no view nodes on the inputs
+        _define()
+        qo, ko = _common.call_function("rotary_swapped", q, k, cos, sin, mem, False)
+    else:
+        qo, ko = _op("rotary", q.transpose(1, 2), k.transpose(1, 2), cos, sin, mem, False)
+    return qo.transpose(1, 2), ko.transpose(1, 2)
 
 
 def _rows(x, run):
@@ -473,6 +488,17 @@ def _rotary_grad(ctx, grad_q, grad_k):
     return dq, dk, None, None, None, None
 
 
+def _rotary_swapped(q, k, cos, sin, layout, transpose):
+    """``rotary`` of ``q``/``k`` whose memory order is ``layout`` with dims 1 and 2 swapped
+    (the outputs are in memory order)."""
+    return _rotary(q.transpose(1, 2), k.transpose(1, 2), cos, sin, layout, transpose)
+
+
+def _rotary_swapped_grad(ctx, grad_q, grad_k):
+    dq, dk = _rotary_grad(ctx, grad_q, grad_k)[:2]
+    return dq.transpose(1, 2), dk.transpose(1, 2), None, None, None, None
+
+
 @_common.defines_ops
 def _define():
     """Define the four forward ops and their ``pyptx::<name>_backward`` ops."""
@@ -505,6 +531,9 @@ def _define():
     op("rotary", "(Tensor q, Tensor k, Tensor cos, Tensor sin, str layout, bool transpose) "
        "-> (Tensor, Tensor)", lambda *a: _rotary(*a),
        lambda q, k, c, s, layout, tr: (_empty(q), _empty(k)), _rotary_grad, _save_rotary)
+    # eager only (apply_rotary's direct autograd): rotary on q/k not in memory order
+    _common.register_eager("rotary_swapped", _rotary_swapped, _rotary_swapped_grad,
+                           _save_rotary)
     return True
 
 if "torch" in sys.modules:   # a torch user: define the ops before any trace reaches them
@@ -552,7 +581,9 @@ def _kernels_add_rms_norm(x, residual, weight, eps=1e-6):
 
 def _kernels_apply_rotary(q, k, cos, sin, *, layout="bhsd"):
     _check_rotary(q, k, cos, sin, layout, launch=False)
-    mem, q, k = _memory(q, k, layout)
+    mem = _memory(q, layout)
+    if mem != layout:
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
     c3 = cos.reshape(-1, cos.shape[-2], cos.shape[-1])
     B, Hq, Hk, S, D, cb = _rope_shape(q, k, c3, mem)
     return _rope_kernel(B, Hq, Hk, S, D, dtype_name(q.dtype), cb, mem, False)
