@@ -15,7 +15,7 @@
 Every contender is checked against torch eager before it is timed. ``--quick`` times
 smaller shapes.
 
-    python benchmarks/fused_kernels.py --out fused_kernels.md
+    python benchmarks/fused_kernels.py [--quick] [--only linear_cross_entropy] --out fused_kernels.md
 
 Target (issue 48): each fused kernel >= 1.0x the best of eager, compile and Liger.
 """
@@ -169,6 +169,7 @@ def _check(name, peers, args):
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--only", help="run the cases whose name contains this text")
     p.add_argument("--out")
     a = p.parse_args(argv)
     why = gpu_missing("fused_kernels.py")
@@ -183,6 +184,8 @@ def main(argv=None) -> int:
     from pyptx_kernels import _family
 
     for name, peers, args in _cases(a.quick):
+        if a.only and a.only not in name:
+            continue
         ok = _check(name, peers, args)
         _family.wait_idle(120)   # the first calls' background compiles: steady state only
         ins = [x for x in args if x.requires_grad]

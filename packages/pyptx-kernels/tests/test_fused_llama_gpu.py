@@ -126,8 +126,8 @@ def test_linear_cross_entropy_matches_float64(T, H, V, kw, chunk):
 
 def test_linear_cross_entropy_never_holds_the_logits():
     """At 8192 tokens x 128256 entries the logits alone would be 2 GiB in bf16: the call's
-    peak stays within one chunk's 512 MiB beside the gradients (bf16 dX and dW; dW's f32
-    running sum twice over while a middle chunk's GEMM adds it into the next one)."""
+    peak stays within one chunk's 1 GiB beside the gradients (bf16 dX and dW, dW's f32
+    running sum: two chunks of 4096 tokens, the last adding the sum in its epilogue)."""
     T, H, V = 8192, 2048, 128256
     x, w = _leaf(T, H), _leaf(V, H, scale=H ** -0.5)
     target = torch.randint(0, V, (T,), device="cuda")
@@ -138,8 +138,8 @@ def test_linear_cross_entropy_never_holds_the_logits():
     loss.backward()
     torch.cuda.synchronize()
     extra = torch.cuda.max_memory_allocated() - base
-    grads = x.numel() * 2 + w.numel() * (2 + 4 + 2)
-    assert extra < grads + (600 << 20), extra / 2**20
+    grads = x.numel() * 2 + w.numel() * (2 + 4)
+    assert extra < grads + (1100 << 20), extra / 2**20
 
 
 @pytest.mark.parametrize("fuse", [dict(swiglu_linear=False, linear_residual=False),

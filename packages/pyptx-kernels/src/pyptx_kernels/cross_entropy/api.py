@@ -25,7 +25,7 @@ def linear_cross_entropy(x, weight, target, *, bias=None, ignore_index=-100,
     ``x (..., H)`` bfloat16, ``weight (V, H)`` and ``bias (V,)`` of ``x``'s dtype, ``target``
     integer of shape ``x.shape[:-1]``; ``V`` up to ``2**20``. The tokens are walked in chunks
     (``config``: a ``CrossEntropyConfig``; by default as many tokens as keep one chunk's
-    logits within 512 MiB): per chunk one GEMM for the logits, one row kernel for the loss
+    logits within 1 GiB): per chunk one GEMM for the logits, one row kernel for the loss
     and, in place, the logits' gradient, and the two GEMMs of ``x``'s and ``weight``'s
     gradients, so the backward is formed in the forward (where an input requires grad) and
     the autograd backward only scales it. Returns an f32 scalar. ``reduction`` is ``"mean"``

@@ -9,7 +9,7 @@ from pyptx.errors import ConfigError
 from pyptx_kernels._common import where
 
 #: bytes of one chunk's logits when the config leaves ``chunk_tokens`` to the host
-LOGITS_BYTES = 512 << 20
+LOGITS_BYTES = 1 << 30
 #: the largest vocabulary the row kernel takes (its row loop is 32-bit indexed)
 MAX_VOCAB = 1 << 20
 

@@ -50,11 +50,12 @@ class TileEpilogue:
     ``stmatrix.x4`` (one per four 8x8 blocks, ``cfg.epilogue == "stmatrix"``) or one
     ``st.shared.b32`` per column pair; an f32 output by ``st.shared.v2.f32``. Constructing
     it emits the per-thread addressing (swizzled rows, stmatrix rows, bias pointer,
-    output tensor map). ``R``: the residual ``(M, N)`` in the output type, added last (``M``
-    an int or a u32 register: the kernel parameter of a runtime-M GEMM)."""
+    output tensor map). ``R``: the residual ``(M, N)`` of type ``rt`` (default: the output
+    type), added last (``M`` an int or a u32 register: the kernel parameter of a runtime-M
+    GEMM)."""
 
     def __init__(self, cfg, *, accs, ot, M, N, alpha, bias, activation, Bias, D, tid, lane, w,
-                 row0, col0, cbuf, leader, bar_id, R=None):
+                 row0, col0, cbuf, leader, bar_id, R=None, rt=None):
         self.cfg, self.accs, self.ot, self.M, self.N = cfg, accs, ot, M, N
         self.alpha, self.bias, self.activation = alpha, bias, activation
         self.gated = activation == "swiglu"
@@ -64,7 +65,11 @@ class TileEpilogue:
         self.out_cols = 128 // self.e_out              # output columns per 128-byte slab
         self.out_slabs = cfg.BN // self.out_cols // (2 if self.gated else 1)
         self.sw = swizzled_rows(cbuf, row0, lane, self.e_out)
-        self.use_stmatrix = cfg.epilogue == "stmatrix" and ot is not f32 and not self.gated
+        self.rt = ot if rt is None else rt
+        # stmatrix holds four packed pairs at a time: with f32 residual loads beside a
+        # 16-bit output that spills (16 bytes at 128x256), so those store pair by pair
+        self.use_stmatrix = cfg.epilogue == "stmatrix" and ot is not f32 and not self.gated \
+            and self.rt is ot
         self.presid = ptx.global_ptrs(R)[0] if R is not None else None
         if self.use_stmatrix:
             # stmatrix.x4 of 8-column blocks (q, q+1), rows r and r+8: lane l gives row
@@ -98,13 +103,13 @@ class TileEpilogue:
         """``(v0, v1) + R[row, col..col+1]`` (zeros past the edges: those are not stored)."""
         raw = reg.scalar(b32, init=0)
         ok = (row < self.M) & (col < self.N)
-        off = (row * self.N + col) * self.e_out
-        if self.ot is f32:
+        off = (row * self.N + col) * self.rt.bytes
+        if self.rt is f32:
             r0, r1 = reg.scalar(f32, init=0.0), reg.scalar(f32, init=0.0)
             ptx.inst.ld.global_.nc.v2.f32([r0, r1], ptx.addr(self.presid + off), pred=ok)
         else:
             ptx.inst.ld.global_.nc.b32(raw, ptx.addr(self.presid + off), pred=ok)
-            r0, r1 = unpack([raw], self.ot)
+            r0, r1 = unpack([raw], self.rt)
         return v0 + r0, v1 + r1
 
     def _pairs(self, acc, j, ncol):

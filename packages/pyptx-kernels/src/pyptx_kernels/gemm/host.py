@@ -152,23 +152,28 @@ def matmul(a, b, *, bias=None, alpha=1.0, activation=None, out_dtype=None, trans
     return d[:plan.M, :plan.N] if plan.crop else d
 
 
-def _matmul_residual(a, b, residual, *, config=None):
+def _matmul_residual(a, b, residual, *, out_dtype=None, config=None):
     """``a @ b + residual`` for torch tensors, the add in the GEMM's epilogue (internal:
     ``linear_cross_entropy`` accumulates its f32 weight gradient over the token chunks with
     it). ``a (M, K)``, ``b (K, N)`` bf16/f16 of any strides, laid out as ``matmul`` does
     (``g.T`` of a contiguous ``g`` is read MN-major, no copy); ``residual (M, N)`` f32, or
-    bf16 with bf16 inputs. Returns a new contiguous ``(M, N)`` tensor in ``residual``'s
-    dtype (the launcher allocates every output; each output element is read from the
-    residual by the thread that writes it, so the kernel itself would also be correct
-    writing over the residual). No autograd. Operands the plan pads (a contiguous extent
-    not a multiple of 8) get a zero-padded residual and a cropped result."""
+    bf16 with bf16 inputs. Returns a new contiguous ``(M, N)`` tensor in ``out_dtype``
+    (``"bf16"`` or ``"f32"``; default: ``residual``'s dtype; an f32 residual may give a
+    bf16 result, the sum rounded once). The launcher allocates every output; each output
+    element is read from the residual by the thread that writes it, so the kernel itself
+    would also be correct writing over the residual. No autograd. Operands the plan pads
+    (a contiguous extent not a multiple of 8) get a zero-padded residual and a cropped
+    result."""
     from pyptx_kernels._common import dtype_name
 
     cfg = None if config is None else GemmConfig.of(config)
-    out = dtype_name(residual.dtype)
-    if out not in ("bf16", "f32") or tuple(residual.shape) != (a.shape[0], b.shape[1]):
+    rt = dtype_name(residual.dtype)
+    out = rt if out_dtype is None else out_dtype
+    if rt not in ("bf16", "f32") or tuple(residual.shape) != (a.shape[0], b.shape[1]):
         raise _fail(f"_matmul_residual: residual must be ({a.shape[0]}, {b.shape[1]}) bf16 or "
                     f"f32, got {tuple(residual.shape)} {residual.dtype}")
+    if out not in ("bf16", "f32"):
+        raise _fail(f"_matmul_residual: out_dtype must be 'bf16' or 'f32', got {out_dtype!r}")
     plan = _plan(a, b, None, 1.0, None, out, False, False, cfg, "torch")
     if plan.swap_a:
         a = a.T
@@ -183,7 +188,7 @@ def _matmul_residual(a, b, residual, *, config=None):
     if plan.pad_b:
         b = _pad_to(b, 1, 8, "torch")
     M, N, K, key, plan_cfg = plan.build
-    key = tuple(sorted(dict(key, residual=True).items()))
+    key = tuple(sorted(dict(key, residual=True if rt == out else rt).items()))
     r = _fit(residual, (M, N), "torch").contiguous()
     d = _cached(M, N, K, key, plan_cfg)(a, b, r)
     return d[:plan.M, :plan.N].contiguous() if plan.crop else d

@@ -65,7 +65,8 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
     columns. ``activation``: one of ``ACTIVATIONS``; ``"swiglu"`` is gated: B's N columns
     are 64-column gate and up blocks interleaved (``pyptx_kernels.gemm.fused.pack_gated``)
     and D is ``(M, N / 2)`` of ``silu(gate) * up``. ``residual``: one more input ``R``
-    ``(M, N)`` in the output type (bf16 or f32), added after the activation.
+    ``(M, N)``, added after the activation, in the output type (``True``; bf16 or f32) or
+    in the named one (``"f32"`` or ``"bf16"``: an f32 sum read, a bf16 result written).
     ``config``: the tile and schedule plan, a ``GemmConfig`` (or the name of a tuned plan,
     or a mapping of its fields; default ``GemmConfig()``). A split-tail plan that applies
     to the shape returns a ``SplitTailGemm``; otherwise a ``Kernel``."""
@@ -89,6 +90,12 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
     if residual and out_dtype not in ("bf16", "f32", bf16, f32):
         raise fail(ConfigError, "build_gemm",
                    f"residual needs a bf16 or f32 output, got out_dtype={out_dtype!r}")
+    if residual not in (False, True, "bf16", "f32"):
+        raise fail(ConfigError, "build_gemm",
+                   f"residual must be False, True, 'bf16' or 'f32', got {residual!r}")
+    rt = (ot if residual is True else _dtype(residual, "residual")) if residual else None
+    if rt is ot:
+        residual = True    # one family per residual type
     KB = K if KB is None else KB
     NB = N if NB is None else NB
     multicast = cfg.multicast and cluster > 1
@@ -108,7 +115,7 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
     a_spec = Tile(M, K, dt) if a_major == "K" else Tile(K, M, dt)
     b_spec = Tile(KB, NB, dt) if b_major == "MN" else Tile(NB, KB, dt)
     in_specs = (a_spec, b_spec) + ((Tile(N, f32),) if bias else ()) + \
-        ((Tile(M, N, ot),) if residual else ())
+        ((Tile(M, N, rt),) if residual else ())
     out_specs = (Tile(M, N // 2 if gated else N, ot),)
     part_bytes = bands * 64 * BN * 4               # a warpgroup's f32 partial tile
     if plan:
@@ -147,7 +154,7 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
         epilogue = TileEpilogue(cfg, accs=accs, ot=ot, M=sched.M, N=N, alpha=alpha, bias=bias,
                                 activation=activation, Bias=Bias, D=D, tid=tid, lane=lane, w=w,
                                 row0=row0, col0=col0, cbuf=cbuf, leader=leader, bar_id=bar_id,
-                                R=R)
+                                R=R, rt=rt)
         if not plan:
             mainloop.cooperative_loop(mma, sched, cid=cid, rank=rank, epilogue=epilogue)
         else:
@@ -166,7 +173,7 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
     deco = kernel(in_specs=in_specs, out_specs=out_specs, grid=(host_sched.ctas, 1, 1),
                   block=(threads, 1, 1), cluster=(cluster, 1, 1), smem=smem_total,
                   maxnreg=maxnreg, tma=tma, name=name)
-    names = ("A", "B", *("Bias",) * bias, *("R",) * residual, *("Flags",) * bool(plan), "D",
+    names = ("A", "B", *("Bias",) * bias, *("R",) * bool(residual), *("Flags",) * bool(plan), "D",
              *("WS",) * bool(plan))
 
     def gemm(*args):
