@@ -105,8 +105,28 @@ def _build(mode, cfg, apply_kwargs):
     return model, step_fn
 
 
-def _run(mode, cfg, spec, steps, warmup, apply_kwargs):
-    """``(tokens/s, peak GiB, [loss per step])`` of one configuration."""
+def _report(mode, i, phases):
+    """``--diagnose``: one step's phase times (synchronized), dynamo's counters and the
+    background compile queue, printed as the step ends."""
+    import torch
+    from pyptx_kernels import _family
+    from torch._dynamo.utils import counters
+
+    times = " ".join(f"{k} {v:.2f}s" for k, v in phases)
+    stats = dict(counters["stats"])
+    print(f"  [{mode}] step {i}: {times}; graphs {stats.get('unique_graphs', 0)}, "
+          f"breaks {sum(counters['graph_break'].values())}, "
+          f"recompiles {sum(counters['recompiles'].values())}, "
+          f"background jobs {len(_family._jobs)}, families {_family.stats()}, "
+          f"GPU mem {torch.cuda.memory_allocated() / 2**30:.2f} GiB", flush=True)
+
+
+def _run(mode, cfg, spec, steps, warmup, apply_kwargs, diagnose=0):
+    """``(tokens/s, peak GiB, [loss per step])`` of one configuration. ``diagnose``: the
+    seconds after which a step still running dumps every thread's stack (0: off), with each
+    step's phases reported (``_report``)."""
+    import faulthandler
+
     import torch
 
     gc.collect()
@@ -120,16 +140,35 @@ def _run(mode, cfg, spec, steps, warmup, apply_kwargs):
                for _ in range(POOL)]
     losses = []
     t0 = None
+    if diagnose:
+        from torch._dynamo.utils import counters
+
+        counters.clear()
     for i in range(steps):
         if i == warmup:
             torch.cuda.synchronize()
             t0 = time.perf_counter()
+        if diagnose:
+            faulthandler.dump_traceback_later(diagnose, repeat=True)
+            ts = [time.perf_counter()]
         ids = batches[i % POOL]
         loss = fn(input_ids=ids, labels=ids, use_cache=False).loss
+        if diagnose:
+            torch.cuda.synchronize()
+            ts.append(time.perf_counter())
         loss.backward()
+        if diagnose:
+            torch.cuda.synchronize()
+            ts.append(time.perf_counter())
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(loss.detach().float())
+        if diagnose:
+            faulthandler.cancel_dump_traceback_later()
+            torch.cuda.synchronize()
+            ts.append(time.perf_counter())
+            _report(mode, i, list(zip(("forward", "backward", "optimizer"),
+                                      (b - a for a, b in zip(ts, ts[1:])))))
     torch.cuda.synchronize()
     elapsed = time.perf_counter() - t0
     tokens_s = B * S * (steps - warmup) / elapsed
@@ -165,6 +204,10 @@ def main(argv=None) -> int:
     p.add_argument("--apply", type=_apply_kwargs, default={},
                    help="keywords for pyptx_kernels.transformers.apply, e.g. "
                         "swiglu_linear=1,linear_residual=0")
+    p.add_argument("--diagnose", type=float, default=0, metavar="S",
+                   help="print each step's forward/backward/optimizer time, dynamo's graphs, "
+                        "graph breaks and recompiles (with their logs) and the background "
+                        "compile queue; dump every thread's stack each S s a step runs")
     p.add_argument("--out", help="write the markdown tables here")
     a = p.parse_args(argv)
     why = gpu_missing("llama_step.py", triton=False)
@@ -173,6 +216,8 @@ def main(argv=None) -> int:
         return 2
     import torch
 
+    if a.diagnose:
+        torch._logging.set_logs(recompiles=True, graph_breaks=True)
     modes = [m for m in MODES if m in a.modes.split(",")]
     if "liger" in modes and not _liger_available():
         print("liger_kernel does not import: its column is left out")
@@ -191,7 +236,7 @@ def main(argv=None) -> int:
         res = {}
         for mode in modes:
             try:
-                res[mode] = _run(mode, cfg, spec, steps, warmup, a.apply)
+                res[mode] = _run(mode, cfg, spec, steps, warmup, a.apply, a.diagnose)
             except Exception as e:  # a contender that fails is reported, not fatal
                 print(f"{name} {mode}: {type(e).__name__}: {e}", file=sys.stderr)
                 res[mode] = None
