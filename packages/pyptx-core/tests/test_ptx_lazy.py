@@ -18,9 +18,20 @@ def test_import_pyptx_loads_no_helper_module():
     loaded = _run("""
         import sys
         import pyptx
-        print(sorted(m for m in sys.modules if m.startswith("pyptx.ptx.")))
+        print(sorted(m for m in sys.modules if m.startswith("pyptx.ptx")))
     """)
-    assert loaded == "['pyptx.ptx.memory']"
+    assert loaded == "[]"
+
+
+def test_import_pyptx_loads_no_tracing_module_until_used():
+    assert _run("""
+        import sys
+        import pyptx
+        print(sorted(m for m in ("pyptx.reg", "pyptx.smem", "pyptx.ptx", "pyptx.imm")
+                     if m in sys.modules))
+        from pyptx import reg, smem
+        print(pyptx.ptx.inst is not None, reg.__name__, smem.__name__, pyptx.reg is reg)
+    """).splitlines() == ["[]", "True pyptx.reg pyptx.smem True"]
 
 
 def test_every_exported_name_resolves():

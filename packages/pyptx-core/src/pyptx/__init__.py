@@ -4,9 +4,12 @@
 ``smem`` and ``ptx`` append instructions to the trace. ``Kernel.ptx()`` prints
 the PTX without a GPU; calling the kernel on torch tensors or jax arrays
 launches it through a runtime plugin.
+
+The tracing layer (``ptx``, ``reg``, ``smem``) is imported at its first use: a process that
+launches kernels whose code is already traced (a warm disk cache) never loads it.
 """
 
-from . import ptx, reg, smem, types
+from . import types
 from .arch import detect_arch
 from .errors import (
     CompileError,
@@ -38,7 +41,14 @@ __all__ = [
 ]
 
 
+_TRACING = ("ptx", "reg", "smem")
+
+
 def __getattr__(name: str):
+    if name in _TRACING:  # submodules: importing one binds it here
+        import importlib
+
+        return importlib.import_module(f".{name}", __name__)
     if name == "differentiable_kernel":  # one object for every runtime (pyptx.autodiff)
         from .autodiff import differentiable_kernel
 

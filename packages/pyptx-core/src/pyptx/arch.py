@@ -62,3 +62,15 @@ def detect_arch(device: int | None = None) -> str:
             f"0..{count - 1} ({count} CUDA devices)"
         )
     return arch_of_capability(*driver.device_capability(ordinal))
+
+
+def register_budget(consumers: int, producer_regs: int = 40, cap: int = 240) -> tuple[int, int]:
+    """``(maxnreg, consumer_regs)`` of a CTA of one producer and ``consumers`` consumer
+    warpgroups: the launch cap (the register file split evenly, a multiple of 8, at most
+    255) and the most registers per consumer thread that ``setmaxnreg.inc`` can take once
+    the producer went down to ``producer_regs``: the CTA's pool is ``maxnreg x threads``,
+    so a larger request would wait for registers no warp ever frees."""
+    threads = 128 * (1 + consumers)
+    maxnreg = min(255, 65536 // threads // 8 * 8)
+    pool = min(maxnreg, 256) * threads
+    return maxnreg, min(cap, (pool - 128 * producer_regs) // (128 * consumers) // 8 * 8)

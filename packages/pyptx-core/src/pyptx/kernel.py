@@ -23,7 +23,6 @@ from .arch import AUTO, DEFAULT_ARCH
 from .emit import emit
 from .errors import ConfigError, PyptxError, SpecError, TraceError
 from .ir import Function, Module, Param
-from .ptx.memory import TensorParam
 from .runtimes import launcher_for, runtime_for
 from .source import Loc, fmt_loc, user_loc, where
 from .specs import Layout, Tile, bind
@@ -607,6 +606,8 @@ class Kernel:
 
     def _trace(self, env: dict[str, int], templates: dict[str, Any], at: str,
                arch: str) -> Specialization:
+        from .ptx.memory import TensorParam  # the tracing layer: loaded at the first trace
+
         names = self._tensor_names
         in_shapes, out_shapes, grid, block, smem, origin = self._geometry(env, templates, at)
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 from typing import Any
 
 from pyptx import ptx, reg, smem
+from pyptx.arch import register_budget  # noqa: F401  (defined there: no tracing code)
 from pyptx.errors import ConfigError, OperandError
 from pyptx.source import where
 from pyptx.types import u32, u64
@@ -65,18 +66,6 @@ def prologue(pipe: Any, tid: Any, cluster: int = 1) -> tuple[Any, Any]:
         rank = 0
         cid = reg.from_(ptx.special.ctaid.x(), u32)
     return rank, cid
-
-
-def register_budget(consumers: int, producer_regs: int = 40, cap: int = 240) -> tuple[int, int]:
-    """``(maxnreg, consumer_regs)`` of a CTA of one producer and ``consumers`` consumer
-    warpgroups: the launch cap (the register file split evenly, a multiple of 8, at most
-    255) and the most registers per consumer thread that ``setmaxnreg.inc`` can take once
-    the producer went down to ``producer_regs``: the CTA's pool is ``maxnreg x threads``,
-    so a larger request would wait for registers no warp ever frees."""
-    threads = 128 * (1 + consumers)
-    maxnreg = min(255, 65536 // threads // 8 * 8)
-    pool = min(maxnreg, 256) * threads
-    return maxnreg, min(cap, (pool - 128 * producer_regs) // (128 * consumers) // 8 * 8)
 
 
 class Roles:

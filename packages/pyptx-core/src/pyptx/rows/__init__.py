@@ -12,7 +12,8 @@ in the kernel library's ``pyptx_kernels.rows`` (``rms_norm``, ``layer_norm``,
   ``reg_cap``/``bwd_ctas`` for the backward ones.
 * ``access``: one aligned vector load or store (``load_vec``, ``load_raw_vec`` +
   ``unpack``, ``store_vec``) with explicit cache hints and L2 policies; ``Hints``
-  bundles a kernel's choices (``l2_load``, ``l2_store``, ``store``, ``pdl_prefetch``).
+  (``hints``, which loads no tracing code) bundles a kernel's choices (``l2_load``,
+  ``l2_store``, ``store``, ``pdl_prefetch``).
 * ``view``: ``Rows``, the thread's place in a plan inside a kernel body: row
   location, loads and stores of its chunks, and all-reduces over the row's threads
   (shuffles, then shared memory and one ``bar.sync`` for rows of several warps).
@@ -41,8 +42,8 @@ modules: each name is loaded at its first use.
 """
 
 _EXPORTS = {
-    "KEEP": "access", "L2_PRIORITIES": "access", "PINNED": "access", "STREAM": "access",
-    "Hints": "access", "l2_policy": "access", "load_raw_vec": "access", "load_vec": "access",
+    "KEEP": "hints", "L2_PRIORITIES": "hints", "PINNED": "hints", "STREAM": "hints",
+    "Hints": "hints", "l2_policy": "access", "load_raw_vec": "access", "load_vec": "access",
     "store_vec": "access", "unpack": "access", "LOG2E": "arith", "NEG_INF": "arith",
     "dot": "arith", "mul_all": "arith", "rsqrt": "arith", "rstd": "arith", "tree": "arith",
     "TwoStage": "backward", "build_colsum": "backward", "build_norm_backward": "backward",
@@ -58,12 +59,17 @@ _EXPORTS = {
 __all__ = list(_EXPORTS)
 
 
+_SUBMODULES = ("access", "arith", "backward", "hints", "loop", "pdl", "plan", "ring", "view")
+
+
 def __getattr__(name):
+    import importlib
+
+    if name in _SUBMODULES:  # ``rows.access`` without importing it first
+        return importlib.import_module(f"{__name__}.{name}")
     mod = _EXPORTS.get(name)
     if mod is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
     value = getattr(importlib.import_module(f"{__name__}.{mod}"), name)
     globals()[name] = value
     return value

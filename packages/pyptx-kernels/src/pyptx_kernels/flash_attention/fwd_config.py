@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass
 
+from pyptx._dataclass import dataclass
+from pyptx.arch import register_budget
 from pyptx.errors import ConfigError
 from pyptx.types import bf16 as t_bf16
 from pyptx.types import f16
-from pyptx.warpspec import register_budget
 from pyptx_kernels._common import where
 
 LOG2E = 1.4426950408889634
@@ -244,3 +244,26 @@ def default_plan(head_dim, causal, batch_heads, seqlen, *, num_sms=H100_SMS):
     three = _waves(batch_heads * -(-seqlen // 192), num_sms) * 192 / THREE_CONSUMER_GAIN
     two = _waves(batch_heads * -(-seqlen // 128), num_sms) * 128
     return ForwardConfig(consumers=2) if two < three else ForwardConfig()
+
+
+# ------------------------------------------------------------------ the grid
+# (here, not in fwd_scheduler: a kernel reused from its family's code needs its grid, not the
+# scheduler's tracing code)
+def query_blocks(S, bm):
+    """Query blocks of ``bm`` rows covering ``S`` rows (an int, or a register)."""
+    return (S + (bm - 1)) // bm
+
+
+def dense_grid(B, S, Hq, plan):
+    """``(grid, ctas)`` of a dense kernel: ``ctas`` (at most ``plan.num_sms``) persistent
+    CTAs, or one CTA per query block (``ctas`` None)."""
+    num_m = query_blocks(S, plan.bm)
+    if plan.persistent:
+        ctas = min(num_m * Hq * B, plan.num_sms)
+        return (ctas, 1, 1), ctas
+    return (num_m, Hq, B), None
+
+
+def varlen_grid(B, max_seqlen_q, Hq, plan):
+    """The grid of a packed kernel: ``max_seqlen_q`` rows of blocks per sequence and head."""
+    return (query_blocks(max_seqlen_q, plan.bm), Hq, B)

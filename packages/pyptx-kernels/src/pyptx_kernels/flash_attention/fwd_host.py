@@ -21,8 +21,8 @@ from __future__ import annotations
 import functools
 import math
 import os
-from dataclasses import dataclass
 
+from pyptx._dataclass import dataclass
 from pyptx.autotune import Config, autotune
 from pyptx.errors import ConfigError, PyptxError
 from pyptx_kernels import _tuning

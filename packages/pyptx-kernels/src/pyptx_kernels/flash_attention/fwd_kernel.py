@@ -18,9 +18,8 @@ from __future__ import annotations
 
 import math
 
-from pyptx import Tile, kernel, ptx
+from pyptx import Tile, kernel
 from pyptx.types import f32, s32
-from pyptx.warpspec import Roles, thread_ids
 from pyptx_kernels import _family
 from pyptx_kernels.flash_attention.fwd_config import (
     LOG2E,
@@ -28,10 +27,9 @@ from pyptx_kernels.flash_attention.fwd_config import (
     _dtype,
     _fail,
     consumer_regs,
+    dense_grid,
+    varlen_grid,
 )
-from pyptx_kernels.flash_attention.fwd_epilogue import Epilogue
-from pyptx_kernels.flash_attention.fwd_mainloop import ConsumerMainloop, SharedRings, produce
-from pyptx_kernels.flash_attention.fwd_scheduler import TileScheduler, dense_grid, varlen_grid
 
 DEFAULT_CONFIG = ForwardConfig()
 
@@ -45,6 +43,14 @@ def _body(Q, K, V, CUQ, CUK, Out, LSE, *, shape, plan, dt, causal, scale, varlen
     sequence the grid covers, ``Sk``/``Tq`` None where unused), ``plan`` resolved. The sizes
     that vary per call are kernel parameters (the PTX does not depend on them): ``B`` (read
     by the persistent walk), ``S`` and ``Sk`` dense, ``Tq`` packed."""
+    # The tracing code, loaded at the first trace: a kernel reused from its family's code
+    # (this process's or the disk cache's) never imports it.
+    from pyptx import ptx
+    from pyptx.warpspec import Roles, thread_ids
+    from pyptx_kernels.flash_attention.fwd_epilogue import Epilogue
+    from pyptx_kernels.flash_attention.fwd_mainloop import ConsumerMainloop, SharedRings, produce
+    from pyptx_kernels.flash_attention.fwd_scheduler import TileScheduler
+
     B, S, Sk, Hq, Hkv, D, Tq = shape
     BN, wgs, persistent = plan.BN, plan.consumers, ctas is not None
     tid, wg = thread_ids()

@@ -13,27 +13,12 @@ from __future__ import annotations
 
 from pyptx import ptx, reg
 from pyptx.types import s32
+from pyptx_kernels.flash_attention.fwd_config import (  # noqa: F401  (the grid: in fwd_config)
+    dense_grid,
+    query_blocks,
+    varlen_grid,
+)
 from pyptx_kernels.flash_attention.masks import block_plan
-
-
-def query_blocks(S, bm):
-    """Query blocks of ``bm`` rows covering ``S`` rows (an int, or a register)."""
-    return (S + (bm - 1)) // bm
-
-
-def dense_grid(B, S, Hq, plan):
-    """``(grid, ctas)`` of a dense kernel: ``ctas`` (at most ``plan.num_sms``) persistent
-    CTAs, or one CTA per query block (``ctas`` None)."""
-    num_m = query_blocks(S, plan.bm)
-    if plan.persistent:
-        ctas = min(num_m * Hq * B, plan.num_sms)
-        return (ctas, 1, 1), ctas
-    return (num_m, Hq, B), None
-
-
-def varlen_grid(B, max_seqlen_q, Hq, plan):
-    """The grid of a packed kernel: ``max_seqlen_q`` rows of blocks per sequence and head."""
-    return (query_blocks(max_seqlen_q, plan.bm), Hq, B)
 
 
 class TileScheduler:

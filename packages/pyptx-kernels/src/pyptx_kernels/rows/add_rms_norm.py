@@ -9,7 +9,7 @@ for bf16, ``h`` is rounded to bf16 before it is normalised, so forward, stored r
 backward all see the same ``h`` (what torch computes for ``x + residual`` in bf16).
 """
 
-from pyptx import Tile, kernel, ptx, reg
+from pyptx import Tile, kernel
 from pyptx import rows as rw
 from pyptx.errors import ConfigError
 from pyptx.types import b16, f32, u32
@@ -35,6 +35,7 @@ def _config(config, who: str, fields) -> RowConfig:
 
 def _round(vals: list, dt) -> list:
     """``vals`` rounded to ``dt`` and back to f32 (no instruction for f32)."""
+    from pyptx import ptx, reg  # the tracing layer: loaded at the first trace
     if dt is f32:
         return vals
     out = []
@@ -73,6 +74,7 @@ def build_add_rms_norm(B: int, N: int, dtype=f32, eps: float = 1e-6, *,
         pdl=pdl,
     )
     def add_rms_norm(X, R, W, Y, H):
+        from pyptx import ptx, reg  # the tracing layer: loaded at the first trace
         with rw.entry(pdl):
             px, pr, pw, py, ph = ptx.global_ptrs(X, R, W, Y, H)
             io = rw.Rows(plan)
@@ -126,6 +128,7 @@ def build_add_rms_norm_bwd(B: int, N: int, dtype=f32, eps: float = 1e-6, *,
         maxnreg=rw.reg_cap(plan),
     )
     def add_rms_norm_bwd(H, W, DY, DH, DX, PART):
+        from pyptx import ptx, reg  # the tracing layer: loaded at the first trace
         ph, pw, pdy, pdh, pdx, ppart = ptx.global_ptrs(H, W, DY, DH, DX, PART)
         io = rw.Rows(plan)
         pwt = pw + io.offset()

@@ -10,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-from dataclasses import dataclass
 
+from pyptx._dataclass import dataclass
 from pyptx.errors import ConfigError, SpecError
 from pyptx_kernels._common import _ARCH_OF_DEVICE, _capability_arch, device_arch, where  # noqa: F401
 

@@ -10,7 +10,7 @@ through ``pyptx.differentiable_kernel``. Shared machinery: ``pyptx.rows``.
     python -m pyptx_kernels.rows.layer_norm [B] [N] [--dtype f32|bf16] [--eps EPS]
 """
 
-from pyptx import Tile, kernel, ptx, reg
+from pyptx import Tile, kernel
 from pyptx import rows as rw
 from pyptx.errors import ConfigError
 from pyptx.types import f32
@@ -116,6 +116,7 @@ def _layer_norm_row(B, N, dt, eps, c, arch):
         pdl=pdl,
     )
     def layer_norm(X, W, Bias, Y):
+        from pyptx import ptx, reg  # the tracing layer: loaded at the first trace
         with rw.entry(pdl):
             px, pw, pb, py = ptx.global_ptrs(X, W, Bias, Y)
             io = rw.Rows(plan, hints)
@@ -151,6 +152,7 @@ def _centre(io, x, N, eps, welford, lanes=False):
     tail 0) and ``rsqrt(var + eps)``. ``welford``: each thread's own mean and m2, then one
     all-reduce of the pairs (``Rows.reduce_moments``); otherwise the sum, then the sum of
     squared deviations (two all-reduces; ``lanes``: ``Rows.reduce(lanes=True)``)."""
+    from pyptx import ptx, reg  # the tracing layer: loaded at the first trace
     s = rw.tree(x, "add")
     if welford:
         mean = reg.scalar(f32)
@@ -188,6 +190,7 @@ def _layer_norm_ring(B, N, dt, eps, c, arch):
         pdl=pdl,
     )
     def layer_norm_ring(X, W, Bias, Y):
+        from pyptx import ptx, reg  # the tracing layer: loaded at the first trace
         with rw.entry(pdl):
             px, pw, pb, py = ptx.global_ptrs(X, W, Bias, Y)
             io = rw.Rows(plan, hints)
@@ -249,6 +252,7 @@ def _layer_norm_persistent(B, N, dt, eps, c, arch):
         pdl=c.pdl,
     )
     def layer_norm_persist(X, W, Bias, Y):
+        from pyptx import ptx, reg  # the tracing layer: loaded at the first trace
         px, pw, pb, py = ptx.global_ptrs(X, W, Bias, Y)
         io = rw.Rows(plan, hints)
         coff = io.offset()
@@ -304,6 +308,7 @@ def build_layer_norm_bwd(B: int, N: int, dtype=f32, eps: float = 1e-5, *,
     dt = rw.dtype_of(dtype, who)
 
     def step(io, x, dy, wv, ok, accs, pdx, off):
+        from pyptx import ptx, reg  # the tracing layer: loaded at the first trace
         s = rw.tree(x, "add")
         io.reduce([s])
         nmean = reg.scalar(f32)

@@ -6,7 +6,7 @@ The builders take the row count ``B`` and length ``N``; f32 or bf16 storage, f32
 dW column sum.
 """
 
-from pyptx import Tile, kernel, ptx, reg
+from pyptx import Tile, kernel
 from pyptx import rows as rw
 from pyptx.types import f32
 from pyptx_kernels.rows.config import (
@@ -103,6 +103,7 @@ def _rms_norm_row(B, N, dt, eps, c, arch):
         pdl=pdl,
     )
     def rms_norm_fast(X, W, Y):
+        from pyptx import ptx  # the tracing layer: loaded at the first trace
         with rw.entry(pdl):
             px, pw, py = ptx.global_ptrs(X, W, Y)
             io = rw.Rows(plan, hints)
@@ -151,6 +152,7 @@ def _rms_norm_persistent(B, N, dt, eps, c, arch):
         pdl=c.pdl,
     )
     def rms_norm_persist(X, W, Y):
+        from pyptx import ptx, reg  # the tracing layer: loaded at the first trace
         px, pw, py = ptx.global_ptrs(X, W, Y)
         io = rw.Rows(plan, hints)
         w = io.hold(pw + io.offset())
@@ -195,6 +197,7 @@ def _rms_norm_ring(B, N, dt, eps, c, arch):
         pdl=pdl,
     )
     def rms_norm_ring(X, W, Y):
+        from pyptx import ptx  # the tracing layer: loaded at the first trace
         with rw.entry(pdl):
             px, pw, py = ptx.global_ptrs(X, W, Y)
             io = rw.Rows(plan, hints)
@@ -250,6 +253,7 @@ def build_rms_norm_bwd(B: int, N: int, dtype=f32, eps: float = 1e-6, *,
     dt = rw.dtype_of(dtype, who)
 
     def step(io, x, dy, wv, ok, accs, pdx, off):
+        from pyptx import ptx, reg  # the tracing layer: loaded at the first trace
         g = [reg.scalar(f32) for _ in x]
         for gi, a, b in zip(g, wv, dy):
             ptx.inst.mul.f32(gi, a, b)

@@ -9,7 +9,7 @@ uniform branch on the CTA index). ``transpose=True`` applies the transposed rota
 backward): ``dx1 = g1 * cos1 + g2 * sin2``, ``dx2 = g2 * cos2 - g1 * sin1``.
 """
 
-from pyptx import SpecError, Tile, kernel, ptx, reg
+from pyptx import SpecError, Tile, kernel
 from pyptx import rows as rw
 from pyptx.types import f32, u32, u64
 from pyptx_kernels._common import where
@@ -61,6 +61,7 @@ def build_rope(B: int, Hq: int, Hk: int, S: int, D: int, dtype=f32, *, cos_batch
     def rows(P, n, H, po, pcos, psin, cta, tid):
         """Rotate the ``n`` rows of one tensor at ``P``/``po`` (``H`` heads); ``cta`` counts
         from this tensor's first CTA."""
+        from pyptx import ptx, reg  # the tracing layer: loaded at the first trace
         row = reg.scalar(u32)
         g = reg.scalar(u32)
         t = reg.scalar(u32)
@@ -125,6 +126,7 @@ def build_rope(B: int, Hq: int, Hk: int, S: int, D: int, dtype=f32, *, cos_batch
         pdl=pdl,
     )
     def rope(Q, K, COS, SIN, QO, KO):
+        from pyptx import ptx, reg  # the tracing layer: loaded at the first trace
         with rw.entry(pdl):
             pq, pk, pc, ps, pqo, pko = ptx.global_ptrs(Q, K, COS, SIN, QO, KO)
             cta = ptx.special.ctaid.x()

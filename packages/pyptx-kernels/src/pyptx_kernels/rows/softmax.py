@@ -12,7 +12,7 @@ sum. ``N`` must be a multiple of 32; large ``N`` spills registers.
 
 import math
 
-from pyptx import SpecError, Tile, kernel, ptx, reg
+from pyptx import SpecError, Tile, kernel
 from pyptx import rows as rw
 from pyptx.types import f32, u64
 from pyptx_kernels.rows.config import (
@@ -41,6 +41,7 @@ def build_softmax(B: int, N: int):
         block=(WARP_SIZE, 1, 1),
     )
     def softmax(X, Y):
+        from pyptx import ptx, reg  # the tracing layer: loaded at the first trace
         px, py = ptx.global_ptrs(X, Y)
         off = reg.scalar(u64)
         ptx.inst.mul.wide.u32(off, ptx.special.ctaid.x(), N * 4)
@@ -136,6 +137,7 @@ def _softmax_row(B, N, dt, c, arch):
         pdl=pdl,
     )
     def softmax_fast(X, Y):
+        from pyptx import ptx  # the tracing layer: loaded at the first trace
         with rw.entry(pdl):
             px, py = ptx.global_ptrs(X, Y)
             io = rw.Rows(plan, hints)
@@ -153,6 +155,7 @@ def _softmax_row(B, N, dt, c, arch):
 
 def _softmax_exp(io, x, *, lanes=False):
     """``(exp(x - max), 1 / sum of them)`` for a row held as ``x`` across the row's threads."""
+    from pyptx import ptx, reg  # the tracing layer: loaded at the first trace
     m = rw.tree(x, "max")
     io.reduce([m], "max", lanes=lanes)
     nm = reg.scalar(f32)
@@ -190,6 +193,7 @@ def _softmax_persistent(B, N, dt, c, arch):
         pdl=c.pdl,
     )
     def softmax_persist(X, Y):
+        from pyptx import ptx  # the tracing layer: loaded at the first trace
         px, py = ptx.global_ptrs(X, Y)
         io = rw.Rows(plan, hints)
 

@@ -17,7 +17,7 @@ threads it is the fastest shape measured for f32 8192x8192 on the H100.
     python -m pyptx_kernels.rows.swiglu [B] [N] [--dtype f32|bf16]
 """
 
-from pyptx import SpecError, Tile, kernel, ptx, reg, smem
+from pyptx import SpecError, Tile, kernel
 from pyptx import rows as rw
 from pyptx.types import b64, f32, u32, u64
 from pyptx_kernels._common import where
@@ -93,6 +93,7 @@ def build_swiglu(B: int, N: int, dtype=f32, *, config: RowConfig | None = None,
         arch=arch,
     )
     def swiglu(G, U, Y):
+        from pyptx import ptx, reg  # the tracing layer: loaded at the first trace
         with rw.entry(pdl):
             pg, pu, py = ptx.global_ptrs(G, U, Y)
             mv = _vectors(B, N // vec)
@@ -161,6 +162,7 @@ def build_swiglu_backward(B: int, N: int, dtype=f32, *, config: RowConfig | None
         arch=arch,
     )
     def swiglu_bwd(DY, G, U, DG, DU):
+        from pyptx import ptx, reg  # the tracing layer: loaded at the first trace
         with rw.entry(pdl):
             ptrs = ptx.global_ptrs(DY, G, U, DG, DU)
             mv = _vectors(B, N // vec)
@@ -196,6 +198,7 @@ def build_swiglu_backward(B: int, N: int, dtype=f32, *, config: RowConfig | None
 def _last_cta_masked(cta, body):
     """Emit ``body(False)`` for every CTA but the last and ``body(True)`` (predicated) for the
     last: only it can be partial, since ``B`` is known at launch only."""
+    from pyptx import ptx, reg  # the tracing layer: loaded at the first trace
     last = reg.scalar(u32)
     ptx.inst.sub.u32(last, ptx.special.nctaid.x(), 1)
     tail = ptx.label("tail")
@@ -229,6 +232,7 @@ def _flat_shape(who, B, N, dt, config):
 
 def _vectors(B, per_row):
     """The arrays' ``vec``-wide vectors, ``B * per_row`` (u32; ``B`` the ``nrows`` parameter)."""
+    from pyptx import ptx, reg  # the tracing layer: loaded at the first trace
     mv = reg.scalar(u32)
     ptx.inst.mul.lo.u32(mv, ptx.scalar_param(u32, B, name="nrows"), per_row)
     return mv
@@ -236,6 +240,7 @@ def _vectors(B, per_row):
 
 def _inside(idx, mv, threads, k):
     """Per chunk ``j``: is vector ``idx + j * threads`` inside the ``mv`` vectors."""
+    from pyptx import ptx, reg  # the tracing layer: loaded at the first trace
     preds = [idx < mv]
     for j in range(1, k):
         at = reg.scalar(u32)
@@ -260,6 +265,7 @@ def _swiglu_bulk(B, N, dt, threads, k, vec, grid, span, pdl, bulk_store, hints, 
         arch=arch,
     )
     def swiglu_bulk(G, U, Y):
+        from pyptx import ptx, reg, smem  # the tracing layer: loaded at the first trace
         with rw.entry(pdl):
             pg, pu, py = ptx.global_ptrs(G, U, Y)
             cta = ptx.special.ctaid.x()
@@ -318,6 +324,7 @@ def _swiglu_bulk(B, N, dt, threads, k, vec, grid, span, pdl, bulk_store, hints, 
 
 
 def _silu_mul(g, u):
+    from pyptx import ptx, reg  # the tracing layer: loaded at the first trace
     e = reg.scalar(f32)
     ptx.inst.mul.f32(e, g, -rw.LOG2E)
     ptx.inst.ex2.approx.ftz.f32(e, e)
@@ -331,6 +338,7 @@ def _silu_mul(g, u):
 
 def _silu_mul_grad(dy, g, u):
     """``(dy * u * s * (1 + g * (1 - s)), dy * g * s)`` with ``s = sigmoid(g)``, f32."""
+    from pyptx import ptx, reg  # the tracing layer: loaded at the first trace
     s = reg.scalar(f32)
     ptx.inst.mul.f32(s, g, -rw.LOG2E)
     ptx.inst.ex2.approx.ftz.f32(s, s)
