@@ -40,6 +40,15 @@ def test_gemm_siblings_cover_every_plan_a_default_call_takes(assembled):
     assert _family.stats()["traced"] == traced
 
 
+def test_gemm_siblings_of_an_mn_major_a(assembled):
+    """A weight gradient's ``g.T`` (A ``(K, M)``, MN-major): the small-M siblings are built
+    at M rounded up to 8, as a call pads them (M = 1 was a 2-byte TMA stride)."""
+    key = tuple(sorted(dict(KEY, a_major="MN", b_major="MN", KB=8192, NB=2048).items()))
+    plans = host.sibling_plans(2048, 8192, key)
+    host.warm_siblings(2048, 8192, key)
+    assert len(assembled) == sum(1 for n in plans if not n.endswith("_st"))
+
+
 def test_row_siblings_are_assembled(assembled):
     build_rms_norm_fast.warm_siblings(4096, bf16, (1e-6,), "sm_90a")
     assert len(assembled) >= 2 and all(n.startswith("rms_norm") for n in assembled)
