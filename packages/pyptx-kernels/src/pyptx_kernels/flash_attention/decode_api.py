@@ -152,23 +152,18 @@ def _plan(num_splits):
     return DecodeConfig(num_splits=num_splits)
 
 
-def _torch_launch(shape, dtype, causal, left, right, softcap, scale, num_splits, q):
+def _torch_launch(shape, dtype, causal, left, right, softcap, scale, num_splits, q,
+                  dense=False):
     """The launch of a checked call: a function of ``(q, k_cache, v_cache, cache_seqlens,
-    k, v, block_table)`` (torch CUDA tensors of ``shape``) returning ``(out, lse)``."""
+    k, v, block_table)`` (torch CUDA tensors of ``shape``) returning ``(out, lse)``
+    (``decode_host.torch_runner``; ``dense``: the caller knows q, the lengths, the table
+    and k/v contiguous)."""
     from pyptx_kernels.flash_attention import decode_host
 
-    go = decode_host.launcher(shape, dtype=dtype, causal=causal, window=(left, right),
-                              softcap=softcap, scale=scale, config=_plan(num_splits),
-                              num_sms=decode_host.device_sms(q))
-
-    def run(q, k_cache, v_cache, cache_seqlens, k, v, block_table):
-        arrays = [q.contiguous(), k_cache, v_cache, cache_seqlens.contiguous()]
-        if block_table is not None:
-            arrays.append(block_table.contiguous())
-        if k is not None:
-            arrays += [k.contiguous(), v.contiguous()]
-        return go(*arrays)
-    return run
+    return decode_host.torch_runner(shape, dtype=dtype, causal=causal, window=(left, right),
+                                    softcap=softcap, scale=scale, config=_plan(num_splits),
+                                    device_index=q.get_device(), num_sms=decode_host.device_sms(q),
+                                    dense=dense)
 
 
 def _run_torch(q, k_cache, v_cache, cache_seqlens, k, v, block_table, causal, left, right,
@@ -181,32 +176,42 @@ def _run_torch(q, k_cache, v_cache, cache_seqlens, k, v, block_table, causal, le
 #: eager calls on CUDA tensors already checked: ``_eager_key`` -> ``_torch_launch``'s function
 _EAGER = {}
 _EAGER_SLOTS = 64
+#: ``torch.Tensor`` and ``torch.compiler.is_compiling`` once a torch call has been seen
+#: (the eager fast path of ``attention_with_kvcache`` never imports torch itself)
+_TENSOR = None
+_IS_COMPILING = None
 
 
-def _eager_key(tensors, options):
-    """The key of an eager call (None unless every tensor is a plain CUDA ``torch.Tensor``):
-    each tensor's shape, dtype, device and contiguity, each option with its type (so ``1``
-    never finds the entry of ``True``), the window's items likewise. Only the keys of calls
-    that passed every check are stored, so a hit needs no check."""
-    import torch
+def _seen_torch(torch):
+    global _TENSOR, _IS_COMPILING
+    _TENSOR, _IS_COMPILING = torch.Tensor, torch.compiler.is_compiling
 
-    key = []
-    for t in tensors:
-        if t is None:
-            key.append(None)
-            continue
-        if type(t) is not torch.Tensor or not t.is_cuda:
-            return None
-        key.append((t.shape, t.dtype, t.device, t.is_contiguous()))
-    for x in options:
-        if isinstance(x, (tuple, list)):
-            key.append((type(x), tuple((type(w), w) for w in x)))
-        else:
-            key.append((type(x), x))
-    try:
-        hash(key := tuple(key))
-    except TypeError:
-        return None
+
+def _eager_key(q, k_cache, v_cache, cache_seqlens, k, v, block_table, causal, window,
+               softcap, scale, num_splits):
+    """The key of an eager call: each tensor's class, shape, dtype, device and contiguity,
+    each option with its type (so ``1`` never finds the entry of ``True``, nor ``-1.0`` a
+    window's ``-1``), the window's container and items likewise. Only the keys of calls on
+    plain CUDA tensors that passed every check are stored, so a hit needs no check.
+    Raises AttributeError, IndexError or TypeError for arguments no stored key can match
+    (a non-tensor, a window that is not a pair); an unhashable option makes looking the key
+    up raise TypeError. Those calls take the checked path."""
+    key = (q.shape, q.dtype, q.device, q.is_contiguous(),
+           k_cache.__class__, k_cache.shape, k_cache.dtype, k_cache.device,
+           k_cache.is_contiguous(),
+           v_cache.__class__, v_cache.shape, v_cache.dtype, v_cache.device,
+           v_cache.is_contiguous(),
+           cache_seqlens.__class__, cache_seqlens.shape, cache_seqlens.dtype,
+           cache_seqlens.device, cache_seqlens.is_contiguous(),
+           None if k is None else (k.__class__, k.shape, k.dtype, k.device, k.is_contiguous()),
+           None if v is None else (v.__class__, v.shape, v.dtype, v.device, v.is_contiguous()),
+           None if block_table is None else (block_table.__class__, block_table.shape,
+                                             block_table.dtype, block_table.device,
+                                             block_table.is_contiguous()),
+           causal.__class__, causal, window.__class__, window[0].__class__,
+           window[1].__class__, window if window.__class__ is tuple else tuple(window),
+           softcap.__class__, softcap, scale.__class__, scale, num_splits.__class__,
+           num_splits)
     return key
 
 
@@ -327,14 +332,17 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
     Returns ``out (B, Sq, Hq, D)`` in q's dtype, and with ``return_softmax_lse`` also
     ``lse (B, Hq, Sq)`` float32 (natural log). Bad input raises ``ConfigError`` naming the
     caller's line."""
-    tensors = (q, k_cache, v_cache, cache_seqlens, k, v, block_table)
-    eager = framework(q) == "torch" and not _compiling()
-    key = _eager_key(tensors, (causal, window, softcap, scale, num_splits)) if eager else None
-    run = _EAGER.get(key) if key is not None else None
-    if run is not None:
-        out, lse = run(*tensors)
-        return (out, lse) if return_softmax_lse else out
+    if q.__class__ is _TENSOR and not _IS_COMPILING():   # eager torch: a checked call?
+        try:
+            run = _EAGER.get(_eager_key(q, k_cache, v_cache, cache_seqlens, k, v, block_table,
+                                        causal, window, softcap, scale, num_splits))
+        except (AttributeError, IndexError, TypeError):
+            run = None
+        if run is not None:
+            out, lse = run(q, k_cache, v_cache, cache_seqlens, k, v, block_table)
+            return (out, lse) if return_softmax_lse else out
     shape, dtype = check_call(q, k_cache, v_cache, cache_seqlens, k, v, block_table)
+    options = (causal, window, softcap, scale, num_splits)
     causal, window, softcap, scale, splits = _options(causal, window, softcap, scale, shape.D,
                                                       num_splits)
     if framework(q) == "jax":
@@ -344,14 +352,22 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
         return (*head, kc, vc) if k is not None else (head if return_softmax_lse else out)
     import torch
 
+    _seen_torch(torch)
     if not (_common.symbolic(k_cache) or (k_cache.is_contiguous() and v_cache.is_contiguous())):
         raise _err("k_cache and v_cache must be contiguous (the kernel reads and writes them "
                    "in place)")
     _register()
     tail = (cache_seqlens, block_table, causal, window[0], window[1], softcap, scale, splits)
-    if eager and all(type(t) is torch.Tensor and t.device.type == "cuda"
-                     for t in tensors if t is not None):
-        run = _torch_launch(shape, dtype, *tail[2:], q)
+    tensors = (q, k_cache, v_cache, cache_seqlens, k, v, block_table)
+    if not _compiling() and all(type(t) is torch.Tensor and t.is_cuda
+                                for t in tensors if t is not None):
+        dense = all(t.is_contiguous() for t in tensors if t is not None)
+        run = _torch_launch(shape, dtype, *tail[2:], q, dense=dense)
+        try:
+            key = _eager_key(q, k_cache, v_cache, cache_seqlens, k, v, block_table, *options)
+            hash(key)
+        except (AttributeError, IndexError, TypeError):
+            key = None
         if key is not None:
             if len(_EAGER) >= _EAGER_SLOTS:
                 _EAGER.clear()

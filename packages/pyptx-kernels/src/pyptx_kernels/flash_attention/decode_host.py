@@ -96,6 +96,71 @@ def launcher(shape, *, dtype, causal, window, softcap, scale, config, num_sms=H1
     return run
 
 
+def torch_runner(shape, *, dtype, causal, window, softcap, scale, config, device_index,
+                 num_sms=H100_SMS, dense=True):
+    """The eager torch launch of one checked call's sizes and options on CUDA device
+    ``device_index``: a function of ``(q, k_cache, v_cache, cache_seqlens, k, v,
+    block_table)`` (``attention_with_kvcache``'s order; None for an absent one) returning
+    ``(o, lse)``, doing per call only what ``launcher``'s function does on those arguments:
+    the inputs in ``build_decode``'s order (``dense=False``: ``.contiguous()`` of q,
+    the lengths, the table and k/v; ``dense``: taken as they are, the caller knows them
+    contiguous), with KV splits the stream's zeroed counters, and the kernel's launch.
+
+    The counters: per raw CUDA stream the ``_common.zeroed_words`` tensor of this device and
+    size (a launch leaves it zeroed; launches on one stream run in order), looked up with
+    ``torch._C``'s raw stream query (no ``torch.cuda.Stream`` object per call); a fresh
+    zeroed tensor while the current stream captures a CUDA graph (the graph owns it)."""
+    dec, splits = decode_kernel(shape, dtype, causal, window, softcap, scale, config, num_sms)
+    paged, append = shape.paged, shape.append
+    if splits == 1:
+        cnt = None
+    else:
+        import torch
+
+        n, per_stream = counters(shape, config), {}
+        C, int32 = torch._C, torch.int32
+
+        def cnt(like):
+            raw = getattr(C, "_cuda_getCurrentRawStream", None)
+            capturing = getattr(C, "_cuda_isCurrentStreamCapturing", None)
+            if raw is None or capturing is None:    # a torch without the raw queries
+                return zeroed_words(like, n)
+            if capturing():
+                return torch.zeros(n, dtype=int32, device=like.device)
+            stream = raw(device_index)
+            words = per_stream.get(stream)
+            if words is None:
+                if len(per_stream) >= 16:
+                    per_stream.clear()
+                words = per_stream[stream] = zeroed_words(like, n)
+            return words
+
+    if dense:
+        def run(q, k_cache, v_cache, cache_seqlens, k, v, block_table):
+            if paged:
+                arrays = (q, k_cache, v_cache, cache_seqlens, block_table, k, v) if append \
+                    else (q, k_cache, v_cache, cache_seqlens, block_table)
+            else:
+                arrays = (q, k_cache, v_cache, cache_seqlens, k, v) if append \
+                    else (q, k_cache, v_cache, cache_seqlens)
+            if cnt is None:
+                return dec(*arrays)
+            out = dec(*arrays, cnt(q))
+            return out[0], out[1]
+    else:
+        def run(q, k_cache, v_cache, cache_seqlens, k, v, block_table):
+            arrays = [q.contiguous(), k_cache, v_cache, cache_seqlens.contiguous()]
+            if paged:
+                arrays.append(block_table.contiguous())
+            if append:
+                arrays += [k.contiguous(), v.contiguous()]
+            if cnt is None:
+                return dec(*arrays)
+            out = dec(*arrays, cnt(q))
+            return out[0], out[1]
+    return run
+
+
 def decode(shape, arrays, *, dtype, causal, window, softcap, scale, config, num_sms=H100_SMS):
     """``(o (B, Sq, Hq, D), lse (B, Hq, Sq))`` of the decode kernel on ``arrays`` (its
     inputs, in ``build_decode``'s order, without the counters). With ``shape.append`` the
