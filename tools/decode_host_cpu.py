@@ -186,7 +186,7 @@ def _launch_of(fn):
     return captured[-1]
 
 
-def gpu_main(n, reps=7):
+def gpu_main(n, reps=7, device="cuda"):
     """On a CUDA device, nothing stubbed: host µs per call of each case (the GPU kept busy by
     ``torch.cuda._sleep`` while ``n`` calls are queued, so only the host is timed; the best
     of ``reps``) and of the kernel launch alone (``Kernel.__call__`` on the same inputs and
@@ -207,7 +207,7 @@ def gpu_main(n, reps=7):
 
     print(f"{'case':22s} {'call us':>8s} {'launch us':>10s} {'python us':>10s}")
     for name, B, Sk, opts in CASES:
-        fn = call_of(B, Sk, opts, device="cuda")
+        fn = call_of(B, Sk, opts, device=device)
         fn()
         kern, args = _launch_of(fn)
         call = host_us(fn)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import math
 import numbers
+import sys
 
 from pyptx.errors import ConfigError
 from pyptx_kernels import _common
@@ -30,6 +31,7 @@ from pyptx_kernels.flash_attention.decode_config import (
 from pyptx_kernels.flash_attention.decode_kernel import DecodeShape
 
 FN = "attention_with_kvcache"
+_MODULES = sys.modules
 _DTYPES = {"bfloat16": "bf16", "float16": "f16"}
 
 
@@ -176,17 +178,6 @@ def _run_torch(q, k_cache, v_cache, cache_seqlens, k, v, block_table, causal, le
 #: eager calls on CUDA tensors already checked: ``_eager_key`` -> ``_torch_launch``'s function
 _EAGER = {}
 _EAGER_SLOTS = 64
-#: ``torch.Tensor`` and ``torch.compiler.is_compiling`` once a torch call has been seen
-#: (the eager fast path of ``attention_with_kvcache`` never imports torch itself)
-_TENSOR = None
-_IS_COMPILING = None
-
-
-def _seen_torch(torch):
-    global _TENSOR, _IS_COMPILING
-    _TENSOR, _IS_COMPILING = torch.Tensor, torch.compiler.is_compiling
-
-
 def _eager_key(q, k_cache, v_cache, cache_seqlens, k, v, block_table, causal, window,
                softcap, scale, num_splits):
     """The key of an eager call: each tensor's class, shape, dtype, device and contiguity,
@@ -332,7 +323,8 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
     Returns ``out (B, Sq, Hq, D)`` in q's dtype, and with ``return_softmax_lse`` also
     ``lse (B, Hq, Sq)`` float32 (natural log). Bad input raises ``ConfigError`` naming the
     caller's line."""
-    if q.__class__ is _TENSOR and not _IS_COMPILING():   # eager torch: a checked call?
+    torch = _MODULES.get("torch")    # eager torch (never imported here): a checked call?
+    if torch is not None and not torch.compiler.is_compiling() and q.__class__ is torch.Tensor:
         try:
             run = _EAGER.get(_eager_key(q, k_cache, v_cache, cache_seqlens, k, v, block_table,
                                         causal, window, softcap, scale, num_splits))
@@ -352,7 +344,6 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
         return (*head, kc, vc) if k is not None else (head if return_softmax_lse else out)
     import torch
 
-    _seen_torch(torch)
     if not (_common.symbolic(k_cache) or (k_cache.is_contiguous() and v_cache.is_contiguous())):
         raise _err("k_cache and v_cache must be contiguous (the kernel reads and writes them "
                    "in place)")
