@@ -1,12 +1,13 @@
 """The eager fast path of ``attention_with_kvcache`` (a repeated call's key finds its checked
 plan: no checks, no planning, the stream's zeroed counters) on CPU tensors that pass for
-CUDA ones, each decode kernel's torch launch replaced by a recorder: a repeated call
-launches the same kernel (so the same PTX, grid and block) on the same tensors and counters
-as the checked reference route (``check_call`` + ``decode_host.decode``, the launcher the
-JAX path and the benchmarks use) for contiguous and paged caches, with and without
-appended k/v, ragged lengths, B 1/16/64, causal or not, windows, softcap, fixed splits and
-non-contiguous q; counters are fresh zeros while a CUDA graph is captured and per stream
-otherwise; every bad input still raises at the caller's line after the call was cached."""
+CUDA ones, each decode kernel's torch launch replaced by a recorder: a repeated call, and
+the custom ops' implementation, launch the same kernel (so the same PTX, grid and block) on
+the same tensors and counters as the checked reference route (``check_call`` +
+``decode_host.decode``, the launcher the JAX path and the benchmarks use), for contiguous
+and paged caches, with and without appended k/v, ragged lengths, B 1/16/64, causal or not,
+windows, softcap, fixed splits and non-contiguous q; counters are fresh zeros while a CUDA
+graph is captured and per stream otherwise; every bad input still raises at the caller's
+line after the call was cached."""
 
 from __future__ import annotations
 
@@ -85,7 +86,9 @@ def env(monkeypatch):
     monkeypatch.setattr(_common, "check_devices", check_devices)
     monkeypatch.setattr(decode_api, "_EAGER", {})
     monkeypatch.setattr(_common, "_ZEROED", {})
+    decode_api._runner.cache_clear()     # runners hold kernels and their streams' counters
     yield e
+    decode_api._runner.cache_clear()
 
 
 def _inputs(B, Sk, *, paged=False, append=False, ragged=False, Sq=1, seed=0):
@@ -171,6 +174,14 @@ def test_repeated_call_launches_what_the_checked_route_launches(env, monkeypatch
     assert len(decode_api._EAGER) == 1
     want = _reference(env, args, kw, opts)
     _same_launch(env.log[0], want)
+    # the custom ops' implementation (torch.compile's and the dispatcher's route)
+    q, kc, vc, lens = args
+    causal, window, softcap, scale, splits = decode_api._options(
+        opts.get("causal", True), opts.get("window", (-1, -1)), opts.get("softcap", 0.0),
+        opts.get("scale"), D, opts.get("num_splits", 0))
+    decode_api._run_torch(q, kc, vc, lens, kw.get("k"), kw.get("v"), kw.get("block_table"),
+                          causal, *window, softcap, scale, splits)
+    _same_launch(env.log[-1], want)
     real_check = decode_api.check_call
     _fail_checks(monkeypatch)
     for _ in range(2):

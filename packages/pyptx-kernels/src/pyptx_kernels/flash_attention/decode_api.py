@@ -162,10 +162,17 @@ def _torch_launch(shape, dtype, causal, left, right, softcap, scale, num_splits,
     and k/v contiguous)."""
     from pyptx_kernels.flash_attention import decode_host
 
+    return _runner(shape, dtype, causal, left, right, softcap, scale, num_splits,
+                   q.get_device(), decode_host.device_sms(q), dense)
+
+
+@functools.lru_cache(maxsize=64)
+def _runner(shape, dtype, causal, left, right, softcap, scale, num_splits, index, sms, dense):
+    from pyptx_kernels.flash_attention import decode_host
+
     return decode_host.torch_runner(shape, dtype=dtype, causal=causal, window=(left, right),
                                     softcap=softcap, scale=scale, config=_plan(num_splits),
-                                    device_index=q.get_device(), num_sms=decode_host.device_sms(q),
-                                    dense=dense)
+                                    device_index=index, num_sms=sms, dense=dense)
 
 
 def _run_torch(q, k_cache, v_cache, cache_seqlens, k, v, block_table, causal, left, right,

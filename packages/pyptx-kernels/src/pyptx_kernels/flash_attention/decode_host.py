@@ -1,7 +1,8 @@
 """The decode call's host side: the plan (KV splits by a size heuristic, no timing), the
 kernel cache, the split kernel's zeroed arrival counters (``zeroed_counters``), and the
-launch on torch tensors or JAX arrays (``decode``): one kernel, whose last CTA per
-(batch, KV head) combines the splits.
+launch on torch tensors or JAX arrays (``decode``; ``torch_runner``: the eager torch
+launch of one checked call's sizes, what a repeated ``attention_with_kvcache`` call runs):
+one kernel, whose last CTA per (batch, KV head) combines the splits.
 
 Nothing here reads a length on the host: ``cache_seqlens`` stays on the device, the plan
 depends on shapes only, so a torch call can be captured in a CUDA graph and replayed with
