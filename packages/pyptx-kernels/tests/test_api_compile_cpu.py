@@ -121,6 +121,32 @@ def test_compiled_matches_eager_with_model_launches(monkeypatch):
     torch._dynamo.reset()
 
 
+def test_inductor_lowers_the_ops_as_registered_fallbacks(monkeypatch):
+    """The ops are registered fallback kernels by the time inductor lowers a graph: its
+    implicit fallback (torch 2.11) formats every argument's IR eagerly, exponential in the
+    graph's depth (an 8-layer Llama spent minutes there)."""
+    from torch._inductor import graph, lowering
+
+    monkeypatch.setattr(_common, "check_devices", lambda *a: None)
+    monkeypatch.setattr(rows_api, "_rms_norm", _rms)
+    implicit = []
+    real = graph.make_fallback
+    monkeypatch.setattr(graph, "make_fallback",
+                        lambda op, *a, **k: (implicit.append(str(op)), real(op, *a, **k))[1])
+    _common.define_ops()
+    op = torch.ops.pyptx.rms_norm.default
+    lowering.lowerings.pop(op, None)
+    x = torch.randn(4, 32).to(BF)
+    w = (torch.randn(32) / 4).to(BF)
+    torch._dynamo.reset()
+    y = torch.compile(lambda x, w: pk.rms_norm(x, w) * 2, backend="inductor",
+                      fullgraph=True)(x, w)
+    torch.testing.assert_close(y, _rms(x, w, 1e-6) * 2, rtol=0, atol=0)
+    assert op in lowering.lowerings
+    assert not [o for o in implicit if o.startswith("pyptx")], implicit
+    torch._dynamo.reset()
+
+
 def test_bad_input_under_compile():
     """Without ``fullgraph`` dynamo falls back to eager and the ``PyptxError`` names the line;
     with it, dynamo's error carries the message (a trace has no frames to name)."""

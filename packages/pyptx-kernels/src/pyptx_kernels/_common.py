@@ -216,11 +216,52 @@ def _define_now(name: str):
 
     schema, impl, fake, backward, setup_context = entry
     op = torch.library.custom_op(f"pyptx::{name}", impl, mutates_args=(), schema=schema)
-    op.register_fake(fake)
+    op.register_fake(_registering_fallback(name, fake))
     if backward is not None:
         op.register_autograd(backward, setup_context=setup_context)
     _TORCH_OPS[name] = op
     return op
+
+
+def _registering_fallback(name: str, fake):
+    """``fake``, which also registers op ``name`` with inductor as a fallback kernel when
+    inductor is loaded (AOT autograd traces the fakes inside inductor's compile, before the
+    graph is lowered; fakes run only while tracing, so the check costs no eager call)."""
+    qualname = f"pyptx::{name}"
+
+    @functools.wraps(fake)
+    def traced(*args, **kwargs):
+        inductor_fallback(qualname)
+        return fake(*args, **kwargs)
+
+    return traced
+
+
+def inductor_fallback(qualname: str) -> bool:
+    """Register the custom op ``qualname`` (``"pyptx::<name>"``) with inductor as a fallback
+    kernel, with the layout constraint its implicit fallback would take, so inductor never
+    takes that path: torch 2.11 formats every argument's IR there eagerly (for a log line),
+    which grows exponentially with the depth of the graph (minutes for an 8-layer Llama).
+    True once registered (or inductor already lowers the op); False while inductor is not
+    loaded or lacks what this needs."""
+    lowering = sys.modules.get("torch._inductor.lowering")
+    if lowering is None:
+        return False
+    import torch
+
+    ns, op_name = qualname.split("::")
+    op = getattr(getattr(torch.ops, ns), op_name).default
+    if op in lowering.lowerings:
+        return True
+    try:
+        from torch._library.utils import get_layout_constraint_tag
+
+        constraint = lowering.tag_to_layout_constraint(
+            get_layout_constraint_tag(op, with_default=True))
+        lowering.make_fallback(op, layout_constraint=constraint, warn=False)
+    except (AttributeError, ImportError, TypeError):   # an inductor without these hooks
+        return False
+    return True
 
 
 def define_op(name: str) -> bool:
