@@ -17,10 +17,15 @@ import pytest
 
 pytest.importorskip("torch")
 
+# ``pyptx.operand`` is not here: the GEMM builders read their operand tiles' geometry and
+# tensor-map options at build time, and it imports the tracing layer (reg, smem) only in the
+# methods that emit code.
 TRACING = ("pyptx.reg", "pyptx.smem", "pyptx.imm", "pyptx.ptx", "pyptx.warpspec",
-           "pyptx.pipeline", "pyptx.fragment", "pyptx.operand", "pyptx.rows.access",
+           "pyptx.pipeline", "pyptx.fragment", "pyptx.rows.access",
            "pyptx_kernels.flash_attention.fwd_mainloop", "pyptx_kernels.flash_attention.masks",
-           "pyptx_kernels.flash_attention.fwd_scheduler")
+           "pyptx_kernels.flash_attention.fwd_scheduler", "pyptx_kernels.gemm.mainloop",
+           "pyptx_kernels.gemm.epilogue", "pyptx_kernels.grouped_gemm.epilogue",
+           "pyptx_kernels.fp8_gemm.mainloop", "pyptx_kernels.fp8_gemm.epilogue")
 
 CHILD = textwrap.dedent("""
     import json, sys
@@ -34,6 +39,17 @@ CHILD = textwrap.dedent("""
     op = sys.argv[1]
     if op == "rms_norm":
         args, kw = (torch.empty(100, 1024, dtype=bf), torch.empty(1024, dtype=bf)), {}
+    elif op == "matmul":
+        args, kw = (torch.empty(200, 256, dtype=bf), torch.empty(512, 256, dtype=bf).T), {}
+    elif op == "grouped_mm":
+        offs = torch.tensor([100, 256], dtype=torch.int32)
+        args, kw = (torch.empty(256, 128, dtype=bf), torch.empty(2, 128, 256, dtype=bf),
+                    offs), {}
+    elif op == "scaled_mm":
+        one = torch.ones(1)
+        args = (torch.empty(200, 256, dtype=torch.float8_e4m3fn),
+                torch.empty(512, 256, dtype=torch.float8_e4m3fn).T, one, one)
+        kw = {}
     else:
         q = torch.empty(1, 256, 4, 128, dtype=bf)
         args, kw = (q, q.clone(), q.clone()), {"causal": True}
@@ -55,7 +71,7 @@ def _run(op: str, cache: str) -> dict:
     return json.loads(out.split("RESULT ", 1)[1])
 
 
-@pytest.mark.parametrize("op", ["rms_norm", "attention"])
+@pytest.mark.parametrize("op", ["rms_norm", "attention", "matmul", "grouped_mm", "scaled_mm"])
 def test_a_warm_disk_first_call_loads_no_tracing_code(op, tmp_path):
     first = _run(op, str(tmp_path))
     assert first["family"]["traced"] >= 1 and "on cpu" in first["why"], first

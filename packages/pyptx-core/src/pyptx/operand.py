@@ -20,14 +20,17 @@ bulk tensor copy fills one slab, which is exactly how the copy engine lays a box
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import OperandError, TmaError
-from .reg import Reg, render
-from .smem import SharedArray
 from .source import where
 from .trace import current
 from .types import PtxType, u32, u64
+
+if TYPE_CHECKING:  # the tracing layer, imported by the methods that emit code: the geometry
+    # (sizes, tensor-map options) is read by a host that builds a kernel without tracing it
+    from .reg import Reg
+    from .smem import SharedArray
 
 __all__ = ["OperandTile", "MMA_K_BYTES"]
 
@@ -159,6 +162,9 @@ class OperandTile:
         ``cvt.u64.u32`` and ``or.b64`` with the constant fields; ``mov.u32`` first for a
         shared array, ``add.u32`` first for a non-zero byte offset. ``target``: "wgmma"
         (Hopper) or "tcgen05" (Blackwell's descriptor, see ``descriptor_constant``)."""
+        from .reg import Reg, render
+        from .smem import SharedArray
+
         const = self.descriptor_constant(target)
         trace = current()
         if type(base) is SharedArray:
@@ -184,6 +190,8 @@ class OperandTile:
     def advance(self, desc: Reg, k_step: int = 0, mn_start: int = 0, offset: int = 0) -> Reg:
         """``desc`` (of k-step 0, row 0) moved to ``k_step``/``mn_start`` (+ ``offset`` bytes,
         e.g. another pipeline stage): one ``add.s64`` of ``bytes >> 4``, or ``desc`` itself."""
+        from .reg import Reg, render
+
         trace = current()
         if type(desc) is not Reg or desc.type.bits != 64:
             raise OperandError(f"{where()}: OperandTile.advance desc must be a u64 descriptor "
@@ -289,7 +297,8 @@ class OperandTile:
         stays beside its copy), ``(shared address, coordinates)`` of every box a ``load``
         copies; addresses are None when ``dst`` is."""
         from .ptx.memory import Addr
-        from .reg import from_
+        from .reg import Reg, from_
+        from .smem import SharedArray
 
         index, count = part if part is not None else (0, 1)
         tmap = tensor

@@ -21,6 +21,12 @@ def smem_bytes(BM, BN, stages):
     return stages * (BM + BN) * BK + (BM // 64) * EPI_BUFS * 64 * 128 + 1024
 
 
+def partial_columns(BN, fast_accum=False):
+    """Columns of the partial (tensor-core) accumulator: the whole tile without promotion,
+    else at most 128 (a 192- or 256-column tile runs in two halves per k-block)."""
+    return BN if fast_accum or BN <= 128 else BN // 2
+
+
 def _bad(msg):
     """A ``ConfigError`` at the line that built the plan."""
     return ConfigError(f"{where()}: Fp8GemmConfig: {msg}")

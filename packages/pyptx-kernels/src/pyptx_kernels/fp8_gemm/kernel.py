@@ -19,26 +19,14 @@ from __future__ import annotations
 
 import sys
 
-from pyptx import Tile, kernel, ptx
+from pyptx import Tile, kernel
+from pyptx.arch import register_budget
 from pyptx.errors import ConfigError
-from pyptx.fragment import Accumulator
 from pyptx.operand import OperandTile
-from pyptx.pipeline import Pipeline
 from pyptx.types import bf16, e4m3, e5m2, f32
-from pyptx.warpspec import (
-    Roles,
-    drain_stores,
-    prologue,
-    register_budget,
-    ring_base,
-    swizzled_rows,
-    thread_ids,
-)
 from pyptx_kernels import _family
 from pyptx_kernels._common import fail
-from pyptx_kernels.fp8_gemm import mainloop
-from pyptx_kernels.fp8_gemm.config import BK, EPI_BUFS, Fp8GemmConfig, smem_bytes
-from pyptx_kernels.fp8_gemm.epilogue import Epilogue
+from pyptx_kernels.fp8_gemm.config import BK, EPI_BUFS, Fp8GemmConfig, partial_columns, smem_bytes
 from pyptx_kernels.fp8_gemm.scales import SCALES, scale_specs
 from pyptx_kernels.fp8_gemm.scheduler import Geometry, tile_origin
 
@@ -101,7 +89,7 @@ def build_fp8_gemm(M: int, N: int, K: int, *, scale="tensor", dtype="e4m3", dtyp
     e_out = ot.bytes
     wg_out_bytes = EPI_BUFS * 64 * 128
     promote = not fast_accum
-    NH = mainloop.partial_columns(BN, fast_accum)
+    NH = partial_columns(BN, fast_accum)
     host_g = Geometry.of(M, N, K, config)
     prod_regs = 40
     maxnreg, cons_regs = register_budget(consumers, prod_regs)
@@ -111,6 +99,22 @@ def build_fp8_gemm(M: int, N: int, K: int, *, scale="tensor", dtype="e4m3", dtyp
            "D": {"box": (64, 128 // e_out), "swizzle": "128B"}}
 
     def fp8_gemm(A, B, SA, SB, D):
+        # The tracing code, loaded at the first trace: a kernel built from its family's code
+        # (this process's or the disk cache's) never imports it.
+        from pyptx import ptx
+        from pyptx.fragment import Accumulator
+        from pyptx.pipeline import Pipeline
+        from pyptx.warpspec import (
+            Roles,
+            drain_stores,
+            prologue,
+            ring_base,
+            swizzled_rows,
+            thread_ids,
+        )
+        from pyptx_kernels.fp8_gemm import mainloop
+        from pyptx_kernels.fp8_gemm.epilogue import Epilogue
+
         g = host_g.bind()
         base = ring_base()
         pipe = Pipeline(stages, consumer_arrivals=consumers * (cluster if multicast else 1))

@@ -8,14 +8,8 @@ from __future__ import annotations
 from pyptx import ptx, reg
 from pyptx.types import u32, u64
 from pyptx.warpspec import load_ab_ring
-from pyptx_kernels.fp8_gemm.config import BK
+from pyptx_kernels.fp8_gemm.config import BK, partial_columns  # noqa: F401  (defined there)
 from pyptx_kernels.fp8_gemm.scales import load_f32
-
-
-def partial_columns(BN, fast_accum=False):
-    """Columns of the partial (tensor-core) accumulator: the whole tile without promotion,
-    else at most 128 (a 192- or 256-column tile runs in two halves per k-block)."""
-    return BN if fast_accum or BN <= 128 else BN // 2
 
 
 def produce(pipe, A, B, a_tile, b_tile, *, base, cid, g, coords, rank):

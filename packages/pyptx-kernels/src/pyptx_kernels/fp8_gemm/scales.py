@@ -6,11 +6,13 @@ specs and the loads of scale values in the kernel.
 * ``"block"``: ``sa (M, ceil(K/128))`` per 1 x 128 block of A, ``sb (ceil(N/128),
   ceil(K/128))`` per 128 x 128 block of B, ``D[m, n] = sum_kb sa[m, kb] * sb[n // 128, kb]
   * (A @ B over k-block kb)[m, n]``.
+
+The host's part (kinds, specs) imports no tracing code: the loads import it.
 """
 
 from __future__ import annotations
 
-from pyptx import Tile, ptx, reg
+from pyptx import Tile
 from pyptx.types import f32
 
 SCALES = ("tensor", "row", "block")
@@ -42,6 +44,8 @@ def scale_specs(scale, M, N, g):
 
 def load_f32(ptr, index, ok):
     """``ptr[index]`` (f32) where ``ok`` holds, else 0."""
+    from pyptx import ptx, reg
+
     v = reg.scalar(f32, init=0.0)
     ptx.inst.ld.global_.nc.f32(v, ptx.addr(ptr + index * 4), pred=ok)
     return v
@@ -49,6 +53,8 @@ def load_f32(ptr, index, ok):
 
 def tensor_scale(psa, psb):
     """``sa * sb`` of per-tensor scales (one f32 at each pointer)."""
+    from pyptx import ptx, reg
+
     s_a = reg.scalar(f32)
     s_b = reg.scalar(f32)
     ptx.inst.ld.global_.nc.f32(s_a, ptx.addr(psa))

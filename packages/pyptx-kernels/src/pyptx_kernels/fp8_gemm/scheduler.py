@@ -1,13 +1,12 @@
 """The FP8 GEMM's work decomposition: output tiles, the persistent grid of clusters and the
-grouped tile order."""
+grouped tile order. The host's part imports no tracing code: ``bind`` and ``tile_origin``
+import it."""
 
 from __future__ import annotations
 
 import copy
 
-from pyptx import ptx
 from pyptx.types import u32
-from pyptx.warpspec import grouped_tile_origin
 from pyptx_kernels.fp8_gemm.config import BK
 from pyptx_kernels.fp8_gemm.scales import SCALE_BLOCK
 
@@ -38,6 +37,8 @@ class Geometry:
     def bind(self):
         """This geometry as the kernel sees it (call inside the kernel body): a copy whose
         ``M``, ``num_mc`` and ``tiles`` are registers loaded from kernel parameters."""
+        from pyptx import ptx
+
         bound = copy.copy(self)
         for name, value in self.params().items():
             setattr(bound, name, ptx.scalar_param(u32, value, name))
@@ -59,5 +60,7 @@ def tile_origin(t, rank, g):
     """``(m0, n0)`` of cluster tile ``t`` for cluster CTA ``rank``: ``g.gm`` cluster rows per
     band, walked column by column. Works on Python ints (the CPU model) and on u32
     registers (the kernel)."""
+    from pyptx.warpspec import grouped_tile_origin
+
     return grouped_tile_origin(t, rank, num_mc=g.num_mc, num_n=g.num_n, gm=g.gm,
                                cluster=g.cluster, BM=g.BM, BN=g.BN)

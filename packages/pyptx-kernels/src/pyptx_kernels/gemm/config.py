@@ -1,5 +1,7 @@
 """The GEMM's plans: ``GemmConfig`` (a validated, frozen tile and schedule plan), the
-shared-memory budget it must fit, and ``GEMM_CONFIGS``, the plans the tuner times."""
+shared-memory budget it must fit, ``GEMM_CONFIGS``, the plans the tuner times, and the
+epilogue's activations (``ACTIVATIONS``, ``GATE_BLOCK``: here, so a host that builds a kernel
+from its family's stored code imports no tracing code)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,10 @@ H100_SMS = 132
 SMEM_LIMIT = 227 * 1024 - 256  # less the static barriers
 EPI_BUFS = 2
 MAX_STAGES = 10
+ACTIVATIONS = (None, "relu", "silu", "gelu_tanh", "swiglu")
+"""The epilogue's activations (``epilogue.activate``; ``"swiglu"`` is the gated form)."""
+GATE_BLOCK = 64
+"""Columns of a gate (or up) block of the gated epilogue's interleaved B (``pack_gated``)."""
 
 
 def smem_bytes(BM, BN, BK, stages, out_bytes=2, consumers=None, epi_bufs=EPI_BUFS):

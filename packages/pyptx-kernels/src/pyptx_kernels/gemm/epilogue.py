@@ -10,10 +10,7 @@ from pyptx import ptx, reg
 from pyptx.rows.access import unpack
 from pyptx.types import b32, f32
 from pyptx.warpspec import store_slabs, swizzled_rows
-
-ACTIVATIONS = (None, "relu", "silu", "gelu_tanh", "swiglu")
-GATE_BLOCK = 64
-"""Columns of a gate (or up) block of the gated epilogue's interleaved B (``pack_gated``)."""
+from pyptx_kernels.gemm.config import ACTIVATIONS, GATE_BLOCK  # noqa: F401  (defined there)
 
 
 def activate(v, activation):

@@ -18,31 +18,16 @@ from __future__ import annotations
 
 import inspect
 
-from pyptx import Tile, kernel, ptx
+from pyptx import Tile, kernel
+from pyptx.arch import register_budget
 from pyptx.autotune import Config, autotune
 from pyptx.errors import ConfigError
-from pyptx.fragment import Accumulator
 from pyptx.operand import OperandTile
-from pyptx.pipeline import Pipeline
 from pyptx.types import bf16, f16, f32, u32
-from pyptx.warpspec import (
-    Roles,
-    drain_stores,
-    min_u32,
-    prologue,
-    register_budget,
-    ring_base,
-    thread_ids,
-)
 from pyptx_kernels import _family
 from pyptx_kernels._common import fail
-from pyptx_kernels.gemm import mainloop
-from pyptx_kernels.gemm.config import GEMM_CONFIGS, GemmConfig
-from pyptx_kernels.gemm.epilogue import ACTIVATIONS, TileEpilogue
-from pyptx_kernels.gemm.scheduler import FLAG_WORDS, SplitTailFixup, SplitTailGemm, TileSchedule
-
-ptx_min = min_u32
-"""``min.u32 d, r, v`` (``pyptx.warpspec.min_u32``; the FP8 GEMM's main loop uses it)."""
+from pyptx_kernels.gemm.config import ACTIVATIONS, GEMM_CONFIGS, GemmConfig
+from pyptx_kernels.gemm.scheduler import FLAG_WORDS, SplitTailGemm, TileSchedule
 
 
 def _dtype(name, what):
@@ -131,6 +116,16 @@ def build_gemm(M: int, N: int, K: int, *, dtype="bf16", out_dtype="bf16", a_majo
            "D": {"box": (64, 128 // ot.bytes), "swizzle": "128B"}}
 
     def body(A, B, Bias, D, Flags=None, WS=None, R=None):
+        # The tracing code, loaded at the first trace: a kernel built from its family's code
+        # (this process's or the disk cache's) never imports it.
+        from pyptx import ptx
+        from pyptx.fragment import Accumulator
+        from pyptx.pipeline import Pipeline
+        from pyptx.warpspec import Roles, drain_stores, prologue, ring_base, thread_ids
+        from pyptx_kernels.gemm import mainloop
+        from pyptx_kernels.gemm.epilogue import TileEpilogue
+        from pyptx_kernels.gemm.scheduler import SplitTailFixup
+
         sched = host_sched.bind()
         base = ring_base()
         pipe = Pipeline(stages, consumer_arrivals=consumers * (cluster if multicast else 1))

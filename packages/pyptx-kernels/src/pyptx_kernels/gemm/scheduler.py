@@ -1,16 +1,17 @@
 """The GEMM's tile scheduler: the persistent grid and its grouped tile order
 (``TileSchedule``), the split-tail work decomposition (``split_tail_plan``, its host model
 ``split_tail_items``, the partial-sum fix-up ``SplitTailFixup``) and the split-tail
-kernel's host wrapper (``SplitTailGemm``, ``zeroed_flags``)."""
+kernel's host wrapper (``SplitTailGemm``, ``zeroed_flags``).
+
+The host side (the schedule's sizes, plan, grid and parameters) imports no tracing code: the
+methods that emit code import it (a kernel built from its family's stored code never does)."""
 
 from __future__ import annotations
 
 import copy
 
-from pyptx import ptx, reg
 from pyptx.errors import ConfigError
 from pyptx.types import f32, u32, u64
-from pyptx.warpspec import grouped_tile_origin
 from pyptx_kernels._common import fail, zeroed_words
 
 FLAG_WORDS = 4096
@@ -96,6 +97,8 @@ class TileSchedule:
         tail)."""
         if self.plan:
             return self
+        from pyptx import ptx
+
         bound = copy.copy(self)
         for name, value in self.params().items():
             setattr(bound, name, ptx.scalar_param(u32, value, name))
@@ -112,6 +115,8 @@ class TileSchedule:
     def coords(self, t, rank):
         """(m0, n0) of CTA ``rank``'s part of cluster tile ``t``, grouped ``gm`` cluster rows
         per band."""
+        from pyptx.warpspec import grouped_tile_origin
+
         cfg = self.cfg
         return grouped_tile_origin(t, rank, num_mc=self.num_mc, num_n=self.num_n, gm=self.gm,
                                    cluster=cfg.cluster, BM=cfg.BM, BN=cfg.BN)
@@ -128,6 +133,8 @@ class TileSchedule:
         pieces = (rest * nsplit + clusters - 1 - cid) // clusters
 
         def item(j):
+            from pyptx import ptx, reg
+
             whole = j < waves
             p = (j - waves) * clusters + cid
             t, chunk, kb0, kb1 = (reg.scalar(u32) for _ in range(4))
@@ -148,6 +155,8 @@ class SplitTailFixup:
 
     def __init__(self, Flags, WS, *, accs, plan, cluster, consumers, rank, w, t_wg, leader,
                  bar_id, part_bytes, BN):
+        from pyptx import ptx, reg
+
         self.nsplit = plan[2]
         (self.pflags, self.pws) = ptx.global_ptrs(Flags, WS)
         self.mine = rank * consumers + w if cluster > 1 else w
@@ -157,14 +166,20 @@ class SplitTailFixup:
         self.leader, self.bar_id = leader, bar_id
 
     def _flag(self, tail):
+        from pyptx import reg
+
         return reg.from_(tail * self.per_tile + self.mine, u64) * 4 + self.pflags
 
     def _part(self, tail, chunk):
+        from pyptx import reg
+
         idx = (tail * (self.nsplit - 1) + chunk) * self.per_tile + self.mine
         return reg.from_(idx, u64) * self.part_bytes + self.pws + self.lane_off
 
     def share(self, tail, chunk):
         """Store this warpgroup's partial sum of ``chunk`` of tail tile ``tail`` and count it."""
+        from pyptx import ptx
+
         part = self._part(tail, chunk)
         for b, a in enumerate(self.accs):
             for q in range(self.chunks):
@@ -176,6 +191,8 @@ class SplitTailFixup:
 
     def take(self, tail):
         """Wait for the other chunks of tail tile ``tail`` and add their partial sums."""
+        from pyptx import ptx, reg
+
         with ptx.if_(self.leader):
             flag = self._flag(tail)
             now = reg.scalar(u32)

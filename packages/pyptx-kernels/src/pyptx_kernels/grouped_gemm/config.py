@@ -10,6 +10,7 @@ import dataclasses
 
 from pyptx._dataclass import dataclass
 from pyptx.errors import ConfigError
+from pyptx.types import bf16, f32
 from pyptx_kernels._common import where
 
 H100_SMS = 132
@@ -23,6 +24,14 @@ MAX_SPLITS = 8
 def error(msg):
     """A ``ConfigError`` whose message starts with the ``file:line`` of the user's call."""
     return ConfigError(f"{where()}: {msg}")
+
+
+def out_type(name):
+    """The ``pyptx.types`` type of an output dtype name (``"bf16"`` or ``"f32"``)."""
+    table = {"bf16": bf16, "f32": f32, bf16: bf16, f32: f32}
+    if name not in table:
+        raise error(f"grouped GEMM: out_dtype must be 'bf16' or 'f32', got {name!r}")
+    return table[name]
 
 
 def smem_bytes(BM, BN, BK, stages):

@@ -7,17 +7,9 @@ from __future__ import annotations
 
 from pyptx import ptx, reg
 from pyptx.fragment import Accumulator
-from pyptx.types import b32, bf16, f32, u64
+from pyptx.types import b32, f32, u64
 from pyptx.warpspec import SLAB_BYTES, store_slabs, swizzled_rows
-from pyptx_kernels.grouped_gemm.config import EPI_BUFS, error
-
-
-def out_type(name):
-    """The ``pyptx.types`` type of an output dtype name (``"bf16"`` or ``"f32"``)."""
-    table = {"bf16": bf16, "f32": f32, bf16: bf16, f32: f32}
-    if name not in table:
-        raise error(f"grouped GEMM: out_dtype must be 'bf16' or 'f32', got {name!r}")
-    return table[name]
+from pyptx_kernels.grouped_gemm.config import EPI_BUFS, out_type  # noqa: F401  (defined there)
 
 
 class Consumer:

@@ -24,10 +24,10 @@ non-decreasing (values are clamped to ``[previous end, M]``).
 
 from __future__ import annotations
 
-from pyptx import Tile, kernel, ptx, reg
+from pyptx import Tile, kernel
+from pyptx.arch import register_budget
 from pyptx.autotune import Config, autotune
 from pyptx.types import b32, bf16, f32, s32, u32, u64
-from pyptx.warpspec import drain_stores, register_budget
 from pyptx_kernels import _family
 from pyptx_kernels.grouped_gemm.config import (
     GROUPED_CONFIGS,
@@ -36,8 +36,8 @@ from pyptx_kernels.grouped_gemm.config import (
     GroupedConfig,
     WgradConfig,
     error,
+    out_type,
 )
-from pyptx_kernels.grouped_gemm.epilogue import Consumer, out_type
 from pyptx_kernels.grouped_gemm.mainloop import (
     ForwardOperands,
     WgradOperands,
@@ -108,6 +108,13 @@ def build_grouped(M: int, N: int, K: int, G: int, *, b_major="MN", out_dtype="bf
     stride = max(1, cfg.num_sms // cluster)   # the walk's step: see forward_units
 
     def grouped(A, B, Offs, D):
+        # The tracing code, loaded at the first trace: a kernel built from its family's code
+        # (this process's or the disk cache's) never imports it (``mainloop`` and
+        # ``scheduler`` import it where they emit code).
+        from pyptx import ptx, reg
+        from pyptx.warpspec import drain_stores
+        from pyptx_kernels.grouped_gemm.epilogue import Consumer
+
         M_rows = ptx.scalar_param(u32, M, "M")   # every M of a family has one PTX
         # the rank comes from the opening, before the role split: the consumers use it too
         base, pipe, tid, wg, rank, cid, p_offs, roles = open_ring(
@@ -276,6 +283,10 @@ def build_grouped_wgrad(M: int, KX: int, NY: int, G: int, *, out_dtype="bf16",
         return g, m0, n0, split, start, end, lo, hi
 
     def wgrad(X, Y, Offs, W):
+        from pyptx import ptx
+        from pyptx.warpspec import drain_stores
+        from pyptx_kernels.grouped_gemm.epilogue import Consumer
+
         M_rows = ptx.scalar_param(u32, M, "M")   # every M of a family has one PTX
         base, pipe, tid, wg, _, cid, p_offs, roles = open_ring(stages, consumers, Offs,
                                                                PROD_REGS)
@@ -335,6 +346,8 @@ def build_split_reduce(G: int, KX: int, NY: int, splits: int, *, out_dtype="bf16
     blocks = max(1, -(-n // (block * 8)))
 
     def reduce(P, W):
+        from pyptx import ptx, reg
+
         pp, pw = ptx.global_ptrs(P, W)
         i = reg.from_(ptx.special.ctaid.x(), u32) * block + reg.from_(ptx.special.tid.x(), u32)
         with ptx.if_(i < n // 8):

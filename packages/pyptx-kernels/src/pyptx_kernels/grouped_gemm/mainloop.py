@@ -2,15 +2,16 @@
 bulk tensor copies of one tile's k-blocks into the mbarrier ring (the forward's A and
 ``B[g]`` through a 3-D tensor map, shared across a cluster by multicast; the weight
 gradient's X and Y row blocks), and the consumers' ``wgmma`` over the ring (the weight
-gradient's zeroing of rows past a group end before the tensor cores read them)."""
+gradient's zeroing of rows past a group end before the tensor cores read them).
+
+The operands' geometry and tensor-map options (what a host builds a kernel with) import no
+tracing code: what emits code imports it (a kernel built from its family's stored code never
+does)."""
 
 from __future__ import annotations
 
-from pyptx import ptx, reg
 from pyptx.operand import OperandTile
-from pyptx.pipeline import Pipeline
 from pyptx.types import b32, bf16, u32
-from pyptx.warpspec import RingMma, Roles, prologue, ring_base, thread_ids
 from pyptx_kernels.grouped_gemm.scheduler import uniform_guess
 
 
@@ -22,6 +23,10 @@ def open_ring(stages, consumers, offs, prod_regs, cluster=1, prefetch=(), early=
     both roles use are made before it). ``prefetch``: tensor maps thread 0 prefetches into the
     descriptor cache (with the group ends into L2) before the barriers are set up;
     ``early()``: more code thread 0 runs there (e.g. L2 prefetches of operand tiles)."""
+    from pyptx import ptx
+    from pyptx.pipeline import Pipeline
+    from pyptx.warpspec import Roles, prologue, ring_base, thread_ids
+
     base = ring_base()
     pipe = Pipeline(stages, consumer_arrivals=consumers * cluster)
     tid, wg = thread_ids()
@@ -41,6 +46,8 @@ def ring_mma(c, pipe, a_tile, b_tile, base, stage_bytes, consumers, cluster=1):
     """Consumer ``c``'s ``RingMma`` over the ring at ``base``: its 64 rows of each A tile
     (``consumers`` warpgroups split the tile), all of B; with a cluster, a stage is released
     in every CTA of it (their copies fill it)."""
+    from pyptx.warpspec import RingMma
+
     a_desc0 = a_tile.descriptor(base + c.w * a_tile.offset(0, 64) if consumers > 1 else base)
     b_desc0 = b_tile.descriptor(base, offset=a_tile.nbytes)
     release = dict(cta_ranks=range(cluster), sem="release.cta") if cluster > 1 else {}
@@ -61,6 +68,8 @@ def copy_block(pipe, st, base, stage_bytes, k0, load):
 def fill(pipe, st, base, stage_bytes, lo, hi, at, load):
     """``copy_block`` of k-blocks ``lo..hi`` of one tile (a device loop); ``at(kb)``: block
     ``kb``'s ``k0``."""
+    from pyptx import ptx
+
     for kb in ptx.loop(lo, hi):
         copy_block(pipe, st, base, stage_bytes, at(kb), load)
 
@@ -115,6 +124,8 @@ class ForwardOperands:
     def loader(self, A, a_map, b_map, rank, hint_a=None, hint_b=None):
         """``load(sbase, g, m0, n0, k0, bar)``: this CTA's copies of A and B of k-block ``k0``
         of tile ``(g, m0, n0)`` into the stage at ``sbase``, completing on ``bar``."""
+        from pyptx import ptx
+
         a_tile, a_bytes, cluster = self.a_tile, self.a_bytes, self.cluster
         mask = (1 << cluster) - 1
 
@@ -134,6 +145,8 @@ class ForwardOperands:
     def warm(self, A, B, blocks, *, M, G, BM, BN, unit_m, unit_n, num_n):
         """L2 prefetches of the first ``blocks`` k-blocks of the CTA's first tile under the
         uniform-groups guess (``uniform_guess``)."""
+        from pyptx import ptx, reg
+
         cluster, along_n = self.cluster, self.along_n
         cta = reg.from_(ptx.special.ctaid.x(), u32)
         rank = cta & (cluster - 1) if cluster > 1 else 0
@@ -178,6 +191,8 @@ class WgradOperands:
         absolute block index) of a group of rows ``[start, end)``; when the group ends inside
         the block, the warpgroup's slab of X rows past it is zeroed first, then fenced for
         the async proxy."""
+        from pyptx import ptx, reg
+
         BK, stage_bytes = self.BK, self.stage_bytes
         zero = reg.scalar(b32, init=0)
         iters = BK * 8 // 128  # 16-byte chunks of a slab's BK rows per thread

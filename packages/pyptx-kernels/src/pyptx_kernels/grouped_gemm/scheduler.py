@@ -1,20 +1,26 @@
 """The grouped kernels' work decomposition: the forward's persistent walk over the tiles of
 ragged groups (``RaggedTiles``, read from the device-side group ends as it goes), its guess
-of a CTA's first tile, and the weight gradient's fixed tiles, split units and row-block runs."""
+of a CTA's first tile, and the weight gradient's fixed tiles, split units and row-block runs.
+
+The host's part (``forward_units``, the CPU models) imports no tracing code: what emits code
+imports it (a kernel built from its family's stored code never does)."""
 
 from __future__ import annotations
 
-from pyptx import ptx, reg
 from pyptx.types import u32, u64
 
 
 def _mov(dst, src):
     """``mov`` of ``src`` into the existing register ``dst`` (a loop-carried value)."""
+    from pyptx import ptx
+
     ptx.inst(f"mov.b{dst.type.bits}")(dst, src)
 
 
 def _min_max(x, lo, hi):
     """``max(min(x, hi), lo)`` for u32 registers."""
+    from pyptx import ptx, reg
+
     m = reg.scalar(u32)
     ptx.inst.min.u32(m, x, hi)
     out = reg.scalar(u32)
@@ -33,6 +39,8 @@ class RaggedTiles:
     """
 
     def __init__(self, offs_ptr, G, M, BM, num_n):
+        from pyptx import reg
+
         self.p, self.G, self.M, self.BM, self.num_n = offs_ptr, G, M, BM, num_n
         self.shift = BM.bit_length() - 1
         self.read = reg.scalar(u32, init=0)   # groups read so far (the current one is read - 1)
@@ -47,6 +55,8 @@ class RaggedTiles:
 
     def seek(self, t):
         """Advance to the group that holds tile ``t`` (emits a device while-loop)."""
+        from pyptx import ptx, reg
+
         with ptx.while_(lambda: (t >= self.stop) & (self.read < self.G)):
             _mov(self.start, self.end)
             raw = reg.scalar(u32)
@@ -77,6 +87,8 @@ def uniform_guess(t, *, M, G, BM, BN, num_n):
     if isinstance(rows, int):
         blocks = max(1, -(-rows // BM))
     else:
+        from pyptx import ptx, reg
+
         blocks = reg.scalar(u32)
         ptx.inst.max.u32(blocks, (rows + (BM - 1)) // BM, 1)
     per = blocks * num_n
@@ -87,6 +99,8 @@ def uniform_guess(t, *, M, G, BM, BN, num_n):
 
 def group_rows(p_offs, g, M):
     """``(start, end)`` u32 registers of group ``g``'s rows (clamped to ``[0, M]``)."""
+    from pyptx import ptx, reg
+
     start = reg.scalar(u32, init=0)
     ptx.inst.ld.global_.nc.u32(start, ptx.addr(p_offs + reg.from_(g, u64) * 4 - 4), pred=g != 0)
     start = _min_max(start, 0, M)
