@@ -438,7 +438,7 @@ def _fits_gemm(x, *linears) -> bool:
 
 
 def _fits_swiglu_linear(mlp, x) -> bool:
-    from .gemm.epilogue import GATE_BLOCK
+    from .gemm.config import GATE_BLOCK
 
     gate, up = mlp.gate_proj, mlp.up_proj
     return (_fits_gemm(x, gate, up) and gate.weight.shape == up.weight.shape

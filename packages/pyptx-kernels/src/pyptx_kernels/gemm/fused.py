@@ -10,8 +10,7 @@ import sys
 from pyptx.errors import ShapeError, SpecError
 from pyptx_kernels import _common
 from pyptx_kernels._common import dtype_name, fail, framework
-from pyptx_kernels.gemm.config import GemmConfig
-from pyptx_kernels.gemm.epilogue import GATE_BLOCK
+from pyptx_kernels.gemm.config import GATE_BLOCK, GemmConfig
 
 
 def pack_gated(gate_weight, up_weight):
