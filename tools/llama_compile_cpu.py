@@ -40,16 +40,25 @@ def _cpu_kernels():
             return out.zero_()
         return kernel
 
+    if getattr(_common._define_now, "_cpu_kernels", False):
+        return
+    _common.check_devices = lambda *a: None   # eager backward ops on CPU tensors
+    _register_cpu_kernels(lambda name, op: zeros(op._abstract_fn))._cpu_kernels = True
+
+
+def _register_cpu_kernels(kernel_of):
+    """Register ``kernel_of(name, op)`` as the CPU kernel of every ``torch.ops.pyptx`` op,
+    those defined now and each one defined later; returns the wrapped ``_define_now``."""
+    from pyptx_kernels import _common
+
     done = set()
 
     def register():
         for name, op in _common._TORCH_OPS.items():
             if name not in done:
                 done.add(name)
-                op.register_kernel("cpu", zeros(op._abstract_fn))
+                op.register_kernel("cpu", kernel_of(name, op))
 
-    if getattr(_common._define_now, "_cpu_kernels", False):
-        return
     define_now = _common._define_now
 
     def _define_now(name):
@@ -57,11 +66,10 @@ def _cpu_kernels():
         register()
         return op
 
-    _define_now._cpu_kernels = True
     _common._define_now = _define_now
-    _common.check_devices = lambda *a: None   # eager backward ops on CPU tensors
     _common.define_ops()
     register()
+    return _define_now
 
 
 def _emulate_gpu_host():
@@ -111,24 +119,7 @@ def _emulate_gpu_host():
         return launch
 
     eager.make_launcher = make_launcher
-    done = set()
-
-    def register():
-        for name, op in _common._TORCH_OPS.items():
-            if name not in done:
-                done.add(name)
-                op.register_kernel("cpu", _common._EAGER[name][0])
-
-    define_now = _common._define_now
-
-    def _define_now(name):
-        op = define_now(name)
-        register()
-        return op
-
-    _common._define_now = _define_now
-    _common.define_ops()
-    register()
+    _register_cpu_kernels(lambda name, op: _common._EAGER[name][0])
 
 
 def _model(layers, dims, patched, apply_kwargs, emulate=False):
