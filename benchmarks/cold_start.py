@@ -21,7 +21,7 @@ creation and input allocation (a torch user has paid those); the "incl. import
 torch" rows add them. The children print a per-phase breakdown (self time of
 each phase, so the phases add up): import torch, CUDA init + inputs, import
 pyptx, plugin load, example load + ``@kernel``, trace, emit, CUDA driver init
-(cuda-python), JIT, disk cache, cubin load, shim register, launch, the rest of
+(libcuda through ctypes), JIT, disk cache, cubin load, shim register, launch, the rest of
 the first call, sync. The interpreter's own start-up is outside all of them.
 
 Targets, on "first result from import pyptx": warm cache <= 1 s, empty cache <= 3 s.
@@ -70,7 +70,7 @@ PHASES = [
     ("build", "load example + @kernel"),
     ("trace", "trace (Kernel._trace)"),
     ("emit", "emit (Specialization.emit)"),
-    ("driver_init", "CUDA driver init (cuda-python import + cuInit)"),
+    ("driver_init", "CUDA driver init (libcuda open + cuInit)"),
     ("jit", "PTX -> cubin (ptxas)"),
     ("disk", "disk cache read/write"),
     ("cubin_load", "module load + entry lookup (driver compile without ptxas)"),

@@ -549,11 +549,7 @@ def test_layout_is_exported():
 # ---------------------------------------------------------------- arch="auto"
 
 class _FakeDriver:
-    """cuda-python's driver module as ``pyptx.arch.detect_arch`` sees it: no current context."""
-
-    @staticmethod
-    def cuCtxGetDevice():
-        return (201, None)  # CUDA_ERROR_INVALID_CONTEXT
+    """An opened driver as ``pyptx.arch.detect_arch`` sees it (``driver.cuda()``)."""
 
 
 @pytest.fixture
@@ -563,6 +559,7 @@ def gpus(monkeypatch):
 
     caps = {0: (9, 0), 1: (8, 0)}
     monkeypatch.setattr(driver, "cuda", lambda: _FakeDriver)
+    monkeypatch.setattr(driver, "current_device", lambda: None)  # no current context
     monkeypatch.setattr(driver, "device_count", lambda: len(caps))
     monkeypatch.setattr(driver, "device_capability", lambda o: caps[o])
     return caps

@@ -33,8 +33,7 @@ def _kernels():
 
 
 def _local_bytes(fn: int) -> int:
-    attr = driver.cuda().CUfunction_attribute.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES
-    return int(driver.call("cuFuncGetAttribute", attr, fn))
+    return driver.function_attribute(fn, driver.FUNC_ATTR_LOCAL_SIZE_BYTES)
 
 
 @pytest.mark.parametrize("path", ["default", "driver"])

@@ -4,7 +4,7 @@ A compute capability maps to the ``sm_XY`` target pyptx emits for it: the arch-s
 ``sm_90a`` / ``sm_100a`` (and the other 9.x, 10.x and 11.x parts) where the instructions
 pyptx emits need the ``a`` target (wgmma, setmaxnreg, tcgen05), the plain ``sm_80``,
 ``sm_86``, ``sm_89``, ``sm_120`` elsewhere. The driver is reached through ``pyptx.driver``
-(cuda-python, imported on first use).
+(``ctypes``, opened on first use).
 """
 
 from __future__ import annotations
@@ -33,20 +33,14 @@ def arch_of_capability(major: int, minor: int) -> str:
 
 def _current_ordinal(driver) -> int:
     """The device of this thread's current CUDA context, else device 0."""
-    mod = driver.cuda()
-    try:
-        err, dev = mod.cuCtxGetDevice()
-        if int(err) == 0:
-            return int(dev)
-    except Exception:  # no context on this thread, or old bindings
-        pass
-    return 0
+    dev = driver.current_device()
+    return 0 if dev is None else dev
 
 
 def detect_arch(device: int | None = None) -> str:
     """The arch of CUDA device ``device`` (an ordinal; None: the current context's device,
     else 0), e.g. ``'sm_90a'`` on an H100 or H200. Raises ``RuntimeUnavailableError`` (a
-    ``PyptxError``) at the caller's line where there is no GPU, driver or cuda-python."""
+    ``PyptxError``) at the caller's line where there is no GPU or driver."""
     from . import driver
 
     if driver.cuda() is None:

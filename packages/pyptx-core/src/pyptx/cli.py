@@ -322,26 +322,20 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------- doctor
 def _cuda_driver() -> tuple[str, list[str]]:
-    """(driver line, GPU lines) through ``pyptx.driver`` (cuda-python, the one driver binding,
-    imported here only); imports no framework."""
+    """(driver line, GPU lines) through ``pyptx.driver`` (the one driver binding, opened here
+    only); imports no framework."""
     from . import driver
 
-    mod = driver.cuda()
-    if mod is None:
+    if driver.cuda() is None:
         return f"unavailable ({driver.unavailable_reason()})", []
     v = driver.driver_version()
-    line = f"CUDA {v // 1000}.{v % 1000 // 10} (cuda-python)"
-    attr = mod.CUdevice_attribute
+    line = f"CUDA {v // 1000}.{v % 1000 // 10}"
     gpus = []
     for i in range(driver.device_count()):
-        dev = driver.call("cuDeviceGet", i)
-        raw = driver.call("cuDeviceGetName", 256, dev)
-        name = raw.split(b"\0", 1)[0].decode() if isinstance(raw, bytes) else str(raw)
         major, minor = driver.device_capability(i)
-        sms = driver.call("cuDeviceGetAttribute",
-                          attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev)
-        mem = driver.call("cuDeviceTotalMem", dev)
-        gpus.append(f"{i}: {name}, sm_{major}{minor}, {int(sms)} SMs, {int(mem) / 2**30:.1f} GiB")
+        gpus.append(f"{i}: {driver.device_name(i)}, sm_{major}{minor}, "
+                    f"{driver.multiprocessor_count(i)} SMs, "
+                    f"{driver.device_total_memory(i) / 2**30:.1f} GiB")
     return line, gpus or ["none (the driver reports 0 devices)"]
 
 
@@ -461,8 +455,7 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("doctor", formatter_class=fmt,
                        help="report Python, pyptx packages, plugins, ptxas, driver and GPUs",
                        description="Report Python, the pyptx packages and runtime plugins, "
-                       "ptxas, and the CUDA driver\nand GPUs (through cuda-python; no framework is "
-                       "imported).", epilog="example:\n  pyptx doctor")
+                       "ptxas, and the CUDA driver\nand GPUs (no framework is imported).", epilog="example:\n  pyptx doctor")
     p.set_defaults(func=_cmd_doctor)
 
     from . import transpile as _transpile  # the parser and transpiler (pyptx.transpile)

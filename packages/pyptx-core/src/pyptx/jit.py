@@ -1,7 +1,7 @@
 """PTX -> loaded CUfunction, with the on-disk cubin cache.
 
 ``compile_ptx_to_cubin`` is the spec's entry point: it returns
-``(cu_function_ptr, cu_module)`` or None where there is no cuda-python or
+``(cu_function_ptr, cu_module)`` or None where there is no CUDA
 driver. A PTX rejection raises ``CompileError`` carrying the compiler's log,
 mapped back to the DSL's ``file:line`` when the emitter's line map is given.
 
@@ -68,12 +68,11 @@ def compile_ptx_to_cubin(
 ) -> tuple[int, Any] | None:
     """Compile a PTX string and load it: ``(cu_function_ptr, cu_module)``.
 
-    Returns None where there is no cuda-python or driver. With ptxas it uses and
+    Returns None where there is no CUDA driver. With ptxas it uses and
     fills the disk cache, so a second process loads the cubin without compiling.
     Raises ``CompileError`` (log mapped to ``locs``) when the PTX is rejected.
     """
-    mod = driver.cuda()
-    if mod is None:
+    if driver.cuda() is None:
         return None
     name = kernel_name or entry_name(ptx_source)
     cubin = cubin_for(ptx_source, arch, name, locs=locs)
@@ -199,44 +198,32 @@ _inflight_lock = threading.Lock()
 
 
 def load_image(image: bytes | str, name: str, dynamic_smem_bytes: int = 0, *,
-               locs: list[Loc | None] | None = None) -> tuple[int, Any]:
+               locs: list[Loc | None] | None = None) -> tuple[int, int]:
     """Load a cubin (bytes) or PTX text (compiled by the driver, whole program) into the
     current context: ``(cu_function_ptr, cu_module)``."""
     if isinstance(image, bytes):
         return load_cubin(image, name, dynamic_smem_bytes)
-    mod = driver.cuda()
-    if mod is None:
+    if driver.cuda() is None:
         raise LaunchError(f"CUDA driver unavailable: {driver.unavailable_reason()}")
-    opt = mod.CUjit_option
-    err_buf = bytearray(_LOG_BYTES)
-    data = image.encode() + b"\0"
-    try:
-        err, module = mod.cuModuleLoadDataEx(
-            data, 2, [opt.CU_JIT_ERROR_LOG_BUFFER, opt.CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES],
-            [err_buf, _LOG_BYTES])
-    except (TypeError, ValueError):
-        err_buf = None
-        err, module = mod.cuModuleLoadDataEx(data, 0, [], [])
-    if int(err) != 0:
-        log = bytes(err_buf).split(b"\0", 1)[0].decode(errors="replace") if err_buf else ""
+    err, module, log = driver.module_load_ptx(image, _LOG_BYTES)
+    if err != 0:
         raise CompileError(
-            f"the CUDA driver rejected the PTX of {name!r} ({driver._name(mod, err)}):\n"
+            f"the CUDA driver rejected the PTX of {name!r} ({driver.error_name(err)}):\n"
             + (map_log(log, image, locs) or "(the driver gave no log; run `pyptx check` for "
                "ptxas's diagnostics)"))
     return _function(module, name, dynamic_smem_bytes)
 
 
-def load_cubin(cubin: bytes, name: str, dynamic_smem_bytes: int = 0) -> tuple[int, Any]:
+def load_cubin(cubin: bytes, name: str, dynamic_smem_bytes: int = 0) -> tuple[int, int]:
     """Load ``cubin`` into the current context: ``(cu_function_ptr, cu_module)``."""
-    module = driver.call("cuModuleLoadData", cubin, what=f"loading {name}")
+    module = driver.module_load(cubin, what=f"loading {name}")
     return _function(module, name, dynamic_smem_bytes)
 
 
-def _function(module: Any, name: str, dynamic_smem_bytes: int) -> tuple[int, Any]:
-    mod = driver.cuda()
-    fn = driver.call("cuModuleGetFunction", module, name.encode(), what=f"entry {name}")
+def _function(module: int, name: str, dynamic_smem_bytes: int) -> tuple[int, int]:
+    fn = driver.module_function(module, name)
     if dynamic_smem_bytes > 0:  # static + dynamic past 48 KiB needs the opt-in too
-        attr = mod.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-        driver.call("cuFuncSetAttribute", fn, attr, int(dynamic_smem_bytes),
-                    what=f"{dynamic_smem_bytes} bytes of dynamic shared memory")
-    return int(fn), module
+        driver.set_function_attribute(
+            fn, driver.FUNC_ATTR_MAX_DYNAMIC_SHARED_SIZE_BYTES, int(dynamic_smem_bytes),
+            what=f"{dynamic_smem_bytes} bytes of dynamic shared memory")
+    return fn, module

@@ -83,13 +83,13 @@ class CubinRecord:
     def _load(self, ordinal: int) -> tuple[int, Any]:
         from . import driver
 
-        previous = driver.call("cuCtxGetCurrent")
+        previous = driver.current_context()
         driver.ensure_context(ordinal)
         try:
             return self._load_here(ordinal)
         finally:
-            if int(previous):  # leave the caller's (and its framework's) current device alone
-                driver.call("cuCtxSetCurrent", previous)
+            if previous:  # leave the caller's (and its framework's) current device alone
+                driver.set_current_context(previous)
 
     def _load_here(self, ordinal: int) -> tuple[int, Any]:
         from . import jit

@@ -4,7 +4,7 @@
 inputs of ``cuTensorMapEncodeTiled`` and checks every constraint the driver
 documents, so a bad tile fails here with a ``TmaError`` that names the dim,
 not later as ``CUDA_ERROR_INVALID_VALUE``. ``encode`` makes the one driver call
-(through cuda-python, imported only then).
+(through ``pyptx.driver``, opened only then).
 
 The kernel takes the map by value (``.param .align 64 .b8 name[128]``) and the
 shim patches its global address at every launch (``cuTensorMapReplaceAddress``),
@@ -450,31 +450,24 @@ def tma_params_3d(
 def encode(params: TmaParams, global_address: int = 0) -> bytes:
     """The 128-byte ``CUtensorMap`` for ``params`` at ``global_address`` (a placeholder
     the shim replaces at launch). Makes device 0's primary context current if the
-    thread has none; ``RuntimeUnavailableError`` without cuda-python or a driver."""
+    thread has none; ``RuntimeUnavailableError`` without a CUDA driver."""
     if not isinstance(params, TmaParams):
         raise _fail(f"encode: expected TmaParams (from tma_params), got {params!r}")
     align = 32 if params.interleave is Interleave.B32 else 16
     if not _is_int(global_address) or global_address < 0 or global_address % align:
         raise _fail(f"global_address: expected a {align}-byte aligned address, "
                     f"got {global_address!r}")
-    mod = driver.cuda()
-    if mod is None:
+    if driver.cuda() is None:
         raise RuntimeUnavailableError(
             f"{where()}: encoding a TMA descriptor needs the CUDA driver: "
             f"{driver.unavailable_reason()}")
-    if not int(driver.call("cuCtxGetCurrent")):
+    if not driver.current_context():
         driver.ensure_context(0)
     p = params
-    tmap = driver.call(
-        "cuTensorMapEncodeTiled", mod.CUtensorMapDataType(int(p.data_type)), p.rank,
-        global_address, [mod.cuuint64_t(d) for d in p.global_dims],
-        [mod.cuuint64_t(s) for s in p.global_strides], [mod.cuuint32_t(b) for b in p.box_dims],
-        [mod.cuuint32_t(e) for e in p.element_strides],
-        mod.CUtensorMapInterleave(int(p.interleave)), mod.CUtensorMapSwizzle(int(p.swizzle)),
-        mod.CUtensorMapL2promotion(int(p.l2_promotion)),
-        mod.CUtensorMapFloatOOBfill(int(p.oob_fill)),
-        what=" ".join(p.describe().split()))
-    return ctypes.string_at(int(tmap.getPtr()), TENSOR_MAP_BYTES)
+    return driver.tensor_map_encode_tiled(
+        int(p.data_type), p.rank, global_address, p.global_dims, p.global_strides, p.box_dims,
+        p.element_strides, int(p.interleave), int(p.swizzle), int(p.l2_promotion),
+        int(p.oob_fill), what=" ".join(p.describe().split()))
 
 
 class TensorMap:
