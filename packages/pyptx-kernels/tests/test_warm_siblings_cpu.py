@@ -76,3 +76,21 @@ def test_no_gpu_no_background_work(monkeypatch):
     ran = []
     _family.in_background(lambda: ran.append(1))
     assert ran == [] and not any(j for j in _family._jobs)
+
+
+def test_grouped_siblings_cover_every_plan_a_default_call_takes(assembled):
+    from pyptx_kernels.grouped_gemm import host as grouped
+    from pyptx_kernels.grouped_gemm.config import GROUPED_CONFIGS
+    from pyptx_kernels.grouped_gemm.kernel import build_grouped
+
+    plans = grouped.sibling_plans(2048, 2048, 8, "MN")
+    assert len(plans) >= 2                      # a short problem takes 64-row tiles
+    grouped.warm_siblings(2048, 2048, 8, "MN", "bf16")
+    assert len(assembled) == len(plans)
+    traced = _family.stats()["traced"]
+    by_name = {c.name: c for c in GROUPED_CONFIGS}
+    for M in (333, 1000, 4101, 8190):          # any total rows: its plan's family is warm
+        name, _ = grouped.PLANNER.choose({"M": M, "N": 2048, "K": 2048, "G": 8, "b_major": "MN"})
+        assert name in plans
+        build_grouped(M, 2048, 2048, 8, b_major="MN", out_dtype="bf16", config=by_name[name])
+    assert _family.stats()["traced"] == traced

@@ -10,7 +10,7 @@ import sys
 
 from pyptx.autodiff import differentiable_kernel
 from pyptx.autotune import Config
-from pyptx_kernels import _tuning
+from pyptx_kernels import _family, _tuning
 from pyptx_kernels._common import framework
 from pyptx_kernels.grouped_gemm.config import (
     GROUPED_CONFIGS,
@@ -35,10 +35,14 @@ def _planner(op, sizes, table, heuristic):
                            {c.name: Config(**c.tuner_kwargs()) for c in table}, heuristic)
 
 
-grouped_planned = _tuning.planned(grouped_tuned, _planner(
-    "grouped_mm", ("M", "N", "K", "G", "b_major"), GROUPED_CONFIGS, default_plan))
-"""``grouped_tuned`` whose default call takes a saved winner, else the shipped table's plan
-(op ``"grouped_mm"``), else ``config.default_plan``; timed only when asked."""
+PLANNER = _planner("grouped_mm", ("M", "N", "K", "G", "b_major"), GROUPED_CONFIGS,
+                   default_plan)
+"""The forward's (and dA's) plan without timing: the shipped table's for the bucket (op
+``"grouped_mm"``), else ``config.default_plan``."""
+
+grouped_planned = _tuning.planned(grouped_tuned, PLANNER)
+"""``grouped_tuned`` whose default call takes a saved winner, else ``PLANNER``'s plan; timed
+only when asked."""
 
 wgrad_planned = _tuning.planned(wgrad_tuned, _planner(
     "grouped_mm_wgrad", ("M", "KX", "NY", "G"), WGRAD_CONFIGS, wgrad_default_plan))
@@ -82,6 +86,33 @@ class GroupedBackward:
         return f"<GroupedBackward {self.name}>"
 
 
+SIBLING_M = (64, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+"""The total rows of a problem's other buckets whose forward plans ``warm_siblings`` compiles
+ahead."""
+
+_warmed: set = set()
+
+
+def sibling_plans(N, K, G, b_major):
+    """``{plan name: M}``: each forward plan a default call of this problem takes at some M
+    of ``SIBLING_M`` (the shipped table's, else the heuristic's), with the first such M."""
+    plans = {}
+    for M in SIBLING_M:
+        name, _ = PLANNER.choose({"M": M, "N": N, "K": K, "G": G, "b_major": b_major})
+        plans.setdefault(name, M)
+    return plans
+
+
+def warm_siblings(N, K, G, b_major, out_dtype):
+    """Trace (once per family) and assemble into the disk cache the forward kernel of each of
+    ``sibling_plans``, so a later call whose total rows fall in another bucket launches
+    without running ptxas (a problem's first default call queues this in the background)."""
+    by_name = {c.name: c for c in GROUPED_CONFIGS}
+    for name, M in sibling_plans(N, K, G, b_major).items():
+        _family.assemble(build_grouped(M, N, K, G, b_major=b_major, out_dtype=out_dtype,
+                                       config=by_name[name]))
+
+
 @functools.lru_cache(maxsize=128)
 def grouped_op(M, N, K, G, b_major="MN", out_dtype="bf16", config=None, wgrad_config=None):
     """The differentiable grouped GEMM for one shape: a ``DifferentiableKernel`` taking
@@ -93,6 +124,9 @@ def grouped_op(M, N, K, G, b_major="MN", out_dtype="bf16", config=None, wgrad_co
     flip = "K" if b_major == "MN" else "MN"
     kx, ny = (K, N) if b_major == "MN" else (N, K)
     if config is None:
+        if (N, K, G, b_major, out_dtype) not in _warmed:
+            _warmed.add((N, K, G, b_major, out_dtype))
+            _family.in_background(functools.partial(warm_siblings, N, K, G, b_major, out_dtype))
         fwd = grouped_planned(M, N, K, G, b_major=b_major, out_dtype=out_dtype)
         dgrad = grouped_planned(M, K, N, G, b_major=flip, out_dtype="bf16")
     else:
