@@ -3,7 +3,7 @@
 # care that kernels share the GPU), then the benchmarks named in BENCH one after another
 # (timing does care). Every lane is time-boxed; logs under $OUT, one summary at the end.
 #   run(command="cd .snap && bash tools/device_all.sh", carry=[".snap"])
-# Knobs: LANES="core jax kernels attention sanitize modules" (a subset to skip lanes),
+# Knobs: LANES="core gemm rows attnx jax kernels attention sanitize modules" (a subset),
 #        BENCH="gemm" (benchmarks/<name>.py --out $OUT/<name>.md, after the lanes),
 #        LANES_BUDGET=420 (seconds from the start by which every lane is cut off)
 set -uo pipefail
@@ -21,7 +21,12 @@ left() { echo $(( DEADLINE - $(date +%s) > 5 ? DEADLINE - $(date +%s) : 5 )); }
 py() { timeout $(left) python3 -m pytest -m gpu -q -rs -p no:cacheprovider "$@"; }
 lane() {  # lane NAME: runs in the background, output to $OUT/lane-NAME.log
   case $1 in
-    core) py $C $T examples/tests $(ls $K/test_*_gpu.py | grep -v -e grouped -e fp8 -e flash_attention -e _jax_gpu) ;;
+    core) py $C $T examples/tests ;;
+    gemm) py $K/test_gemm_*gpu.py $K/test_compile_path_gpu.py $K/test_autotune_gpu.py \
+             $K/test_ampere_gpu.py $K/test_gemm_sm100_gpu.py ;;
+    rows) py $(ls $K/test_*_gpu.py | grep -v -e grouped -e fp8 -e flash_attention -e _jax_gpu \
+                 -e test_gemm_ -e compile_path -e autotune -e ampere -e test_attention_ -e decode) ;;
+    attnx) py $K/test_attention_*_gpu.py $K/test_decode_gpu.py ;;
     jax) py $J $K/test_*_jax_gpu.py ;;
     kernels) PYPTX_AUTOTUNE=0 py $K/test_grouped_gemm_gpu.py $K/test_fp8_gemm_gpu.py ;;
     attention) py $K/test_flash_attention_gpu.py $K/test_flash_attention_bwd_gpu.py \
@@ -44,10 +49,10 @@ lane() {  # lane NAME: runs in the background, output to $OUT/lane-NAME.log
       done ;;
   esac > "$OUT/lane-$1.log" 2>&1
 }
-for l in ${LANES:-core jax kernels attention sanitize modules}; do lane $l & done
+for l in ${LANES:-core gemm rows attnx jax kernels attention sanitize modules}; do lane $l & done
 wait
 echo "lanes took $(( $(date +%s) - t0 )) s"
-for l in ${LANES:-core jax kernels attention modules}; do
+for l in ${LANES:-core gemm rows attnx jax kernels attention modules}; do
   echo "=== lane $l"; grep -E "passed|failed|^FAILED|^ERROR|FAIL|Error" "$OUT/lane-$l.log" | tail -25
 done
 for f in "$OUT"/sanitize-*.log; do [ -f "$f" ] && { echo "=== $(basename $f)"; grep -E "^==|ERROR SUMMARY|Error" "$f" | tail -20; }; done
