@@ -24,7 +24,8 @@ of 128, MLP 5632, and
 ``--quick`` is a smoke run (2 layers, hidden 512, 2 x 512 tokens, 6 steps). ``--apply`` passes
 keywords to ``apply`` for both pyptx modes, e.g. the GEMM epilogues on or off:
 ``--apply swiglu_linear=1,linear_residual=1`` (``0``/``1``, ``false``/``true``); the tables'
-heading names them.
+heading names them. ``--model`` overrides the model's fields (and ``batch``/``seq``), e.g.
+``--model hidden_size=4096,num_attention_heads=32,num_key_value_heads=8,intermediate_size=14336``.
 
     python benchmarks/llama_step.py --config v32k-s2048 --steps 20 --out llama_step.md
     python benchmarks/llama_step.py --modes "torch.compile,pyptx eager,pyptx + compile" \
@@ -78,6 +79,18 @@ def _apply_kwargs(text):
         if value.lower() not in ("0", "1", "false", "true"):
             raise argparse.ArgumentTypeError(f"{item!r} is not name=0|1")
         out[name.strip()] = value.lower() in ("1", "true")
+    return out
+
+
+def _model_overrides(text):
+    """Model keywords over the chosen config from ``"hidden_size=4096,batch=2"`` (integers:
+    ``LlamaConfig`` fields and ``batch``/``seq``)."""
+    out = {}
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        name, _, value = item.partition("=")
+        if not value.strip().isdigit():
+            raise argparse.ArgumentTypeError(f"{item!r} is not name=<integer>")
+        out[name.strip()] = int(value)
     return out
 
 
@@ -208,6 +221,10 @@ def main(argv=None) -> int:
                    help="print each step's forward/backward/optimizer time, dynamo's graphs, "
                         "graph breaks and recompiles (with their logs) and the background "
                         "compile queue; dump every thread's stack each S s a step runs")
+    p.add_argument("--model", type=_model_overrides, default={},
+                   help="override the config's model, e.g. hidden_size=4096,"
+                        "num_attention_heads=32,num_key_value_heads=8,intermediate_size=14336,"
+                        "batch=2,seq=4096 (a model no table lists)")
     p.add_argument("--out", help="write the markdown tables here")
     a = p.parse_args(argv)
     why = gpu_missing("llama_step.py", triton=False)
@@ -231,7 +248,7 @@ def main(argv=None) -> int:
              f"{steps} steps, {warmup} warm-up; apply: {applied})", ""]
     verdicts = []
     for name in names:
-        spec = QUICK if a.quick else CONFIGS[name]
+        spec = {**(QUICK if a.quick else CONFIGS[name]), **a.model}
         cfg = _model_config(spec)
         res = {}
         for mode in modes:
@@ -260,7 +277,8 @@ def main(argv=None) -> int:
                 f"{r[2][0]:.4f} -> {r[2][-1]:.4f}",
                 f"{_diff(r[2], ref[2]):.2e}" if ref else "n/a"])
         B, S = spec["batch"], spec["seq"]
-        lines += [f"## {name}: vocab {cfg.vocab_size}, {B} x {S} tokens, {cfg.num_hidden_layers} "
+        lines += [f"## {name}{' (--model ' + ','.join(f'{k}={v}' for k, v in a.model.items()) + ')' if a.model else ''}: "
+                  f"vocab {cfg.vocab_size}, {B} x {S} tokens, {cfg.num_hidden_layers} "
                   f"layers, hidden {cfg.hidden_size}", "",
                   *markdown_table(["model", "tokens/s", "vs compile", "peak GiB",
                                    "peak vs compile", "loss first -> last",
