@@ -78,9 +78,13 @@ class _Driver:
             setattr(self, name, fn)
 
 
+_SONAMES = ("libcuda.so.1", "libcuda.so")
+"""Where the driver is looked for, in order (names the dynamic loader resolves)."""
+
+
 def _open() -> tuple[_Driver | None, str | None]:
     lib = None
-    for soname in ("libcuda.so.1", "libcuda.so"):
+    for soname in _SONAMES:
         try:
             lib = ctypes.CDLL(soname)
             break
