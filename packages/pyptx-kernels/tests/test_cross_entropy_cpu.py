@@ -245,3 +245,27 @@ def test_weight_gradient_gemms_assemble_without_spills(ptxas_path, out, residual
     # residual loads above the 128 accumulators and keeps one register in local memory
     allowed = 4 if residual == "f32" else 0
     assert e.spill_stores <= allowed and e.spill_loads <= allowed, (spec.name, e)
+
+
+@pytest.mark.parametrize("need", [(True, True, True), (True, False, False), (False, True, True),
+                                  (False, False, False)])
+def test_backward_scales_the_saved_gradients_by_the_incoming_one(need):
+    """The autograd backward multiplies the gradients the forward formed by the incoming
+    gradient (an f32 scalar), rounded to each gradient's dtype as ``(grad * g).to(dtype)``;
+    the ones not asked for stay None."""
+    from types import SimpleNamespace
+
+    from pyptx_kernels.cross_entropy import api as ce_api
+
+    gen = torch.Generator().manual_seed(7)
+    saved = (torch.randn(37, 64, generator=gen).to(BF), torch.randn(300, 64, generator=gen).to(BF),
+             torch.randn(300, generator=gen))
+    grad = torch.tensor(0.37)
+    ctx = SimpleNamespace(saved_tensors=saved, need=need)
+    out = ce_api._backward(ctx, grad, None, None, None)
+    assert len(out) == 14 and out[2] is None and all(o is None for o in out[4:])
+    for got, g, n in zip((out[0], out[1], out[3]), saved, need):
+        if not n:
+            assert got is None
+            continue
+        assert got.dtype == g.dtype and torch.equal(got, (grad * g).to(g.dtype))
