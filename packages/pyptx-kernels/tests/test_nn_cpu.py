@@ -54,16 +54,23 @@ def ref_linear(x, weight, bias=None):
     return (y if bias is None else y + bias.double()).to(x.dtype)
 
 
-def ref_attention(q, k, v, *, causal=False, scale=None, layout="bshd"):
+def ref_attention(q, k, v, *, causal=False, scale=None, layout="bshd", window=(-1, -1)):
     if layout == "bshd":
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
     Hq, Hkv, S, Sk, D = q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3]
     assert Hq % Hkv == 0 and k.shape == v.shape
     kd, vd = (t.double().repeat_interleave(Hq // Hkv, dim=1) for t in (k, v))
     s = (q.double() @ kd.transpose(-1, -2)) * (D ** -0.5 if scale is None else scale)
+    i, j = torch.arange(S)[:, None], torch.arange(Sk)[None, :]
+    left, right = window
+    keep = torch.ones(S, Sk, dtype=torch.bool)
     if causal:
-        keep = torch.arange(Sk)[None, :] <= torch.arange(S)[:, None]
-        s = s.masked_fill(~keep, float("-inf"))
+        keep &= j <= i
+    if left >= 0:
+        keep &= j >= i - left
+    if right >= 0:
+        keep &= j <= i + right
+    s = s.masked_fill(~keep, float("-inf"))
     o = (s.softmax(-1) @ vd).to(q.dtype)
     return o if layout == "bhsd" else o.transpose(1, 2)
 

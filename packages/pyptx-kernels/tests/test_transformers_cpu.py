@@ -88,7 +88,7 @@ TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_atte
             num_key_value_heads=2, vocab_size=128, max_position_embeddings=64)
 FAMILIES = {
     "llama": lambda **kw: transformers.LlamaConfig(**TINY, **kw),
-    "mistral": lambda **kw: transformers.MistralConfig(**TINY, sliding_window=64, **kw),
+    "mistral": lambda **kw: transformers.MistralConfig(**{**TINY, "sliding_window": 64, **kw}),
     "qwen2": lambda **kw: transformers.Qwen2Config(**TINY, **kw),
     "qwen3": lambda **kw: transformers.Qwen3Config(**TINY, head_dim=16, **kw),
 }
@@ -346,3 +346,50 @@ def test_mask_function_skips_plain_causal_masks_traced_or_not():
     got = ptf.attention_mask(**{**kw, "attention_mask": pad})
     want = mu.sdpa_mask(**{**kw, "attention_mask": pad})
     assert got is not None and torch.equal(got, want)
+
+
+@pytest.mark.parametrize("family", ["mistral", "qwen2"])
+def test_sliding_window_is_the_kernels_window(ops, family):
+    """A sliding window narrower than the sequence: the training step and the logits match
+    the unpatched model (SDPA with transformers' mask), through the kernel's
+    ``window=(W - 1, 0)`` with no mask; decoding over a cache longer than the window keeps
+    transformers' mask (SDPA) and matches too."""
+    W = 5
+    kw = dict(sliding_window=W) if family == "mistral" else \
+        dict(sliding_window=W, use_sliding_window=True, max_window_layers=0)
+    ref = _model(family, **kw)
+    model = ptf.apply(copy.deepcopy(ref))
+    ids = _ids(S=12)
+    for m in (ref, model):
+        m.train()
+    (l0, _, g0), (l1, _, g1) = _step(ref, ids), _step(model, ids)
+    _close(l1, l0)
+    for name, g in g0.items():
+        _close(g1[name], g, rtol=1e-4, atol=1e-5)
+    windows = [kw.get("window") for name, _, kw in ops.calls if name == "attention"]
+    assert windows == [(W - 1, 0)] * 2
+    ref.eval(), model.eval()
+    with torch.no_grad():
+        want = ref(ids).logits[:, -2:]
+        out = model(ids[:, :10], use_cache=True)
+        cache, steps = out.past_key_values, []
+        for t in (10, 11):
+            out = model(ids[:, t:t + 1], past_key_values=cache, use_cache=True)
+            cache = out.past_key_values
+            steps.append(out.logits[:, -1])
+    _close(torch.stack(steps, 1), want, rtol=1e-4, atol=1e-5)
+
+
+def test_sliding_window_mask_is_kept_over_a_cache():
+    """The mask function leaves no mask for a sliding window only with as many keys as
+    queries and no cache offset; otherwise it is SDPA's."""
+    mu = importlib.import_module("transformers.masking_utils")
+    cfg = transformers.MistralConfig(**TINY, sliding_window=4)
+    kw = dict(batch_size=1, q_length=8, kv_length=8, q_offset=0, kv_offset=0,
+              mask_function=mu.sliding_window_causal_mask_function(4), attention_mask=None,
+              local_size=4, dtype=torch.float32, config=cfg)
+    assert ptf.attention_mask(**kw) is None
+    for change in (dict(q_length=1, kv_length=9, q_offset=8), dict(q_offset=torch.tensor(3)),
+                   dict(config=transformers.LlamaConfig(**TINY)), dict(local_size=3)):
+        got = ptf.attention_mask(**{**kw, **change})
+        assert got is not None and torch.equal(got, mu.sdpa_mask(**{**kw, **change}))

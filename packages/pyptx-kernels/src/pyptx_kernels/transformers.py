@@ -51,10 +51,12 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
     ``(attn_output (B, S, Hq, D), None)`` through ``pyptx_kernels.attention(..., layout="bhsd")``.
 
     Causal when ``module.is_causal`` (or an ``is_causal`` keyword) and ``S > 1``, with
-    ``j <= i`` alignment; at ``S == 1`` (decoding) the query sees every key. An explicit
-    ``attention_mask`` (padding, sliding windows wider than the keys, packed sequences) is
-    something the kernel cannot express: those calls fall back to transformers' SDPA
-    attention, which gives the same result. ``dropout > 0``, ``softcap`` and attention sinks
+    ``j <= i`` alignment; at ``S == 1`` (decoding) the query sees every key. A
+    ``sliding_window`` keyword ``W`` (Mistral, Qwen2 and Qwen3 pass it) with as many keys as
+    queries is the kernel's ``window=(W - 1, 0)``: query ``i`` sees keys ``i - W < j <= i``,
+    and key blocks outside the window are skipped. An explicit ``attention_mask`` (padding,
+    packed sequences, a sliding window over a cache) is something the kernel cannot express:
+    those calls fall back to transformers' SDPA attention, which gives the same result. ``dropout > 0``, ``softcap`` and attention sinks
     raise ``ConfigError`` (set ``config.attention_dropout = 0``)."""
     from .nn import _op
     from .nn import where as user_where
@@ -78,30 +80,46 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
         # no mask with more keys than queries: a prefill into an empty static cache, whose
         # keys past S are unwritten (transformers' SDPA path crops them the same way)
         key, value = key[:, :, :S], value[:, :, :S]
+    extra = {}
+    W = kwargs.get("sliding_window")
+    if W is not None and causal and key.shape[2] > W:
+        if key.shape[2] != S:   # the mask function leaves no mask for this case alone
+            raise ConfigError(f"{user_where()}: pyptx attention got a sliding window of {W} "
+                              f"over {key.shape[2]} keys for {S} queries without a mask")
+        extra["window"] = (W - 1, 0)
     attend = _op("flash_attention", "attention")
     if all(t.transpose(1, 2).is_contiguous() for t in (query, key, value)):
         # (B, S, H, D) memory seen as (B, H, S, D), as the projections' views come: read it
         # where it lies and return the (B, S, H, D) result as is (no copy either way)
         q, k, v = (t.transpose(1, 2) for t in (query, key, value))
-        return attend(q, k, v, causal=causal, scale=scaling, layout="bshd"), None
-    out = attend(query, key, value, causal=causal, scale=scaling, layout="bhsd")
+        return attend(q, k, v, causal=causal, scale=scaling, layout="bshd", **extra), None
+    out = attend(query, key, value, causal=causal, scale=scaling, layout="bhsd", **extra)
     return out.transpose(1, 2).contiguous(), None
 
 
 def attention_mask(**kwargs):
     """transformers' mask-function contract for ``"pyptx"``: ``None`` (no mask: the kernel's
     causal flag) for a plain causal mask without padding where SDPA's ``is_causal`` would
-    also do (one query, as many keys as queries, or an empty cache), traced or not; every
-    other mask (padding, packed sequences, sliding windows, extra mask functions) as SDPA's
-    ``sdpa_mask`` makes it. SDPA's own test gives up while tracing, which would send every
-    compiled call to the SDPA fallback."""
+    also do (one query, as many keys as queries, or an empty cache), traced or not; also for
+    a plain sliding-window causal mask with as many keys as queries in the families whose
+    attention passes its ``sliding_window`` on (``attention_forward`` turns it into the
+    kernel's window); every other mask (padding, packed sequences, a sliding window over a
+    cache, extra mask functions) as SDPA's ``sdpa_mask`` makes it. SDPA's own test gives up
+    while tracing, which would send every compiled call to the SDPA fallback."""
     mu = _MASKING or _masking_utils()
     q, kv = kwargs.get("q_length"), kwargs.get("kv_length")
-    if (kwargs.get("allow_is_causal_skip", True) and kwargs.get("attention_mask") is None
-            and kwargs.get("mask_function") is mu.causal_mask_function
-            and kwargs.get("local_size") is None and q is not None
-            and (q == 1 or kv == q or kwargs.get("q_offset", None) == 0)):
-        return None
+    if kwargs.get("allow_is_causal_skip", True) and kwargs.get("attention_mask") is None \
+            and q is not None:
+        local = kwargs.get("local_size")
+        if (local is None and kwargs.get("mask_function") is mu.causal_mask_function
+                and (q == 1 or kv == q or kwargs.get("q_offset", None) == 0)):
+            return None
+        config = kwargs.get("config")
+        if (local is not None and kv == q and getattr(config, "model_type", None) in FAMILIES
+                and getattr(config, "sliding_window", None) == local
+                and all(type(kwargs.get(o, 0)) is int and kwargs.get(o, 0) == 0
+                        for o in ("q_offset", "kv_offset"))):   # an empty cache, or none
+            return None
     return mu.sdpa_mask(**kwargs)
 
 
