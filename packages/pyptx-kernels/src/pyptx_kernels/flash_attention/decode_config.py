@@ -22,6 +22,10 @@ MAX_ROWS = 8              # query rows (heads x queries) one CTA may keep in reg
 DEFAULT_ROWS = 4          # by default: 18 registers a row, ~128 a thread at 4 rows
 MAX_SPLITS = 128
 PAGE_SIZES = tuple(range(16, 257, 16))
+MMA_ROWS = 16             # the tensor-core plan: one m16 tile of query rows per CTA
+MMA_BLOCK = 64            # keys per ring block, 16 per consumer warp
+MMA_SLAB = 64             # columns of one 128-byte swizzled slab of a ring block
+MMA_RING_BYTES = 96 * 1024  # its ring's most shared bytes (two CTAs per SM)
 
 
 def lanes_per_key(D):
@@ -59,6 +63,10 @@ class DecodeConfig:
       its keys from global memory itself (no ring, no producer warp).
     * ``block_keys``: keys per ring block, a power of two in 16..256 that divides the page
       size; ``None``: ``ring_block``'s choice (64 KiB rings).
+    * ``mma``: the tensor-core plan (``decode_mma``): ``mma.sync`` products over blocks of
+      ``MMA_BLOCK`` keys of a swizzled ring, up to ``MMA_ROWS`` rows per CTA; ``rows`` and
+      ``keys_per_step`` must be None, ``block_keys`` None or 64, and ``ring_stages`` (at
+      least 2) is capped at the stages that fit ``MMA_RING_BYTES`` (3 at D=128, 6 at D=64).
     """
 
     rows: int | None = None
@@ -66,8 +74,16 @@ class DecodeConfig:
     num_splits: int = 0
     ring_stages: int = 4
     block_keys: int | None = None
+    mma: bool = False
 
     def __post_init__(self):
+        if not isinstance(self.mma, bool):
+            raise ConfigError(f"{where()}: DecodeConfig: mma must be a bool, got {self.mma!r}")
+        if self.mma and (self.rows is not None or self.keys_per_step is not None
+                         or self.block_keys not in (None, MMA_BLOCK) or self.ring_stages == 0):
+            raise ConfigError(f"{where()}: DecodeConfig: mma=True takes rows=None, "
+                              f"keys_per_step=None, block_keys None or {MMA_BLOCK} and a ring "
+                              f"(ring_stages >= 2), got {self!r}")
         if not _is_int(self.ring_stages) or self.ring_stages not in (0, *range(2, 9)):
             raise ConfigError(f"{where()}: DecodeConfig: ring_stages must be 0 (direct loads) "
                               f"or an int in 2..8, got {self.ring_stages!r}")
@@ -100,9 +116,13 @@ class DecodeConfig:
 
     def row_tiling(self, total_rows):
         """``(rows per CTA, CTAs per KV head)`` for ``total_rows`` query rows of a KV head."""
-        most = DEFAULT_ROWS if self.rows is None else self.rows
+        most = MMA_ROWS if self.mma else DEFAULT_ROWS if self.rows is None else self.rows
         chunks = -(-total_rows // most)
         return -(-total_rows // chunks), chunks
+
+    def mma_stages(self, D):
+        """Ring stages of the tensor-core plan at head dim ``D``."""
+        return min(self.ring_stages, MMA_RING_BYTES // (2 * MMA_BLOCK * D * 2))
 
     def step_keys(self, rows):
         """Keys per lane group per step at ``rows`` rows per CTA."""

@@ -36,6 +36,8 @@ from pyptx.warpspec import ring_base
 from pyptx_kernels.flash_attention.decode_combine import combine_row
 from pyptx_kernels.flash_attention.decode_config import (
     DEFAULT_CONFIG,
+    MMA_BLOCK,
+    MMA_SLAB,
     THREADS,
     WARPS,
     key_groups,
@@ -263,27 +265,38 @@ class RowState:
                     ptx.inst.fma.rn.f32(self.o[i][j], p, vf[j], self.o[i][j])
             ptx.inst.mov.f32(self.m[i], mx)
 
+    def store_states(self, slots, sync, *, D, grp, dl):
+        """Write every row's state into the merge ``slots`` (``_merge_and_store``) as lane
+        group ``grp`` (``dl``: this lane's 8 columns)."""
+        m_at, l_at, o_at = slots
+        lead = dl == 0
+        sync()
+        for i in range(self.rows):
+            slot = grp * self.rows + i
+            ptx.inst.st.shared.f32(ptx.addr(m_at + reg.from_(slot * 4, u32)), self.m[i],
+                                   pred=lead)
+            ptx.inst.st.shared.f32(ptx.addr(l_at + reg.from_(slot * 4, u32)), self.l[i],
+                                   pred=lead)
+            oa = o_at + reg.from_((slot * D + dl * 8) * 4, u32)
+            ptx.inst.st.shared.v4.f32(ptx.addr(oa), self.o[i][:4])
+            ptx.inst.st.shared.v4.f32(ptx.addr(oa, 16), self.o[i][4:])
+        sync()
 
-def _merge_and_store(st, *, sh, rows, chunk, tid, grp, dl, split, b, hkv, pop, plp, base,
+
+def _merge_and_store(store, groups, *, sh, rows, chunk, tid, split, b, hkv, pop, plp, base,
                      sync, final=None):
-    """Merge the lane groups' (m, l, o) per row through shared memory at ``base`` (u32,
-    ``merge_bytes``), after ``sync()``, and store the split's normalised o and lse; with
-    ``final = (po, plse, dt)`` (one split: nothing to combine) the output rows themselves,
-    ``o`` rounded to ``dt``, ``lse`` in ``(B, Hq, Sq)`` order."""
+    """Merge ``groups`` partial (m, l, o) states per row through shared memory at ``base``
+    (u32, ``merge_bytes``): ``store((m_at, l_at, o_at), sync)`` writes them (group ``g``'s
+    row ``i`` in slot ``g * rows + i`` of ``m_at``, ``l_at`` and the ``D`` floats of ``o_at``)
+    between two ``sync()``s; then every thread merges its rows' columns and stores the
+    split's normalised o and lse; with ``final = (po, plse, dt)`` (one split: nothing to
+    combine) the output rows themselves, ``o`` rounded to ``dt``, ``lse`` in ``(B, Hq, Sq)``
+    order."""
     D, G, Sq, Hq = sh.D, sh.group, sh.Sq, sh.Hq
-    NG = key_groups(D)
+    NG = groups
     N = sh.B * Sq * Hq
     m_at, l_at, o_at = base, base + NG * rows * 4, base + 2 * NG * rows * 4
-    lead = dl == 0
-    sync()
-    for i in range(rows):
-        slot = grp * rows + i
-        ptx.inst.st.shared.f32(ptx.addr(m_at + reg.from_(slot * 4, u32)), st.m[i], pred=lead)
-        ptx.inst.st.shared.f32(ptx.addr(l_at + reg.from_(slot * 4, u32)), st.l[i], pred=lead)
-        oa = o_at + reg.from_((slot * D + dl * 8) * 4, u32)
-        ptx.inst.st.shared.v4.f32(ptx.addr(oa), st.o[i][:4])
-        ptx.inst.st.shared.v4.f32(ptx.addr(oa, 16), st.o[i][4:])
-    sync()
+    store((m_at, l_at, o_at), sync)
     for k in range(-(-rows * D // THREADS)):
         e = tid + k * THREADS
         i, d = e // D, e % D
@@ -372,9 +385,10 @@ def _combine_if_last(*, sh, dt, rows, chunk, chunks, tid, b, y, hkv, splits, ptr
                             D=D, splits=splits, dt=dt, load="ld.relaxed.gpu.global")
 
 
-def merge_bytes(D, rows):
-    """Shared bytes of the lane groups' merge: m, l and o per group and row, f32."""
-    return key_groups(D) * rows * (D + 2) * 4
+def merge_bytes(D, rows, groups=None):
+    """Shared bytes of the merge of ``groups`` partial states (default: the lane groups,
+    ``key_groups(D)``) per row: m, l and o per group and row, f32."""
+    return (groups or key_groups(D)) * rows * (D + 2) * 4
 
 
 def _split_range(k_lo, k_hi, split, splits, step):
@@ -407,22 +421,32 @@ def _direct_loop(st, *, sh, dt, s0, s1, grp, steps, addr, ptrs):
 
 def _ring_produce(ring, KC, VC, *, sh, s0, s1, b, hkv, ptab):
     """The producer thread: every block of ``BN`` keys of the split, K and V by TMA into the
-    ring (one block table read per block when paged)."""
-    BN = ring.BN
+    ring, one box of ``box_keys`` keys and ``cols`` columns per (sub-block, column slab)
+    (one block table read per sub-block when paged)."""
+    BN, bk = ring.BN, ring.box_keys
     kmap = ptx.tma.tensormap_ptr(KC.tmap)
     vmap = ptx.tma.tensormap_ptr(VC.tmap)
     pst = ring.pipe.producer_state()
     for blk in ptx.loop(s0, s1, BN, type=s32):
         ring.pipe.acquire(pst)
         bar = ring.pipe.arm(pst, 2 * ring.block_bytes)
-        if sh.paged:
-            page = KeyAddress(sh, b, hkv, blk, 0, ptab).page_of(blk, None)
-            coords = (0, hkv, blk % sh.page_size, page)
-        else:
-            coords = (0, hkv, blk, b)
+        coords = []
+        table = KeyAddress(sh, b, hkv, blk, 0, ptab) if sh.paged else None
+        for j in range(BN // bk):
+            pos = blk if j == 0 else blk + j * bk
+            if sh.paged:
+                page = table.page_of(pos, None)
+                coords.append((hkv, pos % sh.page_size, page))
+            else:
+                coords.append((hkv, pos, b))
         kdst = ring.k_base + pst.stage * ring.block_bytes
-        ptx.tma.load_tile(kdst, kmap, coords, bar)
-        ptx.tma.load_tile(kdst + ring.stages * ring.block_bytes, vmap, coords, bar)
+        for j, at in enumerate(coords):
+            for h in range(ring.slabs):
+                off = (h * BN + j * bk) * ring.cols * 2
+                dst = kdst if off == 0 else kdst + off
+                ptx.tma.load_tile(dst, kmap, (h * ring.cols, *at), bar)
+                ptx.tma.load_tile(dst + ring.stages * ring.block_bytes, vmap,
+                                  (h * ring.cols, *at), bar)
         pst.advance()
 
 
@@ -465,12 +489,16 @@ def _ring_consume(ring, st, *, sh, dt, s0, s1, grp, dl, steps, sc, addr, ptrs):
 
 
 class KeyRing:
-    """The shared ring of K and V blocks (``stages`` x ``BN`` keys each, unswizzled rows of
-    ``D`` elements) and its pipeline (128 consumer arrivals: every reading thread fences
-    and arrives itself)."""
+    """The shared ring of K and V blocks (``stages`` x ``BN`` keys each) and its pipeline
+    (128 consumer arrivals: every reading thread fences and arrives itself). A block is
+    ``D // cols`` slabs of ``BN`` rows of ``cols`` elements (unswizzled rows of ``D``, or the
+    tensor-core plan's 128-byte swizzled slabs of 64), each copied in boxes of ``box_keys``
+    rows."""
 
-    def __init__(self, *, stages, BN, D, tid):
+    def __init__(self, *, stages, BN, D, tid, box_keys=None, cols=None):
         self.stages, self.BN = stages, BN
+        self.box_keys, self.cols = box_keys or BN, cols or D
+        self.slabs = D // self.cols
         self.block_bytes = BN * D * 2
         self.k_base = ring_base("dec_ring")
         self.pipe = Pipeline(stages, consumer_arrivals=THREADS)
@@ -479,7 +507,7 @@ class KeyRing:
 
 
 def _body(t, *, shape, dt, causal, window, softcap, scale, splits, rows, chunks, steps, ring,
-          combine):
+          combine, mma):
     """The kernel body over its tensors ``t`` (name -> tensor, ``tensor_names`` order)."""
     sh = shape
     D, Sq = sh.D, sh.Sq
@@ -496,11 +524,13 @@ def _body(t, *, shape, dt, causal, window, softcap, scale, splits, rows, chunks,
     y = reg.from_(ptx.special.ctaid.y(), s32)
     b = reg.from_(ptx.special.ctaid.z(), s32)
     hkv, chunk = (y, None) if chunks == 1 else (y // chunks, y % chunks)
-    lane = tid & 31
-    grp = (tid >> 5) * (32 // LK) + lane // LK
-    dl = lane % LK
+    if not mma:
+        lane = tid & 31
+        grp = (tid >> 5) * (32 // LK) + lane // LK
+        dl = lane % LK
 
-    kring = None if ring is None else KeyRing(stages=ring[0], BN=ring[1], D=D, tid=tid)
+    kring = None if ring is None else KeyRing(stages=ring[0], BN=ring[1], D=D, tid=tid,
+                                              box_keys=ring[2], cols=ring[3])
     sc = reg.scalar(s32)
     ptx.inst.ld.global_.nc.s32(sc, ptx.addr(pseq + _wide(b, 4)))
     n_new = Sq if sh.append else sh.n_new
@@ -524,32 +554,48 @@ def _body(t, *, shape, dt, causal, window, softcap, scale, splits, rows, chunks,
             _ring_produce(kring, KC, VC, sh=sh, s0=s0, s1=s1, b=b, hkv=hkv, ptab=ptab)
         ptx.ret(pred=tid >= THREADS)
 
-    st = RowState(sh=sh, dt=dt, rows=rows, chunk=chunk, b=b, hkv=hkv, L=L, dl=dl, pq=pq,
-                  window=(left, right), softcap=softcap, scale=scale)
-    addr = KeyAddress(sh, b, hkv, sc, dl * 8, ptab)
-    loads = (pkc, pvc, pkn, pvn)
     counted = combine and splits > 1
+    if mma:
+        from pyptx_kernels.flash_attention import decode_mma
+
+        st = decode_mma.MmaRows(sh=sh, dt=dt, ring=kring, rows=rows, chunk=chunk, b=b,
+                                hkv=hkv, sc=sc, L=L, s1=s1, tid=tid, pq=pq,
+                                window=(left, right), softcap=softcap, scale=scale,
+                                new=(pkn, pvn))
+        decode_mma.consume(kring, st, s0=s0, s1=s1, fix_from=sc if sh.append else L)
+        groups, store = WARPS, st.store_states
+    else:
+        st = RowState(sh=sh, dt=dt, rows=rows, chunk=chunk, b=b, hkv=hkv, L=L, dl=dl, pq=pq,
+                      window=(left, right), softcap=softcap, scale=scale)
+        addr = KeyAddress(sh, b, hkv, sc, dl * 8, ptab)
+        loads = (pkc, pvc, pkn, pvn)
+        groups = NG
+        if kring is None:
+            _direct_loop(st, sh=sh, dt=dt, s0=s0, s1=s1, grp=grp, steps=steps, addr=addr,
+                         ptrs=loads)
+        else:
+            _ring_consume(kring, st, sh=sh, dt=dt, s0=s0, s1=s1, grp=grp, dl=dl,
+                          steps=steps, sc=sc, addr=addr, ptrs=loads)
+
+        def store(slots, sync):
+            st.store_states(slots, sync, D=D, grp=grp, dl=dl)
     if kring is None:
-        _direct_loop(st, sh=sh, dt=dt, s0=s0, s1=s1, grp=grp, steps=steps, addr=addr,
-                     ptrs=loads)
         words = merge_bytes(D, rows) // 4 + (1 if counted else 0)
         base = smem.alloc(f32, words, name="dec_merge").addr()
         sync = ptx.bar_sync
     else:
-        _ring_consume(kring, st, sh=sh, dt=dt, s0=s0, s1=s1, grp=grp, dl=dl, steps=steps,
-                      sc=sc, addr=addr, ptrs=loads)
         base = kring.k_base
 
         def sync():
             ptx.bar_sync(1, THREADS)
     final = (p["O"], p["LSE"], dt) if combine and splits == 1 else None
-    _merge_and_store(st, sh=sh, rows=rows, chunk=chunk, tid=tid, grp=grp, dl=dl, split=split,
-                     b=b, hkv=hkv, pop=pop, plp=plp, base=base, sync=sync, final=final)
+    _merge_and_store(store, groups, sh=sh, rows=rows, chunk=chunk, tid=tid, split=split, b=b,
+                     hkv=hkv, pop=pop, plp=plp, base=base, sync=sync, final=final)
     if counted:
         _combine_if_last(sh=sh, dt=dt, rows=rows, chunk=chunk, chunks=chunks, tid=tid, b=b,
                          y=y, hkv=hkv, splits=splits,
                          ptrs=(p["CNT"], p["O"], p["LSE"], pop, plp),
-                         flag_at=base + merge_bytes(D, rows), sync=sync)
+                         flag_at=base + merge_bytes(D, rows, groups), sync=sync)
     ptx.ret()
 
 
@@ -560,11 +606,17 @@ def decode_tiling(shape, config):
 
 
 def decode_ring(shape, config):
-    """``(stages, keys per block)`` of the TMA ring, or None for direct loads."""
+    """``(stages, keys per block, keys per TMA box, columns per slab)`` of the TMA ring, or
+    None for direct loads. The tensor-core plan: ``MMA_BLOCK`` keys in 64-column slabs,
+    boxes of the largest power of two dividing the page size (at most ``MMA_BLOCK``)."""
     if not config.ring_stages:
         return None
-    return config.ring_stages, config.ring_block(shape.D, shape.page_size if shape.paged
-                                                 else None)
+    ps = shape.page_size if shape.paged else None
+    if config.mma:
+        box = MMA_BLOCK if ps is None else min(MMA_BLOCK, ps & -ps)
+        return config.mma_stages(shape.D), MMA_BLOCK, box, MMA_SLAB
+    bn = config.ring_block(shape.D, ps)
+    return config.ring_stages, bn, bn, shape.D
 
 
 def tensor_names(shape, splits, combine=True):
@@ -614,25 +666,29 @@ def build_decode(shape, *, dtype="bf16", causal=True, window=(-1, -1), softcap=0
              "O": Tile(sh.B, sh.Sq, sh.Hq, D, dt), "LSE": Tile(sh.B, sh.Hq, sh.Sq, f32),
              "OP": Tile(splits, N, D, f32), "LP": Tile(splits, N, f32)}
     left, right = window
-    name = (f"attn_decode_{dt.name}_d{D}_g{sh.group}_q{sh.Sq}_r{rows}x{chunks}_u{steps}"
+    plan = "mma_" if config.mma else ""
+    tile = f"r{rows}x{chunks}" + ("" if config.mma else f"_u{steps}")
+    name = (f"attn_decode_{plan}{dt.name}_d{D}_g{sh.group}_q{sh.Sq}_{tile}"
             f"_s{splits}{'_paged' if sh.paged else ''}{'_append' if sh.append else ''}"
             f"{'_causal' if causal else ''}"
             f"{f'_w{left}_{right}'.replace('-', 'n') if (left, right) != (-1, -1) else ''}"
             f"{'_cap' if softcap else ''}{f'_ring{ring[0]}x{ring[1]}' if ring else ''}"
+            f"{f'b{ring[2]}' if config.mma else ''}"
             f"{'_fused' if combine else ''}")
     extra = {}
     if ring:
-        box = dict(box=(1, ring[1], 1, D), swizzle="none")
+        box = dict(box=(1, ring[2], 1, ring[3]), swizzle="128B" if config.mma else "none")
         flag = 16 if combine and splits > 1 else 0
+        merge = merge_bytes(D, rows, WARPS if config.mma else None)
         extra = dict(tma={"KC": box, "VC": box},
-                     smem=max(2 * ring[0] * ring[1] * D * 2, merge_bytes(D, rows) + flag) + 1024)
+                     smem=max(2 * ring[0] * ring[1] * D * 2, merge + flag) + 1024)
     deco = kernel(in_specs=tuple(specs[n] for n in names_in),
                   out_specs=tuple(specs[n] for n in names_out),
                   grid=(splits, sh.Hkv * chunks, sh.B), block=(THREADS + (32 if ring else 0), 1, 1),
                   name=name, **extra)
     kw = dict(shape=sh, dt=dt, causal=causal, window=(left, right), softcap=float(softcap),
               scale=scale, splits=splits, rows=rows, chunks=chunks, steps=steps, ring=ring,
-              combine=combine)
+              combine=combine, mma=config.mma)
     names = names_in + names_out
 
     def attn_decode(*tensors):
