@@ -51,13 +51,27 @@ _dev, _f64 = ptxsim.device_bits, ptxsim.host_f64
 TOL = {"bf16": 2e-2, "f16": 1e-2}
 
 
+def _poisoned(rng, cache, lens, table):
+    """A random cache whose rows past each sequence's length (and pages no table names) are
+    NaN."""
+    x = np.full(cache, np.nan)
+    for b, n in enumerate(lens):
+        pos = np.arange(n)
+        if table is None:
+            x[b, :n] = rng.standard_normal((n, *cache[2:]))
+        else:
+            x[table[b, pos // cache[1]], pos % cache[1]] = rng.standard_normal((n, *cache[2:]))
+    return x
+
+
 def simulate(*, B=2, Sq=1, Hq=4, Hkv=2, D=64, Sk=40, lens=(17, 0), page=None, append=False,
              causal=True, window=(-1, -1), softcap=0.0, splits=2, dtype="bf16", seed=0,
-             config=None):
+             config=None, poison=False, scale=None):
     """Run the one-launch decode kernel twice and the two-launch pair once in the simulator;
     ``(o error, lse error)`` of the one-launch result against float64 (the caches after an
     append compared exactly; the one-launch bits checked against the two-launch ones and
-    across its two calls, its counters zero after each)."""
+    across its two calls, its counters zero after each). ``poison``: cache rows at or past
+    each ``cache_seqlens[b]`` hold NaN."""
     rng = np.random.default_rng(seed)
     q = _dev(rng.standard_normal((B, Sq, Hq, D)), dtype)
     if page:
@@ -67,7 +81,10 @@ def simulate(*, B=2, Sq=1, Hq=4, Hkv=2, D=64, Sk=40, lens=(17, 0), page=None, ap
         cache = (pages, page, Hkv, D)
     else:
         table, mp, cache = None, 0, (B, Sk, Hkv, D)
-    kc, vc = (_dev(rng.standard_normal(cache), dtype) for _ in range(2))
+    if poison:
+        kc, vc = (_dev(_poisoned(rng, cache, lens, table), dtype) for _ in range(2))
+    else:
+        kc, vc = (_dev(rng.standard_normal(cache), dtype) for _ in range(2))
     seq = np.array(lens, np.int32)
     kn = vn = None
     if append:
@@ -75,7 +92,7 @@ def simulate(*, B=2, Sq=1, Hq=4, Hkv=2, D=64, Sk=40, lens=(17, 0), page=None, ap
     shape = DecodeShape(B, Sq, Hq, Hkv, D, cache, mp, append, 0)
     config = config or DecodeConfig()
     opts = dict(dtype=dtype, causal=causal, window=window, softcap=softcap, splits=splits,
-                config=config)
+                config=config, scale=scale)
 
     def inputs():
         return [q, kc.copy(), vc.copy(), seq] + ([table] if page else []) + \
@@ -104,10 +121,11 @@ def simulate(*, B=2, Sq=1, Hq=4, Hkv=2, D=64, Sk=40, lens=(17, 0), page=None, ap
         return None if x is None else _f64(x, dtype)
     ro, rl, rkc, rvc = reference_decode(f(q), f(kc), f(vc), seq, k=f(kn), v=f(vn),
                                         block_table=table, causal=causal, window=window,
-                                        softcap=softcap)
+                                        softcap=softcap, scale=scale)
     if append:
         for got in (ins, two):
-            assert np.array_equal(f(got[1]), rkc) and np.array_equal(f(got[2]), rvc)
+            assert np.array_equal(f(got[1]), rkc, equal_nan=True) \
+                and np.array_equal(f(got[2]), rvc, equal_nan=True)
     lse = lse.view(np.float32).astype(np.float64)
     fin = np.isfinite(rl)
     assert np.array_equal(np.isfinite(lse), fin), "lse is -inf exactly for queries w/o keys"
@@ -158,12 +176,63 @@ CASES = {
                                        Hkv=2, splits=3, append=True),
     "direct_chunks_one_split": dict(B=3, lens=(30, 0, 45), Sk=48, Sq=2, Hq=8, Hkv=2, splits=1,
                                     config=DecodeConfig(ring_stages=0)),
+
+
+    # cache rows past the lengths (and unused pages) NaN: never read, or read as zeros
+    "nan_past_lengths_paged_append": dict(page=16, lens=(40, 3), Sk=64, Sq=2, append=True,
+                                          poison=True),
+}
+
+MMA = DecodeConfig(mma=True)
+#: the tensor-core plan (``decode_mma``): keys in blocks of 64, 16 per warp; lengths past
+#: 64 reach the unmasked-block path
+MMA_CASES = {
+    "d128_g4_full_blocks": dict(D=128, Hq=8, Hkv=2, lens=(150, 20), Sk=192, splits=1),
+    "d128_nan_past_lengths": dict(D=128, Hq=8, Hkv=2, lens=(150, 37), Sk=192, poison=True),
+    "d128_page16_nan_scattered": dict(D=128, page=16, lens=(100, 0), Sk=128, Hq=4, Hkv=1,
+                                      poison=True),
+    "page_256": dict(page=256, lens=(300, 60), Sk=512, Hq=4, Hkv=1, splits=3, poison=True),
+    "page_48_append_nan": dict(page=48, lens=(90, 50), Sk=144, append=True, Sq=2,
+                               poison=True),
+    # appended rows inside an unmasked block: [128, 192) with L = 192, no causal mask
+    "append_inside_full_block": dict(lens=(188, 60), Sk=192, append=True, Sq=4, causal=False,
+                                     splits=1, poison=True),
+    "sq16_g8_eight_row_chunks": dict(B=1, Sq=16, Hq=8, Hkv=1, lens=(40,), Sk=64, splits=1),
+    "sq16_g8_append_splits": dict(B=1, Sq=16, Hq=8, Hkv=1, lens=(100,), Sk=128, splits=2,
+                                  append=True, poison=True),
+    "g1_one_row": dict(Hq=4, Hkv=4, lens=(100, 7), Sk=128),
+    "g8_sq2_sixteen_rows": dict(Hq=8, Hkv=1, Sq=2, lens=(130, 66), Sk=160, D=128,
+                                dtype="f16"),
+    "g2_sq3_six_rows": dict(Sq=3, lens=(129, 64), Sk=160),
+    "window_left_full_blocks": dict(B=1, window=(70, -1), lens=(300,), Sk=320, Sq=4, Hq=2,
+                                    Hkv=1, splits=3),
+    "window_both_softcap_long": dict(causal=False, window=(100, 20), softcap=5.0,
+                                     lens=(250, 30), Sk=256, Sq=4),
+    "six_stages_d64_wraps": dict(B=1, lens=(900,), Sk=960, Hq=4, Hkv=1, splits=1,
+                                 config=DecodeConfig(mma=True, ring_stages=8)),
+    "two_stages_d128_wraps": dict(B=1, D=128, lens=(300,), Sk=320, Hq=4, Hkv=1, splits=1,
+                                  config=DecodeConfig(mma=True, ring_stages=2)),
+    "negative_scale": dict(lens=(100, 9), Sk=128, scale=-0.3, Sq=2),
+    "f16_chunks_splits_append": dict(B=3, lens=(130, 0, 45), Sk=192, Sq=3, Hq=8, Hkv=2,
+                                     splits=3, append=True, dtype="f16", poison=True),
 }
 
 
-@pytest.mark.parametrize("name", list(CASES))
-def test_decode_matches_float64(name):
-    kw = CASES[name]
+def _mma_case(kw):
+    """A default-plan case on the tensor-core plan (its ring depth kept where it set one)."""
+    cfg = kw.get("config")
+    stages = cfg.ring_stages if cfg is not None and cfg.ring_stages else 4
+    return {**kw, "config": DecodeConfig(mma=True, ring_stages=stages)}
+
+
+PLAN_CASES = {**{("default", n): kw for n, kw in CASES.items()},
+              **{("mma", n): _mma_case(kw) for n, kw in CASES.items()},
+              **{("mma", n): {"config": MMA, **kw} for n, kw in MMA_CASES.items()}}
+
+
+@pytest.mark.parametrize("plan,name", list(PLAN_CASES), ids=[f"{p}-{n}" for p, n in PLAN_CASES])
+def test_decode_matches_float64(plan, name):
+    kw = PLAN_CASES[plan, name]
     err_o, err_l = simulate(**kw)
     assert err_o <= TOL[kw.get("dtype", "bf16")], err_o
     assert err_l <= 1e-5, err_l
