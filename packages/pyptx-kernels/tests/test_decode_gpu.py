@@ -26,7 +26,23 @@ pytestmark = [
 ]
 
 from pyptx_kernels import attention_with_kvcache  # noqa: E402
+from pyptx_kernels.flash_attention import decode_api  # noqa: E402
+from pyptx_kernels.flash_attention.decode_config import DecodeConfig  # noqa: E402
 from pyptx_kernels.flash_attention.decode_reference import reference_decode  # noqa: E402
+
+
+@pytest.fixture(params=["default", "mma"], autouse=True)
+def plan(request, monkeypatch):
+    """Every test on both decode plans: under ``mma`` the public call's plan
+    (``decode_api._plan``) is the tensor-core one; the call caches are emptied around it."""
+    if request.param == "mma":
+        monkeypatch.setattr(decode_api, "_plan",
+                            lambda n: DecodeConfig(num_splits=n, mma=True))
+    decode_api._runner.cache_clear()
+    decode_api._EAGER.clear()
+    yield request.param
+    decode_api._runner.cache_clear()
+    decode_api._EAGER.clear()
 
 DT = {"bf16": torch.bfloat16, "f16": torch.float16}
 TOL = {"bf16": 2e-2, "f16": 1e-2}
@@ -78,8 +94,26 @@ def check(args, dtype, **opts):
     if fin.any():
         assert np.abs(l64[fin] - ref[1][fin]).max() <= 1e-3
     if k is not None:
-        assert np.array_equal(_np(kc), ref[2]) and np.array_equal(_np(vc), ref[3])
+        assert np.array_equal(_np(kc), ref[2], equal_nan=True) \
+            and np.array_equal(_np(vc), ref[3], equal_nan=True)
     return out
+
+
+def poison_past_lengths(args):
+    """``args`` (``make``'s) with every cache row at or past ``lens[b]`` (and every page no
+    table row names) set to NaN, in place."""
+    q, kc, vc, lens, k, v, table = args
+    for c in (kc, vc):
+        keep = c.clone()
+        c.fill_(float("nan"))
+        for b, n in enumerate(lens.tolist()):
+            pos = torch.arange(n, device=c.device)
+            if table is None:
+                c[b, :n] = keep[b, :n]
+            else:
+                pages, slots = table[b, pos // c.shape[1]].long(), pos % c.shape[1]
+                c[pages, slots] = keep[pages, slots]
+    return args
 
 
 CASES = [
@@ -97,7 +131,9 @@ CASES = [
 
 @pytest.mark.parametrize("ring", [4, 0])
 @pytest.mark.parametrize("B,Sq,Hq,Hkv,D,Sk,opts", CASES)
-def test_decode_matches_float64(B, Sq, Hq, Hkv, D, Sk, opts, ring):
+def test_decode_matches_float64(B, Sq, Hq, Hkv, D, Sk, opts, ring, plan):
+    if plan == "mma" and not ring:
+        pytest.skip("the direct-load plan runs once")
     dtype = opts.get("dtype", "bf16")
     args = make(B, Sq, Hq, Hkv, D, Sk, dtype=dtype, page=opts.get("page"),
                 append=opts.get("append", False))
@@ -107,7 +143,6 @@ def test_decode_matches_float64(B, Sq, Hq, Hkv, D, Sk, opts, ring):
     # the direct-load plan, through the host function the public call uses
     from pyptx_kernels.flash_attention import decode_host
     from pyptx_kernels.flash_attention.decode_api import check_call
-    from pyptx_kernels.flash_attention.decode_config import DecodeConfig
 
     q, kc, vc, lens, k, v, table = args
     ref = reference_decode(*(_np(x) for x in (q, kc, vc, lens)), k=_np(k), v=_np(v),
@@ -128,6 +163,15 @@ def test_decode_matches_float64(B, Sq, Hq, Hkv, D, Sk, opts, ring):
 @pytest.mark.parametrize("page", [None, 32])
 def test_window_softcap_and_options(opts, page):
     check(make(3, 4, 16, 4, 128, 1500, page=page, append=True, seed=1), "bf16", **opts)
+
+
+@pytest.mark.parametrize("page,append", [(None, False), (16, False), (64, True),
+                                         (None, True)])
+def test_nan_cache_rows_past_the_lengths_are_never_used(page, append):
+    """Cache rows past each length hold NaN (as after ``torch.empty``): the output stays the
+    reference's, NaN-free."""
+    check(poison_past_lengths(make(6, 2, 32, 8, 128, 700, page=page, append=append,
+                                   seed=11)), "bf16")
 
 
 def test_deterministic():
@@ -221,12 +265,11 @@ def test_one_launch_is_bit_identical_to_two_launches(B, Sk, splits, page):
     from pyptx_kernels.flash_attention import decode_host
     from pyptx_kernels.flash_attention.decode_api import check_call
     from pyptx_kernels.flash_attention.decode_combine import build_combine
-    from pyptx_kernels.flash_attention.decode_config import DecodeConfig
     from pyptx_kernels.flash_attention.decode_kernel import build_decode
 
     q, kc, vc, lens, _, _, table = make(B, 1, 32, 8, 128, Sk, page=page, seed=8)
     shape, name = check_call(q, kc, vc, lens, None, None, table)
-    config, sms = DecodeConfig(num_splits=splits), decode_host.device_sms(q)
+    config, sms = decode_api._plan(splits), decode_host.device_sms(q)
     n = decode_host.choose_splits(shape, config, sms)
     arrays = [x for x in (q, kc, vc, lens, table) if x is not None]
     dec = build_decode(shape, dtype=name, splits=n, config=config, combine=False)

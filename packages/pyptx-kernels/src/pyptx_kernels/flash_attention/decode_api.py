@@ -151,6 +151,7 @@ _REGISTERED = False
 
 @functools.cache
 def _plan(num_splits):
+    """The public call's decode plan (torch and JAX) with ``num_splits``."""
     return DecodeConfig(num_splits=num_splits)
 
 
@@ -290,8 +291,7 @@ def _run_jax(q, k_cache, v_cache, cache_seqlens, k, v, block_table, causal, wind
     arrays = [q, k_cache, v_cache, cache_seqlens] + ([block_table] if block_table is not None
                                                      else [])
     out, lse = decode_host.decode(shape, arrays, dtype=dtype, causal=causal, window=window,
-                                  softcap=softcap, scale=scale,
-                                  config=DecodeConfig(num_splits=num_splits))
+                                  softcap=softcap, scale=scale, config=_plan(num_splits))
     return out, lse, k_cache, v_cache
 
 
