@@ -9,13 +9,16 @@
   two calls, the arrival counters zero after each call. Contiguous and paged caches (pages
   scattered by a random permutation), ragged and empty sequences, new k/v appended inside
   the kernel (the caches compared exactly after the run), sliding windows, softcap, 1 and 4
-  queries, group sizes 1, 2 and 4, one and several splits, row chunks. Outputs start
+  queries, group sizes 1, 2 and 4, one and several splits, row chunks, cache rows past the
+  lengths NaN. Every case runs on both plans (the default and ``DecodeConfig(mma=True)``),
+  and ``MMA_CASES`` add tensor-core cases long enough to reach its unmasked blocks (16
+  queries x 8 heads, pages 16/48/256, 2 and 6 stages, a negative scale). Outputs start
   poisoned (every byte must be written). Tolerance: ``max |o - ref|`` 2e-2 (bf16; the
   output rounding, 2**-9 relative, plus f32 sums), 1e-2 (f16); lse 1e-5 absolute (f32
   state, exact ``ex2``/``lg2`` in the simulator), ``-inf`` exactly where the reference
   has no key.
-* ptxas assembles the decode kernels (one-launch and partials-only) and the combine kernel
-  with no spills.
+* ptxas assembles the decode kernels of both plans (one-launch and partials-only) and the
+  combine kernel with no spills.
 * The split heuristic, ``DecodeConfig``'s checks, the torch ops on meta tensors (shapes,
   the append op's declared mutation), bad calls raising ``ConfigError`` at the caller's
   line, and JAX's functional append against the reference's.
@@ -247,10 +250,11 @@ def test_decode_matches_float64(plan, name):
     (128, 4, 1, True, True, (-1, -1), 0.0, 0),
     (64, 8, 2, False, False, (256, -1), 0.0, 0),
 ])
-def test_ptxas_no_spills(D, G, Sq, paged, append, window, softcap, stages, assemble):
+@pytest.mark.parametrize("plan", ["default", "mma"])
+def test_ptxas_no_spills(D, G, Sq, paged, append, window, softcap, stages, plan, assemble):
     cache = (16 * 64, 64, 8, D) if paged else (16, 4096, 8, D)
     shape = DecodeShape(16, Sq, 8 * G, 8, D, cache, 64 if paged else 0, append, 0)
-    config = DecodeConfig(ring_stages=stages)
+    config = DecodeConfig(mma=True) if plan == "mma" else DecodeConfig(ring_stages=stages)
     opts = dict(window=window, softcap=softcap, config=config)
     for kern in (build_decode(shape, splits=4, **opts), build_decode(shape, splits=1, **opts),
                  build_decode(shape, splits=4, combine=False, **opts),
@@ -286,7 +290,9 @@ def test_split_heuristic_honours_a_fixed_count():
 @pytest.mark.parametrize("kw", [dict(rows=0), dict(rows=9), dict(keys_per_step=0),
                                 dict(keys_per_step=True), dict(num_splits=-1),
                                 dict(num_splits=129), dict(ring_stages=1), dict(ring_stages=9),
-                                dict(block_keys=48), dict(block_keys=512)])
+                                dict(block_keys=48), dict(block_keys=512), dict(mma=1),
+                                dict(mma=True, rows=4), dict(mma=True, keys_per_step=2),
+                                dict(mma=True, ring_stages=0), dict(mma=True, block_keys=32)])
 def test_config_rejects_bad_fields_at_this_line(kw):
     with pytest.raises(ConfigError, match=r"test_decode_cpu\.py:\d+: DecodeConfig"):
         DecodeConfig(**kw)

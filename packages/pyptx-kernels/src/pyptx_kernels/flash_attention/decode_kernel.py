@@ -14,6 +14,9 @@ One launch: with one split the merge writes the output itself; with more, each C
 its arrival on a per-(batch, KV head, row chunk) counter after its partial is stored, and
 the last to arrive combines the splits in split order (``decode_combine.combine_row``, the
 operations of the two-launch ``build_combine``: bit-identical) and resets the counter.
+``DecodeConfig(mma=True)`` replaces the lane groups by tensor-core consumers
+(``decode_mma``: one m16 tile of rows, ``mma.sync`` products over 64-key blocks of a
+128-byte swizzled ring, the four warps' states merged the same way).
 
 Keys: contiguous caches ``(B, Sk_max, Hkv, D)``, or paged ``(pages, page_size, Hkv, D)``
 through ``block_table (B, max_pages)``. Sequence ``b`` has ``L = cache_seqlens[b] + n_new``
