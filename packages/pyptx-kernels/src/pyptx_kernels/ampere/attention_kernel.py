@@ -24,9 +24,9 @@ from pyptx.types import bf16, f16, f32, s32, u32, u64
 from pyptx.warpspec import min_u32
 from pyptx_kernels._common import fail
 from pyptx_kernels.ampere.attention_config import Sm80AttentionConfig, for_head_dim
-from pyptx_kernels.ampere.softmax import NEG_INF, softmax_rows
 from pyptx_kernels.ampere.tiles import Fragments, SmemTile, TileCopy
 
+NEG_INF = float("-inf")
 LN2 = math.log(2.0)
 
 
@@ -170,7 +170,7 @@ def build_sm80_attention(B: int, S: int, Hq: int, Hkv: int, D: int, *, Sk: int |
                             ptx.inst.min.s32(thr, thr, diag)
                         for n, (a, e) in enumerate(vals):
                             ptx.inst.selp.f32(a[e], NEG_INF, a[e], thr < (n // 2) * 8 + n % 2)
-                    softmax_rows(vals, m_row[i][hh], l_row[i][hh], o[i], hh, sl2)
+                    _softmax_rows(vals, m_row[i][hh], l_row[i][hh], o[i], hh, sl2)
             pa = [[[pack(s[i][2 * c + q][2 * x], s[i][2 * c + q][2 * x + 1])
                     for q in range(2) for x in range(2)] for c in range(KC)] for i in range(MI)]
             for dd in range(D // 16):       # P's A fragments: (row g, k lo), (g + 8, lo), ...hi
@@ -230,3 +230,39 @@ def build_sm80_attention(B: int, S: int, Hq: int, Hkv: int, D: int, *, Sk: int |
 
     return deco(sm80_attention)
 
+
+def _softmax_rows(vals, m_row, l_row, o_row, hh, sl2):
+    """The online softmax of one query row's scores ``vals`` (``(array, index)`` pairs of this
+    thread's S fragments; the row spans the four lanes of a quad): the new running max
+    ``m_row`` (scaled, base 2), ``vals`` replaced by ``exp2(sl2 * s - m)``, the partial row sum
+    ``l_row`` and the row's O fragments (half ``hh`` of each) rescaled by ``exp2(m_old - m)``."""
+    regs = [a[e] for a, e in vals]
+    mx = reg.scalar(f32)
+    ptx.inst.max.f32(mx, regs[0], regs[1])
+    for r in regs[2:]:
+        ptx.inst.max.f32(mx, mx, r)
+    ptx.warp.reduce_max(mx, width=4)
+    m_new = reg.scalar(f32)
+    ptx.inst.mul.f32(m_new, mx, sl2)
+    ptx.inst.max.f32(m_new, m_new, m_row)
+    m_use = reg.scalar(f32)                      # a row with no key yet: exp2(x - 0)
+    ptx.inst.selp.f32(m_use, 0.0, m_new, m_new == NEG_INF)
+    alpha = reg.scalar(f32)
+    ptx.inst.sub.f32(alpha, m_row, m_use)
+    ptx.inst.ex2.approx.ftz.f32(alpha, alpha)
+    neg = reg.scalar(f32)
+    ptx.inst.neg.f32(neg, m_use)
+    total = None
+    for r in regs:
+        ptx.inst.fma.rn.f32(r, r, sl2, neg)
+        ptx.inst.ex2.approx.ftz.f32(r, r)
+        if total is None:
+            total = reg.scalar(f32)
+            ptx.inst.mov.f32(total, r)
+        else:
+            ptx.inst.add.f32(total, total, r)
+    ptx.inst.fma.rn.f32(l_row, l_row, alpha, total)
+    ptx.inst.mov.f32(m_row, m_new)
+    for a in o_row:
+        ptx.inst.mul.f32(a[2 * hh], a[2 * hh], alpha)
+        ptx.inst.mul.f32(a[2 * hh + 1], a[2 * hh + 1], alpha)

@@ -4,14 +4,16 @@ A CTA's query rows (up to ``MMA_ROWS``; fewer are zero padding, never stored) fo
 tile, kept in every consumer warp's registers as ``mma.sync`` m16n8k16 A fragments. A ring
 block of ``MMA_BLOCK`` keys is ``D // 64`` slabs of 64 columns with the 128-byte swizzle
 (``ampere.tiles.SmemTile(MMA_BLOCK, 64)``, as the TMA writes it); warp ``w`` takes keys
-``16w .. 16w + 15`` of each block: ``S = Q K^T`` (``ldmatrix`` of K as B), the online
-softmax (``ampere.softmax.softmax_rows``: log2 units, each row over a quad), ``P`` packed
-into the A fragments of ``O += P V`` (``ldmatrix.trans`` of V). Each warp keeps its own
-``(m, l, O)``; ``decode_kernel._merge_and_store`` merges the four per row.
+``16w .. 16w + 15`` of each block: ``S = Q K^T`` (``ldmatrix`` of K as B), the forward's
+online softmax (``fwd_softmax.OnlineSoftmax``: the same per-warp fragment layout as
+wgmma's, log2 units, each row over a quad, the lazy rescale of ``RESCALE_THRESHOLD``), P
+packed into the A fragments of ``O += P V`` (``ldmatrix.trans`` of V). Each warp keeps its
+own ``(m, l, O)``; ``decode_kernel._merge_and_store`` merges the four per row.
 
 Scores are scaled in f32 after the product (softcap: ``tanh(s * scale / softcap)``), then
-masked to ``-inf`` outside each row's window ``[lo, hi)`` (``hi`` cut at the split's end);
-blocks wholly inside every row's window skip the masks (a uniform branch). Cache rows at
+masked to ``-inf`` outside each row's window ``[lo, hi)`` (``hi`` cut at the split's end,
+``masks.mask_scores``); blocks wholly inside every row's window skip the masks (a uniform
+branch). Cache rows at
 positions ``>= L`` may hold anything (NaN): a warp whose keys reach them zeroes its V rows
 there, and with ``append`` copies the new rows into positions ``cache_seqlens[b] ..
 L - 1`` of its stage, before its ``ldmatrix`` (``bar.warp.sync``); only blocks reaching
@@ -22,11 +24,12 @@ from __future__ import annotations
 
 from pyptx import ptx, reg
 from pyptx.types import b32, f32, s32, u32
-from pyptx_kernels.ampere.softmax import NEG_INF, softmax_rows
 from pyptx_kernels.ampere.tiles import Fragments, SmemTile
 from pyptx_kernels.flash_attention.decode_config import MMA_BLOCK, MMA_SLAB
 from pyptx_kernels.flash_attention.decode_kernel import _min_s32, _wide
-from pyptx_kernels.flash_attention.fwd_config import LOG2E
+from pyptx_kernels.flash_attention.fwd_config import LOG2E, RESCALE_THRESHOLD
+from pyptx_kernels.flash_attention.fwd_softmax import OnlineSoftmax
+from pyptx_kernels.flash_attention.masks import mask_scores
 
 _WARP_KEYS = 16
 
@@ -53,12 +56,13 @@ class MmaRows:
         self.fv = Fragments(slab, "b_kn", lu, key0, 0, steps)
         self.v_rows = ring.stages * ring.block_bytes // slab.row_bytes
         left, right = window
+        cap, self.pre = None, None
         if softcap:
-            self.pre, self.sl2 = ("tanh", scale / softcap), softcap * LOG2E
+            cap, sl2 = scale / softcap, softcap * LOG2E
         elif scale > 0:
-            self.pre, self.sl2 = None, scale * LOG2E
-        else:          # softmax_rows scales its max: a positive factor only
-            self.pre, self.sl2 = ("mul", scale * LOG2E), 1.0
+            sl2 = scale * LOG2E
+        else:          # OnlineSoftmax scales its max: a positive factor only
+            self.pre, sl2 = scale * LOG2E, 1.0
         self.q = [reg.array(b32, 4) for _ in range(D // 16)]
         self.lo, self.hi = [], []
         for hh in range(2):
@@ -86,13 +90,17 @@ class MmaRows:
         self.hi_min = _min_s32(s1, L - Sq + first + (right + 1)) if right >= 0 else s1
         self.lo_max = L - Sq + last - left if left >= 0 else None
         self.key_lane = self.warp * _WARP_KEYS + self.t * 2
-        self.m = [reg.scalar(f32, init=NEG_INF) for _ in range(2)]
-        self.l = [reg.scalar(f32, init=0.0) for _ in range(2)]
+        self.s = [reg.array(f32, 4) for _ in range(2)]
         self.o = [reg.array(f32, 4) for _ in range(D // 8)]
+        self.p = reg.array(b32, 4)
         self.zero = reg.array(f32, 4)
         for a in (*self.o, self.zero):
             for x in a:
                 ptx.inst.mov.f32(x, 0.0)
+        self.sm = OnlineSoftmax([x for a in self.s for x in a], [x for a in self.o for x in a],
+                                self.p, BN=_WARP_KEYS, D=D, sl2=sl2,
+                                rescale_threshold=RESCALE_THRESHOLD, dt=dt, cap=cap)
+        self.sm.reset()
 
     def full(self, blk):
         """Whether block ``blk`` lies inside every row's window (a CTA-uniform predicate)."""
@@ -133,8 +141,7 @@ class MmaRows:
     def block(self, kst, blk, masked):
         """Fold this warp's 16 keys of the stage at ``kst`` (block ``blk``) into its rows;
         ``masked``: apply the window limits per score."""
-        D, dt = self.sh.D, self.dt
-        s = [reg.array(f32, 4) for _ in range(2)]
+        D, dt, s = self.sh.D, self.dt, self.s
         at_k = [self.fk.at(kst, c) for c in range(0, min(D, MMA_SLAB), 16)]
         for kk in range(D // 16):
             slab, c = divmod(kk, MMA_SLAB // 16)
@@ -143,35 +150,21 @@ class MmaRows:
                 ptx.mma_sync(s[j], self.q[kk], kb[2 * j:2 * j + 2], s[j] if kk else self.zero,
                              dtype_ab=dt.name)
         if self.pre is not None:
-            how, mult = self.pre
             for a in s:
                 for x in a:
-                    ptx.inst.mul.f32(x, x, mult)
-                    if how == "tanh":
-                        ptx.inst.tanh.approx.f32(x, x)
+                    ptx.inst.mul.f32(x, x, self.pre)
+        self.sm.cap_scores()
         if masked:
-            first = blk + self.key_lane
-            for hh in range(2):
-                room = self.hi[hh] - first
-                back = None if self.lo[hh] is None else self.lo[hh] - first
-                for j in range(2):
-                    for c in range(2):
-                        keep = room > 8 * j + c
-                        if back is not None:
-                            keep = keep & (back <= 8 * j + c)
-                        x = s[j][2 * hh + c]
-                        ptx.inst.selp.f32(x, x, NEG_INF, keep)
-        for hh in range(2):
-            vals = [(s[j], 2 * hh + c) for j in range(2) for c in range(2)]
-            softmax_rows(vals, self.m[hh], self.l[hh], self.o, hh, self.sl2)
-        pack = ptx.pack_bf16x2 if dt.name == "bf16" else ptx.pack_f16x2
-        pa = [pack(s[j][2 * x], s[j][2 * x + 1]) for j in range(2) for x in range(2)]
+            mask_scores(self.sm.s_acc, _WARP_KEYS, blk + self.key_lane, 0,
+                        list(zip(self.lo, self.hi)))
+        self.sm.update()
+        self.sm.rescale_and_pack()
         at_v = [self.fv.at(kst, c) for c in range(0, min(D, MMA_SLAB), 16)]
         for dd in range(D // 16):
             slab, c = divmod(dd, MMA_SLAB // 16)
             vb = self.fv.load(at_v[c], self.v_rows + slab * MMA_BLOCK)
             for e in range(2):
-                ptx.mma_sync(self.o[2 * dd + e], pa, vb[2 * e:2 * e + 2], self.o[2 * dd + e],
+                ptx.mma_sync(self.o[2 * dd + e], self.p, vb[2 * e:2 * e + 2], self.o[2 * dd + e],
                              dtype_ab=dt.name)
 
     def store_states(self, slots, sync):
@@ -179,7 +172,7 @@ class MmaRows:
         (``decode_kernel._merge_and_store``: group = warp)."""
         m_at, l_at, o_at = slots
         D, rows = self.sh.D, self.rows
-        for x in self.l:
+        for x in self.sm.l_row:
             ptx.warp.reduce_sum(x, width=4)
         sync()
         for hh in range(2):
@@ -189,10 +182,10 @@ class MmaRows:
             ok = r < rows if rows < 8 * hh + 8 else None
             slot = self.warp * rows + r
             lead = self.t == 0 if ok is None else (self.t == 0) & ok
-            ptx.inst.st.shared.f32(ptx.addr(m_at + reg.from_(slot * 4, u32)), self.m[hh],
-                                   pred=lead)
-            ptx.inst.st.shared.f32(ptx.addr(l_at + reg.from_(slot * 4, u32)), self.l[hh],
-                                   pred=lead)
+            ptx.inst.st.shared.f32(ptx.addr(m_at + reg.from_(slot * 4, u32)),
+                                   self.sm.m_row[hh], pred=lead)
+            ptx.inst.st.shared.f32(ptx.addr(l_at + reg.from_(slot * 4, u32)),
+                                   self.sm.l_row[hh], pred=lead)
             oa = o_at + reg.from_((slot * D + self.t * 2) * 4, u32)
             for d8 in range(D // 8):
                 ptx.inst.st.shared.v2.f32(ptx.addr(oa, d8 * 32), self.o[d8][2 * hh:2 * hh + 2],
