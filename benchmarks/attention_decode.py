@@ -19,7 +19,7 @@ the default plan's splits) beside the one-launch default.
 
     python benchmarks/attention_decode.py [--quick] [--out decode.md] [--heads 32/8]
         [--dim 128] [--queries 1]
-        [--configs '[{"ring_stages": 0}, {"keys_per_step": 4}, {"block_keys": 64}]']
+        [--configs '[{"mma": true}, {"ring_stages": 0}, {"keys_per_step": 4}]']
         [--two-launch]
 
 ``--heads HQ/HKV``, ``--dim`` and ``--queries`` (new queries per sequence, as in a

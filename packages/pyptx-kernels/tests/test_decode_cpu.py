@@ -69,12 +69,13 @@ def _poisoned(rng, cache, lens, table):
 
 def simulate(*, B=2, Sq=1, Hq=4, Hkv=2, D=64, Sk=40, lens=(17, 0), page=None, append=False,
              causal=True, window=(-1, -1), softcap=0.0, splits=2, dtype="bf16", seed=0,
-             config=None, poison=False, scale=None):
+             config=None, poison=False, scale=None, n_new=0):
     """Run the one-launch decode kernel twice and the two-launch pair once in the simulator;
     ``(o error, lse error)`` of the one-launch result against float64 (the caches after an
     append compared exactly; the one-launch bits checked against the two-launch ones and
     across its two calls, its counters zero after each). ``poison``: cache rows at or past
-    each ``cache_seqlens[b]`` hold NaN."""
+    each ``cache_seqlens[b]`` (``+ n_new``) hold NaN; ``n_new``: keys the caller already wrote
+    past the lengths (JAX's functional append), counted by the kernel, not the lengths."""
     rng = np.random.default_rng(seed)
     q = _dev(rng.standard_normal((B, Sq, Hq, D)), dtype)
     if page:
@@ -85,14 +86,15 @@ def simulate(*, B=2, Sq=1, Hq=4, Hkv=2, D=64, Sk=40, lens=(17, 0), page=None, ap
     else:
         table, mp, cache = None, 0, (B, Sk, Hkv, D)
     if poison:
-        kc, vc = (_dev(_poisoned(rng, cache, lens, table), dtype) for _ in range(2))
+        kc, vc = (_dev(_poisoned(rng, cache, [n + n_new for n in lens], table), dtype)
+                  for _ in range(2))
     else:
         kc, vc = (_dev(rng.standard_normal(cache), dtype) for _ in range(2))
     seq = np.array(lens, np.int32)
     kn = vn = None
     if append:
         kn, vn = (_dev(rng.standard_normal((B, Sq, Hkv, D)), dtype) for _ in range(2))
-    shape = DecodeShape(B, Sq, Hq, Hkv, D, cache, mp, append, 0)
+    shape = DecodeShape(B, Sq, Hq, Hkv, D, cache, mp, append, n_new)
     config = config or DecodeConfig()
     opts = dict(dtype=dtype, causal=causal, window=window, softcap=softcap, splits=splits,
                 config=config, scale=scale)
@@ -122,7 +124,7 @@ def simulate(*, B=2, Sq=1, Hq=4, Hkv=2, D=64, Sk=40, lens=(17, 0), page=None, ap
 
     def f(x):
         return None if x is None else _f64(x, dtype)
-    ro, rl, rkc, rvc = reference_decode(f(q), f(kc), f(vc), seq, k=f(kn), v=f(vn),
+    ro, rl, rkc, rvc = reference_decode(f(q), f(kc), f(vc), seq + n_new, k=f(kn), v=f(vn),
                                         block_table=table, causal=causal, window=window,
                                         softcap=softcap, scale=scale)
     if append:
@@ -184,6 +186,7 @@ CASES = {
     # cache rows past the lengths (and unused pages) NaN: never read, or read as zeros
     "nan_past_lengths_paged_append": dict(page=16, lens=(40, 3), Sk=64, Sq=2, append=True,
                                           poison=True),
+    "rows_written_by_the_caller": dict(lens=(60, 0), Sk=128, Sq=3, n_new=3, poison=True),
 }
 
 MMA = DecodeConfig(mma=True)
