@@ -12,8 +12,8 @@ The window rows time ``window=(W, -1)`` over the full cache against the full cal
 ratio: it should follow ``W / Sk``). Timing:
 ``triton.testing.do_bench`` (L2 flushed), median of ``--rounds`` rounds, the contenders of
 a row interleaved in rotated order. A pyptx output off SDPA's by more than ``ERR_LIMIT``
-prints FAIL and is not timed. ``--configs`` adds a GB/s column per ``DecodeConfig``
-(contiguous cache, through ``decode_host.decode``) for comparing plans; ``--two-launch``
+prints FAIL and is not timed. ``--configs`` adds two GB/s columns per ``DecodeConfig``
+(contiguous and paged caches, through ``decode_host.decode``) for comparing plans; ``--two-launch``
 adds one for the two-launch reference (``build_decode(combine=False)`` + ``build_combine``,
 the default plan's splits) beside the one-launch default.
 
@@ -98,17 +98,18 @@ def _fmt(x):
     return "n/a" if x is None else f"{x:.0f}"
 
 
-def _plan_fn(config, q, kc, vc, lens):
-    """A zero-argument call of the contiguous decode with the plan ``config`` (a dict of
-    ``DecodeConfig`` fields)."""
+def _plan_fn(config, q, kc, vc, lens, table=None):
+    """A zero-argument call of the decode with the plan ``config`` (a dict of
+    ``DecodeConfig`` fields), on the contiguous cache or, with ``table``, the paged one."""
     from pyptx_kernels.flash_attention import decode_host
     from pyptx_kernels.flash_attention.decode_api import check_call
     from pyptx_kernels.flash_attention.decode_config import DecodeConfig
 
-    shape, dtype = check_call(q, kc, vc, lens, None, None, None)
+    shape, dtype = check_call(q, kc, vc, lens, None, None, table)
     plan = DecodeConfig(**config)
     sms = decode_host.device_sms(q)
-    return lambda: decode_host.decode(shape, [q, kc, vc, lens], dtype=dtype, causal=SQ == 1,
+    arrays = [q, kc, vc, lens] + ([] if table is None else [table])
+    return lambda: decode_host.decode(shape, arrays, dtype=dtype, causal=SQ == 1,
                                       window=(-1, -1), softcap=0.0, scale=D ** -0.5,
                                       config=plan, num_sms=sms)[0]
 
@@ -131,7 +132,7 @@ def _two_launch_fn(q, kc, vc, lens):
 
 def decode_row(B, Sk, rep, rounds, configs=(), two_launch=False):
     """One row of the GB/s table: ``[B, Sk, pyptx, paged, cuDNN, flash, efficient, copy,
-    ours/best, paged/best, % copy, one column per config]``."""
+    ours/best, paged/best, % copy, per config a contiguous and a paged column]``."""
     import torch
     from pyptx_kernels import attention_with_kvcache
 
@@ -143,6 +144,7 @@ def decode_row(B, Sk, rep, rounds, configs=(), two_launch=False):
                                                          causal=causal)}
     for i, c in enumerate(configs):
         fns[f"cfg{i}"] = _plan_fn(c, q, kc, vc, lens)
+        fns[f"cfg{i} paged"] = _plan_fn(c, q, kp, vp, lens, table)
     if two_launch:
         fns["two launches"] = _two_launch_fn(q, kc, vc, lens)
     outs = {name: fn() for name, fn in fns.items()}
@@ -158,7 +160,8 @@ def decode_row(B, Sk, rep, rounds, configs=(), two_launch=False):
     dst = torch.empty_like(src)
     fns["copy"] = lambda: dst.copy_(src)
     ref = next((outs[b] for b in BACKENDS if b in outs), outs["pyptx"])
-    ours_names = ["pyptx", "pyptx paged", *(f"cfg{i}" for i in range(len(configs))),
+    ours_names = ["pyptx", "pyptx paged",
+                  *(f"cfg{i}{p}" for i in range(len(configs)) for p in ("", " paged")),
                   *(["two launches"] if two_launch else [])]
     failed = [n for n in ours_names
               if (outs[n].float() - ref.float()).abs().max().item() > ERR_LIMIT]
@@ -229,7 +232,8 @@ def main(argv=None) -> int:
         torch.cuda.empty_cache()
     head = ["B", "Sk", "pyptx", "pyptx paged", *BACKENDS, "copy", "ours/best", "paged/best",
             "% copy",
-            *(json.dumps(c) for c in configs), *(["two launches"] if args.two_launch else [])]
+            *(f"{json.dumps(c)}{p}" for c in configs for p in ("", " paged")),
+            *(["two launches"] if args.two_launch else [])]
     whead = ["B", "Sk", "window", "full ms", "window ms", "ratio", "W/Sk"]
     lines = markdown_table(head, body) + [""] + markdown_table(whead, wbody)
     print("\n".join(lines))
