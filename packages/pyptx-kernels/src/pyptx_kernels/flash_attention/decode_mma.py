@@ -13,11 +13,11 @@ own ``(m, l, O)``; ``decode_kernel._merge_and_store`` merges the four per row.
 Scores are scaled in f32 after the product (softcap: ``tanh(s * scale / softcap)``), then
 masked to ``-inf`` outside each row's window ``[lo, hi)`` (``hi`` cut at the split's end,
 ``masks.mask_scores``); blocks wholly inside every row's window skip the masks (a uniform
-branch). Cache rows at
-positions ``>= L`` may hold anything (NaN): a warp whose keys reach them zeroes its V rows
-there, and with ``append`` copies the new rows into positions ``cache_seqlens[b] ..
-L - 1`` of its stage, before its ``ldmatrix`` (``bar.warp.sync``); only blocks reaching
-those positions take that branch.
+branch). Cache rows at positions ``>= L`` may hold anything (NaN, and ``0 * NaN`` is NaN in
+an MMA): a warp whose keys reach them zeroes its V rows there (their K scores are masked),
+and with ``append`` copies the new rows into positions ``cache_seqlens[b] .. L - 1`` of its
+stage, before its ``ldmatrix`` (``bar.warp.sync``); only blocks reaching those positions
+take that branch.
 """
 
 from __future__ import annotations
