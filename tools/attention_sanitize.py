@@ -4,7 +4,7 @@ the persistent kernel over 4 CTAs, plus a packed (varlen) batch, each candidate 
 tuned list (``ATTENTION_CONFIGS``) and three consumer warpgroups (``consumers=3``); every
 output is checked against float64. ``python tools/attention_sanitize.py consumers=3``: the
 three-consumer part only; ``decode``: only the one-launch decode kernel
-(``attention_with_kvcache``: ring and direct loads, contiguous and paged, with and without
+(``attention_with_kvcache``: ring, direct loads and the tensor-core plan, contiguous and paged, with and without
 append, one split and three, whose last CTA per (sequence, KV head) combines them), each
 call made twice (the second finds the counters the first left zero)."""
 import sys
@@ -75,7 +75,8 @@ def default_cases():
 
 
 def decode_cases():
-    """The one-launch decode kernel against float64, every plan variant, two calls each."""
+    """The one-launch decode kernel against float64, every plan variant (the CUDA-core
+    ring and direct loads, the tensor-core ring), two calls each."""
     import numpy as np
     from pyptx_kernels.flash_attention import decode_host
     from pyptx_kernels.flash_attention.decode_api import check_call
@@ -88,11 +89,11 @@ def decode_cases():
 
     bad = 0
     B, Sq, Hq, Hkv, D, Sk = 3, 2, 8, 2, 128, 112
-    for ring in (4, 0):
+    for ring in (4, 0, "mma"):
         for page in (None, 16):
             for append in (False, True):
                 for splits in (1, 3):
-                    g = torch.Generator(device="cuda").manual_seed(splits + 2 * ring)
+                    g = torch.Generator(device="cuda").manual_seed(splits + 2 * len(str(ring)))
                     cache = (B * Sk // page + 2, page, Hkv, D) if page else (B, Sk, Hkv, D)
                     table = torch.randperm(cache[0], device="cuda", generator=g)[
                         :B * Sk // page].reshape(B, -1).to(torch.int32) if page else None
@@ -112,7 +113,8 @@ def decode_cases():
                         o, _ = decode_host.decode(
                             shape, arrays, dtype=name, causal=True, window=(-1, -1),
                             softcap=0.0, scale=D ** -0.5,
-                            config=DecodeConfig(ring_stages=ring, num_splits=splits))
+                            config=DecodeConfig(mma=True, num_splits=splits) if ring == "mma"
+                            else DecodeConfig(ring_stages=ring, num_splits=splits))
                         errs.append(float(np.abs(f64(o) - ref[0]).max()))
                     ok = max(errs) <= 2e-2
                     bad += not ok
