@@ -124,6 +124,13 @@ def test_gemm_heuristic_follows_the_recorded_picks():
     assert default_plan(8192, 28672, 8192) == "192x192x64_s3_c2"
     assert default_plan(512, 2048, 2048) == "128x128x64_s6_c1"        # under half the SMs
     assert default_plan(8192, 8192, 8192) == "128x256x64_s4_c2"
+    # weight gradients (K = 8192 tokens), rated by their waves: H100 sweep in performance.md
+    assert default_plan(11264, 2048, 8192) == "192x192x64_s3_c1"      # 726 vs 665 TFLOP/s
+    assert default_plan(32000, 2048, 8192) == "192x192x64_s3_c1"
+    assert default_plan(2048, 5632, 8192) == "128x128x64_s6_c1_st"    # 721 vs 688
+    assert default_plan(3072, 2048, 8192) == "128x128x64_s6_c1_st"
+    assert default_plan(2048, 2048, 8192) == "256x128x64_s4_c1_w128"  # one wave: 765 vs 727
+    assert default_plan(128256, 4096, 8192) == "128x256x64_s4_c2"
 
 
 @pytest.mark.parametrize("planner", list(PLANNERS.values()), ids=list(PLANNERS))

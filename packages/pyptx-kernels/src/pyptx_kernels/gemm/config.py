@@ -185,34 +185,59 @@ def default_plan(M: int, N: int, K: int) -> str:
     """The ``GEMM_CONFIGS`` name a default call takes where the shipped tuning table has no
     bucket for ``M x N x K`` (or no table ships for the GPU), from the tuner's recorded picks
     (``docs/performance.md``): 64 x 128 tiles with one epilogue buffer for skinny products
-    (M <= 192: B streams from memory), the split tail for few tiles over a long K
-    (1024 x 1024 x 16384), 256 x 128 tiles for about one wave of square products up to
-    2048^2, 192 x 192 tiles in pairs for long-N training shapes (8192 x 28672 x 8192),
-    128 x 128 tiles where 128 x 256 ones would fill less than half the SMs or, for a weight
-    gradient's shape (K, the tokens, at least M and N), leave a last wave much emptier
-    (``_last_wave_gain``), else the default 128 x 256 tiles in pairs."""
+    (M <= 192: B streams from memory), the split tail for at most a wave of 128 x 128 tiles
+    over a long K (1024 x 1024 x 16384), 256 x 128 tiles for about one wave of square
+    products up to 2048^2, 192 x 192 tiles in pairs for long-N training shapes
+    (8192 x 28672 x 8192), 128 x 128 tiles where 128 x 256 ones would fill less than half the
+    SMs; over a long K (>= 4096: weight gradients, whose K is the tokens) the plan
+    ``_long_k_plan`` rates best by its waves; else the default 128 x 256 tiles in pairs."""
     sms = H100_SMS
     tiles = -(-M // 128) * -(-N // 256)             # 128 x 256 tiles
     if M <= 192:
         plan = GemmConfig(BM=64, BN=128, cluster=1, epi_bufs=1)
-    elif -(-M // 128) * -(-N // 128) <= 2 * sms and K >= 8192 and K >= 4 * max(M, N):
+    elif -(-M // 128) * -(-N // 128) <= sms and K >= 8192 and K >= 4 * max(M, N):
         plan = GemmConfig(BM=128, BN=128, cluster=1, split_tail=True)
     elif M * N <= 2048 * 2048 and -(-M // 256) * -(-N // 128) >= sms * 3 // 4:
         plan = GemmConfig(BM=256, BN=128, cluster=1, wg_rows=128)
     elif N >= 16384 and M >= 4096:
         plan = GemmConfig(BM=192, BN=192, cluster=2)
-    elif tiles < sms // 2 or (K >= max(M, N, 4096) and _last_wave_gain(M, N, sms) > 1.05):
+    elif tiles < sms // 2:
         plan = GemmConfig(BM=128, BN=128, cluster=1)
+    elif K >= 4096:
+        plan = _long_k_plan(M, N, K, sms)
     else:
         plan = DEFAULT
     return plan.name
 
 
-def _last_wave_gain(M: int, N: int, sms: int) -> float:
-    """How much more of the GPU 128 x 128 tiles keep busy than 128 x 256 ones, over all waves
-    (a partial last wave idles SMs), with 128 x 128 tiles charged 0.92 of the larger tiles'
-    rate: 3072 x 2048 gives 192 large tiles for 132 SMs (73% busy) but 384 small ones (97%)."""
-    def busy(tiles):
-        return tiles / (-(-tiles // sms) * sms)
+#: TFLOP/s of a plan's full waves over a long K (H100, 700 W; ``docs/performance.md``):
+#: each candidate of ``_long_k_plan`` is rated at this times the fraction of the SMs its
+#: waves keep busy on useful tile area
+LONG_K_RATES = {"128x256 pairs": 745.0, "192x192": 765.0, "128x128": 700.0,
+                "128x128 split tail": 720.0}
 
-    return 0.92 * busy(-(-M // 128) * -(-N // 128)) / busy(-(-M // 128) * -(-N // 256))
+
+def _busy(M: int, N: int, BM: int, BN: int, sms: int) -> float:
+    """The useful share of ``BM x BN`` tile waves over ``M x N``: tiles over whole waves,
+    times the output area over the tiles' area."""
+    mt, nt = -(-M // BM), -(-N // BN)
+    return (mt * nt / (-(-mt * nt // sms) * sms)) * (M * N / (mt * BM * nt * BN))
+
+
+def _long_k_plan(M: int, N: int, K: int, sms: int) -> GemmConfig:
+    """The plan with the best rated throughput (``LONG_K_RATES`` x ``_busy``) for a long-K
+    product: 128 x 256 tiles in pairs, 192 x 192 tiles, 128 x 128 tiles, or, for at most
+    ``3072 x 4096`` outputs over ``K >= 8192``, 128 x 128 tiles with the split tail (which
+    fills the last wave). 11264 x 2048 x 8192: 192 x 192 (726 vs 665 TFLOP/s); 3072 x 2048 x
+    8192: 128 x 128 (718 vs 578); 2048 x 5632 x 8192: the split tail (721 vs 688)."""
+    rated = {
+        DEFAULT: LONG_K_RATES["128x256 pairs"] * _busy(M, N, 128, 256, sms),
+        GemmConfig(BM=192, BN=192, cluster=1): LONG_K_RATES["192x192"] * _busy(M, N, 192, 192,
+                                                                              sms),
+        GemmConfig(BM=128, BN=128, cluster=1): LONG_K_RATES["128x128"] * _busy(M, N, 128, 128,
+                                                                              sms),
+    }
+    if K >= 8192 and M * N <= 3072 * 4096:
+        rated[GemmConfig(BM=128, BN=128, cluster=1, split_tail=True)] = \
+            LONG_K_RATES["128x128 split tail"]
+    return max(rated, key=rated.get)
