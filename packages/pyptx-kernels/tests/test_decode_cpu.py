@@ -10,7 +10,8 @@
   scattered by a random permutation), ragged and empty sequences, new k/v appended inside
   the kernel (the caches compared exactly after the run), sliding windows, softcap, 1 and 4
   queries, group sizes 1, 2 and 4, one and several splits, row chunks, cache rows past the
-  lengths NaN. Every case runs on both plans (the default and ``DecodeConfig(mma=True)``),
+  lengths NaN. Every case runs on both plans (the default tensor-core plan and
+  ``DecodeConfig(mma=False)``, the CUDA-core one),
   and ``MMA_CASES`` add tensor-core cases long enough to reach its unmasked blocks (16
   queries x 8 heads, pages 16/48/256, 2 and 6 stages, a negative scale). Outputs start
   poisoned (every byte must be written). Tolerance: ``max |o - ref|`` 2e-2 (bf16; the
@@ -26,6 +27,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import sys
 from pathlib import Path
@@ -224,14 +226,21 @@ MMA_CASES = {
 }
 
 
+def _core_case(kw):
+    """A case on the CUDA-core plan (its own config's fields kept)."""
+    cfg = kw.get("config")
+    return {**kw, "config": DecodeConfig(mma=False) if cfg is None
+            else dataclasses.replace(cfg, mma=False)}
+
+
 def _mma_case(kw):
-    """A default-plan case on the tensor-core plan (its ring depth kept where it set one)."""
+    """A case on the tensor-core plan (its ring depth kept where it set one)."""
     cfg = kw.get("config")
     stages = cfg.ring_stages if cfg is not None and cfg.ring_stages else 4
     return {**kw, "config": DecodeConfig(mma=True, ring_stages=stages)}
 
 
-PLAN_CASES = {**{("default", n): kw for n, kw in CASES.items()},
+PLAN_CASES = {**{("cuda_core", n): _core_case(kw) for n, kw in CASES.items()},
               **{("mma", n): _mma_case(kw) for n, kw in CASES.items()},
               **{("mma", n): {"config": MMA, **kw} for n, kw in MMA_CASES.items()}}
 
@@ -253,11 +262,12 @@ def test_decode_matches_float64(plan, name):
     (128, 4, 1, True, True, (-1, -1), 0.0, 0),
     (64, 8, 2, False, False, (256, -1), 0.0, 0),
 ])
-@pytest.mark.parametrize("plan", ["default", "mma"])
+@pytest.mark.parametrize("plan", ["cuda_core", "mma"])
 def test_ptxas_no_spills(D, G, Sq, paged, append, window, softcap, stages, plan, assemble):
     cache = (16 * 64, 64, 8, D) if paged else (16, 4096, 8, D)
     shape = DecodeShape(16, Sq, 8 * G, 8, D, cache, 64 if paged else 0, append, 0)
-    config = DecodeConfig(mma=True) if plan == "mma" else DecodeConfig(ring_stages=stages)
+    config = DecodeConfig(mma=True) if plan == "mma" else DecodeConfig(ring_stages=stages,
+                                                                       mma=False)
     opts = dict(window=window, softcap=softcap, config=config)
     for kern in (build_decode(shape, splits=4, **opts), build_decode(shape, splits=1, **opts),
                  build_decode(shape, splits=4, combine=False, **opts),
@@ -275,7 +285,7 @@ def test_ptxas_no_spills(D, G, Sq, paged, append, window, softcap, stages, plan,
     (64, 1024, 32, 1, None, 1),
     (128, 4096, 32, 1, None, 1),
     (1, 32768, 8, 1, None, 33),      # G 1: one row per CTA, same grid
-    (1, 32768, 32, 16, None, 2),     # 64 rows: 16 row chunks x 8 KV heads = 128 CTAs
+    (1, 32768, 32, 16, None, 8),     # 64 rows: 4 chunks of 16 x 8 KV heads = 32 CTAs
     (1, 8192, 32, 1, None, 32),      # capped: no split under 256 keys
     (1, 300, 32, 1, None, 1),
 ])

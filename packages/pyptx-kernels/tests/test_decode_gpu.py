@@ -31,13 +31,14 @@ from pyptx_kernels.flash_attention.decode_config import DecodeConfig  # noqa: E4
 from pyptx_kernels.flash_attention.decode_reference import reference_decode  # noqa: E402
 
 
-@pytest.fixture(params=["default", "mma"], autouse=True)
+@pytest.fixture(params=["mma", "cuda_core"], autouse=True)
 def plan(request, monkeypatch):
-    """Every test on both decode plans: under ``mma`` the public call's plan
-    (``decode_api._plan``) is the tensor-core one; the call caches are emptied around it."""
-    if request.param == "mma":
+    """Every test on both decode plans: the public call's default (the tensor-core plan) and,
+    under ``cuda_core``, ``decode_api._plan`` swapped for the CUDA-core one; the call caches
+    are emptied around it."""
+    if request.param == "cuda_core":
         monkeypatch.setattr(decode_api, "_plan",
-                            lambda n: DecodeConfig(num_splits=n, mma=True))
+                            lambda n: DecodeConfig(num_splits=n, mma=False))
     decode_api._runner.cache_clear()
     decode_api._EAGER.clear()
     yield request.param
@@ -132,7 +133,7 @@ CASES = [
 @pytest.mark.parametrize("ring", [4, 0])
 @pytest.mark.parametrize("B,Sq,Hq,Hkv,D,Sk,opts", CASES)
 def test_decode_matches_float64(B, Sq, Hq, Hkv, D, Sk, opts, ring, plan):
-    if plan == "mma" and not ring:
+    if plan == "cuda_core" and not ring:
         pytest.skip("the direct-load plan runs once")
     dtype = opts.get("dtype", "bf16")
     args = make(B, Sq, Hq, Hkv, D, Sk, dtype=dtype, page=opts.get("page"),

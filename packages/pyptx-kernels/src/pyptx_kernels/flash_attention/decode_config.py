@@ -67,6 +67,10 @@ class DecodeConfig:
       ``MMA_BLOCK`` keys of a swizzled ring, up to ``MMA_ROWS`` rows per CTA; ``rows`` and
       ``keys_per_step`` must be None, ``block_keys`` None or 64, and ``ring_stages`` (at
       least 2) is capped at the stages that fit ``MMA_RING_BYTES`` (3 at D=128, 6 at D=64).
+      ``False``: the CUDA-core plan (lane groups per key, FMAs and shuffles). ``None``
+      (default): the tensor-core plan unless a field only the CUDA-core plan has is set
+      (``rows``, ``keys_per_step``, ``block_keys`` other than 64, ``ring_stages=0``); it is
+      resolved at construction, so ``mma`` is a bool afterwards.
     """
 
     rows: int | None = None
@@ -74,11 +78,16 @@ class DecodeConfig:
     num_splits: int = 0
     ring_stages: int = 4
     block_keys: int | None = None
-    mma: bool = False
+    mma: bool | None = None
 
     def __post_init__(self):
+        if self.mma is None:
+            core_only = (self.rows is not None or self.keys_per_step is not None
+                         or self.block_keys not in (None, MMA_BLOCK) or self.ring_stages == 0)
+            object.__setattr__(self, "mma", not core_only)
         if not isinstance(self.mma, bool):
-            raise ConfigError(f"{where()}: DecodeConfig: mma must be a bool, got {self.mma!r}")
+            raise ConfigError(f"{where()}: DecodeConfig: mma must be a bool or None, got "
+                              f"{self.mma!r}")
         if self.mma and (self.rows is not None or self.keys_per_step is not None
                          or self.block_keys not in (None, MMA_BLOCK) or self.ring_stages == 0):
             raise ConfigError(f"{where()}: DecodeConfig: mma=True takes rows=None, "
