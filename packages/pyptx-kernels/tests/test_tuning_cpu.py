@@ -131,6 +131,7 @@ def test_gemm_heuristic_follows_the_recorded_picks():
     assert default_plan(3072, 2048, 8192) == "128x128x64_s6_c1_st"
     assert default_plan(2048, 2048, 8192) == "256x128x64_s4_c1_w128"  # one wave: 765 vs 727
     assert default_plan(128256, 4096, 8192) == "128x256x64_s4_c2"
+    assert default_plan(6144, 4096, 8192) == "256x128x64_s4_c1_w128"  # 744-750 vs 714
 
 
 @pytest.mark.parametrize("planner", list(PLANNERS.values()), ids=list(PLANNERS))

@@ -214,7 +214,7 @@ def default_plan(M: int, N: int, K: int) -> str:
 #: each candidate of ``_long_k_plan`` is rated at this times the fraction of the SMs its
 #: waves keep busy on useful tile area
 LONG_K_RATES = {"128x256 pairs": 745.0, "192x192": 765.0, "128x128": 700.0,
-                "128x128 split tail": 720.0}
+                "128x128 split tail": 720.0, "256x128": 765.0}
 
 
 def _busy(M: int, N: int, BM: int, BN: int, sms: int) -> float:
@@ -226,10 +226,12 @@ def _busy(M: int, N: int, BM: int, BN: int, sms: int) -> float:
 
 def _long_k_plan(M: int, N: int, K: int, sms: int) -> GemmConfig:
     """The plan with the best rated throughput (``LONG_K_RATES`` x ``_busy``) for a long-K
-    product: 128 x 256 tiles in pairs, 192 x 192 tiles, 128 x 128 tiles, or, for at most
-    ``3072 x 4096`` outputs over ``K >= 8192``, 128 x 128 tiles with the split tail (which
-    fills the last wave). 11264 x 2048 x 8192: 192 x 192 (726 vs 665 TFLOP/s); 3072 x 2048 x
-    8192: 128 x 128 (718 vs 578); 2048 x 5632 x 8192: the split tail (721 vs 688)."""
+    product: 128 x 256 tiles in pairs, 192 x 192 tiles, 128 x 128 tiles, for at most
+    ``3072 x 4096`` outputs over ``K >= 8192`` 128 x 128 tiles with the split tail (which
+    fills the last wave), and for ``N >= 4096`` up to ``6144 x 4096`` outputs 256 x 128 tiles.
+    11264 x 2048 x 8192: 192 x 192 (726 vs 665 TFLOP/s); 3072 x 2048 x 8192: 128 x 128 (718
+    vs 578); 2048 x 5632 x 8192: the split tail (721 vs 688); 6144 x 4096 x 8192: 256 x 128
+    (744-750 vs 714)."""
     rated = {
         DEFAULT: LONG_K_RATES["128x256 pairs"] * _busy(M, N, 128, 256, sms),
         GemmConfig(BM=192, BN=192, cluster=1): LONG_K_RATES["192x192"] * _busy(M, N, 192, 192,
@@ -240,4 +242,7 @@ def _long_k_plan(M: int, N: int, K: int, sms: int) -> GemmConfig:
     if K >= 8192 and M * N <= 3072 * 4096:
         rated[GemmConfig(BM=128, BN=128, cluster=1, split_tail=True)] = \
             LONG_K_RATES["128x128 split tail"]
+    if N >= 4096 and M * N <= 6144 * 4096:
+        rated[GemmConfig(BM=256, BN=128, cluster=1, wg_rows=128)] = \
+            LONG_K_RATES["256x128"] * _busy(M, N, 256, 128, sms)
     return max(rated, key=rated.get)
