@@ -189,7 +189,7 @@ def default_plan(M: int, N: int, K: int) -> str:
     over a long K (1024 x 1024 x 16384), 256 x 128 tiles for about one wave of square
     products up to 2048^2, 192 x 192 tiles in pairs for long-N training shapes
     (8192 x 28672 x 8192), 128 x 128 tiles where 128 x 256 ones would fill less than half the
-    SMs; over a long K (>= 4096: weight gradients, whose K is the tokens) the plan
+    SMs; over a long K (>= 8192: weight gradients, whose K is the tokens) the plan
     ``_long_k_plan`` rates best by its waves; else the default 128 x 256 tiles in pairs."""
     sms = H100_SMS
     tiles = -(-M // 128) * -(-N // 256)             # 128 x 256 tiles
@@ -203,12 +203,16 @@ def default_plan(M: int, N: int, K: int) -> str:
         plan = GemmConfig(BM=192, BN=192, cluster=2)
     elif tiles < sms // 2:
         plan = GemmConfig(BM=128, BN=128, cluster=1)
-    elif K >= 4096:
+    elif K >= LONG_K:
         plan = _long_k_plan(M, N, K, sms)
     else:
         plan = DEFAULT
     return plan.name
 
+
+LONG_K = 8192
+"""The K from which ``default_plan`` rates plans by their waves (``_long_k_plan``); the plan
+then depends on M within a bucket, so ``host.sibling_plans`` compiles every candidate."""
 
 #: TFLOP/s of a plan's full waves over a long K (H100, 700 W; ``docs/performance.md``):
 #: each candidate of ``_long_k_plan`` is rated at this times the fraction of the SMs its
@@ -224,6 +228,11 @@ def _busy(M: int, N: int, BM: int, BN: int, sms: int) -> float:
     return (mt * nt / (-(-mt * nt // sms) * sms)) * (M * N / (mt * BM * nt * BN))
 
 
+def long_k_candidates(M: int, N: int, K: int) -> tuple:
+    """The plans ``_long_k_plan`` rates for ``M x N x K``."""
+    return tuple(_long_k_rates(M, N, K, H100_SMS))
+
+
 def _long_k_plan(M: int, N: int, K: int, sms: int) -> GemmConfig:
     """The plan with the best rated throughput (``LONG_K_RATES`` x ``_busy``) for a long-K
     product: 128 x 256 tiles in pairs, 192 x 192 tiles, 128 x 128 tiles, for at most
@@ -232,6 +241,12 @@ def _long_k_plan(M: int, N: int, K: int, sms: int) -> GemmConfig:
     11264 x 2048 x 8192: 192 x 192 (726 vs 665 TFLOP/s); 3072 x 2048 x 8192: 128 x 128 (718
     vs 578); 2048 x 5632 x 8192: the split tail (721 vs 688); 6144 x 4096 x 8192: 256 x 128
     (744-750 vs 714)."""
+    rated = _long_k_rates(M, N, K, sms)
+    return max(rated, key=rated.get)
+
+
+def _long_k_rates(M: int, N: int, K: int, sms: int) -> dict:
+    """``{plan: rated TFLOP/s}`` of ``_long_k_plan``'s candidates."""
     rated = {
         DEFAULT: LONG_K_RATES["128x256 pairs"] * _busy(M, N, 128, 256, sms),
         GemmConfig(BM=192, BN=192, cluster=1): LONG_K_RATES["192x192"] * _busy(M, N, 192, 192,
@@ -245,4 +260,4 @@ def _long_k_plan(M: int, N: int, K: int, sms: int) -> GemmConfig:
     if N >= 4096 and M * N <= 6144 * 4096:
         rated[GemmConfig(BM=256, BN=128, cluster=1, wg_rows=128)] = \
             LONG_K_RATES["256x128"] * _busy(M, N, 256, 128, sms)
-    return max(rated, key=rated.get)
+    return rated

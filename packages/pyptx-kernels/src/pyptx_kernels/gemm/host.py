@@ -11,7 +11,13 @@ from pyptx.autotune import Config
 from pyptx.errors import ConfigError
 from pyptx_kernels import _family, _tuning
 from pyptx_kernels._common import framework, where
-from pyptx_kernels.gemm.config import GEMM_CONFIGS, GemmConfig, default_plan
+from pyptx_kernels.gemm.config import (
+    GEMM_CONFIGS,
+    LONG_K,
+    GemmConfig,
+    default_plan,
+    long_k_candidates,
+)
 from pyptx_kernels.gemm.kernel import build_gemm, gemm_tuned
 from pyptx_kernels.gemm.scheduler import SplitTailGemm
 
@@ -52,12 +58,16 @@ _warmed: set = set()
 def sibling_plans(N, K, key):
     """``{plan name: M}``: each plan a default call of this ``N x K`` problem (``key``: its
     dtypes, layouts and epilogue) takes at some M of ``SIBLING_M`` (the shipped table's, else
-    the heuristic's), with the first such M."""
+    the heuristic's), with the first such M; from ``K >= LONG_K`` every plan the heuristic
+    rates at those M (its pick moves with M inside a bucket)."""
     kv = dict(key)
     plans = {}
     for M in SIBLING_M:
         name, _ = PLANNER.choose({"M": M, "N": N, "K": K, **kv})
         plans.setdefault(name, M)
+        if K >= LONG_K and M > 192:     # the long-K plan changes with M inside a bucket
+            for plan in long_k_candidates(M, N, K):
+                plans.setdefault(plan.name, M)
     return plans
 
 
