@@ -39,6 +39,7 @@ from pyptx.errors import ConfigError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ptxsim  # noqa: E402
+from pyptx_kernels import _family  # noqa: E402
 from pyptx_kernels.flash_attention.decode_combine import build_combine  # noqa: E402
 from pyptx_kernels.flash_attention.decode_config import DecodeConfig  # noqa: E402
 from pyptx_kernels.flash_attention.decode_host import choose_splits  # noqa: E402
@@ -250,6 +251,24 @@ def test_decode_matches_float64(plan, name):
     kw = PLAN_CASES[plan, name]
     err_o, err_l = simulate(**kw)
     assert err_o <= TOL[kw.get("dtype", "bf16")], err_o
+    assert err_l <= 1e-5, err_l
+
+
+@pytest.mark.parametrize("plan", ["cuda_core", "mma"])
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+def test_reused_kernel_at_a_second_size_matches_float64(plan, paged):
+    """A kernel of a second batch, cache length, table width and split count runs its
+    family's first trace (``_family``: reused, not traced) with its own sizes."""
+    config = DecodeConfig(mma=plan == "mma")
+    page = 16 if paged else None
+    _family.clear()
+    simulate(B=1, lens=(20,), Sk=32, page=page, append=True, Sq=2, splits=2, config=config)
+    before = _family.stats()
+    err_o, err_l = simulate(B=3, lens=(90, 0, 41), Sk=96, page=page, append=True, Sq=2,
+                            splits=3, config=config, poison=True, seed=1)
+    after = _family.stats()
+    assert after["traced"] == before["traced"] and after["reused"] == before["reused"] + 2
+    assert err_o <= TOL["bf16"], err_o
     assert err_l <= 1e-5, err_l
 
 

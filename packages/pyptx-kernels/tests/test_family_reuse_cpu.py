@@ -5,6 +5,9 @@ family the library builds with runtime sizes."""
 
 import pytest
 from pyptx_kernels import _family
+from pyptx_kernels.flash_attention import decode_host
+from pyptx_kernels.flash_attention.decode_config import DecodeConfig
+from pyptx_kernels.flash_attention.decode_kernel import DecodeShape, build_decode
 from pyptx_kernels.flash_attention.fwd_config import ForwardConfig
 from pyptx_kernels.flash_attention.fwd_kernel import build_attention, build_attention_varlen
 from pyptx_kernels.fp8_gemm.config import Fp8GemmConfig
@@ -115,6 +118,55 @@ def test_other_row_kernels():
     _check_family(lambda b: build_layer_norm(b, 2048, f32, config=RowConfig()), [64, 640, 6400])
     _check_family(lambda b: build_softmax_fast(b, 1024, bf16, config=RowConfig()), [8, 80, 800])
     _check_family(lambda b: build_swiglu(b, 4096, bf16, config=RowConfig()), [3, 300, 30000])
+
+
+DECODE_PLANS = [DecodeConfig(), DecodeConfig(mma=False)]
+
+
+def _decode_shape(B, rows, max_pages, *, paged, append):
+    """A decode call's shape: ``rows`` is ``Sk_max``, or paged the page count (64-key
+    pages, ``max_pages`` per sequence)."""
+    cache = (rows, 64, 2, 128) if paged else (B, rows, 2, 128)
+    return DecodeShape(B, 2 if append else 1, 8, 2, 128, cache, max_pages if paged else 0,
+                       append, 0)
+
+
+@pytest.mark.parametrize("config", DECODE_PLANS, ids=["mma", "cuda_core"])
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+@pytest.mark.parametrize("append", [False, True], ids=["read", "append"])
+@pytest.mark.parametrize("split", [False, True], ids=["one_split", "splits"])
+def test_decode_sizes_are_runtime(config, paged, append, split):
+    # (B, Sk_max or pages, max_pages, splits): one split, or several (one family each)
+    sizes = ([(3, 2048, 33, 2), (1, 100, 4, 5), (7, 2048, 4, 2), (3, 100, 33, 5)] if split
+             else [(1, 100, 4, 1), (3, 2048, 33, 1), (7, 100, 33, 1)])
+    _check_family(lambda s: build_decode(_decode_shape(*s[:3], paged=paged, append=append),
+                                         splits=s[3], config=config), sizes)
+
+
+@pytest.mark.parametrize("config", DECODE_PLANS, ids=["mma", "cuda_core"])
+def test_decode_partials_sizes_are_runtime(config):
+    _check_family(lambda s: build_decode(_decode_shape(*s[:3], paged=True, append=False),
+                                         splits=s[3], config=config, combine=False),
+                  [(3, 300, 33, 2), (7, 100, 4, 5)])
+
+
+def test_a_new_decode_size_does_not_trace():
+    """The host's kernel of a new batch, cache length, table width and split count reuses
+    the family's trace (each size is still its own cache entry: a repeated call is a hit)."""
+    _family.clear()
+    decode_host.decode_kernel.cache_clear()
+    opts = ("bf16", True, (-1, -1), 0.0, 128 ** -0.5, DecodeConfig())
+    first, s1 = decode_host.decode_kernel(_decode_shape(1, 8192, 128, paged=True,
+                                                        append=False), *opts)
+    before = _family.stats()
+    other, s2 = decode_host.decode_kernel(_decode_shape(5, 900, 130, paged=True,
+                                                        append=False), *opts)
+    after = _family.stats()
+    assert s1 > 1 and s2 > 1 and s1 != s2, (s1, s2)
+    assert (after["traced"], after["reused"]) == (before["traced"], before["reused"] + 1)
+    assert _spec(other).module is _spec(first).module
+    assert decode_host.decode_kernel(_decode_shape(5, 900, 130, paged=True, append=False),
+                                     *opts)[0] is other
 
 
 def test_a_new_process_reads_the_family_from_disk(monkeypatch, tmp_path):

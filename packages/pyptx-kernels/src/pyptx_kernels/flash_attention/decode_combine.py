@@ -33,7 +33,8 @@ def combine_row(pop, plp, po, plse, row, lane, *, N, Sq, Hq, D, splits, dt, load
     """Emit the combine of output row ``row`` (an s32 register, ``(b, i, h)`` order) by one
     warp (``lane`` its lane): partials at ``pop`` ``(splits, N, D)`` and ``plp``
     ``(splits, N)`` (f32), results to ``po`` ``(B, Sq, Hq, D)`` of ``dt`` and ``plse``
-    ``(B, Hq, Sq)`` f32. ``load``: the partials' load (``"ld.relaxed.gpu.global"`` where other
+    ``(B, Hq, Sq)`` f32; ``N`` and ``splits`` ints or s32 registers (the decode kernel's
+    runtime sizes). ``load``: the partials' load (``"ld.relaxed.gpu.global"`` where other
     CTAs wrote them in this launch)."""
     per = D // 32
     mx = reg.scalar(f32, init=NEG_INF)

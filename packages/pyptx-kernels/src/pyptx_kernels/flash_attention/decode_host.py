@@ -75,7 +75,8 @@ def zeroed_counters(like, n):
 @functools.lru_cache(maxsize=256)
 def decode_kernel(shape, dtype, causal, window, softcap, scale, config, num_sms=H100_SMS):
     """``(kernel, splits)``: the one-launch decode kernel of one call's sizes and options
-    and its KV split count."""
+    and its KV split count (a new size reuses its family's trace and cubin: no trace, no
+    ptxas; a repeated one is a cache hit)."""
     splits = choose_splits(shape, config, num_sms)
     return build_decode(shape, dtype=dtype, causal=causal, window=window, softcap=softcap,
                         scale=scale, splits=splits, config=config), splits

@@ -25,17 +25,23 @@ keys (read on the device); query ``i`` sits at position ``L - Sq + i`` and sees 
 window's keys are split and visited. With ``append``, the new ``k, v (B, Sq, Hkv, D)`` are
 read for positions ``>= cache_seqlens[b]`` and written into the cache there by the split-0
 CTAs (no CTA reads those cache rows, so there is no race).
+
+Sizes a server changes per call are scalar parameters (``runtime_sizes``: B, a contiguous
+cache's ``Sk_max``, the block table's width, the split count), so one PTX serves a family
+(``_family``: dtype, head dim, heads, ``Sq``, page size, append/``n_new``, mask, softcap,
+scale, plan, ``combine``, one split or several): a new size reuses its traced code.
 """
 
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pyptx import Tile, kernel, ptx, reg, smem
 from pyptx.pipeline import Pipeline
 from pyptx.types import b16, b32, f32, s32, u32, u64
 from pyptx.warpspec import ring_base
+from pyptx_kernels import _family
 from pyptx_kernels.flash_attention.decode_combine import combine_row
 from pyptx_kernels.flash_attention.decode_config import (
     DEFAULT_CONFIG,
@@ -124,20 +130,34 @@ def _max_s32(a, b):
     return d
 
 
+def runtime_sizes(shape, splits):
+    """The sizes the decode kernel reads from its scalar parameters (name -> value), so one
+    PTX serves every value of them: ``batch`` (B), ``cache_rows`` (a contiguous cache's
+    ``Sk_max``) or ``max_pages`` (the block table's width), and ``splits`` (KV splits,
+    the grid's x) where there are several. A paged cache's page count is read nowhere."""
+    sizes = {"batch": shape.B}
+    if shape.paged:
+        sizes["max_pages"] = shape.max_pages
+    else:
+        sizes["cache_rows"] = shape.cache[1]
+    if splits > 1:
+        sizes["splits"] = splits
+    return sizes
+
+
 class KeyAddress:
     """Where key position ``pos`` of sequence ``b``, KV head ``hkv`` lives (this lane's 16
     bytes): the cache row (through the block table when paged) or, appended, the new
-    ``k``/``v`` row."""
+    ``k``/``v`` row. ``sz``: the runtime sizes (``runtime_sizes``' names -> s32 registers)."""
 
-    def __init__(self, shape, b, hkv, sc, d0, ptab):
-        self.shape, self.b, self.hkv, self.sc, self.ptab = shape, b, hkv, sc, ptab
+    def __init__(self, shape, sz, b, hkv, sc, d0, ptab):
+        self.shape, self.sz, self.b, self.hkv, self.sc, self.ptab = shape, sz, b, hkv, sc, ptab
         self.lane_bytes = reg.from_(d0 * 2, u64)
 
     def page_of(self, pos, pred):
         """The page (an s32 register) holding position ``pos``; the table is read where
         ``pred`` (a position past the table reads its last entry)."""
-        sh = self.shape
-        ps, mp = sh.page_size, sh.max_pages
+        ps, mp = self.shape.page_size, self.sz["max_pages"]
         pidx = pos >> (ps.bit_length() - 1) if ps & (ps - 1) == 0 else pos // ps
         pidx = _min_s32(pidx, mp - 1)
         page = reg.scalar(s32, init=0)
@@ -149,7 +169,7 @@ class KeyAddress:
         """The cache row (an s32 register) of key ``pos``; the table is read where ``pred``."""
         sh = self.shape
         if not sh.paged:
-            return self.b * sh.cache[1] + pos
+            return self.b * self.sz["cache_rows"] + pos
         ps = sh.page_size
         slot = pos & (ps - 1) if ps & (ps - 1) == 0 else pos % ps
         return self.page_of(pos, pred) * ps + slot
@@ -175,7 +195,7 @@ class KeyAddress:
             pred=is_new)
 
 
-def _append(shape, tid, b, hkv, sc, ptrs, ptab, first):
+def _append(shape, sz, tid, b, hkv, sc, ptrs, ptab, first):
     """The split-0, chunk-0 CTA of (b, hkv) copies the new k, v rows into the cache at
     positions ``cache_seqlens[b] + i`` (skipping any past the cache's end)."""
     sh = shape
@@ -189,10 +209,10 @@ def _append(shape, tid, b, hkv, sc, ptrs, ptab, first):
             dl = e % LK
             pos = sc + qi
             if sh.paged:
-                ok = ok & (pos < sh.max_pages * sh.page_size)
+                ok = ok & (pos < sz["max_pages"] * sh.page_size)
             else:
-                ok = ok & (pos < sh.cache[1])
-            addr = KeyAddress(sh, b, hkv, sc, 0, ptab)
+                ok = ok & (pos < sz["cache_rows"])
+            addr = KeyAddress(sh, sz, b, hkv, sc, 0, ptab)
             row = addr.cache_row(pos, ok)
             src = _wide((b * sh.Sq + qi) * sh.Hkv + hkv, sh.D * 2) + _wide(dl, 16)
             dst = _wide(row * sh.Hkv + hkv, sh.D * 2) + _wide(dl, 16)
@@ -286,7 +306,7 @@ class RowState:
         sync()
 
 
-def _merge_and_store(store, groups, *, sh, rows, chunk, tid, split, b, hkv, pop, plp, base,
+def _merge_and_store(store, groups, *, sh, sz, rows, chunk, tid, split, b, hkv, pop, plp, base,
                      sync, final=None):
     """Merge ``groups`` partial (m, l, o) states per row through shared memory at ``base``
     (u32, ``merge_bytes``): ``store((m_at, l_at, o_at), sync)`` writes them (group ``g``'s
@@ -297,7 +317,7 @@ def _merge_and_store(store, groups, *, sh, rows, chunk, tid, split, b, hkv, pop,
     order."""
     D, G, Sq, Hq = sh.D, sh.group, sh.Sq, sh.Hq
     NG = groups
-    N = sh.B * Sq * Hq
+    N = sz["batch"] * (Sq * Hq)
     m_at, l_at, o_at = base, base + NG * rows * 4, base + 2 * NG * rows * 4
     store((m_at, l_at, o_at), sync)
     for k in range(-(-rows * D // THREADS)):
@@ -354,8 +374,7 @@ def _merge_and_store(store, groups, *, sh, rows, chunk, tid, split, b, hkv, pop,
         ptx.inst.st.global_.f32(ptx.addr(plp + _wide(prow, 4)), lse, pred=ok & (d == 0))
 
 
-def _combine_if_last(*, sh, dt, rows, chunk, chunks, tid, b, y, hkv, splits, ptrs, flag_at,
-                     sync):
+def _combine_if_last(*, sh, sz, dt, rows, chunk, chunks, tid, b, y, hkv, ptrs, flag_at, sync):
     """After this CTA's partial stores: count its arrival on the (b, KV head, row chunk)
     counter; the CTA that arrives last (``splits - 1`` counts before it) resets the counter
     to 0 for the next launch and combines every split of its rows in split order
@@ -364,6 +383,8 @@ def _combine_if_last(*, sh, dt, rows, chunk, chunks, tid, b, y, hkv, splits, ptr
     acquire: that atom, the barrier, each reading thread's fence, ``ld.relaxed.gpu``."""
     D, G, Sq, Hq = sh.D, sh.group, sh.Sq, sh.Hq
     pcnt, po, plse, pop, plp = ptrs
+    splits = sz["splits"]
+    last = reg.from_(splits - 1, u32)
     ptx.fence("gpu", sem="acq_rel")
     sync()
     cnt = pcnt + _wide(b * (sh.Hkv * chunks) + y, 4)
@@ -371,11 +392,11 @@ def _combine_if_last(*, sh, dt, rows, chunk, chunks, tid, b, y, hkv, splits, ptr
         old = reg.scalar(u32)
         ptx.inst("atom.acq_rel.gpu.global.add.u32")(old, ptx.addr(cnt), 1)
         ptx.inst.st.shared.u32(ptx.addr(flag_at), old)
-        ptx.inst("st.relaxed.gpu.global.u32")(ptx.addr(cnt), 0, pred=old == splits - 1)
+        ptx.inst("st.relaxed.gpu.global.u32")(ptx.addr(cnt), 0, pred=old == last)
     sync()
     seen = reg.scalar(u32)
     ptx.inst.ld.shared.u32(seen, ptx.addr(flag_at))
-    with ptx.if_(seen == splits - 1):
+    with ptx.if_(seen == last):
         ptx.fence("gpu", sem="acq_rel")
         lane, warp = tid & 31, tid >> 5
         for k in range(-(-rows // WARPS)):
@@ -384,7 +405,7 @@ def _combine_if_last(*, sh, dt, rows, chunk, chunks, tid, b, y, hkv, splits, ptr
             ok = i < rows if chunk is None else (i < rows) & (r < G * Sq)
             row = (b * Sq + r // G) * Hq + hkv * G + r % G
             with ptx.if_(ok):
-                combine_row(pop, plp, po, plse, row, lane, N=sh.B * Sq * Hq, Sq=Sq, Hq=Hq,
+                combine_row(pop, plp, po, plse, row, lane, N=sz["batch"] * (Sq * Hq), Sq=Sq, Hq=Hq,
                             D=D, splits=splits, dt=dt, load="ld.relaxed.gpu.global")
 
 
@@ -395,11 +416,12 @@ def merge_bytes(D, rows, groups=None):
 
 
 def _split_range(k_lo, k_hi, split, splits, step):
-    """``(s0, s1)``: split ``split`` of ``[k_lo, k_hi)``, cut at whole ``step``s: of the
+    """``(s0, s1)``: split ``split`` of ``[k_lo, k_hi)`` (``splits``: 1, or an s32 register
+    of the split count), cut at whole ``step``s: of the
     ``nb = ceil((k_hi - k_lo) / step)`` steps, split ``s`` takes ``[s nb / splits,
     (s + 1) nb / splits)`` (integer division), so splits differ by at most one step and
     none is empty while ``nb >= splits``."""
-    if splits == 1:
+    if isinstance(splits, int):
         return k_lo, k_hi
     nb = (_max_s32(k_hi - k_lo, 0) + (step - 1)) // step
     s0 = k_lo + (split * nb) // splits * step
@@ -422,7 +444,7 @@ def _direct_loop(st, *, sh, dt, s0, s1, grp, steps, addr, ptrs):
         st.update(keys)
 
 
-def _ring_produce(ring, KC, VC, *, sh, s0, s1, b, hkv, ptab):
+def _ring_produce(ring, KC, VC, *, sh, sz, s0, s1, b, hkv, ptab):
     """The producer thread: every block of ``BN`` keys of the split, K and V by TMA into the
     ring, one box of ``box_keys`` keys and ``cols`` columns per (sub-block, column slab)
     (one block table read per sub-block when paged)."""
@@ -434,7 +456,7 @@ def _ring_produce(ring, KC, VC, *, sh, s0, s1, b, hkv, ptab):
         ring.pipe.acquire(pst)
         bar = ring.pipe.arm(pst, 2 * ring.block_bytes)
         coords = []
-        table = KeyAddress(sh, b, hkv, blk, 0, ptab) if sh.paged else None
+        table = KeyAddress(sh, sz, b, hkv, blk, 0, ptab) if sh.paged else None
         for j in range(BN // bk):
             pos = blk if j == 0 else blk + j * bk
             if sh.paged:
@@ -511,8 +533,10 @@ class KeyRing:
 
 def _body(t, *, shape, dt, causal, window, softcap, scale, splits, rows, chunks, steps, ring,
           combine, mma):
-    """The kernel body over its tensors ``t`` (name -> tensor, ``tensor_names`` order)."""
+    """The kernel body over its tensors ``t`` (name -> tensor, ``tensor_names`` order); the
+    sizes of ``runtime_sizes`` are read from scalar parameters."""
     sh = shape
+    sz = {n: ptx.scalar_param(s32, v, name=n) for n, v in runtime_sizes(sh, splits).items()}
     D, Sq = sh.D, sh.Sq
     LK = lanes_per_key(D)
     NG = key_groups(D)
@@ -540,7 +564,7 @@ def _body(t, *, shape, dt, causal, window, softcap, scale, splits, rows, chunks,
     L = sc + n_new if n_new else sc
     if sh.append:
         first = split == 0 if chunk is None else (split == 0) & (chunk == 0)
-        _append(sh, tid, b, hkv, sc, (pkc, pvc, pkn, pvn), ptab, first & (tid < THREADS))
+        _append(sh, sz, tid, b, hkv, sc, (pkc, pvc, pkn, pvn), ptab, first & (tid < THREADS))
 
     left, right = window
     if causal:
@@ -551,10 +575,10 @@ def _body(t, *, shape, dt, causal, window, softcap, scale, splits, rows, chunks,
     step = NG * steps if kring is None else kring.BN
     if kring is not None:            # blocks start on multiples of BN: inside one page
         k_lo = k_lo & -kring.BN
-    s0, s1 = _split_range(k_lo, k_hi, split, splits, step)
+    s0, s1 = _split_range(k_lo, k_hi, split, sz.get("splits", 1), step)
     if kring is not None:
         with ptx.if_(tid == THREADS):
-            _ring_produce(kring, KC, VC, sh=sh, s0=s0, s1=s1, b=b, hkv=hkv, ptab=ptab)
+            _ring_produce(kring, KC, VC, sh=sh, sz=sz, s0=s0, s1=s1, b=b, hkv=hkv, ptab=ptab)
         ptx.ret(pred=tid >= THREADS)
 
     counted = combine and splits > 1
@@ -570,7 +594,7 @@ def _body(t, *, shape, dt, causal, window, softcap, scale, splits, rows, chunks,
     else:
         st = RowState(sh=sh, dt=dt, rows=rows, chunk=chunk, b=b, hkv=hkv, L=L, dl=dl, pq=pq,
                       window=(left, right), softcap=softcap, scale=scale)
-        addr = KeyAddress(sh, b, hkv, sc, dl * 8, ptab)
+        addr = KeyAddress(sh, sz, b, hkv, sc, dl * 8, ptab)
         loads = (pkc, pvc, pkn, pvn)
         groups = NG
         if kring is None:
@@ -592,11 +616,11 @@ def _body(t, *, shape, dt, causal, window, softcap, scale, splits, rows, chunks,
         def sync():
             ptx.bar_sync(1, THREADS)
     final = (p["O"], p["LSE"], dt) if combine and splits == 1 else None
-    _merge_and_store(store, groups, sh=sh, rows=rows, chunk=chunk, tid=tid, split=split, b=b,
+    _merge_and_store(store, groups, sh=sh, sz=sz, rows=rows, chunk=chunk, tid=tid, split=split, b=b,
                      hkv=hkv, pop=pop, plp=plp, base=base, sync=sync, final=final)
     if counted:
-        _combine_if_last(sh=sh, dt=dt, rows=rows, chunk=chunk, chunks=chunks, tid=tid, b=b,
-                         y=y, hkv=hkv, splits=splits,
+        _combine_if_last(sh=sh, sz=sz, dt=dt, rows=rows, chunk=chunk, chunks=chunks, tid=tid,
+                         b=b, y=y, hkv=hkv,
                          ptrs=(p["CNT"], p["O"], p["LSE"], pop, plp),
                          flag_at=base + merge_bytes(D, rows, groups), sync=sync)
     ptx.ret()
@@ -652,7 +676,9 @@ def build_decode(shape, *, dtype="bf16", causal=True, window=(-1, -1), softcap=0
     row chunk) to arrive combines them in split order, exactly as ``build_combine``).
     ``combine=False``: outputs only the per-split partials ``o (splits, B*Sq*Hq, D)`` f32
     (normalised) and ``lse (splits, B*Sq*Hq)`` f32 (``-inf`` for a split without keys), rows
-    in ``(b, i, h)`` order, for ``decode_combine.build_combine`` (the two-launch reference)."""
+    in ``(b, i, h)`` order, for ``decode_combine.build_combine`` (the two-launch reference).
+    The sizes of ``runtime_sizes`` are kernel parameters: a kernel of another size of the
+    same family reuses the first one's trace (``_family.specialized``)."""
     dt = _dtype(dtype)
     sh = shape
     D = sh.D
@@ -672,7 +698,8 @@ def build_decode(shape, *, dtype="bf16", causal=True, window=(-1, -1), softcap=0
     plan = "mma_" if config.mma else ""
     tile = f"r{rows}x{chunks}" + ("" if config.mma else f"_u{steps}")
     name = (f"attn_decode_{plan}{dt.name}_d{D}_g{sh.group}_q{sh.Sq}_{tile}"
-            f"_s{splits}{'_paged' if sh.paged else ''}{'_append' if sh.append else ''}"
+            f"{'_split' if splits > 1 else ''}{'_paged' if sh.paged else ''}"
+            f"{'_append' if sh.append else ''}"
             f"{'_causal' if causal else ''}"
             f"{f'_w{left}_{right}'.replace('-', 'n') if (left, right) != (-1, -1) else ''}"
             f"{'_cap' if softcap else ''}{f'_ring{ring[0]}x{ring[1]}' if ring else ''}"
@@ -698,4 +725,8 @@ def build_decode(shape, *, dtype="bf16", causal=True, window=(-1, -1), softcap=0
         _body(dict(zip(names, tensors)), **kw)
     attn_decode.__signature__ = inspect.Signature(
         [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in names])
-    return deco(attn_decode)
+    family = ("attention_decode", dt.name, D, sh.Hq, sh.Hkv, sh.Sq,
+              sh.page_size if sh.paged else None, sh.paged, sh.append, sh.n_new, causal,
+              (left, right), float(softcap), scale, replace(config, num_splits=0), combine,
+              splits > 1)
+    return _family.specialized(deco(attn_decode), family, runtime_sizes(sh, splits))
