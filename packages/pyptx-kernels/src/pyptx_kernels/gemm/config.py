@@ -228,11 +228,6 @@ def _busy(M: int, N: int, BM: int, BN: int, sms: int) -> float:
     return (mt * nt / (-(-mt * nt // sms) * sms)) * (M * N / (mt * BM * nt * BN))
 
 
-def long_k_candidates(M: int, N: int, K: int) -> tuple:
-    """The plans ``_long_k_plan`` rates for ``M x N x K``."""
-    return tuple(_long_k_rates(M, N, K, H100_SMS))
-
-
 def _long_k_plan(M: int, N: int, K: int, sms: int) -> GemmConfig:
     """The plan with the best rated throughput (``LONG_K_RATES`` x ``_busy``) for a long-K
     product: 128 x 256 tiles in pairs, 192 x 192 tiles, 128 x 128 tiles, for at most
@@ -241,12 +236,13 @@ def _long_k_plan(M: int, N: int, K: int, sms: int) -> GemmConfig:
     11264 x 2048 x 8192: 192 x 192 (726 vs 665 TFLOP/s); 3072 x 2048 x 8192: 128 x 128 (718
     vs 578); 2048 x 5632 x 8192: the split tail (721 vs 688); 6144 x 4096 x 8192: 256 x 128
     (744-750 vs 714)."""
-    rated = _long_k_rates(M, N, K, sms)
+    rated = long_k_rates(M, N, sms)
     return max(rated, key=rated.get)
 
 
-def _long_k_rates(M: int, N: int, K: int, sms: int) -> dict:
-    """``{plan: rated TFLOP/s}`` of ``_long_k_plan``'s candidates."""
+def long_k_rates(M: int, N: int, sms: int = H100_SMS) -> dict:
+    """``{plan: rated TFLOP/s}`` of ``_long_k_plan``'s candidates for ``M x N`` outputs
+    (``K >= LONG_K``)."""
     rated = {
         DEFAULT: LONG_K_RATES["128x256 pairs"] * _busy(M, N, 128, 256, sms),
         GemmConfig(BM=192, BN=192, cluster=1): LONG_K_RATES["192x192"] * _busy(M, N, 192, 192,
@@ -254,7 +250,7 @@ def _long_k_rates(M: int, N: int, K: int, sms: int) -> dict:
         GemmConfig(BM=128, BN=128, cluster=1): LONG_K_RATES["128x128"] * _busy(M, N, 128, 128,
                                                                               sms),
     }
-    if K >= 8192 and M * N <= 3072 * 4096:
+    if M * N <= 3072 * 4096:
         rated[GemmConfig(BM=128, BN=128, cluster=1, split_tail=True)] = \
             LONG_K_RATES["128x128 split tail"]
     if N >= 4096 and M * N <= 6144 * 4096:

@@ -16,7 +16,7 @@ from pyptx_kernels.gemm.config import (
     LONG_K,
     GemmConfig,
     default_plan,
-    long_k_candidates,
+    long_k_rates,
 )
 from pyptx_kernels.gemm.kernel import build_gemm, gemm_tuned
 from pyptx_kernels.gemm.scheduler import SplitTailGemm
@@ -66,7 +66,7 @@ def sibling_plans(N, K, key):
         name, _ = PLANNER.choose({"M": M, "N": N, "K": K, **kv})
         plans.setdefault(name, M)
         if K >= LONG_K and M > 192:     # the long-K plan changes with M inside a bucket
-            for plan in long_k_candidates(M, N, K):
+            for plan in long_k_rates(M, N):
                 plans.setdefault(plan.name, M)
     return plans
 
