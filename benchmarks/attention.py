@@ -35,7 +35,8 @@ over the best SDPA backend. A backend that errors prints n/a. The backward rows 
 median of the per-round ratios), which the GPU's clock drifts between do_bench bursts do
 not move. ``--kv-splits 1 2 4``: one more backward column per split, attention()'s eager
 plan (``BackwardPlan.for_eager(D)``) with ``kv_split=s``, called through
-``attention_backward`` (the default column is ``kv_split="auto"``).
+``attention_backward`` (the default column is ``kv_split="auto"``); ``--bwd-plans`` (a JSON
+list of ``BackwardPlan`` field changes) adds such a column per entry.
 
     python benchmarks/attention.py [--quick] [--out t.md]          # every section
     python benchmarks/attention.py --dense [--dims 64 128] [--seqs 4096 8192]
@@ -116,9 +117,9 @@ def sdpa_fn(backend, q, k, v, causal):
     return lambda: f(q, k, v)
 
 
-def split_backward_fn(q, k, v, causal, kv_split):
+def plan_backward_fn(q, k, v, causal, changes):
     """Time ``attention_backward`` with attention()'s eager plan (``BackwardPlan.for_eager``)
-    at ``kv_split`` (o and lse from our forward, computed once)."""
+    with ``changes`` (field -> value; o and lse from our forward, computed once)."""
     from dataclasses import replace
 
     import torch
@@ -127,7 +128,7 @@ def split_backward_fn(q, k, v, causal, kv_split):
     fa = load_attention()
     o, lse = fa.attention_forward(q, k, v, causal=causal)
     do = torch.randn_like(o)
-    plan = replace(fab.BackwardPlan.for_eager(q.shape[-1]), kv_split=kv_split)
+    plan = replace(fab.BackwardPlan.for_eager(q.shape[-1]), **changes)
 
     def run():
         return fab.attention_backward(q, k, v, o, lse, do, causal=causal, plan=plan)
@@ -280,7 +281,9 @@ def table_section(args, cases, gqa, dev):
             if not (k == "persistent" and not v)]
         return "pyptx" + ("" if not parts else " " + " ".join(parts))
     ours = [label(s, c) for s, c in variants]
-    splits = [f"bwd split={s}" for s in args.kv_splits]
+    bwd_plans = [{"kv_split": s} for s in args.kv_splits] + json.loads(args.bwd_plans)
+    bwd_names = [",".join(f"{k}={v}" for k, v in c.items()) for c in bwd_plans]
+    splits = [f"bwd {n}" for n in bwd_names]
     head = ((["B", "Hq/Hkv"] if gqa else []) + ["D", "S", "mask"]
             + [f"fwd {n}" for n in ours + list(BACKENDS)] + ["fwd ours/best", "fwd paired"]
             + ([f"bwd {n}" for n in ["pyptx"] + list(BACKENDS)] + ["bwd ours/best", "bwd paired",
@@ -348,12 +351,11 @@ def table_section(args, cases, gqa, dev):
                     bwd[be] = backward_fn(sdpa_call(be, causal), q, k, v)
                 except Exception as ex:  # noqa: BLE001
                     print(f"  {be} bwd: {type(ex).__name__}: {str(ex)[:200]}", flush=True)
-            for s_ in args.kv_splits:
+            for n, c in zip(bwd_names, bwd_plans):
                 try:
-                    bwd[f"split={s_}"] = split_backward_fn(q, k, v, causal, s_)
+                    bwd[n] = plan_backward_fn(q, k, v, causal, c)
                 except Exception as ex:  # noqa: BLE001 - e.g. a split not dividing G
-                    print(f"  split={s_}: {type(ex).__name__}: {str(ex)[:200]}",
-                          flush=True)
+                    print(f"  {n}: {type(ex).__name__}: {str(ex)[:200]}", flush=True)
             btf = {n: 2.5 * flops / (ms * 1e-3) / 1e12
                    for n, ms in _time(bwd, args.rep, args.rounds).items()}
             bbest = max((btf[b] for b in BACKENDS if b in btf), default=None)
@@ -362,7 +364,7 @@ def table_section(args, cases, gqa, dev):
             cells.append(_paired_cell(bwd, "pyptx", btf, args.pairs))
             cells += [_fmt(btf.get("nondet")),
                       f"{btf['nondet'] / bbest:.3f}" if "nondet" in btf and bbest else "n/a"]
-            cells += [_fmt(btf.get(f"split={s_}")) for s_ in args.kv_splits]
+            cells += [_fmt(btf.get(n)) for n in bwd_names]
         cells.append("n/a" if err is None else f"{err:.1e}")
         print("| " + " | ".join(cells) + " |", flush=True)
         body.append(cells)
@@ -406,6 +408,9 @@ def parse_args(argv=None):
                    help="--gqa: only these indices of GQA_CASES")
     p.add_argument("--kv-splits", nargs="+", type=int, default=[],
                    help="backward columns of BackwardPlan.for_eager(D) with kv_split=s")
+    p.add_argument("--bwd-plans", default="[]",
+                   help='JSON list of BackwardPlan field changes, a backward column each, e.g. '
+                        '[{"kv_split": 1}, {"dq_chains": 2}]')
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     named = [n for n, on in (("dense", args.dense), ("gqa", args.gqa),
