@@ -9,6 +9,8 @@ after each SM's last CTA, and the converters' timing (``dq_convert``).
     python tools/attn_bwd_trace.py --group 4 --shapes 4096:causal --opts \
         "atomic_dq=1,dq_bulk=1,dq_ordered=1,dq_convert=1" \
         "atomic_dq=1,dq_bulk=1,dq_ordered=1,dq_convert=1,kv_split=2"   # grouped heads
+    python tools/attn_bwd_trace.py --group 4 --shapes 16384:causal --opts \
+        "atomic_dq=1,dq_bulk=1,dq_ordered=1,dq_convert=1,dq_chains=2"  # two chains per q block
 
 ``summarize`` is pure numpy (tested on the CPU with a made-up trace).
 """
@@ -103,13 +105,16 @@ def run(S, causal, opts, D=128, tokens=32768, width=2048, group=1):
     k, v = (torch.randn(B, S, Hkv, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     lse = importlib.import_module("pyptx_kernels.flash_attention.bwd_reference")._lse(
         q, k.repeat_interleave(group, 2), causal)
-    w = fab.dq_accumulator_width(D, True)
     ordered = kw.get("dq_ordered", False)
+    if kw.get("dq_chains") == "auto":
+        kw["dq_chains"] = fab.default_dq_chains(S, S, H, Hkv, D, causal) if ordered else 1
+    chains = kw.get("dq_chains", 1)
+    w = fab.dq_accumulator_width(D, True, chains)
     kw["stats_lead"] = fab.resolve_stats_lead("attn_bwd_trace", kw.get("stats_lead", 0), S,
                                               132, ordered, False, None, causal,
                                               kv_split=split)
     prep = fab.build_prep(B, S, H, D, counters=ordered, width=w, lead=kw["stats_lead"],
-                          Hkv=Hkv)
+                          Hkv=Hkv, chains=chains)
     dkdv = fab.build_dkdv(B, S, H, Hkv, D, causal=causal, trace=True, **kw)
     extra = (o, lse) if kw["stats_lead"] else ()
     for _ in range(4):

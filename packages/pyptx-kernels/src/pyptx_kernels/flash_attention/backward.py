@@ -58,6 +58,7 @@ from pyptx_kernels.flash_attention.bwd_plan import (
     BackwardPlan,
     default_convert_lag,
     default_dq_bkv,
+    default_dq_chains,
     default_stats_lead,
     early_convert_share,
     parse_options,
@@ -80,8 +81,9 @@ __all__ = [
     "attention_backward", "build_attention_backward", "build_attention_backward_varlen",
     "build_convert", "build_dkdv", "build_dkdv_varlen", "build_dq", "build_dq_varlen",
     "build_fused", "build_prep", "check_shapes", "default_convert_lag", "default_dq_bkv",
-    "default_stats_lead", "dq_accumulator_width", "early_convert_share", "padded",
-    "padded_varlen", "parse_options", "reference", "resolve_stats_lead", "safe_default",
+    "default_dq_chains", "default_stats_lead", "dq_accumulator_width", "early_convert_share",
+    "padded", "padded_varlen", "parse_options", "reference", "resolve_stats_lead",
+    "safe_default",
 ]
 
 if __name__ == "__main__":   # the GPU self-checks, as ``python -m ...flash_attention.bwd_checks``

@@ -313,11 +313,12 @@ def _maybe_if(p):
     return nullcontext() if p is None else ptx.if_(p)
 
 
-def dq_accumulator_width(D, bulk):
+def dq_accumulator_width(D, bulk, chains=1):
     """Columns per row of the atomic modes' f32 dQ accumulator: ``D``, or 128 for the bulk
     reductions (D=64: the two consumer warpgroups' partial sums side by side, added by the
-    conversion kernel in a fixed order)."""
-    return 128 if bulk else D
+    conversion kernel in a fixed order); ``chains`` (``dq_chains``) such accumulators side by
+    side, chain ``c``'s from column ``c * dq_accumulator_width(D, bulk)``."""
+    return (128 if bulk else D) * chains
 
 
 def _env(name):

@@ -57,11 +57,12 @@ from pyptx_kernels.flash_attention.bwd_common import (
 from pyptx_kernels.flash_attention.bwd_plan import (
     _check_dq_modes,
     _check_num_sms,
+    check_dq_chains,
     default_convert_lag,
     early_convert_share,
     resolve_stats_lead,
 )
-from pyptx_kernels.flash_attention.bwd_prep import _row_delta, _row_pieces
+from pyptx_kernels.flash_attention.bwd_prep import _row_delta, _row_pieces, chain_sum
 from pyptx_kernels.flash_attention.fwd_kernel import _feature_tag as feature_tag
 from pyptx_kernels.flash_attention.masks import query_blocks, right_reach
 
@@ -78,6 +79,15 @@ def _selp_u32(a, b, p):
     r = reg.scalar(u32)
     ptx.inst.selp.u32(r, a, b, p)
     return r
+
+
+def _chain_adds(adds, c, chains):
+    """``dq_chains``: of a q block's ``adds`` (ranks ``0 .. adds - 1``), those of chain ``c``
+    (the ranks ``r`` with ``r mod chains == c``): ``ceil((adds - c) / chains)``, 0 when
+    ``adds <= c``; ``adds`` itself for one chain."""
+    if chains == 1:
+        return adds
+    return (adds + (chains - 1 - c)) >> (chains.bit_length() - 1)
 
 
 def _mask_window(acc, hi, qc, kvrow, causal, window):
@@ -321,7 +331,8 @@ def _dkdv_drain(c, overlap, pipe):
 def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None, BQ=None,
                stages=None, sync=None, safe=None, atomic_dq=False, overlap=None, dq_bulk=False,
                dq_ordered=False, num_sms=132, dq_convert=False, convert_lag=0, stats_lead=0,
-               kv_split=1, trace=False, window=(-1, -1), softcap=0.0, layouts=BSHD3):
+               kv_split=1, dq_chains=1, trace=False, window=(-1, -1), softcap=0.0,
+               layouts=BSHD3):
     """The dK/dV kernel: ``(Q, K, V, DO, STATS) -> (DK, DV)`` (STATS from ``build_dq``).
     ``layouts``: the memory orders of Q, K, V (``"bshd"``, or ``"bhsd"``: ``(B, H, S, D)``,
     read in place through their tensor maps); every other tensor is ``(B, S, H, D)``.
@@ -397,6 +408,17 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     becomes the one of ``G / kv_split`` q heads per kv head (``kv_split`` times the CTAs,
     each with ``1 / kv_split`` of the work).
 
+    ``dq_chains`` (1, 2 or 4; ``dq_ordered``): ``P`` independent chains of adds per q block:
+    the kv block of rank ``r`` (the order above) adds into chain ``r mod P`` as its ``r div
+    P``-th add (the first stores), waiting for its predecessor ``r - P`` only, so each link
+    has ``P`` times the slack. DQACC ``(B, S, Hq, P * W)``: chain ``c``'s accumulator in
+    columns ``c * W ..`` (``W = dq_accumulator_width(D, dq_bulk)``); SEM ``(P * B, Hq,
+    ceil(S/64), 2)``: chain 0's counters where they are with one chain, chain ``c``'s in the
+    ``c``-th ``B`` rows (``build_prep(chains=P)``). The converters wait for each chain's
+    count (``_chain_adds``) and sum the chains in order (``bwd_prep.chain_sum``), loading
+    none of a chain no kv block reached; ``build_convert(chains=P)`` sums them too (DQACC
+    zeroed by the prep). The same bits at every run.
+
     ``trace`` (bulk dQ, a diagnostic): a last output ``TRACE``, int32 ``(CTAs, 4)`` in launch
     order: ``%globaltimer_lo`` at the CTA's start and at its consumers' end (converters:
     their end), ``%smid``, and the ns its dQ writer (converters: thread 0) spent waiting for
@@ -450,13 +472,16 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     ds_tile = OperandTile(BQ, BM, dt, major="MN") if atomic_dq else None
     kv_mn = OperandTile(D, BM, dt, major="MN")      # K as B of dS K (the same bytes as K)
     _check_dq_modes("build_dkdv", atomic_dq, dq_bulk, dq_ordered)
+    check_dq_chains("build_dkdv", dq_chains, dq_ordered)
+    chains = dq_chains
     # a consumer warpgroup's dQ columns: bulk: 64 (D=128: its half of D, all kv rows;
     # D=64: all of D over its own 64 kv rows, a partial sum in columns 64w.. of DQACC)
     dq_cols = 64 if D == 128 or dq_bulk else D
     if wide:        # 64 q rows x all of D each, over Q and dO once both are read
         dq_cols = D
     dq_bytes = 2 * (dq_cols // 32) * SLAB_BYTES if dq_bulk else 0
-    dq_width = dq_accumulator_width(D, dq_bulk)
+    dq_width = dq_accumulator_width(D, dq_bulk)     # a chain's columns
+    acc_width = dq_width * chains                   # DQACC's
     ds_bytes = 2 * ds_tile.nbytes + dq_bytes if atomic_dq and not wide else 0
     stages = _smem_fit(head_bytes + ds_bytes, stage_bytes) if stages is None else stages
     smem_total = head_bytes + ds_bytes + stages * stage_bytes + 1024
@@ -597,7 +622,14 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             for qstep in ptx.loop(qb0, rt.q_blocks if q_end is None else q_end):
                 qb = q_block(qstep, kb)
                 rank = dq_rank(qb, kb)
-                cell = reg.from_(((b * Hq + hq) * rt.sem_blocks + qb) * 2, u64) * 4 + psem
+                u = (b * Hq + hq) * rt.sem_blocks + qb
+                col = 0                         # the chain's first DQACC column
+                if chains > 1:                  # chain rank mod P, as its (rank div P)-th add
+                    chain = rank & (chains - 1)
+                    rank = rank >> (chains.bit_length() - 1)
+                    u = u + chain * rt.units
+                    col = chain * dq_width
+                cell = reg.from_(u * 2, u64) * 4 + psem
 
                 _spin_until(cell, rank, now, waited)
                 ptx.fence_proxy_async("global")
@@ -612,10 +644,10 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                     for j in range(dq_cols // 32):
                         if wide:    # warpgroup w: q rows 64w.. of the block, all of D
                             src = sb + (w * (dq_bytes // 2) + j * SLAB_BYTES)
-                            at = (32 * j, hq, qb * BQ + 64 * w, b)
+                            at = (col + 32 * j, hq, qb * BQ + 64 * w, b)
                         else:
                             src = bufs + (w * (dq_bytes // 2) + j * SLAB_BYTES)
-                            at = (w * dq_cols + 32 * j, hq, qb * BQ, b)
+                            at = (col + (w * dq_cols + 32 * j), hq, qb * BQ, b)
                         ptx.tma.store_tile(dq_map, at, src, pred=first)
                         ptx.tma.reduce_tile(dq_map, at, src, pred=~first)
                 ptx.tma.commit_group()
@@ -635,10 +667,13 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     def _converter(DQACC, SEM, DQ, c, TRACE=None):
         """Converter CTA ``c`` (``dq_convert``): the 64-row q blocks ``c, c + n, c + 2n, ...``
         of the ``U`` in (batch, q head, q block) order (strided: the blocks of the heads that
-        finish last are shared by all the converters), ``CONVERT_BLOCKS`` at a time, by 256
+        finish last are shared by all the converters), ``turn`` at a time, by 256
         threads, ``D / 32`` eight-column pieces each per block, every load of the turn
         issued before the first conversion. Thread ``32 j`` waits (acquire) until block j's
-        counter holds every add (causal: kv blocks 0..min(qb / 2, num_kv - 1))."""
+        counter holds every add (causal: kv blocks 0..min(qb / 2, num_kv - 1)); ``dq_chains``:
+        each chain's counter its adds, the chains summed in order."""
+        # the loads of CONVERT_BLOCKS blocks of 4 chains would spill (256 registers)
+        turn = CONVERT_BLOCKS if chains < 4 else CONVERT_BLOCKS // 2
         tid = reg.from_(ptx.special.tid.x(), u32)
         pa, psem, pq = ptx.global_ptrs(DQACC, SEM, DQ)
         now = reg.scalar(u32)
@@ -646,9 +681,9 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         waited = reg.scalar(u32, init=0) if TRACE is not None else None
         mine = (rt.units - rt.conv_first + (rt.converters - 1) - c) // rt.converters
         with ptx.if_(tid < 256):
-            for j0 in ptx.loop(0, mine, CONVERT_BLOCKS):
+            for j0 in ptx.loop(0, mine, turn):
                 got = []
-                for j in range(CONVERT_BLOCKS):
+                for j in range(turn):
                     u = c + (j0 + j) * rt.converters
                     if lag:
                         u = u + rt.conv_first
@@ -665,11 +700,14 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                         adds = (_min_u32(qb // 2, rt.kv_last) + 1 if causal
                                 else rt.kv_blocks)
                     with ptx.if_((tid == 32 * j) & live):
-                        _spin_until(reg.from_(u, u64) * 8 + psem, adds, now, waited)
-                    got.append((live, bh, qb, some))
+                        for ch in range(chains):
+                            cell = u if ch == 0 else u + ch * rt.units
+                            _spin_until(reg.from_(cell, u64) * 8 + psem,
+                                        _chain_adds(adds, ch, chains), now, waited)
+                    got.append((live, bh, qb, some, adds))
                 ptx.bar_sync(1, 256)
                 loads = []
-                for live, bh, qb, some in got:
+                for live, bh, qb, some, adds in got:
                     b = bh // Hq
                     hq = bh - b * Hq
                     for i in range(D // 32):
@@ -677,21 +715,28 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                         s = qb * 64 + v // (D // 8)
                         col = (v % (D // 8)) * 8
                         row = reg.from_((b * rt.seqlen_q + s) * Hq + hq, u64)
-                        src = row * (dq_width * 4) + reg.from_(col * 4, u64) + pa
+                        src = row * (acc_width * 4) + reg.from_(col * 4, u64) + pa
                         ok = (s < rt.seqlen_q) & live
-                        x = reg.array(f32, 8 * dq_width // D)
-                        for r in x:     # rows not converted: defined, never stored
-                            ptx.inst.mov.f32(r, 0.0)    # (nor added into: zeros stored)
-                        for h in range(len(x) // 4):   # 8 columns; a second partial sum D on
-                            ptx.inst.ld.global_.v4.f32(
-                                list(x)[4 * h:4 * h + 4],
-                                ptx.addr(src, 16 * (h % 2) + 4 * D * (h // 2)),
-                                pred=ok if some is None else ok & some)
-                        loads.append((x, row * (D * 2) + reg.from_(col * 2, u64) + pq, ok))
-                for x, dst, ok in loads:
+                        xs = []
+                        for ch in range(chains):    # chain ch: columns from ch * dq_width
+                            x = reg.array(f32, 8 * dq_width // D)
+                            for r in x:     # rows not converted: defined, never stored
+                                ptx.inst.mov.f32(r, 0.0)    # (nor added into: zeros stored)
+                            for h in range(len(x) // 4):   # 8 columns; a second sum D on
+                                ptx.inst.ld.global_.v4.f32(
+                                    list(x)[4 * h:4 * h + 4],
+                                    ptx.addr(src, 16 * (h % 2) + 4 * D * (h // 2)
+                                             + 4 * ch * dq_width),
+                                    pred=(ok if some is None else ok & some) if ch == 0
+                                    else ok & (adds > ch))  # a chain not reached: zeros
+                            xs.append(x)
+                        loads.append((xs, row * (D * 2) + reg.from_(col * 2, u64) + pq, ok))
+                for xs, dst, ok in loads:
                     if dq_width != D:
-                        for m in range(8):
-                            ptx.inst.add.f32(x[m], x[m], x[m + 8])
+                        for x in xs:
+                            for m in range(8):
+                                ptx.inst.add.f32(x[m], x[m], x[m + 8])
+                    x = chain_sum(xs)
                     packed = reg.array(b32, 4)
                     _pack(packed, x, dt)
                     ptx.inst.st.global_.v4.b32(ptx.addr(dst), packed, pred=ok)
@@ -704,9 +749,10 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     def _early_converter(DQACC, SEM, DQ, cta):
         """Warps 2 and 3 of the producer warpgroup (``convert_lag``): the ``share`` q blocks
         ``p * share ..`` of kv head ``H - lag``, for CTA ``p`` of kv head ``H`` (launch order);
-        thread 64 waits (acquire) until a block's counter holds all ``num_kv`` adds, then each
-        thread converts 4 columns of a row per step, one load in flight: the producer's 24
-        registers do not hold two (ptxas spills)."""
+        thread 64 waits (acquire) until a block's counter holds all ``num_kv`` adds (each
+        chain's counter its share, ``dq_chains``), then each thread converts 4 columns of a
+        row per step, one load in flight (a chain's at a time, summed in order): the
+        producer's 24 registers do not hold two (ptxas spills)."""
         t = reg.from_(ptx.special.tid.x(), u32) - 64
         head = cta // rt.kv_ctas
         pa, psem, pq = ptx.global_ptrs(DQACC, SEM, DQ)
@@ -717,7 +763,10 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                 u = (head - lag) * rt.head_units + within
                 live = within < rt.head_units
                 with ptx.if_((t == 0) & live):
-                    _spin_until(reg.from_(u, u64) * 8 + psem, rt.kv_blocks, now)
+                    for ch in range(chains):
+                        cell = u if ch == 0 else u + ch * rt.units
+                        _spin_until(reg.from_(cell, u64) * 8 + psem,
+                                    _chain_adds(rt.kv_blocks, ch, chains), now)
                 ptx.bar_sync(4, 64)
                 bh = u // rt.sem_blocks
                 b = bh // Hq
@@ -728,13 +777,20 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                     ok = ((u - bh * rt.sem_blocks) * 64 + v // (D // 4) < rt.seqlen_q) & live
                     row = reg.from_(first + (v // (D // 4)) * Hq, u64)
                     col = (v % (D // 4)) * 4
-                    x = reg.array(f32, 4)
-                    for r in x:     # rows past S: defined, never stored
-                        ptx.inst.mov.f32(r, 0.0)
-                    ptx.inst.ld.global_.v4.f32(list(x), ptx.addr(
-                        row * (D * 4) + reg.from_(col * 4, u64) + pa), pred=ok)
+                    for ch in range(chains):    # a chain at a time, added in order
+                        x = reg.array(f32, 4)
+                        for r in x:     # rows past S (or a chain not reached): defined
+                            ptx.inst.mov.f32(r, 0.0)
+                        if ch == 0:
+                            src = row * (acc_width * 4) + reg.from_(col * 4, u64) + pa
+                            x0 = x
+                        ptx.inst.ld.global_.v4.f32(
+                            list(x), ptx.addr(src, 4 * ch * dq_width) if ch else ptx.addr(src),
+                            pred=ok if ch == 0 else ok & (rt.kv_blocks > ch))
+                        if ch:
+                            chain_sum([x0, x])
                     packed = reg.array(b32, 2)
-                    _pack(packed, x, dt)
+                    _pack(packed, x0, dt)
                     ptx.inst.st.global_.v2.b32(
                         ptx.addr(row * (D * 2) + reg.from_(col * 2, u64) + pq), packed, pred=ok)
 
@@ -1183,7 +1239,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
 
     name = (f"attn_bwd_dkdv_{dt.name}_d{D}_h{Hq}x{Hkv}{feature_tag(causal, window, softcap)}"
             f"{'_safe' if safe else ''}{'_atomic' if atomic_dq else ''}{'_bulk' if dq_bulk else ''}"
-            f"{'_ordered' if dq_ordered else ''}"
+            f"{'_ordered' if dq_ordered else ''}{f'_c{chains}' if chains > 1 else ''}"
             f"{f'_bq{BQ}' if BQ != 64 else ''}{'_serial' if overlap != default_overlap else ''}"
             f"{f'_cvt{num_sms}' if dq_convert else ''}{f'_lag{lag}' if lag else ''}"
             f"{f'_lead{lead}' if lead else ''}{f'_split{split}' if split > 1 else ''}"
@@ -1193,7 +1249,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     outs = (kspec, kspec)
     traced = (Tile(n_main + n_conv, 4, s32),) if trace else ()
     if dq_ordered:  # tensor parameters by name: (..., SEM[, OUT, LSE], DK, DV[, DQ][, TRACE])
-        ins += (Tile(B, S, Hq, dq_width, f32), Tile(B, Hq, sem_q, 2, s32))
+        ins += (Tile(B, S, Hq, acc_width, f32), Tile(chains * B, Hq, sem_q, 2, s32))
         names = ["Q", "K", "V", "DO", "STATS", "DQACC", "SEM", "DK", "DV"]
         if lead:
             ins += (qspec, Tile(B, Hq, S, f32))
@@ -1236,5 +1292,5 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     family = ("attn_bwd_dkdv", dt.name, D, Hq, Hkv, causal, scale, BQ, stages, sync, safe,
               atomic_dq, overlap, dq_bulk, dq_ordered, num_sms, dq_convert, lag, lead, split,
               trace, window, softcap, rotate, share if lag else None,
-              (S, lead_chunk) if lead else None, layouts)
+              (S, lead_chunk) if lead else None, layouts, chains)
     return _family.specialized(k, family, sizes)

@@ -29,6 +29,7 @@ from pyptx_kernels.flash_attention.bwd_fused import build_fused
 from pyptx_kernels.flash_attention.bwd_plan import (
     BackwardPlan,
     default_dq_bkv,
+    default_dq_chains,
     default_kv_split,
     resolve_stats_lead,
 )
@@ -133,11 +134,15 @@ def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=
         raise _fail(f"build_attention_backward: window={features[0]}, softcap={features[1]:g} "
                     f"are not taken yet by the {plan.name} plan with dkdv_bq={plan.dkdv_bq} "
                     f"(128-row dK/dV q blocks); the other plans take them")
+    sized = isinstance(Hq, int) and isinstance(Hkv, int) and Hkv > 0
     split = plan.kv_split
     if split == "auto":
-        split = (default_kv_split(Hq // Hkv, bool(causal)) if isinstance(Hq, int)
-                 and isinstance(Hkv, int) and Hkv > 0 else 1)
-    plan = replace(plan, kv_split=split)
+        split = default_kv_split(Hq // Hkv, bool(causal)) if sized else 1
+    chains = plan.dq_chains
+    if chains == "auto":    # the ordered dK/dV kernel's; one chain elsewhere
+        chains = (default_dq_chains(S, Sk, Hq, Hkv, D, bool(causal))
+                  if sized and plan.dq_ordered and plan.fused_bq is None else 1)
+    plan = replace(plan, kv_split=split, dq_chains=chains)
     if plan.fused_bq is None:
         lead = resolve_stats_lead("build_attention_backward", plan.stats_lead, Sk, plan.num_sms,
                                   plan.dq_ordered, plan.safe, plan.dkdv_bq, causal,
@@ -168,15 +173,20 @@ def _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, plan, features=((-1, -1),
                    fused, build_convert(B, S, Hq, D, dtype=dtype))
     elif plan.atomic_dq:
         check_shapes(B, S, Hq, Hkv, D, Sk)
-        width = dq_accumulator_width(D, plan.dq_bulk)
-        kernels = (build_prep(B, S, Hq, D, dtype=dtype, counters=ordered, width=width,
+        width, chains = dq_accumulator_width(D, plan.dq_bulk), plan.dq_chains
+        # a window or chains: q blocks (chains) no kv block reaches get no first store; the
+        # conversion kernel reads them (zeroed), the dK/dV grid's converters do not
+        unreached = bool(feat) or chains > 1
+        kernels = (build_prep(B, S, Hq, D, dtype=dtype, counters=ordered, width=width * chains,
                               lead=plan.stats_lead, Hkv=Hkv,
-                              zero=None if not feat else not plan.dq_convert),
+                              zero=None if not unreached else not plan.dq_convert,
+                              chains=chains),
                    build_dkdv(B, S, Hq, Hkv, D, atomic_dq=True, dq_bulk=plan.dq_bulk,
                               dq_ordered=ordered, num_sms=plan.num_sms,
                               dq_convert=plan.dq_convert, convert_lag=plan.convert_lag,
-                              stats_lead=plan.stats_lead, **dkdv_kw, **feat, **lay),  # adds dQ
-                   build_convert(B, S, Hq, D, dtype=dtype, width=width))
+                              stats_lead=plan.stats_lead, dq_chains=chains, **dkdv_kw, **feat,
+                              **lay),  # adds dQ
+                   build_convert(B, S, Hq, D, dtype=dtype, width=width, chains=chains))
         if plan.dq_convert:      # the dK/dV grid converts dQ
             kernels = kernels[:2]
     else:

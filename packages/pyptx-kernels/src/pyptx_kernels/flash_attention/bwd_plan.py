@@ -10,7 +10,8 @@ constructors), replacing a bag of keywords whose combinations depend on each oth
 * ``bulk()``: dQ tiles added by TMA tile reductions; ``ordered()``: in a fixed order
   (deterministic; ``dkdv_bq=128`` at D=128, ``stats_lead``);
 * ``converted()``: ordered, with dQ converted inside the dK/dV grid (``convert_lag``,
-  ``stats_lead``); ``lagged()``: converted with both ``"auto"`` (attention()'s D=128 plan);
+  ``stats_lead``, ``dq_chains``); ``lagged()``: converted with them ``"auto"`` (attention()'s
+  D=128 plan);
 * ``fused()``: one kernel at D=64 (``ordered``, ``pingpong``, ``defer``).
 
 ``for_eager(D, deterministic)`` is the plan attention() runs for torch eager calls.
@@ -73,6 +74,24 @@ def resolve_stats_lead(fn, stats_lead, Sk, num_sms, dq_ordered, safe, BQ, causal
     return int(stats_lead or 0)
 
 
+def default_dq_chains(S, Sk, Hq, Hkv, D, causal):
+    """``dq_chains`` of the ordered dK/dV kernel at these sizes: 1 (one chain of adds per q
+    block) until GPU measurements say where more chains pay."""
+    return 1
+
+
+def check_dq_chains(fn, dq_chains, dq_ordered, fail=None, auto=False):
+    """``ConfigError`` (naming ``fn``) unless ``dq_chains`` is one of ``DQ_CHAINS`` (or, with
+    ``auto``, ``"auto"``), above 1 only with ``dq_ordered``."""
+    if auto and dq_chains == "auto":
+        return
+    if (not isinstance(dq_chains, int) or isinstance(dq_chains, bool)
+            or dq_chains not in DQ_CHAINS or dq_chains > 1 and not dq_ordered):
+        raise (fail or _fail)(f"{fn}: dq_chains must be one of {DQ_CHAINS}"
+                              f"{' or auto' if auto else ''}, above 1 only with dq_ordered, "
+                              f"got dq_chains={dq_chains!r}, dq_ordered={dq_ordered!r}")
+
+
 def _check_dq_modes(fn, atomic_dq, dq_bulk, dq_ordered, fail=None):
     """``ConfigError`` (naming ``fn``) for a dQ mode without the one it builds on."""
     if dq_bulk and not atomic_dq:
@@ -96,11 +115,12 @@ def default_dq_bkv(D):
 OPTIONS = ("dkdv_bq", "dkdv_overlap", "atomic_dq", "dq_bulk", "dq_ordered",
            "dq_bkv", "fused_bq", "fused_defer", "fused_pingpong",
            "num_sms", "dq_convert", "convert_lag", "stats_lead",
-           "kv_split")  # BackwardPlan's, parse_options'
+           "kv_split", "dq_chains")  # BackwardPlan's, parse_options'
 INT_OPTIONS = ("dkdv_bq", "dq_bkv", "fused_bq", "fused_pingpong", "num_sms", "convert_lag",
-               "stats_lead", "kv_split")
-AUTO_OPTIONS = ("convert_lag", "stats_lead", "kv_split")     # these also take "auto"
+               "stats_lead", "kv_split", "dq_chains")
+AUTO_OPTIONS = ("convert_lag", "stats_lead", "kv_split", "dq_chains")  # these also take "auto"
 KV_SPLITS = (1, 2, 4, 8)    # kv_split: CTAs of a cluster (along x) sharing a kv block
+DQ_CHAINS = (1, 2, 4)       # dq_chains: independent ordered chains of adds per q block
 
 
 def parse_options(text):
@@ -144,7 +164,11 @@ class BackwardPlan:
     (1, 2, 4 or 8, or ``"auto"``: ``default_kv_split`` of the group size; the dK/dV kernel
     with 64-row q blocks, or the fused kernel): a kv block's CTAs, a cluster, each taking ``G / kv_split`` of
     its group's query heads, their dK/dV partial sums added in rank order through
-    distributed shared memory (deterministic).
+    distributed shared memory (deterministic). ``dq_chains`` (1, 2 or 4, or ``"auto"``:
+    ``default_dq_chains``; above 1 with ``dq_ordered``, not the fused kernel): independent
+    ordered chains of adds per q block (the kv block of rank ``r`` in chain ``r mod
+    dq_chains``, each with its own accumulator and counter), summed in chain order by the
+    conversion (deterministic).
 
     ``__post_init__`` raises ``ConfigError`` at the user's line for a combination outside
     the valid plans; checks that need the sizes (head dim, sequence lengths) are the
@@ -165,6 +189,7 @@ class BackwardPlan:
     fused_defer: bool = False
     fused_pingpong: int = 0
     kv_split: int | str = 1
+    dq_chains: int | str = 1
 
     def __post_init__(self):
         for name in ("atomic_dq", "dq_bulk", "dq_ordered", "dq_convert", "fused_defer"):
@@ -198,6 +223,7 @@ class BackwardPlan:
             raise _plan_fail(f"BackwardPlan: kv_split is for the fused kernel and the dK/dV "
                              f"kernel with 64-row q blocks, got kv_split={self.kv_split!r}, "
                              f"dkdv_bq={self.dkdv_bq!r}")
+        check_dq_chains("BackwardPlan", self.dq_chains, self.dq_ordered, _plan_fail, auto=True)
         if self.fused_bq is not None:
             self._check_fused()
             return
@@ -221,6 +247,7 @@ class BackwardPlan:
         given = [n for n in ("safe", "atomic_dq", "dkdv_bq", "dkdv_overlap", "dq_bulk",
                              "dq_bkv") if getattr(self, n) not in (None, False)]
         given += [n for n in ("convert_lag", "stats_lead") if getattr(self, n) not in (0, "auto")]
+        given += ["dq_chains"] if self.dq_chains not in (1, "auto") else []
         if given:
             raise _plan_fail(f"BackwardPlan: fused_bq={self.fused_bq} is a kernel of its own; "
                              f"it takes dq_ordered but not {', '.join(given)}")
@@ -250,27 +277,28 @@ class BackwardPlan:
 
     @classmethod
     def ordered(cls, *, dkdv_bq=None, dkdv_overlap=None, safe=None, stats_lead=0, num_sms=132,
-                kv_split=1):
+                kv_split=1, dq_chains=1):
         """``bulk()`` adding each dQ tile in a fixed order: deterministic. ``dkdv_bq=128``:
-        128-row q blocks (D=128)."""
+        128-row q blocks (D=128); ``dq_chains``: that many independent orders per q block."""
         return cls(safe=safe, atomic_dq=True, dq_bulk=True, dq_ordered=True, dkdv_bq=dkdv_bq,
                    dkdv_overlap=dkdv_overlap, stats_lead=stats_lead, num_sms=num_sms,
-                   kv_split=kv_split)
+                   kv_split=kv_split, dq_chains=dq_chains)
 
     @classmethod
     def converted(cls, *, convert_lag=0, stats_lead=0, num_sms=132, dkdv_overlap=None,
-                  kv_split=1):
+                  kv_split=1, dq_chains=1):
         """``ordered()`` with dQ converted by the dK/dV grid itself (``num_sms`` converter
         CTAs; ``convert_lag``: earlier heads converted by its CTAs' idle producer warps)."""
         return cls(atomic_dq=True, dq_bulk=True, dq_ordered=True, dq_convert=True,
                    convert_lag=convert_lag, stats_lead=stats_lead, num_sms=num_sms,
-                   dkdv_overlap=dkdv_overlap, kv_split=kv_split)
+                   dkdv_overlap=dkdv_overlap, kv_split=kv_split, dq_chains=dq_chains)
 
     @classmethod
-    def lagged(cls, *, num_sms=132, kv_split="auto"):
-        """``converted()`` with ``convert_lag``, ``stats_lead`` and ``kv_split`` ``"auto"``."""
+    def lagged(cls, *, num_sms=132, kv_split="auto", dq_chains="auto"):
+        """``converted()`` with ``convert_lag``, ``stats_lead``, ``kv_split`` and
+        ``dq_chains`` ``"auto"``."""
         return cls.converted(convert_lag="auto", stats_lead="auto", num_sms=num_sms,
-                             kv_split=kv_split)
+                             kv_split=kv_split, dq_chains=dq_chains)
 
     @classmethod
     def fused(cls, *, ordered=True, pingpong=0, defer=False, kv_split=1):

@@ -19,10 +19,11 @@ from pyptx_kernels.flash_attention.bwd_common import (
     padded,
     size_params,
 )
+from pyptx_kernels.flash_attention.bwd_plan import check_dq_chains
 
 
 def build_prep(B, S, Hq, D, *, dtype="bf16", counters=False, width=None, lead=0, Hkv=None,
-               zero=None):
+               zero=None, chains=1):
     """The atomic-dQ mode's first kernel: ``(OUT, LSE, DO) -> (STATS, DQACC)``: the stats
     of ``build_dq`` and a zeroed f32 ``DQACC`` ``(B, S, Hq, D)`` for the dK/dV kernel to add
     into. 256 threads per 128 rows, the same row split as the dQ kernel's consumers.
@@ -32,17 +33,22 @@ def build_prep(B, S, Hq, D, *, dtype="bf16", counters=False, width=None, lead=0,
     ``lead`` (with ``counters``; ``build_dkdv``'s ``stats_lead``): the stats of the first
     ``lead`` kv heads (``Hkv`` of them per batch, in launch order) only; the dK/dV grid
     writes the others'. ``zero`` (``None``: not ``counters``): whether DQACC is zeroed (a
-    window's ordered dQ: q blocks no kv block reaches get no first store)."""
+    window's ordered dQ: q blocks no kv block reaches get no first store). ``chains`` (with
+    ``counters``; ``build_dkdv``'s ``dq_chains``): SEM ``(chains * B, Hq, ceil(S/64), 2)``,
+    chain ``c``'s counters in its ``c``-th ``B`` rows, all zeroed."""
     zeroed = not counters if zero is None else bool(zero)
     if lead and not (counters and isinstance(Hkv, int) and Hkv > 0 and Hq % Hkv == 0):
         raise _fail(f"build_prep: lead needs counters=True and Hkv (a divisor of Hq), got "
                     f"lead={lead!r}, counters={counters!r}, Hkv={Hkv!r}")
+    check_dq_chains("build_prep", chains, counters)
     width = D if width is None else width
     dt = _dtype(dtype)
     Sp = padded(S)
     qspec = Tile(B, S, Hq, D, dt)
     nq = -(-S // 64)
     sizes = dict(seqlen_q=S, stats_rows=Sp, sem_blocks=nq)
+    if chains > 1:
+        sizes["units"] = B * Hq * nq            # counters per chain
 
     def prep(OUT, LSE, DO, STATS, DQACC, SEM):
         z = size_params(sizes)
@@ -63,17 +69,20 @@ def build_prep(B, S, Hq, D, *, dtype="bf16", counters=False, width=None, lead=0,
                 elem = ((b * S + q0 + r) * Hq + hq) * width + (x % per_row) * 4
                 ptx.inst.st.global_.v4.f32(ptx.addr(reg.from_(elem, u64) * 4 + pacc),
                                            [zero] * 4, pred=q0 + r < S)
-        if counters:  # this CTA's two q blocks of 64 rows, two counters each
+        if counters:  # this CTA's two q blocks of 64 rows, two counters each (per chain)
             (psem,) = ptx.global_ptrs(SEM)
-            qb = reg.from_(ptx.special.ctaid.x(), u32) * 2 + (tid >> 1)
+            qb = reg.from_(ptx.special.ctaid.x(), u32) * 2 + (tid >> 1 if chains == 1
+                                                               else tid >> 1 & 1)
             cell = ((b * Hq + hq) * nq + qb) * 2 + (tid & 1)
+            if chains > 1:      # thread 4c + i: chain c's cell i
+                cell = cell + (tid >> 2) * (z.units * 2)
             ptx.inst.st.global_.u32(ptx.addr(reg.from_(cell, u64) * 4 + psem), 0,
-                                    pred=(tid < 4) & (qb < nq))
+                                    pred=(tid < 4 * chains) & (qb < nq))
         ptx.ret()
 
     outs = (Tile(B, Hq, Sp, 2, f32), Tile(B, S, Hq, width, f32))
     if counters:
-        outs += (Tile(B, Hq, nq, 2, s32),)
+        outs += (Tile(chains * B, Hq, nq, 2, s32),)
         fn = prep
     else:
         def fn(OUT, LSE, DO, STATS, DQACC):
@@ -83,19 +92,23 @@ def build_prep(B, S, Hq, D, *, dtype="bf16", counters=False, width=None, lead=0,
                grid=(-(-S // BM), Hq, B), block=(256, 1, 1),
                name=f"attn_bwd_prep_{dt.name}_d{D}{'_sem' if counters else ''}"
                     f"{'_zero' if zeroed and counters else ''}"
-                    f"{f'_w{width}' if width != D else ''}{f'_lead{lead}' if lead else ''}")(fn)
+                    f"{f'_w{width}' if width != D else ''}{f'_lead{lead}' if lead else ''}"
+                    f"{f'_c{chains}' if chains > 1 else ''}")(fn)
     family = ("attn_bwd_prep", dt.name, D, Hq, counters, width, lead, Hkv if lead else None,
-              zeroed)
+              zeroed, chains)
     return _family.specialized(k, family, sizes)
 
 
-def build_convert(B, S, Hq, D, *, dtype="bf16", scale=1.0, width=None):
+def build_convert(B, S, Hq, D, *, dtype="bf16", scale=1.0, width=None, chains=1):
     """The atomic-dQ mode's last kernel: ``DQACC`` f32 -> ``DQ`` (times ``scale``), eight
     elements per thread. ``width`` (``dq_accumulator_width``) ``2 * D``: each row holds two
-    partial sums, added (first + second) before the conversion."""
+    partial sums, added (first + second) before the conversion. ``chains``
+    (``dq_chains``): rows of ``chains`` such accumulators side by side, summed in chain
+    order (``chain_sum``); a chain no kv block reached must hold zeros (the prep's)."""
     width = D if width is None else width
     if width not in (D, 2 * D):
         raise _fail(f"build_convert: width must be {D} or {2 * D}, got {width}")
+    check_dq_chains("build_convert", chains, True)
     dt = _dtype(dtype)
     n = B * S * Hq * D
     blocks = -(-n // (256 * 8))
@@ -107,22 +120,30 @@ def build_convert(B, S, Hq, D, *, dtype="bf16", scale=1.0, width=None):
         pa, pq = ptx.global_ptrs(DQACC, DQ)
         i = reg.from_(ptx.special.ctaid.x(), u32) * 256 + reg.from_(ptx.special.tid.x(), u32)
         ok = i < z.chunks
-        if width == D:
+        if width * chains == D:
             src = reg.from_(i, u64) * 32 + pa
-        else:   # eight columns c.. of row r: elements r * 2D + c (+ D for the second sum)
+        else:   # eight columns c.. of row r: elements r * chains * width + c (+ D for the
+            # second sum, + width for the next chain)
             row = i // (D // 8)
-            src = (reg.from_(row, u64) * (2 * D) + reg.from_((i - row * (D // 8)) * 8, u64)) * 4 + pa
+            src = (reg.from_(row, u64) * (width * chains)
+                   + reg.from_((i - row * (D // 8)) * 8, u64)) * 4 + pa
         dst = reg.from_(i, u64) * 16 + pq
         with ptx.if_(ok):  # threads past the end compute nothing (no undefined registers)
-            v = reg.array(f32, 8)
-            ptx.inst.ld.global_.nc.v4.f32(list(v)[:4], ptx.addr(src))
-            ptx.inst.ld.global_.nc.v4.f32(list(v)[4:], ptx.addr(src, 16))
-            if width != D:
-                u = reg.array(f32, 8)
-                ptx.inst.ld.global_.nc.v4.f32(list(u)[:4], ptx.addr(src, 4 * D))
-                ptx.inst.ld.global_.nc.v4.f32(list(u)[4:], ptx.addr(src, 4 * D + 16))
-                for m in range(8):
-                    ptx.inst.add.f32(v[m], v[m], u[m])
+            sums = []
+            for c in range(chains):     # chain c: columns from c * width
+                at = 4 * c * width
+                v = reg.array(f32, 8)
+                ptx.inst.ld.global_.nc.v4.f32(list(v)[:4],
+                                              ptx.addr(src, at) if c else ptx.addr(src))
+                ptx.inst.ld.global_.nc.v4.f32(list(v)[4:], ptx.addr(src, at + 16))
+                if width != D:
+                    u = reg.array(f32, 8)
+                    ptx.inst.ld.global_.nc.v4.f32(list(u)[:4], ptx.addr(src, at + 4 * D))
+                    ptx.inst.ld.global_.nc.v4.f32(list(u)[4:], ptx.addr(src, at + 4 * D + 16))
+                    for m in range(8):
+                        ptx.inst.add.f32(v[m], v[m], u[m])
+                sums.append(v)
+            v = chain_sum(sums)
             packed = reg.array(b32, 4)
             for m in range(4):
                 ptx.inst(f"cvt.rn.{dt.name}x2.f32")(packed[m], v[2 * m + 1] * float(scale),
@@ -130,10 +151,21 @@ def build_convert(B, S, Hq, D, *, dtype="bf16", scale=1.0, width=None):
             ptx.inst.st.global_.v4.b32(ptx.addr(dst), packed)
         ptx.ret()
 
-    k = kernel(in_specs=(Tile(B, S, Hq, width, f32),), out_specs=(Tile(B, S, Hq, D, dt),),
+    k = kernel(in_specs=(Tile(B, S, Hq, width * chains, f32),), out_specs=(Tile(B, S, Hq, D, dt),),
                grid=(blocks, 1, 1), block=(256, 1, 1),
-               name=f"attn_bwd_convert_{dt.name}_d{D}{f'_w{width}' if width != D else ''}")(convert)
-    return _family.specialized(k, ("attn_bwd_convert", dt.name, D, float(scale), width), sizes)
+               name=f"attn_bwd_convert_{dt.name}_d{D}{f'_w{width}' if width != D else ''}"
+                    f"{f'_c{chains}' if chains > 1 else ''}")(convert)
+    return _family.specialized(k, ("attn_bwd_convert", dt.name, D, float(scale), width, chains),
+                               sizes)
+
+
+def chain_sum(sums):
+    """``dq_chains``' fixed order of adds: chain 0's registers plus chain 1's, then plus
+    chain 2's, ... (in place, in chain 0's; the same bits at every run)."""
+    for x in sums[1:]:
+        for m in range(len(sums[0])):
+            ptx.inst.add.f32(sums[0][m], sums[0][m], x[m])
+    return sums[0]
 
 
 def _row_stats(po, pdo, plse, pstats, b, hq, qrow, valid, lane, S, Sp, Hq, D, dt):
