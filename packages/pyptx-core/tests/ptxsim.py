@@ -1513,9 +1513,17 @@ def _exec(c: _CTA, ins: tuple, m: np.ndarray, pcs: np.ndarray, done: np.ndarray,
                 c.put(ops[0], {"and": a & b, "or": a | b, "xor": a ^ b}[base], m)
                 return
             bits = 64 if t.endswith("64") else 32
-            if ".wide." in op:
-                a, b = c.as_u(ops[1], m, 32).astype(np.uint64), c.as_u(ops[2], m, 32).astype(np.uint64)
-                c.put(ops[0], a * b, m)
+            if ".wide." in op:   # 32 x 32 -> 64 bits (s32: sign-extended); mad adds a 64-bit c
+                a, b = c.as_u(ops[1], m, 32), c.as_u(ops[2], m, 32)
+                if t.startswith("s"):
+                    a, b = (x.astype(np.uint32).view(np.int32).astype(np.int64).astype(np.uint64)
+                            for x in (a, b))
+                else:
+                    a, b = a.astype(np.uint64), b.astype(np.uint64)
+                r = a * b
+                if base == "mad":
+                    r = r + c.as_u(ops[3], m, 64).astype(np.uint64)
+                c.put(ops[0], r, m)
                 return
             a = c.as_u(ops[1], m, bits).astype(np.uint64)
             if base in ("shl", "shr"):

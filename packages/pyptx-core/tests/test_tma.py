@@ -84,6 +84,24 @@ def test_5d_col_layout():
     assert p.global_strides == (32, 64, 192, 768)
 
 
+def test_strided_view_takes_the_given_strides():
+    """A (B, S, H, D) view of (B, H, S, D) memory: the strides in any order, the contiguous
+    axis 1, the others checked against the 16-byte rule."""
+    p = tma_params((2, 100, 8, 64), bf16, box_shape=(1, 32, 1, 64), swizzle=None,
+                   strides=(8 * 100 * 64, 64, 100 * 64, 1))
+    assert p.global_dims == (64, 8, 100, 2)
+    assert p.global_strides == (100 * 64 * 2, 64 * 2, 8 * 100 * 64 * 2)
+    dense = tma_params((2, 100, 8, 64), bf16, box_shape=(1, 32, 1, 64), swizzle=None)
+    assert tma_params((2, 100, 8, 64), bf16, box_shape=(1, 32, 1, 64), swizzle=None,
+                      strides=(100 * 8 * 64, 8 * 64, 64, 1)) == dense
+    with pytest.raises(TmaError, match=r"strides: the contiguous axis \(3\) must have stride 1"):
+        tma_params((2, 100, 8, 64), bf16, strides=(8 * 100 * 64, 64, 100 * 64, 2))
+    with pytest.raises(TmaError, match="globalStrides.*multiple of 16 bytes"):
+        tma_params((2, 100, 8, 64), bf16, strides=(8 * 100 * 64, 68, 100 * 64, 1))
+    with pytest.raises(TmaError, match="strides: expected 4 values"):
+        tma_params((2, 100, 8, 64), bf16, strides=(64, 1))
+
+
 @pytest.mark.parametrize("dtype,dt,inner", [
     (bf16, DataType.BFLOAT16, 64),
     ("bfloat16", DataType.BFLOAT16, 64),

@@ -30,6 +30,24 @@ def test_tensor_map_param_comes_after_scalars_and_is_recorded():
     assert k.tma == {"X": {"box": (32, 8), "swizzle": None}}
 
 
+def test_map_of_a_strided_view_of_a_flat_tensor():
+    """``shape`` and ``strides``: the map covers a strided view of the argument's memory (a
+    flat tile of the elements the view spans), not the argument's own shape."""
+    shape, strides = (2, 100, 8, 64), (8 * 100 * 64, 64, 100 * 64, 1)
+
+    @kernel(in_specs=(Tile(2 * 100 * 8 * 64, f32),), out_specs=(Tile(4, f32),),
+            block=(32, 1, 1),
+            tma={"X": dict(box=(1, 32, 1, 16), swizzle=None, shape=shape, strides=strides)})
+    def k(X, Y):
+        ptx.tma.tensormap_ptr(X.tmap)
+        ptx.ret()
+
+    ((_, tp),) = k.specialize().tma_maps
+    assert tp.global_dims == (64, 8, 100, 2)
+    assert tp.global_strides == (100 * 64 * 4, 64 * 4, 8 * 100 * 64 * 4)
+    assert tp.box_dims == (16, 1, 32, 1)
+
+
 def test_tmap_without_declaration_names_the_fix():
     @kernel(in_specs=(Tile(4, f32),), out_specs=(Tile(4, f32),), block=(32, 1, 1))
     def k(X, Y):
@@ -45,6 +63,8 @@ def test_tmap_without_declaration_names_the_fix():
     ({"Z": {}}, "tma names 'Z', which is not a tensor parameter"),
     ({"X": {"bogus": 1}}, r"tma\['X'\] must be a dict with keys from"),
     ([("X", {})], "tma must map tensor names to dicts"),
+    ({"X": {"view": "3d", "box": (8, 64), "strides": (4, 1)}},
+     r"tma\['X'\] shape and strides need view='2d'"),
 ])
 def test_bad_tma_declarations(tma, match):
     with pytest.raises(ConfigError, match=match):

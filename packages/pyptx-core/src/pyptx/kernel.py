@@ -474,7 +474,7 @@ class Kernel:
         return tuple(tensors), templates
 
     _TMA_KEYS = frozenset({"box", "swizzle", "element_strides", "l2_promotion", "oob_fill",
-                           "interleave", "view", "padding"})
+                           "interleave", "view", "padding", "shape", "strides"})
 
     def _check_tma(self, tma: Mapping[str, Mapping[str, Any]], origin: str) -> dict:
         if not isinstance(tma, Mapping):
@@ -494,6 +494,9 @@ class Kernel:
             if view == "2d" and "padding" in opts:
                 raise ConfigError(f"{origin}: tma[{name!r}] padding needs view='3d' (the padded "
                                   f"72-element rows of pyptx.tma.tma_params_3d)")
+            if view == "3d" and {"shape", "strides"} & set(opts):
+                raise ConfigError(f"{origin}: tma[{name!r}] shape and strides need view='2d' "
+                                  f"(a strided view of the tensor's memory)")
             if view == "3d":
                 i = self._tensor_names.index(name)
                 spec = (self._in_specs + self._out_specs)[i]
@@ -697,6 +700,7 @@ class Kernel:
                     swizzle_128b=sw not in (None, "none"), padding=opts.pop("padding", False),
                     **opts)))
             else:
+                shape = opts.pop("shape", shape)   # a strided view of the tensor's memory
                 out.append((i, tma_params(shape, spec.dtype, spec.layout, box, **opts)))
         return out
 
@@ -877,9 +881,11 @@ def kernel(
     ``tma`` maps tensor names to TMA descriptor options (``box``, ``swizzle``, ...; ``view="3d"``
     with ``box=(rows, cols)`` and optional ``padding=True`` selects the 3-D view of
     ``pyptx.tma.tma_params_3d``: a 128-byte-swizzled K-major operand wider than one swizzle
-    line in one copy, or 72-element padded rows for a bank-conflict-free epilogue): each
-    gets a by-value tensor-map parameter, ``X.tmap`` in the body, built and patched with
-    the tensor's address by the runtime at every launch.
+    line in one copy, or 72-element padded rows for a bank-conflict-free epilogue;
+    ``shape`` with ``strides``, element strides in the shape's axis order, maps a strided
+    view of the tensor's memory, say a flat ``Tile(n)`` of the elements a caller's strided
+    tensor spans): each gets a by-value tensor-map parameter, ``X.tmap`` in the body, built
+    and patched with the tensor's address by the runtime at every launch.
     ``pdl=True`` launches with programmatic dependent launch (sm_90+): the kernel starts
     with ``griddepcontrol.wait`` (so it never reads what the previous kernel is still
     writing) and ``griddepcontrol.launch_dependents``, which lets the next PDL kernel in

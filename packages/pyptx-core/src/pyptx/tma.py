@@ -343,12 +343,15 @@ def tma_params(
     l2_promotion: str | L2Promotion | None = "128B",
     oob_fill: str | OobFill | None = "none",
     interleave: str | Interleave | None = None,
+    strides: Sequence[int] | None = None,
 ) -> TmaParams:
     """The checked encode parameters of a contiguous tensor of ``shape`` and ``dtype``.
 
-    ``shape``, ``box_shape`` and ``element_strides`` are in the tensor's own axis
-    order. ``Layout.ROW`` (C order): the last axis is contiguous; ``Layout.COL``
+    ``shape``, ``box_shape``, ``element_strides`` and ``strides`` are in the tensor's own
+    axis order. ``Layout.ROW`` (C order): the last axis is contiguous; ``Layout.COL``
     (Fortran order): the first axis is contiguous and the last is the outermost.
+    ``strides``: the element strides of a strided view in place of the contiguous
+    tensor's (the contiguous axis 1, the others 16-byte multiples in any order).
     The default box covers one swizzle line (128 bytes unswizzled) of the
     contiguous axis, clamped to its size, by ``min(64, n)`` of the next axis and
     1 along the others. ``oob_fill="nan"`` fills out-of-bounds float elements
@@ -367,10 +370,6 @@ def tma_params(
     sw = _option(_SWIZZLE_NAMES, Swizzle, swizzle, "swizzle")
     esize = _ELEMENT_BYTES[dt]
     dims = [shape[k] for k in order]
-    strides, step = [], esize
-    for d in dims[:-1]:
-        step *= d
-        strides.append(step)
 
     def per_axis(values: Sequence[int] | None, what: str) -> list[int] | None:
         if values is None:
@@ -380,6 +379,18 @@ def tma_params(
             raise _fail(f"{what}: expected {len(shape)} values (one per axis of shape "
                         f"{shape}), got {len(values)}: {values}")
         return [values[k] for k in order]
+
+    if strides is None:
+        strides, step = [], esize
+        for d in dims[:-1]:
+            step *= d
+            strides.append(step)
+    else:
+        given = per_axis(strides, "strides")
+        if given[0] != 1:
+            raise _fail(f"strides: the contiguous axis ({order[0]}) must have stride 1, got "
+                        f"strides {tuple(strides)}")
+        strides = [s * esize for s in given[1:]]
 
     box = per_axis(box_shape, "box_shape")
     if box is None:
