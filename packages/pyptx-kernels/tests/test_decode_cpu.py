@@ -10,9 +10,11 @@
   scattered by a random permutation), ragged and empty sequences, new k/v appended inside
   the kernel (the caches compared exactly after the run), sliding windows, softcap, 1 and 4
   queries, group sizes 1, 2 and 4, one and several splits, row chunks, cache rows past the
-  lengths NaN. Every case runs on both plans (the default tensor-core plan and
-  ``DecodeConfig(mma=False)``, the CUDA-core one),
-  and ``MMA_CASES`` add tensor-core cases long enough to reach its unmasked blocks (16
+  lengths NaN, q, the caches and k/v in strided memory (a ``(B, H, S, D)`` tensor's
+  transpose, or that with NaN gaps: read in place, the appended rows written there and
+  nothing else, the whole storage compared). Every case runs on both plans (the default
+  tensor-core plan and ``DecodeConfig(mma=False)``, the CUDA-core one), and ``MMA_CASES``
+  add tensor-core cases long enough to reach its unmasked blocks (16
   queries x 8 heads, pages 16/48/256, 2 and 6 stages, a negative scale). Outputs start
   poisoned (every byte must be written). Tolerance: ``max |o - ref|`` 2e-2 (bf16; the
   output rounding, 2**-9 relative, plus f32 sums), 1e-2 (f16); lse 1e-5 absolute (f32
@@ -21,8 +23,9 @@
 * ptxas assembles the decode kernels of both plans (one-launch and partials-only) and the
   combine kernel with no spills.
 * The split heuristic, ``DecodeConfig``'s checks, the torch ops on meta tensors (shapes,
-  the append op's declared mutation), bad calls raising ``ConfigError`` at the caller's
-  line, and JAX's functional append against the reference's.
+  the append op's declared mutation), bad calls (and strides) raising ``ConfigError`` at
+  the caller's line, the strides ``check_call`` reads, and JAX's functional append against
+  the reference's.
 """
 
 from __future__ import annotations
@@ -70,15 +73,47 @@ def _poisoned(rng, cache, lens, table):
     return x
 
 
+#: the bits of the gaps of a ``"padded"`` layout: a NaN no kernel may read or write
+GAP = 0x7FC1
+
+
+def stored(x, layout):
+    """``x`` (a 4-D array of device bits) in memory laid out as ``layout``: ``(view, flat,
+    whole)``, the strided view holding ``x``, the flat memory from its first element to its
+    last (the kernel's argument: ``DecodeShape.span``) and the whole storage. ``None``: a
+    contiguous copy (all three); ``"bhsd"``: dims 1 and 2 swapped, as a ``(B, H, S, D)``
+    tensor's transpose; ``"padded"``: that with 3 more rows and 8 more columns per row,
+    the gaps ``GAP``."""
+    if layout is None:
+        c = x.copy()
+        return c, c, c
+    d0, d1, d2, D = x.shape
+    pad = (3, 8) if layout == "padded" else (0, 0)
+    whole = np.full((d0, d2, d1 + pad[0], D + pad[1]), GAP, x.dtype)
+    view = whole[:, :, :d1, :D].transpose(0, 2, 1, 3)
+    view[...] = x
+    st = element_strides(view)
+    span = 1 + sum((n - 1) * e for n, e in zip(view.shape, st))
+    return view, whole.reshape(-1)[:span], whole
+
+
+def element_strides(a):
+    return tuple(s // a.itemsize for s in a.strides)
+
+
 def simulate(*, B=2, Sq=1, Hq=4, Hkv=2, D=64, Sk=40, lens=(17, 0), page=None, append=False,
              causal=True, window=(-1, -1), softcap=0.0, splits=2, dtype="bf16", seed=0,
-             config=None, poison=False, scale=None, n_new=0):
+             config=None, poison=False, scale=None, n_new=0, layout=None,
+             strided=("Q", "KC", "VC", "KN", "VN")):
     """Run the one-launch decode kernel twice and the two-launch pair once in the simulator;
-    ``(o error, lse error)`` of the one-launch result against float64 (the caches after an
-    append compared exactly; the one-launch bits checked against the two-launch ones and
-    across its two calls, its counters zero after each). ``poison``: cache rows at or past
-    each ``cache_seqlens[b]`` (``+ n_new``) hold NaN; ``n_new``: keys the caller already wrote
-    past the lengths (JAX's functional append), counted by the kernel, not the lengths."""
+    ``(o error, lse error)`` of the one-launch result against float64 (the caches'
+    storage after the calls compared exactly with the reference's append, or with itself;
+    the one-launch bits checked against the two-launch ones and across its two calls, its
+    counters zero after each). ``poison``: cache rows at or past each ``cache_seqlens[b]``
+    (``+ n_new``) hold NaN; ``n_new``: keys the caller already wrote past the lengths (JAX's
+    functional append), counted by the kernel, not the lengths. ``layout``: the memory of
+    the tensors named in ``strided`` (``stored``), read and written in place through the
+    strides of ``DecodeShape.strides``."""
     rng = np.random.default_rng(seed)
     q = _dev(rng.standard_normal((B, Sq, Hq, D)), dtype)
     if page:
@@ -97,21 +132,28 @@ def simulate(*, B=2, Sq=1, Hq=4, Hkv=2, D=64, Sk=40, lens=(17, 0), page=None, ap
     kn = vn = None
     if append:
         kn, vn = (_dev(rng.standard_normal((B, Sq, Hkv, D)), dtype) for _ in range(2))
-    shape = DecodeShape(B, Sq, Hq, Hkv, D, cache, mp, append, n_new)
+    tensors = {"Q": q, "KC": kc, "VC": vc, **({"KN": kn, "VN": vn} if append else {})}
+    lay = {n: layout if n in strided else None for n in tensors}
+    strides = tuple((n, element_strides(stored(x, lay[n])[0])) for n, x in tensors.items()
+                    if lay[n])
+    shape = DecodeShape(B, Sq, Hq, Hkv, D, cache, mp, append, n_new, strides)
     config = config or DecodeConfig()
     opts = dict(dtype=dtype, causal=causal, window=window, softcap=softcap, splits=splits,
                 config=config, scale=scale)
 
     def inputs():
-        return [q, kc.copy(), vc.copy(), seq] + ([table] if page else []) + \
-            ([kn, vn] if append else [])
-    two = inputs()
+        """``(kernel inputs, {name: stored(...)})``: fresh storage of every tensor."""
+        mem = {n: stored(x, lay[n]) for n, x in tensors.items()}
+        args = [mem["Q"][1], mem["KC"][1], mem["VC"][1], seq] + ([table] if page else []) \
+            + ([mem["KN"][1], mem["VN"][1]] if append else [])
+        return args, mem
+    two, two_mem = inputs()
     o_part, lse_part = ptxsim.run(build_decode(shape, combine=False, **opts).specialize(), two,
-                                  inplace=append)
+                                  inplace=True)
     o2, lse2 = ptxsim.run(build_combine(B, Sq, Hq, D, splits, dtype=dtype).specialize(),
                           [o_part, lse_part])
     fused = build_decode(shape, **opts).specialize()
-    ins = inputs()
+    ins, ins_mem = inputs()
     cnt = [np.zeros(counters(shape, config), np.int32)] if splits > 1 else []
     runs = []
     for _ in range(2):   # the second call finds the counters the first one left
@@ -127,13 +169,15 @@ def simulate(*, B=2, Sq=1, Hq=4, Hkv=2, D=64, Sk=40, lens=(17, 0), page=None, ap
 
     def f(x):
         return None if x is None else _f64(x, dtype)
-    ro, rl, rkc, rvc = reference_decode(f(q), f(kc), f(vc), seq + n_new, k=f(kn), v=f(vn),
+    ro, rl, _, _ = reference_decode(f(q), f(kc), f(vc), seq + n_new, k=f(kn), v=f(vn),
                                         block_table=table, causal=causal, window=window,
                                         softcap=softcap, scale=scale)
-    if append:
-        for got in (ins, two):
-            assert np.array_equal(f(got[1]), rkc, equal_nan=True) \
-                and np.array_equal(f(got[2]), rvc, equal_nan=True)
+    want = append_to_cache(kc, vc, seq, kn, vn, table) if append else (kc, vc)
+    for mem in (ins_mem, two_mem):     # the rows written, nothing else (gaps included)
+        for name, w in zip(("KC", "VC"), want):
+            assert np.array_equal(mem[name][2], stored(w, lay[name])[2]), name
+    for name in ("Q", "KN", "VN")[:3 if append else 1]:
+        assert np.array_equal(ins_mem[name][2], stored(tensors[name], lay[name])[2]), name
     lse = lse.view(np.float32).astype(np.float64)
     fin = np.isfinite(rl)
     assert np.array_equal(np.isfinite(lse), fin), "lse is -inf exactly for queries w/o keys"
@@ -227,6 +271,40 @@ MMA_CASES = {
 }
 
 
+#: q, the caches and k, v in strided memory (``stored``), read and written in place: the
+#: transpose of ``(B, H, S, D)`` tensors (Hugging Face's caches) or that with gaps between
+#: rows and heads (which must stay as they are), ragged and empty sequences, appends
+#: filling the cache to its end (the gap rows past it untouched), one tensor
+#: strided and the rest dense
+LAYOUT_CASES = {
+    "bhsd_ragged": dict(layout="bhsd", B=3, lens=(30, 0, 45), Sk=48, Hq=4, Hkv=2),
+    "bhsd_d128_splits": dict(layout="bhsd", D=128, lens=(50, 20), Sk=64, Hq=8, Hkv=2,
+                             splits=3),
+    "padded_append_nan": dict(layout="padded", lens=(30, 7), Sk=40, append=True, Sq=4, Hq=4,
+                              Hkv=1, poison=True),
+    "padded_d128_append_to_the_end": dict(layout="padded", D=128, B=3, lens=(0, 62, 17),
+                                          Sk=64, append=True, Sq=2, Hq=8, Hkv=2),
+    "bhsd_paged_append": dict(layout="bhsd", page=16, lens=(30, 0), Sk=48, append=True, Sq=2),
+    "padded_caches_only_f16": dict(layout="padded", strided=("KC", "VC"), lens=(33, 5),
+                                   Sk=48, dtype="f16"),
+    "padded_q_and_k_only": dict(layout="padded", strided=("Q", "KN"), Sq=3, lens=(20, 0),
+                                Sk=32, append=True),
+}
+#: the CUDA-core plan's direct loads (no ring) and the tensor-core plan's unmasked blocks
+LAYOUT_CORE_CASES = {
+    "direct_padded_paged_append": dict(layout="padded", page=16, lens=(40, 0), Sk=48, Sq=2,
+                                       append=True, config=DecodeConfig(ring_stages=0)),
+    "direct_bhsd_d128": dict(layout="bhsd", D=128, lens=(50, 0), Sk=64, Hq=8, Hkv=2,
+                             config=DecodeConfig(ring_stages=0)),
+}
+LAYOUT_MMA_CASES = {
+    "padded_d128_full_blocks_append": dict(layout="padded", D=128, Hq=8, Hkv=2,
+                                           lens=(150, 0), Sk=192, append=True, Sq=2,
+                                           poison=True),
+    "bhsd_page48_long": dict(layout="bhsd", page=48, lens=(130, 7), Sk=144, splits=1),
+}
+
+
 def _core_case(kw):
     """A case on the CUDA-core plan (its own config's fields kept)."""
     cfg = kw.get("config")
@@ -243,7 +321,11 @@ def _mma_case(kw):
 
 PLAN_CASES = {**{("cuda_core", n): _core_case(kw) for n, kw in CASES.items()},
               **{("mma", n): _mma_case(kw) for n, kw in CASES.items()},
-              **{("mma", n): {"config": MMA, **kw} for n, kw in MMA_CASES.items()}}
+              **{("mma", n): {"config": MMA, **kw} for n, kw in MMA_CASES.items()},
+              **{("cuda_core", n): _core_case(kw) for n, kw in LAYOUT_CASES.items()},
+              **{("mma", n): _mma_case(kw) for n, kw in LAYOUT_CASES.items()},
+              **{("cuda_core", n): _core_case(kw) for n, kw in LAYOUT_CORE_CASES.items()},
+              **{("mma", n): {"config": MMA, **kw} for n, kw in LAYOUT_MMA_CASES.items()}}
 
 
 @pytest.mark.parametrize("plan,name", list(PLAN_CASES), ids=[f"{p}-{n}" for p, n in PLAN_CASES])
@@ -256,16 +338,18 @@ def test_decode_matches_float64(plan, name):
 
 @pytest.mark.parametrize("plan", ["cuda_core", "mma"])
 @pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
-def test_reused_kernel_at_a_second_size_matches_float64(plan, paged):
-    """A kernel of a second batch, cache length, table width and split count runs its
-    family's first trace (``_family``: reused, not traced) with its own sizes."""
+@pytest.mark.parametrize("layout", [None, "bhsd", "padded"])
+def test_reused_kernel_at_a_second_size_matches_float64(plan, paged, layout):
+    """A kernel of a second batch, cache length, table width, split count and memory layout
+    (strides) runs its family's first trace (``_family``: reused, not traced) with its own
+    sizes."""
     config = DecodeConfig(mma=plan == "mma")
     page = 16 if paged else None
     _family.clear()
     simulate(B=1, lens=(20,), Sk=32, page=page, append=True, Sq=2, splits=2, config=config)
     before = _family.stats()
     err_o, err_l = simulate(B=3, lens=(90, 0, 41), Sk=96, page=page, append=True, Sq=2,
-                            splits=3, config=config, poison=True, seed=1)
+                            splits=3, config=config, poison=True, seed=1, layout=layout)
     after = _family.stats()
     assert after["traced"] == before["traced"] and after["reused"] == before["reused"] + 2
     assert err_o <= TOL["bf16"], err_o
@@ -384,6 +468,51 @@ def test_bad_calls_name_this_line():
     for call, msg in bad:
         with pytest.raises(ConfigError, match=rf"test_decode_cpu\.py:\d+: "
                                               rf"attention_with_kvcache: .*{msg}"):
+            call()
+
+
+def test_strides_read_in_place_and_bad_ones_name_this_line(monkeypatch):
+    """``check_call`` on CPU tensors (standing in for CUDA ones): a (B, H, S, D) cache's
+    transpose, padded rows and a strided q are ``DecodeShape.strides`` (a size-1 dim's
+    stride does not count); a non-unit last stride, a stride off the 16-byte grid, an
+    overlap (a broadcast, or heads inside a row) and a misaligned start raise at this
+    line."""
+    torch = pytest.importorskip("torch")
+    from pyptx_kernels import _common
+    from pyptx_kernels import attention_with_kvcache as f
+    from pyptx_kernels.flash_attention.decode_api import check_call
+
+    monkeypatch.setattr(_common, "check_devices", lambda *a: None)
+    bf = torch.bfloat16
+
+    def z(*shape):
+        return torch.zeros(*shape, dtype=bf)
+    q, kc, lens = z(2, 1, 8, 128), z(2, 64, 2, 128), torch.zeros(2, dtype=torch.int32)
+    hf = z(2, 2, 64, 128).transpose(1, 2)
+    padded = z(2, 2, 70, 136)[:, :, :64, :128].transpose(1, 2)
+    q_hf = z(2, 8, 3, 128).transpose(1, 2)
+    shape, _ = check_call(z(2, 8, 1, 128).transpose(1, 2), hf, padded, lens, None, None, None)
+    assert shape.strides == (("KC", (2 * 64 * 128, 128, 64 * 128, 1)),
+                             ("VC", (2 * 70 * 136, 136, 70 * 136, 1)))
+    shape, _ = check_call(q_hf, kc, kc, lens, z(2, 3, 2, 128), z(2, 3, 2, 128), None)
+    assert shape.strides == (("Q", (8 * 3 * 128, 128, 3 * 128, 1)),)
+    here = r"test_decode_cpu\.py:\d+: attention_with_kvcache: "
+    rule = "must have a unit-stride last dim, its other strides multiples of 8 elements"
+    bad = [
+        (lambda: f(q, z(2, 64, 128, 2).transpose(2, 3), kc, lens), "k_cache", rule),
+        (lambda: f(q, kc, z(2, 64, 2, 132)[..., :128], lens), "v_cache", rule),
+        (lambda: f(q, kc, z(2, 1, 2, 128).expand(2, 64, 2, 128), lens), "v_cache", rule),
+        (lambda: f(q, z(40000).as_strided((2, 64, 2, 128), (16384, 128, 64, 1)), kc, lens),
+         "k_cache", rule),
+        (lambda: f(z(3, 8, 1, 130)[..., :128].transpose(1, 2)[:2], kc, kc, lens), "q",
+         rule),
+        (lambda: f(q, kc, kc, lens, k=z(2, 1, 2, 128), v=z(2, 1, 2, 136)[..., 4:132]), "v",
+         "must start at a 16-byte aligned address, got one 8 bytes past"),
+        (lambda: f(z(2 * 8 * 128 + 4)[4:].view(2, 1, 8, 128), kc, kc, lens), "q",
+         "must start at a 16-byte aligned address"),
+    ]
+    for call, name, msg in bad:
+        with pytest.raises(ConfigError, match=here + name + ".*" + msg):
             call()
 
 

@@ -5,7 +5,8 @@ the custom ops' implementation, launch the same kernel (so the same PTX, grid an
 the same tensors and counters as the checked reference route (``check_call`` +
 ``decode_host.decode``, the launcher the JAX path and the benchmarks use), for contiguous
 and paged caches, with and without appended k/v, ragged lengths, B 1/16/64, causal or not,
-windows, softcap, fixed splits and non-contiguous q; counters are fresh zeros while a CUDA
+windows, softcap, fixed splits, (B, H, S, D)-transposed caches and strided q and k (read in
+place: the kernel gets the flat view of their memory); counters are fresh zeros while a CUDA
 graph is captured and per stream otherwise; every bad input still raises at the caller's
 line after the call was cached."""
 
@@ -91,18 +92,24 @@ def env(monkeypatch):
     decode_api._runner.cache_clear()
 
 
-def _inputs(B, Sk, *, paged=False, append=False, ragged=False, Sq=1, seed=0):
+def _inputs(B, Sk, *, paged=False, append=False, ragged=False, Sq=1, seed=0, bhsd=False):
+    """A call's arguments; ``bhsd``: the caches are transposed ``(B, H, S, D)`` tensors."""
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(B, Sq, HQ, D, generator=g).to(BF)
     kw = {}
     if paged:
         page = 64
         mp = Sk // page
-        kc = torch.randn(B * mp, page, HKV, D, generator=g).to(BF)
+        cache = (B * mp, page, HKV, D)
         kw["block_table"] = torch.randperm(B * mp, generator=g).reshape(B, mp).to(I32)
     else:
-        kc = torch.randn(B, Sk, HKV, D, generator=g).to(BF)
-    vc = torch.randn(kc.shape, generator=g).to(BF)
+        cache = (B, Sk, HKV, D)
+
+    def rnd():
+        if bhsd:
+            return torch.randn(cache[0], HKV, cache[1], D, generator=g).to(BF).transpose(1, 2)
+        return torch.randn(cache, generator=g).to(BF)
+    kc, vc = rnd(), rnd()
     cap = Sk - (Sq if append else 0)
     lens = (torch.randint(0, cap + 1, (B,), generator=g) if ragged
             else torch.full((B,), cap)).to(I32)
@@ -121,8 +128,8 @@ def _reference(env, args, kw, opts):
     causal, window, softcap, scale, splits = decode_api._options(
         opts.get("causal", True), opts.get("window", (-1, -1)), opts.get("softcap", 0.0),
         opts.get("scale"), shape.D, opts.get("num_splits", 0))
-    arrays = [q.contiguous(), kc, vc, lens.contiguous()] + ([table] if table is not None else []) \
-        + ([k.contiguous(), v.contiguous()] if k is not None else [])
+    arrays = [q, kc, vc, lens.contiguous()] + ([table] if table is not None else []) \
+        + ([k, v] if k is not None else [])
     n = len(env.log)
     decode_host.decode(shape, arrays, dtype=dtype, causal=causal, window=window,
                        softcap=softcap, scale=scale, config=DecodeConfig(num_splits=splits),
@@ -163,6 +170,8 @@ CASES = [
     (64, 512, dict(paged=True, append=True), dict()),
     (16, 2048, dict(Sq=4, append=True), dict(causal=False, num_splits=3)),
     (1, 4096, dict(paged=True), dict(window=(256, -1), softcap=30.0, scale=0.1)),
+    (4, 1024, dict(bhsd=True), dict()),
+    (4, 1024, dict(bhsd=True, paged=True, append=True, ragged=True), dict()),
 ]
 
 
@@ -200,16 +209,27 @@ def test_repeated_call_launches_what_the_checked_route_launches(env, monkeypatch
     assert len(decode_api._EAGER) == 1
 
 
-def test_non_contiguous_q_is_copied_as_before(env):
-    args, kw = _inputs(16, 1024, append=True, Sq=4)
+def test_strided_q_k_and_caches_are_read_in_place(env):
+    """Strided q, k and (B, H, S, D)-transposed caches reach the kernel as the flat views of
+    their memory (no copy), the dense v as it is; one cached call per stride set."""
+    args, kw = _inputs(16, 1024, append=True, Sq=4, bhsd=True)
     q = args[0].transpose(1, 2).contiguous().transpose(1, 2)     # (B, Sq, Hq, D) view
     k = kw["k"].transpose(1, 2).contiguous().transpose(1, 2)
     args, kw = (q, *args[1:]), dict(kw, k=k)
-    assert not q.is_contiguous() and not k.is_contiguous()
+    assert not q.is_contiguous() and not k.is_contiguous() and kw["v"].is_contiguous()
     for _ in range(3):
         decode_api.attention_with_kvcache(*args, **kw, causal=False)
         _same_launch(env.log[-1], _reference(env, args, kw, dict(causal=False)))
     assert len(decode_api._EAGER) == 1
+    launched = env.log[-1][1]
+    for got, x in zip(launched, (q, args[1], args[2])):
+        assert got.dim() == 1 and got.data_ptr() == x.data_ptr()
+        assert got.numel() == 1 + sum((n - 1) * st for n, st in zip(x.shape, x.stride()))
+    assert launched[4].dim() == 1 and launched[4].data_ptr() == k.data_ptr()
+    assert launched[5] is kw["v"]
+    decode_api.attention_with_kvcache(*args, **dict(kw, v=kw["v"].transpose(1, 2)
+                                                    .contiguous().transpose(1, 2)))
+    assert len(decode_api._EAGER) == 2
 
 
 def test_counters_per_stream_and_fresh_under_capture(env):
@@ -265,8 +285,8 @@ def test_options_of_other_types_are_checked_again(env):
         (lambda: f(q.float(), kc, vc, lens, block_table=tab), "share one dtype"),
         (lambda: f(q, kc, vc, [1] * 16, block_table=tab), "torch tensor or a JAX array"),
         (lambda: f(q, kc, vc, lens, block_table=tab, k=q), "both k and v"),
-        (lambda: f(q, kc.transpose(0, 1), vc.transpose(0, 1), lens, block_table=tab),
-         "must be contiguous"),
+        (lambda: f(q, kc.as_strided(kc.shape, (*kc.stride()[:2], 64, 1)), vc, lens,
+                   block_table=tab), "no two elements at one address"),
         (lambda: f(q, kc[:, :40], vc[:, :40], lens, block_table=tab), "page sizes"),
         (lambda: f(q, kc, vc, lens), "contiguous cache"),
     ]
@@ -277,11 +297,12 @@ def test_options_of_other_types_are_checked_again(env):
     assert len(env.log) == 4
 
 
-def test_non_contiguous_cache_still_refused_after_a_cached_call(env):
+def test_bad_strides_still_refused_after_a_cached_call(env):
     args, kw = _inputs(16, 1024)
     f = decode_api.attention_with_kvcache
     f(*args, **kw)
     q, kc, vc, lens = args
-    kt = kc.transpose(1, 2).contiguous().transpose(1, 2)
-    with pytest.raises(ConfigError, match=r"test_decode_fast_path_cpu\.py:\d+: .*contiguous"):
+    kt = torch.zeros(16, 1024, HKV, D + 4, dtype=BF)[..., :D]
+    with pytest.raises(ConfigError, match=r"test_decode_fast_path_cpu\.py:\d+: .*multiples "
+                                          r"of 8 elements"):
         f(q, kt, kt, lens)

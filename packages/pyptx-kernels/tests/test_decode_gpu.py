@@ -5,9 +5,11 @@ paged caches, pages scattered by a random permutation; outputs are poisoned (NaN
 each launch. Reference: the float64 ``decode_reference`` on the same rounded inputs.
 Tolerance: ``max |o - ref|`` 2e-2 (bf16) / 1e-2 (f16), lse 1e-3 absolute (``ex2``/``lg2``
 approximations), ``-inf`` exactly for queries without keys; appended caches compared
-exactly. Also: CUDA-graph replay with lengths changed between replays, determinism, the
-one-launch combine bit-identical to the two-launch reference, two streams at once,
-``torch.compile(fullgraph=True)`` and ``jax.jit``.
+exactly. Also: q, the caches and k, v in strided memory (the transpose of ``(B, H, S, D)``
+tensors, and that with NaN gaps, which stay as they are) read and written in place,
+CUDA-graph replay with lengths changed between replays, determinism, the one-launch combine
+bit-identical to the two-launch reference, two streams at once,
+``torch.compile(fullgraph=True)`` (dense and strided caches) and ``jax.jit``.
 
     pytest -m gpu packages/pyptx-kernels/tests/test_decode_gpu.py
 """
@@ -100,6 +102,27 @@ def check(args, dtype, **opts):
     return out
 
 
+def strided(x, layout):
+    """``(view, whole)``: ``x (d0, d1, d2, D)`` copied into ``layout``'s memory, ``whole``:
+    ``"bhsd"``, a contiguous ``(d0, d2, d1, D)`` tensor (Hugging Face's caches) whose
+    transpose is the view; ``"padded"``, that with 3 more rows and 8 more columns per row,
+    the gaps NaN."""
+    d0, d1, d2, D = x.shape
+    pad = (3, 8) if layout == "padded" else (0, 0)
+    whole = torch.full((d0, d2, d1 + pad[0], D + pad[1]), float("nan"), dtype=x.dtype,
+                       device=x.device)
+    view = whole[:, :, :d1, :D].transpose(1, 2)
+    view.copy_(x)
+    return view, whole
+
+
+def gaps_untouched(view, whole):
+    """Every element of ``whole`` outside ``view`` is still NaN."""
+    inside = torch.zeros(whole.shape, dtype=torch.bool, device=whole.device)
+    inside[:, :, :view.shape[1], :view.shape[3]] = True
+    return bool(torch.isnan(whole[~inside]).all())
+
+
 def poison_past_lengths(args):
     """``args`` (``make``'s) with every cache row at or past ``lens[b]`` (and every page no
     table row names) set to NaN, in place."""
@@ -155,6 +178,46 @@ def test_decode_matches_float64(B, Sq, Hq, Hkv, D, Sk, opts, ring, plan):
                                 config=DecodeConfig(ring_stages=0))
     torch.cuda.synchronize()
     assert np.abs(out.double().cpu().numpy() - ref[0]).max() <= TOL[dtype]
+
+
+@pytest.mark.parametrize("layout", ["bhsd", "padded"])
+@pytest.mark.parametrize("B,Sq,Hq,Hkv,D,Sk,opts", [
+    (4, 1, 32, 8, 128, 1000, dict()),
+    (3, 1, 8, 8, 64, 777, dict(dtype="f16")),
+    (3, 4, 16, 2, 128, 600, dict(append=True)),
+    (5, 4, 16, 2, 64, 600, dict(page=16, append=True)),
+    (1, 1, 32, 8, 128, 32768, dict()),
+    (2, 1, 32, 8, 128, 3000, dict(page=256)),
+])
+def test_strided_memory_matches_float64(B, Sq, Hq, Hkv, D, Sk, opts, layout):
+    """q, the caches and k, v in strided memory (``strided``): read in place, the appended
+    rows written into the strided caches and nothing else (the gaps stay NaN)."""
+    dtype = opts.get("dtype", "bf16")
+    q, kc, vc, lens, k, v, table = make(B, Sq, Hq, Hkv, D, Sk, dtype=dtype,
+                                        page=opts.get("page"),
+                                        append=opts.get("append", False), seed=12)
+    mem = [None if x is None else strided(x, layout) for x in (q, kc, vc, k, v)]
+    q, kc, vc, k, v = (None if m is None else m[0] for m in mem)
+    assert not kc.is_contiguous()
+    check((q, kc, vc, lens, k, v, table), dtype)
+    assert all(gaps_untouched(*m) for m in mem if m is not None)
+
+
+def test_torch_compile_fullgraph_appends_into_strided_caches():
+    """Under ``torch.compile`` the append op writes the rows into transposed (B, H, S, D)
+    caches in place, as eager does."""
+    q, kc, vc, lens, k, v, _ = make(2, 2, 16, 4, 128, 512, append=True, seed=13)
+    kc, vc = (strided(x, "bhsd")[0] for x in (kc, vc))
+    kc2, vc2 = kc.clone(), vc.clone()
+    want = attention_with_kvcache(q, kc2, vc2, lens, k=k, v=v)
+
+    @torch.compile(fullgraph=True)
+    def step(q, kc, vc, lens, k, v):
+        return attention_with_kvcache(q, kc, vc, lens, k=k, v=v) * 1.0
+
+    got = step(q, kc, vc, lens, k, v)
+    assert torch.equal(got, want)
+    assert torch.equal(kc, kc2) and torch.equal(vc, vc2), "the cache was written in place"
 
 
 @pytest.mark.parametrize("opts", [

@@ -3,6 +3,8 @@ reused specialization equals a fresh trace of that size in everything a launch u
 scalar parameters, grid, block, shared memory, tensor shapes and tensor maps), for every
 family the library builds with runtime sizes."""
 
+from dataclasses import replace
+
 import pytest
 from pyptx_kernels import _family
 from pyptx_kernels.flash_attention import decode_host
@@ -141,6 +143,42 @@ def test_decode_sizes_are_runtime(config, paged, append, split):
              else [(1, 100, 4, 1), (3, 2048, 33, 1), (7, 100, 33, 1)])
     _check_family(lambda s: build_decode(_decode_shape(*s[:3], paged=paged, append=append),
                                          splits=s[3], config=config), sizes)
+
+
+def _strided(shape, layout):
+    """``shape`` with q, the caches and k, v in ``layout``'s memory: ``"bhsd"``, the
+    transpose of ``(B, H, S, D)`` tensors; ``"padded"``, that with 3 more rows and 8 more
+    columns per row."""
+    pad = (3, 8) if layout == "padded" else (0, 0)
+
+    def strides(dims):
+        d0, d1, d2, D = dims
+        rows, cols = d1 + pad[0], D + pad[1]
+        return (d2 * rows * cols, cols, rows * cols, 1)
+    names = ("Q", "KC", "VC", "KN", "VN") if shape.append else ("Q", "KC", "VC")
+    return replace(shape, strides=tuple((n, strides(shape.dims(n))) for n in names))
+
+
+@pytest.mark.parametrize("config", DECODE_PLANS, ids=["mma", "cuda_core"])
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+@pytest.mark.parametrize("append", [False, True], ids=["read", "append"])
+def test_decode_strides_are_runtime(config, paged, append):
+    """Dense, (B, H, S, D)-transposed and padded memory (strides and the flat tensors of
+    ``DecodeShape.span``) at two cache lengths: one trace, the strides in the scalars and
+    the tensor maps."""
+    sizes = [(3, 2048, 33, None), (1, 100, 4, "bhsd"), (3, 2048, 33, "padded"),
+             (1, 100, 4, "padded")]
+
+    def build(s):
+        shape = _decode_shape(*s[:3], paged=paged, append=append)
+        return build_decode(shape if s[3] is None else _strided(shape, s[3]), config=config)
+    _check_family(build, sizes)
+    shape = _strided(_decode_shape(1, 100, 4, paged=paged, append=append), "padded")
+    spec = _spec(build_decode(shape, config=config))
+    assert spec.in_shapes[1] == (shape.span("KC"),)
+    for _, tp in spec.tma_maps:
+        st = shape.strides_of("KC")
+        assert tp.global_strides == (st[2] * 2, st[1] * 2, st[0] * 2)
 
 
 @pytest.mark.parametrize("config", DECODE_PLANS, ids=["mma", "cuda_core"])

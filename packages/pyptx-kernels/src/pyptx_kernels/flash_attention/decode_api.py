@@ -28,7 +28,7 @@ from pyptx_kernels.flash_attention.decode_config import (
     PAGE_SIZES,
     DecodeConfig,
 )
-from pyptx_kernels.flash_attention.decode_kernel import DecodeShape
+from pyptx_kernels.flash_attention.decode_kernel import DecodeShape, dense_strides
 
 FN = "attention_with_kvcache"
 _MODULES = sys.modules
@@ -51,6 +51,32 @@ def _check_arrays(named):
         raise _err("inputs mix torch tensors and JAX arrays")
     if framework(named[0][1]) == "torch":
         _common.check_devices(FN, *(x for _, x in named))
+
+
+#: a stride's limit: 16-byte units (the kernel's s32 scalars) below 2**31
+_MAX_STRIDE = 8 * 2**31
+
+
+def _strides_of(name, x):
+    """The element strides of torch tensor ``x`` the kernel reads and writes in place (a
+    size-1 dim's taken as dense), None where ``x`` is dense or has no storage (JAX arrays
+    are dense; meta and traced tensors are checked when they run); ``ConfigError`` unless
+    the last dim is unit-stride, the others are multiples of 8 elements (16 bytes: TMA's
+    rule) below 2**34, no two elements share an address and ``x`` starts 16-byte aligned."""
+    if framework(x) != "torch" or _common.symbolic(x):
+        return None
+    dims, dense = tuple(x.shape), dense_strides(tuple(x.shape))
+    st = tuple(d if n == 1 else s for n, s, d in zip(dims, x.stride(), dense))
+    inner = sorted((s, n) for n, s in zip(dims, st) if n > 1)
+    nested = all(s1 >= s0 * n0 for (s0, n0), (s1, _) in zip(inner, inner[1:]))
+    if st[-1] != 1 or not nested or any(s % 8 or not 0 < s < _MAX_STRIDE for s in st[:-1]):
+        raise _err(f"{name} {dims} must have a unit-stride last dim, its other strides "
+                   f"multiples of 8 elements (16 bytes) below 2**34, and no two elements at "
+                   f"one address, got strides {tuple(x.stride())}")
+    if x.data_ptr() % 16:
+        raise _err(f"{name} must start at a 16-byte aligned address, got one {x.data_ptr() % 16}"
+                   f" bytes past (storage offset {x.storage_offset()})")
+    return None if st == dense else st
 
 
 def _check_int(name, v, lo, hi):
@@ -133,7 +159,11 @@ def check_call(q, k_cache, v_cache, cache_seqlens, k, v, block_table):
         if tuple(k.shape) != want or tuple(v.shape) != want:
             raise _err(f"k and v must be (B, Sq, Hkv, D) = {want}, got {tuple(k.shape)} and "
                        f"{tuple(v.shape)}")
-    return DecodeShape(B, Sq, Hq, Hkv, D, cache, max_pages, k is not None, 0), \
+    given = (("Q", "q", q), ("KC", "k_cache", k_cache), ("VC", "v_cache", v_cache),
+             ("KN", "k", k), ("VN", "v", v))
+    strides = tuple((n, st) for n, st in ((n, _strides_of(name, x)) for n, name, x in given
+                                          if x is not None) if st is not None)
+    return DecodeShape(B, Sq, Hq, Hkv, D, cache, max_pages, k is not None, 0, strides), \
         _DTYPES[next(iter(dtypes))]
 
 
@@ -159,8 +189,8 @@ def _torch_launch(shape, dtype, causal, left, right, softcap, scale, num_splits,
                   dense=False):
     """The launch of a checked call: a function of ``(q, k_cache, v_cache, cache_seqlens,
     k, v, block_table)`` (torch CUDA tensors of ``shape``) returning ``(out, lse)``
-    (``decode_host.torch_runner``; ``dense``: the caller knows q, the lengths, the table
-    and k/v contiguous)."""
+    (``decode_host.torch_runner``; ``dense``: the caller knows q, the caches and k/v dense
+    (no ``shape.strides``) and the lengths and the table contiguous)."""
     from pyptx_kernels.flash_attention import decode_host
 
     return _runner(shape, dtype, causal, left, right, softcap, scale, num_splits,
@@ -188,22 +218,23 @@ _EAGER = {}
 _EAGER_SLOTS = 64
 def _eager_key(q, k_cache, v_cache, cache_seqlens, k, v, block_table, causal, window,
                softcap, scale, num_splits):
-    """The key of an eager call: each tensor's class, shape, dtype, device and contiguity,
-    each option with its type (so ``1`` never finds the entry of ``True``, nor ``-1.0`` a
-    window's ``-1``), the window's container and items likewise. Only the keys of calls on
-    plain CUDA tensors that passed every check are stored, so a hit needs no check.
+    """The key of an eager call: each tensor's class, shape, dtype, device, and strides (q,
+    the caches, k and v: ``check_call``'s ``DecodeShape.strides``) or contiguity (the
+    lengths, the table), each option with its type (so ``1`` never finds the entry of
+    ``True``, nor ``-1.0`` a window's ``-1``), the window's container and items likewise.
+    Only the keys of calls on plain CUDA tensors that passed every check are stored, so a
+    hit needs no check (a start address is checked once per key: torch's views of aligned
+    storage at 16-byte strides stay aligned).
     Raises AttributeError, IndexError or TypeError for arguments no stored key can match
     (a non-tensor, a window that is not a pair); an unhashable option makes looking the key
     up raise TypeError. Those calls take the checked path."""
-    key = (q.shape, q.dtype, q.device, q.is_contiguous(),
-           k_cache.__class__, k_cache.shape, k_cache.dtype, k_cache.device,
-           k_cache.is_contiguous(),
-           v_cache.__class__, v_cache.shape, v_cache.dtype, v_cache.device,
-           v_cache.is_contiguous(),
+    key = (q.shape, q.dtype, q.device, q.stride(),
+           k_cache.__class__, k_cache.shape, k_cache.dtype, k_cache.device, k_cache.stride(),
+           v_cache.__class__, v_cache.shape, v_cache.dtype, v_cache.device, v_cache.stride(),
            cache_seqlens.__class__, cache_seqlens.shape, cache_seqlens.dtype,
            cache_seqlens.device, cache_seqlens.is_contiguous(),
-           None if k is None else (k.__class__, k.shape, k.dtype, k.device, k.is_contiguous()),
-           None if v is None else (v.__class__, v.shape, v.dtype, v.device, v.is_contiguous()),
+           None if k is None else (k.__class__, k.shape, k.dtype, k.device, k.stride()),
+           None if v is None else (v.__class__, v.shape, v.dtype, v.device, v.stride()),
            None if block_table is None else (block_table.__class__, block_table.shape,
                                              block_table.dtype, block_table.device,
                                              block_table.is_contiguous()),
@@ -309,6 +340,11 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
       position ``j`` of sequence ``b`` is row ``j % page_size`` of page
       ``block_table[b, j // page_size]``. ``Hq % Hkv == 0``; the query heads of a KV head
       share one read of it.
+    * Torch ``q``, caches and ``k, v`` are read (and written) in place with any strides
+      whose last dim is unit-stride, the others multiples of 8 elements (16 bytes), no
+      two elements at one address, 16-byte aligned: a ``(B, Hkv, S, D)`` cache is passed
+      as its ``.transpose(1, 2)``. The strides are kernel parameters (a new layout
+      compiles nothing); other strides raise ``ConfigError``.
     * ``cache_seqlens (B,)`` int32: the keys already in each cache, read on the device (no
       host sync; a call can be captured in a CUDA graph and replayed with new lengths). A
       sequence with no keys gets a zero output and ``lse = -inf``.
@@ -351,15 +387,13 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
         return (*head, kc, vc) if k is not None else (head if return_softmax_lse else out)
     import torch
 
-    if not (_common.symbolic(k_cache) or (k_cache.is_contiguous() and v_cache.is_contiguous())):
-        raise _err("k_cache and v_cache must be contiguous (the kernel reads and writes them "
-                   "in place)")
     _register()
     tail = (cache_seqlens, block_table, causal, window[0], window[1], softcap, scale, splits)
     tensors = (q, k_cache, v_cache, cache_seqlens, k, v, block_table)
     if not _compiling() and all(type(t) is torch.Tensor and t.is_cuda
                                 for t in tensors if t is not None):
-        dense = all(t.is_contiguous() for t in tensors if t is not None)
+        dense = not shape.strides and cache_seqlens.is_contiguous() and \
+            (block_table is None or block_table.is_contiguous())
         run = _torch_launch(shape, dtype, *tail[2:], q, dense=dense)
         try:
             key = _eager_key(q, k_cache, v_cache, cache_seqlens, k, v, block_table, *options)

@@ -15,7 +15,13 @@ import functools
 
 from pyptx_kernels._common import framework, zeroed_words
 from pyptx_kernels.flash_attention.decode_config import DEFAULT_CONFIG, MAX_SPLITS
-from pyptx_kernels.flash_attention.decode_kernel import build_decode, counters, decode_tiling
+from pyptx_kernels.flash_attention.decode_kernel import (
+    STRIDED,
+    build_decode,
+    counters,
+    decode_tiling,
+    tensor_names,
+)
 from pyptx_kernels.flash_attention.fwd_config import H100_SMS
 
 #: decode CTAs per SM the split heuristic aims for. H200 graph-replayed sweeps (32/8 heads,
@@ -82,11 +88,26 @@ def decode_kernel(shape, dtype, causal, window, softcap, scale, config, num_sms=
                         scale=scale, splits=splits, config=config), splits
 
 
+def memory_view(x, span):
+    """Torch tensor ``x`` as the kernel takes it: itself (``span`` None: dense), or the flat
+    view of the ``span`` elements from its first to its last (``DecodeShape.span``: the
+    kernel reads its strides from scalar parameters)."""
+    return x if span is None else x.as_strided((span,), (1,))
+
+
+def kernel_inputs(shape, arrays):
+    """``arrays`` (``build_decode``'s inputs in order, without the counters) with each
+    tensor of ``shape.strides`` as its ``memory_view``."""
+    names = tensor_names(shape, 1)[0]
+    return [memory_view(x, shape.span(n)) if n in STRIDED else x for n, x in zip(names, arrays)]
+
+
 def launcher(shape, *, dtype, causal, window, softcap, scale, config, num_sms=H100_SMS):
     """A function of the decode kernel's inputs (``build_decode``'s order, without the
-    counters) returning ``(o (B, Sq, Hq, D), lse (B, Hq, Sq))``: one launch of the kernel
-    of one call's sizes and options, looked up once (a caller that keeps it launches with
-    no Python planning)."""
+    counters; the tensors of ``shape.strides`` as their ``memory_view``) returning
+    ``(o (B, Sq, Hq, D), lse (B, Hq, Sq))``: one launch of the kernel of one call's sizes
+    and options, looked up once (a caller that keeps it launches with no Python
+    planning)."""
     dec, splits = decode_kernel(shape, dtype, causal, window, softcap, scale, config, num_sms)
     if splits == 1:
         return dec
@@ -104,9 +125,10 @@ def torch_runner(shape, *, dtype, causal, window, softcap, scale, config, device
     ``device_index``: a function of ``(q, k_cache, v_cache, cache_seqlens, k, v,
     block_table)`` (``attention_with_kvcache``'s order; None for an absent one) returning
     ``(o, lse)``, doing per call only what ``launcher``'s function does on those arguments:
-    the inputs in ``build_decode``'s order (``dense=False``: ``.contiguous()`` of q,
-    the lengths, the table and k/v; ``dense``: taken as they are, the caller knows them
-    contiguous), with KV splits the stream's zeroed counters, and the kernel's launch.
+    the inputs in ``build_decode``'s order (``dense=False``: the ``memory_view`` of each
+    tensor of ``shape.strides`` and ``.contiguous()`` of the lengths and the table;
+    ``dense``: taken as they are, the caller knows them dense), with KV splits the stream's
+    zeroed counters, and the kernel's launch.
 
     The counters: per raw CUDA stream the ``_common.zeroed_words`` tensor of this device and
     size (a launch leaves it zeroed; launches on one stream run in order), looked up with
@@ -150,12 +172,15 @@ def torch_runner(shape, *, dtype, causal, window, softcap, scale, config, device
             out = dec(*arrays, cnt(q))
             return out[0], out[1]
     else:
+        sq, skc, svc, skn, svn = (shape.span(n) for n in STRIDED)
+
         def run(q, k_cache, v_cache, cache_seqlens, k, v, block_table):
-            arrays = [q.contiguous(), k_cache, v_cache, cache_seqlens.contiguous()]
+            arrays = [memory_view(q, sq), memory_view(k_cache, skc),
+                      memory_view(v_cache, svc), cache_seqlens.contiguous()]
             if paged:
                 arrays.append(block_table.contiguous())
             if append:
-                arrays += [k.contiguous(), v.contiguous()]
+                arrays += [memory_view(k, skn), memory_view(v, svn)]
             if cnt is None:
                 return dec(*arrays)
             out = dec(*arrays, cnt(q))
@@ -165,8 +190,8 @@ def torch_runner(shape, *, dtype, causal, window, softcap, scale, config, device
 
 def decode(shape, arrays, *, dtype, causal, window, softcap, scale, config, num_sms=H100_SMS):
     """``(o (B, Sq, Hq, D), lse (B, Hq, Sq))`` of the decode kernel on ``arrays`` (its
-    inputs, in ``build_decode``'s order, without the counters). With ``shape.append`` the
-    kernel also writes the new rows into the caches (torch only: the buffers are written in
-    place)."""
+    inputs, in ``build_decode``'s order, without the counters; the tensors of
+    ``shape.strides`` as the caller has them). With ``shape.append`` the kernel also writes
+    the new rows into the caches (torch only: the buffers are written in place)."""
     return launcher(shape, dtype=dtype, causal=causal, window=window, softcap=softcap,
-                    scale=scale, config=config, num_sms=num_sms)(*arrays)
+                    scale=scale, config=config, num_sms=num_sms)(*kernel_inputs(shape, arrays))

@@ -18,8 +18,8 @@ operations of the two-launch ``build_combine``: bit-identical) and resets the co
 (``decode_mma``: one m16 tile of rows, ``mma.sync`` products over 64-key blocks of a
 128-byte swizzled ring, the four warps' states merged the same way).
 
-Keys: contiguous caches ``(B, Sk_max, Hkv, D)``, or paged ``(pages, page_size, Hkv, D)``
-through ``block_table (B, max_pages)``. Sequence ``b`` has ``L = cache_seqlens[b] + n_new``
+Keys: caches ``(B, Sk_max, Hkv, D)``, or paged ``(pages, page_size, Hkv, D)`` through
+``block_table (B, max_pages)``. Sequence ``b`` has ``L = cache_seqlens[b] + n_new``
 keys (read on the device); query ``i`` sits at position ``L - Sq + i`` and sees keys
 ``pos - left <= j <= pos + right`` (``causal``: right = 0; -1: unbounded). Only the
 window's keys are split and visited. With ``append``, the new ``k, v (B, Sq, Hkv, D)`` are
@@ -27,9 +27,11 @@ read for positions ``>= cache_seqlens[b]`` and written into the cache there by t
 CTAs (no CTA reads those cache rows, so there is no race).
 
 Sizes a server changes per call are scalar parameters (``runtime_sizes``: B, a contiguous
-cache's ``Sk_max``, the block table's width, the split count), so one PTX serves a family
-(``_family``: dtype, head dim, heads, ``Sq``, page size, append/``n_new``, mask, softcap,
-scale, plan, ``combine``, one split or several): a new size reuses its traced code.
+cache's ``Sk_max``, the block table's width, the split count, and the strides of q, the
+caches and k, v, which the TMA maps carry too), so one PTX serves a family (``_family``:
+dtype, head dim, heads, ``Sq``, page size, append/``n_new``, mask, softcap, scale, plan,
+``combine``, one split or several): a new size or memory layout reuses its traced code. A
+tensor that is not dense is passed as the memory it spans (``DecodeShape.span``).
 """
 
 from __future__ import annotations
@@ -55,6 +57,18 @@ from pyptx_kernels.flash_attention.decode_config import (
 from pyptx_kernels.flash_attention.fwd_config import LN2, LOG2E, _dtype
 from pyptx_kernels.flash_attention.masks import NEG_INF
 
+#: the tensors the kernel addresses through element strides: q, the caches, the new k, v
+STRIDED = ("Q", "KC", "VC", "KN", "VN")
+
+
+def dense_strides(dims):
+    """Element strides of a contiguous tensor of shape ``dims``."""
+    out, step = [], 1
+    for n in reversed(dims):
+        out.append(step)
+        step *= n
+    return tuple(reversed(out))
+
 
 @dataclass(frozen=True)
 class DecodeShape:
@@ -62,7 +76,9 @@ class DecodeShape:
     (``(B, Sk_max, Hkv, D)`` or paged ``(pages, page_size, Hkv, D)``), ``max_pages`` the
     block table's width (0: not paged), ``n_new`` the keys appended by this call that the
     lengths do not count: ``Sq`` with ``append``, or a count already written by the caller
-    (JAX)."""
+    (JAX). ``strides``: ``(name, element strides)`` of each ``STRIDED`` tensor that is not
+    dense (last dim unit-stride, the others multiples of 8 elements, no overlap: what
+    ``decode_api.check_call`` accepts), in ``STRIDED`` order."""
 
     B: int
     Sq: int
@@ -73,6 +89,27 @@ class DecodeShape:
     max_pages: int = 0
     append: bool = False
     n_new: int = 0
+    strides: tuple = ()
+
+    def dims(self, name):
+        """The shape of ``STRIDED`` tensor ``name``."""
+        if name in ("KC", "VC"):
+            return self.cache
+        return (self.B, self.Sq, self.Hq if name == "Q" else self.Hkv, self.D)
+
+    def strides_of(self, name):
+        """Element strides of ``STRIDED`` tensor ``name``: the call's, or a dense one's."""
+        for n, st in self.strides:
+            if n == name:
+                return st
+        return dense_strides(self.dims(name))
+
+    def span(self, name):
+        """Elements from the first to the last of a strided tensor ``name`` (the flat
+        tensor of its memory the kernel takes in its place); None for a dense one."""
+        if all(n != name for n, _ in self.strides):
+            return None
+        return 1 + sum((d - 1) * s for d, s in zip(self.dims(name), self.strides_of(name)))
 
     @property
     def group(self):
@@ -133,8 +170,10 @@ def _max_s32(a, b):
 def runtime_sizes(shape, splits):
     """The sizes the decode kernel reads from its scalar parameters (name -> value), so one
     PTX serves every value of them: ``batch`` (B), ``cache_rows`` (a contiguous cache's
-    ``Sk_max``) or ``max_pages`` (the block table's width), and ``splits`` (KV splits,
-    the grid's x) where there are several. A paged cache's page count is read nowhere."""
+    ``Sk_max``) or ``max_pages`` (the block table's width), ``splits`` (KV splits, the
+    grid's x) where there are several, and ``<name>_s0..2``: the outer three strides of q,
+    the caches and (appending) k, v in 16-byte units (``Strides``). A paged cache's page
+    count is read nowhere."""
     sizes = {"batch": shape.B}
     if shape.paged:
         sizes["max_pages"] = shape.max_pages
@@ -142,13 +181,43 @@ def runtime_sizes(shape, splits):
         sizes["cache_rows"] = shape.cache[1]
     if splits > 1:
         sizes["splits"] = splits
+    for name in STRIDED if shape.append else STRIDED[:3]:
+        for i, st in enumerate(shape.strides_of(name)[:3]):
+            sizes[f"{name.lower()}_s{i}"] = st // 8
     return sizes
+
+
+class Strides:
+    """The outer three strides of ``STRIDED`` tensor ``name`` (16-byte units: 8 elements),
+    s32 registers of the runtime sizes ``sz``; the last dim is unit-stride."""
+
+    def __init__(self, sz, name):
+        self.units = [sz[f"{name.lower()}_s{i}"] for i in range(3)]
+
+    def at(self, i0, i1, i2):
+        """Byte offset (u64) of element ``(i0, i1, i2, 0)`` (s32 registers or ints). ``i1``
+        (the position, where one varies in a loop) is added last: ptxas can hoist the rest."""
+        off = None
+        for i, s in ((i0, self.units[0]), (i2, self.units[2]), (i1, self.units[1])):
+            if isinstance(i, int) and i == 0:
+                continue
+            a, b = (s, i) if isinstance(i, int) else (i, s)
+            if off is None:
+                off = reg.scalar(u64)
+                ptx.inst.mul.wide.s32(off, a, b)
+            else:
+                ptx.inst.mad.wide.s32(off, a, b, off)
+        if off is None:
+            return reg.from_(0, u64)
+        ptx.inst.shl.b64(off, off, 4)
+        return off
 
 
 class KeyAddress:
     """Where key position ``pos`` of sequence ``b``, KV head ``hkv`` lives (this lane's 16
     bytes): the cache row (through the block table when paged) or, appended, the new
-    ``k``/``v`` row. ``sz``: the runtime sizes (``runtime_sizes``' names -> s32 registers)."""
+    ``k``/``v`` row, each tensor by its ``Strides``. ``sz``: the runtime sizes
+    (``runtime_sizes``' names -> s32 registers)."""
 
     def __init__(self, shape, sz, b, hkv, sc, d0, ptab):
         self.shape, self.sz, self.b, self.hkv, self.sc, self.ptab = shape, sz, b, hkv, sc, ptab
@@ -165,39 +234,47 @@ class KeyAddress:
         ptx.inst.ld.global_.nc.s32(page, ptx.addr(self.ptab + off), pred=pred)
         return page
 
-    def cache_row(self, pos, pred):
-        """The cache row (an s32 register) of key ``pos``; the table is read where ``pred``."""
+    def cache_index(self, pos, pred):
+        """The cache's outer indices of key ``pos``: ``(b, pos)``, or paged ``(page,
+        slot)`` (s32 registers; the table is read where ``pred``)."""
         sh = self.shape
         if not sh.paged:
-            return self.b * self.sz["cache_rows"] + pos
+            return self.b, pos
         ps = sh.page_size
         slot = pos & (ps - 1) if ps & (ps - 1) == 0 else pos % ps
-        return self.page_of(pos, pred) * ps + slot
+        return self.page_of(pos, pred), slot
 
-    def offset(self, row, heads):
-        """Byte offset of this lane's 16 bytes of ``row`` in a ``(rows, heads, D)`` tensor."""
-        D = self.shape.D
-        return _wide(row * heads + self.hkv, D * 2) + self.lane_bytes
+    def cache_at(self, st, pos, pred):
+        """Byte offset of this lane's 16 bytes of key ``pos`` in a cache of ``Strides``
+        ``st``."""
+        i0, i1 = self.cache_index(pos, pred)
+        return st.at(i0, i1, self.hkv) + self.lane_bytes
 
-    def load(self, pos, valid, cache_ptr, new_ptr, words):
+    def new_at(self, st, pos):
+        """Byte offset of this lane's 16 bytes of appended key ``pos`` (new row
+        ``pos - cache_seqlens[b]``) in k or v of ``Strides`` ``st``."""
+        return st.at(self.b, pos - self.sc, self.hkv) + self.lane_bytes
+
+    def load(self, pos, valid, cache, new, words):
         """Key ``pos``'s 16 bytes into ``words`` (0 unless ``valid``: the key exists): one
         load from the cache, or, appending, one from the cache and one from the new rows,
-        each predicated (a lane reads one buffer)."""
-        sh = self.shape
-        if not sh.append:
-            _load16(cache_ptr + self.offset(self.cache_row(pos, valid), sh.Hkv), words, valid)
+        each predicated (a lane reads one buffer). ``cache``, ``new``: ``(pointer,
+        Strides)`` of the cache and of the new rows (None without append)."""
+        pc, cs = cache
+        if not self.shape.append:
+            _load16(pc + self.cache_at(cs, pos, valid), words, valid)
             return
         old = valid & (pos < self.sc)
         is_new = valid & (pos >= self.sc)
-        _load16(cache_ptr + self.offset(self.cache_row(pos, old), sh.Hkv), words, old)
-        ptx.inst.ld.global_.v4.b32(
-            words, ptx.addr(new_ptr + self.offset(self.b * sh.Sq + pos - self.sc, sh.Hkv)),
-            pred=is_new)
+        _load16(pc + self.cache_at(cs, pos, old), words, old)
+        pn, sn = new
+        ptx.inst.ld.global_.v4.b32(words, ptx.addr(pn + self.new_at(sn, pos)), pred=is_new)
 
 
-def _append(shape, sz, tid, b, hkv, sc, ptrs, ptab, first):
+def _append(shape, sz, tid, b, hkv, sc, ptrs, strides, ptab, first):
     """The split-0, chunk-0 CTA of (b, hkv) copies the new k, v rows into the cache at
-    positions ``cache_seqlens[b] + i`` (skipping any past the cache's end)."""
+    positions ``cache_seqlens[b] + i`` (skipping any past the cache's end); ``strides``:
+    ``Strides`` by tensor name."""
     sh = shape
     LK = lanes_per_key(sh.D)
     pkc, pvc, pkn, pvn = ptrs
@@ -212,22 +289,22 @@ def _append(shape, sz, tid, b, hkv, sc, ptrs, ptab, first):
                 ok = ok & (pos < sz["max_pages"] * sh.page_size)
             else:
                 ok = ok & (pos < sz["cache_rows"])
-            addr = KeyAddress(sh, sz, b, hkv, sc, 0, ptab)
-            row = addr.cache_row(pos, ok)
-            src = _wide((b * sh.Sq + qi) * sh.Hkv + hkv, sh.D * 2) + _wide(dl, 16)
-            dst = _wide(row * sh.Hkv + hkv, sh.D * 2) + _wide(dl, 16)
-            for pn, pc in ((pkn, pkc), (pvn, pvc)):
+            i0, i1 = KeyAddress(sh, sz, b, hkv, sc, 0, ptab).cache_index(pos, ok)
+            col = _wide(dl, 16)
+            for pn, pc, new, cache in ((pkn, pkc, "KN", "KC"), (pvn, pvc, "VN", "VC")):
                 words = reg.array(b32, 4)
-                _load16(pn + src, words, ok)
-                ptx.inst.st.global_.v4.b32(ptx.addr(pc + dst), list(words), pred=ok)
+                _load16(pn + strides[new].at(b, qi, hkv) + col, words, ok)
+                ptx.inst.st.global_.v4.b32(ptx.addr(pc + strides[cache].at(i0, i1, hkv) + col),
+                                           list(words), pred=ok)
 
 
 class RowState:
-    """The query rows of one CTA in one lane: q (pre-scaled, f32, this lane's 8 columns),
-    each row's window limits, and its online softmax (``m``, ``l`` in log2 units, ``o``)."""
+    """The query rows of one CTA in one lane: q (pre-scaled, f32, this lane's 8 columns; read
+    through its ``Strides`` ``qs``), each row's window limits, and its online softmax (``m``,
+    ``l`` in log2 units, ``o``)."""
 
-    def __init__(self, *, sh, dt, rows, chunk, b, hkv, L, dl, pq, window, softcap, scale):
-        D, G, Sq, Hq = sh.D, sh.group, sh.Sq, sh.Hq
+    def __init__(self, *, sh, dt, rows, chunk, b, hkv, L, dl, pq, qs, window, softcap, scale):
+        D, G, Sq = sh.D, sh.group, sh.Sq
         self.rows, self.LK, self.softcap = rows, lanes_per_key(D), softcap
         left, right = window
         q_mult = (scale / softcap) if softcap else scale * LOG2E
@@ -236,9 +313,8 @@ class RowState:
             r = i if chunk is None else chunk * rows + i
             valid = None if chunk is None else r < G * Sq
             qi = r // G
-            qrow = (b * Sq + qi) * Hq + (hkv * G + r % G)
             words = reg.array(b32, 4)
-            _load16(pq + _wide(qrow, D * 2) + reg.from_(dl * 16, u64), words, valid)
+            _load16(pq + qs.at(b, qi, hkv * G + r % G) + reg.from_(dl * 16, u64), words, valid)
             qf = unpack_words(words, dt)
             for x in qf:
                 ptx.inst.mul.f32(x, x, q_mult)
@@ -428,18 +504,20 @@ def _split_range(k_lo, k_hi, split, splits, step):
     return s0, _min_s32(k_hi, k_lo + ((split + 1) * nb) // splits * step)
 
 
-def _direct_loop(st, *, sh, dt, s0, s1, grp, steps, addr, ptrs):
+def _direct_loop(st, *, sh, dt, s0, s1, grp, steps, addr, ptrs, strides):
     """Keys read straight from global memory: each lane group ``steps`` keys per step."""
     NG = key_groups(sh.D)
     pkc, pvc, pkn, pvn = ptrs
+    k_at, v_at = (pkc, strides["KC"]), (pvc, strides["VC"])
+    kn_at, vn_at = ((pkn, strides["KN"]), (pvn, strides["VN"])) if sh.append else (None, None)
     for base in ptx.loop(s0, s1, NG * steps, type=s32):
         keys = []
         for u in range(steps):
             pos = base + (u * NG) + grp
             ok = pos < s1
             kw, vw = reg.array(b32, 4), reg.array(b32, 4)
-            addr.load(pos, ok, pkc, pkn, kw)
-            addr.load(pos, ok, pvc, pvn, vw)
+            addr.load(pos, ok, k_at, kn_at, kw)
+            addr.load(pos, ok, v_at, vn_at, vw)
             keys.append((pos, ok, unpack_words(kw, dt), unpack_words(vw, dt)))
         st.update(keys)
 
@@ -475,7 +553,7 @@ def _ring_produce(ring, KC, VC, *, sh, sz, s0, s1, b, hkv, ptab):
         pst.advance()
 
 
-def _ring_consume(ring, st, *, sh, dt, s0, s1, grp, dl, steps, sc, addr, ptrs):
+def _ring_consume(ring, st, *, sh, dt, s0, s1, grp, dl, steps, sc, addr, ptrs, strides):
     """The consumers: per ring block, each lane group's ``BN / key_groups`` keys from shared
     memory (appended positions from the new rows in global memory), ``steps`` at a time."""
     D, BN = sh.D, ring.BN
@@ -495,14 +573,14 @@ def _ring_consume(ring, st, *, sh, dt, s0, s1, grp, dl, steps, sc, addr, ptrs):
                 from_ring = ok & (pos < sc) if sh.append else ok
                 row_off = reg.from_(grp * (D * 2), u32) + (u * NG * D * 2)
                 words = []
-                for which, pnew in ((0, pkn), (1, pvn)):
+                for which, pnew, new in ((0, pkn, "KN"), (1, pvn, "VN")):
                     w = reg.array(b32, 4)
                     for x in w:
                         ptx.inst.mov.b32(x, 0)
                     src = kblock + row_off + which * ring.stages * ring.block_bytes
                     ptx.inst.ld.shared.v4.b32(w, ptx.addr(src), pred=from_ring)
                     if sh.append:
-                        off = addr.offset(addr.b * sh.Sq + pos - sc, sh.Hkv)
+                        off = addr.new_at(strides[new], pos)
                         ptx.inst.ld.global_.v4.b32(w, ptx.addr(pnew + off),
                                                    pred=ok & (pos >= sc))
                     words.append(unpack_words(w, dt))
@@ -537,6 +615,7 @@ def _body(t, *, shape, dt, causal, window, softcap, scale, splits, rows, chunks,
     sizes of ``runtime_sizes`` are read from scalar parameters."""
     sh = shape
     sz = {n: ptx.scalar_param(s32, v, name=n) for n, v in runtime_sizes(sh, splits).items()}
+    strides = {n: Strides(sz, n) for n in (STRIDED if sh.append else STRIDED[:3])}
     D, Sq = sh.D, sh.Sq
     LK = lanes_per_key(D)
     NG = key_groups(D)
@@ -564,7 +643,8 @@ def _body(t, *, shape, dt, causal, window, softcap, scale, splits, rows, chunks,
     L = sc + n_new if n_new else sc
     if sh.append:
         first = split == 0 if chunk is None else (split == 0) & (chunk == 0)
-        _append(sh, sz, tid, b, hkv, sc, (pkc, pvc, pkn, pvn), ptab, first & (tid < THREADS))
+        _append(sh, sz, tid, b, hkv, sc, (pkc, pvc, pkn, pvn), strides, ptab,
+                first & (tid < THREADS))
 
     left, right = window
     if causal:
@@ -588,21 +668,21 @@ def _body(t, *, shape, dt, causal, window, softcap, scale, splits, rows, chunks,
         st = decode_mma.MmaRows(sh=sh, dt=dt, ring=kring, rows=rows, chunk=chunk, b=b,
                                 hkv=hkv, sc=sc, L=L, s1=s1, tid=tid, pq=pq,
                                 window=(left, right), softcap=softcap, scale=scale,
-                                new=(pkn, pvn))
+                                new=(pkn, pvn), strides=strides)
         decode_mma.consume(kring, st, s0=s0, s1=s1, fix_from=sc if sh.append else L)
         groups, store = WARPS, st.store_states
     else:
         st = RowState(sh=sh, dt=dt, rows=rows, chunk=chunk, b=b, hkv=hkv, L=L, dl=dl, pq=pq,
-                      window=(left, right), softcap=softcap, scale=scale)
+                      qs=strides["Q"], window=(left, right), softcap=softcap, scale=scale)
         addr = KeyAddress(sh, sz, b, hkv, sc, dl * 8, ptab)
         loads = (pkc, pvc, pkn, pvn)
         groups = NG
         if kring is None:
             _direct_loop(st, sh=sh, dt=dt, s0=s0, s1=s1, grp=grp, steps=steps, addr=addr,
-                         ptrs=loads)
+                         ptrs=loads, strides=strides)
         else:
             _ring_consume(kring, st, sh=sh, dt=dt, s0=s0, s1=s1, grp=grp, dl=dl,
-                          steps=steps, sc=sc, addr=addr, ptrs=loads)
+                          steps=steps, sc=sc, addr=addr, ptrs=loads, strides=strides)
 
         def store(slots, sync):
             st.store_states(slots, sync, D=D, grp=grp, dl=dl)
@@ -668,7 +748,8 @@ def build_decode(shape, *, dtype="bf16", causal=True, window=(-1, -1), softcap=0
     ``block_table (B, max_pages)`` int32 when paged, ``k, v (B, Sq, Hkv, D)`` when
     appending, and with ``splits > 1`` (and ``combine``) ``counters`` int32
     ``(counters(shape, config),)``, zero before the launch and left zero after it.
-    ``splits``: KV splits per (batch, KV head).
+    ``splits``: KV splits per (batch, KV head). A tensor with ``shape.strides`` is passed
+    as the flat tensor of the ``shape.span(name)`` elements from its first to its last.
 
     ``combine`` (default): one launch. Outputs ``o (B, Sq, Hq, D)`` of ``dtype`` and
     ``lse (B, Hq, Sq)`` f32 (natural log, ``-inf`` for a query without keys), then with
@@ -687,13 +768,12 @@ def build_decode(shape, *, dtype="bf16", causal=True, window=(-1, -1), softcap=0
     ring = decode_ring(sh, config)
     N = sh.B * sh.Sq * sh.Hq
     names_in, names_out = tensor_names(sh, splits, combine)
-    specs = {"Q": Tile(sh.B, sh.Sq, sh.Hq, D, dt), "KC": Tile(*sh.cache, dt),
-             "VC": Tile(*sh.cache, dt), "SEQ": Tile(sh.B, s32),
-             "TAB": Tile(sh.B, max(sh.max_pages, 1), s32),
-             "KN": Tile(sh.B, sh.Sq, sh.Hkv, D, dt), "VN": Tile(sh.B, sh.Sq, sh.Hkv, D, dt),
-             "CNT": Tile(counters(sh, config), s32),
-             "O": Tile(sh.B, sh.Sq, sh.Hq, D, dt), "LSE": Tile(sh.B, sh.Hq, sh.Sq, f32),
-             "OP": Tile(splits, N, D, f32), "LP": Tile(splits, N, f32)}
+    specs = {n: Tile(*sh.dims(n), dt) if sh.span(n) is None else Tile(sh.span(n), dt)
+             for n in STRIDED}
+    specs.update({"SEQ": Tile(sh.B, s32), "TAB": Tile(sh.B, max(sh.max_pages, 1), s32),
+                  "CNT": Tile(counters(sh, config), s32),
+                  "O": Tile(sh.B, sh.Sq, sh.Hq, D, dt), "LSE": Tile(sh.B, sh.Hq, sh.Sq, f32),
+                  "OP": Tile(splits, N, D, f32), "LP": Tile(splits, N, f32)})
     left, right = window
     plan = "mma_" if config.mma else ""
     tile = f"r{rows}x{chunks}" + ("" if config.mma else f"_u{steps}")
@@ -710,7 +790,8 @@ def build_decode(shape, *, dtype="bf16", causal=True, window=(-1, -1), softcap=0
         box = dict(box=(1, ring[2], 1, ring[3]), swizzle="128B" if config.mma else "none")
         flag = 16 if combine and splits > 1 else 0
         merge = merge_bytes(D, rows, WARPS if config.mma else None)
-        extra = dict(tma={"KC": box, "VC": box},
+        extra = dict(tma={n: dict(box, shape=sh.cache, strides=sh.strides_of(n))
+                          for n in ("KC", "VC")},
                      smem=max(2 * ring[0] * ring[1] * D * 2, merge + flag) + 1024)
     deco = kernel(in_specs=tuple(specs[n] for n in names_in),
                   out_specs=tuple(specs[n] for n in names_out),

@@ -37,13 +37,15 @@ _WARP_KEYS = 16
 class MmaRows:
     """One consumer lane's share of the CTA's m16 row tile: Q fragments, the window limits
     of its two rows (``g`` and ``g + 8`` of the tile), their online softmax and the O
-    accumulators (``D // 8`` n8 tiles)."""
+    accumulators (``D // 8`` n8 tiles). ``strides``: ``decode_kernel.Strides`` of q and the
+    new k, v by tensor name."""
 
     def __init__(self, *, sh, dt, ring, rows, chunk, b, hkv, sc, L, s1, tid, pq, window,
-                 softcap, scale, new):
-        D, G, Sq, Hq = sh.D, sh.group, sh.Sq, sh.Hq
+                 softcap, scale, new, strides):
+        D, G, Sq = sh.D, sh.group, sh.Sq
         self.sh, self.dt, self.ring, self.rows = sh, dt, ring, rows
         self.b, self.hkv, self.sc, self.L, self.new = b, hkv, sc, L, new
+        self.strides = strides
         lane = tid & 31
         self.warp = tid >> 5
         self.g, self.t = lane >> 2, lane & 3
@@ -70,8 +72,7 @@ class MmaRows:
             rr = r if chunk is None else chunk * rows + r
             real = r < rows if chunk is None else (r < rows) & (rr < G * Sq)
             qi = rr // G
-            qrow = (b * Sq + qi) * Hq + (hkv * G + rr % G)
-            at = pq + _wide(qrow * D + self.t * 2, 2)
+            at = pq + strides["Q"].at(b, qi, hkv * G + rr % G) + _wide(self.t, 4)
             for kk in range(D // 16):
                 for x in range(2):
                     w = self.q[kk][2 * x + hh]
@@ -128,9 +129,9 @@ class MmaRows:
             ptx.inst.st.shared.v4.b32(ptx.addr(at, v_off), list(zeros), pred=pos >= self.L)
             if sh.append:
                 new = (pos >= self.sc) & (pos < self.L)
-                src = _wide(((self.b * sh.Sq + pos - self.sc) * sh.Hkv + self.hkv) * D + cl * 8,
-                            2)
-                for pn, extra in zip(self.new, (0, v_off)):
+                col = _wide(cl, 16)
+                for pn, extra, name in zip(self.new, (0, v_off), ("KN", "VN")):
+                    src = self.strides[name].at(self.b, pos - self.sc, self.hkv) + col
                     w = reg.array(b32, 4)
                     for x in w:
                         ptx.inst.mov.b32(x, 0)
