@@ -6,7 +6,10 @@ The functional ops are the float64 models of ``test_nn_cpu.py`` plus those of th
 so a patched model must reproduce the unpatched one (a deep copy, SDPA attention) in float32:
 loss and every gradient of a training step, logits in eval mode, decoding with a cache,
 padding masks (which fall back to SDPA). Module swaps and op calls are counted: every
-``<Family>RMSNorm`` and every ``nn.Linear``, ``lm_head`` included.
+``<Family>RMSNorm`` and every ``nn.Linear``, ``lm_head`` included. A bf16 Llama of head dim
+64 decodes through ``attention_with_kvcache`` (the real function and custom op, its
+implementation the float64 reference: ``decode_spy``), eager ``generate()`` and a compiled
+step, against the unpatched model.
 """
 
 from __future__ import annotations
@@ -82,6 +85,31 @@ def ops(monkeypatch):
         monkeypatch.setattr(_nn_tests._api(monkeypatch, area), name, rec.wrap(name, fn),
                             raising=False)
     return rec
+
+
+@pytest.fixture
+def decode_spy(monkeypatch):
+    """``attention_with_kvcache`` on CPU tensors: the real function (checks, strides, the
+    ``torch.ops.pyptx`` custom op and its fake) with the op's implementation
+    (``decode_api._run_torch``) the float64 ``reference_decode``; each call's arguments
+    recorded."""
+    from pyptx_kernels import _common
+    from pyptx_kernels.flash_attention import decode_api
+    from pyptx_kernels.flash_attention.decode_reference import reference_decode
+
+    calls = []
+
+    def run(q, kc, vc, lens, k, v, table, causal, left, right, softcap, scale, splits):
+        calls.append(dict(q=q, k_cache=kc, v_cache=vc, lens=lens.clone(), causal=causal,
+                          window=(left, right), scale=scale))
+        o, lse, _, _ = reference_decode(*(x.double().numpy() for x in (q, kc, vc)),
+                                        lens.numpy(), causal=causal, window=(left, right),
+                                        softcap=softcap, scale=scale)
+        return torch.from_numpy(o).to(q.dtype), torch.from_numpy(lse).float()
+
+    monkeypatch.setattr(_common, "check_devices", lambda *a: None)
+    monkeypatch.setattr(decode_api, "_run_torch", run)
+    return calls
 
 
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -393,3 +421,89 @@ def test_sliding_window_mask_is_kept_over_a_cache():
                    dict(config=transformers.LlamaConfig(**TINY)), dict(local_size=3)):
         got = ptf.attention_mask(**{**kw, **change})
         assert got is not None and torch.equal(got, mu.sdpa_mask(**{**kw, **change}))
+
+
+def _decode_llama():
+    """A bf16 Llama the decode kernel takes: head dim 64, two query heads per KV head (applied
+    without ``linear_residual``: that GEMM epilogue has no stand-in)."""
+    cfg = transformers.LlamaConfig(**{**TINY, "hidden_size": 128, "intermediate_size": 256,
+                                      "head_dim": 64})
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
+    return model.to(torch.bfloat16).eval()
+
+
+def _check_decode_calls(calls, steps, first_keys, B=2):
+    """Each layer's decoding call: one query of 4 heads, the cache of one more key per step
+    read in place (the ``(B, Hkv, S, D)`` cache's transpose), every length that many."""
+    assert len(calls) == 2 * steps
+    for i, c in enumerate(calls):
+        Sk = first_keys + i // 2
+        assert c["q"].shape == (B, 1, 4, 64) and c["k_cache"].shape == (B, Sk, 2, 64)
+        for t in (c["k_cache"], c["v_cache"]):
+            assert t.stride() == (2 * Sk * 64, 64, Sk * 64, 1)
+        assert c["lens"].tolist() == [Sk] * B and c["lens"].dtype == torch.int32
+        assert not c["causal"] and c["window"] == (-1, -1) and c["scale"] == 64 ** -0.5
+
+
+def test_generate_decodes_through_attention_with_kvcache(ops, decode_spy):
+    """``generate()``: the prefill through ``attention``, every later step's attention
+    through ``attention_with_kvcache`` on transformers' cache as it is; the logits of each
+    step match the unpatched model's (SDPA, bf16) on the generated tokens."""
+    ref = _decode_llama()
+    model = ptf.apply(copy.deepcopy(ref), linear_residual=False)
+    ids = _ids(S=6)
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4,
+                             do_sample=False, output_logits=True, return_dict_in_generate=True,
+                             pad_token_id=0)
+        want = ref(out.sequences).logits[:, 5:-1].float()
+    assert ops.count["attention"] == 2
+    _check_decode_calls(decode_spy, 3, 7)
+    _close(torch.stack(out.logits, 1).float(), want, rtol=0, atol=2e-2)
+
+
+def test_compiled_decode_step_runs_the_decode_op(ops, decode_spy):
+    """A compiled one-token step (``fullgraph``) holds ``pyptx.attention_with_kvcache`` once
+    per layer (its fake traced, its implementation run) and gives the unpatched logits."""
+    ref = _decode_llama()
+    model = ptf.apply(copy.deepcopy(ref), linear_residual=False)
+    ids = _ids(S=7)
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        cache = model(ids[:, :6], use_cache=True).past_key_values
+        step = torch.compile(model, backend=record, fullgraph=True)
+        got = step(input_ids=ids[:, 6:], past_key_values=cache, use_cache=True).logits
+        want = ref(ids).logits[:, -1:]
+    torch._dynamo.reset()
+    ops_in = [str(n.target).removesuffix(".default") for gm in graphs for n in gm.graph.nodes
+              if n.op == "call_function"]
+    assert len(graphs) == 1 and ops_in.count("pyptx.attention_with_kvcache") == 2
+    _check_decode_calls(decode_spy, 1, 7)
+    _close(got.float(), want.float(), rtol=0, atol=2e-2)
+
+
+def test_decode_route_only_where_the_kernel_applies(ops, decode_spy):
+    """Float32, a head dim of 16, more than 16 queries, or gradients: the dense kernel (or
+    SDPA) as before; several queries after a cache without a mask, not causal: the decode
+    kernel over every key."""
+    attn = _decode_llama().model.layers[0].self_attn
+    bf = torch.bfloat16
+    q, k = torch.randn(2, 4, 1, 64, dtype=bf), torch.randn(2, 2, 9, 64, dtype=bf)
+    for qq, kk in ((q.float(), k.float()), (q[..., :16], k[..., :16]),
+                   (torch.randn(2, 4, 17, 64, dtype=bf), torch.randn(2, 2, 20, 64, dtype=bf)),
+                   (q.requires_grad_(), k)):
+        ptf.attention_forward(attn, qq, kk, kk, None)
+    assert not decode_spy and ops.count["attention"] == 4
+    q = torch.randn(2, 4, 3, 64, dtype=bf)
+    out, _ = ptf.attention_forward(attn, q, k, k, None, is_causal=False)
+    assert len(decode_spy) == 1 and decode_spy[0]["q"].shape == (2, 3, 4, 64)
+    assert not decode_spy[0]["causal"] and decode_spy[0]["lens"].tolist() == [9, 9]
+    want = _nn_tests.ref_attention(q, k, k, layout="bhsd").transpose(1, 2)
+    _close(out.float(), want.float(), rtol=0, atol=1e-2)

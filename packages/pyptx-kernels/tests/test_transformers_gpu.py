@@ -1,5 +1,7 @@
 """GPU test of ``pyptx_kernels.transformers.apply``: a tiny bf16 Llama (head dim 64) trained one
-step on the real kernels against the unpatched model (SDPA, torch's GEMMs and RMSNorm).
+step on the real kernels against the unpatched model (SDPA, torch's GEMMs and RMSNorm), and
+its greedy ``generate()`` (each step after the prefill through ``attention_with_kvcache``)
+against the unpatched model's.
 
 bf16 tolerance: every op rounds its output to bf16 (about 2**-9 relative) and the two models
 round at different points (transformers' RMSNorm rounds before the weight product, the
@@ -97,3 +99,49 @@ def test_sliding_window_training_step_bf16(family):
         r = ref(input_ids=ids).logits.float()
         f = full(input_ids=ids).logits.float()
     assert (a - r).abs().max() < (f - r).abs().max()
+
+
+def test_llama_generate_matches_sdpa():
+    """``generate(max_new_tokens=8, do_sample=False)``: the prefill through ``attention``,
+    each of the 7 later steps through ``attention_with_kvcache`` on transformers' (B, Hkv, S,
+    D) cache as it is. The tokens are the unpatched model's up to a step where its two best
+    logits are nearer than the tolerance (a tie bf16 rounding may break either way); the
+    patched model's logits at every step are the unpatched model's on the same tokens to
+    ``2e-2`` of their largest magnitude."""
+    from pyptx_kernels.flash_attention import decode_api
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
+                                   max_position_embeddings=256)
+    ref = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
+    ref = ref.to("cuda", torch.bfloat16).eval()
+    model = ptf.apply(copy.deepcopy(ref))
+    calls = []
+    real = decode_api.attention_with_kvcache
+
+    def spy(*args, **kwargs):
+        calls.append(args[1].shape)
+        return real(*args, **kwargs)
+
+    ids = torch.randint(0, 256, (2, 32), device="cuda",
+                        generator=torch.Generator("cuda").manual_seed(1))
+    opts = dict(attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False,
+                output_logits=True, return_dict_in_generate=True, pad_token_id=0)
+    with torch.no_grad(), pytest.MonkeyPatch.context() as mp:
+        mp.setattr(decode_api, "attention_with_kvcache", spy)
+        out = model.generate(ids, **opts)
+    with torch.no_grad():
+        want = ref.generate(ids, **opts)
+        forced = ref(out.sequences).logits[:, 31:-1].float()
+    assert [tuple(s) for s in calls] == [(2, 32 + i, 2, 64) for i in range(1, 8) for _ in "ab"]
+    got = torch.stack(out.logits, 1).float()
+    assert torch.isfinite(got).all()
+    tol = 2e-2 * forced.abs().max()
+    assert (got - forced).abs().max() <= tol, ((got - forced).abs().max(), tol)
+    ref_logits = torch.stack(want.logits, 1).float()
+    for t in range(8):
+        if not torch.equal(out.sequences[:, 32 + t], want.sequences[:, 32 + t]):
+            top2 = ref_logits[:, t].topk(2).values
+            assert (top2[:, 0] - top2[:, 1]).min() <= 2 * tol, f"step {t}: no near tie"
+            break

@@ -48,16 +48,25 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
                       **kwargs):
     """transformers' attention-function contract for ``"pyptx"``: ``query (B, Hq, S, D)``,
     ``key``/``value (B, Hkv, Sk, D)`` (grouped-query heads un-repeated, passed as is) ->
-    ``(attn_output (B, S, Hq, D), None)`` through ``pyptx_kernels.attention(..., layout="bhsd")``.
+    ``(attn_output (B, S, Hq, D), None)`` through ``pyptx_kernels.attention(..., layout="bhsd")``,
+    or, decoding, ``pyptx_kernels.attention_with_kvcache``.
 
     Causal when ``module.is_causal`` (or an ``is_causal`` keyword) and ``S > 1``, with
-    ``j <= i`` alignment; at ``S == 1`` (decoding) the query sees every key. A
+    ``j <= i`` alignment; at ``S == 1`` (decoding) the query sees every key. A causal call
+    with more keys than queries and no mask is a prefill into an empty static cache (the
+    mask function leaves none only then): the keys past ``S`` are unwritten and cropped. A
     ``sliding_window`` keyword ``W`` (Mistral, Qwen2 and Qwen3 pass it) with as many keys as
     queries is the kernel's ``window=(W - 1, 0)``: query ``i`` sees keys ``i - W < j <= i``,
-    and key blocks outside the window are skipped. An explicit ``attention_mask`` (padding,
-    packed sequences, a sliding window over a cache) is something the kernel cannot express:
-    those calls fall back to transformers' SDPA attention, which gives the same result. ``dropout > 0``, ``softcap`` and attention sinks
-    raise ``ConfigError`` (set ``config.attention_dropout = 0``)."""
+    and key blocks outside the window are skipped. Decoding (1..16 queries after a cache of
+    more keys, no mask: ``_fits_decode``, inference only) runs ``attention_with_kvcache`` on
+    the cache as transformers keeps it, ``(B, Hkv, Sk, D)`` read in place through its
+    strides, every sequence ``Sk`` long, the queries bottom-right aligned (``window=(W - 1,
+    -1)`` past a sliding window): one read of each KV head for its whole query group. An
+    explicit ``attention_mask`` (padding, packed sequences, a sliding window over a cache,
+    several queries after a cache) is something the kernels cannot express: those calls fall
+    back to transformers' SDPA attention, which gives the same result. ``dropout > 0``,
+    ``softcap`` and attention sinks raise ``ConfigError`` (set ``config.attention_dropout =
+    0``)."""
     from .nn import _op
     from .nn import where as user_where
 
@@ -87,6 +96,9 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
             raise ConfigError(f"{user_where()}: pyptx attention got a sliding window of {W} "
                               f"over {key.shape[2]} keys for {S} queries without a mask")
         extra["window"] = (W - 1, 0)
+    if _fits_decode(query, key, value):
+        window = (W - 1, -1) if W is not None and key.shape[2] > W else (-1, -1)
+        return _decode_attention(query, key, value, causal, scaling, window), None
     attend = _op("flash_attention", "attention")
     if all(t.transpose(1, 2).is_contiguous() for t in (query, key, value)):
         # (B, S, H, D) memory seen as (B, H, S, D), as the projections' views come: read it
@@ -95,6 +107,40 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
         return attend(q, k, v, causal=causal, scale=scaling, layout="bshd", **extra), None
     out = attend(query, key, value, causal=causal, scale=scaling, layout="bhsd", **extra)
     return out.transpose(1, 2).contiguous(), None
+
+
+_DECODE = "pyptx_kernels.flash_attention.decode_api"
+
+
+def _fits_decode(query, key, value) -> bool:
+    """Whether ``attention_with_kvcache`` takes this call: 1..``MAX_QUERIES`` queries after a
+    cache of more keys, bf16 or f16, a head dim of ``HEAD_DIMS``, whole query groups per KV
+    head, and no tensor that requires grad (it has no backward)."""
+    import torch
+
+    from .flash_attention.decode_config import HEAD_DIMS, MAX_QUERIES
+
+    S, Sk, D = query.shape[2], key.shape[2], query.shape[3]
+    return (1 <= S <= MAX_QUERIES and Sk > S and D in HEAD_DIMS and key.shape[3] == D
+            and query.dtype in (torch.bfloat16, torch.float16)
+            and query.dtype == key.dtype == value.dtype and query.shape[1] % key.shape[1] == 0
+            and not (query.requires_grad or key.requires_grad or value.requires_grad))
+
+
+def _decode_attention(query, key, value, causal, scale, window):
+    """``(B, S, Hq, D)``: the queries of ``query (B, Hq, S, D)`` against the whole cache
+    ``key``/``value (B, Hkv, Sk, D)``, through ``attention_with_kvcache`` on ``(B, S, H, D)``
+    views (no copies) with lengths ``Sk`` (a fill on the device: no host sync, no copy)."""
+    import sys
+
+    import torch
+
+    B, Sk = query.shape[0], key.shape[2]
+    lens = torch.full((B,), Sk, dtype=torch.int32, device=query.device)
+    api = sys.modules.get(_DECODE) or importlib.import_module(_DECODE)
+    return api.attention_with_kvcache(query.transpose(1, 2), key.transpose(1, 2),
+                                      value.transpose(1, 2), lens, causal=causal,
+                                      window=window, scale=scale)
 
 
 def attention_mask(**kwargs):
@@ -143,6 +189,7 @@ def register() -> None:
     from .nn import preload
 
     preload("flash_attention")
+    importlib.import_module(_DECODE)   # in sys.modules before a compiled forward looks
 
     tf.AttentionInterface.register("pyptx", attention_forward)
     tf.AttentionMaskInterface.register("pyptx", attention_mask)
