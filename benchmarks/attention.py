@@ -119,7 +119,8 @@ def sdpa_fn(backend, q, k, v, causal):
 
 def plan_backward_fn(q, k, v, causal, changes):
     """Time ``attention_backward`` with attention()'s eager plan (``BackwardPlan.for_eager``)
-    with ``changes`` (field -> value; o and lse from our forward, computed once)."""
+    with ``changes`` (field -> value; ``"deterministic": false`` starts from the any-order
+    plan; o and lse from our forward, computed once)."""
     from dataclasses import replace
 
     import torch
@@ -128,7 +129,9 @@ def plan_backward_fn(q, k, v, causal, changes):
     fa = load_attention()
     o, lse = fa.attention_forward(q, k, v, causal=causal)
     do = torch.randn_like(o)
-    plan = replace(fab.BackwardPlan.for_eager(q.shape[-1]), **changes)
+    changes = dict(changes)
+    det = changes.pop("deterministic", True)
+    plan = replace(fab.BackwardPlan.for_eager(q.shape[-1], det), **changes)
 
     def run():
         return fab.attention_backward(q, k, v, o, lse, do, causal=causal, plan=plan)

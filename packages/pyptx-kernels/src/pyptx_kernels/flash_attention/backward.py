@@ -59,6 +59,7 @@ from pyptx_kernels.flash_attention.bwd_plan import (
     default_convert_lag,
     default_dq_bkv,
     default_dq_chains,
+    default_heavy_first,
     default_stats_lead,
     early_convert_share,
     parse_options,
@@ -81,7 +82,8 @@ __all__ = [
     "attention_backward", "build_attention_backward", "build_attention_backward_varlen",
     "build_convert", "build_dkdv", "build_dkdv_varlen", "build_dq", "build_dq_varlen",
     "build_fused", "build_prep", "check_shapes", "default_convert_lag", "default_dq_bkv",
-    "default_dq_chains", "default_stats_lead", "dq_accumulator_width", "early_convert_share",
+    "default_dq_chains", "default_heavy_first", "default_stats_lead", "dq_accumulator_width",
+    "early_convert_share",
     "padded", "padded_varlen", "parse_options", "reference", "resolve_stats_lead",
     "safe_default",
 ]

@@ -105,6 +105,21 @@ def _mask_window(acc, hi, qc, kvrow, causal, window):
             ptx.inst.selp.f32(acc[i], acc[i], 0.0, rel[dr // 8] + left >= dc)
 
 
+def _block_steps(heads, q_lo, q_hi, per_head, q_outer=False):
+    """A dK/dV CTA's blocks as ``(per_head(g), qstep)``: each head ``g < heads`` in turn over
+    the q steps ``q_lo..q_hi`` (``per_head`` formed once per head), or, ``q_outer``, each q
+    step over every head (``heavy_first``'s lock-step order)."""
+    if q_outer:
+        for qstep in ptx.loop(q_lo, q_hi):
+            for g in ptx.loop(0, heads):
+                yield per_head(g), qstep
+        return
+    for g in ptx.loop(0, heads):
+        h = per_head(g)
+        for qstep in ptx.loop(q_lo, q_hi):
+            yield h, qstep
+
+
 def _release_stage(pipe, state):
     """Hand a dK/dV ring stage back to the producer, after this thread's generic reads of it.
 
@@ -133,14 +148,14 @@ def _release_stage(pipe, state):
 
 def _dkdv_producer(tid, head_bar, head_bytes, pipe, G, hk, qb0, num_q, base, ring_off,
                    stage_bytes, q_bytes, stats_bytes, safe, sync, Q, DO, *, load_head,
-                   stats_row, q_block, load_q, before=None, heads=None):
+                   stats_row, q_block, load_q, before=None, heads=None, q_outer=False):
     """The dK/dV kernels' producer (thread 0): the K/V head tile (``load_head(bar)``), then
     for each q head ``hk * G + g`` of the kv head the Q/dO blocks ``qb0..num_q`` through the
     ring (``q_block(step)`` the block of a step, ``load_q(stage, q_map, do_map, hq, qb, bar)``
     the dense kernel's 4-D copies or the packed kernel's 3-D ones) with, fast schedule, the
     block's ``(lse2, delta)`` rows from ``stats_row(hq)`` by a bulk copy. ``before()``: after
     the maps, before the loop. ``heads=(first, n)``: only the ``n`` q heads from ``first``
-    (``kv_split``)."""
+    (``kv_split``); ``q_outer``: each q step over every head (``_block_steps``)."""
     with ptx.if_(tid == 0):
         hbar = head_bar.at(0)
         ptx.mbarrier.arrive_expect_tx(hbar, head_bytes)
@@ -150,21 +165,24 @@ def _dkdv_producer(tid, head_bar, head_bytes, pipe, G, hk, qb0, num_q, base, rin
         if before is not None:
             before()
         st = pipe.producer_state()
-        for g in ptx.loop(0, G if heads is None else heads[1]):
+
+        def per_head(g):
             hq = hk * G + g if heads is None else heads[0] + g
-            srow = stats_row(hq)
-            for qstep in ptx.loop(qb0, num_q):
-                qb = q_block(qstep)
+            return hq, stats_row(hq)
 
-                def load(sb, bar, hq=hq, qb=qb, srow=srow):
-                    load_q(sb, q_map, do_map, hq, qb, bar)
-                    if not safe:
-                        ptx.tma.copy_bulk(sb + 2 * q_bytes,
-                                          reg.from_(qb * stats_bytes, u64) + srow, stats_bytes,
-                                          bar)
+        for (hq, srow), qstep in _block_steps(G if heads is None else heads[1], qb0, num_q,
+                                              per_head, q_outer):
+            qb = q_block(qstep)
 
-                _fill_stage(pipe, st, 2 * q_bytes + (0 if safe else stats_bytes), stage_bytes,
-                            base, ring_off, load, sync)
+            def load(sb, bar, hq=hq, qb=qb, srow=srow):
+                load_q(sb, q_map, do_map, hq, qb, bar)
+                if not safe:
+                    ptx.tma.copy_bulk(sb + 2 * q_bytes,
+                                      reg.from_(qb * stats_bytes, u64) + srow, stats_bytes,
+                                      bar)
+
+            _fill_stage(pipe, st, 2 * q_bytes + (0 if safe else stats_bytes), stage_bytes,
+                        base, ring_off, load, sync)
 
 
 def _dkdv_consumer_regs(tid, wg, k0, n_k, BQ, D, wide, base, ring_off, kv_tile, q_tile, q_mn,
@@ -331,8 +349,8 @@ def _dkdv_drain(c, overlap, pipe):
 def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None, BQ=None,
                stages=None, sync=None, safe=None, atomic_dq=False, overlap=None, dq_bulk=False,
                dq_ordered=False, num_sms=132, dq_convert=False, convert_lag=0, stats_lead=0,
-               kv_split=1, dq_chains=1, trace=False, window=(-1, -1), softcap=0.0,
-               layouts=BSHD3):
+               kv_split=1, dq_chains=1, heavy_first=False, trace=False, window=(-1, -1),
+               softcap=0.0, layouts=BSHD3):
     """The dK/dV kernel: ``(Q, K, V, DO, STATS) -> (DK, DV)`` (STATS from ``build_dq``).
     ``layouts``: the memory orders of Q, K, V (``"bshd"``, or ``"bhsd"``: ``(B, H, S, D)``,
     read in place through their tensor maps); every other tensor is ``(B, S, H, D)``.
@@ -419,6 +437,13 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     none of a chain no kv block reached; ``build_convert(chains=P)`` sums them too (DQACC
     zeroed by the prep). The same bits at every run.
 
+    ``heavy_first`` (causal, no window, no ``convert_lag`` or ``stats_lead``): the grid runs
+    kv block 0 of every head first, then block 1 of every head, ... (the longest causal CTAs
+    first, whole waves of one kv block), where it otherwise runs a head's blocks together.
+    With ``dq_ordered`` each CTA then walks its q blocks from the last down, each q step
+    over every q head of its share, and a q block's adds come in ascending kv block order:
+    all the kv blocks of a q step reach it at the same step, a predecessor launched earlier.
+
     ``trace`` (bulk dQ, a diagnostic): a last output ``TRACE``, int32 ``(CTAs, 4)`` in launch
     order: ``%globaltimer_lo`` at the CTA's start and at its consumers' end (converters:
     their end), ``%smid``, and the ns its dQ writer (converters: thread 0) spent waiting for
@@ -441,6 +466,10 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     if (windowed or cap) and BQ == 128:
         raise _fail(f"build_dkdv: window and softcap need 64- or 32-row q blocks, got "
                     f"window={window!r}, softcap={softcap!r}, BQ={BQ!r}")
+    heavy_first = bool(heavy_first)
+    if heavy_first and (not causal or windowed):
+        raise _fail(f"build_dkdv: heavy_first is the causal grid's order (no window), got "
+                    f"causal={causal!r}, window={window!r}")
     split = kv_split
     if split not in (1, 2, 4, 8) or isinstance(split, bool) or G % split or (split > 1
                                                                             and BQ != 64):
@@ -494,7 +523,8 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     rotate = (dq_ordered and not causal and num_q == (BM // BQ) * num_kv
               and num_kv * split <= ROTATE_MAX_KV    # the head's CTAs resident together
               and not windowed)
-    reverse = dq_ordered and (causal or rotate or windowed)   # the predecessor is kb + 1
+    # the predecessor is kb + 1 (launched first), or with heavy_first kb - 1
+    reverse = dq_ordered and (causal or rotate or windowed) and not heavy_first
     cph = num_kv * split                            # CTAs per kv head
     n_main = cph * Hkv * B
     units = B * Hq * sem_q                          # dq_convert's 64-row q blocks
@@ -512,6 +542,9 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     lag = int(convert_lag or 0)
     lead = resolve_stats_lead("build_dkdv", stats_lead, Sk, num_sms, dq_ordered, safe, BQ,
                               causal, kv_split=split)
+    if heavy_first and (lag or lead):   # they count kv heads in launch order
+        raise _fail(f"build_dkdv: heavy_first takes no convert_lag or stats_lead, got "
+                    f"convert_lag={convert_lag!r}, stats_lead={stats_lead!r}")
     conv0 = max(0, B * Hkv - lag) * per_head if lag else 0  # the converter CTAs' first block
     n_conv = min(units - conv0, num_sms) if dq_convert else 0
     n_conv_grid = -(-n_conv // split) * split       # whole clusters; the rest return at once
@@ -537,7 +570,10 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     rt = SimpleNamespace()      # their registers in the trace (dkdv_kernel's first lines)
 
     def q_block(qb, kb):
-        """The q block of step ``qb`` of kv block ``kb`` (rotated under ``rotate``)."""
+        """The q block of step ``qb`` of kv block ``kb`` (rotated under ``rotate``; ordered
+        ``heavy_first``: from the last q block down to kv block ``kb``'s first)."""
+        if dq_ordered and heavy_first:
+            return rt.q_blocks + kb * (BM // BQ) - 1 - qb
         if not rotate:
             return qb
         r = qb + kb * (BM // BQ)
@@ -561,6 +597,8 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     def dq_rank(qb, kb):
         """The place of kv block ``kb`` among the kv blocks adding into q block ``qb`` (the
         ordered dQ mode): the adds of a q block come in rank order 0, 1, ..."""
+        if heavy_first:     # kv blocks 0, 1, ..., all at the q block at the same step
+            return kb
         if windowed and not causal:     # kv blocks khi, khi - 1, ..., klo (causal's order;
             return window_kv_range(qb)[1] - kb  # a causal window's khi is causal's)
         if causal:      # kv blocks jmax, jmax - 1, ..., 0 (each one step behind the last)
@@ -617,50 +655,50 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         waited = reg.scalar(u32, init=0) if TRACE is not None else None
         if wide:
             wst = pipe.consumer_state()
-        for g in ptx.loop(0, Gs):
-            hq = hk * G + g if split == 1 else qh0 + g
-            for qstep in ptx.loop(qb0, rt.q_blocks if q_end is None else q_end):
-                qb = q_block(qstep, kb)
-                rank = dq_rank(qb, kb)
-                u = (b * Hq + hq) * rt.sem_blocks + qb
-                col = 0                         # the chain's first DQACC column
-                if chains > 1:                  # chain rank mod P, as its (rank div P)-th add
-                    chain = rank & (chains - 1)
-                    rank = rank >> (chains.bit_length() - 1)
-                    u = u + chain * rt.units
-                    col = chain * dq_width
-                cell = reg.from_(u * 2, u64) * 4 + psem
+        for hq, qstep in _block_steps(Gs, qb0, rt.q_blocks if q_end is None else q_end,
+                                      lambda g: hk * G + g if split == 1 else qh0 + g,
+                                      heavy_first):
+            qb = q_block(qstep, kb)
+            rank = dq_rank(qb, kb)
+            u = (b * Hq + hq) * rt.sem_blocks + qb
+            col = 0                         # the chain's first DQACC column
+            if chains > 1:                  # chain rank mod P, as its (rank div P)-th add
+                chain = rank & (chains - 1)
+                rank = rank >> (chains.bit_length() - 1)
+                u = u + chain * rt.units
+                col = chain * dq_width
+            cell = reg.from_(u * 2, u64) * 4 + psem
 
-                _spin_until(cell, rank, now, waited)
-                ptx.fence_proxy_async("global")
-                first = rank == 0               # the first add writes the tile
+            _spin_until(cell, rank, now, waited)
+            ptx.fence_proxy_async("global")
+            first = rank == 0               # the first add writes the tile
+            if wide:
+                sb = wst.stage * stage_bytes + bufs
+            for w in (0, 1):
                 if wide:
-                    sb = wst.stage * stage_bytes + bufs
-                for w in (0, 1):
-                    if wide:
-                        ptx.mbarrier.wait(dq_full.at(wst.stage * 2 + w), wst.phase)
-                    else:
-                        ptx.mbarrier.wait(dq_full.at(w), phase)
-                    for j in range(dq_cols // 32):
-                        if wide:    # warpgroup w: q rows 64w.. of the block, all of D
-                            src = sb + (w * (dq_bytes // 2) + j * SLAB_BYTES)
-                            at = (col + 32 * j, hq, qb * BQ + 64 * w, b)
-                        else:
-                            src = bufs + (w * (dq_bytes // 2) + j * SLAB_BYTES)
-                            at = (col + (w * dq_cols + 32 * j), hq, qb * BQ, b)
-                        ptx.tma.store_tile(dq_map, at, src, pred=first)
-                        ptx.tma.reduce_tile(dq_map, at, src, pred=~first)
-                ptx.tma.commit_group()
-                ptx.tma.wait_group(0, read=True)
-                if wide:                        # the stage's last reader: back to the producer
-                    pipe.release(wst)
-                    wst.advance()
+                    ptx.mbarrier.wait(dq_full.at(wst.stage * 2 + w), wst.phase)
                 else:
-                    for w in (0, 1):
-                        ptx.mbarrier.arrive(dq_empty.at(w))
-                ptx.tma.wait_group(0)           # complete in global memory: count it
-                count(cell)
-                ptx.inst.xor.b32(phase, phase, 1)
+                    ptx.mbarrier.wait(dq_full.at(w), phase)
+                for j in range(dq_cols // 32):
+                    if wide:    # warpgroup w: q rows 64w.. of the block, all of D
+                        src = sb + (w * (dq_bytes // 2) + j * SLAB_BYTES)
+                        at = (col + 32 * j, hq, qb * BQ + 64 * w, b)
+                    else:
+                        src = bufs + (w * (dq_bytes // 2) + j * SLAB_BYTES)
+                        at = (col + (w * dq_cols + 32 * j), hq, qb * BQ, b)
+                    ptx.tma.store_tile(dq_map, at, src, pred=first)
+                    ptx.tma.reduce_tile(dq_map, at, src, pred=~first)
+            ptx.tma.commit_group()
+            ptx.tma.wait_group(0, read=True)
+            if wide:                        # the stage's last reader: back to the producer
+                pipe.release(wst)
+                wst.advance()
+            else:
+                for w in (0, 1):
+                    ptx.mbarrier.arrive(dq_empty.at(w))
+            ptx.tma.wait_group(0)           # complete in global memory: count it
+            count(cell)
+            ptx.inst.xor.b32(phase, phase, 1)
         if TRACE is not None:
             ptx.inst.st.global_.u32(_trace_at(TRACE, 3), waited)
 
@@ -855,7 +893,17 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         pipe = Pipeline(stages, consumer_arrivals=RELEASE_ARRIVALS + (1 if wide else 0))
         head_bar = BarrierArray(1, name="head_bar")
         tid, wg = thread_ids()
-        if dq_convert:      # 1-D grid, the 3-D grid's order
+        if heavy_first:     # the cluster's place in launch order: kv block, then head
+            cta = reg.from_(ptx.special.ctaid.x(), u32)
+            unit = cta if split == 1 else cta // split
+            if not dq_convert:
+                unit = unit + rt.kv_blocks * (reg.from_(ptx.special.ctaid.y(), u32)
+                                              + Hkv * reg.from_(ptx.special.ctaid.z(), u32))
+            kb = unit // rt.kv_heads
+            head = unit - kb * rt.kv_heads
+            hk = head % Hkv
+            b = head // Hkv
+        elif dq_convert:    # 1-D grid, the 3-D grid's order
             cta = reg.from_(ptx.special.ctaid.x(), u32)
             unit = cta if split == 1 else cta // split     # the cluster
             kb = unit % rt.kv_blocks
@@ -926,7 +974,8 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                                               hbar, layouts[1:]),
             stats_row=lambda hq: reg.from_((b * Hq + hq) * rt.stats_rows, u64) * 8 + pstats,
             q_block=lambda qstep: q_block(qstep, kb), load_q=load_q,
-            before=wait_stats if lead else None, heads=(qh0, Gs) if split > 1 else None)
+            before=wait_stats if lead else None, heads=(qh0, Gs) if split > 1 else None,
+            q_outer=heavy_first)
         if dq_ordered and wide:
             with ptx.if_(tid == 32):
                 _dq_writer(DQACC, SEM, base + head_bytes, kb, hk, b, qb0, dq_full, dq_empty,
@@ -1150,72 +1199,74 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         ptx.mbarrier.wait(head_bar.at(0), 0)
         if windowed:
             qb0, q_end = window_q_range()
-        for g in ptx.loop(0, Gs):
+
+        def per_head(g):
             hq = hk * G + g if split == 1 else qh0 + g
-            srow = reg.from_((b * Hq + hq) * rt.stats_rows, u64) * 8 + pstats
-            for qstep in ptx.loop(qb0, q_end):
-                qb = q_block(qstep, kb)
-                q0 = qb * BQ
-                pipe.wait(cons)
-                sbase = cons.stage * stage_bytes
-                soff = reg.from_(reg.from_(sbase >> 4, u32), u64)
-                if wide:
-                    _wide_block(q0, sbase, soff)
-                    cons.advance()
-                    continue
-                def _dq_product(q0=q0, hq=hq):
-                    """The block's dQ product, dS K, from a swizzled shared dS (both
-                    warpgroups' kv rows; bulk at D=64: the warpgroup's own): bulk, issued into
-                    dp_acc and stored by ``_store_dq``; otherwise waited for and added with
-                    one ``red.global.add.v2.f32`` per pair (dQ[q0:q0+BQ] += scale * dS K)."""
-                    buf = (it & 1) * ds_tile.nbytes
-                    dq_regs = dp_acc.regs if dq_bulk else s_acc.regs
-                    for m in range(len(ds_pack)):
-                        dr, dc = Accumulator.coord(2 * m)
-                        at = ds_row + (xr16 ^ (dc // 8 << 4)) + buf
-                        ptx.inst.st.shared.b32(ptx.addr(at, dr * 128), ds_pack[m])
-                    ptx.fence_proxy_async("shared::cta")
-                    if dq_bulk and D == 64:         # its own half of dS written
-                        ptx.bar_sync(2 + w, 128)
-                    else:
-                        ptx.bar_sync(1, 256)        # both consumers' halves of dS written
-                    with _maybe_if(w == 0 if D == 64 and not dq_bulk else None):
-                        da = ds_desc0 + reg.from_(reg.from_(buf >> 4, u32), u64)
-                        ptx.wgmma.fence()
-                        for kk in range(dq_steps):
-                            ptx.wgmma.mma_async(dq_regs, ds_tile.advance(da, kk),
-                                                kv_mn.advance(kmn_desc, kk), n=dq_cols,
-                                                dtype_ab=dt.name, scale_d=0 if kk == 0 else 1,
-                                                trans_a=ds_tile.trans, trans_b=kv_mn.trans)
-                        ptx.wgmma.commit_group()
-                        if not dq_bulk:
-                            ptx.wgmma.wait_group(0)
-                            qr = q0 + row0
-                            for r in (0, 8):
-                                elem = ((b * rt.seqlen_q + qr + r) * Hq + hq) * D + qcol
-                                addr = reg.from_(elem, u64) * 4 + pacc
-                                ok = qr + r < rt.seqlen_q
-                                for i, dr, dc in s_acc.pairs():
-                                    if dr != r:
-                                        continue
-                                    v0 = s_acc[i] * float(scale)
-                                    v1 = s_acc[i + 1] * float(scale)
-                                    ptx.inst("red.global.add.v2.f32")(ptx.addr(addr, dc * 4), [v0, v1],
-                                                                      pred=ok)
-                    ptx.inst.add.u32(it, it, 1)
+            return hq, reg.from_((b * Hq + hq) * rt.stats_rows, u64) * 8 + pstats
 
-                def after_dk(q0=q0, hq=hq):
-                    if dq_bulk:
-                        ptx.wgmma.wait_group(1)             # dV and dQ done, dK may run on
-                        _store_dq(q0, hq)
-                    elif atomic_dq:
-                        _dq_product()
+        for (hq, srow), qstep in _block_steps(Gs, qb0, q_end, per_head, heavy_first):
+            qb = q_block(qstep, kb)
+            q0 = qb * BQ
+            pipe.wait(cons)
+            sbase = cons.stage * stage_bytes
+            soff = reg.from_(reg.from_(sbase >> 4, u32), u64)
+            if wide:
+                _wide_block(q0, sbase, soff)
+                cons.advance()
+                continue
+            def _dq_product(q0=q0, hq=hq):
+                """The block's dQ product, dS K, from a swizzled shared dS (both
+                warpgroups' kv rows; bulk at D=64: the warpgroup's own): bulk, issued into
+                dp_acc and stored by ``_store_dq``; otherwise waited for and added with
+                one ``red.global.add.v2.f32`` per pair (dQ[q0:q0+BQ] += scale * dS K)."""
+                buf = (it & 1) * ds_tile.nbytes
+                dq_regs = dp_acc.regs if dq_bulk else s_acc.regs
+                for m in range(len(ds_pack)):
+                    dr, dc = Accumulator.coord(2 * m)
+                    at = ds_row + (xr16 ^ (dc // 8 << 4)) + buf
+                    ptx.inst.st.shared.b32(ptx.addr(at, dr * 128), ds_pack[m])
+                ptx.fence_proxy_async("shared::cta")
+                if dq_bulk and D == 64:         # its own half of dS written
+                    ptx.bar_sync(2 + w, 128)
+                else:
+                    ptx.bar_sync(1, 256)        # both consumers' halves of dS written
+                with _maybe_if(w == 0 if D == 64 and not dq_bulk else None):
+                    da = ds_desc0 + reg.from_(reg.from_(buf >> 4, u32), u64)
+                    ptx.wgmma.fence()
+                    for kk in range(dq_steps):
+                        ptx.wgmma.mma_async(dq_regs, ds_tile.advance(da, kk),
+                                            kv_mn.advance(kmn_desc, kk), n=dq_cols,
+                                            dtype_ab=dt.name, scale_d=0 if kk == 0 else 1,
+                                            trans_a=ds_tile.trans, trans_b=kv_mn.trans)
+                    ptx.wgmma.commit_group()
+                    if not dq_bulk:
+                        ptx.wgmma.wait_group(0)
+                        qr = q0 + row0
+                        for r in (0, 8):
+                            elem = ((b * rt.seqlen_q + qr + r) * Hq + hq) * D + qcol
+                            addr = reg.from_(elem, u64) * 4 + pacc
+                            ok = qr + r < rt.seqlen_q
+                            for i, dr, dc in s_acc.pairs():
+                                if dr != r:
+                                    continue
+                                v0 = s_acc[i] * float(scale)
+                                v1 = s_acc[i + 1] * float(scale)
+                                ptx.inst("red.global.add.v2.f32")(ptx.addr(addr, dc * 4), [v0, v1],
+                                                                  pred=ok)
+                ptx.inst.add.u32(it, it, 1)
 
-                # dq_bulk: dQ's product first, stored (after_dk) while dK's runs
-                _dkdv_block(c, q0, sbase, soff, srow, safe=safe, overlap=overlap, BQ=BQ, D=D,
-                            dt=dt, c1=c1, kv_tile=kv_tile, q_tile=q_tile, q_mn=q_mn, pipe=pipe,
-                            mask=mask_pt, after_ds=_dq_product if dq_bulk else None,
-                            after_dk=after_dk, cap=cap, keyless=windowed)
+            def after_dk(q0=q0, hq=hq):
+                if dq_bulk:
+                    ptx.wgmma.wait_group(1)             # dV and dQ done, dK may run on
+                    _store_dq(q0, hq)
+                elif atomic_dq:
+                    _dq_product()
+
+            # dq_bulk: dQ's product first, stored (after_dk) while dK's runs
+            _dkdv_block(c, q0, sbase, soff, srow, safe=safe, overlap=overlap, BQ=BQ, D=D,
+                        dt=dt, c1=c1, kv_tile=kv_tile, q_tile=q_tile, q_mn=q_mn, pipe=pipe,
+                        mask=mask_pt, after_ds=_dq_product if dq_bulk else None,
+                        after_dk=after_dk, cap=cap, keyless=windowed)
         _dkdv_drain(c, overlap, pipe)
         if dq_bulk and not dq_ordered:
             with ptx.if_(dq_leader):
@@ -1240,6 +1291,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     name = (f"attn_bwd_dkdv_{dt.name}_d{D}_h{Hq}x{Hkv}{feature_tag(causal, window, softcap)}"
             f"{'_safe' if safe else ''}{'_atomic' if atomic_dq else ''}{'_bulk' if dq_bulk else ''}"
             f"{'_ordered' if dq_ordered else ''}{f'_c{chains}' if chains > 1 else ''}"
+            f"{'_heavy' if heavy_first else ''}"
             f"{f'_bq{BQ}' if BQ != 64 else ''}{'_serial' if overlap != default_overlap else ''}"
             f"{f'_cvt{num_sms}' if dq_convert else ''}{f'_lag{lag}' if lag else ''}"
             f"{f'_lead{lead}' if lead else ''}{f'_split{split}' if split > 1 else ''}"
@@ -1292,5 +1344,6 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     family = ("attn_bwd_dkdv", dt.name, D, Hq, Hkv, causal, scale, BQ, stages, sync, safe,
               atomic_dq, overlap, dq_bulk, dq_ordered, num_sms, dq_convert, lag, lead, split,
               trace, window, softcap, rotate, share if lag else None,
-              (S, lead_chunk) if lead else None, layouts, chains)
+              (S, lead_chunk) if lead else None, layouts, chains) + (
+                  ("heavy_first",) if heavy_first else ())
     return _family.specialized(k, family, sizes)

@@ -30,6 +30,7 @@ from pyptx_kernels.flash_attention.bwd_plan import (
     BackwardPlan,
     default_dq_bkv,
     default_dq_chains,
+    default_heavy_first,
     default_kv_split,
     resolve_stats_lead,
 )
@@ -148,6 +149,9 @@ def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=
                                   plan.dq_ordered, plan.safe, plan.dkdv_bq, causal,
                                   kv_split=split)
         plan = replace(plan, stats_lead=lead)
+    if plan.heavy_first == "auto":
+        plan = replace(plan, heavy_first=default_heavy_first(
+            causal, features[0], plan.fused_bq is not None, plan.stats_lead))
     return _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, plan, features, layouts)
 
 
@@ -160,7 +164,8 @@ def _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, plan, features=((-1, -1),
     kw = dict(Sk=Sk, dtype=dtype, causal=causal, scale=scale, safe=plan.safe)
     feat = {} if features == ((-1, -1), 0.0) else dict(window=window, softcap=softcap)
     lay = {} if layouts == BSHD3 else dict(layouts=layouts)
-    dkdv_kw = dict(kw, BQ=plan.dkdv_bq, overlap=plan.dkdv_overlap, kv_split=plan.kv_split)
+    dkdv_kw = dict(kw, BQ=plan.dkdv_bq, overlap=plan.dkdv_overlap, kv_split=plan.kv_split,
+                   heavy_first=plan.heavy_first)
     dt = _dtype(dtype)
     ordered = plan.dq_ordered
     if plan.fused_bq:

@@ -80,6 +80,12 @@ def default_dq_chains(S, Sk, Hq, Hkv, D, causal):
     return 1
 
 
+def default_heavy_first(causal, window=(-1, -1), fused=False, stats_lead=0):
+    """``heavy_first`` at these options: the dK/dV kernel's causal grid without a window or
+    ``stats_lead`` (its CTAs' work falls with the kv block; run the longest first)."""
+    return bool(causal) and tuple(window) == (-1, -1) and not fused and not stats_lead
+
+
 def check_dq_chains(fn, dq_chains, dq_ordered, fail=None, auto=False):
     """``ConfigError`` (naming ``fn``) unless ``dq_chains`` is one of ``DQ_CHAINS`` (or, with
     ``auto``, ``"auto"``), above 1 only with ``dq_ordered``."""
@@ -115,10 +121,11 @@ def default_dq_bkv(D):
 OPTIONS = ("dkdv_bq", "dkdv_overlap", "atomic_dq", "dq_bulk", "dq_ordered",
            "dq_bkv", "fused_bq", "fused_defer", "fused_pingpong",
            "num_sms", "dq_convert", "convert_lag", "stats_lead",
-           "kv_split", "dq_chains")  # BackwardPlan's, parse_options'
+           "kv_split", "dq_chains", "heavy_first")  # BackwardPlan's, parse_options'
 INT_OPTIONS = ("dkdv_bq", "dq_bkv", "fused_bq", "fused_pingpong", "num_sms", "convert_lag",
                "stats_lead", "kv_split", "dq_chains")
-AUTO_OPTIONS = ("convert_lag", "stats_lead", "kv_split", "dq_chains")  # these also take "auto"
+AUTO_OPTIONS = ("convert_lag", "stats_lead", "kv_split", "dq_chains",
+                "heavy_first")  # these also take "auto"
 KV_SPLITS = (1, 2, 4, 8)    # kv_split: CTAs of a cluster (along x) sharing a kv block
 DQ_CHAINS = (1, 2, 4)       # dq_chains: independent ordered chains of adds per q block
 
@@ -168,7 +175,10 @@ class BackwardPlan:
     ``default_dq_chains``; above 1 with ``dq_ordered``, not the fused kernel): independent
     ordered chains of adds per q block (the kv block of rank ``r`` in chain ``r mod
     dq_chains``, each with its own accumulator and counter), summed in chain order by the
-    conversion (deterministic).
+    conversion (deterministic). ``heavy_first`` (the dK/dV kernel, causal, no window or
+    ``stats_lead``; ``"auto"``: ``default_heavy_first``): its grid runs kv block 0 of every
+    head first, then block 1, ... (the longest causal CTAs first); ordered, a q block's adds
+    come in ascending kv block order, each CTA walking its q blocks from the last down.
 
     ``__post_init__`` raises ``ConfigError`` at the user's line for a combination outside
     the valid plans; checks that need the sizes (head dim, sequence lengths) are the
@@ -190,6 +200,7 @@ class BackwardPlan:
     fused_pingpong: int = 0
     kv_split: int | str = 1
     dq_chains: int | str = 1
+    heavy_first: bool | str = False
 
     def __post_init__(self):
         for name in ("atomic_dq", "dq_bulk", "dq_ordered", "dq_convert", "fused_defer"):
@@ -224,6 +235,11 @@ class BackwardPlan:
                              f"kernel with 64-row q blocks, got kv_split={self.kv_split!r}, "
                              f"dkdv_bq={self.dkdv_bq!r}")
         check_dq_chains("BackwardPlan", self.dq_chains, self.dq_ordered, _plan_fail, auto=True)
+        if self.heavy_first != "auto":
+            if self.heavy_first not in (0, 1):
+                raise _plan_fail(f"BackwardPlan: heavy_first must be a bool or 'auto', got "
+                                 f"{self.heavy_first!r}")
+            object.__setattr__(self, "heavy_first", bool(self.heavy_first))
         if self.fused_bq is not None:
             self._check_fused()
             return
@@ -248,6 +264,7 @@ class BackwardPlan:
                              "dq_bkv") if getattr(self, n) not in (None, False)]
         given += [n for n in ("convert_lag", "stats_lead") if getattr(self, n) not in (0, "auto")]
         given += ["dq_chains"] if self.dq_chains not in (1, "auto") else []
+        given += ["heavy_first"] if self.heavy_first is True else []
         if given:
             raise _plan_fail(f"BackwardPlan: fused_bq={self.fused_bq} is a kernel of its own; "
                              f"it takes dq_ordered but not {', '.join(given)}")
