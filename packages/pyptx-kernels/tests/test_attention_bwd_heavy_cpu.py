@@ -79,8 +79,8 @@ def test_heavy_first_keys_its_family(monkeypatch):
 
 
 def test_auto_is_the_causal_dkdv_grid():
-    """``"auto"``: causal without a window, not the fused kernel; full attention keeps the
-    kernels of before."""
+    """``"auto"``: causal without a window (the fused kernel's too:
+    ``test_attention_bwd_fused_heavy_cpu.py``); full attention keeps the kernels of before."""
     auto = _heavy(P.lagged(), heavy_first="auto")
     causal = fab.build_attention_backward(1, 1024, 8, 2, 128, causal=True, plan=auto)
     assert "_heavy" in causal.dkdv_kernel.name
@@ -90,7 +90,8 @@ def test_auto_is_the_causal_dkdv_grid():
                                           window=(256, 0))
     assert "_heavy" not in window.dkdv_kernel.name
     fused = P(**{**P.fused().options(), "heavy_first": "auto"})
-    assert fab.build_attention_backward(1, 1024, 8, 2, 64, causal=True, plan=fused).kernels
+    fused_bwd = fab.build_attention_backward(1, 1024, 8, 2, 64, causal=True, plan=fused)
+    assert "_heavy" in fused_bwd.dkdv_kernel.name
     assert fab.parse_options("heavy_first=1") == {"heavy_first": True}
     assert fab.parse_options("heavy_first=auto") == {"heavy_first": "auto"}
     assert not fab.default_heavy_first(True, stats_lead=3)
@@ -99,8 +100,8 @@ def test_auto_is_the_causal_dkdv_grid():
 @pytest.mark.parametrize("make,match", [
     (lambda: P(heavy_first="x"), "heavy_first must be a bool or 'auto'"),
     (lambda: P(heavy_first=2), "heavy_first must be a bool or 'auto'"),
-    (lambda: P(fused_bq=128, dq_ordered=True, heavy_first=True),
-     "takes dq_ordered but not heavy_first"),
+    (lambda: P(fused_bq=128, dq_ordered=True, dq_chains=2, heavy_first=True),
+     "takes dq_ordered but not dq_chains$"),
     (lambda: fab.build_dkdv(1, 256, 2, 1, 128, heavy_first=True),
      "heavy_first is the causal grid's order"),
     (lambda: fab.build_dkdv(1, 256, 2, 1, 64, causal=True, window=(64, 0), heavy_first=True),

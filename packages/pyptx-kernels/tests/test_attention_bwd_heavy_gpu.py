@@ -1,7 +1,8 @@
 """GPU tests of the causal dK/dV grid run longest CTAs first (``BackwardPlan(heavy_first=)``):
 float64 autograd on fresh random inputs (outputs NaN-poisoned) and, ordered, bit-for-bit
 repeat runs (deterministic), over the eager plans (in-grid converters, ``kv_split``), chains,
-128-row q blocks, several batches and kv heads, ragged lengths and dQ in any order.
+128-row q blocks, the fused D=64 kernel, several batches and kv heads, ragged lengths and dQ
+in any order.
 
     pytest -m gpu packages/pyptx-kernels/tests/test_attention_bwd_heavy_gpu.py
 """
@@ -38,6 +39,11 @@ def _heavy(plan, **changes):
     (2, 1500, 8, 2, 64, _heavy(P.ordered()), True),                # D=64, convert kernel
     (2, 2048, 32, 4, 128, _heavy(P.bulk()), False),                # any order
     (2, 1000, 8, 8, 128, _heavy(P()), True),                       # the pair's dK/dV kernel
+    # the fused D=64 kernel (attention()'s eager plan): split 2, 3 batches, ragged
+    (3, 3000, 12, 4, 64, _heavy(P.fused(pingpong=1, kv_split="auto")), True),
+    (2, 2048, 32, 8, 64, _heavy(P.fused(pingpong=1, kv_split="auto")), True),
+    (2, 2048, 32, 8, 64, _heavy(P.fused(ordered=False, pingpong=1, kv_split="auto")), False),
+    (1, 1000, 4, 4, 64, _heavy(P.fused()), True),                  # lockstep, MHA
 ])
 def test_heavy_first_matches_float64(B, S, Hq, Hkv, D, plan, deterministic):
     g = torch.Generator(device="cuda").manual_seed(S + Hq + D)

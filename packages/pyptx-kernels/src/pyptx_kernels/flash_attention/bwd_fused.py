@@ -102,13 +102,30 @@ def _stage_dq(acc, dq_row, dq_x, scale):
         ptx.inst.st.shared.v2.f32(ptx.addr(at, dc // 32 * SLAB_BYTES + dr * 128), [v0, v1])
 
 
+def _block_steps(n_heads, head_of, lo, hi, q_outer=False):
+    """A fused CTA's blocks as ``(q head, step)``: each head ``head_of(g)``, ``g < n_heads``,
+    in turn over the steps ``lo..hi`` (the head formed once per head), or, ``q_outer``, each
+    step over every head (``heavy_first``'s order). Every loop over the blocks (producer,
+    dQ writer, consumers) walks them this way."""
+    if q_outer:
+        for step in ptx.loop(lo, hi):
+            for g in ptx.loop(0, n_heads):
+                yield head_of(g), step
+        return
+    for g in ptx.loop(0, n_heads):
+        hq = head_of(g)
+        for step in ptx.loop(lo, hi):
+            yield hq, step
+
+
 class _FusedPlan:
     """What ``build_fused``'s kernel knows at trace time: its tiles, the shared-memory layout
     and the order in which the kv blocks (CTAs) add into a q block's dQ."""
 
     def __init__(self, S, Hq, Hkv, D, Sk, dt, causal, ordered, stages, split=1,
-                 window=(-1, -1)):
+                 window=(-1, -1), heavy=False):
         self.S, self.Hq, self.D, self.Sk, self.dt = S, Hq, D, Sk, dt
+        self.heavy = heavy
         self.window, self.windowed = window, window != (-1, -1)
         self.G = Hq // Hkv
         self.causal, self.ordered = causal, ordered
@@ -136,8 +153,8 @@ class _FusedPlan:
         self.rotate = (ordered and not causal and self.num_q == self.num_kv
                        and self.num_kv * split <= ROTATE_MAX_KV    # the head's CTAs resident
                        and not self.windowed)
-        # predecessor: kv block kb + 1 (a window: descending, as causal)
-        self.reverse = ordered and (causal or self.rotate or self.windowed)
+        # predecessor: kv block kb + 1 (a window: descending, as causal); heavy: kb - 1
+        self.reverse = ordered and (causal or self.rotate or self.windowed) and not heavy
 
     def bound(self, z):
         """This plan reading its sizes from the kernel parameters ``z`` (``size_params`` of
@@ -157,7 +174,10 @@ class _FusedPlan:
             self.window))
 
     def q_block(self, step, kb):
-        """The q block of step ``step`` of kv block ``kb``."""
+        """The q block of step ``step`` of kv block ``kb`` (ordered ``heavy``: from the last q
+        block down to kv block ``kb``'s first, ``kb``)."""
+        if self.ordered and self.heavy:
+            return self.num_q + kb - 1 - step
         if not self.rotate:
             return step
         r = step + kb
@@ -167,6 +187,8 @@ class _FusedPlan:
 
     def dq_rank(self, qb, kb):
         """The place of kv block ``kb`` among those adding into q block ``qb``."""
+        if self.heavy:      # kv blocks 0, 1, ..., all at the q block at the same step
+            return kb
         right = right_reach(self.causal, self.window)
         if self.windowed and not self.causal:   # descending from the last kv block reaching qb
             last = reg.scalar(u32, init=self.kv_last)
@@ -194,41 +216,42 @@ class _FusedPlan:
         (psem,) = ptx.global_ptrs(SEM)
         now = reg.scalar(u32)
         phase = reg.scalar(u32, init=0)
-        for g in ptx.loop(0, self.G if heads is None else heads[1]):
-            hq = hk * self.G + g if heads is None else heads[0] + g
-            for step in ptx.loop(qb0, self.num_q if q_end is None else q_end):
-                qb = self.q_block(step, kb)
-                rank = self.dq_rank(qb, kb)
-                cell = reg.from_(((b * self.Hq + hq) * self.nq_sem + qb) * 2, u64) * 4 + psem
+        for hq, step in _block_steps(
+                self.G if heads is None else heads[1],
+                lambda g: hk * self.G + g if heads is None else heads[0] + g,
+                qb0, self.num_q if q_end is None else q_end, self.heavy):
+            qb = self.q_block(step, kb)
+            rank = self.dq_rank(qb, kb)
+            cell = reg.from_(((b * self.Hq + hq) * self.nq_sem + qb) * 2, u64) * 4 + psem
 
-                def not_my_turn(cell=cell, rank=rank):
-                    ptx.inst("ld.acquire.gpu.global.u32")(now, ptx.addr(cell))
-                    return now != rank
+            def not_my_turn(cell=cell, rank=rank):
+                ptx.inst("ld.acquire.gpu.global.u32")(now, ptx.addr(cell))
+                return now != rank
 
-                with ptx.while_(not_my_turn):
-                    pass
-                ptx.fence_proxy_async("global")
-                first = rank == 0
-                for w in (0, 1):
-                    ptx.mbarrier.wait(dq_full.at(w), phase)
-                    for j in range(self.D // 32):
-                        src = base + (self.dq_at + (w * self.D // 32 + j) * SLAB_BYTES)
-                        at = (32 * j, hq, qb * FUSED_BQ + 64 * w, b)
-                        ptx.tma.store_tile(dq_map, at, src, pred=first)
-                        ptx.tma.reduce_tile(dq_map, at, src, pred=~first)
-                ptx.tma.commit_group()
-                ptx.tma.wait_group(0, read=True)
-                for w in (0, 1):
-                    ptx.mbarrier.arrive(dq_empty.at(w))
-                ptx.tma.wait_group(0)
-                ptx.fence_proxy_async("global")
-                ptx.inst("red.release.gpu.global.add.u32")(ptx.addr(cell), 1)
-                ptx.inst.xor.b32(phase, phase, 1)
+            with ptx.while_(not_my_turn):
+                pass
+            ptx.fence_proxy_async("global")
+            first = rank == 0
+            for w in (0, 1):
+                ptx.mbarrier.wait(dq_full.at(w), phase)
+                for j in range(self.D // 32):
+                    src = base + (self.dq_at + (w * self.D // 32 + j) * SLAB_BYTES)
+                    at = (32 * j, hq, qb * FUSED_BQ + 64 * w, b)
+                    ptx.tma.store_tile(dq_map, at, src, pred=first)
+                    ptx.tma.reduce_tile(dq_map, at, src, pred=~first)
+            ptx.tma.commit_group()
+            ptx.tma.wait_group(0, read=True)
+            for w in (0, 1):
+                ptx.mbarrier.arrive(dq_empty.at(w))
+            ptx.tma.wait_group(0)
+            ptx.fence_proxy_async("global")
+            ptx.inst("red.release.gpu.global.add.u32")(ptx.addr(cell), 1)
+            ptx.inst.xor.b32(phase, phase, 1)
 
 
 def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=None,
                 stages=None, ordered=False, defer=False, pingpong=0, kv_split=1,
-                window=(-1, -1), softcap=0.0, layouts=BSHD3):
+                heavy_first=False, window=(-1, -1), softcap=0.0, layouts=BSHD3):
     """One-kernel backward: ``(Q, K, V, DO, STATS, DQACC) -> (DK, DV)``, adding every
     block's ``scale * dS K`` into the f32 ``DQACC`` ``(B, S, Hq, D)`` in place (STATS and
     a zeroed DQACC from ``build_prep``; ``build_convert`` makes dQ of it). ``layouts``: the
@@ -258,6 +281,12 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
     reaches (``masks.query_blocks``; ordered: descending kv blocks, ranks from the last kv
     block reaching the q block), straddling blocks masked (``masks.row_limit``); dS through
     the cap's derivative (its ``tanh`` recovered from P once P is stored).
+    ``heavy_first`` (causal, no window; as ``build_dkdv(heavy_first=)``): the grid runs kv
+    block 0 of every head first, then block 1 of every head, ... (the longest causal CTAs
+    first), where it otherwise runs a head's blocks together; each CTA walks its blocks q
+    step by q step, each step over every q head of its share. With ``ordered`` it walks its
+    q blocks from the last down, and a q block's adds come in ascending kv block order: all
+    the kv blocks reach it at the same step, a predecessor launched earlier.
     Head dim 64 only (at D=128 the five accumulators do not fit 240 registers)."""
     Sk, dt, scale, _, _, G, Sp = _common_options(B, S, Hq, Hkv, D, Sk, dtype, scale, False, False)
     if D != 64:
@@ -272,8 +301,15 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
                     f"Hq / Hkv = {G}, got kv_split={kv_split!r}")
     Gs = G // split
     window = tuple(window)
+    heavy_first = bool(heavy_first)
+    if heavy_first and (not causal or window != (-1, -1)):
+        raise _fail(f"build_fused: heavy_first is the causal grid's order (no window), got "
+                    f"causal={causal!r}, window={window!r}")
     cap = softcap_constants(scale, softcap)
-    fixed = _FusedPlan(S, Hq, Hkv, D, Sk, dt, causal, bool(ordered), stages, split, window)
+    fixed = _FusedPlan(S, Hq, Hkv, D, Sk, dt, causal, bool(ordered), stages, split, window,
+                       heavy_first)
+    if heavy_first:     # the launch order's mapping divides by the batch's kv heads
+        fixed.sizes["kv_heads"] = B * Hkv
     if fixed.smem > SMEM_LIMIT:
         raise _fail(f"build_fused: {fixed.stages} stages need {fixed.smem} bytes of shared memory "
                     f"(at most {SMEM_LIMIT})")
@@ -294,22 +330,33 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
         pipe = Pipeline(plan.stages, consumer_arrivals=2)
         head_bar = BarrierArray(1, name="head_bar")
         tid, wg = thread_ids()
-        kb = reg.from_(ptx.special.ctaid.x(), u32)
-        if split > 1:
-            kb = kb // split
-        if plan.reverse:    # launched last kv block first: a block's turn follows kb + 1's
-            kb = plan.kv_last - kb
-        hk = reg.from_(ptx.special.ctaid.y(), u32)
-        b = reg.from_(ptx.special.ctaid.z(), u32)
+        if heavy_first:     # the cluster's place in launch order: kv block, then head
+            cta = reg.from_(ptx.special.ctaid.x(), u32)
+            unit = cta if split == 1 else cta // split
+            unit = unit + plan.num_kv * (reg.from_(ptx.special.ctaid.y(), u32)
+                                         + Hkv * reg.from_(ptx.special.ctaid.z(), u32))
+            kb = unit // z.kv_heads
+            head = unit - kb * z.kv_heads
+            hk = head % Hkv
+            b = head // Hkv
+        else:
+            kb = reg.from_(ptx.special.ctaid.x(), u32)
+            if split > 1:
+                kb = kb // split
+            if plan.reverse:    # launched last kv block first: a block's turn follows kb + 1's
+                kb = plan.kv_last - kb
+            hk = reg.from_(ptx.special.ctaid.y(), u32)
+            b = reg.from_(ptx.special.ctaid.z(), u32)
         k0 = kb * FUSED_BKV
         # kv_split: this CTA's first q head (rank r of the cluster: the group's r-th share)
         qh0 = hk * G + ptx.cluster.ctarank() * Gs if split > 1 else None
 
-        def heads():
-            """``(loop, head_of)``: the loop over this CTA's q heads of the group and the
-            q head of its index."""
-            g = ptx.loop(0, G if split == 1 else Gs)
-            return g, (lambda i: hk * G + i if split == 1 else qh0 + i)
+        def blocks(first, end):
+            """This CTA's blocks, ``(q head, step)`` over its q heads of the group and the
+            steps ``first..end`` (``_block_steps``)."""
+            return _block_steps(G if split == 1 else Gs,
+                                lambda i: hk * G + i if split == 1 else qh0 + i, first, end,
+                                heavy_first)
         pipe.init(pred=tid == 0)
         head_bar.init(1, pred=tid == 0)
         if ordered:     # the consumers' dQ slabs <-> the writer thread, per warpgroup
@@ -335,17 +382,14 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
             q_map = ptx.tma.tensormap_ptr(Q.tmap)
             do_map = ptx.tma.tensormap_ptr(DO.tmap)
             st = pipe.producer_state()
-            loop, head_of = heads()
-            for g in loop:
-                hq = head_of(g)
-                for step in ptx.loop(qb0, q_end):
-                    qb = plan.q_block(step, kb)
-                    pipe.acquire(st)
-                    bar = pipe.arm(st, stage_bytes)
-                    sb = st.stage * stage_bytes + (base + plan.ring_at)
-                    _load_slabs(sb, q_map, 1, hq, qb * FUSED_BQ, b, FUSED_BQ, bar, layouts[0])
-                    _load_slabs(sb + q_tile.nbytes, do_map, 1, hq, qb * FUSED_BQ, b, FUSED_BQ, bar)
-                    st.advance()
+            for hq, step in blocks(qb0, q_end):
+                qb = plan.q_block(step, kb)
+                pipe.acquire(st)
+                bar = pipe.arm(st, stage_bytes)
+                sb = st.stage * stage_bytes + (base + plan.ring_at)
+                _load_slabs(sb, q_map, 1, hq, qb * FUSED_BQ, b, FUSED_BQ, bar, layouts[0])
+                _load_slabs(sb + q_tile.nbytes, do_map, 1, hq, qb * FUSED_BQ, b, FUSED_BQ, bar)
+                st.advance()
         if ordered:
             with ptx.if_(tid == 32):
                 if plan.windowed:
@@ -503,46 +547,43 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
             """Both warpgroups through every block together (named barriers of 256 threads
             around the shared P and dS)."""
             first, end = window_range() if plan.windowed else (qb0, plan.num_q)
-            loop, head_of = heads()
-            for g in loop:
-                hq = head_of(g)
-                for step in ptx.loop(first, end):
-                    q0, qrow, qmn, domn = block_start(step)
-                    if defer:                           # the last block's dK, under this softmax
-                        dk_product(prev_qmn)
-                    nl2, delta = row_stats(hq, qrow)
-                    if defer:
-                        ptx.wgmma.wait_group(2)         # S done
-                    else:
-                        ptx.wgmma.wait_group(1)         # S (and the previous block's dK) done
-                        release_prev()
-                    softmax(nl2, q0, qrow)
-                    if defer:   # dP and the last dK done: dS is free once both consumers are here
-                        ptx.wgmma.wait_group(0)
-                        release_prev()
-                    ptx.bar_sync(FUSED_P_FREE, 256)     # both warpgroups' dV of the last block done
-                    _store_pairs(p_row, xr16, s_acc, dt)
-                    ptx.fence_proxy_async("shared::cta")
-                    ptx.bar_sync(FUSED_WRITTEN, 256)    # both halves of P written
-                    ptx.wgmma.fence()
-                    _mma_steps(dv_acc, pt_tile, pt_desc, q_mn, domn, D, dt)
-                    if not defer:
-                        ptx.wgmma.wait_group(1)         # dP done
-                    ds_from_dp(delta, nl2)
-                    _store_pairs(ds_row, xr16, dp_acc, dt, dst=ds_pack)
-                    ptx.fence_proxy_async("shared::cta")
-                    ptx.bar_sync(FUSED_WRITTEN, 256)    # both halves of dS written
-                    ptx.wgmma.fence()
-                    dq_product()
-                    if defer:
-                        ptx.wgmma.wait_group(0)         # dV and dQ done
-                        ptx.inst.mov.b64(prev_qmn, qmn)
-                    else:
-                        dk_product(qmn)
-                        ptx.wgmma.wait_group(1)         # dV and dQ done, dK may run on
-                    hand_over_dq(hq, q0)
-                    ptx.inst.mov.u32(has_prev, 1)
-                    cons.advance()
+            for hq, step in blocks(first, end):
+                q0, qrow, qmn, domn = block_start(step)
+                if defer:                           # the last block's dK, under this softmax
+                    dk_product(prev_qmn)
+                nl2, delta = row_stats(hq, qrow)
+                if defer:
+                    ptx.wgmma.wait_group(2)         # S done
+                else:
+                    ptx.wgmma.wait_group(1)         # S (and the previous block's dK) done
+                    release_prev()
+                softmax(nl2, q0, qrow)
+                if defer:   # dP and the last dK done: dS is free once both consumers are here
+                    ptx.wgmma.wait_group(0)
+                    release_prev()
+                ptx.bar_sync(FUSED_P_FREE, 256)     # both warpgroups' dV of the last block done
+                _store_pairs(p_row, xr16, s_acc, dt)
+                ptx.fence_proxy_async("shared::cta")
+                ptx.bar_sync(FUSED_WRITTEN, 256)    # both halves of P written
+                ptx.wgmma.fence()
+                _mma_steps(dv_acc, pt_tile, pt_desc, q_mn, domn, D, dt)
+                if not defer:
+                    ptx.wgmma.wait_group(1)         # dP done
+                ds_from_dp(delta, nl2)
+                _store_pairs(ds_row, xr16, dp_acc, dt, dst=ds_pack)
+                ptx.fence_proxy_async("shared::cta")
+                ptx.bar_sync(FUSED_WRITTEN, 256)    # both halves of dS written
+                ptx.wgmma.fence()
+                dq_product()
+                if defer:
+                    ptx.wgmma.wait_group(0)         # dV and dQ done
+                    ptx.inst.mov.b64(prev_qmn, qmn)
+                else:
+                    dk_product(qmn)
+                    ptx.wgmma.wait_group(1)         # dV and dQ done, dK may run on
+                hand_over_dq(hq, q0)
+                ptx.inst.mov.u32(has_prev, 1)
+                cons.advance()
             if defer:                                   # the last block's dK
                 with ptx.if_(has_prev != 0):
                     ptx.wgmma.fence()
@@ -597,45 +638,42 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
                 ptx.bar_arrive(PP_DS_WRITTEN + 1, 256)
             early = lead and pingpong == 1          # other halves right after S and dP
             first, end = window_range() if plan.windowed else (qb0, plan.num_q)
-            loop, head_of = heads()
-            for g in loop:
-                hq = head_of(g)
-                for step in ptx.loop(first, end):
-                    q0, qrow, qmn, domn = block_start(step)
-                    if early:
-                        other_halves()
-                    nl2, delta = row_stats(hq, qrow)
-                    ptx.wgmma.wait_group(2 if early else 1)     # S done
-                    if not lead:                    # and the last dK: the leader's dS read
-                        with ptx.if_(has_prev != 0):
-                            ptx.bar_arrive(PP_DS_READ + 1, 256)
-                        release_prev()
-                    softmax(nl2, q0, qrow)
-                    hand_over(p_row, s_acc, PP_P_WRITTEN, PP_P_READ)
-                    ptx.wgmma.fence()
-                    _mma_steps(dv_acc, pt_tile, pt_desc, q_mn, domn, D, dt,
-                               steps=own if lead else None)
-                    if lead and not early:
-                        other_halves()
-                    ptx.wgmma.wait_group(2 if lead else 1)      # dP done
-                    ds_from_dp(delta, nl2)
-                    hand_over(ds_row, dp_acc, PP_DS_WRITTEN, PP_DS_READ, pack=ds_pack)
-                    ptx.wgmma.fence()
-                    dq_product()
-                    _mma_steps(dk_acc, pt_tile, dst_desc, q_mn, qmn, D, dt,
-                               steps=own if lead else None)
-                    ptx.wgmma.wait_group(1)     # dQ done, and all but this block's dK
-                    if lead:                    # the follower's last halves read
-                        ptx.bar_arrive(PP_P_READ, 256)
-                        ptx.bar_arrive(PP_DS_READ, 256)
-                        release_prev()
-                        ptx.inst.mov.b64(prev_qmn, qmn)
-                        ptx.inst.mov.b64(prev_domn, domn)
-                    else:                       # the leader's P read (by dV)
-                        ptx.bar_arrive(PP_P_READ + 1, 256)
-                    hand_over_dq(hq, q0)
-                    ptx.inst.mov.u32(has_prev, 1)
-                    cons.advance()
+            for hq, step in blocks(first, end):
+                q0, qrow, qmn, domn = block_start(step)
+                if early:
+                    other_halves()
+                nl2, delta = row_stats(hq, qrow)
+                ptx.wgmma.wait_group(2 if early else 1)     # S done
+                if not lead:                    # and the last dK: the leader's dS read
+                    with ptx.if_(has_prev != 0):
+                        ptx.bar_arrive(PP_DS_READ + 1, 256)
+                    release_prev()
+                softmax(nl2, q0, qrow)
+                hand_over(p_row, s_acc, PP_P_WRITTEN, PP_P_READ)
+                ptx.wgmma.fence()
+                _mma_steps(dv_acc, pt_tile, pt_desc, q_mn, domn, D, dt,
+                           steps=own if lead else None)
+                if lead and not early:
+                    other_halves()
+                ptx.wgmma.wait_group(2 if lead else 1)      # dP done
+                ds_from_dp(delta, nl2)
+                hand_over(ds_row, dp_acc, PP_DS_WRITTEN, PP_DS_READ, pack=ds_pack)
+                ptx.wgmma.fence()
+                dq_product()
+                _mma_steps(dk_acc, pt_tile, dst_desc, q_mn, qmn, D, dt,
+                           steps=own if lead else None)
+                ptx.wgmma.wait_group(1)     # dQ done, and all but this block's dK
+                if lead:                    # the follower's last halves read
+                    ptx.bar_arrive(PP_P_READ, 256)
+                    ptx.bar_arrive(PP_DS_READ, 256)
+                    release_prev()
+                    ptx.inst.mov.b64(prev_qmn, qmn)
+                    ptx.inst.mov.b64(prev_domn, domn)
+                else:                       # the leader's P read (by dV)
+                    ptx.bar_arrive(PP_P_READ + 1, 256)
+                hand_over_dq(hq, q0)
+                ptx.inst.mov.u32(has_prev, 1)
+                cons.advance()
             ptx.wgmma.wait_group(0)
             if lead:                            # the follower's halves of the last block
                 ptx.bar_sync(PP_P_WRITTEN + 1, 256)
@@ -678,7 +716,8 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
         ptx.ret()
 
     name = (f"attn_bwd_fused_{dt.name}_d{D}_h{Hq}x{Hkv}{feature_tag(causal, window, softcap)}"
-            f"{'_ordered' if ordered else ''}{'_defer' if defer else ''}"
+            f"{'_ordered' if ordered else ''}{'_heavy' if heavy_first else ''}"
+            f"{'_defer' if defer else ''}"
             f"{f'_pp{pingpong}' if pingpong else ''}{f'_split{split}' if split > 1 else ''}"
             f"{layout_tag(layouts)}")
     ins = (q_in, k_in, v_in, qspec, Tile(B, Hq, Sp, 2, f32), Tile(B, S, Hq, D, f32))
@@ -697,7 +736,8 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
                grid=(fixed.num_kv * split, Hkv, B), block=(THREADS, 1, 1), smem=fixed.smem,
                maxnreg=168, tma=tma, name=name, cluster=(split, 1, 1))(fn)
     family = ("attn_bwd_fused", dt.name, Hq, Hkv, causal, scale, fixed.stages, bool(ordered),
-              defer, pingpong, split, window, softcap, fixed.rotate, layouts)
+              defer, pingpong, split, window, softcap, fixed.rotate, layouts) + (
+                  ("heavy_first",) if heavy_first else ())
     return _family.specialized(k, family, fixed.sizes)
 
 

@@ -171,8 +171,8 @@ def _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, plan, features=((-1, -1),
     if plan.fused_bq:
         fused = build_fused(B, S, Hq, Hkv, D, Sk=Sk, dtype=dtype, causal=causal, scale=scale,
                             ordered=ordered, defer=plan.fused_defer,
-                            pingpong=plan.fused_pingpong, kv_split=plan.kv_split, **feat,
-                            **lay)
+                            pingpong=plan.fused_pingpong, kv_split=plan.kv_split,
+                            heavy_first=plan.heavy_first, **feat, **lay)
         kernels = (build_prep(B, S, Hq, D, dtype=dtype, counters=ordered,
                               zero=True if feat else None),     # a window: q blocks unreached
                    fused, build_convert(B, S, Hq, D, dtype=dtype))

@@ -81,9 +81,10 @@ def default_dq_chains(S, Sk, Hq, Hkv, D, causal):
 
 
 def default_heavy_first(causal, window=(-1, -1), fused=False, stats_lead=0):
-    """``heavy_first`` at these options: the dK/dV kernel's causal grid without a window or
-    ``stats_lead`` (its CTAs' work falls with the kv block; run the longest first)."""
-    return bool(causal) and tuple(window) == (-1, -1) and not fused and not stats_lead
+    """``heavy_first`` at these options: the causal grid without a window, of the dK/dV
+    kernel without ``stats_lead`` or (``fused``) of the fused kernel, which has none (its
+    CTAs' work falls with the kv block; run the longest first)."""
+    return bool(causal) and tuple(window) == (-1, -1) and (fused or not stats_lead)
 
 
 def check_dq_chains(fn, dq_chains, dq_ordered, fail=None, auto=False):
@@ -175,10 +176,11 @@ class BackwardPlan:
     ``default_dq_chains``; above 1 with ``dq_ordered``, not the fused kernel): independent
     ordered chains of adds per q block (the kv block of rank ``r`` in chain ``r mod
     dq_chains``, each with its own accumulator and counter), summed in chain order by the
-    conversion (deterministic). ``heavy_first`` (the dK/dV kernel, causal, no window or
-    ``stats_lead``; ``"auto"``: ``default_heavy_first``): its grid runs kv block 0 of every
-    head first, then block 1, ... (the longest causal CTAs first); ordered, a q block's adds
-    come in ascending kv block order, each CTA walking its q blocks from the last down.
+    conversion (deterministic). ``heavy_first`` (the dK/dV or the fused kernel, causal, no
+    window or ``stats_lead``; ``"auto"``: ``default_heavy_first``): its grid runs kv block 0
+    of every head first, then block 1, ... (the longest causal CTAs first); ordered, a q
+    block's adds come in ascending kv block order, each CTA walking its q blocks from the
+    last down.
 
     ``__post_init__`` raises ``ConfigError`` at the user's line for a combination outside
     the valid plans; checks that need the sizes (head dim, sequence lengths) are the
@@ -257,14 +259,13 @@ class BackwardPlan:
 
     def _check_fused(self):
         """The fused kernel replaces the pair and has one schedule: ``fused_bq`` comes alone
-        (or with ``dq_ordered`` and its schedules)."""
+        (or with ``dq_ordered``, ``kv_split``, ``heavy_first`` and its schedules)."""
         if self.fused_bq != FUSED_BQ:
             raise _plan_fail(f"BackwardPlan: fused_bq must be {FUSED_BQ}, got {self.fused_bq!r}")
         given = [n for n in ("safe", "atomic_dq", "dkdv_bq", "dkdv_overlap", "dq_bulk",
                              "dq_bkv") if getattr(self, n) not in (None, False)]
         given += [n for n in ("convert_lag", "stats_lead") if getattr(self, n) not in (0, "auto")]
         given += ["dq_chains"] if self.dq_chains not in (1, "auto") else []
-        given += ["heavy_first"] if self.heavy_first is True else []
         if given:
             raise _plan_fail(f"BackwardPlan: fused_bq={self.fused_bq} is a kernel of its own; "
                              f"it takes dq_ordered but not {', '.join(given)}")
