@@ -54,6 +54,21 @@ def test_fused_heavy_first_matches_float64(B, S, Sk, Hq, Hkv, dt, plan):
     _check(_simulate(bwd, inputs), grads, dt)
 
 
+@pytest.mark.parametrize("B,Hkv,plan", [
+    (2, 2, _heavy(P.fused(pingpong=1))),            # two groups of two kv heads
+    (3, 1, _heavy(P.fused(ordered=False))),         # groups of 2 and 1 (a short last one)
+])
+def test_fused_heavy_groups_match_float64(B, Hkv, plan, monkeypatch):
+    """Groups of kv heads one after another (``heavy_group`` 2 here: at 132 SMs these
+    grids are one group)."""
+    monkeypatch.setattr(fused_mod, "heavy_group", lambda kv_ctas, num_sms=132: 2)
+    S, Hq = 257 + B, 2 * Hkv
+    inputs, grads = _reference(B, S, S, Hq, Hkv, 64, True, 11 * B + Hkv)
+    bwd = fab.build_attention_backward(B, S, Hq, Hkv, 64, causal=True, plan=plan)
+    assert ("heavy_group", 2) in [(n, v) for n, _, v in bwd.dkdv_kernel.specialize().scalar_params]
+    _check(_simulate(bwd, inputs), grads)
+
+
 @pytest.mark.parametrize("S,Sk", [(128, 128), (384, 384), (1000, 1000), (200, 300),
                                   (1000, 300)])
 def test_fused_heavy_first_ordered_schedule(S, Sk):

@@ -41,12 +41,28 @@ def _heavy(plan, **changes):
     (1, 256, 256, 2, 1, 128, _heavy(P.ordered(dkdv_bq=128))),
     (1, 100, 300, 4, 2, 128, _heavy(P.ordered(kv_split=2))),     # kv blocks with no q block
     (2, 200, 200, 4, 2, 64, _heavy(P.bulk())),                   # any order
+    # num_sms 2: heavy_group 2 kv heads (4 CTAs per group of 3 kv blocks each: two groups;
+    # three batches of one kv head: a short last group)
+    (2, 384, 384, 4, 2, 64, _heavy(P.ordered(num_sms=2))),
+    (3, 384, 384, 2, 1, 128, _heavy(P.converted(num_sms=2))),
+    (3, 300, 300, 4, 1, 64, _heavy(P(atomic_dq=True, dq_bulk=True, num_sms=2))),
 ])
 def test_heavy_first_matches_float64(B, S, Sk, Hq, Hkv, D, plan):
     inputs, grads = _reference(B, S, Sk, Hq, Hkv, D, True, 3 * S + Sk + D + Hq)
     bwd = fab.build_attention_backward(B, S, Hq, Hkv, D, Sk=Sk, causal=True, plan=plan)
     assert "_heavy" in bwd.dkdv_kernel.name
+    group = dict((n, v) for n, _, v in bwd.dkdv_kernel.specialize().scalar_params)
+    # num_sms 2: groups of 2 kv heads; at 132 SMs these grids are one group
+    assert (group["heavy_group"] == 2) if plan.num_sms == 2 else (
+        group["heavy_group"] >= B * Hkv), group
     _check(_simulate(bwd, inputs), grads)
+
+
+def test_heavy_groups_hold_two_waves():
+    """``heavy_group``: kv heads per group for two waves of CTAs, at least one."""
+    common = importlib.import_module("pyptx_kernels.flash_attention.bwd_common")
+    assert [common.heavy_group(c) for c in (16, 64, 256, 300)] == [17, 5, 2, 1]
+    assert common.heavy_group(3, num_sms=2) == 2
 
 
 @pytest.mark.parametrize("S,Hq,Hkv,plan", [

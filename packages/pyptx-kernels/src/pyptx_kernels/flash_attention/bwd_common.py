@@ -283,6 +283,27 @@ def size_params(sizes):
     return SimpleNamespace(**{n: ptx.scalar_param(u32, int(v), name=n) for n, v in sizes.items()})
 
 
+def heavy_group(kv_ctas, num_sms=132):
+    """``heavy_first``'s kv heads per group: enough heads for two waves of ``num_sms`` CTAs at
+    ``kv_ctas`` CTAs per head, so a group's longest CTAs start together while only a few
+    heads' Q, dO and dQ accumulators are read at once (L2)."""
+    return max(1, -(-2 * num_sms // kv_ctas))
+
+
+def heavy_first_place(unit, kv_blocks, kv_heads, group):
+    """``(kv block, batch * Hkv + kv head)`` of the CTA (or cluster) at ``unit`` in launch
+    order under ``heavy_first``: groups of ``group`` kv heads one after another (the last
+    one may be short), each running kv block 0 of its heads, then block 1, ... (u32
+    registers in, u32 registers out)."""
+    per = group * kv_blocks
+    grp = unit // per
+    idx = unit - grp * per
+    first = grp * group
+    n = _min_u32(group, kv_heads - first)
+    kb = idx // n
+    return kb, first + (idx - kb * n)
+
+
 def _cdiv(x, n):
     """``ceil(x / n)`` of a non-negative int or u32 register ``x`` and an int ``n``."""
     return (x + (n - 1)) // n

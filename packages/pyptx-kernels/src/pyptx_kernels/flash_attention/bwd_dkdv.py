@@ -48,6 +48,8 @@ from pyptx_kernels.flash_attention.bwd_common import (
     _unpack,
     check_layouts,
     dq_accumulator_width,
+    heavy_first_place,
+    heavy_group,
     input_box,
     input_spec,
     layout_tag,
@@ -438,11 +440,13 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     zeroed by the prep). The same bits at every run.
 
     ``heavy_first`` (causal, no window, no ``convert_lag`` or ``stats_lead``): the grid runs
-    kv block 0 of every head first, then block 1 of every head, ... (the longest causal CTAs
-    first, whole waves of one kv block), where it otherwise runs a head's blocks together.
-    With ``dq_ordered`` each CTA then walks its q blocks from the last down, each q step
-    over every q head of its share, and a q block's adds come in ascending kv block order:
-    all the kv blocks of a q step reach it at the same step, a predecessor launched earlier.
+    groups of kv heads one after another (``heavy_group``: two waves of CTAs each), in a
+    group kv block 0 of every head first, then block 1, ... (the longest causal CTAs first),
+    where it otherwise runs a head's blocks together, the longest last when ordered. Each
+    CTA walks its q blocks from the last down, each q step over every q head of its share
+    (the kv blocks of a head read a Q/dO block at about the same time), and ordered, a q
+    block's adds come in ascending kv block order: every kv block reaches it at the same
+    step, its predecessor launched earlier.
 
     ``trace`` (bulk dQ, a diagnostic): a last output ``TRACE``, int32 ``(CTAs, 4)`` in launch
     order: ``%globaltimer_lo`` at the CTA's start and at its consumers' end (converters:
@@ -567,12 +571,14 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                  kv_last=num_kv - 1, sem_blocks=sem_q, kv_ctas=cph, kv_heads=B * Hkv,
                  main_ctas=n_main, units=units, head_units=per_head, conv_first=conv0,
                  converters=n_conv)
+    if heavy_first:
+        sizes["heavy_group"] = heavy_group(cph, num_sms)
     rt = SimpleNamespace()      # their registers in the trace (dkdv_kernel's first lines)
 
     def q_block(qb, kb):
         """The q block of step ``qb`` of kv block ``kb`` (rotated under ``rotate``; ordered
         ``heavy_first``: from the last q block down to kv block ``kb``'s first)."""
-        if dq_ordered and heavy_first:
+        if heavy_first:
             return rt.q_blocks + kb * (BM // BQ) - 1 - qb
         if not rotate:
             return qb
@@ -893,14 +899,13 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         pipe = Pipeline(stages, consumer_arrivals=RELEASE_ARRIVALS + (1 if wide else 0))
         head_bar = BarrierArray(1, name="head_bar")
         tid, wg = thread_ids()
-        if heavy_first:     # the cluster's place in launch order: kv block, then head
+        if heavy_first:     # the cluster's place in launch order: head group, kv block, head
             cta = reg.from_(ptx.special.ctaid.x(), u32)
             unit = cta if split == 1 else cta // split
             if not dq_convert:
                 unit = unit + rt.kv_blocks * (reg.from_(ptx.special.ctaid.y(), u32)
                                               + Hkv * reg.from_(ptx.special.ctaid.z(), u32))
-            kb = unit // rt.kv_heads
-            head = unit - kb * rt.kv_heads
+            kb, head = heavy_first_place(unit, rt.kv_blocks, rt.kv_heads, rt.heavy_group)
             hk = head % Hkv
             b = head // Hkv
         elif dq_convert:    # 1-D grid, the 3-D grid's order

@@ -39,6 +39,8 @@ from pyptx_kernels.flash_attention.bwd_common import (
     layout_tag,
     padded,
     size_params,
+    heavy_first_place,
+    heavy_group,
     softcap_constants,
 )
 from pyptx_kernels.flash_attention.fwd_kernel import _feature_tag as feature_tag
@@ -174,9 +176,9 @@ class _FusedPlan:
             self.window))
 
     def q_block(self, step, kb):
-        """The q block of step ``step`` of kv block ``kb`` (ordered ``heavy``: from the last q
-        block down to kv block ``kb``'s first, ``kb``)."""
-        if self.ordered and self.heavy:
+        """The q block of step ``step`` of kv block ``kb`` (``heavy``: from the last q block
+        down to kv block ``kb``'s first, ``kb``)."""
+        if self.heavy:
             return self.num_q + kb - 1 - step
         if not self.rotate:
             return step
@@ -281,12 +283,12 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
     reaches (``masks.query_blocks``; ordered: descending kv blocks, ranks from the last kv
     block reaching the q block), straddling blocks masked (``masks.row_limit``); dS through
     the cap's derivative (its ``tanh`` recovered from P once P is stored).
-    ``heavy_first`` (causal, no window; as ``build_dkdv(heavy_first=)``): the grid runs kv
-    block 0 of every head first, then block 1 of every head, ... (the longest causal CTAs
-    first), where it otherwise runs a head's blocks together; each CTA walks its blocks q
-    step by q step, each step over every q head of its share. With ``ordered`` it walks its
-    q blocks from the last down, and a q block's adds come in ascending kv block order: all
-    the kv blocks reach it at the same step, a predecessor launched earlier.
+    ``heavy_first`` (causal, no window; as ``build_dkdv(heavy_first=)``): the grid runs
+    groups of kv heads (``heavy_group``), in each kv block 0 of every head first, then block
+    1, ... (the longest causal CTAs first), where it otherwise runs a head's blocks together;
+    each CTA walks its q blocks from the last down, each q step over every q head of its
+    share, and ordered, a q block's adds come in ascending kv block order: all the kv blocks
+    reach it at the same step, a predecessor launched earlier.
     Head dim 64 only (at D=128 the five accumulators do not fit 240 registers)."""
     Sk, dt, scale, _, _, G, Sp = _common_options(B, S, Hq, Hkv, D, Sk, dtype, scale, False, False)
     if D != 64:
@@ -308,8 +310,9 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
     cap = softcap_constants(scale, softcap)
     fixed = _FusedPlan(S, Hq, Hkv, D, Sk, dt, causal, bool(ordered), stages, split, window,
                        heavy_first)
-    if heavy_first:     # the launch order's mapping divides by the batch's kv heads
+    if heavy_first:     # the launch order's mapping: kv heads, heads per group
         fixed.sizes["kv_heads"] = B * Hkv
+        fixed.sizes["heavy_group"] = heavy_group(fixed.num_kv * split)
     if fixed.smem > SMEM_LIMIT:
         raise _fail(f"build_fused: {fixed.stages} stages need {fixed.smem} bytes of shared memory "
                     f"(at most {SMEM_LIMIT})")
@@ -330,13 +333,12 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
         pipe = Pipeline(plan.stages, consumer_arrivals=2)
         head_bar = BarrierArray(1, name="head_bar")
         tid, wg = thread_ids()
-        if heavy_first:     # the cluster's place in launch order: kv block, then head
+        if heavy_first:     # the cluster's place in launch order: head group, kv block, head
             cta = reg.from_(ptx.special.ctaid.x(), u32)
             unit = cta if split == 1 else cta // split
             unit = unit + plan.num_kv * (reg.from_(ptx.special.ctaid.y(), u32)
                                          + Hkv * reg.from_(ptx.special.ctaid.z(), u32))
-            kb = unit // z.kv_heads
-            head = unit - kb * z.kv_heads
+            kb, head = heavy_first_place(unit, plan.num_kv, z.kv_heads, z.heavy_group)
             hk = head % Hkv
             b = head // Hkv
         else:
