@@ -34,13 +34,13 @@ from pyptx_kernels.flash_attention.bwd_common import (
     _store_rows,
     _store_split_partials,
     check_layouts,
+    heavy_first_place,
+    heavy_group,
     input_box,
     input_spec,
     layout_tag,
     padded,
     size_params,
-    heavy_first_place,
-    heavy_group,
     softcap_constants,
 )
 from pyptx_kernels.flash_attention.fwd_kernel import _feature_tag as feature_tag
