@@ -59,13 +59,14 @@ def test_fused_heavy_first_matches_float64(B, S, Sk, Hq, Hkv, dt, plan):
     (3, 1, _heavy(P.fused(ordered=False))),         # groups of 2 and 1 (a short last one)
 ])
 def test_fused_heavy_groups_match_float64(B, Hkv, plan, monkeypatch):
-    """Groups of kv heads one after another (``heavy_group`` 2 here: at 132 SMs these
-    grids are one group)."""
-    monkeypatch.setattr(fused_mod, "heavy_group", lambda kv_ctas, num_sms=132: 2)
+    """Groups of kv heads one after another (two here: at 132 SMs these grids are one)."""
+    monkeypatch.setattr(fused_mod, "heavy_groups", lambda heads, kv_ctas, num_sms=132: (
+        heads // 2, heads % 2))
     S, Hq = 257 + B, 2 * Hkv
     inputs, grads = _reference(B, S, S, Hq, Hkv, 64, True, 11 * B + Hkv)
     bwd = fab.build_attention_backward(B, S, Hq, Hkv, 64, causal=True, plan=plan)
-    assert ("heavy_group", 2) in [(n, v) for n, _, v in bwd.dkdv_kernel.specialize().scalar_params]
+    sizes = {n: v for n, _, v in bwd.dkdv_kernel.specialize().scalar_params}
+    assert (sizes["heavy_base"], sizes["heavy_extra"]) == (B * Hkv // 2, B * Hkv % 2)
     _check(_simulate(bwd, inputs), grads)
 
 
@@ -119,21 +120,12 @@ def test_fused_heavy_first_keys_its_family(monkeypatch):
     assert heavy.ptx() != plain.ptx()
 
 
-def test_fused_auto_is_the_causal_grid():
-    """``"auto"``: the fused kernel takes heavy_first when causal without a window; full
-    attention and a window keep the kernels of before."""
+def test_fused_auto_keeps_the_kernel_of_before():
+    """``"auto"`` leaves the fused kernel's order as it was (heavy_first there is opt-in)."""
     auto = _heavy(P.fused(pingpong=1), heavy_first="auto")
-    causal = fab.build_attention_backward(1, 1024, 8, 2, 64, causal=True, plan=auto)
-    assert "_heavy" in causal.dkdv_kernel.name
-    full = fab.build_attention_backward(1, 1024, 8, 2, 64, causal=False, plan=auto)
-    assert "_heavy" not in full.dkdv_kernel.name
-    window = fab.build_attention_backward(1, 1024, 8, 2, 64, causal=True, plan=auto,
-                                          window=(256, 0))
-    assert "_heavy" not in window.dkdv_kernel.name
-    assert fab.default_heavy_first(True, fused=True)
-    assert fab.default_heavy_first(True, fused=True, stats_lead="auto")     # not the fused's
-    assert not fab.default_heavy_first(True, (256, 0), fused=True)
-    assert not fab.default_heavy_first(False, fused=True)
+    causal = fab.build_attention_backward(1, 1024, 8, 1, 64, causal=True, plan=auto)
+    assert "_heavy" not in causal.dkdv_kernel.name
+    assert not fab.default_heavy_first(True, fused=True)
     assert not P.fused().heavy_first and not P.for_eager(64).heavy_first
 
 

@@ -41,8 +41,8 @@ def _heavy(plan, **changes):
     (1, 256, 256, 2, 1, 128, _heavy(P.ordered(dkdv_bq=128))),
     (1, 100, 300, 4, 2, 128, _heavy(P.ordered(kv_split=2))),     # kv blocks with no q block
     (2, 200, 200, 4, 2, 64, _heavy(P.bulk())),                   # any order
-    # num_sms 2: heavy_group 2 kv heads (4 CTAs per group of 3 kv blocks each: two groups;
-    # three batches of one kv head: a short last group)
+    # num_sms 2: groups of two waves, 4 CTAs: 2 kv heads of 3 kv blocks (two groups; three
+    # batches of one kv head: groups of 2 and 1)
     (2, 384, 384, 4, 2, 64, _heavy(P.ordered(num_sms=2))),
     (3, 384, 384, 2, 1, 128, _heavy(P.converted(num_sms=2))),
     (3, 300, 300, 4, 1, 64, _heavy(P(atomic_dq=True, dq_bulk=True, num_sms=2))),
@@ -51,18 +51,21 @@ def test_heavy_first_matches_float64(B, S, Sk, Hq, Hkv, D, plan):
     inputs, grads = _reference(B, S, Sk, Hq, Hkv, D, True, 3 * S + Sk + D + Hq)
     bwd = fab.build_attention_backward(B, S, Hq, Hkv, D, Sk=Sk, causal=True, plan=plan)
     assert "_heavy" in bwd.dkdv_kernel.name
-    group = dict((n, v) for n, _, v in bwd.dkdv_kernel.specialize().scalar_params)
-    # num_sms 2: groups of 2 kv heads; at 132 SMs these grids are one group
-    assert (group["heavy_group"] == 2) if plan.num_sms == 2 else (
-        group["heavy_group"] >= B * Hkv), group
+    sizes = dict((n, v) for n, _, v in bwd.dkdv_kernel.specialize().scalar_params)
+    groups = {(2, 2): (2, 0), (3, 1): (1, 1)}.get((B, Hkv)) if plan.num_sms == 2 else None
+    assert (sizes["heavy_base"], sizes["heavy_extra"]) == (groups or (B * Hkv, 0)), sizes
     _check(_simulate(bwd, inputs), grads)
 
 
 def test_heavy_groups_hold_two_waves():
-    """``heavy_group``: kv heads per group for two waves of CTAs, at least one."""
+    """``heavy_groups``: as few groups as hold two waves of CTAs each, sizes within one."""
     common = importlib.import_module("pyptx_kernels.flash_attention.bwd_common")
-    assert [common.heavy_group(c) for c in (16, 64, 256, 300)] == [17, 5, 2, 1]
-    assert common.heavy_group(3, num_sms=2) == 2
+    # (kv heads, CTAs per head) -> (base, extra): 128 x 16 -> 8 groups of 16; 16 x 64 -> 4
+    # of 4; 3 x 24 at D=64 -> one of 3; 12 x 24 -> 2 of 6; 16 x 128 -> 6: four of 3, two of 2
+    cases = {(128, 16): (16, 0), (16, 64): (4, 0), (3, 24): (3, 0), (12, 24): (6, 0),
+             (16, 128): (2, 4), (4, 256): (2, 0), (5, 300): (1, 0)}
+    assert {k: common.heavy_groups(*k) for k in cases} == cases
+    assert common.heavy_groups(3, 3, num_sms=2) == (1, 1)
 
 
 @pytest.mark.parametrize("S,Hq,Hkv,plan", [
@@ -95,19 +98,25 @@ def test_heavy_first_keys_its_family(monkeypatch):
 
 
 def test_auto_is_the_causal_dkdv_grid():
-    """``"auto"``: causal without a window (the fused kernel's too:
-    ``test_attention_bwd_fused_heavy_cpu.py``); full attention keeps the kernels of before."""
-    auto = _heavy(P.lagged(), heavy_first="auto")
-    causal = fab.build_attention_backward(1, 1024, 8, 2, 128, causal=True, plan=auto)
-    assert "_heavy" in causal.dkdv_kernel.name
-    full = fab.build_attention_backward(1, 1024, 8, 2, 128, causal=False, plan=auto)
+    """``"auto"`` (``lagged()``'s): the causal dK/dV grid without a window at 8 query heads
+    per kv head, or 4 from S 8192; elsewhere the kernels of before."""
+    auto = P.lagged()
+    assert auto.heavy_first == "auto"
+    causal = fab.build_attention_backward(1, 1024, 8, 1, 128, causal=True, plan=auto)
+    assert "_heavy" in causal.dkdv_kernel.name         # G 8
+    long = fab.build_attention_backward(1, 8192, 8, 2, 128, causal=True, plan=auto)
+    assert "_heavy" in long.dkdv_kernel.name           # G 4 at S 8192
+    for S, Hkv in ((4096, 2), (8192, 8)):               # G 4 at S 4096, G 1
+        short = fab.build_attention_backward(1, S, 8, Hkv, 128, causal=True, plan=auto)
+        assert "_heavy" not in short.dkdv_kernel.name, (S, Hkv)
+    full = fab.build_attention_backward(1, 1024, 8, 1, 128, causal=False, plan=auto)
     assert "_heavy" not in full.dkdv_kernel.name
-    window = fab.build_attention_backward(1, 1024, 8, 2, 128, causal=True, plan=auto,
+    window = fab.build_attention_backward(1, 1024, 8, 1, 128, causal=True, plan=auto,
                                           window=(256, 0))
     assert "_heavy" not in window.dkdv_kernel.name
     fused = P(**{**P.fused().options(), "heavy_first": "auto"})
     fused_bwd = fab.build_attention_backward(1, 1024, 8, 2, 64, causal=True, plan=fused)
-    assert "_heavy" in fused_bwd.dkdv_kernel.name
+    assert "_heavy" not in fused_bwd.dkdv_kernel.name
     assert fab.parse_options("heavy_first=1") == {"heavy_first": True}
     assert fab.parse_options("heavy_first=auto") == {"heavy_first": "auto"}
     assert not fab.default_heavy_first(True, stats_lead=3)

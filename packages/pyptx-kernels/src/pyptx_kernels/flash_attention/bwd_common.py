@@ -283,25 +283,33 @@ def size_params(sizes):
     return SimpleNamespace(**{n: ptx.scalar_param(u32, int(v), name=n) for n, v in sizes.items()})
 
 
-def heavy_group(kv_ctas, num_sms=132):
-    """``heavy_first``'s kv heads per group: enough heads for two waves of ``num_sms`` CTAs at
-    ``kv_ctas`` CTAs per head, so a group's longest CTAs start together while only a few
-    heads' Q, dO and dQ accumulators are read at once (L2)."""
-    return max(1, -(-2 * num_sms // kv_ctas))
+def heavy_groups(kv_heads, kv_ctas, num_sms=132):
+    """``heavy_first``'s groups of kv heads as ``(base, extra)``: as few groups as hold two
+    waves of ``num_sms`` CTAs each (``kv_ctas`` per head) or more, sizes within one of
+    each other: the first ``extra`` groups ``base + 1`` heads, the others ``base``. A
+    group's longest CTAs start together, and only a few heads' Q, dO and dQ accumulators
+    are read at once (L2)."""
+    per = max(1, -(-2 * num_sms // kv_ctas))
+    count = -(-kv_heads // per)
+    return kv_heads // count, kv_heads % count
 
 
-def heavy_first_place(unit, kv_blocks, kv_heads, group):
+def heavy_first_place(unit, kv_blocks, base, extra):
     """``(kv block, batch * Hkv + kv head)`` of the CTA (or cluster) at ``unit`` in launch
-    order under ``heavy_first``: groups of ``group`` kv heads one after another (the last
-    one may be short), each running kv block 0 of its heads, then block 1, ... (u32
-    registers in, u32 registers out)."""
-    per = group * kv_blocks
-    grp = unit // per
-    idx = unit - grp * per
-    first = grp * group
-    n = _min_u32(group, kv_heads - first)
-    kb = idx // n
-    return kb, first + (idx - kb * n)
+    order under ``heavy_first``: the groups of ``heavy_groups`` one after another, each
+    running kv block 0 of its heads, then block 1, ... (u32 registers in and out)."""
+    big = base + 1
+    big_units = extra * big * kv_blocks
+    in_big = unit < big_units
+    size, rel, first = (reg.scalar(u32) for _ in range(3))
+    ptx.inst.selp.u32(size, big, base, in_big)
+    ptx.inst.selp.u32(rel, unit, unit - big_units, in_big)
+    ptx.inst.selp.u32(first, 0, extra * big, in_big)
+    per = size * kv_blocks
+    grp = rel // per
+    idx = rel - grp * per
+    kb = idx // size
+    return kb, first + grp * size + (idx - kb * size)
 
 
 def _cdiv(x, n):

@@ -49,7 +49,7 @@ from pyptx_kernels.flash_attention.bwd_common import (
     check_layouts,
     dq_accumulator_width,
     heavy_first_place,
-    heavy_group,
+    heavy_groups,
     input_box,
     input_spec,
     layout_tag,
@@ -440,7 +440,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
     zeroed by the prep). The same bits at every run.
 
     ``heavy_first`` (causal, no window, no ``convert_lag`` or ``stats_lead``): the grid runs
-    groups of kv heads one after another (``heavy_group``: two waves of CTAs each), in a
+    groups of kv heads one after another (``heavy_groups``: two waves of CTAs each), in a
     group kv block 0 of every head first, then block 1, ... (the longest causal CTAs first),
     where it otherwise runs a head's blocks together, the longest last when ordered. Each
     CTA walks its q blocks from the last down, each q step over every q head of its share
@@ -572,7 +572,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
                  main_ctas=n_main, units=units, head_units=per_head, conv_first=conv0,
                  converters=n_conv)
     if heavy_first:
-        sizes["heavy_group"] = heavy_group(cph, num_sms)
+        sizes["heavy_base"], sizes["heavy_extra"] = heavy_groups(B * Hkv, cph, num_sms)
     rt = SimpleNamespace()      # their registers in the trace (dkdv_kernel's first lines)
 
     def q_block(qb, kb):
@@ -905,7 +905,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             if not dq_convert:
                 unit = unit + rt.kv_blocks * (reg.from_(ptx.special.ctaid.y(), u32)
                                               + Hkv * reg.from_(ptx.special.ctaid.z(), u32))
-            kb, head = heavy_first_place(unit, rt.kv_blocks, rt.kv_heads, rt.heavy_group)
+            kb, head = heavy_first_place(unit, rt.kv_blocks, rt.heavy_base, rt.heavy_extra)
             hk = head % Hkv
             b = head // Hkv
         elif dq_convert:    # 1-D grid, the 3-D grid's order

@@ -35,7 +35,7 @@ from pyptx_kernels.flash_attention.bwd_common import (
     _store_split_partials,
     check_layouts,
     heavy_first_place,
-    heavy_group,
+    heavy_groups,
     input_box,
     input_spec,
     layout_tag,
@@ -284,7 +284,7 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
     block reaching the q block), straddling blocks masked (``masks.row_limit``); dS through
     the cap's derivative (its ``tanh`` recovered from P once P is stored).
     ``heavy_first`` (causal, no window; as ``build_dkdv(heavy_first=)``): the grid runs
-    groups of kv heads (``heavy_group``), in each kv block 0 of every head first, then block
+    groups of kv heads (``heavy_groups``), in each kv block 0 of every head first, then block
     1, ... (the longest causal CTAs first), where it otherwise runs a head's blocks together;
     each CTA walks its q blocks from the last down, each q step over every q head of its
     share, and ordered, a q block's adds come in ascending kv block order: all the kv blocks
@@ -311,8 +311,8 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
     fixed = _FusedPlan(S, Hq, Hkv, D, Sk, dt, causal, bool(ordered), stages, split, window,
                        heavy_first)
     if heavy_first:     # the launch order's mapping: kv heads, heads per group
-        fixed.sizes["kv_heads"] = B * Hkv
-        fixed.sizes["heavy_group"] = heavy_group(fixed.num_kv * split)
+        fixed.sizes["heavy_base"], fixed.sizes["heavy_extra"] = heavy_groups(
+            B * Hkv, fixed.num_kv * split)
     if fixed.smem > SMEM_LIMIT:
         raise _fail(f"build_fused: {fixed.stages} stages need {fixed.smem} bytes of shared memory "
                     f"(at most {SMEM_LIMIT})")
@@ -338,7 +338,7 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
             unit = cta if split == 1 else cta // split
             unit = unit + plan.num_kv * (reg.from_(ptx.special.ctaid.y(), u32)
                                          + Hkv * reg.from_(ptx.special.ctaid.z(), u32))
-            kb, head = heavy_first_place(unit, plan.num_kv, z.kv_heads, z.heavy_group)
+            kb, head = heavy_first_place(unit, plan.num_kv, z.heavy_base, z.heavy_extra)
             hk = head % Hkv
             b = head // Hkv
         else:

@@ -151,7 +151,8 @@ def build_attention_backward(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=
         plan = replace(plan, stats_lead=lead)
     if plan.heavy_first == "auto":
         plan = replace(plan, heavy_first=default_heavy_first(
-            causal, features[0], plan.fused_bq is not None, plan.stats_lead))
+            causal, features[0], plan.fused_bq is not None, plan.stats_lead,
+            Hq // Hkv if sized else 1, S))
     return _build(B, S, Hq, Hkv, D, Sk, dtype, causal, scale, plan, features, layouts)
 
 
