@@ -622,7 +622,8 @@ def test_backward_plan_names_the_valid_plans(monkeypatch):
                                        "fused"]
     assert P.lagged() == P.from_options(atomic_dq=1, dq_bulk=1, dq_ordered=1, dq_convert=1,
                                         convert_lag="auto", stats_lead="auto",
-                                        kv_split="auto", dq_chains="auto")
+                                        kv_split="auto", dq_chains="auto",
+                                        heavy_first="auto")
     assert P.fused(pingpong=1).options() == {"dq_ordered": True, "fused_bq": 128,
                                              "fused_pingpong": 1}
     monkeypatch.delenv("PYPTX_ATTN_BWD_SAFE", raising=False)
