@@ -294,10 +294,17 @@ def heavy_groups(kv_heads, kv_ctas, num_sms=132):
     return kv_heads // count, kv_heads % count
 
 
-def heavy_first_place(unit, kv_blocks, base, extra):
-    """``(kv block, batch * Hkv + kv head)`` of the CTA (or cluster) at ``unit`` in launch
-    order under ``heavy_first``: the groups of ``heavy_groups`` one after another, each
-    running kv block 0 of its heads, then block 1, ... (u32 registers in and out)."""
+def heavy_first_cta(split, kv_blocks, Hkv, base, extra, flat=False):
+    """``(kv block, kv head, batch)`` of this CTA under ``heavy_first``: its cluster's place
+    in launch order (``flat``: a 1-D grid; else the ``(kv_blocks * split, Hkv, B)`` grid's
+    x-fastest order), the groups of ``heavy_groups`` (``base``, ``extra``) one after
+    another, each running kv block 0 of its heads, then block 1, ... (u32 registers)."""
+    unit = reg.from_(ptx.special.ctaid.x(), u32)
+    if split > 1:
+        unit = unit // split
+    if not flat:
+        unit = unit + kv_blocks * (reg.from_(ptx.special.ctaid.y(), u32)
+                                   + Hkv * reg.from_(ptx.special.ctaid.z(), u32))
     big = base + 1
     big_units = extra * big * kv_blocks
     in_big = unit < big_units
@@ -309,7 +316,24 @@ def heavy_first_place(unit, kv_blocks, base, extra):
     grp = rel // per
     idx = rel - grp * per
     kb = idx // size
-    return kb, first + grp * size + (idx - kb * size)
+    head = first + grp * size + (idx - kb * size)
+    return kb, head % Hkv, head // Hkv
+
+
+def block_steps(heads, lo, hi, per_head, q_outer=False):
+    """A dK/dV CTA's blocks as ``(per_head(g), step)``: each head ``g < heads`` in turn over
+    the steps ``lo..hi`` (``per_head`` formed once per head), or, ``q_outer``, each step
+    over every head (``heavy_first``'s lock-step order). Every loop over a CTA's blocks
+    (producer, dQ writer, consumers) walks them this way."""
+    if q_outer:
+        for step in ptx.loop(lo, hi):
+            for g in ptx.loop(0, heads):
+                yield per_head(g), step
+        return
+    for g in ptx.loop(0, heads):
+        h = per_head(g)
+        for step in ptx.loop(lo, hi):
+            yield h, step
 
 
 def _cdiv(x, n):

@@ -46,9 +46,10 @@ from pyptx_kernels.flash_attention.bwd_common import (
     _store_rows,
     _store_split_partials,
     _unpack,
+    block_steps,
     check_layouts,
     dq_accumulator_width,
-    heavy_first_place,
+    heavy_first_cta,
     heavy_groups,
     input_box,
     input_spec,
@@ -107,21 +108,6 @@ def _mask_window(acc, hi, qc, kvrow, causal, window):
             ptx.inst.selp.f32(acc[i], acc[i], 0.0, rel[dr // 8] + left >= dc)
 
 
-def _block_steps(heads, q_lo, q_hi, per_head, q_outer=False):
-    """A dK/dV CTA's blocks as ``(per_head(g), qstep)``: each head ``g < heads`` in turn over
-    the q steps ``q_lo..q_hi`` (``per_head`` formed once per head), or, ``q_outer``, each q
-    step over every head (``heavy_first``'s lock-step order)."""
-    if q_outer:
-        for qstep in ptx.loop(q_lo, q_hi):
-            for g in ptx.loop(0, heads):
-                yield per_head(g), qstep
-        return
-    for g in ptx.loop(0, heads):
-        h = per_head(g)
-        for qstep in ptx.loop(q_lo, q_hi):
-            yield h, qstep
-
-
 def _release_stage(pipe, state):
     """Hand a dK/dV ring stage back to the producer, after this thread's generic reads of it.
 
@@ -157,7 +143,7 @@ def _dkdv_producer(tid, head_bar, head_bytes, pipe, G, hk, qb0, num_q, base, rin
     the dense kernel's 4-D copies or the packed kernel's 3-D ones) with, fast schedule, the
     block's ``(lse2, delta)`` rows from ``stats_row(hq)`` by a bulk copy. ``before()``: after
     the maps, before the loop. ``heads=(first, n)``: only the ``n`` q heads from ``first``
-    (``kv_split``); ``q_outer``: each q step over every head (``_block_steps``)."""
+    (``kv_split``); ``q_outer``: each q step over every head (``block_steps``)."""
     with ptx.if_(tid == 0):
         hbar = head_bar.at(0)
         ptx.mbarrier.arrive_expect_tx(hbar, head_bytes)
@@ -172,7 +158,7 @@ def _dkdv_producer(tid, head_bar, head_bytes, pipe, G, hk, qb0, num_q, base, rin
             hq = hk * G + g if heads is None else heads[0] + g
             return hq, stats_row(hq)
 
-        for (hq, srow), qstep in _block_steps(G if heads is None else heads[1], qb0, num_q,
+        for (hq, srow), qstep in block_steps(G if heads is None else heads[1], qb0, num_q,
                                               per_head, q_outer):
             qb = q_block(qstep)
 
@@ -661,7 +647,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         waited = reg.scalar(u32, init=0) if TRACE is not None else None
         if wide:
             wst = pipe.consumer_state()
-        for hq, qstep in _block_steps(Gs, qb0, rt.q_blocks if q_end is None else q_end,
+        for hq, qstep in block_steps(Gs, qb0, rt.q_blocks if q_end is None else q_end,
                                       lambda g: hk * G + g if split == 1 else qh0 + g,
                                       heavy_first):
             qb = q_block(qstep, kb)
@@ -899,15 +885,9 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
         pipe = Pipeline(stages, consumer_arrivals=RELEASE_ARRIVALS + (1 if wide else 0))
         head_bar = BarrierArray(1, name="head_bar")
         tid, wg = thread_ids()
-        if heavy_first:     # the cluster's place in launch order: head group, kv block, head
-            cta = reg.from_(ptx.special.ctaid.x(), u32)
-            unit = cta if split == 1 else cta // split
-            if not dq_convert:
-                unit = unit + rt.kv_blocks * (reg.from_(ptx.special.ctaid.y(), u32)
-                                              + Hkv * reg.from_(ptx.special.ctaid.z(), u32))
-            kb, head = heavy_first_place(unit, rt.kv_blocks, rt.heavy_base, rt.heavy_extra)
-            hk = head % Hkv
-            b = head // Hkv
+        if heavy_first:
+            kb, hk, b = heavy_first_cta(split, rt.kv_blocks, Hkv, rt.heavy_base,
+                                        rt.heavy_extra, flat=dq_convert)
         elif dq_convert:    # 1-D grid, the 3-D grid's order
             cta = reg.from_(ptx.special.ctaid.x(), u32)
             unit = cta if split == 1 else cta // split     # the cluster
@@ -1209,7 +1189,7 @@ def build_dkdv(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=N
             hq = hk * G + g if split == 1 else qh0 + g
             return hq, reg.from_((b * Hq + hq) * rt.stats_rows, u64) * 8 + pstats
 
-        for (hq, srow), qstep in _block_steps(Gs, qb0, q_end, per_head, heavy_first):
+        for (hq, srow), qstep in block_steps(Gs, qb0, q_end, per_head, heavy_first):
             qb = q_block(qstep, kb)
             q0 = qb * BQ
             pipe.wait(cons)

@@ -33,8 +33,9 @@ from pyptx_kernels.flash_attention.bwd_common import (
     _smem_fit,
     _store_rows,
     _store_split_partials,
+    block_steps,
     check_layouts,
-    heavy_first_place,
+    heavy_first_cta,
     heavy_groups,
     input_box,
     input_spec,
@@ -102,22 +103,6 @@ def _stage_dq(acc, dq_row, dq_x, scale):
         q = dc % 32 * 4 // 16
         at = dq_row + (dq_x ^ (q << 4))
         ptx.inst.st.shared.v2.f32(ptx.addr(at, dc // 32 * SLAB_BYTES + dr * 128), [v0, v1])
-
-
-def _block_steps(n_heads, head_of, lo, hi, q_outer=False):
-    """A fused CTA's blocks as ``(q head, step)``: each head ``head_of(g)``, ``g < n_heads``,
-    in turn over the steps ``lo..hi`` (the head formed once per head), or, ``q_outer``, each
-    step over every head (``heavy_first``'s order). Every loop over the blocks (producer,
-    dQ writer, consumers) walks them this way."""
-    if q_outer:
-        for step in ptx.loop(lo, hi):
-            for g in ptx.loop(0, n_heads):
-                yield head_of(g), step
-        return
-    for g in ptx.loop(0, n_heads):
-        hq = head_of(g)
-        for step in ptx.loop(lo, hi):
-            yield hq, step
 
 
 class _FusedPlan:
@@ -218,10 +203,10 @@ class _FusedPlan:
         (psem,) = ptx.global_ptrs(SEM)
         now = reg.scalar(u32)
         phase = reg.scalar(u32, init=0)
-        for hq, step in _block_steps(
-                self.G if heads is None else heads[1],
-                lambda g: hk * self.G + g if heads is None else heads[0] + g,
-                qb0, self.num_q if q_end is None else q_end, self.heavy):
+        for hq, step in block_steps(
+                self.G if heads is None else heads[1], qb0,
+                self.num_q if q_end is None else q_end,
+                lambda g: hk * self.G + g if heads is None else heads[0] + g, self.heavy):
             qb = self.q_block(step, kb)
             rank = self.dq_rank(qb, kb)
             cell = reg.from_(((b * self.Hq + hq) * self.nq_sem + qb) * 2, u64) * 4 + psem
@@ -333,14 +318,8 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
         pipe = Pipeline(plan.stages, consumer_arrivals=2)
         head_bar = BarrierArray(1, name="head_bar")
         tid, wg = thread_ids()
-        if heavy_first:     # the cluster's place in launch order: head group, kv block, head
-            cta = reg.from_(ptx.special.ctaid.x(), u32)
-            unit = cta if split == 1 else cta // split
-            unit = unit + plan.num_kv * (reg.from_(ptx.special.ctaid.y(), u32)
-                                         + Hkv * reg.from_(ptx.special.ctaid.z(), u32))
-            kb, head = heavy_first_place(unit, plan.num_kv, z.heavy_base, z.heavy_extra)
-            hk = head % Hkv
-            b = head // Hkv
+        if heavy_first:
+            kb, hk, b = heavy_first_cta(split, plan.num_kv, Hkv, z.heavy_base, z.heavy_extra)
         else:
             kb = reg.from_(ptx.special.ctaid.x(), u32)
             if split > 1:
@@ -355,10 +334,9 @@ def build_fused(B, S, Hq, Hkv, D, *, Sk=None, dtype="bf16", causal=False, scale=
 
         def blocks(first, end):
             """This CTA's blocks, ``(q head, step)`` over its q heads of the group and the
-            steps ``first..end`` (``_block_steps``)."""
-            return _block_steps(G if split == 1 else Gs,
-                                lambda i: hk * G + i if split == 1 else qh0 + i, first, end,
-                                heavy_first)
+            steps ``first..end`` (``block_steps``)."""
+            return block_steps(G if split == 1 else Gs, first, end,
+                               lambda i: hk * G + i if split == 1 else qh0 + i, heavy_first)
         pipe.init(pred=tid == 0)
         head_bar.init(1, pred=tid == 0)
         if ordered:     # the consumers' dQ slabs <-> the writer thread, per warpgroup
